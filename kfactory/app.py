@@ -1,0 +1,113 @@
+"""Starting services: one alone (`kfactory serve NAME`) or all six in one process (`kfactory run`)."""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import signal
+from dataclasses import dataclass, field
+
+from kfactory.bus import Bus
+from kfactory.claims import open_claims
+from kfactory.config import Settings
+from kfactory.log import get_logger
+from kfactory.service import Context, Service
+
+SERVICE_NAMES = ("planner", "coder", "compiler", "verifier", "benchmarker", "memory")
+log = get_logger("app")
+
+
+class WiringError(RuntimeError):
+    """A service cannot start: a dependency is unreachable or misconfigured. The message says which."""
+
+
+def service_class(name: str) -> type[Service]:
+    if name not in SERVICE_NAMES:
+        raise WiringError(f"unknown service {name!r}; one of: {', '.join(SERVICE_NAMES)}")
+    mod = importlib.import_module(f"kfactory.services.{name}.service")
+    return next(c for c in vars(mod).values() if isinstance(c, type) and issubclass(c, Service)
+                and c is not Service and c.name == name)
+
+
+async def open_context(settings: Settings, name: str) -> Context:
+    """Connect to NATS and the claims store, failing fast with a message that names what is missing."""
+    from kfactory.bus import BusUnavailable
+    from kfactory.claims import ClaimsUnavailable
+
+    try:
+        bus = await Bus.connect(settings.nats_url, f"kfactory-{name}", user=settings.nats_user,
+                                password=settings.nats_password, ack_wait_s=settings.ack_wait_s,
+                                max_deliver=settings.max_deliver)
+    except BusUnavailable as e:
+        raise WiringError(str(e)) from e
+    try:
+        claims = open_claims(settings.redis_url)
+        await claims.ping()
+    except (ClaimsUnavailable, ValueError) as e:
+        await bus.close()
+        raise WiringError(f"claims store: {e}; set KFACTORY_REDIS_URL / --redis-url, or leave it unset "
+                          "for in-process claims (single process only)") from e
+    return Context(settings, bus, claims)
+
+
+@dataclass
+class Running:
+    """Services running as tasks of this process."""
+    ctx: Context
+    services: dict[str, Service]
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def start(self) -> None:
+        for name, svc in self.services.items():
+            self.tasks.append(asyncio.create_task(svc.run(self.stop), name=f"kf-{name}"))
+            self.tasks[-1].add_done_callback(self._died)
+
+    def _died(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("service stopped with an error", task=task.get_name(), error=repr(task.exception()))
+            self.stop.set()
+
+    def failed(self) -> BaseException | None:
+        for t in self.tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                return t.exception()
+        return None
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        done, pending = await asyncio.wait(self.tasks, timeout=5)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for svc in self.services.values():
+            close = getattr(svc, "close", None)
+            if close:
+                await close()
+        await self.ctx.claims.close()
+        await self.ctx.bus.close()
+
+
+async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = True) -> Running:
+    """Start the named services in this process over one connection set."""
+    ctx = await open_context(settings, "+".join(names) if len(names) < 6 else "all")
+    services = {}
+    for n in names:
+        cls = service_class(n)
+        services[n] = cls(ctx) if n not in ("planner", "memory") or grpc else cls(ctx, grpc_addr="")
+    running = Running(ctx, services)
+    running.start()
+    return running
+
+
+async def serve(name: str, settings: Settings) -> None:
+    """Run one service until SIGTERM or SIGINT."""
+    running = await start_services(settings, (name,))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, running.stop.set)
+    log.info("service started", service=name, nats=settings.nats_url, redis=bool(settings.redis_url))
+    await running.stop.wait()
+    err = running.failed()
+    await running.shutdown()
+    if err is not None:
+        raise err

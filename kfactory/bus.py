@@ -1,0 +1,307 @@
+"""The message bus: NATS JetStream work queues, the events stream, dead letters and the artifact store.
+
+Every message's fate is explicit: a handler returns Ack, Nak(delay) or Term(reason); an exception in a
+handler is logged and nak'ed with delay, and on its last allowed delivery it is dead-lettered and term'ed.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import secrets
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
+
+import nats
+import nats.errors
+import nats.js.errors
+from google.protobuf.message import DecodeError
+from nats.js.api import (AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType,
+                         StreamConfig)
+
+from kfactory import events as ev
+from kfactory.log import get_logger
+from kfactory.v1 import events_pb2 as pb
+
+WORK_STREAM = "KF_WORK"
+EVENTS_STREAM = "KF_EVENTS"
+DLQ_STREAM = "KF_DLQ"
+ARTIFACT_BUCKET = "kf-artifacts"
+DUPLICATE_WINDOW_S = 600.0
+
+log = get_logger("bus")
+traceparent: contextvars.ContextVar[str] = contextvars.ContextVar("traceparent", default="")
+
+
+class BusUnavailable(RuntimeError):
+    """NATS could not be reached or JetStream is not enabled there."""
+
+
+class ArtifactMissing(KeyError):
+    """No artifact with that digest in the object store."""
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Done: the result is published."""
+
+
+@dataclass(frozen=True)
+class Nak:
+    """Not now (a resource is busy or a transient failure): redeliver after delay_s."""
+    delay_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Term:
+    """Can never succeed: dead-letter with this reason and stop redelivering."""
+    reason: str
+
+
+Outcome = Ack | Nak | Term
+
+
+@dataclass
+class Delivery:
+    """One work message handed to a handler."""
+    event: pb.Event
+    subject: str
+    deliveries: int
+    _msg: object
+
+    async def in_progress(self) -> None:
+        """Tell the server the work is still running, so ack_wait does not expire."""
+        await self._msg.in_progress()
+
+
+Handler = Callable[[Delivery], Awaitable[Outcome]]
+
+
+def new_traceparent(trace_id: str | None = None) -> str:
+    """A W3C traceparent; a candidate's trace id derives from its id so its journey is one trace."""
+    tid = (trace_id or secrets.token_hex(16))[:32].ljust(32, "0")
+    return f"00-{tid}-{secrets.token_hex(8)}-01"
+
+
+class Bus:
+    """A connection to NATS JetStream with kfactory's streams, consumers and artifact bucket."""
+
+    def __init__(self, nc, name: str, ack_wait_s: float = 30.0, max_deliver: int = 5):
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.name = name
+        self.ack_wait_s = ack_wait_s
+        self.max_deliver = max_deliver
+        self._objects = None
+
+    @classmethod
+    async def connect(cls, url: str, name: str, *, user: str | None = None, password: str | None = None,
+                      ack_wait_s: float = 30.0, max_deliver: int = 5, timeout_s: float = 5.0) -> "Bus":
+        """Connect and make sure the streams exist; raises BusUnavailable with the URL when it cannot."""
+        try:
+            nc = await nats.connect(url, name=name, user=user, password=password, connect_timeout=timeout_s,
+                                    max_reconnect_attempts=-1, allow_reconnect=True,
+                                    error_cb=_log_error, reconnected_cb=_log_reconnect)
+        except (OSError, nats.errors.Error, asyncio.TimeoutError) as e:
+            raise BusUnavailable(f"cannot reach NATS at {url}: {e!r}; start nats-server -js or set "
+                                 "KFACTORY_NATS_URL / --nats-url") from e
+        bus = cls(nc, name, ack_wait_s, max_deliver)
+        try:
+            await bus.ensure()
+        except nats.js.errors.ServiceUnavailableError as e:
+            await nc.close()
+            raise BusUnavailable(f"NATS at {url} has no JetStream: start it with -js") from e
+        return bus
+
+    async def ensure(self) -> None:
+        """Create the streams and the artifact bucket if missing (idempotent across services)."""
+        await self._stream(StreamConfig(name=WORK_STREAM, subjects=[f"{ev.WORK_PREFIX}.>"],
+                                        retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
+                                        duplicate_window=DUPLICATE_WINDOW_S))
+        await self._stream(StreamConfig(name=EVENTS_STREAM, subjects=[f"{ev.EVT_PREFIX}.>"],
+                                        retention=RetentionPolicy.LIMITS, storage=StorageType.FILE,
+                                        duplicate_window=DUPLICATE_WINDOW_S))
+        await self._stream(StreamConfig(name=DLQ_STREAM, subjects=[f"{ev.DLQ_PREFIX}.>"],
+                                        retention=RetentionPolicy.LIMITS, storage=StorageType.FILE))
+        try:
+            self._objects = await self.js.object_store(ARTIFACT_BUCKET)
+        except nats.js.errors.BucketNotFoundError:
+            self._objects = await self.js.create_object_store(ARTIFACT_BUCKET, storage=StorageType.FILE)
+
+    async def _stream(self, cfg: StreamConfig) -> None:
+        try:
+            await self.js.stream_info(cfg.name)
+        except nats.js.errors.NotFoundError:
+            try:
+                await self.js.add_stream(cfg)
+            except nats.js.errors.BadRequestError:  # another service created it between our two calls
+                await self.js.stream_info(cfg.name)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    # -- publishing --------------------------------------------------------------------------------
+    def _headers(self, msg_id: str) -> dict[str, str]:
+        return {"Nats-Msg-Id": msg_id, "traceparent": traceparent.get() or new_traceparent()}
+
+    async def publish(self, event: pb.Event) -> None:
+        """Publish a result on the events stream; a retry with the same event id is dropped by the server."""
+        subject = ev.event_subject(ev.kind_of(event), event.campaign_id)
+        await self.js.publish(subject, event.SerializeToString(), headers=self._headers(event.id))
+
+    async def send_work(self, stage: str, event: pb.Event) -> None:
+        """Queue an event as work for a stage (work-queue retention: one replica takes it)."""
+        await self.js.publish(ev.work_subject(stage, event.campaign_id), event.SerializeToString(),
+                              headers=self._headers(f"work.{stage}:{event.id}"))
+
+    async def dead_letter(self, stage: str, subject: str, data: bytes, reason: str, deliveries: int,
+                          campaign_id: str) -> None:
+        """Record a message that can never succeed: on the DLQ stream and as an event memory archives."""
+        dl = pb.DeadLetter(stage=stage, subject=subject, reason=reason, deliveries=deliveries, payload=data)
+        key = ev.sha256_hex(subject.encode() + data)[:24]
+        event = ev.make_event(campaign_id or "unknown", self.name, key, dead_letter=dl)
+        await self.js.publish(f"{ev.DLQ_PREFIX}.{stage}.{campaign_id or 'unknown'}", event.SerializeToString(),
+                              headers=self._headers(event.id))
+        await self.publish(event)
+
+    # -- consuming ---------------------------------------------------------------------------------
+    async def consume(self, stage: str, handler: Handler, workers: int = 1,
+                      stop: asyncio.Event | None = None) -> None:
+        """Run `workers` competing pull loops on the stage's durable consumer until `stop` is set."""
+        cfg = ConsumerConfig(durable_name=stage, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s,
+                             max_deliver=self.max_deliver, max_ack_pending=1000,
+                             filter_subject=f"{ev.WORK_PREFIX}.{stage}.>")
+        sub = await self.js.pull_subscribe(f"{ev.WORK_PREFIX}.{stage}.>", durable=stage, stream=WORK_STREAM,
+                                           config=cfg)
+        stop = stop or asyncio.Event()
+        await asyncio.gather(*(self._pull_loop(stage, sub, handler, stop) for _ in range(workers)))
+
+    async def _pull_loop(self, stage: str, sub, handler: Handler, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(1, timeout=0.5)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                continue
+            except nats.errors.ConnectionClosedError:
+                return
+            for msg in msgs:
+                await self._handle(stage, msg, handler)
+
+    async def _handle(self, stage: str, msg, handler: Handler) -> None:
+        deliveries = msg.metadata.num_delivered
+        campaign = msg.subject.rsplit(".", 1)[-1]
+        try:
+            event = pb.Event.FromString(msg.data)
+        except DecodeError as e:
+            await self.dead_letter(stage, msg.subject, msg.data, f"malformed protobuf: {e}", deliveries, campaign)
+            await msg.term()
+            return
+        token = traceparent.set((msg.headers or {}).get("traceparent", ""))
+        try:
+            outcome = await self._run_with_heartbeat(Delivery(event, msg.subject, deliveries, msg), handler)
+        except asyncio.CancelledError:
+            await _quiet_nak(msg, 0)
+            raise
+        except Exception as e:  # a bug or an outage in our own code: retry, then dead-letter
+            log.exception("handler failed", stage=stage, subject=msg.subject, deliveries=deliveries)
+            outcome = Term(f"handler error after {deliveries} deliveries: {e!r}") \
+                if deliveries >= self.max_deliver else Nak(min(30.0, 0.5 * 2 ** deliveries))
+        finally:
+            traceparent.reset(token)
+        await self._settle(stage, msg, event, outcome, deliveries)
+
+    async def _run_with_heartbeat(self, delivery: Delivery, handler: Handler) -> Outcome:
+        task = asyncio.ensure_future(handler(delivery))
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=max(0.5, self.ack_wait_s / 3))
+            if done:
+                return task.result()
+            await delivery.in_progress()
+
+    async def _settle(self, stage: str, msg, event: pb.Event, outcome: Outcome, deliveries: int) -> None:
+        if isinstance(outcome, Ack):
+            await msg.ack()
+        elif isinstance(outcome, Nak):
+            if deliveries >= self.max_deliver:
+                await self.dead_letter(stage, msg.subject, msg.data, "still busy after max_deliver attempts",
+                                       deliveries, event.campaign_id)
+                await msg.term()
+            else:
+                await msg.nak(delay=outcome.delay_s)
+        else:
+            await self.dead_letter(stage, msg.subject, msg.data, outcome.reason, deliveries, event.campaign_id)
+            await msg.term()
+
+    async def follow(self, durable: str | None, filter_subject: str = f"{ev.EVT_PREFIX}.>",
+                     stop: asyncio.Event | None = None) -> AsyncIterator[tuple[pb.Event, object]]:
+        """Yield (event, msg) from the events stream from its start; the caller acks each msg.
+
+        With a durable name, a restarted follower resumes where it stopped; without, it replays everything.
+        """
+        cfg = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s,
+                             deliver_policy=DeliverPolicy.ALL, filter_subject=filter_subject,
+                             max_ack_pending=10000, durable_name=durable,
+                             inactive_threshold=None if durable else 300.0)
+        sub = await self.js.pull_subscribe(filter_subject, durable=durable, stream=EVENTS_STREAM, config=cfg)
+        stop = stop or asyncio.Event()
+        try:
+            while not stop.is_set():
+                try:
+                    msgs = await sub.fetch(64, timeout=0.3)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    continue
+                for msg in msgs:
+                    try:
+                        yield pb.Event.FromString(msg.data), msg
+                    except DecodeError:
+                        log.error("undecodable event on the events stream", subject=msg.subject)
+                        await msg.term()
+        finally:
+            if not durable:
+                await _quiet_unsubscribe(sub)
+
+    # -- artifacts ---------------------------------------------------------------------------------
+    async def put_artifact(self, data: bytes) -> str:
+        """Store bytes under their sha256; storing the same bytes twice is a no-op."""
+        digest = ev.sha256_hex(data)
+        try:
+            await self._objects.get_info(digest)
+            return digest
+        except nats.js.errors.ObjectNotFoundError:
+            await self._objects.put(digest, data)
+            return digest
+
+    async def get_artifact(self, digest: str) -> bytes:
+        """Fetch an artifact by digest; raises ArtifactMissing."""
+        try:
+            res = await self._objects.get(digest)
+        except nats.js.errors.ObjectNotFoundError as e:
+            raise ArtifactMissing(digest) from e
+        return res.data
+
+
+async def _quiet_nak(msg, delay: float) -> None:
+    try:
+        await msg.nak(delay=delay)
+    except nats.errors.Error as e:  # connection gone: the server redelivers after ack_wait anyway
+        log.warning("nak failed", error=repr(e))
+
+
+async def _quiet_unsubscribe(sub) -> None:
+    try:
+        await sub.unsubscribe()
+    except nats.errors.Error as e:
+        log.debug("unsubscribe failed", error=repr(e))
+
+
+async def _log_error(e: Exception) -> None:
+    log.warning("nats error", error=repr(e))
+
+
+async def _log_reconnect() -> None:
+    log.info("nats reconnected")
+
+
+def default_name() -> str:
+    return f"kf-{os.getpid()}"

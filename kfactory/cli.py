@@ -1,0 +1,173 @@
+"""The `kfactory` command line."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from kfactory.config import Settings
+from kfactory.log import configure
+
+EXIT_USAGE = 2
+
+
+def _settings(args) -> Settings:
+    over = {k: v for k, v in {"nats_url": getattr(args, "nats_url", None),
+                              "redis_url": getattr(args, "redis_url", None),
+                              "planner_addr": getattr(args, "planner", None),
+                              "memory_addr": getattr(args, "memory", None),
+                              "threads": getattr(args, "threads", None),
+                              "report_dir": getattr(args, "report_dir", None)}.items() if v is not None}
+    return Settings(**over)
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("problem", help="a built-in problem name or a problem package directory")
+    p.add_argument("--target", default="cpu", help="cpu (more targets come with their issues)")
+    p.add_argument("--budget", type=int, default=40, help="design points to evaluate")
+    p.add_argument("--seconds", type=float, default=0.0, help="wall-clock budget (0: none)")
+    p.add_argument("--strategy", default="evolutionary", help="random, grid or evolutionary")
+    p.add_argument("--threads", type=int, help="threads kernels run with (default: all cores)")
+    p.add_argument("--seed", type=int, default=0, help="strategy seed (0: random)")
+    p.add_argument("--parallel", type=int, default=2, help="design points in flight at once")
+    p.add_argument("--family", action="append", default=[], help="restrict to these families")
+    p.add_argument("--manual", action="append", default=[], metavar="NAME=FILE[:FLAGS]",
+                   help="add a hand-written kernel as a candidate (repeatable)")
+
+
+def _spec(args):
+    from kfactory.v1 import events_pb2 as pb
+
+    spec = pb.CampaignSpec(problem=args.problem, target=args.target, budget_candidates=args.budget,
+                           budget_seconds=args.seconds, strategy=args.strategy, threads=args.threads or 0,
+                           seed=args.seed, families=args.family, parallel=args.parallel)
+    for m in args.manual:
+        name, _, rest = m.partition("=")
+        path, _, flags = rest.partition(":")
+        if not name or not path:
+            raise SystemExit(f"--manual {m!r}: expected NAME=FILE[:FLAGS]")
+        spec.manual_sources.append(pb.ManualSource(name=name, source=Path(path).read_text(),
+                                                   compile_flags=flags or "-O2 -fopenmp", threads=1))
+    return spec
+
+
+def _conn_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats-url", help="NATS server (env KFACTORY_NATS_URL)")
+    p.add_argument("--redis-url", help="Redis for claims (env KFACTORY_REDIS_URL); unset: in-process")
+
+
+def _grpc_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--planner", help="Campaigns service address (env KFACTORY_PLANNER_ADDR)")
+    p.add_argument("--memory", help="Evidence service address (env KFACTORY_MEMORY_ADDR)")
+    p.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kfactory", description="A kernel factory.")
+    ap.add_argument("--log-level", default=None)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("run", help="run a whole campaign on this machine (all services in this process)")
+    _spec_args(p)
+    _conn_args(p)
+    p.add_argument("--json", dest="json_out", help="write the campaign summary to this file")
+    p.add_argument("--report-dir", type=Path, help="where reports go (default ./reports)")
+    p.add_argument("--quiet", action="store_true", help="no live progress")
+
+    p = sub.add_parser("serve", help="run one service (for Kubernetes or a multi-process set-up)")
+    p.add_argument("service", help="planner, coder, compiler, verifier, benchmarker or memory")
+    _conn_args(p)
+    p.add_argument("--grpc-addr", help="listen address of the planner's or memory's gRPC service")
+    p.add_argument("--threads", type=int)
+
+    p = sub.add_parser("submit", help="submit a campaign to a running factory")
+    _spec_args(p)
+    _grpc_args(p)
+    p.add_argument("--wait", action="store_true", help="watch it until it finishes")
+
+    for name, helptext in (("status", "a campaign's status (all campaigns without ID)"),
+                           ("watch", "follow a campaign's events live"),
+                           ("cancel", "cancel a campaign"),
+                           ("report", "write a campaign's report")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("id", nargs="?" if name == "status" else None)
+        _grpc_args(p)
+        if name == "report":
+            p.add_argument("--out", type=Path, default=None, help="directory (default ./reports/ID)")
+
+    p = sub.add_parser("best", help="the best kernel for a problem, or a campaign's leaderboard")
+    p.add_argument("problem", nargs="?")
+    p.add_argument("--shape", default="")
+    p.add_argument("--device", default="")
+    p.add_argument("--campaign", help="show this campaign's leaderboard instead")
+    p.add_argument("--candidate", help="show one candidate's full evidence")
+    _grpc_args(p)
+
+    p = sub.add_parser("problems", help="list problems or describe one")
+    p.add_argument("action", choices=("list", "describe"))
+    p.add_argument("name", nargs="?")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings_level = args.log_level or ("warning" if args.cmd in ("run", "problems") else "info")
+    configure(settings_level, json=args.cmd == "serve")
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args) -> int:
+    from kfactory import client
+    from kfactory.app import WiringError
+
+    if args.cmd == "problems":
+        return _problems(args)
+    try:
+        if args.cmd == "run":
+            from kfactory.runcmd import run_campaign
+
+            return asyncio.run(run_campaign(_settings(args), _spec(args), args))
+        if args.cmd == "serve":
+            from kfactory.app import serve
+
+            settings = _settings(args)
+            if args.grpc_addr:
+                key = "planner_addr" if args.service == "planner" else "memory_addr"
+                settings = settings.model_copy(update={key: args.grpc_addr})
+            asyncio.run(serve(args.service, settings))
+            return 0
+        return client.dispatch(args, _settings(args), _spec if args.cmd == "submit" else None)
+    except WiringError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return 1
+    except client.ClientError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return e.code
+
+
+def _problems(args) -> int:
+    from kfactory.problems import ProblemError, list_problems, load_problem
+
+    if args.action == "list":
+        for name in list_problems():
+            p = load_problem(name)
+            print(f"{name:12s} {' '.join(p.spec.description.split())[:100]}")
+        return 0
+    if not args.name:
+        print("kfactory problems describe: name a problem (kfactory problems list)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        print(load_problem(args.name).describe())
+    except ProblemError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""gRPC client commands: submit, status, watch, cancel, best, report."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from kfactory import events as ev
+from kfactory.v1 import services_pb2 as spb
+from kfactory.v1 import services_pb2_grpc as sgrpc
+
+
+class ClientError(RuntimeError):
+    """A client command failed; `code` is the process exit status."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def _print(msg, as_json: bool, text: str) -> None:
+    print(json.dumps(MessageToDict(msg, preserving_proto_field_name=True), indent=2) if as_json else text)
+
+
+def _status_line(s: spb.CampaignStatus) -> str:
+    c = s.counts
+    best = f"best {s.best_candidate_id[:12]} {s.best_score_s * 1e3:.3f} ms" if s.best_candidate_id else "no best yet"
+    return (f"{s.id} {s.spec.problem}/{s.spec.target} {s.state} {s.elapsed_s:.0f}s proposed {c.proposed} "
+            f"compiled {c.compiled} verified {c.verified} rejected {c.rejected + c.compile_failed} "
+            f"measured {c.measured}; {best}")
+
+
+async def _call(addr: str, fn):
+    async with grpc.aio.insecure_channel(addr) as ch:
+        try:
+            return await fn(ch)
+        except grpc.aio.AioRpcError as e:
+            code = 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+            raise ClientError(f"{addr}: {e.code().name}: {e.details()}", code) from e
+
+
+async def _watch(ch, cid: str) -> None:
+    async for event in sgrpc.CampaignsStub(ch).Watch(spb.WatchRequest(id=cid)):
+        kind = ev.kind_of(event)
+        body = getattr(event, kind)
+        cand = getattr(body, "candidate", None) if "candidate" in body.DESCRIPTOR.fields_by_name else None
+        extra = ""
+        if kind == "measured":
+            extra = f" {body.score_s * 1e3:.3f} ms"
+        elif kind in ("rejected", "compile_failed"):
+            extra = f" {__import__('kfactory.v1.events_pb2', fromlist=['x']).RejectReason.Name(body.reason)}"
+        elif kind == "campaign_finished":
+            extra = f" {body.state}"
+        print(f"{kind:18s} {(cand.id[:12] if cand and cand.id else ''):12s}{extra}", flush=True)
+
+
+def dispatch(args, settings, spec_fn) -> int:
+    """Run one client command against the addresses in settings."""
+    return asyncio.run(_dispatch(args, settings, spec_fn))
+
+
+async def _dispatch(args, settings, spec_fn) -> int:
+    plan, mem, as_json = settings.planner_addr, settings.memory_addr, getattr(args, "as_json", False)
+    if args.cmd == "submit":
+        s = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Submit(spb.SubmitRequest(spec=spec_fn(args))))
+        _print(s, as_json, f"submitted {s.id}")
+        if args.wait:
+            await _call(plan, lambda ch: _watch(ch, s.id))
+        return 0
+    if args.cmd == "status":
+        if args.id:
+            s = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Get(spb.GetCampaignRequest(id=args.id)))
+            _print(s, as_json, _status_line(s))
+        else:
+            r = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).List(spb.ListCampaignsRequest()))
+            _print(r, as_json, "\n".join(_status_line(s) for s in r.campaigns) or "no campaigns")
+        return 0
+    if args.cmd == "watch":
+        await _call(plan, lambda ch: _watch(ch, args.id))
+        return 0
+    if args.cmd == "cancel":
+        s = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Cancel(spb.CancelRequest(id=args.id)))
+        _print(s, as_json, _status_line(s))
+        return 0
+    if args.cmd == "best":
+        return await _best(args, mem, as_json)
+    if args.cmd == "report":
+        r = await _call(mem, lambda ch: sgrpc.EvidenceStub(ch).Report(spb.ReportRequest(campaign_id=args.id)))
+        out = args.out or Path(settings.report_dir) / args.id
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text(r.markdown)
+        (out / "plot.png").write_bytes(r.plot_png)
+        print(out / "report.md")
+        return 0
+    raise ClientError(f"unknown command {args.cmd}", 2)
+
+
+async def _best(args, mem: str, as_json: bool) -> int:
+    stub = lambda ch: sgrpc.EvidenceStub(ch)  # noqa: E731
+    if args.candidate:
+        r = await _call(mem, lambda ch: stub(ch).Candidate(spb.CandidateRequest(id=args.candidate)))
+        kinds = ", ".join(ev.kind_of(e) for e in r.events)
+        _print(r, as_json, f"{r.candidate.id} {r.candidate.origin} {r.candidate.params_json}\nevidence: {kinds}")
+        return 0
+    if args.campaign:
+        r = await _call(mem, lambda ch: stub(ch).Leaderboard(spb.LeaderboardRequest(campaign_id=args.campaign)))
+        _print(r, as_json, "\n".join(f"{i:3d} {e.candidate_id[:12]} {e.score_s * 1e3:9.3f} ms {e.origin} "
+                                     f"{e.params_json}" for i, e in enumerate(r.entries, 1)) or "no measurements")
+        return 0
+    if not args.problem:
+        raise ClientError("kfactory best: name a problem, or give --campaign or --candidate", 2)
+    r = await _call(mem, lambda ch: stub(ch).Best(spb.BestRequest(problem=args.problem, shape=args.shape,
+                                                                  device=args.device)))
+    _print(r, as_json, f"{r.candidate_id} {r.score_s * 1e3:.3f} ms on {r.device} ({r.origin} {r.params_json}; "
+           f"campaign {r.campaign_id})")
+    return 0

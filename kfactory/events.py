@@ -1,0 +1,60 @@
+"""Event envelopes, subjects and deterministic ids (the contract in proto/kfactory/v1/events.proto)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+from kfactory.v1 import events_pb2 as pb
+
+WORK_PREFIX = "kf.v1.work"
+EVT_PREFIX = "kf.v1.evt"
+DLQ_PREFIX = "kf.v1.dlq"
+STAGES = ("coder", "compiler", "verifier", "benchmarker")
+
+
+def work_subject(stage: str, campaign_id: str) -> str:
+    """Input subject of a stage for one campaign."""
+    return f"{WORK_PREFIX}.{stage}.{campaign_id}"
+
+
+def event_subject(kind: str, campaign_id: str) -> str:
+    """Subject on the events stream for one kind of result (the oneof field name)."""
+    return f"{EVT_PREFIX}.{kind}.{campaign_id}"
+
+
+def kind_of(event: pb.Event) -> str:
+    """The event's body kind, e.g. 'measured'."""
+    return event.WhichOneof("body") or ""
+
+
+def make_event(campaign_id: str, producer: str, key: str, **body: Any) -> pb.Event:
+    """An envelope whose id is `<campaign>:<kind>:<key>`: a retried publish carries the same id and is deduplicated."""
+    (kind, msg), = body.items()
+    ev = pb.Event(id=f"{campaign_id}:{kind}:{key}", campaign_id=campaign_id, producer=producer,
+                  time_unix_ns=time.time_ns())
+    getattr(ev, kind).CopyFrom(msg)
+    return ev
+
+
+def canonical_json(obj: Any) -> str:
+    """Sorted, compact JSON: the canonical form that ids are hashed from."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def sha256_hex(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def point_id(family: str, params: dict) -> str:
+    """A design point's id: the hash of its family and canonical parameters."""
+    return sha256_hex(canonical_json({"family": family, "params": params}))[:24]
+
+
+def candidate_id(source: str, language: str, flags: str, entry: str, threads: int, target: str) -> str:
+    """A candidate's id: sha256 of everything that determines what runs. Same content, same id, anywhere."""
+    return sha256_hex(canonical_json({"source": source, "language": language, "flags": flags, "entry": entry,
+                                      "threads": threads, "target": target}))

@@ -1,0 +1,7 @@
+"""Problem packages: a spec (problem.yaml), a reference module (reference.py) and families.
+
+Built-in problems live beside this file; a user's package is any directory with the same layout.
+"""
+from kfactory.problems.loader import Family, Problem, ProblemError, list_problems, load_problem
+
+__all__ = ["Family", "Problem", "ProblemError", "list_problems", "load_problem"]

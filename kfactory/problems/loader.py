@@ -1,0 +1,197 @@
+"""Loading problem packages and families; enumerating, validating and rendering design points."""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+import random
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from types import ModuleType
+
+import jinja2
+import yaml
+from pydantic import ValidationError
+from simpleeval import EvalWithCompoundTypes, InvalidExpression
+
+from kfactory.problems.spec import FamilySpec, ProblemSpec
+
+BUILTIN = Path(__file__).parent
+
+
+class ProblemError(ValueError):
+    """A problem package is missing, malformed or inconsistent; the message says what to fix."""
+
+
+def _safe_eval(expr: str, names: dict) -> object:
+    try:
+        return EvalWithCompoundTypes(names=names, functions={"min": min, "max": max, "abs": abs,
+                                                             "ceil": math.ceil}).eval(expr)
+    except (InvalidExpression, SyntaxError, TypeError, ZeroDivisionError) as e:
+        raise ProblemError(f"cannot evaluate {expr!r} with {names}: {e}") from e
+
+
+def shape_str(shape: dict[str, int], symbols: list[str]) -> str:
+    """'4096x4096' in symbol order."""
+    return "x".join(str(shape[s]) for s in symbols)
+
+
+@dataclass
+class Family:
+    """A way to implement a problem on a target: a template, a design space and a launch rule."""
+    spec: FamilySpec
+    directory: Path
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @cached_property
+    def _template(self) -> jinja2.Template:
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(self.directory), undefined=jinja2.StrictUndefined,
+                                 keep_trailing_newline=True)
+        return env.get_template(self.spec.template)
+
+    def valid(self, params: dict) -> bool:
+        """True when params gives every parameter one of its values and satisfies every constraint."""
+        if set(params) != set(self.spec.params):
+            return False
+        if any(params[k] not in vals for k, vals in self.spec.params.items()):
+            return False
+        return all(bool(_safe_eval(c, params)) for c in self.spec.constraints)
+
+    def points(self) -> list[dict]:
+        """Every valid design point, in a fixed order."""
+        keys = list(self.spec.params)
+        combos = (dict(zip(keys, vals)) for vals in itertools.product(*(self.spec.params[k] for k in keys)))
+        return [p for p in combos if self.valid(p)]
+
+    def random_point(self, rng: random.Random, tries: int = 1000) -> dict:
+        """A uniformly drawn valid point (rejection sampling)."""
+        for _ in range(tries):
+            p = {k: rng.choice(v) for k, v in self.spec.params.items()}
+            if self.valid(p):
+                return p
+        raise ProblemError(f"family {self.name}: no valid point in {tries} random draws; check the constraints")
+
+    def render(self, params: dict) -> tuple[str, str, int]:
+        """(source, compile flags, threads) at a design point."""
+        try:
+            source = self._template.render(**params)
+            flags = jinja2.Template(self.spec.compile_flags, undefined=jinja2.StrictUndefined).render(**params)
+        except jinja2.TemplateError as e:
+            raise ProblemError(f"family {self.name}: template failed at {params}: {e}") from e
+        threads = int(_safe_eval(self.spec.launch.get("threads", "1"), params))
+        return source, " ".join(flags.split()), threads
+
+
+@dataclass
+class Problem:
+    """A loaded problem package."""
+    spec: ProblemSpec
+    directory: Path
+    families: dict[str, Family] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @cached_property
+    def reference(self) -> ModuleType:
+        """reference.py: `reference(inputs) -> outputs` in float64, `BASELINES` {name: fn(inputs, outputs)}."""
+        path = self.directory / "reference.py"
+        if not path.exists():
+            raise ProblemError(f"{self.directory}: missing reference.py")
+        spec = importlib.util.spec_from_file_location(f"kfactory_problem_{self.name}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        if not callable(getattr(mod, "reference", None)):
+            raise ProblemError(f"{path}: must define reference(inputs: dict) -> dict")
+        return mod
+
+    def shapes(self, which: str = "all") -> list[dict[str, int]]:
+        s = self.spec.shapes
+        return {"optimize": s.optimize, "verify": s.verify, "all": s.optimize + s.verify}[which]
+
+    def shape_str(self, shape: dict[str, int]) -> str:
+        return shape_str(shape, self.spec.symbols)
+
+    def parse_shape(self, text: str) -> dict[str, int]:
+        vals = [int(v) for v in text.split("x")]
+        return dict(zip(self.spec.symbols, vals))
+
+    def tensor_shape(self, tensor, shape: dict[str, int]) -> tuple[int, ...]:
+        return tuple(shape[d] if isinstance(d, str) else d for d in tensor.shape)
+
+    def cost(self, shape: dict[str, int]) -> tuple[float, float]:
+        """(bytes, flops) at a shape."""
+        return (float(_safe_eval(self.spec.cost.bytes, shape)), float(_safe_eval(self.spec.cost.flops, shape)))
+
+    def families_for(self, target: str) -> list[Family]:
+        return [f for f in self.families.values() if f.spec.target == target]
+
+    def reference_source(self, target: str) -> tuple[str, str]:
+        """(source, flags) of the problem's reference kernel on a target."""
+        ref = self.spec.reference_kernel.get(target)
+        if ref is None:
+            raise ProblemError(f"problem {self.name} has no reference kernel for target {target}")
+        return (self.directory / ref.source).read_text(), ref.flags
+
+    def describe(self) -> str:
+        """Human-readable summary: shapes, distributions, tolerances, the ABI per target, families."""
+        s = self.spec
+        lines = [f"{s.name}: {s.description.strip()}", "",
+                 "inputs:  " + ", ".join(f"{t.name} {t.dtype}[{', '.join(map(str, t.shape))}]" for t in s.inputs),
+                 "outputs: " + ", ".join(f"{t.name} {t.dtype}[{', '.join(map(str, t.shape))}]" for t in s.outputs),
+                 "optimise shapes: " + ", ".join(self.shape_str(x) for x in s.shapes.optimize),
+                 "verify shapes:   " + ", ".join(self.shape_str(x) for x in s.shapes.verify),
+                 "distributions:   " + ", ".join(s.distributions),
+                 "tolerance:       " + "; ".join(f"{k}: atol={v.atol} rtol={v.rtol} norm_rel={v.norm_rel}"
+                                                 for k, v in s.tolerance.items()),
+                 "baselines:       " + (", ".join(s.baselines) or "none"), ""]
+        for target, abi in s.abi.items():
+            lines += [f"ABI ({target}): {abi.signature}", f"  arguments: {', '.join(abi.args)}"]
+            if abi.notes:
+                lines.append("  " + " ".join(abi.notes.split()))
+        for f in self.families.values():
+            lines.append(f"family {f.name} ({f.spec.target}, {f.spec.language}): {len(f.points())} valid points; "
+                         + ", ".join(f"{k}={v}" for k, v in f.spec.params.items()))
+        return "\n".join(lines)
+
+
+def _load_yaml(path: Path, model):
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError as e:
+        raise ProblemError(f"missing {path}") from e
+    except yaml.YAMLError as e:
+        raise ProblemError(f"{path}: not valid YAML: {e}") from e
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        errs = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(top)'}: {err['msg']}" for err in e.errors())
+        raise ProblemError(f"{path}: {errs}") from e
+
+
+def load_problem(name_or_path: str | Path) -> Problem:
+    """Load a built-in problem by name or a package by directory path."""
+    path = Path(name_or_path)
+    directory = path if path.is_dir() else BUILTIN / str(name_or_path)
+    if not (directory / "problem.yaml").exists():
+        raise ProblemError(f"no problem {name_or_path!r}: not a directory with problem.yaml and not one of "
+                           f"{list_problems()}")
+    spec = _load_yaml(directory / "problem.yaml", ProblemSpec)
+    problem = Problem(spec, directory)
+    for fname in spec.families:
+        fdir = directory / "families" / fname
+        fam = Family(_load_yaml(fdir / "family.yaml", FamilySpec), fdir)
+        if fam.name != fname:
+            raise ProblemError(f"{fdir}/family.yaml: name {fam.name!r} differs from its directory {fname!r}")
+        problem.families[fname] = fam
+    return problem
+
+
+def list_problems() -> list[str]:
+    """Names of the built-in problems."""
+    return sorted(p.parent.name for p in BUILTIN.glob("*/problem.yaml"))

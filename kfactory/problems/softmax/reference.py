@@ -1,0 +1,47 @@
+"""softmax: the float64 reference and the baselines (numpy; torch where importable)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def reference(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Row-wise softmax computed in float64; -inf entries get probability 0."""
+    x = inputs["x"].astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return {"y": e / e.sum(axis=-1, keepdims=True)}
+
+
+def numpy_softmax(inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], threads: int) -> None:
+    """What a careful numpy user writes: in place into the preallocated output, no temporaries of x's size."""
+    x, y = inputs["x"], outputs["y"]
+    m = x.max(axis=-1, keepdims=True)
+    np.subtract(x, m, out=y)
+    np.exp(y, out=y)
+    s = y.sum(axis=-1, keepdims=True)
+    np.divide(y, s, out=y)
+
+
+def _torch_softmax():
+    try:
+        import torch
+    except ImportError:
+        return None
+    cache: dict = {}
+
+    def run(inputs, outputs, threads):
+        if cache.get("threads") != threads:
+            torch.set_num_threads(threads)
+            cache["threads"] = threads
+        torch.softmax(torch.from_numpy(inputs["x"]), dim=-1, out=torch.from_numpy(outputs["y"]))
+
+    return run
+
+
+def baselines() -> dict:
+    """Baselines available in this environment: name -> fn(inputs, outputs, threads) writing outputs."""
+    found = {"numpy": numpy_softmax}
+    torch_fn = _torch_softmax()
+    if torch_fn is not None:
+        found["torch"] = torch_fn
+    return found

@@ -1,0 +1,118 @@
+"""`kfactory run`: a whole campaign on this machine: embedded nats-server, six services in one process."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from kfactory.app import start_services
+from kfactory.natsd import EmbeddedNats
+
+
+def _progress(st, services) -> Table:
+    t = Table(title=f"campaign {st.id}: {st.spec.problem} on {st.spec.target} ({st.spec.strategy})")
+    for col in ("proposed", "compiled", "compile_failed", "verified", "rejected", "measured", "in flight",
+                "best (ms)", "elapsed"):
+        t.add_column(col, justify="right")
+    c, best = st.counts, st.best()
+    t.add_row(*(str(getattr(c, f)) for f in ("proposed", "compiled", "compile_failed", "verified", "rejected",
+                                              "measured")), str(st.in_flight()),
+              f"{best.score_s * 1e3:.3f}" if best else "-", f"{st.elapsed():.0f}s")
+    return t
+
+
+def leaderboard_table(summary: dict, rows) -> Table:
+    t = Table(title="leaderboard")
+    for col in ("rank", "candidate", "origin", "params", "flags", "median (ms)"):
+        t.add_column(col)
+    for i, m in enumerate(rows, 1):
+        c = m.candidate
+        t.add_row(str(i), c.id[:12], c.origin, c.params_json, c.compile_flags, f"{m.score_s * 1e3:.3f}")
+    return t
+
+
+async def run_campaign(settings, spec, args) -> int:
+    """Run one campaign to its end; print a leaderboard; write the report and the --json summary."""
+    console = Console(stderr=True)
+    nats = None
+    if not args.nats_url:
+        nats = EmbeddedNats()
+        settings = settings.model_copy(update={"nats_url": nats.start()})
+    running = None
+    try:
+        running = await start_services(settings, grpc=False)
+        planner, memory = running.services["planner"], running.services["memory"]
+        cid = await planner.submit(spec)
+        st = planner.campaigns[cid]
+        await _follow(st, running, console, args.quiet)
+        if running.failed():
+            raise running.failed()
+        await _wait_archived(memory, cid)
+        return _finish(settings, st, running, memory, args, console)
+    finally:
+        if running:
+            await running.shutdown()
+        if nats:
+            nats.stop()
+
+
+async def _follow(st, running, console: Console, quiet: bool) -> None:
+    live = Live(_progress(st, running.services), console=console, refresh_per_second=2) if not quiet and \
+        console.is_terminal else contextlib.nullcontext()
+    last = ""
+    with live:
+        while st.finished is None and not running.stop.is_set():
+            await asyncio.sleep(0.5)
+            if isinstance(live, Live):
+                live.update(_progress(st, running.services))
+            elif not quiet:
+                key = (f"proposed {st.counts.proposed} compiled {st.counts.compiled} "
+                        f"verified {st.counts.verified} rejected {st.counts.rejected + st.counts.compile_failed} "
+                        f"measured {st.counts.measured}")
+                if key != last:
+                    console.print(f"{st.elapsed():6.0f}s {key}")
+                    last = key
+
+
+async def _wait_archived(memory, cid: str, timeout: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if memory.archive.q("SELECT 1 FROM campaigns WHERE id=? AND finished_ns IS NOT NULL", (cid,)):
+            return
+        memory.progress.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(memory.progress.wait(), 1.0)
+
+
+def _finish(settings, st, running, memory, args, console: Console) -> int:
+    summary = json.loads(st.finished.summary_json)
+    out_dir = Path(settings.report_dir) / st.id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md, png = memory.report(st.id)
+    (out_dir / "report.md").write_text(md)
+    (out_dir / "plot.png").write_bytes(png)
+    summary["state"] = st.finished.state
+    summary["report"] = str(out_dir / "report.md")
+    summary["services"] = {name: svc.handled for name, svc in running.services.items()}
+    rows = [m for m, _ in memory.archive.leaderboard(st.id, 10)]
+    console.print(leaderboard_table(summary, rows))
+    best = summary.get("best")
+    if best:
+        base = ", ".join(f"{k} {v:.2f}x" for k, v in (best.get("speedup_vs_baselines") or {}).items() if v)
+        ref = best.get("speedup_vs_reference")
+        console.print(f"best {best['candidate_id'][:12]} at {best['shape']}: {best['median_seconds'] * 1e3:.3f} ms; "
+                      f"vs reference {ref:.2f}x; vs {base}" if ref else "best: no comparison was measured")
+    console.print(f"state {st.finished.state}; report {summary['report']}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(summary, indent=2))
+    else:
+        json.dump(summary, sys.stdout, indent=2)
+        print()
+    return 0 if st.finished.state == "completed" else 1

@@ -1,0 +1,206 @@
+"""Parent side of the runner: starts, talks to, times out and replaces runner child processes.
+
+Faults of the candidate become typed exceptions (RunnerCrashed, RunnerTimeout, LoadFailed) that the
+services turn into rejection events; the service process itself never loads candidate code.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from kfactory.log import get_logger
+
+log = get_logger("runner")
+
+
+class RunnerFault(Exception):
+    """The candidate ended its runner abnormally."""
+
+
+class RunnerCrashed(RunnerFault):
+    """The runner died: a signal (segfault, abort, kill by a resource limit) or an exit."""
+
+
+class RunnerTimeout(RunnerFault):
+    """The runner did not answer within its wall-clock limit and was killed."""
+
+
+class LoadFailed(RunnerFault):
+    """The runner could not load or bind the kernel (missing symbol, bad object)."""
+
+
+@functools.lru_cache(maxsize=1)
+def network_isolation_prefix() -> tuple[str, ...]:
+    """`unshare -n` (root) or `unshare -rn` (user namespaces) when it works here, else nothing."""
+    exe = shutil.which("unshare")
+    if not exe:
+        return ()
+    for prefix in ((exe, "-n"), (exe, "-rn")):
+        try:
+            if subprocess.run([*prefix, "true"], capture_output=True, timeout=5).returncode == 0:
+                return prefix
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return ()
+
+
+class Runner:
+    """One runner child at a time; replaced after a fault, a timeout or max_runs commands."""
+
+    def __init__(self, threads: int, timeout_s: float = 20.0, mem_mb: int = 4096, max_runs: int = 500,
+                 isolate_network: bool = True):
+        self.threads, self.timeout_s, self.mem_mb, self.max_runs = threads, timeout_s, mem_mb, max_runs
+        self.isolate_network = isolate_network
+        self.proc: subprocess.Popen | None = None
+        self.runs = 0
+        self.loaded: set[str] = set()
+        self.restarts = 0
+
+    def _start(self) -> None:
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KFACTORY_", "NATS", "REDIS"))}
+        env["OMP_NUM_THREADS"] = str(self.threads)
+        prefix = network_isolation_prefix() if self.isolate_network else ()
+        cpu_s = int(max(60, self.timeout_s * self.threads * 4))
+        cmd = [*prefix, sys.executable, "-m", "kfactory.runner_child", str(p2c_r), str(c2p_w),
+               str(self.threads), str(self.mem_mb), str(cpu_s)]
+        self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+        os.close(p2c_r)
+        os.close(c2p_w)
+        self._w = os.fdopen(p2c_w, "w")
+        self._r = c2p_r
+        self._buf = b""
+        self.runs = 0
+        self.loaded = set()
+        self.request({"op": "ping"}, timeout_s=30)
+
+    def request(self, cmd: dict, timeout_s: float | None = None) -> dict:
+        """Send one command and wait for its reply; raises RunnerCrashed / RunnerTimeout / LoadFailed."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        try:
+            self._w.write(json.dumps(cmd) + "\n")
+            self._w.flush()
+        except BrokenPipeError as e:
+            raise self._crashed() from e
+        reply = self._read_line(timeout_s or self.timeout_s)
+        self.runs += 1
+        if not reply.get("ok"):
+            raise LoadFailed(reply.get("error", "unknown error"))
+        if self.runs >= self.max_runs:
+            self.stop()
+        return reply
+
+    def _read_line(self, timeout_s: float) -> dict:
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise RunnerTimeout(f"no answer within {timeout_s:.1f}s; runner killed")
+            ready, _, _ = select.select([self._r], [], [], left)
+            if ready:
+                chunk = os.read(self._r, 1 << 16)
+                if not chunk:
+                    raise self._crashed()
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError as e:
+            self.kill()
+            raise RunnerCrashed(f"runner sent garbage: {line[:200]!r}") from e
+
+    def _crashed(self) -> RunnerCrashed:
+        rc = self.proc.wait(timeout=10) if self.proc else None
+        self._reset()
+        if rc is not None and rc < 0:
+            return RunnerCrashed(f"runner killed by signal {signal.Signals(-rc).name}")
+        return RunnerCrashed(f"runner exited with status {rc}")
+
+    def ensure_loaded(self, key: str, cmd: dict) -> None:
+        if key not in self.loaded or self.proc is None or self.proc.poll() is not None:
+            self.request({"op": "load", "key": key, **cmd})
+            self.loaded.add(key)
+
+    def _reset(self) -> None:
+        self.restarts += 1
+        self.proc = None
+        self.loaded = set()
+        for f in (getattr(self, "_w", None),):
+            if f:
+                try:
+                    f.close()
+                except BrokenPipeError:
+                    pass
+        if getattr(self, "_r", None) is not None:
+            os.close(self._r)
+            self._r = None
+
+    def kill(self) -> None:
+        """Kill the runner's whole process group (a kernel may have forked)."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        if self.proc:
+            self._reset()
+
+    def stop(self) -> None:
+        """Ask the runner to exit, then make sure it did."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                self._w.write('{"op": "exit"}\n')
+                self._w.flush()
+                self.proc.wait(timeout=2)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        if self.proc:
+            self._reset()
+
+
+class ShmBuffers:
+    """Arrays in /dev/shm files that both the parent and the runner map."""
+
+    def __init__(self):
+        base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+        self.dir = Path(tempfile.mkdtemp(prefix="kf-shm-", dir=base))
+        self.arrays: dict[str, np.memmap] = {}
+
+    def new(self, shape: tuple[int, ...], dtype: str) -> tuple[str, np.memmap]:
+        path = str(self.dir / uuid.uuid4().hex)
+        nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        with open(path, "wb") as f:
+            f.truncate(nbytes)
+        arr = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
+        self.arrays[path] = arr
+        return path, arr
+
+    def close(self) -> None:
+        self.arrays.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "ShmBuffers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,141 @@
+"""The runner: a child process that loads candidate kernels and runs them on inputs in shared memory.
+
+It is started by kfactory.runner.Runner, never imported by a service. It speaks JSON lines on the file
+descriptors given on its command line (never on stdout, which candidate code may write to), limits its own
+resources before loading anything, and knows nothing of the bus.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+
+def _limit(mem_mb: int, cpu_s: int) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+
+
+class Child:
+    """Holds the loaded kernels and the mapped buffers of the current command."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.kernels: dict[str, object] = {}
+        self.kinds: dict[str, str] = {}
+
+    def op_ping(self, cmd: dict) -> dict:
+        return {"pid": os.getpid()}
+
+    def op_load(self, cmd: dict) -> dict:
+        key = cmd["key"]
+        if cmd["kind"] == "so":
+            lib = ctypes.CDLL(cmd["path"], mode=os.RTLD_LOCAL | os.RTLD_NOW)
+            fn = getattr(lib, cmd["entry"])
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p if a == "ptr" else ctypes.c_int64 for a in cmd["argtypes"]]
+            self.kernels[key] = fn
+        else:
+            spec = importlib.util.spec_from_file_location("kf_problem_ref", cmd["module"])
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            self.kernels[key] = mod.baselines()[cmd["name"]]
+        self.kinds[key] = cmd["kind"]
+        return {}
+
+    def _bind(self, key: str, argset: list[dict]):
+        """A zero-argument callable running kernel `key` on one argument set (mapped once, outside timing)."""
+        fn = self.kernels[key]
+        arrays = {a["name"]: np.memmap(a["path"], dtype=a["dtype"], mode="r+", shape=tuple(a["shape"]))
+                  for a in argset if "path" in a}
+        if self.kinds[key] == "so":
+            args = [arrays[a["name"]].ctypes.data if "path" in a else int(a["int"]) for a in argset]
+            return lambda: fn(*args), arrays
+        ins = {a["name"]: arrays[a["name"]] for a in argset if a.get("role") == "in"}
+        outs = {a["name"]: arrays[a["name"]] for a in argset if a.get("role") == "out"}
+        return lambda: fn(ins, outs, self.threads), arrays
+
+    def op_call(self, cmd: dict) -> dict:
+        call, arrays = self._bind(cmd["key"], cmd["args"])
+        t0 = time.perf_counter_ns()
+        call()
+        t1 = time.perf_counter_ns()
+        for a in arrays.values():
+            a.flush()
+        return {"seconds": (t1 - t0) * 1e-9}
+
+    def op_bench(self, cmd: dict) -> dict:
+        """Interleaved timing: round-robin over kernels (A B A B ...), each call on the next argument set."""
+        # keep every mapping alive while its pointers are in use: a collected memmap unmaps its memory
+        pairs = {k["key"]: [self._bind(k["key"], s) for s in k["argsets"]] for k in cmd["kernels"]}
+        bound = {k: [call for call, _ in v] for k, v in pairs.items()}
+        keys = list(bound)
+        samples: dict[str, list[float]] = {k: [] for k in keys}
+        self._warm_up(bound, cmd["warmup_s"])
+        start = time.perf_counter()
+        i = 0
+        while True:
+            for k in keys:
+                calls = bound[k]
+                t0 = time.perf_counter_ns()
+                calls[i % len(calls)]()
+                samples[k].append((time.perf_counter_ns() - t0) * 1e-9)
+            i += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= cmd["max_s"]:
+                break
+            if i >= cmd["min_samples"] and elapsed >= cmd["min_s"] and all(
+                    _noise(s) <= cmd["noise"] for s in samples.values()):
+                break
+        for v in pairs.values():
+            for _, arrays in v:
+                for a in arrays.values():
+                    a.flush()
+        # the last call on every argument set wrote its output: the parent checks those
+        return {"samples": samples, "last_set": {k: (i - 1) % len(bound[k]) for k in keys}}
+
+    def _warm_up(self, bound: dict, warmup_s: float) -> None:
+        deadline = time.perf_counter() + warmup_s
+        n = 0
+        while n < 2 or time.perf_counter() < deadline:
+            for calls in bound.values():
+                calls[n % len(calls)]()
+            n += 1
+
+
+def _noise(s: list[float]) -> float:
+    if len(s) < 4:
+        return float("inf")
+    q1, med, q3 = np.percentile(s, [25, 50, 75])
+    return (q3 - q1) / med if med > 0 else float("inf")
+
+
+def main() -> None:
+    rfd, wfd, threads, mem_mb, cpu_s = (int(v) for v in sys.argv[1:6])
+    _limit(mem_mb, cpu_s)
+    child = Child(threads)
+    rd = os.fdopen(rfd, "r")
+    wr = os.fdopen(wfd, "w")
+    for line in rd:
+        cmd = json.loads(line)
+        if cmd["op"] == "exit":
+            break
+        try:
+            reply = {"ok": True, **getattr(child, "op_" + cmd["op"])(cmd)}
+        except (OSError, AttributeError, KeyError, ValueError, TypeError, ImportError) as e:
+            # loading or binding failed (missing symbol, bad library): the parent types it
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        wr.write(json.dumps(reply) + "\n")
+        wr.flush()
+
+
+if __name__ == "__main__":
+    main()

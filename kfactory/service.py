@@ -1,0 +1,102 @@
+"""What every service shares: its connections, its counters, and the fenced stage lock around a message."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import structlog
+
+from kfactory.bus import Ack, Bus, Delivery, Nak, Outcome
+from kfactory.claims import Claims, LockTimeout
+from kfactory.config import Settings
+from kfactory.log import get_logger
+from kfactory.problems import Problem, load_problem
+from kfactory.targets import Target, get_target
+from kfactory.v1 import events_pb2 as pb
+
+
+@dataclass
+class Context:
+    """Connections and configuration a service runs with (one per process, shared by in-process services)."""
+    settings: Settings
+    bus: Bus
+    claims: Claims
+    _targets: dict[str, Target] = field(default_factory=dict)
+
+    def target(self, spec: str) -> Target:
+        if spec not in self._targets:
+            self._targets[spec] = get_target(spec, self.settings)
+        return self._targets[spec]
+
+    @staticmethod
+    def problem(name: str) -> Problem:
+        return _problem(name)
+
+
+@lru_cache(maxsize=64)
+def _problem(name: str) -> Problem:
+    return load_problem(name)
+
+
+class Service:
+    """A service consuming one work stage (or, with stage None, something else in run())."""
+    name = ""
+    stage: str | None = None
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.bus, self.claims, self.settings = ctx.bus, ctx.claims, ctx.settings
+        self.handled = 0
+        self.log = get_logger(self.name)
+
+    async def setup(self) -> None:
+        """Check wiring at start-up (not at the first message)."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.setup()
+        if self.stage:
+            await self.bus.consume(self.stage, self._handle, self.settings.workers, stop)
+
+    async def _handle(self, d: Delivery) -> Outcome:
+        cand = _candidate_of(d.event)
+        with structlog.contextvars.bound_contextvars(campaign=d.event.campaign_id, service=self.name,
+                                                     candidate=cand.id[:12] if cand else ""):
+            outcome = await self.handle(d)
+        if isinstance(outcome, Ack):
+            self.handled += 1
+        return outcome
+
+    async def handle(self, d: Delivery) -> Outcome:
+        raise TypeError(f"service {self.name} consumes {self.stage} but does not handle messages")
+
+    @contextlib.asynccontextmanager
+    async def stage_lock(self, d: Delivery, item: str):
+        """Hold a fenced, renewed lock on (campaign, stage, item) while working on it.
+
+        Yields the lock, or None when another worker holds it (the caller naks): a redelivered message never
+        runs twice at once. `still_ours()` tells whether a result may still be written.
+        """
+        key = f"{d.event.campaign_id}:{self.stage}:{item}"
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                lock = await stack.enter_async_context(
+                    self.claims.hold(key, ttl_s=self.settings.ack_wait_s, wait_s=0))
+            except LockTimeout:
+                lock = None
+            yield lock
+
+    async def still_ours(self, lock) -> bool:
+        """Fencing: a result may be written only while our token is the newest for the key."""
+        return await self.claims.latest_fence(lock.key) == lock.fence
+
+    def busy(self) -> Nak:
+        return Nak(self.settings.nak_delay_s)
+
+
+def _candidate_of(event: pb.Event) -> pb.Candidate | None:
+    body = event.WhichOneof("body")
+    msg = getattr(event, body) if body else None
+    return getattr(msg, "candidate", None) if msg is not None and msg.DESCRIPTOR.fields_by_name.get(
+        "candidate") else None

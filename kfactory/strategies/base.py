@@ -1,0 +1,97 @@
+"""The design space a strategy searches (all families of a problem on a target) and the strategy interface."""
+from __future__ import annotations
+
+import json
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from kfactory.problems import Family
+
+
+@dataclass(frozen=True)
+class Point:
+    """A design point: a family and one value per parameter."""
+    family: str
+    params_json: str
+
+    @property
+    def params(self) -> dict:
+        return json.loads(self.params_json)
+
+    @classmethod
+    def of(cls, family: str, params: dict) -> "Point":
+        return cls(family, json.dumps(params, sort_keys=True))
+
+
+class Space:
+    """The union of the families' valid points."""
+
+    def __init__(self, families: list[Family]):
+        if not families:
+            raise ValueError("no family to search")
+        self.families = {f.name: f for f in families}
+
+    def all_points(self) -> list[Point]:
+        return [Point.of(f.name, p) for f in self.families.values() for p in f.points()]
+
+    def random(self, rng: random.Random) -> Point:
+        fam = rng.choice(list(self.families.values()))
+        return Point.of(fam.name, fam.random_point(rng))
+
+    def valid(self, point: Point) -> bool:
+        fam = self.families.get(point.family)
+        return fam is not None and fam.valid(point.params)
+
+    def mutate(self, point: Point, rng: random.Random, n: int = 1) -> Point:
+        """Change n parameters: ordered numeric values move to a neighbour, others to a random value."""
+        fam = self.families[point.family]
+        params = point.params
+        for name in rng.sample(list(fam.spec.params), k=min(n, len(fam.spec.params))):
+            values = fam.spec.params[name]
+            i = values.index(params[name])
+            if all(isinstance(v, (int, float)) for v in values) and len(values) > 2:
+                j = min(len(values) - 1, max(0, i + rng.choice((-1, 1))))
+            else:
+                j = rng.randrange(len(values))
+            params[name] = values[j]
+        return Point.of(point.family, params)
+
+    def crossover(self, a: Point, b: Point, rng: random.Random) -> Point:
+        if a.family != b.family:
+            return a
+        pa, pb_ = a.params, b.params
+        return Point.of(a.family, {k: rng.choice((pa[k], pb_[k])) for k in pa})
+
+
+class Strategy(ABC):
+    """ask/tell search over a Space; never proposes the same point twice."""
+
+    def __init__(self, space: Space, seed: int):
+        self.space = space
+        self.rng = random.Random(seed)
+        self.seen: set[Point] = set()
+        self.results: dict[Point, float | None] = {}
+
+    @abstractmethod
+    def _next(self) -> Point | None: ...
+
+    def ask(self) -> Point | None:
+        """The next unseen valid point, or None when the strategy has nothing left to propose."""
+        point = self._next()
+        if point is not None:
+            self.seen.add(point)
+        return point
+
+    def tell(self, point: Point, score: float | None) -> None:
+        """Record a result: seconds (lower is better), or None for a failure of any kind."""
+        self.seen.add(point)
+        self.results[point] = score
+
+    def _fresh_random(self, tries: int = 200) -> Point | None:
+        for _ in range(tries):
+            p = self.space.random(self.rng)
+            if p not in self.seen:
+                return p
+        rest = [p for p in self.space.all_points() if p not in self.seen]
+        return self.rng.choice(rest) if rest else None

@@ -1,0 +1,77 @@
+"""The target interface: compile a candidate, run it in a runner, time it, describe the device."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kfactory.v1 import events_pb2 as pb
+
+
+@dataclass
+class CompileResult:
+    """An artifact and its resource report, or a typed failure with the compiler's message."""
+    ok: bool
+    report: pb.CompileReport
+    artifact: bytes = b""
+    log: str = ""
+    reason: int = pb.REJECT_REASON_UNSPECIFIED
+    message: str = ""
+
+
+@dataclass
+class CallResult:
+    """One checked call: the outputs it wrote, its wall time, and whether it wrote its inputs."""
+    outputs: dict[str, np.ndarray]
+    seconds: float
+    mutated: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BenchResult:
+    """Interleaved samples per kernel key, and the outputs the last timed call left for each input set."""
+    samples: dict[str, list[float]]
+    outputs: dict[str, list[dict[str, np.ndarray]]]
+
+
+class Session(ABC):
+    """Runs kernels of one problem on one device, always in a runner process, never in the caller's."""
+
+    @abstractmethod
+    def load_artifact(self, key: str, artifact: bytes, entry: str) -> None: ...
+
+    @abstractmethod
+    def load_baseline(self, key: str, name: str) -> None: ...
+
+    @abstractmethod
+    def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
+        """Run once on fresh buffers with every output poisoned first."""
+
+    @abstractmethod
+    def bench(self, keys: list[str], shape: dict[str, int], input_sets: list[dict[str, np.ndarray]],
+              *, min_samples: int, min_s: float, max_s: float, noise: float, warmup_s: float) -> BenchResult:
+        """Time the kernels interleaved (A B A B ...) over a rotating pool of input sets."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Target(ABC):
+    """A place kernels run: cpu, cuda, replay. Selected by name with kfactory.targets.get_target."""
+    name: str = ""
+    #: verification runs the kernel at full width too, so it must hold the device lease like timing does
+    exclusive_verify: bool = True
+
+    @abstractmethod
+    def device(self) -> pb.DeviceInfo: ...
+
+    @abstractmethod
+    def compile(self, source: str, language: str, flags: str, entry: str) -> CompileResult: ...
+
+    @abstractmethod
+    def session(self, problem, threads: int) -> Session: ...
+
+    def cache_bytes(self) -> int:
+        """Bytes an input pool must exceed so that timed calls do not run from a warm cache."""
+        return 64 << 20

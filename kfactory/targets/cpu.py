@@ -1,0 +1,171 @@
+"""The cpu target: C/C++ compiled by the system compiler into a shared object, run in a runner child."""
+from __future__ import annotations
+
+import hashlib
+import platform
+import shlex
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kfactory.runner import Runner, ShmBuffers
+from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
+from kfactory.v1 import events_pb2 as pb
+
+COMPILE_TIMEOUT_S = 120
+LANG_FLAG = {"c": "c", "cpp": "c++"}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _llc_bytes() -> int:
+    idx = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
+    try:
+        text = idx.read_text().strip()
+        return int(text.rstrip("K")) * 1024 if text.endswith("K") else int(text)
+    except (OSError, ValueError):
+        return 32 << 20
+
+
+class CpuTarget(Target):
+    name = "cpu"
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.cache_dir = Path(settings.data_dir) / "so"
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+
+    def device(self) -> pb.DeviceInfo:
+        model = _cpu_model()
+        host = platform.node()
+        return pb.DeviceInfo(target="cpu", model=f"{model} ({self.settings.threads} threads)",
+                             device_id="cpu-" + hashlib.sha256(f"{host}|{model}".encode()).hexdigest()[:16],
+                             threads=self.settings.threads)
+
+    def cache_bytes(self) -> int:
+        return 2 * _llc_bytes()
+
+    def compile(self, source: str, language: str, flags: str, entry: str) -> CompileResult:
+        """cc -shared -fPIC FLAGS; a failure is a typed result carrying the compiler's log."""
+        if language not in LANG_FLAG:
+            return CompileResult(False, pb.CompileReport(compiler=self.settings.cc), reason=pb.COMPILE_ERROR,
+                                 message=f"the cpu target compiles c or cpp, not {language!r}")
+        with tempfile.TemporaryDirectory(prefix="kf-cc-") as tmp:
+            src, out = Path(tmp) / f"k.{language}", Path(tmp) / "k.so"
+            src.write_text(source)
+            cmd = [self.settings.cc, "-x", LANG_FLAG[language], "-shared", "-fPIC", *shlex.split(flags),
+                   "-o", str(out), str(src)]
+            t0 = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                return CompileResult(False, pb.CompileReport(compiler=" ".join(cmd)), reason=pb.COMPILE_ERROR,
+                                     message=f"compiler ran past {COMPILE_TIMEOUT_S}s")
+            log = proc.stderr[-20000:]
+            report = pb.CompileReport(compiler=" ".join(cmd), seconds=time.perf_counter() - t0,
+                                      log_excerpt=log[:2000], warnings=log.count("warning:"))
+            if proc.returncode != 0:
+                return CompileResult(False, report, log=log, reason=pb.COMPILE_ERROR,
+                                     message=f"{self.settings.cc} exited with {proc.returncode}")
+            artifact = out.read_bytes()
+            report.artifact_bytes = len(artifact)
+            report.imports.extend(_undefined_symbols(out))
+            return CompileResult(True, report, artifact=artifact, log=log)
+
+    def session(self, problem, threads: int) -> "CpuSession":
+        return CpuSession(self, problem, threads)
+
+
+def _undefined_symbols(path: Path) -> list[str]:
+    proc = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True)
+    return sorted({line.split()[-1] for line in proc.stdout.splitlines() if line.strip()})
+
+
+class CpuSession(Session):
+    """Kernels of one problem in one runner process with OMP_NUM_THREADS=threads."""
+
+    def __init__(self, target: CpuTarget, problem, threads: int):
+        s = target.settings
+        self.target, self.problem, self.threads = target, problem, threads
+        self.runner = Runner(threads, s.runner_timeout_s, s.runner_mem_mb, s.runner_max_runs)
+        self.loads: dict[str, dict] = {}
+        abi = problem.spec.abi["cpu"]
+        tensors = {t.name for t in problem.spec.inputs + problem.spec.outputs}
+        self.abi_args = abi.args
+        self.argtypes = ["ptr" if a in tensors else "i64" for a in abi.args]
+
+    def load_artifact(self, key: str, artifact: bytes, entry: str) -> None:
+        path = self.target.cache_dir / f"{hashlib.sha256(artifact).hexdigest()}.so"
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(artifact)
+            tmp.rename(path)
+        self.loads[key] = {"kind": "so", "path": str(path), "entry": entry, "argtypes": self.argtypes}
+
+    def load_baseline(self, key: str, name: str) -> None:
+        self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name}
+
+    def _argset(self, bufs: ShmBuffers, shape: dict[str, int], inputs: dict[str, np.ndarray],
+                poison: bool) -> tuple[list[dict], dict[str, np.ndarray]]:
+        spec, views, args = self.problem.spec, {}, []
+        outs = {t.name: t for t in spec.outputs}
+        ins = {t.name: t for t in spec.inputs}
+        for name in self.abi_args + [t.name for t in spec.outputs + spec.inputs]:
+            if name in views or not (name in ins or name in outs):
+                continue
+            t = ins.get(name) or outs[name]
+            path, arr = bufs.new(self.problem.tensor_shape(t, shape), t.dtype)
+            if name in ins:
+                arr[...] = inputs[name]
+            elif poison:
+                arr[...] = np.nan if np.dtype(t.dtype).kind == "f" else -1
+            views[name] = arr
+            args.append({"name": name, "path": path, "dtype": t.dtype, "shape": list(arr.shape),
+                         "role": "in" if name in ins else "out"})
+        by_name = {a["name"]: a for a in args}
+        ordered = [by_name[a] if a in by_name else {"name": a, "int": shape[a]} for a in self.abi_args]
+        extra = [a for a in args if a["name"] not in self.abi_args]
+        return ordered + extra, views
+
+    def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
+        self.runner.ensure_loaded(key, self.loads[key])
+        with ShmBuffers() as bufs:
+            argset, views = self._argset(bufs, shape, inputs, poison=True)
+            reply = self.runner.request({"op": "call", "key": key, "args": argset})
+            mutated = [t.name for t in self.problem.spec.inputs
+                       if not np.array_equal(views[t.name], inputs[t.name], equal_nan=True)]
+            outs = {t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
+        return CallResult(outs, reply["seconds"], mutated)
+
+    def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s) -> BenchResult:
+        for k in keys:
+            self.runner.ensure_loaded(k, self.loads[k])
+        with ShmBuffers() as bufs:
+            per_key = {k: [self._argset(bufs, shape, inp, poison=True) for inp in input_sets] for k in keys}
+            cmd = {"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
+                   "min_samples": min_samples, "min_s": min_s, "max_s": max_s, "noise": noise,
+                   "warmup_s": warmup_s}
+            reply = self.runner.request(cmd, timeout_s=max_s + 10 * warmup_s + self.runner.timeout_s)
+            outs = {k: [{t.name: np.array(v[t.name]) for t in self.problem.spec.outputs} for _, v in per_key[k]]
+                    for k in keys}
+        return BenchResult(reply["samples"], outs)
+
+    def close(self) -> None:
+        self.runner.stop()
+
+
+def make(option: str, settings) -> CpuTarget:
+    if option:
+        raise ValueError(f"the cpu target takes no option (got 'cpu:{option}')")
+    return CpuTarget(settings)

@@ -1,0 +1,144 @@
+from kfactory.v1 import events_pb2 as _events_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CampaignStatus(_message.Message):
+    __slots__ = ("id", "spec", "state", "counts", "best_candidate_id", "best_score_s", "elapsed_s", "summary_json", "device")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    BEST_CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    BEST_SCORE_S_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    spec: _events_pb2.CampaignSpec
+    state: str
+    counts: _events_pb2.Counts
+    best_candidate_id: str
+    best_score_s: float
+    elapsed_s: float
+    summary_json: str
+    device: _events_pb2.DeviceInfo
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[_events_pb2.CampaignSpec, _Mapping]] = ..., state: _Optional[str] = ..., counts: _Optional[_Union[_events_pb2.Counts, _Mapping]] = ..., best_candidate_id: _Optional[str] = ..., best_score_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., summary_json: _Optional[str] = ..., device: _Optional[_Union[_events_pb2.DeviceInfo, _Mapping]] = ...) -> None: ...
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _events_pb2.CampaignSpec
+    def __init__(self, spec: _Optional[_Union[_events_pb2.CampaignSpec, _Mapping]] = ...) -> None: ...
+
+class GetCampaignRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ListCampaignsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCampaignsResponse(_message.Message):
+    __slots__ = ("campaigns",)
+    CAMPAIGNS_FIELD_NUMBER: _ClassVar[int]
+    campaigns: _containers.RepeatedCompositeFieldContainer[CampaignStatus]
+    def __init__(self, campaigns: _Optional[_Iterable[_Union[CampaignStatus, _Mapping]]] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("id", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class LeaderboardEntry(_message.Message):
+    __slots__ = ("candidate_id", "campaign_id", "problem", "family", "params_json", "origin", "score_s", "timings", "device")
+    CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    SCORE_S_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    candidate_id: str
+    campaign_id: str
+    problem: str
+    family: str
+    params_json: str
+    origin: str
+    score_s: float
+    timings: _containers.RepeatedCompositeFieldContainer[_events_pb2.ShapeTiming]
+    device: str
+    def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ...) -> None: ...
+
+class BestRequest(_message.Message):
+    __slots__ = ("problem", "shape", "device")
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    problem: str
+    shape: str
+    device: str
+    def __init__(self, problem: _Optional[str] = ..., shape: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+
+class LeaderboardRequest(_message.Message):
+    __slots__ = ("campaign_id", "limit")
+    CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    campaign_id: str
+    limit: int
+    def __init__(self, campaign_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class LeaderboardResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[LeaderboardEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[LeaderboardEntry, _Mapping]]] = ...) -> None: ...
+
+class CandidateRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class CandidateEvidence(_message.Message):
+    __slots__ = ("candidate", "events", "lineage", "source")
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    candidate: _events_pb2.Candidate
+    events: _containers.RepeatedCompositeFieldContainer[_events_pb2.Event]
+    lineage: _containers.RepeatedScalarFieldContainer[str]
+    source: str
+    def __init__(self, candidate: _Optional[_Union[_events_pb2.Candidate, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_events_pb2.Event, _Mapping]]] = ..., lineage: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("campaign_id",)
+    CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
+    campaign_id: str
+    def __init__(self, campaign_id: _Optional[str] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("markdown", "plot_png")
+    MARKDOWN_FIELD_NUMBER: _ClassVar[int]
+    PLOT_PNG_FIELD_NUMBER: _ClassVar[int]
+    markdown: str
+    plot_png: bytes
+    def __init__(self, markdown: _Optional[str] = ..., plot_png: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,130 @@
+"""The benchmarker: verified artifact -> timing statistics; final interleaved comparisons with baselines."""
+from __future__ import annotations
+
+import asyncio
+
+from kfactory import events as ev
+from kfactory.bus import Ack, ArtifactMissing, Delivery, Outcome, Term
+from kfactory.judge import InputPool, measure
+from kfactory.service import Service
+from kfactory.v1 import events_pb2 as pb
+
+
+class BenchmarkerService(Service):
+    name = "benchmarker"
+    stage = "benchmarker"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.sessions: dict[tuple, object] = {}
+        self.pools: dict[str, InputPool] = {}
+
+    def pool(self, problem: str) -> InputPool:
+        if problem not in self.pools:
+            self.pools[problem] = InputPool(self.ctx.problem(problem), self.settings.input_reuse)
+        return self.pools[problem]
+
+    def session(self, cand: pb.Candidate):
+        key = (cand.problem, cand.target, cand.runner_threads)
+        if key not in self.sessions:
+            threads = cand.runner_threads or self.settings.threads
+            self.sessions[key] = self.ctx.target(cand.target).session(self.ctx.problem(cand.problem), threads)
+        return self.sessions[key]
+
+    async def handle(self, d: Delivery) -> Outcome:
+        if d.event.HasField("compare_request"):
+            return await self._compare(d)
+        v = d.event.verified
+        cand = pb.Candidate()
+        cand.CopyFrom(v.candidate)
+        target = self.ctx.target(cand.target)
+        device = target.device()
+        cache_key = f"result:{cand.id}:{device.model}"
+        async with self.stage_lock(d, cand.id) as lock:
+            if lock is None:
+                return self.busy()
+            cached = await self.claims.cache_get(cache_key)
+            if cached is not None:
+                m = pb.Measured.FromString(cached)
+                m.cached = True
+            else:
+                try:
+                    artifact = await self.bus.get_artifact(v.artifact_digest)
+                except ArtifactMissing:
+                    return Term(f"artifact {v.artifact_digest} of candidate {cand.id} is missing")
+                m = await self._measure(cand, artifact, target, device)
+                if isinstance(m, pb.Rejected):
+                    return await self._reject(d, cand, m, lock)
+                await self.claims.cache_put(cache_key, m.SerializeToString(), ttl_s=30 * 86400)
+            if not await self.still_ours(lock):
+                return Ack()
+            cand.fence = lock.fence
+            m.candidate.CopyFrom(cand)
+            await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, cand.id, measured=m))
+            return Ack()
+
+    async def _reject(self, d: Delivery, cand: pb.Candidate, rej: pb.Rejected, lock) -> Outcome:
+        if await self.still_ours(lock):
+            cand.fence = lock.fence
+            rej.candidate.CopyFrom(cand)
+            await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, cand.id, rejected=rej))
+        return Ack()
+
+    async def _measure(self, cand, artifact: bytes, target, device) -> pb.Measured | pb.Rejected:
+        problem = self.ctx.problem(cand.problem)
+        session = self.session(cand)
+        session.load_artifact(cand.id, artifact, cand.entry)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        m = pb.Measured(device=device)
+        async with self.claims.device_lease(device.device_id, ttl_s=self.settings.ack_wait_s):
+            for shape in problem.shapes("optimize"):
+                res = await asyncio.to_thread(measure, session, [cand.id], problem, shape,
+                                              self.pool(cand.problem), target.cache_bytes(),
+                                              self.settings, None, device.mem_bandwidth_gbps)
+                if res.reason:
+                    return pb.Rejected(stage="benchmarker", reason=res.reason, message=res.message,
+                                       point_id=cand.point_id, params_json=cand.params_json)
+                m.timings.append(res.timings[cand.id])
+        m.score_s = m.timings[0].median_s
+        m.seconds = loop.time() - t0
+        return m
+
+    async def _compare(self, d: Delivery) -> Outcome:
+        """The final word: candidate, reference kernel and baselines timed interleaved at every shape."""
+        req = d.event.compare_request
+        cand, ref = req.candidate, req.reference
+        problem = self.ctx.problem(cand.problem)
+        target = self.ctx.target(cand.target)
+        device = target.device()
+        session = self.session(cand)
+        keys = {"candidate": cand.id}
+        try:
+            for c, digest in ((cand, req.candidate_artifact), (ref, req.reference_artifact)):
+                session.load_artifact(c.id, await self.bus.get_artifact(digest), c.entry)
+        except ArtifactMissing as e:
+            return Term(f"comparison needs an artifact that is missing: {e}")
+        keys["reference"] = ref.id
+        for b in req.baselines:
+            session.load_baseline(f"baseline:{b}", b)
+            keys[b] = f"baseline:{b}"
+        async with self.claims.device_lease(device.device_id, ttl_s=self.settings.ack_wait_s):
+            for shape in problem.shapes("optimize"):
+                res = await asyncio.to_thread(measure, session, list(keys.values()), problem, shape,
+                                              self.pool(cand.problem), target.cache_bytes(), self.settings,
+                                              self.settings.compare_max_s, device.mem_bandwidth_gbps)
+                sname = problem.shape_str(shape)
+                comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device)
+                if res.reason:
+                    comp.entries.append(pb.ComparisonEntry(name="error", candidate_id=res.message))
+                for name, key in keys.items():
+                    if key in res.timings:
+                        comp.entries.append(pb.ComparisonEntry(name=name, candidate_id=key, timing=res.timings[key]))
+                        comp.speedups[name] = res.timings[key].median_s / res.timings[cand.id].median_s
+                await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, f"{cand.id}:{sname}",
+                                                     comparison=comp))
+        return Ack()
+
+    async def close(self) -> None:
+        for s in self.sessions.values():
+            s.close()

@@ -1,0 +1,60 @@
+"""The coder: design point -> candidate (a family template rendered at the point, or a given source)."""
+from __future__ import annotations
+
+import json
+
+from kfactory import events as ev
+from kfactory.bus import Ack, Delivery, Outcome
+from kfactory.problems import ProblemError
+from kfactory.service import Service
+from kfactory.v1 import events_pb2 as pb
+
+
+class CoderService(Service):
+    name = "coder"
+    stage = "coder"
+
+    async def handle(self, d: Delivery) -> Outcome:
+        pp = d.event.point_proposed
+        cid = d.event.campaign_id
+        try:
+            source, language, flags, entry, threads = self._render(pp)
+        except (ProblemError, KeyError, ValueError) as e:
+            rej = pb.Rejected(stage="coder", reason=pb.INVALID_POINT, message=str(e), point_id=pp.point_id,
+                              params_json=pp.params_json)
+            await self.bus.publish(ev.make_event(cid, self.name, pp.point_id, rejected=rej))
+            return Ack()
+        cand_id = ev.candidate_id(source, language, flags, entry, threads, pp.target)
+        cand = pb.Candidate(id=cand_id, campaign_id=cid, problem=pp.problem, target=pp.target, family=pp.family,
+                            point_id=pp.point_id, params_json=pp.params_json, language=language,
+                            compile_flags=flags, entry=entry, threads=threads, origin=pp.origin,
+                            parents=pp.parents, runner_threads=pp.runner_threads)
+        cand.source_digest = await self.bus.put_artifact(source.encode())
+        if not await self.claims.claim_once(f"{cid}:candidate:{cand_id}"):
+            # same content as an earlier point: a result for this point, not a second run of the device
+            first = await self.claims.cache_get(f"{cid}:candidate-point:{cand_id}")
+            if first != pp.point_id.encode():
+                rej = pb.Rejected(candidate=cand, stage="coder", reason=pb.DUPLICATE, point_id=pp.point_id,
+                                  params_json=pp.params_json,
+                                  message=f"renders the same candidate as point {(first or b'?').decode()}")
+                await self.bus.publish(ev.make_event(cid, self.name, pp.point_id, rejected=rej))
+                return Ack()
+        await self.claims.cache_put(f"{cid}:candidate-point:{cand_id}", pp.point_id.encode(), ttl_s=7 * 86400)
+        created = ev.make_event(cid, self.name, cand_id, candidate_created=pb.CandidateCreated(candidate=cand))
+        await self.bus.publish(created)
+        await self.bus.send_work("compiler", created)
+        return Ack()
+
+    def _render(self, pp: pb.PointProposed) -> tuple[str, str, str, str, int]:
+        problem = self.ctx.problem(pp.problem)
+        if pp.HasField("manual"):
+            m = pp.manual
+            return m.source, "c", m.compile_flags, "kernel", m.threads or 1
+        fam = problem.families.get(pp.family)
+        if fam is None:
+            raise ProblemError(f"problem {pp.problem} has no family {pp.family!r}")
+        params = json.loads(pp.params_json)
+        if not fam.valid(params):
+            raise ProblemError(f"point {params} is not a valid point of family {fam.name}")
+        source, flags, threads = fam.render(params)
+        return source, fam.spec.language, flags, fam.spec.entry, threads

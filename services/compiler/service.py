@@ -1,0 +1,44 @@
+"""The compiler: candidate -> artifact + resource report, or a typed compile failure."""
+from __future__ import annotations
+
+import asyncio
+
+from kfactory import events as ev
+from kfactory.bus import Ack, Delivery, Outcome, Term
+from kfactory.bus import ArtifactMissing
+from kfactory.service import Service
+from kfactory.v1 import events_pb2 as pb
+
+
+class CompilerService(Service):
+    name = "compiler"
+    stage = "compiler"
+
+    async def handle(self, d: Delivery) -> Outcome:
+        cand = pb.Candidate()
+        cand.CopyFrom(d.event.candidate_created.candidate)
+        try:
+            source = (await self.bus.get_artifact(cand.source_digest)).decode()
+        except ArtifactMissing:
+            return Term(f"source {cand.source_digest} of candidate {cand.id} is not in the artifact store")
+        async with self.stage_lock(d, cand.id) as lock:
+            if lock is None:
+                return self.busy()
+            target = self.ctx.target(cand.target)
+            res = await asyncio.to_thread(target.compile, source, cand.language, cand.compile_flags, cand.entry)
+            if not await self.still_ours(lock):
+                return Ack()  # a newer holder of this candidate's lock writes the result
+            cand.fence = lock.fence
+            if res.log:
+                res.report.log_digest = await self.bus.put_artifact(res.log.encode())
+            cid = d.event.campaign_id
+            if not res.ok:
+                failed = pb.CompileFailed(candidate=cand, reason=res.reason, report=res.report, message=res.message)
+                await self.bus.publish(ev.make_event(cid, self.name, cand.id, compile_failed=failed))
+                return Ack()
+            digest = await self.bus.put_artifact(res.artifact)
+            done = ev.make_event(cid, self.name, cand.id,
+                                 compiled=pb.Compiled(candidate=cand, artifact_digest=digest, report=res.report))
+            await self.bus.publish(done)
+            await self.bus.send_work("verifier", done)
+            return Ack()

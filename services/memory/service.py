@@ -1,0 +1,88 @@
+"""Memory: archives every event into SQLite and answers the Evidence gRPC service."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from kfactory import report
+from kfactory.bus import ArtifactMissing
+from kfactory.grpcutil import start_server
+from kfactory.service import Service
+from kfactory.services.memory.archive import Archive
+from kfactory.v1 import services_pb2 as spb
+from kfactory.v1 import services_pb2_grpc as sgrpc
+
+
+class MemoryService(Service):
+    name = "memory"
+
+    def __init__(self, ctx, grpc_addr: str | None = None):
+        super().__init__(ctx)
+        self.grpc_addr = grpc_addr if grpc_addr is not None else ctx.settings.memory_addr
+        self.archive = Archive(ctx.settings.archive())
+        self.grpc_port = 0
+        self.progress = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        server = None
+        if self.grpc_addr:
+            server, self.grpc_port = await start_server(
+                self.grpc_addr, sgrpc.add_EvidenceServicer_to_server, "kfactory.v1.Evidence", EvidenceApi(self))
+        try:
+            async for event, msg in self.bus.follow("memory", stop=stop):
+                await asyncio.to_thread(self.archive.record, event)
+                await msg.ack()
+                self.handled += 1
+                self.progress.set()
+        finally:
+            if server:
+                await server.stop(grace=1)
+
+    def report(self, campaign: str) -> tuple[str, bytes]:
+        return report.build(self.archive.events(campaign=campaign))
+
+
+def _entry(m, campaign: str, meta: tuple = ()) -> spb.LeaderboardEntry:
+    c = m.candidate
+    return spb.LeaderboardEntry(candidate_id=c.id, campaign_id=campaign, problem=c.problem, family=c.family,
+                                params_json=c.params_json, origin=c.origin, score_s=m.score_s, timings=m.timings,
+                                device=m.device.model)
+
+
+class EvidenceApi(sgrpc.EvidenceServicer):
+    """The Evidence gRPC service over the archive."""
+
+    def __init__(self, mem: MemoryService):
+        self.m = mem
+
+    async def Best(self, request, context):
+        found = self.m.archive.best(request.problem, request.shape, request.device)
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no measurement of {request.problem!r} "
+                                f"{request.shape or ''} {request.device or ''}".strip())
+        return _entry(found[0], found[1])
+
+    async def Leaderboard(self, request, context):
+        rows = self.m.archive.leaderboard(request.campaign_id, request.limit or 20)
+        return spb.LeaderboardResponse(entries=[_entry(m, request.campaign_id) for m, _ in rows])
+
+    async def Candidate(self, request, context):
+        events = self.m.archive.events(candidate=request.id)
+        if not events:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no candidate {request.id!r}")
+        first = next(e for e in events if e.HasField("candidate_created")) if any(
+            e.HasField("candidate_created") for e in events) else events[0]
+        cand = getattr(first, first.WhichOneof("body")).candidate
+        try:
+            source = (await self.m.bus.get_artifact(cand.source_digest)).decode()
+        except ArtifactMissing:
+            source = ""
+        return spb.CandidateEvidence(candidate=cand, events=events, lineage=self.m.archive.lineage(cand.id),
+                                     source=source)
+
+    async def Report(self, request, context):
+        if not self.m.archive.events(campaign=request.campaign_id):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no campaign {request.campaign_id!r} in the archive")
+        md, png = await asyncio.to_thread(self.m.report, request.campaign_id)
+        return spb.ReportResponse(markdown=md, plot_png=png)

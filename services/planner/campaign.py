@@ -1,0 +1,155 @@
+"""One campaign's state, rebuilt only from events (so a restarted planner replays the stream to resume)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from kfactory import events as ev
+from kfactory.strategies import Point, Space, make_strategy
+from kfactory.v1 import events_pb2 as pb
+
+TERMINAL = ("measured", "rejected", "compile_failed")
+
+
+@dataclass
+class PointState:
+    point: Point | None
+    origin: str
+    done: bool = False
+    candidate_id: str = ""
+
+
+@dataclass
+class CampaignState:
+    """Everything the planner knows about a campaign, as a fold over its events."""
+    id: str
+    spec: pb.CampaignSpec
+    device: pb.DeviceInfo
+    space: Space | None
+    started_wall: float = field(default_factory=time.time)
+    points: dict[str, PointState] = field(default_factory=dict)
+    counts: pb.Counts = field(default_factory=pb.Counts)
+    measured: dict[str, pb.Measured] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    candidates: dict[str, pb.Candidate] = field(default_factory=dict)
+    comparisons: dict[str, pb.Comparison] = field(default_factory=dict)
+    reference_id: str = ""
+    finished: pb.CampaignFinished | None = None
+    cancelled: str = ""
+    seen_events: set[str] = field(default_factory=set)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self):
+        self.strategy = make_strategy(self.spec.strategy or "evolutionary", self.space, self.spec.seed) \
+            if self.space else None
+
+    # -- folding events -----------------------------------------------------------------------
+    def apply(self, event: pb.Event) -> None:
+        """Fold one event in; applying the same event twice changes nothing."""
+        if event.id in self.seen_events:
+            return
+        self.seen_events.add(event.id)
+        kind = ev.kind_of(event)
+        getattr(self, f"_on_{kind}", lambda e: None)(getattr(event, kind))
+        self.changed.set()
+
+    def _on_campaign_started(self, m: pb.CampaignStarted) -> None:
+        self.device.CopyFrom(m.device)
+
+    def _on_point_proposed(self, m: pb.PointProposed) -> None:
+        point = Point(m.family, m.params_json) if m.origin.startswith("template:") else None
+        self.points.setdefault(m.point_id, PointState(point, m.origin))
+        if point and self.strategy:
+            self.strategy.seen.add(point)
+        self.counts.proposed += 1
+
+    def _on_candidate_created(self, m: pb.CandidateCreated) -> None:
+        self.candidates[m.candidate.id] = m.candidate
+        if m.candidate.origin == "reference":
+            self.reference_id = m.candidate.id
+
+    def _on_compiled(self, m: pb.Compiled) -> None:
+        self.counts.compiled += 1
+        self.artifacts[m.candidate.id] = m.artifact_digest
+        self.candidates[m.candidate.id] = m.candidate
+
+    def _on_compile_failed(self, m: pb.CompileFailed) -> None:
+        self.counts.compile_failed += 1
+        self._finish_point(m.candidate.point_id, None)
+
+    def _on_verified(self, m: pb.Verified) -> None:
+        self.counts.verified += 1
+
+    def _on_rejected(self, m: pb.Rejected) -> None:
+        self.counts.rejected += 1
+        score = None
+        if m.reason == pb.DUPLICATE:  # not the point's fault: it scores like its twin when that is known
+            twin = self.measured.get(m.candidate.id)
+            score = twin.score_s if twin else None
+        self._finish_point(m.point_id or m.candidate.point_id, score, tell=m.reason != pb.DUPLICATE or score)
+
+    def _on_measured(self, m: pb.Measured) -> None:
+        self.counts.measured += 1
+        self.measured[m.candidate.id] = m
+        self._finish_point(m.candidate.point_id, m.score_s)
+
+    def _on_comparison(self, m: pb.Comparison) -> None:
+        self.comparisons[m.shape] = m
+
+    def _on_campaign_finished(self, m: pb.CampaignFinished) -> None:
+        self.finished = m
+
+    def _finish_point(self, point_id: str, score: float | None, tell: bool = True) -> None:
+        ps = self.points.get(point_id)
+        if ps is None or ps.done:
+            return
+        ps.done = True
+        if ps.point and self.strategy and tell:
+            self.strategy.tell(ps.point, score)
+
+    # -- questions the loop asks --------------------------------------------------------------
+    def in_flight(self) -> int:
+        return sum(1 for p in self.points.values() if not p.done)
+
+    def search_proposed(self) -> int:
+        return sum(1 for p in self.points.values() if p.origin.startswith("template:"))
+
+    def best(self) -> pb.Measured | None:
+        """The fastest measured candidate that is not the reference kernel."""
+        mine = [m for cid, m in self.measured.items() if cid != self.reference_id]
+        return min(mine, key=lambda m: m.score_s) if mine else None
+
+    def elapsed(self) -> float:
+        return time.time() - self.started_wall
+
+    def state_name(self) -> str:
+        return self.finished.state if self.finished else "running"
+
+    def summary(self, problem) -> dict:
+        """The campaign summary (the CLI's --json output, less what only the CLI knows)."""
+        best = self.best()
+        out = {"campaign_id": self.id, "problem": self.spec.problem, "target": self.spec.target,
+               "device": self.device.model, "strategy": self.spec.strategy,
+               "counts": {f.name: getattr(self.counts, f.name) for f in pb.Counts.DESCRIPTOR.fields},
+               "elapsed_seconds": round(self.elapsed(), 3), "best": None}
+        if best is None:
+            return out
+        cand = best.candidate
+        primary = problem.shape_str(problem.shapes("optimize")[0])
+        shapes = {}
+        for t in best.timings:
+            comp = self.comparisons.get(t.shape)
+            speed = dict(comp.speedups) if comp else {}
+            shapes[t.shape] = {"median_seconds": t.median_s, "noise": t.noise, "samples": t.samples,
+                               "speedup_vs_reference": speed.get("reference"),
+                               "speedup_vs_baselines": {k: v for k, v in speed.items()
+                                                        if k not in ("reference", "candidate")}}
+        head = shapes.get(primary, {})
+        out["best"] = {"candidate_id": cand.id, "family": cand.family, "origin": cand.origin,
+                       "params": json.loads(cand.params_json or "{}"), "compile_flags": cand.compile_flags,
+                       "median_seconds": best.score_s, "shape": primary,
+                       "speedup_vs_reference": head.get("speedup_vs_reference"),
+                       "speedup_vs_baselines": head.get("speedup_vs_baselines", {}), "shapes": shapes}
+        return out

@@ -1,0 +1,295 @@
+"""The planner: campaigns, search strategies and budgets; hosts the Campaigns gRPC service.
+
+Campaign state is a fold over the events stream: at start-up the planner replays the stream from its
+beginning, so a restarted planner resumes unfinished campaigns where they were.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+
+import grpc
+
+from kfactory import events as ev
+from kfactory.bus import EVENTS_STREAM
+from kfactory.grpcutil import start_server
+from kfactory.problems import ProblemError
+from kfactory.service import Service
+from kfactory.strategies import KNOWN as STRATEGIES, Space
+from kfactory.targets import UnknownTarget
+from kfactory.v1 import events_pb2 as pb
+from kfactory.v1 import services_pb2 as spb
+from kfactory.v1 import services_pb2_grpc as sgrpc
+from kfactory.judge import available_baselines
+from kfactory.services.planner.campaign import CampaignState
+
+COMPARE_WAIT_S = 300.0
+GRACE_S = 60.0
+
+
+class SpecError(ValueError):
+    """A campaign spec that cannot run; the message says what to fix."""
+
+
+class PlannerService(Service):
+    name = "planner"
+
+    def __init__(self, ctx, grpc_addr: str | None = None):
+        super().__init__(ctx)
+        self.grpc_addr = grpc_addr if grpc_addr is not None else ctx.settings.planner_addr
+        self.campaigns: dict[str, CampaignState] = {}
+        self.loops: dict[str, asyncio.Task] = {}
+        self.grpc_port = 0
+        self._server = None
+        self.caught_up = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self.grpc_addr:
+            self._server, self.grpc_port = await start_server(
+                self.grpc_addr, sgrpc.add_CampaignsServicer_to_server, "kfactory.v1.Campaigns", CampaignsApi(self))
+        try:
+            await self._follow(stop)
+        finally:
+            for t in self.loops.values():
+                t.cancel()
+            if self._server:
+                await self._server.stop(grace=1)
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        info = await self.bus.js.stream_info(EVENTS_STREAM)
+        last = info.state.last_seq
+        if last == 0:
+            self._caught_up()
+        async for event, msg in self.bus.follow(None, stop=stop):
+            self._apply(event)
+            self.handled += 1
+            await msg.ack()
+            if not self.caught_up.is_set() and msg.metadata.sequence.stream >= last:
+                self._caught_up()
+
+    def _caught_up(self) -> None:
+        self.caught_up.set()
+        for cid, st in self.campaigns.items():
+            if st.finished is None and cid not in self.loops:
+                self.log.info("resuming campaign", campaign=cid)
+                self.loops[cid] = asyncio.create_task(self._drive(st))
+
+    def _apply(self, event: pb.Event) -> None:
+        cid = event.campaign_id
+        if event.HasField("campaign_started") and cid not in self.campaigns:
+            spec = event.campaign_started.spec
+            self.campaigns[cid] = CampaignState(cid, spec, pb.DeviceInfo(), self._space(spec))
+        st = self.campaigns.get(cid)
+        if st is not None:
+            st.apply(event)
+
+    def _space(self, spec: pb.CampaignSpec) -> Space | None:
+        problem = self.ctx.problem(spec.problem)
+        fams = [f for f in problem.families_for(spec.target.split(":")[0])
+                if not spec.families or f.name in spec.families]
+        return Space(fams) if fams else None
+
+    # -- submitting ----------------------------------------------------------------------------
+    def validate(self, spec: pb.CampaignSpec) -> pb.CampaignSpec:
+        """Fill defaults and refuse what cannot run, naming the field."""
+        try:
+            problem = self.ctx.problem(spec.problem)
+        except ProblemError as e:
+            raise SpecError(f"problem: {e}") from e
+        try:
+            target = self.ctx.target(spec.target or "cpu")
+        except (UnknownTarget, ValueError) as e:
+            raise SpecError(f"target: {e}") from e
+        spec.target = spec.target or "cpu"
+        if target.name not in problem.spec.abi:
+            raise SpecError(f"target: problem {problem.name} has no ABI for target {target.name}")
+        spec.strategy = spec.strategy or "evolutionary"
+        if spec.strategy not in STRATEGIES:
+            raise SpecError(f"strategy: unknown {spec.strategy!r}; known: {', '.join(STRATEGIES)}")
+        if spec.budget_candidates < 0 or spec.budget_seconds < 0:
+            raise SpecError("budget: must not be negative")
+        if spec.budget_candidates == 0 and spec.budget_seconds == 0:
+            raise SpecError("budget: give a candidate count, a time limit in seconds, or both")
+        unknown = [f for f in spec.families if f not in problem.families]
+        if unknown:
+            raise SpecError(f"families: {unknown} not in problem {problem.name} ({list(problem.families)})")
+        if spec.budget_candidates and not self._space(spec) and not spec.manual_sources:
+            raise SpecError(f"families: problem {problem.name} has no family for target {spec.target}")
+        spec.threads = spec.threads or self.settings.threads
+        spec.parallel = spec.parallel or 2
+        spec.seed = spec.seed or secrets.randbits(32)
+        return spec
+
+    async def submit(self, spec: pb.CampaignSpec) -> str:
+        """Validate, publish CampaignStarted and start driving the campaign; returns its id."""
+        spec = self.validate(spec)
+        await self.caught_up.wait()
+        cid = "c" + secrets.token_hex(6)
+        device = self.ctx.target(spec.target).device()
+        started = ev.make_event(cid, self.name, "start", campaign_started=pb.CampaignStarted(spec=spec, device=device))
+        self._apply(started)
+        await self.bus.publish(started)
+        self.loops[cid] = asyncio.create_task(self._drive(self.campaigns[cid]))
+        return cid
+
+    async def cancel(self, cid: str, reason: str) -> CampaignState:
+        st = self.campaigns[cid]
+        if st.finished is None:
+            st.cancelled = reason or "cancelled by a user"
+            st.changed.set()
+        return st
+
+    # -- driving a campaign --------------------------------------------------------------------
+    async def _drive(self, st: CampaignState) -> None:
+        try:
+            await self._propose_fixed(st)
+            await self._search(st)
+            await self._wait_in_flight(st)
+            await self._compare(st)
+            await self._finish(st)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug in driving this campaign must not kill the planner: record it as failed
+            self.log.exception("campaign failed", campaign=st.id)
+            await self._finish(st, state="failed", reason="planner error; see the planner's log")
+
+    def _expired(self, st: CampaignState) -> bool:
+        return bool(st.spec.budget_seconds) and st.elapsed() >= st.spec.budget_seconds
+
+    def _budget_left(self, st: CampaignState) -> bool:
+        if st.cancelled or self._expired(st):
+            return False
+        return not st.spec.budget_candidates or st.search_proposed() < st.spec.budget_candidates
+
+    async def _propose_fixed(self, st: CampaignState) -> None:
+        problem = self.ctx.problem(st.spec.problem)
+        target = st.spec.target.split(":")[0]
+        if target in problem.spec.reference_kernel:
+            source, flags = problem.reference_source(target)
+            await self._propose(st, "reference", "{}", "reference",
+                                pb.ManualSource(name="reference", source=source, compile_flags=flags))
+        for m in st.spec.manual_sources:
+            await self._propose(st, f"manual:{m.name}", json.dumps({"manual": m.name}), f"manual:{m.name}", m)
+
+    async def _search(self, st: CampaignState) -> None:
+        while self._budget_left(st) and st.strategy is not None:
+            if st.in_flight() >= st.spec.parallel:
+                await self._wait_change(st)
+                continue
+            point = st.strategy.ask()
+            if point is None:
+                break
+            await self._propose(st, point.family, point.params_json, f"template:{point.family}")
+
+    async def _propose(self, st: CampaignState, family: str, params_json: str, origin: str,
+                       manual: pb.ManualSource | None = None) -> None:
+        pid = ev.point_id(family, json.loads(params_json)) if manual is None else \
+            ev.sha256_hex(origin + manual.source + manual.compile_flags)[:24]
+        if not await self.claims.claim_once(f"{st.id}:point:{pid}"):
+            return  # another planner (or an earlier life of this one) proposed it already
+        pp = pb.PointProposed(point_id=pid, family=family, params_json=params_json, strategy=st.spec.strategy,
+                              problem=st.spec.problem, target=st.spec.target, origin=origin,
+                              runner_threads=st.spec.threads)
+        if manual is not None:
+            pp.manual.CopyFrom(manual)
+        event = ev.make_event(st.id, self.name, pid, point_proposed=pp)
+        st.apply(event)
+        await self.bus.publish(event)
+        await self.bus.send_work("coder", event)
+
+    async def _wait_change(self, st: CampaignState, timeout: float = 1.0) -> None:
+        st.changed.clear()
+        try:
+            await asyncio.wait_for(st.changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _wait_in_flight(self, st: CampaignState) -> None:
+        limit = (st.spec.budget_seconds + GRACE_S) if st.spec.budget_seconds else None
+        while st.in_flight() and not st.cancelled:
+            if limit and st.elapsed() > limit:
+                self.log.warning("giving up on in-flight points", campaign=st.id, in_flight=st.in_flight())
+                return
+            await self._wait_change(st)
+
+    async def _compare(self, st: CampaignState) -> None:
+        best = st.best()
+        ref = st.candidates.get(st.reference_id)
+        if st.cancelled or best is None or ref is None or ref.id not in st.artifacts:
+            return
+        problem = self.ctx.problem(st.spec.problem)
+        req = pb.CompareRequest(candidate=best.candidate, reference=ref, baselines=available_baselines(problem),
+                                candidate_artifact=st.artifacts[best.candidate.id],
+                                reference_artifact=st.artifacts[ref.id])
+        event = ev.make_event(st.id, self.name, f"compare:{best.candidate.id}", compare_request=req)
+        await self.bus.publish(event)
+        await self.bus.send_work("benchmarker", event)
+        want = {problem.shape_str(s) for s in problem.shapes("optimize")}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COMPARE_WAIT_S
+        while not want <= set(st.comparisons) and loop.time() < deadline and not st.cancelled:
+            await self._wait_change(st)
+
+    async def _finish(self, st: CampaignState, state: str | None = None, reason: str = "") -> None:
+        if st.finished is not None:
+            return
+        if state is None:
+            state = "cancelled" if st.cancelled else "expired" if self._expired(st) and st.in_flight() else "completed"
+            reason = st.cancelled or reason
+        best = st.best()
+        problem = self.ctx.problem(st.spec.problem)
+        fin = pb.CampaignFinished(state=state, reason=reason, counts=st.counts,
+                                  best_candidate_id=best.candidate.id if best else "",
+                                  summary_json=json.dumps(st.summary(problem)))
+        event = ev.make_event(st.id, self.name, "finish", campaign_finished=fin)
+        st.apply(event)
+        await self.bus.publish(event)
+        self.log.info("campaign finished", campaign=st.id, state=state, counts=str(st.counts).replace("\n", " "))
+
+    def status(self, st: CampaignState) -> spb.CampaignStatus:
+        best = st.best()
+        return spb.CampaignStatus(id=st.id, spec=st.spec, state=st.state_name(), counts=st.counts,
+                                  best_candidate_id=best.candidate.id if best else "",
+                                  best_score_s=best.score_s if best else 0.0, elapsed_s=st.elapsed(),
+                                  summary_json=st.finished.summary_json if st.finished else "", device=st.device)
+
+
+class CampaignsApi(sgrpc.CampaignsServicer):
+    """The Campaigns gRPC service."""
+
+    def __init__(self, planner: PlannerService):
+        self.p = planner
+
+    async def Submit(self, request, context):
+        try:
+            cid = await self.p.submit(request.spec)
+        except SpecError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return self.p.status(self.p.campaigns[cid])
+
+    async def _get(self, cid: str, context) -> CampaignState:
+        st = self.p.campaigns.get(cid)
+        if st is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no campaign {cid!r}")
+        return st
+
+    async def Get(self, request, context):
+        return self.p.status(await self._get(request.id, context))
+
+    async def List(self, request, context):
+        return spb.ListCampaignsResponse(campaigns=[self.p.status(s) for s in self.p.campaigns.values()])
+
+    async def Cancel(self, request, context):
+        st = await self._get(request.id, context)
+        await self.p.cancel(st.id, request.reason)
+        return self.p.status(st)
+
+    async def Watch(self, request, context):
+        await self._get(request.id, context)
+        stop = asyncio.Event()
+        async for event, msg in self.p.bus.follow(None, ev.event_subject("*", request.id), stop=stop):
+            await msg.ack()
+            yield event
+            if event.HasField("campaign_finished"):
+                stop.set()

@@ -1,0 +1,74 @@
+"""The verifier: artifact -> correctness verdict with every check's figures (runs kernels only in runners)."""
+from __future__ import annotations
+
+import asyncio
+
+from kfactory import events as ev
+from kfactory.bus import Ack, ArtifactMissing, Delivery, Outcome, Term
+from kfactory.judge import InputPool, verify
+from kfactory.service import Service
+from kfactory.v1 import events_pb2 as pb
+
+
+class VerifierService(Service):
+    name = "verifier"
+    stage = "verifier"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.sessions: dict[tuple, object] = {}
+        self.pools: dict[str, InputPool] = {}
+
+    def session(self, cand: pb.Candidate):
+        key = (cand.problem, cand.target, cand.runner_threads)
+        if key not in self.sessions:
+            threads = cand.runner_threads or self.settings.threads
+            self.sessions[key] = self.ctx.target(cand.target).session(self.ctx.problem(cand.problem), threads)
+        return self.sessions[key]
+
+    def pool(self, problem: str) -> InputPool:
+        if problem not in self.pools:
+            self.pools[problem] = InputPool(self.ctx.problem(problem), self.settings.input_reuse)
+        return self.pools[problem]
+
+    async def handle(self, d: Delivery) -> Outcome:
+        comp = d.event.compiled
+        cand = pb.Candidate()
+        cand.CopyFrom(comp.candidate)
+        try:
+            artifact = await self.bus.get_artifact(comp.artifact_digest)
+        except ArtifactMissing:
+            return Term(f"artifact {comp.artifact_digest} of candidate {cand.id} is not in the artifact store")
+        async with self.stage_lock(d, cand.id) as lock:
+            if lock is None:
+                return self.busy()
+            target = self.ctx.target(cand.target)
+            session = self.session(cand)
+            session.load_artifact(cand.id, artifact, cand.entry)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            async with self.claims.device_lease(target.device().device_id, ttl_s=self.settings.ack_wait_s):
+                verdict = await asyncio.to_thread(verify, session, cand.id, self.ctx.problem(cand.problem),
+                                                  self.pool(cand.problem))
+            if not await self.still_ours(lock):
+                return Ack()
+            cand.fence = lock.fence
+            return await self._publish(d, cand, comp.artifact_digest, verdict, loop.time() - t0)
+
+    async def _publish(self, d: Delivery, cand: pb.Candidate, digest: str, verdict, seconds: float) -> Outcome:
+        cid = d.event.campaign_id
+        if not verdict.passed:
+            rej = pb.Rejected(candidate=cand, stage="verifier", reason=verdict.reason, message=verdict.message,
+                              checks=verdict.checks, point_id=cand.point_id, params_json=cand.params_json)
+            rej.figures["verify_seconds"] = seconds
+            await self.bus.publish(ev.make_event(cid, self.name, cand.id, rejected=rej))
+            return Ack()
+        done = ev.make_event(cid, self.name, cand.id, verified=pb.Verified(
+            candidate=cand, artifact_digest=digest, checks=verdict.checks, seconds=seconds))
+        await self.bus.publish(done)
+        await self.bus.send_work("benchmarker", done)
+        return Ack()
+
+    async def close(self) -> None:
+        for s in self.sessions.values():
+            s.close()

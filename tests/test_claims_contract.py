@@ -1,0 +1,328 @@
+"""Contract suite for claims stores: every test runs on the in-process store and on Redis.
+
+The Redis store runs against a real redis-server started by tests/redis_server.py; each
+test gets its own key prefix so tests cannot see each other's keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from kfactory.claims import (
+    Claims,
+    ClaimsUnavailable,
+    HeldLock,
+    Lock,
+    LockTimeout,
+    MemoryClaims,
+    RedisClaims,
+    open_claims,
+)
+
+# tests/ is not a package, so pytest puts it on sys.path and the helper imports by its
+# own name; the fallback keeps working if tests/ becomes a package later.
+try:
+    from redis_server import RedisServerMissing, redis_server
+except ModuleNotFoundError:
+    from tests.redis_server import RedisServerMissing, redis_server
+
+TTL = 0.3  # seconds; small so expiry tests stay fast, large enough for scheduler jitter
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """One redis-server for the whole session."""
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def claims(request: pytest.FixtureRequest) -> AsyncIterator[Claims]:
+    """The store under test, with a fresh namespace."""
+    prefix = f"kf:test:{uuid.uuid4().hex}:"
+    if request.param == "memory":
+        store = open_claims(None, prefix=prefix)
+    else:
+        store = open_claims(request.getfixturevalue("redis_url"), prefix=prefix)
+    await store.ping()
+    yield store
+    await store.close()
+
+
+# --- claim_once -------------------------------------------------------------------------
+
+
+async def test_claim_once_first_caller_wins(claims: Claims) -> None:
+    assert await claims.claim_once("campaign-1:point-7") is True
+    assert await claims.claim_once("campaign-1:point-7") is False
+    assert await claims.claim_once("campaign-1:point-8") is True
+    assert await claims.claim_once("campaign-2:point-7") is True
+
+
+async def test_claim_once_with_ttl_is_claimable_after_expiry(claims: Claims) -> None:
+    assert await claims.claim_once("p", ttl_s=TTL) is True
+    assert await claims.claim_once("p", ttl_s=TTL) is False
+    await asyncio.sleep(TTL + 0.1)
+    assert await claims.claim_once("p", ttl_s=TTL) is True
+    assert await claims.claim_once("p") is False
+
+
+async def test_many_concurrent_claim_once_exactly_one_wins(claims: Claims) -> None:
+    results = await asyncio.gather(*(claims.claim_once("hot") for _ in range(50)))
+    assert results.count(True) == 1
+
+
+# --- locks ------------------------------------------------------------------------------
+
+
+async def test_acquire_held_by_other_returns_none(claims: Claims) -> None:
+    lock = await claims.acquire("k", TTL)
+    assert isinstance(lock, Lock) and lock.key == "k"
+    assert await claims.acquire("k", TTL) is None
+    assert await claims.acquire("other", TTL) is not None
+    assert await claims.release(lock) is True
+    assert await claims.acquire("k", TTL) is not None
+
+
+async def test_many_concurrent_acquire_exactly_one_wins(claims: Claims) -> None:
+    locks = await asyncio.gather(*(claims.acquire("hot", 1.0) for _ in range(20)))
+    assert sum(lock is not None for lock in locks) == 1
+
+
+async def test_release_with_stale_token_fails_and_keeps_holder(claims: Claims) -> None:
+    lock = await claims.acquire("k", 1.0)
+    assert lock is not None
+    stale = Lock(key="k", token="not-the-token", fence=lock.fence)
+    assert await claims.release(stale) is False
+    assert await claims.renew(stale, 1.0) is False
+    assert await claims.acquire("k", 1.0) is None  # the holder still has it
+    assert await claims.release(lock) is True
+    assert await claims.release(lock) is False  # already released
+
+
+async def test_fencing_tokens_strictly_increase(claims: Claims) -> None:
+    assert await claims.latest_fence("k") == 0
+    fences = []
+    for _ in range(5):
+        lock = await claims.acquire("k", 1.0)
+        assert lock is not None
+        fences.append(lock.fence)
+        assert await claims.latest_fence("k") == lock.fence
+        assert await claims.release(lock)
+    assert fences == sorted(set(fences))
+    assert fences[0] >= 1
+    assert await claims.latest_fence("unrelated") == 0
+
+
+async def test_expired_lock_is_taken_and_old_holder_is_fenced_out(claims: Claims) -> None:
+    old = await claims.acquire("k", TTL)
+    assert old is not None
+    await asyncio.sleep(TTL + 0.1)
+    new = await claims.acquire("k", 1.0)
+    assert new is not None
+    assert new.fence > old.fence
+    assert await claims.latest_fence("k") == new.fence  # a late write under `old` is stale
+    assert await claims.renew(old, 1.0) is False
+    assert await claims.release(old) is False
+    assert await claims.acquire("k", 1.0) is None  # the new holder was not disturbed
+    assert await claims.release(new) is True
+
+
+async def test_renew_extends_lock_past_original_ttl(claims: Claims) -> None:
+    lock = await claims.acquire("k", TTL)
+    assert lock is not None
+    await asyncio.sleep(TTL * 0.6)
+    assert await claims.renew(lock, 1.0) is True
+    await asyncio.sleep(TTL * 0.8)  # past the original TTL
+    assert await claims.acquire("k", TTL) is None
+    assert await claims.renew(lock, TTL) is True
+    assert await claims.release(lock) is True
+
+
+async def test_invalid_ttl_is_rejected(claims: Claims) -> None:
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            await claims.acquire("k", bad)
+        with pytest.raises(ValueError):
+            await claims.claim_once("k", ttl_s=bad)
+
+
+# --- hold -------------------------------------------------------------------------------
+
+
+async def test_hold_excludes_concurrent_hold_and_renews_long_work(claims: Claims) -> None:
+    spans: list[tuple[float, float]] = []
+    held: list[HeldLock] = []
+
+    async def worker() -> None:
+        async with claims.hold("device:gpu0", ttl_s=TTL, poll_s=0.02) as lock:
+            start = time.monotonic()
+            await asyncio.sleep(TTL * 1.7)  # longer than the TTL: only renewal keeps it
+            spans.append((start, time.monotonic()))
+            held.append(lock)
+
+    await asyncio.gather(worker(), worker())
+    (a_start, a_end), (b_start, b_end) = sorted(spans)
+    assert a_end <= b_start
+    assert not any(lock.lost for lock in held)
+    assert held[1].fence > held[0].fence
+
+
+async def test_hold_keeps_lock_past_ttl_and_releases_on_exit(claims: Claims) -> None:
+    async with claims.hold("k", ttl_s=TTL) as lock:
+        await asyncio.sleep(TTL * 2)
+        assert await claims.acquire("k", TTL) is None
+        assert not lock.lost
+    assert await claims.release(lock) is False  # already released by hold()
+    assert await claims.acquire("k", TTL) is not None
+
+
+async def test_hold_releases_on_error(claims: Claims) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        async with claims.hold("k", ttl_s=1.0):
+            raise RuntimeError("boom")
+    assert await claims.acquire("k", 1.0) is not None
+
+
+async def test_hold_with_wait_raises_lock_timeout(claims: Claims) -> None:
+    blocker = await claims.acquire("k", 2.0)
+    assert blocker is not None
+    started = time.monotonic()
+    with pytest.raises(LockTimeout) as info:
+        async with claims.hold("k", ttl_s=1.0, wait_s=0.2, poll_s=0.02):
+            pytest.fail("acquired a lock held by another")
+    assert 0.2 <= time.monotonic() - started < 1.0
+    assert info.value.key == "k"
+    assert await claims.release(blocker) is True
+
+
+async def test_hold_waits_for_release(claims: Claims) -> None:
+    blocker = await claims.acquire("k", 2.0)
+    assert blocker is not None
+
+    async def release_soon() -> None:
+        await asyncio.sleep(0.15)
+        await claims.release(blocker)
+
+    releaser = asyncio.create_task(release_soon())
+    async with claims.hold("k", ttl_s=1.0, wait_s=1.0, poll_s=0.02) as lock:
+        assert lock.fence > blocker.fence
+    await releaser
+
+
+async def test_hold_records_lock_lost_instead_of_raising(claims: Claims) -> None:
+    async with claims.hold("k", ttl_s=TTL) as lock:
+        # Simulate the lock being lost behind the holder's back and taken by another.
+        assert await claims.release(lock) is True
+        thief = await claims.acquire("k", 2.0)
+        assert thief is not None
+        await asyncio.wait_for(lock.lock_lost.wait(), timeout=TTL * 2)
+        assert lock.lost
+    assert await claims.acquire("k", 1.0) is None  # hold()'s exit did not release the thief's lock
+    assert await claims.release(thief) is True
+
+
+async def test_device_lease_serialises_measurements(claims: Claims) -> None:
+    async with claims.device_lease("gpu-0", ttl_s=1.0, wait_s=0.5):
+        with pytest.raises(LockTimeout):
+            async with claims.device_lease("gpu-0", ttl_s=1.0, wait_s=0.1):
+                pytest.fail("two leases on one device")
+        async with claims.device_lease("gpu-1", ttl_s=1.0, wait_s=0.1):
+            pass
+
+
+# --- cache ------------------------------------------------------------------------------
+
+
+async def test_cache_put_get_missing_and_overwrite(claims: Claims) -> None:
+    assert await claims.cache_get("missing") is None
+    await claims.cache_put("r", b"\x00result")
+    assert await claims.cache_get("r") == b"\x00result"
+    await claims.cache_put("r", b"newer")
+    assert await claims.cache_get("r") == b"newer"
+    await claims.cache_put("empty", b"")
+    assert await claims.cache_get("empty") == b""
+
+
+async def test_cache_ttl_expires(claims: Claims) -> None:
+    await claims.cache_put("r", b"v", ttl_s=TTL)
+    assert await claims.cache_get("r") == b"v"
+    await asyncio.sleep(TTL + 0.1)
+    assert await claims.cache_get("r") is None
+
+
+async def test_cache_rejects_non_bytes(claims: Claims) -> None:
+    with pytest.raises(TypeError):
+        await claims.cache_put("r", "text")  # type: ignore[arg-type]
+
+
+async def test_closed_store_is_unavailable(claims: Claims) -> None:
+    await claims.close()
+    with pytest.raises(ClaimsUnavailable):
+        await claims.ping()
+    with pytest.raises(ClaimsUnavailable):
+        await claims.claim_once("k")
+
+
+# --- choosing and reaching a store ------------------------------------------------------
+
+
+def test_open_claims_chooses_by_url() -> None:
+    assert isinstance(open_claims(None), MemoryClaims)
+    assert isinstance(open_claims("memory://"), MemoryClaims)
+    assert isinstance(open_claims("redis://127.0.0.1:6379/0"), RedisClaims)
+    with pytest.raises(ValueError, match="unsupported claims URL"):
+        open_claims("postgres://db")
+
+
+def _unused_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_redis_unreachable_raises_claims_unavailable_quickly() -> None:
+    url = f"redis://127.0.0.1:{_unused_port()}/0"
+    claims = open_claims(url)
+    started = time.monotonic()
+    with pytest.raises(ClaimsUnavailable) as info:
+        await claims.ping()
+    assert time.monotonic() - started < 3.0
+    assert url in str(info.value)
+    assert info.value.url == url
+    assert info.value.__cause__ is not None  # the redis error is chained
+    with pytest.raises(ClaimsUnavailable):
+        await claims.acquire("k", 1.0)
+    await claims.close()
+
+
+async def test_redis_with_password() -> None:
+    with redis_server(password="s3cret") as url:
+        assert ":s3cret@" in url
+        async with open_claims(url) as claims:
+            await claims.ping()
+            assert await claims.claim_once("k") is True
+            lock = await claims.acquire("k", 1.0)
+            assert lock is not None and await claims.release(lock)
+        no_password = url.replace(":s3cret@", "")
+        async with open_claims(no_password) as anonymous:
+            with pytest.raises(ClaimsUnavailable):
+                await anonymous.ping()
+        wrong = url.replace("s3cret", "wrong")
+        async with open_claims(wrong) as intruder:
+            with pytest.raises(ClaimsUnavailable) as info:
+                await intruder.ping()
+            assert "wrong" not in str(info.value)  # passwords are redacted from messages
+
+
+def test_redis_server_helper_reports_missing_binary(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KF_REDIS_SERVER", "/nonexistent/redis-server")
+    with pytest.raises(RedisServerMissing, match="redis-server not found"):
+        with redis_server():
+            pytest.fail("started a server without a binary")
