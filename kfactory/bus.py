@@ -99,9 +99,12 @@ class Bus:
                       ack_wait_s: float = 30.0, max_deliver: int = 5, timeout_s: float = 5.0) -> "Bus":
         """Connect and make sure the streams exist; raises BusUnavailable with the URL when it cannot."""
         try:
-            nc = await nats.connect(url, name=name, user=user, password=password, connect_timeout=timeout_s,
-                                    max_reconnect_attempts=-1, allow_reconnect=True,
-                                    error_cb=_log_error, reconnected_cb=_log_reconnect)
+            # nats-py keeps retrying an initial connect when reconnects are allowed: probe first
+            await _probe(url, timeout_s)
+            nc = await asyncio.wait_for(
+                nats.connect(url, name=name, user=user, password=password, connect_timeout=timeout_s,
+                             max_reconnect_attempts=-1, allow_reconnect=True,
+                             error_cb=_log_error, reconnected_cb=_log_reconnect), timeout_s * 3)
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as e:
             raise BusUnavailable(f"cannot reach NATS at {url}: {e!r}; start nats-server -js or set "
                                  "KFACTORY_NATS_URL / --nats-url") from e
@@ -172,10 +175,15 @@ class Bus:
         cfg = ConsumerConfig(durable_name=stage, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s,
                              max_deliver=self.max_deliver, max_ack_pending=1000,
                              filter_subject=f"{ev.WORK_PREFIX}.{stage}.>")
-        sub = await self.js.pull_subscribe(f"{ev.WORK_PREFIX}.{stage}.>", durable=stage, stream=WORK_STREAM,
-                                           config=cfg)
         stop = stop or asyncio.Event()
-        await asyncio.gather(*(self._pull_loop(stage, sub, handler, stop) for _ in range(workers)))
+        # one pull subscription per worker: concurrent fetches on one subscription share its inbox
+        subs = [await self.js.pull_subscribe(f"{ev.WORK_PREFIX}.{stage}.>", durable=stage, stream=WORK_STREAM,
+                                             config=cfg) for _ in range(workers)]
+        try:
+            await asyncio.gather(*(self._pull_loop(stage, sub, handler, stop) for sub in subs))
+        finally:
+            for sub in subs:
+                await _quiet_unsubscribe(sub)
 
     async def _pull_loop(self, stage: str, sub, handler: Handler, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -279,6 +287,17 @@ class Bus:
         except nats.js.errors.ObjectNotFoundError as e:
             raise ArtifactMissing(digest) from e
         return res.data
+
+
+async def _probe(url: str, timeout_s: float) -> None:
+    """Open and close a TCP connection to the first server of the URL (raises OSError/TimeoutError)."""
+    from urllib.parse import urlparse
+
+    first = urlparse(url.split(",")[0])
+    _, writer = await asyncio.wait_for(asyncio.open_connection(first.hostname or "127.0.0.1", first.port or 4222),
+                                       timeout_s)
+    writer.close()
+    await writer.wait_closed()
 
 
 async def _quiet_nak(msg, delay: float) -> None:

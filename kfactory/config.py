@@ -41,7 +41,7 @@ class Settings(BaseSettings):
 
     measure_min_samples: int = 10
     measure_min_s: float = 0.2
-    measure_max_s: float = 1.0
+    measure_max_s: float = 0.6
     measure_noise: float = 0.03
     compare_max_s: float = 3.0
 

@@ -65,7 +65,9 @@ def _find_binary() -> str:
     return found
 
 
-def _start(binary: str, tmp: Path, password: str | None, timeout_s: float) -> tuple[subprocess.Popen[bytes], str]:
+def _start(
+    binary: str, tmp: Path, password: str | None, timeout_s: float
+) -> tuple[subprocess.Popen[bytes], str]:
     for attempt in range(1, _START_ATTEMPTS + 1):
         port = _free_port()
         proc = subprocess.Popen(
@@ -104,7 +106,7 @@ def _write_config(tmp: Path, port: int, password: str | None) -> Path:
     ]
     if password is not None:
         if not password or any(c in password for c in ' "\'\\\n\r\t'):
-            raise ValueError("test password must be non-empty, without spaces, quotes or backslashes")
+            raise ValueError("test password: non-empty, no spaces, quotes or backslashes")
         lines.append(f'requirepass "{password}"')
     path = tmp / "redis.conf"
     path.write_text("\n".join(lines) + "\n")
@@ -116,13 +118,17 @@ def _url(port: int, password: str | None) -> str:
     return f"redis://{auth}127.0.0.1:{port}/0"
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], port: int, password: str | None, log: Path, timeout_s: float) -> None:
+def _wait_ready(
+    proc: subprocess.Popen[bytes], port: int, password: str | None, log: Path, timeout_s: float
+) -> None:
     deadline = time.monotonic() + timeout_s
     client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_connect_timeout=0.5)
     try:
         while True:
             if proc.poll() is not None:
-                raise _ExitedEarly(f"redis-server exited with {proc.returncode} during startup:\n{_tail(log)}")
+                raise _ExitedEarly(
+                    f"redis-server exited with {proc.returncode} during startup:\n{_tail(log)}"
+                )
             try:
                 client.ping()
                 _check_is_ours(client, proc, port)

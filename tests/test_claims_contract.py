@@ -32,7 +32,7 @@ try:
 except ModuleNotFoundError:
     from tests.redis_server import RedisServerMissing, redis_server
 
-TTL = 0.3  # seconds; small so expiry tests stay fast, large enough for scheduler jitter
+TTL = 0.2  # seconds; small so expiry tests stay fast, large enough for scheduler jitter
 
 
 @pytest.fixture(scope="session")

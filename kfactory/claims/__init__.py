@@ -61,4 +61,6 @@ def open_claims(url: str | None = None, *, prefix: str = KEY_PREFIX) -> Claims:
         return MemoryClaims(prefix=prefix)
     if url.startswith(_REDIS_SCHEMES):
         return RedisClaims(url, prefix=prefix)
-    raise ValueError(f"unsupported claims URL {redact_url(url)!r}: use memory:// or redis://host:port/db")
+    raise ValueError(
+        f"unsupported claims URL {redact_url(url)!r}: use memory:// or redis://host:port/db"
+    )

@@ -238,11 +238,14 @@ class Claims(ABC):
     ) -> AsyncIterator[HeldLock]:
         lock = await self._wait_acquire(key, ttl_s, wait_s, poll_s)
         held = HeldLock(lock.key, lock.token, lock.fence)
-        renewer = asyncio.create_task(self._keep_renewed(held, ttl_s), name=f"kf-claims-renew:{key}")
+        stop = asyncio.Event()
+        renewer = asyncio.create_task(
+            self._keep_renewed(held, ttl_s, stop), name=f"kf-claims-renew:{key}"
+        )
         try:
             yield held
         finally:
-            await _stop(renewer)
+            await _stop(renewer, stop)
             if not await self.release(held):
                 # Expired between the last renewal and the end of the body.
                 held.lock_lost.set()
@@ -264,13 +267,15 @@ class Claims(ABC):
                 raise LockTimeout(key, wait_s if wait_s is not None else 0.0)
             await asyncio.sleep(min(poll_s, remaining))
 
-    async def _keep_renewed(self, held: HeldLock, ttl_s: float) -> None:
-        """Renew ``held`` every ttl/3 until cancelled; set ``lock_lost`` and stop if it is lost."""
+    async def _keep_renewed(self, held: HeldLock, ttl_s: float, stop: asyncio.Event) -> None:
+        """Renew ``held`` every ttl/3 until ``stop``; set ``lock_lost`` and return if it is lost."""
         # The lock is safe until `ttl_s` after the start of the last successful renewal,
         # so an outage shorter than that is retried rather than declared a loss.
         safe_since = time.monotonic()
         while True:
             await asyncio.sleep(ttl_s / 3)
+            if stop.is_set():
+                return
             started = time.monotonic()
             try:
                 renewed = await self.renew(held, ttl_s)
@@ -285,11 +290,17 @@ class Claims(ABC):
                 log.warning("lock %r (fence %d) lost: expired or taken", held.key, held.fence)
                 held.lock_lost.set()
                 return
+            if stop.is_set():
+                return
             safe_since = started
 
 
-async def _stop(task: asyncio.Task[None]) -> None:
-    """Cancel ``task`` and wait for it without swallowing a cancellation of the caller."""
+async def _stop(task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """End the renewal task and wait for it, without swallowing a cancellation of the caller."""
+    # Cancellation alone is not enough: on Python 3.11, asyncio.wait_for (used inside
+    # redis-py) can swallow a cancel that races with completion, and the renewer would
+    # then keep the lock alive forever. The flag is checked after every renewal.
+    stop.set()
     task.cancel()
     await asyncio.wait([task])
 

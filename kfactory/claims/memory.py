@@ -42,7 +42,9 @@ class MemoryClaims(Claims):
 
     url = "memory://"
 
-    def __init__(self, *, prefix: str = KEY_PREFIX, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, *, prefix: str = KEY_PREFIX, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         """``clock`` returns monotonic seconds; injectable so tests can control time."""
         self._keys = KeySpace(prefix)
         self._clock = clock
@@ -141,7 +143,7 @@ class MemoryClaims(Claims):
 
     def _live(self, name: str) -> _Entry | None:
         entry = self._data.get(name)
-        if entry is not None and entry.expires_at is not None and entry.expires_at <= self._clock():
+        if entry is not None and _expired(entry, self._clock()):
             del self._data[name]
             return None
         return entry
@@ -154,8 +156,7 @@ class MemoryClaims(Claims):
 
     def _sweep(self) -> None:
         now = self._clock()
-        expired = [n for n, e in self._data.items() if e.expires_at is not None and e.expires_at <= now]
-        for name in expired:
+        for name in [n for n, e in self._data.items() if _expired(e, now)]:
             del self._data[name]
 
     def _next_fence(self, key: str) -> int:
@@ -164,3 +165,7 @@ class MemoryClaims(Claims):
         fence = 1 if entry is None else int(entry.value) + 1  # type: ignore[call-overload]
         self._put(name, fence, None)
         return fence
+
+
+def _expired(entry: _Entry, now: float) -> bool:
+    return entry.expires_at is not None and entry.expires_at <= now

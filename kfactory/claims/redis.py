@@ -85,7 +85,12 @@ return 0
 
 # Errors that mean "cannot talk to the store" rather than "the store refused a command".
 # A password sent to a server without one is a connection misconfiguration too.
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, AuthenticationWrongNumberOfArgsError, OSError)
+_UNAVAILABLE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    AuthenticationWrongNumberOfArgsError,
+    OSError,
+)
 
 
 def _ms(ttl_s: float) -> int:
@@ -126,7 +131,7 @@ class RedisClaims(Claims):
         self._release = self._client.register_script(_RELEASE)
 
     async def claim_once(self, key: str, ttl_s: float | None = None) -> bool:
-        """``SET NX`` of the claim marker; True only for the first caller (until the TTL runs out)."""
+        """``SET NX`` of the claim marker; True only for the first caller until any TTL ends."""
         ttl_ms = 0 if ttl_s is None else _ms(ttl_s)
         with self._errors("claim_once"):
             won = await self._claim_once(keys=[self._keys.claim(key)], args=[_token(), ttl_ms])
@@ -146,7 +151,9 @@ class RedisClaims(Claims):
         """Compare-and-``PEXPIRE``: extend ``lock`` only if it still holds our token."""
         ttl_ms = _ms(ttl_s)
         with self._errors("renew"):
-            renewed = await self._renew(keys=[self._keys.lock(lock.key)], args=[lock.token, ttl_ms])
+            renewed = await self._renew(
+                keys=[self._keys.lock(lock.key)], args=[lock.token, ttl_ms]
+            )
         return bool(renewed)
 
     async def release(self, lock: Lock) -> bool:

@@ -18,6 +18,7 @@ from simpleeval import EvalWithCompoundTypes, InvalidExpression
 from kfactory.problems.spec import FamilySpec, ProblemSpec
 
 BUILTIN = Path(__file__).parent
+BUILTIN_DIR = BUILTIN
 
 
 class ProblemError(ValueError):

@@ -64,8 +64,10 @@ class CpuTarget(Target):
         with tempfile.TemporaryDirectory(prefix="kf-cc-") as tmp:
             src, out = Path(tmp) / f"k.{language}", Path(tmp) / "k.so"
             src.write_text(source)
+            # -z defs: an object that could not be loaded (an unresolved symbol) fails here, typed, not in
+            # the runner; -lm also brings glibc's libmvec for loops vectorised over expf
             cmd = [self.settings.cc, "-x", LANG_FLAG[language], "-shared", "-fPIC", *shlex.split(flags),
-                   "-o", str(out), str(src)]
+                   "-o", str(out), str(src), "-x", "none", "-Wl,-z,defs", "-lm"]
             t0 = time.perf_counter()
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)

