@@ -22,7 +22,8 @@ class ClientError(RuntimeError):
 
 
 def _print(msg, as_json: bool, text: str) -> None:
-    print(json.dumps(MessageToDict(msg, preserving_proto_field_name=True), indent=2) if as_json else text)
+    print(json.dumps(MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True),
+                     indent=2) if as_json else text)
 
 
 def _status_line(s: spb.CampaignStatus) -> str:

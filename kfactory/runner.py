@@ -179,24 +179,47 @@ class Runner:
 
 
 class ShmBuffers:
-    """Arrays in /dev/shm files that both the parent and the runner map."""
+    """Arrays in /dev/shm files that both the parent and the runner map.
+
+    `reserve(nbytes)` makes one arena file that later arrays are carved from (64-byte aligned), so a pool
+    of hundreds of small input sets costs one file and one mapping, not hundreds.
+    """
+
+    ALIGN = 64
 
     def __init__(self):
         base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         self.dir = Path(tempfile.mkdtemp(prefix="kf-shm-", dir=base))
-        self.arrays: dict[str, np.memmap] = {}
+        self.arrays: list[np.ndarray] = []
+        self._arena: tuple[str, np.memmap] | None = None
+        self._used = 0
 
-    def new(self, shape: tuple[int, ...], dtype: str) -> tuple[str, np.memmap]:
+    def _file(self, nbytes: int) -> tuple[str, np.memmap]:
         path = str(self.dir / uuid.uuid4().hex)
-        nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         with open(path, "wb") as f:
-            f.truncate(nbytes)
-        arr = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
-        self.arrays[path] = arr
-        return path, arr
+            f.truncate(max(1, nbytes))
+        return path, np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(1, nbytes),))
+
+    def reserve(self, nbytes: int) -> None:
+        self._arena = self._file(nbytes + self.ALIGN)
+        self._used = 0
+
+    def new(self, shape: tuple[int, ...], dtype: str) -> tuple[str, int, np.ndarray]:
+        """(path, byte offset, array view) of a fresh array."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if self._arena is not None and self._used + nbytes <= self._arena[1].size:
+            path, mm = self._arena
+            offset = self._used
+            self._used = -(-(offset + nbytes) // self.ALIGN) * self.ALIGN
+        else:
+            (path, mm), offset = self._file(nbytes), 0
+        arr = np.ndarray(shape, dtype=dtype, buffer=mm, offset=offset)
+        self.arrays.append(arr)
+        return path, offset, arr
 
     def close(self) -> None:
         self.arrays.clear()
+        self._arena = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "ShmBuffers":

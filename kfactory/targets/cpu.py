@@ -127,18 +127,22 @@ class CpuSession(Session):
             if name in views or not (name in ins or name in outs):
                 continue
             t = ins.get(name) or outs[name]
-            path, arr = bufs.new(self.problem.tensor_shape(t, shape), t.dtype)
+            path, offset, arr = bufs.new(self.problem.tensor_shape(t, shape), t.dtype)
             if name in ins:
                 arr[...] = inputs[name]
             elif poison:
                 arr[...] = np.nan if np.dtype(t.dtype).kind == "f" else -1
             views[name] = arr
-            args.append({"name": name, "path": path, "dtype": t.dtype, "shape": list(arr.shape),
+            args.append({"name": name, "path": path, "offset": offset, "dtype": t.dtype, "shape": list(arr.shape),
                          "role": "in" if name in ins else "out"})
         by_name = {a["name"]: a for a in args}
         ordered = [by_name[a] if a in by_name else {"name": a, "int": shape[a]} for a in self.abi_args]
         extra = [a for a in args if a["name"] not in self.abi_args]
         return ordered + extra, views
+
+    def _set_bytes(self, shape: dict[str, int]) -> int:
+        return sum(int(np.prod(self.problem.tensor_shape(t, shape))) * np.dtype(t.dtype).itemsize
+                   for t in self.problem.spec.inputs + self.problem.spec.outputs)
 
     def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
         self.runner.ensure_loaded(key, self.loads[key])
@@ -154,6 +158,7 @@ class CpuSession(Session):
         for k in keys:
             self.runner.ensure_loaded(k, self.loads[k])
         with ShmBuffers() as bufs:
+            bufs.reserve(len(keys) * sum(self._set_bytes(shape) + 2 * ShmBuffers.ALIGN * 4 for _ in input_sets))
             per_key = {k: [self._argset(bufs, shape, inp, poison=True) for inp in input_sets] for k in keys}
             cmd = {"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
                    "min_samples": min_samples, "min_s": min_s, "max_s": max_s, "noise": noise,

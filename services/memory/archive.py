@@ -41,7 +41,9 @@ def _candidate_of(event: pb.Event) -> pb.Candidate | None:
 class Archive:
     """Thread-safe access to the SQLite archive (one connection, serialised)."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, problem_name=lambda locator: locator):
+        """`problem_name` maps a candidate's problem locator (a name or a package path) to its name."""
+        self.problem_name = problem_name
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
@@ -91,7 +93,8 @@ class Archive:
         elif kind == "measured":
             m = event.measured
             self.db.execute("INSERT OR REPLACE INTO measurements VALUES (?,?,?,?,?,?,?)",
-                            (c, cand.id, cand.problem, m.device.model, m.score_s, t, m.SerializeToString()))
+                            (c, cand.id, self.problem_name(cand.problem), m.device.model, m.score_s, t,
+                             m.SerializeToString()))
             self.db.execute("INSERT INTO outcomes VALUES (?,?,?,?,?,?,?)",
                             (c, cand.id, cand.point_id, "benchmarker", "measured", "", t))
         elif kind in ("rejected", "compile_failed"):

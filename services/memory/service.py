@@ -8,6 +8,7 @@ import grpc
 from kfactory import report
 from kfactory.bus import ArtifactMissing
 from kfactory.grpcutil import start_server
+from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.services.memory.archive import Archive
 from kfactory.v1 import services_pb2 as spb
@@ -20,7 +21,7 @@ class MemoryService(Service):
     def __init__(self, ctx, grpc_addr: str | None = None):
         super().__init__(ctx)
         self.grpc_addr = grpc_addr if grpc_addr is not None else ctx.settings.memory_addr
-        self.archive = Archive(ctx.settings.archive())
+        self.archive = Archive(ctx.settings.archive(), self.problem_name)
         self.grpc_port = 0
         self.progress = asyncio.Event()
 
@@ -38,6 +39,13 @@ class MemoryService(Service):
         finally:
             if server:
                 await server.stop(grace=1)
+
+    def problem_name(self, locator: str) -> str:
+        """A problem's name from its locator (built-in name or package path); unknown ones stay as given."""
+        try:
+            return self.ctx.problem(locator).name
+        except ProblemError:
+            return locator
 
     def report(self, campaign: str) -> tuple[str, bytes]:
         return report.build(self.archive.events(campaign=campaign))
@@ -57,7 +65,7 @@ class EvidenceApi(sgrpc.EvidenceServicer):
         self.m = mem
 
     async def Best(self, request, context):
-        found = self.m.archive.best(request.problem, request.shape, request.device)
+        found = self.m.archive.best(self.m.problem_name(request.problem), request.shape, request.device)
         if found is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no measurement of {request.problem!r} "
                                 f"{request.shape or ''} {request.device or ''}".strip())

@@ -1,0 +1,95 @@
+"""End-to-end campaigns with all six services in one process over a real nats-server."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from conftest import kernel_source
+from kfactory.app import start_services
+from kfactory.v1 import events_pb2 as pb
+
+
+async def _campaign(settings, spec: pb.CampaignSpec, timeout: float = 240.0):
+    running = await start_services(settings, grpc=False)
+    try:
+        planner = running.services["planner"]
+        cid = await planner.submit(spec)
+        st = planner.campaigns[cid]
+        async with asyncio.timeout(timeout):
+            while st.finished is None:
+                assert running.failed() is None, running.failed()
+                await asyncio.sleep(0.2)
+        memory = running.services["memory"]
+        async with asyncio.timeout(30):
+            while not memory.archive.q("SELECT 1 FROM campaigns WHERE id=? AND finished_ns IS NOT NULL", (cid,)):
+                await asyncio.sleep(0.1)
+        return st, running
+    finally:
+        await running.shutdown()
+
+
+async def test_campaign_finds_a_faster_kernel_and_records_everything(bus_settings, small_softmax):
+    spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=6, strategy="random", seed=7)
+    st, running = await _campaign(bus_settings, spec)
+    assert st.finished.state == "completed"
+    summary = json.loads(st.finished.summary_json)
+    c = summary["counts"]
+    # every proposed point (6 searched + the reference kernel) reached a terminal result
+    assert c["proposed"] == 7
+    assert c["measured"] + c["rejected"] + c["compile_failed"] == 7
+    assert all(p.done for p in st.points.values())
+    best = summary["best"]
+    assert best is not None and best["speedup_vs_reference"] > 0
+    assert set(best["shapes"]) == {"64x1000", "1x5000"}
+    assert "numpy" in best["speedup_vs_baselines"]
+    assert all(running.services[n].handled > 0 for n in running.services)
+    archive = running.services["memory"].archive
+    kinds = dict(archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (st.id,)))
+    assert kinds["campaign_started"] == 1 and kinds["campaign_finished"] == 1
+    assert kinds["comparison"] == 2
+    md, png = running.services["memory"].report(st.id)
+    assert "Leaderboard" in md and png.startswith(b"\x89PNG")
+
+
+async def test_faulty_candidates_are_typed_results_and_the_campaign_completes(bus_settings, small_softmax):
+    spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=2, strategy="random", seed=3)
+    for name in ("segfault", "hang", "wrong"):
+        spec.manual_sources.append(pb.ManualSource(name=name, source=kernel_source(name),
+                                                   compile_flags="-O2", threads=1))
+    spec.manual_sources.append(pb.ManualSource(name="broken", source="void kernel( {", compile_flags="-O2"))
+    st, running = await _campaign(bus_settings, spec)
+    assert st.finished.state == "completed"
+    archive = running.services["memory"].archive
+    rows = archive.q("SELECT c.origin, o.reason FROM outcomes o JOIN candidates c ON c.campaign=o.campaign "
+                     "AND c.id=o.candidate WHERE o.campaign=?", (st.id,))
+    reasons = dict(rows)
+    assert reasons["manual:segfault"] == "CRASHED"
+    assert reasons["manual:hang"] == "TIMEOUT"
+    assert reasons["manual:wrong"] == "WRONG_RESULT"
+    assert reasons["manual:broken"] == "COMPILE_ERROR"
+    assert reasons["reference"] == "measured"
+    rejected = [e.rejected for e in archive.events(campaign=st.id) if e.HasField("rejected")]
+    wrong = next(r for r in rejected if r.candidate.origin == "manual:wrong")
+    assert wrong.checks and not wrong.checks[-1].passed and wrong.checks[-1].max_abs_err > 0.01
+
+
+async def test_bad_spec_is_refused_with_the_field(bus_settings, small_softmax):
+    from kfactory.services.planner.service import SpecError
+
+    running = await start_services(bus_settings, grpc=False)
+    try:
+        planner = running.services["planner"]
+        with pytest.raises(SpecError, match="strategy: unknown 'annealing'"):
+            await planner.submit(pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=1,
+                                                 strategy="annealing"))
+        with pytest.raises(SpecError, match="target: unknown target 'tpu'"):
+            await planner.submit(pb.CampaignSpec(problem=small_softmax, target="tpu", budget_candidates=1))
+        with pytest.raises(SpecError, match="problem: no problem 'nope'"):
+            await planner.submit(pb.CampaignSpec(problem="nope", budget_candidates=1))
+        with pytest.raises(SpecError, match="budget"):
+            await planner.submit(pb.CampaignSpec(problem=small_softmax))
+        assert running.failed() is None
+    finally:
+        await running.shutdown()

@@ -1,0 +1,186 @@
+"""The six services as separate OS processes over a real nats-server and a real redis-server."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kfactory.app import SERVICE_NAMES
+from kfactory.services.memory.archive import Archive
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Factory:
+    """Six `kfactory serve` processes sharing NATS and Redis."""
+
+    def __init__(self, tmp: Path, nats_url: str, redis_url: str, cc: str = "cc"):
+        self.tmp = tmp
+        self.env = {**os.environ, "KFACTORY_NATS_URL": nats_url, "KFACTORY_REDIS_URL": redis_url,
+                    "KFACTORY_PLANNER_ADDR": f"127.0.0.1:{_free_port()}",
+                    "KFACTORY_MEMORY_ADDR": f"127.0.0.1:{_free_port()}",
+                    "KFACTORY_DATA_DIR": str(tmp / "data"), "KFACTORY_ACK_WAIT_S": "3",
+                    "KFACTORY_RUNNER_TIMEOUT_S": "4", "KFACTORY_MEASURE_MAX_S": "0.2",
+                    "KFACTORY_MEASURE_MIN_S": "0.05", "KFACTORY_COMPARE_MAX_S": "0.4", "KFACTORY_CC": cc,
+                    "KFACTORY_THREADS": "2"}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")
+        p = subprocess.Popen([sys.executable, "-m", "kfactory.cli", "serve", name], env=self.env, stdout=log,
+                             stderr=subprocess.STDOUT)
+        self.procs[name] = p
+        return p
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        for key in ("KFACTORY_PLANNER_ADDR", "KFACTORY_MEMORY_ADDR"):
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    with grpc.insecure_channel(self.env[key]) as ch:
+                        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+                    if r.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                assert time.monotonic() < deadline, f"{key} not healthy; logs in {self.tmp}"
+                time.sleep(0.2)
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        res = subprocess.run([sys.executable, "-m", "kfactory.cli", *args], env=self.env, capture_output=True,
+                             text=True, timeout=120)
+        if check:
+            assert res.returncode == 0, res.stderr
+        return res
+
+    def wait_finished(self, cid: str, timeout: float = 300) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = json.loads(self.cli("status", cid, "--json").stdout)
+            if status["state"] != "running":
+                return status
+            for name, p in self.procs.items():
+                assert p.poll() is None, f"{name} died; see {self.tmp}/{name}.log"
+            time.sleep(0.5)
+        raise AssertionError(f"campaign {cid} did not finish; logs in {self.tmp}")
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def factory_env(tmp_path, nats_url, redis_url_session):
+    return tmp_path, nats_url, redis_url_session
+
+
+def _archive_check(tmp: Path, cid: str, proposed: int) -> None:
+    """Every proposed point has exactly one terminal outcome, and its evidence chain is complete."""
+    arch = Archive(tmp / "data" / "archive.sqlite")
+    rows = arch.q("SELECT point_id, COUNT(*) FROM outcomes WHERE campaign=? GROUP BY point_id", (cid,))
+    assert len(rows) == proposed, rows
+    assert all(n == 1 for _, n in rows), rows
+    for (cand,) in arch.q("SELECT candidate FROM outcomes WHERE campaign=? AND reason='measured'", (cid,)):
+        kinds = [k for (k,) in arch.q("SELECT kind FROM events WHERE candidate=? AND campaign=? ORDER BY seq",
+                                      (cand, cid))]
+        assert kinds[:4] == ["candidate_created", "compiled", "verified", "measured"], kinds
+    arch.close()
+
+
+def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_softmax):
+    tmp, nats_url, redis_url = factory_env
+    f = Factory(tmp, nats_url, redis_url)
+    try:
+        for name in SERVICE_NAMES:
+            f.start(name)
+        f.wait_healthy()
+        sub = json.loads(f.cli("submit", small_softmax, "--budget", "4", "--strategy", "random", "--json").stdout)
+        cid = sub["id"]
+        watch = subprocess.Popen([sys.executable, "-m", "kfactory.cli", "watch", cid], env=f.env,
+                                 stdout=subprocess.PIPE, text=True)
+        status = f.wait_finished(cid)
+        assert status["state"] == "completed"
+        counts = status["counts"]
+        assert counts["proposed"] == 5 and counts["measured"] >= 1
+        lines = watch.communicate(timeout=60)[0].splitlines()
+        assert lines[0].startswith("campaign_started") and lines[-1].startswith("campaign_finished")
+        best = f.cli("best", "softmax", "--json")
+        assert json.loads(best.stdout)["score_s"] > 0
+        board = json.loads(f.cli("best", "--campaign", cid, "--json").stdout)["entries"]
+        assert len(board) == counts["measured"]
+        evidence = json.loads(f.cli("best", "--candidate", board[0]["candidate_id"], "--json").stdout)
+        assert "void kernel" in evidence["source"] and len(evidence["events"]) >= 4
+        report = f.cli("report", cid, "--out", str(tmp / "rep")).stdout.strip()
+        assert Path(report).read_text().startswith(f"# Campaign {cid}")
+        time.sleep(1.0)
+        _archive_check(tmp, cid, counts["proposed"])
+    finally:
+        f.stop()
+
+
+def test_killing_the_compiler_mid_campaign_loses_nothing(factory_env, small_softmax):
+    tmp, nats_url, redis_url = factory_env
+    marker = tmp / "compiling"
+    slow_cc = tmp / "slow-cc"
+    slow_cc.write_text(f"#!/bin/sh\ntouch {marker}\nsleep 1.5\nexec cc \"$@\"\n")
+    slow_cc.chmod(0o755)
+    f = Factory(tmp, nats_url, redis_url, cc=str(slow_cc))
+    try:
+        for name in SERVICE_NAMES:
+            f.start(name)
+        f.wait_healthy()
+        cid = json.loads(f.cli("submit", small_softmax, "--budget", "4", "--strategy", "random", "--json").stdout)["id"]
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the compiler never started compiling"
+            time.sleep(0.05)
+        f.procs["compiler"].kill()  # SIGKILL while it holds an unacked message
+        f.procs["compiler"].wait()
+        time.sleep(1.0)
+        f.start("compiler")
+        status = f.wait_finished(cid)
+        assert status["state"] == "completed"
+        counts = status["counts"]
+        assert counts["proposed"] == 5
+        assert counts["measured"] + counts["rejected"] + counts["compile_failed"] == 5
+        time.sleep(1.0)
+        _archive_check(tmp, cid, counts["proposed"])
+    finally:
+        f.stop()
+
+
+def test_serve_refuses_to_start_without_nats(tmp_path):
+    env = {**os.environ, "KFACTORY_NATS_URL": f"nats://127.0.0.1:{_free_port()}"}
+    res = subprocess.run([sys.executable, "-m", "kfactory.cli", "serve", "compiler"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1
+    assert "cannot reach NATS" in res.stderr and "KFACTORY_NATS_URL" in res.stderr
+
+
+def test_serve_refuses_to_start_without_redis(tmp_path, nats_url):
+    env = {**os.environ, "KFACTORY_NATS_URL": nats_url, "KFACTORY_REDIS_URL": f"redis://127.0.0.1:{_free_port()}/0"}
+    res = subprocess.run([sys.executable, "-m", "kfactory.cli", "serve", "coder"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1
+    assert "claims store" in res.stderr and "KFACTORY_REDIS_URL" in res.stderr
