@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -50,6 +51,9 @@ class Service:
         self.bus, self.claims, self.settings = ctx.bus, ctx.claims, ctx.settings
         self.handled = 0
         self.log = get_logger(self.name)
+        # seconds spent: in handlers in all, in the candidate's own work (compile/verify/measure), and
+        # waiting for a device lease; handler - work - wait is what the harness itself costs
+        self.cost = {"handler": 0.0, "work": 0.0, "wait": 0.0}
 
     async def setup(self) -> None:
         """Check wiring at start-up (not at the first message)."""
@@ -61,9 +65,13 @@ class Service:
 
     async def _handle(self, d: Delivery) -> Outcome:
         cand = _candidate_of(d.event)
+        t0 = time.perf_counter()
         with structlog.contextvars.bound_contextvars(campaign=d.event.campaign_id, service=self.name,
                                                      candidate=cand.id[:12] if cand else ""):
-            outcome = await self.handle(d)
+            try:
+                outcome = await self.handle(d)
+            finally:
+                self.cost["handler"] += time.perf_counter() - t0
         if isinstance(outcome, Ack):
             self.handled += 1
         return outcome
@@ -86,6 +94,22 @@ class Service:
             except LockTimeout:
                 lock = None
             yield lock
+
+    async def work(self, fn, *args):
+        """Run the candidate's own work (compile, verify, measure) in a thread, accounting its time."""
+        t0 = time.perf_counter()
+        try:
+            return await asyncio.to_thread(fn, *args)
+        finally:
+            self.cost["work"] += time.perf_counter() - t0
+
+    @contextlib.asynccontextmanager
+    async def device(self, device_id: str):
+        """Hold the device lease (one measurement at a time per device), accounting the wait."""
+        t0 = time.perf_counter()
+        async with self.claims.device_lease(device_id, ttl_s=self.settings.ack_wait_s) as lease:
+            self.cost["wait"] += time.perf_counter() - t0
+            yield lease
 
     async def still_ours(self, lock) -> bool:
         """Fencing: a result may be written only while our token is the newest for the key."""

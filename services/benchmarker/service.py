@@ -77,9 +77,9 @@ class BenchmarkerService(Service):
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         m = pb.Measured(device=device)
-        async with self.claims.device_lease(device.device_id, ttl_s=self.settings.ack_wait_s):
+        async with self.device(device.device_id):
             for shape in problem.shapes("optimize"):
-                res = await asyncio.to_thread(measure, session, [cand.id], problem, shape,
+                res = await self.work(measure, session, [cand.id], problem, shape,
                                               self.pool(cand.problem), target.cache_bytes(),
                                               self.settings, None, device.mem_bandwidth_gbps)
                 if res.reason:
@@ -108,9 +108,9 @@ class BenchmarkerService(Service):
         for b in req.baselines:
             session.load_baseline(f"baseline:{b}", b)
             keys[b] = f"baseline:{b}"
-        async with self.claims.device_lease(device.device_id, ttl_s=self.settings.ack_wait_s):
+        async with self.device(device.device_id):
             for shape in problem.shapes("optimize"):
-                res = await asyncio.to_thread(measure, session, list(keys.values()), problem, shape,
+                res = await self.work(measure, session, list(keys.values()), problem, shape,
                                               self.pool(cand.problem), target.cache_bytes(), self.settings,
                                               self.settings.compare_max_s, device.mem_bandwidth_gbps)
                 sname = problem.shape_str(shape)

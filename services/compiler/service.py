@@ -1,8 +1,6 @@
 """The compiler: candidate -> artifact + resource report, or a typed compile failure."""
 from __future__ import annotations
 
-import asyncio
-
 from kfactory import events as ev
 from kfactory.bus import Ack, Delivery, Outcome, Term
 from kfactory.bus import ArtifactMissing
@@ -25,7 +23,7 @@ class CompilerService(Service):
             if lock is None:
                 return self.busy()
             target = self.ctx.target(cand.target)
-            res = await asyncio.to_thread(target.compile, source, cand.language, cand.compile_flags, cand.entry)
+            res = await self.work(target.compile, source, cand.language, cand.compile_flags, cand.entry)
             if not await self.still_ours(lock):
                 return Ack()  # a newer holder of this candidate's lock writes the result
             cand.fence = lock.fence

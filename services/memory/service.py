@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 
@@ -32,8 +33,10 @@ class MemoryService(Service):
                 self.grpc_addr, sgrpc.add_EvidenceServicer_to_server, "kfactory.v1.Evidence", EvidenceApi(self))
         try:
             async for event, msg in self.bus.follow("memory", stop=stop):
+                t0 = time.perf_counter()
                 await asyncio.to_thread(self.archive.record, event)
                 await msg.ack()
+                self.cost["handler"] += time.perf_counter() - t0
                 self.handled += 1
                 self.progress.set()
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 
 import grpc
 
@@ -62,9 +63,11 @@ class PlannerService(Service):
         if last == 0:
             self._caught_up()
         async for event, msg in self.bus.follow(None, stop=stop):
+            t0 = time.perf_counter()
             self._apply(event)
             self.handled += 1
             await msg.ack()
+            self.cost["handler"] += time.perf_counter() - t0
             if not self.caught_up.is_set() and msg.metadata.sequence.stream >= last:
                 self._caught_up()
 

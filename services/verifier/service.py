@@ -47,8 +47,8 @@ class VerifierService(Service):
             session.load_artifact(cand.id, artifact, cand.entry)
             loop = asyncio.get_running_loop()
             t0 = loop.time()
-            async with self.claims.device_lease(target.device().device_id, ttl_s=self.settings.ack_wait_s):
-                verdict = await asyncio.to_thread(verify, session, cand.id, self.ctx.problem(cand.problem),
+            async with self.device(target.device().device_id):
+                verdict = await self.work(verify, session, cand.id, self.ctx.problem(cand.problem),
                                                   self.pool(cand.problem))
             if not await self.still_ours(lock):
                 return Ack()

@@ -1,0 +1,64 @@
+"""The problem package format: validation names the field; softmax's design space and ABI."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from kfactory.cli import main
+from kfactory.problems import BUILTIN_DIR, ProblemError, list_problems, load_problem
+
+
+def _broken(tmp_path, edit) -> str:
+    dst = tmp_path / "p"
+    shutil.copytree(BUILTIN_DIR / "softmax", dst)
+    spec = yaml.safe_load((dst / "problem.yaml").read_text())
+    edit(spec)
+    (dst / "problem.yaml").write_text(yaml.safe_dump(spec))
+    return str(dst)
+
+
+def test_softmax_is_built_in_with_a_large_design_space():
+    assert "softmax" in list_problems()
+    p = load_problem("softmax")
+    fam = p.families["cpu_c"]
+    points = fam.points()
+    assert len(points) >= 100
+    assert all(fam.valid(pt) for pt in points[:50])
+    source, flags, threads = fam.render(points[0])
+    assert "void kernel(const float *x, float *y, int64_t rows, int64_t cols)" in " ".join(source.split())
+    assert "-fopenmp" in flags and threads in (1, 2)
+
+
+def test_every_template_point_renders_to_distinct_sources():
+    fam = load_problem("softmax").families["cpu_c"]
+    rendered = {fam.render(p) for p in fam.points()}
+    assert len(rendered) == len(fam.points())
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda s: s.pop("tolerance"), "tolerance: Field required"),
+    (lambda s: s["inputs"][0].update(dtype="float13"), "inputs.0.dtype"),
+    (lambda s: s["shapes"]["optimize"].append({"rows": 0, "cols": 4}), "every size must be >= 1"),
+    (lambda s: s["distributions"]["normal"]["x"].update(std=-1), "distributions.normal.x.std"),
+    (lambda s: s["abi"]["cpu"]["args"].append("z"), "abi.cpu.args: ['z']"),
+    (lambda s: s.update(colour="blue"), "colour: Extra inputs are not permitted"),
+])
+def test_bad_spec_names_the_field(tmp_path, edit, needle):
+    with pytest.raises(ProblemError) as e:
+        load_problem(_broken(tmp_path, edit))
+    assert needle in str(e.value) and "problem.yaml" in str(e.value)
+
+
+def test_unknown_problem_lists_the_known_ones():
+    with pytest.raises(ProblemError, match="softmax"):
+        load_problem("no_such_problem")
+
+
+def test_describe_prints_the_abi(capsys):
+    assert main(["problems", "describe", "softmax"]) == 0
+    out = capsys.readouterr().out
+    assert "ABI (cpu): void kernel(const float *x, float *y, int64_t rows, int64_t cols)" in out
+    assert "OpenMP" in out and "4096x4096" in out and "1x50257" in out
+    assert main(["problems", "describe"]) == 2

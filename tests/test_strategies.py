@@ -1,0 +1,61 @@
+"""Search strategies: valid, never repeated, and the evolutionary one exploits what it is told."""
+from __future__ import annotations
+
+import pytest
+
+from kfactory.problems import load_problem
+from kfactory.strategies import KNOWN, Space, UnknownStrategy, make_strategy
+
+
+@pytest.fixture(scope="module")
+def space():
+    return Space(list(load_problem("softmax").families.values()))
+
+
+def _score(point) -> float:
+    """A synthetic landscape: wide vectors, online passes and poly exp are fast."""
+    p = point.params
+    return (1.0 / p["vec"] + {"online": 0.1, "two": 0.3, "three": 0.6}[p["passes"]]
+            + (0.0 if p["exp"] == "poly" else 0.5) + 0.1 / p["threads"])
+
+
+@pytest.mark.parametrize("name", KNOWN)
+def test_points_are_valid_and_never_repeated(space, name):
+    s = make_strategy(name, space, seed=1)
+    seen = []
+    for _ in range(60):
+        p = s.ask()
+        assert p is not None and space.valid(p)
+        s.tell(p, None if p.params["flags"].endswith("fast-math") else _score(p))
+        seen.append(p)
+    assert len(set(seen)) == len(seen)
+
+
+def test_grid_covers_the_space_exactly_once(space):
+    s = make_strategy("grid", space, seed=0)
+    pts = []
+    while (p := s.ask()) is not None:
+        pts.append(p)
+    assert len(pts) == len(set(pts)) == len(space.all_points())
+
+
+def test_evolutionary_beats_random_on_average(space):
+    def best_after(name: str, seed: int, n: int = 40) -> float:
+        s = make_strategy(name, space, seed=seed)
+        best = float("inf")
+        for _ in range(n):
+            p = s.ask()
+            score = _score(p)
+            s.tell(p, score)
+            best = min(best, score)
+        return best
+
+    seeds = range(12)
+    evo = sum(best_after("evolutionary", k) for k in seeds) / len(seeds)
+    rnd = sum(best_after("random", k) for k in seeds) / len(seeds)
+    assert evo < rnd
+
+
+def test_unknown_strategy(space):
+    with pytest.raises(UnknownStrategy, match="known: random, grid, evolutionary"):
+        make_strategy("annealing", space, 0)
