@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from kfactory import events as ev
-from kfactory.bus import Ack, Delivery, Outcome
+from kfactory.bus import Ack, Delivery, Outcome, new_traceparent, traceparent
 from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.v1 import events_pb2 as pb
@@ -29,6 +29,8 @@ class CoderService(Service):
                             point_id=pp.point_id, params_json=pp.params_json, language=language,
                             compile_flags=flags, entry=entry, threads=threads, origin=pp.origin,
                             parents=pp.parents, runner_threads=pp.runner_threads)
+        # the candidate's journey through the stages is one trace, whose id derives from the candidate's
+        traceparent.set(new_traceparent(cand_id[:32]))
         cand.source_digest = await self.bus.put_artifact(source.encode())
         if not await self.claims.claim_once(f"{cid}:candidate:{cand_id}"):
             # same content as an earlier point: a result for this point, not a second run of the device
