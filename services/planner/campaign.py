@@ -6,6 +6,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from google.protobuf.message import DecodeError
+
 from kfactory import events as ev
 from kfactory.strategies import Point, Space, make_strategy
 from kfactory.v1 import events_pb2 as pb
@@ -94,6 +96,27 @@ class CampaignState:
         self.counts.measured += 1
         self.measured[m.candidate.id] = m
         self._finish_point(m.candidate.point_id, m.score_s)
+
+    def _on_dead_letter(self, m: pb.DeadLetter) -> None:
+        """Work that can never finish: its point is over (counted as rejected), or the campaign would wait."""
+        try:
+            inner = pb.Event.FromString(m.payload)
+        except DecodeError:
+            return
+        kind = ev.kind_of(inner)
+        if not kind:
+            return
+        body = getattr(inner, kind)
+        if kind == "point_proposed":
+            point_id = body.point_id
+        elif "candidate" in body.DESCRIPTOR.fields_by_name:
+            point_id = body.candidate.point_id
+        else:
+            return
+        ps = self.points.get(point_id)
+        if ps is not None and not ps.done:
+            self.counts.rejected += 1
+            self._finish_point(point_id, None)
 
     def _on_comparison(self, m: pb.Comparison) -> None:
         self.comparisons[m.shape] = m

@@ -1,0 +1,61 @@
+"""The planner's campaign state is a fold over events: idempotent, and dead letters end their points."""
+from __future__ import annotations
+
+import json
+
+from kfactory import events as ev
+from kfactory.problems import load_problem
+from kfactory.services.planner.campaign import CampaignState
+from kfactory.strategies import Space
+from kfactory.v1 import events_pb2 as pb
+
+
+def _state() -> CampaignState:
+    spec = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=3, strategy="random", seed=1)
+    return CampaignState("c1", spec, pb.DeviceInfo(), Space(list(load_problem("softmax").families.values())))
+
+
+def _proposed(st: CampaignState, pid: str) -> pb.Event:
+    point = st.strategy.ask()
+    return ev.make_event("c1", "planner", pid, point_proposed=pb.PointProposed(
+        point_id=pid, family=point.family, params_json=point.params_json, origin=f"template:{point.family}"))
+
+
+def _measured(pid: str, cid: str, score: float) -> pb.Event:
+    cand = pb.Candidate(id=cid, point_id=pid, origin="template:cpu_c", params_json="{}")
+    return ev.make_event("c1", "benchmarker", cid, measured=pb.Measured(candidate=cand, score_s=score))
+
+
+def test_applying_an_event_twice_changes_nothing():
+    st = _state()
+    p = _proposed(st, "p1")
+    m = _measured("p1", "k1", 0.5)
+    for e in (p, p, m, m):
+        st.apply(e)
+    assert st.counts.proposed == 1 and st.counts.measured == 1
+    assert st.in_flight() == 0 and st.best().score_s == 0.5
+
+
+def test_best_excludes_the_reference_and_picks_the_fastest():
+    st = _state()
+    for pid, cid, score in (("p1", "k1", 0.5), ("p2", "k2", 0.2)):
+        st.apply(_proposed(st, pid))
+        st.apply(_measured(pid, cid, score))
+    ref = pb.Candidate(id="ref", point_id="r", origin="reference")
+    st.apply(ev.make_event("c1", "coder", "ref", candidate_created=pb.CandidateCreated(candidate=ref)))
+    st.apply(ev.make_event("c1", "benchmarker", "ref", measured=pb.Measured(candidate=ref, score_s=0.01)))
+    assert st.best().candidate.id == "k2"
+    summary = st.summary(load_problem("softmax"))
+    assert summary["best"]["candidate_id"] == "k2" and summary["counts"]["measured"] == 3
+
+
+def test_a_dead_lettered_point_is_finished_and_told_as_a_failure():
+    st = _state()
+    p = _proposed(st, "p1")
+    st.apply(p)
+    assert st.in_flight() == 1
+    dl = pb.DeadLetter(stage="coder", reason="poison", deliveries=5, payload=p.SerializeToString())
+    st.apply(ev.make_event("c1", "coder", "dl1", dead_letter=dl))
+    assert st.in_flight() == 0 and st.counts.rejected == 1
+    point = next(iter(st.strategy.results))
+    assert st.strategy.results[point] is None and json.loads(point.params_json)
