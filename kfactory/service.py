@@ -12,6 +12,7 @@ import structlog
 from kfactory.bus import Ack, Bus, Delivery, Nak, Outcome
 from kfactory.claims import Claims, LockTimeout
 from kfactory.config import Settings
+from kfactory.judge import InputPool
 from kfactory.log import get_logger
 from kfactory.problems import Problem, load_problem
 from kfactory.targets import Target, get_target
@@ -124,3 +125,28 @@ def _candidate_of(event: pb.Event) -> pb.Candidate | None:
     msg = getattr(event, body) if body else None
     return getattr(msg, "candidate", None) if msg is not None and msg.DESCRIPTOR.fields_by_name.get(
         "candidate") else None
+
+
+class RunnerService(Service):
+    """A service that runs kernels: one runner-backed session per (problem, target, threads), and input pools."""
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.sessions: dict[tuple, object] = {}
+        self.pools: dict[str, InputPool] = {}
+
+    def session(self, cand: pb.Candidate):
+        key = (cand.problem, cand.target, cand.runner_threads)
+        if key not in self.sessions:
+            threads = cand.runner_threads or self.settings.threads
+            self.sessions[key] = self.ctx.target(cand.target).session(self.ctx.problem(cand.problem), threads)
+        return self.sessions[key]
+
+    def pool(self, problem: str) -> InputPool:
+        if problem not in self.pools:
+            self.pools[problem] = InputPool(self.ctx.problem(problem), self.settings.input_reuse)
+        return self.pools[problem]
+
+    async def close(self) -> None:
+        for s in self.sessions.values():
+            s.close()

@@ -5,31 +5,14 @@ import asyncio
 
 from kfactory import events as ev
 from kfactory.bus import Ack, ArtifactMissing, Delivery, Outcome, Term
-from kfactory.judge import InputPool, verify
-from kfactory.service import Service
+from kfactory.judge import verify
+from kfactory.service import RunnerService
 from kfactory.v1 import events_pb2 as pb
 
 
-class VerifierService(Service):
+class VerifierService(RunnerService):
     name = "verifier"
     stage = "verifier"
-
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.sessions: dict[tuple, object] = {}
-        self.pools: dict[str, InputPool] = {}
-
-    def session(self, cand: pb.Candidate):
-        key = (cand.problem, cand.target, cand.runner_threads)
-        if key not in self.sessions:
-            threads = cand.runner_threads or self.settings.threads
-            self.sessions[key] = self.ctx.target(cand.target).session(self.ctx.problem(cand.problem), threads)
-        return self.sessions[key]
-
-    def pool(self, problem: str) -> InputPool:
-        if problem not in self.pools:
-            self.pools[problem] = InputPool(self.ctx.problem(problem), self.settings.input_reuse)
-        return self.pools[problem]
 
     async def handle(self, d: Delivery) -> Outcome:
         comp = d.event.compiled
@@ -68,7 +51,3 @@ class VerifierService(Service):
         await self.bus.publish(done)
         await self.bus.send_work("benchmarker", done)
         return Ack()
-
-    async def close(self) -> None:
-        for s in self.sessions.values():
-            s.close()
