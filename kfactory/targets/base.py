@@ -30,7 +30,7 @@ class CallResult:
 
 @dataclass
 class BenchResult:
-    """Interleaved samples per kernel key, and the outputs the last timed call left for each input set."""
+    """Interleaved samples per kernel key, and the output the last timed call left in the first input set."""
     samples: dict[str, list[float]]
     outputs: dict[str, list[dict[str, np.ndarray]]]
 
