@@ -106,12 +106,21 @@ class Child:
         return {"samples": samples, "last_set": {k: (i - 1) % len(bound[k]) for k in keys}}
 
     def _warm_up(self, bound: dict, warmup_s: float) -> None:
-        deadline = time.perf_counter() + warmup_s
-        n = 0
-        while n < 2 or time.perf_counter() < deadline:
+        """Run every kernel until warmup_s has passed and a round's time is within 10% of the previous one
+        (caches, page tables, frequency settled), but for no longer than 10 x warmup_s."""
+        start = time.perf_counter()
+        prev, n = None, 0
+        while True:
+            t0 = time.perf_counter()
             for calls in bound.values():
                 calls[n % len(calls)]()
+            took = time.perf_counter() - t0
             n += 1
+            elapsed = time.perf_counter() - start
+            stable = prev is not None and abs(took - prev) <= 0.1 * prev
+            if n >= 2 and ((elapsed >= warmup_s and stable) or elapsed >= 10 * warmup_s):
+                return
+            prev = took
 
 
 def _noise(s: list[float]) -> float:

@@ -44,6 +44,7 @@ async def test_campaign_finds_a_faster_kernel_and_records_everything(bus_setting
     assert best is not None and best["speedup_vs_reference"] > 0
     assert set(best["shapes"]) == {"64x1000", "1x5000"}
     assert "numpy" in best["speedup_vs_baselines"]
+    assert set(best["shapes"]["64x1000"]["significant"]) == {"reference", "numpy"}
     assert all(running.services[n].handled > 0 for n in running.services)
     archive = running.services["memory"].archive
     kinds = dict(archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (st.id,)))

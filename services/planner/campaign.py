@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 
 from kfactory import events as ev
+from kfactory.stats import significant
 from kfactory.strategies import Point, Space, make_strategy
 from kfactory.v1 import events_pb2 as pb
 
@@ -168,7 +169,8 @@ class CampaignState:
             shapes[t.shape] = {"median_seconds": t.median_s, "noise": t.noise, "samples": t.samples,
                                "speedup_vs_reference": speed.get("reference"),
                                "speedup_vs_baselines": {k: v for k, v in speed.items()
-                                                        if k not in ("reference", "candidate")}}
+                                                        if k not in ("reference", "candidate")},
+                               "significant": _significance(comp)}
         head = shapes.get(primary, {})
         out["best"] = {"candidate_id": cand.id, "family": cand.family, "origin": cand.origin,
                        "params": json.loads(cand.params_json or "{}"), "compile_flags": cand.compile_flags,
@@ -176,3 +178,12 @@ class CampaignState:
                        "speedup_vs_reference": head.get("speedup_vs_reference"),
                        "speedup_vs_baselines": head.get("speedup_vs_baselines", {}), "shapes": shapes}
         return out
+
+
+def _significance(comp: pb.Comparison | None) -> dict[str, bool]:
+    """Per compared kernel: whether its median's 95% CI is apart from the candidate's (a real difference)."""
+    if comp is None:
+        return {}
+    entries = {e.name: e.timing for e in comp.entries if e.HasField("timing")}
+    cand = entries.get("candidate")
+    return {name: significant(cand, t) for name, t in entries.items() if cand is not None and name != "candidate"}
