@@ -120,3 +120,14 @@ def test_wrong_timed_output_is_caught(target, session, problem, settings):
     res = measure(session, ["wrong"], problem, problem.shapes("optimize")[0], InputPool(problem, 1), 1 << 20,
                   settings)
     assert res.reason == pb.WRONG_RESULT
+
+
+def test_device_reports_a_measured_bandwidth_cached_per_host(settings):
+    import json
+
+    target = get_target("cpu", settings)
+    dev = target.device()
+    assert 0.5 < dev.mem_bandwidth_gbps < 2000
+    cache = json.loads((settings.data_dir / "ceilings.json").read_text())
+    assert cache[f"{dev.device_id}/{dev.threads}"]["mem_bandwidth_gbps"] == dev.mem_bandwidth_gbps
+    assert get_target("cpu", settings).device().mem_bandwidth_gbps == dev.mem_bandwidth_gbps

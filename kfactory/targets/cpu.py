@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from kfactory.runner import Runner, ShmBuffers
+from kfactory.targets.ceiling import bandwidth
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
 from kfactory.v1 import events_pb2 as pb
 
@@ -45,13 +46,19 @@ class CpuTarget(Target):
         self.settings = settings
         self.cache_dir = Path(settings.data_dir) / "so"
         self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self._device: pb.DeviceInfo | None = None
 
     def device(self) -> pb.DeviceInfo:
-        model = _cpu_model()
-        host = platform.node()
-        return pb.DeviceInfo(target="cpu", model=f"{model} ({self.settings.threads} threads)",
-                             device_id="cpu-" + hashlib.sha256(f"{host}|{model}".encode()).hexdigest()[:16],
-                             threads=self.settings.threads)
+        """This host, with its measured memory bandwidth (measured once per host and thread count, cached)."""
+        if self._device is None:
+            model = _cpu_model()
+            host = platform.node()
+            dev = pb.DeviceInfo(target="cpu", model=f"{model} ({self.settings.threads} threads)",
+                                device_id="cpu-" + hashlib.sha256(f"{host}|{model}".encode()).hexdigest()[:16],
+                                threads=self.settings.threads)
+            dev.mem_bandwidth_gbps = bandwidth(self, f"{dev.device_id}/{dev.threads}", dev.threads)
+            self._device = dev
+        return self._device
 
     def cache_bytes(self) -> int:
         return 2 * _llc_bytes()

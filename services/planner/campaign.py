@@ -167,6 +167,7 @@ class CampaignState:
             comp = self.comparisons.get(t.shape)
             speed = dict(comp.speedups) if comp else {}
             shapes[t.shape] = {"median_seconds": t.median_s, "noise": t.noise, "samples": t.samples,
+                               "gbps": t.gbps, "fraction_of_measured_bandwidth": t.sol_fraction,
                                "speedup_vs_reference": speed.get("reference"),
                                "speedup_vs_baselines": {k: v for k, v in speed.items()
                                                         if k not in ("reference", "candidate")},
