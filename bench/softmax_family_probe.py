@@ -265,6 +265,7 @@ def main():
     ap.add_argument("--all", action="store_true", help="build and verify every valid point")
     ap.add_argument("--sample", type=int, default=96, help="points to sample (default 96)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--slice", default="", help="START:STOP: only these points of the sample (resume --all)")
     ap.add_argument("--point", action="append", default=[], help="explicit point(s) k=v,k=v,...")
     ap.add_argument("--top", type=int, default=5, help="points per shape reported (3x that many re-timed; default 5)")
     ap.add_argument("--rounds", type=int, default=8, help="interleaved timing rounds (default 8)")
@@ -289,6 +290,10 @@ def main():
         sample = points
     else:
         sample = stratified_sample(points, args.sample, args.seed)
+
+    if args.slice:
+        start, _, stop = args.slice.partition(":")
+        sample = sample[int(start or 0): int(stop) if stop else None]
 
     tmp = Path(tempfile.mkdtemp(prefix="softmax_probe_"))
     print(f"build dir {tmp}; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
