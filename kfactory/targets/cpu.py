@@ -13,6 +13,7 @@ import numpy as np
 
 from kfactory.runner import Runner, ShmBuffers
 from kfactory.targets.ceiling import bandwidth
+from kfactory.targets.cpu_rules import check_imports, check_source
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
 from kfactory.v1 import events_pb2 as pb
 
@@ -68,6 +69,9 @@ class CpuTarget(Target):
         if language not in LANG_FLAG:
             return CompileResult(False, pb.CompileReport(compiler=self.settings.cc), reason=pb.COMPILE_ERROR,
                                  message=f"the cpu target compiles c or cpp, not {language!r}")
+        violations = check_source(source)
+        if violations:
+            return _refused(violations, pb.CompileReport(compiler=self.settings.cc), "source")
         with tempfile.TemporaryDirectory(prefix="kf-cc-") as tmp:
             src, out = Path(tmp) / f"k.{language}", Path(tmp) / "k.so"
             src.write_text(source)
@@ -90,10 +94,20 @@ class CpuTarget(Target):
             artifact = out.read_bytes()
             report.artifact_bytes = len(artifact)
             report.imports.extend(_undefined_symbols(out))
+            violations = check_imports(list(report.imports))
+            if violations:
+                return _refused(violations, report, "object")
             return CompileResult(True, report, artifact=artifact, log=log)
 
     def session(self, problem, threads: int) -> "CpuSession":
         return CpuSession(self, problem, threads)
+
+
+def _refused(violations, report: pb.CompileReport, what: str) -> CompileResult:
+    text = "\n".join(str(v) for v in violations)
+    report.log_excerpt = text[:2000]
+    return CompileResult(False, report, log=text, reason=pb.STATIC_CHECK,
+                         message=f"the {what} breaks a sandbox rule: {violations[0]}")
 
 
 def _undefined_symbols(path: Path) -> list[str]:
