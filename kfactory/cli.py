@@ -104,6 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate", help="show one candidate's full evidence")
     _grpc_args(p)
 
+    p = sub.add_parser("check", help="judge one kernel as a campaign would: compile, verify, measure")
+    p.add_argument("problem")
+    p.add_argument("--target", default="cpu")
+    p.add_argument("--source", required=True, type=Path, help="the kernel's source file")
+    p.add_argument("--flags", default="-O3 -fopenmp", help="compiler flags (part of the candidate)")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--json", dest="json_out", help="write the verdict as JSON to this file ('-': stdout)")
+
     p = sub.add_parser("problems", help="list problems or describe one")
     p.add_argument("action", choices=("list", "describe"))
     p.add_argument("name", nargs="?")
@@ -126,6 +135,8 @@ def _dispatch(args) -> int:
 
     if args.cmd == "problems":
         return _problems(args)
+    if args.cmd == "check":
+        return _check(args)
     try:
         if args.cmd == "run":
             from kfactory.runcmd import run_campaign
@@ -147,6 +158,38 @@ def _dispatch(args) -> int:
     except client.ClientError as e:
         print(f"kfactory: {e}", file=sys.stderr)
         return e.code
+
+
+def _check(args) -> int:
+    """Exit 0 when the kernel passed, 1 when it was rejected, 2 on a usage error."""
+    import json
+
+    from kfactory.checkcmd import check
+
+    try:
+        source = args.source.read_text()
+    except OSError as e:
+        print(f"kfactory check: cannot read --source {args.source}: {e.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        out = check(args.problem, args.target, source, args.flags, _settings(args), args.compile_only)
+    except ValueError as e:  # ProblemError, UnknownTarget, a bad target option: the message says what to fix
+        print(f"kfactory check: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    text = json.dumps(out, indent=2)
+    if args.json_out == "-":
+        print(text)
+    elif args.json_out:
+        Path(args.json_out).write_text(text)
+    verdict = out["verdict"]
+    if verdict is None:
+        print(f"{out['candidate_id'][:12]}: compiled" if out["compiled"] else "did not compile", file=sys.stderr)
+        return 0 if out["compiled"] else 1
+    sp = out["speedup_vs_reference"]
+    print(f"{out['candidate_id'][:12]}: " + ("passed" + (f", {sp:.2f}x the reference" if sp else "")
+                                             if verdict["passed"] else f"rejected: {verdict['reason']}: "
+                                             f"{verdict['message']}"), file=sys.stderr)
+    return 0 if verdict["passed"] else 1
 
 
 def _problems(args) -> int:

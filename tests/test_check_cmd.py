@@ -1,0 +1,51 @@
+"""`kfactory check`: one kernel judged as a candidate; exit codes 0 passed, 1 rejected, 2 usage."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import KERNELS
+from kfactory.cli import main
+from kfactory.problems import load_problem
+
+
+@pytest.fixture(autouse=True)
+def fast(monkeypatch, tmp_path):
+    for k, v in {"KFACTORY_DATA_DIR": str(tmp_path / "data"), "KFACTORY_MEASURE_MAX_S": "0.2",
+                 "KFACTORY_MEASURE_MIN_S": "0.05", "KFACTORY_COMPARE_MAX_S": "0.3",
+                 "KFACTORY_RUNNER_TIMEOUT_S": "4", "KFACTORY_THREADS": "2"}.items():
+        monkeypatch.setenv(k, v)
+
+
+def test_an_honest_kernel_passes_and_is_measured(small_softmax, tmp_path):
+    src = tmp_path / "ref.c"
+    src.write_text(load_problem(small_softmax).reference_source("cpu")[0])
+    out = tmp_path / "v.json"
+    assert main(["check", small_softmax, "--source", str(src), "--flags", "-O3 -fopenmp", "--json", str(out)]) == 0
+    v = json.loads(out.read_text())
+    assert v["compiled"] and v["verdict"]["passed"] and v["verdict"]["reason"] is None
+    assert len(v["verdict"]["checks"]) == 5 * 5
+    assert v["speedup_vs_reference"] > 0 and "numpy" in v["measurement"]["speedups"]["64x1000"]
+
+
+@pytest.mark.parametrize("name,reason", [("wrong", "WRONG_RESULT"), ("segfault", "CRASHED")])
+def test_a_broken_kernel_is_rejected_with_its_reason(small_softmax, tmp_path, name, reason):
+    out = tmp_path / "v.json"
+    assert main(["check", small_softmax, "--source", str(KERNELS / f"{name}.c"), "--json", str(out)]) == 1
+    v = json.loads(out.read_text())
+    assert v["verdict"]["reason"] == reason and v["measurement"] is None
+
+
+def test_static_check_and_compile_only(small_softmax, tmp_path):
+    bad = tmp_path / "bad.c"
+    bad.write_text("#include <stdio.h>\nvoid kernel(void){}\n")
+    out = tmp_path / "v.json"
+    assert main(["check", small_softmax, "--source", str(bad), "--json", str(out)]) == 1
+    assert json.loads(out.read_text())["verdict"]["reason"] == "STATIC_CHECK"
+    assert main(["check", small_softmax, "--source", str(KERNELS / "wrong.c"), "--compile-only"]) == 0
+
+
+def test_usage_errors_exit_2(small_softmax, tmp_path):
+    assert main(["check", small_softmax, "--source", str(tmp_path / "missing.c")]) == 2
+    assert main(["check", "no_such_problem", "--source", str(KERNELS / "wrong.c")]) == 2
