@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import os
 import secrets
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
@@ -326,6 +325,3 @@ async def _log_error(e: Exception) -> None:
 async def _log_reconnect() -> None:
     log.info("nats reconnected")
 
-
-def default_name() -> str:
-    return f"kf-{os.getpid()}"

@@ -9,6 +9,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
+from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
 
@@ -52,7 +53,7 @@ async def _watch(ch, cid: str) -> None:
         if kind == "measured":
             extra = f" {body.score_s * 1e3:.3f} ms"
         elif kind in ("rejected", "compile_failed"):
-            extra = f" {__import__('kfactory.v1.events_pb2', fromlist=['x']).RejectReason.Name(body.reason)}"
+            extra = f" {pb.RejectReason.Name(body.reason)}"
         elif kind == "campaign_finished":
             extra = f" {body.state}"
         print(f"{kind:18s} {(cand.id[:12] if cand and cand.id else ''):12s}{extra}", flush=True)

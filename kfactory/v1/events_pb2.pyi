@@ -314,7 +314,7 @@ class ComparisonEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., candidate_id: _Optional[str] = ..., timing: _Optional[_Union[ShapeTiming, _Mapping]] = ...) -> None: ...
 
 class Comparison(_message.Message):
-    __slots__ = ("shape", "entries", "speedups", "candidate_id", "device")
+    __slots__ = ("shape", "entries", "speedups", "candidate_id", "device", "error")
     class SpeedupsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -327,12 +327,14 @@ class Comparison(_message.Message):
     SPEEDUPS_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     shape: str
     entries: _containers.RepeatedCompositeFieldContainer[ComparisonEntry]
     speedups: _containers.ScalarMap[str, float]
     candidate_id: str
     device: DeviceInfo
-    def __init__(self, shape: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ComparisonEntry, _Mapping]]] = ..., speedups: _Optional[_Mapping[str, float]] = ..., candidate_id: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ...) -> None: ...
+    error: str
+    def __init__(self, shape: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ComparisonEntry, _Mapping]]] = ..., speedups: _Optional[_Mapping[str, float]] = ..., candidate_id: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class CompareRequest(_message.Message):
     __slots__ = ("candidate", "reference", "baselines", "candidate_artifact", "reference_artifact")

@@ -99,7 +99,7 @@ class BenchmarkerService(RunnerService):
                 sname = problem.shape_str(shape)
                 comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device)
                 if res.reason:
-                    comp.entries.append(pb.ComparisonEntry(name="error", candidate_id=res.message))
+                    comp.error = f"{pb.RejectReason.Name(res.reason)}: {res.message}"
                 for name, key in keys.items():
                     if key in res.timings:
                         comp.entries.append(pb.ComparisonEntry(name=name, candidate_id=key, timing=res.timings[key]))
