@@ -11,7 +11,8 @@ reference kernel and the numpy baseline.
 Needs only numpy, jinja2, pyyaml, simpleeval and gcc (no kfactory services).
 
     python bench/softmax_family_probe.py                 # stratified sample of 96 points
-    python bench/softmax_family_probe.py --all           # every valid point (slow: ~1.5 h)
+    python bench/softmax_family_probe.py --all           # every valid point (slow: ~1 h on 2 idle cores)
+    python bench/softmax_family_probe.py --all --slice 1500:   # resume / split a long run
     python bench/softmax_family_probe.py --point 'passes=two,vec=16,unroll=2,exp=poly,threads=2,split=1,prefetch=1,flags=-O3 -march=native'
     python bench/softmax_family_probe.py --count         # just count the valid points
 
