@@ -48,7 +48,7 @@ async def _watch(ch, cid: str) -> None:
     async for event in sgrpc.CampaignsStub(ch).Watch(spb.WatchRequest(id=cid)):
         kind = ev.kind_of(event)
         body = getattr(event, kind)
-        cand = getattr(body, "candidate", None) if "candidate" in body.DESCRIPTOR.fields_by_name else None
+        cand = ev.candidate_of(event)
         extra = ""
         if kind == "measured":
             extra = f" {body.score_s * 1e3:.3f} ms"

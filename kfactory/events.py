@@ -29,6 +29,13 @@ def kind_of(event: pb.Event) -> str:
     return event.WhichOneof("body") or ""
 
 
+def candidate_of(event: pb.Event) -> pb.Candidate | None:
+    """The candidate an event is about, for the kinds that carry one; None otherwise."""
+    kind = kind_of(event)
+    body = getattr(event, kind) if kind else None
+    return body.candidate if body is not None and "candidate" in body.DESCRIPTOR.fields_by_name else None
+
+
 def make_event(campaign_id: str, producer: str, key: str, **body: Any) -> pb.Event:
     """An envelope whose id is `<campaign>:<kind>:<key>`: a retried publish carries the same id and is deduplicated."""
     (kind, msg), = body.items()

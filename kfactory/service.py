@@ -9,6 +9,7 @@ from functools import lru_cache
 
 import structlog
 
+from kfactory import events as ev
 from kfactory.bus import Ack, Bus, Delivery, Nak, Outcome
 from kfactory.claims import Claims, LockTimeout
 from kfactory.config import Settings
@@ -65,7 +66,7 @@ class Service:
             await self.bus.consume(self.stage, self._handle, self.settings.workers, stop)
 
     async def _handle(self, d: Delivery) -> Outcome:
-        cand = _candidate_of(d.event)
+        cand = ev.candidate_of(d.event)
         t0 = time.perf_counter()
         with structlog.contextvars.bound_contextvars(campaign=d.event.campaign_id, service=self.name,
                                                      candidate=cand.id[:12] if cand else ""):
@@ -118,13 +119,6 @@ class Service:
 
     def busy(self) -> Nak:
         return Nak(self.settings.nak_delay_s)
-
-
-def _candidate_of(event: pb.Event) -> pb.Candidate | None:
-    body = event.WhichOneof("body")
-    msg = getattr(event, body) if body else None
-    return getattr(msg, "candidate", None) if msg is not None and msg.DESCRIPTOR.fields_by_name.get(
-        "candidate") else None
 
 
 class RunnerService(Service):

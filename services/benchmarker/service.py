@@ -62,9 +62,8 @@ class BenchmarkerService(RunnerService):
         m = pb.Measured(device=device)
         async with self.device(device.device_id):
             for shape in problem.shapes("optimize"):
-                res = await self.work(measure, session, [cand.id], problem, shape,
-                                              self.pool(cand.problem), target.cache_bytes(),
-                                              self.settings, None, device.mem_bandwidth_gbps)
+                res = await self.work(measure, session, [cand.id], problem, shape, self.pool(cand.problem),
+                                      target.cache_bytes(), self.settings, None, device.mem_bandwidth_gbps)
                 if res.reason:
                     return pb.Rejected(stage="benchmarker", reason=res.reason, message=res.message,
                                        point_id=cand.point_id, params_json=cand.params_json)
@@ -94,8 +93,8 @@ class BenchmarkerService(RunnerService):
         async with self.device(device.device_id):
             for shape in problem.shapes("optimize"):
                 res = await self.work(measure, session, list(keys.values()), problem, shape,
-                                              self.pool(cand.problem), target.cache_bytes(), self.settings,
-                                              self.settings.compare_max_s, device.mem_bandwidth_gbps)
+                                      self.pool(cand.problem), target.cache_bytes(), self.settings,
+                                      self.settings.compare_max_s, device.mem_bandwidth_gbps)
                 sname = problem.shape_str(shape)
                 comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device)
                 if res.reason:

@@ -33,11 +33,6 @@ CREATE TABLE IF NOT EXISTS outcomes (
 """
 
 
-def _candidate_of(event: pb.Event) -> pb.Candidate | None:
-    body = getattr(event, ev.kind_of(event))
-    return body.candidate if "candidate" in body.DESCRIPTOR.fields_by_name else None
-
-
 class Archive:
     """Thread-safe access to the SQLite archive (one connection, serialised)."""
 
@@ -57,7 +52,7 @@ class Archive:
     def record(self, event: pb.Event) -> bool:
         """Archive one event; False when it was already there."""
         kind = ev.kind_of(event)
-        cand = _candidate_of(event)
+        cand = ev.candidate_of(event)
         with self.lock:
             self.db.execute("BEGIN")
             try:

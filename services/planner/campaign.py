@@ -104,14 +104,11 @@ class CampaignState:
             inner = pb.Event.FromString(m.payload)
         except DecodeError:
             return
-        kind = ev.kind_of(inner)
-        if not kind:
-            return
-        body = getattr(inner, kind)
-        if kind == "point_proposed":
-            point_id = body.point_id
-        elif "candidate" in body.DESCRIPTOR.fields_by_name:
-            point_id = body.candidate.point_id
+        cand = ev.candidate_of(inner)
+        if inner.HasField("point_proposed"):
+            point_id = inner.point_proposed.point_id
+        elif cand is not None:
+            point_id = cand.point_id
         else:
             return
         ps = self.points.get(point_id)

@@ -32,7 +32,7 @@ class VerifierService(RunnerService):
             t0 = loop.time()
             async with self.device(target.device().device_id):
                 verdict = await self.work(verify, session, cand.id, self.ctx.problem(cand.problem),
-                                                  self.pool(cand.problem))
+                                          self.pool(cand.problem))
             if not await self.still_ours(lock):
                 return Ack()
             cand.fence = lock.fence
