@@ -60,9 +60,12 @@ class Runner:
     """One runner child at a time; replaced after a fault, a timeout or max_runs commands."""
 
     def __init__(self, threads: int, timeout_s: float = 20.0, mem_mb: int = 4096, max_runs: int = 500,
-                 isolate_network: bool = True):
+                 isolate_network: bool = True, child_module: str = "kfactory.runner_child",
+                 env: dict[str, str] | None = None):
+        """`child_module` is run as `python -m child_module`; mem_mb=0 sets no address-space limit;
+        `env` adds variables to the child's environment (a GPU runner's CUDA_VISIBLE_DEVICES)."""
         self.threads, self.timeout_s, self.mem_mb, self.max_runs = threads, timeout_s, mem_mb, max_runs
-        self.isolate_network = isolate_network
+        self.isolate_network, self.child_module, self.extra_env = isolate_network, child_module, env or {}
         self.proc: subprocess.Popen | None = None
         self.runs = 0
         self.loaded: set[str] = set()
@@ -73,9 +76,10 @@ class Runner:
         c2p_r, c2p_w = os.pipe()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KFACTORY_", "NATS", "REDIS"))}
         env["OMP_NUM_THREADS"] = str(self.threads)
+        env.update(self.extra_env)
         prefix = network_isolation_prefix() if self.isolate_network else ()
         cpu_s = int(max(60, self.timeout_s * self.threads * 4))
-        cmd = [*prefix, sys.executable, "-m", "kfactory.runner_child", str(p2c_r), str(c2p_w),
+        cmd = [*prefix, sys.executable, "-m", self.child_module, str(p2c_r), str(c2p_w),
                str(self.threads), str(self.mem_mb), str(cpu_s)]
         self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,

@@ -19,7 +19,9 @@ import numpy as np
 
 def _limit(mem_mb: int, cpu_s: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
+    if mem_mb > 0:
+        # 0 means no address-space limit: a GPU driver reserves far more virtual memory than it uses
+        resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
     resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
 
@@ -130,10 +132,11 @@ def _noise(s: list[float]) -> float:
     return (q3 - q1) / med if med > 0 else float("inf")
 
 
-def main() -> None:
+def main(child_cls=None) -> None:
+    """Serve commands with `child_cls` (a Child subclass; a target's child module passes its own)."""
     rfd, wfd, threads, mem_mb, cpu_s = (int(v) for v in sys.argv[1:6])
     _limit(mem_mb, cpu_s)
-    child = Child(threads)
+    child = (child_cls or Child)(threads)
     rd = os.fdopen(rfd, "r")
     wr = os.fdopen(wfd, "w")
     for line in rd:

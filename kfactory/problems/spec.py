@@ -53,6 +53,8 @@ class Abi(_Strict):
 class RefKernel(_Strict):
     source: str
     flags: str = "-O2"
+    #: cuda: grid, block and smem expressions over the shape symbols (see kfactory.targets.launch)
+    launch: dict[str, str] = {}
 
 
 class ProblemSpec(_Strict):

@@ -39,7 +39,10 @@ class Session(ABC):
     """Runs kernels of one problem on one device, always in a runner process, never in the caller's."""
 
     @abstractmethod
-    def load_artifact(self, key: str, artifact: bytes, entry: str) -> None: ...
+    def load_artifact(self, key: str, artifact: bytes, entry: str, launch: dict | None = None) -> None:
+        """Make kernel `key` callable. `launch` is the cuda launch rule ({"grid", "block", "smem"} expressions
+        over the shape symbols and the rule's "params"); targets that need none ignore it."""
+        raise NotImplementedError
 
     @abstractmethod
     def load_baseline(self, key: str, name: str) -> None: ...

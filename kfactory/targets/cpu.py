@@ -128,7 +128,7 @@ class CpuSession(Session):
         self.abi_args = abi.args
         self.argtypes = ["ptr" if a in tensors else "i64" for a in abi.args]
 
-    def load_artifact(self, key: str, artifact: bytes, entry: str) -> None:
+    def load_artifact(self, key: str, artifact: bytes, entry: str, launch: dict | None = None) -> None:
         path = self.target.cache_dir / f"{hashlib.sha256(artifact).hexdigest()}.so"
         if not path.exists():
             tmp = path.with_suffix(".tmp")

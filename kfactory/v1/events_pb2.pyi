@@ -22,6 +22,11 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_POINT: _ClassVar[RejectReason]
     STATIC_CHECK: _ClassVar[RejectReason]
     RUNNER_ERROR: _ClassVar[RejectReason]
+    UNSUPPORTED_ARCH: _ClassVar[RejectReason]
+    LAUNCH_FAILED: _ClassVar[RejectReason]
+    DEVICE_FAULT: _ClassVar[RejectReason]
+    MEMOISED: _ClassVar[RejectReason]
+    OUT_OF_BOUNDS: _ClassVar[RejectReason]
 REJECT_REASON_UNSPECIFIED: RejectReason
 COMPILE_ERROR: RejectReason
 RESOURCE_LIMIT: RejectReason
@@ -35,22 +40,37 @@ DUPLICATE: RejectReason
 INVALID_POINT: RejectReason
 STATIC_CHECK: RejectReason
 RUNNER_ERROR: RejectReason
+UNSUPPORTED_ARCH: RejectReason
+LAUNCH_FAILED: RejectReason
+DEVICE_FAULT: RejectReason
+MEMOISED: RejectReason
+OUT_OF_BOUNDS: RejectReason
 
 class DeviceInfo(_message.Message):
-    __slots__ = ("target", "model", "device_id", "threads", "mem_bandwidth_gbps", "peak_gflops")
+    __slots__ = ("target", "model", "device_id", "threads", "mem_bandwidth_gbps", "peak_gflops", "uuid", "arch", "peak_bf16_gflops", "l2_bytes", "sm_count")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
     MEM_BANDWIDTH_GBPS_FIELD_NUMBER: _ClassVar[int]
     PEAK_GFLOPS_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    PEAK_BF16_GFLOPS_FIELD_NUMBER: _ClassVar[int]
+    L2_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SM_COUNT_FIELD_NUMBER: _ClassVar[int]
     target: str
     model: str
     device_id: str
     threads: int
     mem_bandwidth_gbps: float
     peak_gflops: float
-    def __init__(self, target: _Optional[str] = ..., model: _Optional[str] = ..., device_id: _Optional[str] = ..., threads: _Optional[int] = ..., mem_bandwidth_gbps: _Optional[float] = ..., peak_gflops: _Optional[float] = ...) -> None: ...
+    uuid: str
+    arch: str
+    peak_bf16_gflops: float
+    l2_bytes: int
+    sm_count: int
+    def __init__(self, target: _Optional[str] = ..., model: _Optional[str] = ..., device_id: _Optional[str] = ..., threads: _Optional[int] = ..., mem_bandwidth_gbps: _Optional[float] = ..., peak_gflops: _Optional[float] = ..., uuid: _Optional[str] = ..., arch: _Optional[str] = ..., peak_bf16_gflops: _Optional[float] = ..., l2_bytes: _Optional[int] = ..., sm_count: _Optional[int] = ...) -> None: ...
 
 class ManualSource(_message.Message):
     __slots__ = ("name", "source", "compile_flags", "threads")
@@ -89,7 +109,7 @@ class CampaignSpec(_message.Message):
     def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("id", "campaign_id", "problem", "target", "family", "point_id", "params_json", "language", "source_digest", "compile_flags", "entry", "threads", "origin", "parents", "fence", "runner_threads")
+    __slots__ = ("id", "campaign_id", "problem", "target", "family", "point_id", "params_json", "language", "source_digest", "compile_flags", "entry", "threads", "origin", "parents", "fence", "runner_threads", "launch_json")
     ID_FIELD_NUMBER: _ClassVar[int]
     CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +126,7 @@ class Candidate(_message.Message):
     PARENTS_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     RUNNER_THREADS_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_JSON_FIELD_NUMBER: _ClassVar[int]
     id: str
     campaign_id: str
     problem: str
@@ -122,10 +143,11 @@ class Candidate(_message.Message):
     parents: _containers.RepeatedScalarFieldContainer[str]
     fence: int
     runner_threads: int
-    def __init__(self, id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., target: _Optional[str] = ..., family: _Optional[str] = ..., point_id: _Optional[str] = ..., params_json: _Optional[str] = ..., language: _Optional[str] = ..., source_digest: _Optional[str] = ..., compile_flags: _Optional[str] = ..., entry: _Optional[str] = ..., threads: _Optional[int] = ..., origin: _Optional[str] = ..., parents: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ..., runner_threads: _Optional[int] = ...) -> None: ...
+    launch_json: str
+    def __init__(self, id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., target: _Optional[str] = ..., family: _Optional[str] = ..., point_id: _Optional[str] = ..., params_json: _Optional[str] = ..., language: _Optional[str] = ..., source_digest: _Optional[str] = ..., compile_flags: _Optional[str] = ..., entry: _Optional[str] = ..., threads: _Optional[int] = ..., origin: _Optional[str] = ..., parents: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ..., runner_threads: _Optional[int] = ..., launch_json: _Optional[str] = ...) -> None: ...
 
 class CompileReport(_message.Message):
-    __slots__ = ("compiler", "seconds", "artifact_bytes", "imports", "log_digest", "log_excerpt", "warnings")
+    __slots__ = ("compiler", "seconds", "artifact_bytes", "imports", "log_digest", "log_excerpt", "warnings", "arch", "registers", "shared_bytes", "stack_bytes", "spill_store_bytes", "spill_load_bytes", "local_bytes", "const_bytes")
     COMPILER_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +155,14 @@ class CompileReport(_message.Message):
     LOG_DIGEST_FIELD_NUMBER: _ClassVar[int]
     LOG_EXCERPT_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    REGISTERS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STACK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPILL_STORE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPILL_LOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONST_BYTES_FIELD_NUMBER: _ClassVar[int]
     compiler: str
     seconds: float
     artifact_bytes: int
@@ -140,7 +170,15 @@ class CompileReport(_message.Message):
     log_digest: str
     log_excerpt: str
     warnings: int
-    def __init__(self, compiler: _Optional[str] = ..., seconds: _Optional[float] = ..., artifact_bytes: _Optional[int] = ..., imports: _Optional[_Iterable[str]] = ..., log_digest: _Optional[str] = ..., log_excerpt: _Optional[str] = ..., warnings: _Optional[int] = ...) -> None: ...
+    arch: str
+    registers: int
+    shared_bytes: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    local_bytes: int
+    const_bytes: int
+    def __init__(self, compiler: _Optional[str] = ..., seconds: _Optional[float] = ..., artifact_bytes: _Optional[int] = ..., imports: _Optional[_Iterable[str]] = ..., log_digest: _Optional[str] = ..., log_excerpt: _Optional[str] = ..., warnings: _Optional[int] = ..., arch: _Optional[str] = ..., registers: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., stack_bytes: _Optional[int] = ..., spill_store_bytes: _Optional[int] = ..., spill_load_bytes: _Optional[int] = ..., local_bytes: _Optional[int] = ..., const_bytes: _Optional[int] = ...) -> None: ...
 
 class Check(_message.Message):
     __slots__ = ("shape", "distribution", "seed", "max_abs_err", "max_rel_err", "norm_rel_err", "passed", "worst_index", "note", "seconds")
@@ -167,7 +205,7 @@ class Check(_message.Message):
     def __init__(self, shape: _Optional[str] = ..., distribution: _Optional[str] = ..., seed: _Optional[int] = ..., max_abs_err: _Optional[float] = ..., max_rel_err: _Optional[float] = ..., norm_rel_err: _Optional[float] = ..., passed: _Optional[bool] = ..., worst_index: _Optional[int] = ..., note: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class ShapeTiming(_message.Message):
-    __slots__ = ("shape", "median_s", "q1_s", "q3_s", "samples", "noise", "ci_low_s", "ci_high_s", "gbps", "sol_fraction", "output_checked")
+    __slots__ = ("shape", "median_s", "q1_s", "q3_s", "samples", "noise", "ci_low_s", "ci_high_s", "gbps", "sol_fraction", "output_checked", "telemetry", "mode")
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_S_FIELD_NUMBER: _ClassVar[int]
     Q1_S_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +217,8 @@ class ShapeTiming(_message.Message):
     GBPS_FIELD_NUMBER: _ClassVar[int]
     SOL_FRACTION_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     shape: str
     median_s: float
     q1_s: float
@@ -190,7 +230,35 @@ class ShapeTiming(_message.Message):
     gbps: float
     sol_fraction: float
     output_checked: bool
-    def __init__(self, shape: _Optional[str] = ..., median_s: _Optional[float] = ..., q1_s: _Optional[float] = ..., q3_s: _Optional[float] = ..., samples: _Optional[int] = ..., noise: _Optional[float] = ..., ci_low_s: _Optional[float] = ..., ci_high_s: _Optional[float] = ..., gbps: _Optional[float] = ..., sol_fraction: _Optional[float] = ..., output_checked: _Optional[bool] = ...) -> None: ...
+    telemetry: GpuTelemetry
+    mode: str
+    def __init__(self, shape: _Optional[str] = ..., median_s: _Optional[float] = ..., q1_s: _Optional[float] = ..., q3_s: _Optional[float] = ..., samples: _Optional[int] = ..., noise: _Optional[float] = ..., ci_low_s: _Optional[float] = ..., ci_high_s: _Optional[float] = ..., gbps: _Optional[float] = ..., sol_fraction: _Optional[float] = ..., output_checked: _Optional[bool] = ..., telemetry: _Optional[_Union[GpuTelemetry, _Mapping]] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class GpuTelemetry(_message.Message):
+    __slots__ = ("model", "uuid", "sm_clock_mhz_before", "sm_clock_mhz_after", "mem_clock_mhz_before", "mem_clock_mhz_after", "temperature_c", "power_w", "throttle_reasons", "throttled", "retries")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    SM_CLOCK_MHZ_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    SM_CLOCK_MHZ_AFTER_FIELD_NUMBER: _ClassVar[int]
+    MEM_CLOCK_MHZ_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    MEM_CLOCK_MHZ_AFTER_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_REASONS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    uuid: str
+    sm_clock_mhz_before: int
+    sm_clock_mhz_after: int
+    mem_clock_mhz_before: int
+    mem_clock_mhz_after: int
+    temperature_c: int
+    power_w: float
+    throttle_reasons: _containers.RepeatedScalarFieldContainer[str]
+    throttled: bool
+    retries: int
+    def __init__(self, model: _Optional[str] = ..., uuid: _Optional[str] = ..., sm_clock_mhz_before: _Optional[int] = ..., sm_clock_mhz_after: _Optional[int] = ..., mem_clock_mhz_before: _Optional[int] = ..., mem_clock_mhz_after: _Optional[int] = ..., temperature_c: _Optional[int] = ..., power_w: _Optional[float] = ..., throttle_reasons: _Optional[_Iterable[str]] = ..., throttled: _Optional[bool] = ..., retries: _Optional[int] = ...) -> None: ...
 
 class PointProposed(_message.Message):
     __slots__ = ("point_id", "family", "params_json", "strategy", "parents", "fence", "problem", "target", "manual", "origin", "runner_threads")
