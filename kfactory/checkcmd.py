@@ -67,7 +67,7 @@ def _measure(out: dict, session, target, problem, settings) -> None:
     for shape in problem.shapes("optimize"):
         name = problem.shape_str(shape)
         t = measure(session, list(keys.values()), problem, shape, pool, target.cache_bytes(), settings,
-                    settings.compare_max_s, dev.mem_bandwidth_gbps)
+                    settings.compare_max_s, dev)
         if t.reason:
             out["verdict"].update(passed=False, reason=pb.RejectReason.Name(t.reason), message=t.message)
             return

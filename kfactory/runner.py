@@ -220,6 +220,24 @@ class ShmBuffers:
         self.arrays.append(arr)
         return path, offset, arr
 
+    GUARD = 4096
+    GUARD_BYTE = 0xA5
+
+    def new_guarded(self, shape: tuple[int, ...], dtype: str) -> tuple[str, int, np.ndarray, list[np.ndarray]]:
+        """Like new(), with GUARD bytes of a known pattern right before and right after the array, so a
+        write out of bounds by a few elements is seen (intact_guards) instead of landing in padding."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        path, offset, raw = self.new((nbytes + 2 * self.GUARD,), "uint8")
+        raw[: self.GUARD] = self.GUARD_BYTE
+        raw[self.GUARD + nbytes:] = self.GUARD_BYTE
+        arr = raw[self.GUARD: self.GUARD + nbytes].view(dtype).reshape(shape)
+        return path, offset + self.GUARD, arr, [raw[: self.GUARD], raw[self.GUARD + nbytes:]]
+
+    @classmethod
+    def intact(cls, guards: list[np.ndarray]) -> bool:
+        """True when no guard band written by new_guarded has changed."""
+        return all(bool((g == cls.GUARD_BYTE).all()) for g in guards)
+
     def close(self) -> None:
         self.arrays.clear()
         self._arena = None

@@ -64,9 +64,11 @@ def test_reference_kernel_passes_every_check(target, session, problem):
     _load(target, session, "ref", *problem.reference_source("cpu"))
     v = verify(session, "ref", problem, InputPool(problem, 1))
     assert v.passed, v.message
-    assert len(v.checks) == len(problem.shapes("all")) * len(problem.spec.distributions)
-    assert all(c.max_abs_err < 1e-6 and c.seed for c in v.checks)
-    assert {c.distribution for c in v.checks} == set(problem.spec.distributions)
+    # every shape x distribution, then the three calls of the memoisation probe
+    assert len(v.checks) == len(problem.shapes("all")) * len(problem.spec.distributions) + 3
+    assert all(c.passed and c.max_abs_err < 1e-6 and c.seed for c in v.checks)
+    assert {c.distribution for c in v.checks} == set(problem.spec.distributions) | {
+        "memo:first", "memo:same-buffers", "memo:near-duplicate"}
 
 
 @pytest.mark.parametrize("name,reason", [("segfault", pb.CRASHED), ("hang", pb.TIMEOUT),

@@ -22,15 +22,18 @@ class CompileResult:
 
 @dataclass
 class CallResult:
-    """One checked call: the outputs it wrote, its wall time, and whether it wrote its inputs."""
+    """One checked call: the outputs it wrote, its wall time, whether it wrote its inputs, and which
+    tensors had a guard band around them written (a write out of bounds)."""
     outputs: dict[str, np.ndarray]
     seconds: float
     mutated: list[str] = field(default_factory=list)
+    out_of_bounds: list[str] = field(default_factory=list)
 
 
 @dataclass
 class BenchResult:
-    """Interleaved samples per kernel key, and the output the last timed call left in the first input set."""
+    """Interleaved samples per kernel key, and per key the outputs the last timed calls left in every input
+    set (in the order of the input sets)."""
     samples: dict[str, list[float]]
     outputs: dict[str, list[dict[str, np.ndarray]]]
 
@@ -50,6 +53,12 @@ class Session(ABC):
     @abstractmethod
     def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
         """Run once on fresh buffers with every output poisoned first."""
+
+    def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
+        """Run once per step on the same buffers, the step's inputs written and outputs poisoned before each;
+        this is how memoisation keyed by pointer or by sampled values is caught. Mutation is reported for
+        the last step only."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run a call sequence")
 
     @abstractmethod
     def bench(self, keys: list[str], shape: dict[str, int], input_sets: list[dict[str, np.ndarray]],

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from kfactory.runner import Runner, ShmBuffers
-from kfactory.targets.ceiling import bandwidth
+from kfactory.targets.ceiling import ceilings
 from kfactory.targets.cpu_rules import check_imports, check_source
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
 from kfactory.v1 import events_pb2 as pb
@@ -57,7 +57,8 @@ class CpuTarget(Target):
             dev = pb.DeviceInfo(target="cpu", model=f"{model} ({self.settings.threads} threads)",
                                 device_id="cpu-" + hashlib.sha256(f"{host}|{model}".encode()).hexdigest()[:16],
                                 threads=self.settings.threads)
-            dev.mem_bandwidth_gbps = bandwidth(self, f"{dev.device_id}/{dev.threads}", dev.threads)
+            figures = ceilings(self, f"{dev.device_id}/{dev.threads}", dev.threads)
+            dev.mem_bandwidth_gbps, dev.peak_gflops = figures["mem_bandwidth_gbps"], figures["peak_gflops"]
             self._device = dev
         return self._device
 
@@ -140,7 +141,9 @@ class CpuSession(Session):
         self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name}
 
     def _argset(self, bufs: ShmBuffers, shape: dict[str, int], inputs: dict[str, np.ndarray],
-                poison: bool) -> tuple[list[dict], dict[str, np.ndarray]]:
+                poison: bool, guards: list | None = None) -> tuple[list[dict], dict[str, np.ndarray]]:
+        """The runner's argument list in ABI order and the parent's views of the tensors. With `guards`
+        (a list to fill), every tensor gets guard bands around it (ShmBuffers.new_guarded)."""
         spec, views, args = self.problem.spec, {}, []
         outs = {t.name: t for t in spec.outputs}
         ins = {t.name: t for t in spec.inputs}
@@ -148,11 +151,16 @@ class CpuSession(Session):
             if name in views or not (name in ins or name in outs):
                 continue
             t = ins.get(name) or outs[name]
-            path, offset, arr = bufs.new(self.problem.tensor_shape(t, shape), t.dtype)
+            tshape = self.problem.tensor_shape(t, shape)
+            if guards is None:
+                path, offset, arr = bufs.new(tshape, t.dtype)
+            else:
+                path, offset, arr, bands = bufs.new_guarded(tshape, t.dtype)
+                guards.extend((name, b) for b in bands)
             if name in ins:
                 arr[...] = inputs[name]
             elif poison:
-                arr[...] = np.nan if np.dtype(t.dtype).kind == "f" else -1
+                arr[...] = poison_value(t.dtype)
             views[name] = arr
             args.append({"name": name, "path": path, "offset": offset, "dtype": t.dtype, "shape": list(arr.shape),
                          "role": "in" if name in ins else "out"})
@@ -166,13 +174,39 @@ class CpuSession(Session):
                    for t in self.problem.spec.inputs + self.problem.spec.outputs)
 
     def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
+        return self.call_sequence(key, shape, [inputs])[0]
+
+    def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
+        """Run the kernel once per step on the SAME buffers (fresh ones for the first step): before each
+        step the runner writes that step's inputs into them and poisons the outputs."""
         self.runner.ensure_loaded(key, self.loads[key])
+        spec = self.problem.spec
         with ShmBuffers() as bufs:
-            argset, views = self._argset(bufs, shape, inputs, poison=True)
-            reply = self.runner.request({"op": "call", "key": key, "args": argset})
-            mutated = [t.name for t in self.problem.spec.inputs if not _same_bits(views[t.name], inputs[t.name])]
-            outs = {t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
-        return CallResult(outs, reply["seconds"], mutated)
+            guards: list = []
+            argset, views = self._argset(bufs, shape, steps[0], poison=True, guards=guards)
+            staged = []
+            for inputs in steps[1:]:
+                ins = {t.name: _staged(bufs, inputs[t.name]) for t in spec.inputs}
+                outs = {t.name: _staged(bufs, np.empty(self.problem.tensor_shape(t, shape), t.dtype))
+                        for t in spec.outputs}
+                staged.append((ins, outs))
+            cmd = {"op": "call", "key": key, "args": argset,
+                   "steps": [{"inputs": {n: d for n, (d, _) in ins.items()},
+                              "outputs": {n: d for n, (d, _) in outs.items()},
+                              "poison": {t.name: poison_value(t.dtype) for t in spec.outputs}}
+                             for ins, outs in staged]}
+            reply = self.runner.request(cmd, timeout_s=self.runner.timeout_s * len(steps))
+            oob = sorted({name for name, band in guards if not ShmBuffers.intact([band])})
+            results = []
+            for i, inputs in enumerate(steps):
+                if i + 1 < len(steps):  # outputs of earlier steps were copied out before the next step ran
+                    outs = {n: np.array(v) for n, (_, v) in staged[i][1].items()}
+                else:
+                    outs = {t.name: np.array(views[t.name]) for t in spec.outputs}
+                mutated = ([t.name for t in spec.inputs if not _same_bits(views[t.name], inputs[t.name])]
+                           if i + 1 == len(steps) else [])
+                results.append(CallResult(outs, reply["seconds"][i], mutated, oob))
+        return results
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s) -> BenchResult:
         for k in keys:
@@ -184,13 +218,25 @@ class CpuSession(Session):
                    "min_samples": min_samples, "min_s": min_s, "max_s": max_s, "noise": noise,
                    "warmup_s": warmup_s}
             reply = self.runner.request(cmd, timeout_s=max_s + 10 * warmup_s + self.runner.timeout_s)
-            # the first set's output is the one checked (its reference is known); the rest stay unread
-            outs = {k: [{t.name: np.array(per_key[k][0][1][t.name]) for t in self.problem.spec.outputs}]
-                    for k in keys}
+            # every set's output, as the last timed call on it left it: all are checked
+            outs = {k: [{t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
+                        for _, views in per_key[k]] for k in keys}
         return BenchResult(reply["samples"], outs)
 
     def close(self) -> None:
         self.runner.stop()
+
+
+def poison_value(dtype: str) -> float:
+    """What an output is filled with before a run: NaN for floats, -1 for integers."""
+    return float("nan") if np.dtype(dtype).kind == "f" else -1
+
+
+def _staged(bufs: ShmBuffers, arr: np.ndarray) -> tuple[dict, np.ndarray]:
+    """A copy of `arr` in shared memory and its descriptor, for the runner to copy from or into."""
+    path, offset, view = bufs.new(arr.shape, str(arr.dtype))
+    view[...] = arr
+    return {"path": path, "offset": offset, "dtype": str(arr.dtype), "shape": list(arr.shape)}, view
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:

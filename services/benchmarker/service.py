@@ -63,10 +63,15 @@ class BenchmarkerService(RunnerService):
         async with self.device(device.device_id):
             for shape in problem.shapes("optimize"):
                 res = await self.work(measure, session, [cand.id], problem, shape, self.pool(cand.problem),
-                                      target.cache_bytes(), self.settings, None, device.mem_bandwidth_gbps)
+                                      target.cache_bytes(), self.settings, None, device)
                 if res.reason:
-                    return pb.Rejected(stage="benchmarker", reason=res.reason, message=res.message,
-                                       point_id=cand.point_id, params_json=cand.params_json)
+                    rej = pb.Rejected(stage="benchmarker", reason=res.reason, message=res.message,
+                                      point_id=cand.point_id, params_json=cand.params_json)
+                    if res.failed_input:  # the timing set that exposed it: memory keeps it as a regression input
+                        f = res.failed_input
+                        rej.checks.append(pb.Check(shape=f.shape, distribution=f.distribution, seed=f.seed,
+                                                   note=res.message))
+                    return rej
                 m.timings.append(res.timings[cand.id])
         m.score_s = m.timings[0].median_s
         m.seconds = loop.time() - t0
@@ -94,7 +99,7 @@ class BenchmarkerService(RunnerService):
             for shape in problem.shapes("optimize"):
                 res = await self.work(measure, session, list(keys.values()), problem, shape,
                                       self.pool(cand.problem), target.cache_bytes(), self.settings,
-                                      self.settings.compare_max_s, device.mem_bandwidth_gbps)
+                                      self.settings.compare_max_s, device)
                 sname = problem.shape_str(shape)
                 comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device)
                 if res.reason:
