@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import signal
+import traceback
 from dataclasses import dataclass, field
 
 from kfactory.bus import Bus
@@ -64,7 +65,9 @@ class Running:
 
     def _died(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
-            log.error("service stopped with an error", task=task.get_name(), error=repr(task.exception()))
+            exc = task.exception()
+            log.error("service stopped with an error", task=task.get_name(), error=repr(exc),
+                      where="".join(traceback.format_exception(exc)[-6:]))
             self.stop.set()
 
     def failed(self) -> BaseException | None:
@@ -93,7 +96,10 @@ async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = T
     services = {}
     for n in names:
         cls = service_class(n)
-        services[n] = cls(ctx) if n not in ("planner", "memory") or grpc else cls(ctx, grpc_addr="")
+        if grpc or n not in ("planner", "memory"):
+            services[n] = cls(ctx)
+        else:  # no public servers; memory still answers this process's verifiers on a loopback port
+            services[n] = cls(ctx, grpc_addr="127.0.0.1:0" if n == "memory" else "")
     running = Running(ctx, services)
     running.start()
     return running

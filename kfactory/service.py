@@ -16,6 +16,7 @@ from kfactory.config import Settings
 from kfactory.judge import InputPool
 from kfactory.log import get_logger
 from kfactory.problems import Problem, load_problem
+from kfactory.regressions import RegressionSource
 from kfactory.targets import Target, get_target
 from kfactory.v1 import events_pb2 as pb
 
@@ -27,11 +28,22 @@ class Context:
     bus: Bus
     claims: Claims
     _targets: dict[str, Target] = field(default_factory=dict)
+    #: where this process's own memory service answers gRPC, once it does ("" = use settings.memory_addr)
+    memory_addr: str = ""
+
+    _device_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     def target(self, spec: str) -> Target:
         if spec not in self._targets:
             self._targets[spec] = get_target(spec, self.settings)
         return self._targets[spec]
+
+    async def device(self, spec: str) -> pb.DeviceInfo:
+        """The target's device info. The first call may measure the device's ceilings for seconds: it runs
+        in a thread (the event loop keeps serving the bus) and only once per target."""
+        lock = self._device_locks.setdefault(spec, asyncio.Lock())
+        async with lock:
+            return await asyncio.to_thread(self.target(spec).device)
 
     @staticmethod
     def problem(name: str) -> Problem:
@@ -128,6 +140,7 @@ class RunnerService(Service):
         super().__init__(ctx)
         self.sessions: dict[tuple, object] = {}
         self.pools: dict[str, InputPool] = {}
+        self.regressions = RegressionSource(lambda: ctx.memory_addr or ctx.settings.memory_addr)
 
     def session(self, cand: pb.Candidate):
         key = (cand.problem, cand.target, cand.runner_threads)
@@ -140,6 +153,12 @@ class RunnerService(Service):
         if problem not in self.pools:
             self.pools[problem] = InputPool(self.ctx.problem(problem), self.settings.input_reuse)
         return self.pools[problem]
+
+    async def verification_pool(self, problem: str) -> InputPool:
+        """The problem's input pool with memory's current regression inputs."""
+        pool = self.pool(problem)
+        pool.regressions = await self.regressions.get(self.ctx.problem(problem).name)
+        return pool
 
     async def close(self) -> None:
         for s in self.sessions.values():

@@ -34,9 +34,21 @@ def redis_url_session():
         yield url
 
 
+@pytest.fixture(scope="session")
+def host_ceilings(tmp_path_factory):
+    """This host's measured ceilings (bandwidth, peak fp32), measured once for the whole session."""
+    from kfactory.targets import get_target
+    data = tmp_path_factory.mktemp("ceilings")
+    get_target("cpu", Settings(data_dir=data, threads=2)).device()
+    return data / "ceilings.json"
+
+
 @pytest.fixture
-def settings(tmp_path) -> Settings:
-    """Settings for a test factory: short timeouts so faults show quickly, files under tmp_path."""
+def settings(tmp_path, host_ceilings) -> Settings:
+    """Settings for a test factory: short timeouts so faults show quickly, files under tmp_path (the host's
+    ceilings, measured once per test session, are copied in)."""
+    (tmp_path / "data").mkdir()
+    shutil.copy(host_ceilings, tmp_path / "data" / "ceilings.json")
     return Settings(nats_url="nats://127.0.0.1:1", data_dir=tmp_path / "data", report_dir=tmp_path / "reports",
                     ack_wait_s=4.0, max_deliver=4, runner_timeout_s=4.0, measure_min_s=0.05,
                     measure_max_s=0.2, compare_max_s=0.4, planner_addr="127.0.0.1:0", memory_addr="127.0.0.1:0",

@@ -234,6 +234,26 @@ class ShapeTiming(_message.Message):
     mode: str
     def __init__(self, shape: _Optional[str] = ..., median_s: _Optional[float] = ..., q1_s: _Optional[float] = ..., q3_s: _Optional[float] = ..., samples: _Optional[int] = ..., noise: _Optional[float] = ..., ci_low_s: _Optional[float] = ..., ci_high_s: _Optional[float] = ..., gbps: _Optional[float] = ..., sol_fraction: _Optional[float] = ..., output_checked: _Optional[bool] = ..., telemetry: _Optional[_Union[GpuTelemetry, _Mapping]] = ..., mode: _Optional[str] = ...) -> None: ...
 
+class RegressionInput(_message.Message):
+    __slots__ = ("problem", "shape", "distribution", "seed", "candidate_id", "campaign_id", "reason", "note")
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    problem: str
+    shape: str
+    distribution: str
+    seed: int
+    candidate_id: str
+    campaign_id: str
+    reason: str
+    note: str
+    def __init__(self, problem: _Optional[str] = ..., shape: _Optional[str] = ..., distribution: _Optional[str] = ..., seed: _Optional[int] = ..., candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., reason: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+
 class GpuTelemetry(_message.Message):
     __slots__ = ("model", "uuid", "sm_clock_mhz_before", "sm_clock_mhz_after", "mem_clock_mhz_before", "mem_clock_mhz_after", "temperature_c", "power_w", "throttle_reasons", "throttled", "retries")
     MODEL_FIELD_NUMBER: _ClassVar[int]

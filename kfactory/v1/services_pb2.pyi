@@ -117,6 +117,18 @@ class CandidateRequest(_message.Message):
     id: str
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
+class RegressionRequest(_message.Message):
+    __slots__ = ("problem",)
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    problem: str
+    def __init__(self, problem: _Optional[str] = ...) -> None: ...
+
+class RegressionResponse(_message.Message):
+    __slots__ = ("inputs",)
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedCompositeFieldContainer[_events_pb2.RegressionInput]
+    def __init__(self, inputs: _Optional[_Iterable[_Union[_events_pb2.RegressionInput, _Mapping]]] = ...) -> None: ...
+
 class CandidateEvidence(_message.Message):
     __slots__ = ("candidate", "events", "lineage", "source")
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]

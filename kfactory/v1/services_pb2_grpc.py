@@ -300,6 +300,11 @@ class EvidenceStub:
                 request_serializer=kfactory_dot_v1_dot_services__pb2.ReportRequest.SerializeToString,
                 response_deserializer=kfactory_dot_v1_dot_services__pb2.ReportResponse.FromString,
                 _registered_method=True)
+        self.RegressionInputs = channel.unary_unary(
+                '/kfactory.v1.Evidence/RegressionInputs',
+                request_serializer=kfactory_dot_v1_dot_services__pb2.RegressionRequest.SerializeToString,
+                response_deserializer=kfactory_dot_v1_dot_services__pb2.RegressionResponse.FromString,
+                _registered_method=True)
 
 
 class EvidenceServicer:
@@ -329,6 +334,13 @@ class EvidenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegressionInputs(self, request, context):
+        """inputs that once exposed a wrong kernel of a problem; every verification of the problem includes them
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EvidenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -351,6 +363,11 @@ def add_EvidenceServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=kfactory_dot_v1_dot_services__pb2.ReportRequest.FromString,
                     response_serializer=kfactory_dot_v1_dot_services__pb2.ReportResponse.SerializeToString,
+            ),
+            'RegressionInputs': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegressionInputs,
+                    request_deserializer=kfactory_dot_v1_dot_services__pb2.RegressionRequest.FromString,
+                    response_serializer=kfactory_dot_v1_dot_services__pb2.RegressionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -461,6 +478,33 @@ class Evidence:
             '/kfactory.v1.Evidence/Report',
             kfactory_dot_v1_dot_services__pb2.ReportRequest.SerializeToString,
             kfactory_dot_v1_dot_services__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegressionInputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kfactory.v1.Evidence/RegressionInputs',
+            kfactory_dot_v1_dot_services__pb2.RegressionRequest.SerializeToString,
+            kfactory_dot_v1_dot_services__pb2.RegressionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,7 +21,7 @@ class BenchmarkerService(RunnerService):
         cand = pb.Candidate()
         cand.CopyFrom(v.candidate)
         target = self.ctx.target(cand.target)
-        device = target.device()
+        device = await self.ctx.device(cand.target)
         cache_key = f"result:{cand.id}:{device.model}"
         async with self.stage_lock(d, cand.id) as lock:
             if lock is None:
@@ -83,7 +83,7 @@ class BenchmarkerService(RunnerService):
         cand, ref = req.candidate, req.reference
         problem = self.ctx.problem(cand.problem)
         target = self.ctx.target(cand.target)
-        device = target.device()
+        device = await self.ctx.device(cand.target)
         session = self.session(cand)
         keys = {"candidate": cand.id}
         try:

@@ -12,6 +12,9 @@ from pathlib import Path
 from kfactory import events as ev
 from kfactory.v1 import events_pb2 as pb
 
+#: failures that mean "this kernel computes the wrong thing": the input that showed it is worth keeping
+WRONGNESS = frozenset({pb.WRONG_RESULT, pb.NOT_DETERMINISTIC, pb.MEMOISED, pb.OUT_OF_BOUNDS})
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
   seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, campaign TEXT NOT NULL, kind TEXT NOT NULL,
@@ -28,6 +31,10 @@ CREATE TABLE IF NOT EXISTS parents (candidate TEXT, parent TEXT, PRIMARY KEY (ca
 CREATE TABLE IF NOT EXISTS measurements (
   campaign TEXT, candidate TEXT, problem TEXT, device TEXT, score_s REAL, time_ns INTEGER, payload BLOB,
   PRIMARY KEY (campaign, candidate));
+CREATE TABLE IF NOT EXISTS passed (candidate TEXT PRIMARY KEY, campaign TEXT, time_ns INTEGER);
+CREATE TABLE IF NOT EXISTS regressions (
+  problem TEXT, shape TEXT, distribution TEXT, seed TEXT, candidate TEXT, campaign TEXT, reason TEXT,
+  note TEXT, time_ns INTEGER, PRIMARY KEY (problem, shape, distribution, seed));
 CREATE TABLE IF NOT EXISTS outcomes (
   campaign TEXT, candidate TEXT, point_id TEXT, stage TEXT, reason TEXT, message TEXT, time_ns INTEGER);
 """
@@ -92,13 +99,45 @@ class Archive:
                              m.SerializeToString()))
             self.db.execute("INSERT INTO outcomes VALUES (?,?,?,?,?,?,?)",
                             (c, cand.id, cand.point_id, "benchmarker", "measured", "", t))
+        elif kind == "verified":
+            self.db.execute("INSERT OR IGNORE INTO passed VALUES (?,?,?)", (cand.id, c, t))
         elif kind in ("rejected", "compile_failed"):
             body = getattr(event, kind)
+            if kind == "rejected":
+                self._regression(event, body, cand)
             reason = pb.RejectReason.Name(body.reason)
             stage = body.stage if kind == "rejected" else "compiler"
             pid = body.point_id if kind == "rejected" and body.point_id else cand.point_id
             self.db.execute("INSERT INTO outcomes VALUES (?,?,?,?,?,?,?)",
                             (c, cand.id, pid, stage, reason, body.message[:2000], t))
+
+    def _regression(self, event: pb.Event, rej: pb.Rejected, cand: pb.Candidate) -> None:
+        """A kernel that passed before (any campaign) found wrong now: keep the input that exposed it.
+        Only inputs that can be re-drawn from a declared distribution and a seed are kept (not the
+        memoisation probe's call sequences)."""
+        if rej.reason not in WRONGNESS or not self.q_locked("SELECT 1 FROM passed WHERE candidate=?", (cand.id,)):
+            return
+        failing = next((ch for ch in reversed(rej.checks) if not ch.passed and ch.seed), None)
+        if failing is None:
+            return
+        dist = failing.distribution.removeprefix("regression:")
+        if ":" in dist or dist == "timed":
+            return
+        self.db.execute("INSERT OR IGNORE INTO regressions VALUES (?,?,?,?,?,?,?,?,?)",
+                        (self.problem_name(cand.problem), failing.shape, dist, str(failing.seed), cand.id,
+                         event.campaign_id, pb.RejectReason.Name(rej.reason), rej.message[:500],
+                         event.time_unix_ns))
+
+    def q_locked(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """A query from inside record() (the lock is already held)."""
+        return self.db.execute(sql, args).fetchall()
+
+    def regressions(self, problem: str) -> list[pb.RegressionInput]:
+        """The regression inputs memory holds for a problem, oldest first."""
+        rows = self.q("SELECT problem, shape, distribution, seed, candidate, campaign, reason, note FROM "
+                      "regressions WHERE problem=? ORDER BY time_ns", (problem,))
+        return [pb.RegressionInput(problem=p, shape=sh, distribution=d, seed=int(seed), candidate_id=c,
+                                   campaign_id=cp, reason=r, note=n) for p, sh, d, seed, c, cp, r, n in rows]
 
     # -- queries -------------------------------------------------------------------------------
     def q(self, sql: str, args: tuple = ()) -> list[tuple]:

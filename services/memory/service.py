@@ -31,6 +31,7 @@ class MemoryService(Service):
         if self.grpc_addr:
             server, self.grpc_port = await start_server(
                 self.grpc_addr, sgrpc.add_EvidenceServicer_to_server, "kfactory.v1.Evidence", EvidenceApi(self))
+            self.ctx.memory_addr = f"127.0.0.1:{self.grpc_port}"
         try:
             async for event, msg in self.bus.follow("memory", stop=stop):
                 t0 = time.perf_counter()
@@ -91,6 +92,12 @@ class EvidenceApi(sgrpc.EvidenceServicer):
             source = ""
         return spb.CandidateEvidence(candidate=cand, events=events, lineage=self.m.archive.lineage(cand.id),
                                      source=source)
+
+    async def RegressionInputs(self, request, context):
+        if not request.problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the problem")
+        inputs = self.m.archive.regressions(self.m.problem_name(request.problem))
+        return spb.RegressionResponse(inputs=inputs)
 
     async def Report(self, request, context):
         if not self.m.archive.events(campaign=request.campaign_id):

@@ -129,7 +129,7 @@ class PlannerService(Service):
         spec = self.validate(spec)
         await self.caught_up.wait()
         cid = "c" + secrets.token_hex(6)
-        device = self.ctx.target(spec.target).device()
+        device = await self.ctx.device(spec.target)
         started = ev.make_event(cid, self.name, "start", campaign_started=pb.CampaignStarted(spec=spec, device=device))
         self._apply(started)
         await self.bus.publish(started)

@@ -25,14 +25,14 @@ class VerifierService(RunnerService):
         async with self.stage_lock(d, cand.id) as lock:
             if lock is None:
                 return self.busy()
-            target = self.ctx.target(cand.target)
             session = self.session(cand)
             session.load_artifact(cand.id, artifact, cand.entry)
             loop = asyncio.get_running_loop()
             t0 = loop.time()
-            async with self.device(target.device().device_id):
-                verdict = await self.work(verify, session, cand.id, self.ctx.problem(cand.problem),
-                                          self.pool(cand.problem))
+            pool = await self.verification_pool(cand.problem)
+            device = await self.ctx.device(cand.target)
+            async with self.device(device.device_id):
+                verdict = await self.work(verify, session, cand.id, self.ctx.problem(cand.problem), pool)
             if not await self.still_ours(lock):
                 return Ack()
             cand.fence = lock.fence
