@@ -9,6 +9,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
+from kfactory.report import verification_table
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
@@ -105,7 +106,10 @@ async def _best(args, mem: str, as_json: bool) -> int:
     if args.candidate:
         r = await _call(mem, lambda ch: stub(ch).Candidate(spb.CandidateRequest(id=args.candidate)))
         kinds = ", ".join(ev.kind_of(e) for e in r.events)
-        _print(r, as_json, f"{r.candidate.id} {r.candidate.origin} {r.candidate.params_json}\nevidence: {kinds}")
+        verdicts = [getattr(e, k) for e in r.events for k in ("verified", "rejected") if e.HasField(k)]
+        table = "\n".join(verification_table(verdicts[-1].checks)) if verdicts else "no verdict yet"
+        _print(r, as_json, f"{r.candidate.id} {r.candidate.origin} {r.candidate.params_json}\nevidence: {kinds}\n"
+                           f"verification:\n{table}")
         return 0
     if args.campaign:
         r = await _call(mem, lambda ch: stub(ch).Leaderboard(spb.LeaderboardRequest(campaign_id=args.campaign)))
@@ -117,5 +121,5 @@ async def _best(args, mem: str, as_json: bool) -> int:
     r = await _call(mem, lambda ch: stub(ch).Best(spb.BestRequest(problem=args.problem, shape=args.shape,
                                                                   device=args.device)))
     _print(r, as_json, f"{r.candidate_id} {r.score_s * 1e3:.3f} ms on {r.device} ({r.origin} {r.params_json}; "
-           f"campaign {r.campaign_id})")
+           f"campaign {r.campaign_id})\nverification:\n" + "\n".join(verification_table(r.checks)))
     return 0

@@ -5,13 +5,8 @@ import io
 import json
 from collections import Counter
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from kfactory import events as ev  # noqa: E402
-from kfactory.v1 import events_pb2 as pb  # noqa: E402
+from kfactory import events as ev
+from kfactory.v1 import events_pb2 as pb
 
 
 def best_so_far(events: list[pb.Event], reference_id: str = "") -> list[tuple[int, float]]:
@@ -32,6 +27,10 @@ def best_so_far(events: list[pb.Event], reference_id: str = "") -> list[tuple[in
 
 
 def plot_png(curve: list[tuple[int, float]], reference_s: float | None, title: str) -> bytes:
+    # imported here: the clients that use this module's tables should not pay for matplotlib
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     xs = [c[0] for c in curve if c[1] != float("inf")]
     ys = [c[1] * 1e3 for c in curve if c[1] != float("inf")]
@@ -102,7 +101,28 @@ def _best_section(summary: dict, events: list[pb.Event]) -> list[str]:
                        f"{_ms(t.ci_low_s)} - {_ms(t.ci_high_s)} | {t.samples} | {t.gbps:.1f} | "
                        f"{t.sol_fraction:.0%} | " + (f"{sp:.2f}x |" if sp else "- |"))
         out.append("")
+    return out + _verification(best["candidate_id"], events)
+
+
+def verification_table(checks) -> list[str]:
+    """Markdown: one row per check (shape x distribution, regression inputs, the memoisation probe)."""
+    out = ["| shape | distribution | seed | max abs err | max rel err | norm rel err | kernel time | passed |",
+           "|---|---|---|---|---|---|---|---|"]
+    for c in checks:
+        out.append(f"| {c.shape} | {c.distribution} | {c.seed} | {c.max_abs_err:.2e} | {c.max_rel_err:.2e} | "
+                   f"{c.norm_rel_err:.2e} | {_ms(c.seconds) if c.seconds else '-'} | "
+                   + ("yes" if c.passed else f"**no**: {c.note}") + " |")
     return out
+
+
+def _verification(best_id: str, events: list[pb.Event]) -> list[str]:
+    checks = next((e.verified.checks for e in events if e.HasField("verified")
+                   and e.verified.candidate.id == best_id), None)
+    if checks is None:
+        return []
+    return ["## Verification of the best candidate", "",
+            f"{len(checks)} checks, every output element compared with a float64 reference; inputs drawn "
+            "with fresh seeds (re-draw any row from its seed).", "", *verification_table(checks), ""]
 
 
 def _leaderboard(measured: list[pb.Measured], limit: int = 10) -> list[str]:

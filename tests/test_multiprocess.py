@@ -125,14 +125,20 @@ def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_so
         assert counts["proposed"] == 5 and counts["measured"] >= 1
         lines = watch.communicate(timeout=60)[0].splitlines()
         assert lines[0].startswith("campaign_started") and lines[-1].startswith("campaign_finished")
-        best = f.cli("best", "softmax", "--json")
-        assert json.loads(best.stdout)["score_s"] > 0
+        best = json.loads(f.cli("best", "softmax", "--json").stdout)
+        assert best["score_s"] > 0
+        # the verdict's figures travel with the best entry: every shape x distribution with its errors
+        dists = {c["distribution"] for c in best["checks"]}
+        assert {"normal", "masked", "memo:same-buffers"} <= dists
+        assert all(c["passed"] and c["seed"] and "max_abs_err" in c for c in best["checks"])
+        assert "| shape | distribution | seed |" in f.cli("best", "softmax").stdout
         board = json.loads(f.cli("best", "--campaign", cid, "--json").stdout)["entries"]
         assert len(board) == counts["measured"]
         evidence = json.loads(f.cli("best", "--candidate", board[0]["candidate_id"], "--json").stdout)
         assert "void kernel" in evidence["source"] and len(evidence["events"]) >= 4
         report = f.cli("report", cid, "--out", str(tmp / "rep")).stdout.strip()
         assert Path(report).read_text().startswith(f"# Campaign {cid}")
+        assert "## Verification of the best candidate" in Path(report).read_text()
         time.sleep(1.0)
         _archive_check(tmp, cid, counts["proposed"])
     finally:

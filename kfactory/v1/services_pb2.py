@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kfactory.v1 import events_pb2 as kfactory_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akfactory/v1/services.proto\x12\x0bkfactory.v1\x1a\x18kfactory/v1/events.proto\"\xfc\x01\n\x0e\x43\x61mpaignStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.kfactory.v1.CampaignSpec\x12\r\n\x05state\x18\x03 \x01(\t\x12#\n\x06\x63ounts\x18\x04 \x01(\x0b\x32\x13.kfactory.v1.Counts\x12\x19\n\x11\x62\x65st_candidate_id\x18\x05 \x01(\t\x12\x14\n\x0c\x62\x65st_score_s\x18\x06 \x01(\x01\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\x12\x14\n\x0csummary_json\x18\x08 \x01(\t\x12\'\n\x06\x64\x65vice\x18\t \x01(\x0b\x32\x17.kfactory.v1.DeviceInfo\"8\n\rSubmitRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.kfactory.v1.CampaignSpec\" \n\x12GetCampaignRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x16\n\x14ListCampaignsRequest\"G\n\x15ListCampaignsResponse\x12.\n\tcampaigns\x18\x01 \x03(\x0b\x32\x1b.kfactory.v1.CampaignStatus\"+\n\rCancelRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1a\n\x0cWatchRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xcf\x01\n\x10LeaderboardEntry\x12\x14\n\x0c\x63\x61ndidate_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61mpaign_id\x18\x02 \x01(\t\x12\x0f\n\x07problem\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x13\n\x0bparams_json\x18\x05 \x01(\t\x12\x0e\n\x06origin\x18\x06 \x01(\t\x12\x0f\n\x07score_s\x18\x07 \x01(\x01\x12)\n\x07timings\x18\x08 \x03(\x0b\x32\x18.kfactory.v1.ShapeTiming\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\"=\n\x0b\x42\x65stRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\"8\n\x12LeaderboardRequest\x12\x13\n\x0b\x63\x61mpaign_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"E\n\x13LeaderboardResponse\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.kfactory.v1.LeaderboardEntry\"\x1e\n\x10\x43\x61ndidateRequest\x12\n\n\x02id\x18\x01 \x01(\t\"$\n\x11RegressionRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\"B\n\x12RegressionResponse\x12,\n\x06inputs\x18\x01 \x03(\x0b\x32\x1c.kfactory.v1.RegressionInput\"\x83\x01\n\x11\x43\x61ndidateEvidence\x12)\n\tcandidate\x18\x01 \x01(\x0b\x32\x16.kfactory.v1.Candidate\x12\"\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x12.kfactory.v1.Event\x12\x0f\n\x07lineage\x18\x03 \x03(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\"$\n\rReportRequest\x12\x13\n\x0b\x63\x61mpaign_id\x18\x01 \x01(\t\"4\n\x0eReportResponse\x12\x10\n\x08markdown\x18\x01 \x01(\t\x12\x10\n\x08plot_png\x18\x02 \x01(\x0c\x32\xdf\x02\n\tCampaigns\x12\x41\n\x06Submit\x12\x1a.kfactory.v1.SubmitRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12\x43\n\x03Get\x12\x1f.kfactory.v1.GetCampaignRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12M\n\x04List\x12!.kfactory.v1.ListCampaignsRequest\x1a\".kfactory.v1.ListCampaignsResponse\x12\x41\n\x06\x43\x61ncel\x12\x1a.kfactory.v1.CancelRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12\x38\n\x05Watch\x12\x19.kfactory.v1.WatchRequest\x1a\x12.kfactory.v1.Event0\x01\x32\x81\x03\n\x08\x45vidence\x12?\n\x04\x42\x65st\x12\x18.kfactory.v1.BestRequest\x1a\x1d.kfactory.v1.LeaderboardEntry\x12P\n\x0bLeaderboard\x12\x1f.kfactory.v1.LeaderboardRequest\x1a .kfactory.v1.LeaderboardResponse\x12J\n\tCandidate\x12\x1d.kfactory.v1.CandidateRequest\x1a\x1e.kfactory.v1.CandidateEvidence\x12\x41\n\x06Report\x12\x1a.kfactory.v1.ReportRequest\x1a\x1b.kfactory.v1.ReportResponse\x12S\n\x10RegressionInputs\x12\x1e.kfactory.v1.RegressionRequest\x1a\x1f.kfactory.v1.RegressionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akfactory/v1/services.proto\x12\x0bkfactory.v1\x1a\x18kfactory/v1/events.proto\"\xfc\x01\n\x0e\x43\x61mpaignStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.kfactory.v1.CampaignSpec\x12\r\n\x05state\x18\x03 \x01(\t\x12#\n\x06\x63ounts\x18\x04 \x01(\x0b\x32\x13.kfactory.v1.Counts\x12\x19\n\x11\x62\x65st_candidate_id\x18\x05 \x01(\t\x12\x14\n\x0c\x62\x65st_score_s\x18\x06 \x01(\x01\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\x12\x14\n\x0csummary_json\x18\x08 \x01(\t\x12\'\n\x06\x64\x65vice\x18\t \x01(\x0b\x32\x17.kfactory.v1.DeviceInfo\"8\n\rSubmitRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.kfactory.v1.CampaignSpec\" \n\x12GetCampaignRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x16\n\x14ListCampaignsRequest\"G\n\x15ListCampaignsResponse\x12.\n\tcampaigns\x18\x01 \x03(\x0b\x32\x1b.kfactory.v1.CampaignStatus\"+\n\rCancelRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1a\n\x0cWatchRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xf3\x01\n\x10LeaderboardEntry\x12\x14\n\x0c\x63\x61ndidate_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61mpaign_id\x18\x02 \x01(\t\x12\x0f\n\x07problem\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x13\n\x0bparams_json\x18\x05 \x01(\t\x12\x0e\n\x06origin\x18\x06 \x01(\t\x12\x0f\n\x07score_s\x18\x07 \x01(\x01\x12)\n\x07timings\x18\x08 \x03(\x0b\x32\x18.kfactory.v1.ShapeTiming\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\"\n\x06\x63hecks\x18\n \x03(\x0b\x32\x12.kfactory.v1.Check\"=\n\x0b\x42\x65stRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\"8\n\x12LeaderboardRequest\x12\x13\n\x0b\x63\x61mpaign_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"E\n\x13LeaderboardResponse\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.kfactory.v1.LeaderboardEntry\"\x1e\n\x10\x43\x61ndidateRequest\x12\n\n\x02id\x18\x01 \x01(\t\"$\n\x11RegressionRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\"B\n\x12RegressionResponse\x12,\n\x06inputs\x18\x01 \x03(\x0b\x32\x1c.kfactory.v1.RegressionInput\"\x83\x01\n\x11\x43\x61ndidateEvidence\x12)\n\tcandidate\x18\x01 \x01(\x0b\x32\x16.kfactory.v1.Candidate\x12\"\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x12.kfactory.v1.Event\x12\x0f\n\x07lineage\x18\x03 \x03(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\"$\n\rReportRequest\x12\x13\n\x0b\x63\x61mpaign_id\x18\x01 \x01(\t\"4\n\x0eReportResponse\x12\x10\n\x08markdown\x18\x01 \x01(\t\x12\x10\n\x08plot_png\x18\x02 \x01(\x0c\x32\xdf\x02\n\tCampaigns\x12\x41\n\x06Submit\x12\x1a.kfactory.v1.SubmitRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12\x43\n\x03Get\x12\x1f.kfactory.v1.GetCampaignRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12M\n\x04List\x12!.kfactory.v1.ListCampaignsRequest\x1a\".kfactory.v1.ListCampaignsResponse\x12\x41\n\x06\x43\x61ncel\x12\x1a.kfactory.v1.CancelRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12\x38\n\x05Watch\x12\x19.kfactory.v1.WatchRequest\x1a\x12.kfactory.v1.Event0\x01\x32\x81\x03\n\x08\x45vidence\x12?\n\x04\x42\x65st\x12\x18.kfactory.v1.BestRequest\x1a\x1d.kfactory.v1.LeaderboardEntry\x12P\n\x0bLeaderboard\x12\x1f.kfactory.v1.LeaderboardRequest\x1a .kfactory.v1.LeaderboardResponse\x12J\n\tCandidate\x12\x1d.kfactory.v1.CandidateRequest\x1a\x1e.kfactory.v1.CandidateEvidence\x12\x41\n\x06Report\x12\x1a.kfactory.v1.ReportRequest\x1a\x1b.kfactory.v1.ReportResponse\x12S\n\x10RegressionInputs\x12\x1e.kfactory.v1.RegressionRequest\x1a\x1f.kfactory.v1.RegressionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,27 +47,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHREQUEST']._serialized_start=558
   _globals['_WATCHREQUEST']._serialized_end=584
   _globals['_LEADERBOARDENTRY']._serialized_start=587
-  _globals['_LEADERBOARDENTRY']._serialized_end=794
-  _globals['_BESTREQUEST']._serialized_start=796
-  _globals['_BESTREQUEST']._serialized_end=857
-  _globals['_LEADERBOARDREQUEST']._serialized_start=859
-  _globals['_LEADERBOARDREQUEST']._serialized_end=915
-  _globals['_LEADERBOARDRESPONSE']._serialized_start=917
-  _globals['_LEADERBOARDRESPONSE']._serialized_end=986
-  _globals['_CANDIDATEREQUEST']._serialized_start=988
-  _globals['_CANDIDATEREQUEST']._serialized_end=1018
-  _globals['_REGRESSIONREQUEST']._serialized_start=1020
-  _globals['_REGRESSIONREQUEST']._serialized_end=1056
-  _globals['_REGRESSIONRESPONSE']._serialized_start=1058
-  _globals['_REGRESSIONRESPONSE']._serialized_end=1124
-  _globals['_CANDIDATEEVIDENCE']._serialized_start=1127
-  _globals['_CANDIDATEEVIDENCE']._serialized_end=1258
-  _globals['_REPORTREQUEST']._serialized_start=1260
-  _globals['_REPORTREQUEST']._serialized_end=1296
-  _globals['_REPORTRESPONSE']._serialized_start=1298
-  _globals['_REPORTRESPONSE']._serialized_end=1350
-  _globals['_CAMPAIGNS']._serialized_start=1353
-  _globals['_CAMPAIGNS']._serialized_end=1704
-  _globals['_EVIDENCE']._serialized_start=1707
-  _globals['_EVIDENCE']._serialized_end=2092
+  _globals['_LEADERBOARDENTRY']._serialized_end=830
+  _globals['_BESTREQUEST']._serialized_start=832
+  _globals['_BESTREQUEST']._serialized_end=893
+  _globals['_LEADERBOARDREQUEST']._serialized_start=895
+  _globals['_LEADERBOARDREQUEST']._serialized_end=951
+  _globals['_LEADERBOARDRESPONSE']._serialized_start=953
+  _globals['_LEADERBOARDRESPONSE']._serialized_end=1022
+  _globals['_CANDIDATEREQUEST']._serialized_start=1024
+  _globals['_CANDIDATEREQUEST']._serialized_end=1054
+  _globals['_REGRESSIONREQUEST']._serialized_start=1056
+  _globals['_REGRESSIONREQUEST']._serialized_end=1092
+  _globals['_REGRESSIONRESPONSE']._serialized_start=1094
+  _globals['_REGRESSIONRESPONSE']._serialized_end=1160
+  _globals['_CANDIDATEEVIDENCE']._serialized_start=1163
+  _globals['_CANDIDATEEVIDENCE']._serialized_end=1294
+  _globals['_REPORTREQUEST']._serialized_start=1296
+  _globals['_REPORTREQUEST']._serialized_end=1332
+  _globals['_REPORTRESPONSE']._serialized_start=1334
+  _globals['_REPORTRESPONSE']._serialized_end=1386
+  _globals['_CAMPAIGNS']._serialized_start=1389
+  _globals['_CAMPAIGNS']._serialized_end=1740
+  _globals['_EVIDENCE']._serialized_start=1743
+  _globals['_EVIDENCE']._serialized_end=2128
 # @@protoc_insertion_point(module_scope)

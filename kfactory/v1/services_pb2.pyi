@@ -66,7 +66,7 @@ class WatchRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class LeaderboardEntry(_message.Message):
-    __slots__ = ("candidate_id", "campaign_id", "problem", "family", "params_json", "origin", "score_s", "timings", "device")
+    __slots__ = ("candidate_id", "campaign_id", "problem", "family", "params_json", "origin", "score_s", "timings", "device", "checks")
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class LeaderboardEntry(_message.Message):
     SCORE_S_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
     candidate_id: str
     campaign_id: str
     problem: str
@@ -85,7 +86,8 @@ class LeaderboardEntry(_message.Message):
     score_s: float
     timings: _containers.RepeatedCompositeFieldContainer[_events_pb2.ShapeTiming]
     device: str
-    def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ...) -> None: ...
+    checks: _containers.RepeatedCompositeFieldContainer[_events_pb2.Check]
+    def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[_events_pb2.Check, _Mapping]]] = ...) -> None: ...
 
 class BestRequest(_message.Message):
     __slots__ = ("problem", "shape", "device")

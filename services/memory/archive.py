@@ -172,6 +172,12 @@ class Archive:
                 best = (score, m, campaign)
         return (best[1], best[2]) if best else None
 
+    def checks(self, candidate: str, campaign: str) -> list[pb.Check]:
+        """The figures of the candidate's verification in a campaign (empty when it has none)."""
+        rows = self.q("SELECT payload FROM events WHERE candidate=? AND campaign=? AND kind='verified'",
+                      (candidate, campaign))
+        return list(pb.Event.FromString(rows[0][0]).verified.checks) if rows else []
+
     def lineage(self, candidate: str) -> list[str]:
         out, frontier = [], [candidate]
         while frontier and len(out) < 100:

@@ -55,11 +55,11 @@ class MemoryService(Service):
         return report.build(self.archive.events(campaign=campaign))
 
 
-def _entry(m, campaign: str, meta: tuple = ()) -> spb.LeaderboardEntry:
+def _entry(m, campaign: str, checks=()) -> spb.LeaderboardEntry:
     c = m.candidate
     return spb.LeaderboardEntry(candidate_id=c.id, campaign_id=campaign, problem=c.problem, family=c.family,
                                 params_json=c.params_json, origin=c.origin, score_s=m.score_s, timings=m.timings,
-                                device=m.device.model)
+                                device=m.device.model, checks=checks)
 
 
 class EvidenceApi(sgrpc.EvidenceServicer):
@@ -73,7 +73,7 @@ class EvidenceApi(sgrpc.EvidenceServicer):
         if found is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no measurement of {request.problem!r} "
                                 f"{request.shape or ''} {request.device or ''}".strip())
-        return _entry(found[0], found[1])
+        return _entry(found[0], found[1], self.m.archive.checks(found[0].candidate.id, found[1]))
 
     async def Leaderboard(self, request, context):
         rows = self.m.archive.leaderboard(request.campaign_id, request.limit or 20)
