@@ -5,7 +5,7 @@ import importlib
 
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
 
-KNOWN = ("cpu",)
+KNOWN = ("cpu", "cuda")
 
 
 class UnknownTarget(ValueError):

@@ -1,0 +1,386 @@
+"""The cuda target: CUDA C++ / PTX compiled to a cubin (kfactory.targets.cuda_compile), run and timed through
+the CUDA driver API in a runner child (kfactory.targets.cuda_child) pinned to one GPU, NVML telemetry
+around every measurement (kfactory.targets.nvml).
+
+Which GPU: env KFACTORY_GPU (a UUID or an index), else GPU 0, resolved to its UUID with NVML and handed to
+the runner as CUDA_VISIBLE_DEVICES=<uuid>. Clocks and power limits are never changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kfactory.log import get_logger
+from kfactory.runner import LoadFailed, Runner, RunnerCrashed, RunnerFault, ShmBuffers
+from kfactory.targets import nvml
+from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
+from kfactory.v1 import events_pb2 as pb
+
+log = get_logger("cuda")
+CHILD = "kfactory.targets.cuda_child"
+OPTIONS = ("", "sm_80", "sm_90a", "sm_100a")
+#: below this median (one launch timed with events) a bench uses CUDA graphs: launch gaps would dominate
+GRAPH_BELOW_S = 20e-6
+CEILINGS_TIMEOUT_S = 600
+
+
+class DeviceFault(RunnerCrashed):
+    """The kernel faulted on the device (illegal address, trap, misaligned access...); the runner was replaced."""
+    reason = pb.DEVICE_FAULT
+
+
+class LaunchFailed(LoadFailed):
+    """The launch rule gave an invalid configuration, or the driver refused the launch."""
+    reason = pb.LAUNCH_FAILED
+
+
+class _CudaRunner(Runner):
+    """A Runner that keeps the last reply, so a failed one's "kind" can be read after Runner.request raised."""
+    last_reply: dict | None = None
+
+    def _read_line(self, timeout_s: float) -> dict:
+        self.last_reply = None
+        reply = super()._read_line(timeout_s)
+        self.last_reply = reply
+        return reply
+
+
+def _runner(settings, uuid: str, timeout_s: float | None = None, max_runs: int | None = None) -> _CudaRunner:
+    return _CudaRunner(1, timeout_s or settings.runner_timeout_s, mem_mb=0,
+                       max_runs=max_runs or settings.runner_max_runs, child_module=CHILD,
+                       env={"CUDA_VISIBLE_DEVICES": uuid})
+
+
+def _typed(runner: _CudaRunner, e: LoadFailed) -> RunnerFault:
+    """The typed fault for a failed reply: DeviceFault, LaunchFailed, RunnerCrashed (a CUDA error of the
+    runner itself), or `e` unchanged (a load failure). A runner that said it is exiting is reaped."""
+    last = runner.last_reply or {}
+    if last.get("exiting"):
+        runner.kill()
+    kind = last.get("kind")
+    if kind == "device_fault":
+        return DeviceFault(f"device fault: {e}")
+    if kind == "launch_failed":
+        return LaunchFailed(f"launch failed: {e}")
+    if kind == "cuda_error":
+        return RunnerCrashed(f"CUDA error in the runner: {e}")
+    return e
+
+
+def request(runner: _CudaRunner, cmd: dict, timeout_s: float | None = None) -> dict:
+    """runner.request with the cuda child's failures typed (see _typed)."""
+    try:
+        return runner.request(cmd, timeout_s)
+    except LoadFailed as e:
+        typed = _typed(runner, e)
+        if typed is e:
+            raise
+        raise typed from e
+
+
+class CudaTarget(Target):
+    name = "cuda"
+
+    def __init__(self, option: str, settings):
+        self.option, self.settings = option, settings
+        self.data_dir = Path(settings.data_dir)
+        self.cubin_dir = self.data_dir / "cubin"
+        self.cubin_dir.mkdir(parents=True, exist_ok=True)
+        self._gpu: tuple[str, str] | None = None
+        self._info: dict | None = None
+        self._device: pb.DeviceInfo | None = None
+
+    def gpu(self) -> tuple[str, str]:
+        """(uuid, model) of the GPU this target uses; NvmlUnavailable (a RuntimeError) when there is none."""
+        if self._gpu is None:
+            spec = os.environ.get("KFACTORY_GPU", "")
+            try:
+                self._gpu = nvml.resolve_gpu(spec)
+            except nvml.NvmlUnavailable as e:
+                raise nvml.NvmlUnavailable(f"the cuda target has no GPU to use (KFACTORY_GPU={spec!r}): {e}") from e
+        return self._gpu
+
+    def info(self) -> dict:
+        """The runner child's "device" reply (name, uuid, arch, sm_count, l2_bytes, mem_bytes), cached."""
+        if self._info is None:
+            uuid, _ = self.gpu()
+            runner = _runner(self.settings, uuid, timeout_s=60)
+            try:
+                self._info = request(runner, {"op": "device"}, timeout_s=60)
+            finally:
+                runner.stop()
+            if self.option and self._info.get("arch") != self.option:
+                log.warning("the cuda target's architecture differs from the GPU's", option=self.option,
+                            gpu_arch=self._info.get("arch"))
+        return self._info
+
+    def device(self) -> pb.DeviceInfo:
+        """The GPU and its measured ceilings (measured once per GPU UUID, cached in data_dir/ceilings.json)."""
+        if self._device is None:
+            info = self.info()
+            uuid, model = self.gpu()
+            figures = self._ceilings(uuid, info)
+            self._device = pb.DeviceInfo(
+                target="cuda", model=info.get("name") or model, device_id=uuid, uuid=uuid, arch=info["arch"],
+                mem_bandwidth_gbps=figures["mem_bandwidth_gbps"], peak_gflops=figures["peak_gflops"],
+                peak_bf16_gflops=figures["peak_bf16_gflops"], l2_bytes=int(info["l2_bytes"]),
+                sm_count=int(info["sm_count"]))
+        return self._device
+
+    def _ceilings(self, uuid: str, info: dict) -> dict[str, float]:
+        names = ("mem_bandwidth_gbps", "peak_gflops", "peak_bf16_gflops")
+        cache = self.data_dir / "ceilings.json"
+        key = f"cuda-{uuid}"
+        try:
+            data = json.loads(cache.read_text()) if cache.exists() else {}
+        except ValueError:
+            data = {}
+        found = data.get(key, {})
+        if all(n in found for n in names):
+            return {n: float(found[n]) for n in names}
+        runner = _runner(self.settings, uuid, timeout_s=CEILINGS_TIMEOUT_S)
+        try:
+            reply = request(runner, {"op": "ceilings", "arch": info["arch"]}, timeout_s=CEILINGS_TIMEOUT_S)
+        except RunnerFault as e:
+            log.warning("could not measure the GPU's ceilings; floors and roofline fractions will be 0",
+                        error=str(e))
+            return {n: 0.0 for n in names}
+        finally:
+            runner.stop()
+        figures = {n: float(reply.get(n, 0.0)) for n in names}
+        if reply.get("notes"):
+            log.warning("some GPU ceilings could not be measured", notes=reply["notes"])
+        if all(figures.values()):  # a partial measurement is not cached: the next start tries again
+            try:  # re-read: another target may have written its figures meanwhile
+                data = json.loads(cache.read_text()) if cache.exists() else {}
+            except ValueError:
+                data = {}
+            data[key] = {**figures, "model": info.get("name", ""), "measured_at": time.time()}
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.rename(cache)
+        log.info("measured GPU ceilings", device=uuid, **{k: round(v, 1) for k, v in figures.items()})
+        return figures
+
+    def cache_bytes(self) -> int:
+        """2 x the GPU's L2."""
+        return 2 * int(self.info()["l2_bytes"])
+
+    def compile(self, source: str, language: str, flags: str, entry: str) -> CompileResult:
+        """NVRTC (+ nvJitLink) to a cubin for this target's architecture (kfactory.targets.cuda_compile)."""
+        try:
+            from kfactory.targets.cuda_compile import compile_cuda, resolve_arch
+        except ImportError as e:
+            return CompileResult(False, pb.CompileReport(compiler="nvrtc"), reason=pb.COMPILE_ERROR,
+                                 message=f"the cuda compiler is not available: {e}")
+        try:
+            arch = resolve_arch(self.option)
+        except ValueError as e:
+            return CompileResult(False, pb.CompileReport(compiler="nvrtc"), reason=pb.UNSUPPORTED_ARCH,
+                                 message=str(e))
+        return compile_cuda(source, language, flags, entry, arch, self.data_dir / "cuda_cache")
+
+    def session(self, problem, threads: int) -> "CudaSession":
+        return CudaSession(self, problem)
+
+
+class CudaSession(Session):
+    """Kernels of one problem in one cuda runner child on this target's GPU."""
+
+    def __init__(self, target: CudaTarget, problem):
+        self.target, self.problem = target, problem
+        self.uuid, self.model = target.gpu()
+        self.runner = _runner(target.settings, self.uuid)
+        self.loads: dict[str, dict] = {}
+        # the cuda ABI; a problem without one is called with its cpu argument order (pointers, then int64s)
+        abi = problem.spec.abi.get("cuda") or problem.spec.abi["cpu"]
+        tensors = {t.name for t in problem.spec.inputs + problem.spec.outputs}
+        self.abi_args = list(abi.args)
+        self.argtypes = ["ptr" if a in tensors else "i64" for a in abi.args]
+
+    # -- loading ---------------------------------------------------------------------------------------------
+
+    def load_artifact(self, key: str, artifact: bytes, entry: str, launch: dict | None = None) -> None:
+        """Kernel `key` is cubin `artifact`'s `entry`, launched by `launch` ({"grid", "block", "smem",
+        "params"}, or its JSON text); a cubin without a launch rule is refused with a ValueError."""
+        if isinstance(launch, str):
+            launch = json.loads(launch) if launch.strip() else None
+        if not launch:
+            raise ValueError(f"kernel {key!r}: a cuda kernel needs a launch rule {{grid, block, smem, params}} "
+                             "(a family's launch section, or a '// kfactory: grid=... block=...' header)")
+        if not isinstance(launch, dict) or not launch.get("grid") or not launch.get("block"):
+            raise ValueError(f"kernel {key!r}: the launch rule must give grid and block, got {launch!r}")
+        path = self.target.cubin_dir / f"{hashlib.sha256(artifact).hexdigest()}.cubin"
+        if not path.exists():
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(artifact)
+            tmp.rename(path)
+        self.loads[key] = {"kind": "cubin", "path": str(path), "entry": entry, "argtypes": self.argtypes,
+                           "launch_rule": {"grid": launch["grid"], "block": launch["block"],
+                                           "smem": launch.get("smem", "0"), "params": launch.get("params") or {}}}
+
+    def load_baseline(self, key: str, name: str) -> None:
+        """Baseline `name` of the problem's reference.py cuda_baselines() (torch on the GPU)."""
+        self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name}
+
+    def _ensure(self, key: str) -> None:
+        try:
+            self.runner.ensure_loaded(key, self.loads[key])
+        except LoadFailed as e:
+            typed = _typed(self.runner, e)
+            if typed is e:
+                raise
+            raise typed from e
+
+    def _request(self, cmd: dict, timeout_s: float | None = None) -> dict:
+        reply = request(self.runner, cmd, timeout_s)
+        # a runner has a CPU-time limit for its whole life: replace it well before it is reached
+        limit = reply.get("cpu_limit_s", -1)
+        if limit and limit > 0 and reply.get("cpu_s", 0) > 0.5 * limit:
+            self.runner.stop()
+        return reply
+
+    # -- arguments -------------------------------------------------------------------------------------------
+
+    def _argset(self, bufs: ShmBuffers, shape: dict[str, int],
+                inputs: dict[str, np.ndarray]) -> tuple[list[dict], dict[str, np.ndarray]]:
+        """The runner's argument list (ABI order, then tensors outside the ABI) and the parent's views; the
+        outputs' shared memory is poisoned too (the runner poisons the device buffers itself)."""
+        spec, views, args = self.problem.spec, {}, []
+        outs = {t.name: t for t in spec.outputs}
+        ins = {t.name: t for t in spec.inputs}
+        for name in self.abi_args + [t.name for t in spec.outputs + spec.inputs]:
+            if name in views or not (name in ins or name in outs):
+                continue
+            t = ins.get(name) or outs[name]
+            path, offset, arr = bufs.new(self.problem.tensor_shape(t, shape), t.dtype)
+            if name in ins:
+                arr[...] = inputs[name]
+            else:
+                arr[...] = np.nan if arr.dtype.kind == "f" else -1
+            views[name] = arr
+            args.append({"name": name, "path": path, "offset": offset, "dtype": t.dtype, "shape": list(arr.shape),
+                         "role": "in" if name in ins else "out"})
+        by_name = {a["name"]: a for a in args}
+        ordered = [by_name[a] if a in by_name else {"name": a, "int": int(shape[a])} for a in self.abi_args]
+        extra = [a for a in args if a["name"] not in self.abi_args]
+        return ordered + extra, views
+
+    def _set_bytes(self, shape: dict[str, int]) -> int:
+        return sum(int(np.prod(self.problem.tensor_shape(t, shape))) * np.dtype(t.dtype).itemsize
+                   for t in self.problem.spec.inputs + self.problem.spec.outputs)
+
+    # -- running ---------------------------------------------------------------------------------------------
+
+    def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
+        return self.call_sequence(key, shape, [inputs])[0]
+
+    def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
+        """One run per step on the same device buffers (fresh ones, with guard bands, for the first step);
+        before each later step the runner saves the outputs, uploads that step's inputs and poisons the
+        outputs. Out-of-bounds writes are seen in the device-side guard bands (any step)."""
+        self._ensure(key)
+        spec = self.problem.spec
+        with ShmBuffers() as bufs:
+            argset, views = self._argset(bufs, shape, steps[0])
+            staged = []
+            for inputs in steps[1:]:
+                ins = {t.name: _staged(bufs, inputs[t.name]) for t in spec.inputs}
+                outs = {t.name: _staged(bufs, np.empty(self.problem.tensor_shape(t, shape), t.dtype))
+                        for t in spec.outputs}
+                staged.append((ins, outs))
+            cmd = {"op": "call", "key": key, "args": argset, "shape": dict(shape),
+                   "steps": [{"inputs": {n: d for n, (d, _) in ins.items()},
+                              "outputs": {n: d for n, (d, _) in outs.items()},
+                              "poison": {t.name: 0 for t in spec.outputs}}
+                             for ins, outs in staged]}
+            reply = self._request(cmd, timeout_s=self.runner.timeout_s * len(steps))
+            seconds = reply["seconds"] if isinstance(reply["seconds"], list) else [reply["seconds"]]
+            oob = list(reply.get("out_of_bounds", []))
+            results = []
+            for i, inputs in enumerate(steps):
+                if i + 1 < len(steps):
+                    outs = {n: np.array(v) for n, (_, v) in staged[i][1].items()}
+                else:
+                    outs = {t.name: np.array(views[t.name]) for t in spec.outputs}
+                mutated = ([t.name for t in spec.inputs if not _same_bits(views[t.name], inputs[t.name])]
+                           if i + 1 == len(steps) else [])
+                results.append(CallResult(outs, seconds[i], mutated, oob))
+        return results
+
+    def _pick_mode(self, base: dict) -> str:
+        """graph when a quick events-mode probe (first input set only) puts some kernel under GRAPH_BELOW_S."""
+        probe = {**base, "mode": "events", "min_samples": 5, "min_s": 0.0, "max_s": 0.05, "noise": 1.0,
+                 "warmup_s": 0.005,
+                 "kernels": [{"key": k["key"], "argsets": k["argsets"][:1]} for k in base["kernels"]]}
+        reply = self._request(probe, timeout_s=self.runner.timeout_s + 5)
+        fastest = min(statistics.median(s) for s in reply["samples"].values())
+        return "graph" if fastest < GRAPH_BELOW_S else "events"
+
+    def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
+              mode: str | None = None) -> BenchResult:
+        """Interleaved timing on the GPU (see cuda_child.op_bench); `mode` events, graph, or None to pick by a
+        probe. NVML is read before and after; a throttled measurement is retried once. The result also
+        carries `.telemetry` {key: pb.GpuTelemetry} and `.mode`."""
+        for k in keys:
+            self._ensure(k)
+        with ShmBuffers() as bufs:
+            bufs.reserve(len(keys) * len(input_sets) * (self._set_bytes(shape) + 8 * ShmBuffers.ALIGN))
+            per_key = {k: [self._argset(bufs, shape, inp) for inp in input_sets] for k in keys}
+            base = {"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
+                    "shape": dict(shape), "min_samples": min_samples, "min_s": min_s, "max_s": max_s,
+                    "noise": noise, "warmup_s": warmup_s}
+            if mode is None:
+                mode = self._pick_mode(base)
+            cmd = {**base, "mode": mode}
+            timeout = max_s + 10 * warmup_s + self.runner.timeout_s + 30  # + graph capture and uploads
+            retries = 0
+            while True:
+                before = nvml.read(self.uuid)
+                reply = self._request(cmd, timeout_s=timeout)
+                after = nvml.read(self.uuid)
+                tel = nvml.telemetry(before, after, self.model, self.uuid)
+                if not tel.throttled or retries >= 1:
+                    break
+                retries += 1
+                log.info("measurement throttled; retrying once", reasons=list(tel.throttle_reasons))
+            tel.retries = retries
+            outs = {k: [{t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
+                        for _, views in per_key[k]] for k in keys}
+        res = BenchResult(reply["samples"], outs)
+        res.telemetry = {}
+        for k in keys:
+            res.telemetry[k] = pb.GpuTelemetry()
+            res.telemetry[k].CopyFrom(tel)
+        res.mode = reply.get("mode", mode)
+        res.launches_per_sample = reply.get("launches_per_sample", {})
+        return res
+
+    def close(self) -> None:
+        self.runner.stop()
+
+
+def _staged(bufs: ShmBuffers, arr: np.ndarray) -> tuple[dict, np.ndarray]:
+    """A copy of `arr` in shared memory and its descriptor, for the runner to copy from or into."""
+    path, offset, view = bufs.new(arr.shape, str(arr.dtype))
+    view[...] = arr
+    return {"path": path, "offset": offset, "dtype": str(arr.dtype), "shape": list(arr.shape)}, view
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit-for-bit equality (a NaN payload counts too)."""
+    a, b = np.ascontiguousarray(a).reshape(-1).view(np.uint8), np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    return a.size == b.size and bool(np.array_equal(a, b))
+
+
+def make(option: str, settings) -> CudaTarget:
+    if option not in OPTIONS:
+        raise ValueError(f"unknown cuda architecture {option!r}; use one of: cuda, "
+                         + ", ".join(f"cuda:{o}" for o in OPTIONS if o))
+    return CudaTarget(option, settings)

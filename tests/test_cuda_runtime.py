@@ -1,0 +1,634 @@
+"""The cuda runtime: launch rules, the kernel header, NVML decoding, the target without a GPU, the runner child
+driven through a fake CUDA driver (host memory, Python kernels) so every op's Python runs here, and, on a
+machine with a GPU (`-m gpu`), real kernels through CudaSession."""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from kfactory.problems import load_problem
+from kfactory.runner import LoadFailed, RunnerCrashed
+from kfactory.targets import get_target, nvml
+from kfactory.targets.launch import Launch, evaluate_launch, parse_header
+from kfactory.v1 import events_pb2 as pb
+
+
+def _have_gpu() -> bool:
+    try:
+        nvml.resolve_gpu(os.environ.get("KFACTORY_GPU", ""))
+        return True
+    except nvml.NvmlUnavailable:
+        return False
+
+
+HAVE_GPU = _have_gpu()
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA GPU here")
+
+
+# -- launch rules ------------------------------------------------------------------------------------------
+
+def test_launch_rule_ints_tuples_cdiv_and_params():
+    shape = {"rows": 1000, "cols": 4099}
+    assert evaluate_launch({"grid": "cdiv(rows, 4)", "block": "128"}, shape) == Launch((250, 1, 1), (128, 1, 1), 0)
+    got = evaluate_launch({"grid": "(cdiv(cols, BX), rows)", "block": "(BX, 2)", "smem": "BX * 4 * 2",
+                           "params": {"BX": 256}}, shape)
+    assert got == Launch((17, 1000, 1), (256, 2, 1), 2048)
+    assert got.as_json() == {"grid": [17, 1000, 1], "block": [256, 2, 1], "smem": 2048}
+    assert got.threads == 512
+    assert evaluate_launch({"grid": [2, 3], "block": 64}, shape).grid == (2, 3, 1)  # literals from YAML
+    assert evaluate_launch({"grid": "max(1, min(rows, 8))", "block": "abs(-32)", "smem": ""}, shape).smem == 0
+    fam = {"grid": "cdiv(rows, block // 32) if mapping == 'warp' else rows", "block": "block"}
+    assert evaluate_launch({**fam, "params": {"block": 256, "mapping": "warp"}}, shape).grid == (125, 1, 1)
+    assert evaluate_launch({**fam, "params": {"block": 256, "mapping": "block"}}, shape).grid == (1000, 1, 1)
+
+
+@pytest.mark.parametrize("rule, message", [
+    ({"grid": "rows / 3", "block": "128"}, "not an integer"),
+    ({"grid": "1", "block": "2048"}, "block.x=2048"),
+    ({"grid": "1", "block": "(32, 32, 2)"}, "2048 threads per block"),
+    ({"grid": "1", "block": "(1, 1, 65)"}, "block.z=65"),
+    ({"grid": "(1, 65536)", "block": "1"}, "grid.y=65536"),
+    ({"grid": "2 ** 31", "block": "1"}, "grid.x"),
+    ({"grid": "0", "block": "1"}, "grid.x=0"),
+    ({"grid": "(1, 2, 3, 4)", "block": "1"}, "1 to 3 ints"),
+    ({"grid": "1", "block": "1", "smem": "-4"}, "must be >= 0"),
+    ({"grid": "1", "block": "1", "smem": "1.5"}, "not an integer"),
+    ({"grid": "nope", "block": "1"}, "cannot be evaluated"),
+    ({"grid": "cdiv(rows, 0)", "block": "1"}, "cannot be evaluated"),
+    ({"grid": "True", "block": "1"}, "not an integer"),
+    ({"block": "1"}, "has no grid"),
+    ("grid=1", "must be a dict"),
+])
+def test_bad_launch_rules_are_refused_with_a_reason(rule, message):
+    with pytest.raises(ValueError, match=message):
+        evaluate_launch(rule, {"rows": 10})
+
+
+def test_header_parsing():
+    src = "#include <x.h>\n// kfactory: grid=(cdiv(cols, 256), rows) block=256 smem = 1024\n__global__ void k() {}"
+    assert parse_header(src) == {"grid": "(cdiv(cols, 256), rows)", "block": "256", "smem": "1024", "params": {}}
+    assert parse_header("/* kfactory: grid=rows block=(32, 4) */\n") == {
+        "grid": "rows", "block": "(32, 4)", "smem": "0", "params": {}}
+    ptx = ".version 8.0\n// kfactory: grid=cdiv(rows, 4) block=128\n.target sm_90a\n"
+    rule = parse_header(ptx)
+    assert evaluate_launch(rule, {"rows": 9}) == Launch((3, 1, 1), (128, 1, 1), 0)
+    assert parse_header("__global__ void k() {}  // no header") is None
+    for bad, msg in [("// kfactory: grid=1", "missing block"), ("// kfactory: grid=1 block=2 warps=4", "unknown"),
+                     ("// kfactory: grid=(1 block=2", "unbalanced"), ("// kfactory: grid=1 grid=2 block=1", "twice"),
+                     ("// kfactory: 42", "name=value")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_header(bad)
+
+
+# -- NVML decoding -----------------------------------------------------------------------------------------
+
+def test_throttle_names_and_what_counts_as_throttled():
+    assert nvml.throttle_names(0x1) == []  # idle is not a reason worth naming
+    assert nvml.throttle_names(0x4 | 0x40 | 0x1) == ["SwPowerCap", "HwThermalSlowdown"]
+    assert nvml.throttle_names(0x10 | 0x100000) == ["SyncBoost", "0x100000"]
+    assert not nvml.is_throttled(0x1 | 0x2 | 0x10 | 0x100)
+    for bit in (0x4, 0x8, 0x20, 0x40, 0x80):
+        assert nvml.is_throttled(bit)
+
+
+def test_telemetry_from_literal_readings():
+    before = {"sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temperature_c": 41, "power_w": 120.5, "reasons": 0x1}
+    after = {"sm_clock_mhz": 1755, "mem_clock_mhz": 2619, "temperature_c": 63, "power_w": 690.0, "reasons": 0x4}
+    t = nvml.telemetry(before, after, "NVIDIA H200", "GPU-1234")
+    assert isinstance(t, pb.GpuTelemetry)
+    assert (t.model, t.uuid, t.sm_clock_mhz_before, t.sm_clock_mhz_after) == ("NVIDIA H200", "GPU-1234", 1980, 1755)
+    assert (t.mem_clock_mhz_before, t.mem_clock_mhz_after, t.temperature_c) == (2619, 2619, 63)
+    assert t.power_w == pytest.approx(690.0)
+    assert list(t.throttle_reasons) == ["SwPowerCap"] and t.throttled and t.retries == 0
+    calm = nvml.telemetry({"reasons": 0x1}, {"reasons": 0x1}, "m", "u")
+    assert not calm.throttled and list(calm.throttle_reasons) == []
+    empty = nvml.telemetry({}, {}, "m", "u")  # no NVML: zeros, not an error
+    assert empty.sm_clock_mhz_before == 0 and not empty.throttled
+
+
+def test_nvml_without_a_gpu_reads_empty_and_resolving_says_why(monkeypatch):
+    monkeypatch.setattr(nvml, "pynvml", None)
+    monkeypatch.setattr(nvml, "_started", False)
+    assert nvml.read("GPU-0") == {}
+    with pytest.raises(nvml.NvmlUnavailable, match="not installed"):
+        nvml.resolve_gpu("")
+
+
+# -- the target without a GPU ------------------------------------------------------------------------------
+
+def test_make_takes_known_architectures_only(settings):
+    t = get_target("cuda:sm_90a", settings)
+    assert t.name == "cuda" and t.option == "sm_90a"
+    assert get_target("cuda", settings).option == ""
+    with pytest.raises(ValueError, match="sm_100a"):
+        get_target("cuda:sm_75", settings)
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="checks the no-GPU error")
+def test_device_without_a_gpu_is_a_clear_error_not_a_hang(settings):
+    t = get_target("cuda:sm_90a", settings)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="no GPU"):
+        t.device()
+    assert time.monotonic() - t0 < 10
+
+
+def test_cubin_needs_a_launch_rule(settings, monkeypatch):
+    from kfactory.targets import cuda
+    sess = _bare_session(cuda, settings)
+    with pytest.raises(ValueError, match="needs a launch rule"):
+        sess.load_artifact("k", b"\x7fELF", "kernel")
+    with pytest.raises(ValueError, match="grid and block"):
+        sess.load_artifact("k", b"\x7fELF", "kernel", {"grid": "rows"})
+    sess.load_artifact("k", b"\x7fELF", "kernel", '{"grid": "rows", "block": "256"}')
+    load = sess.loads["k"]
+    assert load["kind"] == "cubin" and load["argtypes"] == ["ptr", "ptr", "i64", "i64"]
+    assert load["launch_rule"] == {"grid": "rows", "block": "256", "smem": "0", "params": {}}
+    assert open(load["path"], "rb").read() == b"\x7fELF"
+
+
+def test_child_module_imports_without_a_gpu():
+    code = "import kfactory.targets.cuda_child as c; assert c.CudaChild and c.classify('cuEventSynchronize', 700)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_cuda_errors_are_classified_by_value():
+    from kfactory.targets import cuda_child as c
+    R = c.cu.CUresult
+    assert c.classify("cuEventSynchronize", int(R.CUDA_ERROR_ILLEGAL_ADDRESS)) == "device_fault"
+    assert c.classify("cuCtxSynchronize", int(R.CUDA_ERROR_MISALIGNED_ADDRESS)) == "device_fault"
+    assert c.classify("cuLaunchKernel", int(R.CUDA_ERROR_INVALID_VALUE)) == "launch_failed"
+    assert c.classify("cuLaunchKernel", int(R.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)) == "launch_failed"
+    assert c.classify("cuMemcpyHtoD", int(R.CUDA_ERROR_INVALID_VALUE)) == "cuda_error"
+    assert c.arch_of(9, 0) == "sm_90a" and c.arch_of(10, 0) == "sm_100a" and c.arch_of(8, 9) == "sm_89"
+
+
+# -- the child's ops through a fake driver -----------------------------------------------------------------
+
+class _Fake:
+    """Enough of cuda.bindings.driver for the child: device memory is host memory, kernels are Python."""
+
+    def __init__(self, real):
+        self.real = real
+        for n in ("CUresult", "CUdevice_attribute", "CUctx_flags", "CUevent_flags", "CUstream_flags",
+                  "CUstreamCaptureMode", "CUfunction_attribute", "CUdeviceptr", "CUstream"):
+            setattr(self, n, getattr(real, n))
+        self.mem: dict[int, ctypes.Array] = {}
+        self.sticky = 0
+        self.capturing = None
+        self.events: dict[int, float] = {}
+        self.kernels = {"kernel": (4, _softmax_kernel), "oob": (4, _oob_kernel), "fma_peak": (4, lambda v: None)}
+        self.smem_attr = {}
+        self.launches = 0
+
+    def _r(self, *vals):
+        return (self.CUresult(self.sticky), *vals)
+
+    def cuInit(self, flags): return self._r()
+    def cuDeviceGetCount(self): return self._r(1)
+    def cuDeviceGet(self, i): return self._r(0)
+    def cuDevicePrimaryCtxSetFlags(self, dev, flags): return self._r()
+    def cuDevicePrimaryCtxRetain(self, dev): return self._r(1)
+    def cuCtxSetCurrent(self, ctx): return self._r()
+    def cuEventCreate(self, flags):
+        self.n_events = getattr(self, "n_events", 0) + 1
+        return self._r(100 + self.n_events)
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        A = self.CUdevice_attribute
+        return self._r({A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: 1 << 20,
+                        A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 232448,
+                        A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 4,
+                        A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9,
+                        A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0}[attr])
+
+    def cuMemAlloc(self, n):
+        buf = (ctypes.c_uint8 * n)()
+        self.mem[ctypes.addressof(buf)] = buf
+        return self._r(self.CUdeviceptr(ctypes.addressof(buf)))
+
+    def cuMemFree(self, p):
+        assert int(p) in self.mem, "freeing what was not allocated"
+        del self.mem[int(p)]
+        return self._r()
+
+    def _check(self, addr, n):
+        assert any(b <= addr and addr + n <= b + len(buf) for b, buf in self.mem.items()), "out of the allocations"
+
+    def _memset(self, p, value, n, ctype):
+        self._check(int(p), n * ctypes.sizeof(ctype))
+        np.ctypeslib.as_array((ctype * n).from_address(int(p)))[:] = value
+        return self._r()
+
+    def cuMemsetD32(self, p, v, n): return self._memset(p, v, n, ctypes.c_uint32)
+    def cuMemsetD16(self, p, v, n): return self._memset(p, v, n, ctypes.c_uint16)
+    def cuMemsetD8(self, p, v, n): return self._memset(p, v, n, ctypes.c_uint8)
+    def cuMemsetD8Async(self, p, v, n, s): return self._memset(p, v, n, ctypes.c_uint8)
+
+    def cuMemcpyHtoD(self, dst, src, n):
+        assert isinstance(src, int)
+        self._check(int(dst), n)
+        ctypes.memmove(int(dst), src, n)
+        return self._r()
+
+    def cuMemcpyDtoH(self, dst, src, n):
+        assert isinstance(dst, int)
+        self._check(int(src), n)
+        ctypes.memmove(dst, int(src), n)
+        return self._r()
+
+    def cuMemcpyDtoDAsync(self, dst, src, n, s):
+        ctypes.memmove(int(dst), int(src), n)
+        return self._r()
+
+    def cuMemGetInfo(self): return self._r(1 << 30, 1 << 31)
+    def cuModuleLoadData(self, image): assert isinstance(image, int); return self._r(7)
+    def cuModuleGetFunction(self, mod, name):
+        assert isinstance(name, bytes)
+        if name.decode() not in self.kernels:
+            return (self.CUresult.CUDA_ERROR_NOT_FOUND, None)
+        return self._r(name.decode())
+
+    def cuFuncSetAttribute(self, fn, attr, value):
+        self.smem_attr[fn] = value
+        return self._r()
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        assert extra == 0 and isinstance(params, int)
+        if smem > 48 << 10 and self.smem_attr.get(fn, 0) < smem:
+            return (self.CUresult.CUDA_ERROR_INVALID_VALUE,)
+        nargs, body = self.kernels[fn]
+        ptrs = (ctypes.c_void_p * nargs).from_address(params)
+        raw = [ctypes.c_uint64.from_address(ptrs[i]).value for i in range(nargs)]
+        call = lambda: self._run(body, raw)  # noqa: E731 - the parameters were copied at launch, as CUDA does
+        if self.capturing is not None:
+            self.capturing.append(call)
+        else:
+            call()
+        return self._r()
+
+    def _run(self, body, raw):
+        self.launches += 1
+        if body(raw) == "fault":
+            self.sticky = int(self.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)
+
+    def cuEventRecord(self, ev, stream):
+        self.events[ev] = time.perf_counter()
+        return self._r()
+
+    def cuEventSynchronize(self, ev): return self._r()
+    def cuCtxSynchronize(self): return self._r()
+    def cuEventElapsedTime(self, a, b): return self._r(max(1e-4, (self.events[b] - self.events[a]) * 1e3))
+    def cuStreamCreate(self, flags): return self._r(self.CUstream(5))
+
+    def cuStreamBeginCapture(self, stream, mode):
+        self.capturing = []
+        return self._r()
+
+    def cuStreamEndCapture(self, stream):
+        graph, self.capturing = self.capturing, None
+        return self._r(graph)
+
+    def cuGraphInstantiate(self, graph, flags): return self._r(list(graph))
+
+    def cuGraphLaunch(self, exe, stream):
+        for call in exe:
+            call()
+        return self._r()
+
+    def cuGraphExecDestroy(self, exe): return self._r()
+    def cuGraphDestroy(self, g): return self._r()
+    def cuDeviceGetName(self, n, dev): return self._r(b"Fake H200" + b"\0" * (n - 9))
+    def cuDeviceGetUuid(self, dev): return self._r(types.SimpleNamespace(bytes=bytes(range(16))))
+    def cuDeviceTotalMem(self, dev): return self._r(141 << 30)
+
+
+def _as_i64(v: int) -> int:
+    return ctypes.c_int64(v).value
+
+
+def _softmax_kernel(raw):
+    x_addr, y_addr, rows, cols = raw[0], raw[1], _as_i64(raw[2]), _as_i64(raw[3])
+    n = rows * cols
+    x = np.ctypeslib.as_array((ctypes.c_float * n).from_address(x_addr)).reshape(rows, cols)
+    y = np.ctypeslib.as_array((ctypes.c_float * n).from_address(y_addr)).reshape(rows, cols)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    y[...] = e / e.sum(axis=-1, keepdims=True)
+
+
+def _oob_kernel(raw):
+    _softmax_kernel(raw)
+    return "fault"
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    from kfactory.targets import cuda_child
+    fake = _Fake(cuda_child.cu)
+    monkeypatch.setattr(cuda_child, "cu", fake)
+    return fake
+
+
+class _InProcessRunner:
+    """Runner's interface over a CudaChild in this process (the fake driver cannot cross a fork)."""
+
+    def __init__(self, child):
+        self.child, self.loaded, self.timeout_s, self.last_reply, self.killed = child, set(), 20.0, None, 0
+
+    def request(self, cmd, timeout_s=None):
+        import json
+        cmd = json.loads(json.dumps(cmd))
+        try:
+            reply = {"ok": True, **getattr(self.child, "op_" + cmd["op"])(cmd)}
+        finally:
+            self.child.prev_maps, self.child.maps = self.child.maps, {}
+        self.last_reply = json.loads(json.dumps(reply))
+        if not reply["ok"]:
+            raise LoadFailed(reply["error"])
+        return reply
+
+    def ensure_loaded(self, key, cmd):
+        if key not in self.loaded:
+            self.request({"op": "load", "key": key, **cmd})
+            self.loaded.add(key)
+
+    def kill(self):
+        self.killed += 1
+
+    def stop(self):
+        pass
+
+
+def _bare_session(cuda, settings, problem=None):
+    """A CudaSession without a GPU behind it (no NVML, no runner process)."""
+    target = cuda.make("sm_90a", settings)
+    target._gpu = ("GPU-fake", "Fake H200")
+    return cuda.CudaSession(target, problem or load_problem("softmax"))
+
+
+@pytest.fixture
+def fake_session(fake_cuda, settings):
+    from kfactory.targets import cuda, cuda_child
+    sess = _bare_session(cuda, settings)
+    sess.runner = _InProcessRunner(cuda_child.CudaChild(1))
+    return sess
+
+
+def _x(rows, cols, seed=0):
+    return {"x": np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)}
+
+
+def _ref(x):
+    e = np.exp(x["x"].astype(np.float64) - x["x"].max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_fake_call_runs_checks_guards_and_keeps_addresses_distinct(fake_session, fake_cuda):
+    fake_session.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    x = _x(5, 33)
+    res = fake_session.call("k", {"rows": 5, "cols": 33}, x)
+    np.testing.assert_allclose(res.outputs["y"], _ref(x), rtol=1e-5)
+    assert res.mutated == [] and res.out_of_bounds == [] and res.seconds > 0
+    child = fake_session.runner.child
+    first = set(child.prev_allocs)
+    fake_session.call("k", {"rows": 5, "cols": 33}, x)
+    assert first.isdisjoint(child.prev_allocs)  # the previous call's buffers were still held
+    assert len(fake_cuda.mem) == 2  # ... and freed once the next call had its own
+    seq = fake_session.call_sequence("k", {"rows": 3, "cols": 17}, [_x(3, 17, s) for s in (1, 2, 3)])
+    for s, r in zip((1, 2, 3), seq):
+        np.testing.assert_allclose(r.outputs["y"], _ref(_x(3, 17, s)), rtol=1e-5)
+
+
+def test_fake_call_sees_an_out_of_bounds_write_in_the_guard_band(fake_session, fake_cuda):
+    def spill(raw):
+        _softmax_kernel(raw)
+        ctypes.c_float.from_address(raw[1] + 4 * _as_i64(raw[2]) * _as_i64(raw[3])).value = 1.0
+    fake_cuda.kernels["kernel"] = (4, spill)
+    fake_session.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    res = fake_session.call("k", {"rows": 2, "cols": 8}, _x(2, 8))
+    assert res.out_of_bounds == ["y"]
+
+
+def test_fake_device_fault_and_refused_launch_are_typed(fake_session, fake_cuda):
+    from kfactory.targets.cuda import DeviceFault, LaunchFailed
+    from kfactory.targets.cuda_child import CudaError
+    fake_session.load_artifact("bad", b"cubin-oob", "oob", {"grid": "rows", "block": "256"})
+    with pytest.raises(CudaError) as ei:  # in process the child raises instead of replying and exiting
+        fake_session.call("bad", {"rows": 2, "cols": 8}, _x(2, 8))
+    assert ei.value.kind == "device_fault"
+    # what the session does with the reply a real child sends before it exits
+    runner = fake_session.runner
+    runner.last_reply = {"ok": False, "error": "cuEventSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)",
+                         "kind": "device_fault", "exiting": True}
+    from kfactory.targets.cuda import _typed
+    typed = _typed(runner, LoadFailed("x"))
+    assert isinstance(typed, DeviceFault) and isinstance(typed, RunnerCrashed) and runner.killed == 1
+    assert typed.reason == pb.DEVICE_FAULT
+    fake_cuda.sticky = 0
+    fake_session.load_artifact("wide", b"cubin-wide", "kernel", {"grid": "rows", "block": "4096"})
+    with pytest.raises(LaunchFailed, match="block.x=4096") as ei:
+        fake_session.call("wide", {"rows": 2, "cols": 8}, _x(2, 8))
+    assert ei.value.reason == pb.LAUNCH_FAILED
+    fake_session.load_artifact("nosym", b"cubin-x", "missing", {"grid": "rows", "block": "32"})
+    with pytest.raises(LoadFailed) as ei:
+        fake_session.call("nosym", {"rows": 2, "cols": 8}, _x(2, 8))
+    assert not isinstance(ei.value, LaunchFailed) and "CUDA_ERROR_NOT_FOUND" in str(ei.value)
+
+
+@pytest.mark.parametrize("mode", ["events", "graph", None])
+def test_fake_bench_interleaves_and_returns_every_sets_output(fake_session, fake_cuda, mode):
+    fake_session.load_artifact("a", b"cubin-a", "kernel", {"grid": "rows", "block": "256"})
+    fake_session.load_artifact("b", b"cubin-b", "kernel", {"grid": "cdiv(rows, W)", "block": "(32, W)",
+                                                           "smem": "S", "params": {"W": 4, "S": 64 << 10}})
+    sets = [_x(4, 50, s) for s in range(3)]
+    res = fake_session.bench(["a", "b"], {"rows": 4, "cols": 50}, sets, min_samples=5, min_s=0.0, max_s=0.3,
+                             noise=0.5, warmup_s=0.001, mode=mode)
+    assert set(res.samples) == {"a", "b"} and len(res.samples["a"]) == len(res.samples["b"]) >= 5
+    assert res.mode in ("events", "graph") and (mode is None or res.mode == mode)
+    for k in ("a", "b"):
+        assert len(res.outputs[k]) == 3
+        for s, outs in zip(sets, res.outputs[k]):
+            np.testing.assert_allclose(outs["y"], _ref(s), rtol=1e-5)
+        assert isinstance(res.telemetry[k], pb.GpuTelemetry) and res.telemetry[k].retries == 0
+    assert fake_cuda.smem_attr["kernel"] == 64 << 10
+    assert fake_cuda.capturing is None
+    leftover = set(fake_cuda.mem) - set(fake_session.runner.child.prev_allocs)
+    if fake_session.runner.child.scratch:
+        leftover.discard(fake_session.runner.child.scratch[0])
+    assert not leftover  # every bench buffer was freed
+
+
+def test_fake_device_and_ceilings(fake_cuda, monkeypatch):
+    from kfactory.targets import cuda_child
+    child = cuda_child.CudaChild(1)
+    info = child.op_device({})
+    assert info["name"] == "Fake H200" and info["arch"] == "sm_90a" and info["sm_count"] == 4
+    assert info["uuid"] == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    fake_compile = types.SimpleNamespace(compile_cuda=lambda *a: types.SimpleNamespace(ok=True, artifact=b"x"))
+    monkeypatch.setitem(sys.modules, "kfactory.targets.cuda_compile", fake_compile)
+    got = child.op_ceilings({"copy_bytes": 1 << 20, "arch": "sm_90a"})
+    assert got["mem_bandwidth_gbps"] > 0 and got["peak_gflops"] > 0
+    assert isinstance(got["peak_bf16_gflops"], float) and isinstance(got["notes"], list)
+
+
+# -- on a GPU ----------------------------------------------------------------------------------------------
+
+OOB_KERNEL = r"""
+extern "C" __global__ void kernel(const float *x, float *y, long long rows, long long cols) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < rows * cols) y[i + (1LL << 40)] = x[i];   // a terabyte past the end: an illegal address
+}
+"""
+
+
+@pytest.fixture
+def gpu_target(settings):
+    # the test settings' 4 s runner timeout is too short for a first CUDA start and a torch import
+    return get_target("cuda", settings.model_copy(update={"runner_timeout_s": 60.0}))
+
+
+@pytest.fixture
+def gpu_session(gpu_target):
+    s = gpu_target.session(load_problem("softmax"), 1)
+    yield s
+    s.close()
+
+
+def _compile(target, source, entry="kernel"):
+    res = target.compile(source, "cuda", "", entry)
+    assert res.ok, f"{res.message}\n{res.log[-3000:]}"
+    return res.artifact
+
+
+@gpu
+@needs_gpu
+def test_gpu_device_info(gpu_target):
+    dev = gpu_target.device()
+    assert dev.target == "cuda" and dev.uuid.startswith(("GPU-", "MIG-")) and dev.sm_count > 0
+    assert dev.l2_bytes > 0 and dev.arch.startswith("sm_")
+    assert dev.mem_bandwidth_gbps > 100 and dev.peak_gflops > 1000
+    assert gpu_target.cache_bytes() == 2 * dev.l2_bytes
+
+
+@gpu
+@needs_gpu
+def test_gpu_softmax_call_is_right(gpu_target, gpu_session):
+    problem = load_problem("softmax")
+    src, _ = problem.reference_source("cuda")
+    gpu_session.load_artifact("ref", _compile(gpu_target, src), "kernel",
+                              {"grid": "rows", "block": "256", "smem": "0", "params": {}})
+    for rows, cols in [(3, 1000), (1, 1), (65, 4099)]:
+        x = _x(rows, cols, rows)
+        res = gpu_session.call("ref", {"rows": rows, "cols": cols}, x)
+        np.testing.assert_allclose(res.outputs["y"], _ref(x), rtol=1e-4, atol=1e-7)
+        assert res.mutated == [] and res.out_of_bounds == [] and 0 < res.seconds < 1
+
+
+@gpu
+@needs_gpu
+def test_gpu_out_of_bounds_is_a_device_fault_and_the_next_kernel_runs(gpu_target, gpu_session):
+    from kfactory.targets.cuda import DeviceFault
+    gpu_session.load_artifact("oob", _compile(gpu_target, OOB_KERNEL), "kernel",
+                              {"grid": "cdiv(rows * cols, 256)", "block": "256", "params": {}})
+    with pytest.raises(DeviceFault) as ei:
+        gpu_session.call("oob", {"rows": 4, "cols": 256}, _x(4, 256))
+    assert ei.value.reason == pb.DEVICE_FAULT
+    src, _ = load_problem("softmax").reference_source("cuda")
+    gpu_session.load_artifact("ref", _compile(gpu_target, src), "kernel", {"grid": "rows", "block": "256"})
+    x = _x(4, 256)
+    np.testing.assert_allclose(gpu_session.call("ref", {"rows": 4, "cols": 256}, x).outputs["y"], _ref(x),
+                               rtol=1e-4, atol=1e-7)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("mode", [None, "events", "graph"])
+def test_gpu_bench_two_kernels_interleaved_with_telemetry(gpu_target, gpu_session, mode):
+    src, _ = load_problem("softmax").reference_source("cuda")
+    art = _compile(gpu_target, src)
+    gpu_session.load_artifact("a", art, "kernel", {"grid": "rows", "block": "256"})
+    gpu_session.load_artifact("b", art, "kernel", {"grid": "rows", "block": "256"})
+    shape = {"rows": 64, "cols": 1000}
+    sets = [_x(64, 1000, s) for s in range(4)]
+    res = gpu_session.bench(["a", "b"], shape, sets, min_samples=10, min_s=0.05, max_s=1.0, noise=0.05,
+                            warmup_s=0.02, mode=mode)
+    assert len(res.samples["a"]) >= 10 and len(res.samples["b"]) == len(res.samples["a"])
+    assert all(0 < s < 0.01 for s in res.samples["a"])
+    for k in ("a", "b"):
+        assert len(res.outputs[k]) == 4
+        for s, outs in zip(sets, res.outputs[k]):
+            np.testing.assert_allclose(outs["y"], _ref(s), rtol=1e-4, atol=1e-7)
+        assert res.telemetry[k].uuid and res.telemetry[k].sm_clock_mhz_after > 0
+    assert res.mode in ("events", "graph")
+
+
+@gpu
+@needs_gpu
+def test_gpu_torch_baseline_call(gpu_session):
+    pytest.importorskip("torch")
+    problem = load_problem("softmax")
+    if "torch" not in getattr(problem.reference, "cuda_baselines", dict)():
+        pytest.skip("no torch cuda baseline")
+    gpu_session.load_baseline("torch", "torch")
+    x = _x(7, 33)
+    res = gpu_session.call("torch", {"rows": 7, "cols": 33}, x)
+    np.testing.assert_allclose(res.outputs["y"], _ref(x), rtol=1e-4, atol=1e-7)
+
+
+def test_module_reload_is_clean():
+    importlib.reload(importlib.import_module("kfactory.targets.launch"))
+
+
+FAKE_CHILD = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_cuda_runtime import _Fake
+import kfactory.targets.cuda_child as c
+c.cu = _Fake(c.cu)
+c.main(c.CudaChild)
+"""
+
+
+def test_fake_fault_through_a_real_runner_replies_typed_and_the_runner_is_replaced(settings, tmp_path):
+    """The child's fatal path for real: a typed reply written to the pipe, the process gone, DeviceFault in
+    the parent, and a fresh runner for the next call."""
+    from kfactory.targets import cuda
+    (tmp_path / "fake_cuda_child.py").write_text(FAKE_CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    sess = _bare_session(cuda, settings)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sess.runner = cuda._CudaRunner(1, 20.0, mem_mb=0, max_runs=100, child_module="fake_cuda_child",
+                                   env={"PYTHONPATH": os.pathsep.join([str(tmp_path), root])})
+    try:
+        sess.load_artifact("bad", b"cubin-oob", "oob", {"grid": "rows", "block": "256"})
+        sess.load_artifact("ok", b"cubin-ok", "kernel", {"grid": "rows", "block": "256"})
+        x = _x(3, 10)
+        np.testing.assert_allclose(sess.call("ok", {"rows": 3, "cols": 10}, x).outputs["y"], _ref(x), rtol=1e-5)
+        pid = sess.runner.proc.pid
+        with pytest.raises(cuda.DeviceFault, match="ILLEGAL_ADDRESS"):
+            sess.call("bad", {"rows": 3, "cols": 10}, x)
+        assert sess.runner.proc is None  # reaped
+        np.testing.assert_allclose(sess.call("ok", {"rows": 3, "cols": 10}, x).outputs["y"], _ref(x), rtol=1e-5)
+        assert sess.runner.proc.pid != pid
+    finally:
+        sess.close()
+
+
+def test_fake_bench_writes_every_set_even_when_the_loop_stops_early(fake_session):
+    fake_session.load_artifact("a", b"cubin-a", "kernel", {"grid": "rows", "block": "256"})
+    sets = [_x(2, 9, s) for s in range(12)]
+    res = fake_session.bench(["a"], {"rows": 2, "cols": 9}, sets, min_samples=1, min_s=0.0, max_s=0.0,
+                             noise=1.0, warmup_s=0.0, mode="events")
+    assert len(res.samples["a"]) == 1
+    for s, outs in zip(sets, res.outputs["a"]):
+        np.testing.assert_allclose(outs["y"], _ref(s), rtol=1e-5)
