@@ -1,33 +1,80 @@
 """`kfactory check`: judge one kernel exactly as a campaign judges a candidate, without the services.
 
-Compile (with the target's static checks), verify on every shape and distribution, and if it passes,
-time it interleaved with the problem's reference kernel and baselines.
+Compile (with the target's static checks), verify on every shape and distribution plus the regression
+inputs this machine's memory archive holds for the problem, and if it passes, time it interleaved with the
+problem's reference kernel and baselines.
 """
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
-from kfactory.judge import InputPool, available_baselines, measure, verify
+from kfactory.judge import InputPool, RegressionInput, available_baselines, measure, verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
+
+#: a source file's language from its suffix
+LANGUAGES = {".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cu": "cuda", ".ptx": "ptx"}
 
 
 def _dict(msg) -> dict:
     return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
+def language_of(path: Path | str, target: str) -> str:
+    """The language of a source file by its suffix (.c, .cpp, .cu, .ptx); unknown suffixes get the target's
+    usual language."""
+    return LANGUAGES.get(Path(path).suffix.lower(), "cuda" if target.startswith("cuda") else "c")
+
+
+def launch_rule(source: str, grid: str = "", block: str = "", smem: str = "") -> dict | None:
+    """The launch rule of a user's cuda kernel: --grid/--block/--smem flags win over the source's
+    `// kfactory: grid=... block=... smem=...` header; None when neither gives one."""
+    from kfactory.targets.launch import parse_header
+
+    rule = dict(parse_header(source) or {})
+    for key, value in (("grid", grid), ("block", block), ("smem", smem)):
+        if value:
+            rule[key] = value
+    if not rule:
+        return None
+    if "grid" not in rule or "block" not in rule:
+        raise ValueError(f"a launch rule needs grid and block (got {sorted(rule)}): give --grid and --block "
+                         "or a `// kfactory: grid=... block=...` line in the source")
+    rule.setdefault("params", {})
+    return rule
+
+
+def local_regressions(settings, problem: str) -> list[RegressionInput]:
+    """Regression inputs from this machine's memory archive (none when there is no archive yet)."""
+    path = Path(settings.archive())
+    if not path.exists():
+        return []
+    from kfactory.services.memory.archive import Archive
+
+    archive = Archive(path)
+    try:
+        return [RegressionInput(r.shape, r.distribution, r.seed) for r in archive.regressions(problem)]
+    finally:
+        archive.close()
+
+
 def check(problem_name: str, target_spec: str, source: str, flags: str, settings,
-          compile_only: bool = False) -> dict:
+          compile_only: bool = False, language: str = "c", launch: dict | None = None) -> dict:
     """The verdict on one kernel as a JSON-ready dict (see the README for its fields)."""
     problem = load_problem(problem_name)
     target = get_target(target_spec, settings)
     threads = settings.threads
-    out = {"candidate_id": ev.candidate_id(source, "c", flags, "kernel", threads, target_spec),
-           "problem": problem.name, "target": target_spec, "compiled": False, "compile": None,
-           "verdict": None, "measurement": None, "speedup_vs_reference": None}
-    res = target.compile(source, "c", flags, "kernel")
+    entry = "kernel"
+    launch_json = json.dumps(launch, sort_keys=True) if launch else ""
+    out = {"candidate_id": ev.candidate_id(source, language, flags, entry, threads, target_spec, launch_json),
+           "problem": problem.name, "target": target_spec, "language": language, "launch": launch,
+           "compiled": False, "compile": None, "verdict": None, "measurement": None, "speedup_vs_reference": None}
+    res = target.compile(source, language, flags, entry)
     out["compiled"] = res.ok
     out["compile"] = _dict(res.report) if res.ok else {"reason": pb.RejectReason.Name(res.reason),
                                                        "message": res.message, "log": res.log[-4000:]}
@@ -37,10 +84,14 @@ def check(problem_name: str, target_spec: str, source: str, flags: str, settings
         return out
     if compile_only:
         return out
+    if target.name == "cuda" and launch is None:
+        raise ValueError("a cuda kernel needs a launch rule to run: give --grid and --block (expressions over "
+                         f"{problem.spec.symbols}) or a `// kfactory: grid=... block=...` line in the source")
     session = target.session(problem, threads)
     try:
-        session.load_artifact("candidate", res.artifact, "kernel")
-        v = verify(session, "candidate", problem, InputPool(problem, 1))
+        session.load_artifact("candidate", res.artifact, entry, launch)
+        pool = InputPool(problem, 1, local_regressions(settings, problem.name))
+        v = verify(session, "candidate", problem, pool)
         out["verdict"] = {"passed": v.passed, "reason": pb.RejectReason.Name(v.reason) if not v.passed else None,
                           "message": v.message, "checks": [_dict(c) for c in v.checks]}
         if v.passed:
@@ -54,11 +105,14 @@ def _measure(out: dict, session, target, problem, settings) -> None:
     keys = {"candidate": "candidate"}
     if target.name in problem.spec.reference_kernel:
         ref_source, ref_flags = problem.reference_source(target.name)
-        ref = target.compile(ref_source, "c", ref_flags, "kernel")
+        ref_spec = problem.spec.reference_kernel[target.name]
+        language = language_of(ref_spec.source, target.name)
+        ref = target.compile(ref_source, language, ref_flags, "kernel")
         if ref.ok:
-            session.load_artifact("reference", ref.artifact, "kernel")
+            rule = {**ref_spec.launch, "params": {}} if ref_spec.launch else None
+            session.load_artifact("reference", ref.artifact, "kernel", rule)
             keys["reference"] = "reference"
-    for b in available_baselines(problem):
+    for b in available_baselines(problem, target.name):
         session.load_baseline(f"baseline:{b}", b)
         keys[b] = f"baseline:{b}"
     dev = target.device()

@@ -106,9 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="judge one kernel as a campaign would: compile, verify, measure")
     p.add_argument("problem")
-    p.add_argument("--target", default="cpu")
-    p.add_argument("--source", required=True, type=Path, help="the kernel's source file")
-    p.add_argument("--flags", default="-O3 -fopenmp", help="compiler flags (part of the candidate)")
+    p.add_argument("--target", default="cpu", help="cpu, cuda (the GPU present), cuda:sm_80, cuda:sm_90a, "
+                                                   "cuda:sm_100a")
+    p.add_argument("--source", required=True, type=Path,
+                   help="the kernel's source file: .c/.cpp (cpu), .cu (CUDA C++) or .ptx")
+    p.add_argument("--language", choices=("c", "cpp", "cuda", "ptx"), help="default: from the file's suffix")
+    p.add_argument("--flags", help="compiler flags (part of the candidate); default -O3 -fopenmp on the cpu, "
+                                   "none on cuda")
+    p.add_argument("--grid", default="", help="cuda launch rule: grid expression over the shape symbols, e.g. "
+                                              "'cdiv(rows, 4)' or '(cdiv(cols, 256), rows)'")
+    p.add_argument("--block", default="", help="cuda launch rule: block expression, e.g. 128")
+    p.add_argument("--smem", default="", help="cuda launch rule: dynamic shared memory bytes (default 0)")
     p.add_argument("--threads", type=int)
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--json", dest="json_out", help="write the verdict as JSON to this file ('-': stdout)")
@@ -164,15 +172,20 @@ def _check(args) -> int:
     """Exit 0 when the kernel passed, 1 when it was rejected, 2 on a usage error."""
     import json
 
-    from kfactory.checkcmd import check
+    from kfactory.checkcmd import check, language_of, launch_rule
 
     try:
         source = args.source.read_text()
     except OSError as e:
         print(f"kfactory check: cannot read --source {args.source}: {e.strerror}", file=sys.stderr)
         return EXIT_USAGE
+
+    cuda = args.target.startswith("cuda")
+    flags = args.flags if args.flags is not None else ("" if cuda else "-O3 -fopenmp")
     try:
-        out = check(args.problem, args.target, source, args.flags, _settings(args), args.compile_only)
+        launch = launch_rule(source, args.grid, args.block, args.smem) if cuda else None
+        out = check(args.problem, args.target, source, flags, _settings(args), args.compile_only,
+                    args.language or language_of(args.source, args.target), launch)
     except ValueError as e:  # ProblemError, UnknownTarget, a bad target option: the message says what to fix
         print(f"kfactory check: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -61,7 +61,16 @@ def point_id(family: str, params: dict) -> str:
     return sha256_hex(canonical_json({"family": family, "params": params}))[:24]
 
 
-def candidate_id(source: str, language: str, flags: str, entry: str, threads: int, target: str) -> str:
+def candidate_id(source: str, language: str, flags: str, entry: str, threads: int, target: str,
+                 launch_json: str = "") -> str:
     """A candidate's id: sha256 of everything that determines what runs. Same content, same id, anywhere."""
-    return sha256_hex(canonical_json({"source": source, "language": language, "flags": flags, "entry": entry,
-                                      "threads": threads, "target": target}))
+    content = {"source": source, "language": language, "flags": flags, "entry": entry, "threads": threads,
+               "target": target}
+    if launch_json:  # only where there is one, so ids of kernels without a launch rule never change
+        content["launch"] = launch_json
+    return sha256_hex(canonical_json(content))
+
+
+def launch_of(cand: pb.Candidate) -> dict | None:
+    """A candidate's launch rule (cuda), or None."""
+    return json.loads(cand.launch_json) if cand.launch_json else None

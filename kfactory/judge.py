@@ -291,11 +291,17 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
                               failed_input=RegressionInput(sname, _timing_dist(problem), seeds[i]),
                               message=f"{sname}: output of the timed calls (set {i}) is wrong: {check.note}")
         t.output_checked = True
+        t.mode = getattr(res, "mode", "") or "wall"
+        telemetry = getattr(res, "telemetry", {}).get(k)
+        if telemetry is not None:
+            t.telemetry.CopyFrom(telemetry)
         out.timings[k] = t
     return out
 
 
-def available_baselines(problem: Problem) -> list[str]:
-    """The problem's declared baselines that can run here (torch only where it is importable)."""
-    have = problem.reference.baselines() if hasattr(problem.reference, "baselines") else {}
+def available_baselines(problem: Problem, target: str = "cpu") -> list[str]:
+    """The problem's declared baselines that can run here on a target (reference.py's `baselines()` for the
+    cpu, `cuda_baselines()` for cuda; torch only where it is importable)."""
+    fn = getattr(problem.reference, "cuda_baselines" if target == "cuda" else "baselines", None)
+    have = fn() if fn else {}
     return [b for b in problem.spec.baselines if b in have]

@@ -86,6 +86,12 @@ class Family:
         threads = int(_safe_eval(self.spec.launch.get("threads", "1"), params))
         return source, " ".join(flags.split()), threads
 
+    def launch_rule(self, params: dict) -> dict | None:
+        """A cuda family's launch rule at a point: grid/block/smem expressions over the params and the
+        shape symbols, evaluated per call by kfactory.targets.launch; None for families without one."""
+        rule = {k: v for k, v in self.spec.launch.items() if k in ("grid", "block", "smem")}
+        return {**rule, "params": params} if rule else None
+
 
 @dataclass
 class Problem:

@@ -73,16 +73,20 @@ class DeviceInfo(_message.Message):
     def __init__(self, target: _Optional[str] = ..., model: _Optional[str] = ..., device_id: _Optional[str] = ..., threads: _Optional[int] = ..., mem_bandwidth_gbps: _Optional[float] = ..., peak_gflops: _Optional[float] = ..., uuid: _Optional[str] = ..., arch: _Optional[str] = ..., peak_bf16_gflops: _Optional[float] = ..., l2_bytes: _Optional[int] = ..., sm_count: _Optional[int] = ...) -> None: ...
 
 class ManualSource(_message.Message):
-    __slots__ = ("name", "source", "compile_flags", "threads")
+    __slots__ = ("name", "source", "compile_flags", "threads", "language", "launch_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     COMPILE_FLAGS_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     source: str
     compile_flags: str
     threads: int
-    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., compile_flags: _Optional[str] = ..., threads: _Optional[int] = ...) -> None: ...
+    language: str
+    launch_json: str
+    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., compile_flags: _Optional[str] = ..., threads: _Optional[int] = ..., language: _Optional[str] = ..., launch_json: _Optional[str] = ...) -> None: ...
 
 class CampaignSpec(_message.Message):
     __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel")

@@ -56,7 +56,7 @@ class BenchmarkerService(RunnerService):
     async def _measure(self, cand, artifact: bytes, target, device) -> pb.Measured | pb.Rejected:
         problem = self.ctx.problem(cand.problem)
         session = self.session(cand)
-        session.load_artifact(cand.id, artifact, cand.entry)
+        session.load_artifact(cand.id, artifact, cand.entry, ev.launch_of(cand))
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         m = pb.Measured(device=device)
@@ -88,7 +88,7 @@ class BenchmarkerService(RunnerService):
         keys = {"candidate": cand.id}
         try:
             for c, digest in ((cand, req.candidate_artifact), (ref, req.reference_artifact)):
-                session.load_artifact(c.id, await self.bus.get_artifact(digest), c.entry)
+                session.load_artifact(c.id, await self.bus.get_artifact(digest), c.entry, ev.launch_of(c))
         except ArtifactMissing as e:
             return Term(f"comparison needs an artifact that is missing: {e}")
         keys["reference"] = ref.id

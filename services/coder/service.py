@@ -18,17 +18,17 @@ class CoderService(Service):
         pp = d.event.point_proposed
         cid = d.event.campaign_id
         try:
-            source, language, flags, entry, threads = self._render(pp)
+            source, language, flags, entry, threads, launch_json = self._render(pp)
         except (ProblemError, KeyError, ValueError) as e:
             rej = pb.Rejected(stage="coder", reason=pb.INVALID_POINT, message=str(e), point_id=pp.point_id,
                               params_json=pp.params_json)
             await self.bus.publish(ev.make_event(cid, self.name, pp.point_id, rejected=rej))
             return Ack()
-        cand_id = ev.candidate_id(source, language, flags, entry, threads, pp.target)
+        cand_id = ev.candidate_id(source, language, flags, entry, threads, pp.target, launch_json)
         cand = pb.Candidate(id=cand_id, campaign_id=cid, problem=pp.problem, target=pp.target, family=pp.family,
                             point_id=pp.point_id, params_json=pp.params_json, language=language,
                             compile_flags=flags, entry=entry, threads=threads, origin=pp.origin,
-                            parents=pp.parents, runner_threads=pp.runner_threads)
+                            parents=pp.parents, runner_threads=pp.runner_threads, launch_json=launch_json)
         # the candidate's journey through the stages is one trace, whose id derives from the candidate's
         traceparent.set(new_traceparent(cand_id[:32]))
         cand.source_digest = await self.bus.put_artifact(source.encode())
@@ -47,11 +47,12 @@ class CoderService(Service):
         await self.bus.send_work("compiler", created)
         return Ack()
 
-    def _render(self, pp: pb.PointProposed) -> tuple[str, str, str, str, int]:
+    def _render(self, pp: pb.PointProposed) -> tuple[str, str, str, str, int, str]:
+        """(source, language, flags, entry, threads, launch rule as canonical JSON or "")."""
         problem = self.ctx.problem(pp.problem)
         if pp.HasField("manual"):
             m = pp.manual
-            return m.source, "c", m.compile_flags, "kernel", m.threads or 1
+            return m.source, m.language or "c", m.compile_flags, "kernel", m.threads or 1, m.launch_json
         fam = problem.families.get(pp.family)
         if fam is None:
             raise ProblemError(f"problem {pp.problem} has no family {pp.family!r}")
@@ -59,4 +60,5 @@ class CoderService(Service):
         if not fam.valid(params):
             raise ProblemError(f"point {params} is not a valid point of family {fam.name}")
         source, flags, threads = fam.render(params)
-        return source, fam.spec.language, flags, fam.spec.entry, threads
+        rule = fam.launch_rule(params)
+        return source, fam.spec.language, flags, fam.spec.entry, threads, ev.canonical_json(rule) if rule else ""

@@ -6,6 +6,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import DecodeError
 
 from kfactory import events as ev
@@ -153,6 +154,7 @@ class CampaignState:
         best = self.best()
         out = {"campaign_id": self.id, "problem": self.spec.problem, "target": self.spec.target,
                "device": self.device.model, "strategy": self.spec.strategy,
+               "device_info": MessageToDict(self.device, preserving_proto_field_name=True),
                "counts": {f.name: getattr(self.counts, f.name) for f in pb.Counts.DESCRIPTOR.fields},
                "elapsed_seconds": round(self.elapsed(), 3), "best": None}
         if best is None:
@@ -168,7 +170,7 @@ class CampaignState:
                                "speedup_vs_reference": speed.get("reference"),
                                "speedup_vs_baselines": {k: v for k, v in speed.items()
                                                         if k not in ("reference", "candidate")},
-                               "significant": _significance(comp)}
+                               "significant": _significance(comp), "compared": _entries(comp)}
         head = shapes.get(primary, {})
         out["best"] = {"candidate_id": cand.id, "family": cand.family, "origin": cand.origin,
                        "params": json.loads(cand.params_json or "{}"), "compile_flags": cand.compile_flags,
@@ -176,6 +178,16 @@ class CampaignState:
                        "speedup_vs_reference": head.get("speedup_vs_reference"),
                        "speedup_vs_baselines": head.get("speedup_vs_baselines", {}), "shapes": shapes}
         return out
+
+
+def _entries(comp: pb.Comparison | None) -> dict[str, dict]:
+    """Per kernel of the final comparison: its median, bandwidth, roofline fraction and how it was timed."""
+    if comp is None:
+        return {}
+    return {e.name: {"median_seconds": e.timing.median_s, "gbps": e.timing.gbps, "samples": e.timing.samples,
+                     "fraction_of_measured_bandwidth": e.timing.sol_fraction, "mode": e.timing.mode or "wall",
+                     "throttled": e.timing.telemetry.throttled}
+            for e in comp.entries if e.HasField("timing")}
 
 
 def _significance(comp: pb.Comparison | None) -> dict[str, bool]:

@@ -22,6 +22,7 @@ from kfactory.targets import UnknownTarget
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
+from kfactory.checkcmd import language_of
 from kfactory.judge import available_baselines
 from kfactory.services.planner.campaign import CampaignState
 
@@ -170,8 +171,11 @@ class PlannerService(Service):
         target = st.spec.target.split(":")[0]
         if target in problem.spec.reference_kernel:
             source, flags = problem.reference_source(target)
+            ref = problem.spec.reference_kernel[target]
+            launch = ev.canonical_json({**ref.launch, "params": {}}) if ref.launch else ""
             await self._propose(st, "reference", "{}", "reference",
-                                pb.ManualSource(name="reference", source=source, compile_flags=flags))
+                                pb.ManualSource(name="reference", source=source, compile_flags=flags,
+                                                language=language_of(ref.source, target), launch_json=launch))
         for m in st.spec.manual_sources:
             await self._propose(st, f"manual:{m.name}", json.dumps({"manual": m.name}), f"manual:{m.name}", m)
 
@@ -222,7 +226,7 @@ class PlannerService(Service):
         if st.cancelled or best is None or ref is None or ref.id not in st.artifacts:
             return
         problem = self.ctx.problem(st.spec.problem)
-        req = pb.CompareRequest(candidate=best.candidate, reference=ref, baselines=available_baselines(problem),
+        req = pb.CompareRequest(candidate=best.candidate, reference=ref, baselines=available_baselines(problem, st.spec.target.split(":")[0]),
                                 candidate_artifact=st.artifacts[best.candidate.id],
                                 reference_artifact=st.artifacts[ref.id])
         event = ev.make_event(st.id, self.name, f"compare:{best.candidate.id}", compare_request=req)

@@ -26,7 +26,7 @@ class VerifierService(RunnerService):
             if lock is None:
                 return self.busy()
             session = self.session(cand)
-            session.load_artifact(cand.id, artifact, cand.entry)
+            session.load_artifact(cand.id, artifact, cand.entry, ev.launch_of(cand))
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             pool = await self.verification_pool(cand.problem)
