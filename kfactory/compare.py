@@ -10,7 +10,8 @@ def compare(out: np.ndarray, ref: np.ndarray, atol: float, rtol: float, norm_rel
     """A Check with max abs/rel error, norm-relative error, the worst element, and whether all pass.
 
     NaN or Inf in the output pass only where the reference has the same value; a poison value left in the
-    output therefore fails, as does a NaN used as a wildcard.
+    output therefore fails, as does a NaN used as a wildcard. Outputs narrower than float32 (bfloat16, float16)
+    are upcast to float64, chunk by chunk, before any error is computed.
     """
     out = out.ravel()
     ref = ref.ravel()
@@ -37,6 +38,7 @@ def compare(out: np.ndarray, ref: np.ndarray, atol: float, rtol: float, norm_rel
     return _judge(check, norm_rel, out, ref, atol, rtol)
 
 
+_NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 CHUNK = 1 << 18  # elements per pass: temporaries stay in cache instead of faulting in fresh pages
 
 
@@ -52,6 +54,8 @@ def _figures(check: pb.Check, out: np.ndarray, ref: np.ndarray, atol: float, rto
     mag = np.empty_like(err)
     for lo in range(0, out.size, CHUNK):
         o, r = out[lo:lo + CHUNK], ref[lo:lo + CHUNK]
+        if o.dtype not in _NATIVE:
+            o = o.astype(np.float64)   # bfloat16 (ml_dtypes) or float16: exact in float64
         e, m = err[:o.size], mag[:o.size]
         np.subtract(o, r, out=e, dtype=np.float64)
         # einsum, not dot: BLAS dot is slow on some builds here and its threads fight the kernel's

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import secrets
 
+import ml_dtypes
 import numpy as np
 
 from kfactory.problems import Problem
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)  # importing ml_dtypes also makes np.dtype("bfloat16") work
 
 
 def fresh_seed() -> int:
@@ -22,15 +25,21 @@ def draw(problem: Problem, shape: dict[str, int], dist_name: str, seed: int) -> 
         d = dist[t.name]
         tshape = problem.tensor_shape(t, shape)
         dtype = np.dtype(t.dtype)
-        if d.kind == "normal":
-            a = rng.standard_normal(tshape, dtype=np.float32 if dtype == np.float32 else np.float64)
-            a = (a * d.std + d.mean).astype(dtype, copy=False)
+        if dtype == BFLOAT16:   # drawn in float32, rounded to nearest bf16
+            a = _draw(rng, d, tshape, np.dtype(np.float32)).astype(BFLOAT16)
         else:
-            a = rng.uniform(d.low, d.high, tshape).astype(dtype)
+            a = _draw(rng, d, tshape, dtype)
         if d.neg_inf_fraction > 0:
             _mask_neg_inf(a, d.neg_inf_fraction, rng)
         out[t.name] = np.ascontiguousarray(a)
     return out
+
+
+def _draw(rng: np.random.Generator, d, tshape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if d.kind == "normal":
+        a = rng.standard_normal(tshape, dtype=np.float32 if dtype == np.float32 else np.float64)
+        return (a * d.std + d.mean).astype(dtype, copy=False)
+    return rng.uniform(d.low, d.high, tshape).astype(dtype)
 
 
 def _mask_neg_inf(a: np.ndarray, fraction: float, rng: np.random.Generator) -> None:

@@ -1,4 +1,4 @@
-"""softmax: the float64 reference and the baselines (numpy; torch where importable)."""
+"""softmax: the float64 reference and the baselines (numpy; torch where importable; torch on CUDA)."""
 from __future__ import annotations
 
 import numpy as np
@@ -45,3 +45,19 @@ def baselines() -> dict:
     if torch_fn is not None:
         found["torch"] = torch_fn
     return found
+
+
+def cuda_baselines() -> dict:
+    """Baselines on a GPU: name -> fn(ins, outs) over dicts of torch CUDA tensors, writing outs["y"].
+    {} when torch is not importable or has no CUDA device."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+
+    def run(ins, outs):
+        torch.softmax(ins["x"], dim=-1, out=outs["y"])
+
+    return {"torch": run}
