@@ -29,14 +29,15 @@ VERDICT_FIELDS = {"candidate_id", "compiled", "compile", "verdict", "measurement
 @pytest.fixture(scope="module")
 def adv_settings(tmp_path_factory, host_ceilings) -> Settings:
     """Short measurement, but the timing loop still makes hundreds of calls at the small shape (1x50257), as
-    the default settings do (min_s 0.2 s gives ~400 there): the call-counting cheat only shows in a loop
-    that long, and min_samples buys it at a fraction of min_s's cost. The host's ceilings (the floor's
-    bandwidth) are measured once per session; the compiled objects are cached for the whole module."""
+    the default settings do (min_s 0.2 s gives ~400 there): the call-counting cheat (skip_repeated.c) only
+    shows in a loop that long, and min_samples buys it at a fraction of min_s's cost (compare_max_s bounds
+    it on a loaded machine, where 1 s gave only ~40 calls). The host's ceilings (the floor's bandwidth) are
+    measured once per session; compiled objects are cached for the whole module."""
     data = tmp_path_factory.mktemp("adversarial") / "data"
     data.mkdir()
     shutil.copy(host_ceilings, data / "ceilings.json")
     return Settings(data_dir=data, threads=2, runner_timeout_s=4.0, measure_min_samples=256,
-                    measure_min_s=0.05, measure_max_s=0.2, compare_max_s=1.0)
+                    measure_min_s=0.05, measure_max_s=0.2, compare_max_s=1.5)
 
 
 def _check(entry: dict, settings: Settings) -> dict:
