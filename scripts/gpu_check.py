@@ -1,0 +1,112 @@
+"""The GPU-side check: real services (embedded NATS, in-process claims) compile, verify and measure softmax and
+RMSNorm on the cuda target, then a table: kernel, shape, median microseconds, GB/s, fraction of the measured
+copy bandwidth, ratio vs torch. Full results go to $OUT (when set) as JSON.
+
+Run through scripts/gpu_check.sh on a machine with an NVIDIA GPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+
+#: GPU-sized shapes for the check (a subset of what the packages declare, to fit the time limit); the
+#: verify shapes (ragged, size 1) stay as the packages declare them
+SHAPES = {
+    "softmax": [{"rows": 4096, "cols": 8192}],
+    "rmsnorm": [{"rows": 8192, "hidden": 8192}],
+}
+#: distributions kept for the check (drawing and referencing 100M-element inputs on the host costs seconds
+#: each); a full campaign uses every distribution the package declares
+DISTRIBUTIONS = {"softmax": ["normal", "large", "masked"], "rmsnorm": ["normal", "large", "tiny"]}
+
+
+def package(name: str, work: Path) -> Path:
+    """A copy of the built-in package whose optimisation shapes are SHAPES[name]."""
+    from kfactory.problems import BUILTIN_DIR
+
+    dst = work / name
+    shutil.copytree(BUILTIN_DIR / name, dst)
+    spec = yaml.safe_load((dst / "problem.yaml").read_text())
+    spec["shapes"]["optimize"] = SHAPES[name]
+    spec["distributions"] = {k: v for k, v in spec["distributions"].items() if k in DISTRIBUTIONS[name]}
+    (dst / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return dst
+
+
+def campaign(name: str, pkg: Path, budget: int, env: dict, timeout_s: float) -> dict | None:
+    out = (OUT or pkg.parent) / f"{name}.json"
+    cmd = [sys.executable, "-m", "kfactory.cli", "run", str(pkg), "--target", "cuda", "--budget", str(budget),
+           "--strategy", "random", "--seed", "11", "--json", str(out)]
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=timeout_s, capture_output=True, text=True)
+    except subprocess.TimeoutExpired as e:
+        print(f"{name}: ran past {timeout_s:.0f}s", (e.stdout or b"")[-3000:] if e.stdout else "")
+        return None
+    log = proc.stdout[-6000:] + proc.stderr[-6000:]
+    if OUT:
+        (OUT / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    print(f"{name}: exit {proc.returncode} after {time.time() - t0:.0f}s")
+    if proc.returncode != 0 or not out.exists():
+        print(log)
+        return None
+    print(proc.stdout[-2500:])
+    return json.loads(out.read_text())
+
+
+def table(results: dict[str, dict]) -> list[str]:
+    rows = [f"{'problem':8} {'kernel':10} {'shape':12} {'median us':>10} {'GB/s':>8} {'of copy bw':>10} "
+            f"{'vs torch':>9} {'mode':6} {'throttled':9}"]
+    for name, summary in results.items():
+        best = (summary or {}).get("best")
+        if not best:
+            rows.append(f"{name:8} no measured candidate")
+            continue
+        for shape, s in best["shapes"].items():
+            compared = s.get("compared", {})
+            torch_t = compared.get("torch", {}).get("median_seconds")
+            for kernel, e in compared.items():
+                ratio = f"{torch_t / e['median_seconds']:.2f}x" if torch_t else "-"
+                rows.append(f"{name:8} {kernel:10} {shape:12} {e['median_seconds'] * 1e6:10.1f} {e['gbps']:8.0f} "
+                            f"{e['fraction_of_measured_bandwidth']:10.1%} {ratio:>9} {e['mode']:6} "
+                            f"{str(e['throttled']):9}")
+    return rows
+
+
+def main() -> int:
+    budget = int(os.environ.get("KF_GPU_BUDGET", "6"))
+    t0 = time.time()
+    work = Path(tempfile.mkdtemp(prefix="kf-gpu-"))
+    env = dict(os.environ, KFACTORY_DATA_DIR=str(work / "data"), KFACTORY_REPORT_DIR=str((OUT or work) / "reports"),
+               KFACTORY_INPUT_REUSE="64", KFACTORY_COMPARE_MAX_S=os.environ.get("KF_GPU_COMPARE_S", "1.0"),
+               KFACTORY_MEASURE_MAX_S="0.3", KFACTORY_RUNNER_TIMEOUT_S="60", PYTHONUNBUFFERED="1")
+    results = {}
+    for name in SHAPES:
+        results[name] = campaign(name, package(name, work), budget, env, timeout_s=float(os.environ.get(
+            "KF_GPU_CAMPAIGN_S", "200")))
+        print(f"elapsed {time.time() - t0:.0f}s", flush=True)
+    rows = table(results)
+    if OUT:
+        (OUT / "gpu_check.json").write_text(json.dumps(results, indent=1))
+        (OUT / "table.txt").write_text("\n".join(rows) + "\n")
+    dev = next((r["device_info"] for r in results.values() if r), {})
+    print(f"\ndevice: {dev.get('model')} {dev.get('arch')} copy bandwidth {dev.get('mem_bandwidth_gbps', 0):.0f} GB/s, "
+          f"fp32 {dev.get('peak_gflops', 0) / 1e3:.1f} TFLOP/s, bf16 {dev.get('peak_bf16_gflops', 0) / 1e3:.0f} TFLOP/s")
+    print("\n".join(rows))
+    return 0 if all(results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
