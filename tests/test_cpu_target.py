@@ -142,6 +142,12 @@ def test_device_reports_a_measured_bandwidth_cached_per_host(settings):
      "line 2: pthread_create is not allowed"),
     ("#define CAT(a, b) a##b\nvoid kernel(void){}\n", "line 1: token pasting"),
     ("void kernel(void){ int fd = open(\"/etc/passwd\", 0); (void)fd; }\n", "line 1: open is not allowed"),
+    # the same directives spelled as the preprocessor also reads them: digraphs, trigraphs, line splices
+    ("%:include <unistd.h>\nvoid kernel(void){}\n", "line 1: header <unistd.h> is not allowed"),
+    ("??=include <stdio.h>\nvoid kernel(void){}\n", "line 1: header <stdio.h> is not allowed"),
+    ("#inc\\\nlude <unistd.h>\nvoid kernel(void){}\n", "line 1: header <unistd.h> is not allowed"),
+    ("#define CAT(a, b) a %:%: b\nvoid kernel(void){}\n", "line 1: token pasting"),
+    ("void kernel(void){ sys\\\ntem(0); }\n", "line 1: system is not allowed"),
 ])
 def test_source_rules_name_the_rule_and_line(target, source, needle):
     res = target.compile(source, "c", "-O2", "kernel")

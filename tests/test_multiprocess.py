@@ -17,8 +17,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kfactory.app import SERVICE_NAMES
 from kfactory.services.memory.archive import Archive
 
-pytestmark = pytest.mark.slow
-
 
 def _free_port() -> int:
     with socket.socket() as s:

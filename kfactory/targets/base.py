@@ -65,6 +65,11 @@ class Session(ABC):
               *, min_samples: int, min_s: float, max_s: float, noise: float, warmup_s: float) -> BenchResult:
         """Time the kernels interleaved (A B A B ...) over a rotating pool of input sets."""
 
+    def call_overhead_s(self) -> float:
+        """Seconds a timed call costs when the kernel does nothing (0 where timing sees the kernel alone, as
+        device events do)."""
+        return 0.0
+
     @abstractmethod
     def close(self) -> None: ...
 

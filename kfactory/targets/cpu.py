@@ -18,6 +18,8 @@ from kfactory.targets.base import BenchResult, CallResult, CompileResult, Sessio
 from kfactory.v1 import events_pb2 as pb
 
 COMPILE_TIMEOUT_S = 120
+#: a kernel that does nothing, for measuring the cost of a call itself (arguments are ignored in C)
+NULL_KERNEL = "void kernel(void) {}\n"
 LANG_FLAG = {"c": "c", "cpp": "c++"}
 
 
@@ -124,6 +126,7 @@ class CpuSession(Session):
         self.target, self.problem, self.threads = target, problem, threads
         self.runner = Runner(threads, s.runner_timeout_s, s.runner_mem_mb, s.runner_max_runs)
         self.loads: dict[str, dict] = {}
+        self._overhead: float | None = None
         abi = problem.spec.abi["cpu"]
         tensors = {t.name for t in problem.spec.inputs + problem.spec.outputs}
         self.abi_args = abi.args
@@ -222,6 +225,22 @@ class CpuSession(Session):
             outs = {k: [{t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
                         for _, views in per_key[k]] for k in keys}
         return BenchResult(reply["samples"], outs)
+
+    def call_overhead_s(self) -> float:
+        """The median time of a call that does nothing, through the same path as a kernel's (the runner's
+        ctypes call with this ABI); measured once per session. The speed-of-light check subtracts it, so a
+        kernel that skips its work is compared with the floor by the work it did, not by the call's cost."""
+        if self._overhead is None:
+            res = self.target.compile(NULL_KERNEL, "c", "-O2", "kernel")
+            if not res.ok:
+                raise RuntimeError(f"the empty kernel did not compile: {res.message}")
+            self.load_artifact("__null__", res.artifact, "kernel")
+            shape = min(self.problem.shapes("all"), key=lambda s: int(np.prod(list(s.values()))))
+            zeros = {t.name: np.zeros(self.problem.tensor_shape(t, shape), t.dtype) for t in self.problem.spec.inputs}
+            res = self.bench(["__null__"], shape, [zeros], min_samples=200, min_s=0.02, max_s=0.2, noise=0.05,
+                             warmup_s=0.01)
+            self._overhead = float(np.median(res.samples["__null__"]))
+        return self._overhead
 
     def close(self) -> None:
         self.runner.stop()

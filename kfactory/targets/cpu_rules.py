@@ -63,24 +63,45 @@ def _blank(match: re.Match) -> str:
     return re.sub(r"[^\n]", " ", match.group(0))
 
 
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """(first physical line number, text) per logical line: backslash-newline splices are joined as the
+    preprocessor joins them, and the digraph %: and the trigraph ??= read as #, so `#inc\\<newline>lude`
+    or `%:include` cannot hide a directive from the rules."""
+    out, start, buf = [], 1, ""
+    for no, line in enumerate(text.splitlines(), 1):
+        if not buf:
+            start = no
+        if line.endswith("\\"):
+            buf += line[:-1]
+            continue
+        out.append((start, (buf + line).replace("%:", "#").replace("??=", "#")))
+        buf = ""
+    if buf:
+        out.append((start, buf))
+    return out
+
+
 def check_source(source: str) -> list[Violation]:
     """Every rule the source breaks, with its line."""
-    code = _COMMENT_OR_STRING.sub(_blank, source)
+    code = dict(_logical_lines(_COMMENT_OR_STRING.sub(_blank, source)))
     out: list[Violation] = []
-    for no, (line, raw) in enumerate(zip(code.splitlines(), source.splitlines()), 1):
+    raw_lines = source.splitlines()
+    for no, raw in _logical_lines(source):
+        line = code.get(no, "")
+        shown = raw_lines[no - 1]
         inc = _INCLUDE.match(raw)
         if inc and inc.group(1) not in ALLOWED_HEADERS:
             out.append(Violation(f"header <{inc.group(1)}> is not allowed (allowed: "
-                                 f"{', '.join(sorted(ALLOWED_HEADERS))})", no, raw))
+                                 f"{', '.join(sorted(ALLOWED_HEADERS))})", no, shown))
             continue
         if "##" in line:
-            out.append(Violation("token pasting (##) is not allowed", no, raw))
+            out.append(Violation("token pasting (##) is not allowed", no, shown))
         for ident in _IDENT.findall(line):
             if ident in ("asm", "__asm", "__asm__"):
-                out.append(Violation("inline assembly is not allowed", no, raw))
+                out.append(Violation("inline assembly is not allowed", no, shown))
             elif ident in BANNED_IDENTIFIERS:
                 out.append(Violation(f"{ident} is not allowed (no file, process, raw thread, network or "
-                                     "system calls; parallelism through OpenMP pragmas only)", no, raw))
+                                     "system calls; parallelism through OpenMP pragmas only)", no, shown))
     return out
 
 
