@@ -7,6 +7,7 @@ resources before loading anything, and knows nothing of the bus.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import json
 import os
@@ -103,23 +104,15 @@ class Child:
         pairs = {k["key"]: [self._bind(k["key"], s) for s in k["argsets"]] for k in cmd["kernels"]}
         bound = {k: [call for call, _ in v] for k, v in pairs.items()}
         keys = list(bound)
-        samples: dict[str, list[float]] = {k: [] for k in keys}
         self._warm_up(bound, cmd["warmup_s"])
-        start = time.perf_counter()
-        i = 0
-        while True:
-            for k in keys:
-                calls = bound[k]
-                t0 = time.perf_counter_ns()
-                calls[i % len(calls)]()
-                samples[k].append((time.perf_counter_ns() - t0) * 1e-9)
-            i += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= cmd["max_s"]:
-                break
-            if i >= cmd["min_samples"] and elapsed >= cmd["min_s"] and all(
-                    _noise(s) <= cmd["noise"] for s in samples.values()):
-                break
+
+        def timed(k: str, i: int) -> float:
+            calls = bound[k]
+            t0 = time.perf_counter_ns()
+            calls[i % len(calls)]()
+            return (time.perf_counter_ns() - t0) * 1e-9
+
+        samples, i = sample_interleaved({k: functools.partial(timed, k) for k in keys}, cmd)
         # every argument set's output is checked by the parent: a set the loop never reached gets its one
         # call now, exactly like a timed call (same buffers, output not re-poisoned)
         for k in keys:
@@ -144,6 +137,24 @@ class Child:
             if n >= 2 and ((elapsed >= warmup_s and stable) or elapsed >= 10 * warmup_s):
                 return
             prev = took
+
+
+def sample_interleaved(samplers: dict, cmd: dict) -> tuple[dict[str, list[float]], int]:
+    """Round-robin over the kernels (A B A B ...), each sampler(i) timing round i, until max_s has passed, or
+    min_samples rounds and min_s have and every kernel's noise is under the bound; (samples, rounds)."""
+    samples: dict[str, list[float]] = {k: [] for k in samplers}
+    start = time.perf_counter()
+    i = 0
+    while True:
+        for k, sampler in samplers.items():
+            samples[k].append(sampler(i))
+        i += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= cmd["max_s"]:
+            return samples, i
+        if i >= cmd["min_samples"] and elapsed >= cmd["min_s"] and all(
+                _noise(s) <= cmd["noise"] for s in samples.values()):
+            return samples, i
 
 
 def _noise(s: list[float]) -> float:

@@ -9,7 +9,7 @@ from kfactory.strategies import KNOWN, Space, UnknownStrategy, make_strategy
 
 @pytest.fixture(scope="module")
 def space():
-    return Space(list(load_problem("softmax").families.values()))
+    return Space(load_problem("softmax").families_for("cpu"))
 
 
 def _score(point) -> float:

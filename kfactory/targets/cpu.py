@@ -15,6 +15,7 @@ from kfactory.runner import Runner, ShmBuffers
 from kfactory.targets.ceiling import ceilings
 from kfactory.targets.cpu_rules import check_imports, check_source
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
+from kfactory.targets.shm_args import build_argset, sequence_results, set_bytes, stage_steps
 from kfactory.v1 import events_pb2 as pb
 
 COMPILE_TIMEOUT_S = 120
@@ -143,80 +144,30 @@ class CpuSession(Session):
     def load_baseline(self, key: str, name: str) -> None:
         self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name}
 
-    def _argset(self, bufs: ShmBuffers, shape: dict[str, int], inputs: dict[str, np.ndarray],
-                poison: bool, guards: list | None = None) -> tuple[list[dict], dict[str, np.ndarray]]:
-        """The runner's argument list in ABI order and the parent's views of the tensors. With `guards`
-        (a list to fill), every tensor gets guard bands around it (ShmBuffers.new_guarded)."""
-        spec, views, args = self.problem.spec, {}, []
-        outs = {t.name: t for t in spec.outputs}
-        ins = {t.name: t for t in spec.inputs}
-        for name in self.abi_args + [t.name for t in spec.outputs + spec.inputs]:
-            if name in views or not (name in ins or name in outs):
-                continue
-            t = ins.get(name) or outs[name]
-            tshape = self.problem.tensor_shape(t, shape)
-            if guards is None:
-                path, offset, arr = bufs.new(tshape, t.dtype)
-            else:
-                path, offset, arr, bands = bufs.new_guarded(tshape, t.dtype)
-                guards.extend((name, b) for b in bands)
-            if name in ins:
-                arr[...] = inputs[name]
-            elif poison:
-                arr[...] = poison_value(t.dtype)
-            views[name] = arr
-            args.append({"name": name, "path": path, "offset": offset, "dtype": t.dtype, "shape": list(arr.shape),
-                         "role": "in" if name in ins else "out"})
-        by_name = {a["name"]: a for a in args}
-        ordered = [by_name[a] if a in by_name else {"name": a, "int": shape[a]} for a in self.abi_args]
-        extra = [a for a in args if a["name"] not in self.abi_args]
-        return ordered + extra, views
-
-    def _set_bytes(self, shape: dict[str, int]) -> int:
-        return sum(int(np.prod(self.problem.tensor_shape(t, shape))) * np.dtype(t.dtype).itemsize
-                   for t in self.problem.spec.inputs + self.problem.spec.outputs)
-
     def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
         return self.call_sequence(key, shape, [inputs])[0]
 
     def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
-        """Run the kernel once per step on the SAME buffers (fresh ones for the first step): before each
-        step the runner writes that step's inputs into them and poisons the outputs."""
+        """Run the kernel once per step on the SAME buffers (fresh ones, with guard bands, for the first step):
+        before each step the runner writes that step's inputs into them and poisons the outputs."""
         self.runner.ensure_loaded(key, self.loads[key])
-        spec = self.problem.spec
         with ShmBuffers() as bufs:
             guards: list = []
-            argset, views = self._argset(bufs, shape, steps[0], poison=True, guards=guards)
-            staged = []
-            for inputs in steps[1:]:
-                ins = {t.name: _staged(bufs, inputs[t.name]) for t in spec.inputs}
-                outs = {t.name: _staged(bufs, np.empty(self.problem.tensor_shape(t, shape), t.dtype))
-                        for t in spec.outputs}
-                staged.append((ins, outs))
-            cmd = {"op": "call", "key": key, "args": argset,
-                   "steps": [{"inputs": {n: d for n, (d, _) in ins.items()},
-                              "outputs": {n: d for n, (d, _) in outs.items()},
-                              "poison": {t.name: poison_value(t.dtype) for t in spec.outputs}}
-                             for ins, outs in staged]}
-            reply = self.runner.request(cmd, timeout_s=self.runner.timeout_s * len(steps))
+            argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0], guards)
+            staged, step_cmds = stage_steps(self.problem, bufs, shape, steps)
+            reply = self.runner.request({"op": "call", "key": key, "args": argset, "steps": step_cmds},
+                                        timeout_s=self.runner.timeout_s * len(steps))
             oob = sorted({name for name, band in guards if not ShmBuffers.intact([band])})
-            results = []
-            for i, inputs in enumerate(steps):
-                if i + 1 < len(steps):  # outputs of earlier steps were copied out before the next step ran
-                    outs = {n: np.array(v) for n, (_, v) in staged[i][1].items()}
-                else:
-                    outs = {t.name: np.array(views[t.name]) for t in spec.outputs}
-                mutated = ([t.name for t in spec.inputs if not _same_bits(views[t.name], inputs[t.name])]
-                           if i + 1 == len(steps) else [])
-                results.append(CallResult(outs, reply["seconds"][i], mutated, oob))
-        return results
+            return sequence_results(self.problem, steps, staged, views, reply["seconds"], oob)
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s) -> BenchResult:
         for k in keys:
             self.runner.ensure_loaded(k, self.loads[k])
         with ShmBuffers() as bufs:
-            bufs.reserve(len(keys) * sum(self._set_bytes(shape) + 2 * ShmBuffers.ALIGN * 4 for _ in input_sets))
-            per_key = {k: [self._argset(bufs, shape, inp, poison=True) for inp in input_sets] for k in keys}
+            bufs.reserve(len(keys) * sum(set_bytes(self.problem, shape) + 2 * ShmBuffers.ALIGN * 4
+                                         for _ in input_sets))
+            per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
+                       for k in keys}
             cmd = {"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
                    "min_samples": min_samples, "min_s": min_s, "max_s": max_s, "noise": noise,
                    "warmup_s": warmup_s}
@@ -244,28 +195,6 @@ class CpuSession(Session):
 
     def close(self) -> None:
         self.runner.stop()
-
-
-def poison_value(dtype: str) -> float:
-    """What an output is filled with before a run: NaN for floats, -1 for integers."""
-    return float("nan") if np.dtype(dtype).kind == "f" else -1
-
-
-def _staged(bufs: ShmBuffers, arr: np.ndarray) -> tuple[dict, np.ndarray]:
-    """A copy of `arr` in shared memory and its descriptor, for the runner to copy from or into."""
-    path, offset, view = bufs.new(arr.shape, str(arr.dtype))
-    view[...] = arr
-    return {"path": path, "offset": offset, "dtype": str(arr.dtype), "shape": list(arr.shape)}, view
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bit-for-bit equality (a NaN payload counts too), compared in 8-byte words where the size allows."""
-    a, b = np.ascontiguousarray(a).reshape(-1).view(np.uint8), np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    if a.size != b.size:
-        return False
-    if a.size % 8 == 0:
-        a, b = a.view(np.uint64), b.view(np.uint64)
-    return bool(np.array_equal(a, b))
 
 
 def make(option: str, settings) -> CpuTarget:

@@ -20,6 +20,7 @@ from kfactory.log import get_logger
 from kfactory.runner import LoadFailed, Runner, RunnerCrashed, RunnerFault, ShmBuffers
 from kfactory.targets import nvml
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
+from kfactory.targets.shm_args import build_argset, sequence_results, set_bytes, stage_steps
 from kfactory.v1 import events_pb2 as pb
 
 log = get_logger("cuda")
@@ -248,34 +249,6 @@ class CudaSession(Session):
 
     # -- arguments -------------------------------------------------------------------------------------------
 
-    def _argset(self, bufs: ShmBuffers, shape: dict[str, int],
-                inputs: dict[str, np.ndarray]) -> tuple[list[dict], dict[str, np.ndarray]]:
-        """The runner's argument list (ABI order, then tensors outside the ABI) and the parent's views; the
-        outputs' shared memory is poisoned too (the runner poisons the device buffers itself)."""
-        spec, views, args = self.problem.spec, {}, []
-        outs = {t.name: t for t in spec.outputs}
-        ins = {t.name: t for t in spec.inputs}
-        for name in self.abi_args + [t.name for t in spec.outputs + spec.inputs]:
-            if name in views or not (name in ins or name in outs):
-                continue
-            t = ins.get(name) or outs[name]
-            path, offset, arr = bufs.new(self.problem.tensor_shape(t, shape), t.dtype)
-            if name in ins:
-                arr[...] = inputs[name]
-            else:
-                arr[...] = np.nan if arr.dtype.kind == "f" else -1
-            views[name] = arr
-            args.append({"name": name, "path": path, "offset": offset, "dtype": t.dtype, "shape": list(arr.shape),
-                         "role": "in" if name in ins else "out"})
-        by_name = {a["name"]: a for a in args}
-        ordered = [by_name[a] if a in by_name else {"name": a, "int": int(shape[a])} for a in self.abi_args]
-        extra = [a for a in args if a["name"] not in self.abi_args]
-        return ordered + extra, views
-
-    def _set_bytes(self, shape: dict[str, int]) -> int:
-        return sum(int(np.prod(self.problem.tensor_shape(t, shape))) * np.dtype(t.dtype).itemsize
-                   for t in self.problem.spec.inputs + self.problem.spec.outputs)
-
     # -- running ---------------------------------------------------------------------------------------------
 
     def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
@@ -286,33 +259,14 @@ class CudaSession(Session):
         before each later step the runner saves the outputs, uploads that step's inputs and poisons the
         outputs. Out-of-bounds writes are seen in the device-side guard bands (any step)."""
         self._ensure(key)
-        spec = self.problem.spec
         with ShmBuffers() as bufs:
-            argset, views = self._argset(bufs, shape, steps[0])
-            staged = []
-            for inputs in steps[1:]:
-                ins = {t.name: _staged(bufs, inputs[t.name]) for t in spec.inputs}
-                outs = {t.name: _staged(bufs, np.empty(self.problem.tensor_shape(t, shape), t.dtype))
-                        for t in spec.outputs}
-                staged.append((ins, outs))
-            cmd = {"op": "call", "key": key, "args": argset, "shape": dict(shape),
-                   "steps": [{"inputs": {n: d for n, (d, _) in ins.items()},
-                              "outputs": {n: d for n, (d, _) in outs.items()},
-                              "poison": {t.name: 0 for t in spec.outputs}}
-                             for ins, outs in staged]}
+            argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0])
+            staged, step_cmds = stage_steps(self.problem, bufs, shape, steps)
+            cmd = {"op": "call", "key": key, "args": argset, "shape": dict(shape), "steps": step_cmds}
             reply = self._request(cmd, timeout_s=self.runner.timeout_s * len(steps))
             seconds = reply["seconds"] if isinstance(reply["seconds"], list) else [reply["seconds"]]
-            oob = list(reply.get("out_of_bounds", []))
-            results = []
-            for i, inputs in enumerate(steps):
-                if i + 1 < len(steps):
-                    outs = {n: np.array(v) for n, (_, v) in staged[i][1].items()}
-                else:
-                    outs = {t.name: np.array(views[t.name]) for t in spec.outputs}
-                mutated = ([t.name for t in spec.inputs if not _same_bits(views[t.name], inputs[t.name])]
-                           if i + 1 == len(steps) else [])
-                results.append(CallResult(outs, seconds[i], mutated, oob))
-        return results
+            return sequence_results(self.problem, steps, staged, views, seconds,
+                                    list(reply.get("out_of_bounds", [])))
 
     def _pick_mode(self, base: dict) -> str:
         """graph when a quick events-mode probe (first input set only) puts some kernel under GRAPH_BELOW_S."""
@@ -331,8 +285,9 @@ class CudaSession(Session):
         for k in keys:
             self._ensure(k)
         with ShmBuffers() as bufs:
-            bufs.reserve(len(keys) * len(input_sets) * (self._set_bytes(shape) + 8 * ShmBuffers.ALIGN))
-            per_key = {k: [self._argset(bufs, shape, inp) for inp in input_sets] for k in keys}
+            bufs.reserve(len(keys) * len(input_sets) * (set_bytes(self.problem, shape) + 8 * ShmBuffers.ALIGN))
+            per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
+                       for k in keys}
             base = {"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
                     "shape": dict(shape), "min_samples": min_samples, "min_s": min_s, "max_s": max_s,
                     "noise": noise, "warmup_s": warmup_s}
@@ -364,19 +319,6 @@ class CudaSession(Session):
 
     def close(self) -> None:
         self.runner.stop()
-
-
-def _staged(bufs: ShmBuffers, arr: np.ndarray) -> tuple[dict, np.ndarray]:
-    """A copy of `arr` in shared memory and its descriptor, for the runner to copy from or into."""
-    path, offset, view = bufs.new(arr.shape, str(arr.dtype))
-    view[...] = arr
-    return {"path": path, "offset": offset, "dtype": str(arr.dtype), "shape": list(arr.shape)}, view
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bit-for-bit equality (a NaN payload counts too)."""
-    a, b = np.ascontiguousarray(a).reshape(-1).view(np.uint8), np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    return a.size == b.size and bool(np.array_equal(a, b))
 
 
 def make(option: str, settings) -> CudaTarget:

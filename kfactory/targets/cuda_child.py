@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kfactory.runner_child import Child, _noise, main
+from kfactory.runner_child import Child, main, sample_interleaved
 from kfactory.targets.launch import Launch, evaluate_launch
 
 try:
@@ -573,19 +573,7 @@ class CudaChild(Child):
                 samplers[k], per_sample[k], enqueues[k] = self._sampler(k, sets[k], launches[k], mode, flush_bytes,
                                                                         graphs)
             self._warm_up_device(samplers, float(cmd["warmup_s"]))
-            samples: dict[str, list[float]] = {k: [] for k in keys}
-            start = time.perf_counter()
-            i = 0
-            while True:
-                for k in keys:
-                    samples[k].append(samplers[k](i))
-                i += 1
-                elapsed = time.perf_counter() - start
-                if elapsed >= cmd["max_s"]:
-                    break
-                if i >= cmd["min_samples"] and elapsed >= cmd["min_s"] and all(
-                        _noise(s) <= cmd["noise"] for s in samples.values()):
-                    break
+            samples, _ = sample_interleaved(samplers, cmd)
             # every set's output is checked by the parent, and a short loop (or a graph of fewer launches than
             # sets) may not have reached them all: each set gets one more run, like a timed one (same buffers)
             for k in keys:
