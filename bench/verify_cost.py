@@ -1,9 +1,9 @@
 """The cost of rigour: the verifier's time per candidate as a multiple of the candidate's own run time.
 
 Compiles one kernel (the best-known softmax design point by default, or --source FILE), verifies it the way
-the verifier service does (every shape x every distribution, fresh draws, poisoned outputs, full
-comparison, input-mutation and determinism checks), and times one call at the first optimisation shape.
-It prints the verification time split into its parts, each as a multiple of that one call.
+the verifier service does (every shape x every distribution, fresh draws, poisoned outputs, full comparison,
+guard bands, input-mutation, determinism and memoisation checks), and times one call at the first
+optimisation shape. It prints the verification time split into its parts, each as a multiple of that call.
 
     python bench/verify_cost.py [--problem softmax] [--source FILE --flags FLAGS] [--repeat 3]
 """
@@ -24,7 +24,8 @@ DEFAULT_POINT = {"exp": "poly", "flags": "-O3 -march=native", "passes": "two", "
 PARTS = {"drawing inputs + float64 reference": ("inputs.py", "reference.py"),
          "comparing outputs": ("compare.py",),
          "runner round trips (kernel runs, mapping)": ("select",),
-         "buffer set-up, poison, copies": ("_argset", "array", "_same_bits")}
+         "buffer set-up, guard bands, poison, copies": ("build_argset", "new_guarded", "intact", "array",
+                                                        "same_bits")}
 
 
 def main() -> None:
