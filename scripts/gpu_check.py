@@ -47,7 +47,7 @@ def package(name: str, work: Path) -> Path:
 def campaign(name: str, pkg: Path, budget: int, env: dict, timeout_s: float) -> dict | None:
     out = (OUT or pkg.parent) / f"{name}.json"
     cmd = [sys.executable, "-m", "kfactory.cli", "run", str(pkg), "--target", "cuda", "--budget", str(budget),
-           "--strategy", "random", "--seed", "11", "--json", str(out)]
+           "--strategy", os.environ.get("KF_GPU_STRATEGY", "evolutionary"), "--seed", "11", "--json", str(out)]
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
     try:
@@ -86,16 +86,16 @@ def table(results: dict[str, dict]) -> list[str]:
 
 
 def main() -> int:
-    budget = int(os.environ.get("KF_GPU_BUDGET", "6"))
+    budget = int(os.environ.get("KF_GPU_BUDGET", "12"))
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="kf-gpu-"))
-    env = dict(os.environ, KFACTORY_DATA_DIR=str(work / "data"), KFACTORY_REPORT_DIR=str((OUT or work) / "reports"),
+    env = dict(os.environ, KFACTORY_DATA_DIR=str(work / "data"), KFACTORY_REPORT_DIR=str(work / "reports"),
                KFACTORY_INPUT_REUSE="64", KFACTORY_COMPARE_MAX_S=os.environ.get("KF_GPU_COMPARE_S", "1.0"),
                KFACTORY_MEASURE_MAX_S="0.3", KFACTORY_RUNNER_TIMEOUT_S="60", PYTHONUNBUFFERED="1")
     results = {}
     for name in SHAPES:
         results[name] = campaign(name, package(name, work), budget, env, timeout_s=float(os.environ.get(
-            "KF_GPU_CAMPAIGN_S", "200")))
+            "KF_GPU_CAMPAIGN_S", "160")))
         print(f"elapsed {time.time() - t0:.0f}s", flush=True)
     rows = table(results)
     if OUT:
