@@ -101,8 +101,8 @@ class ProblemSpec(_Strict):
 class FamilySpec(_Strict):
     """families/<name>/family.yaml."""
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    target: Literal["cpu", "cuda"]
-    language: Literal["c", "cuda", "ptx"]
+    target: Literal["cpu", "cuda", "replay"]
+    language: Literal["c", "cuda", "ptx", "replay"]
     template: str
     entry: str = "kernel"
     params: dict[str, list[str | int | float | bool]] = Field(min_length=1)
