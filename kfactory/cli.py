@@ -39,7 +39,9 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
 def _spec(args):
     from kfactory.v1 import events_pb2 as pb
 
-    spec = pb.CampaignSpec(problem=args.problem, target=args.target, budget_candidates=args.budget,
+    # a replay target carries its own problem (the recorded space): PROBLEM is then only a label
+    problem = args.target if args.target.startswith("replay:") else args.problem
+    spec = pb.CampaignSpec(problem=problem, target=args.target, budget_candidates=args.budget,
                            budget_seconds=args.seconds, strategy=args.strategy, threads=args.threads or 0,
                            seed=args.seed, families=args.family, parallel=args.parallel)
     for m in args.manual:

@@ -182,7 +182,11 @@ def _load_yaml(path: Path, model):
 
 
 def load_problem(name_or_path: str | Path) -> Problem:
-    """Load a built-in problem by name or a package by directory path."""
+    """Load a built-in problem by name or a package by directory path; "replay:<cache file>" synthesizes the
+    problem of a recorded tuning space (kfactory.replay.problem)."""
+    if str(name_or_path).startswith("replay:"):
+        from kfactory.replay.problem import load_replay_problem
+        return load_replay_problem(str(name_or_path))
     path = Path(name_or_path)
     directory = path if path.is_dir() else BUILTIN / str(name_or_path)
     if not (directory / "problem.yaml").exists():

@@ -5,7 +5,7 @@ import importlib
 
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
 
-KNOWN = ("cpu", "cuda")
+KNOWN = ("cpu", "cuda", "replay")
 
 
 class UnknownTarget(ValueError):
