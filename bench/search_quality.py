@@ -1,0 +1,319 @@
+#!/usr/bin/env python
+"""Search quality on recorded tuning spaces: kfactory's strategies side by side with Kernel Tuner's.
+
+    python bench/search_quality.py [--spaces NAME ...] [--budgets 25 50 100 200] [--seeds 30]
+                                   [--strategies default evolutionary tpe portfolio random]
+                                   [--kt-strategies random_sample genetic_algorithm ...] [--json OUT]
+
+For each recorded space (Kernel Tuner cache files, default: every *.json.gz in ../shared/data/tuning-spaces
+relative to the repository, or $KF_TUNING_SPACES, or --data) and each budget, N seeded runs per strategy.
+
+What an evaluation is: every point a strategy asks costs one evaluation, whether it ran, failed at compile
+or run time (a recorded failure is a result), and kfactory's strategies never ask a point twice nor an invalid
+one (they only propose points that satisfy the constraints). This matches Kernel Tuner's simulation mode
+(kernel_tuner/runners/simulation.py): the budget (max_fevals) counts each *distinct* configuration served
+from the cache, failed ones included; a repeated configuration costs nothing, and a configuration that breaks
+the restrictions is answered InvalidConfig without costing an evaluation. So both sides pay one evaluation per
+distinct valid configuration measured.
+
+kfactory's strategies do not know the budget, so one run of the largest budget gives the best-so-far at every
+smaller budget (the first b asks are the same whatever the budget). Kernel Tuner's strategies may shape their
+search to max_fevals, so they run once per budget. Kernel Tuner has no seed option for most strategies;
+random.seed(seed) and numpy.random.seed(seed) are set before every run (and seed= is passed too).
+
+Reported per space, budget and strategy: mean over seeds of best-found / optimum (`mean_ratio`) and
+`score` = (E[random] - mean_ratio) / (E[random] - 1), where E[random] is the exact expected best/optimum of
+uniform random sampling without replacement of b valid configurations (failed configurations count as draws
+and are never the best): 0 is as good as random search, 1 is the optimum every time.
+The `geomean` column is the geometric mean of mean_ratio over the "hard" spaces, those where random search at
+100 evaluations ends more than 2% above the optimum (issue 5); the flat spaces are shown as a check only.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kfactory.replay import load_space  # noqa: E402
+from kfactory.strategies import Space, make_strategy  # noqa: E402
+
+DEFAULT_BUDGETS = (25, 50, 100, 200)
+DEFAULT_KF = ("default", "surrogate", "tpe", "portfolio", "evolutionary", "random")
+DEFAULT_KT = ("random_sample", "genetic_algorithm", "dual_annealing", "bayes_opt", "greedy_ils",
+              "simulated_annealing", "pso", "diff_evo")
+HARD = 1.02  # a space is "hard" when random search at 100 evaluations ends more than 2% above the optimum
+
+
+def default_data() -> Path:
+    env = os.environ.get("KF_TUNING_SPACES")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared/data/tuning-spaces"
+
+
+# ----------------------------------------------------------------------------------------------- random baseline
+def expected_random_ratio(times: list[float | None], opt: float, b: int) -> float:
+    """E[best/opt] of b draws without replacement from the N configurations (failures never the best;
+    conditioned on at least one success)."""
+    n = len(times)
+    ok = sorted(t for t in times if t is not None)
+    b = min(b, n)
+    # P(min rank = k) = C(n-k, b-1) / C(n, b), ranks 1..len(ok) over the successful ones (failures rank last)
+    lc = math.lgamma(n + 1) - math.lgamma(b + 1) - math.lgamma(n - b + 1)
+    num = den = 0.0
+    for k, t in enumerate(ok, start=1):
+        if n - k < b - 1:
+            break
+        lp = math.lgamma(n - k + 1) - math.lgamma(b) - math.lgamma(n - k - b + 2) - lc
+        p = math.exp(lp)
+        num += p * t / opt
+        den += p
+    return num / den if den > 0 else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------- kfactory side
+def run_kf(name: str, rs, space: Space, seed: int, budget: int) -> list[float]:
+    """Best-so-far ratio after each evaluation (length budget; padded if the strategy stops early)."""
+    opt = rs.optimum_ms()
+    worst = max(r.time_ms for r in rs.records.values() if r.time_ms is not None)
+    s = make_strategy(name, space, seed=seed)
+    best, traj = math.inf, []
+    for _ in range(budget):
+        p = s.ask()
+        if p is None:
+            break
+        rec = rs.lookup(p.params)
+        t = rec.time_ms if rec is not None else None
+        s.tell(p, t)
+        if t is not None:
+            best = min(best, t)
+        traj.append((best if best < math.inf else worst) / opt)
+    while len(traj) < budget:
+        traj.append(traj[-1] if traj else worst / opt)
+    return traj
+
+
+# ----------------------------------------------------------------------------------------------- Kernel Tuner side
+def kt_available() -> str | None:
+    try:
+        import kernel_tuner  # noqa: F401
+        return None
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+_READ_MEMO: dict = {}
+
+
+def _memoize_kt_cache_reads() -> None:
+    """Kernel Tuner re-reads (and re-parses) the whole cache file on every tune_kernel call; in simulation mode
+    it only reads it (the runner copies each record it serves), so parse each file once."""
+    import kernel_tuner.util as ktu
+    if getattr(ktu, "_kf_memo", False):
+        return
+    orig = ktu.read_cache
+
+    def read_cache(cachefile, open_cache=True):
+        if open_cache:
+            return orig(cachefile, open_cache)
+        if cachefile not in _READ_MEMO:
+            _READ_MEMO[cachefile] = orig(cachefile, open_cache)
+        return _READ_MEMO[cachefile]
+
+    ktu.read_cache = read_cache
+    ktu._kf_memo = True
+
+
+def prepare_kt(rs, gz: Path, tmp: Path) -> dict:
+    """A plain-JSON copy of the cache (Kernel Tuner opens it as text) and the tune_kernel arguments."""
+    out = tmp / (rs.name + ".json")
+    if not out.exists():
+        with gzip.open(gz, "rb") as f, open(out, "wb") as g:
+            shutil.copyfileobj(f, g)
+    with open(out) as f:
+        head = json.load(f)
+    return dict(kernel_name=head["kernel_name"], kernel_source="", problem_size=head["problem_size"],
+                arguments=[], tune_params={k: list(v) for k, v in rs.params.items()},
+                restrictions=list(rs.constraints) or None, cache=str(out), simulation_mode=True, quiet=True)
+
+
+def run_kt(strategy: str, args: dict, opt: float, seed: int, budget: int) -> tuple[float, int]:
+    """(best/opt, distinct configurations evaluated) of one seeded Kernel Tuner run."""
+    import kernel_tuner
+    random.seed(seed)
+    np.random.seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results, _env = kernel_tuner.tune_kernel(**args, strategy=strategy, strategy_options={"max_fevals": budget},
+                                                 seed=seed)
+    keys = list(args["tune_params"])
+    seen, best = set(), math.inf
+    for r in results:
+        seen.add(tuple(r.get(k) for k in keys))
+        t = r.get("time")
+        if "__error__" not in r and isinstance(t, (int, float)) and math.isfinite(t):
+            best = min(best, t)
+    return best / opt, len(seen)
+
+
+# ----------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=default_data())
+    ap.add_argument("--spaces", nargs="*", help="space names (file stems) or cache file paths; default: all")
+    ap.add_argument("--budgets", nargs="*", type=int, default=list(DEFAULT_BUDGETS))
+    ap.add_argument("--seeds", type=int, default=30)
+    ap.add_argument("--strategies", nargs="*", default=list(DEFAULT_KF))
+    ap.add_argument("--kt-strategies", nargs="*", default=list(DEFAULT_KT))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    t_start = time.time()
+
+    if args.spaces:
+        files = [Path(s) if s.endswith((".json.gz", ".json")) else args.data / f"{s}.json.gz" for s in args.spaces]
+    else:
+        files = sorted(args.data.glob("*.json.gz"))
+    if not files:
+        print(f"no recorded spaces found in {args.data} (set --data or KF_TUNING_SPACES)", file=sys.stderr)
+        return 2
+    budgets = sorted(set(args.budgets))
+    seeds = list(range(args.seeds))
+
+    missing_kt = kt_available() if args.kt_strategies else None
+    kt_strats = [] if missing_kt else list(args.kt_strategies)
+    if missing_kt:
+        print(f"!! kernel_tuner is NOT installed ({missing_kt}); Kernel Tuner's strategies are skipped. "
+              f"`pip install kernel_tuner` (bench only) to race them.", file=sys.stderr)
+    else:
+        _memoize_kt_cache_reads()
+
+    results: dict = {}
+    meta: dict = {}
+    tmp = Path(tempfile.mkdtemp(prefix="kf-search-quality-"))
+    try:
+        for gz in files:
+            rs = load_space(gz)
+            opt = rs.optimum_ms()
+            times = [r.time_ms for r in rs.records.values()]
+            rand = {b: expected_random_ratio(times, opt, b) for b in sorted(set(budgets) | {100})}
+            meta[rs.name] = {"configurations": len(times), "failed": sum(t is None for t in times),
+                             "optimum_ms": opt, "expected_random": {str(b): rand[b] for b in budgets},
+                             "random_at_100": rand[100], "hard": rand[100] > HARD}
+            space = Space([rs.family()])
+            per = results.setdefault(rs.name, {str(b): {} for b in budgets})
+
+            def record(strat: str, b: int, ratios: list[float], secs: float, extra: dict | None = None):
+                mean = float(np.mean(ratios))
+                score = (rand[b] - mean) / (rand[b] - 1.0) if rand[b] > 1.0 + 1e-12 else float("nan")
+                per[str(b)][strat] = {"mean_ratio": mean, "score": score, "median_ratio": float(np.median(ratios)),
+                                      "seconds": secs, **(extra or {})}
+
+            for strat in args.strategies:
+                t0 = time.time()
+                trajs = [run_kf(strat, rs, space, seed, max(budgets)) for seed in seeds]
+                secs = time.time() - t0
+                for b in budgets:
+                    record(strat, b, [tr[b - 1] for tr in trajs], secs / len(seeds))
+                print(f"  {rs.name:28s} {strat:22s} {secs:7.1f}s", file=sys.stderr, flush=True)
+            if kt_strats:
+                kt_args = prepare_kt(rs, gz, tmp)
+                for strat in kt_strats:
+                    for b in budgets:
+                        t0 = time.time()
+                        ratios, fevals, errors = [], [], []
+                        for seed in seeds:
+                            try:
+                                r, n = run_kt(strat, kt_args, opt, seed, b)
+                                ratios.append(r)
+                                fevals.append(n)
+                            except Exception as e:  # noqa: BLE001 - one strategy failing must not stop the race
+                                errors.append(f"{type(e).__name__}: {e}")
+                        secs = time.time() - t0
+                        if ratios:
+                            record("kt:" + strat, b, ratios, secs / len(seeds),
+                                   {"mean_fevals": float(np.mean(fevals)), "errors": len(errors)})
+                        else:
+                            per[str(b)]["kt:" + strat] = {"error": errors[0]}
+                        print(f"  {rs.name:28s} kt:{strat:19s} b={b:<4d} {secs:7.1f}s"
+                              + (f" ({len(errors)} errors: {errors[0][:80]})" if errors else ""),
+                              file=sys.stderr, flush=True)
+                _READ_MEMO.clear()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    strategies = list(args.strategies) + ["kt:" + s for s in kt_strats]
+    hard = [n for n in results if meta[n]["hard"]]
+    geo: dict = {}
+    for b in budgets:
+        geo[str(b)] = {}
+        for s in strategies:
+            vals = [results[n][str(b)].get(s, {}).get("mean_ratio") for n in hard]
+            if hard and all(v is not None for v in vals):
+                geo[str(b)][s] = float(math.exp(np.mean(np.log(vals))))
+    elapsed = time.time() - t_start
+    print_table(results, geo, meta, strategies, budgets, hard)
+    print(f"\n{len(seeds)} seeds; {elapsed:.0f} s; evaluations = distinct valid configurations asked "
+          f"(failed ones included), as Kernel Tuner's simulation mode counts them"
+          + ("" if not missing_kt else "; Kernel Tuner MISSING: its strategies were not run"))
+
+    if args.json:
+        out = {"spaces": results, "geomean_hard": geo, "meta": meta,
+               "settings": {"seeds": len(seeds), "budgets": budgets, "strategies": strategies,
+                            "kernel_tuner": missing_kt or "installed", "seconds": elapsed,
+                            "evaluation": "distinct valid configurations asked, failures included"},
+               # TODO(issue 5, item 5): cold vs warm starts (evaluations to within 5% of the optimum, warm-started
+               # from the other devices' spaces of the same kernel) need warm starts (item 3), not built yet.
+               "warm_start": None}
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def print_table(results, geo, meta, strategies, budgets, hard) -> None:
+    for b in budgets:
+        cols = list(results) + ["geomean(hard)"]
+        short = {n: n.replace("convolution_milo", "conv").replace("dedispersion_milo", "dedisp") for n in results}
+        head = ["b=%d" % b] + [short.get(c, c) + ("" if c not in meta or meta[c]["hard"] else "(flat)")
+                               for c in cols]
+        rows = []
+        vals = {}
+        for s in strategies:
+            row = []
+            for c in cols:
+                v = geo[str(b)].get(s) if c == "geomean(hard)" else results[c][str(b)].get(s, {}).get("mean_ratio")
+                row.append(v)
+            vals[s] = row
+        best = [min((vals[s][j] for s in strategies if vals[s][j] is not None), default=None)
+                for j in range(len(cols))]
+        for s in strategies:
+            cells = []
+            for j, v in enumerate(vals[s]):
+                if v is None:
+                    cells.append("-")
+                else:
+                    cells.append(f"{v:.3f}" + ("*" if best[j] is not None and v <= best[j] + 1e-12 else " "))
+            rows.append([s] + cells)
+        rows.append(["E[random]"] + [f"{meta[c]['expected_random'][str(b)]:.3f} " if c in meta else "-"
+                                     for c in cols])
+        w = [max(len(str(r[j])) for r in rows + [head]) for j in range(len(head))]
+        print()
+        print("  ".join(str(h).ljust(w[j]) for j, h in enumerate(head)))
+        for r in rows:
+            print("  ".join(str(x).ljust(w[j]) for j, x in enumerate(r)))
+    print("\nmean best/optimum over seeds (lower is better; * best in column); geomean over spaces where random "
+          "at 100 evaluations ends >2% above the optimum: " + ", ".join(hard))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

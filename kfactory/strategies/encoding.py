@@ -1,0 +1,91 @@
+"""Shared helpers for model-based strategies: every valid point of a space, once, with a numeric encoding.
+
+The recorded and built-in spaces are small enough (thousands of points) to enumerate, so model-based
+strategies score every unseen valid point each step instead of optimising an acquisition function.
+
+Encoding: per family, each parameter with more than one value becomes one column. Ordered numeric values
+map to their rank scaled to [0, 1] (neighbouring values are near each other whatever their spacing);
+other values become one-hot columns. With several families, a one-hot family indicator is added and a
+family's columns are 0 for the other families' points.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from kfactory.strategies.base import Point, Space
+
+_CACHE: "weakref.WeakKeyDictionary[Space, SpaceIndex]" = weakref.WeakKeyDictionary()
+
+
+def _ordered(values: list) -> bool:
+    return len(values) > 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+class SpaceIndex:
+    """points[i] <-> X[i]; pos[point] == i."""
+
+    def __init__(self, space: Space):
+        self.points: list[Point] = space.all_points()
+        self.pos: dict[Point, int] = {p: i for i, p in enumerate(self.points)}
+        fams = list(space.families.values())
+        cols: list[tuple] = []  # (family, param, kind, payload)
+        for f in fams:
+            for name, values in f.spec.params.items():
+                if len(values) < 2:
+                    continue
+                if _ordered(values):
+                    order = sorted(values)
+                    cols.append((f.name, name, "rank", {v: i / (len(order) - 1) for i, v in enumerate(order)}))
+                else:
+                    for v in values:
+                        cols.append((f.name, name, "onehot", v))
+        multi = len(fams) > 1
+        d = len(cols) + (len(fams) if multi else 0)
+        X = np.zeros((len(self.points), max(d, 1)))
+        fam_col = {f.name: len(cols) + i for i, f in enumerate(fams)}
+        for i, p in enumerate(self.points):
+            params = p.params
+            for j, (fam, name, kind, payload) in enumerate(cols):
+                if fam != p.family:
+                    continue
+                if kind == "rank":
+                    X[i, j] = payload[params[name]]
+                else:
+                    X[i, j] = 1.0 if params[name] == payload else 0.0
+            if multi:
+                X[i, fam_col[p.family]] = 1.0
+        self.X = X
+        # integer codes: one column per (family, parameter), -1 for the other families' points
+        keys = [(f.name, name, values) for f in fams for name, values in f.spec.params.items()]
+        codes = np.full((len(self.points), len(keys)), -1, dtype=np.int32)
+        for i, p in enumerate(self.points):
+            params = p.params
+            for j, (fam, name, values) in enumerate(keys):
+                if fam == p.family:
+                    codes[i, j] = values.index(params[name])
+        self.codes = codes
+        self.family_of = np.array([list(space.families).index(p.family) for p in self.points], dtype=np.int32)
+        # groups of columns that belong to one parameter (for neighbourhoods and per-parameter lengthscales)
+        self.columns = cols
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def hamming(self, i: int) -> np.ndarray:
+        """How many parameters each point differs from point i in (other families: a large number)."""
+        d = (self.codes != self.codes[i]).sum(axis=1)
+        return np.where(self.family_of == self.family_of[i], d, 1 << 20)
+
+    def neighbours(self, i: int) -> np.ndarray:
+        """Indices of the points that differ from point i in exactly one parameter (same family)."""
+        return np.flatnonzero(self.hamming(i) == 1)
+
+
+def index_of(space: Space) -> SpaceIndex:
+    """The (cached) index of a space's valid points."""
+    idx = _CACHE.get(space)
+    if idx is None:
+        idx = _CACHE[space] = SpaceIndex(space)
+    return idx

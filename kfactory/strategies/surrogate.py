@@ -1,0 +1,156 @@
+"""Model-based search: a Gaussian-process surrogate over the encoded space, expected improvement over every
+unseen valid point, plus a little local search around the incumbent.
+
+- It starts with `init` uniformly drawn points.
+- The model is fitted to log(score) (scores are times: multiplicative effects become additive, and the few
+  very slow points stop dominating). Failed points are results too: they enter the model at the worst
+  log-time seen so far, so the model learns to stay away from the regions where points fail.
+- Kernel: Matern 5/2 with one lengthscale per encoded column (ARD), fitted by maximum marginal likelihood
+  (L-BFGS-B over log lengthscales and log noise) every `refit` results, warm-started from the last fit.
+- Each step scores every unseen valid point (the spaces are small enough) by expected improvement over the
+  best seen log-time; with probability `local` it restricts the choice to the unseen one-parameter
+  neighbours of the incumbent (local search where the model is least sure of the fine structure).
+It never proposes a seen point; when every point is seen it returns None.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.linalg import cho_factor, cho_solve, solve_triangular
+from scipy.optimize import minimize
+from scipy.special import erfc
+
+from kfactory.strategies.base import Point, Space, Strategy
+from kfactory.strategies.encoding import index_of
+
+_SQ5 = math.sqrt(5.0)
+
+
+def _matern(D2: np.ndarray) -> np.ndarray:
+    r = np.sqrt(np.maximum(D2, 0.0))
+    return (1.0 + _SQ5 * r + (5.0 / 3.0) * D2) * np.exp(-_SQ5 * r)
+
+
+def _sqdist(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    return np.maximum((A * A).sum(1)[:, None] + (B * B).sum(1)[None, :] - 2.0 * A @ B.T, 0.0)
+
+
+class GP:
+    """A small exact GP with ARD Matern 5/2 and unit signal variance on standardised targets."""
+
+    def __init__(self, d: int):
+        self.log_ls = np.full(d, math.log(0.5))
+        self.log_noise = math.log(1e-2)
+
+    def _nll(self, theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
+        ls, noise = np.exp(theta[:-1]), math.exp(theta[-1])
+        K = _matern(_sqdist(X / ls, X / ls)) + (noise + 1e-8) * np.eye(len(X))
+        try:
+            c, low = cho_factor(K, lower=True, check_finite=False)
+        except np.linalg.LinAlgError:
+            return 1e10
+        alpha = cho_solve((c, low), y, check_finite=False)
+        # weak prior keeps lengthscales in a sane range on tiny data
+        prior = 0.5 * np.sum((theta[:-1] - math.log(0.5)) ** 2) / 4.0
+        return float(0.5 * y @ alpha + np.log(np.diag(c)).sum() + prior)
+
+    def fit_hyper(self, X: np.ndarray, y: np.ndarray, maxiter: int = 25) -> None:
+        theta0 = np.append(self.log_ls, self.log_noise)
+        bounds = [(math.log(0.05), math.log(20.0))] * len(self.log_ls) + [(math.log(1e-4), math.log(0.5))]
+        res = minimize(self._nll, theta0, args=(X, y), method="L-BFGS-B", bounds=bounds,
+                       options={"maxiter": maxiter})
+        theta = res.x if np.all(np.isfinite(res.x)) else theta0
+        self.log_ls, self.log_noise = theta[:-1], float(theta[-1])
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> None:
+        self.ls = np.exp(self.log_ls)
+        self.Xs = X / self.ls
+        K = _matern(_sqdist(self.Xs, self.Xs)) + (math.exp(self.log_noise) + 1e-8) * np.eye(len(X))
+        self.L = np.linalg.cholesky(K)
+        self.alpha = cho_solve((self.L, True), y, check_finite=False)
+
+    def predict(self, Xq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        Ks = _matern(_sqdist(Xq / self.ls, self.Xs))
+        mu = Ks @ self.alpha
+        v = solve_triangular(self.L, Ks.T, lower=True, check_finite=False)
+        var = np.maximum(1.0 - (v * v).sum(0), 1e-12)
+        return mu, np.sqrt(var)
+
+
+def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float, xi: float = 0.0) -> np.ndarray:
+    imp = best - mu - xi
+    z = imp / sd
+    cdf = 0.5 * erfc(-z / math.sqrt(2.0))
+    pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return imp * cdf + sd * pdf
+
+
+class Surrogate(Strategy):
+    def __init__(self, space: Space, seed: int, init: int = 10, refit: int = 5, local: float = 0.2,
+                 xi: float = 0.0, max_candidates: int = 20000):
+        super().__init__(space, seed)
+        self.idx = index_of(space)
+        self.init, self.refit, self.local, self.xi = init, refit, local, xi
+        self.max_candidates = max_candidates
+        self.gp = GP(self.idx.X.shape[1])
+        self._last_hyper = -10**9
+        self._np = np.random.default_rng(seed)
+
+    def _unseen(self) -> np.ndarray:
+        mask = np.ones(len(self.idx), dtype=bool)
+        for p in self.seen:
+            i = self.idx.pos.get(p)
+            if i is not None:
+                mask[i] = False
+        return np.flatnonzero(mask)
+
+    def _data(self) -> tuple[np.ndarray, np.ndarray] | None:
+        rows, ys, failed = [], [], []
+        for p, s in self.results.items():
+            i = self.idx.pos.get(p)
+            if i is None:
+                continue
+            if s is None or not (s > 0 and math.isfinite(s)):
+                failed.append(i)
+            else:
+                rows.append(i)
+                ys.append(math.log(s))
+        if len(rows) < 2:
+            return None
+        y = np.array(ys)
+        worst = y.max()
+        rows += failed
+        y = np.concatenate([y, np.full(len(failed), worst)])
+        return self.idx.X[rows], y
+
+    def _next(self) -> Point | None:
+        unseen = self._unseen()
+        if len(unseen) == 0:
+            return None
+        data = self._data() if len(self.results) >= self.init else None
+        if data is None:
+            return self.idx.points[int(self._np.choice(unseen))]
+        X, y = data
+        m, s = y.mean(), y.std() or 1.0
+        ys = (y - m) / s
+        if len(y) - self._last_hyper >= self.refit:
+            self.gp.fit_hyper(X, ys)
+            self._last_hyper = len(y)
+        self.gp.fit(X, ys)
+        cand = unseen
+        if self.rng.random() < self.local:
+            best_p = min((sc, p.params_json, p) for p, sc in self.results.items() if sc is not None)[2]
+            near = self.idx.neighbours(self.idx.pos[best_p])
+            near = np.intersect1d(near, unseen, assume_unique=False)
+            if len(near):
+                cand = near
+        if len(cand) > self.max_candidates:
+            cand = self._np.choice(cand, self.max_candidates, replace=False)
+        mu, sd = self.gp.predict(self.idx.X[cand])
+        ei = expected_improvement(mu, sd, ys.min(), self.xi)
+        return self.idx.points[int(cand[int(np.argmax(ei))])]
+
+
+def make(space: Space, seed: int, **options) -> Strategy:
+    return Surrogate(space, seed, **options)
