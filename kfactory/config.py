@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     measure_max_s: float = 0.6
     measure_noise: float = 0.03
     compare_max_s: float = 3.0
+    screen_max_s: float = Field(0.05, ge=0, description="multi-fidelity: a screening timing's length (0: off)")
+    screen_factor: float = Field(1.5, gt=1, description="screened out when slower than this x the campaign's best")
 
     log_level: str = "info"
     log_json: bool = False

@@ -104,7 +104,7 @@ class Child:
         pairs = {k["key"]: [self._bind(k["key"], s) for s in k["argsets"]] for k in cmd["kernels"]}
         bound = {k: [call for call, _ in v] for k, v in pairs.items()}
         keys = list(bound)
-        self._warm_up(bound, cmd["warmup_s"])
+        warm_rounds = self._warm_up(bound, cmd["warmup_s"])
 
         def timed(k: str, i: int) -> float:
             calls = bound[k]
@@ -113,15 +113,12 @@ class Child:
             return (time.perf_counter_ns() - t0) * 1e-9
 
         samples, i = sample_interleaved({k: functools.partial(timed, k) for k in keys}, cmd)
-        # every argument set's output is checked by the parent: a set the loop never reached gets its one
-        # call now, exactly like a timed call (same buffers, output not re-poisoned)
-        for k in keys:
-            for calls_k in bound[k][i:]:
-                calls_k()
         del pairs
-        return {"samples": samples, "last_set": {k: (i - 1) % len(bound[k]) for k in keys}}
+        # sets 0 .. reached-1 were called (warm-up and timing walk them in order): the parent checks exactly
+        # those outputs; a set never reached still holds its poison and is not a result
+        return {"samples": samples, "reached": {k: min(len(bound[k]), max(i, warm_rounds)) for k in keys}}
 
-    def _warm_up(self, bound: dict, warmup_s: float) -> None:
+    def _warm_up(self, bound: dict, warmup_s: float) -> int:
         """Run every kernel until warmup_s has passed and a round's time is within 10% of the previous one
         (caches, page tables, frequency settled), but for no longer than 10 x warmup_s."""
         start = time.perf_counter()
@@ -135,7 +132,7 @@ class Child:
             elapsed = time.perf_counter() - start
             stable = prev is not None and abs(took - prev) <= 0.1 * prev
             if n >= 2 and ((elapsed >= warmup_s and stable) or elapsed >= 10 * warmup_s):
-                return
+                return n
             prev = took
 
 

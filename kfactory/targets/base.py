@@ -32,8 +32,8 @@ class CallResult:
 
 @dataclass
 class BenchResult:
-    """Interleaved samples per kernel key, and per key the outputs the last timed calls left in every input
-    set (in the order of the input sets)."""
+    """Interleaved samples per kernel key, and per key the outputs the last timed calls left in the input sets
+    they reached (the first ones, in the order of the input sets)."""
     samples: dict[str, list[float]]
     outputs: dict[str, list[dict[str, np.ndarray]]]
 

@@ -378,7 +378,7 @@ class Rejected(_message.Message):
     def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., stage: _Optional[str] = ..., reason: _Optional[_Union[RejectReason, str]] = ..., message: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ..., figures: _Optional[_Mapping[str, float]] = ..., point_id: _Optional[str] = ..., params_json: _Optional[str] = ...) -> None: ...
 
 class Measured(_message.Message):
-    __slots__ = ("candidate", "device", "timings", "score_s", "cached", "replayed", "seconds")
+    __slots__ = ("candidate", "device", "timings", "score_s", "cached", "replayed", "seconds", "screened_out")
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
@@ -386,6 +386,7 @@ class Measured(_message.Message):
     CACHED_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SCREENED_OUT_FIELD_NUMBER: _ClassVar[int]
     candidate: Candidate
     device: DeviceInfo
     timings: _containers.RepeatedCompositeFieldContainer[ShapeTiming]
@@ -393,7 +394,8 @@ class Measured(_message.Message):
     cached: bool
     replayed: bool
     seconds: float
-    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[ShapeTiming, _Mapping]]] = ..., score_s: _Optional[float] = ..., cached: _Optional[bool] = ..., replayed: _Optional[bool] = ..., seconds: _Optional[float] = ...) -> None: ...
+    screened_out: bool
+    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[ShapeTiming, _Mapping]]] = ..., score_s: _Optional[float] = ..., cached: _Optional[bool] = ..., replayed: _Optional[bool] = ..., seconds: _Optional[float] = ..., screened_out: _Optional[bool] = ...) -> None: ...
 
 class ComparisonEntry(_message.Message):
     __slots__ = ("name", "candidate_id", "timing")

@@ -5,6 +5,7 @@ import asyncio
 
 from kfactory import events as ev
 from kfactory.bus import Ack, ArtifactMissing, Delivery, Outcome, Term
+from kfactory.fidelity import screened_out
 from kfactory.judge import measure
 from kfactory.service import RunnerService
 from kfactory.v1 import events_pb2 as pb
@@ -38,7 +39,8 @@ class BenchmarkerService(RunnerService):
                 m = await self._measure(cand, artifact, target, device)
                 if isinstance(m, pb.Rejected):
                     return await self._reject(d, cand, m, lock)
-                await self.claims.cache_put(cache_key, m.SerializeToString(), ttl_s=30 * 86400)
+                if not m.screened_out:  # a screening timing is this campaign's evidence, not a measurement
+                    await self.claims.cache_put(cache_key, m.SerializeToString(), ttl_s=30 * 86400)
             if not await self.still_ours(lock):
                 return Ack()
             cand.fence = lock.fence
@@ -61,6 +63,9 @@ class BenchmarkerService(RunnerService):
         t0 = loop.time()
         m = pb.Measured(device=device)
         async with self.device(device.device_id):
+            if await self._screen(cand, session, problem, target, device, m):
+                m.score_s, m.seconds, m.screened_out = m.timings[0].median_s, loop.time() - t0, True
+                return m
             for shape in problem.shapes("optimize"):
                 res = await self.work(measure, session, [cand.id], problem, shape, self.pool(cand.problem),
                                       target.cache_bytes(), self.settings, None, device)
@@ -75,7 +80,29 @@ class BenchmarkerService(RunnerService):
                 m.timings.append(res.timings[cand.id])
         m.score_s = m.timings[0].median_s
         m.seconds = loop.time() - t0
+        await self._record_best(cand.campaign_id, m.score_s)
         return m
+
+    async def _screen(self, cand, session, problem, target, device, m: pb.Measured) -> bool:
+        """Multi-fidelity: a short timing at the first shape; True (m holds it) when it is more than
+        screen_factor x the campaign's best so far, so the full measurement would be wasted."""
+        raw = await self.claims.cache_get(f"best:{cand.campaign_id}")
+        if not self.settings.screen_max_s or raw is None:
+            return False
+        res = await self.work(measure, session, [cand.id], problem, problem.shapes("optimize")[0],
+                              self.pool(cand.problem), target.cache_bytes(), self.settings, self.settings.screen_max_s,
+                              device)
+        if res.reason or not screened_out(res.timings[cand.id].median_s, float(raw), self.settings.screen_factor):
+            return False  # a failure here is found again, and typed, by the full measurement
+        m.timings.append(res.timings[cand.id])
+        return True
+
+    async def _record_best(self, campaign: str, score_s: float) -> None:
+        """The campaign's best score so far, for screening (a race between two benchmarkers only makes the
+        threshold a little looser for a moment, never wrong)."""
+        raw = await self.claims.cache_get(f"best:{campaign}")
+        if raw is None or score_s < float(raw):
+            await self.claims.cache_put(f"best:{campaign}", repr(score_s).encode(), ttl_s=7 * 86400)
 
     async def _compare(self, d: Delivery) -> Outcome:
         """The final word: candidate, reference kernel and baselines timed interleaved at every shape."""

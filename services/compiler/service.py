@@ -4,6 +4,7 @@ from __future__ import annotations
 from kfactory import events as ev
 from kfactory.bus import Ack, Delivery, Outcome, Term
 from kfactory.bus import ArtifactMissing
+from kfactory.fidelity import prune
 from kfactory.service import Service
 from kfactory.v1 import events_pb2 as pb
 
@@ -30,6 +31,10 @@ class CompilerService(Service):
             if res.log:
                 res.report.log_digest = await self.bus.put_artifact(res.log.encode())
             cid = d.event.campaign_id
+            if res.ok:  # multi-fidelity: what cannot launch or will spill never reaches a GPU
+                why = prune(res.report, ev.launch_of(cand), self.ctx.problem(cand.problem))
+                if why:
+                    res.ok, res.reason, res.message = False, pb.RESOURCE_LIMIT, f"pruned: {why}"
             if not res.ok:
                 failed = pb.CompileFailed(candidate=cand, reason=res.reason, report=res.report, message=res.message)
                 await self.bus.publish(ev.make_event(cid, self.name, cand.id, compile_failed=failed))

@@ -1,0 +1,56 @@
+"""Multi-fidelity: compile-time pruning of cuda candidates that cannot launch or will spill, and a short
+screening timing that spares the full measurement of candidates far slower than the campaign's best."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kfactory.fidelity import prune, screened_out
+from kfactory.problems import load_problem
+from kfactory.v1 import events_pb2 as pb
+from conftest import kernel_source
+from test_campaign import _campaign
+
+ADVERSARIAL = Path(__file__).parent / "adversarial"
+RULE = {"grid": "rows", "block": "threads", "smem": "smem", "params": {"threads": 1024, "smem": 0}}
+
+
+def _report(**kw) -> pb.CompileReport:
+    return pb.CompileReport(arch="sm_90a", **kw)
+
+
+def test_pruning_reasons():
+    softmax = load_problem("softmax")
+    assert prune(_report(registers=32), RULE, softmax) == ""
+    assert "spills 16 B" in prune(_report(registers=32, spill_store_bytes=16), RULE, softmax)
+    assert "cannot launch" in prune(_report(registers=128), RULE, softmax)  # 128 x 1024 > 65536
+    big = {**RULE, "params": {"threads": 256, "smem": 200 * 1024}}
+    assert "shared memory" in prune(_report(registers=32, shared_bytes=40 * 1024), big, softmax)
+    assert "no valid launch" in prune(_report(registers=32), {**RULE, "params": {"threads": 4096, "smem": 0}},
+                                      softmax)
+    # a cpu object has no resource report: nothing to prune on
+    assert prune(pb.CompileReport(registers=0), None, softmax) == ""
+
+
+def test_screening_rule():
+    assert not screened_out(1.4e-3, None, 1.5)       # nothing measured yet: measure in full
+    assert not screened_out(1.4e-3, 1.0e-3, 1.5)
+    assert screened_out(1.6e-3, 1.0e-3, 1.5)
+
+
+async def test_a_hopeless_candidate_is_screened_out_and_the_best_is_measured_in_full(bus_settings, small_softmax):
+    # one point at a time, so the order is fixed: the reference kernel, an honest kernel, then a quadratic one
+    spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=1, strategy="random", seed=2,
+                           parallel=1)
+    spec.manual_sources.append(pb.ManualSource(name="honest", compile_flags="-O2", threads=1,
+                                               source=(ADVERSARIAL / "honest" / "three_pass.c").read_text()))
+    spec.manual_sources.append(pb.ManualSource(name="quadratic", source=kernel_source("quadratic"),
+                                               compile_flags="-O2", threads=1))
+    st, running = await _campaign(bus_settings, spec)
+    assert st.finished.state == "completed"
+    measured = {e.measured.candidate.origin: e.measured for e in running.services["memory"].archive.events(campaign=st.id)
+                if e.HasField("measured")}
+    hopeless = measured["manual:quadratic"]
+    assert hopeless.screened_out and len(hopeless.timings) == 1
+    best = min(measured.values(), key=lambda m: m.score_s)
+    assert hopeless.score_s > bus_settings.screen_factor * best.score_s
+    assert not best.screened_out and len(best.timings) == 2 and st.best().candidate.id == best.candidate.id
