@@ -1,36 +1,97 @@
-"""A simple evolutionary search: tournament selection among the best, mutation and crossover.
+"""Evolutionary search on islands: several sub-populations breed apart and periodically exchange their best.
 
-It starts with random points; once `warmup` results are in, each ask breeds a child from the elite
-(the best `elite` points measured so far), with a little random immigration so it does not collapse.
-Failed points stay in `seen`, so the search never pays for them twice.
+It starts with random points; once `warmup` results are in, each ask goes to the next island in turn, which
+breeds a child from its elite (the best `elite` points the island has measured or received), by tournament
+selection, crossover and mutation, with a little random immigration so it does not collapse. Every
+`migrate_every` results, each island sends its best `migrants` to the next island (a ring). With islands=1 it
+is the former single-population search (same options: warmup, elite, immigration).
+
+Failures are results: a failed point is in `seen` and never asked again, and children near failures are
+penalised: a child within `fail_radius` parameters of a failed point is rejected with probability
+`fail_reject` (the search keeps a chance to cross a failing border, but pays for few failures).
 """
 from kfactory.strategies.base import Point, Space, Strategy
 
 
 class Evolutionary(Strategy):
-    def __init__(self, space: Space, seed: int, warmup: int = 8, elite: int = 6, immigration: float = 0.15):
+    def __init__(self, space: Space, seed: int, warmup: int = 8, elite: int = 6, immigration: float = 0.15,
+                 islands: int = 2, migrate_every: int = 8, migrants: int = 1, fail_radius: int = 1,
+                 fail_reject: float = 0.8):
         super().__init__(space, seed)
         self.warmup, self.elite, self.immigration = warmup, elite, immigration
+        self.n_islands = max(1, islands)
+        self.migrate_every, self.migrants = migrate_every, migrants
+        self.fail_radius, self.fail_reject = fail_radius, fail_reject
+        self.islands: list[set[Point]] = [set() for _ in range(self.n_islands)]
+        self.home: dict[Point, int] = {}     # the island that asked a point (results go there)
+        self.turn = 0
+        self.failed: list[dict] = []
+        self._since_migration = 0
 
-    def _elite(self) -> list[Point]:
-        good = sorted((s, p.params_json, p) for p, s in self.results.items() if s is not None)
+    # ---------------------------------------------------------------- selection
+    def _elite(self, island: int | None = None) -> list[Point]:
+        pool = self.results.items() if island is None else ((p, self.results[p]) for p in self.islands[island]
+                                                               if p in self.results)
+        good = sorted((s, p.params_json, p) for p, s in pool if s is not None)
         return [p for _, _, p in good[: self.elite]]
 
+    def _tournament(self, elite: list[Point]) -> Point:
+        i, j = self.rng.randrange(len(elite)), self.rng.randrange(len(elite))
+        return elite[min(i, j)]  # elite is sorted best-first
+
+    def _near_failure(self, p: Point) -> bool:
+        if not self.failed:
+            return False
+        a = p.params
+        for f in self.failed:
+            if f.keys() == a.keys() and sum(a[k] != f[k] for k in a) <= self.fail_radius:
+                return True
+        return False
+
+    # ---------------------------------------------------------------- ask / tell
     def _next(self) -> Point | None:
-        elite = self._elite()
+        island = self.turn % self.n_islands
+        self.turn += 1
+        p = self._breed(island)
+        if p is not None:
+            self.home[p] = island
+        return p
+
+    def _breed(self, island: int) -> Point | None:
+        elite = self._elite(island)
+        if len(elite) < 2:
+            elite = self._elite()  # an island without its own elite yet borrows the global one
         if len(elite) < 2 or len(self.results) < self.warmup or self.rng.random() < self.immigration:
             return self._fresh_random()
         for _ in range(100):
             a, b = self._tournament(elite), self._tournament(elite)
             child = self.space.crossover(a, b, self.rng) if self.rng.random() < 0.5 else a
             child = self.space.mutate(child, self.rng, n=self.rng.choice((1, 1, 2)))
-            if child not in self.seen and self.space.valid(child):
-                return child
+            if child in self.seen or not self.space.valid(child):
+                continue
+            if self._near_failure(child) and self.rng.random() < self.fail_reject:
+                continue
+            return child
         return self._fresh_random()
 
-    def _tournament(self, elite: list[Point]) -> Point:
-        i, j = self.rng.randrange(len(elite)), self.rng.randrange(len(elite))
-        return elite[min(i, j)]  # elite is sorted best-first
+    def tell(self, point: Point, score: float | None) -> None:
+        super().tell(point, score)
+        island = self.home.get(point)
+        if island is None:  # a result it did not ask for (e.g. from a portfolio): the smallest island takes it
+            island = min(range(self.n_islands), key=lambda i: len(self.islands[i]))
+            self.home[point] = island
+        self.islands[island].add(point)
+        if score is None:
+            self.failed.append(point.params)
+        self._since_migration += 1
+        if self.n_islands > 1 and self._since_migration >= self.migrate_every:
+            self._since_migration = 0
+            self._migrate()
+
+    def _migrate(self) -> None:
+        best = [self._elite(i)[: self.migrants] for i in range(self.n_islands)]
+        for i, sent in enumerate(best):
+            self.islands[(i + 1) % self.n_islands].update(sent)
 
 
 def make(space: Space, seed: int, **options) -> Strategy:

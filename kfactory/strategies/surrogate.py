@@ -58,7 +58,7 @@ class GP:
     def fit_hyper(self, X: np.ndarray, y: np.ndarray, maxiter: int = 25) -> None:
         theta0 = np.append(self.log_ls, self.log_noise)
         bounds = [(math.log(0.05), math.log(20.0))] * len(self.log_ls) + [(math.log(1e-4), math.log(0.5))]
-        res = minimize(self._nll, theta0, args=(X, y), method="L-BFGS-B", bounds=bounds,
+        res = minimize(self._nll, theta0, args=(X, y), method="L-BFGS-B", bounds=bounds,  # noqa: E501
                        options={"maxiter": maxiter})
         theta = res.x if np.all(np.isfinite(res.x)) else theta0
         self.log_ls, self.log_noise = theta[:-1], float(theta[-1])
@@ -87,8 +87,8 @@ def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float, xi: float 
 
 
 class Surrogate(Strategy):
-    def __init__(self, space: Space, seed: int, init: int = 10, refit: int = 5, local: float = 0.2,
-                 xi: float = 0.0, max_candidates: int = 20000):
+    def __init__(self, space: Space, seed: int, init: int = 10, refit: int = 8, local: float = 0.2,
+                 xi: float = 0.0, max_candidates: int = 4000):
         super().__init__(space, seed)
         self.idx = index_of(space)
         self.init, self.refit, self.local, self.xi = init, refit, local, xi
@@ -146,7 +146,11 @@ class Surrogate(Strategy):
             if len(near):
                 cand = near
         if len(cand) > self.max_candidates:
-            cand = self._np.choice(cand, self.max_candidates, replace=False)
+            # a random share of the unseen points plus every unseen neighbour of the best few
+            good = sorted((sc, p.params_json, p) for p, sc in self.results.items() if sc is not None)[:5]
+            near = np.concatenate([self.idx.neighbours(self.idx.pos[p]) for _, _, p in good] or [cand[:0]])
+            cand = np.union1d(self._np.choice(cand, self.max_candidates, replace=False),
+                              np.intersect1d(near, cand))
         mu, sd = self.gp.predict(self.idx.X[cand])
         ei = expected_improvement(mu, sd, ys.min(), self.xi)
         return self.idx.points[int(cand[int(np.argmax(ei))])]

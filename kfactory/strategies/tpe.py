@@ -1,0 +1,100 @@
+"""Optuna's TPE sampler through its ask-and-tell API (optuna is a project dependency).
+
+Every parameter is a categorical distribution (the values of a family's parameter); with several families the
+family is one more categorical and the other families' parameters are sampled but ignored.
+- The objective is log(score), so TPE's split into good and bad points is scale-free.
+- A sampled point that breaks a constraint, or one already seen, is told to the study as failed
+  (TrialState.FAIL) and the sampler asks again; it costs no evaluation. After `tries` such draws it falls back
+  to a uniformly drawn unseen valid point (told to the study as a fixed trial when its result comes).
+- A point whose run failed is told with a penalty: the worst log-score seen plus `penalty` (TPE then counts it
+  among the bad points and learns to avoid its region), not as FAIL (which TPE would ignore).
+- Results for points it did not ask (a portfolio tells every member everything) enter as fixed trials.
+"""
+from __future__ import annotations
+
+import math
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from kfactory.strategies.base import Point, Space, Strategy
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _sampler(kind: str, seed: int, startup: int):
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True,
+                                          constant_liar=True)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown optuna sampler {kind!r}")
+
+
+class OptunaSearch(Strategy):
+    def __init__(self, space: Space, seed: int, sampler: str = "tpe", startup: int = 10, tries: int = 40,
+                 penalty: float = 0.5):
+        super().__init__(space, seed)
+        self.tries, self.penalty = tries, penalty
+        self.study = optuna.create_study(direction="minimize", sampler=_sampler(sampler, seed, startup))
+        self.fams = list(space.families.values())
+        self.dists: dict[str, CategoricalDistribution] = {}
+        if len(self.fams) > 1:
+            self.dists["__family__"] = CategoricalDistribution([f.name for f in self.fams])
+        for f in self.fams:
+            for name, values in f.spec.params.items():
+                self.dists[self._key(f.name, name)] = CategoricalDistribution(list(values))
+        self.pending: dict[Point, optuna.trial.Trial] = {}
+        self.worst: float | None = None
+
+    def _key(self, fam: str, name: str) -> str:
+        return name if len(self.fams) == 1 else f"{fam}.{name}"
+
+    def _point(self, trial_params: dict) -> Point:
+        fam = self.fams[0].name if len(self.fams) == 1 else trial_params["__family__"]
+        spec = self.space.families[fam].spec
+        return Point.of(fam, {n: trial_params[self._key(fam, n)] for n in spec.params})
+
+    def _dist_params(self, point: Point) -> dict:
+        """Study parameters of a point (other families' parameters take their first value)."""
+        out = {}
+        if len(self.fams) > 1:
+            out["__family__"] = point.family
+        params = point.params
+        for f in self.fams:
+            for n, values in f.spec.params.items():
+                out[self._key(f.name, n)] = params[n] if f.name == point.family else values[0]
+        return out
+
+    def _next(self) -> Point | None:
+        for _ in range(self.tries):
+            trial = self.study.ask(self.dists)
+            p = self._point(trial.params)
+            if p in self.seen or p in self.pending or not self.space.valid(p):
+                self.study.tell(trial, state=TrialState.FAIL)
+                continue
+            self.pending[p] = trial
+            return p
+        return self._fresh_random()
+
+    def _value(self, score: float | None) -> float:
+        if score is not None and score > 0 and math.isfinite(score):
+            v = math.log(score)
+            self.worst = v if self.worst is None else max(self.worst, v)
+            return v
+        return (self.worst if self.worst is not None else 0.0) + self.penalty
+
+    def tell(self, point: Point, score: float | None) -> None:
+        super().tell(point, score)
+        value = self._value(score)
+        trial = self.pending.pop(point, None)
+        if trial is not None:
+            self.study.tell(trial, value)
+        else:
+            self.study.add_trial(optuna.trial.create_trial(params=self._dist_params(point),
+                                                           distributions=self.dists, value=value))
+
+
+def make(space: Space, seed: int, **options) -> Strategy:
+    return OptunaSearch(space, seed, **options)
