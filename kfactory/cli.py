@@ -24,8 +24,9 @@ def _settings(args) -> Settings:
 
 def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("problem", help="a built-in problem name or a problem package directory")
-    p.add_argument("--target", default="cpu", help="cpu (more targets come with their issues)")
+    p.add_argument("--target", default="cpu", help="cpu, cuda[:sm_80|sm_90a|sm_100a] or replay:<cache file>")
     p.add_argument("--budget", type=int, default=40, help="design points to evaluate")
+    p.add_argument("--warm", type=int, default=8, help="priors from memory that seed the search (0: cold start)")
     p.add_argument("--seconds", type=float, default=0.0, help="wall-clock budget (0: none)")
     p.add_argument("--strategy", default="evolutionary", help="random, grid or evolutionary")
     p.add_argument("--threads", type=int, help="threads kernels run with (default: all cores)")
@@ -43,7 +44,7 @@ def _spec(args):
     problem = args.target if args.target.startswith("replay:") else args.problem
     spec = pb.CampaignSpec(problem=problem, target=args.target, budget_candidates=args.budget,
                            budget_seconds=args.seconds, strategy=args.strategy, threads=args.threads or 0,
-                           seed=args.seed, families=args.family, parallel=args.parallel)
+                           seed=args.seed, families=args.family, parallel=args.parallel, warm_start=args.warm)
     for m in args.manual:
         name, _, rest = m.partition("=")
         path, _, flags = rest.partition(":")
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="")
     p.add_argument("--campaign", help="show this campaign's leaderboard instead")
     p.add_argument("--candidate", help="show one candidate's full evidence")
+    _grpc_args(p)
+
+    p = sub.add_parser("priors", help="what memory would seed a campaign of a problem with (its warm start)")
+    p.add_argument("problem")
+    p.add_argument("--family", action="append", default=[], help="restrict to these families")
+    p.add_argument("--limit", type=int, default=8)
     _grpc_args(p)
 
     p = sub.add_parser("check", help="judge one kernel as a campaign would: compile, verify, measure")

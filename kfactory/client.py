@@ -88,6 +88,13 @@ async def _dispatch(args, settings, spec_fn) -> int:
         s = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Cancel(spb.CancelRequest(id=args.id)))
         _print(s, as_json, _status_line(s))
         return 0
+    if args.cmd == "priors":
+        req = spb.PriorsRequest(problem=args.problem, families=args.family, limit=args.limit)
+        r = await _call(mem, lambda ch: sgrpc.EvidenceStub(ch).Priors(req))
+        _print(r, as_json, "\n".join(f"{p.relative:6.3f}x of its campaign's best  {p.score_s * 1e3:9.3f} ms  "
+                                     f"{p.device}  {p.family} {p.params_json}  (campaign {p.campaign_id})"
+                                     for p in r.priors) or "no priors: no campaign of this problem measured yet")
+        return 0
     if args.cmd == "best":
         return await _best(args, mem, as_json)
     if args.cmd == "report":

@@ -48,6 +48,7 @@ async def run_campaign(settings, spec, args) -> int:
     try:
         running = await start_services(settings, grpc=False)
         planner, memory = running.services["planner"], running.services["memory"]
+        await _memory_ready(running)
         cid = await planner.submit(spec)
         st = planner.campaigns[cid]
         await _follow(st, running, console, args.quiet)
@@ -78,6 +79,14 @@ async def _follow(st, running, console: Console, quiet: bool) -> None:
                 if key != last:
                     console.print(f"{st.elapsed():6.0f}s {key}")
                     last = key
+
+
+async def _memory_ready(running, timeout: float = 5.0) -> None:
+    """Wait until memory answers on its loopback port, so the planner can ask it for priors."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not running.ctx.memory_addr and loop.time() < deadline and running.failed() is None:
+        await asyncio.sleep(0.05)
 
 
 async def _wait_archived(memory, cid: str, timeout: float = 30.0) -> None:

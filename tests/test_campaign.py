@@ -8,6 +8,7 @@ import pytest
 
 from conftest import kernel_source
 from kfactory.app import start_services
+from kfactory.runcmd import _memory_ready
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -15,6 +16,7 @@ async def _campaign(settings, spec: pb.CampaignSpec, timeout: float = 240.0):
     running = await start_services(settings, grpc=False)
     try:
         planner = running.services["planner"]
+        await _memory_ready(running)  # so a warm start can ask memory, as `kfactory run` does
         cid = await planner.submit(spec)
         st = planner.campaigns[cid]
         async with asyncio.timeout(timeout):

@@ -130,6 +130,9 @@ def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_so
         assert {"normal", "masked", "memo:same-buffers"} <= dists
         assert all(c["passed"] and c["seed"] and "max_abs_err" in c for c in best["checks"])
         assert "| shape | distribution | seed |" in f.cli("best", "softmax").stdout
+        # what a next campaign of softmax would be warm-started with
+        priors = json.loads(f.cli("priors", "softmax", "--json").stdout)["priors"]
+        assert priors and priors[0]["relative"] == 1.0 and priors[0]["campaign_id"] == cid
         board = json.loads(f.cli("best", "--campaign", cid, "--json").stdout)["entries"]
         assert len(board) == counts["measured"]
         evidence = json.loads(f.cli("best", "--candidate", board[0]["candidate_id"], "--json").stdout)

@@ -156,7 +156,7 @@ def test_replay_target_compiles_verifies_and_times_from_the_recording():
     loc = f"replay:{CONV_A100}"
     target, problem = get_target(loc, Settings()), load_problem(loc)
     rs = target.space
-    assert problem.name == "convolution_milo_a100" and list(problem.families) == ["recorded"]
+    assert problem.name == "convolution_milo" and list(problem.families) == ["recorded"]
     assert problem.families_for("replay") == [rs.family()] and "replay" in problem.spec.abi
     dev = target.device()
     assert "replayed" in dev.model and dev.device_id == "replay-convolution_milo-A100" and not target.exclusive_verify

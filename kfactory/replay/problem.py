@@ -45,8 +45,10 @@ class ReplayProblem(Problem):
 
 
 def problem_name(stem: str) -> str:
-    """convolution_milo-A100 -> convolution_milo_a100 (a valid problem name)."""
-    name = re.sub(r"[^a-z0-9_]", "_", stem.replace("-", "_").lower())
+    """convolution_milo-A100 -> convolution_milo: the kernel, not the device, names the problem, so evidence
+    from one device's campaigns is found (as priors) by campaigns of the same kernel on another."""
+    kernel = stem.rsplit("-", 1)[0] if "-" in stem else stem
+    name = re.sub(r"[^a-z0-9_]", "_", kernel.replace("-", "_").lower())
     return name if re.match(r"^[a-z]", name) else "replay_" + name
 
 

@@ -89,7 +89,7 @@ class ManualSource(_message.Message):
     def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., compile_flags: _Optional[str] = ..., threads: _Optional[int] = ..., language: _Optional[str] = ..., launch_json: _Optional[str] = ...) -> None: ...
 
 class CampaignSpec(_message.Message):
-    __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel")
+    __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel", "warm_start")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     BUDGET_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class CampaignSpec(_message.Message):
     FAMILIES_FIELD_NUMBER: _ClassVar[int]
     MANUAL_SOURCES_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    WARM_START_FIELD_NUMBER: _ClassVar[int]
     problem: str
     target: str
     budget_candidates: int
@@ -110,7 +111,26 @@ class CampaignSpec(_message.Message):
     families: _containers.RepeatedScalarFieldContainer[str]
     manual_sources: _containers.RepeatedCompositeFieldContainer[ManualSource]
     parallel: int
-    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ...) -> None: ...
+    warm_start: int
+    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ..., warm_start: _Optional[int] = ...) -> None: ...
+
+class Prior(_message.Message):
+    __slots__ = ("family", "params_json", "score_s", "relative", "device", "campaign_id", "candidate_id")
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    SCORE_S_FIELD_NUMBER: _ClassVar[int]
+    RELATIVE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    family: str
+    params_json: str
+    score_s: float
+    relative: float
+    device: str
+    campaign_id: str
+    candidate_id: str
+    def __init__(self, family: _Optional[str] = ..., params_json: _Optional[str] = ..., score_s: _Optional[float] = ..., relative: _Optional[float] = ..., device: _Optional[str] = ..., campaign_id: _Optional[str] = ..., candidate_id: _Optional[str] = ...) -> None: ...
 
 class Candidate(_message.Message):
     __slots__ = ("id", "campaign_id", "problem", "target", "family", "point_id", "params_json", "language", "source_digest", "compile_flags", "entry", "threads", "origin", "parents", "fence", "runner_threads", "launch_json")
@@ -493,12 +513,14 @@ class Counts(_message.Message):
     def __init__(self, proposed: _Optional[int] = ..., compiled: _Optional[int] = ..., compile_failed: _Optional[int] = ..., verified: _Optional[int] = ..., rejected: _Optional[int] = ..., measured: _Optional[int] = ...) -> None: ...
 
 class CampaignStarted(_message.Message):
-    __slots__ = ("spec", "device")
+    __slots__ = ("spec", "device", "priors")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PRIORS_FIELD_NUMBER: _ClassVar[int]
     spec: CampaignSpec
     device: DeviceInfo
-    def __init__(self, spec: _Optional[_Union[CampaignSpec, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ...) -> None: ...
+    priors: _containers.RepeatedCompositeFieldContainer[Prior]
+    def __init__(self, spec: _Optional[_Union[CampaignSpec, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., priors: _Optional[_Iterable[_Union[Prior, _Mapping]]] = ...) -> None: ...
 
 class CampaignFinished(_message.Message):
     __slots__ = ("state", "reason", "counts", "best_candidate_id", "summary_json")

@@ -125,6 +125,24 @@ class RegressionRequest(_message.Message):
     problem: str
     def __init__(self, problem: _Optional[str] = ...) -> None: ...
 
+class PriorsRequest(_message.Message):
+    __slots__ = ("problem", "families", "exclude_campaign", "limit")
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    FAMILIES_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_CAMPAIGN_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    problem: str
+    families: _containers.RepeatedScalarFieldContainer[str]
+    exclude_campaign: str
+    limit: int
+    def __init__(self, problem: _Optional[str] = ..., families: _Optional[_Iterable[str]] = ..., exclude_campaign: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class PriorsResponse(_message.Message):
+    __slots__ = ("priors",)
+    PRIORS_FIELD_NUMBER: _ClassVar[int]
+    priors: _containers.RepeatedCompositeFieldContainer[_events_pb2.Prior]
+    def __init__(self, priors: _Optional[_Iterable[_Union[_events_pb2.Prior, _Mapping]]] = ...) -> None: ...
+
 class RegressionResponse(_message.Message):
     __slots__ = ("inputs",)
     INPUTS_FIELD_NUMBER: _ClassVar[int]

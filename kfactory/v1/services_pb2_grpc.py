@@ -305,6 +305,11 @@ class EvidenceStub:
                 request_serializer=kfactory_dot_v1_dot_services__pb2.RegressionRequest.SerializeToString,
                 response_deserializer=kfactory_dot_v1_dot_services__pb2.RegressionResponse.FromString,
                 _registered_method=True)
+        self.Priors = channel.unary_unary(
+                '/kfactory.v1.Evidence/Priors',
+                request_serializer=kfactory_dot_v1_dot_services__pb2.PriorsRequest.SerializeToString,
+                response_deserializer=kfactory_dot_v1_dot_services__pb2.PriorsResponse.FromString,
+                _registered_method=True)
 
 
 class EvidenceServicer:
@@ -341,6 +346,13 @@ class EvidenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Priors(self, request, context):
+        """the best design points of a problem's families measured in other campaigns (any device, any shape)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EvidenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -368,6 +380,11 @@ def add_EvidenceServicer_to_server(servicer, server):
                     servicer.RegressionInputs,
                     request_deserializer=kfactory_dot_v1_dot_services__pb2.RegressionRequest.FromString,
                     response_serializer=kfactory_dot_v1_dot_services__pb2.RegressionResponse.SerializeToString,
+            ),
+            'Priors': grpc.unary_unary_rpc_method_handler(
+                    servicer.Priors,
+                    request_deserializer=kfactory_dot_v1_dot_services__pb2.PriorsRequest.FromString,
+                    response_serializer=kfactory_dot_v1_dot_services__pb2.PriorsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -505,6 +522,33 @@ class Evidence:
             '/kfactory.v1.Evidence/RegressionInputs',
             kfactory_dot_v1_dot_services__pb2.RegressionRequest.SerializeToString,
             kfactory_dot_v1_dot_services__pb2.RegressionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Priors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kfactory.v1.Evidence/Priors',
+            kfactory_dot_v1_dot_services__pb2.PriorsRequest.SerializeToString,
+            kfactory_dot_v1_dot_services__pb2.PriorsResponse.FromString,
             options,
             channel_credentials,
             insecure,

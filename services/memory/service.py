@@ -99,6 +99,13 @@ class EvidenceApi(sgrpc.EvidenceServicer):
         inputs = self.m.archive.regressions(self.m.problem_name(request.problem))
         return spb.RegressionResponse(inputs=inputs)
 
+    async def Priors(self, request, context):
+        if not request.problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the problem")
+        priors = self.m.archive.priors(self.m.problem_name(request.problem), list(request.families),
+                                       request.exclude_campaign, request.limit or 8)
+        return spb.PriorsResponse(priors=priors)
+
     async def Report(self, request, context):
         if not self.m.archive.events(campaign=request.campaign_id):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no campaign {request.campaign_id!r} in the archive")

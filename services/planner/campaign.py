@@ -25,6 +25,10 @@ class PointState:
     candidate_id: str = ""
 
 
+#: origins of the points the search proposes (its strategy's and the warm start's); they count against the budget
+SEARCHED = ("template:", "warm:")
+
+
 @dataclass
 class CampaignState:
     """Everything the planner knows about a campaign, as a fold over its events."""
@@ -44,6 +48,8 @@ class CampaignState:
     cancelled: str = ""
     seen_events: set[str] = field(default_factory=set)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the warm start: points from other campaigns, proposed before the strategy's own
+    priors: list[Point] = field(default_factory=list)
 
     def __post_init__(self):
         self.strategy = make_strategy(self.spec.strategy or "evolutionary", self.space, self.spec.seed) \
@@ -61,9 +67,11 @@ class CampaignState:
 
     def _on_campaign_started(self, m: pb.CampaignStarted) -> None:
         self.device.CopyFrom(m.device)
+        self.priors = [Point(p.family, p.params_json) for p in m.priors
+                       if self.space is not None and self.space.valid(Point(p.family, p.params_json))]
 
     def _on_point_proposed(self, m: pb.PointProposed) -> None:
-        point = Point(m.family, m.params_json) if m.origin.startswith("template:") else None
+        point = Point(m.family, m.params_json) if m.origin.startswith(SEARCHED) else None
         self.points.setdefault(m.point_id, PointState(point, m.origin))
         if point and self.strategy:
             self.strategy.seen.add(point)
@@ -136,7 +144,15 @@ class CampaignState:
         return sum(1 for p in self.points.values() if not p.done)
 
     def search_proposed(self) -> int:
-        return sum(1 for p in self.points.values() if p.origin.startswith("template:"))
+        return sum(1 for p in self.points.values() if p.origin.startswith(SEARCHED))
+
+    def next_prior(self) -> Point | None:
+        """The next warm-start point not proposed yet (the strategy is told its result like any other)."""
+        while self.priors:
+            point = self.priors.pop(0)
+            if self.strategy is None or point not in self.strategy.seen:
+                return point
+        return None
 
     def best(self) -> pb.Measured | None:
         """The fastest measured candidate that is not the reference kernel."""

@@ -131,11 +131,30 @@ class PlannerService(Service):
         await self.caught_up.wait()
         cid = "c" + secrets.token_hex(6)
         device = await self.ctx.device(spec.target)
-        started = ev.make_event(cid, self.name, "start", campaign_started=pb.CampaignStarted(spec=spec, device=device))
+        priors = await self._priors(spec, cid)
+        started = ev.make_event(cid, self.name, "start",
+                                campaign_started=pb.CampaignStarted(spec=spec, device=device, priors=priors))
         self._apply(started)
         await self.bus.publish(started)
         self.loops[cid] = asyncio.create_task(self._drive(self.campaigns[cid]))
         return cid
+
+    async def _priors(self, spec: pb.CampaignSpec, cid: str) -> list[pb.Prior]:
+        """Memory's priors for the campaign's problem and families (a warm start); none when the spec asks for
+        a cold start or memory cannot be reached (the campaign then starts cold, and says so in the log)."""
+        space = self._space(spec)
+        if spec.warm_start <= 0 or space is None:
+            return []
+        addr = self.ctx.memory_addr or self.settings.memory_addr
+        req = spb.PriorsRequest(problem=spec.problem, families=list(space.families), exclude_campaign=cid,
+                                limit=spec.warm_start)
+        try:
+            async with grpc.aio.insecure_channel(addr) as ch:
+                resp = await sgrpc.EvidenceStub(ch).Priors(req, timeout=5)
+        except grpc.aio.AioRpcError as e:
+            self.log.warning("memory unreachable: the campaign starts cold", addr=addr, code=e.code().name)
+            return []
+        return list(resp.priors)
 
     async def cancel(self, cid: str, reason: str) -> CampaignState:
         st = self.campaigns[cid]
@@ -184,10 +203,12 @@ class PlannerService(Service):
             if st.in_flight() >= st.spec.parallel:
                 await self._wait_change(st)
                 continue
-            point = st.strategy.ask()
+            prior = st.next_prior()
+            point = prior or st.strategy.ask()
             if point is None:
                 break
-            await self._propose(st, point.family, point.params_json, f"template:{point.family}")
+            await self._propose(st, point.family, point.params_json,
+                                f"{'warm' if prior else 'template'}:{point.family}")
 
     async def _propose(self, st: CampaignState, family: str, params_json: str, origin: str,
                        manual: pb.ManualSource | None = None) -> None:
