@@ -28,7 +28,8 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=int, default=40, help="design points to evaluate")
     p.add_argument("--warm", type=int, default=8, help="priors from memory that seed the search (0: cold start)")
     p.add_argument("--seconds", type=float, default=0.0, help="wall-clock budget (0: none)")
-    p.add_argument("--strategy", default="evolutionary", help="random, grid or evolutionary")
+    p.add_argument("--strategy", default="default", help="default (a portfolio of surrogate, tpe and evolutionary), "
+                   "surrogate, tpe, evolutionary, portfolio, random or grid")
     p.add_argument("--threads", type=int, help="threads kernels run with (default: all cores)")
     p.add_argument("--seed", type=int, default=0, help="strategy seed (0: random)")
     p.add_argument("--parallel", type=int, default=2, help="design points in flight at once")

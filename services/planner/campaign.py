@@ -52,7 +52,7 @@ class CampaignState:
     priors: list[Point] = field(default_factory=list)
 
     def __post_init__(self):
-        self.strategy = make_strategy(self.spec.strategy or "evolutionary", self.space, self.spec.seed) \
+        self.strategy = make_strategy(self.spec.strategy or "default", self.space, self.spec.seed) \
             if self.space else None
 
     # -- folding events -----------------------------------------------------------------------

@@ -108,7 +108,7 @@ class PlannerService(Service):
         spec.target = spec.target or "cpu"
         if target.name not in problem.spec.abi:
             raise SpecError(f"target: problem {problem.name} has no ABI for target {target.name}")
-        spec.strategy = spec.strategy or "evolutionary"
+        spec.strategy = spec.strategy or "default"
         if spec.strategy not in STRATEGIES:
             raise SpecError(f"strategy: unknown {spec.strategy!r}; known: {', '.join(STRATEGIES)}")
         if spec.budget_candidates < 0 or spec.budget_seconds < 0:
