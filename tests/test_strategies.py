@@ -59,3 +59,12 @@ def test_evolutionary_beats_random_on_average(space):
 def test_unknown_strategy(space):
     with pytest.raises(UnknownStrategy, match="known: random, grid, evolutionary"):
         make_strategy("annealing", space, 0)
+
+
+@pytest.mark.parametrize("name", KNOWN)
+def test_every_strategy_takes_a_64_bit_campaign_seed(space, name):
+    # the planner draws 64-bit seeds when the user gives none; a strategy must not refuse them
+    s = make_strategy(name, space, seed=2 ** 63 + 12345)
+    p = s.ask()
+    s.tell(p, 1.0)
+    assert s.ask() != p

@@ -24,6 +24,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _sampler(kind: str, seed: int, startup: int):
+    seed %= 2 ** 32  # campaign seeds are 64-bit; numpy's legacy seeding that Optuna uses takes 32 bits
     if kind == "tpe":
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True,
                                           constant_liar=True)
