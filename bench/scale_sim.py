@@ -143,11 +143,11 @@ class Sim:
 
 
 def recommend_compilers(rs, gpus: int, verify_ratio: float) -> int:
-    """Compilers that keep `gpus` fed: GPU-seconds per candidate vs compile-seconds per candidate, +10%."""
+    """Compilers that keep `gpus` fed: GPU-seconds per candidate vs compile-seconds per candidate, +25%."""
     recs = list(rs.records.values())
     compile_s = statistics.mean(r.compile_ms for r in recs) / 1e3
     gpu_s = statistics.mean((1 + verify_ratio) * r.benchmark_ms for r in recs) / 1e3
-    return max(1, math.ceil(1.1 * gpus * compile_s / gpu_s))
+    return max(1, math.ceil(1.25 * gpus * compile_s / gpu_s))
 
 
 def bottleneck(r: dict) -> str:
@@ -162,7 +162,7 @@ def main() -> None:
     ap.add_argument("--space", default=str(DATA / "dedispersion_milo-A100.json.gz"))
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 8, 64, 512])
     ap.add_argument("--compilers", type=int, help="compilers (default: as recommended per M)")
-    ap.add_argument("--strategy", default="evolutionary")
+    ap.add_argument("--strategy", default="default", help="the planner's default unless named")
     ap.add_argument("--per-gpu", type=int, default=32, help="candidates per GPU in the campaign's budget")
     ap.add_argument("--bus-ms", type=float, default=2.0, help="latency of one event hop")
     ap.add_argument("--verify-ratio", type=float, default=1.0, help="GPU time of verification / benchmark time")
