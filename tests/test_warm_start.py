@@ -2,29 +2,38 @@
 same recorded kernel on another GPU), proposes them first, and records what it used in its evidence."""
 from __future__ import annotations
 
-from pathlib import Path
+import pytest
 
 from kfactory.v1 import events_pb2 as pb
 from test_campaign import _campaign
+from tuning_synth import write_spaces
 
-SPACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "tuning-spaces"
+
+@pytest.fixture(scope="module")
+def spaces(tmp_path_factory):
+    return write_spaces(tmp_path_factory.mktemp("spaces"))
 
 
-def _spec(device: str, warm: int, budget: int = 30) -> pb.CampaignSpec:
-    target = f"replay:{SPACES / f'convolution_milo-{device}.json.gz'}"
+@pytest.fixture
+def spec_for(spaces):
+    return lambda device, warm, budget=30: _spec(spaces[device], warm, budget)
+
+
+def _spec(path, warm: int, budget: int) -> pb.CampaignSpec:
+    target = f"replay:{path}"
     return pb.CampaignSpec(problem=target, target=target, budget_candidates=budget, strategy="random", seed=3,
                            warm_start=warm, parallel=4)
 
 
-async def test_a_campaign_on_another_gpu_starts_from_what_memory_learned(bus_settings):
-    first, running = await _campaign(bus_settings, _spec("A100", warm=0))
+async def test_a_campaign_on_another_gpu_starts_from_what_memory_learned(bus_settings, spec_for):
+    first, running = await _campaign(bus_settings, spec_for(0, warm=0))
     archive = running.services["memory"].archive
-    offered = archive.priors("convolution_milo", limit=5)
-    assert len(offered) == 5 and offered[0].relative == 1.0 and "A100" in offered[0].device
+    offered = archive.priors("synthetic_conv", limit=5)
+    assert len(offered) == 5 and offered[0].relative == 1.0 and "GPU0" in offered[0].device
     assert [p.relative for p in offered] == sorted(p.relative for p in offered)
     assert offered[0].params_json == first.best().candidate.params_json
 
-    second, running = await _campaign(bus_settings, _spec("A4000", warm=5))
+    second, running = await _campaign(bus_settings, spec_for(1, warm=5))
     events = running.services["memory"].archive.events(campaign=second.id)
     started = next(e.campaign_started for e in events if e.HasField("campaign_started"))
     assert [p.params_json for p in started.priors] == [p.params_json for p in offered]  # the evidence of the start
@@ -36,8 +45,8 @@ async def test_a_campaign_on_another_gpu_starts_from_what_memory_learned(bus_set
     assert sum(p.origin.startswith(("warm:", "template:")) for p in proposed) == 30
 
 
-async def test_a_cold_start_asks_for_nothing(bus_settings):
-    st, running = await _campaign(bus_settings, _spec("A100", warm=0, budget=5))
+async def test_a_cold_start_asks_for_nothing(bus_settings, spec_for):
+    st, running = await _campaign(bus_settings, spec_for(0, warm=0, budget=5))
     events = running.services["memory"].archive.events(campaign=st.id)
     assert not next(e.campaign_started for e in events if e.HasField("campaign_started")).priors
     assert not any(e.point_proposed.origin.startswith("warm:") for e in events if e.HasField("point_proposed"))
