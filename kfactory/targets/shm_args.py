@@ -9,8 +9,9 @@ from kfactory.targets.base import CallResult
 
 
 def poison_value(dtype: str) -> float:
-    """What an output is filled with before a run: NaN for floats, -1 for integers."""
-    return float("nan") if np.dtype(dtype).kind == "f" else -1
+    """What an output is filled with before a run: NaN for floats (bf16 included: ml_dtypes registers it with
+    kind 'V'), -1 for integers."""
+    return -1 if np.dtype(dtype).kind in "iu" else float("nan")
 
 
 def set_bytes(problem, shape: dict[str, int]) -> int:
