@@ -178,7 +178,7 @@ def kt_available() -> str | None:
     try:
         import kernel_tuner  # noqa: F401
         return None
-    except Exception as e:  # noqa: BLE001
+    except ImportError as e:
         return f"{type(e).__name__}: {e}"
 
 
