@@ -204,9 +204,6 @@ def _memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) -
     sname = problem.shape_str(shape)
     try:
         results = session.call_sequence(key, shape, [s[0] for s in steps])
-    except NotImplementedError:
-        checks.append(pb.Check(shape=sname, distribution="memo", note="not supported by this target", passed=True))
-        return
     except RunnerFault as e:
         raise _Rejected(fault_reason(e), f"{sname}/memo probe: {e}") from e
     for (x, ref, seed, label), res in zip(steps, results):

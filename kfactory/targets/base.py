@@ -45,20 +45,19 @@ class Session(ABC):
     def load_artifact(self, key: str, artifact: bytes, entry: str, launch: dict | None = None) -> None:
         """Make kernel `key` callable. `launch` is the cuda launch rule ({"grid", "block", "smem"} expressions
         over the shape symbols and the rule's "params"); targets that need none ignore it."""
-        raise NotImplementedError
 
     @abstractmethod
     def load_baseline(self, key: str, name: str) -> None: ...
 
-    @abstractmethod
     def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
         """Run once on fresh buffers with every output poisoned first."""
+        return self.call_sequence(key, shape, [inputs])[0]
 
+    @abstractmethod
     def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
-        """Run once per step on the same buffers, the step's inputs written and outputs poisoned before each;
-        this is how memoisation keyed by pointer or by sampled values is caught. Mutation is reported for
-        the last step only."""
-        raise NotImplementedError(f"{type(self).__name__} cannot run a call sequence")
+        """Run once per step on the same buffers (fresh ones for the first step), the step's inputs written and
+        outputs poisoned before each; this is how memoisation keyed by pointer or by sampled values is caught.
+        Mutation is reported for the last step only."""
 
     @abstractmethod
     def bench(self, keys: list[str], shape: dict[str, int], input_sets: list[dict[str, np.ndarray]],

@@ -144,9 +144,6 @@ class CpuSession(Session):
     def load_baseline(self, key: str, name: str) -> None:
         self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name}
 
-    def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
-        return self.call_sequence(key, shape, [inputs])[0]
-
     def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
         """Run the kernel once per step on the SAME buffers (fresh ones, with guard bands, for the first step):
         before each step the runner writes that step's inputs into them and poisons the outputs."""

@@ -251,9 +251,6 @@ class CudaSession(Session):
 
     # -- running ---------------------------------------------------------------------------------------------
 
-    def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:
-        return self.call_sequence(key, shape, [inputs])[0]
-
     def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
         """One run per step on the same device buffers (fresh ones, with guard bands, for the first step);
         before each later step the runner saves the outputs, uploads that step's inputs and poisons the
