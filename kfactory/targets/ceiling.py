@@ -3,6 +3,7 @@ thread count and cached on disk; they give the speed-of-light floor and the roof
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -58,16 +59,38 @@ def measure_peak_gflops(target, threads: int) -> float:
     return float(y[1]) * FMA_ITERS * FMA_FLOPS_PER_ITER / med / 1e9
 
 
+def _read(cache: Path) -> dict:
+    try:
+        return json.loads(cache.read_text()) if cache.exists() else {}
+    except ValueError:
+        return {}
+
+
+def read_cached(data_dir, key: str, names: tuple[str, ...]) -> dict[str, float] | None:
+    """The ceilings cached for a device in data_dir/ceilings.json, or None unless every name is there."""
+    found = _read(Path(data_dir) / "ceilings.json").get(key, {})
+    return {n: float(found[n]) for n in names} if all(n in found for n in names) else None
+
+
+def write_cached(data_dir, key: str, figures: dict[str, float], **extra) -> None:
+    """Add one device's ceilings to data_dir/ceilings.json atomically (re-read first: another process or
+    target may have written its own figures meanwhile)."""
+    cache = Path(data_dir) / "ceilings.json"
+    data = _read(cache)
+    data[key] = {**figures, **extra, "measured_at": time.time()}
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.rename(cache)
+
+
+CPU_CEILINGS = ("mem_bandwidth_gbps", "peak_gflops")
+
+
 def ceilings(target, device_id: str, threads: int) -> dict[str, float]:
     """{"mem_bandwidth_gbps", "peak_gflops"} from the cache or measured now (0.0 where it cannot be)."""
-    cache = Path(target.settings.data_dir) / "ceilings.json"
-    try:
-        data = json.loads(cache.read_text()) if cache.exists() else {}
-    except ValueError:
-        data = {}
-    found = data.get(device_id, {})
-    if "mem_bandwidth_gbps" in found and "peak_gflops" in found:
-        return {k: float(found[k]) for k in ("mem_bandwidth_gbps", "peak_gflops")}
+    found = read_cached(target.settings.data_dir, device_id, CPU_CEILINGS)
+    if found is not None:
+        return found
     counts = sorted({1, threads})
     try:
         # the best of one thread and all: on some hosts (shared cores, VMs) one thread streams faster
@@ -76,9 +99,6 @@ def ceilings(target, device_id: str, threads: int) -> dict[str, float]:
     except (RunnerFault, RuntimeError, OSError) as e:
         log.warning("could not measure the host's ceilings; floors and roofline fractions will be 0", error=str(e))
         return {"mem_bandwidth_gbps": 0.0, "peak_gflops": 0.0}
-    data[device_id] = {**figures, "threads": threads, "measured_at": time.time()}
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.rename(cache)
+    write_cached(target.settings.data_dir, device_id, figures, threads=threads)
     log.info("measured host ceilings", device=device_id, **{k: round(v, 1) for k, v in figures.items()})
     return figures

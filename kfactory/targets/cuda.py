@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from kfactory.log import get_logger
 from kfactory.runner import LoadFailed, Runner, RunnerCrashed, RunnerFault, ShmBuffers
 from kfactory.targets import nvml
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
+from kfactory.targets.ceiling import read_cached, write_cached
 from kfactory.targets.shm_args import build_argset, sequence_results, set_bytes, stage_steps
 from kfactory.v1 import events_pb2 as pb
 
@@ -136,15 +136,10 @@ class CudaTarget(Target):
 
     def _ceilings(self, uuid: str, info: dict) -> dict[str, float]:
         names = ("mem_bandwidth_gbps", "peak_gflops", "peak_bf16_gflops")
-        cache = self.data_dir / "ceilings.json"
         key = f"cuda-{uuid}"
-        try:
-            data = json.loads(cache.read_text()) if cache.exists() else {}
-        except ValueError:
-            data = {}
-        found = data.get(key, {})
-        if all(n in found for n in names):
-            return {n: float(found[n]) for n in names}
+        found = read_cached(self.data_dir, key, names)
+        if found is not None:
+            return found
         runner = _runner(self.settings, uuid, timeout_s=CEILINGS_TIMEOUT_S)
         try:
             reply = request(runner, {"op": "ceilings", "arch": info["arch"]}, timeout_s=CEILINGS_TIMEOUT_S)
@@ -158,14 +153,7 @@ class CudaTarget(Target):
         if reply.get("notes"):
             log.warning("some GPU ceilings could not be measured", notes=reply["notes"])
         if all(figures.values()):  # a partial measurement is not cached: the next start tries again
-            try:  # re-read: another target may have written its figures meanwhile
-                data = json.loads(cache.read_text()) if cache.exists() else {}
-            except ValueError:
-                data = {}
-            data[key] = {**figures, "model": info.get("name", ""), "measured_at": time.time()}
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            tmp.rename(cache)
+            write_cached(self.data_dir, key, figures, model=info.get("name", ""))
         log.info("measured GPU ceilings", device=uuid, **{k: round(v, 1) for k, v in figures.items()})
         return figures
 
