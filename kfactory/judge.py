@@ -15,6 +15,7 @@ from kfactory.problems import Problem
 from kfactory.runner import LoadFailed, RunnerCrashed, RunnerFault, RunnerTimeout
 from kfactory.stats import summarize
 from kfactory.targets import Session
+from kfactory.targets.shm_args import set_bytes
 from kfactory.v1 import events_pb2 as pb
 
 LARGE_ELEMENTS = 1 << 20
@@ -210,27 +211,20 @@ def _memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) -
         _screen(res, sname, label)
         check = _check_outputs(problem, res.outputs, ref, sname, label, seed, res.seconds)
         checks.append(check)
+        if not check.passed and label == "memo:first":
+            raise _Rejected(pb.WRONG_RESULT, f"{sname}/{label}: {check.note}")
         if not check.passed:
-            reason = pb.WRONG_RESULT if label == "memo:first" else pb.MEMOISED
-            raise _Rejected(reason, f"{sname}/{label}: right on fresh buffers, wrong on reused ones "
-                                    f"({check.note})" if reason == pb.MEMOISED else f"{sname}/{label}: {check.note}")
+            raise _Rejected(pb.MEMOISED, f"{sname}/{label}: right on fresh buffers, wrong on reused ones "
+                                         f"({check.note})")
 
 
 def n_sets(problem: Problem, shape: dict[str, int], cache_bytes: int, max_sets: int = 256) -> int:
     """How many input sets a rotating timing pool needs to be larger than the cache."""
-    per_set = sum(math.prod(problem.tensor_shape(t, shape)) * np.dtype(t.dtype).itemsize
-                  for t in problem.spec.inputs + problem.spec.outputs)
-    return min(max_sets, max(2, math.ceil(cache_bytes / max(per_set, 1))))
+    return min(max_sets, max(2, math.ceil(cache_bytes / max(set_bytes(problem, shape), 1))))
 
 
 def _timing_dist(problem: Problem) -> str:
     return "normal" if "normal" in problem.spec.distributions else next(iter(problem.spec.distributions))
-
-
-def input_sets(problem: Problem, shape: dict[str, int], cache_bytes: int) -> list[dict]:
-    """A rotating pool of fresh input sets larger than the cache, so no timed call runs from a warm cache."""
-    dist = _timing_dist(problem)
-    return [inp.draw(problem, shape, dist, inp.fresh_seed()) for _ in range(n_sets(problem, shape, cache_bytes))]
 
 
 #: a time under (bytes / bandwidth or flops / peak, whichever is larger) / SOL_SLACK is not believed: the
@@ -290,10 +284,9 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
                               failed_input=RegressionInput(sname, _timing_dist(problem), seeds[i]),
                               message=f"{sname}: output of the timed calls (set {i}) is wrong: {check.note}")
         t.output_checked = True
-        t.mode = getattr(res, "mode", "") or "wall"
-        telemetry = getattr(res, "telemetry", {}).get(k)
-        if telemetry is not None:
-            t.telemetry.CopyFrom(telemetry)
+        t.mode = res.mode
+        if k in res.telemetry:
+            t.telemetry.CopyFrom(res.telemetry[k])
         out.timings[k] = t
     return out
 

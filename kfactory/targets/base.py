@@ -36,6 +36,10 @@ class BenchResult:
     they reached (the first ones, in the order of the input sets)."""
     samples: dict[str, list[float]]
     outputs: dict[str, list[dict[str, np.ndarray]]]
+    #: how the samples were taken: wall (a host clock around each call), events, graph, replayed
+    mode: str = "wall"
+    #: per key, NVML readings around the measurement (GPU targets)
+    telemetry: dict[str, pb.GpuTelemetry] = field(default_factory=dict)
 
 
 class Session(ABC):

@@ -265,8 +265,7 @@ class CudaSession(Session):
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
               mode: str | None = None) -> BenchResult:
         """Interleaved timing on the GPU (see cuda_child.op_bench); `mode` events, graph, or None to pick by a
-        probe. NVML is read before and after; a throttled measurement is retried once. The result also
-        carries `.telemetry` {key: pb.GpuTelemetry} and `.mode`."""
+        probe. NVML is read before and after (the result's telemetry); a throttled measurement is retried once."""
         for k in keys:
             self._ensure(k)
         with ShmBuffers() as bufs:
@@ -293,14 +292,11 @@ class CudaSession(Session):
             tel.retries = retries
             outs = {k: [{t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
                         for _, views in per_key[k]] for k in keys}
-        res = BenchResult(reply["samples"], outs)
-        res.telemetry = {}
+        telemetry = {}
         for k in keys:
-            res.telemetry[k] = pb.GpuTelemetry()
-            res.telemetry[k].CopyFrom(tel)
-        res.mode = reply.get("mode", mode)
-        res.launches_per_sample = reply.get("launches_per_sample", {})
-        return res
+            telemetry[k] = pb.GpuTelemetry()
+            telemetry[k].CopyFrom(tel)
+        return BenchResult(reply["samples"], outs, mode=reply.get("mode", mode), telemetry=telemetry)
 
     def close(self) -> None:
         self.runner.stop()

@@ -117,9 +117,7 @@ class ReplaySession(Session):
             rec = self._record(k)
             samples[k] = [t / 1000.0 for t in (rec.times_ms or (rec.time_ms,))]
             outputs[k] = [self._outputs(x) for x in input_sets]
-        res = BenchResult(samples, outputs)
-        res.mode = MODE  # judge.measure copies it into ShapeTiming.mode
-        return res
+        return BenchResult(samples, outputs, mode=MODE)
 
     def close(self) -> None:
         self.loaded.clear()
