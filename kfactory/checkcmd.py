@@ -17,18 +17,9 @@ from kfactory.problems import load_problem
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
 
-#: a source file's language from its suffix
-LANGUAGES = {".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cu": "cuda", ".ptx": "ptx"}
-
 
 def _dict(msg) -> dict:
     return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-
-
-def language_of(path: Path | str, target: str) -> str:
-    """The language of a source file by its suffix (.c, .cpp, .cu, .ptx); unknown suffixes get the target's
-    usual language."""
-    return LANGUAGES.get(Path(path).suffix.lower(), "cuda" if target.startswith("cuda") else "c")
 
 
 def launch_rule(source: str, grid: str = "", block: str = "", smem: str = "") -> dict | None:
@@ -58,7 +49,7 @@ def local_regressions(settings, problem: str) -> list[RegressionInput]:
 
     archive = Archive(path)
     try:
-        return [RegressionInput(r.shape, r.distribution, r.seed) for r in archive.regressions(problem)]
+        return [RegressionInput.of(r) for r in archive.regressions(problem)]
     finally:
         archive.close()
 
@@ -104,12 +95,9 @@ def check(problem_name: str, target_spec: str, source: str, flags: str, settings
 def _measure(out: dict, session, target, problem, settings) -> None:
     keys = {"candidate": "candidate"}
     if target.name in problem.spec.reference_kernel:
-        ref_source, ref_flags = problem.reference_source(target.name)
-        ref_spec = problem.spec.reference_kernel[target.name]
-        language = language_of(ref_spec.source, target.name)
+        ref_source, ref_flags, language, rule = problem.reference_kernel(target.name)
         ref = target.compile(ref_source, language, ref_flags, "kernel")
         if ref.ok:
-            rule = {**ref_spec.launch, "params": {}} if ref_spec.launch else None
             session.load_artifact("reference", ref.artifact, "kernel", rule)
             keys["reference"] = "reference"
     for b in available_baselines(problem, target.name):

@@ -182,7 +182,8 @@ def _check(args) -> int:
     """Exit 0 when the kernel passed, 1 when it was rejected, 2 on a usage error."""
     import json
 
-    from kfactory.checkcmd import check, language_of, launch_rule
+    from kfactory.checkcmd import check, launch_rule
+    from kfactory.problems.loader import language_of
 
     try:
         source = args.source.read_text()

@@ -49,6 +49,10 @@ class RegressionInput:
     distribution: str
     seed: int
 
+    @classmethod
+    def of(cls, msg: pb.RegressionInput) -> "RegressionInput":
+        return cls(msg.shape, msg.distribution, msg.seed)
+
 
 class InputPool:
     """Fresh inputs and their float64 references per (shape, distribution), and timing pools per shape.

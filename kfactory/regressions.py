@@ -39,6 +39,6 @@ class RegressionSource:
                         addr=addr, code=e.code().name, known=len(known))
             self._known[problem] = (time.monotonic(), known)
             return known
-        found = [RegressionInput(r.shape, r.distribution, r.seed) for r in resp.inputs]
+        found = [RegressionInput.of(r) for r in resp.inputs]
         self._known[problem] = (time.monotonic(), found)
         return found

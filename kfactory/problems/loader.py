@@ -21,6 +21,16 @@ BUILTIN = Path(__file__).parent
 BUILTIN_DIR = BUILTIN
 
 
+#: a source file's language from its suffix
+LANGUAGES = {".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cu": "cuda", ".ptx": "ptx"}
+
+
+def language_of(path: Path | str, target: str) -> str:
+    """The language of a source file by its suffix (.c, .cpp, .cu, .ptx); unknown suffixes get the target's
+    usual language."""
+    return LANGUAGES.get(Path(path).suffix.lower(), "cuda" if target.startswith("cuda") else "c")
+
+
 class ProblemError(ValueError):
     """A problem package is missing, malformed or inconsistent; the message says what to fix."""
 
@@ -144,6 +154,12 @@ class Problem:
         if ref is None:
             raise ProblemError(f"problem {self.name} has no reference kernel for target {target}")
         return (self.directory / ref.source).read_text(), ref.flags
+
+    def reference_kernel(self, target: str) -> tuple[str, str, str, dict | None]:
+        """(source, flags, language, launch rule or None) of the reference kernel, as a candidate takes them."""
+        source, flags = self.reference_source(target)
+        ref = self.spec.reference_kernel[target]
+        return source, flags, language_of(ref.source, target), {**ref.launch, "params": {}} if ref.launch else None
 
     def describe(self) -> str:
         """Human-readable summary: shapes, distributions, tolerances, the ABI per target, families."""

@@ -115,7 +115,9 @@ class Archive:
         """A kernel that passed before (any campaign) found wrong now: keep the input that exposed it.
         Only inputs that can be re-drawn from a declared distribution and a seed are kept (not the
         memoisation probe's call sequences)."""
-        if rej.reason not in WRONGNESS or not self.q_locked("SELECT 1 FROM passed WHERE candidate=?", (cand.id,)):
+        # record() holds the lock: query the connection directly
+        if rej.reason not in WRONGNESS or not self.db.execute("SELECT 1 FROM passed WHERE candidate=?",
+                                                               (cand.id,)).fetchone():
             return
         failing = next((ch for ch in reversed(rej.checks) if not ch.passed and ch.seed), None)
         if failing is None:
@@ -127,10 +129,6 @@ class Archive:
                         (self.problem_name(cand.problem), failing.shape, dist, str(failing.seed), cand.id,
                          event.campaign_id, pb.RejectReason.Name(rej.reason), rej.message[:500],
                          event.time_unix_ns))
-
-    def q_locked(self, sql: str, args: tuple = ()) -> list[tuple]:
-        """A query from inside record() (the lock is already held)."""
-        return self.db.execute(sql, args).fetchall()
 
     def regressions(self, problem: str) -> list[pb.RegressionInput]:
         """The regression inputs memory holds for a problem, oldest first."""

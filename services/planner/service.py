@@ -22,7 +22,6 @@ from kfactory.targets import UnknownTarget
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
-from kfactory.checkcmd import language_of
 from kfactory.judge import available_baselines
 from kfactory.services.planner.campaign import CampaignState
 
@@ -189,12 +188,10 @@ class PlannerService(Service):
         problem = self.ctx.problem(st.spec.problem)
         target = st.spec.target.split(":")[0]
         if target in problem.spec.reference_kernel:
-            source, flags = problem.reference_source(target)
-            ref = problem.spec.reference_kernel[target]
-            launch = ev.canonical_json({**ref.launch, "params": {}}) if ref.launch else ""
+            source, flags, language, rule = problem.reference_kernel(target)
             await self._propose(st, "reference", "{}", "reference",
-                                pb.ManualSource(name="reference", source=source, compile_flags=flags,
-                                                language=language_of(ref.source, target), launch_json=launch))
+                                pb.ManualSource(name="reference", source=source, compile_flags=flags, language=language,
+                                                launch_json=ev.canonical_json(rule) if rule else ""))
         for m in st.spec.manual_sources:
             await self._propose(st, f"manual:{m.name}", json.dumps({"manual": m.name}), f"manual:{m.name}", m)
 
