@@ -107,10 +107,7 @@ class Child:
         warm_rounds = self._warm_up(bound, cmd["warmup_s"])
 
         def timed(k: str, i: int) -> float:
-            calls = bound[k]
-            t0 = time.perf_counter_ns()
-            calls[i % len(calls)]()
-            return (time.perf_counter_ns() - t0) * 1e-9
+            return self._timed(bound[k][i % len(bound[k])])
 
         samples, i = sample_interleaved({k: functools.partial(timed, k) for k in keys}, cmd)
         del pairs
@@ -118,22 +115,30 @@ class Child:
         # those outputs; a set never reached still holds its poison and is not a result
         return {"samples": samples, "reached": {k: min(len(bound[k]), max(i, warm_rounds)) for k in keys}}
 
-    def _warm_up(self, bound: dict, warmup_s: float) -> int:
-        """Run every kernel until warmup_s has passed and a round's time is within 10% of the previous one
-        (caches, page tables, frequency settled), but for no longer than 10 x warmup_s."""
-        start = time.perf_counter()
-        prev, n = None, 0
-        while True:
+    @staticmethod
+    def _warm_up(bound: dict, warmup_s: float) -> int:
+        """Call every kernel round after round until warmed up (see warm_up); the rounds it took."""
+        def one_round(n: int) -> float:
             t0 = time.perf_counter()
             for calls in bound.values():
                 calls[n % len(calls)]()
-            took = time.perf_counter() - t0
-            n += 1
-            elapsed = time.perf_counter() - start
-            stable = prev is not None and abs(took - prev) <= 0.1 * prev
-            if n >= 2 and ((elapsed >= warmup_s and stable) or elapsed >= 10 * warmup_s):
-                return n
-            prev = took
+            return time.perf_counter() - t0
+        return warm_up(one_round, warmup_s)
+
+
+def warm_up(one_round, warmup_s: float) -> int:
+    """Run one_round(n) -> seconds until warmup_s has passed and a round's time is within 10% of the previous
+    one (caches, page tables, clocks settled), but for no longer than 10 x warmup_s; the rounds it took."""
+    start = time.perf_counter()
+    prev, n = None, 0
+    while True:
+        took = one_round(n)
+        n += 1
+        elapsed = time.perf_counter() - start
+        stable = prev is not None and abs(took - prev) <= 0.1 * prev
+        if n >= 2 and ((elapsed >= warmup_s and stable) or elapsed >= 10 * warmup_s):
+            return n
+        prev = took
 
 
 def sample_interleaved(samplers: dict, cmd: dict) -> tuple[dict[str, list[float]], int]:

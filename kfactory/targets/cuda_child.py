@@ -23,13 +23,12 @@ import os
 import resource
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kfactory.runner_child import Child, main, sample_interleaved
+from kfactory.runner_child import Child, main, sample_interleaved, warm_up
 from kfactory.targets.launch import Launch, evaluate_launch
 
 try:
@@ -600,18 +599,9 @@ class CudaChild(Child):
 
     @staticmethod
     def _warm_up_device(samplers: dict, warmup_s: float) -> None:
-        """Sample every kernel until warmup_s has passed and a round's device time is within 10% of the
-        previous round's, but for no longer than 10 x warmup_s (the samples are dropped)."""
-        start = time.perf_counter()
-        prev, n = None, 0
-        while True:
-            took = sum(s(n) for s in samplers.values())
-            n += 1
-            elapsed = time.perf_counter() - start
-            stable = prev is not None and abs(took - prev) <= 0.1 * prev
-            if n >= 2 and ((elapsed >= warmup_s and stable) or elapsed >= 10 * warmup_s):
-                return
-            prev = took
+        """Sample every kernel until a round's device time has settled (runner_child.warm_up); the samples
+        are dropped."""
+        warm_up(lambda n: sum(s(n) for s in samplers.values()), warmup_s)
 
     def op_device(self, cmd: dict) -> dict:
         """{"name", "uuid", "arch", "sm_count", "l2_bytes", "mem_bytes", "smem_optin", "cc"}."""
