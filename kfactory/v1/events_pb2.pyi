@@ -27,6 +27,13 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEVICE_FAULT: _ClassVar[RejectReason]
     MEMOISED: _ClassVar[RejectReason]
     OUT_OF_BOUNDS: _ClassVar[RejectReason]
+    AGENT_NO_CODE: _ClassVar[RejectReason]
+    AGENT_REFUSED: _ClassVar[RejectReason]
+    AGENT_TIMEOUT: _ClassVar[RejectReason]
+    AGENT_RATE_LIMITED: _ClassVar[RejectReason]
+    AGENT_UNAVAILABLE: _ClassVar[RejectReason]
+    AGENT_BAD_RESPONSE: _ClassVar[RejectReason]
+    AGENT_NOT_CONFIGURED: _ClassVar[RejectReason]
 REJECT_REASON_UNSPECIFIED: RejectReason
 COMPILE_ERROR: RejectReason
 RESOURCE_LIMIT: RejectReason
@@ -45,6 +52,13 @@ LAUNCH_FAILED: RejectReason
 DEVICE_FAULT: RejectReason
 MEMOISED: RejectReason
 OUT_OF_BOUNDS: RejectReason
+AGENT_NO_CODE: RejectReason
+AGENT_REFUSED: RejectReason
+AGENT_TIMEOUT: RejectReason
+AGENT_RATE_LIMITED: RejectReason
+AGENT_UNAVAILABLE: RejectReason
+AGENT_BAD_RESPONSE: RejectReason
+AGENT_NOT_CONFIGURED: RejectReason
 
 class DeviceInfo(_message.Message):
     __slots__ = ("target", "model", "device_id", "threads", "mem_bandwidth_gbps", "peak_gflops", "uuid", "arch", "peak_bf16_gflops", "l2_bytes", "sm_count")
@@ -89,7 +103,7 @@ class ManualSource(_message.Message):
     def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., compile_flags: _Optional[str] = ..., threads: _Optional[int] = ..., language: _Optional[str] = ..., launch_json: _Optional[str] = ...) -> None: ...
 
 class CampaignSpec(_message.Message):
-    __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel", "warm_start")
+    __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel", "warm_start", "coders", "token_budget", "personas")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     BUDGET_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +115,9 @@ class CampaignSpec(_message.Message):
     MANUAL_SOURCES_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
     WARM_START_FIELD_NUMBER: _ClassVar[int]
+    CODERS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    PERSONAS_FIELD_NUMBER: _ClassVar[int]
     problem: str
     target: str
     budget_candidates: int
@@ -112,7 +129,10 @@ class CampaignSpec(_message.Message):
     manual_sources: _containers.RepeatedCompositeFieldContainer[ManualSource]
     parallel: int
     warm_start: int
-    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ..., warm_start: _Optional[int] = ...) -> None: ...
+    coders: _containers.RepeatedScalarFieldContainer[str]
+    token_budget: int
+    personas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ..., warm_start: _Optional[int] = ..., coders: _Optional[_Iterable[str]] = ..., token_budget: _Optional[int] = ..., personas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Prior(_message.Message):
     __slots__ = ("family", "params_json", "score_s", "relative", "device", "campaign_id", "candidate_id")
@@ -133,7 +153,7 @@ class Prior(_message.Message):
     def __init__(self, family: _Optional[str] = ..., params_json: _Optional[str] = ..., score_s: _Optional[float] = ..., relative: _Optional[float] = ..., device: _Optional[str] = ..., campaign_id: _Optional[str] = ..., candidate_id: _Optional[str] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("id", "campaign_id", "problem", "target", "family", "point_id", "params_json", "language", "source_digest", "compile_flags", "entry", "threads", "origin", "parents", "fence", "runner_threads", "launch_json")
+    __slots__ = ("id", "campaign_id", "problem", "target", "family", "point_id", "params_json", "language", "source_digest", "compile_flags", "entry", "threads", "origin", "parents", "fence", "runner_threads", "launch_json", "agent")
     ID_FIELD_NUMBER: _ClassVar[int]
     CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +171,7 @@ class Candidate(_message.Message):
     FENCE_FIELD_NUMBER: _ClassVar[int]
     RUNNER_THREADS_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_JSON_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     id: str
     campaign_id: str
     problem: str
@@ -168,7 +189,40 @@ class Candidate(_message.Message):
     fence: int
     runner_threads: int
     launch_json: str
-    def __init__(self, id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., target: _Optional[str] = ..., family: _Optional[str] = ..., point_id: _Optional[str] = ..., params_json: _Optional[str] = ..., language: _Optional[str] = ..., source_digest: _Optional[str] = ..., compile_flags: _Optional[str] = ..., entry: _Optional[str] = ..., threads: _Optional[int] = ..., origin: _Optional[str] = ..., parents: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ..., runner_threads: _Optional[int] = ..., launch_json: _Optional[str] = ...) -> None: ...
+    agent: AgentInfo
+    def __init__(self, id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., target: _Optional[str] = ..., family: _Optional[str] = ..., point_id: _Optional[str] = ..., params_json: _Optional[str] = ..., language: _Optional[str] = ..., source_digest: _Optional[str] = ..., compile_flags: _Optional[str] = ..., entry: _Optional[str] = ..., threads: _Optional[int] = ..., origin: _Optional[str] = ..., parents: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ..., runner_threads: _Optional[int] = ..., launch_json: _Optional[str] = ..., agent: _Optional[_Union[AgentInfo, _Mapping]] = ...) -> None: ...
+
+class AgentInfo(_message.Message):
+    __slots__ = ("backend", "model", "persona", "prompt_digest", "tokens_in", "tokens_out", "attempts", "seconds", "reply_digest", "finish")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PERSONA_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_IN_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_OUT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPLY_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FINISH_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    model: str
+    persona: str
+    prompt_digest: str
+    tokens_in: int
+    tokens_out: int
+    attempts: int
+    seconds: float
+    reply_digest: str
+    finish: str
+    def __init__(self, backend: _Optional[str] = ..., model: _Optional[str] = ..., persona: _Optional[str] = ..., prompt_digest: _Optional[str] = ..., tokens_in: _Optional[int] = ..., tokens_out: _Optional[int] = ..., attempts: _Optional[int] = ..., seconds: _Optional[float] = ..., reply_digest: _Optional[str] = ..., finish: _Optional[str] = ...) -> None: ...
+
+class AgentTask(_message.Message):
+    __slots__ = ("persona", "device")
+    PERSONA_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    persona: str
+    device: DeviceInfo
+    def __init__(self, persona: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ...) -> None: ...
 
 class CompileReport(_message.Message):
     __slots__ = ("compiler", "seconds", "artifact_bytes", "imports", "log_digest", "log_excerpt", "warnings", "arch", "registers", "shared_bytes", "stack_bytes", "spill_store_bytes", "spill_load_bytes", "local_bytes", "const_bytes")
@@ -305,7 +359,7 @@ class GpuTelemetry(_message.Message):
     def __init__(self, model: _Optional[str] = ..., uuid: _Optional[str] = ..., sm_clock_mhz_before: _Optional[int] = ..., sm_clock_mhz_after: _Optional[int] = ..., mem_clock_mhz_before: _Optional[int] = ..., mem_clock_mhz_after: _Optional[int] = ..., temperature_c: _Optional[int] = ..., power_w: _Optional[float] = ..., throttle_reasons: _Optional[_Iterable[str]] = ..., throttled: _Optional[bool] = ..., retries: _Optional[int] = ...) -> None: ...
 
 class PointProposed(_message.Message):
-    __slots__ = ("point_id", "family", "params_json", "strategy", "parents", "fence", "problem", "target", "manual", "origin", "runner_threads")
+    __slots__ = ("point_id", "family", "params_json", "strategy", "parents", "fence", "problem", "target", "manual", "origin", "runner_threads", "agent")
     POINT_ID_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +371,7 @@ class PointProposed(_message.Message):
     MANUAL_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     RUNNER_THREADS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     point_id: str
     family: str
     params_json: str
@@ -328,7 +383,8 @@ class PointProposed(_message.Message):
     manual: ManualSource
     origin: str
     runner_threads: int
-    def __init__(self, point_id: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., strategy: _Optional[str] = ..., parents: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ..., problem: _Optional[str] = ..., target: _Optional[str] = ..., manual: _Optional[_Union[ManualSource, _Mapping]] = ..., origin: _Optional[str] = ..., runner_threads: _Optional[int] = ...) -> None: ...
+    agent: AgentTask
+    def __init__(self, point_id: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., strategy: _Optional[str] = ..., parents: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ..., problem: _Optional[str] = ..., target: _Optional[str] = ..., manual: _Optional[_Union[ManualSource, _Mapping]] = ..., origin: _Optional[str] = ..., runner_threads: _Optional[int] = ..., agent: _Optional[_Union[AgentTask, _Mapping]] = ...) -> None: ...
 
 class CandidateCreated(_message.Message):
     __slots__ = ("candidate",)
@@ -371,7 +427,7 @@ class Verified(_message.Message):
     def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., artifact_digest: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class Rejected(_message.Message):
-    __slots__ = ("candidate", "stage", "reason", "message", "checks", "figures", "point_id", "params_json")
+    __slots__ = ("candidate", "stage", "reason", "message", "checks", "figures", "point_id", "params_json", "agent")
     class FiguresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +443,7 @@ class Rejected(_message.Message):
     FIGURES_FIELD_NUMBER: _ClassVar[int]
     POINT_ID_FIELD_NUMBER: _ClassVar[int]
     PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     candidate: Candidate
     stage: str
     reason: RejectReason
@@ -395,7 +452,8 @@ class Rejected(_message.Message):
     figures: _containers.ScalarMap[str, float]
     point_id: str
     params_json: str
-    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., stage: _Optional[str] = ..., reason: _Optional[_Union[RejectReason, str]] = ..., message: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ..., figures: _Optional[_Mapping[str, float]] = ..., point_id: _Optional[str] = ..., params_json: _Optional[str] = ...) -> None: ...
+    agent: AgentInfo
+    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., stage: _Optional[str] = ..., reason: _Optional[_Union[RejectReason, str]] = ..., message: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ..., figures: _Optional[_Mapping[str, float]] = ..., point_id: _Optional[str] = ..., params_json: _Optional[str] = ..., agent: _Optional[_Union[AgentInfo, _Mapping]] = ...) -> None: ...
 
 class Measured(_message.Message):
     __slots__ = ("candidate", "device", "timings", "score_s", "cached", "replayed", "seconds", "screened_out")

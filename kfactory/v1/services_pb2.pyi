@@ -167,6 +167,36 @@ class ReportRequest(_message.Message):
     campaign_id: str
     def __init__(self, campaign_id: _Optional[str] = ...) -> None: ...
 
+class LessonsRequest(_message.Message):
+    __slots__ = ("problem", "target", "limit")
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    problem: str
+    target: str
+    limit: int
+    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class Lesson(_message.Message):
+    __slots__ = ("kind", "text", "value", "count")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    text: str
+    value: float
+    count: int
+    def __init__(self, kind: _Optional[str] = ..., text: _Optional[str] = ..., value: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
+
+class LessonsResponse(_message.Message):
+    __slots__ = ("lessons", "text")
+    LESSONS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    lessons: _containers.RepeatedCompositeFieldContainer[Lesson]
+    text: str
+    def __init__(self, lessons: _Optional[_Iterable[_Union[Lesson, _Mapping]]] = ..., text: _Optional[str] = ...) -> None: ...
+
 class ReportResponse(_message.Message):
     __slots__ = ("markdown", "plot_png")
     MARKDOWN_FIELD_NUMBER: _ClassVar[int]

@@ -310,6 +310,11 @@ class EvidenceStub:
                 request_serializer=kfactory_dot_v1_dot_services__pb2.PriorsRequest.SerializeToString,
                 response_deserializer=kfactory_dot_v1_dot_services__pb2.PriorsResponse.FromString,
                 _registered_method=True)
+        self.Lessons = channel.unary_unary(
+                '/kfactory.v1.Evidence/Lessons',
+                request_serializer=kfactory_dot_v1_dot_services__pb2.LessonsRequest.SerializeToString,
+                response_deserializer=kfactory_dot_v1_dot_services__pb2.LessonsResponse.FromString,
+                _registered_method=True)
 
 
 class EvidenceServicer:
@@ -353,6 +358,13 @@ class EvidenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lessons(self, request, context):
+        """what helped and what failed for a problem on a target, with figures (the lessons agents' prompts include)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EvidenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -385,6 +397,11 @@ def add_EvidenceServicer_to_server(servicer, server):
                     servicer.Priors,
                     request_deserializer=kfactory_dot_v1_dot_services__pb2.PriorsRequest.FromString,
                     response_serializer=kfactory_dot_v1_dot_services__pb2.PriorsResponse.SerializeToString,
+            ),
+            'Lessons': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lessons,
+                    request_deserializer=kfactory_dot_v1_dot_services__pb2.LessonsRequest.FromString,
+                    response_serializer=kfactory_dot_v1_dot_services__pb2.LessonsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -549,6 +566,33 @@ class Evidence:
             '/kfactory.v1.Evidence/Priors',
             kfactory_dot_v1_dot_services__pb2.PriorsRequest.SerializeToString,
             kfactory_dot_v1_dot_services__pb2.PriorsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lessons(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kfactory.v1.Evidence/Lessons',
+            kfactory_dot_v1_dot_services__pb2.LessonsRequest.SerializeToString,
+            kfactory_dot_v1_dot_services__pb2.LessonsResponse.FromString,
             options,
             channel_credentials,
             insecure,
