@@ -51,9 +51,23 @@ class CampaignState:
     #: the warm start: points from other campaigns, proposed before the strategy's own
     priors: list[Point] = field(default_factory=list)
 
+    #: why the campaign's strategy stopped working ("" while it works); the planner fails the campaign with it
+    strategy_error: str = ""
+
     def __post_init__(self):
-        self.strategy = make_strategy(self.spec.strategy or "default", self.space, self.spec.seed) \
-            if self.space else None
+        self.strategy = None
+        if self.space:
+            # strategies are pluggable code: any failure of one is this campaign's failure, never the planner's
+            try:
+                self.strategy = make_strategy(self.spec.strategy or "default", self.space, self.spec.seed)
+            except Exception as e:  # noqa: BLE001 (reported as the campaign's reason, with its type)
+                self.strategy_failed("construction", e)
+
+    def strategy_failed(self, during: str, e: Exception) -> None:
+        """Stop using the strategy and keep why (construction, ask or tell raised)."""
+        self.strategy = None
+        self.strategy_error = f"strategy {self.spec.strategy or 'default'!r} failed in {during}: {type(e).__name__}: {e}"
+        self.changed.set()
 
     # -- folding events -----------------------------------------------------------------------
     def apply(self, event: pb.Event) -> None:
@@ -137,7 +151,10 @@ class CampaignState:
             return
         ps.done = True
         if ps.point and self.strategy and tell:
-            self.strategy.tell(ps.point, score)
+            try:
+                self.strategy.tell(ps.point, score)
+            except Exception as e:  # noqa: BLE001 (as in construction: the campaign fails, with the reason)
+                self.strategy_failed("tell", e)
 
     # -- questions the loop asks --------------------------------------------------------------
     def in_flight(self) -> int:

@@ -167,14 +167,18 @@ class PlannerService(Service):
         try:
             await self._propose_fixed(st)
             await self._search(st)
+            if st.strategy_error:
+                self.log.error("campaign failed", campaign=st.id, reason=st.strategy_error)
+                await self._finish(st, state="failed", reason=st.strategy_error)
+                return
             await self._wait_in_flight(st)
             await self._compare(st)
             await self._finish(st)
         except asyncio.CancelledError:
             raise
-        except Exception:  # a bug in driving this campaign must not kill the planner: record it as failed
+        except Exception as e:  # a bug in driving this campaign must not kill the planner: record it as failed
             self.log.exception("campaign failed", campaign=st.id)
-            await self._finish(st, state="failed", reason="planner error; see the planner's log")
+            await self._finish(st, state="failed", reason=f"planner error: {type(e).__name__}: {e}")
 
     def _expired(self, st: CampaignState) -> bool:
         return bool(st.spec.budget_seconds) and st.elapsed() >= st.spec.budget_seconds
@@ -201,7 +205,11 @@ class PlannerService(Service):
                 await self._wait_change(st)
                 continue
             prior = st.next_prior()
-            point = prior or st.strategy.ask()
+            try:
+                point = prior or st.strategy.ask()
+            except Exception as e:  # noqa: BLE001 (a strategy's failure fails its campaign, with the reason)
+                st.strategy_failed("ask", e)
+                break
             if point is None:
                 break
             await self._propose(st, point.family, point.params_json,
