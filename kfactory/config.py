@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -47,8 +49,50 @@ class Settings(BaseSettings):
     screen_max_s: float = Field(0.05, ge=0, description="multi-fidelity: a screening timing's length (0: off)")
     screen_factor: float = Field(1.5, gt=1, description="screened out when slower than this x the campaign's best")
 
+    # agent coders (LLMs); without a model the factory runs with template coders and says so
+    llm_provider: Literal["openai", "anthropic"] = Field(
+        "openai", description="openai: the OpenAI-compatible chat API (vLLM, SGLang, Ollama, hosted); "
+                              "anthropic: Anthropic's messages API")
+    llm_base_url: str | None = Field(None, description="e.g. http://localhost:8000/v1 (vLLM), "
+                                                       "http://localhost:11434/v1 (Ollama), https://api.anthropic.com")
+    llm_api_key: SecretStr | None = None
+    llm_model: str | None = None
+    llm_concurrency: int = Field(2, ge=1, description="requests in flight per persona consumer")
+    llm_token_budget: int = Field(200_000, ge=0, description="tokens (prompt + reply) one campaign's agents may spend")
+    llm_timeout_s: float = Field(180.0, gt=0, description="one request's limit")
+    llm_retries: int = Field(2, ge=0, description="retries of a request that timed out, was rate limited or met a 5xx")
+    llm_backoff_s: float = Field(1.0, ge=0, description="first retry's delay; doubles per retry (with jitter)")
+    llm_max_wait_s: float = Field(60.0, ge=0, description="longest Retry-After honoured before giving up")
+    llm_reask: int = Field(1, ge=0, description="times a reply without a kernel is answered with a request to fix it")
+    llm_max_tokens: int = Field(8192, ge=256, description="reply length limit")
+    llm_temperature: float = Field(0.7, ge=0, le=2)
+    llm_parents: int = Field(2, ge=1, le=3, description="parent candidates (with their evidence) per prompt")
+    llm_token_seconds: float = Field(1e-4, ge=0, description="device-seconds one token is worth when the planner "
+                                                             "weighs coders' yields")
+
+    # the replay target's pace: 0 answers at once; 1 sleeps each recorded compile and benchmark time (a cluster
+    # simulated in real time; fault tests use a fraction so that work is in flight when they strike)
+    replay_pace: float = Field(0.0, ge=0)
+
+    # boundaries: what is refused, with a reason, before it can exhaust anything
+    max_event_bytes: int = Field(1 << 20, ge=1024, description="largest protobuf event a service decodes")
+    max_source_bytes: int = Field(512 << 10, ge=1024, description="largest kernel source the coder accepts")
+    max_shape_elements: int = Field(1 << 28, ge=1, description="largest tensor (elements) a problem may declare")
+
+    # the secure profile: credentials come from the environment or from files in KFACTORY_SECRETS_DIR (never
+    # logged: SecretStr prints as '**********')
+    redis_password: SecretStr | None = Field(None, description="Redis AUTH password (added to redis_url)")
+    grpc_token: SecretStr | None = Field(None, description="bearer token the gRPC services demand (secure profile)")
+    grpc_tls_cert: Path | None = Field(None, description="PEM certificate the gRPC servers present")
+    grpc_tls_key: Path | None = Field(None, description="PEM private key of grpc_tls_cert")
+    grpc_tls_ca: Path | None = Field(None, description="PEM CA bundle clients trust (default: grpc_tls_cert)")
+
     log_level: str = "info"
     log_json: bool = False
+
+    def llm_configured(self) -> bool:
+        """True when agent coders have an endpoint and a model to call."""
+        return bool(self.llm_base_url and self.llm_model)
 
     def archive(self) -> Path:
         """Where memory keeps its SQLite archive."""

@@ -1,18 +1,37 @@
-"""The coder: design point -> candidate (a family template rendered at the point, or a given source)."""
+"""The coder: design point -> candidate (a family template rendered at the point, or a given source), and
+agent coders (LLMs) writing kernels from parent candidates, one consumer per persona (services/coder/agents.py)."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 from kfactory import events as ev
+from kfactory.agents import PERSONAS, persona_stage
 from kfactory.bus import Ack, Delivery, Outcome, new_traceparent, traceparent
 from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.v1 import events_pb2 as pb
+from kfactory.services.coder.agents import AgentConsumers
 
 
 class CoderService(Service):
     name = "coder"
     stage = "coder"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.agents = AgentConsumers(self)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The template consumer and one consumer per agent persona, side by side. Persona consumers run even
+        without a configured model, so agent work that reaches them gets a typed answer, never a wait."""
+        await self.setup()
+        n = self.settings.llm_concurrency
+        await asyncio.gather(self.bus.consume(self.stage, self._handle, self.settings.workers, stop),
+                             *(self.bus.consume(persona_stage(p), self.agents.handler(p), n, stop) for p in PERSONAS))
+
+    async def close(self) -> None:
+        await self.agents.close()
 
     async def handle(self, d: Delivery) -> Outcome:
         pp = d.event.point_proposed
@@ -24,11 +43,20 @@ class CoderService(Service):
                               params_json=pp.params_json)
             await self.bus.publish(ev.make_event(cid, self.name, pp.point_id, rejected=rej))
             return Ack()
+        await self.emit(pp, cid, source, language, flags, entry, threads, launch_json)
+        return Ack()
+
+    async def emit(self, pp: pb.PointProposed, cid: str, source: str, language: str, flags: str, entry: str,
+                   threads: int, launch_json: str, agent: pb.AgentInfo | None = None,
+                   params_json: str | None = None) -> None:
+        """Publish the candidate written for a point and queue it for the compiler (or a DUPLICATE rejection
+        when an earlier point of the campaign produced the same content)."""
         cand_id = ev.candidate_id(source, language, flags, entry, threads, pp.target, launch_json)
         cand = pb.Candidate(id=cand_id, campaign_id=cid, problem=pp.problem, target=pp.target, family=pp.family,
-                            point_id=pp.point_id, params_json=pp.params_json, language=language,
-                            compile_flags=flags, entry=entry, threads=threads, origin=pp.origin,
-                            parents=pp.parents, runner_threads=pp.runner_threads, launch_json=launch_json)
+                            point_id=pp.point_id, params_json=pp.params_json if params_json is None else params_json,
+                            language=language, compile_flags=flags, entry=entry, threads=threads, origin=pp.origin,
+                            parents=pp.parents, runner_threads=pp.runner_threads, launch_json=launch_json,
+                            agent=agent)
         # the candidate's journey through the stages is one trace, whose id derives from the candidate's
         traceparent.set(new_traceparent(cand_id[:32]))
         cand.source_digest = await self.bus.put_artifact(source.encode())
@@ -37,15 +65,14 @@ class CoderService(Service):
             first = await self.claims.cache_get(f"{cid}:candidate-point:{cand_id}")
             if first != pp.point_id.encode():
                 rej = pb.Rejected(candidate=cand, stage="coder", reason=pb.DUPLICATE, point_id=pp.point_id,
-                                  params_json=pp.params_json,
+                                  params_json=cand.params_json, agent=agent,
                                   message=f"renders the same candidate as point {(first or b'?').decode()}")
                 await self.bus.publish(ev.make_event(cid, self.name, pp.point_id, rejected=rej))
-                return Ack()
+                return
         await self.claims.cache_put(f"{cid}:candidate-point:{cand_id}", pp.point_id.encode(), ttl_s=7 * 86400)
         created = ev.make_event(cid, self.name, cand_id, candidate_created=pb.CandidateCreated(candidate=cand))
         await self.bus.publish(created)
         await self.bus.send_work("compiler", created)
-        return Ack()
 
     def _render(self, pp: pb.PointProposed) -> tuple[str, str, str, str, int, str]:
         """(source, language, flags, entry, threads, launch rule as canonical JSON or "")."""
