@@ -36,10 +36,23 @@ def draw(problem: Problem, shape: dict[str, int], dist_name: str, seed: int) -> 
 
 
 def _draw(rng: np.random.Generator, d, tshape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if d.kind == "constant":
+        return np.full(tshape, d.value, dtype=dtype)
     if d.kind == "normal":
         a = rng.standard_normal(tshape, dtype=np.float32 if dtype == np.float32 else np.float64)
-        return (a * d.std + d.mean).astype(dtype, copy=False)
-    return rng.uniform(d.low, d.high, tshape).astype(dtype)
+        a = a * d.std + d.mean
+    else:
+        a = rng.uniform(d.low, d.high, tshape)
+    return _transform(a, d).astype(dtype, copy=False)
+
+
+def _transform(a: np.ndarray, d) -> np.ndarray:
+    """factor * transform(a), computed in a's precision before the cast to the tensor's dtype."""
+    if d.transform == "sigmoid":
+        a = 0.5 * (1.0 + np.tanh(0.5 * a))   # the tanh form never overflows
+    elif d.transform == "logsigmoid":
+        a = -np.logaddexp(0.0, -a)            # log(1 / (1 + exp(-a))), stable for any a
+    return a * d.factor if d.factor != 1.0 else a
 
 
 def _mask_neg_inf(a: np.ndarray, fraction: float, rng: np.random.Generator) -> None:

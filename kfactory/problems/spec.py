@@ -19,13 +19,18 @@ class TensorSpec(_Strict):
 
 
 class Distribution(_Strict):
-    """How one input is drawn: normal(mean, std) or uniform(low, high), optionally with -inf entries."""
-    kind: Literal["normal", "uniform"]
+    """How one input is drawn: normal(mean, std), uniform(low, high) or constant(value), optionally with -inf
+    entries, then optionally mapped elementwise: `factor * transform(x)` with transform sigmoid or logsigmoid
+    (how models make gates: a sigmoid for a write strength in (0, 1), a log-sigmoid for a log-space decay)."""
+    kind: Literal["normal", "uniform", "constant"]
     mean: float = 0.0
     std: float = Field(1.0, gt=0)
     low: float = -1.0
     high: float = 1.0
+    value: float = 0.0
     neg_inf_fraction: float = Field(0.0, ge=0, lt=1)
+    transform: Literal["none", "sigmoid", "logsigmoid"] = "none"
+    factor: float = 1.0
 
 
 class Tolerance(_Strict):
