@@ -36,6 +36,10 @@ class CoderService(Service):
     async def handle(self, d: Delivery) -> Outcome:
         pp = d.event.point_proposed
         cid = d.event.campaign_id
+        if pp.HasField("agent") and pp.agent.persona in PERSONAS:
+            # agent work that came this way (a restarted planner re-queues proposals here): to its persona
+            await self.bus.send_work(persona_stage(pp.agent.persona), d.event)
+            return Ack()
         try:
             source, language, flags, entry, threads, launch_json = self._render(pp)
         except (ProblemError, KeyError, ValueError) as e:

@@ -10,6 +10,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import DecodeError
 
 from kfactory import events as ev
+from kfactory.services.planner.coders import TEMPLATE, CoderLedger, arm_of
 from kfactory.stats import significant
 from kfactory.strategies import Point, Space, make_strategy
 from kfactory.v1 import events_pb2 as pb
@@ -25,8 +26,10 @@ class PointState:
     candidate_id: str = ""
 
 
-#: origins of the points the search proposes (its strategy's and the warm start's); they count against the budget
-SEARCHED = ("template:", "warm:")
+#: origins of the points the strategy is told about (its own and the warm start's)
+STRATEGY = ("template:", "warm:")
+#: origins of the work that counts against the candidate budget: the strategy's points and agent tasks
+SEARCHED = STRATEGY + ("agent:",)
 
 
 @dataclass
@@ -56,6 +59,12 @@ class CampaignState:
 
     def __post_init__(self):
         self.strategy = None
+        #: the coder portfolio (template coder and agent personas): results, costs, yields
+        self.coders = CoderLedger()
+        self.template_exhausted = False
+        #: why agent coders are off although the spec asked for them ("" when they are on or not asked for)
+        self.agent_note = ""
+        self.token_seconds = 1e-4
         if self.space:
             # strategies are pluggable code: any failure of one is this campaign's failure, never the planner's
             try:
@@ -85,7 +94,8 @@ class CampaignState:
                        if self.space is not None and self.space.valid(Point(p.family, p.params_json))]
 
     def _on_point_proposed(self, m: pb.PointProposed) -> None:
-        point = Point(m.family, m.params_json) if m.origin.startswith(SEARCHED) else None
+        point = Point(m.family, m.params_json) if m.origin.startswith(STRATEGY) else None
+        self.coders.on_point(m)
         self.points.setdefault(m.point_id, PointState(point, m.origin))
         if point and self.strategy:
             self.strategy.seen.add(point)
@@ -93,6 +103,7 @@ class CampaignState:
 
     def _on_candidate_created(self, m: pb.CandidateCreated) -> None:
         self.candidates[m.candidate.id] = m.candidate
+        self.coders.on_candidate(m.candidate)
         if m.candidate.origin == "reference":
             self.reference_id = m.candidate.id
 
@@ -103,13 +114,16 @@ class CampaignState:
 
     def _on_compile_failed(self, m: pb.CompileFailed) -> None:
         self.counts.compile_failed += 1
+        self.coders.on_compile_failed(m)
         self._finish_point(m.candidate.point_id, None)
 
     def _on_verified(self, m: pb.Verified) -> None:
         self.counts.verified += 1
+        self.coders.on_verified(m)
 
     def _on_rejected(self, m: pb.Rejected) -> None:
         self.counts.rejected += 1
+        self.coders.on_rejected(m)
         score = None
         if m.reason == pb.DUPLICATE:  # not the point's fault: it scores like its twin when that is known
             twin = self.measured.get(m.candidate.id)
@@ -118,6 +132,7 @@ class CampaignState:
 
     def _on_measured(self, m: pb.Measured) -> None:
         self.counts.measured += 1
+        self.coders.on_measured(m)
         self.measured[m.candidate.id] = m
         self._finish_point(m.candidate.point_id, m.score_s)
 
@@ -171,6 +186,14 @@ class CampaignState:
                 return point
         return None
 
+    def agent_in_flight(self, persona: str) -> int:
+        return sum(1 for p in self.points.values() if not p.done and p.origin == f"agent:{persona}")
+
+    def ranked(self, k: int) -> list[str]:
+        """The k fastest measured candidates (the reference included), fastest first: an agent's parents."""
+        full = [m for m in self.measured.values() if not m.screened_out]
+        return [m.candidate.id for m in sorted(full, key=lambda m: m.score_s)[:k]]
+
     def best(self) -> pb.Measured | None:
         """The fastest measured candidate that is not the reference kernel."""
         mine = [m for cid, m in self.measured.items() if cid != self.reference_id]
@@ -178,6 +201,29 @@ class CampaignState:
 
     def elapsed(self) -> float:
         return time.time() - self.started_wall
+
+    def coder_summary(self) -> dict:
+        """The summary's coder sections: per arm (yields), per agent persona, and the agents' token use."""
+        arms = self.coders.summary(self.token_seconds)
+        agents = {name: {k: a[k] for k in ("proposed", "candidates", "measured", "improvements", "tokens_in",
+                                            "tokens_out", "failures")}
+                  for name, a in arms.items() if name != TEMPLATE}
+        out = {"coders_used": list(self.spec.coders) or [TEMPLATE], "coders": arms, "agents": agents}
+        if "agent" in self.spec.coders:
+            failures: dict[str, int] = {}
+            for a in agents.values():
+                for reason, n in a["failures"].items():
+                    failures[reason] = failures.get(reason, 0) + n
+            out["agent_tokens"] = {"in": sum(a["tokens_in"] for a in agents.values()),
+                                   "out": sum(a["tokens_out"] for a in agents.values()),
+                                   "budget": self.spec.token_budget}
+            out["agent_failures"] = failures
+            note = self.agent_note or (f"agents paused after {self.coders.endpoint_streak} endpoint failures in a "
+                                       f"row (last: {self.coders.last_endpoint_failure})"
+                                       if self.coders.endpoint_paused() else "")
+            if note:
+                out["agent_note"] = note
+        return out
 
     def state_name(self) -> str:
         return self.finished.state if self.finished else "running"
@@ -190,6 +236,7 @@ class CampaignState:
                "device_info": MessageToDict(self.device, preserving_proto_field_name=True),
                "counts": {f.name: getattr(self.counts, f.name) for f in pb.Counts.DESCRIPTOR.fields},
                "elapsed_seconds": round(self.elapsed(), 3), "best": None}
+        out.update(self.coder_summary())
         if best is None:
             return out
         cand = best.candidate

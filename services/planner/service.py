@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import secrets
 import time
 
@@ -24,6 +25,8 @@ from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
 from kfactory.judge import available_baselines
 from kfactory.services.planner.campaign import CampaignState
+from kfactory.services.planner import coders
+from kfactory.agents import persona_stage
 
 COMPARE_WAIT_S = 300.0
 GRACE_S = 60.0
@@ -83,6 +86,8 @@ class PlannerService(Service):
         if event.HasField("campaign_started") and cid not in self.campaigns:
             spec = event.campaign_started.spec
             self.campaigns[cid] = CampaignState(cid, spec, pb.DeviceInfo(), self._space(spec))
+            self.campaigns[cid].agent_note = coders.agent_note(spec, self.settings)
+            self.campaigns[cid].token_seconds = self.settings.llm_token_seconds
         st = self.campaigns.get(cid)
         if st is not None:
             st.apply(event)
@@ -122,6 +127,11 @@ class PlannerService(Service):
         spec.threads = spec.threads or self.settings.threads
         spec.parallel = spec.parallel or 2
         spec.seed = spec.seed or secrets.randbits(32)
+        wrong = coders.validate(spec, self.settings)
+        if wrong:
+            raise SpecError(wrong)
+        if coders.agent_note(spec, self.settings):
+            self.log.warning(coders.agent_note(spec, self.settings))
         return spec
 
     async def submit(self, spec: pb.CampaignSpec) -> str:
@@ -200,9 +210,23 @@ class PlannerService(Service):
             await self._propose(st, f"manual:{m.name}", json.dumps({"manual": m.name}), f"manual:{m.name}", m)
 
     async def _search(self, st: CampaignState) -> None:
-        while self._budget_left(st) and st.strategy is not None:
+        """Hand out design work until the budget is spent: each slot goes to the coder the portfolio draws
+        (services/planner/coders.py): the template coder (the strategy's next point) or an agent persona."""
+        rng = random.Random(st.spec.seed ^ 0xC0DE5)
+        attempts = 0
+        while self._budget_left(st) and (st.strategy is not None or coders.agents_pending(st)):
             if st.in_flight() >= st.spec.parallel:
                 await self._wait_change(st)
+                continue
+            arm = st.coders.choose(coders.eligible(st), rng, st.token_seconds)
+            if arm is None:
+                if st.in_flight():
+                    await self._wait_change(st)
+                    continue
+                break
+            if arm != coders.TEMPLATE:
+                attempts += 1
+                await self._propose_agent(st, arm, attempts)
                 continue
             prior = st.next_prior()
             try:
@@ -211,9 +235,26 @@ class PlannerService(Service):
                 st.strategy_failed("ask", e)
                 break
             if point is None:
-                break
+                st.template_exhausted = True
+                continue
             await self._propose(st, point.family, point.params_json,
                                 f"{'warm' if prior else 'template'}:{point.family}")
+
+    async def _propose_agent(self, st: CampaignState, persona: str, attempt: int) -> None:
+        """Queue one agent task on the persona's work subject, with its parents and the campaign's device."""
+        parents = coders.parents_for(st, persona, self.settings.llm_parents)
+        problem = self.ctx.problem(st.spec.problem)
+        first = st.candidates.get(parents[0])
+        fams = problem.families_for(st.spec.target.split(":")[0])
+        family = first.family if first is not None and first.family in problem.families else \
+            (fams[0].name if fams else "")
+        pp = coders.agent_point(st, persona, parents, family, attempt)
+        if not await self.claims.claim_once(f"{st.id}:point:{pp.point_id}"):
+            return  # an earlier life of this planner proposed it; the next attempt gets another id
+        event = ev.make_event(st.id, self.name, pp.point_id, point_proposed=pp)
+        st.apply(event)
+        await self.bus.publish(event)
+        await self.bus.send_work(persona_stage(persona), event)
 
     async def _propose(self, st: CampaignState, family: str, params_json: str, origin: str,
                        manual: pb.ManualSource | None = None) -> None:
