@@ -12,6 +12,7 @@ from kfactory.grpcutil import start_server
 from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.services.memory.archive import Archive
+from kfactory.services.memory import lessons as lessons_mod
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
 
@@ -105,6 +106,13 @@ class EvidenceApi(sgrpc.EvidenceServicer):
         priors = self.m.archive.priors(self.m.problem_name(request.problem), list(request.families),
                                        request.exclude_campaign, request.limit or 8)
         return spb.PriorsResponse(priors=priors)
+
+    async def Lessons(self, request, context):
+        if not request.problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the problem")
+        items = await asyncio.to_thread(lessons_mod.lessons, self.m.archive, self.m.problem_name(request.problem),
+                                        request.target, request.limit or 6)
+        return spb.LessonsResponse(lessons=items, text=lessons_mod.as_text(items))
 
     async def Report(self, request, context):
         if not self.m.archive.events(campaign=request.campaign_id):

@@ -1,0 +1,235 @@
+"""The kda problem (Kimi Delta Attention): the float64 reference against the matrix form of the recurrence, the
+input distributions, the tolerance (a float32 recurrence passes it, wrong kernels fail it by orders of
+magnitude), the cpu family verified by the judge, wrong kernels rejected, the cuda family compiled for sm_90a
+and sm_100a through NVRTC (no GPU needed)."""
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from simpleeval import EvalWithCompoundTypes
+
+from kfactory.compare import compare
+from kfactory.inputs import draw
+from kfactory.judge import InputPool, verify
+from kfactory.problems import load_problem
+from kfactory.targets import get_target
+from kfactory.v1 import events_pb2 as pb
+
+WRONG = Path(__file__).parent / "kda"
+
+
+@pytest.fixture(scope="module")
+def kda():
+    return load_problem("kda")
+
+
+def _matrix_form(q, k, v, g, beta, h0):
+    """o, ht by the closed form per (b, hv): S_t = (I - beta k k^T) diag(exp g) S + beta k v^T, o = S^T q,
+    with q, k L2-normalised and q scaled by K^-0.5; plain loops, independent of reference.recurrence."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    o, ht = np.zeros((B, T, HV, V)), np.zeros((B, HV, K, V))
+    for b in range(B):
+        for hv in range(HV):
+            h = hv // (HV // H)
+            S = h0[b, hv].astype(np.float64)
+            for t in range(T):
+                qt, kt = q[b, t, h].astype(np.float64), k[b, t, h].astype(np.float64)
+                qt = qt / math.sqrt(qt @ qt + 1e-6) / math.sqrt(K)
+                kt = kt / math.sqrt(kt @ kt + 1e-6)
+                bt = float(beta[b, t, hv])
+                S = (np.eye(K) - bt * np.outer(kt, kt)) @ np.diag(np.exp(g[b, t, hv].astype(np.float64))) @ S \
+                    + bt * np.outer(kt, v[b, t, hv])
+                o[b, t, hv] = S.T @ qt
+            ht[b, hv] = S
+    return o, ht
+
+
+@pytest.mark.parametrize("shape", [dict(B=2, T=5, H=1, HV=2, K=8, V=6), dict(B=1, T=1, H=2, HV=2, K=5, V=3)])
+def test_reference_matches_the_matrix_form(kda, shape):
+    x = draw(kda, shape, "normal", 7)
+    ref = kda.reference.reference(x)
+    o, ht = _matrix_form(*(x[n] for n in ("q", "k", "v", "g", "beta", "h0")))
+    np.testing.assert_allclose(ref["o"], o, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ref["ht"], ht, rtol=1e-12, atol=1e-14)
+
+
+def test_l2norm_option_equals_normalised_inputs_and_zero_state_equals_none(kda):
+    R = kda.reference
+    x = draw(kda, dict(B=1, T=9, H=2, HV=4, K=16, V=8), "normal", 3)
+    args = [x["v"], x["g"], x["beta"]]
+    o1, s1 = R.recurrence(x["q"], x["k"], *args, x["h0"], l2norm_qk=True)
+    o2, s2 = R.recurrence(R.l2norm(x["q"].astype(np.float64)), R.l2norm(x["k"].astype(np.float64)), *args,
+                          x["h0"], l2norm_qk=False)
+    np.testing.assert_allclose(o1, o2, rtol=1e-13)
+    np.testing.assert_allclose(s1, s2, rtol=1e-13)
+    o3, _ = R.recurrence(x["q"], x["k"], *args, None, l2norm_qk=True)
+    o4, _ = R.recurrence(x["q"], x["k"], *args, np.zeros_like(x["h0"]), l2norm_qk=True)
+    np.testing.assert_array_equal(o3, o4)
+    assert not np.allclose(o1, o3)   # the initial state matters
+    with pytest.raises(ValueError, match="multiple"):
+        R.recurrence(x["q"], x["k"], x["v"][:, :, :3], x["g"][:, :, :3], x["beta"][:, :, :3])
+
+
+def test_distributions_draw_realistic_gates(kda):
+    shape = dict(B=2, T=64, H=2, HV=4, K=32, V=16)
+    for dist in kda.spec.distributions:
+        x = draw(kda, shape, dist, 1)
+        assert all(a.dtype == np.float32 and a.flags.c_contiguous for a in x.values())
+        assert (x["g"] <= 0).all() and ((x["beta"] > 0) & (x["beta"] < 1)).all(), dist
+    assert np.all(draw(kda, shape, "no_state", 2)["h0"] == 0)
+    assert np.std(draw(kda, shape, "normal", 2)["h0"]) == pytest.approx(1.0, rel=0.05)
+    safe = draw(kda, shape, "safe_gate", 3)["g"]
+    assert safe.min() > -5 and safe.max() < 0
+    fast, slow = draw(kda, shape, "fast_decay", 4)["g"], draw(kda, shape, "slow_decay", 4)["g"]
+    assert fast.min() < -20 and slow.min() > -1.5   # logsigmoid(randn) / c with c = 0.1 and 10
+    assert np.median(draw(kda, shape, "normal", 5)["g"]) == pytest.approx(-math.log(2), abs=0.05)
+
+
+def test_existing_draws_are_unchanged_by_the_new_distribution_fields():
+    softmax = load_problem("softmax")
+    x = draw(softmax, {"rows": 3, "cols": 5}, "normal", 11)["x"]
+    expected = (np.random.default_rng(11).standard_normal((3, 5), dtype=np.float32) * 1.0 + 0.0)
+    np.testing.assert_array_equal(x, expected.astype(np.float32))
+
+
+def test_float32_recurrence_passes_and_wrong_algorithms_fail_by_orders_of_magnitude(kda):
+    """The tolerance sits between an honest fp32 kernel (numpy float32: ~1e-7) and the wrong ones."""
+    R, tol = kda.reference, kda.spec.tolerance["float32"]
+    shape = dict(B=2, T=40, H=2, HV=4, K=32, V=24)
+    for dist in kda.spec.distributions:
+        x = draw(kda, shape, dist, 5)
+        ref = R.reference(x)
+        o, ht = R.recurrence(*(x[n] for n in ("q", "k", "v", "g", "beta", "h0")), l2norm_qk=True,
+                             dtype=np.float32)
+        for out, name in ((o, "o"), (ht, "ht")):
+            c = compare(out.astype(np.float32), ref[name], tol.atol, tol.rtol, tol.norm_rel)
+            assert c.passed and c.norm_rel_err < tol.norm_rel / 20, (dist, name, c.norm_rel_err)
+    x = draw(kda, shape, "normal", 6)
+    ref = R.reference(x)
+    no_decay = dict(x, g=np.zeros_like(x["g"]))
+    o, _ = R.recurrence(*(no_decay[n] for n in ("q", "k", "v", "g", "beta", "h0")), l2norm_qk=True)
+    assert compare(o.astype(np.float32), ref["o"], tol.atol, tol.rtol, tol.norm_rel).norm_rel_err > 100 * tol.norm_rel
+
+
+@pytest.fixture(scope="module")
+def cpu(tmp_path_factory, host_ceilings):
+    import shutil
+
+    from kfactory.config import Settings
+    data = tmp_path_factory.mktemp("kda")
+    shutil.copy(host_ceilings, data / "ceilings.json")
+    return get_target("cpu", Settings(data_dir=data, threads=2, runner_timeout_s=20.0))
+
+
+def _verify(cpu, problem, source: str, flags: str, threads: int = 2):
+    res = cpu.compile(source, "c", flags, "kernel")
+    assert res.ok, res.log[-2000:]
+    session = cpu.session(problem, threads)
+    try:
+        session.load_artifact("k", res.artifact, "kernel")
+        return verify(session, "k", problem, InputPool(problem, 4))
+    finally:
+        session.close()
+
+
+def test_cpu_reference_kernel_is_verified(kda, cpu):
+    source, flags = kda.reference_source("cpu")
+    v = _verify(cpu, kda, source, flags)
+    assert v.passed, v.message
+    shapes = {c.shape for c in v.checks}
+    assert {"1x1x1x1x16x16", "2x7x2x4x32x48", "1x65x1x1x24x17", "8x1x32x32x128x128"} <= shapes
+    assert {c.distribution for c in v.checks} >= {"no_state", "normal", "large", "tiny"}
+    assert max(c.norm_rel_err for c in v.checks) < 2e-6
+
+
+# a fast AVX2 point, an AVX-512 point working in place with per-token prep, and one without -march
+FAMILY_POINTS = [
+    dict(vec=16, nv=4, unroll=2, decay="store", local=1, tb=32, par="head", threads=2, flags="-O3 -march=native"),
+    dict(vec=8, nv=2, unroll=4, decay="recompute", local=0, tb=1, par="tile", threads=2, flags="-O3 -mavx2 -mfma"),
+    dict(vec=16, nv=8, unroll=1, decay="recompute", local=0, tb=8, par="head", threads=1, flags="-O2"),
+]
+
+
+@pytest.mark.parametrize("point", FAMILY_POINTS, ids=lambda p: f"v{p['vec']}x{p['nv']}-{p['decay']}-l{p['local']}")
+def test_cpu_family_points_are_verified(kda, cpu, point):
+    fam = kda.families["cpu_recurrent"]
+    assert fam.valid(point)
+    source, flags, threads = fam.render(point)
+    v = _verify(cpu, kda, source, flags, threads)
+    assert v.passed, v.message
+    assert max(c.norm_rel_err for c in v.checks) < 2e-6
+
+
+@pytest.mark.parametrize("name,shape", [("skip_decay", None), ("read_before_update", None),
+                                        ("ignore_h0", None), ("shared_heads", "2x7x2x4x32x48")])
+def test_wrong_kernels_are_rejected_as_wrong_results(kda, cpu, name, shape):
+    v = _verify(cpu, kda, (WRONG / f"{name}.c").read_text(), "-O2 -fopenmp")
+    assert not v.passed and v.reason == pb.WRONG_RESULT, v.message
+    failed = v.checks[-1]
+    assert not failed.passed and failed.norm_rel_err > 1e-3   # far outside the 1e-5 tolerance, not marginal
+    if shape:
+        assert failed.shape == shape   # the first shape with grouped heads that differ under hv % H
+
+
+def test_cpu_family_has_a_real_design_space(kda):
+    fam = kda.families["cpu_recurrent"]
+    points = fam.points()
+    assert len(points) > 1000
+    sample = random.Random(3).sample(points, 60)
+    sources = {fam.render(p)[:2] for p in sample}
+    assert len(sources) == len(sample)
+    assert all(p["vec"] * p["nv"] <= 128 and p["nv"] * p["unroll"] <= 16 for p in points)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cuda: rendered, launch rules, compiled for sm_90a and sm_100a (no GPU needed)
+
+
+def _launch(expr: str, names: dict):
+    funcs = {"min": min, "max": max, "abs": abs, "ceil": math.ceil, "cdiv": lambda a, b: -(-a // b)}
+    return EvalWithCompoundTypes(names=names, functions=funcs).eval(expr)
+
+
+def test_cuda_launch_rule_covers_every_column_and_head(kda):
+    fam = kda.families["cuda_recurrent"]
+    for p in fam.points():
+        for shape in kda.shapes("all"):
+            names = {**p, **shape}
+            gx, gy = _launch(fam.spec.launch["grid"], names)
+            block = _launch(fam.spec.launch["block"], names)
+            assert 32 <= block <= 1024 and block % 32 == 0
+            assert gy == shape["B"] * shape["HV"] and gx * p["bv"] >= shape["V"] > (gx - 1) * p["bv"]
+            assert shape["K"] <= 256   # the family holds 256 / ks rows a lane
+
+
+def _compile(source: str, flags: str, arch: str):
+    cc = pytest.importorskip("kfactory.targets.cuda_compile")
+    r = cc.compile_cuda(source, "cuda", flags, "kernel", arch, None)
+    return r, r.report.spill_store_bytes + r.report.spill_load_bytes + r.report.local_bytes
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_cuda_reference_and_family_sample_compile_without_spills(kda, arch):
+    pytest.importorskip("cuda.bindings")
+    source, flags = kda.reference_source("cuda")
+    r, spills = _compile(source, flags, arch)
+    assert r.ok and spills == 0, r.message
+    fam = kda.families["cuda_recurrent"]
+    for p in random.Random(5).sample(fam.points(), 6):
+        r, spills = _compile(*fam.render(p)[:2], arch)
+        assert r.ok and spills == 0, (p, r.message, spills)
+        assert r.report.registers <= 255
+
+
+@pytest.mark.slow
+def test_every_cuda_point_compiles_for_sm90a_without_spills(kda):
+    pytest.importorskip("cuda.bindings")
+    fam = kda.families["cuda_recurrent"]
+    bad = [(p, r.message, s) for p in fam.points() for r, s in [_compile(*fam.render(p)[:2], "sm_90a")]
+           if not r.ok or s]
+    assert bad == []
