@@ -18,8 +18,32 @@ def _settings(args) -> Settings:
                               "planner_addr": getattr(args, "planner", None),
                               "memory_addr": getattr(args, "memory", None),
                               "threads": getattr(args, "threads", None),
-                              "report_dir": getattr(args, "report_dir", None)}.items() if v is not None}
+                              "report_dir": getattr(args, "report_dir", None),
+                              **_llm_over(args)}.items() if v is not None}
     return Settings(**over)
+
+
+def _llm_over(args) -> dict:
+    """Agent coders' endpoint settings given as flags (each overrides its KFACTORY_LLM_* variable)."""
+    return {"llm_provider": getattr(args, "llm_provider", None), "llm_base_url": getattr(args, "llm_base_url", None),
+            "llm_model": getattr(args, "llm_model", None), "llm_api_key": getattr(args, "llm_api_key", None),
+            "llm_concurrency": getattr(args, "llm_concurrency", None),
+            "llm_token_budget": getattr(args, "token_budget", None) or None}
+
+
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coders", default="template", help="comma-separated coders: template, agent (LLM agents: "
+                   "need --llm-base-url and --llm-model or KFACTORY_LLM_*)")
+    p.add_argument("--personas", default="", help="comma-separated agent personas (default: all): memory_bound, "
+                   "compute_bound, repairer")
+    p.add_argument("--token-budget", type=int, help="agent tokens the campaign may spend (env "
+                   "KFACTORY_LLM_TOKEN_BUDGET; default 200000)")
+    p.add_argument("--llm-provider", choices=("openai", "anthropic"), help="openai: the OpenAI-compatible chat API "
+                   "(vLLM, SGLang, Ollama, hosted); anthropic: the messages API (env KFACTORY_LLM_PROVIDER)")
+    p.add_argument("--llm-base-url", help="e.g. http://localhost:8000/v1 (env KFACTORY_LLM_BASE_URL)")
+    p.add_argument("--llm-model", help="model name as the endpoint knows it (env KFACTORY_LLM_MODEL)")
+    p.add_argument("--llm-api-key", help="prefer the env KFACTORY_LLM_API_KEY (a flag shows in ps)")
+    p.add_argument("--llm-concurrency", type=int, help="requests in flight per persona (env KFACTORY_LLM_CONCURRENCY)")
 
 
 def _spec_args(p: argparse.ArgumentParser) -> None:
@@ -36,6 +60,7 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
     p.add_argument("--manual", action="append", default=[], metavar="NAME=FILE[:FLAGS]",
                    help="add a hand-written kernel as a candidate (repeatable)")
+    _agent_args(p)
 
 
 def _spec(args):
@@ -45,7 +70,9 @@ def _spec(args):
     problem = args.target if args.target.startswith("replay:") else args.problem
     spec = pb.CampaignSpec(problem=problem, target=args.target, budget_candidates=args.budget,
                            budget_seconds=args.seconds, strategy=args.strategy, threads=args.threads or 0,
-                           seed=args.seed, families=args.family, parallel=args.parallel, warm_start=args.warm)
+                           seed=args.seed, families=args.family, parallel=args.parallel, warm_start=args.warm,
+                           coders=[c for c in args.coders.split(",") if c],
+                           personas=[p for p in args.personas.split(",") if p], token_budget=args.token_budget or 0)
     for m in args.manual:
         name, _, rest = m.partition("=")
         path, _, flags = rest.partition(":")
@@ -112,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("problem")
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
     p.add_argument("--limit", type=int, default=8)
+    _grpc_args(p)
+
+    p = sub.add_parser("lessons", help="what memory learned about a problem on a target (what agents are told)")
+    p.add_argument("problem")
+    p.add_argument("--target", default="", help="cpu, cuda, ... (default: every target)")
+    p.add_argument("--limit", type=int, default=6, help="lessons per kind")
     _grpc_args(p)
 
     p = sub.add_parser("check", help="judge one kernel as a campaign would: compile, verify, measure")

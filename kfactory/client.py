@@ -97,6 +97,11 @@ async def _dispatch(args, settings, spec_fn) -> int:
         return 0
     if args.cmd == "best":
         return await _best(args, mem, as_json)
+    if args.cmd == "lessons":
+        req = spb.LessonsRequest(problem=args.problem, target=args.target, limit=args.limit)
+        r = await _call(mem, lambda ch: sgrpc.EvidenceStub(ch).Lessons(req))
+        _print(r, as_json, r.text or f"no lessons yet: no campaign of {args.problem} is in memory")
+        return 0
     if args.cmd == "report":
         r = await _call(mem, lambda ch: sgrpc.EvidenceStub(ch).Report(spb.ReportRequest(campaign_id=args.id)))
         out = args.out or Path(settings.report_dir) / args.id

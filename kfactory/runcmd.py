@@ -100,6 +100,17 @@ async def _wait_archived(memory, cid: str, timeout: float = 30.0) -> None:
             await asyncio.wait_for(memory.progress.wait(), 1.0)
 
 
+def agent_lines(summary: dict) -> list[str]:
+    """What the agent coders did, one line per persona, and why they were off or paused."""
+    out = [f"agents: {summary['agent_note']}"] if summary.get("agent_note") else []
+    for name, a in summary.get("agents", {}).items():
+        fails = ", ".join(f"{k} {v}" for k, v in a["failures"].items())
+        out.append(f"agent {name}: {a['proposed']} tasks, {a['candidates']} candidates, {a['measured']} measured, "
+                   f"{a['improvements']} improvements, tokens {a['tokens_in']} in / {a['tokens_out']} out"
+                   + (f"; failures: {fails}" if fails else ""))
+    return out
+
+
 def _finish(settings, st, running, memory, args, console: Console) -> int:
     summary = json.loads(st.finished.summary_json)
     out_dir = Path(settings.report_dir) / st.id
@@ -118,6 +129,8 @@ def _finish(settings, st, running, memory, args, console: Console) -> int:
         ref = best.get("speedup_vs_reference")
         console.print(f"best {best['candidate_id'][:12]} at {best['shape']}: {best['median_seconds'] * 1e3:.3f} ms; "
                       f"vs reference {ref:.2f}x; vs {base}" if ref else "best: no comparison was measured")
+    for line in agent_lines(summary):
+        console.print(line)
     console.print(f"state {st.finished.state}; report {summary['report']}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(summary, indent=2))
