@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO))
 
 from kfactory.replay import load_space  # noqa: E402
 from kfactory.strategies import Point, Space, make_strategy  # noqa: E402
+from kfactory.strategies.transfer import Evidence  # noqa: E402
 
 DEFAULT_BUDGETS = (25, 50, 100, 200)
 DEFAULT_KF = ("default", "surrogate", "tpe", "evolutionary", "random")
@@ -110,27 +111,50 @@ def run_kf(name: str, rs, space: Space, seed: int, budget: int) -> list[float]:
 
 
 # ----------------------------------------------------------------------------------------------- warm starts
-def priors_from(others: list, k: int) -> list[dict]:
-    """The planner's warm start, from other devices' recorded spaces of the same kernel: points ranked by the
-    geometric mean, over the spaces that measured them, of their time over that space's optimum (points good
-    on every other device first; a point failed or unmeasured somewhere counts 10x there), the k best."""
-    scores: dict[str, list] = {}
-    for o in others:
-        for r in o.records.values():
-            entry = scores.setdefault(o.canonical(r.params), [r.params, 0.0])
-            rel = r.time_ms / o.optimum_ms() if r.time_ms is not None else 10.0
-            entry[1] += math.log(rel)
-    counted = {key: (total + math.log(10.0) * sum(o.lookup(p) is None for o in others), key, p)
-               for key, (p, total) in scores.items()}
-    return [p for _, _, p in sorted(counted.values(), key=lambda v: (v[0], v[1]))[:k]]
+def source_campaign(strategy: str, other, seed: int, budget: int) -> list[Evidence]:
+    """What memory holds after an earlier campaign on another device: the `budget` points a cold `strategy`
+    run measured there, each scored over that campaign's best (failed points are not measurements). With
+    budget 0: every point recorded there (an exhaustive tuning run, which is what the recorded spaces are)."""
+    if budget <= 0:
+        best = other.optimum_ms()
+        return [Evidence(Point.of(other.family().name, r.params), r.time_ms / best, other.name)
+                for r in other.records.values() if r.time_ms is not None]
+    s = make_strategy(strategy, Space([other.family()]), seed=seed)
+    measured = []
+    for _ in range(budget):
+        p = s.ask()
+        if p is None:
+            break
+        rec = other.lookup(p.params)
+        t = rec.time_ms if rec is not None else None
+        s.tell(p, t)
+        if t is not None:
+            measured.append((p, t))
+    best = min(t for _, t in measured)
+    return [Evidence(p, t / best, f"{other.name}/seed{seed}") for p, t in measured]
 
 
-def evals_to_within(name: str, rs, space: Space, seed: int, priors: list[dict], within: float,
+def ranked_priors(evidence: list[Evidence], k: int) -> list[Point]:
+    """Memory's ranking (services/memory/archive.py priors): by score over its own campaign's best, one entry
+    per distinct point, the k best."""
+    out: list[Point] = []
+    for e in sorted(evidence, key=lambda e: (e.relative, e.point.params_json)):
+        if e.point not in out:
+            out.append(e.point)
+        if len(out) >= k:
+            break
+    return out
+
+
+def evals_to_within(name: str, rs, space: Space, seed: int, evidence: list[Evidence], k: int, within: float,
                     max_evals: int) -> int:
-    """Evaluations until the best found is within `within` of the optimum: the priors first (as the planner
-    proposes them), told to the strategy like its own points; max_evals + 1 when it never gets there."""
+    """Evaluations until the best found is within `within` of the optimum. Warm (evidence given): as the
+    planner does it, the strategy learns from the evidence first, the k best priors are proposed before its
+    own points and told to it like its own; every proposal counts. max_evals + 1 when it never gets there."""
     opt, s = rs.optimum_ms(), make_strategy(name, space, seed=seed)
-    queue = [Point.of(rs.family().name, p) for p in priors]
+    if evidence:
+        s.warm(evidence)
+    queue = ranked_priors(evidence, k) if evidence else []
     for n in range(1, max_evals + 1):
         p = None
         while queue and p is None:
@@ -151,9 +175,10 @@ def evals_to_within(name: str, rs, space: Space, seed: int, priors: list[dict], 
 
 
 def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: int, within: float,
-                       max_evals: int) -> dict:
+                       max_evals: int, source_budget: int) -> dict:
     """For each space with other devices' spaces of the same kernel: median evaluations to within 5% of the
-    optimum, cold and warm-started from the others."""
+    optimum, cold, and warm-started from earlier campaigns (`source_budget` evaluations, same strategy, same
+    seed) on each of the other devices."""
     spaces = [load_space(f) for f in files]
     out = {}
     for rs in spaces:
@@ -161,10 +186,14 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
         others = [o for o in spaces if o is not rs and o.name.rsplit("-", 1)[0] == kernel]
         if not others:
             continue
-        space, priors = Space([rs.family()]), priors_from(others, k)
-        cold = [evals_to_within(strategy, rs, space, s, [], within, max_evals) for s in seeds]
-        warm = [evals_to_within(strategy, rs, space, s, priors, within, max_evals) for s in seeds]
+        space = Space([rs.family()])
+        cold, warm = [], []
+        for sd in seeds:
+            evidence = [e for o in others for e in source_campaign(strategy, o, 1000 + sd, source_budget)]
+            cold.append(evals_to_within(strategy, rs, space, sd, [], k, within, max_evals))
+            warm.append(evals_to_within(strategy, rs, space, sd, evidence, k, within, max_evals))
         out[rs.name] = {"from": [o.name for o in others], "priors": k, "strategy": strategy,
+                        "source_budget": source_budget,
                         "cold_median_evals": float(np.median(cold)), "warm_median_evals": float(np.median(warm)),
                         "ratio": float(np.median(warm)) / float(np.median(cold)),
                         "cold": cold, "warm": warm}
@@ -248,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--warm-strategy", default="default", help="strategy for the cold vs warm comparison")
     ap.add_argument("--warm-priors", type=int, default=8, help="priors a warm start proposes first")
+    ap.add_argument("--warm-source-budget", type=int, default=100,
+                    help="evaluations of each earlier campaign on another device that a warm start learns from "
+                         "(0: all of that device's recorded space)")
     ap.add_argument("--no-warm", action="store_true", help="skip the cold vs warm comparison")
     args = ap.parse_args(argv)
     t_start = time.time()
@@ -325,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     warm = None if args.no_warm else warm_start_section(files, args.warm_strategy, seeds, args.warm_priors,
-                                                        1.05, 10 * max(budgets))
+                                                        1.05, 10 * max(budgets), args.warm_source_budget)
     strategies = list(args.strategies) + ["kt:" + s for s in kt_strats]
     hard = [n for n in results if meta[n]["hard"]]
     geo: dict = {}

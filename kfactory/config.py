@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     screen_max_s: float = Field(0.05, ge=0, description="multi-fidelity: a screening timing's length (0: off)")
     screen_factor: float = Field(1.5, gt=1, description="screened out when slower than this x the campaign's best")
 
+    warm_evidence: int = Field(400, ge=0, description="measurements from other campaigns a warm start learns the "
+                               "landscape from (the best --warm of them are also proposed first)")
     # agent coders (LLMs); without a model the factory runs with template coders and says so
     llm_provider: Literal["openai", "anthropic"] = Field(
         "openai", description="openai: the OpenAI-compatible chat API (vLLM, SGLang, Ollama, hosted); "

@@ -2,7 +2,10 @@
 same recorded kernel on another GPU), proposes them first, and records what it used in its evidence."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
+
+from kfactory.strategies import Point
 
 from kfactory.v1 import events_pb2 as pb
 from test_campaign import _campaign
@@ -36,7 +39,11 @@ async def test_a_campaign_on_another_gpu_starts_from_what_memory_learned(bus_set
     second, running = await _campaign(bus_settings, spec_for(1, warm=5))
     events = running.services["memory"].archive.events(campaign=second.id)
     started = next(e.campaign_started for e in events if e.HasField("campaign_started"))
-    assert [p.params_json for p in started.priors] == [p.params_json for p in offered]  # the evidence of the start
+    # the evidence of the start: every measurement of the earlier campaign's searched points, best first
+    measured = running.services["memory"].archive.priors("synthetic_conv", exclude_campaign=second.id, limit=1000)
+    assert [p.params_json for p in started.priors] == [p.params_json for p in measured]
+    assert [p.params_json for p in started.priors[:5]] == [p.params_json for p in offered]
+    assert len(started.priors) > 5 and started.priors[-1].relative > 1.0
     proposed = [e.point_proposed for e in events if e.HasField("point_proposed")]
     warm = [p for p in proposed if p.origin.startswith("warm:")]
     assert [p.params_json for p in warm] == [p.params_json for p in offered]
@@ -50,3 +57,22 @@ async def test_a_cold_start_asks_for_nothing(bus_settings, spec_for):
     events = running.services["memory"].archive.events(campaign=st.id)
     assert not next(e.campaign_started for e in events if e.HasField("campaign_started")).priors
     assert not any(e.point_proposed.origin.startswith("warm:") for e in events if e.HasField("point_proposed"))
+
+
+async def test_a_model_based_strategy_learns_the_other_campaigns_landscape(bus_settings, spec_for):
+    await _campaign(bus_settings, spec_for(0, warm=0))
+    spec = spec_for(1, warm=3, budget=12)
+    spec.strategy = "surrogate"
+    second, running = await _campaign(bus_settings, spec)
+    prior = second.strategy.prior  # transfer.PriorMean, fitted from the first campaign's measurements
+    assert prior is not None and prior.sources and prior.M.shape[1] == len(second.strategy.idx)
+    # on the points the first campaign measured, the prior mean is that campaign's own ranking
+    started = _started(running, second.id)
+    idx = second.strategy.idx
+    rows = [idx.pos[Point(p.family, p.params_json)] for p in started.priors]
+    assert list(np.argsort(prior.M[0, rows], kind="stable")) == list(range(len(rows)))
+
+
+def _started(running, cid):
+    events = running.services["memory"].archive.events(campaign=cid)
+    return next(e.campaign_started for e in events if e.HasField("campaign_started"))

@@ -73,6 +73,11 @@ class Strategy(ABC):
         self.seen: set[Point] = set()
         self.results: dict[Point, float | None] = {}
 
+    def warm(self, evidence: list) -> None:
+        """Evidence from other campaigns (transfer.Evidence: point, relative score, source) to learn from before
+        any result of this one; strategies that cannot use it ignore it (the planner still proposes the best
+        of it first)."""
+
     @abstractmethod
     def _next(self) -> Point | None: ...
 

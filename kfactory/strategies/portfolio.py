@@ -59,6 +59,10 @@ class Portfolio(Strategy):
             self.alive[i] = False
         return None
 
+    def warm(self, evidence: list) -> None:
+        for m in self.members:
+            m.warm(evidence)
+
     def tell(self, point: Point, score: float | None) -> None:
         super().tell(point, score)
         self.credit = [c * self.decay for c in self.credit]

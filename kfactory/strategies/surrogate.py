@@ -23,6 +23,7 @@ from scipy.special import erfc
 
 from kfactory.strategies.base import Point, Space, Strategy
 from kfactory.strategies.encoding import index_of
+from kfactory.strategies.transfer import PriorMean
 
 _SQ5 = math.sqrt(5.0)
 
@@ -96,6 +97,13 @@ class Surrogate(Strategy):
         self.gp = GP(self.idx.X.shape[1])
         self._last_hyper = -10**9
         self._np = np.random.default_rng(seed)
+        self.prior: PriorMean | None = None
+
+    def warm(self, evidence: list) -> None:
+        """Model this campaign's log-times as a fitted prior mean from the other campaigns plus a GP residual,
+        and skip the random initial design (see transfer.py)."""
+        prior = PriorMean(self.idx, evidence, GP)
+        self.prior = prior if prior else None
 
     def _unseen(self) -> np.ndarray:
         mask = np.ones(len(self.idx), dtype=bool)
@@ -106,6 +114,7 @@ class Surrogate(Strategy):
         return np.flatnonzero(mask)
 
     def _data(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(rows of the index, log-times) of every result, failures at the worst log-time seen."""
         rows, ys, failed = [], [], []
         for p, s in self.results.items():
             i = self.idx.pos.get(p)
@@ -122,18 +131,24 @@ class Surrogate(Strategy):
         worst = y.max()
         rows += failed
         y = np.concatenate([y, np.full(len(failed), worst)])
-        return self.idx.X[rows], y
+        return np.array(rows), y
 
     def _next(self) -> Point | None:
         unseen = self._unseen()
         if len(unseen) == 0:
             return None
-        data = self._data() if len(self.results) >= self.init else None
+        data = self._data() if len(self.results) >= (0 if self.prior else self.init) else None
+        if data is None and self.prior:
+            # no results yet: the point the other campaigns predict best
+            return self.idx.points[int(unseen[int(np.argmin(self.prior.M.mean(0)[unseen]))])]
         if data is None:
             return self.idx.points[int(self._np.choice(unseen))]
-        X, y = data
-        m, s = y.mean(), y.std() or 1.0
-        ys = (y - m) / s
+        rows, y = data
+        X = self.idx.X[rows]
+        base = self.prior.fit(rows, y) if self.prior else np.zeros(len(self.idx))
+        r = y - base[rows]
+        m, s = r.mean(), r.std() or 1.0
+        ys = (r - m) / s
         if len(y) - self._last_hyper >= self.refit:
             self.gp.fit_hyper(X, ys)
             self._last_hyper = len(y)
@@ -152,7 +167,8 @@ class Surrogate(Strategy):
             cand = np.union1d(self._np.choice(cand, self.max_candidates, replace=False),
                               np.intersect1d(near, cand))
         mu, sd = self.gp.predict(self.idx.X[cand])
-        ei = expected_improvement(mu, sd, ys.min(), self.xi)
+        # expected improvement on the scale of log-time: the prior mean plus the residual model
+        ei = expected_improvement(base[cand] + m + s * mu, s * sd, y.min(), self.xi * s)
         return self.idx.points[int(cand[int(np.argmax(ei))])]
 
 

@@ -126,16 +126,18 @@ class RegressionRequest(_message.Message):
     def __init__(self, problem: _Optional[str] = ...) -> None: ...
 
 class PriorsRequest(_message.Message):
-    __slots__ = ("problem", "families", "exclude_campaign", "limit")
+    __slots__ = ("problem", "families", "exclude_campaign", "limit", "every_source")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     FAMILIES_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_CAMPAIGN_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    EVERY_SOURCE_FIELD_NUMBER: _ClassVar[int]
     problem: str
     families: _containers.RepeatedScalarFieldContainer[str]
     exclude_campaign: str
     limit: int
-    def __init__(self, problem: _Optional[str] = ..., families: _Optional[_Iterable[str]] = ..., exclude_campaign: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    every_source: bool
+    def __init__(self, problem: _Optional[str] = ..., families: _Optional[_Iterable[str]] = ..., exclude_campaign: _Optional[str] = ..., limit: _Optional[int] = ..., every_source: _Optional[bool] = ...) -> None: ...
 
 class PriorsResponse(_message.Message):
     __slots__ = ("priors",)

@@ -177,10 +177,11 @@ class Archive:
         return list(pb.Event.FromString(rows[0][0]).verified.checks) if rows else []
 
     def priors(self, problem: str, families: list[str] | None = None, exclude_campaign: str = "",
-               limit: int = 8) -> list[pb.Prior]:
+               limit: int = 8, every_source: bool = False) -> list[pb.Prior]:
         """The best design points of a problem's families in other campaigns, ranked by how close each came
         to the best of its own campaign (so campaigns on devices of different speed compare); one entry per
-        distinct point, searched and warm-started points only (not the reference or hand-written kernels)."""
+        distinct point (per campaign and point with every_source), searched and warm-started points only (not
+        the reference or hand-written kernels)."""
         rows = self.q("SELECT m.campaign, m.candidate, m.device, m.score_s, m.payload, c.family, c.params_json "
                       "FROM measurements m JOIN candidates c ON c.campaign=m.campaign AND c.id=m.candidate "
                       "WHERE m.problem=? AND m.campaign!=? AND (c.origin LIKE 'template:%' OR c.origin LIKE 'warm:%')",
@@ -196,9 +197,10 @@ class Archive:
                         for cp, cand, device, score, family, params in kept)
         out, seen = [], set()
         for relative, family, params, score, device, campaign, cand in ranked:
-            if (family, params) in seen:
+            key = (campaign if every_source else "", family, params)
+            if key in seen:
                 continue
-            seen.add((family, params))
+            seen.add(key)
             out.append(pb.Prior(family=family, params_json=params, score_s=score, relative=relative, device=device,
                                 campaign_id=campaign, candidate_id=cand))
             if len(out) >= limit:

@@ -104,7 +104,7 @@ class EvidenceApi(sgrpc.EvidenceServicer):
         if not request.problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the problem")
         priors = self.m.archive.priors(self.m.problem_name(request.problem), list(request.families),
-                                       request.exclude_campaign, request.limit or 8)
+                                       request.exclude_campaign, request.limit or 8, request.every_source)
         return spb.PriorsResponse(priors=priors)
 
     async def Lessons(self, request, context):

@@ -13,6 +13,7 @@ from kfactory import events as ev
 from kfactory.services.planner.coders import TEMPLATE, CoderLedger, arm_of
 from kfactory.stats import significant
 from kfactory.strategies import Point, Space, make_strategy
+from kfactory.strategies.transfer import Evidence
 from kfactory.v1 import events_pb2 as pb
 
 TERMINAL = ("measured", "rejected", "compile_failed")
@@ -90,8 +91,19 @@ class CampaignState:
 
     def _on_campaign_started(self, m: pb.CampaignStarted) -> None:
         self.device.CopyFrom(m.device)
-        self.priors = [Point(p.family, p.params_json) for p in m.priors
-                       if self.space is not None and self.space.valid(Point(p.family, p.params_json))]
+        valid = [p for p in m.priors if self.space is not None and self.space.valid(Point(p.family, p.params_json))]
+        # the best spec.warm_start distinct points are proposed first (memory ranks them best first); the
+        # strategy learns from all of them
+        for p in valid:
+            point = Point(p.family, p.params_json)
+            if point not in self.priors and len(self.priors) < self.spec.warm_start:
+                self.priors.append(point)
+        if self.strategy and valid:
+            try:
+                self.strategy.warm([Evidence(Point(p.family, p.params_json), p.relative, p.campaign_id)
+                                    for p in valid])
+            except Exception as e:  # noqa: BLE001 (reported as the campaign's reason, with its type)
+                self.strategy_failed("warm", e)
 
     def _on_point_proposed(self, m: pb.PointProposed) -> None:
         point = Point(m.family, m.params_json) if m.origin.startswith(STRATEGY) else None

@@ -156,7 +156,7 @@ class PlannerService(Service):
             return []
         addr = self.ctx.memory_addr or self.settings.memory_addr
         req = spb.PriorsRequest(problem=spec.problem, families=list(space.families), exclude_campaign=cid,
-                                limit=spec.warm_start)
+                                limit=max(spec.warm_start, self.settings.warm_evidence), every_source=True)
         try:
             async with grpc.aio.insecure_channel(addr) as ch:
                 resp = await sgrpc.EvidenceStub(ch).Priors(req, timeout=5)

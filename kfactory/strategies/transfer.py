@@ -1,0 +1,109 @@
+"""Transfer from other campaigns: a prior mean over the whole space, built from what memory measured elsewhere.
+
+A warm start proposes a few good points from other campaigns first. That helps only where the other devices'
+best points are good here too. Often they are not (the best convolution point on an A100 ranks 372nd of 4201
+on an A4000, although the two devices rank the whole space alike, Spearman 0.89). What does carry over is the
+shape of the landscape. So each source (one earlier campaign) gets a small GP fitted to its measured
+log(relative score), and its prediction over every point of this space is that source's prior mean m_s.
+
+On this campaign's own results y (log seconds), the sources are weighted by how well they rank the points
+measured here (Spearman, negative or unknown agreement counts as 0 once there are enough results, equal weights
+before), combined into m, and the campaign's model is y ~ a + b m + residual, with (a, b) fitted by least
+squares and b shrunk towards 1 while results are few. A source that disagrees with this device loses its
+weight; if all disagree, b falls to 0 and the search is a cold one again.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from kfactory.strategies.base import Point
+from kfactory.strategies.encoding import SpaceIndex
+
+#: results needed before the sources are weighted by their agreement with this device
+MIN_AGREEMENT = 6
+#: pseudo-observations that pull b towards 1 while this campaign has few results
+SHRINK = 4.0
+#: above this many measurements a source's values are used directly (no GP)
+DIRECT = 1500
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One measurement from another campaign: a point, its score over that campaign's best, and the source."""
+    point: Point
+    relative: float
+    source: str
+
+
+class PriorMean:
+    """Per-source predictions of log(relative score) over every point of a space, and their combination."""
+
+    def __init__(self, idx: SpaceIndex, evidence: list[Evidence], gp_factory):
+        self.idx = idx
+        by_source: dict[str, list[tuple[int, float]]] = {}
+        for e in evidence:
+            i = idx.pos.get(e.point)
+            if i is not None and e.relative > 0 and math.isfinite(e.relative):
+                by_source.setdefault(e.source, []).append((i, math.log(e.relative)))
+        self.sources: list[str] = []
+        preds = []
+        for source, rows in sorted(by_source.items()):
+            if len(rows) < 3:
+                continue
+            preds.append(_fit_predict(idx, rows, gp_factory))
+            self.sources.append(source)
+        self.M = np.array(preds) if preds else np.zeros((0, len(idx)))
+
+    def __bool__(self) -> bool:
+        return len(self.sources) > 0
+
+    def weights(self, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Each source's weight: its rank agreement with this campaign's results (equal while they are few)."""
+        k = len(self.sources)
+        if len(rows) < MIN_AGREEMENT:
+            return np.full(k, 1.0 / k)
+        w = np.zeros(k)
+        for s in range(k):
+            rho = spearmanr(self.M[s, rows], y)[0]
+            w[s] = max(0.0, float(rho)) if math.isfinite(rho) else 0.0
+        return w / w.sum() if w.sum() > 0 else w
+
+    def fit(self, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """The prior mean a + b m over every point of the space, fitted to this campaign's results."""
+        m = self.weights(rows, y) @ self.M
+        x = m[rows]
+        n = len(rows)
+        if n == 0:
+            return m
+        xc, yc = x - x.mean(), y - y.mean()
+        # least squares for b with SHRINK pseudo-points at slope 1: b = (Sxy + SHRINK) / (Sxx + SHRINK)
+        sxx, sxy = float(xc @ xc), float(xc @ yc)
+        scale = max(sxx / n, 1e-6)
+        b = max(0.0, (sxy + SHRINK * scale) / (sxx + SHRINK * scale))
+        a = float(y.mean() - b * x.mean())
+        return a + b * m
+
+
+def _fit_predict(idx: SpaceIndex, rows: list[tuple[int, float]], gp_factory) -> np.ndarray:
+    """A GP fitted to one source's log(relative) scores, predicted over every point (centred on its mean).
+    A source that measured most of the space (an exhaustive tuning run) is taken as it is, the few points it
+    lacks at its mean: an exact GP on thousands of points would cost more than it could add."""
+    ii = np.array([i for i, _ in rows])
+    y = np.array([v for _, v in rows])
+    mu, sd = y.mean(), y.std() or 1.0
+    if len(rows) > DIRECT:
+        out = np.full(len(idx), mu)
+        out[ii] = y
+        return out - mu
+    gp = gp_factory(idx.X.shape[1])
+    X = idx.X[ii]
+    gp.fit_hyper(X, (y - mu) / sd)
+    gp.fit(X, (y - mu) / sd)
+    pred, _ = gp.predict(idx.X)
+    out = pred * sd + mu
+    out[ii] = y  # what was measured is known
+    return out - mu
