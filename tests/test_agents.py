@@ -1,0 +1,211 @@
+"""Agent coders, piece by piece: both backends over real HTTP against ScriptedModelServer (a test double of the
+LLM endpoint), typed failures and retries, kernel extraction and static checks, prompts, the coder portfolio."""
+from __future__ import annotations
+
+import random
+import socket
+import time
+
+import httpx
+import pytest
+
+from conftest import KERNELS
+from scripted_model import GARBAGE, Hang, Refuse, Reply, ScriptedModelServer, Status, fenced
+from kfactory.agents import Agent, PERSONAS
+from kfactory.agents import errors, extract, prompt
+from kfactory.agents.backends import get_backend
+from kfactory.agents.backends.base import parse_retry_after
+from kfactory.config import Settings
+from kfactory.problems import load_problem
+from kfactory.services.planner.coders import CoderLedger
+from kfactory.v1 import events_pb2 as pb
+
+FAST = (KERNELS / "softmax_two_pass.c").read_text()
+PROVIDERS = ["openai", "anthropic"]
+
+
+def _settings(url: str, provider: str, **over) -> Settings:
+    base = url + "/v1" if provider == "openai" else url
+    knobs = {"llm_timeout_s": 1.0, "llm_retries": 1, "llm_backoff_s": 0.05, **over}
+    return Settings(llm_provider=provider, llm_base_url=base, llm_model="scripted-double", **knobs)
+
+
+def _prompt(persona: str = "memory_bound") -> prompt.Prompt:
+    return prompt.Prompt(system=f"You are the double's client (persona {persona}).", user="write softmax")
+
+
+async def _write(settings: Settings, persona: str = "memory_bound"):
+    async with httpx.AsyncClient() as client:
+        agent = Agent(get_backend(settings.llm_provider, settings, client), settings, persona, random.Random(1))
+        return await agent.write(_prompt(persona), "c", "kernel", "cpu", None)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_reply_becomes_a_checked_kernel_and_its_tokens_are_counted(provider):
+    with ScriptedModelServer({"memory_bound": [Reply(fenced(FAST, flags="-O3 -march=native -fopenmp"))]}) as m:
+        work = await _write(_settings(m.url, provider))
+        assert work.failure is None
+        assert work.kernel.source == FAST and work.kernel.flags == "-O3 -march=native -fopenmp"
+        tin, tout = m.tokens()
+    assert (work.info.tokens_in, work.info.tokens_out) == (tin, tout) and tin > 0 and tout > 100
+    assert work.info.attempts == 1 and work.info.backend == provider and work.info.model == "scripted-double"
+    assert m.requests[0]["api"] == provider
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_429_is_retried_after_its_retry_after(provider):
+    script = {"memory_bound": [Status(429, {"Retry-After": "1"}), Reply(fenced(FAST))]}
+    with ScriptedModelServer(script) as m:
+        t0 = time.monotonic()
+        work = await _write(_settings(m.url, provider))
+        waited = time.monotonic() - t0
+    assert work.failure is None and work.info.attempts == 2
+    assert waited >= 1.0
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_rate_limits_that_persist_become_a_typed_failure(provider):
+    with ScriptedModelServer({"memory_bound": [Status(429, {"Retry-After": "0"})]}) as m:
+        work = await _write(_settings(m.url, provider, llm_retries=2))
+    assert isinstance(work.failure, errors.AgentRateLimited) and work.failure.reason == pb.AGENT_RATE_LIMITED
+    assert work.info.attempts == 3 and work.info.tokens_in == 0
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_retry_after_longer_than_the_limit_is_not_waited_for(provider):
+    with ScriptedModelServer({"memory_bound": [Status(429, {"Retry-After": "3600"})]}) as m:
+        t0 = time.monotonic()
+        work = await _write(_settings(m.url, provider, llm_retries=3, llm_max_wait_s=5))
+    assert isinstance(work.failure, errors.AgentRateLimited) and work.info.attempts == 1
+    assert time.monotonic() - t0 < 2
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("action, failure, attempts", [
+    (Refuse(), errors.AgentRefused, 1),
+    (Status(401), errors.AgentUnavailable, 1),        # credentials refused: not retried
+    (Status(503), errors.AgentUnavailable, 2),        # retried once, then typed
+    (Status(400), errors.AgentBadResponse, 1),
+    (Status(200), errors.AgentBadResponse, 1),        # JSON, but not a chat reply
+    (Hang(), errors.AgentTimeout, 2),
+    (Reply(GARBAGE), errors.AgentNoCode, 2),          # asked again once, garbage again
+    (Reply(fenced('#include <stdio.h>\nvoid kernel(void) { system("x"); }\n')), errors.StaticCheckFailed, 2),
+])
+async def test_failures_are_typed(provider, action, failure, attempts):
+    with ScriptedModelServer({"memory_bound": [action]}) as m:
+        work = await _write(_settings(m.url, provider))
+    assert type(work.failure) is failure and work.kernel is None
+    assert work.info.attempts == attempts
+    assert work.failure.reason == {errors.StaticCheckFailed: pb.STATIC_CHECK}.get(failure, failure.reason)
+
+
+async def test_garbage_then_a_kernel_after_asking_again_counts_both_replies():
+    with ScriptedModelServer({"compute_bound": [Reply(GARBAGE), Reply(fenced(FAST))]}) as m:
+        work = await _write(_settings(m.url, "openai"), "compute_bound")
+        tin, tout = m.tokens()
+        second = m.requests[1]["body"]["messages"]
+    assert work.failure is None and work.info.attempts == 2
+    assert (work.info.tokens_in, work.info.tokens_out) == (tin, tout)
+    # the second request holds the garbage reply and why it was not usable
+    assert second[-2] == {"role": "assistant", "content": GARBAGE}
+    assert "no fenced ```c block" in second[-1]["content"]
+
+
+async def test_a_refused_connection_is_retried_then_unavailable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    work = await _write(_settings(f"http://127.0.0.1:{port}", "openai", llm_retries=2))
+    assert isinstance(work.failure, errors.AgentUnavailable) and work.info.attempts == 3
+
+
+def test_retry_after_parses_seconds_and_http_dates():
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+    assert 0 <= parse_retry_after(time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30))) <= 31
+
+
+def test_extraction_takes_the_block_that_defines_the_entry_and_checks_flags():
+    text = ("Helper first:\n```c\nstatic float f(float a) { return a; }\n```\nThe kernel:\n```c\n" + FAST +
+            "```\n```flags\n-O3   -ffast-math -fopenmp\n```\n")
+    source, flags = extract.extract(text, "c", "kernel")
+    assert source == FAST and flags == "-O3 -ffast-math -fopenmp"
+    with pytest.raises(errors.StaticCheckFailed, match="flags not allowed: -fplugin=evil.so"):
+        extract.check(source, "-O3 -fplugin=evil.so", "cpu", None)
+    with pytest.raises(errors.AgentNoCode):
+        extract.extract("```python\nprint(1)\n```", "c", "kernel")
+
+
+def test_cuda_kernels_need_a_launch_rule_from_their_header_or_their_parent():
+    body = 'extern "C" __global__ void kernel(const float *x, float *y, long long rows, long long cols) {}\n'
+    k = extract.check("// kfactory: grid=rows block=128\n" + body, None, "cuda", None)
+    assert k.launch == {"grid": "rows", "block": "128", "smem": "0", "params": {}}
+    parent = {"grid": "cdiv(rows, 4)", "block": "128", "smem": "0", "params": {}}
+    assert extract.check(body, None, "cuda", parent).launch == parent
+    with pytest.raises(errors.StaticCheckFailed, match="no launch rule"):
+        extract.check(body, None, "cuda", None)
+
+
+def test_the_prompt_carries_the_evidence_the_target_and_the_lessons():
+    problem = load_problem("softmax")
+    dev = pb.DeviceInfo(model="Test CPU (2 threads)", threads=2, mem_bandwidth_gbps=20.0, peak_gflops=100.0)
+    parents = [{"id": "a" * 64, "short": "a" * 12, "origin": "manual:broken", "params": "{}", "flags": "-O2",
+                "language": "c", "launch": "", "source": "void kernel() { oops }", "status": "rejected",
+                "compile": None, "timings": [],
+                "rejection": {"stage": "verifier", "reason": "WRONG_RESULT", "message": "row sums off"},
+                "failures": [{"shape": "7x33", "distribution": "masked", "seed": 5, "max_abs_err": 0.25,
+                              "max_rel_err": 0.5, "norm_rel_err": 0.125, "worst_index": 12, "note": "NaN"}],
+                "checks_passed": 9, "checks_failed": 2},
+               {"id": "b" * 64, "short": "b" * 12, "origin": "reference", "params": "{}", "flags": "-O2 -fopenmp",
+                "language": "c", "launch": "", "source": FAST, "status": "measured", "compile": None,
+                "rejection": None, "failures": [], "checks_passed": 12, "checks_failed": 0,
+                "timings": [{"shape": "4096x4096", "median_ms": 12.5, "noise": 0.01, "samples": 20, "gbps": 10.7,
+                             "bandwidth_fraction": 0.537, "flops_fraction": 0.0067}]}]
+    p = prompt.build(PERSONAS["repairer"], problem, "cpu", dev, parents, "- failed: 3 kernels WRONG_RESULT",
+                     problem.families["cpu_c"])
+    assert "(persona repairer)" in p.system and "OpenMP pragmas only" in p.system
+    assert "void kernel(const float *x, float *y, int64_t rows, int64_t cols)" in p.user
+    assert "memory bandwidth 20.0 GB/s" in p.user and "4096x4096: 6.711 ms (memory-bound" in p.user
+    assert "WRONG_RESULT: row sums off" in p.user and "shape 7x33, distribution masked (seed 5)" in p.user
+    assert "max rel err 0.5, norm-relative err 0.125 at flat index 12" in p.user
+    assert "12.5000 ms" in p.user and "54% of measured bandwidth" in p.user and "0.7% of fp32 peak" in p.user
+    assert "- failed: 3 kernels WRONG_RESULT" in p.user and "corrected version of parent 1" in p.user
+    assert len(p.digest) == 64 and p.digest == prompt.build(PERSONAS["repairer"], problem, "cpu", dev, parents,
+                                                            "- failed: 3 kernels WRONG_RESULT",
+                                                            problem.families["cpu_c"]).digest
+
+
+def _measured(origin: str, score: float, seconds: float = 1.0) -> pb.Measured:
+    return pb.Measured(candidate=pb.Candidate(id=f"{origin}{score}", origin=origin), score_s=score, seconds=seconds)
+
+
+def test_the_portfolio_gives_more_work_to_the_coder_that_yields_more():
+    led = CoderLedger()
+    led.on_measured(_measured("reference", 1.0))
+    for score in (0.9, 0.8, 0.7, 0.6):  # the agent improves four times, the template coder never
+        led.on_point(pb.PointProposed(origin="agent:memory_bound"))
+        led.on_measured(_measured("agent:memory_bound", score))
+        led.on_point(pb.PointProposed(origin="template:cpu_c"))
+        led.on_measured(_measured("template:cpu_c", 2.0))
+    assert led.arms["memory_bound"].improvements == 4 and led.arms["template"].improvements == 0
+    rng = random.Random(3)
+    picks = [led.choose(["template", "memory_bound"], rng, 1e-4) for _ in range(400)]
+    assert picks.count("memory_bound") > 300
+    assert led.choose(["template", "memory_bound", "repairer"], rng, 1e-4) == "repairer"  # untried first
+
+
+def test_tokens_and_endpoint_failures_are_accounted_from_events():
+    led = CoderLedger()
+    led.on_candidate(pb.Candidate(origin="agent:repairer", agent=pb.AgentInfo(persona="repairer", tokens_in=100,
+                                                                               tokens_out=40)))
+    for reason in (pb.AGENT_TIMEOUT, pb.AGENT_UNAVAILABLE):
+        led.on_rejected(pb.Rejected(stage="coder", reason=reason, agent=pb.AgentInfo(persona="memory_bound")))
+    assert not led.endpoint_paused()
+    led.on_rejected(pb.Rejected(stage="coder", reason=pb.AGENT_NO_CODE,
+                                agent=pb.AgentInfo(persona="compute_bound", tokens_in=7, tokens_out=3)))
+    assert led.endpoint_streak == 0 and led.tokens() == 150
+    for _ in range(3):
+        led.on_rejected(pb.Rejected(stage="coder", reason=pb.AGENT_UNAVAILABLE, agent=pb.AgentInfo(persona="repairer")))
+    assert led.endpoint_paused()
+    s = led.summary(1e-4)
+    assert s["compute_bound"]["failures"] == {"AGENT_NO_CODE": 1} and s["repairer"]["tokens_in"] == 100
