@@ -5,6 +5,7 @@ import logging
 import sys
 
 import structlog
+from opentelemetry import trace
 
 
 def configure(level: str = "info", json: bool = False) -> None:
@@ -12,12 +13,21 @@ def configure(level: str = "info", json: bool = False) -> None:
     lvl = getattr(logging, level.upper(), logging.INFO)
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+        processors=[structlog.contextvars.merge_contextvars, add_trace_ids, structlog.processors.add_log_level,
                     structlog.processors.TimeStamper(fmt="iso"), structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def add_trace_ids(logger, method: str, event_dict: dict) -> dict:
+    """Bind the current OpenTelemetry span's trace and span ids, so a log line leads to its trace."""
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        event_dict.setdefault("trace_id", f"{ctx.trace_id:032x}")
+        event_dict.setdefault("span_id", f"{ctx.span_id:016x}")
+    return event_dict
 
 
 def get_logger(name: str):

@@ -6,8 +6,9 @@ import asyncio
 import json
 
 from kfactory import events as ev
+from kfactory import telemetry
 from kfactory.agents import PERSONAS, persona_stage
-from kfactory.bus import Ack, Delivery, Outcome, new_traceparent, traceparent
+from kfactory.bus import Ack, Delivery, Outcome
 from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.v1 import events_pb2 as pb
@@ -61,8 +62,8 @@ class CoderService(Service):
                             language=language, compile_flags=flags, entry=entry, threads=threads, origin=pp.origin,
                             parents=pp.parents, runner_threads=pp.runner_threads, launch_json=launch_json,
                             agent=agent)
-        # the candidate's journey through the stages is one trace, whose id derives from the candidate's
-        traceparent.set(new_traceparent(cand_id[:32]))
+        # the candidate's journey continues the trace the planner's proposal of this point started
+        telemetry.annotate(candidate=cand_id)
         cand.source_digest = await self.bus.put_artifact(source.encode())
         if not await self.claims.claim_once(f"{cid}:candidate:{cand_id}"):
             # same content as an earlier point: a result for this point, not a second run of the device

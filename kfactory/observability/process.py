@@ -1,0 +1,48 @@
+"""Start a process's observability: tracing exporters, the metrics endpoint and the health server."""
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from kfactory import events as ev
+from kfactory import telemetry
+from kfactory.bus import EVENTS_STREAM, WORK_STREAM
+from kfactory.config import Settings
+from kfactory.log import get_logger
+from kfactory.observability import metrics
+from kfactory.observability.health import HealthBindError, HealthServer
+
+log = get_logger("observability")
+#: what can go wrong starting observability: each says which setting to fix
+SETUP_ERRORS = (telemetry.TelemetryConfigError, metrics.MetricsConfigError, HealthBindError)
+
+
+def setup(settings: Settings, label: str) -> None:
+    """Tracing for this process (once) and, when KFACTORY_METRICS_PORT is set, the /metrics endpoint."""
+    telemetry.setup(settings, label)
+    if settings.metrics_port is not None:
+        port = metrics.serve(settings.metrics_port)
+        log.info("metrics served", port=port)
+
+
+async def start_health(settings: Settings, is_ready: Callable[[], bool],
+                       stop: asyncio.Event) -> tuple[HealthServer, asyncio.Task] | None:
+    """The gRPC health server on KFACTORY_HEALTH_ADDR (None when unset), kept current until stop is set."""
+    if not settings.health_addr:
+        return None
+    server = HealthServer(settings.health_addr, is_ready)
+    port = await server.start()
+    log.info("health served", port=port)
+    return server, asyncio.create_task(server.watch(stop))
+
+
+def start_lag_poller(settings: Settings, bus, service: str, stop: asyncio.Event) -> asyncio.Task | None:
+    """In the planner's process, with metrics on: read every stage's consumer lag (and memory's on the events
+    stream). One process reports them all, so a stage whose pods are all down still shows its queue growing."""
+    if service != "planner" or settings.metrics_port is None:
+        return None
+    from kfactory.agents import PERSONAS, persona_stage
+
+    stages = [*ev.STAGES, *(persona_stage(p) for p in PERSONAS)]
+    consumers = [(WORK_STREAM, stage, stage) for stage in stages] + [(EVENTS_STREAM, "memory", "memory")]
+    return asyncio.create_task(metrics.poll_lag(bus.js, consumers, settings.metrics_poll_s, stop))
