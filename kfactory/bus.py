@@ -19,7 +19,10 @@ from nats.js.api import (AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPoli
                          StreamConfig)
 
 from kfactory import events as ev
+from kfactory import telemetry
+from kfactory.claims.base import ClaimsUnavailable
 from kfactory.log import get_logger
+from kfactory.observability import metrics
 from kfactory.v1 import events_pb2 as pb
 
 WORK_STREAM = "KF_WORK"
@@ -27,6 +30,18 @@ EVENTS_STREAM = "KF_EVENTS"
 DLQ_STREAM = "KF_DLQ"
 ARTIFACT_BUCKET = "kf-artifacts"
 DUPLICATE_WINDOW_S = 600.0
+
+#: errors that mean "NATS is briefly unreachable" (a restart, a reconnect), not "this request is wrong":
+#: publishes are retried on them (safe: every publish carries a Nats-Msg-Id) and pull loops wait them out
+TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.StaleConnectionError,
+             nats.errors.ConnectionReconnectingError, nats.errors.OutboundBufferLimitError,
+             nats.js.errors.ServiceUnavailableError, asyncio.TimeoutError)
+#: how long a publish keeps retrying through an outage before it gives up (raises)
+PUBLISH_RETRY_S = 60.0
+#: errors of a handler that mean a dependency (NATS, the claims store) is briefly unreachable
+OUTAGE = TRANSIENT + (ClaimsUnavailable,)
+#: how long a handler is retried in place through such an outage before the message is nak'ed
+OUTAGE_WAIT_S = 60.0
 
 log = get_logger("bus")
 traceparent: contextvars.ContextVar[str] = contextvars.ContextVar("traceparent", default="")
@@ -92,10 +107,13 @@ class Bus:
         self.ack_wait_s = ack_wait_s
         self.max_deliver = max_deliver
         self._objects = None
+        #: copies of each stream and of the artifact bucket when this bus creates them (3 on a 3-server cluster)
+        self.replicas = 1
 
     @classmethod
     async def connect(cls, url: str, name: str, *, user: str | None = None, password: str | None = None,
-                      ack_wait_s: float = 30.0, max_deliver: int = 5, timeout_s: float = 5.0) -> "Bus":
+                      ack_wait_s: float = 30.0, max_deliver: int = 5, timeout_s: float = 5.0,
+                      replicas: int = 1) -> "Bus":
         """Connect and make sure the streams exist; raises BusUnavailable with the URL when it cannot."""
         try:
             # nats-py keeps retrying an initial connect when reconnects are allowed: probe first
@@ -108,6 +126,7 @@ class Bus:
             raise BusUnavailable(f"cannot reach NATS at {url}: {e!r}; start nats-server -js or set "
                                  "KFACTORY_NATS_URL / --nats-url") from e
         bus = cls(nc, name, ack_wait_s, max_deliver)
+        bus.replicas = replicas
         try:
             await bus.ensure()
         except nats.js.errors.ServiceUnavailableError as e:
@@ -119,16 +138,18 @@ class Bus:
         """Create the streams and the artifact bucket if missing (idempotent across services)."""
         await self._stream(StreamConfig(name=WORK_STREAM, subjects=[f"{ev.WORK_PREFIX}.>"],
                                         retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
-                                        duplicate_window=DUPLICATE_WINDOW_S))
+                                        duplicate_window=DUPLICATE_WINDOW_S, num_replicas=self.replicas))
         await self._stream(StreamConfig(name=EVENTS_STREAM, subjects=[f"{ev.EVT_PREFIX}.>"],
                                         retention=RetentionPolicy.LIMITS, storage=StorageType.FILE,
-                                        duplicate_window=DUPLICATE_WINDOW_S))
+                                        duplicate_window=DUPLICATE_WINDOW_S, num_replicas=self.replicas))
         await self._stream(StreamConfig(name=DLQ_STREAM, subjects=[f"{ev.DLQ_PREFIX}.>"],
-                                        retention=RetentionPolicy.LIMITS, storage=StorageType.FILE))
+                                        retention=RetentionPolicy.LIMITS, storage=StorageType.FILE,
+                                        num_replicas=self.replicas))
         try:
             self._objects = await self.js.object_store(ARTIFACT_BUCKET)
         except nats.js.errors.BucketNotFoundError:
-            self._objects = await self.js.create_object_store(ARTIFACT_BUCKET, storage=StorageType.FILE)
+            self._objects = await self.js.create_object_store(ARTIFACT_BUCKET, storage=StorageType.FILE,
+                                                              replicas=self.replicas)
 
     async def _stream(self, cfg: StreamConfig) -> None:
         try:
@@ -150,17 +171,36 @@ class Bus:
 
     # -- publishing --------------------------------------------------------------------------------
     def _headers(self, msg_id: str) -> dict[str, str]:
-        return {"Nats-Msg-Id": msg_id, "traceparent": traceparent.get() or new_traceparent()}
+        # the current span's context when there is one, so the consumer's span becomes its child
+        return {"Nats-Msg-Id": msg_id,
+                "traceparent": telemetry.current_traceparent() or traceparent.get() or new_traceparent()}
 
     async def publish(self, event: pb.Event) -> None:
         """Publish a result on the events stream; a retry with the same event id is dropped by the server."""
         subject = ev.event_subject(ev.kind_of(event), event.campaign_id)
-        await self.js.publish(subject, event.SerializeToString(), headers=self._headers(event.id))
+        await self._publish_retrying(subject, event.SerializeToString(), self._headers(event.id))
+        metrics.published(event)
 
     async def send_work(self, stage: str, event: pb.Event) -> None:
         """Queue an event as work for a stage (work-queue retention: one replica takes it)."""
-        await self.js.publish(ev.work_subject(stage, event.campaign_id), event.SerializeToString(),
-                              headers=self._headers(f"work.{stage}:{event.id}"))
+        await self._publish_retrying(ev.work_subject(stage, event.campaign_id), event.SerializeToString(),
+                                     self._headers(f"work.{stage}:{event.id}"))
+
+    async def _publish_retrying(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        """Publish, retrying through a NATS outage for up to PUBLISH_RETRY_S: the Nats-Msg-Id header makes a
+        retry of a publish that did reach the server a no-op, so nothing is stored twice."""
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + PUBLISH_RETRY_S, 0.1
+        while True:
+            try:
+                await self.js.publish(subject, data, headers=headers)
+                return
+            except TRANSIENT as e:
+                if loop.time() + delay > deadline:
+                    raise
+                log.warning("publish failed, retrying", subject=subject, error=repr(e), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
 
     async def dead_letter(self, stage: str, subject: str, data: bytes, reason: str, deliveries: int,
                           campaign_id: str) -> None:
@@ -168,8 +208,8 @@ class Bus:
         dl = pb.DeadLetter(stage=stage, subject=subject, reason=reason, deliveries=deliveries, payload=data)
         key = ev.sha256_hex(subject.encode() + data)[:24]
         event = ev.make_event(campaign_id or "unknown", self.name, key, dead_letter=dl)
-        await self.js.publish(f"{ev.DLQ_PREFIX}.{stage}.{campaign_id or 'unknown'}", event.SerializeToString(),
-                              headers=self._headers(event.id))
+        await self._publish_retrying(f"{ev.DLQ_PREFIX}.{stage}.{campaign_id or 'unknown'}",
+                                     event.SerializeToString(), self._headers(event.id))
         await self.publish(event)
 
     # -- consuming ---------------------------------------------------------------------------------
@@ -197,6 +237,10 @@ class Bus:
                 continue
             except nats.errors.ConnectionClosedError:
                 return
+            except TRANSIENT as e:  # reconnecting: the subscription is restored with the connection
+                log.warning("fetch failed, waiting for NATS", stage=stage, error=repr(e))
+                await asyncio.sleep(0.5)
+                continue
             for msg in msgs:
                 await self._handle(stage, msg, handler)
 
@@ -209,19 +253,54 @@ class Bus:
             await self.dead_letter(stage, msg.subject, msg.data, f"malformed protobuf: {e}", deliveries, campaign)
             await msg.term()
             return
-        token = traceparent.set((msg.headers or {}).get("traceparent", ""))
+        t0 = asyncio.get_running_loop().time()
+        with telemetry.consumer_span(stage, msg.subject, msg.headers, event, **{"kf.deliveries": deliveries}) as span:
+            outcome, failed = await self._handle_event(stage, msg, event, deliveries, handler)
+            name = "error" if failed else type(outcome).__name__.lower()
+            telemetry.mark_outcome(span, name, getattr(outcome, "reason", ""))
+        metrics.stage_done(stage, name, asyncio.get_running_loop().time() - t0, ev.candidate_of(event) is not None)
+
+    async def _handle_event(self, stage: str, msg, event: pb.Event, deliveries: int,
+                            handler: Handler) -> tuple[Outcome, bool]:
+        """Run the handler and settle the message; returns (outcome, whether the handler raised)."""
+        token = traceparent.set(telemetry.current_traceparent() or (msg.headers or {}).get("traceparent", ""))
+        failed = False
         try:
-            outcome = await self._run_with_heartbeat(Delivery(event, msg.subject, deliveries, msg), handler)
+            outcome = await self._run_through_outages(Delivery(event, msg.subject, deliveries, msg), handler)
         except asyncio.CancelledError:
             await _quiet_nak(msg, 0)
             raise
         except Exception as e:  # a bug or an outage in our own code: retry, then dead-letter
             log.exception("handler failed", stage=stage, subject=msg.subject, deliveries=deliveries)
+            failed = True
             outcome = Term(f"handler error after {deliveries} deliveries: {e!r}") \
                 if deliveries >= self.max_deliver else Nak(min(30.0, 0.5 * 2 ** deliveries))
         finally:
             traceparent.reset(token)
-        await self._settle(stage, msg, event, outcome, deliveries)
+        try:
+            await self._settle(stage, msg, event, outcome, deliveries)
+        except TRANSIENT as e:  # the ack (or nak) was lost with the connection: the server redelivers after
+            # ack_wait and the handler, idempotent, publishes nothing new the second time
+            log.warning("settling a message failed; it will be redelivered", stage=stage, subject=msg.subject,
+                        outcome=type(outcome).__name__, error=repr(e))
+        return outcome, failed
+
+    async def _run_through_outages(self, delivery: Delivery, handler: Handler) -> Outcome:
+        """Run the handler; while NATS or the claims store is briefly unreachable, run it again in place (it is
+        idempotent) instead of spending the message's deliveries on an outage that is not its fault."""
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + OUTAGE_WAIT_S, 0.2
+        while True:
+            try:
+                return await self._run_with_heartbeat(delivery, handler)
+            except OUTAGE as e:
+                if loop.time() + delay > deadline:
+                    raise
+                log.warning("a dependency is unreachable; retrying the message in place", subject=delivery.subject,
+                            error=repr(e), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+                await _quiet_in_progress(delivery)
 
     async def _run_with_heartbeat(self, delivery: Delivery, handler: Handler) -> Outcome:
         task = asyncio.ensure_future(handler(delivery))
@@ -229,7 +308,7 @@ class Bus:
             done, _ = await asyncio.wait({task}, timeout=max(0.5, self.ack_wait_s / 3))
             if done:
                 return task.result()
-            await delivery.in_progress()
+            await _quiet_in_progress(delivery)
 
     async def _settle(self, stage: str, msg, event: pb.Event, outcome: Outcome, deliveries: int) -> None:
         if isinstance(outcome, Ack):
@@ -262,6 +341,10 @@ class Bus:
                 try:
                     msgs = await sub.fetch(64, timeout=0.3)
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    continue
+                except TRANSIENT as e:
+                    log.warning("fetch of events failed, waiting for NATS", error=repr(e))
+                    await asyncio.sleep(0.5)
                     continue
                 for msg in msgs:
                     try:
@@ -302,6 +385,22 @@ async def _probe(url: str, timeout_s: float) -> None:
                                        timeout_s)
     writer.close()
     await writer.wait_closed()
+
+
+async def ack_quietly(msg) -> None:
+    """Ack a message; when the connection is down the ack is lost and the server redelivers the message after
+    ack_wait, which an idempotent consumer absorbs (so a lost ack is logged, not raised)."""
+    try:
+        await msg.ack()
+    except TRANSIENT as e:
+        log.warning("ack failed; the message will be redelivered", subject=msg.subject, error=repr(e))
+
+
+async def _quiet_in_progress(delivery: Delivery) -> None:
+    try:
+        await delivery.in_progress()
+    except TRANSIENT as e:  # NATS away: if it stays away past ack_wait the message is redelivered (idempotent)
+        log.warning("heartbeat failed", subject=delivery.subject, error=repr(e))
 
 
 async def _quiet_nak(msg, delay: float) -> None:

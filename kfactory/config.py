@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -17,11 +17,12 @@ def _default_data_dir() -> Path:
 class Settings(BaseSettings):
     """Every knob of every service. Environment variables are KFACTORY_<FIELD> (e.g. KFACTORY_NATS_URL)."""
 
-    model_config = SettingsConfigDict(env_prefix="KFACTORY_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="KFACTORY_", extra="ignore",
+                                      secrets_dir=os.environ.get("KFACTORY_SECRETS_DIR") or None)
 
     nats_url: str = "nats://127.0.0.1:4222"
     nats_user: str | None = None
-    nats_password: str | None = None
+    nats_password: SecretStr | None = None
     redis_url: str | None = Field(None, description="redis://host:port/db; unset means in-process claims")
     planner_addr: str = Field("127.0.0.1:50061", description="gRPC address of the Campaigns service")
     memory_addr: str = Field("127.0.0.1:50062", description="gRPC address of the Evidence service")
@@ -48,9 +49,9 @@ class Settings(BaseSettings):
     compare_max_s: float = 3.0
     screen_max_s: float = Field(0.05, ge=0, description="multi-fidelity: a screening timing's length (0: off)")
     screen_factor: float = Field(1.5, gt=1, description="screened out when slower than this x the campaign's best")
-
     warm_evidence: int = Field(400, ge=0, description="measurements from other campaigns a warm start learns the "
                                "landscape from (the best --warm of them are also proposed first)")
+
     # agent coders (LLMs); without a model the factory runs with template coders and says so
     llm_provider: Literal["openai", "anthropic"] = Field(
         "openai", description="openai: the OpenAI-compatible chat API (vLLM, SGLang, Ollama, hosted); "
@@ -91,6 +92,22 @@ class Settings(BaseSettings):
 
     log_level: str = "info"
     log_json: bool = False
+
+    # observability (kfactory/telemetry.py, kfactory/observability/)
+    trace_file: Path | None = Field(None, description="append every finished span as a JSON line to this file")
+    trace_console: bool = Field(False, description="print finished spans on stdout (local debugging)")
+    otlp_endpoint: str | None = Field(
+        None, validation_alias=AliasChoices("KFACTORY_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint"),
+        description="OTLP/gRPC collector for spans, e.g. http://otel-collector:4317")
+    otlp_insecure: bool = Field(True, description="plaintext gRPC to the collector (in-cluster); false: TLS")
+    trace_sample_ratio: float = Field(1.0, ge=0, le=1, description="fraction of new traces kept")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus /metrics here (0: a free "
+                                                                         "port; unset: no endpoint)")
+    stream_replicas: int = Field(1, ge=1, le=5, description="copies of each JetStream stream a service creates "
+                                                         "(3 on a 3-server NATS cluster)")
+    metrics_poll_s: float = Field(2.0, gt=0, description="seconds between readings of a consumer's lag")
+    health_addr: str | None = Field(None, description="gRPC health service of `kfactory serve`, e.g. 0.0.0.0:8081 "
+                                                      "(Kubernetes probes); unset: none")
 
     def llm_configured(self) -> bool:
         """True when agent coders have an endpoint and a model to call."""

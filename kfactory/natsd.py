@@ -29,11 +29,14 @@ class EmbeddedNats:
     """Runs `nats-server -js` in a temporary store directory; `url` is valid after start()."""
 
     def __init__(self, store_dir: Path | None = None, port: int = -1, user: str | None = None,
-                 password: str | None = None):
+                 password: str | None = None, config: str | None = None):
+        """`config`: nats-server configuration text (e.g. kfactory.security.nats_config's users and permissions);
+        written beside the store, readable by this user only, and loaded with -c."""
         self._own_dir = store_dir is None
         self.store_dir = Path(store_dir or tempfile.mkdtemp(prefix="kf-nats-"))
         self.port = port
         self.user, self.password = user, password
+        self.config = config
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
@@ -41,8 +44,15 @@ class EmbeddedNats:
         """Start the server and wait for its ports file; returns the client URL."""
         ports_dir = self.store_dir / "ports"
         ports_dir.mkdir(parents=True, exist_ok=True)
+        for stale in ports_dir.glob("*.ports"):  # a killed server leaves its file: never read an old port
+            stale.unlink()
         args = [nats_server_binary(), "-js", "-sd", str(self.store_dir / "js"), "-a", "127.0.0.1",
                 "-p", str(self.port), "--ports_file_dir", str(ports_dir)]
+        if self.config is not None:
+            conf = self.store_dir / "nats.conf"
+            conf.touch(mode=0o600)
+            conf.write_text(self.config)
+            args += ["-c", str(conf)]
         if self.user:
             args += ["--user", self.user, "--pass", self.password or ""]
         log = open(self.store_dir / "nats.log", "ab")

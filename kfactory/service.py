@@ -10,11 +10,13 @@ from functools import lru_cache
 import structlog
 
 from kfactory import events as ev
+from kfactory import telemetry
 from kfactory.bus import Ack, Bus, Delivery, Nak, Outcome
 from kfactory.claims import Claims, LockTimeout
 from kfactory.config import Settings
 from kfactory.judge import InputPool
 from kfactory.log import get_logger
+from kfactory.observability import metrics
 from kfactory.problems import Problem, load_problem
 from kfactory.regressions import RegressionSource
 from kfactory.targets import Target, get_target
@@ -112,25 +114,38 @@ class Service:
     async def work(self, fn, *args):
         """Run the candidate's own work (compile, verify, measure) in a thread, accounting its time."""
         t0 = time.perf_counter()
+        work = getattr(fn, "__name__", "work")
         try:
-            return await asyncio.to_thread(fn, *args)
+            with telemetry.child_span(f"{self.name} {work}", **{"kf.work": work}):
+                return await asyncio.to_thread(fn, *args)
         finally:
             self.cost["work"] += time.perf_counter() - t0
+            metrics.WORK_SECONDS.labels(self.name, work).observe(time.perf_counter() - t0)
 
     @contextlib.asynccontextmanager
     async def device(self, device_id: str):
         """Hold the device lease (one measurement at a time per device), accounting the wait."""
         t0 = time.perf_counter()
-        async with self.claims.device_lease(device_id, ttl_s=self.settings.ack_wait_s) as lease:
+        async with contextlib.AsyncExitStack() as stack:
+            with telemetry.child_span(f"{self.name} device-lease wait", **{"kf.device": device_id}):
+                lease = await stack.enter_async_context(
+                    self.claims.device_lease(device_id, ttl_s=self.settings.ack_wait_s))
             self.cost["wait"] += time.perf_counter() - t0
-            yield lease
+            busy = metrics.busy_window(device_id)
+            key = busy.begin()
+            try:
+                yield lease
+            finally:
+                metrics.DEVICE_BUSY.labels(device_id).inc(busy.end(key))
 
     async def still_ours(self, lock) -> bool:
         """Fencing: a result may be written only while our token is the newest for the key."""
         return await self.claims.latest_fence(lock.key) == lock.fence
 
     def busy(self) -> Nak:
-        return Nak(self.settings.nak_delay_s)
+        """Another worker holds this item's lock. Come back once its lock would have expired: a holder that
+        died (or lost its claims store for a moment) must not make us spend every delivery while it expires."""
+        return Nak(max(self.settings.nak_delay_s, self.settings.ack_wait_s))
 
 
 class RunnerService(Service):

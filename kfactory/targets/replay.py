@@ -10,6 +10,7 @@ Everything it produces says "replayed": the device model, the compiler, the timi
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,7 @@ class ReplayTarget(Target):
             return CompileResult(False, report, reason=pb.INVALID_POINT,
                                  message=f"replayed: {self.space.name} has no record of {params}")
         report.seconds = rec.compile_ms / 1000.0
+        self._pace(report.seconds)
         if rec.failure == "CompilationFailedConfig":
             return CompileResult(False, report, reason=pb.COMPILE_ERROR, message="replayed: CompilationFailedConfig",
                                  log="replayed: the recording says this configuration failed to compile")
@@ -74,6 +76,13 @@ class ReplayTarget(Target):
         artifact = self.space.canonical(params).encode()
         report.artifact_bytes = len(artifact)
         return CompileResult(True, report, artifact=artifact)
+
+    def _pace(self, recorded_s: float) -> None:
+        """Take the recorded time times settings.replay_pace (0: answer at once), so a replayed cluster can
+        run in (scaled) real time and work is in flight for as long as it was on the recorded device."""
+        pace = getattr(self.settings, "replay_pace", 0.0) if self.settings is not None else 0.0
+        if pace > 0 and recorded_s > 0:
+            time.sleep(recorded_s * pace)
 
     def session(self, problem, threads: int) -> "ReplaySession":
         return ReplaySession(self, problem)
@@ -115,6 +124,7 @@ class ReplaySession(Session):
         samples, outputs = {}, {}
         for k in keys:
             rec = self._record(k)
+            self.target._pace(rec.benchmark_ms / 1000.0)
             samples[k] = [t / 1000.0 for t in (rec.times_ms or (rec.time_ms,))]
             outputs[k] = [self._outputs(x) for x in input_sets]
         return BenchResult(samples, outputs, mode=MODE)

@@ -6,8 +6,8 @@ import time
 
 import grpc
 
-from kfactory import report
-from kfactory.bus import ArtifactMissing
+from kfactory import report, telemetry
+from kfactory.bus import ArtifactMissing, ack_quietly
 from kfactory.grpcutil import start_server
 from kfactory.problems import ProblemError
 from kfactory.service import Service
@@ -36,8 +36,9 @@ class MemoryService(Service):
         try:
             async for event, msg in self.bus.follow("memory", stop=stop):
                 t0 = time.perf_counter()
-                await asyncio.to_thread(self.archive.record, event)
-                await msg.ack()
+                with telemetry.consumer_span(self.name, msg.subject, msg.headers, event):
+                    await asyncio.to_thread(self.archive.record, event)
+                await ack_quietly(msg)  # a lost ack redelivers the event, which record() ignores (keyed by id)
                 self.cost["handler"] += time.perf_counter() - t0
                 self.handled += 1
                 self.progress.set()

@@ -55,6 +55,9 @@ class CampaignState:
     #: the warm start: points from other campaigns, proposed before the strategy's own
     priors: list[Point] = field(default_factory=list)
 
+    #: proposals whose candidate has not appeared yet: a restarted planner sends them to the coder again, since
+    #: an earlier life may have died between publishing a proposal and queueing its work (a resend is deduplicated)
+    proposals: dict[str, pb.Event] = field(default_factory=dict)
     #: why the campaign's strategy stopped working ("" while it works); the planner fails the campaign with it
     strategy_error: str = ""
 
@@ -86,6 +89,8 @@ class CampaignState:
             return
         self.seen_events.add(event.id)
         kind = ev.kind_of(event)
+        if kind == "point_proposed":
+            self.proposals[event.point_proposed.point_id] = event
         getattr(self, f"_on_{kind}", lambda e: None)(getattr(event, kind))
         self.changed.set()
 
@@ -114,6 +119,7 @@ class CampaignState:
         self.counts.proposed += 1
 
     def _on_candidate_created(self, m: pb.CandidateCreated) -> None:
+        self.proposals.pop(m.candidate.point_id, None)
         self.candidates[m.candidate.id] = m.candidate
         self.coders.on_candidate(m.candidate)
         if m.candidate.origin == "reference":
@@ -173,6 +179,7 @@ class CampaignState:
         self.finished = m
 
     def _finish_point(self, point_id: str, score: float | None, tell: bool = True) -> None:
+        self.proposals.pop(point_id, None)
         ps = self.points.get(point_id)
         if ps is None or ps.done:
             return

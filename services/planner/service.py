@@ -14,7 +14,8 @@ import time
 import grpc
 
 from kfactory import events as ev
-from kfactory.bus import EVENTS_STREAM
+from kfactory import telemetry
+from kfactory.bus import EVENTS_STREAM, ack_quietly
 from kfactory.grpcutil import start_server
 from kfactory.problems import ProblemError
 from kfactory.service import Service
@@ -67,9 +68,10 @@ class PlannerService(Service):
             self._caught_up()
         async for event, msg in self.bus.follow(None, stop=stop):
             t0 = time.perf_counter()
-            self._apply(event)
+            with telemetry.consumer_span(self.name, msg.subject, msg.headers, event):
+                self._apply(event)
             self.handled += 1
-            await msg.ack()
+            await ack_quietly(msg)
             self.cost["handler"] += time.perf_counter() - t0
             if not self.caught_up.is_set() and msg.metadata.sequence.stream >= last:
                 self._caught_up()
@@ -79,7 +81,16 @@ class PlannerService(Service):
         for cid, st in self.campaigns.items():
             if st.finished is None and cid not in self.loops:
                 self.log.info("resuming campaign", campaign=cid)
-                self.loops[cid] = asyncio.create_task(self._drive(st))
+                self.loops[cid] = asyncio.create_task(self._resume(st))
+
+    async def _resume(self, st: CampaignState) -> None:
+        """Queue again the proposals without a candidate (a resend is deduplicated), then drive the campaign."""
+        for event in list(st.proposals.values()):
+            origin = event.point_proposed.origin
+            stage = persona_stage(origin.split(":", 1)[1]) if origin.startswith("agent:") else "coder"
+            with telemetry.root_span(f"{self.name} propose", **{"kf.campaign": st.id, "kf.resumed": True}):
+                await self.bus.send_work(stage, event)
+        await self._drive(st)
 
     def _apply(self, event: pb.Event) -> None:
         cid = event.campaign_id
@@ -155,6 +166,8 @@ class PlannerService(Service):
         if spec.warm_start <= 0 or space is None:
             return []
         addr = self.ctx.memory_addr or self.settings.memory_addr
+        # every source's measurements: the strategy learns each earlier campaign's landscape (transfer.py); the
+        # campaign proposes the best spec.warm_start of them first
         req = spb.PriorsRequest(problem=spec.problem, families=list(space.families), exclude_campaign=cid,
                                 limit=max(spec.warm_start, self.settings.warm_evidence), every_source=True)
         try:
@@ -253,8 +266,10 @@ class PlannerService(Service):
             return  # an earlier life of this planner proposed it; the next attempt gets another id
         event = ev.make_event(st.id, self.name, pp.point_id, point_proposed=pp)
         st.apply(event)
-        await self.bus.publish(event)
-        await self.bus.send_work(persona_stage(persona), event)
+        with telemetry.root_span(f"{self.name} propose", **{"kf.campaign": st.id, "kf.point": pp.point_id,
+                                                            "kf.origin": f"agent:{persona}"}):
+            await self.bus.publish(event)
+            await self.bus.send_work(persona_stage(persona), event)
 
     async def _propose(self, st: CampaignState, family: str, params_json: str, origin: str,
                        manual: pb.ManualSource | None = None) -> None:
@@ -269,8 +284,11 @@ class PlannerService(Service):
             pp.manual.CopyFrom(manual)
         event = ev.make_event(st.id, self.name, pid, point_proposed=pp)
         st.apply(event)
-        await self.bus.publish(event)
-        await self.bus.send_work("coder", event)
+        # the root of this point's trace: every stage's span for its candidate descends from it
+        with telemetry.root_span(f"{self.name} propose", **{"kf.campaign": st.id, "kf.point": pid,
+                                                            "kf.origin": origin}):
+            await self.bus.publish(event)
+            await self.bus.send_work("coder", event)
 
     async def _wait_change(self, st: CampaignState, timeout: float = 1.0) -> None:
         st.changed.clear()
@@ -297,8 +315,10 @@ class PlannerService(Service):
                                 candidate_artifact=st.artifacts[best.candidate.id],
                                 reference_artifact=st.artifacts[ref.id])
         event = ev.make_event(st.id, self.name, f"compare:{best.candidate.id}", compare_request=req)
-        await self.bus.publish(event)
-        await self.bus.send_work("benchmarker", event)
+        with telemetry.root_span(f"{self.name} compare", **{"kf.campaign": st.id,
+                                                            "kf.candidate": best.candidate.id}):
+            await self.bus.publish(event)
+            await self.bus.send_work("benchmarker", event)
         want = {problem.shape_str(s) for s in problem.shapes("optimize")}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMPARE_WAIT_S

@@ -1,0 +1,216 @@
+"""Faults injected into a running factory (six processes, a real nats-server with file storage, a real
+redis-server): each service killed with SIGKILL mid-campaign, both servers restarted, a service paused past its
+ack wait, poison messages, every service stopped and started again. After each, the campaign completes and the
+archive holds every candidate exactly once with its whole evidence chain.
+
+One factory serves every test of the module (starting six processes is the slow part); each test runs its own
+campaign on the replay target, paced so that work is in flight when the fault strikes.
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+
+import nats
+import pytest
+
+from kfactory import events as ev
+from kfactory.bus import DLQ_STREAM, WORK_STREAM
+from kfactory.claims import open_claims
+from kfactory.v1 import events_pb2 as pb
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fault_plant import SERVICES, Nats, Plant, Redis, check_exactly_once  # noqa: E402
+from tuning_synth import write_spaces  # noqa: E402
+
+BUDGET = 14
+PACE = "0.25"  # the synthetic space records 800 ms compiles: 0.2 s each here, so the compiler is always busy
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("faults")
+    space = write_spaces(tmp / "spaces", devices=("GPU0",))[0]
+    nats_srv = Nats(tmp / "nats")
+    redis_srv = Redis(tmp / "redis")
+    plant = Plant(tmp, nats_srv.url, redis_srv.url, {"KFACTORY_REPLAY_PACE": PACE})
+    plant.start_all()
+    try:
+        yield plant, nats_srv, redis_srv, space
+    finally:
+        plant.stop()
+        nats_srv.close()
+        redis_srv.stop()
+
+
+_seed = iter(range(101, 10_000))
+
+
+def _spec(space: Path, budget: int = BUDGET) -> pb.CampaignSpec:
+    return pb.CampaignSpec(problem=f"replay:{space}", target=f"replay:{space}", strategy="random",
+                           budget_candidates=budget, parallel=4, seed=next(_seed), warm_start=0)
+
+
+def _mid_campaign(plant: Plant, cid: str, measured: int = 3) -> pb.Counts:
+    """Wait until the campaign is under way (some measured, not all); returns its counts then."""
+    s = plant.wait(cid, lambda s: s.counts.measured >= measured, what=f"{measured} measured")
+    assert s.state == "running" and s.counts.proposed < BUDGET + 1, s
+    return s.counts
+
+
+def _finish_and_check(plant: Plant, cid: str) -> dict[str, int]:
+    status = plant.wait_finished(cid)
+    assert status.state == "completed", status
+    assert status.counts.proposed == BUDGET, status.counts
+    kinds = check_exactly_once(plant, cid, status)
+    assert kinds["measured"] >= BUDGET // 2, kinds  # the synthetic space fails a few; most run
+    return kinds
+
+
+@pytest.mark.parametrize("victim", SERVICES)
+def test_sigkill_of_any_service_mid_campaign_loses_nothing(rig, victim):
+    plant, _, _, space = rig
+    cid = plant.submit(_spec(space))
+    _mid_campaign(plant, cid)
+    plant.kill(victim)  # SIGKILL: no chance to nak, ack or flush
+    time.sleep(0.3)
+    plant.start(victim)
+    _finish_and_check(plant, cid)
+
+
+@pytest.mark.parametrize("server", ["nats", "redis"])
+def test_restart_of_a_server_mid_campaign_loses_nothing(rig, server):
+    plant, nats_srv, redis_srv, space = rig
+    cid = plant.submit(_spec(space))
+    _mid_campaign(plant, cid)
+    (nats_srv if server == "nats" else redis_srv).restart(down_s=1.0)
+    _finish_and_check(plant, cid)
+    plant.assert_alive()  # every service rode out the outage without exiting
+
+
+def test_a_service_paused_past_its_ack_wait_is_redelivered_and_fenced(rig):
+    """The compiler is stopped (SIGSTOP) while it holds a message; after ack_wait the server redelivers it to a
+    second compiler, which compiles it under a newer fence; the first, resumed, must not publish a second result."""
+    plant, nats_srv, _, space = rig
+    cid = plant.submit(_spec(space))
+    _mid_campaign(plant, cid, measured=2)
+    before = asyncio.run(_consumer(nats_srv.url, "compiler"))
+    _wait_for(lambda: asyncio.run(_consumer(nats_srv.url, "compiler")).num_ack_pending >= 1, "compiler holding work")
+    plant.kill("compiler", signal.SIGSTOP)
+    try:
+        plant.start("compiler", key="compiler-b")
+        _wait_for(lambda: asyncio.run(_consumer(nats_srv.url, "compiler")).num_redelivered > before.num_redelivered,
+                  "a redelivery", timeout=30)
+        time.sleep(2.0)
+    finally:
+        plant.kill("compiler", signal.SIGCONT)
+    _finish_and_check(plant, cid)
+    plant.retire("compiler-b")
+
+
+def test_poison_messages_are_dead_lettered_with_their_reason(rig):
+    plant, nats_srv, redis_srv, space = rig
+    cid = plant.submit(_spec(space))
+    _mid_campaign(plant, cid, measured=1)
+    locked = asyncio.run(_poison(nats_srv.url, redis_srv.url, cid, space))
+    _finish_and_check(plant, cid)
+    reasons: list = []
+    # the locked one is nak'ed as busy for max_deliver x ack_wait before it is dead-lettered
+    _wait_for(lambda: reasons.__setitem__(slice(None), asyncio.run(_dead_letters(nats_srv.url, cid)))
+              or len(reasons) == 3,
+              "three dead letters", timeout=30)
+    assert any(r.stage == "compiler" and r.reason.startswith("malformed protobuf") for r in reasons), reasons
+    assert any(r.stage == "verifier" and "not in the artifact store" in r.reason for r in reasons), reasons
+    busy = [r for r in reasons if r.stage == "benchmarker" and "max_deliver" in r.reason]
+    assert busy and busy[0].deliveries == 4, reasons  # KFACTORY_MAX_DELIVER=4 deliveries, then dead-lettered
+    assert pb.Event.FromString(busy[0].payload).verified.candidate.id == locked
+    _wait_for(lambda: _counts_in_archive(plant, cid).get("dead_letter") == 3, "memory archiving them", 10)
+    time.sleep(0.5)
+    assert _counts_in_archive(plant, cid)["dead_letter"] == 3  # memory archived each one, once
+
+
+def test_a_campaign_resumes_when_every_service_comes_back(rig):
+    plant, _, _, space = rig
+    cid = plant.submit(_spec(space))
+    _mid_campaign(plant, cid)
+    for name in SERVICES:
+        plant.kill(name, signal.SIGTERM)
+    stopped = _counts_in_archive(plant, cid)
+    time.sleep(1.0)
+    for name in SERVICES:
+        plant.start(name)
+    plant.wait_healthy()
+    _finish_and_check(plant, cid)
+    assert stopped["point_proposed"] < BUDGET, stopped  # it really was interrupted half way
+
+
+# -- helpers -----------------------------------------------------------------------------------------------
+def _wait_for(cond, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _counts_in_archive(plant: Plant, cid: str) -> dict[str, int]:
+    arch = plant.archive()
+    try:
+        return dict(arch.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (cid,)))
+    finally:
+        arch.close()
+
+
+async def _consumer(url: str, durable: str):
+    nc = await nats.connect(url)
+    try:
+        return await nc.jetstream().consumer_info(WORK_STREAM, durable)
+    finally:
+        await nc.close()
+
+
+async def _poison(nats_url: str, redis_url: str, cid: str, space: Path) -> str:
+    """Three messages that can never succeed: bytes that are no protobuf (compiler), a compiled candidate whose
+    artifact is not stored (verifier), and a verified candidate whose benchmarker lock someone else holds for
+    good (every delivery is nak'ed as busy until max_deliver). Returns the locked candidate's id."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    claims = open_claims(redis_url)
+    try:
+        await js.publish(ev.work_subject("compiler", cid), b"\xff\x00 not a protobuf \x01",
+                         headers={"Nats-Msg-Id": f"poison-bytes-{cid}"})
+        cand = pb.Candidate(id="f" * 64, campaign_id=cid, problem=f"replay:{space}", target=f"replay:{space}",
+                            family="recorded", point_id="poison", language="replay", entry="k", threads=1)
+        missing = ev.make_event(cid, "test", cand.id, compiled=pb.Compiled(candidate=cand, artifact_digest="0" * 64))
+        await js.publish(ev.work_subject("verifier", cid), missing.SerializeToString(),
+                         headers={"Nats-Msg-Id": f"poison-artifact-{cid}"})
+        cand.id = "e" * 64
+        lock = await claims.acquire(f"{cid}:benchmarker:{cand.id}", ttl_s=600)
+        assert lock is not None
+        locked = ev.make_event(cid, "test", cand.id, verified=pb.Verified(candidate=cand, artifact_digest="0" * 64))
+        await js.publish(ev.work_subject("benchmarker", cid), locked.SerializeToString(),
+                         headers={"Nats-Msg-Id": f"poison-locked-{cid}"})
+        return cand.id
+    finally:
+        await claims.close()
+        await nc.close()
+
+
+async def _dead_letters(nats_url: str, cid: str) -> list[pb.DeadLetter]:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    out = []
+    try:
+        sub = await js.pull_subscribe(f"{ev.DLQ_PREFIX}.*.{cid}", stream=DLQ_STREAM)
+        while True:
+            try:
+                msgs = await sub.fetch(10, timeout=1)
+            except nats.errors.TimeoutError:
+                return out
+            for m in msgs:
+                out.append(pb.Event.FromString(m.data).dead_letter)
+                await m.ack()
+    finally:
+        await nc.close()
