@@ -68,8 +68,9 @@ def softmax_script() -> dict[str, list]:
 class ScriptedModelServer:
     """The double. Use as a context manager; `url` is its base (append /v1 for the OpenAI-compatible API)."""
 
-    def __init__(self, script: dict[str, list], port: int = 0):
+    def __init__(self, script: dict[str, list], port: int = 0, dump: Path | None = None):
         self.script = {k: list(v) for k, v in script.items()}
+        self.dump = dump  # a directory where each request's prompt is written (standalone runs), or None
         self.served: list[dict] = []      # {persona, api, tokens_in, tokens_out, action}
         self.requests: list[dict] = []    # {persona, api, body}
         self.lock = threading.Lock()
@@ -119,6 +120,11 @@ class ScriptedModelServer:
                 persona = m.group(1) if m else "?"
                 with server.lock:
                     server.requests.append({"persona": persona, "api": api, "body": body})
+                    n = len(server.requests)
+                if server.dump is not None:
+                    text = f"# system\n{system}\n" + "".join(f"\n# {m['role']}\n{m['content']}\n"
+                                                               for m in body["messages"] if m["role"] != "system")
+                    (server.dump / f"{n:03d}-{persona}.md").write_text(text)
                 action = server.next_action(persona)
                 if isinstance(action, Hang):
                     server.stopping.wait(600)
@@ -162,8 +168,11 @@ def _anthropic(text: str, tin: int, tout: int, refused: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description="A scripted TEST DOUBLE of an LLM endpoint (not a model).")
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--dump", type=Path, help="write each request's prompt into this directory")
     args = ap.parse_args()
-    with ScriptedModelServer(softmax_script(), args.port) as s:
+    if args.dump:
+        args.dump.mkdir(parents=True, exist_ok=True)
+    with ScriptedModelServer(softmax_script(), args.port, args.dump) as s:
         print(f"scripted model double (not a model) at {s.url}/v1 (OpenAI-compatible) and {s.url}/v1/messages "
               "(Anthropic); Ctrl-C stops it", flush=True)
         try:
