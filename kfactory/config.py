@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     llm_max_tokens: int = Field(8192, ge=256, description="reply length limit")
     llm_temperature: float = Field(0.7, ge=0, le=2)
     llm_parents: int = Field(2, ge=1, le=3, description="parent candidates (with their evidence) per prompt")
-    llm_token_seconds: float = Field(1e-4, ge=0, description="device-seconds one token is worth when the planner "
+    llm_token_seconds: float = Field(1e-3, ge=0, description="device-seconds one token is worth when the planner "
                                                              "weighs coders' yields")
 
     # the replay target's pace: 0 answers at once; 1 sleeps each recorded compile and benchmark time (a cluster

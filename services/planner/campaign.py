@@ -68,7 +68,7 @@ class CampaignState:
         self.template_exhausted = False
         #: why agent coders are off although the spec asked for them ("" when they are on or not asked for)
         self.agent_note = ""
-        self.token_seconds = 1e-4
+        self.token_seconds = 1e-3
         if self.space:
             # strategies are pluggable code: any failure of one is this campaign's failure, never the planner's
             try:

@@ -27,6 +27,8 @@ REPAIRABLE = frozenset({pb.COMPILE_ERROR, pb.WRONG_RESULT, pb.NOT_DETERMINISTIC,
                         pb.OUT_OF_BOUNDS, pb.INPUT_MUTATED, pb.LAUNCH_FAILED, pb.DEVICE_FAULT, pb.MEMOISED})
 #: prior of the yield: one improvement per PRIOR_COST device-seconds
 PRIOR_COST = 1.0
+#: tasks one persona gets with the same parents: asking again with nothing new to show is mostly wasted tokens
+SAME_PARENTS = 2
 
 
 def arm_of(origin: str) -> str | None:
@@ -63,6 +65,8 @@ class CoderLedger:
     repaired: set[str] = field(default_factory=set)
     endpoint_streak: int = 0
     last_endpoint_failure: str = ""
+    #: tasks per (persona, parents)
+    asked: Counter = field(default_factory=Counter)
 
     def arm(self, name: str) -> ArmStats:
         return self.arms.setdefault(name, ArmStats())
@@ -74,6 +78,8 @@ class CoderLedger:
             self.arm(arm).proposed += 1
         if arm == "repairer" and m.parents:
             self.repaired.add(m.parents[0])
+        if m.HasField("agent"):
+            self.asked[(m.agent.persona, tuple(m.parents))] += 1
 
     def on_candidate(self, c: pb.Candidate) -> None:
         arm = arm_of(c.origin)
@@ -207,8 +213,8 @@ def personas(spec: pb.CampaignSpec) -> list[str]:
     return list(spec.personas) or list(PERSONAS)
 
 
-def eligible(st) -> list[str]:
-    """The arms that can take the next piece of work now."""
+def eligible(st, k: int = 2) -> list[str]:
+    """The arms that can take the next piece of work now (k: parents per agent task)."""
     from kfactory.agents import PERSONAS
 
     arms = []
@@ -218,8 +224,11 @@ def eligible(st) -> list[str]:
         for p in personas(st.spec):
             if st.agent_in_flight(p):
                 continue  # one task per persona at a time: a slow model must not take every slot
-            if (st.coders.next_repair() if PERSONAS[p].parents == "failed" else st.ranked(1)):
-                arms.append(p)
+            if not (st.coders.next_repair() if PERSONAS[p].parents == "failed" else st.ranked(1)):
+                continue  # nothing to work from yet
+            if st.coders.asked[(p, tuple(parents_for(st, p, k)))] >= SAME_PARENTS:
+                continue  # it had these parents already; wait until something new is measured
+            arms.append(p)
     return arms
 
 

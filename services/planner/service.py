@@ -231,7 +231,7 @@ class PlannerService(Service):
             if st.in_flight() >= st.spec.parallel:
                 await self._wait_change(st)
                 continue
-            arm = st.coders.choose(coders.eligible(st), rng, st.token_seconds)
+            arm = st.coders.choose(coders.eligible(st, self.settings.llm_parents), rng, st.token_seconds)
             if arm is None:
                 if st.in_flight():
                     await self._wait_change(st)
