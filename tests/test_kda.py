@@ -233,3 +233,15 @@ def test_every_cuda_point_compiles_for_sm90a_without_spills(kda):
     bad = [(p, r.message, s) for p in fam.points() for r, s in [_compile(*fam.render(p)[:2], "sm_90a")]
            if not r.ok or s]
     assert bad == []
+
+
+def test_torch_baseline_matches_the_reference(kda):
+    """The torch CPU recurrence (bench/kda_cpu.py's baseline; also the GPU fallback) where torch imports."""
+    pytest.importorskip("torch")
+    shape = dict(B=2, T=9, H=2, HV=4, K=32, V=24)
+    x = draw(kda, shape, "normal", 8)
+    ref = kda.reference.reference(x)
+    outs = {"o": np.empty(ref["o"].shape, np.float32), "ht": np.empty(ref["ht"].shape, np.float32)}
+    kda.reference.baselines()["torch"](x, outs, 1)
+    for name in ("o", "ht"):
+        assert compare(outs[name], ref[name], 1e-4, 1e-3, 1e-5).passed, name

@@ -29,7 +29,7 @@ class CoderService(Service):
         await self.setup()
         n = self.settings.llm_concurrency
         await asyncio.gather(self.bus.consume(self.stage, self._handle, self.settings.workers, stop),
-                             *(self.bus.consume(persona_stage(p), self.agents.handler(p), n, stop) for p in PERSONAS))
+                             *(self.bus.consume(persona_stage(p), self._handle, n, stop) for p in PERSONAS))
 
     async def close(self) -> None:
         await self.agents.close()
@@ -38,8 +38,11 @@ class CoderService(Service):
         pp = d.event.point_proposed
         cid = d.event.campaign_id
         if pp.HasField("agent") and pp.agent.persona in PERSONAS:
-            # agent work that came this way (a restarted planner re-queues proposals here): to its persona
-            await self.bus.send_work(persona_stage(pp.agent.persona), d.event)
+            stage = persona_stage(pp.agent.persona)
+            if d.subject.startswith(ev.work_subject(stage, "")):
+                return await self.agents.handle(pp.agent.persona, d)
+            # agent work that came on the coder's subject (a restarted planner re-queues proposals there)
+            await self.bus.send_work(stage, d.event)
             return Ack()
         try:
             source, language, flags, entry, threads, launch_json = self._render(pp)

@@ -70,10 +70,11 @@ def numpy_kda(inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], thr
 
 
 def torch_recurrence(torch, q, k, v, g, beta, h0, scale=None, l2norm_qk=True):
-    """(o, final state) of the recurrence in torch float32 on q's device, vectorised over batch and heads;
-    o is returned in float32 (callers cast to v's dtype)."""
+    """(o, final state) of the recurrence in torch float32 on q's device, as a competent torch user writes it:
+    batched over (batch x value head) with bmm for S^T k, S^T q and the rank-1 update, the state updated in
+    place; o is returned in float32 (callers cast to v's dtype)."""
     B, T, H, K = q.shape
-    HV = v.shape[2]
+    HV, V = v.shape[2], v.shape[3]
     scale = K ** -0.5 if scale is None else scale
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
     if l2norm_qk:
@@ -81,16 +82,20 @@ def torch_recurrence(torch, q, k, v, g, beta, h0, scale=None, l2norm_qk=True):
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + EPS)
     if HV != H:
         q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
-    q = q * scale
-    decay = g.exp()
-    S = h0.float().clone()
-    o = torch.empty(B, T, HV, v.shape[-1], dtype=torch.float32, device=q.device)
+    # [T, B*HV, ...] so that each step reads contiguous slices
+    q = (q * scale).transpose(0, 1).reshape(T, B * HV, 1, K).contiguous()
+    k = k.transpose(0, 1).reshape(T, B * HV, K).contiguous()
+    decay = g.exp().transpose(0, 1).reshape(T, B * HV, K, 1).contiguous()
+    bk = (beta[..., None] * k.reshape(T, B, HV, K).transpose(0, 1)).transpose(0, 1).reshape(T, B * HV, K, 1)
+    v = v.transpose(0, 1).reshape(T, B * HV, 1, V).contiguous()
+    S = h0.float().reshape(B * HV, K, V).clone()
+    o = torch.empty(T, B * HV, 1, V, dtype=torch.float32, device=q.device)
     for t in range(T):
-        S.mul_(decay[:, t, :, :, None])
-        r = v[:, t] - torch.einsum("bhk,bhkv->bhv", k[:, t], S)
-        S.add_((beta[:, t, :, None, None] * k[:, t, :, :, None]) * r[:, :, None, :])
-        o[:, t] = torch.einsum("bhk,bhkv->bhv", q[:, t], S)
-    return o, S
+        S.mul_(decay[t])
+        r = v[t] - torch.bmm(k[t].unsqueeze(1), S)
+        S.baddbmm_(bk[t].contiguous(), r)
+        torch.bmm(q[t], S, out=o[t])
+    return o.reshape(T, B, HV, V).transpose(0, 1), S.reshape(B, HV, K, V)
 
 
 def _torch_kda():
