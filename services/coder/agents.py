@@ -40,12 +40,9 @@ class AgentConsumers:
         if self.client is not None:
             await self.client.aclose()
 
-    def handler(self, persona: str):
-        async def handle(d: Delivery) -> Outcome:
-            return await self.handle(persona, d)
-        return handle
-
     async def handle(self, persona: str, d: Delivery) -> Outcome:
+        """One agent task: ask the model once per task (a redelivery after the result was published is acked),
+        nak while memory has not archived a parent's result, publish a candidate or a typed rejection."""
         pp, cid = d.event.point_proposed, d.event.campaign_id
         done_key = f"{cid}:agent-done:{pp.point_id}"
         if await self.coder.claims.cache_get(done_key):

@@ -22,8 +22,8 @@ def lessons(archive, problem: str, target: str = "", limit: int = 6) -> list[spb
     rows = archive.q(f"SELECT m.campaign, m.score_s, m.payload, c.origin, c.params_json, c.compile_flags FROM "
                      f"measurements m JOIN candidates c ON c.campaign=m.campaign AND c.id=m.candidate "
                      f"WHERE m.campaign IN ({marks})", tuple(campaigns))
-    measured = [_Row(*r) for r in rows]
-    measured = [r for r in measured if not r.m.screened_out]
+    everything = [_Row(*r) for r in rows]
+    measured = [r for r in everything if not r.m.screened_out]
     best = {}
     for r in measured:
         best[r.campaign] = min(best.get(r.campaign, r.score), r.score)
@@ -32,7 +32,7 @@ def lessons(archive, problem: str, target: str = "", limit: int = 6) -> list[spb
     out = _best(measured, len(campaigns))
     out += _effects(measured, limit)
     out += _failures(archive, campaigns, marks, limit)
-    out += _agents(archive, campaigns, marks, measured)
+    out += _agents(archive, campaigns, marks, measured, everything)
     return out
 
 
@@ -136,7 +136,7 @@ def _value_totals(archive, campaigns, marks) -> Counter:
     return totals
 
 
-def _agents(archive, campaigns, marks, measured: list[_Row]) -> list[spb.Lesson]:
+def _agents(archive, campaigns, marks, measured: list[_Row], everything: list[_Row]) -> list[spb.Lesson]:
     """Per agent persona: tasks, measured kernels and how close the best came, and why the others failed."""
     tasks: Counter = Counter()
     failures: dict[str, Counter] = defaultdict(Counter)
@@ -152,7 +152,10 @@ def _agents(archive, campaigns, marks, measured: list[_Row]) -> list[spb.Lesson]
     out = []
     for persona, n in sorted(tasks.items()):
         rel = sorted(r.relative for r in measured if r.origin == f"agent:{persona}")
-        got = f"{len(rel)} measured, best {rel[0]:.2f}x its campaign's best" if rel else "none measured"
+        screened = sum(1 for r in everything if r.origin == f"agent:{persona}" and r.m.screened_out)
+        got = f"{len(rel)} measured, best {rel[0]:.2f}x its campaign's best" if rel else "none measured in full"
+        if screened:
+            got += f", {screened} screened out (a short timing far slower than the best at the time)"
         why = ", ".join(f"{k} {v}" for k, v in failures[persona].most_common())
         out.append(spb.Lesson(kind="agent", value=rel[0] if rel else 0.0, count=n,
                               text=f"persona {persona}: {n} tasks, {got}" + (f"; failures: {why}" if why else "")))
