@@ -234,3 +234,17 @@ def test_agents_wait_for_parents_and_do_not_repeat_the_same_task_forever():
                                                                                     tokens_in=990, tokens_out=10))))
     assert coders.eligible(st) == []  # the token budget is spent
     assert st.coder_summary()["agent_tokens"] == {"in": 990, "out": 10, "budget": 1000}
+
+
+def test_without_a_model_agents_are_off_and_the_summary_says_so():
+    from kfactory.services.planner import coders
+    from kfactory.services.planner.campaign import CampaignState
+
+    spec = pb.CampaignSpec(problem="softmax", target="cpu", coders=["template", "agent"])
+    assert coders.validate(spec, Settings()) == "" and spec.token_budget == Settings().llm_token_budget
+    st = CampaignState("c1", spec, pb.DeviceInfo(), None)
+    st.agent_note = coders.agent_note(spec, Settings(llm_base_url=None, llm_model=None))
+    assert "no model configured" in st.agent_note and not coders.agents_on(st)
+    assert "KFACTORY_LLM_MODEL" in st.coder_summary()["agent_note"]
+    assert coders.agent_note(spec, Settings(llm_base_url="http://x/v1", llm_model="m")) == ""
+    assert "unknown ['gpt']" in coders.validate(pb.CampaignSpec(coders=["gpt"]), Settings())
