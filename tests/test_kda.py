@@ -200,7 +200,7 @@ def test_cuda_launch_rule_covers_every_column_and_head(kda):
     for p in fam.points():
         for shape in kda.shapes("all"):
             names = {**p, **shape}
-            gx, gy = _launch(fam.spec.launch["grid"], names)
+            gy, gx = _launch(fam.spec.launch["grid"], names)
             block = _launch(fam.spec.launch["block"], names)
             assert 32 <= block <= 1024 and block % 32 == 0
             assert gy == shape["B"] * shape["HV"] and gx * p["bv"] >= shape["V"] > (gx - 1) * p["bv"]
@@ -245,3 +245,23 @@ def test_torch_baseline_matches_the_reference(kda):
     kda.reference.baselines()["torch"](x, outs, 1)
     for name in ("o", "ht"):
         assert compare(outs[name], ref[name], 1e-4, 1e-3, 1e-5).passed, name
+
+
+@pytest.mark.slow
+def test_a_cpu_campaign_finds_a_verified_kernel_faster_than_the_reference(tmp_path, monkeypatch, host_ceilings):
+    """`kfactory run kda --target cpu --budget 8 --json out.json` end to end (embedded services)."""
+    import json
+    import shutil
+
+    from kfactory.cli import main
+    (tmp_path / "data").mkdir()
+    shutil.copy(host_ceilings, tmp_path / "data" / "ceilings.json")
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("KFACTORY_REPORT_DIR", str(tmp_path / "reports"))
+    out = tmp_path / "out.json"
+    assert main(["run", "kda", "--target", "cpu", "--budget", "8", "--seed", "5", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["state"] == "completed" and result["counts"]["verified"] >= 1
+    best = result["best"]
+    assert best["family"] == "cpu_recurrent" and best["speedup_vs_reference"] > 1.0
+    assert set(best["shapes"]) == {"1x1024x4x4x128x128", "8x1x32x32x128x128"}
