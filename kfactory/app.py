@@ -7,10 +7,12 @@ import signal
 import traceback
 from dataclasses import dataclass, field
 
+from kfactory import telemetry
 from kfactory.bus import Bus
 from kfactory.claims import open_claims
 from kfactory.config import Settings
 from kfactory.log import get_logger
+from kfactory.observability import process as observability
 from kfactory.service import Context, Service
 
 SERVICE_NAMES = ("planner", "coder", "compiler", "verifier", "benchmarker", "memory")
@@ -32,21 +34,25 @@ def service_class(name: str) -> type[Service]:
 async def open_context(settings: Settings, name: str) -> Context:
     """Connect to NATS and the claims store, failing fast with a message that names what is missing."""
     from kfactory.bus import BusUnavailable
-    from kfactory.claims import ClaimsUnavailable
+    from kfactory import security
+    from kfactory.claims import ClaimsError
 
     try:
+        password = settings.nats_password.get_secret_value() if settings.nats_password else None
         bus = await Bus.connect(settings.nats_url, f"kfactory-{name}", user=settings.nats_user,
-                                password=settings.nats_password, ack_wait_s=settings.ack_wait_s,
-                                max_deliver=settings.max_deliver)
+                                password=password, ack_wait_s=settings.ack_wait_s,
+                                max_deliver=settings.max_deliver, replicas=settings.stream_replicas)
     except BusUnavailable as e:
         raise WiringError(str(e)) from e
+    bus.max_event_bytes = settings.max_event_bytes
     try:
-        claims = open_claims(settings.redis_url)
+        claims = open_claims(security.redis_url(settings))
         await claims.ping()
-    except (ClaimsUnavailable, ValueError) as e:
+    except (ClaimsError, ValueError) as e:  # unreachable, or refused (AUTH): the message says which
         await bus.close()
-        raise WiringError(f"claims store: {e}; set KFACTORY_REDIS_URL / --redis-url, or leave it unset "
-                          "for in-process claims (single process only)") from e
+        raise WiringError(f"claims store: {e}; set KFACTORY_REDIS_URL / --redis-url (and KFACTORY_REDIS_PASSWORD "
+                          "where Redis demands AUTH), or leave it unset for in-process claims (single process "
+                          "only)") from e
     return Context(settings, bus, claims)
 
 
@@ -70,6 +76,10 @@ class Running:
                       where="".join(traceback.format_exception(exc)[-6:]))
             self.stop.set()
 
+    def ready(self) -> bool:
+        """Connected to NATS, and every service task still running (the health server's READY)."""
+        return self.ctx.bus.nc.is_connected and bool(self.tasks) and not any(t.done() for t in self.tasks)
+
     def failed(self) -> BaseException | None:
         for t in self.tasks:
             if t.done() and not t.cancelled() and t.exception() is not None:
@@ -92,7 +102,12 @@ class Running:
 
 async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = True) -> Running:
     """Start the named services in this process over one connection set."""
-    ctx = await open_context(settings, "+".join(names) if len(names) < 6 else "all")
+    label = "+".join(names) if len(names) < 6 else "all"
+    try:
+        observability.setup(settings, label)
+    except observability.SETUP_ERRORS as e:
+        raise WiringError(str(e)) from e
+    ctx = await open_context(settings, label)
     services = {}
     for n in names:
         cls = service_class(n)
@@ -108,12 +123,24 @@ async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = T
 async def serve(name: str, settings: Settings) -> None:
     """Run one service until SIGTERM or SIGINT."""
     running = await start_services(settings, (name,))
+    try:
+        health = await observability.start_health(settings, running.ready, running.stop)
+        lag = observability.start_lag_poller(settings, running.ctx.bus, name, running.stop)
+    except observability.SETUP_ERRORS as e:
+        await running.shutdown()
+        raise WiringError(str(e)) from e
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, running.stop.set)
     log.info("service started", service=name, nats=settings.nats_url, redis=bool(settings.redis_url))
     await running.stop.wait()
     err = running.failed()
+    if health is not None:
+        await health[1]
+        await health[0].stop()
+    if lag is not None:
+        await lag
     await running.shutdown()
+    telemetry.shutdown()
     if err is not None:
         raise err

@@ -30,6 +30,8 @@ EVENTS_STREAM = "KF_EVENTS"
 DLQ_STREAM = "KF_DLQ"
 ARTIFACT_BUCKET = "kf-artifacts"
 DUPLICATE_WINDOW_S = 600.0
+#: the most of a dead message's bytes its dead letter keeps
+DLQ_PAYLOAD_MAX = 256 << 10
 
 #: errors that mean "NATS is briefly unreachable" (a restart, a reconnect), not "this request is wrong":
 #: publishes are retried on them (safe: every publish carries a Nats-Msg-Id) and pull loops wait them out
@@ -106,6 +108,9 @@ class Bus:
         self.name = name
         self.ack_wait_s = ack_wait_s
         self.max_deliver = max_deliver
+        #: work messages larger than this are dead-lettered undecoded (settings.max_event_bytes)
+        self.max_event_bytes = ev.MAX_EVENT_BYTES
+        self._started: set[str] = set()
         self._objects = None
         #: copies of each stream and of the artifact bucket when this bus creates them (3 on a 3-server cluster)
         self.replicas = 1
@@ -118,6 +123,11 @@ class Bus:
         try:
             # nats-py keeps retrying an initial connect when reconnects are allowed: probe first
             await _probe(url, timeout_s)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise BusUnavailable(f"cannot reach NATS at {url}: {e!r}; start nats-server -js or set "
+                                 "KFACTORY_NATS_URL / --nats-url") from e
+        await _handshake(url, user, password, timeout_s)
+        try:
             nc = await asyncio.wait_for(
                 nats.connect(url, name=name, user=user, password=password, connect_timeout=timeout_s,
                              max_reconnect_attempts=-1, allow_reconnect=True,
@@ -205,7 +215,10 @@ class Bus:
     async def dead_letter(self, stage: str, subject: str, data: bytes, reason: str, deliveries: int,
                           campaign_id: str) -> None:
         """Record a message that can never succeed: on the DLQ stream and as an event memory archives."""
-        dl = pb.DeadLetter(stage=stage, subject=subject, reason=reason, deliveries=deliveries, payload=data)
+        if len(data) > DLQ_PAYLOAD_MAX:  # a dead letter must itself fit in a message
+            reason += f" (payload cut to its first {DLQ_PAYLOAD_MAX} of {len(data)} bytes)"
+        dl = pb.DeadLetter(stage=stage, subject=subject, reason=reason, deliveries=deliveries,
+                           payload=data[:DLQ_PAYLOAD_MAX])
         key = ev.sha256_hex(subject.encode() + data)[:24]
         event = ev.make_event(campaign_id or "unknown", self.name, key, dead_letter=dl)
         await self._publish_retrying(f"{ev.DLQ_PREFIX}.{stage}.{campaign_id or 'unknown'}",
@@ -248,9 +261,9 @@ class Bus:
         deliveries = msg.metadata.num_delivered
         campaign = msg.subject.rsplit(".", 1)[-1]
         try:
-            event = pb.Event.FromString(msg.data)
-        except DecodeError as e:
-            await self.dead_letter(stage, msg.subject, msg.data, f"malformed protobuf: {e}", deliveries, campaign)
+            event = ev.decode_event(msg.data, msg.subject, self.max_event_bytes)
+        except ev.BadEvent as e:  # can never succeed: no retry, the reason goes with it
+            await self.dead_letter(stage, msg.subject, msg.data, str(e), deliveries, campaign)
             await msg.term()
             return
         t0 = asyncio.get_running_loop().time()
@@ -356,6 +369,18 @@ class Bus:
             if not durable:
                 await _quiet_unsubscribe(sub)
 
+    async def campaign_started(self, campaign_id: str) -> bool:
+        """Whether the events stream holds the campaign's CampaignStarted (remembered once it does): work for a
+        campaign nobody started is refused, not done."""
+        if campaign_id in self._started:
+            return True
+        try:
+            await self.js.get_last_msg(EVENTS_STREAM, ev.event_subject("campaign_started", campaign_id))
+        except nats.js.errors.NotFoundError:
+            return False
+        self._started.add(campaign_id)
+        return True
+
     # -- artifacts ---------------------------------------------------------------------------------
     async def put_artifact(self, data: bytes) -> str:
         """Store bytes under their sha256; storing the same bytes twice is a no-op."""
@@ -401,6 +426,27 @@ async def _quiet_in_progress(delivery: Delivery) -> None:
         await delivery.in_progress()
     except TRANSIENT as e:  # NATS away: if it stays away past ack_wait the message is redelivered (idempotent)
         log.warning("heartbeat failed", subject=delivery.subject, error=repr(e))
+
+
+async def _handshake(url: str, user: str | None, password: str | None, timeout_s: float) -> None:
+    """One connect without retries: a server that answers but refuses our CONNECT (no or wrong credentials in
+    the secure profile) is told apart from one that cannot be reached, instead of being retried for ever."""
+    try:
+        nc = await asyncio.wait_for(nats.connect(url, user=user, password=password, connect_timeout=timeout_s,
+                                                 allow_reconnect=False, max_reconnect_attempts=0,
+                                                 error_cb=_ignore_error), timeout_s * 2)
+    except (OSError, asyncio.TimeoutError, nats.errors.TimeoutError) as e:
+        raise BusUnavailable(f"cannot reach NATS at {url}: {e!r}; start nats-server -js or set "
+                             "KFACTORY_NATS_URL / --nats-url") from e
+    except nats.errors.Error as e:  # reachable (the probe passed) yet refused at the protocol level
+        who = f"user {user!r}" if user else "no user"
+        raise BusUnavailable(f"NATS at {url} refused the connection ({who}): set KFACTORY_NATS_USER and "
+                             "KFACTORY_NATS_PASSWORD to this service's credentials") from e
+    await nc.close()
+
+
+async def _ignore_error(e: Exception) -> None:
+    """The handshake's refusals are raised by connect(); the callback need not print them too."""
 
 
 async def _quiet_nak(msg, delay: float) -> None:

@@ -9,6 +9,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
+from kfactory import security
 from kfactory.report import verification_table
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -36,8 +37,12 @@ def _status_line(s: spb.CampaignStatus) -> str:
             f"measured {c.measured}; {best}")
 
 
+#: the settings client commands run with (TLS and token of the secure profile); set by dispatch()
+_settings = None
+
+
 async def _call(addr: str, fn):
-    async with grpc.aio.insecure_channel(addr) as ch:
+    async with security.channel(addr, _settings) as ch:
         try:
             return await fn(ch)
         except grpc.aio.AioRpcError as e:
@@ -61,7 +66,9 @@ async def _watch(ch, cid: str) -> None:
 
 
 def dispatch(args, settings, spec_fn) -> int:
-    """Run one client command against the addresses in settings."""
+    """Run one client command against the addresses in settings (with its TLS and token, if any)."""
+    global _settings
+    _settings = settings
     return asyncio.run(_dispatch(args, settings, spec_fn))
 
 

@@ -80,7 +80,6 @@ class Settings(BaseSettings):
     # boundaries: what is refused, with a reason, before it can exhaust anything
     max_event_bytes: int = Field(1 << 20, ge=1024, description="largest protobuf event a service decodes")
     max_source_bytes: int = Field(512 << 10, ge=1024, description="largest kernel source the coder accepts")
-    max_shape_elements: int = Field(1 << 28, ge=1, description="largest tensor (elements) a problem may declare")
 
     # the secure profile: credentials come from the environment or from files in KFACTORY_SECRETS_DIR (never
     # logged: SecretStr prints as '**********')

@@ -3,12 +3,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from typing import Any
+
+from google.protobuf.message import DecodeError
 
 from kfactory.v1 import events_pb2 as pb
 
 WORK_PREFIX = "kf.v1.work"
+#: the largest event a service decodes (NATS itself refuses payloads over its max_payload, 1 MiB by default)
+MAX_EVENT_BYTES = 1 << 20
+#: campaign ids are one subject token: letters, digits, '_' and '-' (the planner makes c + 12 hex digits)
+CAMPAIGN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class BadEvent(ValueError):
+    """An event that can never be handled; the message says what is wrong and what to send instead."""
 EVT_PREFIX = "kf.v1.evt"
 DLQ_PREFIX = "kf.v1.dlq"
 STAGES = ("coder", "compiler", "verifier", "benchmarker")
@@ -74,3 +85,30 @@ def candidate_id(source: str, language: str, flags: str, entry: str, threads: in
 def launch_of(cand: pb.Candidate) -> dict | None:
     """A candidate's launch rule (cuda), or None."""
     return json.loads(cand.launch_json) if cand.launch_json else None
+
+
+def decode_event(data: bytes, subject: str = "", max_bytes: int = MAX_EVENT_BYTES) -> pb.Event:
+    """Parse and check an event from the wire; raises BadEvent (with what to fix) for anything that could never
+    be handled: too large, not protobuf, no body, a campaign id that is no subject token or differs from the
+    subject's, a launch rule that is not JSON."""
+    if len(data) > max_bytes:
+        raise BadEvent(f"event of {len(data)} bytes is over the {max_bytes}-byte limit (KFACTORY_MAX_EVENT_BYTES): "
+                       "put large payloads in the artifact store and send their digest")
+    try:
+        event = pb.Event.FromString(data)
+    except DecodeError as e:
+        raise BadEvent(f"malformed protobuf: {e}; send a serialized kfactory.v1.Event") from e
+    kind = kind_of(event)
+    if not kind:
+        raise BadEvent("the event has no body: set one of the fields of Event.body")
+    if not CAMPAIGN_ID.match(event.campaign_id):
+        raise BadEvent(f"campaign id {event.campaign_id[:80]!r} is not 1-64 letters, digits, '_' or '-'")
+    if subject and subject.rsplit(".", 1)[-1] != event.campaign_id:
+        raise BadEvent(f"the subject {subject!r} names another campaign than the event's {event.campaign_id!r}")
+    cand = candidate_of(event)
+    if cand is not None and cand.launch_json:
+        try:
+            json.loads(cand.launch_json)
+        except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError never: protobuf strings are UTF-8
+            raise BadEvent(f"candidate {cand.id[:16]}: launch_json is not JSON ({e})") from e
+    return event

@@ -6,6 +6,7 @@ import time
 
 import grpc
 
+from kfactory import security
 from kfactory.judge import RegressionInput
 from kfactory.log import get_logger
 from kfactory.v1 import services_pb2 as spb
@@ -18,9 +19,11 @@ class RegressionSource:
     """Asks memory for a problem's regression inputs, remembering the last answer for `ttl_s` and keeping
     it when memory cannot be reached (a verification then runs the inputs known so far, never fails)."""
 
-    def __init__(self, addr_of, ttl_s: float = 2.0, timeout_s: float = 2.0):
-        """`addr_of()` gives memory's gRPC address at call time (it may be bound after this starts)."""
+    def __init__(self, addr_of, ttl_s: float = 2.0, timeout_s: float = 2.0, settings=None):
+        """`addr_of()` gives memory's gRPC address at call time (it may be bound after this starts); `settings`
+        carry the secure profile's TLS and token, when there is one."""
         self.addr_of, self.ttl_s, self.timeout_s = addr_of, ttl_s, timeout_s
+        self.settings = settings
         self._known: dict[str, tuple[float, list[RegressionInput]]] = {}
 
     async def get(self, problem: str) -> list[RegressionInput]:
@@ -31,7 +34,7 @@ class RegressionSource:
         if not addr:
             return known
         try:
-            async with grpc.aio.insecure_channel(addr) as ch:
+            async with security.channel(addr, self.settings) as ch:
                 resp = await sgrpc.EvidenceStub(ch).RegressionInputs(spb.RegressionRequest(problem=problem),
                                                                      timeout=self.timeout_s)
         except grpc.aio.AioRpcError as e:

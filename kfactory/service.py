@@ -11,7 +11,7 @@ import structlog
 
 from kfactory import events as ev
 from kfactory import telemetry
-from kfactory.bus import Ack, Bus, Delivery, Nak, Outcome
+from kfactory.bus import Ack, Bus, Delivery, Nak, Outcome, Term
 from kfactory.claims import Claims, LockTimeout
 from kfactory.config import Settings
 from kfactory.judge import InputPool
@@ -85,6 +85,9 @@ class Service:
         with structlog.contextvars.bound_contextvars(campaign=d.event.campaign_id, service=self.name,
                                                      candidate=cand.id[:12] if cand else ""):
             try:
+                if not await self.bus.campaign_started(d.event.campaign_id):
+                    return Term(f"unknown campaign {d.event.campaign_id!r}: the events stream has no start of it; "
+                                "submit campaigns through the planner")
                 outcome = await self.handle(d)
             finally:
                 self.cost["handler"] += time.perf_counter() - t0
@@ -155,7 +158,8 @@ class RunnerService(Service):
         super().__init__(ctx)
         self.sessions: dict[tuple, object] = {}
         self.pools: dict[str, InputPool] = {}
-        self.regressions = RegressionSource(lambda: ctx.memory_addr or ctx.settings.memory_addr)
+        self.regressions = RegressionSource(lambda: ctx.memory_addr or ctx.settings.memory_addr,
+                                            settings=ctx.settings)
 
     def session(self, cand: pb.Candidate):
         key = (cand.problem, cand.target, cand.runner_threads)

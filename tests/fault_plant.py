@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import redis
 from google.protobuf.message import DecodeError
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kfactory.natsd import EmbeddedNats
 from kfactory.services.memory.archive import Archive
@@ -115,6 +116,19 @@ class Plant:
                     "KFACTORY_LOG_LEVEL": "warning", **(extra_env or {})}
         self.procs: dict[str, subprocess.Popen] = {}
         self.extra: dict[str, dict[str, str]] = {}
+        #: the secure profile's client side: (CA certificate PEM, bearer token), or None for plaintext gRPC
+        self.tls: tuple[bytes, str] | None = None
+
+    def channel(self, addr: str, token: str | None = None) -> grpc.Channel:
+        """A blocking gRPC channel to a service, with TLS and the token (or `token`) in the secure profile."""
+        if self.tls is None:
+            return grpc.insecure_channel(addr)
+        ca, default = self.tls
+        creds = grpc.ssl_channel_credentials(root_certificates=ca)
+        if (token if token is not None else default):
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(token if token is not None else default))
+        return grpc.secure_channel(addr, creds)
 
     def start(self, name: str, key: str | None = None) -> subprocess.Popen:
         """Start service `name` (as process `key`, default the name: a second replica needs another key)."""
@@ -147,9 +161,7 @@ class Plant:
         for addr in (self.planner_addr, self.memory_addr):
             while True:
                 try:
-                    with grpc.insecure_channel(addr) as ch:
-                        sgrpc.CampaignsStub(ch)  # the channel connects on the first call
-                        from grpc_health.v1 import health_pb2, health_pb2_grpc
+                    with self.channel(addr) as ch:
                         r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
                     if r.status == r.SERVING:
                         break
@@ -178,13 +190,13 @@ class Plant:
 
     # -- campaigns -------------------------------------------------------------------------------------
     def submit(self, spec: pb.CampaignSpec) -> str:
-        with grpc.insecure_channel(self.planner_addr) as ch:
+        with self.channel(self.planner_addr) as ch:
             return sgrpc.CampaignsStub(ch).Submit(spb.SubmitRequest(spec=spec), timeout=60).id
 
     def status(self, cid: str) -> spb.CampaignStatus | None:
         """The planner's status of a campaign; None while the planner is not answering (being restarted)."""
         try:
-            with grpc.insecure_channel(self.planner_addr) as ch:
+            with self.channel(self.planner_addr) as ch:
                 return sgrpc.CampaignsStub(ch).Get(spb.GetCampaignRequest(id=cid), timeout=5)
         except grpc.RpcError:
             return None

@@ -6,6 +6,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+#: the most elements one tensor may have at any declared shape (2^28: 1 GiB of float32). The verifier holds
+#: several input draws and poisoned outputs at once; a larger shape would exhaust a runner's memory, so it is
+#: refused at the boundary instead
+MAX_TENSOR_ELEMENTS = 1 << 28
 
 
 class _Strict(BaseModel):
@@ -92,6 +96,7 @@ class ProblemSpec(_Strict):
                 raise ValueError(f"shape {shape} must give exactly the symbols {self.symbols}")
             if any(v < 1 for v in shape.values()):
                 raise ValueError(f"shape {shape}: every size must be >= 1")
+            self._fits(shape)
         names = {t.name for t in self.inputs}
         for dname, d in self.distributions.items():
             if set(d) != names:
@@ -101,6 +106,15 @@ class ProblemSpec(_Strict):
             if unknown := [a for a in abi.args if a not in known]:
                 raise ValueError(f"abi.{target}.args: {unknown} are neither tensors nor symbols")
         return self
+
+    def _fits(self, shape: dict[str, int]) -> None:
+        for t in self.inputs + self.outputs:
+            n = 1
+            for d in t.shape:
+                n *= shape[d] if isinstance(d, str) else d
+            if n > MAX_TENSOR_ELEMENTS:
+                raise ValueError(f"tensor {t.name!r} at shape {shape} has {n} elements, over the limit of "
+                                 f"{MAX_TENSOR_ELEMENTS}: choose smaller shapes")
 
 
 class FamilySpec(_Strict):

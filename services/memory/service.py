@@ -31,7 +31,8 @@ class MemoryService(Service):
         server = None
         if self.grpc_addr:
             server, self.grpc_port = await start_server(
-                self.grpc_addr, sgrpc.add_EvidenceServicer_to_server, "kfactory.v1.Evidence", EvidenceApi(self))
+                self.grpc_addr, sgrpc.add_EvidenceServicer_to_server, "kfactory.v1.Evidence", EvidenceApi(self),
+                settings=self.settings)
             self.ctx.memory_addr = f"127.0.0.1:{self.grpc_port}"
         try:
             async for event, msg in self.bus.follow("memory", stop=stop):

@@ -14,7 +14,7 @@ import time
 import grpc
 
 from kfactory import events as ev
-from kfactory import telemetry
+from kfactory import security, telemetry
 from kfactory.bus import EVENTS_STREAM, ack_quietly
 from kfactory.grpcutil import start_server
 from kfactory.problems import ProblemError
@@ -52,7 +52,8 @@ class PlannerService(Service):
     async def run(self, stop: asyncio.Event) -> None:
         if self.grpc_addr:
             self._server, self.grpc_port = await start_server(
-                self.grpc_addr, sgrpc.add_CampaignsServicer_to_server, "kfactory.v1.Campaigns", CampaignsApi(self))
+                self.grpc_addr, sgrpc.add_CampaignsServicer_to_server, "kfactory.v1.Campaigns", CampaignsApi(self),
+                settings=self.settings)
         try:
             await self._follow(stop)
         finally:
@@ -135,6 +136,11 @@ class PlannerService(Service):
             raise SpecError(f"families: {unknown} not in problem {problem.name} ({list(problem.families)})")
         if spec.budget_candidates and not self._space(spec) and not spec.manual_sources:
             raise SpecError(f"families: problem {problem.name} has no family for target {spec.target}")
+        limit = self.settings.max_source_bytes
+        for m in spec.manual_sources:
+            if len(m.source.encode()) > limit:
+                raise SpecError(f"manual_sources[{m.name}]: {len(m.source.encode())} bytes, over the {limit}-byte "
+                                "limit (KFACTORY_MAX_SOURCE_BYTES)")
         spec.threads = spec.threads or self.settings.threads
         spec.parallel = spec.parallel or 2
         spec.seed = spec.seed or secrets.randbits(32)
@@ -171,7 +177,7 @@ class PlannerService(Service):
         req = spb.PriorsRequest(problem=spec.problem, families=list(space.families), exclude_campaign=cid,
                                 limit=max(spec.warm_start, self.settings.warm_evidence), every_source=True)
         try:
-            async with grpc.aio.insecure_channel(addr) as ch:
+            async with security.channel(addr, self.settings) as ch:
                 resp = await sgrpc.EvidenceStub(ch).Priors(req, timeout=5)
         except grpc.aio.AioRpcError as e:
             self.log.warning("memory unreachable: the campaign starts cold", addr=addr, code=e.code().name)
