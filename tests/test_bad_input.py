@@ -1,0 +1,183 @@
+"""Bad input at every boundary of a running factory (six services in one process over a real nats-server): each
+refused with a reason that says what to fix, nothing crashes, nothing is lost, and a real campaign still runs."""
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from kfactory import events as ev
+from kfactory.app import start_services
+from kfactory.bus import DLQ_STREAM
+from kfactory.services.planner import campaign as campaign_mod
+from kfactory.services.planner.service import SpecError
+from kfactory.v1 import events_pb2 as pb
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tuning_synth import write_spaces  # noqa: E402
+
+
+@pytest.fixture
+def space(tmp_path) -> Path:
+    return write_spaces(tmp_path / "spaces", devices=("GPU0",))[0]
+
+
+def _spec(space: Path, **kw) -> pb.CampaignSpec:
+    base = dict(problem=f"replay:{space}", target=f"replay:{space}", strategy="random", budget_candidates=6,
+                parallel=3, seed=5, warm_start=0)
+    return pb.CampaignSpec(**{**base, **kw})
+
+
+async def _until_finished(running, cid: str, timeout: float = 60) -> pb.CampaignFinished:
+    st = running.services["planner"].campaigns[cid]
+    async with asyncio.timeout(timeout):
+        while st.finished is None:
+            assert running.failed() is None, running.failed()
+            await asyncio.sleep(0.1)
+    return st.finished
+
+
+async def _dead_letters(bus, campaign: str, want: int, timeout: float = 20) -> list[pb.DeadLetter]:
+    """The dead letters of a campaign ('*' for any), once there are `want` of them."""
+    async with asyncio.timeout(timeout):
+        while True:
+            sub = await bus.js.pull_subscribe(f"{ev.DLQ_PREFIX}.*.{campaign}", stream=DLQ_STREAM)
+            out = []
+            try:
+                while True:
+                    msgs = await sub.fetch(50, timeout=0.5)
+                    out += [pb.Event.FromString(m.data).dead_letter for m in msgs]
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                await sub.unsubscribe()
+            if len(out) >= want:
+                return out
+            await asyncio.sleep(0.2)
+
+
+async def test_bad_work_messages_are_dead_lettered_with_what_to_fix(bus_settings, space):
+    settings = bus_settings.model_copy(update={"max_event_bytes": 4096})
+    running = await start_services(settings, grpc=False)
+    try:
+        planner = running.services["planner"]
+        cid = await planner.submit(_spec(space))
+        js = running.ctx.bus.js
+        cand = pb.Candidate(id="b" * 64, campaign_id=cid, problem=f"replay:{space}", target=f"replay:{space}",
+                            family="recorded", point_id="bad", language="replay", source_digest="0" * 64)
+
+        async def send(stage: str, data: bytes, campaign: str = cid, key: str = "") -> None:
+            await js.publish(ev.work_subject(stage, campaign), data, headers={"Nats-Msg-Id": f"bad:{stage}:{key}"})
+
+        created = ev.make_event(cid, "test", cand.id, candidate_created=pb.CandidateCreated(candidate=cand))
+        await send("compiler", b"\x08\x96\x01 garbage", key="garbage")
+        await send("compiler", pb.Event(id="x", campaign_id=cid).SerializeToString(), key="nobody")
+        big = pb.Candidate()
+        big.CopyFrom(cand)
+        big.params_json = "x" * 8000  # over this factory's 4096-byte limit
+        await send("compiler", ev.make_event(cid, "test", "big", candidate_created=pb.CandidateCreated(
+            candidate=big)).SerializeToString(), key="big")
+        await send("compiler", created.SerializeToString(), campaign="cother", key="mismatch")
+        stranger = ev.make_event("cnobody", "test", cand.id, candidate_created=pb.CandidateCreated(candidate=cand))
+        await send("compiler", stranger.SerializeToString(), campaign="cnobody", key="stranger")
+        bad_launch = pb.Candidate()
+        bad_launch.CopyFrom(cand)
+        bad_launch.launch_json = "{grid: 1"
+        await send("verifier", ev.make_event(cid, "test", "launch", compiled=pb.Compiled(
+            candidate=bad_launch)).SerializeToString(), key="launch")
+        finished = await _until_finished(running, cid)
+        assert finished.state == "completed"
+        reasons = [d.reason for d in await _dead_letters(running.ctx.bus, "*", 6)]
+        for expected in ("malformed protobuf", "no body: set one of the fields", "over the 4096-byte limit",
+                         "names another campaign", "unknown campaign 'cnobody'", "launch_json is not JSON"):
+            assert sum(expected in r for r in reasons) == 1, (expected, reasons)
+        assert running.failed() is None  # nothing crashed
+        assert finished.counts.proposed == 6 and finished.counts.measured >= 3  # nothing lost
+    finally:
+        await running.shutdown()
+
+
+async def test_submit_refuses_malformed_specs_naming_the_field(bus_settings, space, tmp_path):
+    settings = bus_settings.model_copy(update={"max_source_bytes": 1024})
+    running = await start_services(settings, names=("planner",), grpc=False)
+    try:
+        planner = running.services["planner"]
+        cases = {
+            "problem:": _spec(space, problem=str(tmp_path / "nowhere")),
+            "target:": _spec(space, target="tpu"),
+            "strategy: unknown 'telepathy'": _spec(space, strategy="telepathy"),
+            "budget: must not be negative": _spec(space, budget_candidates=-1),
+            "budget: give a candidate count": _spec(space, budget_candidates=0),
+            "families: ['nope']": _spec(space, families=["nope"]),
+            "manual_sources[huge]: 2000 bytes, over the 1024-byte limit": _spec(
+                space, manual_sources=[pb.ManualSource(name="huge", source="x" * 2000)]),
+        }
+        for why, spec in cases.items():
+            with pytest.raises(SpecError) as err:
+                await planner.submit(spec)
+            assert why in str(err.value), (why, str(err.value))
+        assert not planner.campaigns  # none of them started
+    finally:
+        await running.shutdown()
+
+
+async def test_an_oversized_source_is_rejected_by_the_coder_not_compiled(bus_settings, space):
+    """A proposal that bypassed the planner's check (an agent's or a template's output is only known at the
+    coder) is rejected with the size and the limit; the campaign goes on."""
+    settings = bus_settings.model_copy(update={"max_source_bytes": 1024})
+    running = await start_services(settings, grpc=False)
+    try:
+        cid = await running.services["planner"].submit(_spec(space))
+        pp = pb.PointProposed(point_id="oversized", family="manual", params_json="{}", problem=f"replay:{space}",
+                              target=f"replay:{space}", origin="manual:huge",
+                              manual=pb.ManualSource(name="huge", source="y" * 5000, language="replay"))
+        await running.ctx.bus.send_work("coder", ev.make_event(cid, "test", "oversized", point_proposed=pp))
+        await _until_finished(running, cid)
+        archive = running.services["memory"].archive
+        async with asyncio.timeout(10):
+            while not (rows := archive.q("SELECT reason, message FROM outcomes WHERE point_id='oversized'")):
+                await asyncio.sleep(0.1)
+        assert rows == [("INVALID_POINT", "the source is 5000 bytes, over the 1024-byte limit "
+                                          "(KFACTORY_MAX_SOURCE_BYTES): write a smaller kernel")]
+        assert not archive.q("SELECT 1 FROM events WHERE kind='candidate_created' AND campaign=? AND "
+                             "candidate IN (SELECT candidate FROM outcomes WHERE point_id='oversized')", (cid,))
+    finally:
+        await running.shutdown()
+
+
+class _Exploding:
+    """A strategy that breaks: in construction, or at its first tell."""
+
+    def __init__(self, when: str):
+        if when == "construction":
+            raise RuntimeError("boom in __init__")
+        self.seen, self.asked = set(), 0
+
+    def ask(self):
+        from kfactory.strategies import Point
+        self.asked += 1
+        return Point("recorded", '{"block_x": 64, "block_y": %d, "tile": 2, "shmem": 1}' % self.asked)
+
+    def tell(self, point, score):
+        raise ZeroDivisionError("boom in tell")
+
+
+@pytest.mark.parametrize("when", ["construction", "tell"])
+async def test_a_strategy_that_raises_fails_its_campaign_not_the_planner(bus_settings, space, monkeypatch, when):
+    real = campaign_mod.make_strategy
+    monkeypatch.setattr(campaign_mod, "make_strategy",
+                        lambda name, *a, **k: _Exploding(when) if name == "grid" else real(name, *a, **k))
+    running = await start_services(bus_settings, grpc=False)
+    try:
+        planner = running.services["planner"]
+        bad = await planner.submit(_spec(space, strategy="grid"))
+        finished = await _until_finished(running, bad)
+        assert finished.state == "failed"
+        assert finished.reason.startswith(f"strategy 'grid' failed in {when}: ")
+        assert ("RuntimeError: boom in __init__" if when == "construction" else "ZeroDivisionError") in finished.reason
+        good = await planner.submit(_spec(space))  # the planner goes on serving
+        assert (await _until_finished(running, good)).state == "completed"
+    finally:
+        await running.shutdown()
