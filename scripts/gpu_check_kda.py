@@ -1,6 +1,7 @@
 """The GPU-side check for KDA (called by scripts/gpu_check.sh after gpu_check.py).
 
-1. A campaign of the kda problem on the cuda target through the real services (as gpu_check.py runs softmax
+1. A campaign of the kda_bf16 problem (kda with bf16 q, k, v, beta and o, as FLA takes them: its chunk kernels
+   refuse fp32 q/k/v) on the cuda target through the real services (as gpu_check.py runs softmax
    and RMSNorm): GPU-sized shapes of the recurrent family's domain (a large-batch decoding step with a carried
    state, a 1024-token prefill at Kimi Linear's 32 heads), verified against the float64 reference on the
    package's small verify shapes; the campaign's measurements include FLA's fused_recurrent_kda and chunk_kda
@@ -8,8 +9,7 @@
 2. The public shapes (docs/kda.md: FLA's benchmark registry and the H64 T8192 shape of the published H200
    figures), where the float64 reference would cost minutes on the host: the campaign's best kernel and the
    cuda reference kernel timed interleaved with the baselines by the cuda target's runner, and the kernel's
-   o and final state compared with FLA's (relative RMS error <= 0.005, FLA's own bar). All tensors are fp32
-   here (the problem's dtype); FLA's published figures are bf16, so the ratios are for fp32 io.
+   o and final state compared with FLA's (relative RMS error <= 0.005, FLA's own bar).
 
 Results go to $OUT/kda_check.json (the campaign's own JSON to $OUT/kda.json) when OUT is set.
 Environment: KF_GPU_BUDGET (candidates, default 12), KF_KDA_CAMPAIGN_S (default 200), KF_KDA_PUBLIC
@@ -47,11 +47,11 @@ FLA_RMS_BAR = 0.005
 
 
 def package(work: Path) -> Path:
-    """A copy of the kda package with GPU-sized optimisation shapes and fewer distributions."""
+    """A copy of the kda_bf16 package with the check's optimisation shapes and fewer distributions."""
     from kfactory.problems import BUILTIN_DIR
 
-    dst = work / "kda"
-    shutil.copytree(BUILTIN_DIR / "kda", dst)
+    dst = work / "kda_bf16"
+    shutil.copytree(BUILTIN_DIR / "kda_bf16", dst)
     spec = yaml.safe_load((dst / "problem.yaml").read_text())
     spec["shapes"]["optimize"] = CAMPAIGN_SHAPES
     spec["distributions"] = {k: v for k, v in spec["distributions"].items() if k in DISTRIBUTIONS}

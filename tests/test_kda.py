@@ -227,9 +227,10 @@ def test_cuda_reference_and_family_sample_compile_without_spills(kda, arch):
 
 
 @pytest.mark.slow
-def test_every_cuda_point_compiles_for_sm90a_without_spills(kda):
+@pytest.mark.parametrize("name", ["kda", "kda_bf16"])
+def test_every_cuda_point_compiles_for_sm90a_without_spills(name):
     pytest.importorskip("cuda.bindings")
-    fam = kda.families["cuda_recurrent"]
+    fam = load_problem(name).families["cuda_recurrent"]
     bad = [(p, r.message, s) for p in fam.points() for r, s in [_compile(*fam.render(p)[:2], "sm_90a")]
            if not r.ok or s]
     assert bad == []
@@ -265,3 +266,55 @@ def test_a_cpu_campaign_finds_a_verified_kernel_faster_than_the_reference(tmp_pa
     best = result["best"]
     assert best["family"] == "cpu_recurrent" and best["speedup_vs_reference"] > 1.0
     assert set(best["shapes"]) == {"1x1024x4x4x128x128", "8x1x32x32x128x128"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# kda_bf16: the same operation with bf16 activations (the problem compared with FLA on a GPU)
+
+
+def test_kda_bf16_shares_kda_reference_shapes_and_distributions(kda):
+    bf = load_problem("kda_bf16")
+    assert bf.spec.distributions == kda.spec.distributions and bf.spec.shapes.verify == kda.spec.shapes.verify
+    assert {t.name: t.dtype for t in bf.spec.inputs} == {"q": "bfloat16", "k": "bfloat16", "v": "bfloat16",
+                                                         "g": "float32", "beta": "bfloat16", "h0": "float32"}
+    x = draw(bf, dict(B=1, T=5, H=1, HV=2, K=16, V=8), "normal", 2)
+    ref = bf.reference.reference(x)
+    o, ht = kda.reference.recurrence(*(x[n].astype(np.float64) for n in ("q", "k", "v", "g", "beta", "h0")),
+                                     l2norm_qk=True)
+    np.testing.assert_array_equal(ref["o"], o)
+    np.testing.assert_array_equal(ref["ht"], ht)
+    assert bf.reference.baselines() == {}
+
+
+def test_kda_bf16_tolerance_passes_fp32_kernels_and_fails_wrong_ones():
+    """An fp32 recurrence that rounds o to bf16 once passes on every distribution (norm ~1.6e-3 of the 4e-3
+    bound); the same kernel without the decay fails."""
+    import ml_dtypes
+    bf = load_problem("kda_bf16")
+    R, tol = bf.reference, bf.spec.tolerance
+    shape = dict(B=2, T=40, H=2, HV=4, K=64, V=32)
+    args = ("q", "k", "v", "g", "beta", "h0")
+    for dist in bf.spec.distributions:
+        x = draw(bf, shape, dist, 9)
+        ref = R.reference(x)
+        o, ht = R.recurrence(*(x[n] for n in args), l2norm_qk=True, dtype=np.float32)
+        co = compare(o.astype(ml_dtypes.bfloat16), ref["o"], **tol["bfloat16"].model_dump())
+        ch = compare(ht, ref["ht"], **tol["float32"].model_dump())
+        assert co.passed and co.norm_rel_err < 0.6 * tol["bfloat16"].norm_rel and ch.passed, (dist, co, ch)
+    x = draw(bf, shape, "normal", 10)
+    o, _ = R.recurrence(*(dict(x, g=np.zeros_like(x["g"]))[n] for n in args), l2norm_qk=True, dtype=np.float32)
+    assert not compare(o.astype(ml_dtypes.bfloat16), R.reference(x)["o"], **tol["bfloat16"].model_dump()).passed
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_kda_bf16_cuda_kernels_compile_without_spills(arch):
+    pytest.importorskip("cuda.bindings")
+    bf = load_problem("kda_bf16")
+    r, spills = _compile(*bf.reference_source("cuda"), arch)
+    assert r.ok and spills == 0, r.message
+    fam = bf.families["cuda_recurrent"]
+    for p in random.Random(6).sample(fam.points(), 4):
+        source, flags, _ = fam.render(p)
+        assert "typedef unsigned short io_t" in source
+        r, spills = _compile(source, flags, arch)
+        assert r.ok and spills == 0, (p, r.message, spills)
