@@ -75,6 +75,20 @@ def test_l2norm_option_equals_normalised_inputs_and_zero_state_equals_none(kda):
         R.recurrence(x["q"], x["k"], x["v"][:, :, :3], x["g"][:, :, :3], x["beta"][:, :, :3])
 
 
+@pytest.mark.parametrize("dist", ["normal", "fast_decay", "slow_decay", "no_state"])
+def test_chunked_wy_form_equals_the_recurrence(kda, dist):
+    """The chunked algorithm of the fast kernels (chunk 64 and 16; ragged last chunk; T shorter than a chunk)
+    agrees with the token-by-token recurrence to rounding, also where exp(g) underflows (fast_decay)."""
+    R = kda.reference
+    for T, chunk in ((100, 64), (100, 16), (7, 64)):
+        x = draw(kda, dict(B=2, T=T, H=1, HV=2, K=16, V=12), dist, T)
+        a = [x[n] for n in ("q", "k", "v", "g", "beta", "h0")]
+        o1, s1 = R.recurrence(*a, l2norm_qk=True)
+        o2, s2 = R.chunked(*a, l2norm_qk=True, chunk=chunk)
+        np.testing.assert_allclose(o2, o1, rtol=1e-9, atol=1e-12 * np.abs(o1).max())
+        np.testing.assert_allclose(s2, s1, rtol=1e-9, atol=1e-12 * np.abs(s1).max())
+
+
 def test_distributions_draw_realistic_gates(kda):
     shape = dict(B=2, T=64, H=2, HV=4, K=32, V=16)
     for dist in kda.spec.distributions:

@@ -54,6 +54,52 @@ def recurrence(q, k, v, g, beta, h0=None, scale: float | None = None, l2norm_qk:
     return o, S
 
 
+def chunked(q, k, v, g, beta, h0=None, scale: float | None = None, l2norm_qk: bool = False,
+            chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """The same (o, final state) by the chunked (WY) form that fast kernels use, in float64: within a chunk,
+    with G the inclusive cumulative sum of g, L[i, j] = sum_d k_i k_j exp(G_i - G_j) (j < i),
+    delta = (I + diag(beta) L)^-1 diag(beta) (V - (K exp G) S0), o = (q exp G) S0 + Aqk delta with
+    Aqk[i, j] = sum_d q_i k_j exp(G_i - G_j) (j <= i), S = diag(exp G_last) S0 + (K exp(G_last - G))^T delta.
+    Every exponent is a difference G_i - G_j with j <= i (never positive), so nothing overflows for any gate.
+    The algorithm the chunked kernels implement, checked against `recurrence` in tests/test_kda.py."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else scale
+    q, k = q.astype(np.float64), k.astype(np.float64)
+    if l2norm_qk:
+        q, k = l2norm(q), l2norm(k)
+    q, k = _heads(q, HV) * scale, _heads(k, HV)
+    S = np.zeros((B, HV, K, V)) if h0 is None else h0.astype(np.float64).copy()
+    o = np.empty((B, T, HV, V))
+    for lo in range(0, T, chunk):
+        hi = min(T, lo + chunk)
+        # [B, HV, C, .] slices of the chunk
+        qc, kc = (x[:, lo:hi].transpose(0, 2, 1, 3) for x in (q, k))
+        vc = v[:, lo:hi].astype(np.float64).transpose(0, 2, 1, 3)
+        bc = beta[:, lo:hi].astype(np.float64).transpose(0, 2, 1)
+        G = np.cumsum(g[:, lo:hi].astype(np.float64), axis=1).transpose(0, 2, 1, 3)
+        o[:, lo:hi], S = _chunk_step(qc, kc, vc, bc, G, S)
+    return o, S
+
+
+def _chunk_step(qc, kc, vc, bc, G, S0):
+    """(o [B, C, HV, V], state after the chunk) of one chunk; every array is [B, HV, C, .]."""
+    C = qc.shape[2]
+    below = np.tril(np.ones((C, C), bool), -1)
+    decay = np.exp(np.where((below | np.eye(C, dtype=bool))[..., None],
+                            G[:, :, :, None, :] - G[:, :, None, :, :], -np.inf))   # [B, HV, C, C, K]
+    L = np.einsum("bhid,bhjd,bhijd->bhij", kc, kc, decay) * below
+    Aqk = np.einsum("bhid,bhjd,bhijd->bhij", qc, kc, decay)
+    A = np.eye(C) + bc[..., :, None] * L
+    eG = np.exp(G)
+    rhs = bc[..., None] * (vc - (kc * eG) @ S0)
+    delta = np.linalg.solve(A, rhs)
+    o = (qc * eG) @ S0 + Aqk @ delta
+    last = G[:, :, -1:, :]
+    S = np.exp(last[:, :, 0, :])[..., None] * S0 + (kc * np.exp(last - G)).transpose(0, 1, 3, 2) @ delta
+    return o.transpose(0, 2, 1, 3), S
+
+
 def reference(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The problem's outputs in float64: o and the final state ht."""
     o, ht = recurrence(inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], inputs["h0"],
