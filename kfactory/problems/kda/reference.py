@@ -7,7 +7,7 @@ Linear calls it) and uses scale = K ** -0.5; `recurrence` takes both as options.
 
 Baselines (cpu): "numpy", the same recurrence in float32 numpy; "torch", the recurrence as a torch user writes it
 (only where torch is importable). On a GPU (`cuda_baselines`): FLA's fused_recurrent_kda and chunk_kda when
-fla-core is importable, the torch recurrence on the device otherwise.
+fla-core is importable (bf16 inputs only: kda_bf16 declares them), and the torch recurrence on the device.
 """
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def baselines() -> dict:
 
 
 def _fla_kda():
-    """FLA's kernels {name: (fn, mode)} where fla-core imports; {} otherwise (no GPU, no Triton, no fla)."""
+    """FLA's kernels {name: fn} where fla-core imports; {} otherwise (no GPU, no Triton, no fla)."""
     try:
         from fla.ops.kda import chunk_kda, fused_recurrent_kda
     except Exception:   # ImportError, or Triton failing to initialise without a driver
@@ -184,9 +184,9 @@ def _fla_kda():
 
 
 def cuda_baselines() -> dict:
-    """On a GPU: name -> fn(ins, outs) over dicts of torch CUDA tensors, writing outs["o"] and outs["ht"].
+    """On a GPU: name -> fn(ins, outs) over dicts of torch CUDA tensors, writing outs["o"] and outs["ht"]:
     FLA's fused_recurrent_kda and chunk_kda where importable (called with the problem's options: scale
-    K^-0.5, initial state, final state out, in-kernel q/k L2 norm), the torch recurrence otherwise."""
+    K^-0.5, initial state, final state out, in-kernel q/k L2 norm), and the torch recurrence."""
     try:
         import torch
     except ImportError:
@@ -194,18 +194,18 @@ def cuda_baselines() -> dict:
     if not torch.cuda.is_available():
         return {}
     found = {}
-    for name, fn in _fla_kda().items():
+    for name, fn in _fla_kda().items():   # FLA's chunk kernels refuse fp32 q/k/v: kda_bf16 declares these
         def run(ins, outs, fn=fn):
             o, ht = fn(q=ins["q"], k=ins["k"], v=ins["v"], g=ins["g"], beta=ins["beta"],
                        initial_state=ins["h0"], output_final_state=True, use_qk_l2norm_in_kernel=L2NORM_QK)
             outs["o"].copy_(o)
             outs["ht"].copy_(ht)
         found[name] = run
-    if not found:
-        def run_torch(ins, outs):
-            o, ht = torch_recurrence(torch, ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], ins["h0"],
-                                     l2norm_qk=L2NORM_QK)
-            outs["o"].copy_(o)
-            outs["ht"].copy_(ht)
-        found["torch"] = run_torch
+
+    def run_torch(ins, outs):
+        o, ht = torch_recurrence(torch, ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], ins["h0"],
+                                 l2norm_qk=L2NORM_QK)
+        outs["o"].copy_(o)
+        outs["ht"].copy_(ht)
+    found["torch"] = run_torch
     return found
