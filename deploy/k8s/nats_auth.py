@@ -1,9 +1,9 @@
 """Write deploy/k8s/base/nats/auth.conf: one NATS user per service, allowed only the subjects its code uses.
 
-The subjects come from kfactory's own constants (streams, subject prefixes, the work stages and the agent
-personas' stages), so a new stage or persona shows up here; which event kinds each service publishes is the table
-below. tests/test_deploy_nats.py fails when the committed file differs from what this writes, and runs a campaign
-with these users against a real nats-server. Run: python deploy/k8s/nats_auth.py
+The users and their subjects come from kfactory.security.PERMISSIONS, the one table the embedded server and the
+tests use too; the passwords are environment variables of the NATS pods ($KF_NATS_<USER>_PASSWORD), filled from
+the kfactory-nats Secret. tests/test_deploy_nats.py fails when the committed file differs from what this writes,
+and runs a campaign with these users against a real nats-server. Run: python deploy/k8s/nats_auth.py
 """
 from __future__ import annotations
 
@@ -11,98 +11,34 @@ import sys
 from pathlib import Path
 
 from kfactory import events as ev
-from kfactory.agents import PERSONAS, persona_stage
 from kfactory.bus import ARTIFACT_BUCKET, DLQ_STREAM, EVENTS_STREAM, WORK_STREAM
+from kfactory.security import PERMISSIONS, nats_authorization
 
 OUT = Path(__file__).parent / "base" / "nats" / "auth.conf"
-OBJ_STREAM = f"OBJ_{ARTIFACT_BUCKET}"
-
-#: service -> (what it does, event kinds it publishes, stages it queues work for, stages it consumes, follows events)
-SERVICES: dict[str, tuple[str, list[str], list[str], list[str], bool]] = {
-    "planner": ("campaigns: proposals, the final comparison, the fold over every event, every stage's lag",
-                ["campaign_started", "point_proposed", "compare_request", "campaign_finished"],
-                ["coder", "benchmarker", *(persona_stage(p) for p in PERSONAS)], [], True),
-    "coder": ("design point -> candidate (writes the source); the agent personas' consumers",
-              ["candidate_created", "rejected"], ["compiler"], ["coder", *(persona_stage(p) for p in PERSONAS)],
-              False),
-    "compiler": ("candidate -> artifact or a compile failure; never a verdict",
-                 ["compiled", "compile_failed"], ["verifier"], ["compiler"], False),
-    "verifier": ("artifact -> verdict", ["verified", "rejected"], ["benchmarker"], ["verifier"], False),
-    "benchmarker": ("verified artifact -> measurement; the final comparisons",
-                    ["measured", "rejected", "comparison"], [], ["benchmarker"], False),
-    "memory": ("reads every event, publishes none", [], [], [], True),
-}
-#: services that write artifacts (sources, objects, logs) to the object store
-WRITERS = {"coder", "compiler"}
+#: the users of auth.conf: the services, plus an operator with every permission (the nats CLI, backups)
+USERS = (*PERMISSIONS, "admin")
 
 
-def common() -> list[str]:
-    """Every service: find or create the four streams (whichever starts first creates them), read artifacts."""
-    streams = [WORK_STREAM, EVENTS_STREAM, DLQ_STREAM, OBJ_STREAM]
-    return (["$JS.API.INFO"] + [f"$JS.API.STREAM.INFO.{s}" for s in streams]
-            + [f"$JS.API.STREAM.CREATE.{s}" for s in streams]
-            + [f"$JS.API.STREAM.MSG.GET.{OBJ_STREAM}", f"$JS.API.DIRECT.GET.{OBJ_STREAM}.>",
-               f"$JS.API.CONSUMER.CREATE.{OBJ_STREAM}", f"$JS.API.CONSUMER.CREATE.{OBJ_STREAM}.>",
-               f"$JS.API.CONSUMER.DELETE.{OBJ_STREAM}.>", f"$JS.FC.{OBJ_STREAM}.>"])
-
-
-def writer() -> list[str]:
-    return [f"$O.{ARTIFACT_BUCKET}.C.>", f"$O.{ARTIFACT_BUCKET}.M.>", f"$JS.API.STREAM.PURGE.{OBJ_STREAM}"]
-
-
-def follower() -> list[str]:
-    """Reading the events stream from its start (the planner's fold, memory's archive, the Watch RPC)."""
-    s = EVENTS_STREAM
-    return [f"$JS.API.CONSUMER.CREATE.{s}", f"$JS.API.CONSUMER.CREATE.{s}.>", f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.>",
-            f"$JS.API.CONSUMER.INFO.{s}.>", f"$JS.API.CONSUMER.MSG.NEXT.{s}.>", f"$JS.API.CONSUMER.DELETE.{s}.>",
-            f"$JS.ACK.{s}.>"]
-
-
-def consumer(stage: str) -> list[str]:
-    """A stage's durable pull consumer on the work stream, its acks, and its dead letters."""
-    s = WORK_STREAM
-    return [f"$JS.API.CONSUMER.CREATE.{s}.{stage}", f"$JS.API.CONSUMER.CREATE.{s}.{stage}.>",
-            f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.{stage}", f"$JS.API.CONSUMER.INFO.{s}.{stage}",
-            f"$JS.API.CONSUMER.MSG.NEXT.{s}.{stage}", f"$JS.ACK.{s}.{stage}.>", f"{ev.DLQ_PREFIX}.{stage}.>"]
-
-
-def publish_list(service: str) -> list[str]:
-    """Every subject the service may publish to."""
-    _, kinds, sends, consumes, follows = SERVICES[service]
-    subjects = common() + (writer() if service in WRITERS else []) + (follower() if follows else [])
-    for stage in consumes:
-        subjects += consumer(stage)
-    if consumes:
-        subjects.append(ev.event_subject("dead_letter", ">"))
-    if service == "planner":  # it reads every stage's lag for the metrics
-        subjects.append(f"$JS.API.CONSUMER.INFO.{WORK_STREAM}.*")
-    subjects += [ev.event_subject(k, ">") for k in kinds] + [ev.work_subject(s, ">") for s in sends]
-    return list(dict.fromkeys(subjects))
+def password_variable(user: str) -> str:
+    """The NATS pods' environment variable holding `user`'s password."""
+    return f"KF_NATS_{user.upper()}_PASSWORD"
 
 
 def render() -> str:
     """The auth.conf text."""
-    lines = [
-        "# Generated by deploy/k8s/nats_auth.py from kfactory's subjects; edit that, not this.",
+    head = [
+        "# Generated by deploy/k8s/nats_auth.py from kfactory.security.PERMISSIONS; edit that, not this.",
         "# One NATS user per service, each allowed to publish only the subjects its code uses:",
         f"#   work          {ev.WORK_PREFIX}.<stage>.<campaign>  stream {WORK_STREAM} (durable consumer = stage)",
         f"#   events        {ev.EVT_PREFIX}.<kind>.<campaign>    stream {EVENTS_STREAM} (<kind> = the Event's body)",
         f"#   dead letters  {ev.DLQ_PREFIX}.<stage>.<campaign>   stream {DLQ_STREAM}",
-        f"#   artifacts     object store {ARTIFACT_BUCKET}        stream {OBJ_STREAM}",
+        f"#   artifacts     object store {ARTIFACT_BUCKET}",
         "# A compiler may publish compiled results and compile failures, never verdicts or measurements.",
-        "# Passwords come from the NATS pods' environment, filled from the kfactory-nats Secret.",
-        "authorization {",
-        "  users: [",
+        "# Passwords are the NATS pods' environment variables, filled from the kfactory-nats Secret; admin may do all.",
     ]
-    for name, (what, *_rest) in SERVICES.items():
-        lines += [f"    # {name}: {what}",
-                  f"    {{user: {name}, password: $KF_NATS_{name.upper()}_PASSWORD, permissions: {{",
-                  "      publish: ["]
-        lines += [f'        "{s}"' for s in publish_list(name)]
-        lines += ["      ]", '      subscribe: ["_INBOX.>"]', "    }}"]
-    lines += ["    # operators (the nats CLI, backups): everything",
-              "    {user: admin, password: $KF_NATS_ADMIN_PASSWORD}", "  ]", "}", ""]
-    return "\n".join(lines)
+    block = nats_authorization({s: password_variable(s) for s in PERMISSIONS},
+                               admin_password=password_variable("admin"), as_variables=True)
+    return "\n".join(head) + "\n" + block
 
 
 def main() -> int:

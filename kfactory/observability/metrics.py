@@ -31,8 +31,7 @@ WORK_SECONDS = Histogram("kfactory_work_seconds", "Time of a candidate's own wor
                          ["service", "work"], buckets=_LATENCY_BUCKETS)
 MESSAGES = Counter("kfactory_stage_messages", "Messages a stage settled, by outcome (ack, nak, term, error)",
                    ["stage", "outcome"])
-WORK_LAG = Gauge("kfactory_work_lag_messages", "Messages waiting for a stage's consumer (not yet delivered)",
-                 ["stage"])
+WORK_LAG = Gauge("kfactory_work_lag_messages", "Work messages of a stage not yet delivered to it", ["stage"])
 ACK_PENDING = Gauge("kfactory_work_ack_pending", "Messages a stage's consumer holds unacknowledged", ["stage"])
 REJECTIONS = Counter("kfactory_rejections", "Candidates rejected, by stage and typed reason", ["stage", "reason"])
 DEVICE_BUSY = Counter("kfactory_device_busy_seconds", "Seconds a device lease was held", ["device"])
@@ -158,20 +157,39 @@ def serve(port: int, host: str = "0.0.0.0") -> int:
     return server.server_port
 
 
-async def poll_lag(js, consumers: list[tuple[str, str, str]], interval_s: float, stop: asyncio.Event) -> None:
-    """Keep the lag gauges of (stream, consumer, label) current until `stop` is set (one query each per interval).
+async def stage_backlog(js, stream: str, stage: str) -> tuple[int, int]:
+    """(messages waiting to be delivered, messages delivered but not yet acknowledged) of a stage's work.
 
-    A consumer that does not exist yet, or a NATS that is reconnecting, leaves its gauges at their last reading.
-    """
+    Read from the work stream's per-subject counts (work-queue retention keeps a message until it is acked), so
+    a stage whose consumer does not exist yet, or whose pods are all down, still shows its backlog."""
+    info = await js.stream_info(stream, subjects_filter=f"{ev.WORK_PREFIX}.{stage}.>")
+    stored = sum((info.state.subjects or {}).values())
+    try:
+        in_flight = (await js.consumer_info(stream, stage)).num_ack_pending or 0
+    except nats.js.errors.NotFoundError:
+        in_flight = 0
+    return max(0, stored - in_flight), in_flight
+
+
+async def follower_backlog(js, stream: str, consumer: str) -> tuple[int, int]:
+    """(waiting, unacknowledged) of a durable consumer of the events stream (limits retention)."""
+    info = await js.consumer_info(stream, consumer)
+    return info.num_pending or 0, info.num_ack_pending or 0
+
+
+async def poll_lag(js, readers: dict[str, object], interval_s: float, stop: asyncio.Event) -> None:
+    """Keep the lag gauges current until `stop` is set: `readers` maps a label to a coroutine function of js
+    returning (waiting, unacknowledged). One that cannot answer now (NATS reconnecting, a consumer not made
+    yet) leaves its gauges at their last reading."""
     while not stop.is_set():
-        for stream, consumer, label in consumers:
+        for label, read in readers.items():
             try:
-                info = await js.consumer_info(stream, consumer, timeout=max(1.0, interval_s))
+                waiting, in_flight = await read(js)
             except (nats.js.errors.NotFoundError, nats.errors.Error, asyncio.TimeoutError) as e:
-                log.debug("consumer lag unavailable", consumer=consumer, error=repr(e))
+                log.debug("lag unavailable", stage=label, error=repr(e))
                 continue
-            WORK_LAG.labels(label).set(info.num_pending or 0)
-            ACK_PENDING.labels(label).set(info.num_ack_pending or 0)
+            WORK_LAG.labels(label).set(waiting)
+            ACK_PENDING.labels(label).set(in_flight)
         try:
             await asyncio.wait_for(stop.wait(), interval_s)
         except asyncio.TimeoutError:

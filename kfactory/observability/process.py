@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Callable
 
 from kfactory import events as ev
 from kfactory import telemetry
+from kfactory.agents import PERSONAS, persona_stage
 from kfactory.bus import EVENTS_STREAM, WORK_STREAM
 from kfactory.config import Settings
 from kfactory.log import get_logger
@@ -37,12 +39,18 @@ async def start_health(settings: Settings, is_ready: Callable[[], bool],
 
 
 def start_lag_poller(settings: Settings, bus, service: str, stop: asyncio.Event) -> asyncio.Task | None:
-    """In the planner's process, with metrics on: read every stage's consumer lag (and memory's on the events
-    stream). One process reports them all, so a stage whose pods are all down still shows its queue growing."""
+    """In the planner's process, with metrics on: read every stage's backlog (and memory's on the events stream).
+    One process reports them all, so a stage whose pods are all down still shows its queue growing."""
     if service != "planner" or settings.metrics_port is None:
         return None
-    from kfactory.agents import PERSONAS, persona_stage
+    readers = {stage: partial(_stage_lag, stage) for stage in (*ev.STAGES, *(persona_stage(p) for p in PERSONAS))}
+    readers["memory"] = _memory_lag
+    return asyncio.create_task(metrics.poll_lag(bus.js, readers, settings.metrics_poll_s, stop))
 
-    stages = [*ev.STAGES, *(persona_stage(p) for p in PERSONAS)]
-    consumers = [(WORK_STREAM, stage, stage) for stage in stages] + [(EVENTS_STREAM, "memory", "memory")]
-    return asyncio.create_task(metrics.poll_lag(bus.js, consumers, settings.metrics_poll_s, stop))
+
+async def _stage_lag(stage: str, js) -> tuple[int, int]:
+    return await metrics.stage_backlog(js, WORK_STREAM, stage)
+
+
+async def _memory_lag(js) -> tuple[int, int]:
+    return await metrics.follower_backlog(js, EVENTS_STREAM, "memory")

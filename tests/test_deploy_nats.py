@@ -1,0 +1,204 @@
+"""The deploy's NATS and Redis configuration on real servers: the users' permissions hold and refuse, KEDA's
+triggers name consumers that exist where the scaler looks, messages fit max_payload, Redis wants its password."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+import yaml
+
+from kfactory import events as ev
+from kfactory.agents import PERSONAS, persona_stage
+from kfactory.bus import Ack, Bus, WORK_STREAM
+from kfactory.problems import BUILTIN_DIR
+from kfactory.v1 import events_pb2 as pb
+from secured_nats import NATS_DIR, SecuredNats, free_port
+
+K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
+sys.path.insert(0, str(K8S))
+import nats_auth  # noqa: E402
+
+
+@pytest.fixture
+def secured(tmp_path):
+    server = SecuredNats(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_auth_conf_is_what_nats_auth_py_writes():
+    assert (NATS_DIR / "auth.conf").read_text() == nats_auth.render(), \
+        "deploy/k8s/base/nats/auth.conf is stale: run python deploy/k8s/nats_auth.py"
+
+
+async def _connect(server: SecuredNats, user: str) -> Bus:
+    return await Bus.connect(server.url, f"test-{user}", user=user, password=server.passwords[user])
+
+
+async def _refused(bus: Bus, subject: str) -> bool:
+    import nats.errors
+
+    try:
+        await bus.js.publish(subject, b"x", timeout=1.0)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        return True
+    return False
+
+
+async def test_each_service_publishes_its_results_and_no_one_elses(secured):
+    compiler, planner, memory = [await _connect(secured, u) for u in ("compiler", "planner", "memory")]
+    try:
+        await compiler.js.publish(ev.event_subject("compiled", "c1"), b"x", timeout=2.0)
+        await compiler.js.publish(ev.work_subject("verifier", "c1"), b"x", timeout=2.0)
+        assert await _refused(compiler, ev.event_subject("verified", "c1"))
+        assert await _refused(compiler, ev.event_subject("measured", "c1"))
+        assert await _refused(compiler, ev.work_subject("benchmarker", "c1"))
+        assert await _refused(planner, ev.event_subject("measured", "c1"))
+        assert await _refused(memory, ev.event_subject("campaign_started", "c1"))
+    finally:
+        for b in (compiler, planner, memory):
+            await b.close()
+    refused = secured.violations()
+    assert len(refused) == 5 and all("Publish" in line for line in refused), refused
+    assert any('"kf.v1.evt.verified.c1"' in line and "compiler" in line for line in refused)
+
+
+async def test_keda_triggers_name_consumers_that_exist_in_account_g(secured):
+    """The triggers' (account, stream, consumer) as the scaler reads them from the monitoring endpoint, once the
+    services that own those consumers have started consuming with their own users."""
+    scaled = [d for d in yaml.safe_load_all((K8S / "keda" / "scaledobjects.yaml").read_text())]
+    triggers = [t["metadata"] for so in scaled for t in so["spec"]["triggers"]]
+    owners = {"coder": ["coder", *(persona_stage(p) for p in PERSONAS)], "compiler": ["compiler"]}
+    stop = asyncio.Event()
+
+    async def noop(d):
+        return Ack()
+    buses, tasks = [], []
+    for user, stages in owners.items():
+        bus = await _connect(secured, user)
+        buses.append(bus)
+        tasks += [asyncio.create_task(bus.consume(stage, noop, 1, stop)) for stage in stages]
+    try:
+        for _ in range(50):
+            jsz = _jsz(secured, triggers[0]["account"])
+            if len(jsz) >= len(triggers):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        for b in buses:
+            await b.close()
+    for md in triggers:
+        assert (md["stream"], md["consumer"]) in jsz, (md, jsz)
+    assert {md["consumer"] for md in triggers} == {s for stages in owners.values() for s in stages}
+    assert all(md["stream"] == WORK_STREAM for md in triggers)
+    assert secured.violations() == []
+
+
+def _jsz(server: SecuredNats, account: str) -> set[tuple[str, str]]:
+    url = f"http://127.0.0.1:{server.http_port}/jsz?acc={urllib.request.quote(account)}&consumers=true&config=true"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        data = json.load(r)
+    return {(s["name"], c["name"]) for a in data.get("account_details", []) if a["name"] == account
+            for s in a.get("stream_detail", []) for c in s.get("consumer_detail", [])}
+
+
+def _max_payload() -> int:
+    m = re.search(r"^max_payload: (\d+)MB$", (NATS_DIR / "nats.conf").read_text(), re.M)
+    return int(m.group(1)) * 2 ** 20
+
+
+def test_the_largest_messages_fit_max_payload():
+    """Events carry digests, not artifacts; the largest carry a whole kernel source: a proposal of a hand-written
+    kernel, and the dead letter that would wrap it. The largest source shipped (a family template) stands in for
+    a big kernel; the object store's chunks are the other large messages."""
+    from nats.js.object_store import OBJ_DEFAULT_CHUNK_SIZE
+
+    sources = sorted((p for p in BUILTIN_DIR.rglob("*") if p.suffix in (".c", ".cu", ".j2", ".cpp", ".ptx")),
+                     key=lambda p: p.stat().st_size)
+    source = sources[-1].read_text()
+    pp = pb.PointProposed(point_id="p" * 24, family="f", params_json="{}", problem="softmax", target="cuda:sm_90a",
+                          origin="manual:big", manual=pb.ManualSource(name="big", source=source))
+    proposal = ev.make_event("c" * 13, "planner", "p" * 24, point_proposed=pp).SerializeToString()
+    started = ev.make_event("c" * 13, "planner", "start", campaign_started=pb.CampaignStarted(
+        spec=pb.CampaignSpec(problem="softmax", manual_sources=[pp.manual] * 4))).SerializeToString()
+    dead = ev.make_event("c" * 13, "coder", "k", dead_letter=pb.DeadLetter(
+        stage="coder", subject="kf.v1.work.coder.c", reason="x" * 200, payload=proposal)).SerializeToString()
+    largest = max(len(proposal), len(started), len(dead), OBJ_DEFAULT_CHUNK_SIZE)
+    print(f"largest source {len(source)} B; proposal {len(proposal)} B, start with 4 sources {len(started)} B, "
+          f"dead letter {len(dead)} B, object chunk {OBJ_DEFAULT_CHUNK_SIZE} B; max_payload {_max_payload()} B")
+    assert largest * 4 <= _max_payload()
+
+
+def test_nats_conf_and_auth_conf_are_valid_for_the_server(tmp_path):
+    from kfactory.natsd import nats_server_binary
+    from secured_nats import local_conf
+
+    (tmp_path / "auth.conf").write_text((NATS_DIR / "auth.conf").read_text())
+    conf = tmp_path / "nats.conf"
+    conf.write_text(local_conf((NATS_DIR / "nats.conf").read_text(), tmp_path, free_port(), free_port()))
+    env = {"POD_NAME": "nats-0", "JS_MAX_FILE_STORE": "9GB",
+           **{f"KF_NATS_{u.upper()}_PASSWORD": "pw" for u in nats_auth.USERS}}
+    res = subprocess.run([nats_server_binary(), "-c", str(conf), "-t"], env=env, capture_output=True, text=True,
+                         timeout=30)
+    assert res.returncode == 0, res.stderr
+    # the whole deployed file too, cluster block included
+    (tmp_path / "full.conf").write_text((NATS_DIR / "nats.conf").read_text())
+    res = subprocess.run([nats_server_binary(), "-c", str(tmp_path / "full.conf"), "-t"], env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+
+
+def test_redis_conf_wants_the_password_and_appends_to_its_file(tmp_path):
+    import shutil
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server not installed")
+    port = free_port()
+    conf = (K8S / "base" / "redis" / "redis.conf").read_text()
+    conf, n = re.subn(r"(?m)^dir /data$", f"dir {tmp_path}", conf)  # the volume's mount point, here
+    assert n == 1
+    (tmp_path / "redis.conf").write_text(conf)
+    # as the StatefulSet runs it: the deployed file, then the password from the Secret on the command line
+    proc = subprocess.Popen([binary, str(tmp_path / "redis.conf"), "--port", str(port), "--bind", "127.0.0.1",
+                             "--requirepass", "s3cret"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(port)
+        no_retry = {"host": "127.0.0.1", "port": port, "socket_timeout": 2, "retry": Retry(NoBackoff(), 0)}
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(**no_retry).set("k", "v")
+        r = redis.Redis(password="s3cret", **no_retry)
+        assert r.set("k", "v") and r.info("persistence")["aof_enabled"] == 1
+        with pytest.raises(redis.ResponseError):  # renamed away for clients
+            r.execute_command("FLUSHALL")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _wait_listening(port: int, timeout: float = 10.0) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
