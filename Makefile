@@ -2,7 +2,7 @@
 PYTHON ?= python3
 BUDGET ?= 40
 
-.PHONY: install demo test proto bench clean
+.PHONY: install demo test proto bench clean image
 
 install:
 	$(PYTHON) -m pip install -q -e ".[dev]"
@@ -21,3 +21,16 @@ bench: install
 
 clean:
 	rm -rf reports out.json .pytest_cache build *.egg-info
+
+# the service image, two targets (cpu, cuda) of one Dockerfile; IMAGE=registry/name to push elsewhere
+IMAGE ?= kfactory
+VERSION ?= $(shell $(PYTHON) -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['version'])")
+ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+
+image:
+	@if [ -z "$(ENGINE)" ]; then \
+	  echo "make image: no container engine here: install docker or podman (or set ENGINE=...)" >&2; exit 1; fi
+	@$(ENGINE) info >/dev/null 2>&1 || { \
+	  echo "make image: $(ENGINE) is installed but cannot reach its engine (is the daemon running?)" >&2; exit 1; }
+	$(ENGINE) build --target cpu -t $(IMAGE):$(VERSION)-cpu .
+	$(ENGINE) build --target cuda -t $(IMAGE):$(VERSION)-cuda .

@@ -25,7 +25,7 @@ GPU_MAJOR = {"hopper": {"9"}, "blackwell": {"10", "12"}}
 GPU_SERVICES = {"verifier", "benchmarker"}
 #: the oldest Kubernetes the kubernetes-validate lower bound carries, and the newest installed
 K8S_VERSIONS = ("1.31.0", kubernetes_validate.latest_version())
-SECRET_NAMES = {"kfactory-nats", "kfactory-redis"}
+SECRET_NAMES = {"kfactory-nats", "kfactory-redis", "kfactory-grpc"}
 SECRETISH = re.compile(r"PASSWORD|TOKEN|SECRET|API_KEY|CREDENTIAL", re.I)
 
 
@@ -324,3 +324,25 @@ def test_json_patch_operations():
     assert doc == {"a": {"b": [0, 9, 2]}, "x/y": {"k": "v"}}
     with pytest.raises(render.PatchError):
         render.json_patch(doc, {"op": "replace", "path": "/a/missing", "value": 1})
+
+
+def test_the_image_serves_every_service_as_the_pods_run_it(overlay):
+    """The Dockerfile's targets are the tags the overlays run; its user is the pods' runAsUser; `kfactory` is the
+    entrypoint the Deployments' args (serve <name>) go to. (No engine runs here: `make image` builds it.)"""
+    import tomllib
+
+    name, objs = overlay
+    docker = (K8S.parent.parent / "Dockerfile").read_text()
+    targets = set(re.findall(r"(?m)^FROM \S+ AS (\w+)$", docker))
+    assert {"cpu", "cuda"} <= targets
+    assert docker.count('ENTRYPOINT ["kfactory"]') == 2
+    (uid,) = set(re.findall(r"(?m)^USER (\d+):\d+$", docker))
+    version = tomllib.loads((K8S.parent.parent / "pyproject.toml").read_text())["project"]["version"]
+    for svc, dep in _deployments(objs).items():
+        pod = dep["spec"]["template"]["spec"]
+        assert str(pod["securityContext"]["runAsUser"]) == uid
+        tag = pod["containers"][0]["image"].rsplit(":", 1)[1]
+        assert tag == f"{version}-{'cuda' if name in GPU_MAJOR else 'cpu'}"
+        mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        assert {"/tmp", "/var/lib/kfactory"} <= mounts  # the image's caches and data dir, on a read-only root
+    assert "KFACTORY_DATA_DIR=/var/lib/kfactory" in docker and "HOME=/tmp" in docker
