@@ -41,7 +41,8 @@ TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.error
 #: how long a publish keeps retrying through an outage before it gives up (raises)
 PUBLISH_RETRY_S = 60.0
 #: errors of a handler that mean a dependency (NATS, the claims store) is briefly unreachable
-OUTAGE = TRANSIENT + (ClaimsUnavailable,)
+#: (nats' own TimeoutError only: a builtin TimeoutError from the handler's own work is not an outage)
+OUTAGE = tuple(e for e in TRANSIENT if e is not asyncio.TimeoutError) + (ClaimsUnavailable,)
 #: how long a handler is retried in place through such an outage before the message is nak'ed
 OUTAGE_WAIT_S = 60.0
 
