@@ -161,15 +161,21 @@ def test_cpu_reference_kernel_is_verified(kda, cpu):
     assert max(c.norm_rel_err for c in v.checks) < 2e-6
 
 
-# a fast AVX2 point, an AVX-512 point working in place with per-token prep, and one without -march
+# a fused AVX-512 point on local tiles, an AVX2 point in place with per-token prep, a fused one in place with
+# ragged token blocks, and one without -march
 FAMILY_POINTS = [
-    dict(vec=16, nv=4, unroll=2, decay="store", local=1, tb=32, par="head", threads=2, flags="-O3 -march=native"),
-    dict(vec=8, nv=2, unroll=4, decay="recompute", local=0, tb=1, par="tile", threads=2, flags="-O3 -mavx2 -mfma"),
-    dict(vec=16, nv=8, unroll=1, decay="recompute", local=0, tb=8, par="head", threads=1, flags="-O2"),
+    dict(vec=16, nv=4, unroll=2, decay="store", fuse=1, local=1, tb=32, par="head", threads=2,
+         flags="-O3 -march=native"),
+    dict(vec=8, nv=2, unroll=4, decay="recompute", fuse=0, local=0, tb=1, par="tile", threads=2,
+         flags="-O3 -mavx2 -mfma"),
+    dict(vec=8, nv=2, unroll=4, decay="store", fuse=1, local=0, tb=8, par="tile", threads=2,
+         flags="-O3 -march=native -ffast-math"),
+    dict(vec=16, nv=8, unroll=1, decay="recompute", fuse=0, local=0, tb=8, par="head", threads=1, flags="-O2"),
 ]
 
 
-@pytest.mark.parametrize("point", FAMILY_POINTS, ids=lambda p: f"v{p['vec']}x{p['nv']}-{p['decay']}-l{p['local']}")
+@pytest.mark.parametrize("point", FAMILY_POINTS,
+                         ids=lambda p: f"v{p['vec']}x{p['nv']}-{p['decay']}-f{p['fuse']}-l{p['local']}")
 def test_cpu_family_points_are_verified(kda, cpu, point):
     fam = kda.families["cpu_recurrent"]
     assert fam.valid(point)
@@ -198,6 +204,7 @@ def test_cpu_family_has_a_real_design_space(kda):
     sources = {fam.render(p)[:2] for p in sample}
     assert len(sources) == len(sample)
     assert all(p["vec"] * p["nv"] <= 128 and p["nv"] * p["unroll"] <= 16 for p in points)
+    assert all(p["decay"] == "store" and p["tb"] > 1 for p in points if p["fuse"])
 
 
 # ---------------------------------------------------------------------------------------------------------
