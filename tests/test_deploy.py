@@ -346,3 +346,17 @@ def test_the_image_serves_every_service_as_the_pods_run_it(overlay):
         mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
         assert {"/tmp", "/var/lib/kfactory"} <= mounts  # the image's caches and data dir, on a read-only root
     assert "KFACTORY_DATA_DIR=/var/lib/kfactory" in docker and "HOME=/tmp" in docker
+
+
+def test_make_secrets_creates_every_key_the_pods_read(overlay):
+    _, objs = overlay
+    script = (K8S / "make-secrets.sh").read_text()
+    made = {(m.group(1), key) for m in re.finditer(r"(?m)^create (\S+) (.+)$", script) for key in m.group(2).split()}
+    read = set()
+    for _, pod in _pod_specs(objs):
+        for c in pod["containers"]:
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    read.add((ref["name"], ref["key"]))
+    assert read == made
