@@ -76,6 +76,9 @@ def _point(args, problem, target, settings) -> tuple[dict, str]:
         best = data.get("best") or {}
         if best.get("family") != FAMILY:
             raise SystemExit(f"{args.source}: its best kernel is not from family {FAMILY}: {best.get('family')}")
+        if not problem.families[FAMILY].valid(best["params"]):
+            raise SystemExit(f"{args.source}: its best point {best['params']} is not a valid point of {FAMILY} "
+                             "as it stands now (the design space changed since): run the campaign again")
         return best["params"], f"best of campaign {data.get('campaign_id')} ({args.source})"
     rng = random.Random(args.seed)
     fam = problem.families[FAMILY]
