@@ -17,6 +17,7 @@ from kfactory.agents import evidence, prompt as prompts
 from kfactory.agents.backends import get_backend
 from kfactory.agents.errors import AgentNotConfigured
 from kfactory.bus import Ack, Delivery, Nak, Outcome
+from kfactory.observability import metrics
 from kfactory.v1 import events_pb2 as pb
 
 #: nak delay while memory catches up with a parent's result
@@ -86,6 +87,8 @@ class AgentConsumers:
         return work
 
     async def _publish(self, pp: pb.PointProposed, cid: str, work: AgentWork) -> None:
+        info = work.info  # tokens spent on this work item, failed or not, for the metrics endpoint
+        metrics.count_tokens(f"agent_{info.persona}", info.model, prompt=info.tokens_in, completion=info.tokens_out)
         if work.failure is not None:
             self.coder.log.warning("agent produced no candidate", persona=work.info.persona,
                                    reason=pb.RejectReason.Name(work.failure.reason), error=str(work.failure))
