@@ -22,6 +22,11 @@ from typing import Iterator, Mapping, Sequence
 import structlog
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor,
+                                            SpanExporter, SpanExportResult)
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -50,10 +55,6 @@ def setup(settings: Settings, service: str) -> bool:
     Returns True when this call installed it. Raises TelemetryConfigError at start-up, not at the first span.
     """
     global _provider
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-
     with _setup_lock:
         if _provider is not None:
             return False
@@ -68,8 +69,6 @@ def setup(settings: Settings, service: str) -> bool:
 
 
 def _processors(settings: Settings) -> list:
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
-
     out = []
     if settings.trace_file is not None:
         # written span by span: a process killed mid-campaign keeps every span it had finished
@@ -86,13 +85,12 @@ def _processors(settings: Settings) -> list:
 
 def shutdown() -> None:
     """Flush and close the exporters (call once at process exit)."""
-    global _provider
     with _setup_lock:
         if _provider is not None:
             _provider.shutdown()
 
 
-class JsonLinesExporter:
+class JsonLinesExporter(SpanExporter):
     """A span exporter that appends one compact JSON object per finished span to a file."""
 
     def __init__(self, path: Path):
@@ -105,9 +103,7 @@ class JsonLinesExporter:
                                        "writable path") from e
         self._lock = threading.Lock()
 
-    def export(self, spans: Sequence) -> "object":
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
+    def export(self, spans: Sequence) -> SpanExportResult:
         lines = "".join(json.dumps(span_record(s), separators=(",", ":")) + "\n" for s in spans)
         with self._lock:
             self._file.write(lines)
