@@ -6,6 +6,7 @@ measures it): on a shared host the load moves, so a peak measured at another tim
 
     python bench/kda_cpu.py --from out.json --json kda.json   # the best point of a `kfactory run kda` campaign
     python bench/kda_cpu.py --sample 12 --json kda.json       # else: the best of N sampled family points
+    python bench/kda_cpu.py --point '{"vec": 16, ...}'         # or one design point
 
 Shapes: B1 T1024 H4 K=V=128 (prefill-like) and B8 T1 H32 K=V=128 (a decoding step with carried state).
 The chosen kernel is verified by the judge first (every shape and distribution of the problem); then kernel,
@@ -71,6 +72,11 @@ def _screen(target, problem, settings, points: list[dict]) -> dict:
 
 
 def _point(args, problem, target, settings) -> tuple[dict, str]:
+    if args.point:
+        params = json.loads(args.point)
+        if not problem.families[FAMILY].valid(params):
+            raise SystemExit(f"--point {params} is not a valid point of {FAMILY}")
+        return params, "given with --point"
     if args.source:
         data = json.loads(Path(args.source).read_text())
         best = data.get("best") or {}
@@ -185,6 +191,7 @@ def _shape(session, problem, shape, keys, target, settings, device, max_s) -> di
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--from", dest="source", help="a `kfactory run kda --json` result: bench its best kernel")
+    ap.add_argument("--point", help="a design point of cpu_recurrent as JSON (instead of --from / --sample)")
     ap.add_argument("--sample", type=int, default=12, help="without --from: family points to screen")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, help="default: the machine's cores")
