@@ -339,3 +339,24 @@ def test_kda_bf16_cuda_kernels_compile_without_spills(arch):
         assert "typedef unsigned short io_t" in source
         r, spills = _compile(source, flags, arch)
         assert r.ok and spills == 0, (p, r.message, spills)
+
+
+def _params_of(source: str) -> list[str]:
+    """The parameter list of `kernel(...)` in a C/CUDA source, whitespace-normalised."""
+    flat = " ".join(source.split())
+    start = flat.index("kernel(") + len("kernel(")
+    return [a.strip() for a in flat[start:flat.index(")", start)].split(",")]
+
+
+@pytest.mark.parametrize("name,target,family", [("kda", "cpu", "cpu_recurrent"), ("kda", "cuda", "cuda_recurrent"),
+                                                ("kda_bf16", "cuda", "cuda_recurrent")])
+def test_kernels_have_the_abi_signature(name, target, family):
+    """Reference kernels and every family's rendering spell the ABI's parameter types and names (the cuda
+    family through its io_t typedef: unsigned short for bf16, float for fp32)."""
+    prob = load_problem(name)
+    want = _params_of(prob.spec.abi[target].signature)
+    assert _params_of(prob.reference_source(target)[0]) == want
+    fam = prob.families[family]
+    source = fam.render(fam.points()[0])[0]
+    io = "unsigned short" if "typedef unsigned short io_t" in source else "float"
+    assert [a.replace("io_t", io) for a in _params_of(source)] == want
