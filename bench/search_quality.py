@@ -146,15 +146,18 @@ def ranked_priors(evidence: list[Evidence], k: int) -> list[Point]:
     return out
 
 
-def evals_to_within(name: str, rs, space: Space, seed: int, evidence: list[Evidence], k: int, within: float,
-                    max_evals: int) -> int:
-    """Evaluations until the best found is within `within` of the optimum. Warm (evidence given): as the
-    planner does it, the strategy learns from the evidence first, the k best priors are proposed before its
-    own points and told to it like its own; every proposal counts. max_evals + 1 when it never gets there."""
+def warm_run(name: str, rs, space: Space, seed: int, evidence: list[Evidence], k: int, within: float,
+             max_evals: int, horizon: int) -> tuple[int, list[float]]:
+    """(evaluations until the best found is within `within` of the optimum, or max_evals + 1 when it never gets
+    there; best/optimum after each of the first `horizon` evaluations). Warm (evidence given): as the planner
+    does it, the strategy learns from the evidence first, the k best priors are proposed before its own points
+    and told to it like its own; every proposal counts."""
     opt, s = rs.optimum_ms(), make_strategy(name, space, seed=seed)
+    worst = max(r.time_ms for r in rs.records.values() if r.time_ms is not None)
     if evidence:
         s.warm(evidence)
     queue = ranked_priors(evidence, k) if evidence else []
+    best, traj, hit = math.inf, [], max_evals + 1
     for n in range(1, max_evals + 1):
         p = None
         while queue and p is None:
@@ -169,13 +172,20 @@ def evals_to_within(name: str, rs, space: Space, seed: int, evidence: list[Evide
         rec = rs.lookup(p.params)
         t = rec.time_ms if rec is not None else None
         s.tell(p, t)
-        if t is not None and t <= within * opt:
-            return n
-    return max_evals + 1
+        best = min(best, t) if t is not None else best
+        if n <= horizon:
+            traj.append((best if best < math.inf else worst) / opt)
+        if best <= within * opt and hit > max_evals:
+            hit = n
+        if hit <= max_evals and n >= horizon:
+            break
+    while len(traj) < horizon:
+        traj.append(traj[-1] if traj else worst / opt)
+    return hit, traj
 
 
 def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: int, within: float,
-                       max_evals: int, source_budget: int) -> dict:
+                       max_evals: int, source_budget: int, budgets: list[int]) -> dict:
     """For each space with other devices' spaces of the same kernel: median evaluations to within 5% of the
     optimum, cold, and warm-started from earlier campaigns (`source_budget` evaluations, same strategy, same
     seed) on each of the other devices."""
@@ -187,16 +197,21 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
         if not others:
             continue
         space = Space([rs.family()])
-        cold, warm = [], []
+        cold, warm, cold_tr, warm_tr = [], [], [], []
         for sd in seeds:
             evidence = [e for o in others for e in source_campaign(strategy, o, 1000 + sd, source_budget)]
-            cold.append(evals_to_within(strategy, rs, space, sd, [], k, within, max_evals))
-            warm.append(evals_to_within(strategy, rs, space, sd, evidence, k, within, max_evals))
+            for evid, hits, trs in (([], cold, cold_tr), (evidence, warm, warm_tr)):
+                hit, tr = warm_run(strategy, rs, space, sd, evid, k, within, max_evals, max(budgets))
+                hits.append(hit)
+                trs.append(tr)
         out[rs.name] = {"from": [o.name for o in others], "priors": k, "strategy": strategy,
                         "source_budget": source_budget,
                         "cold_median_evals": float(np.median(cold)), "warm_median_evals": float(np.median(warm)),
                         "ratio": float(np.median(warm)) / float(np.median(cold)),
-                        "cold": cold, "warm": warm}
+                        "cold": cold, "warm": warm,
+                        # mean best/optimum at each budget, cold and warm
+                        "cold_mean_ratio": {str(b): float(np.mean([t[b - 1] for t in cold_tr])) for b in budgets},
+                        "warm_mean_ratio": {str(b): float(np.mean([t[b - 1] for t in warm_tr])) for b in budgets}}
         print(f"  warm start {rs.name:28s} cold {np.median(cold):6.1f}  warm {np.median(warm):6.1f} evaluations "
               f"to within {within - 1:.0%}", file=sys.stderr, flush=True)
     return out
@@ -357,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     warm = None if args.no_warm else warm_start_section(files, args.warm_strategy, seeds, args.warm_priors,
-                                                        1.05, 10 * max(budgets), args.warm_source_budget)
+                                                        1.05, 10 * max(budgets), args.warm_source_budget, budgets)
     strategies = list(args.strategies) + ["kt:" + s for s in kt_strats]
     hard = [n for n in results if meta[n]["hard"]]
     geo: dict = {}
@@ -370,11 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.time() - t_start
     print_table(results, geo, meta, strategies, budgets, hard)
     if warm:
-        print("\ncold vs warm start: median evaluations to within 5% of the optimum "
-              f"({args.warm_strategy}, {args.warm_priors} priors from the other GPUs' spaces)")
+        src = ("their whole recorded spaces" if args.warm_source_budget <= 0
+               else f"a {args.warm_source_budget}-evaluation campaign on each")
+        print("\ncold vs warm start: median evaluations to within 5% of the optimum, and mean best/optimum at each "
+              f"budget ({args.warm_strategy}; evidence from the other GPUs: {src}; {args.warm_priors} priors first)")
         for n, w in warm.items():
+            at = "  ".join(f"b={b}: {w['cold_mean_ratio'][str(b)]:.3f}->{w['warm_mean_ratio'][str(b)]:.3f}"
+                           for b in budgets)
             print(f"  {n:28s} cold {w['cold_median_evals']:6.1f}  warm {w['warm_median_evals']:6.1f}  "
-                  f"warm/cold {w['ratio']:.2f}  (from {', '.join(w['from'])})")
+                  f"warm/cold {w['ratio']:.2f}  {at}  (from {', '.join(w['from'])})")
     print(f"\n{len(seeds)} seeds; {elapsed:.0f} s; evaluations = distinct valid configurations asked "
           f"(failed ones included), as Kernel Tuner's simulation mode counts them"
           + ("" if not missing_kt else "; Kernel Tuner MISSING: its strategies were not run"))

@@ -185,6 +185,11 @@ def test_one_candidate_is_one_trace_across_six_processes_and_metrics_tell_the_ca
 
     spans = read_spans([f.spans_file(n) for n in SERVICE_NAMES])
     _assert_one_trace_per_candidate(spans, status["best_candidate_id"])
+    # every message of the campaign was published inside a span: no span anywhere has a parent that is missing
+    ids = {s["span_id"] for s in spans}
+    assert [s["name"] for s in spans if s["parent_id"] and s["parent_id"] not in ids] == []
+    roots = {s["name"] for s in spans if not s["parent_id"]}
+    assert roots == {"planner start", "planner propose", "planner compare", "planner finish"}, roots
 
 
 def _device(samples: dict) -> str:

@@ -14,13 +14,16 @@ import importlib
 from kfactory.strategies.base import Point, Space, Strategy
 
 DEFAULT_MEMBERS = ("surrogate", "tpe", "evolutionary")
+#: members whose model transfers other campaigns' evidence (Strategy.warm); a warm start hedges them
+TRANSFER_MEMBERS = ("surrogate",)
 
 
 class Portfolio(Strategy):
     def __init__(self, space: Space, seed: int, members: tuple[str, ...] | list[str] = DEFAULT_MEMBERS,
-                 decay: float = 0.97, floor: float = 0.3, member_options: dict | None = None):
+                 decay: float = 0.97, floor: float = 0.3, member_options: dict | None = None, hedge: bool = True):
         super().__init__(space, seed)
-        opts = member_options or {}
+        opts = self.opts = member_options or {}
+        self.seed, self.hedge = seed, hedge
         self.names = list(members)
         self.members: list[Strategy] = [
             importlib.import_module(f"kfactory.strategies.{n}").make(space, seed * 1009 + k, **opts.get(n, {}))
@@ -60,8 +63,25 @@ class Portfolio(Strategy):
         return None
 
     def warm(self, evidence: list) -> None:
+        """Every member learns from the evidence; each member that transfers it (the surrogate) also gets a cold
+        twin that does not. Sources can mislead (a device's best point may sit where every other device is
+        mediocre), and then the twin keeps exploring with a share of the budget while the bandit moves the rest
+        to whichever of the two improves."""
+        if not evidence:
+            return
         for m in self.members:
             m.warm(evidence)
+        for k, name in enumerate(list(self.names)):
+            if name in TRANSFER_MEMBERS and self.hedge:
+                twin = importlib.import_module(f"kfactory.strategies.{name}").make(
+                    self.space, self.seed * 1009 + 101 + k, **self.opts.get(name, {}))
+                for p, sc in self.results.items():
+                    twin.tell(p, sc)
+                self.names.append(f"{name}-cold")
+                self.members.append(twin)
+                self.credit.append(0.0)
+                self.alive.append(True)
+                self.asks.append(0)
 
     def tell(self, point: Point, score: float | None) -> None:
         super().tell(point, score)

@@ -161,7 +161,8 @@ class PlannerService(Service):
         started = ev.make_event(cid, self.name, "start",
                                 campaign_started=pb.CampaignStarted(spec=spec, device=device, priors=priors))
         self._apply(started)
-        await self.bus.publish(started)
+        with telemetry.root_span(f"{self.name} start", **{"kf.campaign": cid}):
+            await self.bus.publish(started)
         self.loops[cid] = asyncio.create_task(self._drive(self.campaigns[cid]))
         return cid
 
@@ -344,7 +345,8 @@ class PlannerService(Service):
                                   summary_json=json.dumps(st.summary(problem)))
         event = ev.make_event(st.id, self.name, "finish", campaign_finished=fin)
         st.apply(event)
-        await self.bus.publish(event)
+        with telemetry.root_span(f"{self.name} finish", **{"kf.campaign": st.id, "kf.state": state}):
+            await self.bus.publish(event)
         self.log.info("campaign finished", campaign=st.id, state=state, counts=str(st.counts).replace("\n", " "))
 
     def status(self, st: CampaignState) -> spb.CampaignStatus:
