@@ -75,7 +75,14 @@ class Term:
     reason: str
 
 
-Outcome = Ack | Nak | Term
+@dataclass(frozen=True)
+class Leave:
+    """This delivery is stale: a newer holder of the item's fenced lock is handling the message. Neither ack nor
+    nak it: the server applies an old delivery's ack to the message, which would remove it from under its
+    current holder (and lose it if that holder then died)."""
+
+
+Outcome = Ack | Nak | Term | Leave
 
 
 @dataclass
@@ -268,6 +275,7 @@ class Bus:
             await msg.term()
             return
         t0 = asyncio.get_running_loop().time()
+        metrics.taken(stage, event)
         with telemetry.consumer_span(stage, msg.subject, msg.headers, event, **{"kf.deliveries": deliveries}) as span:
             outcome, failed = await self._handle_event(stage, msg, event, deliveries, handler)
             name = "error" if failed else type(outcome).__name__.lower()
@@ -325,6 +333,8 @@ class Bus:
             await _quiet_in_progress(delivery)
 
     async def _settle(self, stage: str, msg, event: pb.Event, outcome: Outcome, deliveries: int) -> None:
+        if isinstance(outcome, Leave):
+            return  # if no newer delivery exists after all, ack_wait redelivers it and the work is redone
         if isinstance(outcome, Ack):
             await msg.ack()
         elif isinstance(outcome, Nak):

@@ -151,8 +151,15 @@ def test_one_candidate_is_one_trace_across_six_processes_and_metrics_tell_the_ca
     lag = _wait(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") or None,
                 60, "compiler lag")
     assert lag >= 1
+    t_absent = time.monotonic()
     f.start("compiler")
     f.ready("compiler")
+    absent_s = time.monotonic() - t_absent  # at least this long the first work waited for a compiler
+    assert _wait(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") == 0 or None,
+                 60, "the compiler's queue to drain")
+    early = f.scrape("compiler")
+    assert metric(early, "kfactory_candidates_per_second", stage="compiler") > 0
+    assert metric(early, "kfactory_queue_wait_seconds_sum", stage="compiler") >= absent_s
 
     def finished():
         status = json.loads(f.cli("status", cid, "--json"))
@@ -173,7 +180,7 @@ def test_one_candidate_is_one_trace_across_six_processes_and_metrics_tell_the_ca
     comp = f.scrape("compiler")
     assert metric(comp, "kfactory_stage_seconds_count", stage="compiler", outcome="ack") == created
     assert metric(comp, "kfactory_stage_seconds_sum", stage="compiler", outcome="ack") > 0
-    assert metric(comp, "kfactory_candidates_per_second", stage="compiler") > 0
+    assert metric(comp, "kfactory_queue_wait_seconds_count", stage="compiler") >= created
     ver = f.scrape("verifier")
     assert metric(ver, "kfactory_rejections_total", stage="verifier", reason="WRONG_RESULT") >= 1
     assert metric(ver, "kfactory_device_busy_seconds_total", device=_device(ver)) > 0

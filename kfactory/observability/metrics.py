@@ -27,6 +27,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 STAGE_SECONDS = Histogram("kfactory_stage_seconds", "Time a stage spent on one message, by outcome",
                           ["stage", "outcome"], buckets=_LATENCY_BUCKETS)
+QUEUE_SECONDS = Histogram("kfactory_queue_wait_seconds",
+                          "Time from an event's creation to a stage taking it as work (first delivery or not)",
+                          ["stage"], buckets=_LATENCY_BUCKETS)
 WORK_SECONDS = Histogram("kfactory_work_seconds", "Time of a candidate's own work (compile, verify, measure)",
                          ["service", "work"], buckets=_LATENCY_BUCKETS)
 MESSAGES = Counter("kfactory_stage_messages", "Messages a stage settled, by outcome (ack, nak, term, error)",
@@ -106,6 +109,13 @@ class BusyWindow:
 _rates: dict[str, WindowRate] = {}
 _busy: dict[str, BusyWindow] = {}
 _served: dict[int, int] = {}
+
+
+def taken(stage: str, event: pb.Event) -> None:
+    """A stage took a work message: how long it waited since its event was made (clocks of two hosts: NTP's
+    error is far below the buckets')."""
+    if event.time_unix_ns:
+        QUEUE_SECONDS.labels(stage).observe(max(0.0, (time.time_ns() - event.time_unix_ns) / 1e9))
 
 
 def stage_done(stage: str, outcome: str, seconds: float, candidate: bool) -> None:
