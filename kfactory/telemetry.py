@@ -68,19 +68,25 @@ def setup(settings: Settings, service: str) -> bool:
         return True
 
 
-def _processors(settings: Settings) -> list:
-    out = []
+def exporters(settings: Settings) -> list[SpanExporter]:
+    """Where the settings send spans: a JSON-lines file, an OTLP/gRPC collector, the console (any of them)."""
+    out: list[SpanExporter] = []
     if settings.trace_file is not None:
-        # written span by span: a process killed mid-campaign keeps every span it had finished
-        out.append(SimpleSpanProcessor(JsonLinesExporter(settings.trace_file)))
+        out.append(JsonLinesExporter(settings.trace_file))
     if settings.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        out.append(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint,
-                                                       insecure=settings.otlp_insecure)))
+        out.append(OTLPSpanExporter(endpoint=settings.otlp_endpoint, insecure=settings.otlp_insecure))
     if settings.trace_console:
-        out.append(BatchSpanProcessor(ConsoleSpanExporter()))
+        out.append(ConsoleSpanExporter())
     return out
+
+
+def _processors(settings: Settings) -> list:
+    # the file is written span by span, so a process killed mid-campaign keeps every span it had finished;
+    # the network and the console get batches
+    return [SimpleSpanProcessor(e) if isinstance(e, JsonLinesExporter) else BatchSpanProcessor(e)
+            for e in exporters(settings)]
 
 
 def shutdown() -> None:

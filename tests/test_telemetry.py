@@ -181,3 +181,30 @@ async def test_stage_backlog_counts_work_with_and_without_a_consumer(nats_url):
         await task
     finally:
         await bus.close()
+
+
+def test_exporters_come_from_the_settings(tmp_path):
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    from kfactory.config import Settings
+
+    assert telemetry.exporters(Settings()) == []
+    made = telemetry.exporters(Settings(otlp_endpoint="http://collector:4317", trace_console=True,
+                                        trace_file=tmp_path / "s.jsonl"))
+    assert [type(e) for e in made] == [telemetry.JsonLinesExporter, OTLPSpanExporter, ConsoleSpanExporter]
+    for e in made:
+        e.shutdown()
+
+
+def test_an_unwritable_trace_file_stops_serve_at_start_up(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**os.environ, "KFACTORY_TRACE_FILE": str(blocker / "spans.jsonl")}
+    res = subprocess.run([sys.executable, "-m", "kfactory.cli", "serve", "compiler"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1 and "KFACTORY_TRACE_FILE" in res.stderr, res.stderr
