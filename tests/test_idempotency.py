@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kfactory import events as ev
 from kfactory.app import start_services
-from kfactory.bus import WORK_STREAM
+from kfactory.bus import WORK_STREAM, Ack, Bus, Leave
 from kfactory.claims import open_claims
 from kfactory.service import Service
 from kfactory.v1 import events_pb2 as pb
@@ -96,3 +96,30 @@ async def test_a_late_writer_with_an_old_fence_is_ignored(redis_url_session):
         await claims.release(current)
     finally:
         await claims.close()
+
+
+async def test_a_stale_delivery_is_left_alone_not_acked(nats_url):
+    """A worker that finds its fence outdated returns Leave: the message stays with its current delivery (an ack
+    of the old delivery would remove it from under the new holder). Nobody else takes it here, so ack_wait
+    redelivers it and the second delivery finishes it."""
+    bus = await Bus.connect(nats_url, "t", ack_wait_s=1.0, max_deliver=5)
+    seen: list[int] = []
+
+    async def handler(d):
+        seen.append(d.deliveries)
+        return Leave() if d.deliveries == 1 else Ack()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(bus.consume("compiler", handler, stop=stop))
+    try:
+        await bus.send_work("compiler", ev.make_event("cleave", "t", "p", point_proposed=pb.PointProposed()))
+        async with asyncio.timeout(15):
+            while len(seen) < 2:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        info = await bus.js.consumer_info(WORK_STREAM, "compiler")
+        assert seen == [1, 2] and info.num_ack_pending == 0 and info.num_pending == 0
+    finally:
+        stop.set()
+        await task
+        await bus.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from kfactory import events as ev
-from kfactory.bus import Ack, ArtifactMissing, Delivery, Outcome, Term
+from kfactory.bus import Ack, ArtifactMissing, Delivery, Leave, Outcome, Term
 from kfactory.fidelity import screened_out
 from kfactory.judge import measure
 from kfactory.service import RunnerService
@@ -42,17 +42,18 @@ class BenchmarkerService(RunnerService):
                 if not m.screened_out:  # a screening timing is this campaign's evidence, not a measurement
                     await self.claims.cache_put(cache_key, m.SerializeToString(), ttl_s=30 * 86400)
             if not await self.still_ours(lock):
-                return Ack()
+                return Leave()  # a newer holder of this candidate's lock writes the result (and acks)
             cand.fence = lock.fence
             m.candidate.CopyFrom(cand)
             await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, cand.id, measured=m))
             return Ack()
 
     async def _reject(self, d: Delivery, cand: pb.Candidate, rej: pb.Rejected, lock) -> Outcome:
-        if await self.still_ours(lock):
-            cand.fence = lock.fence
-            rej.candidate.CopyFrom(cand)
-            await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, cand.id, rejected=rej))
+        if not await self.still_ours(lock):
+            return Leave()
+        cand.fence = lock.fence
+        rej.candidate.CopyFrom(cand)
+        await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, cand.id, rejected=rej))
         return Ack()
 
     async def _measure(self, cand, artifact: bytes, target, device) -> pb.Measured | pb.Rejected:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kfactory import events as ev
-from kfactory.bus import Ack, Delivery, Outcome, Term
+from kfactory.bus import Ack, Delivery, Leave, Outcome, Term
 from kfactory.bus import ArtifactMissing
 from kfactory.fidelity import prune
 from kfactory.service import Service
@@ -26,7 +26,7 @@ class CompilerService(Service):
             target = self.ctx.target(cand.target)
             res = await self.work(target.compile, source, cand.language, cand.compile_flags, cand.entry)
             if not await self.still_ours(lock):
-                return Ack()  # a newer holder of this candidate's lock writes the result
+                return Leave()  # a newer holder of this candidate's lock writes the result (and acks)
             cand.fence = lock.fence
             if res.log:
                 res.report.log_digest = await self.bus.put_artifact(res.log.encode())

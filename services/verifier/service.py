@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from kfactory import events as ev
-from kfactory.bus import Ack, ArtifactMissing, Delivery, Outcome, Term
+from kfactory.bus import Ack, ArtifactMissing, Delivery, Leave, Outcome, Term
 from kfactory.judge import verify
 from kfactory.service import RunnerService
 from kfactory.v1 import events_pb2 as pb
@@ -34,7 +34,7 @@ class VerifierService(RunnerService):
             async with self.device(device.device_id):
                 verdict = await self.work(verify, session, cand.id, self.ctx.problem(cand.problem), pool)
             if not await self.still_ours(lock):
-                return Ack()
+                return Leave()  # a newer holder of this candidate's lock writes the result (and acks)
             cand.fence = lock.fence
             return await self._publish(d, cand, comp.artifact_digest, verdict, loop.time() - t0)
 
