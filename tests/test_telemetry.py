@@ -208,3 +208,42 @@ def test_an_unwritable_trace_file_stops_serve_at_start_up(tmp_path):
     res = subprocess.run([sys.executable, "-m", "kfactory.cli", "serve", "compiler"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 1 and "KFACTORY_TRACE_FILE" in res.stderr, res.stderr
+
+
+def test_spans_reach_an_otlp_collector_at_the_configured_endpoint():
+    """A real OTLP/gRPC receiver (the collector's TraceService) on a free port gets the spans, resource and
+    attributes included, when OTEL_EXPORTER_OTLP_ENDPOINT (here: the setting it fills) points at it."""
+    from concurrent import futures
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from kfactory.config import Settings
+
+    got = []
+
+    class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):
+            got.append(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Collector(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        (exporter,) = telemetry.exporters(Settings(otlp_endpoint=f"http://127.0.0.1:{port}"))
+        provider = TracerProvider(resource=Resource.create({"service.name": "kfactory-compiler"}))
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+        with provider.get_tracer("kfactory").start_as_current_span("compiler compiled",
+                                                                   attributes={"kf.campaign": "camp1"}):
+            pass
+        assert provider.force_flush(10_000)
+        provider.shutdown()
+    finally:
+        server.stop(0)
+    spans = [(rs.resource, s) for req in got for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    ((resource, span),) = spans
+    assert span.name == "compiler compiled"
+    assert {a.key: a.value.string_value for a in span.attributes} == {"kf.campaign": "camp1"}
+    assert {a.key: a.value.string_value for a in resource.attributes}["service.name"] == "kfactory-compiler"
