@@ -221,3 +221,20 @@ async def _compiler_publishes(url: str, pw: dict[str, str]) -> tuple[list[str], 
         return violations, counts
     finally:
         await mem.close()
+
+
+def test_secrets_come_from_files_and_never_print(tmp_path):
+    """KFACTORY_SECRETS_DIR holds one file per secret (a Kubernetes Secret mounted as a volume); the values
+    reach the settings and show in neither repr nor a dump."""
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    (secrets_dir / "KFACTORY_GRPC_TOKEN").write_text("tok-from-a-file")
+    (secrets_dir / "KFACTORY_NATS_PASSWORD").write_text("nats-from-a-file")
+    probe = ("from kfactory.config import Settings; s = Settings(); "
+             "print(s.grpc_token.get_secret_value(), s.nats_password.get_secret_value()); "
+             "print(repr(s)); print(s.model_dump())")
+    env = {**os.environ, "KFACTORY_SECRETS_DIR": str(secrets_dir)}
+    res = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    first, *rest = res.stdout.splitlines()
+    assert first == "tok-from-a-file nats-from-a-file", res.stderr
+    assert rest and not any("from-a-file" in line for line in rest)
