@@ -1,8 +1,8 @@
 """The factory's metrics, exposed in Prometheus' text format on a port per process (KFACTORY_METRICS_PORT).
 
 Work lag per stage, stage latency, candidates per second, device busy fraction, rejections by reason and LLM
-tokens spent. The bus and the Service base class feed them, so a service's own code adds nothing; an agent coder
-calls `count_tokens()`.
+tokens spent. The bus and the Service base class feed them, so a service's own code adds nothing; the coder's
+agent consumers (services/coder/agents.py) call `count_tokens()`, and so may any other code that spends tokens.
 """
 from __future__ import annotations
 
