@@ -259,7 +259,7 @@ async def _dead_letters(nats_url: str, cid: str) -> list[pb.DeadLetter]:
         while True:
             try:
                 msgs = await sub.fetch(10, timeout=1)
-            except nats.errors.TimeoutError:
+            except asyncio.TimeoutError:  # nats' TimeoutError is one too; fetch raises either
                 return out
             for m in msgs:
                 out.append(pb.Event.FromString(m.data).dead_letter)
