@@ -68,3 +68,54 @@ def test_every_strategy_takes_a_64_bit_campaign_seed(space, name):
     p = s.ask()
     s.tell(p, 1.0)
     assert s.ask() != p
+
+
+def _evidence(space, score, source: str):
+    from kfactory.strategies.transfer import Evidence
+    pts = space.all_points()[::16]
+    best = min(score(p) for p in pts)
+    return [Evidence(p, score(p) / best, source) for p in pts]
+
+
+def test_transfer_finds_the_best_of_a_landscape_another_campaign_measured(space):
+    """Evidence from a device whose times are this one's x 3 (same ranking): the surrogate's first own points
+    are already near the optimum, far sooner than its cold start's random design can be."""
+    evidence = _evidence(space, lambda p: 3.0 * _score(p), "other-device")
+    opt = min(_score(p) for p in space.all_points())
+    warm = make_strategy("surrogate", space, seed=4)
+    warm.warm(evidence)
+    assert warm.prior is not None and warm.prior.sources == ["other-device"]
+    firsts = []
+    for _ in range(5):
+        p = warm.ask()
+        firsts.append(_score(p))
+        warm.tell(p, _score(p))
+    assert min(firsts) <= 1.05 * opt
+
+
+def test_a_misleading_source_loses_its_weight(space):
+    """A source ranking the space upside down gets weight 0 once enough results disagree with it."""
+    import numpy as np
+    evidence = _evidence(space, lambda p: 1.0 / _score(p), "upside-down")
+    s = make_strategy("surrogate", space, seed=2)
+    s.warm(evidence)
+    for _ in range(12):
+        p = s.ask()
+        s.tell(p, _score(p))
+    rows, y = s._data()
+    assert s.prior.weights(rows, y).tolist() == [0.0]
+    assert np.allclose(s.prior.fit(rows, y), y.mean() + 0.0 * rows.mean())  # no source: a flat prior mean
+
+
+def test_a_warm_portfolio_keeps_a_cold_twin_of_its_transferring_member(space):
+    s = make_strategy("default", space, seed=3)
+    p = s.ask()
+    s.tell(p, _score(p))
+    s.warm(_evidence(space, _score, "same-device"))
+    assert s.names == ["surrogate", "tpe", "evolutionary", "surrogate-cold"]
+    twin = s.members[-1]
+    assert twin.prior is None and twin.results == {p: _score(p)}
+    for _ in range(30):
+        q = s.ask()
+        s.tell(q, _score(q))
+    assert sum(s.asks) == 31 and len(s.seen) == 31

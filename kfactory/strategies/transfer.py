@@ -29,6 +29,8 @@ MIN_AGREEMENT = 6
 SHRINK = 4.0
 #: above this many measurements a source's values are used directly (no GP)
 DIRECT = 1500
+#: the most measurements of one source a GP is fitted to
+GP_ROWS = 160
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,9 @@ class PriorMean:
             return np.full(k, 1.0 / k)
         w = np.zeros(k)
         for s in range(k):
-            rho = spearmanr(self.M[s, rows], y)[0]
-            w[s] = max(0.0, float(rho)) if math.isfinite(rho) else 0.0
+            if np.ptp(self.M[s, rows]) == 0 or np.ptp(y) == 0:
+                continue  # a constant ranks nothing: no agreement
+            w[s] = max(0.0, float(spearmanr(self.M[s, rows], y)[0]))
         return w / w.sum() if w.sum() > 0 else w
 
     def fit(self, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -100,9 +103,15 @@ def _fit_predict(idx: SpaceIndex, rows: list[tuple[int, float]], gp_factory) -> 
         out[ii] = y
         return out - mu
     gp = gp_factory(idx.X.shape[1])
-    X = idx.X[ii]
-    gp.fit_hyper(X, (y - mu) / sd)
-    gp.fit(X, (y - mu) / sd)
+    # the fit sees at most GP_ROWS of them: the best half (where the search will look) and an even spread of
+    # the rest (the exact GP is cubic in its rows; the measured values themselves are kept below)
+    order = np.argsort(y, kind="stable")
+    fit = order if len(order) <= GP_ROWS else np.concatenate(
+        [order[:GP_ROWS // 2], order[GP_ROWS // 2:][np.linspace(0, len(order) - GP_ROWS // 2 - 1, GP_ROWS // 2,
+                                                                 dtype=int)]])
+    X = idx.X[ii[fit]]
+    gp.fit_hyper(X, (y[fit] - mu) / sd, maxiter=15)
+    gp.fit(X, (y[fit] - mu) / sd)
     pred, _ = gp.predict(idx.X)
     out = pred * sd + mu
     out[ii] = y  # what was measured is known
