@@ -6,6 +6,7 @@ Used by the fault, auth and load tests; the servers are real binaries, the servi
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -96,8 +97,13 @@ class Redis:
             self.proc.terminate()
             self.proc.wait(15)
 
-    def restart(self, down_s: float = 0.5) -> None:
+    def restart(self, down_s: float = 0.5, wipe: bool = False) -> None:
+        """Stop and start again; with `wipe`, its data is gone (a Redis without persistence, or a new one)."""
         self.stop()
+        if wipe:
+            for f in self.dir.iterdir():
+                if f.name not in ("redis.conf", "redis.log"):
+                    shutil.rmtree(f) if f.is_dir() else f.unlink()
         time.sleep(down_s)
         self.start()
 
