@@ -135,6 +135,14 @@ def test_a_service_paused_past_its_ack_wait_is_redelivered_and_fenced(rig):
         plant.kill("compiler", signal.SIGCONT)
     _finish_and_check(plant, cid)
     plant.retire("compiler-b")
+    # the redelivered candidate's compile result was written under a newer fence than the paused holder's
+    arch = plant.archive()
+    try:
+        fences = [pb.Event.FromString(p).compiled.candidate.fence
+                  for (p,) in arch.q("SELECT payload FROM events WHERE campaign=? AND kind='compiled'", (cid,))]
+    finally:
+        arch.close()
+    assert max(fences) >= 2 and min(fences) == 1, fences
 
 
 def test_poison_messages_are_dead_lettered_with_their_reason(rig):
