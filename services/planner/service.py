@@ -21,6 +21,7 @@ from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.strategies import KNOWN as STRATEGIES, Space
 from kfactory.targets import UnknownTarget
+from kfactory.targets.nvml import NvmlUnavailable
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
@@ -156,7 +157,7 @@ class PlannerService(Service):
         spec = self.validate(spec)
         await self.caught_up.wait()
         cid = "c" + secrets.token_hex(6)
-        device = await self.ctx.device(spec.target)
+        device = await self._device(spec.target)
         priors = await self._priors(spec, cid)
         started = ev.make_event(cid, self.name, "start",
                                 campaign_started=pb.CampaignStarted(spec=spec, device=device, priors=priors))
@@ -165,6 +166,18 @@ class PlannerService(Service):
             await self.bus.publish(started)
         self.loops[cid] = asyncio.create_task(self._drive(self.campaigns[cid]))
         return cid
+
+    async def _device(self, target: str) -> pb.DeviceInfo:
+        """The campaign's device as this process sees it. A planner on a node without a GPU (a cluster's
+        planner pod) cannot see the GPU of a cuda campaign: the campaign then names the target and the
+        architecture it asked for, and every measurement names the GPU it ran on (Measured.device)."""
+        try:
+            return await self.ctx.device(target)
+        except NvmlUnavailable as e:
+            name, _, option = target.partition(":")
+            self.log.info("the campaign's GPU is not visible to the planner; the benchmarkers name it",
+                          target=target, why=str(e))
+            return pb.DeviceInfo(target=name, arch=option, model=f"{target} (GPU not visible to the planner)")
 
     async def _priors(self, spec: pb.CampaignSpec, cid: str) -> list[pb.Prior]:
         """Memory's priors for the campaign's problem and families (a warm start); none when the spec asks for
