@@ -91,23 +91,7 @@ def expected_random_ratio(times: list[float | None], opt: float, b: int) -> floa
 # ----------------------------------------------------------------------------------------------- kfactory side
 def run_kf(name: str, rs, space: Space, seed: int, budget: int) -> list[float]:
     """Best-so-far ratio after each evaluation (length budget; padded if the strategy stops early)."""
-    opt = rs.optimum_ms()
-    worst = max(r.time_ms for r in rs.records.values() if r.time_ms is not None)
-    s = make_strategy(name, space, seed=seed)
-    best, traj = math.inf, []
-    for _ in range(budget):
-        p = s.ask()
-        if p is None:
-            break
-        rec = rs.lookup(p.params)
-        t = rec.time_ms if rec is not None else None
-        s.tell(p, t)
-        if t is not None:
-            best = min(best, t)
-        traj.append((best if best < math.inf else worst) / opt)
-    while len(traj) < budget:
-        traj.append(traj[-1] if traj else worst / opt)
-    return traj
+    return warm_run(name, rs, space, seed, [], 0, 1.0, budget, budget)[1]
 
 
 # ----------------------------------------------------------------------------------------------- warm starts
