@@ -279,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-source-budget", type=int, default=100,
                     help="evaluations of each earlier campaign on another device that a warm start learns from "
                          "(0: all of that device's recorded space)")
+    ap.add_argument("--warm-max-evals", type=int, default=600,
+                    help="evaluations after which a run that never came within 5%% counts as max + 1")
     ap.add_argument("--no-warm", action="store_true", help="skip the cold vs warm comparison")
     args = ap.parse_args(argv)
     t_start = time.time()
@@ -356,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     warm = None if args.no_warm else warm_start_section(files, args.warm_strategy, seeds, args.warm_priors,
-                                                        1.05, 10 * max(budgets), args.warm_source_budget, budgets)
+                                                        1.05, max(args.warm_max_evals, max(budgets)),
+                                                        args.warm_source_budget, budgets)
     strategies = list(args.strategies) + ["kt:" + s for s in kt_strats]
     hard = [n for n in results if meta[n]["hard"]]
     geo: dict = {}
