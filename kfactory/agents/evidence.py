@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 
 from kfactory import events as ev
+from kfactory import security
 from kfactory.bus import ArtifactMissing
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -19,21 +20,22 @@ class EvidenceNotReady(RuntimeError):
     """Memory has not archived a parent's result yet (it follows the events stream): try again shortly."""
 
 
-async def lessons(addr: str, problem: str, target: str) -> str:
+async def lessons(addr: str, settings, problem: str, target: str) -> str:
     """Memory's lessons for (problem, target) as text; "" when memory has none or cannot be reached."""
     try:
-        async with grpc.aio.insecure_channel(addr) as ch:
+        async with security.channel(addr, settings) as ch:
             r = await sgrpc.EvidenceStub(ch).Lessons(spb.LessonsRequest(problem=problem, target=target), timeout=5)
     except grpc.aio.AioRpcError:
         return ""
     return r.text
 
 
-async def parents(addr: str, bus, campaign_id: str, ids: list[str], problem, device: pb.DeviceInfo) -> list[dict]:
+async def parents(addr: str, settings, bus, campaign_id: str, ids: list[str], problem,
+                  device: pb.DeviceInfo) -> list[dict]:
     """The evidence of each parent, as plain data for the prompt. Raises EvidenceNotReady while memory lacks a
     parent's final result in this campaign."""
     out = []
-    async with grpc.aio.insecure_channel(addr) as ch:
+    async with security.channel(addr, settings) as ch:
         stub = sgrpc.EvidenceStub(ch)
         for pid in ids:
             try:

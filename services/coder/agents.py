@@ -69,8 +69,9 @@ class AgentConsumers:
         ctx = self.coder.ctx
         problem = ctx.problem(pp.problem)
         addr = ctx.memory_addr or self.settings.memory_addr
-        parents = await evidence.parents(addr, self.coder.bus, cid, list(pp.parents), problem, pp.agent.device)
-        lessons = await evidence.lessons(addr, problem.name, pp.target.split(":")[0])
+        parents = await evidence.parents(addr, self.settings, self.coder.bus, cid, list(pp.parents), problem,
+                                         pp.agent.device)
+        lessons = await evidence.lessons(addr, self.settings, problem.name, pp.target.split(":")[0])
         family = problem.families.get(pp.family)
         p = prompts.build(PERSONAS[persona], problem, pp.target, pp.agent.device, parents, lessons, family)
         await self.coder.bus.put_artifact(p.text.encode())  # stored under its digest, which the candidate records

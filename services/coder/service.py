@@ -38,12 +38,9 @@ class CoderService(Service):
         pp = d.event.point_proposed
         cid = d.event.campaign_id
         if pp.HasField("agent") and pp.agent.persona in PERSONAS:
-            stage = persona_stage(pp.agent.persona)
-            if d.subject.startswith(ev.work_subject(stage, "")):
-                return await self.agents.handle(pp.agent.persona, d)
-            # agent work that came on the coder's subject (a restarted planner re-queues proposals there)
-            await self.bus.send_work(stage, d.event)
-            return Ack()
+            # agent work normally comes on its persona's subject; on the coder's (an older planner re-queued it
+            # there) it is handled here too: the coder's NATS user may not send work to the persona subjects
+            return await self.agents.handle(pp.agent.persona, d)
         try:
             source, language, flags, entry, threads, launch_json = self._render(pp)
         except (ProblemError, KeyError, ValueError) as e:
