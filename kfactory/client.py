@@ -62,6 +62,8 @@ async def _watch(ch, cid: str) -> None:
             extra = f" {pb.RejectReason.Name(body.reason)}"
         elif kind == "campaign_finished":
             extra = f" {body.state}"
+        elif kind == "dead_letter":
+            extra = f" {body.stage} after {body.deliveries} deliveries: {body.reason}"
         print(f"{kind:18s} {(cand.id[:12] if cand and cand.id else ''):12s}{extra}", flush=True)
 
 

@@ -73,6 +73,7 @@ def build(events: list[pb.Event]) -> tuple[str, bytes]:
     lines += _best_section(summary, events)
     lines += _leaderboard(measured)
     lines += _failures(events)
+    lines += _dead_letters(events)
     lines += ["## Best so far", "", "![best so far](plot.png)", ""]
     png = plot_png(best_so_far(events), ref.score_s if ref else None, f"{spec.problem} / {cid}")
     return "\n".join(lines), png
@@ -133,6 +134,16 @@ def _leaderboard(measured: list[pb.Measured], limit: int = 10) -> list[str]:
         c = m.candidate
         out.append(f"| {i} | `{c.id[:12]}` | {c.origin} | `{c.params_json}` {c.compile_flags} | "
                    + " | ".join(_ms(t.median_s) for t in m.timings) + " |")
+    return out + [""]
+
+
+def _dead_letters(events: list[pb.Event]) -> list[str]:
+    """Work that could never be done (the full payloads are on the KF_DLQ stream)."""
+    dead = [e.dead_letter for e in events if e.HasField("dead_letter")]
+    if not dead:
+        return []
+    out = ["## Dead letters", "", "| stage | deliveries | reason |", "|---|---|---|"]
+    out += [f"| {d.stage} | {d.deliveries} | {d.reason.splitlines()[0][:200] if d.reason else ''} |" for d in dead]
     return out + [""]
 
 

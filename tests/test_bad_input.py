@@ -95,6 +95,14 @@ async def test_bad_work_messages_are_dead_lettered_with_what_to_fix(bus_settings
             assert sum(expected in r for r in reasons) == 1, (expected, reasons)
         assert running.failed() is None  # nothing crashed
         assert finished.counts.proposed == 6 and finished.counts.measured >= 3  # nothing lost
+        memory = running.services["memory"]  # and the campaign's report shows its dead letters with the reasons
+        async with asyncio.timeout(10):
+            while memory.archive.q("SELECT COUNT(*) FROM events WHERE campaign=? AND kind='dead_letter'",
+                                   (cid,))[0][0] < 4:
+                await asyncio.sleep(0.1)
+        md, _ = memory.report(cid)
+        section = md.split("## Dead letters", 1)[1].split("##", 1)[0]
+        assert section.count("| compiler |") == 3 and "launch_json is not JSON" in section, section
     finally:
         await running.shutdown()
 
