@@ -8,12 +8,16 @@ import grpc
 from kfactory import events as ev
 from kfactory import security
 from kfactory.bus import ArtifactMissing
+from kfactory.log import get_logger
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
 
 LOG_CHARS = 4000
 TERMINAL = ("measured", "rejected", "compile_failed")
+#: gRPC codes that waiting cures: memory has not archived the parent yet, or is restarting or slow
+NOT_YET = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+log = get_logger("agents")
 
 
 class EvidenceNotReady(RuntimeError):
@@ -21,11 +25,13 @@ class EvidenceNotReady(RuntimeError):
 
 
 async def lessons(addr: str, settings, problem: str, target: str) -> str:
-    """Memory's lessons for (problem, target) as text; "" when memory has none or cannot be reached."""
+    """Memory's lessons for (problem, target) as text; "" when memory has none or cannot be reached (the agent
+    then works from its parents' evidence alone, and the log says why it got no lessons)."""
     try:
         async with security.channel(addr, settings) as ch:
             r = await sgrpc.EvidenceStub(ch).Lessons(spb.LessonsRequest(problem=problem, target=target), timeout=5)
-    except grpc.aio.AioRpcError:
+    except grpc.aio.AioRpcError as e:
+        log.warning("no lessons from memory; the prompt goes without them", addr=addr, code=e.code().name)
         return ""
     return r.text
 
@@ -41,6 +47,8 @@ async def parents(addr: str, settings, bus, campaign_id: str, ids: list[str], pr
             try:
                 r = await stub.Candidate(spb.CandidateRequest(id=pid), timeout=10)
             except grpc.aio.AioRpcError as e:
+                if e.code() not in NOT_YET:
+                    raise  # a refused token, a bad request: not cured by waiting; the bus retries, then dead-letters
                 raise EvidenceNotReady(f"parent {pid[:12]}: {e.code().name}") from e
             events = [e for e in r.events if e.campaign_id == campaign_id] or list(r.events)
             if not any(ev.kind_of(e) in TERMINAL for e in events):
@@ -81,18 +89,18 @@ async def _one(bus, r: spb.CandidateEvidence, events: list[pb.Event], problem, d
 
 
 async def _compile(bus, rep: pb.CompileReport) -> dict:
-    log = rep.log_excerpt
+    text = rep.log_excerpt
     if rep.log_digest:
         try:
-            log = (await bus.get_artifact(rep.log_digest)).decode(errors="replace")
+            text = (await bus.get_artifact(rep.log_digest)).decode(errors="replace")
         except ArtifactMissing:
-            pass
-    if len(log) > LOG_CHARS:
-        log = log[:LOG_CHARS // 2] + "\n[...]\n" + log[-LOG_CHARS // 2:]
+            pass  # the report's own excerpt stands in for the full log
+    if len(text) > LOG_CHARS:
+        text = text[:LOG_CHARS // 2] + "\n[...]\n" + text[-LOG_CHARS // 2:]
     resources = {k: getattr(rep, k) for k in ("registers", "shared_bytes", "stack_bytes", "spill_store_bytes",
                                                "spill_load_bytes", "local_bytes") if getattr(rep, k)}
     return {"compiler": rep.compiler, "seconds": rep.seconds, "warnings": rep.warnings, "arch": rep.arch,
-            "log": log.strip(), "resources": resources, "imports": list(rep.imports)[:40]}
+            "log": text.strip(), "resources": resources, "imports": list(rep.imports)[:40]}
 
 
 def _checks(item: dict, checks) -> None:

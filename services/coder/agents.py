@@ -16,11 +16,11 @@ from kfactory.agents import PERSONAS, Agent, AgentWork
 from kfactory.agents import evidence, prompt as prompts
 from kfactory.agents.backends import get_backend
 from kfactory.agents.errors import AgentNotConfigured
-from kfactory.bus import Ack, Delivery, Nak, Outcome
+from kfactory.bus import Ack, Delivery, Leave, Nak, Outcome
 from kfactory.observability import metrics
 from kfactory.v1 import events_pb2 as pb
 
-#: nak delay while memory catches up with a parent's result
+#: first nak delay while memory catches up with a parent's result (doubled on each delivery)
 EVIDENCE_WAIT_S = 0.5
 
 
@@ -43,7 +43,8 @@ class AgentConsumers:
 
     async def handle(self, persona: str, d: Delivery) -> Outcome:
         """One agent task: ask the model once per task (a redelivery after the result was published is acked),
-        nak while memory has not archived a parent's result, publish a candidate or a typed rejection."""
+        nak while memory has not archived a parent's result, publish a candidate or a typed rejection (unless a
+        newer holder of the task's fenced lock took over while the model was answering: then Leave)."""
         pp, cid = d.event.point_proposed, d.event.campaign_id
         done_key = f"{cid}:agent-done:{pp.point_id}"
         if await self.coder.claims.cache_get(done_key):
@@ -59,8 +60,12 @@ class AgentConsumers:
                 try:
                     work = await self._work(persona, pp, cid)
                 except evidence.EvidenceNotReady as e:
-                    self.coder.log.info("parent evidence not archived yet", reason=str(e))
-                    return Nak(EVIDENCE_WAIT_S)
+                    # memory follows the events stream and may lag (or restart): wait longer on each delivery
+                    delay = min(self.settings.ack_wait_s, EVIDENCE_WAIT_S * 2 ** max(0, d.deliveries - 1))
+                    self.coder.log.info("parent evidence not archived yet", reason=str(e), retry_in_s=delay)
+                    return Nak(delay)
+            if not await self.coder.still_ours(lock):
+                return Leave()  # a newer holder of this task's lock (its delivery redelivered) publishes and acks
             await self._publish(pp, cid, work)
             await self.coder.claims.cache_put(done_key, b"1", ttl_s=7 * 86400)
             return Ack()
