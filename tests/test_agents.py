@@ -22,6 +22,9 @@ from kfactory.v1 import events_pb2 as pb
 
 FAST = (KERNELS / "softmax_two_pass.c").read_text()
 PROVIDERS = ["openai", "anthropic"]
+REASONS = {errors.AgentRefused: pb.AGENT_REFUSED, errors.AgentUnavailable: pb.AGENT_UNAVAILABLE,
+           errors.AgentBadResponse: pb.AGENT_BAD_RESPONSE, errors.AgentTimeout: pb.AGENT_TIMEOUT,
+           errors.AgentNoCode: pb.AGENT_NO_CODE, errors.StaticCheckFailed: pb.STATIC_CHECK}
 
 
 def _settings(url: str, provider: str, **over) -> Settings:
@@ -96,7 +99,7 @@ async def test_failures_are_typed(provider, action, failure, attempts):
         work = await _write(_settings(m.url, provider))
     assert type(work.failure) is failure and work.kernel is None
     assert work.info.attempts == attempts
-    assert work.failure.reason == {errors.StaticCheckFailed: pb.STATIC_CHECK}.get(failure, failure.reason)
+    assert work.failure.reason == REASONS[failure]  # the RejectReason the coder publishes for it
 
 
 async def test_garbage_then_a_kernel_after_asking_again_counts_both_replies():
@@ -248,3 +251,28 @@ def test_without_a_model_agents_are_off_and_the_summary_says_so():
     assert "KFACTORY_LLM_MODEL" in st.coder_summary()["agent_note"]
     assert coders.agent_note(spec, Settings(llm_base_url="http://x/v1", llm_model="m")) == ""
     assert "unknown ['gpt']" in coders.validate(pb.CampaignSpec(coders=["gpt"]), Settings())
+
+
+def test_lessons_name_the_campaign_best_furthest_ahead_of_its_reference(tmp_path):
+    """Every campaign's best is 1.0x its campaign's best; the lesson names the one with the largest speedup over
+    its campaign's reference kernel, whichever campaign the archive lists first."""
+    from kfactory import events as ev
+    from kfactory.services.memory.archive import Archive
+    from kfactory.services.memory.lessons import lessons
+
+    archive = Archive(tmp_path / "archive.sqlite")
+    try:
+        for cid, ref_s, best_s in (("c1", 1.0, 0.8), ("c2", 1.0, 0.25), ("c3", 1.0, 0.5)):
+            spec = pb.CampaignSpec(problem="softmax", target="cpu")
+            archive.record(ev.make_event(cid, "planner", "start", campaign_started=pb.CampaignStarted(spec=spec)))
+            for origin, score in (("reference", ref_s), ("template:cpu_c", best_s)):
+                cand = pb.Candidate(id=f"{cid}-{origin}", problem="softmax", target="cpu", origin=origin,
+                                    params_json='{"unroll": 4}' if origin != "reference" else "{}")
+                archive.record(ev.make_event(cid, "coder", cand.id, candidate_created=pb.CandidateCreated(
+                    candidate=cand)))
+                archive.record(ev.make_event(cid, "benchmarker", cand.id, measured=pb.Measured(
+                    candidate=cand, score_s=score, device=pb.DeviceInfo(model="cpu"))))
+        (best,) = [x for x in lessons(archive, "softmax", "cpu") if x.kind == "best"]
+    finally:
+        archive.close()
+    assert best.value == 0.25 and "4.00x the reference kernel" in best.text
