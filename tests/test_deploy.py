@@ -26,6 +26,8 @@ GPU_SERVICES = {"verifier", "benchmarker"}
 #: the oldest Kubernetes the kubernetes-validate lower bound carries, and the newest installed
 K8S_VERSIONS = ("1.31.0", kubernetes_validate.latest_version())
 SECRET_NAMES = {"kfactory-nats", "kfactory-redis", "kfactory-grpc"}
+#: Secrets the operator creates only when wanted (the pods start without them): the LLM endpoint's key
+OPTIONAL_SECRETS = {("kfactory-llm", "api-key")}
 SECRETISH = re.compile(r"PASSWORD|TOKEN|SECRET|API_KEY|CREDENTIAL", re.I)
 
 
@@ -165,12 +167,13 @@ def test_no_plain_text_secrets(overlay):
                     ref = e["valueFrom"].get("secretKeyRef")
                     if ref:
                         refs.add(ref["name"])
+                        assert ref.get("optional", False) == ((ref["name"], ref["key"]) in OPTIONAL_SECRETS), ref
                     continue
                 if SECRETISH.search(e["name"]):
                     raise AssertionError(f"{name}: {e['name']} has a literal value")
                 # a URL may carry a password only as a $(VAR) the kubelet expands from a Secret-backed variable
                 assert not re.search(r"://[^/@\s]*:(?!\$\()[^/@\s]+@", e["value"]), (name, e)
-    assert refs == SECRET_NAMES
+    assert refs == SECRET_NAMES | {name for name, _ in OPTIONAL_SECRETS}
     for (kind, _, cname), o in objs.items():
         if kind == "ConfigMap":
             for key, text in o["data"].items():
@@ -205,6 +208,8 @@ def _egress_apps(pol: dict) -> set[str]:
                 out.add(labels["app.kubernetes.io/name"])
             elif labels.get("k8s-app") == "kube-dns":
                 out.add("dns")
+            elif labels.get("kfactory.io/llm-endpoint") == "true":
+                out.add("llm-endpoint")
             elif "ipBlock" in peer:
                 out.add("internet:" + ",".join(str(p["port"]) for p in rule["ports"]))
     return out
@@ -215,10 +220,18 @@ def test_network_policies_allow_only_what_each_service_must_reach(overlay):
     deny = objs[("NetworkPolicy", "kfactory", "default-deny")]["spec"]
     assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"} \
         and "ingress" not in deny and "egress" not in deny
-    must = {"planner": {"memory"}, "coder": {"memory", "internet:443"}, "compiler": set(), "verifier": {"memory"},
-            "benchmarker": set(), "memory": set()}
+    must = {"planner": {"memory"}, "coder": {"memory", "internet:443", "llm-endpoint"}, "compiler": set(),
+            "verifier": {"memory"}, "benchmarker": set(), "memory": set()}
     for svc, extra in must.items():
         assert _egress_apps(_policy_for(objs, svc)) == {"nats", "redis", "dns"} | extra, svc
+    # spans leave every service for the collector the README names (OTEL_EXPORTER_OTLP_ENDPOINT), and only there
+    otlp = objs[("NetworkPolicy", "kfactory", "otlp-egress")]["spec"]
+    (expr,) = otlp["podSelector"]["matchExpressions"]
+    assert expr["key"] == "app.kubernetes.io/name" and set(expr["values"]) == set(SERVICE_NAMES)
+    assert otlp["policyTypes"] == ["Egress"] and "ingress" not in otlp
+    (rule,) = otlp["egress"]
+    assert rule["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 4317}]
     assert _egress_apps(_policy_for(objs, "redis")) == set()
     assert _egress_apps(_policy_for(objs, "nats")) == {"nats", "dns"}
 
@@ -357,6 +370,10 @@ def test_make_secrets_creates_every_key_the_pods_read(overlay):
         for c in pod["containers"]:
             for e in c.get("env", []):
                 ref = e.get("valueFrom", {}).get("secretKeyRef")
-                if ref:
+                if ref and not ref.get("optional"):
                     read.add((ref["name"], ref["key"]))
     assert read == made
+    # an optional Secret holds what only the operator has (an LLM key): the README says how to create it
+    readme = (K8S / "README.md").read_text()
+    for name, key in OPTIONAL_SECRETS:
+        assert f"kubectl -n kfactory create secret generic {name} --from-literal={key}=" in readme
