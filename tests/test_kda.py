@@ -157,7 +157,7 @@ def test_cpu_reference_kernel_is_verified(kda, cpu):
     v = _verify(cpu, kda, source, flags)
     assert v.passed, v.message
     shapes = {c.shape for c in v.checks}
-    assert {"1x1x1x1x16x16", "2x7x2x4x32x48", "1x65x1x1x24x17", "8x1x32x32x128x128"} <= shapes
+    assert {"4x1x1x2x16x16", "2x7x2x4x32x48", "1x65x1x1x24x17", "8x1x32x32x128x128"} <= shapes
     assert {c.distribution for c in v.checks} >= {"no_state", "normal", "large", "tiny"}
     assert max(c.norm_rel_err for c in v.checks) < 2e-6
 
