@@ -13,6 +13,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+from kfactory.agents.personas import PERSONAS
+from kfactory.events import sha256_hex
 from kfactory.v1 import events_pb2 as pb
 
 TEMPLATE = "template"
@@ -53,6 +55,7 @@ class ArmStats:
     failures: Counter = field(default_factory=Counter)
 
     def cost(self, token_seconds: float) -> float:
+        """Device-seconds spent, its tokens counted at `token_seconds` each."""
         return self.device_s + token_seconds * (self.tokens_in + self.tokens_out)
 
 
@@ -140,9 +143,11 @@ class CoderLedger:
 
     # -- questions -----------------------------------------------------------------------------
     def tokens(self) -> int:
+        """Tokens the campaign's agents spent (prompt and reply, every persona)."""
         return sum(s.tokens_in + s.tokens_out for name, s in self.arms.items() if name != TEMPLATE)
 
     def endpoint_paused(self) -> bool:
+        """BREAKER endpoint failures in a row: the model endpoint, not a persona, is failing."""
         return self.endpoint_streak >= BREAKER
 
     def next_repair(self) -> str | None:
@@ -180,8 +185,6 @@ CODERS = (TEMPLATE, "agent")
 
 def validate(spec: pb.CampaignSpec, settings) -> str:
     """Fill the coder fields' defaults; returns what is wrong with them ("" when nothing)."""
-    from kfactory.agents import PERSONAS
-
     unknown = [c for c in spec.coders if c not in CODERS]
     if unknown:
         return f"coders: unknown {unknown}; known: {', '.join(CODERS)}"
@@ -208,15 +211,12 @@ def agents_on(st) -> bool:
 
 
 def personas(spec: pb.CampaignSpec) -> list[str]:
-    from kfactory.agents import PERSONAS
-
+    """The personas a campaign's agents run as: those the spec names, or every one."""
     return list(spec.personas) or list(PERSONAS)
 
 
 def eligible(st, k: int = 2) -> list[str]:
     """The arms that can take the next piece of work now (k: parents per agent task)."""
-    from kfactory.agents import PERSONAS
-
     arms = []
     if st.strategy is not None and not st.template_exhausted and (TEMPLATE in st.spec.coders or not st.spec.coders):
         arms.append(TEMPLATE)
@@ -239,8 +239,6 @@ def agents_pending(st) -> bool:
 
 def parents_for(st, persona: str, k: int) -> list[str]:
     """An agent task's parents: the k best measured candidates, or (repairer) the failed one then the best."""
-    from kfactory.agents import PERSONAS
-
     if PERSONAS[persona].parents == "failed":
         failed = st.coders.next_repair()
         return [failed] + [c for c in st.ranked(k - 1) if c != failed]
@@ -250,14 +248,8 @@ def parents_for(st, persona: str, k: int) -> list[str]:
 def agent_point(st, persona: str, parents: list[str], family: str, attempt: int) -> pb.PointProposed:
     """The PointProposed of one agent task (its id derives from the persona, its task count and its parents)."""
     n = st.coders.arm(persona).proposed
-    pid = ev_sha(f"agent:{persona}:{n}:{attempt}:{','.join(parents)}")[:24]
+    pid = sha256_hex(f"agent:{persona}:{n}:{attempt}:{','.join(parents)}")[:24]
     return pb.PointProposed(point_id=pid, family=family, params_json="{}", strategy=st.spec.strategy,
                             problem=st.spec.problem, target=st.spec.target, origin=f"agent:{persona}",
                             runner_threads=st.spec.threads, parents=parents,
                             agent=pb.AgentTask(persona=persona, device=st.device))
-
-
-def ev_sha(text: str) -> str:
-    from kfactory.events import sha256_hex
-
-    return sha256_hex(text)
