@@ -39,6 +39,10 @@ async def _until_finished(running, cid: str, timeout: float = 60) -> pb.Campaign
     return st.finished
 
 
+def memory_rows(running, sql: str) -> list:
+    return running.services["memory"].archive.q(sql)
+
+
 async def _dead_letters(bus, campaign: str, want: int, timeout: float = 20) -> list[pb.DeadLetter]:
     """The dead letters of a campaign ('*' for any), once there are `want` of them."""
     async with asyncio.timeout(timeout):
@@ -87,6 +91,10 @@ async def test_bad_work_messages_are_dead_lettered_with_what_to_fix(bus_settings
         bad_launch.launch_json = "{grid: 1"
         await send("verifier", ev.make_event(cid, "test", "launch", compiled=pb.Compiled(
             candidate=bad_launch)).SerializeToString(), key="launch")
+        # and on the events stream, which the planner and memory follow: garbage, and a result for no campaign
+        await js.publish(ev.event_subject("measured", cid), b"\xff\xfe not an event")
+        await js.publish(ev.event_subject("measured", "cnobody"), ev.make_event(
+            "cnobody", "test", cand.id, measured=pb.Measured(candidate=cand, score_s=1e-9)).SerializeToString())
         finished = await _until_finished(running, cid)
         assert finished.state == "completed"
         reasons = [d.reason for d in await _dead_letters(running.ctx.bus, "*", 6)]
@@ -95,6 +103,8 @@ async def test_bad_work_messages_are_dead_lettered_with_what_to_fix(bus_settings
             assert sum(expected in r for r in reasons) == 1, (expected, reasons)
         assert running.failed() is None  # nothing crashed
         assert finished.counts.proposed == 6 and finished.counts.measured >= 3  # nothing lost
+        assert "cnobody" not in planner.campaigns  # a result for no campaign starts nothing
+        assert not memory_rows(running, "SELECT 1 FROM measurements WHERE campaign='cnobody'")  # nor is evidence
         memory = running.services["memory"]  # and the campaign's report shows its dead letters with the reasons
         async with asyncio.timeout(10):
             while memory.archive.q("SELECT COUNT(*) FROM events WHERE campaign=? AND kind='dead_letter'",

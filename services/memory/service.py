@@ -7,8 +7,9 @@ import time
 import grpc
 
 from kfactory import report, telemetry
-from kfactory.bus import ArtifactMissing, ack_quietly
+from kfactory.bus import TRANSIENT, ArtifactMissing, ack_quietly
 from kfactory.grpcutil import start_server
+from kfactory.log import get_logger
 from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.services.memory.archive import Archive
@@ -37,6 +38,9 @@ class MemoryService(Service):
         try:
             async for event, msg in self.bus.follow("memory", stop=stop):
                 t0 = time.perf_counter()
+                if not await self._belongs(event):
+                    await _term_quietly(msg)  # a result for a campaign nobody started: never evidence of anything
+                    continue
                 with telemetry.consumer_span(self.name, msg.subject, msg.headers, event):
                     await asyncio.to_thread(self.archive.record, event)
                 await ack_quietly(msg)  # a lost ack redelivers the event, which record() ignores (keyed by id)
@@ -47,6 +51,15 @@ class MemoryService(Service):
             if server:
                 await server.stop(grace=1)
 
+    async def _belongs(self, event) -> bool:
+        """Whether an event may enter the archive: its campaign was started (checked on the events stream, so
+        the order memory sees events in does not matter), or it is a dead letter (kept whatever it claims)."""
+        if event.HasField("dead_letter") or await self.bus.campaign_started(event.campaign_id):
+            return True
+        self.log.warning("event for a campaign nobody started: not archived", event_id=event.id[:80],
+                         kind=event.WhichOneof("body") or "")
+        return False
+
     def problem_name(self, locator: str) -> str:
         """A problem's name from its locator (built-in name or package path); unknown ones stay as given."""
         try:
@@ -56,6 +69,13 @@ class MemoryService(Service):
 
     def report(self, campaign: str) -> tuple[str, bytes]:
         return report.build(self.archive.events(campaign=campaign))
+
+
+async def _term_quietly(msg) -> None:
+    try:
+        await msg.term()
+    except TRANSIENT as e:  # lost with the connection: redelivered, and refused again
+        get_logger("memory").warning("term failed", error=repr(e))
 
 
 def _entry(m, campaign: str, checks=()) -> spb.LeaderboardEntry:
