@@ -4,7 +4,7 @@ It speaks the OpenAI-compatible chat API (POST /v1/chat/completions) and Anthrop
 (POST /v1/messages) over real HTTP on a free local port, and answers each request from a script: per persona
 (read from the system prompt's "(persona NAME)"), a list of actions taken in order, the last one repeating.
 Actions: Reply(text) (usage counted as characters/4), Hang() (never answers), Status(code, headers) (e.g. 429
-with Retry-After), Refuse(). Every request and the usage it was billed is recorded, so tests compare the
+with Retry-After), Refuse(), Raw(body) (a 200 with that JSON as it is). Every request and the usage it was billed is recorded, so tests compare the
 factory's token accounting with what the double served.
 
 Standalone (for `kfactory run ... --coders template,agent` against a working endpoint):
@@ -39,6 +39,12 @@ class Hang:
 class Status:
     code: int
     headers: dict = field(default_factory=dict)
+
+
+@dataclass
+class Raw:
+    """Answer 200 with this JSON body as it is (a malformed reply, for one API or the other)."""
+    body: dict
 
 
 @dataclass
@@ -131,6 +137,9 @@ class ScriptedModelServer:
                     return
                 if isinstance(action, Status):
                     self._send(action.code, {"error": {"message": "scripted status"}}, action.headers)
+                    return
+                if isinstance(action, Raw):
+                    self._send(200, action.body)
                     return
                 prompt_chars = len(json.dumps(body["messages"])) + len(system or "")
                 tin, tout = prompt_chars // 4, len(action.text) // 4

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from conftest import KERNELS
-from scripted_model import GARBAGE, Hang, Refuse, Reply, ScriptedModelServer, Status, fenced
+from scripted_model import GARBAGE, Hang, Raw, Refuse, Reply, ScriptedModelServer, Status, fenced
 from kfactory.agents import Agent, PERSONAS
 from kfactory.agents import errors, extract, prompt
 from kfactory.agents.backends import get_backend
@@ -100,6 +100,18 @@ async def test_failures_are_typed(provider, action, failure, attempts):
     assert type(work.failure) is failure and work.kernel is None
     assert work.info.attempts == attempts
     assert work.failure.reason == REASONS[failure]  # the RejectReason the coder publishes for it
+
+
+@pytest.mark.parametrize("provider, body", [
+    ("openai", {"choices": [{"message": {"content": fenced(FAST)}}], "usage": "lots"}),
+    ("anthropic", {"content": [{"type": "text", "text": fenced(FAST)}], "usage": {"input_tokens": "many"}}),
+])
+async def test_an_unreadable_token_count_is_a_bad_response(provider, body):
+    """Tokens are what a campaign's budget is spent in: a reply whose usage cannot be read is not taken."""
+    with ScriptedModelServer({"memory_bound": [Raw(body)]}) as m:
+        work = await _write(_settings(m.url, provider))
+    assert type(work.failure) is errors.AgentBadResponse and "usage" in str(work.failure)
+    assert work.kernel is None and work.info.attempts == 1
 
 
 async def test_garbage_then_a_kernel_after_asking_again_counts_both_replies():

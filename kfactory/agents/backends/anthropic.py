@@ -1,7 +1,7 @@
 """Anthropic's messages API: POST {base}/v1/messages with x-api-key and anthropic-version headers."""
 from __future__ import annotations
 
-from kfactory.agents.backends.base import Backend, Reply, field
+from kfactory.agents.backends.base import Backend, Reply, field, usage
 
 API_VERSION = "2023-06-01"
 
@@ -21,11 +21,10 @@ class AnthropicBackend(Backend):
             headers["x-api-key"] = self.api_key
         data = await self.post(self._url(), headers, body)
         blocks = field(data, "content", kind=list)
-        text = "".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
-        usage = data.get("usage") or {}
+        text = "".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+        tokens_in, tokens_out = usage(data, "input_tokens", "output_tokens")
         stop = str(data.get("stop_reason") or "")
-        return Reply(text=text, tokens_in=int(usage.get("input_tokens") or 0),
-                     tokens_out=int(usage.get("output_tokens") or 0), finish=stop,
+        return Reply(text=text, tokens_in=tokens_in, tokens_out=tokens_out, finish=stop,
                      model=str(data.get("model") or self.model), refused=stop == "refusal")
 
 

@@ -92,3 +92,13 @@ def field(data: dict, *path, kind=None):
     if kind is not None and not isinstance(cur, kind):
         raise AgentBadResponse(f"the reply's {'.'.join(map(str, path))} is {type(cur).__name__}, not {kind.__name__}")
     return cur
+
+
+def usage(data: dict, tokens_in: str, tokens_out: str) -> tuple[int, int]:
+    """(prompt, reply) tokens from the reply's optional `usage` object (0 where the endpoint counts none);
+    AgentBadResponse when it is there but not an object of whole numbers."""
+    counts = data.get("usage") or {}
+    try:
+        return int(counts.get(tokens_in) or 0), int(counts.get(tokens_out) or 0)
+    except (AttributeError, TypeError, ValueError) as e:
+        raise AgentBadResponse(f"the reply's usage is unreadable: {counts!r:.200}") from e

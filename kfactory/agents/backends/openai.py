@@ -1,7 +1,7 @@
 """The OpenAI-compatible chat completions API (vLLM, SGLang, Ollama, hosted providers): POST {base}/chat/completions."""
 from __future__ import annotations
 
-from kfactory.agents.backends.base import Backend, Reply, field
+from kfactory.agents.backends.base import Backend, Reply, field, usage
 
 
 class OpenAIBackend(Backend):
@@ -14,14 +14,13 @@ class OpenAIBackend(Backend):
         data = await self.post(f"{self.base_url}/chat/completions", headers, body)
         choice = field(data, "choices", 0, kind=dict)
         msg = field(choice, "message", kind=dict)
-        usage = data.get("usage") or {}
+        tokens_in, tokens_out = usage(data, "prompt_tokens", "completion_tokens")
         finish = str(choice.get("finish_reason") or "")
         refused = bool(msg.get("refusal")) or finish == "content_filter"
         text = msg.get("content") or ""
         if not isinstance(text, str):
             text = ""
-        return Reply(text=text, tokens_in=int(usage.get("prompt_tokens") or 0),
-                     tokens_out=int(usage.get("completion_tokens") or 0), finish=finish,
+        return Reply(text=text, tokens_in=tokens_in, tokens_out=tokens_out, finish=finish,
                      model=str(data.get("model") or self.model), refused=refused)
 
 
