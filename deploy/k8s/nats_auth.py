@@ -2,8 +2,9 @@
 
 The users and their subjects come from kfactory.security.PERMISSIONS, the one table the embedded server and the
 tests use too; the passwords are environment variables of the NATS pods ($KF_NATS_<USER>_PASSWORD), filled from
-the kfactory-nats Secret. tests/test_deploy_nats.py fails when the committed file differs from what this writes,
-and runs a campaign with these users against a real nats-server. Run: python deploy/k8s/nats_auth.py
+the kfactory-nats Secret. tests/test_deploy_nats.py fails when the committed file differs from what this writes
+and checks the users' grants and refusals on a real nats-server; tests/test_tracing_campaign.py runs a campaign
+over six processes logged in as these users. Run: python deploy/k8s/nats_auth.py
 """
 from __future__ import annotations
 
