@@ -95,7 +95,7 @@ def main() -> int:
     results = {}
     for name in SHAPES:
         results[name] = campaign(name, package(name, work), budget, env, timeout_s=float(os.environ.get(
-            "KF_GPU_CAMPAIGN_S", "160")))
+            "KF_GPU_CAMPAIGN_S", "130")))
         print(f"elapsed {time.time() - t0:.0f}s", flush=True)
     rows = table(results)
     if OUT:

@@ -19,10 +19,11 @@ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem,temperature
 OUTDIR=${OUT:-/tmp/kf-out}; mkdir -p "$OUTDIR"
 [ "${KF_GPU_TESTS:-0}" = 1 ] && timeout "${KF_GPU_TEST_S:-150}" $PY -m pytest -q -p no:cacheprovider -x --timeout 120 -m gpu \
   "$OLDPWD/tests/test_cuda_runtime.py" 2>&1 | tail -25 | tee "$OUTDIR/gpu_tests.log"
-timeout "${KF_GPU_CHECK_S:-420}" $PY "$OLDPWD/scripts/gpu_check.py"; rc=$?
+# the defaults keep the whole script under one 10-minute device command: 330 s here, 220 s for KDA below
+timeout "${KF_GPU_CHECK_S:-330}" $PY "$OLDPWD/scripts/gpu_check.py"; rc=$?
 # KDA (KF_GPU_KDA=0 skips it, e.g. when the device time left does not cover both): a campaign on GPU-sized
 # shapes, then the best kernel against FLA at the public shapes
 if [ "${KF_GPU_KDA:-1}" = 1 ]; then
-  timeout "${KF_GPU_KDA_S:-480}" $PY "$OLDPWD/scripts/gpu_check_kda.py" || rc=1
+  timeout "${KF_GPU_KDA_S:-220}" $PY "$OLDPWD/scripts/gpu_check_kda.py" || rc=1
 fi
 exit $rc

@@ -12,7 +12,7 @@
    o and final state compared with FLA's (relative RMS error <= 0.005, FLA's own bar).
 
 Results go to $OUT/kda_check.json (the campaign's own JSON to $OUT/kda.json) when OUT is set.
-Environment: KF_GPU_BUDGET (candidates, default 12), KF_KDA_CAMPAIGN_S (default 200), KF_KDA_PUBLIC
+Environment: KF_GPU_BUDGET (candidates, default 12), KF_KDA_CAMPAIGN_S (default 120), KF_KDA_PUBLIC
 (comma-separated shape names to keep, default all).
 """
 from __future__ import annotations
@@ -156,7 +156,7 @@ def main() -> int:
                KFACTORY_MEASURE_MAX_S="0.3", KFACTORY_RUNNER_TIMEOUT_S="60", PYTHONUNBUFFERED="1")
     t0 = time.time()
     pkg = package(work)
-    summary = campaign("kda", pkg, budget, env, timeout_s=float(os.environ.get("KF_KDA_CAMPAIGN_S", "200")))
+    summary = campaign("kda", pkg, budget, env, timeout_s=float(os.environ.get("KF_KDA_CAMPAIGN_S", "120")))
     print(f"campaign elapsed {time.time() - t0:.0f}s", flush=True)
     best = (summary or {}).get("best")
     settings = Settings(data_dir=work / "data", runner_timeout_s=120.0)
