@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO))
 
 from kfactory.replay import load_space  # noqa: E402
 from kfactory.strategies import Point, Space, make_strategy  # noqa: E402
-from kfactory.strategies.transfer import Evidence  # noqa: E402
+from kfactory.strategies.base import Evidence  # noqa: E402
 
 DEFAULT_BUDGETS = (25, 50, 100, 200)
 DEFAULT_KF = ("default", "surrogate", "tpe", "evolutionary", "random")

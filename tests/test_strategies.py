@@ -71,7 +71,7 @@ def test_every_strategy_takes_a_64_bit_campaign_seed(space, name):
 
 
 def _evidence(space, score, source: str):
-    from kfactory.strategies.transfer import Evidence
+    from kfactory.strategies.base import Evidence
     pts = space.all_points()[::16]
     best = min(score(p) for p in pts)
     return [Evidence(p, score(p) / best, source) for p in pts]

@@ -24,6 +24,14 @@ class Point:
         return cls(family, json.dumps(params, sort_keys=True))
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """One measurement from another campaign: a point, its score over that campaign's best, and the source."""
+    point: Point
+    relative: float
+    source: str
+
+
 class Space:
     """The union of the families' valid points."""
 

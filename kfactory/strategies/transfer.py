@@ -15,12 +15,11 @@ weight; if all disagree, b falls to 0 and the search is a cold one again.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import spearmanr
 
-from kfactory.strategies.base import Point
+from kfactory.strategies.base import Evidence
 from kfactory.strategies.encoding import SpaceIndex
 
 #: results needed before the sources are weighted by their agreement with this device
@@ -31,14 +30,6 @@ SHRINK = 4.0
 DIRECT = 1500
 #: the most measurements of one source a GP is fitted to
 GP_ROWS = 160
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """One measurement from another campaign: a point, its score over that campaign's best, and the source."""
-    point: Point
-    relative: float
-    source: str
 
 
 class PriorMean:

@@ -13,7 +13,7 @@ from kfactory import events as ev
 from kfactory.services.planner.coders import TEMPLATE, CoderLedger, arm_of
 from kfactory.stats import significant
 from kfactory.strategies import Point, Space, make_strategy
-from kfactory.strategies.transfer import Evidence
+from kfactory.strategies.base import Evidence
 from kfactory.v1 import events_pb2 as pb
 
 TERMINAL = ("measured", "rejected", "compile_failed")
