@@ -204,7 +204,9 @@ def load_problem(name_or_path: str | Path) -> Problem:
         from kfactory.replay.problem import load_replay_problem
         return load_replay_problem(str(name_or_path))
     path = Path(name_or_path)
-    directory = path if path.is_dir() else BUILTIN / str(name_or_path)
+    # a directory holding a problem.yaml, else a built-in name (a stray directory named like a built-in
+    # problem, e.g. ./kda with no problem.yaml in it, must not hide the built-in one)
+    directory = path if (path / "problem.yaml").exists() else BUILTIN / str(name_or_path)
     if not (directory / "problem.yaml").exists():
         raise ProblemError(f"no problem {name_or_path!r}: not a directory with problem.yaml and not one of "
                            f"{list_problems()}")
