@@ -62,3 +62,9 @@ def test_describe_prints_the_abi(capsys):
     assert "ABI (cpu): void kernel(const float *x, float *y, int64_t rows, int64_t cols)" in out
     assert "OpenMP" in out and "4096x4096" in out and "1x50257" in out
     assert main(["problems", "describe"]) == 2
+
+
+def test_a_stray_directory_named_like_a_builtin_problem_does_not_hide_it(tmp_path, monkeypatch):
+    (tmp_path / "softmax").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert load_problem("softmax").spec.name == "softmax"
