@@ -38,10 +38,11 @@ class Factory:
                     "KFACTORY_THREADS": "2"}
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str) -> subprocess.Popen:
+    def start(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """`kfactory serve name`, with `env` over the factory's environment (this process's own settings)."""
         log = open(self.tmp / f"{name}.log", "ab")
-        p = subprocess.Popen([sys.executable, "-m", "kfactory.cli", "serve", name], env=self.env, stdout=log,
-                             stderr=subprocess.STDOUT)
+        p = subprocess.Popen([sys.executable, "-m", "kfactory.cli", "serve", name], env={**self.env, **(env or {})},
+                             stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = p
         return p
 

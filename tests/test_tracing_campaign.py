@@ -9,12 +9,9 @@ the NATS server logged no permission violation."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
-import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -27,38 +24,31 @@ from kfactory.app import SERVICE_NAMES
 from kfactory.services.memory.archive import Archive
 from redis_server import redis_server
 from secured_nats import SecuredNats, free_port as _free_port
+from test_multiprocess import Factory
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = Path(__file__).parent / "kernels"
 METRIC_LINE = re.compile(r'^(\w+)(?:\{(.*)\})? (\S+)$')
 
 
-class ObservedFactory:
+class ObservedFactory(Factory):
     """Six service processes, each with its own NATS user, spans file, metrics port and health port."""
 
     def __init__(self, tmp: Path, nats: SecuredNats, redis_url: str):
-        self.tmp, self.nats = tmp, nats
-        self.common = {**os.environ, "KFACTORY_NATS_URL": nats.url, "KFACTORY_REDIS_URL": redis_url,
-                       "KFACTORY_PLANNER_ADDR": f"127.0.0.1:{_free_port()}",
-                       "KFACTORY_MEMORY_ADDR": f"127.0.0.1:{_free_port()}",
-                       "KFACTORY_DATA_DIR": str(tmp / "data"), "KFACTORY_ACK_WAIT_S": "3",
-                       "KFACTORY_RUNNER_TIMEOUT_S": "4", "KFACTORY_MEASURE_MAX_S": "0.2",
-                       "KFACTORY_MEASURE_MIN_S": "0.05", "KFACTORY_COMPARE_MAX_S": "0.4", "KFACTORY_THREADS": "2",
-                       "KFACTORY_METRICS_POLL_S": "0.3"}
+        super().__init__(tmp, nats.url, redis_url)
+        self.nats = nats
+        self.env["KFACTORY_METRICS_POLL_S"] = "0.3"
         self.metrics = {n: _free_port() for n in SERVICE_NAMES}
         self.health = {n: _free_port() for n in SERVICE_NAMES}
-        self.procs: dict[str, subprocess.Popen] = {}
 
     def spans_file(self, name: str) -> Path:
         return self.tmp / f"spans-{name}.jsonl"
 
-    def start(self, name: str) -> None:
-        env = {**self.common, "KFACTORY_NATS_USER": name, "KFACTORY_NATS_PASSWORD": self.nats.passwords[name],
-               "KFACTORY_TRACE_FILE": str(self.spans_file(name)), "KFACTORY_METRICS_PORT": str(self.metrics[name]),
-               "KFACTORY_HEALTH_ADDR": f"127.0.0.1:{self.health[name]}"}
-        log = open(self.tmp / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "kfactory.cli", "serve", name], env=env,
-                                            stdout=log, stderr=subprocess.STDOUT)
+    def start(self, name: str) -> subprocess.Popen:
+        return super().start(name, {
+            "KFACTORY_NATS_USER": name, "KFACTORY_NATS_PASSWORD": self.nats.passwords[name],
+            "KFACTORY_TRACE_FILE": str(self.spans_file(name)), "KFACTORY_METRICS_PORT": str(self.metrics[name]),
+            "KFACTORY_HEALTH_ADDR": f"127.0.0.1:{self.health[name]}"})
 
     def ready(self, name: str, timeout: float = 60) -> None:
         """Wait for the process's health server to report READY (NATS connected, its service running)."""
@@ -87,22 +77,6 @@ class ObservedFactory:
                 labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
                 out[(m.group(1), labels)] = float(m.group(3))
         return out
-
-    def cli(self, *args: str) -> str:
-        res = subprocess.run([sys.executable, "-m", "kfactory.cli", *args], env=self.common, capture_output=True,
-                             text=True, timeout=120)
-        assert res.returncode == 0, res.stderr
-        return res.stdout
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def metric(samples: dict, name: str, **labels) -> float:
@@ -145,7 +119,7 @@ def test_one_candidate_is_one_trace_across_six_processes_and_metrics_tell_the_ca
         if name != "compiler":
             f.ready(name)
     sub = json.loads(f.cli("submit", small_softmax, "--budget", "3", "--strategy", "random", "--warm", "0",
-                           "--manual", f"wrong={KERNELS / 'wrong.c'}", "--json"))
+                           "--manual", f"wrong={KERNELS / 'wrong.c'}", "--json").stdout)
     cid = sub["id"]
     # no compiler: the planner's reading of the compiler's consumer shows the work waiting
     lag = _wait(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") or None,
@@ -162,7 +136,7 @@ def test_one_candidate_is_one_trace_across_six_processes_and_metrics_tell_the_ca
     assert metric(early, "kfactory_queue_wait_seconds_sum", stage="compiler") >= absent_s
 
     def finished():
-        status = json.loads(f.cli("status", cid, "--json"))
+        status = json.loads(f.cli("status", cid, "--json").stdout)
         return status if status["state"] != "running" else None
     status = _wait(finished, 240, "the campaign to finish")
     assert status["state"] == "completed", status
