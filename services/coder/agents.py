@@ -64,7 +64,12 @@ class AgentConsumers:
                     delay = min(self.settings.ack_wait_s, EVIDENCE_WAIT_S * 2 ** max(0, d.deliveries - 1))
                     self.coder.log.info("parent evidence not archived yet", reason=str(e), retry_in_s=delay)
                     return Nak(delay)
+            info = work.info  # tokens spent, failed or not, stale or not: the metrics endpoint counts them all
+            metrics.count_tokens(f"agent_{info.persona}", info.model, prompt=info.tokens_in,
+                                 completion=info.tokens_out)
             if not await self.coder.still_ours(lock):
+                self.coder.log.warning("agent task taken over while the model answered; its result is dropped",
+                                       persona=persona, tokens=info.tokens_in + info.tokens_out)
                 return Leave()  # a newer holder of this task's lock (its delivery redelivered) publishes and acks
             await self._publish(pp, cid, work)
             await self.coder.claims.cache_put(done_key, b"1", ttl_s=7 * 86400)
@@ -93,8 +98,6 @@ class AgentConsumers:
         return work
 
     async def _publish(self, pp: pb.PointProposed, cid: str, work: AgentWork) -> None:
-        info = work.info  # tokens spent on this work item, failed or not, for the metrics endpoint
-        metrics.count_tokens(f"agent_{info.persona}", info.model, prompt=info.tokens_in, completion=info.tokens_out)
         if work.failure is not None:
             self.coder.log.warning("agent produced no candidate", persona=work.info.persona,
                                    reason=pb.RejectReason.Name(work.failure.reason), error=str(work.failure))
