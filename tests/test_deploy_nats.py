@@ -19,7 +19,6 @@ import yaml
 from kfactory import events as ev
 from kfactory.agents import PERSONAS, persona_stage
 from kfactory.bus import Ack, Bus, WORK_STREAM
-from kfactory.problems import BUILTIN_DIR
 from kfactory.v1 import events_pb2 as pb
 from secured_nats import NATS_DIR, SecuredNats, free_port
 
@@ -122,24 +121,27 @@ def _max_payload() -> int:
 
 def test_the_largest_messages_fit_max_payload():
     """Events carry digests, not artifacts; the largest carry a whole kernel source: a proposal of a hand-written
-    kernel, and the dead letter that would wrap it. The largest source shipped (a family template) stands in for
-    a big kernel; the object store's chunks are the other large messages."""
+    kernel, a campaign's start that lists it, and the dead letter that would wrap the proposal. Each is built
+    with a source at the largest size the planner and the coder accept (KFACTORY_MAX_SOURCE_BYTES); the object
+    store's chunks are the other large messages. Each must fit max_payload and the services' decode limit."""
     from nats.js.object_store import OBJ_DEFAULT_CHUNK_SIZE
 
-    sources = sorted((p for p in BUILTIN_DIR.rglob("*") if p.suffix in (".c", ".cu", ".j2", ".cpp", ".ptx")),
-                     key=lambda p: p.stat().st_size)
-    source = sources[-1].read_text()
+    from kfactory.config import Settings
+
+    settings = Settings()
+    source = "x" * settings.max_source_bytes
     pp = pb.PointProposed(point_id="p" * 24, family="f", params_json="{}", problem="softmax", target="cuda:sm_90a",
                           origin="manual:big", manual=pb.ManualSource(name="big", source=source))
     proposal = ev.make_event("c" * 13, "planner", "p" * 24, point_proposed=pp).SerializeToString()
     started = ev.make_event("c" * 13, "planner", "start", campaign_started=pb.CampaignStarted(
-        spec=pb.CampaignSpec(problem="softmax", manual_sources=[pp.manual] * 4))).SerializeToString()
+        spec=pb.CampaignSpec(problem="softmax", manual_sources=[pp.manual]))).SerializeToString()
     dead = ev.make_event("c" * 13, "coder", "k", dead_letter=pb.DeadLetter(
         stage="coder", subject="kf.v1.work.coder.c", reason="x" * 200, payload=proposal)).SerializeToString()
-    largest = max(len(proposal), len(started), len(dead), OBJ_DEFAULT_CHUNK_SIZE)
-    print(f"largest source {len(source)} B; proposal {len(proposal)} B, start with 4 sources {len(started)} B, "
-          f"dead letter {len(dead)} B, object chunk {OBJ_DEFAULT_CHUNK_SIZE} B; max_payload {_max_payload()} B")
-    assert largest * 4 <= _max_payload()
+    sizes = {"proposal": len(proposal), "start": len(started), "dead letter": len(dead),
+             "object chunk": OBJ_DEFAULT_CHUNK_SIZE}
+    print(f"with a {len(source)} B source: {sizes}; max_payload {_max_payload()} B, "
+          f"decode limit {settings.max_event_bytes} B")
+    assert max(sizes.values()) <= min(_max_payload(), settings.max_event_bytes)
 
 
 def test_nats_conf_and_auth_conf_are_valid_for_the_server(tmp_path):
