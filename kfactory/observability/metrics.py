@@ -195,8 +195,11 @@ async def poll_lag(js, readers: dict[str, object], interval_s: float, stop: asyn
         for label, read in readers.items():
             try:
                 waiting, in_flight = await read(js)
-            except (nats.js.errors.NotFoundError, nats.errors.Error, asyncio.TimeoutError) as e:
+            except nats.js.errors.NotFoundError as e:  # its consumer is not made yet: normal before its first pod
                 log.debug("lag unavailable", stage=label, error=repr(e))
+                continue
+            except (nats.errors.Error, asyncio.TimeoutError) as e:  # NATS reconnecting, or a permission refused
+                log.warning("lag unavailable", stage=label, error=repr(e))
                 continue
             WORK_LAG.labels(label).set(waiting)
             ACK_PENDING.labels(label).set(in_flight)
