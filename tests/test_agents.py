@@ -288,3 +288,64 @@ def test_lessons_name_the_campaign_best_furthest_ahead_of_its_reference(tmp_path
     finally:
         archive.close()
     assert best.value == 0.25 and "4.00x the reference kernel" in best.text
+
+
+async def _agent_task(bus_settings, take_over: bool):
+    """One agent task through the coder's persona consumer, over a real nats-server, while the model (the double)
+    does not answer; with `take_over`, the task's fenced lock expires meanwhile and another worker takes it (as
+    when this coder is paused past the lock's TTL). Returns the outcome and the events published for it."""
+    import asyncio
+
+    import nats.js.errors
+
+    from kfactory import events as ev
+    from kfactory.bus import EVENTS_STREAM, Bus, Delivery
+    from kfactory.claims.memory import MemoryClaims
+    from kfactory.service import Context
+    from kfactory.services.coder.service import CoderService
+
+    now = [0.0]
+    claims = MemoryClaims(clock=lambda: now[0])
+    bus = await Bus.connect(bus_settings.nats_url, "t")
+    with ScriptedModelServer({"memory_bound": [Hang()]}) as m:
+        settings = _settings(m.url, "openai", llm_retries=0).model_copy(update={
+            "nats_url": bus_settings.nats_url, "data_dir": bus_settings.data_dir, "ack_wait_s": 30.0,
+            "memory_addr": f"127.0.0.1:{_closed_port()}"})
+        coder = CoderService(Context(settings, bus, claims))
+        pp = pb.PointProposed(point_id="p" * 24, family="cpu_c", params_json="{}", problem="softmax", target="cpu",
+                              origin="agent:memory_bound", agent=pb.AgentTask(persona="memory_bound"))
+        event = ev.make_event("cstale", "planner", pp.point_id, point_proposed=pp)
+        task = asyncio.create_task(coder.agents.handle("memory_bound", Delivery(event, "s", 1, None)))
+        while not m.requests:  # the model has the prompt and is "thinking"
+            await asyncio.sleep(0.05)
+        if take_over:
+            now[0] += 31.0  # past the lock's TTL on the claims store's clock
+            newer = await claims.acquire(f"cstale:coder:{pp.point_id}", ttl_s=30.0)
+            assert newer is not None
+        outcome = await task
+    try:
+        msg = await bus.js.get_last_msg(EVENTS_STREAM, ev.event_subject("rejected", "cstale"))
+        published = [pb.Event.FromString(msg.data)]
+    except nats.js.errors.NotFoundError:  # nothing was published
+        published = []
+    done = await claims.cache_get(f"cstale:agent-done:{pp.point_id}")
+    await coder.agents.close()
+    await bus.close()
+    return outcome, published, done
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_an_agent_task_taken_over_while_the_model_answers_is_left_not_published(bus_settings):
+    from kfactory.bus import Ack, Leave
+
+    outcome, published, done = await _agent_task(bus_settings, take_over=True)
+    assert outcome == Leave() and published == [] and done is None
+    # the same task, still held: its typed failure is published and the delivery acked
+    outcome, published, done = await _agent_task(bus_settings, take_over=False)
+    assert outcome == Ack() and done == b"1"
+    assert [e.rejected.reason for e in published] == [pb.AGENT_TIMEOUT]
