@@ -170,10 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def log_options(cmd: str, flag: str | None, settings: Settings) -> tuple[str, bool]:
+    """(level, JSON lines?) of a command's logs: --log-level, else KFACTORY_LOG_LEVEL, else the command's
+    default; JSON for `serve` (a pod's log collector parses it) or when KFACTORY_LOG_JSON says so."""
+    level = flag or settings.log_level or ("warning" if cmd in ("run", "problems") else "info")
+    return level, cmd == "serve" or settings.log_json
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings_level = args.log_level or ("warning" if args.cmd in ("run", "problems") else "info")
-    configure(settings_level, json=args.cmd == "serve")
+    level, json_lines = log_options(args.cmd, args.log_level, Settings())
+    configure(level, json=json_lines)
     try:
         return _dispatch(args)
     except KeyboardInterrupt:

@@ -89,8 +89,9 @@ class Settings(BaseSettings):
     grpc_tls_key: Path | None = Field(None, description="PEM private key of grpc_tls_cert")
     grpc_tls_ca: Path | None = Field(None, description="PEM CA bundle clients trust (default: grpc_tls_cert)")
 
-    log_level: str = "info"
-    log_json: bool = False
+    log_level: str | None = Field(None, description="debug, info, warning or error; unset: info for `serve`, "
+                                                    "warning for `run` and `problems` (--log-level wins)")
+    log_json: bool = Field(False, description="JSON log lines (always for `serve`)")
 
     # observability (kfactory/telemetry.py, kfactory/observability/)
     trace_file: Path | None = Field(None, description="append every finished span as a JSON line to this file")

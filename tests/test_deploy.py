@@ -141,6 +141,27 @@ def test_services_have_grpc_health_probes_on_the_health_port(overlay):
         assert {"name": "health", "containerPort": port} in c["ports"]
 
 
+def test_every_config_map_key_is_a_setting_the_services_read(overlay, monkeypatch):
+    """kfactory-config holds only variables Settings reads (a misspelt or dead key would do nothing in a pod),
+    and they parse: the level and the JSON lines of `serve`'s logs come from it."""
+    from pydantic import AliasChoices
+
+    from kfactory.cli import log_options
+
+    _, objs = overlay
+    config = objs[("ConfigMap", "kfactory", "kfactory-config")]["data"]
+    names = set()
+    for name, f in Settings.model_fields.items():
+        alias = f.validation_alias
+        names |= set(alias.choices) if isinstance(alias, AliasChoices) else {f"KFACTORY_{name.upper()}"}
+    assert set(config) <= names, set(config) - names
+    for key, value in config.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert log_options("serve", None, settings) == (config["KFACTORY_LOG_LEVEL"], True)
+    assert settings.stream_replicas == int(config["KFACTORY_STREAM_REPLICAS"])
+
+
 def test_no_privileged_pods(overlay):
     _, objs = overlay
     for name, pod in _pod_specs(objs):
