@@ -255,6 +255,15 @@ def test_network_policies_allow_only_what_each_service_must_reach(overlay):
     assert rule["ports"] == [{"protocol": "TCP", "port": 4317}]
     assert _egress_apps(_policy_for(objs, "redis")) == set()
     assert _egress_apps(_policy_for(objs, "nats")) == {"nats", "dns"}
+    # the ports the policies open are the ones the services are configured to dial
+    config = objs[("ConfigMap", "kfactory", "kfactory-config")]["data"]
+    dialled = {app: int(config[key].rsplit(":", 1)[1].split("/")[0]) for app, key in
+               (("nats", "KFACTORY_NATS_URL"), ("redis", "KFACTORY_REDIS_URL"), ("memory", "KFACTORY_MEMORY_ADDR"))}
+    for svc in must:
+        for rule in _policy_for(objs, svc)["spec"]["egress"]:
+            apps = {p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/name") for p in rule["to"]}
+            for app in apps & set(dialled):
+                assert [p["port"] for p in rule["ports"]] == [dialled[app]], (svc, app, rule["ports"])
 
 
 def test_nats_is_a_three_server_jetstream_cluster_on_volumes(overlay):
