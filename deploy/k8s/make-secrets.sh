@@ -3,6 +3,8 @@
 #   kfactory-nats   one password per NATS user: planner coder compiler verifier benchmarker memory admin
 #   kfactory-redis  password (Redis AUTH)
 #   kfactory-grpc   token (the bearer token the planner's and memory's gRPC services demand)
+# Not here: kfactory-llm (api-key), the LLM endpoint's key, which only you have and the coder reads when it
+# exists (deploy/k8s/README.md, Secrets).
 # Usage: deploy/k8s/make-secrets.sh [namespace]   (default kfactory; needs kubectl and a cluster)
 set -euo pipefail
 ns="${1:-kfactory}"
