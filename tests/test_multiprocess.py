@@ -48,17 +48,23 @@ class Factory:
 
     def wait_healthy(self, timeout: float = 60) -> None:
         for key in ("KFACTORY_PLANNER_ADDR", "KFACTORY_MEMORY_ADDR"):
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    with grpc.insecure_channel(self.env[key]) as ch:
-                        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
-                    if r.status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass
-                assert time.monotonic() < deadline, f"{key} not healthy; logs in {self.tmp}"
-                time.sleep(0.2)
+            self.wait_serving(self.env[key], "", timeout, key)
+
+    def wait_serving(self, addr: str, service: str, timeout: float, what: str, proc: str | None = None) -> None:
+        """Until the gRPC health service at `addr` says `service` is SERVING (failing early if `proc` exited)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc is not None:
+                assert self.procs[proc].poll() is None, (self.tmp / f"{proc}.log").read_text()[-3000:]
+            try:
+                with grpc.insecure_channel(addr) as ch:
+                    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            assert time.monotonic() < deadline, f"{what} not serving; logs in {self.tmp}"
+            time.sleep(0.2)
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         res = subprocess.run([sys.executable, "-m", "kfactory.cli", *args], env=self.env, capture_output=True,

@@ -16,9 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kfactory.app import SERVICE_NAMES
 from kfactory.services.memory.archive import Archive
@@ -52,19 +50,7 @@ class ObservedFactory(Factory):
 
     def ready(self, name: str, timeout: float = 60) -> None:
         """Wait for the process's health server to report READY (NATS connected, its service running)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.procs[name].poll() is None, (self.tmp / f"{name}.log").read_text()[-3000:]
-            try:
-                with grpc.insecure_channel(f"127.0.0.1:{self.health[name]}") as ch:
-                    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="ready"),
-                                                             timeout=1)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            assert time.monotonic() < deadline, f"{name} never ready; see {self.tmp}/{name}.log"
-            time.sleep(0.2)
+        self.wait_serving(f"127.0.0.1:{self.health[name]}", "ready", timeout, f"{name}'s READY", proc=name)
 
     def scrape(self, name: str) -> dict[tuple[str, frozenset], float]:
         """The process's metrics as {(name, labels): value}."""
