@@ -131,6 +131,9 @@ async def test_submit_refuses_malformed_specs_naming_the_field(bus_settings, spa
             "families: ['nope']": _spec(space, families=["nope"]),
             "manual_sources[huge]: 2000 bytes, over the 1024-byte limit": _spec(
                 space, manual_sources=[pb.ManualSource(name="huge", source="x" * 2000)]),
+            # each source under the limit, all of them together over what one event may carry
+            "manual_sources: the spec is": _spec(
+                space, manual_sources=[pb.ManualSource(name=f"s{i}", source="x" * 1000) for i in range(600)]),
         }
         for why, spec in cases.items():
             with pytest.raises(SpecError) as err:

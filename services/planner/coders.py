@@ -232,11 +232,6 @@ def eligible(st, k: int = 2) -> list[str]:
     return arms
 
 
-def agents_pending(st) -> bool:
-    """Agent work may still become possible (so the search waits for in-flight results instead of ending)."""
-    return agents_on(st)
-
-
 def parents_for(st, persona: str, k: int) -> list[str]:
     """An agent task's parents: the k best measured candidates, or (repairer) the failed one then the best."""
     if PERSONAS[persona].parents == "failed":

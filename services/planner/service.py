@@ -142,6 +142,10 @@ class PlannerService(Service):
             if len(m.source.encode()) > limit:
                 raise SpecError(f"manual_sources[{m.name}]: {len(m.source.encode())} bytes, over the {limit}-byte "
                                 "limit (KFACTORY_MAX_SOURCE_BYTES)")
+        # the CampaignStarted event carries the whole spec and the warm start's evidence, and must fit one message
+        if spec.ByteSize() > ev.MAX_EVENT_BYTES // 2:
+            raise SpecError(f"manual_sources: the spec is {spec.ByteSize()} bytes in all, over half the "
+                            f"{ev.MAX_EVENT_BYTES}-byte event limit; send fewer or smaller sources")
         spec.threads = spec.threads or self.settings.threads
         spec.parallel = spec.parallel or 2
         spec.seed = spec.seed or secrets.randbits(32)
@@ -247,7 +251,7 @@ class PlannerService(Service):
         (services/planner/coders.py): the template coder (the strategy's next point) or an agent persona."""
         rng = random.Random(st.spec.seed ^ 0xC0DE5)
         attempts = 0
-        while self._budget_left(st) and (st.strategy is not None or coders.agents_pending(st)):
+        while self._budget_left(st) and (st.strategy is not None or coders.agents_on(st)):
             if st.in_flight() >= st.spec.parallel:
                 await self._wait_change(st)
                 continue
