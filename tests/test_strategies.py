@@ -119,3 +119,13 @@ def test_a_warm_portfolio_keeps_a_cold_twin_of_its_transferring_member(space):
         q = s.ask()
         s.tell(q, _score(q))
     assert sum(s.asks) == 31 and len(s.seen) == 31
+
+
+def test_the_gp_fits_the_best_half_and_a_spread_of_the_rest():
+    import numpy as np
+    from kfactory.strategies.encoding import fit_subset
+    y = np.random.default_rng(0).permutation(1000).astype(float)
+    keep = fit_subset(y, 400)
+    assert len(set(keep.tolist())) == 400
+    assert set(np.argsort(y)[:200].tolist()) <= set(keep.tolist()) and int(np.argmax(y)) in keep
+    assert sorted(fit_subset(y[:50], 400).tolist()) == list(range(50))

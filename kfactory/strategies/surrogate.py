@@ -7,6 +7,8 @@ unseen valid point, plus a little local search around the incumbent.
   log-time seen so far, so the model learns to stay away from the regions where points fail.
 - Kernel: Matern 5/2 with one lengthscale per encoded column (ARD), fitted by maximum marginal likelihood
   (L-BFGS-B over log lengthscales and log noise) every `refit` results, warm-started from the last fit.
+- The GP is fitted to at most `max_fit` results (the best half and a spread of the rest), so an ask costs
+  the planner about the same at 2000 results as at 400.
 - Each step scores every unseen valid point (the spaces are small enough) by expected improvement over the
   best seen log-time; with probability `local` it restricts the choice to the unseen one-parameter
   neighbours of the incumbent (local search where the model is least sure of the fine structure).
@@ -22,7 +24,7 @@ from scipy.optimize import minimize
 from scipy.special import erfc
 
 from kfactory.strategies.base import Point, Space, Strategy
-from kfactory.strategies.encoding import index_of
+from kfactory.strategies.encoding import fit_subset, index_of
 from kfactory.strategies.transfer import PriorMean
 
 _SQ5 = math.sqrt(5.0)
@@ -89,11 +91,11 @@ def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float, xi: float 
 
 class Surrogate(Strategy):
     def __init__(self, space: Space, seed: int, init: int = 10, refit: int = 8, local: float = 0.2,
-                 xi: float = 0.0, max_candidates: int = 4000):
+                 xi: float = 0.0, max_candidates: int = 4000, max_fit: int = 400):
         super().__init__(space, seed)
         self.idx = index_of(space)
         self.init, self.refit, self.local, self.xi = init, refit, local, xi
-        self.max_candidates = max_candidates
+        self.max_candidates, self.max_fit = max_candidates, max_fit
         self.gp = GP(self.idx.X.shape[1])
         self._last_hyper = -10**9
         self._np = np.random.default_rng(seed)
@@ -144,11 +146,11 @@ class Surrogate(Strategy):
         if data is None:
             return self.idx.points[int(self._np.choice(unseen))]
         rows, y = data
-        X = self.idx.X[rows]
         base = self.prior.fit(rows, y) if self.prior else np.zeros(len(self.idx))
         r = y - base[rows]
         m, s = r.mean(), r.std() or 1.0
-        ys = (r - m) / s
+        fit = fit_subset(r, self.max_fit)
+        X, ys = self.idx.X[rows[fit]], (r[fit] - m) / s
         if len(y) - self._last_hyper >= self.refit:
             self.gp.fit_hyper(X, ys)
             self._last_hyper = len(y)

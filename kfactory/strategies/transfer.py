@@ -20,7 +20,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from kfactory.strategies.base import Evidence
-from kfactory.strategies.encoding import SpaceIndex
+from kfactory.strategies.encoding import SpaceIndex, fit_subset
 
 #: results needed before the sources are weighted by their agreement with this device
 MIN_AGREEMENT = 6
@@ -94,12 +94,7 @@ def _fit_predict(idx: SpaceIndex, rows: list[tuple[int, float]], gp_factory) -> 
         out[ii] = y
         return out - mu
     gp = gp_factory(idx.X.shape[1])
-    # the fit sees at most GP_ROWS of them: the best half (where the search will look) and an even spread of
-    # the rest (the exact GP is cubic in its rows; the measured values themselves are kept below)
-    order = np.argsort(y, kind="stable")
-    fit = order if len(order) <= GP_ROWS else np.concatenate(
-        [order[:GP_ROWS // 2], order[GP_ROWS // 2:][np.linspace(0, len(order) - GP_ROWS // 2 - 1, GP_ROWS // 2,
-                                                                 dtype=int)]])
+    fit = fit_subset(y, GP_ROWS)  # the measured values themselves are kept below
     X = idx.X[ii[fit]]
     gp.fit_hyper(X, (y[fit] - mu) / sd, maxiter=15)
     gp.fit(X, (y[fit] - mu) / sd)
