@@ -6,7 +6,8 @@ unseen valid point, plus a little local search around the incumbent.
   very slow points stop dominating). Failed points are results too: they enter the model at the worst
   log-time seen so far, so the model learns to stay away from the regions where points fail.
 - Kernel: Matern 5/2 with one lengthscale per encoded column (ARD), fitted by maximum marginal likelihood
-  (L-BFGS-B over log lengthscales and log noise) every `refit` results, warm-started from the last fit.
+  (L-BFGS-B over log lengthscales and log noise) every `refit` results (every 1/32nd of the results once
+  there are more than 32 x refit), warm-started from the last fit.
 - The GP is fitted to at most `max_fit` results (the best half and a spread of the rest), so an ask costs
   the planner about the same at 2000 results as at 400.
 - Each step scores every unseen valid point (the spaces are small enough) by expected improvement over the
@@ -151,7 +152,9 @@ class Surrogate(Strategy):
         m, s = r.mean(), r.std() or 1.0
         fit = fit_subset(r, self.max_fit)
         X, ys = self.idx.X[rows[fit]], (r[fit] - m) / s
-        if len(y) - self._last_hyper >= self.refit:
+        # hyperparameters settle as results accumulate: refit every `refit` results up to 32 x refit results
+        # (every campaign of a few hundred points), then every 1/32nd of them
+        if len(y) - self._last_hyper >= max(self.refit, len(y) // 32):
             self.gp.fit_hyper(X, ys)
             self._last_hyper = len(y)
         self.gp.fit(X, ys)
