@@ -82,7 +82,7 @@ class Strategy(ABC):
         self.results: dict[Point, float | None] = {}
 
     def warm(self, evidence: list) -> None:
-        """Evidence from other campaigns (transfer.Evidence: point, relative score, source) to learn from before
+        """Evidence from other campaigns (Evidence: point, relative score, source) to learn from before
         any result of this one; strategies that cannot use it ignore it (the planner still proposes the best
         of it first)."""
 

@@ -150,7 +150,7 @@ class Surrogate(Strategy):
         base = self.prior.fit(rows, y) if self.prior else np.zeros(len(self.idx))
         r = y - base[rows]
         m, s = r.mean(), r.std() or 1.0
-        fit = fit_subset(r, self.max_fit)
+        fit = fit_subset(y, self.max_fit)  # the best results and a spread of the rest
         X, ys = self.idx.X[rows[fit]], (r[fit] - m) / s
         # hyperparameters settle as results accumulate: refit every `refit` results up to 32 x refit results
         # (every campaign of a few hundred points), then every 1/32nd of them
