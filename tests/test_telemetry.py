@@ -74,6 +74,7 @@ def test_an_error_outcome_marks_the_span(spans):
 
 def test_log_lines_carry_the_trace_and_the_bound_ids(spans):
     out = io.StringIO()
+    structlog.reset_defaults()  # an earlier test's configuration (its level filter) must not carry over
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, add_trace_ids,
                                     structlog.processors.JSONRenderer()],
                         logger_factory=structlog.PrintLoggerFactory(file=out))
