@@ -132,8 +132,7 @@ class Bus:
             # nats-py keeps retrying an initial connect when reconnects are allowed: probe first
             await _probe(url, timeout_s)
         except (OSError, asyncio.TimeoutError) as e:
-            raise BusUnavailable(f"cannot reach NATS at {url}: {e!r}; start nats-server -js or set "
-                                 "KFACTORY_NATS_URL / --nats-url") from e
+            raise _unreachable(url, e) from e
         await _handshake(url, user, password, timeout_s)
         try:
             nc = await asyncio.wait_for(
@@ -141,8 +140,7 @@ class Bus:
                              max_reconnect_attempts=-1, allow_reconnect=True,
                              error_cb=_log_error, reconnected_cb=_log_reconnect), timeout_s * 3)
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as e:
-            raise BusUnavailable(f"cannot reach NATS at {url}: {e!r}; start nats-server -js or set "
-                                 "KFACTORY_NATS_URL / --nats-url") from e
+            raise _unreachable(url, e) from e
         bus = cls(nc, name, ack_wait_s, max_deliver)
         bus.replicas = replicas
         try:
@@ -207,18 +205,8 @@ class Bus:
     async def _publish_retrying(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
         """Publish, retrying through a NATS outage for up to PUBLISH_RETRY_S: the Nats-Msg-Id header makes a
         retry of a publish that did reach the server a no-op, so nothing is stored twice."""
-        loop = asyncio.get_running_loop()
-        deadline, delay = loop.time() + PUBLISH_RETRY_S, 0.1
-        while True:
-            try:
-                await self.js.publish(subject, data, headers=headers)
-                return
-            except TRANSIENT as e:
-                if loop.time() + delay > deadline:
-                    raise
-                log.warning("publish failed, retrying", subject=subject, error=repr(e), retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(2.0, delay * 2)
+        await _retrying(lambda: self.js.publish(subject, data, headers=headers), TRANSIENT, PUBLISH_RETRY_S, 0.1,
+                        "publish failed, retrying", subject=subject)
 
     async def dead_letter(self, stage: str, subject: str, data: bytes, reason: str, deliveries: int,
                           campaign_id: str) -> None:
@@ -310,19 +298,9 @@ class Bus:
     async def _run_through_outages(self, delivery: Delivery, handler: Handler) -> Outcome:
         """Run the handler; while NATS or the claims store is briefly unreachable, run it again in place (it is
         idempotent) instead of spending the message's deliveries on an outage that is not its fault."""
-        loop = asyncio.get_running_loop()
-        deadline, delay = loop.time() + OUTAGE_WAIT_S, 0.2
-        while True:
-            try:
-                return await self._run_with_heartbeat(delivery, handler)
-            except OUTAGE as e:
-                if loop.time() + delay > deadline:
-                    raise
-                log.warning("a dependency is unreachable; retrying the message in place", subject=delivery.subject,
-                            error=repr(e), retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(2.0, delay * 2)
-                await _quiet_in_progress(delivery)
+        return await _retrying(lambda: self._run_with_heartbeat(delivery, handler), OUTAGE, OUTAGE_WAIT_S, 0.2,
+                               "a dependency is unreachable; retrying the message in place",
+                               between=lambda: _quiet_in_progress(delivery), subject=delivery.subject)
 
     async def _run_with_heartbeat(self, delivery: Delivery, handler: Handler) -> Outcome:
         task = asyncio.ensure_future(handler(delivery))
@@ -423,6 +401,24 @@ async def _probe(url: str, timeout_s: float) -> None:
     await writer.wait_closed()
 
 
+async def _retrying(call, errors: tuple, budget_s: float, first_delay: float, what: str, between=None, **log_ctx):
+    """await call(), again after a doubling delay (at most 2 s) while it raises one of `errors`, for up to
+    budget_s; then the error is raised. `between` (a coroutine function) runs after each wait."""
+    loop = asyncio.get_running_loop()
+    deadline, delay = loop.time() + budget_s, first_delay
+    while True:
+        try:
+            return await call()
+        except errors as e:
+            if loop.time() + delay > deadline:
+                raise
+            log.warning(what, error=repr(e), retry_in_s=delay, **log_ctx)
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)
+            if between is not None:
+                await between()
+
+
 async def ack_quietly(msg) -> None:
     """Ack a message; when the connection is down the ack is lost and the server redelivers the message after
     ack_wait, which an idempotent consumer absorbs (so a lost ack is logged, not raised)."""
@@ -447,13 +443,17 @@ async def _handshake(url: str, user: str | None, password: str | None, timeout_s
                                                  allow_reconnect=False, max_reconnect_attempts=0,
                                                  error_cb=_ignore_error), timeout_s * 2)
     except (OSError, asyncio.TimeoutError, nats.errors.TimeoutError) as e:
-        raise BusUnavailable(f"cannot reach NATS at {url}: {e!r}; start nats-server -js or set "
-                             "KFACTORY_NATS_URL / --nats-url") from e
+        raise _unreachable(url, e) from e
     except nats.errors.Error as e:  # reachable (the probe passed) yet refused at the protocol level
         who = f"user {user!r}" if user else "no user"
         raise BusUnavailable(f"NATS at {url} refused the connection ({who}): set KFACTORY_NATS_USER and "
                              "KFACTORY_NATS_PASSWORD to this service's credentials") from e
     await nc.close()
+
+
+def _unreachable(url: str, e: BaseException) -> BusUnavailable:
+    return BusUnavailable(f"cannot reach NATS at {url}: {e!r}; start nats-server -js or set "
+                          "KFACTORY_NATS_URL / --nats-url")
 
 
 async def _ignore_error(e: Exception) -> None:
