@@ -152,8 +152,8 @@ class PlannerService(Service):
         wrong = coders.validate(spec, self.settings)
         if wrong:
             raise SpecError(wrong)
-        if coders.agent_note(spec, self.settings):
-            self.log.warning(coders.agent_note(spec, self.settings))
+        if note := coders.agent_note(spec, self.settings):
+            self.log.warning(note)
         return spec
 
     async def submit(self, spec: pb.CampaignSpec) -> str:
