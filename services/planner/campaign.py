@@ -96,17 +96,16 @@ class CampaignState:
 
     def _on_campaign_started(self, m: pb.CampaignStarted) -> None:
         self.device.CopyFrom(m.device)
-        valid = [p for p in m.priors if self.space is not None and self.space.valid(Point(p.family, p.params_json))]
+        valid = [(point, p) for p in m.priors
+                 if self.space is not None and self.space.valid(point := Point(p.family, p.params_json))]
         # the best spec.warm_start distinct points are proposed first (memory ranks them best first); the
         # strategy learns from all of them
-        for p in valid:
-            point = Point(p.family, p.params_json)
+        for point, _ in valid:
             if point not in self.priors and len(self.priors) < self.spec.warm_start:
                 self.priors.append(point)
         if self.strategy and valid:
             try:
-                self.strategy.warm([Evidence(Point(p.family, p.params_json), p.relative, p.campaign_id)
-                                    for p in valid])
+                self.strategy.warm([Evidence(point, p.relative, p.campaign_id) for point, p in valid])
             except Exception as e:  # noqa: BLE001 (reported as the campaign's reason, with its type)
                 self.strategy_failed("warm", e)
 
