@@ -5,8 +5,9 @@ exactly as the planner does, keeping `parallel` points in flight, and the wall t
 call is charged to the single planner. Every candidate's compile time, benchmark time and recorded failure
 come from a recorded tuning space (the replay target's data); verification holds a GPU for
 `--verify-ratio` x the benchmark time, as the verifier holds the device lease. Prints, for each M, the
-campaign's time, how busy the GPUs, compilers and planner were, and which of them is the bottleneck; the
-compilers are sized as recommended (enough to keep the GPUs fed) unless --compilers is given.
+campaign's time, how busy the GPUs, compilers and planner were, which of them is the bottleneck, and the best
+point found over the space's optimum (what the parallelism costs the search); the compilers are sized as
+recommended (enough to keep the GPUs fed) unless --compilers is given.
 
     python bench/scale_sim.py [--space PATH] [--gpus 1 8 64 512] [--strategy evolutionary] [--bus-ms 2]
 """
@@ -61,6 +62,7 @@ class Sim:
         self.now = 0.0
         self.planner_free_at, self.planner_busy = 0.0, 0.0
         self.asked = self.done = self.in_flight = 0
+        self.best_ms = math.inf
 
     def at(self, t: float, kind: str, data=None) -> None:
         self.seq += 1
@@ -115,14 +117,16 @@ class Sim:
                 self._after(then, point)
             elif ev.kind == "result":
                 rec = self.rs.lookup(ev.data.params)
-                _, _ = self._planner(lambda: self.strategy.tell(ev.data, rec.time_ms if rec else None))
+                ms = rec.time_ms if rec and rec.failure is None else None
+                _, _ = self._planner(lambda: self.strategy.tell(ev.data, ms))
+                self.best_ms = min(self.best_ms, ms if ms is not None else math.inf)
                 self.in_flight -= 1
                 self.done += 1
                 self._propose()
         return {"seconds": self.now, "candidates": self.done,
                 "gpu_busy": self.gpu.busy_s / (self.gpu.size * self.now),
                 "compiler_busy": self.cc.busy_s / (self.cc.size * self.now),
-                "planner_busy": self.planner_busy / self.now}
+                "planner_busy": self.planner_busy / self.now, "best_ms": self.best_ms}
 
     def _after(self, stage: str, point) -> None:
         rec = self.rs.lookup(point.params)
@@ -172,14 +176,15 @@ def main() -> None:
     print(f"space {rs.name}: {len(rs.records)} recorded configurations; strategy {a.strategy}; bus {a.bus_ms} ms "
           f"per hop; verification {a.verify_ratio}x the benchmark time on a GPU")
     print(f"{'GPUs':>5} {'compilers':>9} {'in flight':>9} {'budget':>6} {'campaign s':>10} {'GPU busy':>8} "
-          f"{'compilers busy':>14} {'planner busy':>12}  bottleneck")
+          f"{'compilers busy':>14} {'planner busy':>12} {'best/opt':>8}  bottleneck")
     for m in a.gpus:
         c = a.compilers or recommend_compilers(rs, m, a.verify_ratio)
         budget = min(len(rs.records), a.per_gpu * m)
         parallel = 2 * (m + c)  # enough in flight that no GPU or compiler waits for the planner to ask
         r = Sim(rs, a.strategy, m, c, parallel, budget, a.bus_ms / 1e3, a.verify_ratio, a.seed).run()
         print(f"{m:5d} {c:9d} {parallel:9d} {r['candidates']:6d} {r['seconds']:10.1f} {r['gpu_busy']:8.1%} "
-              f"{r['compiler_busy']:14.1%} {r['planner_busy']:12.1%}  {bottleneck(r)}")
+              f"{r['compiler_busy']:14.1%} {r['planner_busy']:12.1%} {r['best_ms'] / rs.optimum_ms():8.3f}  "
+              f"{bottleneck(r)}")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,14 @@ class Strategy(ABC):
         self.rng = random.Random(seed)
         self.seen: set[Point] = set()
         self.results: dict[Point, float | None] = {}
+        #: the strategy whose in-flight points count as this one's (a portfolio sets itself on its members)
+        self.outer: Strategy | None = None
+
+    def pending(self) -> int:
+        """Points asked and not yet told (of the portfolio this strategy is a member of, if any): how blind a
+        model fitted to the results is to what is already in flight."""
+        s = self.outer or self
+        return len(s.seen) - len(s.results)
 
     def warm(self, evidence: list) -> None:
         """Evidence from other campaigns (Evidence: point, relative score, source) to learn from before

@@ -28,6 +28,8 @@ class Portfolio(Strategy):
         self.members: list[Strategy] = [
             importlib.import_module(f"kfactory.strategies.{n}").make(space, seed * 1009 + k, **opts.get(n, {}))
             for k, n in enumerate(self.names)]
+        for m in self.members:
+            m.outer = self
         self.credit = [0.0] * len(self.members)
         self.alive = [True] * len(self.members)
         self.decay, self.floor = decay, floor
@@ -75,6 +77,7 @@ class Portfolio(Strategy):
             if name in TRANSFER_MEMBERS and self.hedge:
                 twin = importlib.import_module(f"kfactory.strategies.{name}").make(
                     self.space, self.seed * 1009 + 101 + k, **self.opts.get(name, {}))
+                twin.outer = self
                 for p, sc in self.results.items():
                     twin.tell(p, sc)
                 self.names.append(f"{name}-cold")

@@ -13,6 +13,11 @@ unseen valid point, plus a little local search around the incumbent.
 - Each step scores every unseen valid point (the spaces are small enough) by expected improvement over the
   best seen log-time; with probability `local` it restricts the choice to the unseen one-parameter
   neighbours of the incumbent (local search where the model is least sure of the fine structure).
+- Batch mode, for a planner that keeps many points in flight: the model is blind to the pending points anyway,
+  so it is refitted only once more than pending/8 new results have come in since the last fit; in between,
+  asks take the next unseen point of the last fit's expected-improvement ranking. Hyperparameters are then
+  refitted at most once per `pending` results, on at most `max_hyper` of them. With one point in flight (ask,
+  tell, ask, ...) every ask refits, exactly as without batch mode.
 It never proposes a seen point; when every point is seen it returns None.
 """
 from __future__ import annotations
@@ -47,22 +52,36 @@ class GP:
         self.log_ls = np.full(d, math.log(0.5))
         self.log_noise = math.log(1e-2)
 
-    def _nll(self, theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
+    def _nll(self, theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+        """Negative log marginal likelihood (plus a weak prior on the log lengthscales) and its exact gradient
+        in theta = (log lengthscales, log noise): one Cholesky factorisation per evaluation, where a
+        finite-difference gradient would take one per dimension."""
         ls, noise = np.exp(theta[:-1]), math.exp(theta[-1])
-        K = _matern(_sqdist(X / ls, X / ls)) + (noise + 1e-8) * np.eye(len(X))
+        Z = X / ls
+        D2 = _sqdist(Z, Z)
+        r = np.sqrt(D2)
+        e = np.exp(-_SQ5 * r)
+        K = (1.0 + _SQ5 * r + (5.0 / 3.0) * D2) * e + (noise + 1e-8) * np.eye(len(X))
         try:
             c, low = cho_factor(K, lower=True, check_finite=False)
         except np.linalg.LinAlgError:
-            return 1e10
+            return 1e10, np.zeros_like(theta)
         alpha = cho_solve((c, low), y, check_finite=False)
         # weak prior keeps lengthscales in a sane range on tiny data
-        prior = 0.5 * np.sum((theta[:-1] - math.log(0.5)) ** 2) / 4.0
-        return float(0.5 * y @ alpha + np.log(np.diag(c)).sum() + prior)
+        dev = theta[:-1] - math.log(0.5)
+        nll = float(0.5 * y @ alpha + np.log(np.diag(c)).sum() + 0.5 * np.sum(dev ** 2) / 4.0)
+        # d nll = 1/2 tr((K^-1 - alpha alpha^T) dK); for log lengthscale j, dK = F * (z_j - z_j')^2 with
+        # F = 5/3 (1 + sqrt5 r) exp(-sqrt5 r); for log noise, dK = noise * I
+        W = cho_solve((c, low), np.eye(len(X)), check_finite=False) - np.outer(alpha, alpha)
+        M = W * ((5.0 / 3.0) * (1.0 + _SQ5 * r) * e)
+        g_ls = (Z * Z * M.sum(1)[:, None]).sum(0) - (Z * (M @ Z)).sum(0) + dev / 4.0
+        g_noise = 0.5 * noise * np.trace(W)
+        return nll, np.append(g_ls, g_noise)
 
     def fit_hyper(self, X: np.ndarray, y: np.ndarray, maxiter: int = 25) -> None:
         theta0 = np.append(self.log_ls, self.log_noise)
         bounds = [(math.log(0.05), math.log(20.0))] * len(self.log_ls) + [(math.log(1e-4), math.log(0.5))]
-        res = minimize(self._nll, theta0, args=(X, y), method="L-BFGS-B", bounds=bounds,  # noqa: E501
+        res = minimize(self._nll, theta0, args=(X, y), jac=True, method="L-BFGS-B", bounds=bounds,
                        options={"maxiter": maxiter})
         theta = res.x if np.all(np.isfinite(res.x)) else theta0
         self.log_ls, self.log_noise = theta[:-1], float(theta[-1])
@@ -92,15 +111,19 @@ def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float, xi: float 
 
 class Surrogate(Strategy):
     def __init__(self, space: Space, seed: int, init: int = 10, refit: int = 8, local: float = 0.2,
-                 xi: float = 0.0, max_candidates: int = 4000, max_fit: int = 400):
+                 xi: float = 0.0, max_candidates: int = 4000, max_fit: int = 400, max_hyper: int = 256,
+                 queue: int = 256):
         super().__init__(space, seed)
         self.idx = index_of(space)
         self.init, self.refit, self.local, self.xi = init, refit, local, xi
-        self.max_candidates, self.max_fit = max_candidates, max_fit
+        self.max_candidates, self.max_fit, self.max_hyper, self.queue_len = max_candidates, max_fit, max_hyper, queue
         self.gp = GP(self.idx.X.shape[1])
         self._last_hyper = -10**9
         self._np = np.random.default_rng(seed)
         self.prior: PriorMean | None = None
+        #: batch mode: the last fit's unseen points, best expected improvement first, and how many results it saw
+        self._queue: list[int] = []
+        self._fit_results = -1
 
     def warm(self, evidence: list) -> None:
         """Model this campaign's log-times as a fitted prior mean from the other campaigns plus a GP residual,
@@ -136,7 +159,19 @@ class Surrogate(Strategy):
         y = np.concatenate([y, np.full(len(failed), worst)])
         return np.array(rows), y
 
+    def _from_queue(self) -> Point | None:
+        """Batch mode: the next unseen point of the last fit's ranking while that fit is fresh enough."""
+        if len(self.results) - self._fit_results > self.pending() // 8:
+            return None
+        while self._queue:
+            p = self.idx.points[self._queue.pop(0)]
+            if p not in self.seen:
+                return p
+        return None
+
     def _next(self) -> Point | None:
+        if (p := self._from_queue()) is not None:
+            return p
         unseen = self._unseen()
         if len(unseen) == 0:
             return None
@@ -154,8 +189,12 @@ class Surrogate(Strategy):
         X, ys = self.idx.X[rows[fit]], (r[fit] - m) / s
         # hyperparameters settle as results accumulate: refit every `refit` results up to 32 x refit results
         # (every campaign of a few hundred points), then every 1/32nd of them
-        if len(y) - self._last_hyper >= max(self.refit, len(y) // 32):
-            self.gp.fit_hyper(X, ys)
+        if len(y) - self._last_hyper >= max(self.refit, len(y) // 32, self.pending()):
+            if len(ys) > self.max_hyper:  # the best and a spread again: hyperparameters need fewer rows
+                hyper = fit_subset(ys, self.max_hyper)
+                self.gp.fit_hyper(X[hyper], ys[hyper])
+            else:
+                self.gp.fit_hyper(X, ys)
             self._last_hyper = len(y)
         self.gp.fit(X, ys)
         cand = unseen
@@ -174,7 +213,13 @@ class Surrogate(Strategy):
         mu, sd = self.gp.predict(self.idx.X[cand])
         # expected improvement on the scale of log-time: the prior mean plus the residual model
         ei = expected_improvement(base[cand] + m + s * mu, s * sd, y.min(), self.xi * s)
-        return self.idx.points[int(cand[int(np.argmax(ei))])]
+        best = int(np.argmax(ei))
+        self._fit_results = len(self.results)
+        self._queue = []
+        if self.pending() >= 8:
+            order = np.argsort(-ei, kind="stable")[:self.queue_len]
+            self._queue = [int(cand[j]) for j in order if j != best]
+        return self.idx.points[int(cand[best])]
 
 
 def make(space: Space, seed: int, **options) -> Strategy:

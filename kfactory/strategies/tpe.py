@@ -9,6 +9,9 @@ family is one more categorical and the other families' parameters are sampled bu
 - A point whose run failed is told with a penalty: the worst log-score seen plus `penalty` (TPE then counts it
   among the bad points and learns to avoid its region), not as FAIL (which TPE would ignore).
 - Results for points it did not ask (a portfolio tells every member everything) enter as fixed trials.
+- Batch mode, for a planner that keeps many points in flight (8 or more pending): each failed draw
+  is one more trial that every later ask of Optuna walks through, so instead of drawing again it takes the
+  unseen valid point nearest the first draw (fewest parameters changed). With fewer pending it draws as above.
 """
 from __future__ import annotations
 
@@ -18,7 +21,10 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
+import numpy as np
+
 from kfactory.strategies.base import Point, Space, Strategy
+from kfactory.strategies.encoding import index_of
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -46,7 +52,7 @@ class OptunaSearch(Strategy):
         for f in self.fams:
             for name, values in f.spec.params.items():
                 self.dists[self._key(f.name, name)] = CategoricalDistribution(list(values))
-        self.pending: dict[Point, optuna.trial.Trial] = {}
+        self.trials: dict[Point, optuna.trial.Trial] = {}  # asked, awaiting results
         self.worst: float | None = None
 
     def _key(self, fam: str, name: str) -> str:
@@ -69,15 +75,34 @@ class OptunaSearch(Strategy):
         return out
 
     def _next(self) -> Point | None:
-        for _ in range(self.tries):
+        batch = self.pending() >= 8
+        for _ in range(1 if batch else self.tries):
             trial = self.study.ask(self.dists)
             p = self._point(trial.params)
-            if p in self.seen or p in self.pending or not self.space.valid(p):
+            if p in self.seen or p in self.trials or not self.space.valid(p):
                 self.study.tell(trial, state=TrialState.FAIL)
                 continue
-            self.pending[p] = trial
+            self.trials[p] = trial
             return p
-        return self._fresh_random()
+        return self._nearest_unseen(trial.params) if batch else self._fresh_random()
+
+    def _nearest_unseen(self, trial_params: dict) -> Point | None:
+        """The unseen valid point that differs from a drawn one in the fewest parameters (ties at random)."""
+        idx = index_of(self.space)
+        fam = self.fams[0].name if len(self.fams) == 1 else trial_params["__family__"]
+        f = list(self.space.families).index(fam)
+        values = [(fam_name, n, vals) for fam_name, spec in ((g.name, g.spec) for g in self.fams)
+                  for n, vals in spec.params.items()]
+        drawn = np.array([vals.index(trial_params[self._key(fn, n)]) if fn == fam else -1
+                          for fn, n, vals in values], dtype=np.int32)
+        dist = np.where(idx.family_of == f, (idx.codes != drawn).sum(axis=1), 1 << 20).astype(float)
+        for q in self.seen:
+            if (i := idx.pos.get(q)) is not None:
+                dist[i] = np.inf
+        if not np.isfinite(dist.min()):
+            return self._fresh_random()
+        ties = np.flatnonzero(dist == dist.min())
+        return idx.points[int(ties[self.rng.randrange(len(ties))])]
 
     def _value(self, score: float | None) -> float:
         if score is not None and score > 0 and math.isfinite(score):
@@ -89,7 +114,7 @@ class OptunaSearch(Strategy):
     def tell(self, point: Point, score: float | None) -> None:
         super().tell(point, score)
         value = self._value(score)
-        trial = self.pending.pop(point, None)
+        trial = self.trials.pop(point, None)
         if trial is not None:
             self.study.tell(trial, value)
         else:
