@@ -129,3 +129,67 @@ def test_the_gp_fits_the_best_half_and_a_spread_of_the_rest():
     assert len(set(keep.tolist())) == 400
     assert set(np.argsort(y)[:200].tolist()) <= set(keep.tolist()) and int(np.argmax(y)) in keep
     assert sorted(fit_subset(y[:50], 400).tolist()) == list(range(50))
+
+
+def _counting_fits(s):
+    """Wrap the surrogate's GP fit to count how often the model is refitted."""
+    calls = []
+    fit = s.gp.fit
+    s.gp.fit = lambda X, y: (calls.append(len(y)), fit(X, y))[1]
+    return calls
+
+
+def test_the_surrogate_refits_every_ask_with_one_point_in_flight(space):
+    s = make_strategy("surrogate", space, seed=3)
+    fits = _counting_fits(s)
+    for _ in range(30):
+        p = s.ask()
+        s.tell(p, _score(p))
+    assert len(fits) == 30 - s.init
+
+
+def test_with_many_points_in_flight_the_surrogate_serves_its_last_ranking(space):
+    s = make_strategy("surrogate", space, seed=3)
+    for _ in range(20):
+        p = s.ask()
+        s.tell(p, _score(p))
+    fits = _counting_fits(s)
+    flying = [s.ask() for _ in range(40)]
+    # below 8 in flight every ask refits; the 9th keeps its ranking, which serves the other 31
+    assert len(fits) == 9 and len(set(flying)) == 40
+    assert all(space.valid(p) and p not in s.results for p in flying)
+    s.tell(flying[0], _score(flying[0]))
+    s.ask()  # 1 new result, 40 in flight: the ranking is fresh enough (1 <= 40 // 8)
+    assert len(fits) == 9
+    for p in flying[1:6]:
+        s.tell(p, _score(p))
+    s.ask()  # 6 new results, 36 in flight: more than 36 // 8, so it refits
+    assert len(fits) == 10
+
+
+def test_the_gp_likelihood_gradient_is_exact():
+    import numpy as np
+    from kfactory.strategies.surrogate import GP
+    rng = np.random.default_rng(0)
+    X = rng.random((50, 4))
+    y = np.sin(X @ np.array([3.0, 1.0, 0.2, 2.0]))
+    y = (y - y.mean()) / y.std()
+    theta = np.append(rng.normal(-0.7, 0.3, 4), -3.0)
+    _, grad = GP(4)._nll(theta, X, y)
+    h = 1e-6
+    numeric = [(GP(4)._nll(theta + e, X, y)[0] - GP(4)._nll(theta - e, X, y)[0]) / (2 * h) for e in np.eye(5) * h]
+    assert np.allclose(grad, numeric, rtol=1e-5, atol=1e-6)
+
+
+def test_tpe_with_many_points_in_flight_costs_at_most_one_failed_trial_an_ask(space):
+    from optuna.trial import TrialState
+    s = make_strategy("tpe", space, seed=5)
+    for _ in range(30):
+        p = s.ask()
+        s.tell(p, _score(p))
+    failed = lambda: len(s.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))  # noqa: E731
+    flying = [s.ask() for _ in range(8)]  # below 8 in flight it may draw again and again
+    before = failed()
+    flying += [s.ask() for _ in range(52)]
+    assert len(set(flying)) == 60 and all(space.valid(p) for p in flying)
+    assert failed() - before <= 52
