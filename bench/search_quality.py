@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO))
 from kfactory.replay import load_space  # noqa: E402
 from kfactory.strategies import Point, Space, make_strategy  # noqa: E402
 from kfactory.strategies.base import Evidence  # noqa: E402
+from kfactory.strategies.transfer import rank_points  # noqa: E402
 
 DEFAULT_BUDGETS = (25, 50, 100, 200)
 DEFAULT_KF = ("default", "surrogate", "tpe", "evolutionary", "random")
@@ -118,29 +119,18 @@ def source_campaign(strategy: str, other, seed: int, budget: int) -> list[Eviden
     return [Evidence(p, t / best, f"{other.name}/seed{seed}") for p, t in measured]
 
 
-def ranked_priors(evidence: list[Evidence], k: int) -> list[Point]:
-    """Memory's ranking (services/memory/archive.py priors): by score over its own campaign's best, one entry
-    per distinct point, the k best."""
-    out: list[Point] = []
-    for e in sorted(evidence, key=lambda e: (e.relative, e.point.params_json)):
-        if e.point not in out:
-            out.append(e.point)
-        if len(out) >= k:
-            break
-    return out
-
-
 def warm_run(name: str, rs, space: Space, seed: int, evidence: list[Evidence], k: int, within: float,
              max_evals: int, horizon: int) -> tuple[int, list[float]]:
     """(evaluations until the best found is within `within` of the optimum, or max_evals + 1 when it never gets
     there; best/optimum after each of the first `horizon` evaluations). Warm (evidence given): as the planner
-    does it, the strategy learns from the evidence first, the k best priors are proposed before its own points
+    does it, the strategy learns from the evidence first, the k priors the sources rate best together
+    (transfer.rank_points) are proposed before its own points
     and told to it like its own; every proposal counts."""
     opt, s = rs.optimum_ms(), make_strategy(name, space, seed=seed)
     worst = max(r.time_ms for r in rs.records.values() if r.time_ms is not None)
     if evidence:
         s.warm(evidence)
-    queue = ranked_priors(evidence, k) if evidence else []
+    queue = rank_points(evidence, k)
     best, traj, hit = math.inf, [], max_evals + 1
     for n in range(1, max_evals + 1):
         p = None
@@ -168,6 +158,22 @@ def warm_run(name: str, rs, space: Space, seed: int, evidence: list[Evidence], k
     return hit, traj
 
 
+def evidence_rank(rs, evidence: list[Evidence], within: float) -> int:
+    """What the evidence alone says: the position of this space's first point within `within` of its optimum when
+    every valid point is ordered by its mean log(relative score) over the sources that measured it (points no
+    source measured last, in a fixed order). A warm start that trusts the evidence needs about this many
+    evaluations unless this device's own results teach it more than the evidence does."""
+    opt = rs.optimum_ms()
+    scores: dict[Point, list[float]] = {}
+    for e in evidence:
+        scores.setdefault(e.point, []).append(math.log(e.relative))
+    fam = rs.family().name
+    ranked = sorted(rs.records.values(), key=lambda r: (
+        float(np.mean(scores[pt])) if (pt := Point.of(fam, r.params)) in scores else math.inf, pt.params_json))
+    return next((n for n, r in enumerate(ranked, 1) if r.time_ms is not None and r.time_ms <= within * opt),
+                len(ranked))
+
+
 def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: int, within: float,
                        max_evals: int, source_budget: int, budgets: list[int]) -> dict:
     """For each space with other devices' spaces of the same kernel: median evaluations to within 5% of the
@@ -181,9 +187,10 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
         if not others:
             continue
         space = Space([rs.family()])
-        cold, warm, cold_tr, warm_tr = [], [], [], []
+        cold, warm, cold_tr, warm_tr, ranks = [], [], [], [], []
         for sd in seeds:
             evidence = [e for o in others for e in source_campaign(strategy, o, 1000 + sd, source_budget)]
+            ranks.append(evidence_rank(rs, evidence, within))
             for evid, hits, trs in (([], cold, cold_tr), (evidence, warm, warm_tr)):
                 hit, tr = warm_run(strategy, rs, space, sd, evid, k, within, max_evals, max(budgets))
                 hits.append(hit)
@@ -193,6 +200,8 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
                         "cold_median_evals": float(np.median(cold)), "warm_median_evals": float(np.median(warm)),
                         "ratio": float(np.median(warm)) / float(np.median(cold)),
                         "cold": cold, "warm": warm,
+                        # where the evidence alone ranks this space's first point within 5% (evidence_rank)
+                        "evidence_rank_median": float(np.median(ranks)), "evidence_rank": ranks,
                         # mean best/optimum at each budget, cold and warm
                         "cold_mean_ratio": {str(b): float(np.mean([t[b - 1] for t in cold_tr])) for b in budgets},
                         "warm_mean_ratio": {str(b): float(np.mean([t[b - 1] for t in warm_tr])) for b in budgets}}
@@ -380,7 +389,10 @@ def main(argv: list[str] | None = None) -> int:
             at = "  ".join(f"b={b}: {w['cold_mean_ratio'][str(b)]:.3f}->{w['warm_mean_ratio'][str(b)]:.3f}"
                            for b in budgets)
             print(f"  {n:28s} cold {w['cold_median_evals']:6.1f}  warm {w['warm_median_evals']:6.1f}  "
-                  f"warm/cold {w['ratio']:.2f}  {at}  (from {', '.join(w['from'])})")
+                  f"warm/cold {w['ratio']:.2f}  evidence rank {w['evidence_rank_median']:6.1f}  {at}  "
+                  f"(from {', '.join(w['from'])})")
+        print("  evidence rank: where the sources' own measurements place this device's first point within 5% "
+              "(median over seeds); a warm start that only trusts them needs about that many evaluations")
     print(f"\n{len(seeds)} seeds; {elapsed:.0f} s; evaluations = distinct valid configurations asked "
           f"(failed ones included), as Kernel Tuner's simulation mode counts them"
           + ("" if not missing_kt else "; Kernel Tuner MISSING: its strategies were not run"))

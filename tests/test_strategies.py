@@ -193,3 +193,14 @@ def test_tpe_with_many_points_in_flight_costs_at_most_one_failed_trial_an_ask(sp
     flying += [s.ask() for _ in range(52)]
     assert len(set(flying)) == 60 and all(space.valid(p) for p in flying)
     assert failed() - before <= 52
+
+
+def test_a_warm_start_proposes_first_what_every_source_rates_well(space):
+    from kfactory.strategies.base import Evidence
+    from kfactory.strategies.transfer import rank_points
+    a, b, c = space.all_points()[:3]
+    evidence = [Evidence(a, 1.0, "A100"), Evidence(a, 3.0, "MI250X"),   # best on one device only
+                Evidence(b, 1.1, "A100"), Evidence(b, 1.05, "MI250X"),  # near the best on both
+                Evidence(c, 1.2, "A100"), Evidence(c, float("nan"), "MI250X")]
+    assert rank_points(evidence, 3) == [b, c, a]
+    assert rank_points(evidence, 1) == [b] and rank_points([], 4) == []

@@ -19,7 +19,7 @@ import math
 import numpy as np
 from scipy.stats import spearmanr
 
-from kfactory.strategies.base import Evidence
+from kfactory.strategies.base import Evidence, Point
 from kfactory.strategies.encoding import SpaceIndex, fit_subset
 
 #: results needed before the sources are weighted by their agreement with this device
@@ -80,6 +80,18 @@ class PriorMean:
         b = max(0.0, (sxy + SHRINK * scale) / (sxx + SHRINK * scale))
         a = float(y.mean() - b * x.mean())
         return a + b * m
+
+
+def rank_points(evidence: list[Evidence], k: int) -> list[Point]:
+    """The k distinct points of the evidence that the sources rate best together: by the mean of log(relative
+    score) over the sources that measured each (a point near the best on every device before one that is the
+    best on one device and mediocre on another), ties in a fixed order. A warm start proposes these first."""
+    scores: dict[Point, list[float]] = {}
+    for e in evidence:
+        if e.relative > 0 and math.isfinite(e.relative):
+            scores.setdefault(e.point, []).append(math.log(e.relative))
+    ranked = sorted(scores, key=lambda p: (float(np.mean(scores[p])), p.family, p.params_json))
+    return ranked[:k]
 
 
 def _fit_predict(idx: SpaceIndex, rows: list[tuple[int, float]], gp_factory) -> np.ndarray:

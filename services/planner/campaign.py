@@ -14,6 +14,7 @@ from kfactory.services.planner.coders import TEMPLATE, CoderLedger, arm_of
 from kfactory.stats import significant
 from kfactory.strategies import Point, Space, make_strategy
 from kfactory.strategies.base import Evidence
+from kfactory.strategies.transfer import rank_points
 from kfactory.v1 import events_pb2 as pb
 
 TERMINAL = ("measured", "rejected", "compile_failed")
@@ -96,16 +97,14 @@ class CampaignState:
 
     def _on_campaign_started(self, m: pb.CampaignStarted) -> None:
         self.device.CopyFrom(m.device)
-        valid = [(point, p) for p in m.priors
-                 if self.space is not None and self.space.valid(point := Point(p.family, p.params_json))]
-        # the best spec.warm_start distinct points are proposed first (memory ranks them best first); the
+        evidence = [Evidence(point, p.relative, p.campaign_id) for p in m.priors
+                    if self.space is not None and self.space.valid(point := Point(p.family, p.params_json))]
+        # the spec.warm_start distinct points the earlier campaigns rate best together are proposed first; the
         # strategy learns from all of them
-        for point, _ in valid:
-            if point not in self.priors and len(self.priors) < self.spec.warm_start:
-                self.priors.append(point)
-        if self.strategy and valid:
+        self.priors = rank_points(evidence, self.spec.warm_start)
+        if self.strategy and evidence:
             try:
-                self.strategy.warm([Evidence(point, p.relative, p.campaign_id) for point, p in valid])
+                self.strategy.warm(evidence)
             except Exception as e:  # noqa: BLE001 (reported as the campaign's reason, with its type)
                 self.strategy_failed("warm", e)
 
