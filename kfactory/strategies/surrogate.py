@@ -9,15 +9,16 @@ unseen valid point, plus a little local search around the incumbent.
   (L-BFGS-B over log lengthscales and log noise) every `refit` results (every 1/32nd of the results once
   there are more than 32 x refit), warm-started from the last fit.
 - The GP is fitted to at most `max_fit` results (the best half and a spread of the rest), so an ask costs
-  the planner about the same at 2000 results as at 400.
+  the planner about the same at 2000 results as at 400. Hyperparameters are fitted to at most `max_hyper`
+  of those (again the best half and a spread), with the exact gradient of the marginal likelihood.
 - Each step scores every unseen valid point (the spaces are small enough) by expected improvement over the
   best seen log-time; with probability `local` it restricts the choice to the unseen one-parameter
   neighbours of the incumbent (local search where the model is least sure of the fine structure).
 - Batch mode, for a planner that keeps many points in flight: the model is blind to the pending points anyway,
   so it is refitted only once more than pending/8 new results have come in since the last fit; in between,
-  asks take the next unseen point of the last fit's expected-improvement ranking. Hyperparameters are then
-  refitted at most once per `pending` results, on at most `max_hyper` of them. With one point in flight (ask,
-  tell, ask, ...) every ask refits, exactly as without batch mode.
+  asks take the next unseen point of the last fit's expected-improvement ranking, and hyperparameters are
+  refitted at most once per `pending` results. With one point in flight (ask, tell, ask, ...) every ask
+  refits, exactly as without batch mode.
 It never proposes a seen point; when every point is seen it returns None.
 """
 from __future__ import annotations
