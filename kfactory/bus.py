@@ -65,8 +65,10 @@ class Ack:
 
 @dataclass(frozen=True)
 class Nak:
-    """Not now (a resource is busy or a transient failure): redeliver after delay_s."""
+    """Not now (a resource is busy or a transient failure): redeliver after delay_s. The reason says what it
+    waits for; it becomes the dead letter's reason if the message runs out of deliveries."""
     delay_s: float = 1.0
+    reason: str = "still busy"
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,7 @@ class Bus:
             log.exception("handler failed", stage=stage, subject=msg.subject, deliveries=deliveries)
             failed = True
             outcome = Term(f"handler error after {deliveries} deliveries: {e!r}") \
-                if deliveries >= self.max_deliver else Nak(min(30.0, 0.5 * 2 ** deliveries))
+                if deliveries >= self.max_deliver else Nak(min(30.0, 0.5 * 2 ** deliveries), f"handler error: {e!r}")
         finally:
             traceparent.reset(token)
         try:
@@ -317,7 +319,8 @@ class Bus:
             await msg.ack()
         elif isinstance(outcome, Nak):
             if deliveries >= self.max_deliver:
-                await self.dead_letter(stage, msg.subject, msg.data, "still busy after max_deliver attempts",
+                await self.dead_letter(stage, msg.subject, msg.data,
+                                       f"{outcome.reason} after {deliveries} deliveries (max_deliver)",
                                        deliveries, event.campaign_id)
                 await msg.term()
             else:

@@ -148,7 +148,7 @@ class Service:
     def busy(self) -> Nak:
         """Another worker holds this item's lock. Come back once its lock would have expired: a holder that
         died (or lost its claims store for a moment) must not make us spend every delivery while it expires."""
-        return Nak(max(self.settings.nak_delay_s, self.settings.ack_wait_s))
+        return Nak(max(self.settings.nak_delay_s, self.settings.ack_wait_s), "another worker holds this item's lock")
 
 
 class RunnerService(Service):

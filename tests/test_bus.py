@@ -97,13 +97,14 @@ async def test_nak_redelivers_then_dead_letters_at_max_deliver(nats_url):
 
     async def handler(d):
         deliveries.append(d.deliveries)
-        return Nak(0.05)
+        return Nak(0.05, "waiting for the device lease")
 
     await _run(bus, "compiler", handler, lambda: len(deliveries) >= 3)
     events = await _events(bus, "c3")
     assert deliveries == [1, 2, 3]
     dead = [e.dead_letter for e in events if e.HasField("dead_letter")]
     assert len(dead) == 1 and dead[0].stage == "compiler" and dead[0].deliveries == 3
+    assert dead[0].reason == "waiting for the device lease after 3 deliveries (max_deliver)"
     await bus.close()
 
 

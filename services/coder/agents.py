@@ -63,7 +63,7 @@ class AgentConsumers:
                     # memory follows the events stream and may lag (or restart): wait longer on each delivery
                     delay = min(self.settings.ack_wait_s, EVIDENCE_WAIT_S * 2 ** max(0, d.deliveries - 1))
                     self.coder.log.info("parent evidence not archived yet", reason=str(e), retry_in_s=delay)
-                    return Nak(delay)
+                    return Nak(delay, f"parent evidence not archived yet: {e}")
             info = work.info  # tokens spent, failed or not, stale or not: the metrics endpoint counts them all
             metrics.count_tokens(f"agent_{info.persona}", info.model, prompt=info.tokens_in,
                                  completion=info.tokens_out)
