@@ -258,6 +258,24 @@ def test_every_cuda_point_compiles_for_sm90a_without_spills(name):
     assert bad == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("name", ["kda", "kda_bf16"])
+def test_every_cuda_chunked_point_compiles_without_spills_or_local_memory(name, arch):
+    """All 72 points of cuda_chunked (fp32 and bf16 io) for Hopper and Blackwell: no spills, no local memory,
+    at most 255 registers, only the 1280 bytes of static shared memory beside the dynamic part (the launch
+    rule's, checked against the opt-in limit in tests/test_kda_chunked.py)."""
+    pytest.importorskip("cuda.bindings")
+    fam = load_problem(name).families["cuda_chunked"]
+    bad, regs = [], []
+    for p in fam.points():
+        r, spills = _compile(*fam.render(p)[:2], arch)
+        regs.append(r.report.registers)
+        if not r.ok or spills or r.report.registers > 255 or r.report.shared_bytes > 1280:
+            bad.append((p, r.message, spills, r.report.registers))
+    assert bad == [] and len(regs) == 72, bad
+
+
 def test_torch_baseline_matches_the_reference(kda):
     """The torch CPU recurrence (bench/kda_cpu.py's baseline; also the GPU fallback) where torch imports."""
     pytest.importorskip("torch")
@@ -350,7 +368,8 @@ def _params_of(source: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name,target,family", [("kda", "cpu", "cpu_recurrent"), ("kda", "cuda", "cuda_recurrent"),
-                                                ("kda_bf16", "cuda", "cuda_recurrent")])
+                                                ("kda_bf16", "cuda", "cuda_recurrent"), ("kda", "cuda", "cuda_chunked"),
+                                                ("kda_bf16", "cuda", "cuda_chunked")])
 def test_kernels_have_the_abi_signature(name, target, family):
     """Reference kernels and every family's rendering spell the ABI's parameter types and names (the cuda
     family through its io_t typedef: unsigned short for bf16, float for fp32)."""
