@@ -44,10 +44,14 @@ def package(name: str, work: Path) -> Path:
     return dst
 
 
-def campaign(name: str, pkg: Path, budget: int, env: dict, timeout_s: float) -> dict | None:
+def campaign(name: str, pkg: Path, budget: int, env: dict, timeout_s: float,
+             families: tuple[str, ...] = ()) -> dict | None:
+    """The campaign's JSON summary (None when it failed or ran past timeout_s); `families` restricts it."""
     out = (OUT or pkg.parent) / f"{name}.json"
     cmd = [sys.executable, "-m", "kfactory.cli", "run", str(pkg), "--target", "cuda", "--budget", str(budget),
            "--strategy", os.environ.get("KF_GPU_STRATEGY", "evolutionary"), "--seed", "11", "--json", str(out)]
+    for family in families:
+        cmd += ["--family", family]
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
     try:

@@ -21,8 +21,9 @@ OUTDIR=${OUT:-/tmp/kf-out}; mkdir -p "$OUTDIR"
   "$OLDPWD/tests/test_cuda_runtime.py" 2>&1 | tail -25 | tee "$OUTDIR/gpu_tests.log"
 # the defaults keep the whole script under one 10-minute device command: 330 s here, 220 s for KDA below
 timeout "${KF_GPU_CHECK_S:-330}" $PY "$OLDPWD/scripts/gpu_check.py"; rc=$?
-# KDA (KF_GPU_KDA=0 skips it, e.g. when the device time left does not cover both): a campaign on GPU-sized
-# shapes, then the best kernel against FLA at the public shapes
+# KDA (KF_GPU_KDA=0 skips it, e.g. when the device time left does not cover both): a campaign of the recurrent
+# family on GPU-sized shapes and one of the chunked family on a prefill, the chunked point verified against
+# float64, then both against FLA at the public shapes (gpu_check_kda.py keeps inside KF_GPU_KDA_S itself)
 if [ "${KF_GPU_KDA:-1}" = 1 ]; then
   timeout "${KF_GPU_KDA_S:-220}" $PY "$OLDPWD/scripts/gpu_check_kda.py" || rc=1
 fi
