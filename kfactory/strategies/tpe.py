@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
-
-import numpy as np
 
 from kfactory.strategies.base import Point, Space, Strategy
 from kfactory.strategies.encoding import index_of
@@ -106,10 +105,9 @@ class OptunaSearch(Strategy):
         idx = index_of(self.space)
         fam = self.fams[0].name if len(self.fams) == 1 else trial_params["__family__"]
         f = list(self.space.families).index(fam)
-        values = [(fam_name, n, vals) for fam_name, spec in ((g.name, g.spec) for g in self.fams)
-                  for n, vals in spec.params.items()]
-        drawn = np.array([vals.index(trial_params[self._key(fn, n)]) if fn == fam else -1
-                          for fn, n, vals in values], dtype=np.int32)
+        # the drawn point as a row of the index's codes (one column per family and parameter, -1 elsewhere)
+        drawn = np.array([vals.index(trial_params[self._key(g.name, n)]) if g.name == fam else -1
+                          for g in self.fams for n, vals in g.spec.params.items()], dtype=np.int32)
         dist = np.where(idx.family_of == f, (idx.codes != drawn).sum(axis=1), 1 << 20).astype(float)
         for q in self.seen:
             if (i := idx.pos.get(q)) is not None:
