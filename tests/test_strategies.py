@@ -204,3 +204,17 @@ def test_a_warm_start_proposes_first_what_every_source_rates_well(space):
                 Evidence(c, 1.2, "A100"), Evidence(c, float("nan"), "MI250X")]
     assert rank_points(evidence, 3) == [b, c, a]
     assert rank_points(evidence, 1) == [b] and rank_points([], 4) == []
+
+
+def test_tpe_batch_mode_snaps_within_a_space_of_several_families():
+    two = Space(load_problem("softmax").families_for("cpu") + load_problem("kda").families_for("cpu"))
+    s = make_strategy("tpe", two, seed=7)
+    flying = [s.ask() for _ in range(80)]  # 72 of them in batch mode
+    assert len(set(flying)) == 80 and all(two.valid(p) for p in flying)
+    assert {p.family for p in flying} == set(two.families)
+    # a draw (in the study's names) snaps to an unseen valid point of the drawn family
+    draw = {"__family__": "cpu_c"}
+    for fam in two.families.values():
+        draw.update({f"{fam.name}.{n}": values[0] for n, values in fam.spec.params.items()})
+    snapped = s._nearest_unseen(draw)
+    assert snapped.family == "cpu_c" and two.valid(snapped) and snapped not in s.seen
