@@ -218,3 +218,18 @@ def test_tpe_batch_mode_snaps_within_a_space_of_several_families():
         draw.update({f"{fam.name}.{n}": values[0] for n, values in fam.spec.params.items()})
     snapped = s._nearest_unseen(draw)
     assert snapped.family == "cpu_c" and two.valid(snapped) and snapped not in s.seen
+
+
+def test_tpe_in_batch_mode_keeps_its_study_small(space):
+    s = make_strategy("tpe", space, seed=9, keep=20)
+    flying, asked = [], []
+    for _ in range(200):  # 16 in flight: batch mode
+        p = s.ask()
+        flying.append(p)
+        asked.append(p)
+        if len(flying) > 16:
+            q = flying.pop(0)
+            s.tell(q, _score(q))
+    assert len(set(asked)) == 200 and all(space.valid(p) for p in asked)
+    complete = [t for t in s.study.get_trials(deepcopy=False) if t.state.is_finished() and t.value is not None]
+    assert 20 <= len(complete) < 3 * 20 and len(s.values) == 200 - 16

@@ -12,6 +12,8 @@ family is one more categorical and the other families' parameters are sampled bu
 - Batch mode, for a planner that keeps many points in flight (8 or more pending): each failed draw
   is one more trial that every later ask of Optuna walks through, so instead of drawing again it takes the
   unseen valid point nearest the first draw (fewest parameters changed). With fewer pending it draws as above.
+  And since each ask of TPE costs in proportion to the trials of its study, a batch-mode study that reaches
+  3 x `keep` results is rebuilt from `keep` of them (the best half and an even spread of the rest).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from kfactory.strategies.base import Point, Space, Strategy
-from kfactory.strategies.encoding import index_of
+from kfactory.strategies.encoding import fit_subset, index_of
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -54,9 +56,9 @@ def _sampler(kind: str, seed: int, startup: int, dists: dict):
 
 class OptunaSearch(Strategy):
     def __init__(self, space: Space, seed: int, sampler: str = "tpe", startup: int = 10, tries: int = 40,
-                 penalty: float = 0.5):
+                 penalty: float = 0.5, keep: int = 500):
         super().__init__(space, seed)
-        self.tries, self.penalty = tries, penalty
+        self.tries, self.penalty, self.keep = tries, penalty, keep
         self.fams = list(space.families.values())
         self.dists: dict[str, CategoricalDistribution] = {}
         if len(self.fams) > 1:
@@ -68,6 +70,9 @@ class OptunaSearch(Strategy):
         self.study = optuna.create_study(direction="minimize", sampler=self.sampler)
         self.trials: dict[Point, optuna.trial.Trial] = {}  # asked, awaiting results
         self.worst: float | None = None
+        #: every value told, and how many results the current study holds
+        self.values: dict[Point, float] = {}
+        self.in_study = 0
 
     def _key(self, fam: str, name: str) -> str:
         return name if len(self.fams) == 1 else f"{fam}.{name}"
@@ -129,12 +134,27 @@ class OptunaSearch(Strategy):
         value = self._value(score)
         if isinstance(self.sampler, _FixedSpaceTPE):
             self.sampler.completed = True
+        self.values[point] = value
         trial = self.trials.pop(point, None)
         if trial is not None:
             self.study.tell(trial, value)
         else:
-            self.study.add_trial(optuna.trial.create_trial(params=self._dist_params(point),
-                                                           distributions=self.dists, value=value))
+            self.study.add_trial(self._fixed(point, value))
+        self.in_study += 1
+        if self.in_study >= 3 * self.keep and self.pending() >= 8:
+            self._rebuild()
+
+    def _fixed(self, point: Point, value: float) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(params=self._dist_params(point), distributions=self.dists, value=value)
+
+    def _rebuild(self) -> None:
+        """A new study of `keep` results; the asked points still in flight come back as fixed trials."""
+        points = list(self.values)
+        kept = fit_subset(np.array([self.values[p] for p in points]), self.keep)
+        self.study = optuna.create_study(direction="minimize", sampler=self.sampler)
+        self.study.add_trials([self._fixed(points[i], self.values[points[i]]) for i in kept])
+        self.trials.clear()
+        self.in_study = len(kept)
 
 
 def make(space: Space, seed: int, **options) -> Strategy:
