@@ -59,3 +59,15 @@ def test_a_dead_lettered_point_is_finished_and_told_as_a_failure():
     assert st.in_flight() == 0 and st.counts.rejected == 1
     point = next(iter(st.strategy.results))
     assert st.strategy.results[point] is None and json.loads(point.params_json)
+
+
+def test_a_duplicate_of_a_candidate_in_flight_is_told_its_twins_result_when_it_comes():
+    st = _state()
+    st.apply(_proposed(st, "p1"))
+    st.apply(_proposed(st, "p2"))
+    dup = pb.Candidate(id="k1", point_id="p2", origin="template:cpu_c")
+    st.apply(ev.make_event("c1", "coder", "r2", rejected=pb.Rejected(candidate=dup, point_id="p2",
+                                                                      reason=pb.DUPLICATE)))
+    assert st.in_flight() == 1 and len(st.strategy.results) == 0 and st.strategy.pending() == 2
+    st.apply(_measured("p1", "k1", 0.25))  # the twin's result: both points are told it
+    assert st.strategy.pending() == 0 and sorted(st.strategy.results.values()) == [0.25, 0.25]

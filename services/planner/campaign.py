@@ -61,6 +61,8 @@ class CampaignState:
     proposals: dict[str, pb.Event] = field(default_factory=dict)
     #: why the campaign's strategy stopped working ("" while it works); the planner fails the campaign with it
     strategy_error: str = ""
+    #: points rejected as duplicates of a candidate still in flight: told the twin's result when it comes
+    awaiting_twin: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self):
         self.strategy = None
@@ -132,6 +134,7 @@ class CampaignState:
         self.counts.compile_failed += 1
         self.coders.on_compile_failed(m)
         self._finish_point(m.candidate.point_id, None)
+        self._tell_awaiting(m.candidate.id, None)
 
     def _on_verified(self, m: pb.Verified) -> None:
         self.counts.verified += 1
@@ -140,17 +143,22 @@ class CampaignState:
     def _on_rejected(self, m: pb.Rejected) -> None:
         self.counts.rejected += 1
         self.coders.on_rejected(m)
-        score = None
-        if m.reason == pb.DUPLICATE:  # not the point's fault: it scores like its twin when that is known
+        point_id = m.point_id or m.candidate.point_id
+        if m.reason == pb.DUPLICATE:  # not the point's fault: it scores like its twin, now or when that is known
             twin = self.measured.get(m.candidate.id)
-            score = twin.score_s if twin else None
-        self._finish_point(m.point_id or m.candidate.point_id, score, tell=m.reason != pb.DUPLICATE or score)
+            if twin is None:
+                self.awaiting_twin.setdefault(m.candidate.id, []).append(point_id)
+            self._finish_point(point_id, twin.score_s if twin else None, tell=twin is not None)
+            return
+        self._finish_point(point_id, None)
+        self._tell_awaiting(m.candidate.id, None)
 
     def _on_measured(self, m: pb.Measured) -> None:
         self.counts.measured += 1
         self.coders.on_measured(m)
         self.measured[m.candidate.id] = m
         self._finish_point(m.candidate.point_id, m.score_s)
+        self._tell_awaiting(m.candidate.id, m.score_s)
 
     def _on_dead_letter(self, m: pb.DeadLetter) -> None:
         """Work that can never finish: its point is over (counted as rejected), or the campaign would wait."""
@@ -169,6 +177,8 @@ class CampaignState:
         if ps is not None and not ps.done:
             self.counts.rejected += 1
             self._finish_point(point_id, None)
+        if cand is not None:
+            self._tell_awaiting(cand.id, None)
 
     def _on_comparison(self, m: pb.Comparison) -> None:
         self.comparisons[m.shape] = m
@@ -182,7 +192,18 @@ class CampaignState:
         if ps is None or ps.done:
             return
         ps.done = True
-        if ps.point and self.strategy and tell:
+        if tell:
+            self._tell(ps, score)
+
+    def _tell_awaiting(self, candidate_id: str, score: float | None) -> None:
+        """The strategy learns the result of the points that were duplicates of this candidate (until then they
+        count as in flight for it, see Strategy.pending)."""
+        for point_id in self.awaiting_twin.pop(candidate_id, []):
+            if (ps := self.points.get(point_id)) is not None:
+                self._tell(ps, score)
+
+    def _tell(self, ps: PointState, score: float | None) -> None:
+        if ps.point and self.strategy:
             try:
                 self.strategy.tell(ps.point, score)
             except Exception as e:  # noqa: BLE001 (as in construction: the campaign fails, with the reason)
