@@ -73,6 +73,10 @@ class SpaceIndex:
     def __len__(self) -> int:
         return len(self.points)
 
+    def rows(self, points) -> np.ndarray:
+        """The rows of those of `points` that are in the index (other points are skipped)."""
+        return np.array([i for p in points if (i := self.pos.get(p)) is not None], dtype=np.int64)
+
     def hamming(self, i: int) -> np.ndarray:
         """How many parameters each point differs from point i in (other families: a large number)."""
         d = (self.codes != self.codes[i]).sum(axis=1)

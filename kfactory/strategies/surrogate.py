@@ -134,10 +134,7 @@ class Surrogate(Strategy):
 
     def _unseen(self) -> np.ndarray:
         mask = np.ones(len(self.idx), dtype=bool)
-        for p in self.seen:
-            i = self.idx.pos.get(p)
-            if i is not None:
-                mask[i] = False
+        mask[self.idx.rows(self.seen)] = False
         return np.flatnonzero(mask)
 
     def _data(self) -> tuple[np.ndarray, np.ndarray] | None:

@@ -114,9 +114,7 @@ class OptunaSearch(Strategy):
         drawn = np.array([vals.index(trial_params[self._key(g.name, n)]) if g.name == fam else -1
                           for g in self.fams for n, vals in g.spec.params.items()], dtype=np.int32)
         dist = np.where(idx.family_of == f, (idx.codes != drawn).sum(axis=1), 1 << 20).astype(float)
-        for q in self.seen:
-            if (i := idx.pos.get(q)) is not None:
-                dist[i] = np.inf
+        dist[idx.rows(self.seen)] = np.inf
         if not np.isfinite(dist.min()):
             return self._fresh_random()
         ties = np.flatnonzero(dist == dist.min())
