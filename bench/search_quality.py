@@ -163,14 +163,13 @@ def evidence_rank(rs, evidence: list[Evidence], within: float) -> int:
     every valid point is ordered by its mean log(relative score) over the sources that measured it (points no
     source measured last, in a fixed order). A warm start that trusts the evidence needs about this many
     evaluations unless this device's own results teach it more than the evidence does."""
-    opt = rs.optimum_ms()
-    scores: dict[Point, list[float]] = {}
-    for e in evidence:
-        scores.setdefault(e.point, []).append(math.log(e.relative))
     fam = rs.family().name
-    ranked = sorted(rs.records.values(), key=lambda r: (
-        float(np.mean(scores[pt])) if (pt := Point.of(fam, r.params)) in scores else math.inf, pt.params_json))
-    return next((n for n, r in enumerate(ranked, 1) if r.time_ms is not None and r.time_ms <= within * opt),
+    here = {Point.of(fam, r.params): r for r in rs.records.values()}
+    measured = [p for p in rank_points(evidence, len(evidence)) if p in here]
+    known = set(measured)
+    ranked = measured + sorted((p for p in here if p not in known), key=lambda p: p.params_json)
+    good = within * rs.optimum_ms()
+    return next((n for n, p in enumerate(ranked, 1) if here[p].time_ms is not None and here[p].time_ms <= good),
                 len(ranked))
 
 
