@@ -431,6 +431,15 @@ async def ack_quietly(msg) -> None:
         log.warning("ack failed; the message will be redelivered", subject=msg.subject, error=repr(e))
 
 
+async def term_quietly(msg) -> None:
+    """Term a message; when the connection is down the term is lost and the server redelivers the message after
+    ack_wait, to be refused again (so a lost term is logged, not raised)."""
+    try:
+        await msg.term()
+    except TRANSIENT as e:
+        log.warning("term failed; the message will be redelivered", subject=msg.subject, error=repr(e))
+
+
 async def _quiet_in_progress(delivery: Delivery) -> None:
     try:
         await delivery.in_progress()

@@ -7,9 +7,8 @@ import time
 import grpc
 
 from kfactory import report, telemetry
-from kfactory.bus import TRANSIENT, ArtifactMissing, ack_quietly
+from kfactory.bus import ArtifactMissing, ack_quietly, term_quietly
 from kfactory.grpcutil import start_server
-from kfactory.log import get_logger
 from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.services.memory.archive import Archive
@@ -39,7 +38,7 @@ class MemoryService(Service):
             async for event, msg in self.bus.follow("memory", stop=stop):
                 t0 = time.perf_counter()
                 if not await self._belongs(event):
-                    await _term_quietly(msg)  # a result for a campaign nobody started: never evidence of anything
+                    await term_quietly(msg)  # a result for a campaign nobody started: never evidence of anything
                     continue
                 with telemetry.consumer_span(self.name, msg.subject, msg.headers, event):
                     await asyncio.to_thread(self.archive.record, event)
@@ -69,13 +68,6 @@ class MemoryService(Service):
 
     def report(self, campaign: str) -> tuple[str, bytes]:
         return report.build(self.archive.events(campaign=campaign))
-
-
-async def _term_quietly(msg) -> None:
-    try:
-        await msg.term()
-    except TRANSIENT as e:  # lost with the connection: redelivered, and refused again
-        get_logger("memory").warning("term failed", error=repr(e))
 
 
 def _entry(m, campaign: str, checks=()) -> spb.LeaderboardEntry:
