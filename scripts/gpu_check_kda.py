@@ -132,18 +132,13 @@ def public_shapes(pkg: Path, best: dict | None, settings, chunked: dict | None =
     cuda_chunked point timed beside the recurrent best; no shape starts after `deadline` (time.time());
     `save(results)` after each shape."""
     from kfactory.inputs import draw
-    from kfactory.judge import available_baselines
     from kfactory.problems import load_problem
     from kfactory.targets import get_target
     from kfactory.targets.shm_args import set_bytes
 
     problem = load_problem(pkg)
     target = get_target("cuda", settings)
-    session = target.session(problem, 1)
-    keys = _load_kernels(problem, target, session, best, chunked)
-    for b in available_baselines(problem, "cuda"):
-        session.load_baseline(f"baseline:{b}", b)
-        keys[b] = f"baseline:{b}"
+    session, keys = _open(problem, target, best, chunked)
     keep = [s for s in os.environ.get("KF_KDA_PUBLIC", "").split(",") if s] or list(PUBLIC)
     results = {}
     try:
@@ -167,11 +162,7 @@ def public_shapes(pkg: Path, best: dict | None, settings, chunked: dict | None =
                 results[name] = {"failed": f"{type(e).__name__}: {e}"[:1000]}
                 print(name, results[name]["failed"], flush=True)
                 session.close()
-                session = target.session(problem, 1)
-                keys = _load_kernels(problem, target, session, best, chunked)
-                for b in available_baselines(problem, "cuda"):
-                    session.load_baseline(f"baseline:{b}", b)
-                    keys[b] = f"baseline:{b}"
+                session, keys = _open(problem, target, best, chunked)
                 continue
             results[name] = _row(keys, res, shape)
             print(name, json.dumps(results[name]), flush=True)
@@ -179,6 +170,18 @@ def public_shapes(pkg: Path, best: dict | None, settings, chunked: dict | None =
     finally:
         session.close()
     return results
+
+
+def _open(problem, target, best: dict | None, chunked: dict | None):
+    """A runner session with the kernels under test and the baselines loaded, and their keys by name."""
+    from kfactory.judge import available_baselines
+
+    session = target.session(problem, 1)
+    keys = _load_kernels(problem, target, session, best, chunked)
+    for b in available_baselines(problem, "cuda"):
+        session.load_baseline(f"baseline:{b}", b)
+        keys[b] = f"baseline:{b}"
+    return session, keys
 
 
 def _load_kernels(problem, target, session, best: dict | None, chunked: dict | None = None) -> dict[str, str]:
