@@ -107,6 +107,29 @@ def test_a_misleading_source_loses_its_weight(space):
     assert np.allclose(s.prior.fit(rows, y), y.mean() + 0.0 * rows.mean())  # no source: a flat prior mean
 
 
+def test_a_source_that_only_agrees_about_the_slow_points_loses_its_weight(space):
+    """A source that ranks the slow half of the space as this device does, and the fast half upside down,
+    agrees with it overall but not where the search is; from TOP_HALF results on it gets weight 0."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    from kfactory.strategies.encoding import index_of
+    from kfactory.strategies.surrogate import GP
+    from kfactory.strategies.transfer import TOP_HALF, PriorMean
+
+    pts = space.all_points()[::16]
+    lo, mid = min(map(_score, pts)), float(np.median([_score(p) for p in pts]))
+    evidence = _evidence(space, lambda p: _score(p) if _score(p) >= mid else lo + mid - _score(p), "slow-half")
+    idx = index_of(space)
+    prior = PriorMean(idx, evidence, GP)
+    rows = np.array([idx.pos[p] for p in pts])
+    y = np.log([_score(p) for p in pts])
+    assert len(rows) >= TOP_HALF
+    assert spearmanr(prior.M[0, rows], y)[0] > 0.5  # over every point it agrees
+    assert prior.weights(rows, y).tolist() == [0.0]
+    assert prior.weights(rows[:TOP_HALF - 1], y[:TOP_HALF - 1]).tolist() == [1.0]  # before: every point counts
+
+
 def test_a_warm_portfolio_keeps_a_cold_twin_of_its_transferring_member(space):
     s = make_strategy("default", space, seed=3)
     p = s.ask()
