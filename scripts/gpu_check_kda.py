@@ -133,6 +133,7 @@ def public_shapes(pkg: Path, best: dict | None, settings, chunked: dict | None =
     `save(results)` after each shape."""
     from kfactory.inputs import draw
     from kfactory.problems import load_problem
+    from kfactory.runner import RunnerFault
     from kfactory.targets import get_target
     from kfactory.targets.shm_args import set_bytes
 
@@ -158,7 +159,7 @@ def public_shapes(pkg: Path, best: dict | None, settings, chunked: dict | None =
             try:
                 res = session.bench(list(keys.values()), shape, [x], min_samples=5, min_s=0.2, max_s=2.0,
                                     noise=0.05, warmup_s=0.05)
-            except Exception as e:  # a launch or runner failure at one shape must not lose the others
+            except (RunnerFault, OSError) as e:  # a runner fault or a full /dev/shm at one shape: keep the others
                 results[name] = {"failed": f"{type(e).__name__}: {e}"[:1000]}
                 print(name, results[name]["failed"], flush=True)
                 session.close()
