@@ -180,7 +180,8 @@ def main() -> None:
     for m in a.gpus:
         c = a.compilers or recommend_compilers(rs, m, a.verify_ratio)
         budget = min(len(rs.records), a.per_gpu * m)
-        parallel = 2 * (m + c)  # enough in flight that no GPU or compiler waits for the planner to ask
+        # enough in flight that no GPU or compiler waits for the planner to ask, and never more than the budget
+        parallel = min(2 * (m + c), budget)
         r = Sim(rs, a.strategy, m, c, parallel, budget, a.bus_ms / 1e3, a.verify_ratio, a.seed).run()
         print(f"{m:5d} {c:9d} {parallel:9d} {r['candidates']:6d} {r['seconds']:10.1f} {r['gpu_busy']:8.1%} "
               f"{r['compiler_busy']:14.1%} {r['planner_busy']:12.1%} {r['best_ms'] / rs.optimum_ms():8.3f}  "
