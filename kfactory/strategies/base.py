@@ -39,17 +39,27 @@ class Space:
         if not families:
             raise ValueError("no family to search")
         self.families = {f.name: f for f in families}
+        # a planner asks thousands of times whether a point is valid and, late in a campaign, for every valid
+        # point; each answer evaluates the constraints, so both are kept
+        self._points: list[Point] | None = None
+        self._valid: dict[Point, bool] = {}
 
     def all_points(self) -> list[Point]:
-        return [Point.of(f.name, p) for f in self.families.values() for p in f.points()]
+        """Every valid point, in a fixed order (a new list: the caller may reorder it)."""
+        if self._points is None:
+            self._points = [Point.of(f.name, p) for f in self.families.values() for p in f.points()]
+        return list(self._points)
 
     def random(self, rng: random.Random) -> Point:
         fam = rng.choice(list(self.families.values()))
         return Point.of(fam.name, fam.random_point(rng))
 
     def valid(self, point: Point) -> bool:
-        fam = self.families.get(point.family)
-        return fam is not None and fam.valid(point.params)
+        ok = self._valid.get(point)
+        if ok is None:
+            fam = self.families.get(point.family)
+            ok = self._valid[point] = fam is not None and fam.valid(point.params)
+        return ok
 
     def mutate(self, point: Point, rng: random.Random, n: int = 1) -> Point:
         """Change n parameters: ordered numeric values move to a neighbour, others to a random value."""
@@ -72,13 +82,27 @@ class Space:
         return Point.of(a.family, {k: rng.choice((pa[k], pb_[k])) for k in pa})
 
 
+class Seen(set):
+    """A strategy's seen points, and the order they were added in (`added`), so that an index of them can be
+    kept up to date by reading only what is new."""
+
+    def __init__(self):
+        super().__init__()
+        self.added: list[Point] = []
+
+    def add(self, point: Point) -> None:
+        if point not in self:
+            super().add(point)
+            self.added.append(point)
+
+
 class Strategy(ABC):
     """ask/tell search over a Space; never proposes the same point twice."""
 
     def __init__(self, space: Space, seed: int):
         self.space = space
         self.rng = random.Random(seed)
-        self.seen: set[Point] = set()
+        self.seen = Seen()
         self.results: dict[Point, float | None] = {}
         #: the strategy whose in-flight points count as this one's (a portfolio sets itself on its members)
         self.outer: Strategy | None = None

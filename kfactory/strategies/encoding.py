@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from kfactory.strategies.base import Point, Space
+from kfactory.strategies.base import Point, Seen, Space
 
 _CACHE: "weakref.WeakKeyDictionary[Space, SpaceIndex]" = weakref.WeakKeyDictionary()
 
@@ -85,6 +85,23 @@ class SpaceIndex:
     def neighbours(self, i: int) -> np.ndarray:
         """Indices of the points that differ from point i in exactly one parameter (same family)."""
         return np.flatnonzero(self.hamming(i) == 1)
+
+
+class SeenMask:
+    """Which rows of an index a strategy has seen, brought up to date on each call by reading only the points
+    added to its `seen` since the last one (rebuilding it from the whole set on every ask cost a planner with
+    ten thousand results more than its model did)."""
+
+    def __init__(self, idx: SpaceIndex, seen: Seen):
+        self.idx, self.seen, self.read = idx, seen, 0
+        self.mask = np.zeros(len(idx), dtype=bool)
+
+    def __call__(self) -> np.ndarray:
+        new = self.seen.added[self.read:]
+        self.read += len(new)
+        if new:
+            self.mask[self.idx.rows(new)] = True
+        return self.mask
 
 
 def fit_subset(y: np.ndarray, limit: int) -> np.ndarray:

@@ -31,7 +31,7 @@ from scipy.optimize import minimize
 from scipy.special import erfc
 
 from kfactory.strategies.base import Point, Space, Strategy
-from kfactory.strategies.encoding import fit_subset, index_of
+from kfactory.strategies.encoding import SeenMask, fit_subset, index_of
 from kfactory.strategies.transfer import PriorMean
 
 _SQ5 = math.sqrt(5.0)
@@ -119,6 +119,7 @@ class Surrogate(Strategy):
         self.init, self.refit, self.local, self.xi = init, refit, local, xi
         self.max_candidates, self.max_fit, self.max_hyper, self.queue_len = max_candidates, max_fit, max_hyper, queue
         self.gp = GP(self.idx.X.shape[1])
+        self._seen_mask = SeenMask(self.idx, self.seen)
         self._last_hyper = -10**9
         self._np = np.random.default_rng(seed)
         self.prior: PriorMean | None = None
@@ -133,9 +134,7 @@ class Surrogate(Strategy):
         self.prior = prior if prior else None
 
     def _unseen(self) -> np.ndarray:
-        mask = np.ones(len(self.idx), dtype=bool)
-        mask[self.idx.rows(self.seen)] = False
-        return np.flatnonzero(mask)
+        return np.flatnonzero(~self._seen_mask())
 
     def _data(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(rows of the index, log-times) of every result, failures at the worst log-time seen."""

@@ -25,7 +25,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from kfactory.strategies.base import Point, Space, Strategy
-from kfactory.strategies.encoding import fit_subset, index_of
+from kfactory.strategies.encoding import SeenMask, fit_subset, index_of
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -73,6 +73,7 @@ class OptunaSearch(Strategy):
         #: every value told, and how many results the current study holds
         self.values: dict[Point, float] = {}
         self.in_study = 0
+        self._seen_mask: SeenMask | None = None  # built with the space's index, on the first batch-mode snap
 
     def _key(self, fam: str, name: str) -> str:
         return name if len(self.fams) == 1 else f"{fam}.{name}"
@@ -114,7 +115,9 @@ class OptunaSearch(Strategy):
         drawn = np.array([vals.index(trial_params[self._key(g.name, n)]) if g.name == fam else -1
                           for g in self.fams for n, vals in g.spec.params.items()], dtype=np.int32)
         dist = np.where(idx.family_of == f, (idx.codes != drawn).sum(axis=1), 1 << 20).astype(float)
-        dist[idx.rows(self.seen)] = np.inf
+        if self._seen_mask is None:
+            self._seen_mask = SeenMask(idx, self.seen)
+        dist[self._seen_mask()] = np.inf
         if not np.isfinite(dist.min()):
             return self._fresh_random()
         ties = np.flatnonzero(dist == dist.min())
