@@ -256,3 +256,52 @@ def test_tpe_in_batch_mode_keeps_its_study_small(space):
     assert len(set(asked)) == 200 and all(space.valid(p) for p in asked)
     complete = [t for t in s.study.get_trials(deepcopy=False) if t.state.is_finished() and t.value is not None]
     assert 20 <= len(complete) < 3 * 20 and len(s.values) == 200 - 16
+
+
+def test_the_seen_mask_follows_the_seen_set_as_it_grows(space):
+    """SeenMask reads only what was added since its last call, and still marks exactly the seen rows."""
+    import numpy as np
+
+    from kfactory.strategies.encoding import SeenMask, index_of
+    idx = index_of(space)
+    s = make_strategy("random", space, seed=5)
+    mask = SeenMask(idx, s.seen)
+    for n in (1, 7, 30):
+        for _ in range(n):
+            p = s.ask()
+            s.tell(p, _score(p))
+            s.seen.add(p)  # adding a seen point again changes nothing
+        want = np.zeros(len(idx), dtype=bool)
+        want[[idx.pos[p] for p in s.seen]] = True
+        assert (mask() == want).all() and mask.read == len(s.seen) == len(s.seen.added)
+
+
+def test_the_evolutionary_elites_kept_as_results_come_are_the_sorted_best(space):
+    """Each island's elite and the global one, kept incrementally through asks, failures, results it did not
+    ask for, migrations and a point told again with a new score, equal sorting every result each time."""
+    s = make_strategy("evolutionary", space, seed=6, islands=3, migrate_every=4, elite=5)
+
+    def sorted_best(points) -> list:
+        good = sorted((s.results[p], p.params_json, p) for p in points if s.results.get(p) is not None)
+        return [p for _, _, p in good[:5]]
+
+    others = iter(space.all_points()[::7])
+    for n in range(90):
+        p = s.ask() if n % 5 else next(p for p in others if p not in s.seen)  # every 5th from elsewhere
+        s.tell(p, None if p.params["flags"].endswith("fast-math") else _score(p))
+        assert s._elite() == sorted_best(s.results)
+        assert all(s._elite(i) == sorted_best(s.islands[i]) for i in range(3))
+    second = s._elite()[1]
+    s.tell(second, s.results[second])  # told again with the same score: still there once
+    assert s._elite() == sorted_best(s.results) and len(set(s._elite())) == 5
+    best = s._elite()[0]
+    s.tell(best, 1e9)  # told again, now the worst: it leaves every elite
+    assert best not in s._elite() and s._elite() == sorted_best(s.results)
+    assert all(s._elite(i) == sorted_best(s.islands[i]) for i in range(3))
+
+
+def test_a_space_caches_its_points_but_hands_out_copies(space):
+    pts = space.all_points()
+    grid = make_strategy("grid", space, seed=1, shuffle=True)
+    assert grid.order != pts and space.all_points() == pts  # the shuffle did not reorder the space's own list
+    assert all(space.valid(p) for p in pts[:50]) and space.valid(pts[0])
