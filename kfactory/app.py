@@ -45,6 +45,8 @@ async def open_context(settings: Settings, name: str) -> Context:
     except BusUnavailable as e:
         raise WiringError(str(e)) from e
     bus.max_event_bytes = settings.max_event_bytes
+    if settings.nats_user in security.PERMISSIONS:  # refuse at once what the server would refuse silently
+        bus.may_publish = security.publish_subjects(settings.nats_user)
     try:
         claims = open_claims(security.redis_url(settings))
         await claims.ping()

@@ -54,6 +54,12 @@ class BusUnavailable(RuntimeError):
     """NATS could not be reached or JetStream is not enabled there."""
 
 
+class PublishNotPermitted(PermissionError):
+    """This service's NATS user may not publish to the subject (security.PERMISSIONS says so). Checked before
+    publishing: the server refuses such a message without a typed error (nats-py sees a publish timeout), so
+    without the check a misconfigured role cost a minute of retries per message and left only a timeout."""
+
+
 class ArtifactMissing(KeyError):
     """No artifact with that digest in the object store."""
 
@@ -124,6 +130,8 @@ class Bus:
         self._objects = None
         #: copies of each stream and of the artifact bucket when this bus creates them (3 on a 3-server cluster)
         self.replicas = 1
+        #: the subjects this connection's NATS user may publish to (wildcards as NATS has them); None: unchecked
+        self.may_publish: list[str] | None = None
 
     @classmethod
     async def connect(cls, url: str, name: str, *, user: str | None = None, password: str | None = None,
@@ -207,6 +215,9 @@ class Bus:
     async def _publish_retrying(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
         """Publish, retrying through a NATS outage for up to PUBLISH_RETRY_S: the Nats-Msg-Id header makes a
         retry of a publish that did reach the server a no-op, so nothing is stored twice."""
+        if self.may_publish is not None and not any(subject_matches(p, subject) for p in self.may_publish):
+            raise PublishNotPermitted(f"{self.name} may not publish to {subject}: its NATS user's permissions "
+                                      "(kfactory/security.py PERMISSIONS) do not include it")
         await _retrying(lambda: self.js.publish(subject, data, headers=headers), TRANSIENT, PUBLISH_RETRY_S, 0.1,
                         "publish failed, retrying", subject=subject)
 
@@ -282,6 +293,10 @@ class Bus:
         except asyncio.CancelledError:
             await _quiet_nak(msg, 0)
             raise
+        except PublishNotPermitted as e:  # the same on every delivery, until the deployment's roles change
+            log.error("handler may not publish its result", stage=stage, subject=msg.subject, error=str(e))
+            failed = True
+            outcome = Term(str(e))
         except Exception as e:  # a bug or an outage in our own code: retry, then dead-letter
             log.exception("handler failed", stage=stage, subject=msg.subject, deliveries=deliveries)
             failed = True
@@ -391,6 +406,17 @@ class Bus:
         except nats.js.errors.ObjectNotFoundError as e:
             raise ArtifactMissing(digest) from e
         return res.data
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether a NATS subject matches a subscription-style pattern: `*` is one token, a final `>` one or more."""
+    pt, st = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(pt):
+        if tok == ">":
+            return i == len(pt) - 1 and len(st) > i
+        if i >= len(st) or (tok != "*" and tok != st[i]):
+            return False
+    return len(pt) == len(st)
 
 
 async def _probe(url: str, timeout_s: float) -> None:

@@ -99,6 +99,39 @@ def test_a_compilers_credentials_cannot_publish_a_verdict(secure):
     assert stored == {"compiled": 1, "verified": 0}
 
 
+def test_subjects_match_as_the_server_matches_them():
+    from kfactory.bus import subject_matches
+    cases = [("kf.v1.evt.measured.*", "kf.v1.evt.measured.c1", True),
+             ("kf.v1.evt.measured.*", "kf.v1.evt.measured.c1.x", False),
+             ("kf.v1.evt.measured.*", "kf.v1.evt.verified.c1", False),
+             ("kf.v1.dlq.compiler.>", "kf.v1.dlq.compiler.c1", True),
+             ("kf.v1.dlq.compiler.>", "kf.v1.dlq.compiler", False),
+             ("$O.artifacts.C.>", "$O.artifacts.C.a.b.c", True),
+             ("kf.v1.work.*.*", "kf.v1.work.coder", False)]
+    assert [subject_matches(p, s) for p, s, _ in cases] == [want for _, _, want in cases]
+
+
+def test_a_service_is_refused_before_the_server_what_its_role_may_not_publish(secure):
+    """The bus's own check agrees with the server: what the compiler's user may publish goes through, a
+    verdict is refused at once with a typed error (the server alone would give a publish timeout)."""
+    from kfactory.bus import PublishNotPermitted
+
+    async def go():
+        bus = await Bus.connect(secure["nats"].url, "compiler", user="compiler",
+                                password=secure["passwords"]["compiler"])
+        bus.may_publish = publish_subjects("compiler")
+        try:
+            await bus.publish(ev.make_event("c-perm", "compiler", "ok", compiled=pb.Compiled(artifact_digest="a")))
+            t0 = asyncio.get_running_loop().time()
+            with pytest.raises(PublishNotPermitted, match="compiler may not publish to kf.v1.evt.verified"):
+                await bus.publish(ev.make_event("c-perm", "compiler", "v", verified=pb.Verified(seconds=1.0)))
+            return asyncio.get_running_loop().time() - t0
+        finally:
+            await bus.close()
+
+    assert asyncio.run(go()) < 0.5
+
+
 def test_redis_refuses_a_client_without_the_password(secure):
     r = secure["redis"]
     with pytest.raises(ClaimsError):

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from kfactory import events as ev
-from kfactory.bus import Ack, ArtifactMissing, Bus, BusUnavailable, Nak, Term
+from kfactory.bus import Ack, ArtifactMissing, Bus, BusUnavailable, Nak, PublishNotPermitted, Term
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -122,6 +122,33 @@ async def test_term_dead_letters_with_the_reason(nats_url):
     dead = [e.dead_letter for e in events if e.HasField("dead_letter")]
     assert [d.reason for d in dead] == ["can never succeed: unknown campaign"]
     assert pb.Event.FromString(dead[0].payload).point_proposed.point_id == "poison"
+    await bus.close()
+
+
+async def test_a_result_the_role_may_not_publish_is_refused_at_once_and_dead_lettered(nats_url):
+    """A verifier (by its permissions) whose handler publishes a measurement: refused before it reaches the
+    server, and the work message is dead-lettered on its first delivery with the subject named."""
+    from kfactory.security import publish_subjects
+    bus = await _connect(nats_url)
+    await bus.send_work("verifier", _work("c6", "overreach"))
+    bus.may_publish = publish_subjects("verifier")
+    calls = []
+
+    async def handler(d):
+        calls.append(d.deliveries)
+        await bus.publish(ev.make_event("c6", "test", "m", measured=pb.Measured(score_s=1.0)))
+        return Ack()
+
+    await _run(bus, "verifier", handler, lambda: calls)
+    with pytest.raises(PublishNotPermitted, match="may not publish to kf.v1.evt.measured.c6"):
+        await bus.publish(ev.make_event("c6", "test", "m2", measured=pb.Measured(score_s=2.0)))
+    await bus.publish(ev.make_event("c6", "test", "v", verified=pb.Verified(seconds=1.0)))  # its own kind
+    bus.may_publish = None
+    events = await _events(bus, "c6")
+    dead = [e.dead_letter for e in events if e.HasField("dead_letter")]
+    assert calls == [1] and len(dead) == 1 and dead[0].deliveries == 1
+    assert "may not publish to kf.v1.evt.measured.c6" in dead[0].reason
+    assert [e.WhichOneof("body") for e in events if not e.HasField("dead_letter")] == ["verified"]
     await bus.close()
 
 
