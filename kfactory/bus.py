@@ -227,12 +227,16 @@ class Bus:
         if len(data) > DLQ_PAYLOAD_MAX:  # a dead letter must itself fit in a message
             reason += f" (payload cut to its first {DLQ_PAYLOAD_MAX} of {len(data)} bytes)"
         dl = pb.DeadLetter(stage=stage, subject=subject, reason=reason, deliveries=deliveries,
-                           payload=data[:DLQ_PAYLOAD_MAX])
+                           payload=data[:DLQ_PAYLOAD_MAX], payload_bytes=len(data))
         key = ev.sha256_hex(subject.encode() + data)[:24]
         event = ev.make_event(campaign_id or "unknown", self.name, key, dead_letter=dl)
         await self._publish_retrying(f"{ev.DLQ_PREFIX}.{stage}.{campaign_id or 'unknown'}",
                                      event.SerializeToString(), self._headers(event.id))
         await self.publish(event)
+
+    async def requeue(self, subject: str, data: bytes, msg_id: str) -> None:
+        """Put a serialized work message back on its work subject (a dead letter sent back by deadletters.py)."""
+        await self._publish_retrying(subject, data, self._headers(msg_id))
 
     # -- consuming ---------------------------------------------------------------------------------
     async def consume(self, stage: str, handler: Handler, workers: int = 1,

@@ -541,18 +541,20 @@ class Finding(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., problem: _Optional[str] = ..., shape: _Optional[str] = ..., device: _Optional[str] = ..., candidate_id: _Optional[str] = ..., value: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
-    __slots__ = ("stage", "subject", "reason", "deliveries", "payload")
+    __slots__ = ("stage", "subject", "reason", "deliveries", "payload", "payload_bytes")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     stage: str
     subject: str
     reason: str
     deliveries: int
     payload: bytes
-    def __init__(self, stage: _Optional[str] = ..., subject: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
+    payload_bytes: int
+    def __init__(self, stage: _Optional[str] = ..., subject: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., payload: _Optional[bytes] = ..., payload_bytes: _Optional[int] = ...) -> None: ...
 
 class Counts(_message.Message):
     __slots__ = ("proposed", "compiled", "compile_failed", "verified", "rejected", "measured")
