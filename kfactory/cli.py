@@ -164,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--json", dest="json_out", help="write the verdict as JSON to this file ('-': stdout)")
 
+    p = sub.add_parser("dead-letters", help="list the work the services gave up on; --replay sends it back")
+    p.add_argument("--stage", help="only this stage's (coder, compiler, verifier, benchmarker, ...)")
+    p.add_argument("--campaign", help="only this campaign's")
+    p.add_argument("--replay", action="store_true",
+                   help="send each back to its stage (after fixing what failed it) and take it off the list")
+    p.add_argument("--nats-url", help="NATS server (env KFACTORY_NATS_URL); in the secure profile, as the admin "
+                                      "user (KFACTORY_NATS_USER/PASSWORD)")
+
     p = sub.add_parser("problems", help="list problems or describe one")
     p.add_argument("action", choices=("list", "describe"))
     p.add_argument("name", nargs="?")
@@ -200,6 +208,8 @@ def _dispatch(args) -> int:
             from kfactory.runcmd import run_campaign
 
             return asyncio.run(run_campaign(_settings(args), _spec(args), args))
+        if args.cmd == "dead-letters":
+            return _dead_letters(args)
         if args.cmd == "serve":
             from kfactory.app import serve
 
@@ -216,6 +226,17 @@ def _dispatch(args) -> int:
     except client.ClientError as e:
         print(f"kfactory: {e}", file=sys.stderr)
         return e.code
+
+
+def _dead_letters(args) -> int:
+    from kfactory.app import WiringError
+    from kfactory.bus import BusUnavailable
+    from kfactory.deadletters import command
+
+    try:
+        return asyncio.run(command(_settings(args), args.stage, args.campaign, args.replay, sys.stdout))
+    except BusUnavailable as e:
+        raise WiringError(str(e)) from e
 
 
 def _check(args) -> int:

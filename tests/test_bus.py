@@ -9,25 +9,11 @@ from kfactory import events as ev
 from kfactory.bus import Ack, ArtifactMissing, Bus, BusUnavailable, Nak, PublishNotPermitted, Term
 from kfactory.v1 import events_pb2 as pb
 
-
-def _work(cid: str, key: str) -> pb.Event:
-    return ev.make_event(cid, "test", key, point_proposed=pb.PointProposed(point_id=key))
+from bus_helpers import consume_until as _run, work as _work
 
 
 async def _connect(url: str, **kw) -> Bus:
     return await Bus.connect(url, "test", **kw)
-
-
-async def _run(bus: Bus, stage: str, handler, until, timeout: float = 20.0) -> None:
-    stop = asyncio.Event()
-    task = asyncio.create_task(bus.consume(stage, handler, 1, stop))
-    try:
-        async with asyncio.timeout(timeout):
-            while not until():
-                await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        await task
 
 
 async def _events(bus: Bus, cid: str) -> list[pb.Event]:

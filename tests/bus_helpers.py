@@ -1,0 +1,26 @@
+"""Helpers for tests that drive the bus against a real nats-server."""
+from __future__ import annotations
+
+import asyncio
+
+from kfactory import events as ev
+from kfactory.bus import Bus
+from kfactory.v1 import events_pb2 as pb
+
+
+def work(cid: str, key: str) -> pb.Event:
+    """A small work event (a proposed point) for campaign `cid`."""
+    return ev.make_event(cid, "test", key, point_proposed=pb.PointProposed(point_id=key))
+
+
+async def consume_until(bus: Bus, stage: str, handler, until, timeout: float = 20.0) -> None:
+    """Run one consumer of `stage` with `handler` until `until()` is true (or fail after `timeout`)."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(bus.consume(stage, handler, 1, stop))
+    try:
+        async with asyncio.timeout(timeout):
+            while not until():
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task

@@ -1,0 +1,99 @@
+"""Dead letters against a real nats-server: listed with their reasons, sent back to their stage once the cause is
+fixed, taken off the list, and refused with a reason when the message itself is gone."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from kfactory import events as ev
+from kfactory.bus import Ack, Bus, Term
+from kfactory.deadletters import NotReplayable, list_dead_letters, replay
+from kfactory.v1 import events_pb2 as pb
+
+from bus_helpers import consume_until, work
+
+
+async def test_a_dead_letter_is_listed_sent_back_once_and_handled(nats_url):
+    bus = await Bus.connect(nats_url, "test")
+    for cid, key in (("camp-a", "p1"), ("camp-a", "p2"), ("camp-b", "p3")):
+        await bus.send_work("compiler", work(cid, key))
+    seen: list[str] = []
+
+    async def broken(d):  # a compiler with a bug: every message fails for good
+        seen.append(d.event.point_proposed.point_id)
+        return Term("can never succeed: a bug in the handler")
+
+    await consume_until(bus, "compiler", broken, lambda: len(seen) == 3)
+    letters = await list_dead_letters(bus)
+    assert [(r.campaign_id, r.letter.stage, r.letter.reason) for r in letters] == \
+        [("camp-a", "compiler", "can never succeed: a bug in the handler")] * 2 + \
+        [("camp-b", "compiler", "can never succeed: a bug in the handler")]
+    only_a = await list_dead_letters(bus, campaign="camp-a")
+    assert [r.seq for r in only_a] == [r.seq for r in letters[:2]]
+
+    sent = [await replay(bus, r) for r in only_a]  # the bug is fixed: campaign a's work goes back
+    assert [e.point_proposed.point_id for e in sent] == ["p1", "p2"]
+    handled: list[pb.Event] = []
+
+    async def fixed(d):
+        handled.append(d.event)
+        return Ack()
+
+    await consume_until(bus, "compiler", fixed, lambda: len(handled) == 2)
+    assert [e.id for e in handled] == [e.id for e in sent]  # the same events, ids and all
+    left = await list_dead_letters(bus)
+    assert [r.campaign_id for r in left] == ["camp-b"]  # sent back means off the list
+    await asyncio.sleep(0.3)
+    assert len(handled) == 2  # nothing sent twice
+    await bus.close()
+
+
+async def test_a_dead_letter_whose_payload_was_cut_or_undecodable_is_not_sent_back(nats_url):
+    bus = await Bus.connect(nats_url, "test")
+    await bus.ensure()
+    big = work("camp-c", "huge")
+    big.point_proposed.params_json = "x" * (300 << 10)  # over the DLQ's 256 KiB payload limit
+    await bus.dead_letter("compiler", ev.work_subject("compiler", "camp-c"), big.SerializeToString(),
+                          "handler error", 5, "camp-c")
+    await bus.dead_letter("coder", ev.work_subject("coder", "camp-c"), b"\xff\xff not protobuf",
+                          "malformed protobuf", 1, "camp-c")
+    cut, garbage = await list_dead_letters(bus, campaign="camp-c")
+    assert cut.letter.payload_bytes > len(cut.letter.payload)
+    with pytest.raises(NotReplayable, match=r"kept only 262144 of its \d+ bytes"):
+        await replay(bus, cut)
+    with pytest.raises(NotReplayable, match="cannot be sent back as it is: malformed protobuf"):
+        await replay(bus, garbage)
+    assert len(await list_dead_letters(bus, campaign="camp-c")) == 2  # both stay listed
+    await bus.close()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_cli_lists_and_sends_back(nats_url):
+    async def plant():
+        bus = await Bus.connect(nats_url, "test")
+        await bus.ensure()
+        event = work("camp-d", "p9")
+        await bus.dead_letter("verifier", ev.work_subject("verifier", "camp-d"), event.SerializeToString(),
+                              "handler error after 5 deliveries: boom", 5, "camp-d")
+        await bus.close()
+
+    asyncio.run(plant())
+    listed = _cli("--nats-url", nats_url, "--stage", "verifier")
+    assert listed.returncode == 0, listed.stderr
+    assert "1 dead letter(s) of stage verifier" in listed.stdout
+    assert "verifier camp-d after 5 deliveries: handler error after 5 deliveries: boom" in listed.stdout
+    sent = _cli("--nats-url", nats_url, "--replay")
+    assert sent.returncode == 0 and "sent back to kf.v1.work.verifier.camp-d" in sent.stdout, sent.stderr
+    assert _cli("--nats-url", nats_url).stdout.startswith("0 dead letter(s)")
+
+
+def test_the_cli_says_when_the_server_cannot_be_reached():
+    r = _cli("--nats-url", "nats://127.0.0.1:1")
+    assert r.returncode == 1 and r.stderr.startswith("kfactory:") and "127.0.0.1:1" in r.stderr
