@@ -271,6 +271,8 @@ def test_the_seen_mask_follows_the_seen_set_as_it_grows(space):
             p = s.ask()
             s.tell(p, _score(p))
             s.seen.add(p)  # adding a seen point again changes nothing
+        s.seen |= {space.all_points()[n]}  # and the other ways to add to a set are tracked too
+        s.seen.update([space.all_points()[n + 1]], [space.all_points()[n + 2]])
         want = np.zeros(len(idx), dtype=bool)
         want[[idx.pos[p] for p in s.seen]] = True
         assert (mask() == want).all() and mask.read == len(s.seen) == len(s.seen.added)

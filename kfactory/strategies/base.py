@@ -32,6 +32,10 @@ class Evidence:
     source: str
 
 
+#: answers of Space.valid kept at most (a space of millions of combinations keeps evaluating past these)
+VALID_MEMO_MAX = 1 << 20
+
+
 class Space:
     """The union of the families' valid points."""
 
@@ -58,7 +62,9 @@ class Space:
         ok = self._valid.get(point)
         if ok is None:
             fam = self.families.get(point.family)
-            ok = self._valid[point] = fam is not None and fam.valid(point.params)
+            ok = fam is not None and fam.valid(point.params)
+            if len(self._valid) < VALID_MEMO_MAX:
+                self._valid[point] = ok
         return ok
 
     def mutate(self, point: Point, rng: random.Random, n: int = 1) -> Point:
@@ -94,6 +100,15 @@ class Seen(set):
         if point not in self:
             super().add(point)
             self.added.append(point)
+
+    def update(self, *others) -> None:
+        for points in others:
+            for p in points:
+                self.add(p)
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
 
 
 class Strategy(ABC):
