@@ -79,8 +79,12 @@ class SpaceIndex:
 
     def hamming(self, i: int) -> np.ndarray:
         """How many parameters each point differs from point i in (other families: a large number)."""
-        d = (self.codes != self.codes[i]).sum(axis=1)
-        return np.where(self.family_of == self.family_of[i], d, 1 << 20)
+        return self.hamming_to(self.codes[i], int(self.family_of[i]))
+
+    def hamming_to(self, codes: np.ndarray, family: int) -> np.ndarray:
+        """The same for any point of family number `family` given as a row of codes (one need not be valid)."""
+        d = (self.codes != codes).sum(axis=1)
+        return np.where(self.family_of == family, d, 1 << 20)
 
     def neighbours(self, i: int) -> np.ndarray:
         """Indices of the points that differ from point i in exactly one parameter (same family)."""

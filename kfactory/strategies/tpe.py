@@ -114,7 +114,7 @@ class OptunaSearch(Strategy):
         # the drawn point as a row of the index's codes (one column per family and parameter, -1 elsewhere)
         drawn = np.array([vals.index(trial_params[self._key(g.name, n)]) if g.name == fam else -1
                           for g in self.fams for n, vals in g.spec.params.items()], dtype=np.int32)
-        dist = np.where(idx.family_of == f, (idx.codes != drawn).sum(axis=1), 1 << 20).astype(float)
+        dist = idx.hamming_to(drawn, f).astype(float)
         if self._seen_mask is None:
             self._seen_mask = SeenMask(idx, self.seen)
         dist[self._seen_mask()] = np.inf
