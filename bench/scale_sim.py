@@ -63,6 +63,7 @@ class Sim:
         self.planner_free_at, self.planner_busy = 0.0, 0.0
         self.asked = self.done = self.in_flight = 0
         self.best_ms = math.inf
+        self.compile_s: list[float] = []
 
     def at(self, t: float, kind: str, data=None) -> None:
         self.seq += 1
@@ -107,7 +108,8 @@ class Sim:
             self.now = ev.t
             if ev.kind == "compile":
                 rec = self.rs.lookup(ev.data.params)
-                self._acquire(self.cc, ((rec.compile_ms if rec else 0.0) / 1e3, "verify", ev.data))
+                self.compile_s.append((rec.compile_ms if rec else 0.0) / 1e3)
+                self._acquire(self.cc, (self.compile_s[-1], "verify", ev.data))
             elif ev.kind.endswith("-done"):
                 pool, then, point = ev.data
                 if pool.queue:
@@ -126,7 +128,11 @@ class Sim:
         return {"seconds": self.now, "candidates": self.done,
                 "gpu_busy": self.gpu.busy_s / (self.gpu.size * self.now),
                 "compiler_busy": self.cc.busy_s / (self.cc.size * self.now),
-                "planner_busy": self.planner_busy / self.now, "best_ms": self.best_ms}
+                "planner_busy": self.planner_busy / self.now, "best_ms": self.best_ms,
+                # what start-up and drain cost: a GPU waits one compile for its first candidate, and the
+                # campaign ends with the slowest compiles of its last ones
+                "compile_mean_s": statistics.mean(self.compile_s), "compile_max_s": max(self.compile_s),
+                "gpu_s_per_candidate": self.gpu.busy_s / self.done}
 
     def _after(self, stage: str, point) -> None:
         rec = self.rs.lookup(point.params)
@@ -154,11 +160,22 @@ def recommend_compilers(rs, gpus: int, verify_ratio: float) -> int:
     return max(1, math.ceil(1.25 * gpus * compile_s / gpu_s))
 
 
-def bottleneck(r: dict) -> str:
-    """Where the campaign waits: the busiest resource, or the drain when nothing is near saturation."""
+def bottleneck(r: dict, gpus: int, points: int) -> str:
+    """Where the campaign waits: the busiest resource; when nothing is near saturation, start-up and drain,
+    and when a compile is long next to a GPU's share of the work, how many candidates per GPU would hide it."""
     shares = {"GPUs": r["gpu_busy"], "compilers": r["compiler_busy"], "planner": r["planner_busy"]}
     name, busy = max(shares.items(), key=lambda kv: kv[1])
-    return name if busy >= 0.8 else "start-up and drain (too few candidates per GPU)"
+    if busy >= 0.8:
+        return name
+    latency = r["compile_mean_s"] + r["compile_max_s"]
+    if latency < 0.25 * r["seconds"]:
+        return "start-up and drain (too few candidates per GPU)"
+    # a GPU idles about one compile at the start and the slowest one at the end: 90% busy needs 9x that in work
+    need = math.ceil(9 * latency / max(r["gpu_s_per_candidate"], 1e-9))
+    fix = (f"~{need} candidates per GPU would keep them 90% busy" if need * gpus <= points else
+           f"90% busy needs ~{need} candidates per GPU, more than the {points} points of the space hold")
+    return (f"compile latency: a compile takes {r['compile_mean_s']:.1f} s (up to {r['compile_max_s']:.1f} s) "
+            f"against {r['gpu_s_per_candidate'] * 1e3:.0f} ms of GPU time per candidate; {fix}")
 
 
 def main() -> None:
@@ -185,7 +202,7 @@ def main() -> None:
         r = Sim(rs, a.strategy, m, c, parallel, budget, a.bus_ms / 1e3, a.verify_ratio, a.seed).run()
         print(f"{m:5d} {c:9d} {parallel:9d} {r['candidates']:6d} {r['seconds']:10.1f} {r['gpu_busy']:8.1%} "
               f"{r['compiler_busy']:14.1%} {r['planner_busy']:12.1%} {r['best_ms'] / rs.optimum_ms():8.3f}  "
-              f"{bottleneck(r)}")
+              f"{bottleneck(r, m, len(rs.records))}")
 
 
 if __name__ == "__main__":
