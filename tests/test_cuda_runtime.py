@@ -632,3 +632,58 @@ def test_fake_bench_writes_every_set_even_when_the_loop_stops_early(fake_session
     assert len(res.samples["a"]) == 1
     for s, outs in zip(sets, res.outputs["a"]):
         np.testing.assert_allclose(outs["y"], _ref(s), rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["events", "graph"])
+def test_fake_bench_warms_every_set_before_the_first_timed_sample(fake_session, fake_cuda, monkeypatch, mode):
+    """A kernel that computes only when its output is fresh (first run on a set) must be timed by its repeat
+    runs alone, or its honest first runs hide that its repeats do nothing (verification.md, too fast to be
+    true): the warm-up runs every argument set before sample_interleaved starts timing."""
+    from kfactory.targets import cuda_child
+    computed: set[int] = set()
+
+    def lazy(raw):
+        if raw[1] not in computed:
+            computed.add(raw[1])
+            _softmax_kernel(raw)
+
+    fake_cuda.kernels["lazy"] = (4, lazy)
+    at_start: list[int] = []
+    real = cuda_child.sample_interleaved
+
+    def spy(samplers, cmd):
+        at_start.append(len(computed))
+        return real(samplers, cmd)
+
+    monkeypatch.setattr(cuda_child, "sample_interleaved", spy)
+    fake_session.load_artifact("a", b"cubin-a", "lazy", {"grid": "rows", "block": "256"})
+    sets = [_x(2, 9, s) for s in range(12)]
+    res = fake_session.bench(["a"], {"rows": 2, "cols": 9}, sets, min_samples=3, min_s=0.0, max_s=0.05,
+                             noise=1.0, warmup_s=0.05, mode=mode)
+    assert at_start == [12]  # every set's output was computed before the first timed sample
+    for s, outs in zip(sets, res.outputs["a"]):
+        np.testing.assert_allclose(outs["y"], _ref(s), rtol=1e-5)
+
+
+def test_device_warm_up_runs_every_set_even_when_the_time_settles_sooner(monkeypatch):
+    """On a clock that every sample advances by 1 ms, a 2 ms warm-up has settled after two rounds; with 12
+    argument sets it still runs all 12 (and without them it stops at 2, so the count is what is tested)."""
+    from types import SimpleNamespace
+
+    from kfactory import runner_child
+    from kfactory.targets import cuda_child
+    now = [0.0]
+    monkeypatch.setattr(runner_child, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    ran: dict[str, list[int]] = {"a": [], "b": []}
+
+    def sampler(key):
+        def sample(i):
+            ran[key].append(i % 12)
+            now[0] += 0.0005
+            return 0.0005
+        return sample
+
+    samplers = {k: sampler(k) for k in ran}
+    assert cuda_child.CudaChild._warm_up_device(samplers, 0.002, 12) == 12
+    assert ran == {"a": list(range(12)), "b": list(range(12))}
+    assert cuda_child.CudaChild._warm_up_device(samplers, 0.002, 1) == 2

@@ -571,7 +571,7 @@ class CudaChild(Child):
             for k in keys:
                 samplers[k], per_sample[k], enqueues[k] = self._sampler(k, sets[k], launches[k], mode, flush_bytes,
                                                                         graphs)
-            self._warm_up_device(samplers, float(cmd["warmup_s"]))
+            self._warm_up_device(samplers, float(cmd["warmup_s"]), max(len(v) for v in sets.values()))
             samples, _ = sample_interleaved(samplers, cmd)
             # every set's output is checked by the parent, and a short loop (or a graph of fewer launches than
             # sets) may not have reached them all: each set gets one more run, like a timed one (same buffers)
@@ -598,10 +598,12 @@ class CudaChild(Child):
                 "flushed": bool(flush_bytes), **self._cpu()}
 
     @staticmethod
-    def _warm_up_device(samplers: dict, warmup_s: float) -> None:
-        """Sample every kernel until a round's device time has settled (runner_child.warm_up); the samples
-        are dropped."""
-        warm_up(lambda n: sum(s(n) for s in samplers.values()), warmup_s)
+    def _warm_up_device(samplers: dict, warmup_s: float, sets: int) -> int:
+        """Sample every kernel until a round's device time has settled (runner_child.warm_up), and at least
+        once on each of its `sets` argument sets (sample i runs set i mod sets), so no timed sample is a set's
+        first run: a kernel that computes only on a freshly poisoned output is then timed by its repeat runs
+        alone, as the cpu runner's warm-up ensures; the samples are dropped, the rounds it took returned."""
+        return warm_up(lambda n: sum(s(n) for s in samplers.values()), warmup_s, min_rounds=sets)
 
     def op_device(self, cmd: dict) -> dict:
         """{"name", "uuid", "arch", "sm_count", "l2_bytes", "mem_bytes", "smem_optin", "cc"}."""
