@@ -392,6 +392,14 @@ class Bus:
         self._started.add(campaign_id)
         return True
 
+    async def campaign_finished(self, campaign_id: str) -> pb.CampaignFinished | None:
+        """The campaign's CampaignFinished from the events stream, or None while it has not finished."""
+        try:
+            msg = await self.js.get_last_msg(EVENTS_STREAM, ev.event_subject("campaign_finished", campaign_id))
+        except nats.js.errors.NotFoundError:
+            return None
+        return pb.Event.FromString(msg.data).campaign_finished
+
     # -- artifacts ---------------------------------------------------------------------------------
     async def put_artifact(self, data: bytes) -> str:
         """Store bytes under their sha256; storing the same bytes twice is a no-op."""

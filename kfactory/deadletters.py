@@ -63,7 +63,10 @@ async def list_dead_letters(bus: Bus, stage: str | None = None, campaign: str | 
 async def replay(bus: Bus, record: DeadLetterRecord) -> pb.Event:
     """Send a dead letter's work back to its stage and take it off the DLQ stream; returns the work event.
     Raises NotReplayable for one that was not work (only work subjects have a stage to go back to), whose
-    payload was cut to fit the DLQ stream, or that could never be decoded (it was dead-lettered for that)."""
+    payload was cut to fit the DLQ stream, that could never be decoded (it was dead-lettered for that), or
+    whose campaign has finished (its counts and its best are final, so the work's result would belong to no
+    campaign; the dead letter stays listed). While the campaign runs, the outcome of work sent back replaces
+    its dead letter's in the planner's counts and is told to the search."""
     letter = record.letter
     if not letter.subject.startswith(f"{ev.WORK_PREFIX}."):
         raise NotReplayable(f"dead letter {record.seq} came from {letter.subject!r}, not from a work subject")
@@ -75,6 +78,11 @@ async def replay(bus: Bus, record: DeadLetterRecord) -> pb.Event:
     except ev.BadEvent as e:
         raise NotReplayable(f"dead letter {record.seq} cannot be sent back as it is: {e} "
                             f"(its reason: {letter.reason.splitlines()[0] if letter.reason else 'none'})") from e
+    finished = await bus.campaign_finished(record.campaign_id)
+    if finished is not None:
+        raise NotReplayable(f"dead letter {record.seq}: campaign {record.campaign_id} has finished "
+                            f"({finished.state}), so its results are final; a new campaign on the same problem "
+                            "measures the point again (and starts from what memory learned)")
     await bus.requeue(letter.subject, letter.payload, f"replay:{record.seq}:{event.id}")
     await bus.js.delete_msg(DLQ_STREAM, record.seq)
     return event

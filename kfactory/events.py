@@ -47,6 +47,19 @@ def candidate_of(event: pb.Event) -> pb.Candidate | None:
     return body.candidate if body is not None and "candidate" in body.DESCRIPTOR.fields_by_name else None
 
 
+def dead_work(letter: pb.DeadLetter) -> tuple[str, pb.Candidate | None] | None:
+    """(point id, candidate or None) of the work a dead letter gave up on; None when its payload is no event
+    (it was dead-lettered for that) or is about no point."""
+    try:
+        inner = pb.Event.FromString(letter.payload)
+    except DecodeError:
+        return None
+    cand = candidate_of(inner)
+    if inner.HasField("point_proposed"):
+        return inner.point_proposed.point_id, cand
+    return (cand.point_id, cand) if cand is not None else None
+
+
 def make_event(campaign_id: str, producer: str, key: str, **body: Any) -> pb.Event:
     """An envelope whose id is `<campaign>:<kind>:<key>`: a retried publish carries the same id and is deduplicated."""
     (kind, msg), = body.items()

@@ -138,12 +138,23 @@ def _leaderboard(measured: list[pb.Measured], limit: int = 10) -> list[str]:
 
 
 def _dead_letters(events: list[pb.Event]) -> list[str]:
-    """Work that could never be done (the full payloads are on the KF_DLQ stream)."""
+    """Work the services gave up on (the full payloads are on the KF_DLQ stream until sent back), and what became
+    of it when `kfactory dead-letters --replay` sent it back while the campaign ran."""
     dead = [e.dead_letter for e in events if e.HasField("dead_letter")]
     if not dead:
         return []
-    out = ["## Dead letters", "", "| stage | deliveries | reason |", "|---|---|---|"]
-    out += [f"| {d.stage} | {d.deliveries} | {d.reason.splitlines()[0][:200] if d.reason else ''} |" for d in dead]
+    ended: dict[str, str] = {}  # point id -> its outcome, the last one (an outcome after a dead letter replaces it)
+    for e in events:
+        kind = ev.kind_of(e)
+        if kind in ("measured", "rejected", "compile_failed"):
+            body = getattr(e, kind)
+            point = body.point_id if kind == "rejected" and body.point_id else body.candidate.point_id
+            ended[point] = "measured" if kind == "measured" else pb.RejectReason.Name(body.reason)
+    out = ["## Dead letters", "", "| stage | deliveries | reason | then |", "|---|---|---|---|"]
+    for d in dead:
+        work = ev.dead_work(d)
+        then = f"sent back: {ended[work[0]]}" if work and work[0] in ended else ""
+        out.append(f"| {d.stage} | {d.deliveries} | {d.reason.splitlines()[0][:200] if d.reason else ''} | {then} |")
     return out + [""]
 
 

@@ -70,6 +70,23 @@ async def test_a_dead_letter_whose_payload_was_cut_or_undecodable_is_not_sent_ba
     await bus.close()
 
 
+async def test_a_dead_letter_of_a_finished_campaign_is_not_sent_back(nats_url):
+    """Its campaign's counts and best are final: the result of the work would belong to no campaign."""
+    bus = await Bus.connect(nats_url, "test")
+    await bus.ensure()
+    for cid in ("camp-e", "camp-f"):
+        await bus.dead_letter("compiler", ev.work_subject("compiler", cid), work(cid, "p1").SerializeToString(),
+                              "handler error", 5, cid)
+    await bus.publish(ev.make_event("camp-e", "planner", "finish", campaign_finished=pb.CampaignFinished(
+        state="completed")))
+    done, running = await list_dead_letters(bus, campaign="camp-e") + await list_dead_letters(bus, campaign="camp-f")
+    with pytest.raises(NotReplayable, match="campaign camp-e has finished \\(completed\\), so its results are final"):
+        await replay(bus, done)
+    assert (await replay(bus, running)).point_proposed.point_id == "p1"
+    assert [r.campaign_id for r in await list_dead_letters(bus, campaign="camp-e")] == ["camp-e"]  # still listed
+    await bus.close()
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", *args], capture_output=True,
                           text=True, timeout=60)

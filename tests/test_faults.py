@@ -12,6 +12,7 @@ import asyncio
 import gzip
 import json
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,8 +21,10 @@ import nats
 import pytest
 
 from kfactory import events as ev
-from kfactory.bus import DLQ_STREAM, WORK_STREAM
+from kfactory import report
+from kfactory.bus import DLQ_STREAM, WORK_STREAM, Bus
 from kfactory.claims import open_claims
+from kfactory.deadletters import list_dead_letters
 from kfactory.v1 import events_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -166,6 +169,40 @@ def test_poison_messages_are_dead_lettered_with_their_reason(rig):
     assert _counts_in_archive(plant, cid)["dead_letter"] == 3  # memory archived each one, once
 
 
+def test_work_sent_back_from_the_dead_letters_mid_campaign_ends_in_its_campaign_once(rig):
+    """A benchmarker lock left held (as by a worker that died with a long lease) dead-letters a real candidate
+    after max_deliver busy deliveries; once the lock is cleared, `kfactory dead-letters --replay` sends it back
+    and it is measured. The planner (paused meanwhile, so the campaign cannot end first) counts that outcome
+    instead of the dead letter's, and the campaign completes with every point ending once."""
+    plant, nats_srv, redis_srv, space = rig
+    cid = plant.submit(_spec(space))
+    cand, lock = asyncio.run(_lock_a_fresh_candidate(nats_srv.url, redis_srv.url, cid, "benchmarker"))
+    plant.kill("planner", signal.SIGSTOP)
+    try:
+        _wait_for(lambda: any(d.stage == "benchmarker" for d in asyncio.run(_listed(nats_srv.url, cid))),
+                  "the held candidate's dead letter", timeout=40)
+        asyncio.run(_release(redis_srv.url, lock))  # the cause is fixed
+        sent = subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", "--nats-url", nats_srv.url,
+                               "--campaign", cid, "--replay"], capture_output=True, text=True, timeout=60)
+        assert sent.returncode == 0 and f"sent back to {ev.work_subject('benchmarker', cid)}" in sent.stdout, sent
+        _wait_for(lambda: _outcomes_of(plant, cid, cand), "the sent-back candidate's outcome", timeout=30)
+    finally:
+        plant.kill("planner", signal.SIGCONT)
+    _finish_and_check(plant, cid)
+    status = plant.status(cid)
+    c = status.counts
+    assert c.measured + c.rejected + c.compile_failed == c.proposed == BUDGET, c  # the dead letter was replaced
+    assert _outcomes_of(plant, cid, cand) == ["measured"] and not asyncio.run(_listed(nats_srv.url, cid))
+    arch = plant.archive()
+    try:
+        assert arch.q("SELECT COUNT(*) FROM measurements WHERE campaign=? AND candidate=?", (cid, cand))[0][0] == 1
+        md, _ = report.build(arch.events(campaign=cid))
+    finally:
+        arch.close()
+    section = md.split("## Dead letters", 1)[1].split("##", 1)[0]
+    assert "| benchmarker | 4 |" in section and section.rstrip().endswith("| sent back: measured |"), section
+
+
 def test_a_campaign_resumes_when_every_service_comes_back(rig):
     plant, _, _, space = rig
     cid = plant.submit(_spec(space))
@@ -258,6 +295,48 @@ async def _poison(nats_url: str, redis_url: str, cid: str, space: Path) -> str:
     finally:
         await claims.close()
         await nc.close()
+
+
+async def _lock_a_fresh_candidate(nats_url: str, redis_url: str, cid: str, stage: str):
+    """Take `stage`'s lock on the first candidate of the campaign whose lock is free the moment it is created
+    (a paced compile and verification come before the stage wants it); (candidate id, lock)."""
+    nc = await nats.connect(nats_url)
+    claims = open_claims(redis_url)
+    try:
+        sub = await nc.jetstream().subscribe(ev.event_subject("candidate_created", cid), ordered_consumer=True)
+        while True:
+            msg = await sub.next_msg(timeout=30)
+            cand = pb.Event.FromString(msg.data).candidate_created.candidate.id
+            lock = await claims.acquire(f"{cid}:{stage}:{cand}", ttl_s=600)
+            if lock is not None:
+                return cand, lock
+    finally:
+        await claims.close()
+        await nc.close()
+
+
+async def _release(redis_url: str, lock) -> None:
+    claims = open_claims(redis_url)
+    try:
+        assert await claims.release(lock)
+    finally:
+        await claims.close()
+
+
+async def _listed(nats_url: str, cid: str) -> list[pb.DeadLetter]:
+    bus = await Bus.connect(nats_url, "test")
+    try:
+        return [r.letter for r in await list_dead_letters(bus, campaign=cid)]
+    finally:
+        await bus.close()
+
+
+def _outcomes_of(plant: Plant, cid: str, cand: str) -> list[str]:
+    arch = plant.archive()
+    try:
+        return [r for (r,) in arch.q("SELECT reason FROM outcomes WHERE campaign=? AND candidate=?", (cid, cand))]
+    finally:
+        arch.close()
 
 
 async def _dead_letters(nats_url: str, cid: str) -> list[pb.DeadLetter]:

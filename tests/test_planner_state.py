@@ -71,3 +71,35 @@ def test_a_duplicate_of_a_candidate_in_flight_is_told_its_twins_result_when_it_c
     assert st.in_flight() == 1 and len(st.strategy.results) == 0 and st.strategy.pending() == 2
     st.apply(_measured("p1", "k1", 0.25))  # the twin's result: both points are told it
     assert st.strategy.pending() == 0 and sorted(st.strategy.results.values()) == [0.25, 0.25]
+
+
+def test_work_sent_back_after_its_dead_letter_replaces_it_when_it_ends():
+    """`kfactory dead-letters --replay` while the campaign runs: the dead letter counted the point as rejected
+    and told the strategy it failed; the measurement that comes of the replay counts instead, once."""
+    st = _state()
+    p = _proposed(st, "p1")
+    st.apply(p)
+    cand = pb.Candidate(id="k1", point_id="p1", origin="template:cpu_c", params_json="{}")
+    compiled = ev.make_event("c1", "compiler", "k1", compiled=pb.Compiled(candidate=cand, artifact_digest="d"))
+    st.apply(compiled)
+    dl = pb.DeadLetter(stage="verifier", reason="lock held", deliveries=5, payload=compiled.SerializeToString())
+    st.apply(ev.make_event("c1", "verifier", "dl1", dead_letter=dl))
+    point = next(iter(st.strategy.results))
+    assert st.counts.rejected == 1 and st.strategy.results[point] is None and st.best() is None
+    m = _measured("p1", "k1", 0.125)
+    for e in (m, m):  # the replay's result, delivered twice
+        st.apply(e)
+    assert (st.counts.rejected, st.counts.measured, st.in_flight()) == (0, 1, 0)
+    assert st.strategy.results[point] == 0.125 and st.best().score_s == 0.125
+    st.apply(ev.make_event("c1", "verifier", "dl2", dead_letter=dl))  # a second dead letter of it, later
+    assert (st.counts.rejected, st.counts.measured) == (0, 1)
+
+
+def test_a_dead_letter_after_the_outcome_changes_nothing():
+    st = _state()
+    p = _proposed(st, "p1")
+    st.apply(p)
+    st.apply(_measured("p1", "k1", 0.5))
+    dl = pb.DeadLetter(stage="coder", reason="late", deliveries=5, payload=p.SerializeToString())
+    st.apply(ev.make_event("c1", "coder", "dl1", dead_letter=dl))
+    assert (st.counts.rejected, st.counts.measured) == (0, 1) and st.best().score_s == 0.5

@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass, field
 
 from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import DecodeError
 
 from kfactory import events as ev
 from kfactory.services.planner.coders import TEMPLATE, CoderLedger, arm_of
@@ -63,6 +62,9 @@ class CampaignState:
     strategy_error: str = ""
     #: points rejected as duplicates of a candidate still in flight: told the twin's result when it comes
     awaiting_twin: dict[str, list[str]] = field(default_factory=dict)
+    #: points ended by a dead letter: if their work is sent back (`kfactory dead-letters --replay`) and ends
+    #: after all, that outcome replaces the dead letter's
+    dead_lettered: set[str] = field(default_factory=set)
 
     def __post_init__(self):
         self.strategy = None
@@ -162,21 +164,15 @@ class CampaignState:
 
     def _on_dead_letter(self, m: pb.DeadLetter) -> None:
         """Work that can never finish: its point is over (counted as rejected), or the campaign would wait."""
-        try:
-            inner = pb.Event.FromString(m.payload)
-        except DecodeError:
+        work = ev.dead_work(m)
+        if work is None:
             return
-        cand = ev.candidate_of(inner)
-        if inner.HasField("point_proposed"):
-            point_id = inner.point_proposed.point_id
-        elif cand is not None:
-            point_id = cand.point_id
-        else:
-            return
+        point_id, cand = work
         ps = self.points.get(point_id)
         if ps is not None and not ps.done:
             self.counts.rejected += 1
             self._finish_point(point_id, None)
+            self.dead_lettered.add(point_id)
         if cand is not None:
             self._tell_awaiting(cand.id, None)
 
@@ -189,6 +185,14 @@ class CampaignState:
     def _finish_point(self, point_id: str, score: float | None, tell: bool = True) -> None:
         self.proposals.pop(point_id, None)
         ps = self.points.get(point_id)
+        if ps is not None and point_id in self.dead_lettered:
+            # the work was sent back after its dead letter and has ended now: this outcome counts instead, and
+            # the strategy, told of a failure then, learns the real result
+            self.dead_lettered.discard(point_id)
+            self.counts.rejected -= 1
+            if tell:
+                self._tell(ps, score)
+            return
         if ps is None or ps.done:
             return
         ps.done = True
