@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
-from kfactory.services.planner.coders import TEMPLATE, CoderLedger, arm_of
+from kfactory.services.planner.coders import TEMPLATE, CoderLedger
 from kfactory.stats import significant
 from kfactory.strategies import Point, Space, make_strategy
 from kfactory.strategies.base import Evidence
