@@ -140,22 +140,24 @@ def _leaderboard(measured: list[pb.Measured], limit: int = 10) -> list[str]:
 def _dead_letters(events: list[pb.Event]) -> list[str]:
     """Work the services gave up on (the full payloads are on the KF_DLQ stream until sent back), and what became
     of it when `kfactory dead-letters --replay` sent it back while the campaign ran."""
-    dead = [e.dead_letter for e in events if e.HasField("dead_letter")]
-    if not dead:
-        return []
-    ended: dict[str, str] = {}  # point id -> its outcome, the last one (an outcome after a dead letter replaces it)
+    rows: list[list[str]] = []
+    waiting: dict[str, list[list[str]]] = {}  # point id -> the rows of its dead letters with no outcome after
     for e in events:
         kind = ev.kind_of(e)
-        if kind in ("measured", "rejected", "compile_failed"):
+        if kind == "dead_letter":
+            d = e.dead_letter
+            rows.append([d.stage, str(d.deliveries), d.reason.splitlines()[0][:200] if d.reason else "", ""])
+            if (work := ev.dead_work(d)) is not None:
+                waiting.setdefault(work[0], []).append(rows[-1])
+        elif kind in ("measured", "rejected", "compile_failed"):
             body = getattr(e, kind)
             point = body.point_id if kind == "rejected" and body.point_id else body.candidate.point_id
-            ended[point] = "measured" if kind == "measured" else pb.RejectReason.Name(body.reason)
+            for row in waiting.pop(point, []):
+                row[3] = "sent back: " + ("measured" if kind == "measured" else pb.RejectReason.Name(body.reason))
+    if not rows:
+        return []
     out = ["## Dead letters", "", "| stage | deliveries | reason | then |", "|---|---|---|---|"]
-    for d in dead:
-        work = ev.dead_work(d)
-        then = f"sent back: {ended[work[0]]}" if work and work[0] in ended else ""
-        out.append(f"| {d.stage} | {d.deliveries} | {d.reason.splitlines()[0][:200] if d.reason else ''} | {then} |")
-    return out + [""]
+    return out + [f"| {' | '.join(r)} |" for r in rows] + [""]
 
 
 def _failures(events: list[pb.Event]) -> list[str]:

@@ -103,3 +103,16 @@ def test_a_dead_letter_after_the_outcome_changes_nothing():
     dl = pb.DeadLetter(stage="coder", reason="late", deliveries=5, payload=p.SerializeToString())
     st.apply(ev.make_event("c1", "coder", "dl1", dead_letter=dl))
     assert (st.counts.rejected, st.counts.measured) == (0, 1) and st.best().score_s == 0.5
+
+
+def test_the_report_says_which_dead_letters_were_sent_back_and_how_they_ended():
+    from kfactory import report
+    st = _state()
+    p1, p2 = _proposed(st, "p1"), _proposed(st, "p2")
+    dl1 = pb.DeadLetter(stage="coder", reason="redis down\nmore", deliveries=5, payload=p1.SerializeToString())
+    dl2 = pb.DeadLetter(stage="coder", reason="late", deliveries=5, payload=p2.SerializeToString())
+    events = [p1, p2, _measured("p2", "k2", 0.5), ev.make_event("c1", "coder", "dl1", dead_letter=dl1),
+              ev.make_event("c1", "coder", "dl2", dead_letter=dl2), _measured("p1", "k1", 0.25)]
+    section = report._dead_letters(events)
+    assert section[4:6] == ["| coder | 5 | redis down | sent back: measured |",  # its outcome came after it
+                            "| coder | 5 | late |  |"]  # the outcome came first: this one was never sent back
