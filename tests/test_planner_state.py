@@ -116,3 +116,21 @@ def test_the_report_says_which_dead_letters_were_sent_back_and_how_they_ended():
     section = report._dead_letters(events)
     assert section[4:6] == ["| coder | 5 | redis down | sent back: measured |",  # its outcome came after it
                             "| coder | 5 | late |  |"]  # the outcome came first: this one was never sent back
+
+
+def test_duplicates_of_a_dead_lettered_candidate_learn_its_result_when_it_is_sent_back():
+    st = _state()
+    st.apply(_proposed(st, "p1"))
+    st.apply(_proposed(st, "p2"))
+    cand = pb.Candidate(id="k1", point_id="p1", origin="template:cpu_c", params_json="{}")
+    dup = pb.Candidate(id="k1", point_id="p2", origin="template:cpu_c")
+    st.apply(ev.make_event("c1", "coder", "r2", rejected=pb.Rejected(candidate=dup, point_id="p2",
+                                                                      reason=pb.DUPLICATE)))
+    compiled = ev.make_event("c1", "compiler", "k1", compiled=pb.Compiled(candidate=cand, artifact_digest="d"))
+    st.apply(compiled)
+    dl = pb.DeadLetter(stage="verifier", reason="lock held", deliveries=5, payload=compiled.SerializeToString())
+    st.apply(ev.make_event("c1", "verifier", "dl1", dead_letter=dl))
+    assert list(st.strategy.results.values()) == [None, None] and st.strategy.pending() == 0
+    st.apply(_measured("p1", "k1", 0.25))  # sent back, then measured: both points learn it
+    assert list(st.strategy.results.values()) == [0.25, 0.25]
+    assert (st.counts.rejected, st.counts.measured) == (1, 1)  # p2 stays a rejected duplicate

@@ -65,6 +65,8 @@ class CampaignState:
     #: points ended by a dead letter: if their work is sent back (`kfactory dead-letters --replay`) and ends
     #: after all, that outcome replaces the dead letter's
     dead_lettered: set[str] = field(default_factory=set)
+    #: duplicates of a dead-lettered candidate, told it failed: told its result too if it is sent back and ends
+    twins_of_dead: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self):
         self.strategy = None
@@ -173,8 +175,9 @@ class CampaignState:
             self.counts.rejected += 1
             self._finish_point(point_id, None)
             self.dead_lettered.add(point_id)
-        if cand is not None:
-            self._tell_awaiting(cand.id, None)
+        if cand is not None and (twins := self.awaiting_twin.pop(cand.id, [])):
+            self.twins_of_dead.setdefault(cand.id, []).extend(twins)
+            self._tell_points(twins, None)
 
     def _on_comparison(self, m: pb.Comparison) -> None:
         self.comparisons[m.shape] = m
@@ -202,7 +205,10 @@ class CampaignState:
     def _tell_awaiting(self, candidate_id: str, score: float | None) -> None:
         """The strategy learns the result of the points that were duplicates of this candidate (until then they
         count as in flight for it, see Strategy.pending)."""
-        for point_id in self.awaiting_twin.pop(candidate_id, []):
+        self._tell_points(self.awaiting_twin.pop(candidate_id, []) + self.twins_of_dead.pop(candidate_id, []), score)
+
+    def _tell_points(self, point_ids: list[str], score: float | None) -> None:
+        for point_id in point_ids:
             if (ps := self.points.get(point_id)) is not None:
                 self._tell(ps, score)
 
