@@ -20,7 +20,7 @@ def _progress(st, services) -> Table:
     for col in ("proposed", "compiled", "compile_failed", "verified", "rejected", "measured", "in flight",
                 "best (ms)", "elapsed"):
         t.add_column(col, justify="right")
-    c, best = st.counts, st.best()
+    c, best = st.reported()
     t.add_row(*(str(getattr(c, f)) for f in ("proposed", "compiled", "compile_failed", "verified", "rejected",
                                               "measured")), str(st.in_flight()),
               f"{best.score_s * 1e3:.3f}" if best else "-", f"{st.elapsed():.0f}s")

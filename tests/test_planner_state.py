@@ -134,3 +134,19 @@ def test_duplicates_of_a_dead_lettered_candidate_learn_its_result_when_it_is_sen
     st.apply(_measured("p1", "k1", 0.25))  # sent back, then measured: both points learn it
     assert list(st.strategy.results.values()) == [0.25, 0.25]
     assert (st.counts.rejected, st.counts.measured) == (1, 1)  # p2 stays a rejected duplicate
+
+
+def test_a_finished_campaign_reports_what_it_finished_with():
+    """Late events (an expired campaign's work still in flight, work sent back as it ended) are archived by
+    memory but change no finished campaign's counts or best."""
+    st = _state()
+    st.apply(_proposed(st, "p1"))
+    st.apply(_proposed(st, "p2"))
+    st.apply(_measured("p1", "k1", 0.5))
+    assert st.reported()[0].measured == 1 and st.reported()[1].score_s == 0.5  # live while it runs
+    fin = pb.CampaignFinished(state="expired", counts=st.counts, best_candidate_id="k1")
+    st.apply(ev.make_event("c1", "planner", "finish", campaign_finished=fin))
+    st.apply(_measured("p2", "k2", 0.25))  # in flight when it expired
+    counts, best = st.reported()
+    assert (counts.proposed, counts.measured, best.candidate.id) == (2, 1, "k1")
+    assert st.counts.measured == 2  # the fold itself still sees it (a restarted planner replays the same)

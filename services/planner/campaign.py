@@ -247,6 +247,14 @@ class CampaignState:
         mine = [m for cid, m in self.measured.items() if cid != self.reference_id]
         return min(mine, key=lambda m: m.score_s) if mine else None
 
+    def reported(self) -> tuple[pb.Counts, pb.Measured | None]:
+        """(counts, best) as the campaign reports them: live while it runs, and once it has finished, what it
+        finished with. Events after that (an expired campaign's work still in flight, a dead letter sent back
+        just as the campaign ended) are kept in memory's archive but change no finished campaign."""
+        if self.finished is None:
+            return self.counts, self.best()
+        return self.finished.counts, self.measured.get(self.finished.best_candidate_id)
+
     def elapsed(self) -> float:
         return time.time() - self.started_wall
 

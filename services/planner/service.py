@@ -367,8 +367,8 @@ class PlannerService(Service):
         self.log.info("campaign finished", campaign=st.id, state=state, counts=str(st.counts).replace("\n", " "))
 
     def status(self, st: CampaignState) -> spb.CampaignStatus:
-        best = st.best()
-        return spb.CampaignStatus(id=st.id, spec=st.spec, state=st.state_name(), counts=st.counts,
+        counts, best = st.reported()
+        return spb.CampaignStatus(id=st.id, spec=st.spec, state=st.state_name(), counts=counts,
                                   best_candidate_id=best.candidate.id if best else "",
                                   best_score_s=best.score_s if best else 0.0, elapsed_s=st.elapsed(),
                                   summary_json=st.finished.summary_json if st.finished else "", device=st.device)
