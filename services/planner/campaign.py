@@ -65,8 +65,6 @@ class CampaignState:
     #: points ended by a dead letter: if their work is sent back (`kfactory dead-letters --replay`) and ends
     #: after all, that outcome replaces the dead letter's
     dead_lettered: set[str] = field(default_factory=set)
-    #: duplicates of a dead-lettered candidate, told it failed: told its result too if it is sent back and ends
-    twins_of_dead: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self):
         self.strategy = None
@@ -175,9 +173,9 @@ class CampaignState:
             self.counts.rejected += 1
             self._finish_point(point_id, None)
             self.dead_lettered.add(point_id)
-        if cand is not None and (twins := self.awaiting_twin.pop(cand.id, [])):
-            self.twins_of_dead.setdefault(cand.id, []).extend(twins)
-            self._tell_points(twins, None)
+        if cand is not None:
+            # its duplicates learn it failed, and stay waiting: if the work is sent back and ends, they learn that
+            self._tell_points(self.awaiting_twin.get(cand.id, []), None)
 
     def _on_comparison(self, m: pb.Comparison) -> None:
         self.comparisons[m.shape] = m
@@ -205,7 +203,7 @@ class CampaignState:
     def _tell_awaiting(self, candidate_id: str, score: float | None) -> None:
         """The strategy learns the result of the points that were duplicates of this candidate (until then they
         count as in flight for it, see Strategy.pending)."""
-        self._tell_points(self.awaiting_twin.pop(candidate_id, []) + self.twins_of_dead.pop(candidate_id, []), score)
+        self._tell_points(self.awaiting_twin.pop(candidate_id, []), score)
 
     def _tell_points(self, point_ids: list[str], score: float | None) -> None:
         for point_id in point_ids:
