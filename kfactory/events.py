@@ -47,6 +47,12 @@ def candidate_of(event: pb.Event) -> pb.Candidate | None:
     return body.candidate if body is not None and "candidate" in body.DESCRIPTOR.fields_by_name else None
 
 
+def outcome_point(body) -> str:
+    """The point an outcome (Measured, Rejected, CompileFailed) ended: a rejection names it itself when it came
+    before any candidate (or for a duplicate of another point's candidate), else the candidate's."""
+    return getattr(body, "point_id", "") or body.candidate.point_id
+
+
 def dead_work(letter: pb.DeadLetter) -> tuple[str, pb.Candidate | None] | None:
     """(point id, candidate or None) of the work a dead letter gave up on; None when its payload is no event
     (it was dead-lettered for that) or is about no point."""

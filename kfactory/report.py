@@ -151,8 +151,7 @@ def _dead_letters(events: list[pb.Event]) -> list[str]:
                 waiting.setdefault(work[0], []).append(rows[-1])
         elif kind in ("measured", "rejected", "compile_failed"):
             body = getattr(e, kind)
-            point = body.point_id if kind == "rejected" and body.point_id else body.candidate.point_id
-            for row in waiting.pop(point, []):
+            for row in waiting.pop(ev.outcome_point(body), []):
                 row[3] = "sent back: " + ("measured" if kind == "measured" else pb.RejectReason.Name(body.reason))
     if not rows:
         return []

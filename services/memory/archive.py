@@ -107,7 +107,7 @@ class Archive:
                 self._regression(event, body, cand)
             reason = pb.RejectReason.Name(body.reason)
             stage = body.stage if kind == "rejected" else "compiler"
-            pid = body.point_id if kind == "rejected" and body.point_id else cand.point_id
+            pid = ev.outcome_point(body)
             self.db.execute("INSERT INTO outcomes VALUES (?,?,?,?,?,?,?)",
                             (c, cand.id, pid, stage, reason, body.message[:2000], t))
 

@@ -145,7 +145,7 @@ class CampaignState:
     def _on_rejected(self, m: pb.Rejected) -> None:
         self.counts.rejected += 1
         self.coders.on_rejected(m)
-        point_id = m.point_id or m.candidate.point_id
+        point_id = ev.outcome_point(m)
         if m.reason == pb.DUPLICATE:  # not the point's fault: it scores like its twin, now or when that is known
             twin = self.measured.get(m.candidate.id)
             if twin is None:
