@@ -22,7 +22,7 @@ import pytest
 
 from kfactory import events as ev
 from kfactory import report
-from kfactory.bus import DLQ_STREAM, WORK_STREAM, Bus
+from kfactory.bus import WORK_STREAM, Bus
 from kfactory.claims import open_claims
 from kfactory.deadletters import list_dead_letters
 from kfactory.v1 import events_pb2 as pb
@@ -179,7 +179,7 @@ def test_work_sent_back_from_the_dead_letters_mid_campaign_ends_in_its_campaign_
     cand, lock = asyncio.run(_lock_a_fresh_candidate(nats_srv.url, redis_srv.url, cid, "benchmarker"))
     plant.kill("planner", signal.SIGSTOP)
     try:
-        _wait_for(lambda: any(d.stage == "benchmarker" for d in asyncio.run(_listed(nats_srv.url, cid))),
+        _wait_for(lambda: any(d.stage == "benchmarker" for d in asyncio.run(_dead_letters(nats_srv.url, cid))),
                   "the held candidate's dead letter", timeout=40)
         asyncio.run(_release(redis_srv.url, lock))  # the cause is fixed
         sent = subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", "--nats-url", nats_srv.url,
@@ -192,7 +192,7 @@ def test_work_sent_back_from_the_dead_letters_mid_campaign_ends_in_its_campaign_
     status = plant.status(cid)
     c = status.counts
     assert c.measured + c.rejected + c.compile_failed == c.proposed == BUDGET, c  # the dead letter was replaced
-    assert _outcomes_of(plant, cid, cand) == ["measured"] and not asyncio.run(_listed(nats_srv.url, cid))
+    assert _outcomes_of(plant, cid, cand) == ["measured"] and not asyncio.run(_dead_letters(nats_srv.url, cid))
     arch = plant.archive()
     try:
         assert arch.q("SELECT COUNT(*) FROM measurements WHERE campaign=? AND candidate=?", (cid, cand))[0][0] == 1
@@ -323,14 +323,6 @@ async def _release(redis_url: str, lock) -> None:
         await claims.close()
 
 
-async def _listed(nats_url: str, cid: str) -> list[pb.DeadLetter]:
-    bus = await Bus.connect(nats_url, "test")
-    try:
-        return [r.letter for r in await list_dead_letters(bus, campaign=cid)]
-    finally:
-        await bus.close()
-
-
 def _outcomes_of(plant: Plant, cid: str, cand: str) -> list[str]:
     arch = plant.archive()
     try:
@@ -340,18 +332,9 @@ def _outcomes_of(plant: Plant, cid: str, cand: str) -> list[str]:
 
 
 async def _dead_letters(nats_url: str, cid: str) -> list[pb.DeadLetter]:
-    nc = await nats.connect(nats_url)
-    js = nc.jetstream()
-    out = []
+    """The campaign's dead letters still on the DLQ stream (deadletters.list_dead_letters)."""
+    bus = await Bus.connect(nats_url, "test")
     try:
-        sub = await js.pull_subscribe(f"{ev.DLQ_PREFIX}.*.{cid}", stream=DLQ_STREAM)
-        while True:
-            try:
-                msgs = await sub.fetch(10, timeout=1)
-            except asyncio.TimeoutError:  # nats' TimeoutError is one too; fetch raises either
-                return out
-            for m in msgs:
-                out.append(pb.Event.FromString(m.data).dead_letter)
-                await m.ack()
+        return [r.letter for r in await list_dead_letters(bus, campaign=cid)]
     finally:
-        await nc.close()
+        await bus.close()
