@@ -222,13 +222,16 @@ class Bus:
                         "publish failed, retrying", subject=subject)
 
     async def dead_letter(self, stage: str, subject: str, data: bytes, reason: str, deliveries: int,
-                          campaign_id: str) -> None:
-        """Record a message that can never succeed: on the DLQ stream and as an event memory archives."""
+                          campaign_id: str, work_seq: int = 0) -> None:
+        """Record a message that can never succeed: on the DLQ stream and as an event memory archives.
+        `work_seq` is the message's sequence on the work stream: work sent back from the dead letters is a new
+        message with the same bytes, and if it dies again that is a second dead letter, not a duplicate of the
+        first (a redelivery of the same message, as after a crash between here and its term, still is)."""
         if len(data) > DLQ_PAYLOAD_MAX:  # a dead letter must itself fit in a message
             reason += f" (payload cut to its first {DLQ_PAYLOAD_MAX} of {len(data)} bytes)"
         dl = pb.DeadLetter(stage=stage, subject=subject, reason=reason, deliveries=deliveries,
                            payload=data[:DLQ_PAYLOAD_MAX], payload_bytes=len(data))
-        key = ev.sha256_hex(subject.encode() + data)[:24]
+        key = ev.sha256_hex(f"{subject}:{work_seq}:".encode() + data)[:24]
         event = ev.make_event(campaign_id or "unknown", self.name, key, dead_letter=dl)
         await self._publish_retrying(f"{ev.DLQ_PREFIX}.{stage}.{campaign_id or 'unknown'}",
                                      event.SerializeToString(), self._headers(event.id))
@@ -276,7 +279,8 @@ class Bus:
         try:
             event = ev.decode_event(msg.data, msg.subject, self.max_event_bytes)
         except ev.BadEvent as e:  # can never succeed: no retry, the reason goes with it
-            await self.dead_letter(stage, msg.subject, msg.data, str(e), deliveries, campaign)
+            await self.dead_letter(stage, msg.subject, msg.data, str(e), deliveries, campaign,
+                                   msg.metadata.sequence.stream)
             await msg.term()
             return
         t0 = asyncio.get_running_loop().time()
@@ -340,12 +344,13 @@ class Bus:
             if deliveries >= self.max_deliver:
                 await self.dead_letter(stage, msg.subject, msg.data,
                                        f"{outcome.reason} after {deliveries} deliveries (max_deliver)",
-                                       deliveries, event.campaign_id)
+                                       deliveries, event.campaign_id, msg.metadata.sequence.stream)
                 await msg.term()
             else:
                 await msg.nak(delay=outcome.delay_s)
         else:
-            await self.dead_letter(stage, msg.subject, msg.data, outcome.reason, deliveries, event.campaign_id)
+            await self.dead_letter(stage, msg.subject, msg.data, outcome.reason, deliveries, event.campaign_id,
+                                   msg.metadata.sequence.stream)
             await msg.term()
 
     async def follow(self, durable: str | None, filter_subject: str = f"{ev.EVT_PREFIX}.>",

@@ -168,7 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage", help="only this stage's (coder, compiler, verifier, benchmarker, ...)")
     p.add_argument("--campaign", help="only this campaign's")
     p.add_argument("--replay", action="store_true",
-                   help="send each back to its stage (after fixing what failed it) and take it off the list")
+                   help="ask each campaign's planner to send its dead letters back to their stages (after fixing "
+                        "what failed them); it does while the campaign runs, and takes them off the list")
+    p.add_argument("--answer-timeout", type=float, default=30.0,
+                   help="seconds to wait in all for the planners' answers (default 30)")
     p.add_argument("--nats-url", help="NATS server (env KFACTORY_NATS_URL); in the secure profile, as the admin "
                                       "user (KFACTORY_NATS_USER/PASSWORD)")
 
@@ -234,7 +237,8 @@ def _dead_letters(args) -> int:
     from kfactory.deadletters import command
 
     try:
-        return asyncio.run(command(_settings(args), args.stage, args.campaign, args.replay, sys.stdout))
+        return asyncio.run(command(_settings(args), args.stage, args.campaign, args.replay, sys.stdout,
+                                   args.answer_timeout))
     except BusUnavailable as e:
         raise WiringError(str(e)) from e
 

@@ -64,6 +64,8 @@ async def _watch(ch, cid: str) -> None:
             extra = f" {body.state}"
         elif kind == "dead_letter":
             extra = f" {body.stage} after {body.deliveries} deliveries: {body.reason}"
+        elif kind == "resend_answered":
+            extra = f" sent back to {body.subject}" if body.accepted else f" refused: {body.reason}"
         print(f"{kind:18s} {(cand.id[:12] if cand and cand.id else ''):12s}{extra}", flush=True)
 
 

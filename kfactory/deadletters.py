@@ -1,29 +1,42 @@
 """Dead letters: list what the services gave up on, and send it back to its stage once the cause is fixed.
 
 A work message that can never succeed, or that runs out of deliveries, is kept on the DLQ stream with its reason
-and its payload (bus.dead_letter). `replay` republishes the payload to the work subject it came from and then
-removes it from the DLQ stream; the dead-letter event in the events stream (memory's archive) stays as the record.
-The replay's `Nats-Msg-Id` is derived from the dead letter's place in the DLQ stream, so replaying the same
-dead letter twice within the server's duplicate window queues it once. Handlers are idempotent: a replayed
-message whose result was in fact published changes nothing.
+and its payload (bus.dead_letter). Sending one back is the campaign's planner's decision, so that the campaign
+cannot end while the work is out: `replay` (the CLI) publishes a ResendRequested event and waits for the planner's
+ResendAnswered. The planner accepts while the campaign runs: the point is in flight again (the campaign waits for
+its outcome, which replaces the dead letter's), and it `send_back`s the payload to the work subject it came from
+and removes it from the DLQ stream. Once the campaign has finished it refuses, and the dead letter stays listed.
+The dead-letter event in the events stream (memory's archive) stays as the record, with the request and answer.
+The resend's `Nats-Msg-Id` is derived from the dead letter's place in the DLQ stream, so sending the same dead
+letter back twice within the server's duplicate window queues it once.
 """
 from __future__ import annotations
 
 import asyncio
+import getpass
+import socket
 from dataclasses import dataclass
 
+import nats.js.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from kfactory import events as ev
-from kfactory.bus import DLQ_STREAM, Bus
+from kfactory.bus import DLQ_STREAM, EVENTS_STREAM, Bus
 from kfactory.v1 import events_pb2 as pb
 
 #: how long to wait for one more stored dead letter before the listing is taken as complete
 FETCH_WAIT_S = 0.5
+#: how long `replay` waits for the planner's answer by default
+ANSWER_WAIT_S = 30.0
 
 
 class NotReplayable(ValueError):
-    """This dead letter cannot be sent back as it is; the message says why."""
+    """This dead letter cannot be sent back; the message says why."""
+
+
+class NoAnswer(RuntimeError):
+    """The planner did not answer a request in time; the request stays on the events stream and is answered when
+    the planner runs."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,11 @@ class DeadLetterRecord:
     seq: int
     campaign_id: str
     letter: pb.DeadLetter
+
+    @classmethod
+    def of(cls, seq: int, data: bytes) -> DeadLetterRecord:
+        event = pb.Event.FromString(data)  # written by bus.dead_letter itself
+        return cls(seq, event.campaign_id, event.dead_letter)
 
 
 def _filter(stage: str | None, campaign: str | None) -> str:
@@ -52,21 +70,26 @@ async def list_dead_letters(bus: Bus, stage: str | None = None, campaign: str | 
             except asyncio.TimeoutError:  # nats-py's fetch timeout: nothing more is stored
                 break
             for msg in msgs:
-                event = pb.Event.FromString(msg.data)  # written by bus.dead_letter itself
-                out.append(DeadLetterRecord(msg.metadata.sequence.stream, event.campaign_id, event.dead_letter))
+                out.append(DeadLetterRecord.of(msg.metadata.sequence.stream, msg.data))
                 await msg.ack()
     finally:
         await sub.unsubscribe()
     return out
 
 
-async def replay(bus: Bus, record: DeadLetterRecord) -> pb.Event:
-    """Send a dead letter's work back to its stage and take it off the DLQ stream; returns the work event.
-    Raises NotReplayable for one that was not work (only work subjects have a stage to go back to), whose
-    payload was cut to fit the DLQ stream, that could never be decoded (it was dead-lettered for that), or
-    whose campaign has finished (its counts and its best are final, so the work's result would belong to no
-    campaign; the dead letter stays listed). While the campaign runs, the outcome of work sent back replaces
-    its dead letter's in the planner's counts and is told to the search."""
+async def fetch(bus: Bus, seq: int) -> DeadLetterRecord | None:
+    """The dead letter at `seq` on the DLQ stream, or None when it is not there (sent back, or never was)."""
+    try:
+        msg = await bus.js.get_msg(DLQ_STREAM, seq)
+    except nats.js.errors.NotFoundError:
+        return None
+    return DeadLetterRecord.of(seq, msg.data)
+
+
+def work_of(record: DeadLetterRecord, max_event_bytes: int) -> pb.Event:
+    """The work event a dead letter holds. Raises NotReplayable for one that was not work (only work subjects
+    have a stage to go back to), whose payload was cut to fit the DLQ stream, or that could never be decoded
+    (it was dead-lettered for that)."""
     letter = record.letter
     if not letter.subject.startswith(f"{ev.WORK_PREFIX}."):
         raise NotReplayable(f"dead letter {record.seq} came from {letter.subject!r}, not from a work subject")
@@ -74,24 +97,81 @@ async def replay(bus: Bus, record: DeadLetterRecord) -> pb.Event:
         raise NotReplayable(f"dead letter {record.seq} kept only {len(letter.payload)} of its "
                             f"{letter.payload_bytes} bytes; the message itself is gone")
     try:
-        event = ev.decode_event(letter.payload, letter.subject, bus.max_event_bytes)
+        return ev.decode_event(letter.payload, letter.subject, max_event_bytes)
     except ev.BadEvent as e:
         raise NotReplayable(f"dead letter {record.seq} cannot be sent back as it is: {e} "
                             f"(its reason: {letter.reason.splitlines()[0] if letter.reason else 'none'})") from e
-    finished = await bus.campaign_finished(record.campaign_id)
-    if finished is not None:
-        raise NotReplayable(f"dead letter {record.seq}: campaign {record.campaign_id} has finished "
-                            f"({finished.state}), so its results are final; a new campaign on the same problem "
-                            "measures the point again (and starts from what memory learned)")
-    await bus.requeue(letter.subject, letter.payload, f"replay:{record.seq}:{event.id}")
-    await bus.js.delete_msg(DLQ_STREAM, record.seq)
+
+
+async def send_back(bus: Bus, record: DeadLetterRecord) -> pb.Event:
+    """Queue a dead letter's work on its work subject again and take it off the DLQ stream (the planner's part,
+    once it has accepted); returns the work event. Safe to repeat: the requeue is deduplicated, and a dead letter
+    already deleted stays deleted."""
+    event = work_of(record, bus.max_event_bytes)
+    await bus.requeue(record.letter.subject, record.letter.payload, f"replay:{record.seq}:{event.id}")
+    try:
+        await bus.js.delete_msg(DLQ_STREAM, record.seq)
+    except nats.js.errors.APIError:
+        # the server refuses to delete a message that is gone (JSStreamMsgDeleteFailedF); gone is what we want,
+        # as after an earlier attempt that deleted it once it had queued the same work
+        if await fetch(bus, record.seq) is not None:
+            raise
     return event
 
 
-async def command(settings, stage: str | None, campaign: str | None, send_back: bool, out) -> int:
-    """`kfactory dead-letters`: print the dead letters (and with send_back, replay each); the exit status is 1
-    when a dead letter could not be sent back, else 0. Needs a NATS user that may read and delete on the DLQ
-    stream: none of the services' users may, so in the secure profile use the admin user."""
+async def replay(bus: Bus, record: DeadLetterRecord, wait_s: float = ANSWER_WAIT_S) -> pb.Event:
+    """Ask the campaign's planner to send a dead letter's work back; returns the work event once it has.
+    Raises NotReplayable when the dead letter cannot be sent back (see work_of) or the planner refused (the
+    campaign has finished: its counts and best are final), and NoAnswer when the planner did not answer within
+    `wait_s` (the request stays; the planner answers it when it runs, and asking again shows the answer)."""
+    event = work_of(record, bus.max_event_bytes)
+    finished = await bus.campaign_finished(record.campaign_id)
+    if finished is not None:  # known without asking: the planner would refuse
+        raise NotReplayable(_finished_reason(record.seq, record.campaign_id, finished))
+    req = pb.ResendRequested(dlq_seq=record.seq, requested_by=f"{getpass.getuser()}@{socket.gethostname()}")
+    await bus.publish(ev.make_event(record.campaign_id, "cli", str(record.seq), resend_requested=req))
+    answer = await _answer(bus, record.campaign_id, record.seq, wait_s)
+    if not answer.accepted:
+        raise NotReplayable(answer.reason)
+    return event
+
+
+def _finished_reason(seq: int, campaign_id: str, finished: pb.CampaignFinished) -> str:
+    return (f"dead letter {seq}: campaign {campaign_id} has finished ({finished.state}), so its results are "
+            "final; a new campaign on the same problem measures the point again (and starts from what memory "
+            "learned)")
+
+
+async def _answer(bus: Bus, campaign_id: str, seq: int, wait_s: float) -> pb.ResendAnswered:
+    """The planner's answer to the request for dead letter `seq`, read from the events stream (an answer given
+    before this call, to an earlier request, counts)."""
+    sub = await bus.js.pull_subscribe(ev.event_subject("resend_answered", campaign_id), stream=EVENTS_STREAM,
+                                      config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    deadline = asyncio.get_running_loop().time() + wait_s
+    try:
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                msgs = await sub.fetch(16, timeout=min(left, 1.0))
+            except asyncio.TimeoutError:
+                continue
+            for msg in msgs:
+                await msg.ack()
+                answer = pb.Event.FromString(msg.data).resend_answered
+                if answer.dlq_seq == seq:
+                    return answer
+    finally:
+        await sub.unsubscribe()
+    raise NoAnswer(f"dead letter {seq}: the planner did not answer within {wait_s:.1f} s (is it running?); the "
+                   "request stays on the events stream and the planner answers it when it runs: ask again to "
+                   "see the answer")
+
+
+async def command(settings, stage: str | None, campaign: str | None, resend: bool, out,
+                  wait_s: float = ANSWER_WAIT_S) -> int:
+    """`kfactory dead-letters`: print the dead letters (and with resend, ask for each to be sent back, waiting up
+    to `wait_s` in all for the planners' answers); the exit status is 1 when a dead letter was not sent back,
+    else 0. Needs a NATS user that may read the DLQ stream and publish a request event: none of the services'
+    users may, so in the secure profile use the admin user."""
     password = settings.nats_password.get_secret_value() if settings.nats_password else None
     bus = await Bus.connect(settings.nats_url, "kfactory-dead-letters", user=settings.nats_user, password=password)
     failed = 0
@@ -99,16 +179,18 @@ async def command(settings, stage: str | None, campaign: str | None, send_back: 
         records = await list_dead_letters(bus, stage, campaign)
         print(f"{len(records)} dead letter(s)" + (f" of stage {stage}" if stage else "")
               + (f" in campaign {campaign}" if campaign else ""), file=out)
+        deadline = asyncio.get_running_loop().time() + wait_s
         for r in records:
             reason = r.letter.reason.splitlines()[0][:160] if r.letter.reason else ""
             print(f"  #{r.seq} {r.letter.stage} {r.campaign_id} after {r.letter.deliveries} deliveries: {reason}",
                   file=out)
-            if not send_back:
+            if not resend:
                 continue
             try:
-                event = await replay(bus, r)
+                left = max(1.0, deadline - asyncio.get_running_loop().time())
+                event = await replay(bus, r, left)
                 print(f"    sent back to {r.letter.subject} (event {event.id[:16]})", file=out)
-            except NotReplayable as e:
+            except (NotReplayable, NoAnswer) as e:
                 failed += 1
                 print(f"    not sent back: {e}", file=out)
     finally:

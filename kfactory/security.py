@@ -45,10 +45,14 @@ class Role:
 
 #: THE permissions table. A service may publish only these; everything else is refused by the server.
 PERMISSIONS: dict[str, Role] = {
-    "planner": Role(publishes=("campaign_started", "point_proposed", "compare_request", "campaign_finished"),
-                    queues=("coder", "benchmarker", *AGENT_STAGES), follows_events=True,
-                    # it reads every stage's consumer lag for its metrics
-                    extra=(f"$JS.API.CONSUMER.INFO.{WORK_STREAM}.*",)),
+    "planner": Role(publishes=("campaign_started", "point_proposed", "compare_request", "campaign_finished",
+                              "resend_answered"),
+                    # every stage: it sends a dead letter's work back to the stage it came from (deadletters.py)
+                    queues=("coder", "compiler", "verifier", "benchmarker", *AGENT_STAGES), follows_events=True,
+                    # it reads every stage's consumer lag for its metrics, and reads and removes the dead letters
+                    # it sends back
+                    extra=(f"$JS.API.CONSUMER.INFO.{WORK_STREAM}.*", f"$JS.API.STREAM.MSG.GET.{DLQ_STREAM}",
+                           f"$JS.API.STREAM.MSG.DELETE.{DLQ_STREAM}")),
     "coder": Role(publishes=("candidate_created", "rejected"), queues=("compiler",),
                   consumes=("coder", *AGENT_STAGES), writes_artifacts=True),
     "compiler": Role(publishes=("compiled", "compile_failed"), queues=("verifier",), consumes=("compiler",),

@@ -1,5 +1,7 @@
 """Dead letters against a real nats-server: listed with their reasons, sent back to their stage once the cause is
-fixed, taken off the list, and refused with a reason when the message itself is gone."""
+fixed, taken off the list, and refused with a reason when the message itself is gone or its campaign has
+finished. Whether a running campaign's dead letter goes back is its planner's answer: tests/test_faults.py asks a
+real planner, tests/test_planner_state.py checks its judgement; here no planner runs, and the request waits."""
 from __future__ import annotations
 
 import asyncio
@@ -9,8 +11,10 @@ import sys
 import pytest
 
 from kfactory import events as ev
-from kfactory.bus import Ack, Bus, Term
-from kfactory.deadletters import NotReplayable, list_dead_letters, replay
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from kfactory.bus import EVENTS_STREAM, Ack, Bus, Term
+from kfactory.deadletters import NoAnswer, NotReplayable, fetch, list_dead_letters, replay, send_back
 from kfactory.v1 import events_pb2 as pb
 
 from bus_helpers import consume_until, work
@@ -34,7 +38,7 @@ async def test_a_dead_letter_is_listed_sent_back_once_and_handled(nats_url):
     only_a = await list_dead_letters(bus, campaign="camp-a")
     assert [r.seq for r in only_a] == [r.seq for r in letters[:2]]
 
-    sent = [await replay(bus, r) for r in only_a]  # the bug is fixed: campaign a's work goes back
+    sent = [await send_back(bus, r) for r in only_a]  # the bug is fixed: campaign a's work goes back
     assert [e.point_proposed.point_id for e in sent] == ["p1", "p2"]
     handled: list[pb.Event] = []
 
@@ -46,6 +50,8 @@ async def test_a_dead_letter_is_listed_sent_back_once_and_handled(nats_url):
     assert [e.id for e in handled] == [e.id for e in sent]  # the same events, ids and all
     left = await list_dead_letters(bus)
     assert [r.campaign_id for r in left] == ["camp-b"]  # sent back means off the list
+    assert await fetch(bus, only_a[0].seq) is None and (await fetch(bus, left[0].seq)).campaign_id == "camp-b"
+    await send_back(bus, only_a[0])  # again (a planner that died half way): queued once, within the window
     await asyncio.sleep(0.3)
     assert len(handled) == 2  # nothing sent twice
     await bus.close()
@@ -66,6 +72,8 @@ async def test_a_dead_letter_whose_payload_was_cut_or_undecodable_is_not_sent_ba
         await replay(bus, cut)
     with pytest.raises(NotReplayable, match="cannot be sent back as it is: malformed protobuf"):
         await replay(bus, garbage)
+    with pytest.raises(NotReplayable, match="kept only"):
+        await send_back(bus, cut)
     assert len(await list_dead_letters(bus, campaign="camp-c")) == 2  # both stay listed
     await bus.close()
 
@@ -82,9 +90,23 @@ async def test_a_dead_letter_of_a_finished_campaign_is_not_sent_back(nats_url):
     done, running = await list_dead_letters(bus, campaign="camp-e") + await list_dead_letters(bus, campaign="camp-f")
     with pytest.raises(NotReplayable, match="campaign camp-e has finished \\(completed\\), so its results are final"):
         await replay(bus, done)
-    assert (await replay(bus, running)).point_proposed.point_id == "p1"
-    assert [r.campaign_id for r in await list_dead_letters(bus, campaign="camp-e")] == ["camp-e"]  # still listed
+    with pytest.raises(NoAnswer, match=f"dead letter {running.seq}: the planner did not answer within 0.5 s"):
+        await replay(bus, running, wait_s=0.5)  # no planner runs here: the request waits for one
+    requests = await _events(bus, "resend_requested")
+    assert [(e.campaign_id, e.resend_requested.dlq_seq) for e in requests] == [("camp-f", running.seq)]  # one
+    assert [r.campaign_id for r in await list_dead_letters(bus)] == ["camp-e", "camp-f"]  # both still listed
     await bus.close()
+
+
+async def _events(bus: Bus, kind: str) -> list[pb.Event]:
+    sub = await bus.js.pull_subscribe(ev.event_subject(kind, "*"), stream=EVENTS_STREAM,
+                                      config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    try:
+        return [pb.Event.FromString(m.data) for m in await sub.fetch(100, timeout=0.5)]
+    except asyncio.TimeoutError:
+        return []
+    finally:
+        await sub.unsubscribe()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -106,9 +128,10 @@ def test_the_cli_lists_and_sends_back(nats_url):
     assert listed.returncode == 0, listed.stderr
     assert "1 dead letter(s) of stage verifier" in listed.stdout
     assert "verifier camp-d after 5 deliveries: handler error after 5 deliveries: boom" in listed.stdout
-    sent = _cli("--nats-url", nats_url, "--replay")
-    assert sent.returncode == 0 and "sent back to kf.v1.work.verifier.camp-d" in sent.stdout, sent.stderr
-    assert _cli("--nats-url", nats_url).stdout.startswith("0 dead letter(s)")
+    asked = _cli("--nats-url", nats_url, "--replay", "--answer-timeout", "1")
+    assert asked.returncode == 1, asked  # no planner answers here
+    assert "not sent back: dead letter 1: the planner did not answer within 1.0 s (is it running?)" in asked.stdout
+    assert _cli("--nats-url", nats_url).stdout.startswith("1 dead letter(s)")
 
 
 def test_the_cli_says_when_the_server_cannot_be_reached():

@@ -171,23 +171,33 @@ def test_poison_messages_are_dead_lettered_with_their_reason(rig):
 
 def test_work_sent_back_from_the_dead_letters_mid_campaign_ends_in_its_campaign_once(rig):
     """A benchmarker lock left held (as by a worker that died with a long lease) dead-letters a real candidate
-    after max_deliver busy deliveries; once the lock is cleared, `kfactory dead-letters --replay` sends it back
-    and it is measured. The planner (paused meanwhile, so the campaign cannot end first) counts that outcome
-    instead of the dead letter's, and the campaign completes with every point ending once."""
+    after max_deliver busy deliveries. The coder is paused meanwhile (SIGSTOP), so that the points proposed after
+    it keep the campaign running. Once the lock is cleared, `kfactory dead-letters --replay` asks the planner,
+    paused too at first: the request waits, and the CLI says so. Resumed, the planner answers it: it sends the work
+    back and waits for it, counts its outcome instead of the dead letter's, and the campaign completes with every
+    point ending once."""
     plant, nats_srv, redis_srv, space = rig
     cid = plant.submit(_spec(space))
     cand, lock = asyncio.run(_lock_a_fresh_candidate(nats_srv.url, redis_srv.url, cid, "benchmarker"))
-    plant.kill("planner", signal.SIGSTOP)
+    plant.kill("coder", signal.SIGSTOP)
     try:
         _wait_for(lambda: any(d.stage == "benchmarker" for d in asyncio.run(_dead_letters(nats_srv.url, cid))),
                   "the held candidate's dead letter", timeout=40)
         asyncio.run(_release(redis_srv.url, lock))  # the cause is fixed
-        sent = subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", "--nats-url", nats_srv.url,
-                               "--campaign", cid, "--replay"], capture_output=True, text=True, timeout=60)
-        assert sent.returncode == 0 and f"sent back to {ev.work_subject('benchmarker', cid)}" in sent.stdout, sent
+        plant.kill("planner", signal.SIGSTOP)
+        try:
+            asked = subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", "--nats-url", nats_srv.url,
+                                    "--campaign", cid, "--replay", "--answer-timeout", "2"],
+                                   capture_output=True, text=True, timeout=60)
+        finally:
+            plant.kill("planner", signal.SIGCONT)
+        assert asked.returncode == 1 and "the planner did not answer within" in asked.stdout, asked
+        # the planner answers the request it missed: the work goes back, and off the list
+        _wait_for(lambda: not asyncio.run(_dead_letters(nats_srv.url, cid)), "the dead letter sent back", timeout=30)
         _wait_for(lambda: _outcomes_of(plant, cid, cand), "the sent-back candidate's outcome", timeout=30)
+        assert plant.status(cid).state == "running"
     finally:
-        plant.kill("planner", signal.SIGCONT)
+        plant.kill("coder", signal.SIGCONT)
     _finish_and_check(plant, cid)
     status = plant.status(cid)
     c = status.counts
@@ -196,9 +206,12 @@ def test_work_sent_back_from_the_dead_letters_mid_campaign_ends_in_its_campaign_
     arch = plant.archive()
     try:
         assert arch.q("SELECT COUNT(*) FROM measurements WHERE campaign=? AND candidate=?", (cid, cand))[0][0] == 1
+        answers = [pb.Event.FromString(p).resend_answered
+                   for (p,) in arch.q("SELECT payload FROM events WHERE campaign=? AND kind='resend_answered'", (cid,))]
         md, _ = report.build(arch.events(campaign=cid))
     finally:
         arch.close()
+    assert [(a.accepted, a.subject) for a in answers] == [(True, ev.work_subject("benchmarker", cid))], answers
     section = md.split("## Dead letters", 1)[1].split("##", 1)[0]
     assert "| benchmarker | 4 |" in section and section.rstrip().endswith("| sent back: measured |"), section
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from kfactory import events as ev
+from kfactory.deadletters import DeadLetterRecord
 from kfactory.problems import load_problem
 from kfactory.services.planner.campaign import CampaignState
 from kfactory.strategies import Space
@@ -150,3 +151,70 @@ def test_a_finished_campaign_reports_what_it_finished_with():
     counts, best = st.reported()
     assert (counts.proposed, counts.measured, best.candidate.id) == (2, 1, "k1")
     assert st.counts.measured == 2  # the fold itself still sees it (a restarted planner replays the same)
+
+
+def _dead_lettered_compile(st: CampaignState, seq: int) -> tuple[DeadLetterRecord, pb.Event]:
+    """Point p1, compiled as k1, whose verification was dead-lettered at `seq` on the DLQ stream."""
+    st.apply(_proposed(st, "p1"))
+    cand = pb.Candidate(id="k1", point_id="p1", origin="template:cpu_c", params_json="{}")
+    compiled = ev.make_event("c1", "compiler", "k1", compiled=pb.Compiled(candidate=cand, artifact_digest="d"))
+    st.apply(compiled)
+    dl = pb.DeadLetter(stage="verifier", subject=ev.work_subject("verifier", "c1"), reason="lock held",
+                       deliveries=5, payload=compiled.SerializeToString(), payload_bytes=compiled.ByteSize())
+    st.apply(ev.make_event("c1", "verifier", f"dl{seq}", dead_letter=dl))
+    return DeadLetterRecord(seq, "c1", dl), compiled
+
+
+def _answer(st: CampaignState, answer: pb.ResendAnswered) -> None:
+    st.apply(ev.make_event("c1", "planner", str(answer.dlq_seq), resend_answered=answer))
+
+
+def test_a_resend_the_planner_accepts_keeps_the_campaign_waiting_for_the_new_outcome():
+    st = _state()
+    record, work = _dead_lettered_compile(st, 7)
+    st.apply(ev.make_event("c1", "cli", "7", resend_requested=pb.ResendRequested(dlq_seq=7)))
+    assert list(st.resend_requests) == [7] and (st.counts.rejected, st.in_flight()) == (1, 0)
+    answer = st.judge_resend(7, record, work, finishing="")
+    assert (answer.accepted, answer.point_id, answer.subject) == (True, "p1", ev.work_subject("verifier", "c1"))
+    _answer(st, answer)
+    # in flight again: the campaign cannot finish before the work's outcome, which counts instead
+    assert (st.counts.rejected, st.in_flight(), st.resent, st.resend_requests) == (0, 1, {"p1": 7}, {})
+    st.apply(_measured("p1", "k1", 0.125))
+    point = next(iter(st.strategy.results))
+    assert (st.counts.measured, st.in_flight(), st.resent) == (1, 0, {})
+    assert st.strategy.results[point] == 0.125 and st.best().score_s == 0.125
+    again = st.judge_resend(7, record, work, finishing="")  # the same dead letter, asked for twice
+    assert not again.accepted and "p1 is not ended by a dead letter now" in again.reason
+
+
+def test_sent_back_work_that_dies_again_is_a_second_dead_letter():
+    st = _state()
+    record, work = _dead_lettered_compile(st, 7)
+    _answer(st, st.judge_resend(7, record, work, finishing=""))
+    dl = pb.DeadLetter(stage="verifier", subject=record.letter.subject, reason="lock held again", deliveries=5,
+                       payload=work.SerializeToString(), payload_bytes=work.ByteSize())
+    st.apply(ev.make_event("c1", "verifier", "dl8", dead_letter=dl))
+    assert (st.counts.rejected, st.in_flight(), st.dead_lettered) == (1, 0, {"p1"})
+    assert st.judge_resend(8, DeadLetterRecord(8, "c1", dl), work, finishing="").accepted  # and may go back again
+
+
+def test_the_planner_refuses_a_resend_whose_outcome_could_not_count():
+    st = _state()
+    record, work = _dead_lettered_compile(st, 7)
+    reasons = {
+        "ending": st.judge_resend(7, record, work, finishing="cancelled: by a user").reason,
+        "gone": st.judge_resend(7, None, work, finishing="").reason,
+        "other campaign": st.judge_resend(7, DeadLetterRecord(7, "c2", record.letter), work, finishing="").reason,
+        "no work": st.judge_resend(7, record, "dead letter 7 kept only 10 of its 20 bytes", finishing="").reason,
+    }
+    assert reasons == {
+        "ending": "dead letter 7: campaign c1 is ending (cancelled: by a user), so nothing more is measured in it",
+        "gone": "dead letter 7: it is no longer on the DLQ stream (sent back already, or deleted)",
+        "other campaign": "dead letter 7: it belongs to campaign c2, not to c1",
+        "no work": "dead letter 7 kept only 10 of its 20 bytes"}
+    refused = st.judge_resend(7, None, work, finishing="")
+    _answer(st, refused)  # a refusal changes nothing
+    assert (refused.accepted, st.counts.rejected, st.in_flight(), st.resent) == (False, 1, 0, {})
+    st.apply(ev.make_event("c1", "planner", "finish", campaign_finished=pb.CampaignFinished(state="completed")))
+    done = st.judge_resend(7, record, work, finishing="")
+    assert not done.accepted and done.reason.startswith("dead letter 7: campaign c1 has finished (completed)")

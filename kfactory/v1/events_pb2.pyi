@@ -556,6 +556,28 @@ class DeadLetter(_message.Message):
     payload_bytes: int
     def __init__(self, stage: _Optional[str] = ..., subject: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., payload: _Optional[bytes] = ..., payload_bytes: _Optional[int] = ...) -> None: ...
 
+class ResendRequested(_message.Message):
+    __slots__ = ("dlq_seq", "requested_by")
+    DLQ_SEQ_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    dlq_seq: int
+    requested_by: str
+    def __init__(self, dlq_seq: _Optional[int] = ..., requested_by: _Optional[str] = ...) -> None: ...
+
+class ResendAnswered(_message.Message):
+    __slots__ = ("dlq_seq", "accepted", "reason", "point_id", "subject")
+    DLQ_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    POINT_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    dlq_seq: int
+    accepted: bool
+    reason: str
+    point_id: str
+    subject: str
+    def __init__(self, dlq_seq: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., point_id: _Optional[str] = ..., subject: _Optional[str] = ...) -> None: ...
+
 class Counts(_message.Message):
     __slots__ = ("proposed", "compiled", "compile_failed", "verified", "rejected", "measured")
     PROPOSED_FIELD_NUMBER: _ClassVar[int]
@@ -597,7 +619,7 @@ class CampaignFinished(_message.Message):
     def __init__(self, state: _Optional[str] = ..., reason: _Optional[str] = ..., counts: _Optional[_Union[Counts, _Mapping]] = ..., best_candidate_id: _Optional[str] = ..., summary_json: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("id", "campaign_id", "producer", "time_unix_ns", "campaign_started", "campaign_finished", "point_proposed", "candidate_created", "compiled", "compile_failed", "verified", "rejected", "measured", "comparison", "finding", "dead_letter", "compare_request")
+    __slots__ = ("id", "campaign_id", "producer", "time_unix_ns", "campaign_started", "campaign_finished", "point_proposed", "candidate_created", "compiled", "compile_failed", "verified", "rejected", "measured", "comparison", "finding", "dead_letter", "compare_request", "resend_requested", "resend_answered")
     ID_FIELD_NUMBER: _ClassVar[int]
     CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
@@ -615,6 +637,8 @@ class Event(_message.Message):
     FINDING_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
     COMPARE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    RESEND_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    RESEND_ANSWERED_FIELD_NUMBER: _ClassVar[int]
     id: str
     campaign_id: str
     producer: str
@@ -632,4 +656,6 @@ class Event(_message.Message):
     finding: Finding
     dead_letter: DeadLetter
     compare_request: CompareRequest
-    def __init__(self, id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., producer: _Optional[str] = ..., time_unix_ns: _Optional[int] = ..., campaign_started: _Optional[_Union[CampaignStarted, _Mapping]] = ..., campaign_finished: _Optional[_Union[CampaignFinished, _Mapping]] = ..., point_proposed: _Optional[_Union[PointProposed, _Mapping]] = ..., candidate_created: _Optional[_Union[CandidateCreated, _Mapping]] = ..., compiled: _Optional[_Union[Compiled, _Mapping]] = ..., compile_failed: _Optional[_Union[CompileFailed, _Mapping]] = ..., verified: _Optional[_Union[Verified, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ..., measured: _Optional[_Union[Measured, _Mapping]] = ..., comparison: _Optional[_Union[Comparison, _Mapping]] = ..., finding: _Optional[_Union[Finding, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., compare_request: _Optional[_Union[CompareRequest, _Mapping]] = ...) -> None: ...
+    resend_requested: ResendRequested
+    resend_answered: ResendAnswered
+    def __init__(self, id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., producer: _Optional[str] = ..., time_unix_ns: _Optional[int] = ..., campaign_started: _Optional[_Union[CampaignStarted, _Mapping]] = ..., campaign_finished: _Optional[_Union[CampaignFinished, _Mapping]] = ..., point_proposed: _Optional[_Union[PointProposed, _Mapping]] = ..., candidate_created: _Optional[_Union[CandidateCreated, _Mapping]] = ..., compiled: _Optional[_Union[Compiled, _Mapping]] = ..., compile_failed: _Optional[_Union[CompileFailed, _Mapping]] = ..., verified: _Optional[_Union[Verified, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ..., measured: _Optional[_Union[Measured, _Mapping]] = ..., comparison: _Optional[_Union[Comparison, _Mapping]] = ..., finding: _Optional[_Union[Finding, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., compare_request: _Optional[_Union[CompareRequest, _Mapping]] = ..., resend_requested: _Optional[_Union[ResendRequested, _Mapping]] = ..., resend_answered: _Optional[_Union[ResendAnswered, _Mapping]] = ...) -> None: ...

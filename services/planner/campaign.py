@@ -65,6 +65,10 @@ class CampaignState:
     #: points ended by a dead letter: if their work is sent back (`kfactory dead-letters --replay`) and ends
     #: after all, that outcome replaces the dead letter's
     dead_lettered: set[str] = field(default_factory=set)
+    #: requests to send a dead letter's work back (by DLQ sequence) that the planner has not answered yet
+    resend_requests: dict[int, pb.ResendRequested] = field(default_factory=dict)
+    #: points whose dead letter's work was sent back and is out again: point id -> DLQ sequence
+    resent: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
         self.strategy = None
@@ -177,6 +181,47 @@ class CampaignState:
             # its duplicates learn it failed, and stay waiting: if the work is sent back and ends, they learn that
             self._tell_points(self.awaiting_twin.get(cand.id, []), None)
 
+    def _on_resend_requested(self, m: pb.ResendRequested) -> None:
+        self.resend_requests[m.dlq_seq] = m
+
+    def _on_resend_answered(self, m: pb.ResendAnswered) -> None:
+        """An accepted resend puts its point in flight again: the campaign waits for the work's new outcome,
+        which counts instead of the dead letter's (and the strategy, told of a failure then, learns it)."""
+        self.resend_requests.pop(m.dlq_seq, None)
+        ps = self.points.get(m.point_id)
+        if m.accepted and ps is not None and ps.done and m.point_id in self.dead_lettered:
+            self.dead_lettered.discard(m.point_id)
+            self.counts.rejected -= 1
+            ps.done = False
+            self.resent[m.point_id] = m.dlq_seq
+
+    def judge_resend(self, seq: int, record, work: pb.Event | str, finishing: str) -> pb.ResendAnswered:
+        """The answer to a request to send dead letter `seq` back: accepted while this campaign runs and the
+        letter ended one of its points that nothing has ended since. `record` is the dead letter (None when it
+        is no longer on the DLQ stream), `work` its work event or why it has none, `finishing` why the
+        campaign is ending though not finished yet ("" if it is not)."""
+        def no(reason: str) -> pb.ResendAnswered:
+            return pb.ResendAnswered(dlq_seq=seq, accepted=False, reason=f"dead letter {seq}: {reason}")
+        if self.finished is not None:
+            return no(f"campaign {self.id} has finished ({self.finished.state}), so its results are final; a new "
+                      "campaign on the same problem measures the point again (and starts from what memory learned)")
+        if finishing:
+            return no(f"campaign {self.id} is ending ({finishing}), so nothing more is measured in it")
+        if record is None:
+            return no("it is no longer on the DLQ stream (sent back already, or deleted)")
+        if record.campaign_id != self.id:
+            return no(f"it belongs to campaign {record.campaign_id}, not to {self.id}")
+        if isinstance(work, str):  # deadletters.work_of's reason names the dead letter itself
+            return pb.ResendAnswered(dlq_seq=seq, accepted=False, reason=work)
+        dead = ev.dead_work(record.letter)
+        point_id = dead[0] if dead else ""
+        if point_id not in self.points:
+            return no(f"its work is about no point of campaign {self.id}")
+        if point_id not in self.dead_lettered:
+            return no(f"its point {point_id} is not ended by a dead letter now (its work is out, was sent back "
+                      "already, or has ended since)")
+        return pb.ResendAnswered(dlq_seq=seq, accepted=True, point_id=point_id, subject=record.letter.subject)
+
     def _on_comparison(self, m: pb.Comparison) -> None:
         self.comparisons[m.shape] = m
 
@@ -185,6 +230,7 @@ class CampaignState:
 
     def _finish_point(self, point_id: str, score: float | None, tell: bool = True) -> None:
         self.proposals.pop(point_id, None)
+        self.resent.pop(point_id, None)
         ps = self.points.get(point_id)
         if ps is not None and point_id in self.dead_lettered:
             # the work was sent back after its dead letter and has ended now: this outcome counts instead, and

@@ -13,6 +13,7 @@ import time
 
 import grpc
 
+from kfactory import deadletters
 from kfactory import events as ev
 from kfactory import security, telemetry
 from kfactory.bus import EVENTS_STREAM, ack_quietly
@@ -49,6 +50,10 @@ class PlannerService(Service):
         self.grpc_port = 0
         self._server = None
         self.caught_up = asyncio.Event()
+        #: requests to send back dead letters of campaigns this planner does not know: (campaign, DLQ sequence)
+        self._stray_resends: set[tuple[str, int]] = set()
+        self._resend_lock = asyncio.Lock()
+        self._answering: set[asyncio.Task] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.grpc_addr:
@@ -72,6 +77,8 @@ class PlannerService(Service):
             t0 = time.perf_counter()
             with telemetry.consumer_span(self.name, msg.subject, msg.headers, event):
                 self._apply(event)
+            if self.caught_up.is_set() and event.HasField("resend_requested"):
+                self._answer_later(event.campaign_id, event.resend_requested.dlq_seq)
             self.handled += 1
             await ack_quietly(msg)
             self.cost["handler"] += time.perf_counter() - t0
@@ -80,13 +87,22 @@ class PlannerService(Service):
 
     def _caught_up(self) -> None:
         self.caught_up.set()
+        # requests made while this planner was down (or before this life replayed their answers)
+        for cid, seq in sorted(self._stray_resends):
+            self._answer_later(cid, seq)
         for cid, st in self.campaigns.items():
+            for seq in sorted(st.resend_requests):
+                self._answer_later(cid, seq)
             if st.finished is None and cid not in self.loops:
                 self.log.info("resuming campaign", campaign=cid)
                 self.loops[cid] = asyncio.create_task(self._resume(st))
 
     async def _resume(self, st: CampaignState) -> None:
-        """Queue again the proposals without a candidate (a resend is deduplicated), then drive the campaign."""
+        """Queue again the proposals without a candidate and the dead letters' work it accepted to send back (a
+        resend is deduplicated), then drive the campaign."""
+        for seq in list(st.resent.values()):
+            if (record := await deadletters.fetch(self.bus, seq)) is not None:
+                await deadletters.send_back(self.bus, record)
         for event in list(st.proposals.values()):
             origin = event.point_proposed.origin
             stage = persona_stage(origin.split(":", 1)[1]) if origin.startswith("agent:") else "coder"
@@ -104,6 +120,49 @@ class PlannerService(Service):
         st = self.campaigns.get(cid)
         if st is not None:
             st.apply(event)
+        elif event.HasField("resend_requested"):
+            self._stray_resends.add((cid, event.resend_requested.dlq_seq))
+        elif event.HasField("resend_answered"):
+            self._stray_resends.discard((cid, event.resend_answered.dlq_seq))
+
+    # -- sending dead letters back ---------------------------------------------------------------
+    def _answer_later(self, cid: str, seq: int) -> None:
+        task = asyncio.create_task(self._answer_resend(cid, seq))
+        self._answering.add(task)
+        task.add_done_callback(self._answered)
+
+    def _answered(self, task: asyncio.Task) -> None:
+        self._answering.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # the request stays unanswered in the fold; the next life of the planner answers it
+            self.log.error("answering a request to send a dead letter back failed", error=repr(task.exception()))
+
+    async def _answer_resend(self, cid: str, seq: int) -> None:
+        """Decide whether dead letter `seq` goes back to its stage (CampaignState.judge_resend), record the answer
+        and, if yes, send it back. The decision and the point's return to flight happen with no await between
+        them, so the campaign cannot finish in between and then miss the work's outcome."""
+        async with self._resend_lock:
+            st = self.campaigns.get(cid)
+            if seq not in st.resend_requests if st is not None else (cid, seq) not in self._stray_resends:
+                return  # answered meanwhile
+            record = await deadletters.fetch(self.bus, seq)
+            work: pb.Event | str = "it is no longer on the DLQ stream"
+            if record is not None:
+                try:
+                    work = deadletters.work_of(record, self.bus.max_event_bytes)
+                except deadletters.NotReplayable as e:
+                    work = str(e)
+            if st is None:
+                answer = pb.ResendAnswered(dlq_seq=seq, reason=f"dead letter {seq}: no campaign {cid} is known "
+                                                               "to the planner")
+            else:
+                answer = st.judge_resend(seq, record, work, self._finishing(st))
+            event = ev.make_event(cid, self.name, str(seq), resend_answered=answer)
+            self._apply(event)
+            await self.bus.publish(event)
+            if answer.accepted:
+                await deadletters.send_back(self.bus, record)
+                self.log.info("dead letter sent back", campaign=cid, seq=seq, point=answer.point_id)
 
     def _space(self, spec: pb.CampaignSpec) -> Space | None:
         problem = self.ctx.problem(spec.problem)
@@ -220,6 +279,9 @@ class PlannerService(Service):
                 return
             await self._wait_in_flight(st)
             await self._compare(st)
+            while st.in_flight() and not self._finishing(st):  # work sent back from its dead letter meanwhile
+                await self._wait_in_flight(st)
+                await self._compare(st)
             await self._finish(st)
         except asyncio.CancelledError:
             raise
@@ -229,6 +291,14 @@ class PlannerService(Service):
 
     def _expired(self, st: CampaignState) -> bool:
         return bool(st.spec.budget_seconds) and st.elapsed() >= st.spec.budget_seconds
+
+    def _finishing(self, st: CampaignState) -> str:
+        """Why the campaign ends without waiting for work in flight ("" when it waits for it)."""
+        if st.cancelled:
+            return f"cancelled: {st.cancelled}"
+        if st.strategy_error:
+            return "its search strategy failed"
+        return "its time budget is spent" if self._expired(st) else ""
 
     def _budget_left(self, st: CampaignState) -> bool:
         if st.cancelled or self._expired(st):
@@ -346,7 +416,8 @@ class PlannerService(Service):
         want = {problem.shape_str(s) for s in problem.shapes("optimize")}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMPARE_WAIT_S
-        while not want <= set(st.comparisons) and loop.time() < deadline and not st.cancelled:
+        while loop.time() < deadline and not st.cancelled and not want <= {
+                shape for shape, c in st.comparisons.items() if c.candidate_id == best.candidate.id}:
             await self._wait_change(st)
 
     async def _finish(self, st: CampaignState, state: str | None = None, reason: str = "") -> None:
