@@ -212,12 +212,36 @@ class Bus:
         await self._publish_retrying(ev.work_subject(stage, event.campaign_id), event.SerializeToString(),
                                      self._headers(f"work.{stage}:{event.id}"))
 
-    async def _publish_retrying(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
-        """Publish, retrying through a NATS outage for up to PUBLISH_RETRY_S: the Nats-Msg-Id header makes a
-        retry of a publish that did reach the server a no-op, so nothing is stored twice."""
+    def _require(self, subject: str) -> None:
+        """Raise PublishNotPermitted unless this service's NATS user may publish to `subject` (a JetStream API
+        call is a publish too): the server would drop it, and the caller would see only a timeout."""
         if self.may_publish is not None and not any(subject_matches(p, subject) for p in self.may_publish):
             raise PublishNotPermitted(f"{self.name} may not publish to {subject}: its NATS user's permissions "
                                       "(kfactory/security.py PERMISSIONS) do not include it")
+
+    async def get_dead_letter(self, seq: int) -> bytes | None:
+        """The stored dead-letter event at `seq` on the DLQ stream, or None when there is none there."""
+        self._require(f"$JS.API.STREAM.MSG.GET.{DLQ_STREAM}")
+        try:
+            return (await self.js.get_msg(DLQ_STREAM, seq)).data
+        except nats.js.errors.NotFoundError:
+            return None
+
+    async def delete_dead_letter(self, seq: int) -> None:
+        """Remove the dead letter at `seq` from the DLQ stream; one that is gone already stays gone."""
+        self._require(f"$JS.API.STREAM.MSG.DELETE.{DLQ_STREAM}")
+        try:
+            await self.js.delete_msg(DLQ_STREAM, seq)
+        except nats.js.errors.APIError:
+            # the server refuses to delete a message that is not there (JSStreamMsgDeleteFailedF); gone is what
+            # was wanted, as after an earlier attempt that deleted it once it had queued the same work
+            if await self.get_dead_letter(seq) is not None:
+                raise
+
+    async def _publish_retrying(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        """Publish, retrying through a NATS outage for up to PUBLISH_RETRY_S: the Nats-Msg-Id header makes a
+        retry of a publish that did reach the server a no-op, so nothing is stored twice."""
+        self._require(subject)
         await _retrying(lambda: self.js.publish(subject, data, headers=headers), TRANSIENT, PUBLISH_RETRY_S, 0.1,
                         "publish failed, retrying", subject=subject)
 

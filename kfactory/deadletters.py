@@ -17,7 +17,6 @@ import getpass
 import socket
 from dataclasses import dataclass
 
-import nats.js.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from kfactory import events as ev
@@ -79,11 +78,8 @@ async def list_dead_letters(bus: Bus, stage: str | None = None, campaign: str | 
 
 async def fetch(bus: Bus, seq: int) -> DeadLetterRecord | None:
     """The dead letter at `seq` on the DLQ stream, or None when it is not there (sent back, or never was)."""
-    try:
-        msg = await bus.js.get_msg(DLQ_STREAM, seq)
-    except nats.js.errors.NotFoundError:
-        return None
-    return DeadLetterRecord.of(seq, msg.data)
+    data = await bus.get_dead_letter(seq)
+    return DeadLetterRecord.of(seq, data) if data is not None else None
 
 
 def work_of(record: DeadLetterRecord, max_event_bytes: int) -> pb.Event:
@@ -109,13 +105,7 @@ async def send_back(bus: Bus, record: DeadLetterRecord) -> pb.Event:
     already deleted stays deleted."""
     event = work_of(record, bus.max_event_bytes)
     await bus.requeue(record.letter.subject, record.letter.payload, f"replay:{record.seq}:{event.id}")
-    try:
-        await bus.js.delete_msg(DLQ_STREAM, record.seq)
-    except nats.js.errors.APIError:
-        # the server refuses to delete a message that is gone (JSStreamMsgDeleteFailedF); gone is what we want,
-        # as after an earlier attempt that deleted it once it had queued the same work
-        if await fetch(bus, record.seq) is not None:
-            raise
+    await bus.delete_dead_letter(record.seq)
     return event
 
 
@@ -166,6 +156,35 @@ async def _answer(bus: Bus, campaign_id: str, seq: int, wait_s: float) -> pb.Res
                    "see the answer")
 
 
+async def _by_seq(bus: Bus, kind: str, campaign: str | None) -> dict[int, pb.Event]:
+    """The last ResendRequested or ResendAnswered (`kind`) for each dead letter, by its DLQ sequence."""
+    sub = await bus.js.pull_subscribe(ev.event_subject(kind, campaign or "*"), stream=EVENTS_STREAM,
+                                      config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    out: dict[int, pb.Event] = {}
+    try:
+        while True:
+            try:
+                msgs = await sub.fetch(256, timeout=FETCH_WAIT_S)
+            except asyncio.TimeoutError:
+                return out
+            for msg in msgs:
+                event = pb.Event.FromString(msg.data)
+                out[getattr(event, kind).dlq_seq] = event
+                await msg.ack()
+    finally:
+        await sub.unsubscribe()
+
+
+def _history(record: DeadLetterRecord, asked: dict[int, pb.Event], answered: dict[int, pb.Event]) -> str:
+    """What became of earlier requests to send this dead letter back ("" if there were none)."""
+    if record.seq in answered:
+        answer = answered[record.seq].resend_answered
+        return "" if answer.accepted else f"    refused before: {answer.reason}"
+    if record.seq in asked:
+        return "    asked for before; the planner has not answered yet"
+    return ""
+
+
 async def command(settings, stage: str | None, campaign: str | None, resend: bool, out,
                   wait_s: float = ANSWER_WAIT_S) -> int:
     """`kfactory dead-letters`: print the dead letters (and with resend, ask for each to be sent back, waiting up
@@ -180,11 +199,15 @@ async def command(settings, stage: str | None, campaign: str | None, resend: boo
         print(f"{len(records)} dead letter(s)" + (f" of stage {stage}" if stage else "")
               + (f" in campaign {campaign}" if campaign else ""), file=out)
         deadline = asyncio.get_running_loop().time() + wait_s
+        asked, answered = ({}, {}) if resend else \
+            (await _by_seq(bus, "resend_requested", campaign), await _by_seq(bus, "resend_answered", campaign))
         for r in records:
             reason = r.letter.reason.splitlines()[0][:160] if r.letter.reason else ""
             print(f"  #{r.seq} {r.letter.stage} {r.campaign_id} after {r.letter.deliveries} deliveries: {reason}",
                   file=out)
             if not resend:
+                if history := _history(r, asked, answered):
+                    print(history, file=out)
                 continue
             try:
                 left = max(1.0, deadline - asyncio.get_running_loop().time())

@@ -10,7 +10,7 @@ import pytest
 
 from kfactory import events as ev
 from kfactory.app import start_services
-from kfactory.bus import DLQ_STREAM
+from kfactory.deadletters import list_dead_letters
 from kfactory.services.planner import campaign as campaign_mod
 from kfactory.services.planner.service import SpecError
 from kfactory.v1 import events_pb2 as pb
@@ -46,20 +46,9 @@ def memory_rows(running, sql: str) -> list:
 async def _dead_letters(bus, campaign: str, want: int, timeout: float = 20) -> list[pb.DeadLetter]:
     """The dead letters of a campaign ('*' for any), once there are `want` of them."""
     async with asyncio.timeout(timeout):
-        while True:
-            sub = await bus.js.pull_subscribe(f"{ev.DLQ_PREFIX}.*.{campaign}", stream=DLQ_STREAM)
-            out = []
-            try:
-                while True:
-                    msgs = await sub.fetch(50, timeout=0.5)
-                    out += [pb.Event.FromString(m.data).dead_letter for m in msgs]
-            except asyncio.TimeoutError:
-                pass
-            finally:
-                await sub.unsubscribe()
-            if len(out) >= want:
-                return out
+        while len(out := await list_dead_letters(bus, campaign=None if campaign == "*" else campaign)) < want:
             await asyncio.sleep(0.2)
+    return [r.letter for r in out]
 
 
 async def test_bad_work_messages_are_dead_lettered_with_what_to_fix(bus_settings, space):

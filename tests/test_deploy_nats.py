@@ -18,7 +18,11 @@ import yaml
 
 from kfactory import events as ev
 from kfactory.agents import PERSONAS, persona_stage
-from kfactory.bus import Ack, Bus, WORK_STREAM
+import nats.errors
+
+from kfactory.bus import DLQ_STREAM, Ack, Bus, PublishNotPermitted, WORK_STREAM
+from kfactory.deadletters import fetch, list_dead_letters, send_back
+from kfactory.security import publish_subjects
 from kfactory.v1 import events_pb2 as pb
 from secured_nats import NATS_DIR, SecuredNats, free_port
 
@@ -71,6 +75,33 @@ async def test_each_service_publishes_its_results_and_no_one_elses(secured):
     refused = secured.violations()
     assert len(refused) == 5 and all("Publish" in line for line in refused), refused
     assert any('"kf.v1.evt.verified.c1"' in line and "compiler" in line for line in refused)
+
+
+async def test_the_planner_alone_may_send_a_dead_letter_back(secured):
+    """The dead letter a compiler wrote is read, queued again and deleted by the planner's user (deadletters.py);
+    the compiler's user may not read it back."""
+    compiler, planner, admin = [await _connect(secured, u) for u in ("compiler", "planner", "admin")]
+    try:
+        await compiler.ensure()
+        work = ev.make_event("c1", "planner", "p1", point_proposed=pb.PointProposed(point_id="p1", family="f"))
+        await compiler.dead_letter("compiler", ev.work_subject("compiler", "c1"), work.SerializeToString(),
+                                   "handler error", 5, "c1", work_seq=1)
+        (record,) = await list_dead_letters(admin)  # what `kfactory dead-letters` lists, as the admin user
+        assert (await fetch(planner, record.seq)).letter.reason == "handler error"
+        assert (await send_back(planner, record)).id == work.id
+        assert await fetch(planner, record.seq) is None  # deleted by the planner
+        answer = ev.make_event("c1", "planner", "1", resend_answered=pb.ResendAnswered(dlq_seq=1, accepted=True))
+        await planner.publish(answer)
+        assert secured.violations() == []
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await compiler.js.get_msg(DLQ_STREAM, record.seq)  # no permission: the server drops the request
+        compiler.may_publish = publish_subjects("compiler")  # as app.py sets it: refused at once, with the reason
+        with pytest.raises(PublishNotPermitted, match=r"compiler may not publish to \$JS.API.STREAM.MSG.GET.KF_DLQ"):
+            await fetch(compiler, record.seq)
+    finally:
+        for b in (compiler, planner, admin):
+            await b.close()
+    assert any("$JS.API.STREAM.MSG.GET.KF_DLQ" in line and "compiler" in line for line in secured.violations())
 
 
 async def test_keda_triggers_name_consumers_that_exist_in_account_g(secured):
