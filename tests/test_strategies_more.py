@@ -11,7 +11,7 @@ from kfactory.strategies import Space, make_strategy
 
 DATA = Path(os.environ.get("KF_TUNING_SPACES", Path(__file__).resolve().parents[2] / "shared/data/tuning-spaces"))
 CONV = DATA / "convolution_milo-A100.json.gz"  # 4362 configurations, 161 recorded failures, 4 constraints
-NEW = ("surrogate", "tpe", "portfolio", "default", "evolutionary")
+NEW = ("surrogate", "tpe", "cma", "portfolio", "default", "evolutionary")
 
 pytestmark = pytest.mark.skipif(not CONV.exists(), reason=f"recorded tuning spaces not found at {DATA}")
 
@@ -59,6 +59,35 @@ def test_beats_random_at_100_evaluations(recorded, name):
     _, _, got = _run(name, rs, space, seed=0, n=100)
     assert got / opt < rnd / opt
     assert got / opt < 1.30
+
+
+def test_cma_searches_the_positions_of_ordered_values_and_moves_to_faster_regions(recorded):
+    """CMA-ES models the integer parameters as positions in their sorted values; its later asks are faster than
+    its first ones and than random search's (median log-time of asks 81-120 against 1-40, 4 seeds; measured:
+    0.17 -> 0.07 over 8 seeds, random 0.63 -> 0.59)."""
+    import math
+
+    import numpy as np
+    from optuna.distributions import IntDistribution
+
+    rs, space = recorded
+
+    def medians(name: str, seed: int) -> tuple[float, float]:
+        s = make_strategy(name, space, seed=seed)
+        ys = []
+        for _ in range(120):
+            p = s.ask()
+            rec = rs.lookup(p.params)
+            t = rec.time_ms if rec is not None else None
+            s.tell(p, t)
+            ys.append(math.log(t) if t else np.nan)
+        return float(np.nanmedian(ys[:40])), float(np.nanmedian(ys[80:]))
+
+    s = make_strategy("cma", space, seed=0)
+    assert s.dists["block_size_x"] == IntDistribution(0, 15) and s.ordinal["tile_size_y"] == [1, 2, 3, 4]
+    cma = np.mean([medians("cma", k) for k in range(4)], axis=0)
+    rnd = np.mean([medians("random", k) for k in range(4)], axis=0)
+    assert cma[1] < cma[0] and cma[1] < rnd[1], (cma, rnd)
 
 
 def test_evolutionary_islands_migrate_and_avoid_failures(recorded):

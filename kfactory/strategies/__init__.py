@@ -10,7 +10,7 @@ import importlib
 
 from kfactory.strategies.base import Point, Space, Strategy
 
-KNOWN = ("random", "grid", "evolutionary", "surrogate", "tpe", "portfolio", "default")
+KNOWN = ("random", "grid", "evolutionary", "surrogate", "tpe", "cma", "portfolio", "default")
 
 
 class UnknownStrategy(ValueError):

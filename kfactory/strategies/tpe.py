@@ -1,7 +1,10 @@
-"""Optuna's TPE sampler through its ask-and-tell API (optuna is a project dependency).
+"""Optuna's samplers through its ask-and-tell API (optuna is a project dependency): TPE here, CMA-ES in cma.py.
 
 Every parameter is a categorical distribution (the values of a family's parameter); with several families the
-family is one more categorical and the other families' parameters are sampled but ignored.
+family is one more categorical and the other families' parameters are sampled but ignored. With `ordinal`, a
+parameter whose values are all numbers is instead an integer distribution over the positions of its sorted
+values (block sizes, tile sizes, flags): the form CMA-ES can model, where it would sample a categorical one
+independently at random.
 - The objective is log(score), so TPE's split into good and bad points is scale-free.
 - A sampled point that breaks a constraint, or one already seen, is told to the study as failed
   (TrialState.FAIL) and the sampler asks again; it costs no evaluation. After `tries` such draws it falls back
@@ -18,10 +21,11 @@ family is one more categorical and the other families' parameters are sampled bu
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from kfactory.strategies.base import Point, Space, Strategy
@@ -49,23 +53,41 @@ def _sampler(kind: str, seed: int, startup: int, dists: dict):
     seed %= 2 ** 32  # campaign seeds are 64-bit; numpy's legacy seeding that Optuna uses takes 32 bits
     if kind == "tpe":
         return _FixedSpaceTPE(dists, seed=seed, n_startup_trials=startup, multivariate=True, constant_liar=True)
+    if kind == "cmaes":
+        # with_margin: CMA-ES with margin keeps integer coordinates from freezing on one value (mixed-integer);
+        # Optuna marks the option experimental and says so on every sampler built, once per campaign here
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=startup, with_margin=True,
+                                                warn_independent_sampling=False)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     raise ValueError(f"unknown optuna sampler {kind!r}")
 
 
+def _numeric(values) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
 class OptunaSearch(Strategy):
     def __init__(self, space: Space, seed: int, sampler: str = "tpe", startup: int = 10, tries: int = 40,
-                 penalty: float = 0.5, keep: int = 500):
+                 penalty: float = 0.5, keep: int = 500, ordinal: bool = False):
         super().__init__(space, seed)
         self.tries, self.penalty, self.keep = tries, penalty, keep
         self.fams = list(space.families.values())
-        self.dists: dict[str, CategoricalDistribution] = {}
+        self.dists: dict[str, BaseDistribution] = {}
+        #: study key -> the sorted values an integer distribution indexes (ordinal parameters only)
+        self.ordinal: dict[str, list] = {}
         if len(self.fams) > 1:
             self.dists["__family__"] = CategoricalDistribution([f.name for f in self.fams])
         for f in self.fams:
             for name, values in f.spec.params.items():
-                self.dists[self._key(f.name, name)] = CategoricalDistribution(list(values))
+                key = self._key(f.name, name)
+                if ordinal and len(values) > 1 and _numeric(values):
+                    self.ordinal[key] = sorted(values)
+                    self.dists[key] = IntDistribution(0, len(values) - 1)
+                else:
+                    self.dists[key] = CategoricalDistribution(list(values))
         self.sampler = _sampler(sampler, seed, startup, self.dists)
         self.study = optuna.create_study(direction="minimize", sampler=self.sampler)
         self.trials: dict[Point, optuna.trial.Trial] = {}  # asked, awaiting results
@@ -78,10 +100,15 @@ class OptunaSearch(Strategy):
     def _key(self, fam: str, name: str) -> str:
         return name if len(self.fams) == 1 else f"{fam}.{name}"
 
+    def _values(self, trial_params: dict) -> dict:
+        """Study parameters with each ordinal position replaced by its value."""
+        return {k: self.ordinal[k][v] if k in self.ordinal else v for k, v in trial_params.items()}
+
     def _point(self, trial_params: dict) -> Point:
         fam = self.fams[0].name if len(self.fams) == 1 else trial_params["__family__"]
         spec = self.space.families[fam].spec
-        return Point.of(fam, {n: trial_params[self._key(fam, n)] for n in spec.params})
+        values = self._values(trial_params)
+        return Point.of(fam, {n: values[self._key(fam, n)] for n in spec.params})
 
     def _dist_params(self, point: Point) -> dict:
         """Study parameters of a point (other families' parameters take their first value)."""
@@ -91,7 +118,8 @@ class OptunaSearch(Strategy):
         params = point.params
         for f in self.fams:
             for n, values in f.spec.params.items():
-                out[self._key(f.name, n)] = params[n] if f.name == point.family else values[0]
+                key, v = self._key(f.name, n), params[n] if f.name == point.family else values[0]
+                out[key] = self.ordinal[key].index(v) if key in self.ordinal else v
         return out
 
     def _next(self) -> Point | None:
@@ -109,6 +137,7 @@ class OptunaSearch(Strategy):
     def _nearest_unseen(self, trial_params: dict) -> Point | None:
         """The unseen valid point that differs from a drawn one in the fewest parameters (ties at random)."""
         idx = index_of(self.space)
+        trial_params = self._values(trial_params)
         fam = self.fams[0].name if len(self.fams) == 1 else trial_params["__family__"]
         f = list(self.space.families).index(fam)
         # the drawn point as a row of the index's codes (one column per family and parameter, -1 elsewhere)
