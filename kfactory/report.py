@@ -139,7 +139,8 @@ def _leaderboard(measured: list[pb.Measured], limit: int = 10) -> list[str]:
 
 def _dead_letters(events: list[pb.Event]) -> list[str]:
     """Work the services gave up on (the full payloads are on the KF_DLQ stream until sent back), and what became
-    of it when `kfactory dead-letters --replay` sent it back while the campaign ran."""
+    of a request to send it back (`kfactory dead-letters --replay`): the planner's refusal, or the outcome of the
+    work it sent back while the campaign ran."""
     rows: list[list[str]] = []
     waiting: dict[str, list[list[str]]] = {}  # point id -> the rows of its dead letters with no outcome after
     for e in events:
@@ -149,6 +150,10 @@ def _dead_letters(events: list[pb.Event]) -> list[str]:
             rows.append([d.stage, str(d.deliveries), d.reason.splitlines()[0][:200] if d.reason else "", ""])
             if (work := ev.dead_work(d)) is not None:
                 waiting.setdefault(work[0], []).append(rows[-1])
+        elif kind == "resend_answered":
+            a = e.resend_answered
+            for row in waiting.get(a.point_id, []):
+                row[3] = "sent back, no outcome yet" if a.accepted else f"refused: {a.reason.splitlines()[0][:200]}"
         elif kind in ("measured", "rejected", "compile_failed"):
             body = getattr(e, kind)
             for row in waiting.pop(ev.outcome_point(body), []):

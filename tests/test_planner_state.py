@@ -114,9 +114,20 @@ def test_the_report_says_which_dead_letters_were_sent_back_and_how_they_ended():
     dl2 = pb.DeadLetter(stage="coder", reason="late", deliveries=5, payload=p2.SerializeToString())
     events = [p1, p2, _measured("p2", "k2", 0.5), ev.make_event("c1", "coder", "dl1", dead_letter=dl1),
               ev.make_event("c1", "coder", "dl2", dead_letter=dl2), _measured("p1", "k1", 0.25)]
+    p3, p4 = _proposed(st, "p3"), _proposed(st, "p4")
+    for pid, p in (("p3", p3), ("p4", p4)):
+        events += [p, ev.make_event("c1", "coder", f"dl-{pid}", dead_letter=pb.DeadLetter(
+            stage="coder", reason="boom", deliveries=5, payload=p.SerializeToString()))]
+    events += [ev.make_event("c1", "planner", "3", resend_answered=pb.ResendAnswered(
+                   dlq_seq=3, point_id="p3", reason="dead letter 3: campaign c1 is ending (cancelled: by a user)")),
+               ev.make_event("c1", "planner", "4", resend_answered=pb.ResendAnswered(
+                   dlq_seq=4, point_id="p4", accepted=True))]
     section = report._dead_letters(events)
-    assert section[4:6] == ["| coder | 5 | redis down | sent back: measured |",  # its outcome came after it
-                            "| coder | 5 | late |  |"]  # the outcome came first: this one was never sent back
+    assert section[4:8] == ["| coder | 5 | redis down | sent back: measured |",  # its outcome came after it
+                            "| coder | 5 | late |  |",  # the outcome came first: this one was never sent back
+                            "| coder | 5 | boom | refused: dead letter 3: campaign c1 is ending (cancelled: by a "
+                            "user) |",
+                            "| coder | 5 | boom | sent back, no outcome yet |"]
 
 
 def test_duplicates_of_a_dead_lettered_candidate_learn_its_result_when_it_is_sent_back():

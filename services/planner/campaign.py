@@ -200,8 +200,12 @@ class CampaignState:
         letter ended one of its points that nothing has ended since. `record` is the dead letter (None when it
         is no longer on the DLQ stream), `work` its work event or why it has none, `finishing` why the
         campaign is ending though not finished yet ("" if it is not)."""
-        def no(reason: str) -> pb.ResendAnswered:
-            return pb.ResendAnswered(dlq_seq=seq, accepted=False, reason=f"dead letter {seq}: {reason}")
+        dead = ev.dead_work(record.letter) if record is not None else None
+        point_id = dead[0] if dead else ""  # named in refusals too, for the report's dead-letter table
+
+        def no(reason: str, named: bool = True) -> pb.ResendAnswered:
+            return pb.ResendAnswered(dlq_seq=seq, accepted=False, point_id=point_id,
+                                     reason=f"dead letter {seq}: {reason}" if named else reason)
         if self.finished is not None:
             return no(f"campaign {self.id} has finished ({self.finished.state}), so its results are final; a new "
                       "campaign on the same problem measures the point again (and starts from what memory learned)")
@@ -211,10 +215,8 @@ class CampaignState:
             return no("it is no longer on the DLQ stream (sent back already, or deleted)")
         if record.campaign_id != self.id:
             return no(f"it belongs to campaign {record.campaign_id}, not to {self.id}")
-        if isinstance(work, str):  # deadletters.work_of's reason names the dead letter itself
-            return pb.ResendAnswered(dlq_seq=seq, accepted=False, reason=work)
-        dead = ev.dead_work(record.letter)
-        point_id = dead[0] if dead else ""
+        if isinstance(work, str):
+            return no(work, named=False)  # deadletters.work_of's reason names the dead letter itself
         if point_id not in self.points:
             return no(f"its work is about no point of campaign {self.id}")
         if point_id not in self.dead_lettered:
