@@ -55,25 +55,29 @@ def _filter(stage: str | None, campaign: str | None) -> str:
     return f"{ev.DLQ_PREFIX}.{stage or '*'}.{campaign or '*'}"
 
 
-async def list_dead_letters(bus: Bus, stage: str | None = None, campaign: str | None = None,
-                            batch: int = 256) -> list[DeadLetterRecord]:
-    """Every dead letter still on the DLQ stream (of one stage and/or campaign), oldest first."""
-    await bus.ensure()
-    sub = await bus.js.pull_subscribe(_filter(stage, campaign), stream=DLQ_STREAM,
-                                      config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
-    out: list[DeadLetterRecord] = []
+async def _stored(bus: Bus, subject: str, stream: str, batch: int = 256) -> list:
+    """Every message stored on `stream` under `subject` (wildcards allowed), oldest first."""
+    sub = await bus.js.pull_subscribe(subject, stream=stream, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    out = []
     try:
         while True:
             try:
                 msgs = await sub.fetch(batch, timeout=FETCH_WAIT_S)
             except asyncio.TimeoutError:  # nats-py's fetch timeout: nothing more is stored
-                break
+                return out
             for msg in msgs:
-                out.append(DeadLetterRecord.of(msg.metadata.sequence.stream, msg.data))
+                out.append(msg)
                 await msg.ack()
     finally:
         await sub.unsubscribe()
-    return out
+
+
+async def list_dead_letters(bus: Bus, stage: str | None = None, campaign: str | None = None,
+                            batch: int = 256) -> list[DeadLetterRecord]:
+    """Every dead letter still on the DLQ stream (of one stage and/or campaign), oldest first."""
+    await bus.ensure()
+    return [DeadLetterRecord.of(m.metadata.sequence.stream, m.data)
+            for m in await _stored(bus, _filter(stage, campaign), DLQ_STREAM, batch)]
 
 
 async def fetch(bus: Bus, seq: int) -> DeadLetterRecord | None:
@@ -158,21 +162,9 @@ async def _answer(bus: Bus, campaign_id: str, seq: int, wait_s: float) -> pb.Res
 
 async def _by_seq(bus: Bus, kind: str, campaign: str | None) -> dict[int, pb.Event]:
     """The last ResendRequested or ResendAnswered (`kind`) for each dead letter, by its DLQ sequence."""
-    sub = await bus.js.pull_subscribe(ev.event_subject(kind, campaign or "*"), stream=EVENTS_STREAM,
-                                      config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
-    out: dict[int, pb.Event] = {}
-    try:
-        while True:
-            try:
-                msgs = await sub.fetch(256, timeout=FETCH_WAIT_S)
-            except asyncio.TimeoutError:
-                return out
-            for msg in msgs:
-                event = pb.Event.FromString(msg.data)
-                out[getattr(event, kind).dlq_seq] = event
-                await msg.ack()
-    finally:
-        await sub.unsubscribe()
+    events = [pb.Event.FromString(m.data)
+              for m in await _stored(bus, ev.event_subject(kind, campaign or "*"), EVENTS_STREAM)]
+    return {getattr(e, kind).dlq_seq: e for e in events}
 
 
 def _history(record: DeadLetterRecord, asked: dict[int, pb.Event], answered: dict[int, pb.Event]) -> str:
