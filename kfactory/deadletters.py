@@ -121,7 +121,7 @@ async def replay(bus: Bus, record: DeadLetterRecord, wait_s: float = ANSWER_WAIT
     event = work_of(record, bus.max_event_bytes)
     finished = await bus.campaign_finished(record.campaign_id)
     if finished is not None:  # known without asking: the planner would refuse
-        raise NotReplayable(_finished_reason(record.seq, record.campaign_id, finished))
+        raise NotReplayable(finished_reason(record.seq, record.campaign_id, finished))
     req = pb.ResendRequested(dlq_seq=record.seq, requested_by=f"{getpass.getuser()}@{socket.gethostname()}")
     await bus.publish(ev.make_event(record.campaign_id, "cli", str(record.seq), resend_requested=req))
     answer = await _answer(bus, record.campaign_id, record.seq, wait_s)
@@ -130,7 +130,8 @@ async def replay(bus: Bus, record: DeadLetterRecord, wait_s: float = ANSWER_WAIT
     return event
 
 
-def _finished_reason(seq: int, campaign_id: str, finished: pb.CampaignFinished) -> str:
+def finished_reason(seq: int, campaign_id: str, finished: pb.CampaignFinished) -> str:
+    """Why a finished campaign's dead letter is not sent back (the CLI's and the planner's refusal)."""
     return (f"dead letter {seq}: campaign {campaign_id} has finished ({finished.state}), so its results are "
             "final; a new campaign on the same problem measures the point again (and starts from what memory "
             "learned)")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
+from kfactory.deadletters import DeadLetterRecord, finished_reason
 from kfactory.services.planner.coders import TEMPLATE, CoderLedger
 from kfactory.stats import significant
 from kfactory.strategies import Point, Space, make_strategy
@@ -195,7 +196,8 @@ class CampaignState:
             ps.done = False
             self.resent[m.point_id] = m.dlq_seq
 
-    def judge_resend(self, seq: int, record, work: pb.Event | str, finishing: str) -> pb.ResendAnswered:
+    def judge_resend(self, seq: int, record: DeadLetterRecord | None, work: pb.Event | str,
+                     finishing: str) -> pb.ResendAnswered:
         """The answer to a request to send dead letter `seq` back: accepted while this campaign runs and the
         letter ended one of its points that nothing has ended since. `record` is the dead letter (None when it
         is no longer on the DLQ stream), `work` its work event or why it has none, `finishing` why the
@@ -207,8 +209,7 @@ class CampaignState:
             return pb.ResendAnswered(dlq_seq=seq, accepted=False, point_id=point_id,
                                      reason=f"dead letter {seq}: {reason}" if named else reason)
         if self.finished is not None:
-            return no(f"campaign {self.id} has finished ({self.finished.state}), so its results are final; a new "
-                      "campaign on the same problem measures the point again (and starts from what memory learned)")
+            return no(finished_reason(seq, self.id, self.finished), named=False)
         if finishing:
             return no(f"campaign {self.id} is ending ({finishing}), so nothing more is measured in it")
         if record is None:

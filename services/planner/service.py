@@ -146,7 +146,7 @@ class PlannerService(Service):
             if seq not in st.resend_requests if st is not None else (cid, seq) not in self._stray_resends:
                 return  # answered meanwhile
             record = await deadletters.fetch(self.bus, seq)
-            work: pb.Event | str = "it is no longer on the DLQ stream"
+            work: pb.Event | str = ""  # judged only when the dead letter is there
             if record is not None:
                 try:
                     work = deadletters.work_of(record, self.bus.max_event_bytes)
