@@ -24,7 +24,7 @@ from kfactory import events as ev
 from kfactory import report
 from kfactory.bus import WORK_STREAM, Bus
 from kfactory.claims import open_claims
-from kfactory.deadletters import list_dead_letters
+from kfactory.deadletters import DeadLetterRecord, list_dead_letters
 from kfactory.v1 import events_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -177,13 +177,8 @@ def test_work_sent_back_from_the_dead_letters_mid_campaign_ends_in_its_campaign_
     back and waits for it, counts its outcome instead of the dead letter's, and the campaign completes with every
     point ending once."""
     plant, nats_srv, redis_srv, space = rig
-    cid = plant.submit(_spec(space))
-    cand, lock = asyncio.run(_lock_a_fresh_candidate(nats_srv.url, redis_srv.url, cid, "benchmarker"))
-    plant.kill("coder", signal.SIGSTOP)
+    cid, cand = _dead_letter_a_candidate(plant, nats_srv, redis_srv, space)
     try:
-        _wait_for(lambda: any(d.stage == "benchmarker" for d in asyncio.run(_dead_letters(nats_srv.url, cid))),
-                  "the held candidate's dead letter", timeout=40)
-        asyncio.run(_release(redis_srv.url, lock))  # the cause is fixed
         plant.kill("planner", signal.SIGSTOP)
         try:
             asked = subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", "--nats-url", nats_srv.url,
@@ -214,6 +209,47 @@ def test_work_sent_back_from_the_dead_letters_mid_campaign_ends_in_its_campaign_
     assert [(a.accepted, a.subject) for a in answers] == [(True, ev.work_subject("benchmarker", cid))], answers
     section = md.split("## Dead letters", 1)[1].split("##", 1)[0]
     assert "| benchmarker | 4 |" in section and section.rstrip().endswith("| sent back: measured |"), section
+
+
+def test_a_planner_that_died_after_accepting_a_resend_sends_the_work_back_when_it_resumes(rig):
+    """The planner's answer is on the events stream but it died before queueing the work: its next life finds
+    the point in flight by that answer, queues the work from the DLQ stream and waits for it."""
+    plant, nats_srv, redis_srv, space = rig
+    cid, cand = _dead_letter_a_candidate(plant, nats_srv, redis_srv, space)
+    try:
+        plant.kill("planner")  # SIGKILL; then what it had published before dying, as it would have
+        (record,) = asyncio.run(_dead_letter_records(nats_srv.url, cid))
+        point_id = ev.dead_work(record.letter)[0]
+        answer = pb.ResendAnswered(dlq_seq=record.seq, accepted=True, point_id=point_id,
+                                   subject=record.letter.subject)
+        asyncio.run(_publish(nats_srv.url, ev.make_event(cid, "planner", str(record.seq), resend_answered=answer)))
+        plant.start("planner")
+        plant.wait_healthy()
+        _wait_for(lambda: not asyncio.run(_dead_letters(nats_srv.url, cid)), "the work queued again", timeout=30)
+        _wait_for(lambda: _outcomes_of(plant, cid, cand), "the sent-back candidate's outcome", timeout=30)
+    finally:
+        plant.kill("coder", signal.SIGCONT)
+    _finish_and_check(plant, cid)
+    c = plant.status(cid).counts
+    assert c.measured + c.rejected + c.compile_failed == c.proposed == BUDGET, c
+    assert _outcomes_of(plant, cid, cand) == ["measured"]
+
+
+def _dead_letter_a_candidate(plant: Plant, nats_srv, redis_srv, space: Path) -> tuple[str, str]:
+    """A campaign with one candidate dead-lettered by the benchmarker (its lock left held for max_deliver busy
+    deliveries, then released: the cause is fixed) and the coder paused (SIGSTOP), so that the points proposed
+    after it keep the campaign running; (campaign id, candidate id). The caller resumes the coder."""
+    cid = plant.submit(_spec(space))
+    cand, lock = asyncio.run(_lock_a_fresh_candidate(nats_srv.url, redis_srv.url, cid, "benchmarker"))
+    plant.kill("coder", signal.SIGSTOP)
+    try:
+        _wait_for(lambda: any(d.stage == "benchmarker" for d in asyncio.run(_dead_letters(nats_srv.url, cid))),
+                  "the held candidate's dead letter", timeout=40)
+    except BaseException:
+        plant.kill("coder", signal.SIGCONT)
+        raise
+    asyncio.run(_release(redis_srv.url, lock))
+    return cid, cand
 
 
 def test_a_campaign_resumes_when_every_service_comes_back(rig):
@@ -344,10 +380,22 @@ def _outcomes_of(plant: Plant, cid: str, cand: str) -> list[str]:
         arch.close()
 
 
-async def _dead_letters(nats_url: str, cid: str) -> list[pb.DeadLetter]:
+async def _dead_letter_records(nats_url: str, cid: str) -> list[DeadLetterRecord]:
     """The campaign's dead letters still on the DLQ stream (deadletters.list_dead_letters)."""
     bus = await Bus.connect(nats_url, "test")
     try:
-        return [r.letter for r in await list_dead_letters(bus, campaign=cid)]
+        return await list_dead_letters(bus, campaign=cid)
+    finally:
+        await bus.close()
+
+
+async def _dead_letters(nats_url: str, cid: str) -> list[pb.DeadLetter]:
+    return [r.letter for r in await _dead_letter_records(nats_url, cid)]
+
+
+async def _publish(nats_url: str, event: pb.Event) -> None:
+    bus = await Bus.connect(nats_url, "test")
+    try:
+        await bus.publish(event)
     finally:
         await bus.close()
