@@ -21,7 +21,6 @@ independently at random.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import optuna
@@ -53,13 +52,6 @@ def _sampler(kind: str, seed: int, startup: int, dists: dict):
     seed %= 2 ** 32  # campaign seeds are 64-bit; numpy's legacy seeding that Optuna uses takes 32 bits
     if kind == "tpe":
         return _FixedSpaceTPE(dists, seed=seed, n_startup_trials=startup, multivariate=True, constant_liar=True)
-    if kind == "cmaes":
-        # with_margin: CMA-ES with margin keeps integer coordinates from freezing on one value (mixed-integer);
-        # Optuna marks the option experimental and says so on every sampler built, once per campaign here
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=startup, with_margin=True,
-                                                warn_independent_sampling=False)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     raise ValueError(f"unknown optuna sampler {kind!r}")
