@@ -35,9 +35,10 @@ class CmaSearch(OptunaSearch):
         flight are told to the new study as fixed trials when their results come (CMA-ES does not learn from
         them). Without ordinal parameters there is nothing for CMA-ES to model, and the search stays random."""
         self.centred = True
-        source = [optuna.trial.create_trial(params={k: v for k, v in self._dist_params(p).items() if k in self.ordinal},
-                                            distributions={k: self.dists[k] for k in self.ordinal}, value=value)
-                  for p, value in self.values.items() if self.results.get(p) is not None]
+        dists = {k: self.dists[k] for k in self.ordinal}
+        source = [optuna.trial.create_trial(params={k: self._dist_params(p)[k] for k in dists}, distributions=dists,
+                                            value=value)
+                  for p, value in self.values.items() if self.results.get(p) is not None]  # measured ones only
         if not self.ordinal or not source:
             return
         with warnings.catch_warnings():  # source_trials and with_margin are marked experimental
