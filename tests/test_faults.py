@@ -171,28 +171,23 @@ def test_poison_messages_are_dead_lettered_with_their_reason(rig):
 
 def test_work_sent_back_from_the_dead_letters_mid_campaign_ends_in_its_campaign_once(rig):
     """A benchmarker lock left held (as by a worker that died with a long lease) dead-letters a real candidate
-    after max_deliver busy deliveries. The coder is paused meanwhile (SIGSTOP), so that the points proposed after
-    it keep the campaign running. Once the lock is cleared, `kfactory dead-letters --replay` asks the planner,
-    paused too at first: the request waits, and the CLI says so. Resumed, the planner answers it: it sends the work
-    back and waits for it, counts its outcome instead of the dead letter's, and the campaign completes with every
-    point ending once."""
+    after max_deliver busy deliveries. The planner is paused meanwhile (SIGSTOP), so that it proposes no more and
+    the campaign cannot end first. Once the lock is cleared, `kfactory dead-letters --replay` asks the paused
+    planner: the request waits, and the CLI says so. Resumed, the planner answers it while it still has points
+    to propose: it sends the work back and waits for it, counts its outcome instead of the dead letter's, and
+    the campaign completes with every point ending once."""
     plant, nats_srv, redis_srv, space = rig
     cid, cand = _dead_letter_a_candidate(plant, nats_srv, redis_srv, space)
     try:
-        plant.kill("planner", signal.SIGSTOP)
-        try:
-            asked = subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", "--nats-url", nats_srv.url,
-                                    "--campaign", cid, "--replay", "--answer-timeout", "2"],
-                                   capture_output=True, text=True, timeout=60)
-        finally:
-            plant.kill("planner", signal.SIGCONT)
-        assert asked.returncode == 1 and "the planner did not answer within" in asked.stdout, asked
-        # the planner answers the request it missed: the work goes back, and off the list
-        _wait_for(lambda: not asyncio.run(_dead_letters(nats_srv.url, cid)), "the dead letter sent back", timeout=30)
-        _wait_for(lambda: _outcomes_of(plant, cid, cand), "the sent-back candidate's outcome", timeout=30)
-        assert plant.status(cid).state == "running"
+        asked = subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", "--nats-url", nats_srv.url,
+                                "--campaign", cid, "--replay", "--answer-timeout", "2"],
+                               capture_output=True, text=True, timeout=60)
     finally:
-        plant.kill("coder", signal.SIGCONT)
+        plant.kill("planner", signal.SIGCONT)
+    assert asked.returncode == 1 and "the planner did not answer within" in asked.stdout, asked
+    # the planner answers the request it missed: the work goes back, and off the list
+    _wait_for(lambda: not asyncio.run(_dead_letters(nats_srv.url, cid)), "the dead letter sent back", timeout=30)
+    _wait_for(lambda: _outcomes_of(plant, cid, cand), "the sent-back candidate's outcome", timeout=30)
     _finish_and_check(plant, cid)
     status = plant.status(cid)
     c = status.counts
@@ -216,19 +211,15 @@ def test_a_planner_that_died_after_accepting_a_resend_sends_the_work_back_when_i
     the point in flight by that answer, queues the work from the DLQ stream and waits for it."""
     plant, nats_srv, redis_srv, space = rig
     cid, cand = _dead_letter_a_candidate(plant, nats_srv, redis_srv, space)
-    try:
-        plant.kill("planner")  # SIGKILL; then what it had published before dying, as it would have
-        (record,) = asyncio.run(_dead_letter_records(nats_srv.url, cid))
-        point_id = ev.dead_work(record.letter)[0]
-        answer = pb.ResendAnswered(dlq_seq=record.seq, accepted=True, point_id=point_id,
-                                   subject=record.letter.subject)
-        asyncio.run(_publish(nats_srv.url, ev.make_event(cid, "planner", str(record.seq), resend_answered=answer)))
-        plant.start("planner")
-        plant.wait_healthy()
-        _wait_for(lambda: not asyncio.run(_dead_letters(nats_srv.url, cid)), "the work queued again", timeout=30)
-        _wait_for(lambda: _outcomes_of(plant, cid, cand), "the sent-back candidate's outcome", timeout=30)
-    finally:
-        plant.kill("coder", signal.SIGCONT)
+    plant.kill("planner")  # SIGKILL (paused as it is); then what it had published before dying, as it would have
+    (record,) = asyncio.run(_dead_letter_records(nats_srv.url, cid))
+    point_id = ev.dead_work(record.letter)[0]
+    answer = pb.ResendAnswered(dlq_seq=record.seq, accepted=True, point_id=point_id, subject=record.letter.subject)
+    asyncio.run(_publish(nats_srv.url, ev.make_event(cid, "planner", str(record.seq), resend_answered=answer)))
+    plant.start("planner")
+    plant.wait_healthy()
+    _wait_for(lambda: not asyncio.run(_dead_letters(nats_srv.url, cid)), "the work queued again", timeout=30)
+    _wait_for(lambda: _outcomes_of(plant, cid, cand), "the sent-back candidate's outcome", timeout=30)
     _finish_and_check(plant, cid)
     c = plant.status(cid).counts
     assert c.measured + c.rejected + c.compile_failed == c.proposed == BUDGET, c
@@ -237,18 +228,20 @@ def test_a_planner_that_died_after_accepting_a_resend_sends_the_work_back_when_i
 
 def _dead_letter_a_candidate(plant: Plant, nats_srv, redis_srv, space: Path) -> tuple[str, str]:
     """A campaign with one candidate dead-lettered by the benchmarker (its lock left held for max_deliver busy
-    deliveries, then released: the cause is fixed) and the coder paused (SIGSTOP), so that the points proposed
-    after it keep the campaign running; (campaign id, candidate id). The caller resumes the coder."""
+    deliveries, then released: the cause is fixed) and the planner paused (SIGSTOP) since that candidate was
+    created, so that the campaign has points left to propose when it resumes; (campaign id, candidate id). The
+    caller resumes (or kills) the planner."""
     cid = plant.submit(_spec(space))
     cand, lock = asyncio.run(_lock_a_fresh_candidate(nats_srv.url, redis_srv.url, cid, "benchmarker"))
-    plant.kill("coder", signal.SIGSTOP)
+    plant.kill("planner", signal.SIGSTOP)
     try:
         _wait_for(lambda: any(d.stage == "benchmarker" for d in asyncio.run(_dead_letters(nats_srv.url, cid))),
                   "the held candidate's dead letter", timeout=40)
     except BaseException:
-        plant.kill("coder", signal.SIGCONT)
+        plant.kill("planner", signal.SIGCONT)
         raise
-    asyncio.run(_release(redis_srv.url, lock))
+    finally:
+        asyncio.run(_release(redis_srv.url, lock))
     return cid, cand
 
 
