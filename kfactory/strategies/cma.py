@@ -36,9 +36,10 @@ class CmaSearch(OptunaSearch):
         them). Without ordinal parameters there is nothing for CMA-ES to model, and the search stays random."""
         self.centred = True
         dists = {k: self.dists[k] for k in self.ordinal}
-        source = [optuna.trial.create_trial(params={k: self._dist_params(p)[k] for k in dists}, distributions=dists,
-                                            value=value)
-                  for p, value in self.values.items() if self.results.get(p) is not None]  # measured ones only
+        measured = [(self._dist_params(p), value) for p, value in self.values.items()
+                    if self.results.get(p) is not None]  # failures carry a penalty, not a measurement
+        source = [optuna.trial.create_trial(params={k: params[k] for k in dists}, distributions=dists, value=value)
+                  for params, value in measured]
         if not self.ordinal or not source:
             return
         with warnings.catch_warnings():  # source_trials and with_margin are marked experimental
