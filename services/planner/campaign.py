@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
-from kfactory.deadletters import DeadLetterRecord, finished_reason
+from kfactory.deadletters import DeadLetterRecord, NotReplayable, finished_reason, work_of
 from kfactory.services.planner.coders import TEMPLATE, CoderLedger
 from kfactory.stats import significant
 from kfactory.strategies import Point, Space, make_strategy
@@ -196,12 +196,12 @@ class CampaignState:
             ps.done = False
             self.resent[m.point_id] = m.dlq_seq
 
-    def judge_resend(self, seq: int, record: DeadLetterRecord | None, work: pb.Event | str,
-                     finishing: str) -> pb.ResendAnswered:
+    def judge_resend(self, seq: int, record: DeadLetterRecord | None, finishing: str,
+                     max_event_bytes: int) -> pb.ResendAnswered:
         """The answer to a request to send dead letter `seq` back: accepted while this campaign runs and the
         letter ended one of its points that nothing has ended since. `record` is the dead letter (None when it
-        is no longer on the DLQ stream), `work` its work event or why it has none, `finishing` why the
-        campaign is ending though not finished yet ("" if it is not)."""
+        is no longer on the DLQ stream), `finishing` why the campaign is ending though not finished yet (""
+        if it is not)."""
         dead = ev.dead_work(record.letter) if record is not None else None
         point_id = dead[0] if dead else ""  # named in refusals too, for the report's dead-letter table
 
@@ -216,8 +216,10 @@ class CampaignState:
             return no("it is no longer on the DLQ stream (sent back already, or deleted)")
         if record.campaign_id != self.id:
             return no(f"it belongs to campaign {record.campaign_id}, not to {self.id}")
-        if isinstance(work, str):
-            return no(work, named=False)  # deadletters.work_of's reason names the dead letter itself
+        try:
+            work_of(record, max_event_bytes)
+        except NotReplayable as e:
+            return no(str(e), named=False)  # its reason names the dead letter itself
         if point_id not in self.points:
             return no(f"its work is about no point of campaign {self.id}")
         if point_id not in self.dead_lettered:

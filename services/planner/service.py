@@ -146,17 +146,11 @@ class PlannerService(Service):
             if seq not in st.resend_requests if st is not None else (cid, seq) not in self._stray_resends:
                 return  # answered meanwhile
             record = await deadletters.fetch(self.bus, seq)
-            work: pb.Event | str = ""  # judged only when the dead letter is there
-            if record is not None:
-                try:
-                    work = deadletters.work_of(record, self.bus.max_event_bytes)
-                except deadletters.NotReplayable as e:
-                    work = str(e)
             if st is None:
                 answer = pb.ResendAnswered(dlq_seq=seq, reason=f"dead letter {seq}: no campaign {cid} is known "
                                                                "to the planner")
             else:
-                answer = st.judge_resend(seq, record, work, self._finishing(st))
+                answer = st.judge_resend(seq, record, self._finishing(st), self.bus.max_event_bytes)
             event = ev.make_event(cid, self.name, str(seq), resend_answered=answer)
             self._apply(event)
             await self.bus.publish(event)
