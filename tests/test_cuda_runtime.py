@@ -658,8 +658,10 @@ def test_fake_bench_warms_every_set_before_the_first_timed_sample(fake_session, 
     monkeypatch.setattr(cuda_child, "sample_interleaved", spy)
     fake_session.load_artifact("a", b"cubin-a", "lazy", {"grid": "rows", "block": "256"})
     sets = [_x(2, 9, s) for s in range(12)]
+    # warmup_s 0.5: the warm-up's 10 x warmup_s cap (5 s) stays far from the 12 rounds it needs, even on a busy
+    # machine (with 0.05 the 0.5 s cap cut a loaded graph-mode run at 10 rounds)
     res = fake_session.bench(["a"], {"rows": 2, "cols": 9}, sets, min_samples=3, min_s=0.0, max_s=0.05,
-                             noise=1.0, warmup_s=0.05, mode=mode)
+                             noise=1.0, warmup_s=0.5, mode=mode)
     assert at_start == [12]  # every set's output was computed before the first timed sample
     for s, outs in zip(sets, res.outputs["a"]):
         np.testing.assert_allclose(outs["y"], _ref(s), rtol=1e-5)
