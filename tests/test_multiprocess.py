@@ -149,6 +149,14 @@ def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_so
         assert "## Verification of the best candidate" in Path(report).read_text()
         time.sleep(1.0)
         _archive_check(tmp, cid, counts["proposed"])
+        # Campaigns.Cancel and Campaigns.List through gRPC: a second campaign, cancelled at once, ends cancelled,
+        # and the list (status without an id) holds both with their states
+        other = json.loads(f.cli("submit", small_softmax, "--budget", "400", "--strategy", "random",
+                                 "--json").stdout)["id"]
+        assert json.loads(f.cli("cancel", other, "--json").stdout)["id"] == other
+        assert f.wait_finished(other)["state"] == "cancelled"
+        listed = {s["id"]: s["state"] for s in json.loads(f.cli("status", "--json").stdout)["campaigns"]}
+        assert listed == {cid: "completed", other: "cancelled"}
     finally:
         f.stop()
 
