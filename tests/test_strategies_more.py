@@ -128,3 +128,33 @@ def test_tpe_tells_invalid_draws_as_failed(recorded):
     complete = [t for t in s.study.trials if t.state == TrialState.COMPLETE]
     assert len(complete) == len(asked)  # every result told once; rejected draws are FAIL, not results
     assert all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in s.study.trials)
+
+
+def test_a_local_step_can_cross_a_constraint_that_ties_two_parameters():
+    """Dedispersion's `tile_size_y > 1 or tile_stride_y == 0`: from a point with tile_size_y 2 and stride 1 no
+    valid point differs in tile_size_y alone, yet the MI250X's best corner (tile sizes 1) must be one step of a
+    local search away: the point that also drops the stride is a neighbour. Values one change reaches are not
+    reached a second way."""
+    import numpy as np
+
+    from kfactory.replay import load_space
+    from kfactory.strategies.encoding import index_of
+
+    rs = load_space(DATA / "dedispersion_milo-MI250X.json.gz")
+    idx = index_of(Space([rs.family()]))
+    fam = rs.family().name
+    start = dict(block_size_x=4, block_size_y=64, block_size_z=1, tile_size_x=1, tile_size_y=2, tile_stride_x=0,
+                 tile_stride_y=1, loop_unroll_factor_channel=0)
+    i = next(k for k, p in enumerate(idx.points) if p.params == start and p.family == fam)
+    near = [idx.points[k].params for k in idx.neighbours(i)]
+    changes = [{n: q[n] for n in start if q[n] != start[n]} for q in near]
+    assert all(1 <= len(c) <= 2 for c in changes)
+    # the values no single change reaches: tile_size_y 1 (stride 0 then), tile_stride_x 1 (a tile_size_x over 1
+    # then) and block_size_x 32 (block_size_y 32 then: at most 1024 threads); each with the fewest other changes
+    assert sorted(sorted(c.items()) for c in changes if len(c) == 2) == [
+        [("block_size_x", 32), ("block_size_y", 32)],
+        [("tile_size_x", 2), ("tile_stride_x", 1)], [("tile_size_x", 3), ("tile_stride_x", 1)],
+        [("tile_size_x", 4), ("tile_stride_x", 1)],
+        [("tile_size_y", 1), ("tile_stride_y", 0)]]
+    # and the one-change neighbours are exactly the valid points at Hamming distance 1
+    assert sum(len(c) == 1 for c in changes) == int(np.sum(idx.hamming(i) == 1))

@@ -87,8 +87,20 @@ class SpaceIndex:
         return np.where(self.family_of == family, d, 1 << 20)
 
     def neighbours(self, i: int) -> np.ndarray:
-        """Indices of the points that differ from point i in exactly one parameter (same family)."""
-        return np.flatnonzero(self.hamming(i) == 1)
+        """Indices of the points one step from point i (same family): those that differ from it in exactly one
+        parameter, and, for a value of a parameter that no such point takes because a constraint ties it to
+        another parameter (a tile size of 1 needs a stride of 0), the points that take that value and differ
+        in one other parameter. Without them a local search could never step across a constraint."""
+        d = self.hamming(i)
+        one, two = np.flatnonzero(d == 1), np.flatnonzero(d == 2)
+        if len(two) == 0:
+            return one
+        here, c1, c2 = self.codes[i], self.codes[one], self.codes[two]
+        cut = np.zeros(len(two), dtype=bool)
+        for j in range(self.codes.shape[1]):
+            reached = np.unique(c1[:, j])
+            cut |= (c2[:, j] != here[j]) & ~np.isin(c2[:, j], reached)
+        return np.sort(np.concatenate([one, two[cut]]))
 
 
 class SeenMask:
