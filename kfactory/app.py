@@ -45,6 +45,7 @@ async def open_context(settings: Settings, name: str) -> Context:
     except BusUnavailable as e:
         raise WiringError(str(e)) from e
     bus.max_event_bytes = settings.max_event_bytes
+    bus.handler_timeout_s = settings.handler_timeout_s
     if settings.nats_user in security.PERMISSIONS:  # refuse at once what the server would refuse silently
         bus.may_publish = security.publish_subjects(settings.nats_user)
     try:

@@ -45,6 +45,9 @@ PUBLISH_RETRY_S = 60.0
 OUTAGE = tuple(e for e in TRANSIENT if e is not asyncio.TimeoutError) + (ClaimsUnavailable,)
 #: how long a handler is retried in place through such an outage before the message is nak'ed
 OUTAGE_WAIT_S = 60.0
+#: a handler still running after this long is stuck (settings.handler_timeout_s): without a limit its heartbeats
+#: would keep the message, and the consumer's worker, for ever
+HANDLER_TIMEOUT_S = 1800.0
 
 log = get_logger("bus")
 traceparent: contextvars.ContextVar[str] = contextvars.ContextVar("traceparent", default="")
@@ -52,6 +55,11 @@ traceparent: contextvars.ContextVar[str] = contextvars.ContextVar("traceparent",
 
 class BusUnavailable(RuntimeError):
     """NATS could not be reached or JetStream is not enabled there."""
+
+
+class HandlerStuck(RuntimeError):
+    """A handler ran past the bus's handler_timeout_s and was cancelled; its message is retried like any failed
+    delivery (nak with backoff, dead-lettered after max_deliver) and the message says where it waited."""
 
 
 class PublishNotPermitted(PermissionError):
@@ -126,6 +134,8 @@ class Bus:
         self.max_deliver = max_deliver
         #: work messages larger than this are dead-lettered undecoded (settings.max_event_bytes)
         self.max_event_bytes = ev.MAX_EVENT_BYTES
+        #: a handler running longer is cancelled and its message retried (settings.handler_timeout_s)
+        self.handler_timeout_s = HANDLER_TIMEOUT_S
         self._started: set[str] = set()
         self._objects = None
         #: copies of each stream and of the artifact bucket when this bus creates them (3 on a 3-server cluster)
@@ -329,11 +339,13 @@ class Bus:
             log.error("handler may not publish its result", stage=stage, subject=msg.subject, error=str(e))
             failed = True
             outcome = Term(str(e))
+        except HandlerStuck as e:  # logged where it was cancelled, with where it waited
+            failed = True
+            outcome = self._retry_later(f"handler stuck: {e}", deliveries)
         except Exception as e:  # a bug or an outage in our own code: retry, then dead-letter
             log.exception("handler failed", stage=stage, subject=msg.subject, deliveries=deliveries)
             failed = True
-            outcome = Term(f"handler error after {deliveries} deliveries: {e!r}") \
-                if deliveries >= self.max_deliver else Nak(min(30.0, 0.5 * 2 ** deliveries), f"handler error: {e!r}")
+            outcome = self._retry_later(f"handler error: {e!r}", deliveries)
         finally:
             traceparent.reset(token)
         try:
@@ -344,6 +356,12 @@ class Bus:
                         outcome=type(outcome).__name__, error=repr(e))
         return outcome, failed
 
+    def _retry_later(self, reason: str, deliveries: int) -> Outcome:
+        """A failed delivery's fate: again after a doubling delay, or its dead letter on the last delivery."""
+        if deliveries >= self.max_deliver:
+            return Term(f"{reason} (after {deliveries} deliveries)")
+        return Nak(min(30.0, 0.5 * 2 ** deliveries), reason)
+
     async def _run_through_outages(self, delivery: Delivery, handler: Handler) -> Outcome:
         """Run the handler; while NATS or the claims store is briefly unreachable, run it again in place (it is
         idempotent) instead of spending the message's deliveries on an outage that is not its fault."""
@@ -352,11 +370,18 @@ class Bus:
                                between=lambda: _quiet_in_progress(delivery), subject=delivery.subject)
 
     async def _run_with_heartbeat(self, delivery: Delivery, handler: Handler) -> Outcome:
+        """Run the handler, telling the server it is in progress every ack_wait/3; past handler_timeout_s it is
+        cancelled and HandlerStuck is raised."""
+        loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(handler(delivery))
+        deadline = loop.time() + self.handler_timeout_s
         while True:
-            done, _ = await asyncio.wait({task}, timeout=max(0.5, self.ack_wait_s / 3))
+            beat = max(0.5, self.ack_wait_s / 3)
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, min(beat, deadline - loop.time())))
             if done:
                 return task.result()
+            if loop.time() >= deadline:
+                raise await _cancel_stuck(task, self.handler_timeout_s, delivery.subject)
             await _quiet_in_progress(delivery)
 
     async def _settle(self, stage: str, msg, event: pb.Event, outcome: Outcome, deliveries: int) -> None:
@@ -487,6 +512,32 @@ async def _retrying(call, errors: tuple, budget_s: float, first_delay: float, wh
             delay = min(2.0, delay * 2)
             if between is not None:
                 await between()
+
+
+async def _cancel_stuck(task: asyncio.Task, limit_s: float, subject: str) -> HandlerStuck:
+    """Cancel a handler that ran past its limit; log, and return as the error, the awaits it was suspended in
+    (innermost last): a handler that never returns is a missing timeout somewhere, and this names the place."""
+    where = await_chain(task)
+    task.cancel()
+    # a handler that swallows its cancellation is abandoned here, not waited for: the worker must go on
+    await asyncio.wait({task}, timeout=5.0)
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not log it again as never retrieved
+    log.error("handler stuck: cancelled", subject=subject, limit_s=limit_s, awaiting=where)
+    return HandlerStuck(f"it ran past {limit_s:g} s (KFACTORY_HANDLER_TIMEOUT_S) and was cancelled while awaiting "
+                        + (" > ".join(where[-3:]) if where else "nothing it could name"))
+
+
+def await_chain(task: asyncio.Task) -> list[str]:
+    """'function (file:line)' for each coroutine a suspended task is awaiting through, outermost first."""
+    out, coro = [], task.get_coro()
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        out.append(f"{frame.f_code.co_qualname} ({frame.f_code.co_filename}:{frame.f_lineno})")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return out
 
 
 async def ack_quietly(msg) -> None:

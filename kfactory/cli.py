@@ -6,6 +6,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from kfactory.config import Settings
 from kfactory.log import configure
 
@@ -190,12 +192,25 @@ def log_options(cmd: str, flag: str | None, settings: Settings) -> tuple[str, bo
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level, json_lines = log_options(args.cmd, args.log_level, Settings())
-    configure(level, json=json_lines)
     try:
+        level, json_lines = log_options(args.cmd, args.log_level, Settings())
+        configure(level, json=json_lines)
         return _dispatch(args)
+    except ValidationError as e:  # a setting from the environment or a flag: say which, and what it needs
+        print(f"kfactory: bad configuration:\n{settings_errors(e)}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+
+
+def settings_errors(e: ValidationError) -> str:
+    """One line per invalid setting, named as the environment variable that sets it."""
+    lines = []
+    for err in e.errors():
+        field = ".".join(str(x) for x in err["loc"])
+        name = f"KFACTORY_{field.upper()}" if field else "the settings"
+        lines.append(f"  {name}: {err['msg']}")
+    return "\n".join(lines)
 
 
 def _dispatch(args) -> int:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     max_deliver: int = Field(5, ge=1)
     nak_delay_s: float = Field(1.0, ge=0)
     workers: int = Field(1, ge=1, description="concurrent messages per service")
+    handler_timeout_s: float = Field(1800.0, gt=0, description="a message's handler still running after this long "
+                                     "is stuck: it is cancelled, the await it hung in is logged, and the message "
+                                     "is retried (dead-lettered after max_deliver)")
 
     cc: str = "cc"
     threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
@@ -108,6 +111,21 @@ class Settings(BaseSettings):
     metrics_poll_s: float = Field(2.0, gt=0, description="seconds between readings of a consumer's lag")
     health_addr: str | None = Field(None, description="gRPC health service of `kfactory serve`, e.g. 0.0.0.0:8081 "
                                                       "(Kubernetes probes); unset: none")
+
+    @model_validator(mode="after")
+    def _handlers_outlast_their_work(self) -> "Settings":
+        worst = self.llm_worst_case_s()
+        if self.llm_configured() and self.handler_timeout_s <= worst:
+            raise ValueError(f"handler_timeout_s ({self.handler_timeout_s:g} s) must exceed an agent's worst case "
+                             f"with these llm_* settings ({worst:g} s: every request, retry and re-ask timing out): "
+                             "raise KFACTORY_HANDLER_TIMEOUT_S or lower KFACTORY_LLM_TIMEOUT_S / _RETRIES / _REASK")
+        return self
+
+    def llm_worst_case_s(self) -> float:
+        """The longest one agent handler can legitimately wait on its model: every request and retry timing out,
+        with the longest backoff between them, for the first ask and each re-ask."""
+        per_ask = self.llm_timeout_s * (self.llm_retries + 1) + self.llm_max_wait_s * self.llm_retries
+        return per_ask * (self.llm_reask + 1)
 
     def llm_configured(self) -> bool:
         """True when agent coders have an endpoint and a model to call."""

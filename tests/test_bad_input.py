@@ -191,3 +191,18 @@ async def test_a_strategy_that_raises_fails_its_campaign_not_the_planner(bus_set
         assert (await _until_finished(running, good)).state == "completed"
     finally:
         await running.shutdown()
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"KFACTORY_HANDLER_TIMEOUT_S": "soon"}, "KFACTORY_HANDLER_TIMEOUT_S: Input should be a valid number"),
+    ({"KFACTORY_MAX_DELIVER": "0"}, "KFACTORY_MAX_DELIVER: Input should be greater than or equal to 1"),
+    ({"KFACTORY_LLM_BASE_URL": "http://127.0.0.1:9/v1", "KFACTORY_LLM_MODEL": "m", "KFACTORY_HANDLER_TIMEOUT_S": "60"},
+     "handler_timeout_s (60 s) must exceed an agent's worst case with these llm_* settings (1320 s"),
+])
+def test_a_bad_setting_is_named_with_what_it_needs_not_a_traceback(monkeypatch, capsys, env, says):
+    from kfactory.cli import EXIT_USAGE, main
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["status"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("kfactory: bad configuration:\n") and says in err and "Traceback" not in err

@@ -190,6 +190,44 @@ async def test_long_work_heartbeats_past_ack_wait(nats_url):
     await bus.close()
 
 
+async def _never_returns() -> None:
+    await asyncio.Event().wait()  # an await with no timeout on something that never happens
+
+
+async def test_a_stuck_handler_is_cancelled_named_and_retried_and_the_worker_goes_on(nats_url):
+    """A handler that never returns would keep its message (and its worker) for ever by heartbeats: past
+    handler_timeout_s it is cancelled, the await it hung in is named, the message is retried and, at
+    max_deliver, dead-lettered with that reason; the worker meanwhile takes the next message."""
+    bus = await _connect(nats_url, max_deliver=2, ack_wait_s=1.0)
+    bus.handler_timeout_s = 1.0
+    await bus.send_work("coder", _work("c8", "stuck"))
+    await bus.send_work("coder", _work("c8", "fine"))
+    calls, cancelled = [], []
+
+    async def handler(d):
+        key = d.event.point_proposed.point_id
+        calls.append((key, d.deliveries))
+        if key == "fine":
+            return Ack()
+        try:
+            await _never_returns()
+        except asyncio.CancelledError:
+            cancelled.append(d.deliveries)
+            raise
+
+    await _run(bus, "coder", handler, lambda: len(cancelled) >= 2)
+    events = await _events(bus, "c8")
+    assert [c for c in calls if c[0] == "stuck"] == [("stuck", 1), ("stuck", 2)] and cancelled == [1, 2]
+    assert ("fine", 1) in calls and calls.index(("fine", 1)) < calls.index(("stuck", 2))
+    dead = [e.dead_letter for e in events if e.HasField("dead_letter")]
+    assert len(dead) == 1 and dead[0].deliveries == 2
+    assert dead[0].reason.startswith("handler stuck: it ran past 1 s (KFACTORY_HANDLER_TIMEOUT_S) and was "
+                                     "cancelled while awaiting ")
+    assert " > _never_returns (" in dead[0].reason and " > Event.wait (" in dead[0].reason
+    assert dead[0].reason.endswith("(after 2 deliveries)")
+    await bus.close()
+
+
 async def test_artifacts_by_digest(nats_url):
     bus = await _connect(nats_url)
     data = bytes(range(256)) * 5000
