@@ -6,11 +6,13 @@ other parameter is drawn independently at random.
 It starts with `design` uniformly drawn points, then starts CMA-ES from what they found: a warm-started CMA-ES
 (Optuna's `source_trials`, WS-CMA-ES) whose first mean and covariance come from the best of every result so far.
 Optuna's default start, the middle of every range, is a slow region of some spaces (convolution on the MI250X:
-10x the optimum after 25 evaluations). From then on it learns only from the points it asked itself: CMA-ES
-updates one generation of its own samples at a time, so in a portfolio it is a member that keeps its own
-course."""
+10x the optimum after 25 evaluations). Warm-started (evidence from other campaigns of this space), it skips
+the design and starts CMA-ES from the best of that evidence instead. From then on it learns only from the
+points it asked itself: CMA-ES updates one generation of its own samples at a time, so in a portfolio it is a
+member that keeps its own course."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import optuna
@@ -25,19 +27,32 @@ class CmaSearch(OptunaSearch):
         self.design, self.seed = design, seed
         self.centred = False
 
+    def warm(self, evidence: list) -> None:
+        """Other campaigns' measurements of this space's points take the random design's place: CMA-ES starts
+        at once from the best of them (WS-CMA-ES's use: a similar task's results give the first mean and
+        covariance). Evidence that comes after the design has started CMA-ES is not used."""
+        source = [(e.point, math.log(e.relative)) for e in evidence
+                  if e.relative > 0 and math.isfinite(e.relative) and self.space.valid(e.point)]
+        if len(source) >= self.design and not self.centred:
+            self._centre(source)
+
     def _next(self) -> Point | None:
         if not self.centred and sum(s is not None for s in self.results.values()) >= self.design:
             self._centre()
         return super()._next()
 
-    def _centre(self) -> None:
-        """Replace the design's random study by CMA-ES warm-started from every result so far; points still in
-        flight are told to the new study as fixed trials when their results come (CMA-ES does not learn from
-        them). Without ordinal parameters there is nothing for CMA-ES to model, and the search stays random."""
+    def _centre(self, evidence: list[tuple[Point, float]] = ()) -> None:
+        """Replace the design's random study by CMA-ES warm-started from every result so far, or from `evidence`
+        ((point, log relative score) from other campaigns) when given; points still in flight are told to the
+        new study as fixed trials when their results come (CMA-ES does not learn from them). Without ordinal
+        parameters there is nothing for CMA-ES to model, and the search stays random."""
         self.centred = True
         dists = {k: self.dists[k] for k in self.ordinal}
-        measured = [(self._dist_params(p), value) for p, value in self.values.items()
-                    if self.results.get(p) is not None]  # failures carry a penalty, not a measurement
+        if evidence:  # relative scores, on their own scale: not mixed with this campaign's seconds
+            measured = [(self._dist_params(p), value) for p, value in evidence]
+        else:
+            measured = [(self._dist_params(p), value) for p, value in self.values.items()
+                        if self.results.get(p) is not None]  # failures carry a penalty, not a measurement
         source = [optuna.trial.create_trial(params={k: params[k] for k in dists}, distributions=dists, value=value)
                   for params, value in measured]
         if not self.ordinal or not source:
