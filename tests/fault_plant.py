@@ -119,7 +119,10 @@ class Plant:
                     "KFACTORY_PLANNER_ADDR": self.planner_addr, "KFACTORY_MEMORY_ADDR": self.memory_addr,
                     "KFACTORY_DATA_DIR": str(tmp / "data"), "KFACTORY_ACK_WAIT_S": "2",
                     "KFACTORY_MAX_DELIVER": "4", "KFACTORY_NAK_DELAY_S": "0.2", "KFACTORY_THREADS": "1",
-                    "KFACTORY_LOG_LEVEL": "warning", **(extra_env or {})}
+                    "KFACTORY_LOG_LEVEL": "warning",
+                    # a handler that hangs is cancelled and logged well before a test's waits run out (longer
+                    # than any pause a test inflicts, which the monotonic clock counts against the handler)
+                    "KFACTORY_HANDLER_TIMEOUT_S": "90", **(extra_env or {})}
         self.procs: dict[str, subprocess.Popen] = {}
         self.extra: dict[str, dict[str, str]] = {}
         #: the secure profile's client side: (CA certificate PEM, bearer token), or None for plaintext gRPC
@@ -215,8 +218,14 @@ class Plant:
             if s is not None and until(s):
                 return s
             self.assert_alive()
-            assert time.monotonic() < deadline, f"campaign {cid}: {what or 'condition'} not reached: {s}; logs in {self.tmp}"
+            assert time.monotonic() < deadline, (f"campaign {cid}: {what or 'condition'} not reached: {s}; logs in "
+                                                 f"{self.tmp}; handlers stuck: {self.stuck_handlers() or 'none'}")
             time.sleep(0.1)
+
+    def stuck_handlers(self) -> list[str]:
+        """The log lines of handlers the bus cancelled as stuck (each names the awaits it hung in)."""
+        return [line for log in sorted(self.tmp.glob("*.log"))
+                for line in log.read_text(errors="replace").splitlines() if "handler stuck" in line]
 
     def wait_finished(self, cid: str, timeout: float = 120) -> spb.CampaignStatus:
         return self.wait(cid, lambda s: s.state != "running", timeout, "finished")
@@ -241,6 +250,7 @@ def check_exactly_once(plant: Plant, cid: str, status: spb.CampaignStatus) -> di
     rejection) and exactly one terminal outcome; every candidate's evidence chain is complete and has each stage
     once; the archive's counts equal the planner's. Returns the archive's counts by event kind."""
     plant.wait_archived(cid)
+    assert not plant.stuck_handlers(), plant.stuck_handlers()  # a hang recovered from is still a bug
     arch = plant.archive()
     try:
         kinds = dict(arch.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (cid,)))
