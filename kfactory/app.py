@@ -103,6 +103,23 @@ class Running:
         await self.ctx.bus.close()
 
 
+async def _check_role(ctx: Context, user: str | None, names) -> None:
+    """Refuse to start services whose NATS user may not do their work: the server would drop each refused
+    call silently, and the service would fail later with a timeout instead of this message."""
+    from kfactory import security
+
+    if user not in security.PERMISSIONS:
+        return  # not one of the service users (no auth, or an admin): the server decides
+    missing = security.not_permitted(user, [n for n in names if n in security.PERMISSIONS])
+    if missing:
+        await ctx.claims.close()
+        await ctx.bus.close()
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise WiringError(f"NATS user {user!r} may not publish to {shown}, which {' and '.join(names)} "
+                          f"need{'s' if len(names) == 1 else ''}: give each service its own user (KFACTORY_NATS_USER "
+                          "and _PASSWORD; kfactory/security.py PERMISSIONS)")
+
+
 async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = True) -> Running:
     """Start the named services in this process over one connection set."""
     label = "+".join(names) if len(names) < 6 else "all"
@@ -111,6 +128,7 @@ async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = T
     except observability.SETUP_ERRORS as e:
         raise WiringError(str(e)) from e
     ctx = await open_context(settings, label)
+    await _check_role(ctx, settings.nats_user, names)
     services = {}
     for n in names:
         cls = service_class(n)

@@ -21,7 +21,7 @@ import grpc
 
 from kfactory import events as ev
 from kfactory.agents import PERSONAS, persona_stage
-from kfactory.bus import ARTIFACT_BUCKET, DLQ_STREAM, EVENTS_STREAM, WORK_STREAM
+from kfactory.bus import ARTIFACT_BUCKET, DLQ_STREAM, EVENTS_STREAM, WORK_STREAM, subject_matches
 from kfactory.config import Settings
 
 OBJ_STREAM = f"OBJ_{ARTIFACT_BUCKET}"
@@ -105,6 +105,14 @@ def publish_subjects(service: str) -> list[str]:
     subjects += [ev.event_subject(kind, "*") for kind in role.publishes]
     subjects += [ev.work_subject(stage, "*") for stage in role.queues]
     return list(dict.fromkeys(subjects + list(role.extra)))
+
+
+def not_permitted(user: str, services) -> list[str]:
+    """The subjects the named services publish to (JetStream API calls included) that NATS user `user` may not:
+    empty when the user is each service's own (or, running several in one process, covers them all)."""
+    allowed = publish_subjects(user)
+    return list(dict.fromkeys(s for n in services for s in publish_subjects(n)
+                              if not any(subject_matches(p, s) for p in allowed)))
 
 
 def nats_authorization(passwords: Mapping[str, str], *, admin_password: str | None = None,

@@ -235,3 +235,27 @@ def _wait_listening(port: int, timeout: float = 10.0) -> None:
         except OSError:
             assert time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.05)
+
+
+async def test_a_service_started_as_another_services_user_is_refused_at_start_up(secured):
+    """The compiler with the coder's credentials: the server would drop its consumer calls without a typed
+    error (a timeout, later); start-up refuses it at once and names what it may not do. With its own user it
+    starts."""
+    from kfactory.app import WiringError, start_services
+    from kfactory.config import Settings
+
+    def settings(user: str) -> Settings:
+        return Settings(nats_url=secured.url, nats_user=user, nats_password=secured.passwords[user],
+                        redis_url=None)
+
+    with pytest.raises(WiringError) as refused:
+        await start_services(settings("coder"), ("compiler",), grpc=False)
+    msg = str(refused.value)
+    assert msg.startswith("NATS user 'coder' may not publish to $JS.API.CONSUMER.CREATE.KF_WORK.compiler, ")
+    assert "which compiler needs: give each service its own user (KFACTORY_NATS_USER" in msg
+    running = await start_services(settings("compiler"), ("compiler",), grpc=False)
+    try:
+        await asyncio.sleep(0.5)
+        assert running.failed() is None and running.ready()
+    finally:
+        await running.shutdown()
