@@ -374,9 +374,8 @@ class Bus:
         cancelled and HandlerStuck is raised."""
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(handler(delivery))
-        deadline = loop.time() + self.handler_timeout_s
+        deadline, beat = loop.time() + self.handler_timeout_s, max(0.5, self.ack_wait_s / 3)
         while True:
-            beat = max(0.5, self.ack_wait_s / 3)
             done, _ = await asyncio.wait({task}, timeout=max(0.0, min(beat, deadline - loop.time())))
             if done:
                 return task.result()

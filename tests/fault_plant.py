@@ -250,7 +250,8 @@ def check_exactly_once(plant: Plant, cid: str, status: spb.CampaignStatus) -> di
     rejection) and exactly one terminal outcome; every candidate's evidence chain is complete and has each stage
     once; the archive's counts equal the planner's. Returns the archive's counts by event kind."""
     plant.wait_archived(cid)
-    assert not plant.stuck_handlers(), plant.stuck_handlers()  # a hang recovered from is still a bug
+    stuck = plant.stuck_handlers()
+    assert not stuck, stuck  # a hang recovered from is still a bug
     arch = plant.archive()
     try:
         kinds = dict(arch.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (cid,)))
