@@ -31,6 +31,7 @@ The `geomean` column is the geometric mean of mean_ratio over the "hard" spaces,
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import math
@@ -41,6 +42,8 @@ import sys
 import tempfile
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 # one BLAS thread: the models are small and the machine may be shared
@@ -69,6 +72,24 @@ def default_data() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "shared/data/tuning-spaces"
 
 
+# ----------------------------------------------------------------------------------------------- parallel seeds
+_POOL: ProcessPoolExecutor | None = None
+
+
+def pmap(fn, items: list) -> list:
+    """fn over items, on the worker processes when --jobs > 1 (each seed's run is independent and seeded, so
+    the figures are the same as one process gives), in order."""
+    if _POOL is None:
+        return [fn(x) for x in items]
+    return list(_POOL.map(fn, items))
+
+
+@functools.lru_cache(maxsize=None)
+def _space(path: str):
+    """A recorded space loaded once per process (the workers are handed paths, not parsed spaces)."""
+    return load_space(path)
+
+
 # ----------------------------------------------------------------------------------------------- random baseline
 def expected_random_ratio(times: list[float | None], opt: float, b: int) -> float:
     """E[best/opt] of b draws without replacement from the N configurations (failures never the best;
@@ -93,6 +114,13 @@ def expected_random_ratio(times: list[float | None], opt: float, b: int) -> floa
 def run_kf(name: str, rs, space: Space, seed: int, budget: int) -> list[float]:
     """Best-so-far ratio after each evaluation (length budget; padded if the strategy stops early)."""
     return warm_run(name, rs, space, seed, [], 0, 1.0, budget, budget)[1]
+
+
+def _kf_seed(job: tuple) -> tuple[list[float], float]:
+    """One seed of run_kf on a space given by path: (trajectory, seconds)."""
+    path, name, seed, budget = job
+    rs, t0 = _space(path), time.time()
+    return run_kf(name, rs, Space([rs.family()]), seed, budget), time.time() - t0
 
 
 # ----------------------------------------------------------------------------------------------- warm starts
@@ -185,15 +213,11 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
         others = [o for o in spaces if o is not rs and o.name.rsplit("-", 1)[0] == kernel]
         if not others:
             continue
-        space = Space([rs.family()])
-        cold, warm, cold_tr, warm_tr, ranks = [], [], [], [], []
-        for sd in seeds:
-            evidence = [e for o in others for e in source_campaign(strategy, o, 1000 + sd, source_budget)]
-            ranks.append(evidence_rank(rs, evidence, within))
-            for evid, hits, trs in (([], cold, cold_tr), (evidence, warm, warm_tr)):
-                hit, tr = warm_run(strategy, rs, space, sd, evid, k, within, max_evals, max(budgets))
-                hits.append(hit)
-                trs.append(tr)
+        runs = pmap(_warm_seed, [(str(rs.path), [str(o.path) for o in others], strategy, sd, k, within, max_evals,
+                                  source_budget, max(budgets)) for sd in seeds])
+        cold, cold_tr = [r[0][0] for r in runs], [r[0][1] for r in runs]
+        warm, warm_tr = [r[1][0] for r in runs], [r[1][1] for r in runs]
+        ranks = [r[2] for r in runs]
         out[rs.name] = {"from": [o.name for o in others], "priors": k, "strategy": strategy,
                         "source_budget": source_budget,
                         "cold_median_evals": float(np.median(cold)), "warm_median_evals": float(np.median(warm)),
@@ -207,6 +231,18 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
         print(f"  warm start {rs.name:28s} cold {np.median(cold):6.1f}  warm {np.median(warm):6.1f} evaluations "
               f"to within {within - 1:.0%}", file=sys.stderr, flush=True)
     return out
+
+
+def _warm_seed(job: tuple) -> tuple[tuple[int, list[float]], tuple[int, list[float]], int]:
+    """One seed of the cold versus warm comparison: (cold run, warm run, evidence rank); the evidence comes
+    from one earlier campaign (seed 1000 + seed) on each other device."""
+    path, other_paths, strategy, sd, k, within, max_evals, source_budget, horizon = job
+    rs, others = _space(path), [_space(o) for o in other_paths]
+    space = Space([rs.family()])
+    evidence = [e for o in others for e in source_campaign(strategy, o, 1000 + sd, source_budget)]
+    cold = warm_run(strategy, rs, space, sd, [], k, within, max_evals, horizon)
+    warm = warm_run(strategy, rs, space, sd, evidence, k, within, max_evals, horizon)
+    return cold, warm, evidence_rank(rs, evidence, within)
 
 
 # ----------------------------------------------------------------------------------------------- Kernel Tuner side
@@ -272,6 +308,17 @@ def run_kt(strategy: str, args: dict, opt: float, seed: int, budget: int) -> tup
     return best / opt, len(seen)
 
 
+def _kt_seed(job: tuple) -> tuple[float, int, float] | str:
+    """One seeded Kernel Tuner run: (best/opt, distinct configurations, seconds), or why it failed."""
+    strat, kt_args, opt, seed, b = job
+    t0 = time.time()
+    try:
+        r, n = run_kt(strat, kt_args, opt, seed, b)
+    except Exception as e:  # noqa: BLE001 - one strategy failing must not stop the race
+        return f"{type(e).__name__}: {e}"
+    return r, n, time.time() - t0
+
+
 # ----------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -290,7 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-max-evals", type=int, default=600,
                     help="evaluations after which a run that never came within 5%% counts as max + 1")
     ap.add_argument("--no-warm", action="store_true", help="skip the cold vs warm comparison")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="processes that run seeds side by side (default: one per core); the figures do not "
+                         "depend on it, the per-run seconds do where the cores are shared")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
     t_start = time.time()
 
     if args.spaces:
@@ -311,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _memoize_kt_cache_reads()
 
+    global _POOL
+    if args.jobs > 1:  # forked after Kernel Tuner's cache reads are memoised, so every worker has that too
+        _POOL = ProcessPoolExecutor(args.jobs, mp_context=get_context("fork"))
     results: dict = {}
     meta: dict = {}
     tmp = Path(tempfile.mkdtemp(prefix="kf-search-quality-"))
@@ -323,7 +378,6 @@ def main(argv: list[str] | None = None) -> int:
             meta[rs.name] = {"configurations": len(times), "failed": sum(t is None for t in times),
                              "optimum_ms": opt, "expected_random": {str(b): rand[b] for b in budgets},
                              "random_at_100": rand[100], "hard": rand[100] > HARD}
-            space = Space([rs.family()])
             per = results.setdefault(rs.name, {str(b): {} for b in budgets})
 
             def record(strat: str, b: int, ratios: list[float], secs: float, extra: dict | None = None):
@@ -333,9 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "seconds": secs, **(extra or {})}
 
             for strat in args.strategies:
-                t0 = time.time()
-                trajs = [run_kf(strat, rs, space, seed, max(budgets)) for seed in seeds]
-                secs = time.time() - t0
+                runs = pmap(_kf_seed, [(str(gz), strat, seed, max(budgets)) for seed in seeds])
+                trajs, secs = [tr for tr, _ in runs], sum(t for _, t in runs)
                 for b in budgets:
                     record(strat, b, [tr[b - 1] for tr in trajs], secs / len(seeds))
                 print(f"  {rs.name:28s} {strat:22s} {secs:7.1f}s", file=sys.stderr, flush=True)
@@ -343,16 +396,10 @@ def main(argv: list[str] | None = None) -> int:
                 kt_args = prepare_kt(rs, gz, tmp)
                 for strat in kt_strats:
                     for b in budgets:
-                        t0 = time.time()
-                        ratios, fevals, errors = [], [], []
-                        for seed in seeds:
-                            try:
-                                r, n = run_kt(strat, kt_args, opt, seed, b)
-                                ratios.append(r)
-                                fevals.append(n)
-                            except Exception as e:  # noqa: BLE001 - one strategy failing must not stop the race
-                                errors.append(f"{type(e).__name__}: {e}")
-                        secs = time.time() - t0
+                        runs = pmap(_kt_seed, [(strat, kt_args, opt, seed, b) for seed in seeds])
+                        ok = [r for r in runs if not isinstance(r, str)]
+                        ratios, fevals = [r for r, _, _ in ok], [n for _, n, _ in ok]
+                        errors, secs = [r for r in runs if isinstance(r, str)], sum(t for _, _, t in ok)
                         if ratios:
                             record("kt:" + strat, b, ratios, secs / len(seeds),
                                    {"mean_fevals": float(np.mean(fevals)), "errors": len(errors)})
@@ -368,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     warm = None if args.no_warm else warm_start_section(files, args.warm_strategy, seeds, args.warm_priors,
                                                         1.05, max(args.warm_max_evals, max(budgets)),
                                                         args.warm_source_budget, budgets)
+    if _POOL is not None:
+        _POOL.shutdown()
     strategies = list(args.strategies) + ["kt:" + s for s in kt_strats]
     hard = [n for n in results if meta[n]["hard"]]
     geo: dict = {}

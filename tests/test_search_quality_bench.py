@@ -1,0 +1,62 @@
+"""bench/search_quality.py on two small hand-made recorded spaces: seeds run on worker processes give exactly the
+figures one process gives."""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "search_quality.py"
+PARAMS = {"block_size_x": [16, 32, 64, 128], "tile": [1, 2, 3, 4], "flag": [0, 1]}
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("search_quality", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # the worker processes find the seed functions by module name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _write(path: Path, time_of) -> None:
+    cache = {}
+    for b in PARAMS["block_size_x"]:
+        for t in PARAMS["tile"]:
+            for f in PARAMS["flag"]:
+                ms = time_of(b, t, f)
+                cache[f"{b},{t},{f}"] = {"block_size_x": b, "tile": t, "flag": f, "time": ms, "times": [ms],
+                                         "compile_time": 1.0, "benchmark_time": 1.0}
+    with gzip.open(path, "wt") as fh:
+        json.dump({"device_name": path.stem, "kernel_name": "k", "problem_size": [1],
+                   "tune_params_keys": list(PARAMS), "tune_params": PARAMS, "objective": "time", "cache": cache}, fh)
+
+
+def _run(mod, data: Path, out: Path, jobs: int) -> dict:
+    rc = mod.main(["--data", str(data), "--seeds", "3", "--budgets", "5", "10", "--strategies", "default", "random",
+                   "--kt-strategies", "--warm-max-evals", "20", "--warm-source-budget", "8", "--jobs", str(jobs),
+                   "--json", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    for per in doc["spaces"].values():
+        for row in per.values():
+            for cell in row.values():
+                cell.pop("seconds")
+    doc.pop("settings")
+    return doc
+
+
+def test_seeds_on_two_worker_processes_give_the_figures_of_one(tmp_path):
+    _write(tmp_path / "k-A.json.gz", lambda b, t, f: 1.0 + abs(b - 64) / 32 + abs(t - 3) + 2 * f)
+    _write(tmp_path / "k-B.json.gz", lambda b, t, f: 1.0 + abs(b - 32) / 16 + abs(t - 2) * 1.5 + 2 * (1 - f))
+    mod = _bench()
+    one = _run(mod, tmp_path, tmp_path / "one.json", 1)
+    two = _run(mod, tmp_path, tmp_path / "two.json", 2)
+    assert one == two
+    assert set(one["warm_start"]) == {"k-A", "k-B"}
+    for name in ("k-A", "k-B"):
+        w = one["warm_start"][name]
+        assert len(w["cold"]) == len(w["warm"]) == 3
+        assert all(1 <= n <= 21 for n in w["cold"] + w["warm"])
+        assert one["spaces"][name]["10"]["random"]["mean_ratio"] >= 1.0
