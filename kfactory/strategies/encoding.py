@@ -11,9 +11,9 @@ family's columns are 0 for the other families' points.
 Integer parameters also get alignment columns where they say something the rank does not: whether the value
 is a power of two, and how many times 2 divides it (its trailing zero bits, by rank). GPU times are combs in
 launch geometry, not smooth curves: a block width that divides the problem evenly, or a multiple of the warp
-or of a memory transaction, beats its neighbours by up to 3x (convolution on an A4000: 32, 64, 128 and 256
-wide blocks against 48, 80, 96, ...; dedispersion on an MI250X: multiples of 32 against those of 8). A GP over
-the rank alone sees that as noise. With these columns, the default strategy's geometric mean of best/optimum
+or of a memory transaction, can beat its neighbours by 3x and more (convolution on an A4000: 32, 64, 128 and
+256 wide blocks against 48, 80, 96, ...), or by the few per cent that decide the optimum (dedispersion on an
+MI250X: block heights that are multiples of 32 against those of 8). A GP over the rank alone sees that as noise. With these columns, the default strategy's geometric mean of best/optimum
 over the hard recorded spaces went from 1.357 / 1.094 / 1.027 to 1.237 / 1.064 / 1.013 at 50 / 100 / 200
 evaluations (bench/search_quality.py, 30 seeds).
 """
