@@ -31,6 +31,7 @@ The `geomean` column is the geometric mean of mean_ratio over the "hard" spaces,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gzip
 import json
@@ -82,6 +83,22 @@ def pmap(fn, items: list) -> list:
     if _POOL is None:
         return [fn(x) for x in items]
     return list(_POOL.map(fn, items))
+
+
+@contextlib.contextmanager
+def workers(jobs: int):
+    """The worker processes pmap uses while the block runs (none for one job), shut down however it ends.
+    Forked on first use, after Kernel Tuner's cache reads are memoised, so every worker has that too."""
+    global _POOL
+    if jobs <= 1:
+        yield
+        return
+    _POOL = ProcessPoolExecutor(jobs, mp_context=get_context("fork"))
+    try:
+        yield
+    finally:
+        pool, _POOL = _POOL, None
+        pool.shutdown(cancel_futures=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -321,6 +338,12 @@ def _kt_seed(job: tuple) -> tuple[float, int, float] | str:
 
 # ----------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with workers(args.jobs):
+        return race(args)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=default_data())
     ap.add_argument("--spaces", nargs="*", help="space names (file stems) or cache file paths; default: all")
@@ -343,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
+    return args
+
+
+def race(args: argparse.Namespace) -> int:
+    """The whole bench: the race, the cold versus warm section, the table and the JSON."""
     t_start = time.time()
 
     if args.spaces:
@@ -363,9 +391,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _memoize_kt_cache_reads()
 
-    global _POOL
-    if args.jobs > 1:  # forked after Kernel Tuner's cache reads are memoised, so every worker has that too
-        _POOL = ProcessPoolExecutor(args.jobs, mp_context=get_context("fork"))
     results: dict = {}
     meta: dict = {}
     tmp = Path(tempfile.mkdtemp(prefix="kf-search-quality-"))
@@ -415,8 +440,6 @@ def main(argv: list[str] | None = None) -> int:
     warm = None if args.no_warm else warm_start_section(files, args.warm_strategy, seeds, args.warm_priors,
                                                         1.05, max(args.warm_max_evals, max(budgets)),
                                                         args.warm_source_budget, budgets)
-    if _POOL is not None:
-        _POOL.shutdown()
     strategies = list(args.strategies) + ["kt:" + s for s in kt_strats]
     hard = [n for n in results if meta[n]["hard"]]
     geo: dict = {}

@@ -51,8 +51,9 @@ def test_seeds_on_two_worker_processes_give_the_figures_of_one(tmp_path):
     _write(tmp_path / "k-A.json.gz", lambda b, t, f: 1.0 + abs(b - 64) / 32 + abs(t - 3) + 2 * f)
     _write(tmp_path / "k-B.json.gz", lambda b, t, f: 1.0 + abs(b - 32) / 16 + abs(t - 2) * 1.5 + 2 * (1 - f))
     mod = _bench()
-    one = _run(mod, tmp_path, tmp_path / "one.json", 1)
     two = _run(mod, tmp_path, tmp_path / "two.json", 2)
+    one = _run(mod, tmp_path, tmp_path / "one.json", 1)  # after a run with workers, none are left to use
+    assert mod._POOL is None
     assert one == two
     assert set(one["warm_start"]) == {"k-A", "k-B"}
     for name in ("k-A", "k-B"):
