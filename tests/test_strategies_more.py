@@ -225,7 +225,7 @@ def test_integer_parameters_get_alignment_columns_where_they_say_more_than_the_r
 def test_a_gp_on_the_alignment_columns_predicts_a_comb_in_block_width():
     """Times that are a comb in block width (powers of two 3x faster than their neighbours, as convolution on an
     A4000): fitted to half the points, none with width 32 or 128, the surrogate's GP ranks every unseen power of
-two first, those two included."""
+    two first, those two included."""
     import numpy as np
 
     from kfactory.problems.loader import Family
