@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import gzip
 import json
 import math
@@ -101,12 +100,6 @@ def workers(jobs: int):
         pool.shutdown(cancel_futures=True)
 
 
-@functools.lru_cache(maxsize=None)
-def _space(path: str):
-    """A recorded space loaded once per process (the workers are handed paths, not parsed spaces)."""
-    return load_space(path)
-
-
 # ----------------------------------------------------------------------------------------------- random baseline
 def expected_random_ratio(times: list[float | None], opt: float, b: int) -> float:
     """E[best/opt] of b draws without replacement from the N configurations (failures never the best;
@@ -136,7 +129,7 @@ def run_kf(name: str, rs, space: Space, seed: int, budget: int) -> list[float]:
 def _kf_seed(job: tuple) -> tuple[list[float], float]:
     """One seed of run_kf on a space given by path: (trajectory, seconds)."""
     path, name, seed, budget = job
-    rs, t0 = _space(path), time.time()
+    rs, t0 = load_space(path), time.time()  # cached per path in each process
     return run_kf(name, rs, Space([rs.family()]), seed, budget), time.time() - t0
 
 
@@ -254,7 +247,7 @@ def _warm_seed(job: tuple) -> tuple[tuple[int, list[float]], tuple[int, list[flo
     """One seed of the cold versus warm comparison: (cold run, warm run, evidence rank); the evidence comes
     from one earlier campaign (seed 1000 + seed) on each other device."""
     path, other_paths, strategy, sd, k, within, max_evals, source_budget, horizon = job
-    rs, others = _space(path), [_space(o) for o in other_paths]
+    rs, others = load_space(path), [load_space(o) for o in other_paths]
     space = Space([rs.family()])
     evidence = [e for o in others for e in source_campaign(strategy, o, 1000 + sd, source_budget)]
     cold = warm_run(strategy, rs, space, sd, [], k, within, max_evals, horizon)

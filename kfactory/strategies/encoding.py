@@ -13,9 +13,10 @@ is a power of two, and how many times 2 divides it (its trailing zero bits, by r
 launch geometry, not smooth curves: a block width that divides the problem evenly, or a multiple of the warp
 or of a memory transaction, can beat its neighbours by 3x and more (convolution on an A4000: 32, 64, 128 and
 256 wide blocks against 48, 80, 96, ...), or by the few per cent that decide the optimum (dedispersion on an
-MI250X: block heights that are multiples of 32 against those of 8). A GP over the rank alone sees that as noise. With these columns, the default strategy's geometric mean of best/optimum
-over the hard recorded spaces went from 1.357 / 1.094 / 1.027 to 1.237 / 1.064 / 1.013 at 50 / 100 / 200
-evaluations (bench/search_quality.py, 30 seeds).
+MI250X: block heights that are multiples of 32 against those of 8). A GP over the rank alone sees that as noise.
+With these columns, the default strategy's geometric mean of best/optimum over the hard recorded spaces went
+from 1.357 / 1.094 / 1.027 to 1.237 / 1.064 / 1.013 at 50 / 100 / 200 evaluations (bench/search_quality.py,
+30 seeds).
 """
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ _CACHE: "weakref.WeakKeyDictionary[Space, SpaceIndex]" = weakref.WeakKeyDictiona
 
 def _ordered(values: list) -> bool:
     return len(values) > 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _scaled_ranks(values) -> dict:
+    """Each distinct value's rank among them, scaled to [0, 1]."""
+    order = sorted(values)
+    return {v: i / (len(order) - 1) for i, v in enumerate(order)}
 
 
 def _positive_int(v) -> bool:
@@ -72,13 +79,11 @@ class SpaceIndex:
                 if len(values) < 2:
                     continue
                 if _ordered(values):
-                    order = sorted(values)
-                    cols.append((f.name, name, "rank", {v: i / (len(order) - 1) for i, v in enumerate(order)}))
+                    cols.append((f.name, name, "rank", _scaled_ranks(values)))
                     if _mixed_powers_of_two(values):
                         cols.append((f.name, name, "pow2", None))
                     if _valuation_adds(values):  # rank of the valuation, as for the values themselves
-                        tz = sorted({_v2(v) for v in values})
-                        cols.append((f.name, name, "v2", {t: i / (len(tz) - 1) for i, t in enumerate(tz)}))
+                        cols.append((f.name, name, "v2", _scaled_ranks({_v2(v) for v in values})))
                 else:
                     for v in values:
                         cols.append((f.name, name, "onehot", v))
