@@ -51,6 +51,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import numpy as np  # noqa: E402
+from scipy.stats import bootstrap  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -232,6 +233,8 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
                         "source_budget": source_budget,
                         "cold_median_evals": float(np.median(cold)), "warm_median_evals": float(np.median(warm)),
                         "ratio": float(np.median(warm)) / float(np.median(cold)),
+                        # how far the seeds alone can move that ratio (bootstrap over seeds)
+                        "ratio_interval_90": median_ratio_interval(warm, cold),
                         "cold": cold, "warm": warm,
                         # where the evidence alone ranks this space's first point within 5% (evidence_rank)
                         "evidence_rank_median": float(np.median(ranks)), "evidence_rank": ranks,
@@ -241,6 +244,21 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
         print(f"  warm start {rs.name:28s} cold {np.median(cold):6.1f}  warm {np.median(warm):6.1f} evaluations "
               f"to within {within - 1:.0%}", file=sys.stderr, flush=True)
     return out
+
+
+def median_ratio_interval(warm: list[float], cold: list[float], level: float = 0.9) -> list[float]:
+    """A `level` bootstrap interval (percentile method, fixed seed) of median(warm) / median(cold), resampling
+    each side's seeds: where a space needs hundreds of evaluations by one seed and a handful by another, 30
+    seeds leave the ratio uncertain, and this says by how much."""
+    def ratio(w, c, axis=-1):
+        return np.median(w, axis=axis) / np.median(c, axis=axis)
+
+    if len(warm) < 2 or len(cold) < 2:  # nothing to resample
+        r = float(ratio(np.asarray(warm), np.asarray(cold)))
+        return [r, r]
+    ci = bootstrap((np.asarray(warm, float), np.asarray(cold, float)), ratio, paired=False, vectorized=True,
+                   n_resamples=2000, confidence_level=level, method="percentile", rng=np.random.default_rng(0))
+    return [float(ci.confidence_interval.low), float(ci.confidence_interval.high)]
 
 
 def _warm_seed(job: tuple) -> tuple[tuple[int, list[float]], tuple[int, list[float]], int]:
@@ -267,22 +285,27 @@ def kt_available() -> str | None:
 _READ_MEMO: dict = {}
 
 
+def memo_last_read(read):
+    """`read` (Kernel Tuner's read_cache) with each parsed file kept until another file is read: the race goes
+    space by space, and each worker process holds its own memo, which nothing else clears. Reads that open the
+    cache for writing are passed through."""
+    def read_cache(cachefile, open_cache=True):
+        if open_cache:
+            return read(cachefile, open_cache)
+        if cachefile not in _READ_MEMO:
+            _READ_MEMO.clear()
+            _READ_MEMO[cachefile] = read(cachefile, open_cache)
+        return _READ_MEMO[cachefile]
+    return read_cache
+
+
 def _memoize_kt_cache_reads() -> None:
     """Kernel Tuner re-reads (and re-parses) the whole cache file on every tune_kernel call; in simulation mode
-    it only reads it (the runner copies each record it serves), so parse each file once."""
+    it only reads it (the runner copies each record it serves), so parse each file once (memo_last_read)."""
     import kernel_tuner.util as ktu
     if getattr(ktu, "_kf_memo", False):
         return
-    orig = ktu.read_cache
-
-    def read_cache(cachefile, open_cache=True):
-        if open_cache:
-            return orig(cachefile, open_cache)
-        if cachefile not in _READ_MEMO:
-            _READ_MEMO[cachefile] = orig(cachefile, open_cache)
-        return _READ_MEMO[cachefile]
-
-    ktu.read_cache = read_cache
+    ktu.read_cache = memo_last_read(ktu.read_cache)
     ktu._kf_memo = True
 
 
@@ -452,9 +475,11 @@ def race(args: argparse.Namespace) -> int:
         for n, w in warm.items():
             at = "  ".join(f"b={b}: {w['cold_mean_ratio'][str(b)]:.3f}->{w['warm_mean_ratio'][str(b)]:.3f}"
                            for b in budgets)
+            lo, hi = w["ratio_interval_90"]
             print(f"  {n:28s} cold {w['cold_median_evals']:6.1f}  warm {w['warm_median_evals']:6.1f}  "
-                  f"warm/cold {w['ratio']:.2f}  evidence rank {w['evidence_rank_median']:6.1f}  {at}  "
+                  f"warm/cold {w['ratio']:.2f} [{lo:.2f}, {hi:.2f}]  evidence rank {w['evidence_rank_median']:6.1f}  {at}  "
                   f"(from {', '.join(w['from'])})")
+        print("  [a, b]: 90% bootstrap interval of warm/cold over the seeds")
         print("  evidence rank: where the sources' own measurements place this device's first point within 5% "
               "(median over seeds); a warm start that only trusts them needs about that many evaluations")
     print(f"\n{len(seeds)} seeds; {elapsed:.0f} s; evaluations = distinct valid configurations asked "

@@ -61,3 +61,36 @@ def test_seeds_on_two_worker_processes_give_the_figures_of_one(tmp_path):
         assert len(w["cold"]) == len(w["warm"]) == 3
         assert all(1 <= n <= 21 for n in w["cold"] + w["warm"])
         assert one["spaces"][name]["10"]["random"]["mean_ratio"] >= 1.0
+        lo, hi = w["ratio_interval_90"]
+        assert lo <= w["ratio"] <= hi
+
+
+def test_the_warm_over_cold_interval_is_as_wide_as_the_seeds_make_it():
+    mod = _bench()
+    assert mod.median_ratio_interval([5.0] * 30, [50.0] * 30) == [0.1, 0.1]  # no spread, no doubt
+    # a needle: cold seeds find it anywhere from 2 to 600 evaluations
+    cold = [2, 43, 65, 72, 73, 115, 120, 124, 127, 135, 156, 166, 172, 179, 189, 206, 224, 253, 273, 277, 479, 481,
+            508, 589, 595, 601, 601, 601, 601, 601]
+    warm = [n + 100 for n in cold]
+    lo, hi = mod.median_ratio_interval(warm, cold)
+    ratio = (197.5 + 100) / 197.5
+    assert lo < 1.2 < ratio < 1.8 < hi  # the seeds alone leave a wide interval around it
+    assert mod.median_ratio_interval(warm, cold) == [lo, hi]  # seeded: the same every run
+
+
+def test_kernel_tuner_cache_reads_are_kept_for_the_last_file_only():
+    mod = _bench()
+    mod._READ_MEMO.clear()
+    calls = []
+
+    def read(path, open_cache=True):
+        calls.append((path, open_cache))
+        return {"file": path}
+
+    memo = mod.memo_last_read(read)
+    assert memo("a.json", False) is memo("a.json", False)
+    assert calls == [("a.json", False)]
+    memo("b.json", False)
+    assert list(mod._READ_MEMO) == ["b.json"]  # a's parse is dropped once the race moves on
+    memo("a.json", True)  # opened for writing: never memoised
+    assert calls[-1] == ("a.json", True) and list(mod._READ_MEMO) == ["b.json"]
