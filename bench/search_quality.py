@@ -238,6 +238,9 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
                         "cold": cold, "warm": warm,
                         # where the evidence alone ranks this space's first point within 5% (evidence_rank)
                         "evidence_rank_median": float(np.median(ranks)), "evidence_rank": ranks,
+                        # the same with every point the other devices recorded: the most any evidence here says
+                        "evidence_rank_whole": evidence_rank(
+                            rs, [e for o in others for e in source_campaign(strategy, o, 0, 0)], within),
                         # mean best/optimum at each budget, cold and warm
                         "cold_mean_ratio": {str(b): float(np.mean([t[b - 1] for t in cold_tr])) for b in budgets},
                         "warm_mean_ratio": {str(b): float(np.mean([t[b - 1] for t in warm_tr])) for b in budgets}}
@@ -477,11 +480,13 @@ def race(args: argparse.Namespace) -> int:
                            for b in budgets)
             lo, hi = w["ratio_interval_90"]
             print(f"  {n:28s} cold {w['cold_median_evals']:6.1f}  warm {w['warm_median_evals']:6.1f}  "
-                  f"warm/cold {w['ratio']:.2f} [{lo:.2f}, {hi:.2f}]  evidence rank {w['evidence_rank_median']:6.1f}  {at}  "
+                  f"warm/cold {w['ratio']:.2f} [{lo:.2f}, {hi:.2f}]  evidence rank {w['evidence_rank_median']:6.1f} "
+                  f"(whole spaces {w['evidence_rank_whole']})  {at}  "
                   f"(from {', '.join(w['from'])})")
         print("  [a, b]: 90% bootstrap interval of warm/cold over the seeds")
         print("  evidence rank: where the sources' own measurements place this device's first point within 5% "
-              "(median over seeds); a warm start that only trusts them needs about that many evaluations")
+              "(median over seeds), or their whole recorded spaces; a warm start that only trusts them needs "
+              "about that many evaluations")
     print(f"\n{len(seeds)} seeds; {elapsed:.0f} s; evaluations = distinct valid configurations asked "
           f"(failed ones included), as Kernel Tuner's simulation mode counts them"
           + ("" if not missing_kt else "; Kernel Tuner MISSING: its strategies were not run"))
