@@ -124,6 +124,11 @@ def decode_event(data: bytes, subject: str = "", max_bytes: int = MAX_EVENT_BYTE
         raise BadEvent(f"campaign id {event.campaign_id[:80]!r} is not 1-64 letters, digits, '_' or '-'")
     if subject and subject.rsplit(".", 1)[-1] != event.campaign_id:
         raise BadEvent(f"the subject {subject!r} names another campaign than the event's {event.campaign_id!r}")
+    if subject.startswith(EVT_PREFIX + ".") and subject.split(".")[-2] != kind:
+        # permissions are granted per subject: a body of another kind would pass for the subject's kind (a
+        # compiler's `compiled` subject carrying a campaign_finished)
+        raise BadEvent(f"the subject {subject!r} is for {subject.split('.')[-2]!r} events, but the event's body is "
+                       f"{kind!r}: publish it on {event_subject(kind, event.campaign_id)}")
     cand = candidate_of(event)
     if cand is not None and cand.launch_json:
         try:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from conftest import KERNELS
+from evidence_chain import chain
 from scripted_model import GARBAGE, Hang, Raw, Refuse, Reply, ScriptedModelServer, Status, fenced
 from kfactory.agents import Agent, PERSONAS
 from kfactory.agents import errors, extract, prompt
@@ -235,16 +236,17 @@ def test_agents_wait_for_parents_and_do_not_repeat_the_same_task_forever():
     st = CampaignState("c1", spec, pb.DeviceInfo(), None)
     assert coders.eligible(st) == []  # nothing measured, nothing failed: nothing to work from
     ref = pb.Candidate(id="r" * 64, origin="reference")
-    st.apply(ev.make_event("c1", "t", "m", measured=pb.Measured(candidate=ref, score_s=1.0)))
+    for e in chain("c1", ref, 1.0):
+        assert st.apply(e) == ""
     assert coders.eligible(st) == ["memory_bound", "compute_bound"]
-    st.apply(ev.make_event("c1", "t", "f", compile_failed=pb.CompileFailed(
+    st.apply(ev.make_event("c1", "compiler", "f", compile_failed=pb.CompileFailed(
         candidate=pb.Candidate(id="b" * 64, origin="manual:broken"), reason=pb.COMPILE_ERROR)))
     assert coders.parents_for(st, "repairer", 2) == ["b" * 64, "r" * 64]
     for i in range(2):
-        st.apply(ev.make_event("c1", "t", f"p{i}", point_proposed=coders.agent_point(
+        st.apply(ev.make_event("c1", "planner", f"p{i}", point_proposed=coders.agent_point(
             st, "memory_bound", coders.parents_for(st, "memory_bound", 2), "cpu_c", i)))
     assert coders.eligible(st) == ["compute_bound", "repairer"]  # memory_bound had these parents twice
-    st.apply(ev.make_event("c1", "t", "x", rejected=pb.Rejected(stage="coder", reason=pb.AGENT_NO_CODE,
+    st.apply(ev.make_event("c1", "coder", "x", rejected=pb.Rejected(stage="coder", reason=pb.AGENT_NO_CODE,
                                                                  agent=pb.AgentInfo(persona="compute_bound",
                                                                                     tokens_in=990, tokens_out=10))))
     assert coders.eligible(st) == []  # the token budget is spent
@@ -280,10 +282,8 @@ def test_lessons_name_the_campaign_best_furthest_ahead_of_its_reference(tmp_path
             for origin, score in (("reference", ref_s), ("template:cpu_c", best_s)):
                 cand = pb.Candidate(id=f"{cid}-{origin}", problem="softmax", target="cpu", origin=origin,
                                     params_json='{"unroll": 4}' if origin != "reference" else "{}")
-                archive.record(ev.make_event(cid, "coder", cand.id, candidate_created=pb.CandidateCreated(
-                    candidate=cand)))
-                archive.record(ev.make_event(cid, "benchmarker", cand.id, measured=pb.Measured(
-                    candidate=cand, score_s=score, device=pb.DeviceInfo(model="cpu"))))
+                for e in chain(cid, cand, score, device=pb.DeviceInfo(model="cpu")):
+                    assert archive.record(e)
         (best,) = [x for x in lessons(archive, "softmax", "cpu") if x.kind == "best"]
     finally:
         archive.close()

@@ -115,7 +115,15 @@ async def test_submit_refuses_malformed_specs_naming_the_field(bus_settings, spa
             "problem:": _spec(space, problem=str(tmp_path / "nowhere")),
             "target:": _spec(space, target="tpu"),
             "strategy: unknown 'telepathy'": _spec(space, strategy="telepathy"),
-            "budget: must not be negative": _spec(space, budget_candidates=-1),
+            "budget_candidates (--budget): -1 is out of range": _spec(space, budget_candidates=-1),
+            # specs that would never end: a negative parallel is always "in flight enough", a NaN or infinite
+            # time budget is never spent
+            "parallel (--parallel): -1 is out of range": _spec(space, parallel=-1),
+            "budget_seconds (--seconds): nan is out of range": _spec(space, budget_candidates=0,
+                                                                     budget_seconds=float("nan")),
+            "budget_seconds (--seconds): inf is out of range": _spec(space, budget_candidates=0,
+                                                                     budget_seconds=float("inf")),
+            "warm_start (--warm): -1 is out of range": _spec(space, warm_start=-1),
             "budget: give a candidate count": _spec(space, budget_candidates=0),
             "families: ['nope']": _spec(space, families=["nope"]),
             "manual_sources[huge]: 2000 bytes, over the 1024-byte limit": _spec(

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 
+import sys
+from pathlib import Path
+
 from kfactory import events as ev
 from kfactory.deadletters import DeadLetterRecord
 from kfactory.events import MAX_EVENT_BYTES as MAX
@@ -10,6 +13,9 @@ from kfactory.problems import load_problem
 from kfactory.services.planner.campaign import CampaignState
 from kfactory.strategies import Space
 from kfactory.v1 import events_pb2 as pb
+
+sys.path.insert(0, str(Path(__file__).parent))
+import evidence_chain  # noqa: E402
 
 
 def _state() -> CampaignState:
@@ -23,16 +29,22 @@ def _proposed(st: CampaignState, pid: str) -> pb.Event:
         point_id=pid, family=point.family, params_json=point.params_json, origin=f"template:{point.family}"))
 
 
-def _measured(pid: str, cid: str, score: float) -> pb.Event:
+def _measured(pid: str, cid: str, score: float) -> list[pb.Event]:
+    """Candidate `cid` of point `pid`, created, compiled, verified and measured at `score` s."""
     cand = pb.Candidate(id=cid, point_id=pid, origin="template:cpu_c", params_json="{}")
-    return ev.make_event("c1", "benchmarker", cid, measured=pb.Measured(candidate=cand, score_s=score))
+    return evidence_chain.chain("c1", cand, score)
+
+
+def _apply_all(st: CampaignState, events: list[pb.Event]) -> None:
+    for e in events:
+        assert st.apply(e) == "", e
 
 
 def test_applying_an_event_twice_changes_nothing():
     st = _state()
     p = _proposed(st, "p1")
     m = _measured("p1", "k1", 0.5)
-    for e in (p, p, m, m):
+    for e in [p, p, *m, *m]:
         st.apply(e)
     assert st.counts.proposed == 1 and st.counts.measured == 1
     assert st.in_flight() == 0 and st.best().score_s == 0.5
@@ -42,10 +54,9 @@ def test_best_excludes_the_reference_and_picks_the_fastest():
     st = _state()
     for pid, cid, score in (("p1", "k1", 0.5), ("p2", "k2", 0.2)):
         st.apply(_proposed(st, pid))
-        st.apply(_measured(pid, cid, score))
+        _apply_all(st, _measured(pid, cid, score))
     ref = pb.Candidate(id="ref", point_id="r", origin="reference")
-    st.apply(ev.make_event("c1", "coder", "ref", candidate_created=pb.CandidateCreated(candidate=ref)))
-    st.apply(ev.make_event("c1", "benchmarker", "ref", measured=pb.Measured(candidate=ref, score_s=0.01)))
+    _apply_all(st, evidence_chain.chain("c1", ref, 0.01))
     assert st.best().candidate.id == "k2"
     summary = st.summary(load_problem("softmax"))
     assert summary["best"]["candidate_id"] == "k2" and summary["counts"]["measured"] == 3
@@ -71,7 +82,7 @@ def test_a_duplicate_of_a_candidate_in_flight_is_told_its_twins_result_when_it_c
     st.apply(ev.make_event("c1", "coder", "r2", rejected=pb.Rejected(candidate=dup, point_id="p2",
                                                                       reason=pb.DUPLICATE)))
     assert st.in_flight() == 1 and len(st.strategy.results) == 0 and st.strategy.pending() == 2
-    st.apply(_measured("p1", "k1", 0.25))  # the twin's result: both points are told it
+    _apply_all(st, _measured("p1", "k1", 0.25))  # the twin's result: both points are told it
     assert st.strategy.pending() == 0 and sorted(st.strategy.results.values()) == [0.25, 0.25]
 
 
@@ -89,7 +100,7 @@ def test_work_sent_back_after_its_dead_letter_replaces_it_when_it_ends():
     point = next(iter(st.strategy.results))
     assert st.counts.rejected == 1 and st.strategy.results[point] is None and st.best() is None
     m = _measured("p1", "k1", 0.125)
-    for e in (m, m):  # the replay's result, delivered twice
+    for e in m + m:  # the replay's result, delivered twice
         st.apply(e)
     assert (st.counts.rejected, st.counts.measured, st.in_flight()) == (0, 1, 0)
     assert st.strategy.results[point] == 0.125 and st.best().score_s == 0.125
@@ -101,7 +112,7 @@ def test_a_dead_letter_after_the_outcome_changes_nothing():
     st = _state()
     p = _proposed(st, "p1")
     st.apply(p)
-    st.apply(_measured("p1", "k1", 0.5))
+    _apply_all(st, _measured("p1", "k1", 0.5))
     dl = pb.DeadLetter(stage="coder", reason="late", deliveries=5, payload=p.SerializeToString())
     st.apply(ev.make_event("c1", "coder", "dl1", dead_letter=dl))
     assert (st.counts.rejected, st.counts.measured) == (0, 1) and st.best().score_s == 0.5
@@ -113,8 +124,8 @@ def test_the_report_says_which_dead_letters_were_sent_back_and_how_they_ended():
     p1, p2 = _proposed(st, "p1"), _proposed(st, "p2")
     dl1 = pb.DeadLetter(stage="coder", reason="redis down\nmore", deliveries=5, payload=p1.SerializeToString())
     dl2 = pb.DeadLetter(stage="coder", reason="late", deliveries=5, payload=p2.SerializeToString())
-    events = [p1, p2, _measured("p2", "k2", 0.5), ev.make_event("c1", "coder", "dl1", dead_letter=dl1),
-              ev.make_event("c1", "coder", "dl2", dead_letter=dl2), _measured("p1", "k1", 0.25)]
+    events = [p1, p2, *_measured("p2", "k2", 0.5), ev.make_event("c1", "coder", "dl1", dead_letter=dl1),
+              ev.make_event("c1", "coder", "dl2", dead_letter=dl2), *_measured("p1", "k1", 0.25)]
     p3, p4 = _proposed(st, "p3"), _proposed(st, "p4")
     for pid, p in (("p3", p3), ("p4", p4)):
         events += [p, ev.make_event("c1", "coder", f"dl-{pid}", dead_letter=pb.DeadLetter(
@@ -144,7 +155,7 @@ def test_duplicates_of_a_dead_lettered_candidate_learn_its_result_when_it_is_sen
     dl = pb.DeadLetter(stage="verifier", reason="lock held", deliveries=5, payload=compiled.SerializeToString())
     st.apply(ev.make_event("c1", "verifier", "dl1", dead_letter=dl))
     assert list(st.strategy.results.values()) == [None, None] and st.strategy.pending() == 0
-    st.apply(_measured("p1", "k1", 0.25))  # sent back, then measured: both points learn it
+    _apply_all(st, _measured("p1", "k1", 0.25))  # sent back, then measured: both points learn it
     assert list(st.strategy.results.values()) == [0.25, 0.25]
     assert (st.counts.rejected, st.counts.measured) == (1, 1)  # p2 stays a rejected duplicate
 
@@ -155,11 +166,11 @@ def test_a_finished_campaign_reports_what_it_finished_with():
     st = _state()
     st.apply(_proposed(st, "p1"))
     st.apply(_proposed(st, "p2"))
-    st.apply(_measured("p1", "k1", 0.5))
+    _apply_all(st, _measured("p1", "k1", 0.5))
     assert st.reported()[0].measured == 1 and st.reported()[1].score_s == 0.5  # live while it runs
     fin = pb.CampaignFinished(state="expired", counts=st.counts, best_candidate_id="k1")
     st.apply(ev.make_event("c1", "planner", "finish", campaign_finished=fin))
-    st.apply(_measured("p2", "k2", 0.25))  # in flight when it expired
+    _apply_all(st, _measured("p2", "k2", 0.25))  # in flight when it expired
     counts, best = st.reported()
     assert (counts.proposed, counts.measured, best.candidate.id) == (2, 1, "k1")
     assert st.counts.measured == 2  # the fold itself still sees it (a restarted planner replays the same)
@@ -191,7 +202,7 @@ def test_a_resend_the_planner_accepts_keeps_the_campaign_waiting_for_the_new_out
     _answer(st, answer)
     # in flight again: the campaign cannot finish before the work's outcome, which counts instead
     assert (st.counts.rejected, st.in_flight(), st.resent, st.resend_requests) == (0, 1, {"p1": 7}, {})
-    st.apply(_measured("p1", "k1", 0.125))
+    _apply_all(st, _measured("p1", "k1", 0.125))
     point = next(iter(st.strategy.results))
     assert (st.counts.measured, st.in_flight(), st.resent) == (1, 0, {})
     assert st.strategy.results[point] == 0.125 and st.best().score_s == 0.125

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 from kfactory import events as ev
+from kfactory import trust
 from kfactory.v1 import events_pb2 as pb
 
 #: failures that mean "this kernel computes the wrong thing": the input that showed it is worth keeping
@@ -37,7 +39,17 @@ CREATE TABLE IF NOT EXISTS regressions (
   note TEXT, time_ns INTEGER, PRIMARY KEY (problem, shape, distribution, seed));
 CREATE TABLE IF NOT EXISTS outcomes (
   campaign TEXT, candidate TEXT, point_id TEXT, stage TEXT, reason TEXT, message TEXT, time_ns INTEGER);
+CREATE TABLE IF NOT EXISTS refused (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, subject TEXT, stream_seq INTEGER, event_id TEXT, campaign TEXT,
+  kind TEXT, producer TEXT, reason TEXT NOT NULL, head BLOB, time_ns INTEGER);
+CREATE TABLE IF NOT EXISTS held (
+  id TEXT PRIMARY KEY, campaign TEXT NOT NULL, candidate TEXT NOT NULL, reason TEXT, payload BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS held_candidate ON held(campaign, candidate);
 """
+#: how much of a refused message the archive keeps (enough to tell what it was, never megabytes)
+REFUSED_HEAD_BYTES = 4096
+#: results believed only at the end of their evidence chain, and the chain link each waits for
+AWAITS = {"measured": "verified", "comparison": "measured"}
 
 
 class Archive:
@@ -57,24 +69,83 @@ class Archive:
         self.db.close()
 
     def record(self, event: pb.Event) -> bool:
-        """Archive one event; False when it was already there."""
-        kind = ev.kind_of(event)
-        cand = ev.candidate_of(event)
+        """Archive one event; False when it was already there, or is not believed (kfactory/trust.py): one that
+        cannot be true is kept in `refused` with the reason, a result whose evidence chain is not archived yet
+        is `held` until it is (memory's order can differ from the stream's after a restart), and only then
+        becomes evidence."""
         with self.lock:
             self.db.execute("BEGIN")
             try:
-                cur = self.db.execute(
-                    "INSERT OR IGNORE INTO events (id, campaign, kind, producer, candidate, time_ns, payload) "
-                    "VALUES (?,?,?,?,?,?,?)", (event.id, event.campaign_id, kind, event.producer,
-                                               cand.id if cand and cand.id else None, event.time_unix_ns,
-                                               event.SerializeToString()))
-                if cur.rowcount:
-                    self._materialise(event, kind, cand)
+                added = self._record(event)
                 self.db.execute("COMMIT")
             except sqlite3.Error:
                 self.db.execute("ROLLBACK")
                 raise
+        return added
+
+    def _record(self, event: pb.Event) -> bool:
+        kind = ev.kind_of(event)
+        cand = ev.candidate_of(event)
+        if why := trust.body_flaw(event):
+            self._refuse(why, event=event)
+            return False
+        if (waits := self._waits_for(event, kind)) is not None:
+            self.db.execute("INSERT OR REPLACE INTO held VALUES (?,?,?,?,?)",
+                            (event.id, event.campaign_id, waits[0], waits[1], event.SerializeToString()))
+            return False
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO events (id, campaign, kind, producer, candidate, time_ns, payload) "
+            "VALUES (?,?,?,?,?,?,?)", (event.id, event.campaign_id, kind, event.producer,
+                                       cand.id if cand and cand.id else None, event.time_unix_ns,
+                                       event.SerializeToString()))
+        self.db.execute("DELETE FROM held WHERE id=?", (event.id,))
+        if cur.rowcount:
+            self._materialise(event, kind, cand)
+            if cand is not None and cand.id:
+                self._release(event.campaign_id, cand.id)
         return bool(cur.rowcount)
+
+    def _waits_for(self, event: pb.Event, kind: str) -> tuple[str, str] | None:
+        """(candidate, why) when `event` is a result whose chain is not archived yet; None when it may go in."""
+        if kind not in AWAITS:
+            return None
+        cand_id = event.comparison.candidate_id if kind == "comparison" else event.measured.candidate.id
+        have = {k for (k,) in self.db.execute("SELECT DISTINCT kind FROM events WHERE campaign=? AND candidate=?",
+                                              (event.campaign_id, cand_id))}
+        missing = trust.missing_links(have) if kind == "measured" else [k for k in ("measured",) if k not in have]
+        if not missing:
+            return None
+        return cand_id, f"waits for {', '.join(missing)} of candidate {cand_id[:16]}"
+
+    def _release(self, campaign: str, candidate: str) -> None:
+        """Archive the results held for this candidate whose chain is now whole."""
+        for (payload,) in self.db.execute("SELECT payload FROM held WHERE campaign=? AND candidate=?",
+                                          (campaign, candidate)).fetchall():
+            self._record(pb.Event.FromString(payload))
+
+    def refuse(self, reason: str, subject: str = "", stream_seq: int = 0, data: bytes = b"") -> None:
+        """Keep a message of the events stream that was refused before it decoded (events.decode_event)."""
+        with self.lock:
+            self._refuse(reason, subject=subject, stream_seq=stream_seq, data=data)
+
+    def _refuse(self, reason: str, subject: str = "", stream_seq: int = 0, data: bytes = b"",
+                event: pb.Event | None = None) -> None:
+        if event is not None:
+            data = event.SerializeToString()
+        self.db.execute("INSERT INTO refused (subject, stream_seq, event_id, campaign, kind, producer, reason, head, "
+                        "time_ns) VALUES (?,?,?,?,?,?,?,?,?)",
+                        (subject[:300], stream_seq, event.id[:300] if event else "",
+                         event.campaign_id[:100] if event else "", ev.kind_of(event) if event else "",
+                         event.producer[:100] if event else "", reason[:2000], data[:REFUSED_HEAD_BYTES],
+                         time.time_ns()))
+
+    def refused(self) -> list[tuple[str, str, str, str]]:
+        """Every refused message: (subject, event id, kind, reason), oldest first."""
+        return self.q("SELECT subject, event_id, kind, reason FROM refused ORDER BY seq")
+
+    def held(self, campaign: str) -> list[tuple[str, str]]:
+        """The results of a campaign held back for want of their chain: (event id, what each waits for)."""
+        return self.q("SELECT id, reason FROM held WHERE campaign=? ORDER BY id", (campaign,))
 
     def _materialise(self, event: pb.Event, kind: str, cand: pb.Candidate | None) -> None:
         c, t = event.campaign_id, event.time_unix_ns

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
+from kfactory import trust
 from kfactory.deadletters import DeadLetterRecord, NotReplayable, finished_reason, work_of
 from kfactory.services.planner.coders import TEMPLATE, CoderLedger
 from kfactory.stats import significant
@@ -70,6 +71,15 @@ class CampaignState:
     resend_requests: dict[int, pb.ResendRequested] = field(default_factory=dict)
     #: points whose dead letter's work was sent back and is out again: point id -> DLQ sequence
     resent: dict[str, int] = field(default_factory=dict)
+    #: candidates whose verification (by the verifier) this planner has seen: the chain a measurement ends
+    verified: set[str] = field(default_factory=set)
+    #: when the campaign finished (its CampaignFinished's time), None while it runs
+    finished_wall: float | None = None
+    #: why the campaign cannot run although it was started ("" when it can): its problem does not load here
+    #: (a package moved or deleted since), ...; the planner fails it with this reason instead of resuming it
+    broken: str = ""
+    #: this planner drives the campaign now: it alone ends it, and a CampaignFinished from anyone else is refused
+    driven: bool = False
 
     def __post_init__(self):
         self.strategy = None
@@ -93,16 +103,44 @@ class CampaignState:
         self.changed.set()
 
     # -- folding events -----------------------------------------------------------------------
-    def apply(self, event: pb.Event) -> None:
-        """Fold one event in; applying the same event twice changes nothing."""
+    def apply(self, event: pb.Event, own: bool = False) -> str:
+        """Fold one event in; applying the same event twice changes nothing. Returns why the event was refused
+        ("" when it was folded in): an event that cannot be believed (kfactory/trust.py) changes nothing, and
+        its id stays free for the real event. `own`: the planner applies an event it is about to publish."""
         if event.id in self.seen_events:
-            return
-        self.seen_events.add(event.id)
+            return ""
         kind = ev.kind_of(event)
+        if why := self.refusal(event, kind, own):
+            return why
+        self.seen_events.add(event.id)
         if kind == "point_proposed":
             self.proposals[event.point_proposed.point_id] = event
+        elif kind == "campaign_started":
+            self.started_wall = event.time_unix_ns / 1e9 or self.started_wall
+        elif kind == "campaign_finished":
+            self.finished_wall = event.time_unix_ns / 1e9 or time.time()
         getattr(self, f"_on_{kind}", lambda e: None)(getattr(event, kind))
         self.changed.set()
+        return ""
+
+    def refusal(self, event: pb.Event, kind: str, own: bool = False) -> str:
+        """Why `event` cannot be folded in ("" when it can): a body that cannot be believed, a result whose
+        evidence chain this planner has not seen in order, or an end of a campaign this planner drives that it
+        did not publish itself (it applies its own before publishing them)."""
+        if flaw := trust.body_flaw(event):
+            return flaw
+        cand = ev.candidate_of(event)
+        if kind == "compiled" and cand.id not in self.candidates:
+            return f"compiled: candidate {cand.id[:16]} was never created in campaign {self.id}"
+        if kind == "verified" and cand.id not in self.artifacts:
+            return f"verified: candidate {cand.id[:16]} was never compiled in campaign {self.id}"
+        if kind == "measured" and cand.id not in self.verified:
+            return f"measured: candidate {cand.id[:16]} was never verified in campaign {self.id}"
+        if kind == "comparison" and event.comparison.candidate_id not in self.measured:
+            return f"comparison: candidate {event.comparison.candidate_id[:16]} was never measured in {self.id}"
+        if kind == "campaign_finished" and self.driven and not own and self.finished is None:
+            return f"campaign_finished: campaign {self.id} is driven by this planner, which did not end it"
+        return ""
 
     def _on_campaign_started(self, m: pb.CampaignStarted) -> None:
         self.device.CopyFrom(m.device)
@@ -145,6 +183,7 @@ class CampaignState:
 
     def _on_verified(self, m: pb.Verified) -> None:
         self.counts.verified += 1
+        self.verified.add(m.candidate.id)
         self.coders.on_verified(m)
 
     def _on_rejected(self, m: pb.Rejected) -> None:
@@ -305,7 +344,9 @@ class CampaignState:
         return self.finished.counts, self.measured.get(self.finished.best_candidate_id)
 
     def elapsed(self) -> float:
-        return time.time() - self.started_wall
+        """Seconds since the campaign started (its CampaignStarted's time, so a restarted planner keeps its
+        clock), up to when it finished."""
+        return (self.finished_wall or time.time()) - self.started_wall
 
     def coder_summary(self) -> dict:
         """The summary's coder sections: per arm (yields), per agent persona, and the agents' token use."""
@@ -334,7 +375,8 @@ class CampaignState:
         return self.finished.state if self.finished else "running"
 
     def summary(self, problem) -> dict:
-        """The campaign summary (the CLI's --json output, less what only the CLI knows)."""
+        """The campaign summary (the CLI's --json output, less what only the CLI knows); `problem` is None when
+        it no longer loads."""
         best = self.best()
         out = {"campaign_id": self.id, "problem": self.spec.problem, "target": self.spec.target,
                "device": self.device.model, "strategy": self.spec.strategy,
@@ -345,7 +387,9 @@ class CampaignState:
         if best is None:
             return out
         cand = best.candidate
-        primary = problem.shape_str(problem.shapes("optimize")[0])
+        # without its problem (a package gone since the campaign ran), the first timed shape is the primary one
+        primary = problem.shape_str(problem.shapes("optimize")[0]) if problem is not None else \
+            (best.timings[0].shape if best.timings else "")
         shapes = {}
         for t in best.timings:
             comp = self.comparisons.get(t.shape)

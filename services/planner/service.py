@@ -15,11 +15,12 @@ import grpc
 
 from kfactory import deadletters
 from kfactory import events as ev
-from kfactory import security, telemetry
+from kfactory import security, telemetry, trust
 from kfactory.bus import EVENTS_STREAM, ack_quietly
 from kfactory.grpcutil import start_server
 from kfactory.problems import ProblemError
 from kfactory.service import Service
+from kfactory.spec_ranges import spec_errors
 from kfactory.strategies import KNOWN as STRATEGIES, Space
 from kfactory.targets import UnknownTarget
 from kfactory.targets.nvml import NvmlUnavailable
@@ -54,6 +55,8 @@ class PlannerService(Service):
         self._stray_resends: set[tuple[str, int]] = set()
         self._resend_lock = asyncio.Lock()
         self._answering: set[asyncio.Task] = set()
+        #: events on the stream this planner refused to fold in (kfactory/trust.py), since it started
+        self.refused = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.grpc_addr:
@@ -76,7 +79,7 @@ class PlannerService(Service):
         async for event, msg in self.bus.follow(None, stop=stop):
             t0 = time.perf_counter()
             with telemetry.consumer_span(self.name, msg.subject, msg.headers, event):
-                self._apply(event)
+                self._fold(event)
             if self.caught_up.is_set() and event.HasField("resend_requested"):
                 self._answer_later(event.campaign_id, event.resend_requested.dlq_seq)
             self.handled += 1
@@ -84,6 +87,29 @@ class PlannerService(Service):
             self.cost["handler"] += time.perf_counter() - t0
             if not self.caught_up.is_set() and msg.metadata.sequence.stream >= last:
                 self._caught_up()
+
+    def _fold(self, event: pb.Event) -> None:
+        """Apply one event of the stream. No event may stop the fold: a restarted planner replays the stream
+        and would meet the same event at every start, so the planner could never run again."""
+        try:
+            self._apply(event)
+        except Exception as e:  # noqa: BLE001 (any bug folding one event fails its campaign, never the planner)
+            self.log.exception("folding an event failed", event_id=event.id[:120])
+            st = self.campaigns.get(event.campaign_id)
+            if st is not None and not st.broken:
+                st.broken = f"planner error folding event {event.id[:120]}: {type(e).__name__}: {e}"
+                self._fail_broken(st)
+
+    def _fail_broken(self, st: CampaignState) -> None:
+        """Fail an unfinished campaign that cannot run (st.broken), once this planner has caught up: during
+        the replay a later event of the stream may still show it finished."""
+        if not self.caught_up.is_set() or st.finished is not None or st.driven:
+            if st.driven:  # its driving task fails it at its next step
+                st.changed.set()
+            return
+        st.driven = True
+        self.log.error("campaign failed", campaign=st.id, reason=st.broken)
+        self.loops[st.id] = asyncio.create_task(self._finish(st, state="failed", reason=st.broken))
 
     def _caught_up(self) -> None:
         self.caught_up.set()
@@ -93,8 +119,11 @@ class PlannerService(Service):
         for cid, st in self.campaigns.items():
             for seq in sorted(st.resend_requests):
                 self._answer_later(cid, seq)
-            if st.finished is None and cid not in self.loops:
+            if st.finished is None and st.broken:
+                self._fail_broken(st)
+            elif st.finished is None and cid not in self.loops:
                 self.log.info("resuming campaign", campaign=cid)
+                st.driven = True
                 self.loops[cid] = asyncio.create_task(self._resume(st))
 
     async def _resume(self, st: CampaignState) -> None:
@@ -113,13 +142,16 @@ class PlannerService(Service):
     def _apply(self, event: pb.Event) -> None:
         cid = event.campaign_id
         if event.HasField("campaign_started") and cid not in self.campaigns:
-            spec = event.campaign_started.spec
-            self.campaigns[cid] = CampaignState(cid, spec, pb.DeviceInfo(), self._space(spec))
-            self.campaigns[cid].agent_note = coders.agent_note(spec, self.settings)
-            self.campaigns[cid].token_seconds = self.settings.llm_token_seconds
+            if why := trust.body_flaw(event):
+                self._refuse(event, why)
+                return
+            self.campaigns[cid] = self._new_state(cid, event.campaign_started.spec)
+            if self.campaigns[cid].broken:
+                self._fail_broken(self.campaigns[cid])
         st = self.campaigns.get(cid)
         if st is not None:
-            st.apply(event)
+            if why := st.apply(event):
+                self._refuse(event, why)
         elif event.HasField("resend_requested"):
             self._stray_resends.add((cid, event.resend_requested.dlq_seq))
         elif event.HasField("resend_answered"):
@@ -158,6 +190,29 @@ class PlannerService(Service):
                 await deadletters.send_back(self.bus, record)
                 self.log.info("dead letter sent back", campaign=cid, seq=seq, point=answer.point_id)
 
+    def _refuse(self, event: pb.Event, why: str) -> None:
+        self.refused += 1
+        self.log.warning("refused an event", event_id=event.id[:120], producer=event.producer[:40], why=why)
+
+    def _new_state(self, cid: str, spec: pb.CampaignSpec) -> CampaignState:
+        """A started campaign's state. One whose problem no longer loads here (a package moved or deleted since
+        it was submitted, or a name no planner knows) is `broken`: it is failed with the reason, not driven."""
+        try:
+            space, broken = self._space(spec), ""
+        except ProblemError as e:
+            space, broken = None, f"its problem cannot be loaded: {e}"
+        st = CampaignState(cid, spec, pb.DeviceInfo(), space, broken=broken)
+        st.agent_note = coders.agent_note(spec, self.settings)
+        st.token_seconds = self.settings.llm_token_seconds
+        return st
+
+    def _problem_or_none(self, st: CampaignState):
+        """The campaign's problem, or None when it no longer loads (its summary then names no problem shapes)."""
+        try:
+            return self.ctx.problem(st.spec.problem)
+        except ProblemError:
+            return None
+
     def _space(self, spec: pb.CampaignSpec) -> Space | None:
         problem = self.ctx.problem(spec.problem)
         fams = [f for f in problem.families_for(spec.target.split(":")[0])
@@ -167,6 +222,8 @@ class PlannerService(Service):
     # -- submitting ----------------------------------------------------------------------------
     def validate(self, spec: pb.CampaignSpec) -> pb.CampaignSpec:
         """Fill defaults and refuse what cannot run, naming the field."""
+        if wrong := spec_errors(spec):
+            raise SpecError("; ".join(wrong))
         try:
             problem = self.ctx.problem(spec.problem)
         except ProblemError as e:
@@ -219,6 +276,7 @@ class PlannerService(Service):
         started = ev.make_event(cid, self.name, "start",
                                 campaign_started=pb.CampaignStarted(spec=spec, device=device, priors=priors))
         self._apply(started)
+        self.campaigns[cid].driven = True
         with telemetry.root_span(f"{self.name} start", **{"kf.campaign": cid}):
             await self.bus.publish(started)
         self.loops[cid] = asyncio.create_task(self._drive(self.campaigns[cid]))
@@ -267,15 +325,16 @@ class PlannerService(Service):
         try:
             await self._propose_fixed(st)
             await self._search(st)
-            if st.strategy_error:
-                self.log.error("campaign failed", campaign=st.id, reason=st.strategy_error)
-                await self._finish(st, state="failed", reason=st.strategy_error)
-                return
-            await self._wait_in_flight(st)
-            await self._compare(st)
-            while st.in_flight() and not self._finishing(st):  # work sent back from its dead letter meanwhile
+            if not (st.broken or st.strategy_error):
                 await self._wait_in_flight(st)
                 await self._compare(st)
+                while st.in_flight() and not self._finishing(st):  # work sent back from its dead letter meanwhile
+                    await self._wait_in_flight(st)
+                    await self._compare(st)
+            if failed := st.broken or st.strategy_error:  # broken may be set while it waited
+                self.log.error("campaign failed", campaign=st.id, reason=failed)
+                await self._finish(st, state="failed", reason=failed)
+                return
             await self._finish(st)
         except asyncio.CancelledError:
             raise
@@ -290,12 +349,14 @@ class PlannerService(Service):
         """Why the campaign ends without waiting for work in flight ("" when it waits for it)."""
         if st.cancelled:
             return f"cancelled: {st.cancelled}"
+        if st.broken:
+            return st.broken
         if st.strategy_error:
             return "its search strategy failed"
         return "its time budget is spent" if self._expired(st) else ""
 
     def _budget_left(self, st: CampaignState) -> bool:
-        if st.cancelled or self._expired(st):
+        if st.cancelled or st.broken or self._expired(st):
             return False
         return not st.spec.budget_candidates or st.search_proposed() < st.spec.budget_candidates
 
@@ -387,7 +448,7 @@ class PlannerService(Service):
 
     async def _wait_in_flight(self, st: CampaignState) -> None:
         limit = (st.spec.budget_seconds + GRACE_S) if st.spec.budget_seconds else None
-        while st.in_flight() and not st.cancelled:
+        while st.in_flight() and not (st.cancelled or st.broken):
             if limit and st.elapsed() > limit:
                 self.log.warning("giving up on in-flight points", campaign=st.id, in_flight=st.in_flight())
                 return
@@ -410,7 +471,7 @@ class PlannerService(Service):
         want = {problem.shape_str(s) for s in problem.shapes("optimize")}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMPARE_WAIT_S
-        while loop.time() < deadline and not st.cancelled and not want <= {
+        while loop.time() < deadline and not (st.cancelled or st.broken) and not want <= {
                 shape for shape, c in st.comparisons.items() if c.candidate_id == best.candidate.id}:
             await self._wait_change(st)
 
@@ -421,12 +482,12 @@ class PlannerService(Service):
             state = "cancelled" if st.cancelled else "expired" if self._expired(st) and st.in_flight() else "completed"
             reason = st.cancelled or reason
         best = st.best()
-        problem = self.ctx.problem(st.spec.problem)
+        problem = self._problem_or_none(st)
         fin = pb.CampaignFinished(state=state, reason=reason, counts=st.counts,
                                   best_candidate_id=best.candidate.id if best else "",
                                   summary_json=json.dumps(st.summary(problem)))
         event = ev.make_event(st.id, self.name, "finish", campaign_finished=fin)
-        st.apply(event)
+        st.apply(event, own=True)
         with telemetry.root_span(f"{self.name} finish", **{"kf.campaign": st.id, "kf.state": state}):
             await self.bus.publish(event)
         self.log.info("campaign finished", campaign=st.id, state=state, counts=str(st.counts).replace("\n", " "))
