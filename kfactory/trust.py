@@ -113,10 +113,25 @@ def finish_flaw(f: pb.CampaignFinished) -> str:
     return ""
 
 
+#: the keys of the events a campaign has one of (events.make_event's `<campaign>:<kind>:<key>` ids)
+ONLY_KEYS = {"campaign_started": "start", "campaign_finished": "finish"}
+
+
+def id_flaw(event: pb.Event) -> str:
+    """Why the event's id is not one a service makes (events.make_event) ("" when it is): `<campaign>:<kind>:`
+    and a key, the fixed one for a campaign's start and end."""
+    kind = ev.kind_of(event)
+    key = ONLY_KEYS.get(kind)
+    want = f"{event.campaign_id}:{kind}:{key or ''}"
+    if event.id == want if key else event.id.startswith(want) and len(event.id) > len(want):
+        return ""
+    return f"event id {event.id[:120]!r} is not {want}{'' if key else '<key>'}"
+
+
 def body_flaw(event: pb.Event) -> str:
-    """Why the event's own content cannot be believed, whatever came before it ("" when it can): its producer,
-    and the figures of the kinds that carry them."""
-    if flaw := producer_flaw(event):
+    """Why the event's own content cannot be believed, whatever came before it ("" when it can): its id, its
+    producer, and the figures of the kinds that carry them."""
+    if flaw := id_flaw(event) or producer_flaw(event):
         return flaw
     kind = ev.kind_of(event)
     if kind == "measured":

@@ -169,6 +169,90 @@ def test_poison_messages_are_dead_lettered_with_their_reason(rig):
     assert _counts_in_archive(plant, cid)["dead_letter"] == 3  # memory archived each one, once
 
 
+def test_poison_and_forged_events_stop_neither_the_planner_nor_memory(rig):
+    """Mid-campaign, on the events stream: 0 bytes, a bodiless event, an event of a kind no schema knows, a
+    CampaignStarted naming a problem that does not exist, a forged end of the live campaign and a forged
+    measurement with no evidence chain. Then the planner is killed, so that its replay meets them all again.
+    The campaign completes with its real counts, the missing problem's campaign is failed with the reason, and
+    the archive holds none of them among its events (memory keeps them in its `refused` table)."""
+    plant, nats_srv, _, space = rig
+    cid = plant.submit(_spec(space))
+    _mid_campaign(plant, cid, measured=1)
+    missing = asyncio.run(_poison_events(nats_srv.url, cid))
+    plant.kill("planner")
+    time.sleep(0.3)
+    plant.start("planner")
+    kinds = _finish_and_check(plant, cid)
+    assert plant.status(cid).counts.proposed == BUDGET and kinds.get("campaign_finished") == 1
+    broken = plant.wait_finished(missing, timeout=30)
+    assert broken.state == "failed", broken
+    plant.wait_archived(missing)
+    plant.assert_alive()
+    arch = plant.archive()
+    try:
+        (payload,), = arch.q("SELECT payload FROM events WHERE campaign=? AND kind='campaign_finished'", (missing,))
+        reason = pb.Event.FromString(payload).campaign_finished.reason
+        assert "its problem cannot be loaded" in reason and "no-such-problem" in reason, reason
+        assert not arch.q("SELECT id FROM events WHERE kind='' OR id LIKE '%forged%' OR candidate=?", ("9" * 64,))
+        refused = [why for _, _, _, why in arch.refused()]
+        assert sum("no body" in why for why in refused) >= 3, refused  # 0 bytes, bodiless, unknown kind
+        assert any("is not " + f"{cid}:campaign_finished:finish" in why for why in refused), refused
+        assert [w for _, w in arch.held(cid)] == [f"waits for candidate_created, compiled, verified of candidate "
+                                                   f"{'9' * 16}"]
+    finally:
+        arch.close()
+
+
+async def _poison_events(nats_url: str, cid: str) -> str:
+    """Publish the poison and forged events of the test above; returns the id of the campaign whose problem does
+    not exist."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    try:
+        finding = ev.event_subject("finding", cid)
+        await js.publish(finding, b"", headers={"Nats-Msg-Id": f"poison-empty-{cid}"})
+        await js.publish(finding, pb.Event(id=f"{cid}:x:1", campaign_id=cid).SerializeToString())
+        # field 99, length-delimited: a body of a kind that no version of the schema has
+        await js.publish(finding, pb.Event(id=f"{cid}:x:2", campaign_id=cid).SerializeToString() + b"\x9a\x06\x02hi")
+        missing = f"{cid}x"
+        spec = pb.CampaignSpec(problem="/no-such-problem/anywhere", target="cpu", budget_candidates=3, seed=1)
+        await js.publish(ev.event_subject("campaign_started", missing), ev.make_event(
+            missing, "planner", "start", campaign_started=pb.CampaignStarted(spec=spec)).SerializeToString())
+        forged_end = ev.make_event(cid, "planner", "forged", campaign_finished=pb.CampaignFinished(
+            state="completed", counts=pb.Counts(proposed=1, measured=1_000_000_000)))
+        await js.publish(ev.event_subject("campaign_finished", cid), forged_end.SerializeToString())
+        fake = pb.Candidate(id="9" * 64, campaign_id=cid, point_id="forged", target="replay")
+        forged = ev.make_event(cid, "benchmarker", fake.id, measured=pb.Measured(
+            candidate=fake, score_s=1e-3, timings=[pb.ShapeTiming(shape="x", median_s=1e-3, samples=3)]))
+        await js.publish(ev.event_subject("measured", cid), forged.SerializeToString())
+        return missing
+    finally:
+        await nc.close()
+
+
+def test_a_time_budget_survives_a_restart_of_the_planner(rig):
+    """The campaign clock is its CampaignStarted's: a planner killed 4 s into a 6 s campaign and restarted
+    resumes 4 s in, not at 0 (it used to end the campaign a whole budget after the restart)."""
+    plant, _, _, space = rig
+    spec = _spec(space, budget=0)
+    spec.budget_seconds = 6.0
+    cid = plant.submit(spec)
+    time.sleep(4.0)
+    before = plant.status(cid).elapsed_s
+    plant.kill("planner")
+    time.sleep(0.3)
+    plant.start("planner")
+    after = plant.wait(cid, lambda s: True, what="the restarted planner").elapsed_s
+    assert after >= before, (before, after)
+    done = plant.wait_finished(cid, timeout=90)
+    assert done.state in ("completed", "expired"), done
+    # the budget counts from the submit: finished 6 s in plus what was in flight (GRACE_S at most), and the
+    # status of the finished campaign keeps its end time
+    assert 6.0 <= done.elapsed_s < 6.0 + 60, done.elapsed_s
+    time.sleep(1.0)
+    assert plant.status(cid).elapsed_s == done.elapsed_s
+
+
 def test_work_sent_back_from_the_dead_letters_mid_campaign_ends_in_its_campaign_once(rig):
     """A benchmarker lock left held (as by a worker that died with a long lease) dead-letters a real candidate
     after max_deliver busy deliveries. The planner is paused meanwhile (SIGSTOP), so that it proposes no more and

@@ -119,8 +119,10 @@ def test_a_forged_end_does_not_end_a_campaign_the_planner_drives():
         pb.CampaignFinished(state="completed", counts=pb.Counts(proposed=-1)))))
     own = ev.make_event(CID, "planner", "finish", campaign_finished=pb.CampaignFinished(state="completed"))
     assert st.apply(own, own=True) == "" and st.state_name() == "completed"
-    # replaying the stream (not driving yet), the planner believes the end it once published
+    # replaying the stream (not driving yet), the planner believes the end it once published, and only that
     replayed = _state()
+    other = ev.make_event(CID, "planner", "forged", campaign_finished=pb.CampaignFinished(state="completed"))
+    assert "is not c1:campaign_finished:finish" in replayed.apply(other) and replayed.finished is None
     assert replayed.apply(own) == "" and replayed.state_name() == "completed"
 
 
