@@ -115,7 +115,7 @@ def test_a_forged_end_does_not_end_a_campaign_the_planner_drives():
         state="completed", counts=pb.Counts(proposed=5, measured=1_000_000_000)))
     assert "driven by this planner" in st.apply(forged)
     assert st.finished is None and st.state_name() == "running"
-    assert "negative counts: proposed" in st.apply(ev.make_event(CID, "planner", "x", campaign_finished=(
+    assert "negative counts: proposed" in st.apply(ev.make_event(CID, "planner", "finish", campaign_finished=(
         pb.CampaignFinished(state="completed", counts=pb.Counts(proposed=-1)))))
     own = ev.make_event(CID, "planner", "finish", campaign_finished=pb.CampaignFinished(state="completed"))
     assert st.apply(own, own=True) == "" and st.state_name() == "completed"
