@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import platform
-import shlex
 import subprocess
 import tempfile
 import time
@@ -14,6 +13,7 @@ import numpy as np
 from kfactory.runner import Runner, ShmBuffers
 from kfactory.targets.ceiling import ceilings
 from kfactory.targets.cpu_rules import check_imports, check_source
+from kfactory.targets.flags import FlagRefused, check_flags
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
 from kfactory.targets.shm_args import build_argset, sequence_results, set_bytes, stage_steps
 from kfactory.v1 import events_pb2 as pb
@@ -69,10 +69,16 @@ class CpuTarget(Target):
         return 2 * _llc_bytes()
 
     def compile(self, source: str, language: str, flags: str, entry: str) -> CompileResult:
-        """cc -shared -fPIC FLAGS; a failure is a typed result carrying the compiler's log."""
+        """cc -shared -fPIC FLAGS; a failure is a typed result carrying the compiler's log. Flags off the whitelist
+        (kfactory.targets.flags) are a STATIC_CHECK failure and cc is never run: a flag such as -wrapper or -B
+        would run a program of the caller's choosing here."""
         if language not in LANG_FLAG:
             return CompileResult(False, pb.CompileReport(compiler=self.settings.cc), reason=pb.COMPILE_ERROR,
                                  message=f"the cpu target compiles c or cpp, not {language!r}")
+        try:
+            words = check_flags("cpu", flags)
+        except FlagRefused as exc:
+            return _refused([exc], pb.CompileReport(compiler=self.settings.cc), "flag")
         violations = check_source(source)
         if violations:
             return _refused(violations, pb.CompileReport(compiler=self.settings.cc), "source")
@@ -81,7 +87,7 @@ class CpuTarget(Target):
             src.write_text(source)
             # -z defs: an object that could not be loaded (an unresolved symbol) fails here, typed, not in
             # the runner; -lm also brings glibc's libmvec for loops vectorised over expf
-            cmd = [self.settings.cc, "-x", LANG_FLAG[language], "-shared", "-fPIC", *shlex.split(flags),
+            cmd = [self.settings.cc, "-x", LANG_FLAG[language], "-shared", "-fPIC", *words,
                    "-o", str(out), str(src), "-x", "none", "-Wl,-z,defs", "-lm"]
             t0 = time.perf_counter()
             try:

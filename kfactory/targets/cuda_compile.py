@@ -8,6 +8,11 @@ One path for both languages: CUDA C++ is compiled by NVRTC to PTX for the virtua
 sm_90a), and that PTX goes into nvJitLink exactly as a hand-written PTX candidate does. PTX rather than LTO-IR because
 PTX from an NVRTC of one version is accepted by any nvJitLink at least as new (LTO-IR ties the two more tightly), it
 is text we can read, and the two languages then share one link, one log format and one failure table.
+
+A candidate's flags pass kfactory.targets.flags' cuda whitelist before anything else (compile_cuda refuses them
+before the cache or the toolchain is touched, and candidate_flags, which every NVRTC and nvJitLink option list is
+built from, checks them again): -I/--include-path and -include/--pre-include would read the compiler pod's files
+into a kernel, --time=/--fdevice-time-trace= would write files there. A refused flag is a STATIC_CHECK result.
 """
 from __future__ import annotations
 
@@ -16,7 +21,6 @@ import importlib
 import json
 import os
 import re
-import shlex
 import struct
 import tempfile
 import time
@@ -27,6 +31,7 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from kfactory.targets.base import CompileResult
+from kfactory.targets.flags import FlagRefused, check_flags, join_pairs
 from kfactory.v1 import events_pb2 as pb
 
 ARCHES = ("sm_80", "sm_90a", "sm_100a")
@@ -198,7 +203,9 @@ def _probe_virtual_arch(virtual: str) -> str:
 
 
 def nvrtc_options(arch: str, flags: str) -> list[str]:
-    """The NVRTC options used for CUDA C++: defaults first, then the candidate's flags (shlex split)."""
+    """The NVRTC options used for CUDA C++: defaults first, then the candidate's flags (candidate_flags; raises
+    FlagRefused for a flag off the whitelist, before the toolchain is asked anything)."""
+    candidate = candidate_flags(flags)
     opts = [
         f"-arch={_virtual_arch(arch)}",
         "--std=c++17",
@@ -208,29 +215,26 @@ def nvrtc_options(arch: str, flags: str) -> list[str]:
     ]
     header_dir = _toolchain().header_dir
     if header_dir:
-        opts.append(f"--include-path={header_dir}")
-    return opts + candidate_flags(flags)
-
-
-#: nvcc options that take their value as the next word; NVRTC and nvJitLink want them as one `-opt=value` word
-_JOINED = {"-Xptxas", "--ptxas-options", "-maxrregcount", "--maxrregcount"}
+        opts.append(f"--include-path={header_dir}")   # ours, after the candidate's flags were checked
+    return opts + candidate
 
 
 def candidate_flags(flags: str) -> list[str]:
-    """The candidate's flags as NVRTC takes them: shlex split; `-Xptxas -v` joined into `-Xptxas=-v`; -O0..-O3
-    dropped, since under nvcc they set the host compiler's level (device code is optimised by default, and NVRTC
-    rejects them as unrecognised), yet coders write `-O3` out of habit."""
-    words, out = shlex.split(flags), []
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word in _JOINED and i + 1 < len(words):
-            out.append(f"{word}={words[i + 1]}")
-            i += 2
+    """The candidate's flags as NVRTC takes them: checked against the cuda whitelist (raises FlagRefused);
+    two-word forms joined into one word (`-Xptxas -v` -> `-Xptxas=-v`, `-maxrregcount 64` -> `-maxrregcount=64`,
+    `-D BLOCK=16` -> `-DBLOCK=16`: NVRTC and nvJitLink take one option per word); nvcc's comma lists split
+    (`-Xptxas -v,-O3` -> `-Xptxas=-v`, `-Xptxas=-O3`: nvJitLink hands `v,-O3` to ptxas whole, which refuses it);
+    -O0..-O3 dropped, since under nvcc they set the host compiler's level (device code is optimised by default,
+    and NVRTC rejects them as unrecognised), yet coders write `-O3` out of habit."""
+    out = []
+    for word in join_pairs("cuda", check_flags("cuda", flags)):
+        if re.fullmatch(r"-O[0-3]", word):
             continue
-        if not re.fullmatch(r"-O[0-3]", word):
+        if word.startswith(("-Xptxas=", "--ptxas-options=")):
+            name, values = word.split("=", 1)
+            out += [f"{name}={value}" for value in values.split(",")]
+        else:
             out.append(word)
-        i += 1
     return out
 
 
@@ -511,10 +515,18 @@ def _missing_entry(cubin: bytes, entry: str) -> str:
 def compile_cuda(source: str, language: str, flags: str, entry: str, arch: str,
                  cache_dir: Path | None) -> CompileResult:
     """Compile a candidate to a cubin for `arch` ('sm_90a'): language 'cuda' (CUDA C++ through NVRTC to PTX, then
-    nvJitLink) or 'ptx' (straight into nvJitLink). `flags` are extra NVRTC options (shlex split); `entry` must be an
+    nvJitLink) or 'ptx' (straight into nvJitLink). `flags` are extra NVRTC options (shlex split, on the cuda
+    whitelist of kfactory.targets.flags, else STATIC_CHECK without touching the toolchain); `entry` must be an
     extern "C" kernel in the cubin. A bad candidate or architecture is a typed result (COMPILE_ERROR,
-    RESOURCE_LIMIT, UNSUPPORTED_ARCH) with the compiler's message; only CudaToolchainMissing is raised.
+    RESOURCE_LIMIT, UNSUPPORTED_ARCH, STATIC_CHECK) with the compiler's message; only CudaToolchainMissing is
+    raised.
     With a cache_dir, results are content-addressed there and a hit does not compile."""
+    try:
+        check_flags("cuda", flags)
+    except FlagRefused as exc:
+        # before the cache, so an entry written before a flag was refused is never served, and before the toolchain
+        report = pb.CompileReport(compiler=f"nvrtc -arch={arch}", arch=arch)
+        return _flag_refused(report, time.perf_counter(), "", exc)
     compiler = f"{toolchain_description()} -arch={arch}"
     key = cache_key(source, language, flags, entry, arch)
     if cache_dir is not None and (hit := _cache_load(Path(cache_dir), key)) is not None:
@@ -541,8 +553,8 @@ def _compile(source: str, language: str, flags: str, entry: str, arch: str, comp
     if language == "cuda":
         try:
             options = nvrtc_options(arch, flags)
-        except ValueError as exc:   # shlex: an unclosed quote
-            return _failed(report, t0, "", pb.COMPILE_ERROR, f"unreadable flags {flags!r}: {exc}")
+        except FlagRefused as exc:   # off the whitelist, or unsplittable (an unclosed quote)
+            return _flag_refused(report, t0, "", exc)
         ok, nvrtc_log, ptx = _nvrtc_ptx(source, options)
         if not ok:
             return _failed(report, t0, nvrtc_log, classify_log(nvrtc_log), f"nvrtc: {first_error(nvrtc_log)}")
@@ -554,8 +566,8 @@ def _compile(source: str, language: str, flags: str, entry: str, arch: str, comp
 def _link_step(report, t0, nvrtc_log: str, ptx: bytes, arch: str, flags: str, entry: str) -> CompileResult:
     try:
         options = link_options(arch, flags)
-    except ValueError as exc:
-        return _failed(report, t0, nvrtc_log, pb.COMPILE_ERROR, f"unreadable flags {flags!r}: {exc}")
+    except FlagRefused as exc:
+        return _flag_refused(report, t0, nvrtc_log, exc)
     link = _nvjitlink(ptx, options)
     log = "\n".join(part for part in (nvrtc_log.strip(), link.error_log.strip(), link.info_log.strip()) if part)
     if not link.ok:
@@ -579,6 +591,11 @@ def _finish(report: pb.CompileReport, t0: float, log: str) -> None:
 def _failed(report: pb.CompileReport, t0: float, log: str, reason: int, message: str) -> CompileResult:
     _finish(report, t0, log)
     return CompileResult(False, report, log=log, reason=reason, message=message)
+
+
+def _flag_refused(report: pb.CompileReport, t0: float, log: str, exc: FlagRefused) -> CompileResult:
+    """A flag off the cuda whitelist: STATIC_CHECK, as the cpu target and the agents' checks name it."""
+    return _failed(report, t0, log, pb.STATIC_CHECK, f"the flag breaks a sandbox rule: {exc}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
