@@ -15,6 +15,7 @@ from kfactory import events as ev
 from kfactory.judge import InputPool, RegressionInput, available_baselines, measure, verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
+from kfactory.targets.flags import FLAG_TARGETS, check_flags
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -59,6 +60,8 @@ def check(problem_name: str, target_spec: str, source: str, flags: str, settings
     """The verdict on one kernel as a JSON-ready dict (see the README for its fields)."""
     problem = load_problem(problem_name)
     target = get_target(target_spec, settings)
+    if target.name in FLAG_TARGETS:
+        check_flags(target.name, flags)  # FlagRefused is a ValueError: `kfactory check` prints it and exits 2
     threads = settings.threads
     entry = "kernel"
     launch_json = json.dumps(launch, sort_keys=True) if launch else ""

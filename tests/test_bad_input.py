@@ -124,6 +124,9 @@ async def test_submit_refuses_malformed_specs_naming_the_field(bus_settings, spa
             "budget_seconds (--seconds): inf is out of range": _spec(space, budget_candidates=0,
                                                                      budget_seconds=float("inf")),
             "warm_start (--warm): -1 is out of range": _spec(space, warm_start=-1),
+            "manual_sources[evil].compile_flags: flag '-wrapper'": _spec(
+                space, target="cpu", problem="softmax", manual_sources=[pb.ManualSource(
+                    name="evil", source="void kernel(void) {}", compile_flags="-O2 -wrapper /bin/sh,-c,touch")]),
             "budget: give a candidate count": _spec(space, budget_candidates=0),
             "families: ['nope']": _spec(space, families=["nope"]),
             "manual_sources[huge]: 2000 bytes, over the 1024-byte limit": _spec(

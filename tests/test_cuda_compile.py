@@ -189,9 +189,9 @@ def test_bad_ptx_is_a_compile_error():
     assert "ERROR_PTX_COMPILE" in r.message and "foo" in r.log
 
 
-def test_unknown_flag_is_a_compile_error():
+def test_unknown_flag_is_refused_before_the_compiler():
     r = compile_cuda(TINY, "cuda", "--no-such-flag", "k", "sm_90a", None)
-    assert not r.ok and r.reason == pb.COMPILE_ERROR and "no-such-flag" in r.message
+    assert not r.ok and r.reason == pb.STATIC_CHECK and "no-such-flag" in r.message
 
 
 def test_too_much_shared_memory_is_a_resource_limit():

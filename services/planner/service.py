@@ -23,6 +23,7 @@ from kfactory.service import Service
 from kfactory.spec_ranges import spec_errors
 from kfactory.strategies import KNOWN as STRATEGIES, Space
 from kfactory.targets import UnknownTarget
+from kfactory.targets.flags import FLAG_TARGETS, FlagRefused, check_flags
 from kfactory.targets.nvml import NvmlUnavailable
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -252,6 +253,12 @@ class PlannerService(Service):
             if len(m.source.encode()) > limit:
                 raise SpecError(f"manual_sources[{m.name}]: {len(m.source.encode())} bytes, over the {limit}-byte "
                                 "limit (KFACTORY_MAX_SOURCE_BYTES)")
+            # refused here too (the compiler refuses them whatever their way in), so the client hears it at once
+            if target.name in FLAG_TARGETS:
+                try:
+                    check_flags(target.name, m.compile_flags)
+                except FlagRefused as e:
+                    raise SpecError(f"manual_sources[{m.name}].compile_flags: {e}") from e
         # the CampaignStarted event carries the whole spec and the warm start's evidence, and must fit one message
         if spec.ByteSize() > ev.MAX_EVENT_BYTES // 2:
             raise SpecError(f"manual_sources: the spec is {spec.ByteSize()} bytes in all, over half the "
