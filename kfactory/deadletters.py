@@ -17,16 +17,20 @@ import getpass
 import socket
 from dataclasses import dataclass
 
+from google.protobuf.message import DecodeError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from kfactory import events as ev
-from kfactory.bus import DLQ_STREAM, EVENTS_STREAM, Bus
+from kfactory.bus import DLQ_PAYLOAD_MAX, DLQ_STREAM, EVENTS_STREAM, Bus
+from kfactory.log import get_logger
 from kfactory.v1 import events_pb2 as pb
 
 #: how long to wait for one more stored dead letter before the listing is taken as complete
 FETCH_WAIT_S = 0.5
 #: how long `replay` waits for the planner's answer by default
 ANSWER_WAIT_S = 30.0
+
+log = get_logger("deadletters")
 
 
 class NotReplayable(ValueError):
@@ -40,15 +44,35 @@ class NoAnswer(RuntimeError):
 
 @dataclass(frozen=True)
 class DeadLetterRecord:
-    """One dead letter on the DLQ stream, and where it sits there (`seq`)."""
+    """One dead letter on the DLQ stream, and where it sits there (`seq`). `undecodable` says why an entry is no
+    dead letter bus.dead_letter wrote ("" for one that is): anyone who may publish to the DLQ subjects can put
+    other bytes there, and such an entry is listed as what it is, never sent back."""
     seq: int
     campaign_id: str
     letter: pb.DeadLetter
+    undecodable: str = ""
 
     @classmethod
-    def of(cls, seq: int, data: bytes) -> DeadLetterRecord:
-        event = pb.Event.FromString(data)  # written by bus.dead_letter itself
+    def of(cls, seq: int, data: bytes, subject: str = "") -> DeadLetterRecord:
+        """The record of the entry at `seq` (`subject`: where it was stored, when known)."""
+        try:
+            event = pb.Event.FromString(data)
+        except DecodeError as e:
+            return cls._undecodable(seq, data, subject, f"not a serialized kfactory.v1.Event ({e})")
+        if not event.HasField("dead_letter"):
+            return cls._undecodable(seq, data, subject, "an Event without a dead_letter body "
+                                                        f"({ev.kind_of(event) or 'no body at all'})")
         return cls(seq, event.campaign_id, event.dead_letter)
+
+    @classmethod
+    def _undecodable(cls, seq: int, data: bytes, subject: str, why: str) -> DeadLetterRecord:
+        """An entry that is no dead letter: its stage and campaign as its subject names them, its bytes kept as
+        the payload (as much as a dead letter keeps)."""
+        tokens = subject.split(".")
+        stage, campaign = (tokens[-2], tokens[-1]) if len(tokens) >= 2 else ("?", "?")
+        letter = pb.DeadLetter(stage=stage, subject=subject, reason=f"undecodable entry: {why}",
+                               payload=data[:DLQ_PAYLOAD_MAX], payload_bytes=len(data))
+        return cls(seq, campaign, letter, undecodable=why)
 
 
 def _filter(stage: str | None, campaign: str | None) -> str:
@@ -76,7 +100,7 @@ async def list_dead_letters(bus: Bus, stage: str | None = None, campaign: str | 
                             batch: int = 256) -> list[DeadLetterRecord]:
     """Every dead letter still on the DLQ stream (of one stage and/or campaign), oldest first."""
     await bus.ensure()
-    return [DeadLetterRecord.of(m.metadata.sequence.stream, m.data)
+    return [DeadLetterRecord.of(m.metadata.sequence.stream, m.data, m.subject)
             for m in await _stored(bus, _filter(stage, campaign), DLQ_STREAM, batch)]
 
 
@@ -91,6 +115,9 @@ def work_of(record: DeadLetterRecord, max_event_bytes: int) -> pb.Event:
     have a stage to go back to), whose payload was cut to fit the DLQ stream, or that could never be decoded
     (it was dead-lettered for that)."""
     letter = record.letter
+    if record.undecodable:
+        raise NotReplayable(f"dead letter {record.seq} is no dead letter the services wrote: {record.undecodable}; "
+                            "it holds no work to send back")
     if not letter.subject.startswith(f"{ev.WORK_PREFIX}."):
         raise NotReplayable(f"dead letter {record.seq} came from {letter.subject!r}, not from a work subject")
     if letter.payload_bytes > len(letter.payload):
@@ -151,9 +178,9 @@ async def _answer(bus: Bus, campaign_id: str, seq: int, wait_s: float) -> pb.Res
                 continue
             for msg in msgs:
                 await msg.ack()
-                answer = pb.Event.FromString(msg.data).resend_answered
-                if answer.dlq_seq == seq:
-                    return answer
+                event = _event(msg)
+                if event is not None and event.resend_answered.dlq_seq == seq:
+                    return event.resend_answered
     finally:
         await sub.unsubscribe()
     raise NoAnswer(f"dead letter {seq}: the planner did not answer within {wait_s:.1f} s (is it running?); the "
@@ -163,9 +190,19 @@ async def _answer(bus: Bus, campaign_id: str, seq: int, wait_s: float) -> pb.Res
 
 async def _by_seq(bus: Bus, kind: str, campaign: str | None) -> dict[int, pb.Event]:
     """The last ResendRequested or ResendAnswered (`kind`) for each dead letter, by its DLQ sequence."""
-    events = [pb.Event.FromString(m.data)
-              for m in await _stored(bus, ev.event_subject(kind, campaign or "*"), EVENTS_STREAM)]
-    return {getattr(e, kind).dlq_seq: e for e in events}
+    events = [_event(m) for m in await _stored(bus, ev.event_subject(kind, campaign or "*"), EVENTS_STREAM)]
+    return {getattr(e, kind).dlq_seq: e for e in events if e is not None}
+
+
+def _event(msg) -> pb.Event | None:
+    """The event a message of the events stream holds, or None (logged) when it holds none: something else
+    published there must not hide every request and answer after it."""
+    try:
+        return pb.Event.FromString(msg.data)
+    except DecodeError as e:
+        log.warning("undecodable message on the events stream: ignored", subject=msg.subject[:200],
+                    seq=msg.metadata.sequence.stream, error=str(e))
+        return None
 
 
 def _history(record: DeadLetterRecord, asked: dict[int, pb.Event], answered: dict[int, pb.Event]) -> str:
@@ -176,6 +213,16 @@ def _history(record: DeadLetterRecord, asked: dict[int, pb.Event], answered: dic
     if record.seq in asked:
         return "    asked for before; the planner has not answered yet"
     return ""
+
+
+def _line(record: DeadLetterRecord) -> str:
+    """A dead letter's line in the listing."""
+    if record.undecodable:
+        return (f"  #{record.seq} undecodable entry on {record.letter.subject[:200]} "
+                f"({record.letter.payload_bytes} bytes): {record.undecodable[:160]}")
+    letter = record.letter
+    reason = letter.reason.splitlines()[0][:160] if letter.reason else ""
+    return f"  #{record.seq} {letter.stage} {record.campaign_id} after {letter.deliveries} deliveries: {reason}"
 
 
 async def command(settings, stage: str | None, campaign: str | None, resend: bool, out,
@@ -195,9 +242,7 @@ async def command(settings, stage: str | None, campaign: str | None, resend: boo
         asked, answered = ({}, {}) if resend else \
             (await _by_seq(bus, "resend_requested", campaign), await _by_seq(bus, "resend_answered", campaign))
         for r in records:
-            reason = r.letter.reason.splitlines()[0][:160] if r.letter.reason else ""
-            print(f"  #{r.seq} {r.letter.stage} {r.campaign_id} after {r.letter.deliveries} deliveries: {reason}",
-                  file=out)
+            print(_line(r), file=out)
             if not resend:
                 if history := _history(r, asked, answered):
                     print(history, file=out)

@@ -1,0 +1,99 @@
+"""Bad input met by the command line and the gRPC services (issue 22, defect 8), against a real nats-server and real
+services: an undecodable entry on the DLQ stream is listed as such, a filter that is no campaign id is one line and
+exit 2, error texts quote at most a clip of megabytes of input, an unknown campaign's leaderboard says so, and work
+whose result is over the server's max_payload is dead-lettered at once with what was too large."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kfactory import events as ev
+from kfactory.app import start_services
+from kfactory.bus import Bus
+from kfactory.deadletters import NotReplayable, list_dead_letters, replay
+from kfactory.v1 import events_pb2 as pb
+from kfactory.v1 import services_pb2 as spb
+from kfactory.v1 import services_pb2_grpc as sgrpc
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bus_helpers import work  # noqa: E402
+from tuning_synth import write_spaces  # noqa: E402
+
+#: a valid point of the synthetic recorded space (tests/tuning_synth.py)
+POINT = {"block_x": 64, "block_y": 1, "tile": 2, "shmem": 1}
+
+
+@pytest.fixture
+def space(tmp_path) -> Path:
+    return write_spaces(tmp_path / "spaces", devices=("GPU0",))[0]
+
+
+def _spec(space: Path, **kw) -> pb.CampaignSpec:
+    base = dict(problem=f"replay:{space}", target=f"replay:{space}", strategy="random", budget_candidates=4,
+                parallel=2, seed=5, warm_start=0)
+    return pb.CampaignSpec(**{**base, **kw})
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kfactory.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+async def _acli(*args: str) -> tuple[int, str, str]:
+    """The CLI run beside services of this event loop (a blocking run would stop them answering)."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kfactory.cli", *args,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def _addr(running, name: str) -> str:
+    """Where a service of `running` answers gRPC, once it does."""
+    async with asyncio.timeout(20):
+        while not running.services[name].grpc_port:
+            await asyncio.sleep(0.05)
+    return f"127.0.0.1:{running.services[name].grpc_port}"
+
+
+def _one_line_usage_error(r: subprocess.CompletedProcess, says: str) -> None:
+    assert r.returncode == 2, r
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("kfactory: ") and says in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not r.stdout
+
+
+# -- 8a: an entry on the DLQ stream that is no dead letter ------------------------------------------------------
+def test_an_undecodable_entry_on_the_dlq_stream_is_listed_and_every_dead_letter_with_it(nats_url):
+    async def plant() -> None:
+        bus = await Bus.connect(nats_url, "test")
+        async def letter(cid: str) -> None:
+            await bus.dead_letter("compiler", ev.work_subject("compiler", cid), work(cid, "p1").SerializeToString(),
+                                  "handler error: boom", 5, cid)
+        await letter("camp-a")
+        # between two dead letters: bytes that are no protobuf, and an event that is no dead letter
+        await bus.js.publish(f"{ev.DLQ_PREFIX}.coder.camp-a", b"\xff\xfe not protobuf")
+        await bus.js.publish(f"{ev.DLQ_PREFIX}.coder.camp-b", work("camp-b", "p2").SerializeToString())
+        await letter("camp-b")
+        await bus.js.publish(ev.event_subject("resend_requested", "camp-a"), b"\xff\xfe not an event either")
+        records = await list_dead_letters(bus)
+        assert [(r.campaign_id, bool(r.undecodable)) for r in records] == \
+            [("camp-a", False), ("camp-a", True), ("camp-b", True), ("camp-b", False)]
+        with pytest.raises(NotReplayable, match="is no dead letter the services wrote: not a serialized"):
+            await replay(bus, records[1])
+        await bus.close()
+
+    asyncio.run(plant())
+    listed = _cli("dead-letters", "--nats-url", nats_url)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed
+    lines = listed.stdout.splitlines()
+    assert lines[0] == "4 dead letter(s)", listed.stdout
+    assert "#1 compiler camp-a after 5 deliveries: handler error: boom" in lines[1]
+    assert "#2 undecodable entry on kf.v1.dlq.coder.camp-a (15 bytes): not a serialized kfactory.v1.Event" in lines[2]
+    assert "#3 undecodable entry on kf.v1.dlq.coder.camp-b" in lines[3] and "without a dead_letter body" in lines[3]
+    assert "#4 compiler camp-b after 5 deliveries: handler error: boom" in lines[4]
+    only_b = _cli("dead-letters", "--nats-url", nats_url, "--campaign", "camp-b")
+    assert only_b.returncode == 0 and only_b.stdout.startswith("2 dead letter(s) in campaign camp-b"), only_b
