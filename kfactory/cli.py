@@ -247,10 +247,16 @@ def _dispatch(args) -> int:
 
 
 def _dead_letters(args) -> int:
+    """`kfactory dead-letters`; a --campaign or --stage that is no subject token is a usage error (ClientError)."""
     from kfactory.app import WiringError
     from kfactory.bus import BusUnavailable
+    from kfactory.client import check_campaign_id, check_stage
     from kfactory.deadletters import command
 
+    if args.campaign is not None:
+        check_campaign_id(args.campaign, "--campaign")
+    if args.stage is not None:
+        check_stage(args.stage)
     try:
         return asyncio.run(command(_settings(args), args.stage, args.campaign, args.replay, sys.stdout,
                                    args.answer_timeout))

@@ -24,6 +24,26 @@ class ClientError(RuntimeError):
         self.code = code
 
 
+def check_campaign_id(value: str, flag: str) -> None:
+    """Raise ClientError (exit 2) unless `value` is a campaign id (events.CAMPAIGN_ID): anything else names no
+    campaign, and in a NATS subject it would be a wildcard or several tokens."""
+    if not ev.CAMPAIGN_ID.fullmatch(value):
+        raise ClientError(f"{flag} {_shown(value)} is not a campaign id: 1-64 letters, digits, '_' or '-' "
+                          "(kfactory status lists the campaigns)", 2)
+
+
+def check_stage(value: str, flag: str = "--stage") -> None:
+    """Raise ClientError (exit 2) unless `value` can be a stage's name (one subject token, as a campaign id)."""
+    if not ev.CAMPAIGN_ID.fullmatch(value):
+        raise ClientError(f"{flag} {_shown(value)} is not a stage name: coder, compiler, verifier, benchmarker "
+                          "or agent_<persona>", 2)
+
+
+def _shown(value: str) -> str:
+    """A user's value as an error quotes it: its start only, when it is long."""
+    return repr(value) if len(value) <= 80 else f"{value[:80]!r}... ({len(value)} characters)"
+
+
 def _print(msg, as_json: bool, text: str) -> None:
     print(json.dumps(MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True),
                      indent=2) if as_json else text)
@@ -114,6 +134,7 @@ async def _dispatch(args, settings, spec_fn) -> int:
         _print(r, as_json, r.text or f"no lessons yet: no campaign of {args.problem} is in memory")
         return 0
     if args.cmd == "report":
+        check_campaign_id(args.id, "campaign")  # it names a directory too
         r = await _call(mem, lambda ch: sgrpc.EvidenceStub(ch).Report(spb.ReportRequest(campaign_id=args.id)))
         out = args.out or Path(settings.report_dir) / args.id
         out.mkdir(parents=True, exist_ok=True)
@@ -135,6 +156,7 @@ async def _best(args, mem: str, as_json: bool) -> int:
                            f"verification:\n{table}")
         return 0
     if args.campaign:
+        check_campaign_id(args.campaign, "--campaign")
         r = await _call(mem, lambda ch: stub(ch).Leaderboard(spb.LeaderboardRequest(campaign_id=args.campaign)))
         _print(r, as_json, "\n".join(f"{i:3d} {e.candidate_id[:12]} {e.score_s * 1e3:9.3f} ms {e.origin} "
                                      f"{e.params_json}" for i, e in enumerate(r.entries, 1)) or "no measurements")

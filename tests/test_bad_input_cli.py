@@ -97,3 +97,32 @@ def test_an_undecodable_entry_on_the_dlq_stream_is_listed_and_every_dead_letter_
     assert "#4 compiler camp-b after 5 deliveries: handler error: boom" in lines[4]
     only_b = _cli("dead-letters", "--nats-url", nats_url, "--campaign", "camp-b")
     assert only_b.returncode == 0 and only_b.stdout.startswith("2 dead letter(s) in campaign camp-b"), only_b
+
+
+# -- 8b: a filter that is no campaign id ------------------------------------------------------------------------
+@pytest.mark.parametrize("args, says", [
+    (("dead-letters", "--campaign", "a b.c>*"), "--campaign 'a b.c>*' is not a campaign id: 1-64 letters"),
+    (("dead-letters", "--stage", "coder.>"), "--stage 'coder.>' is not a stage name"),
+    (("best", "--campaign", "a b.c>*", "--memory", "127.0.0.1:1"), "--campaign 'a b.c>*' is not a campaign id"),
+])
+def test_a_filter_that_is_no_campaign_id_is_one_line_and_exit_2(nats_url, args, says):
+    _one_line_usage_error(_cli(*args, *(("--nats-url", nats_url) if args[0] == "dead-letters" else ())), says)
+
+
+# -- 8d: an unknown campaign's leaderboard ----------------------------------------------------------------------
+async def test_best_of_an_unknown_campaign_says_so_and_fails(bus_settings, space):
+    running = await start_services(bus_settings, names=("planner", "memory"))
+    try:
+        memory = await _addr(running, "memory")
+        rc, out, err = await _acli("best", "--campaign", "cNOPE", "--memory", memory)
+        assert rc == 1 and "NOT_FOUND: no campaign 'cNOPE' in the archive" in err and not out, (rc, out, err)
+        # a campaign memory knows, with nothing measured yet (no stage runs here): its empty leaderboard, exit 0
+        cid = await running.services["planner"].submit(_spec(space))
+        archive = running.services["memory"].archive
+        async with asyncio.timeout(20):
+            while not archive.counts_by_producer(cid):
+                await asyncio.sleep(0.1)
+        rc, out, err = await _acli("best", "--campaign", cid, "--memory", memory)
+        assert rc == 0 and out.strip() == "no measurements", (rc, out, err)
+    finally:
+        await running.shutdown()

@@ -92,6 +92,10 @@ class EvidenceApi(sgrpc.EvidenceServicer):
 
     async def Leaderboard(self, request, context):
         rows = self.m.archive.leaderboard(request.campaign_id, request.limit or 20)
+        if not rows and not self.m.archive.counts_by_producer(request.campaign_id):
+            # an empty leaderboard of a campaign the archive never saw would read as "it measured nothing"
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no campaign {request.campaign_id!r} in the archive "
+                                "(kfactory status lists the campaigns)")
         return spb.LeaderboardResponse(entries=[_entry(m, request.campaign_id) for m, _ in rows])
 
     async def Candidate(self, request, context):
