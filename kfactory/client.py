@@ -10,6 +10,7 @@ from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
 from kfactory import security
+from kfactory.grpcutil import clip
 from kfactory.report import verification_table
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -67,7 +68,8 @@ async def _call(addr: str, fn):
             return await fn(ch)
         except grpc.aio.AioRpcError as e:
             code = 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
-            raise ClientError(f"{addr}: {e.code().name}: {e.details()}", code) from e
+            # clipped: a server that predates grpcutil.ClipDetails may quote megabytes of the request back
+            raise ClientError(f"{addr}: {e.code().name}: {clip(e.details() or '')}", code) from e
 
 
 async def _watch(ch, cid: str) -> None:

@@ -17,6 +17,7 @@ from kfactory import events as ev
 from kfactory.app import start_services
 from kfactory.bus import Bus
 from kfactory.deadletters import NotReplayable, list_dead_letters, replay
+from kfactory.grpcutil import MAX_DETAILS_BYTES
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
@@ -126,3 +127,42 @@ async def test_best_of_an_unknown_campaign_says_so_and_fails(bus_settings, space
         assert rc == 0 and out.strip() == "no measurements", (rc, out, err)
     finally:
         await running.shutdown()
+
+
+# -- 8c: error texts that quote megabytes of input -------------------------------------------------------------
+async def test_error_texts_quote_a_clip_of_megabytes_of_input_not_all_of_it(bus_settings, space):
+    running = await start_services(bus_settings, names=("planner", "memory"))
+    try:
+        planner, memory = await _addr(running, "planner"), await _addr(running, "memory")
+        huge = "x" * (4_000_000 - 200)  # with the rest of the request, under gRPC's 4 MiB receive limit
+        async with grpc.aio.insecure_channel(planner) as ch:
+            campaigns = sgrpc.CampaignsStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await campaigns.Submit(spb.SubmitRequest(spec=_spec(space, strategy=huge)))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            text = _clipped(err.value)  # its head names the field, its tail what to give instead
+            assert text.startswith("strategy: unknown 'xxx") and "'; known: " in text[-200:], text[-200:]
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await campaigns.Submit(spb.SubmitRequest(spec=_spec(space, problem=huge)))
+            _clipped(err.value)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await campaigns.Get(spb.GetCampaignRequest(id=huge))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND and _clipped(err.value).startswith("no campaign")
+        async with grpc.aio.insecure_channel(memory) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await sgrpc.EvidenceStub(ch).Best(spb.BestRequest(problem="p" + huge, shape="s" * 100_000))
+            _clipped(err.value)
+        # the command line: an argument of 120 KB, not ASCII (percent-encoded in the trailer), in one clipped line
+        rc, out, err_text = await _acli("status", "c" + "é" * 60_000, "--planner", planner)
+        assert rc == 1 and "NOT_FOUND: no campaign 'c" in err_text and "characters cut" in err_text, err_text
+        assert err_text.count("\n") == 1 and len(err_text) < MAX_DETAILS_BYTES + 200
+        assert running.failed() is None
+    finally:
+        await running.shutdown()
+
+
+def _clipped(e: grpc.aio.AioRpcError) -> str:
+    """The error's text, checked to be a clip (the error itself, not RESOURCE_EXHAUSTED in its place)."""
+    assert e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+    assert "characters cut" in e.details() and len(e.details().encode()) <= MAX_DETAILS_BYTES, e.details()[:300]
+    return e.details()

@@ -9,6 +9,7 @@ from kfactory import events as ev
 from kfactory import telemetry
 from kfactory.agents import PERSONAS, persona_stage
 from kfactory.bus import Ack, Delivery, Outcome
+from kfactory.grpcutil import clip
 from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.v1 import events_pb2 as pb
@@ -44,7 +45,8 @@ class CoderService(Service):
         try:
             source, language, flags, entry, threads, launch_json = self._render(pp)
         except (ProblemError, KeyError, ValueError) as e:
-            rej = pb.Rejected(stage="coder", reason=pb.INVALID_POINT, message=str(e), point_id=pp.point_id,
+            # clipped: the message quotes the point, whose whole params are in params_json beside it
+            rej = pb.Rejected(stage="coder", reason=pb.INVALID_POINT, message=clip(str(e)), point_id=pp.point_id,
                               params_json=pp.params_json)
             await self.bus.publish(ev.make_event(cid, self.name, pp.point_id, rejected=rej))
             return Ack()
