@@ -68,6 +68,11 @@ class PublishNotPermitted(PermissionError):
     without the check a misconfigured role cost a minute of retries per message and left only a timeout."""
 
 
+class PayloadTooLarge(ValueError):
+    """A message over the NATS server's max_payload: it can never be published as it is, however often it is
+    tried, so a handler that made it has its work dead-lettered at once with this reason (what was too large)."""
+
+
 class ArtifactMissing(KeyError):
     """No artifact with that digest in the object store."""
 
@@ -252,8 +257,16 @@ class Bus:
         """Publish, retrying through a NATS outage for up to PUBLISH_RETRY_S: the Nats-Msg-Id header makes a
         retry of a publish that did reach the server a no-op, so nothing is stored twice."""
         self._require(subject)
-        await _retrying(lambda: self.js.publish(subject, data, headers=headers), TRANSIENT, PUBLISH_RETRY_S, 0.1,
-                        "publish failed, retrying", subject=subject)
+        # the server counts headers and payload against max_payload (nats-py checks the payload alone) and closes
+        # the connection of a client that sends more: checked here, with what was too large in the error
+        size, limit = len(data) + sum(len(k) + len(v) + 4 for k, v in headers.items()) + 12, self.nc.max_payload
+        if limit and size > limit:
+            raise PayloadTooLarge(too_large(subject, data, size, limit))
+        try:
+            await _retrying(lambda: self.js.publish(subject, data, headers=headers), TRANSIENT, PUBLISH_RETRY_S,
+                            0.1, "publish failed, retrying", subject=subject)
+        except nats.errors.MaxPayloadError as e:  # a server with a smaller max_payload since we connected
+            raise PayloadTooLarge(too_large(subject, data, size, self.nc.max_payload)) from e
 
     async def dead_letter(self, stage: str, subject: str, data: bytes, reason: str, deliveries: int,
                           campaign_id: str, work_seq: int = 0) -> None:
@@ -339,6 +352,10 @@ class Bus:
             log.error("handler may not publish its result", stage=stage, subject=msg.subject, error=str(e))
             failed = True
             outcome = Term(str(e))
+        except PayloadTooLarge as e:  # the same bytes on every delivery: retrying cannot make them fit
+            log.error("handler's result is too large to publish", stage=stage, subject=msg.subject, error=str(e))
+            failed = True
+            outcome = Term(f"{stage}: {e}")
         except HandlerStuck as e:  # logged where it was cancelled, with where it waited
             failed = True
             outcome = self._retry_later(f"handler stuck: {e}", deliveries)
@@ -471,6 +488,36 @@ class Bus:
         except nats.js.errors.ObjectNotFoundError as e:
             raise ArtifactMissing(digest) from e
         return res.data
+
+
+def too_large(subject: str, data: bytes, size: int, limit: int) -> str:
+    """Why a message cannot be published (PayloadTooLarge): its size, the limit, its largest field where it is an
+    event, and what to do."""
+    try:
+        name, field_size = _largest_field(ev.decode_event(data, max_bytes=len(data)))
+        field = f" (its largest field: {name}, {field_size} bytes)" if name else ""
+    except ev.BadEvent:  # not an event (a requeued payload that never decoded): its size says enough
+        field = ""
+    return (f"the message for {subject} is {size} bytes, over the NATS server's max_payload of {limit} bytes"
+            f"{field}: it can never be sent as it is; make it smaller (keep large data in the artifact store and "
+            "send its digest), or raise max_payload on the server")
+
+
+def _largest_field(msg, path: str = "") -> tuple[str, int]:
+    """(dotted path, bytes) of the largest field of a protobuf message, looking into singular message fields (a
+    repeated field counts as a whole)."""
+    best = ("", -1)
+    for fd, value in msg.ListFields():
+        name = f"{path}.{fd.name}" if path else fd.name
+        if fd.is_repeated:
+            found = (name, sum(len(v) if isinstance(v, (str, bytes)) else
+                               v.ByteSize() if hasattr(v, "ByteSize") else 8 for v in value))
+        elif fd.message_type is not None:
+            found = _largest_field(value, name)
+        else:
+            found = (name, len(value) if isinstance(value, (str, bytes)) else 8)
+        best = max(best, found, key=lambda x: x[1])
+    return best
 
 
 def subject_matches(pattern: str, subject: str) -> bool:

@@ -15,7 +15,7 @@ import pytest
 
 from kfactory import events as ev
 from kfactory.app import start_services
-from kfactory.bus import Bus
+from kfactory.bus import Bus, PayloadTooLarge
 from kfactory.deadletters import NotReplayable, list_dead_letters, replay
 from kfactory.grpcutil import MAX_DETAILS_BYTES
 from kfactory.v1 import events_pb2 as pb
@@ -166,3 +166,38 @@ def _clipped(e: grpc.aio.AioRpcError) -> str:
     assert e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
     assert "characters cut" in e.details() and len(e.details().encode()) <= MAX_DETAILS_BYTES, e.details()[:300]
     return e.details()
+
+
+# -- 8e: a result over the server's max_payload -----------------------------------------------------------------
+async def test_work_whose_result_is_over_max_payload_is_dead_lettered_at_once_with_what_was_too_large(
+        bus_settings, space):
+    running = await start_services(bus_settings, grpc=False)
+    try:
+        bus = running.ctx.bus
+        limit = bus.nc.max_payload
+        cid = await running.services["planner"].submit(_spec(space))
+        # a valid point whose params_json is padded (JSON allows the blanks) so that the work item just fits and
+        # the candidate it becomes, which adds its id and digest, does not
+        pp = pb.PointProposed(point_id="padded", family="recorded", problem=f"replay:{space}",
+                              target=f"replay:{space}", origin="test", params_json=json.dumps(POINT))
+        bare = ev.make_event(cid, "test", "padded", point_proposed=pp).ByteSize()
+        pp.params_json += " " * (limit - 60 - bare)
+        item = ev.make_event(cid, "test", "padded", point_proposed=pp)
+        assert limit - 64 < item.ByteSize() < limit - 56
+        await bus.js.publish(ev.work_subject("coder", cid), item.SerializeToString(), headers={"Nats-Msg-Id": "pad"})
+        async with asyncio.timeout(40):
+            while not (letters := [r.letter for r in await list_dead_letters(bus, "coder", cid)]):
+                await asyncio.sleep(0.2)
+        [letter] = letters
+        assert letter.deliveries == 1, letter.reason  # not retried: it would never fit
+        assert letter.reason.startswith(f"coder: the message for {ev.event_subject('candidate_created', cid)} is ")
+        assert f"over the NATS server's max_payload of {limit} bytes (its largest field: " \
+               "candidate_created.candidate.params_json" in letter.reason and "artifact store" in letter.reason
+        assert running.failed() is None
+        # sending such a message at all is refused before it reaches the server, with the same reason
+        big = ev.make_event(cid, "test", "big", point_proposed=pb.PointProposed(point_id="big",
+                                                                                params_json="x" * limit))
+        with pytest.raises(PayloadTooLarge, match="its largest field: point_proposed.params_json"):
+            await bus.send_work("coder", big)
+    finally:
+        await running.shutdown()
