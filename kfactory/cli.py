@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from kfactory.config import Settings
 from kfactory.log import configure
+from kfactory.spec_ranges import cli_type
 
 EXIT_USAGE = 2
 
@@ -38,7 +39,7 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
                    "need --llm-base-url and --llm-model or KFACTORY_LLM_*)")
     p.add_argument("--personas", default="", help="comma-separated agent personas (default: all): memory_bound, "
                    "compute_bound, repairer")
-    p.add_argument("--token-budget", type=int, help="agent tokens the campaign may spend (env "
+    p.add_argument("--token-budget", type=cli_type("token_budget"), help="agent tokens the campaign may spend (env "
                    "KFACTORY_LLM_TOKEN_BUDGET; default 200000)")
     p.add_argument("--llm-provider", choices=("openai", "anthropic"), help="openai: the OpenAI-compatible chat API "
                    "(vLLM, SGLang, Ollama, hosted); anthropic: the messages API (env KFACTORY_LLM_PROVIDER)")
@@ -51,14 +52,16 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
 def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("problem", help="a built-in problem name or a problem package directory")
     p.add_argument("--target", default="cpu", help="cpu, cuda[:sm_80|sm_90a|sm_100a] or replay:<cache file>")
-    p.add_argument("--budget", type=int, default=40, help="design points to evaluate")
-    p.add_argument("--warm", type=int, default=8, help="priors from memory that seed the search (0: cold start)")
-    p.add_argument("--seconds", type=float, default=0.0, help="wall-clock budget (0: none)")
+    p.add_argument("--budget", type=cli_type("budget_candidates"), default=40, help="design points to evaluate")
+    p.add_argument("--warm", type=cli_type("warm_start"), default=8,
+                   help="priors from memory that seed the search (0: cold start)")
+    p.add_argument("--seconds", type=cli_type("budget_seconds", float), default=0.0,
+                   help="wall-clock budget (0: none)")
     p.add_argument("--strategy", default="default", help="default (a portfolio of surrogate, tpe and evolutionary), "
                    "surrogate, tpe, evolutionary, portfolio, random or grid")
-    p.add_argument("--threads", type=int, help="threads kernels run with (default: all cores)")
-    p.add_argument("--seed", type=int, default=0, help="strategy seed (0: random)")
-    p.add_argument("--parallel", type=int, default=2, help="design points in flight at once")
+    p.add_argument("--threads", type=cli_type("threads"), help="threads kernels run with (default: all cores)")
+    p.add_argument("--seed", type=cli_type("seed"), default=0, help="strategy seed (0: random)")
+    p.add_argument("--parallel", type=cli_type("parallel"), default=2, help="design points in flight at once")
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
     p.add_argument("--manual", action="append", default=[], metavar="NAME=FILE[:FLAGS]",
                    help="add a hand-written kernel as a candidate (repeatable)")
@@ -140,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("priors", help="what memory would seed a campaign of a problem with (its warm start)")
     p.add_argument("problem")
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
-    p.add_argument("--limit", type=int, default=8)
+    p.add_argument("--limit", type=cli_type("priors_limit"), default=8)
     _grpc_args(p)
 
     p = sub.add_parser("lessons", help="what memory learned about a problem on a target (what agents are told)")

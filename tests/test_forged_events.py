@@ -208,3 +208,25 @@ def test_the_cli_refuses_a_number_out_of_range_in_one_line(argv):
     assert out.returncode == 2, out
     assert "Traceback" not in out.stderr and "is out of range: give a number from" in out.stderr, out.stderr
     assert f"argument {argv[-2]}:" in out.stderr.splitlines()[-1]
+
+
+async def test_bytes_on_a_lifecycle_subject_neither_start_nor_end_a_campaign(nats_url):
+    """Work consumers ask the stream whether a campaign started, the dead-letter CLI whether it finished: a
+    message there that is no event, or not the planner's, must not answer for the planner."""
+    from kfactory.bus import Bus
+
+    bus = await Bus.connect(nats_url, "test")
+    try:
+        js = bus.js
+        await js.publish(ev.event_subject("campaign_started", "cx"), b"")
+        await js.publish(ev.event_subject("campaign_started", "cx"), ev.make_event(
+            "cx", "coder", "start", campaign_started=pb.CampaignStarted()).SerializeToString())
+        assert not await bus.campaign_started("cx")
+        real = ev.make_event("cy", "planner", "finish", campaign_finished=pb.CampaignFinished(state="cancelled"))
+        await js.publish(ev.event_subject("campaign_finished", "cy"), b"\x08garbage")
+        await js.publish(ev.event_subject("campaign_finished", "cy"), real.SerializeToString())
+        await js.publish(ev.event_subject("campaign_finished", "cy"), b"")
+        assert (await bus.campaign_finished("cy")).state == "cancelled"
+        assert await bus.campaign_finished("cx") is None
+    finally:
+        await bus.close()

@@ -11,6 +11,7 @@ from kfactory.bus import ArtifactMissing, ack_quietly, term_quietly
 from kfactory.grpcutil import start_server
 from kfactory.problems import ProblemError
 from kfactory.service import Service
+from kfactory.spec_ranges import PRIORS_LIMIT, range_error
 from kfactory.services.memory.archive import Archive
 from kfactory.services.memory import lessons as lessons_mod
 from kfactory.v1 import services_pb2 as spb
@@ -35,7 +36,7 @@ class MemoryService(Service):
                 settings=self.settings)
             self.ctx.memory_addr = f"127.0.0.1:{self.grpc_port}"
         try:
-            async for event, msg in self.bus.follow("memory", stop=stop):
+            async for event, msg in self.bus.follow("memory", stop=stop, refused=self._refused):
                 t0 = time.perf_counter()
                 if not await self._belongs(event):
                     await term_quietly(msg)  # a result for a campaign nobody started: never evidence of anything
@@ -49,6 +50,12 @@ class MemoryService(Service):
         finally:
             if server:
                 await server.stop(grace=1)
+
+    async def _refused(self, msg, why: Exception) -> None:
+        """A message of the events stream that is no valid event: kept in the archive's `refused` table with
+        the reason (its first bytes only), never among the events."""
+        await asyncio.to_thread(self.archive.refuse, str(why), msg.subject, msg.metadata.sequence.stream,
+                                bytes(msg.data))
 
     async def _belongs(self, event) -> bool:
         """Whether an event may enter the archive: its campaign was started (checked on the events stream, so
@@ -121,6 +128,8 @@ class EvidenceApi(sgrpc.EvidenceServicer):
     async def Priors(self, request, context):
         if not request.problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the problem")
+        if err := range_error("limit", request.limit, PRIORS_LIMIT):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, err)
         priors = self.m.archive.priors(self.m.problem_name(request.problem), list(request.families),
                                        request.exclude_campaign, request.limit or 8, request.every_source)
         return spb.PriorsResponse(priors=priors)
