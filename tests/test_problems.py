@@ -68,3 +68,11 @@ def test_a_stray_directory_named_like_a_builtin_problem_does_not_hide_it(tmp_pat
     (tmp_path / "softmax").mkdir()
     monkeypatch.chdir(tmp_path)
     assert load_problem("softmax").spec.name == "softmax"
+
+
+@pytest.mark.parametrize("name", ["x" * 5000, "a\x00b", "/no/such/dir"])
+def test_a_name_the_os_cannot_look_up_is_no_problem_not_an_os_error(name):
+    """A very long name or one with a NUL byte raised OSError/ValueError, which the planner answered as UNKNOWN."""
+    with pytest.raises(ProblemError, match="no problem") as err:
+        load_problem(name)
+    assert len(str(err.value)) < 600

@@ -206,9 +206,9 @@ def load_problem(name_or_path: str | Path) -> Problem:
     path = Path(name_or_path)
     # a directory holding a problem.yaml, else a built-in name (a stray directory named like a built-in
     # problem, e.g. ./kda with no problem.yaml in it, must not hide the built-in one)
-    directory = path if (path / "problem.yaml").exists() else BUILTIN / str(name_or_path)
-    if not (directory / "problem.yaml").exists():
-        raise ProblemError(f"no problem {name_or_path!r}: not a directory with problem.yaml and not one of "
+    directory = path if _is_file(path / "problem.yaml") else BUILTIN / str(name_or_path)
+    if not _is_file(directory / "problem.yaml"):
+        raise ProblemError(f"no problem {str(name_or_path)[:200]!r}: not a directory with problem.yaml and not one of "
                            f"{list_problems()}")
     spec = _load_yaml(directory / "problem.yaml", ProblemSpec)
     problem = Problem(spec, directory)
@@ -219,6 +219,15 @@ def load_problem(name_or_path: str | Path) -> Problem:
             raise ProblemError(f"{fdir}/family.yaml: name {fam.name!r} differs from its directory {fname!r}")
         problem.families[fname] = fam
     return problem
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` is a file; False for a name the OS cannot look up (too long, a NUL byte): a user's name
+    for a problem is then simply no problem, not an OSError out of the planner."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def list_problems() -> list[str]:
