@@ -392,7 +392,14 @@ class Bus:
         task = asyncio.ensure_future(handler(delivery))
         deadline, beat = loop.time() + self.handler_timeout_s, max(0.5, self.ack_wait_s / 3)
         while True:
-            done, _ = await asyncio.wait({task}, timeout=max(0.0, min(beat, deadline - loop.time())))
+            try:
+                done, _ = await asyncio.wait({task}, timeout=max(0.0, min(beat, deadline - loop.time())))
+            except asyncio.CancelledError:
+                # the service is stopping: the handler must stop with it, not run on against a closed claims
+                # store or bus (its message stays unacked and is delivered again)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise
             if done:
                 return task.result()
             if loop.time() >= deadline:

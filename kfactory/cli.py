@@ -69,6 +69,7 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
 
 
 def _spec(args):
+    from kfactory.client import ClientError
     from kfactory.v1 import events_pb2 as pb
 
     # a replay target carries its own problem (the recorded space): PROBLEM is then only a label
@@ -82,8 +83,13 @@ def _spec(args):
         name, _, rest = m.partition("=")
         path, _, flags = rest.partition(":")
         if not name or not path:
-            raise SystemExit(f"--manual {m!r}: expected NAME=FILE[:FLAGS]")
-        spec.manual_sources.append(pb.ManualSource(name=name, source=Path(path).read_text(),
+            raise ClientError(f"--manual {m!r}: expected NAME=FILE[:FLAGS]", EXIT_USAGE)
+        try:
+            source = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ClientError(f"--manual {name}: cannot read {path!r}: {getattr(e, 'strerror', None) or e}",
+                              EXIT_USAGE) from e
+        spec.manual_sources.append(pb.ManualSource(name=name, source=source,
                                                    compile_flags=flags or "-O2 -fopenmp", threads=1))
     return spec
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -13,6 +14,9 @@ from rich.table import Table
 
 from kfactory.app import start_services
 from kfactory.natsd import EmbeddedNats
+from kfactory.service import Context
+from kfactory.services.planner.specs import SpecError, validate
+from kfactory.targets import get_target
 
 
 def _progress(st, services) -> Table:
@@ -37,9 +41,20 @@ def leaderboard_table(summary: dict, rows) -> Table:
     return t
 
 
+#: the exit status of a run ended by Ctrl-C (128 + SIGINT), as shells give
+EXIT_INTERRUPTED = 130
+
+
 async def run_campaign(settings, spec, args) -> int:
-    """Run one campaign to its end; print a leaderboard; write the report and the --json summary."""
+    """Run one campaign to its end; print a leaderboard; write the report and the --json summary. The spec is
+    checked before any server or service starts (a mistake is one line and exit 2, as `submit` answers it);
+    Ctrl-C cancels the campaign, writes the report and summary of what finished, and exits 130."""
     console = Console(stderr=True)
+    try:
+        spec, _ = validate(spec, settings, Context.problem, lambda t: get_target(t, settings))
+    except SpecError as e:
+        print(f"kfactory run: {e}", file=sys.stderr)  # one line, unwrapped, as submit's
+        return 2
     nats = None
     if not args.nats_url:
         nats = EmbeddedNats()
@@ -51,16 +66,41 @@ async def run_campaign(settings, spec, args) -> int:
         await _memory_ready(running)
         cid = await planner.submit(spec)
         st = planner.campaigns[cid]
-        await _follow(st, running, console, args.quiet)
+        with _interrupt_cancels(planner, cid) as interrupted:
+            await _follow(st, running, console, args.quiet)
         if running.failed():
             raise running.failed()
         await _wait_archived(memory, cid)
-        return _finish(settings, st, running, memory, args, console)
+        code = _finish(settings, st, running, memory, args, console)
+        if interrupted.is_set():
+            print(f"interrupted: campaign {cid} was cancelled; the report and summary hold what finished before "
+                  "Ctrl-C", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        return code
     finally:
         if running:
             await running.shutdown()
         if nats:
             nats.stop()
+
+
+@contextlib.contextmanager
+def _interrupt_cancels(planner, cid: str):
+    """While the campaign runs, the first Ctrl-C cancels it (the run then ends as a cancelled campaign, with its
+    report); a second one interrupts at once, as Ctrl-C does by default."""
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+
+    def on_sigint() -> None:
+        interrupted.set()
+        loop.remove_signal_handler(signal.SIGINT)
+        loop.create_task(planner.cancel(cid, "interrupted by Ctrl-C"))
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        yield interrupted
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 async def _follow(st, running, console: Console, quiet: bool) -> None:

@@ -1,0 +1,83 @@
+"""Campaign specs: the defaults filled in and everything refused that cannot run, naming the field.
+
+One function for the planner's submit and for `kfactory run`, which checks its spec before any service or
+server starts (the same one-line messages as `submit`).
+"""
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+from kfactory import events as ev
+from kfactory.config import Settings
+from kfactory.problems import Problem, ProblemError
+from kfactory.services.planner import coders
+from kfactory.spec_ranges import spec_errors
+from kfactory.strategies import KNOWN as STRATEGIES
+from kfactory.targets import UnknownTarget
+from kfactory.targets.flags import FLAG_TARGETS, FlagRefused, check_flags
+from kfactory.v1 import events_pb2 as pb
+
+
+class SpecError(ValueError):
+    """A campaign spec that cannot run; the message says what to fix."""
+
+
+def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[str], Problem],
+             target_of: Callable[[str], object]) -> tuple[pb.CampaignSpec, str]:
+    """(the spec with its defaults filled in, a note on agents that are off though asked for, or ""); raises
+    SpecError naming the field for anything that cannot run."""
+    if wrong := spec_errors(spec):
+        raise SpecError("; ".join(wrong))
+    try:
+        problem = problem_of(spec.problem)
+    except ProblemError as e:
+        raise SpecError(f"problem: {e}") from e
+    try:
+        target = target_of(spec.target or "cpu")
+    except (UnknownTarget, ValueError) as e:
+        raise SpecError(f"target: {e}") from e
+    spec.target = spec.target or "cpu"
+    if target.name not in problem.spec.abi:
+        raise SpecError(f"target: problem {problem.name} has no ABI for target {target.name}")
+    spec.strategy = spec.strategy or "default"
+    if spec.strategy not in STRATEGIES:
+        raise SpecError(f"strategy: unknown {spec.strategy!r}; known: {', '.join(STRATEGIES)}")
+    if spec.budget_candidates == 0 and spec.budget_seconds == 0:
+        raise SpecError("budget: give a candidate count, a time limit in seconds, or both")
+    _check_families(spec, problem)
+    _check_manual(spec, settings, target.name)
+    spec.threads = spec.threads or settings.threads
+    spec.parallel = spec.parallel or 2
+    spec.seed = spec.seed or secrets.randbits(32)
+    if wrong := coders.validate(spec, settings):
+        raise SpecError(wrong)
+    return spec, coders.agent_note(spec, settings)
+
+
+def _check_families(spec: pb.CampaignSpec, problem: Problem) -> None:
+    unknown = [f for f in spec.families if f not in problem.families]
+    if unknown:
+        raise SpecError(f"families: {unknown} not in problem {problem.name} ({list(problem.families)})")
+    target = spec.target.split(":")[0]
+    searchable = [f for f in problem.families_for(target) if not spec.families or f.name in spec.families]
+    if spec.budget_candidates and not searchable and not spec.manual_sources:
+        raise SpecError(f"families: problem {problem.name} has no family for target {spec.target}")
+
+
+def _check_manual(spec: pb.CampaignSpec, settings: Settings, target: str) -> None:
+    limit = settings.max_source_bytes
+    for m in spec.manual_sources:
+        if len(m.source.encode()) > limit:
+            raise SpecError(f"manual_sources[{m.name}]: {len(m.source.encode())} bytes, over the {limit}-byte "
+                            "limit (KFACTORY_MAX_SOURCE_BYTES)")
+        # refused here too (the compiler refuses them whatever their way in), so the client hears it at once
+        if target in FLAG_TARGETS:
+            try:
+                check_flags(target, m.compile_flags)
+            except FlagRefused as e:
+                raise SpecError(f"manual_sources[{m.name}].compile_flags: {e}") from e
+    # the CampaignStarted event carries the whole spec and the warm start's evidence, and must fit one message
+    if spec.ByteSize() > ev.MAX_EVENT_BYTES // 2:
+        raise SpecError(f"manual_sources: the spec is {spec.ByteSize()} bytes in all, over half the "
+                        f"{ev.MAX_EVENT_BYTES}-byte event limit; send fewer or smaller sources")

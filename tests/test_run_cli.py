@@ -1,0 +1,68 @@
+"""`kfactory run` as a person uses it: a mistake is one line and exit 2 before anything starts, and Ctrl-C ends
+the campaign with exit 130, a one-line note, and the report and summary of what finished."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+KFACTORY = [sys.executable, "-m", "kfactory.cli"]
+
+
+def _env(tmp_path, host_ceilings) -> dict[str, str]:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    shutil.copy(host_ceilings, data / "ceilings.json")  # the host's bandwidth, measured once per session
+    return {**os.environ, "KFACTORY_DATA_DIR": str(data), "KFACTORY_REPORT_DIR": str(tmp_path / "reports"),
+            "KFACTORY_THREADS": "2", "KFACTORY_MEASURE_MAX_S": "0.2", "KFACTORY_COMPARE_MAX_S": "0.4"}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--target", "gpu"], "kfactory run: target: unknown target 'gpu'; known targets: cpu, cuda, replay"),
+    (["--target", "cuda:sm_75"], "kfactory run: target: unknown cuda architecture 'sm_75'; use one of: cuda, "),
+    (["--budget", "0"], "kfactory run: budget: give a candidate count, a time limit in seconds, or both"),
+    (["--budget", "-3"], "argument --budget: -3 is out of range"),
+    (["--strategy", "telepathy"], "kfactory run: strategy: unknown 'telepathy'; known: "),
+    (["--family", "nope"], "kfactory run: families: ['nope'] not in problem softmax"),
+    (["--manual", "mine=/no/such/kernel.c"], "kfactory: --manual mine: cannot read '/no/such/kernel.c'"),
+    (["--manual", "mine"], "kfactory: --manual 'mine': expected NAME=FILE[:FLAGS]"),
+])
+def test_a_mistake_is_one_line_and_exit_2_before_anything_starts(tmp_path, host_ceilings, args, says):
+    t0 = time.monotonic()
+    out = subprocess.run([*KFACTORY, "run", "softmax", "--quiet", *args], capture_output=True, text=True,
+                         env=_env(tmp_path, host_ceilings), cwd=tmp_path, timeout=60)
+    assert out.returncode == 2, out
+    assert "Traceback" not in out.stderr and says in out.stderr.splitlines()[-1], out.stderr
+    assert not list(tmp_path.glob("**/archive.sqlite")), "a service started"
+    assert time.monotonic() - t0 < 30
+
+
+def test_ctrl_c_cancels_the_campaign_and_writes_what_finished(tmp_path, host_ceilings):
+    summary = tmp_path / "out.json"
+    proc = subprocess.Popen([*KFACTORY, "run", "softmax", "--target", "cpu", "--budget", "40", "--warm", "0",
+                             "--json", str(summary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path, host_ceilings), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stderr:  # progress lines: "  12s proposed 3 compiled 2 verified 1 ..."
+            if " verified " in line and " verified 0 " not in line:
+                break
+            assert time.monotonic() < deadline, "no candidate verified within 120 s"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    note = [line for line in err.splitlines() if line.startswith("interrupted: campaign ")]
+    assert len(note) == 1 and note[0].endswith("was cancelled; the report and summary hold what finished before "
+                                               "Ctrl-C"), err
+    data = json.loads(summary.read_text())
+    assert data["state"] == "cancelled" and 1 <= data["counts"]["verified"] and data["counts"]["proposed"] < 41
+    assert (tmp_path / data["report"]).exists() or os.path.exists(data["report"])
