@@ -186,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-url", help="NATS server (env KFACTORY_NATS_URL); in the secure profile, as the admin "
                                       "user (KFACTORY_NATS_USER/PASSWORD)")
 
-    p = sub.add_parser("problems", help="list problems or describe one")
-    p.add_argument("action", choices=("list", "describe"))
+    p = sub.add_parser("problems", help="list problems, describe one, or check a package before a campaign (its "
+                       "reference on the smallest verification shape, every family rendered at one point)")
+    p.add_argument("action", choices=("list", "describe", "check"))
     p.add_argument("name", nargs="?")
     return ap
 
@@ -320,14 +321,30 @@ def _problems(args) -> int:
             print(f"{name:12s} {' '.join(p.spec.description.split())[:100]}")
         return 0
     if not args.name:
-        print("kfactory problems describe: name a problem (kfactory problems list)", file=sys.stderr)
+        print(f"kfactory problems {args.action}: name a problem or a package directory (kfactory problems list)",
+              file=sys.stderr)
         return EXIT_USAGE
     try:
-        print(load_problem(args.name).describe())
+        problem = load_problem(args.name)
+        if args.action == "check":
+            return _problem_check(problem)
+        print(problem.describe())
     except ProblemError as e:
         print(f"kfactory: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _problem_check(problem) -> int:
+    """Print every problem of a package, one line each; exit 1 when there is one."""
+    from kfactory.problems.check import problems_of
+
+    found = problems_of(problem)
+    for line in found:
+        print(f"kfactory: {line}", file=sys.stderr)
+    if not found:
+        print(f"{problem.name}: the reference runs on every distribution and every family renders")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

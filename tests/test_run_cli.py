@@ -66,3 +66,43 @@ def test_ctrl_c_cancels_the_campaign_and_writes_what_finished(tmp_path, host_cei
     data = json.loads(summary.read_text())
     assert data["state"] == "cancelled" and 1 <= data["counts"]["verified"] and data["counts"]["proposed"] < 41
     assert (tmp_path / data["report"]).exists() or os.path.exists(data["report"])
+
+
+def _broken_softmax(tmp_path, reference: bool = False, template: bool = False):
+    """A copy of the softmax package whose reference raises, or whose cpu template has a syntax error at
+    line 25."""
+    from kfactory.problems import BUILTIN_DIR
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(BUILTIN_DIR / "softmax", pkg)
+    if reference:
+        ref = pkg / "reference.py"
+        ref.write_text(ref.read_text().replace("def reference(inputs", "def _unused(inputs", 1)
+                       + "\n\ndef reference(inputs):\n    raise RuntimeError('my bug')\n")
+    if template:
+        tpl = pkg / "families" / "cpu_c" / "kernel.c.j2"
+        lines = tpl.read_text().splitlines()
+        lines[24] += " {% if %}"
+        tpl.write_text("\n".join(lines) + "\n")
+    return pkg
+
+
+def test_problems_check_names_the_file_and_line_of_each_problem(tmp_path):
+    pkg = _broken_softmax(tmp_path, reference=True, template=True)
+    out = subprocess.run([*KFACTORY, "problems", "check", str(pkg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out
+    lines = out.stderr.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"kfactory: {pkg / 'reference.py'}: reference() raised RuntimeError: my bug"), lines
+    assert lines[1].startswith(f"kfactory: {pkg / 'families' / 'cpu_c' / 'kernel.c.j2'}:25: family cpu_c"), lines
+    ok = subprocess.run([*KFACTORY, "problems", "check", "softmax"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "every family renders" in ok.stdout, ok
+
+
+def test_run_refuses_a_problem_whose_reference_raises_before_anything_starts(tmp_path, host_ceilings):
+    pkg = _broken_softmax(tmp_path, reference=True)
+    out = subprocess.run([*KFACTORY, "run", str(pkg), "--quiet"], capture_output=True, text=True,
+                         env=_env(tmp_path, host_ceilings), cwd=tmp_path, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out
+    assert out.stderr.splitlines()[-1].startswith(f"kfactory run: problem: {pkg / 'reference.py'}: reference() "
+                                                  "raised RuntimeError: my bug"), out.stderr

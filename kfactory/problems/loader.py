@@ -5,6 +5,7 @@ import importlib.util
 import itertools
 import math
 import random
+import traceback
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +44,19 @@ def _safe_eval(expr: str, names: dict) -> object:
         raise ProblemError(f"cannot evaluate {expr!r} with {names}: {e}") from e
 
 
+def _where(e: jinja2.TemplateError, default: Path) -> str:
+    """file:line of a template error (a syntax error knows its line; a render error's is in its traceback)."""
+    line = getattr(e, "lineno", None)
+    if line is None:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(default)]
+        line = frames[-1].lineno if frames else None
+    return f"{getattr(e, 'filename', None) or default}:{line}" if line else str(default)
+
+
+def _what(e: jinja2.TemplateError) -> str:
+    return getattr(e, "message", None) or str(e)
+
+
 def shape_str(shape: dict[str, int], symbols: list[str]) -> str:
     """'4096x4096' in symbol order."""
     return "x".join(str(shape[s]) for s in symbols)
@@ -74,9 +88,16 @@ class Family:
 
     def points(self) -> list[dict]:
         """Every valid design point, in a fixed order."""
+        return list(self._valid_points())
+
+    def first_point(self) -> dict | None:
+        """The first valid design point of points()' order, found without enumerating the rest (None: none)."""
+        return next(self._valid_points(), None)
+
+    def _valid_points(self):
         keys = list(self.spec.params)
         combos = (dict(zip(keys, vals)) for vals in itertools.product(*(self.spec.params[k] for k in keys)))
-        return [p for p in combos if self.valid(p)]
+        return (p for p in combos if self.valid(p))
 
     def random_point(self, rng: random.Random, tries: int = 1000) -> dict:
         """A uniformly drawn valid point (rejection sampling)."""
@@ -87,12 +108,17 @@ class Family:
         raise ProblemError(f"family {self.name}: no valid point in {tries} random draws; check the constraints")
 
     def render(self, params: dict) -> tuple[str, str, int]:
-        """(source, compile flags, threads) at a design point."""
+        """(source, compile flags, threads) at a design point; a template error names its file and line."""
         try:
             source = self._template.render(**params)
+        except jinja2.TemplateError as e:
+            raise ProblemError(f"{_where(e, self.directory / self.spec.template)}: family {self.name}: template "
+                               f"failed at {params}: {_what(e)}") from e
+        try:
             flags = jinja2.Template(self.spec.compile_flags, undefined=jinja2.StrictUndefined).render(**params)
         except jinja2.TemplateError as e:
-            raise ProblemError(f"family {self.name}: template failed at {params}: {e}") from e
+            raise ProblemError(f"{self.directory / 'family.yaml'}: compile_flags of family {self.name} failed at "
+                               f"{params}: {_what(e)}") from e
         threads = int(_safe_eval(self.spec.launch.get("threads", "1"), params))
         return source, " ".join(flags.split()), threads
 

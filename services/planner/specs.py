@@ -11,6 +11,7 @@ from collections.abc import Callable
 from kfactory import events as ev
 from kfactory.config import Settings
 from kfactory.problems import Problem, ProblemError
+from kfactory.problems.check import problems_of
 from kfactory.services.planner import coders
 from kfactory.spec_ranges import spec_errors
 from kfactory.strategies import KNOWN as STRATEGIES
@@ -33,6 +34,10 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
         problem = problem_of(spec.problem)
     except ProblemError as e:
         raise SpecError(f"problem: {e}") from e
+    # a reference that raises or a template that does not render would fail every candidate: found here first
+    if found := problems_of(problem):
+        more = f" (and {len(found) - 1} more: kfactory problems check {spec.problem})" if len(found) > 1 else ""
+        raise SpecError(f"problem: {found[0]}{more}")
     try:
         target = target_of(spec.target or "cpu")
     except (UnknownTarget, ValueError) as e:
