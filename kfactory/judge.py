@@ -5,6 +5,7 @@ Both return typed verdicts; a candidate's crash, hang or wrong answer is a resul
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,6 +87,13 @@ class InputPool:
         """(inputs, float64 reference outputs, seed) drawn with a given seed."""
         x = inp.draw(self.problem, shape, dist, seed)
         return x, self.problem.reference.reference(x), seed
+
+    def probe_set(self, shape: dict[str, int]):
+        """(inputs, float64 reference outputs, seed) for the check after a timing (see measure): drawn from the
+        timing distribution but never one of the timing sets, shared like get()'s large sets."""
+        def make():
+            return self.drawn(shape, _timing_dist(self.problem), inp.fresh_seed())
+        return self._get((self.problem.shape_str(shape), "probe"), math.prod(shape.values()), make)
 
     def timing_sets(self, shape: dict[str, int], cache_bytes: int):
         """(rotating input sets larger than the cache, float64 reference outputs of every set, seeds)."""
@@ -258,11 +266,21 @@ class Timing:
 
 
 def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str, int], pool: InputPool,
-            cache_bytes: int, settings, max_s: float | None = None, device: pb.DeviceInfo | None = None) -> Timing:
+            cache_bytes: int, settings, max_s: float | None = None, device: pb.DeviceInfo | None = None,
+            probe: list[str] | None = None) -> Timing:
     """Time `keys` interleaved at one shape. A median under the speed-of-light floor is a failure, and the
-    outputs that the timed calls left in every input set of the pool are checked."""
+    outputs that the timed calls left in every input set of the pool are checked. Then every key of `probe`
+    (default: every key; a caller may leave out kernels it trusts, such as the problem's baselines) is checked
+    once more, on fresh inputs, after more calls than the timing made (probe_after_timing): that check does
+    not depend on how many calls a loaded host let the timing make. A session that runs nothing (replay) has
+    no kernel to probe."""
     sets, refs, seeds = pool.timing_sets(shape, cache_bytes)
     sname = problem.shape_str(shape)
+    probed = list(keys if probe is None else probe) if _runs_kernels(session) else []
+    # the timing, the speed-of-light overhead (a load and a bench), the loads after a replacement, and per
+    # probed key its repeat benches and its checked call: all in one runner child, whose kernels' state (a
+    # call counter) is what the probe is about
+    _hold_runner(session, 3 + len(keys) + len(probed) * (REPEAT_BENCHES + 1))
     try:
         res = session.bench(keys, shape, sets, min_samples=settings.measure_min_samples,
                             min_s=settings.measure_min_s, max_s=max_s or settings.measure_max_s,
@@ -271,6 +289,11 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
         return Timing(reason=fault_reason(e), message=f"{sname} timing: {e}")
     nbytes, _ = problem.cost(shape)
     floor = sol_floor_s(problem, shape, device)
+    # NOTE the floor check still leans on the host's load: the empty call's cost is measured once, alone, but
+    # on a loaded host an empty call timed beside an OpenMP kernel takes tens of microseconds (8-66 us against
+    # 1.7 us alone on two busy cores), which hides a skipped call wherever the floor is that small (softmax
+    # 1x50257: 14 us). Measuring the empty call inside the same interleaved timing would fix it (a session's
+    # work); the probe below cannot, as its checked call is poisoned and so looks checked
     overhead = session.call_overhead_s() if floor else 0.0
     ceiling = device.mem_bandwidth_gbps if device is not None else 0.0
     out = Timing()
@@ -292,7 +315,119 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
         if k in res.telemetry:
             t.telemetry.CopyFrom(res.telemetry[k])
         out.timings[k] = t
+    for k in probed:
+        failed = probe_after_timing(session, k, problem, shape, pool, len(res.samples[k]), out.timings[k].median_s)
+        if failed is not None:
+            return failed
     return out
+
+
+#: repeat benches a probe may need before its calls are made (each one twice as long as the one before)
+REPEAT_BENCHES = 4
+
+#: the fewest calls between a timing's last timed call and its probe's checked call, whatever the host's load
+PROBE_MIN_CALLS = 128
+
+
+def probe_calls(timed_calls: int) -> int:
+    """How many calls the probe makes between the timing and its checked call: the timing's own count (but at
+    least PROBE_MIN_CALLS), plus a random extra of up to half of that, drawn from fresh entropy for every
+    probe. Neither part is known to the kernel in advance: the timing's count depends on the host's load, the
+    extra on nothing it can see."""
+    base = max(timed_calls, PROBE_MIN_CALLS)
+    return base + secrets.randbelow(base // 2 + 1)
+
+
+def probe_after_timing(session: Session, key: str, problem: Problem, shape: dict[str, int], pool: InputPool,
+                       timed_calls: int, median_s: float) -> Timing | None:
+    """The check after a timing of `timed_calls` calls of kernel `key` at `shape`: probe_calls(timed_calls)
+    unchecked calls at the problem's smallest shape, then one call at `shape` on fresh inputs (pool.probe_set,
+    never a timing set) into fresh buffers with the outputs poisoned, checked in full against the float64
+    reference as verify checks. None when it passed.
+
+    Why: the timed calls' own outputs cannot show a kernel that stops writing, since the buffers of a timing
+    set still hold the right answer of an earlier honest call on the same inputs; and how many calls the
+    timing made depends on the host's load. The checked call comes after every timed call and is the first
+    call at `shape` since the timing (unless `shape` is the problem's smallest), so a kernel whose cheating,
+    once begun, goes on (a call counter past its threshold, counting all its calls or only those at this
+    shape) is wrong at the check whenever any timed call cheated, however few calls the timing made. The
+    calls in between, at least as many as the timing made and never fewer than PROBE_MIN_CALLS, reach
+    further: a kernel counting its calls that would set off within that many calls after the timing is
+    caught too, whatever the load. They are made at the smallest shape because they cost microseconds there,
+    where at the largest shape as many calls again would double the measurement; a kernel counting only its
+    calls at the largest shape and setting off after the timing escapes, as it escapes any judge that makes
+    fewer calls than its threshold, but then every timed call was honest.
+
+    What it cannot see: a kernel that tells this call from a timed one (fresh buffers, a poisoned output) and
+    computes only then; the speed-of-light floor is the check for that (see measure)."""
+    sname = problem.shape_str(shape)
+    calls = probe_calls(timed_calls)
+    smallest = min(problem.shapes("all"), key=lambda s: math.prod(s.values()))
+    try:
+        made = _repeat_calls(session, key, smallest, _unchecked_sets(problem, smallest), calls, median_s)
+        if made < calls:
+            return Timing(reason=pb.TIMEOUT, failed_key=key,
+                          message=f"{sname}: after the timing the kernel made only {made} of {calls} calls at "
+                                  f"{problem.shape_str(smallest)} in the time given (its timing's median was "
+                                  f"{median_s * 1e6:.1f} us a call)")
+        x, ref, seed = pool.probe_set(shape)
+        res = session.call(key, shape, x)
+    except RunnerFault as e:
+        return Timing(reason=fault_reason(e), failed_key=key, message=f"{sname} after the timing: {e}")
+    label = f"after {timed_calls} timed and {made} further calls"
+    try:
+        _screen(res, sname, label)
+    except _Rejected as r:
+        return Timing(reason=r.reason, failed_key=key, message=r.message)
+    check = _check_outputs(problem, res.outputs, ref, sname, "after-timing", seed, res.seconds)
+    if not check.passed:
+        return Timing(reason=pb.WRONG_RESULT, failed_key=key,
+                      message=f"{sname}: the output {label} (fresh inputs, outputs poisoned) is wrong: "
+                              f"{check.note}")
+    return None
+
+
+def _unchecked_sets(problem: Problem, shape: dict[str, int]) -> list[dict]:
+    """Two input sets for calls whose outputs nobody reads (no reference computed)."""
+    return [inp.draw(problem, shape, _timing_dist(problem), inp.fresh_seed()) for _ in range(2)]
+
+
+def _repeat_calls(session: Session, key: str, shape: dict[str, int], sets: list, calls: int,
+                  median_s: float) -> int:
+    """Make at least `calls` calls of `key` at `shape`: the timed samples of benches with no warm-up time, no
+    time floor and no noise bound, so each stops at its sample count. Each bench is given time for its calls
+    at 8x `median_s` (a call's time at the timed shape, which a call at `shape` does not exceed), at least
+    1 s and at most 30 s (so a kernel that hangs here is killed in bounded time), and twice that on a repeat:
+    a loaded host slows the calls, it does not cut their count. The calls made (a bench's warm-up rounds are
+    not counted, so it is a floor)."""
+    made = 0
+    budget_s = min(30.0, max(1.0, 8.0 * calls * median_s))
+    for _ in range(REPEAT_BENCHES):
+        if made >= calls:
+            break
+        res = session.bench([key], shape, sets, min_samples=calls - made, min_s=0.0, max_s=budget_s,
+                            noise=NO_NOISE_BOUND, warmup_s=0.0)
+        made += len(res.samples[key])
+        budget_s *= 2
+    return made
+
+
+#: a noise bound every sample set meets (a repeat bench stops at its sample count, not at a spread)
+NO_NOISE_BOUND = 1e9
+
+
+def _runs_kernels(session: Session) -> bool:
+    """False for a session with no runner (replay answers from a recording): no kernel runs, none is probed."""
+    return getattr(session, "runner", None) is not None
+
+
+def _hold_runner(session: Session, requests: int) -> None:
+    """Have the next `requests` requests answered by one runner child (kfactory.runner.Runner.reserve), so a
+    routine replacement after runner_max_runs cannot fall between a timing and its probe and start the
+    kernel afresh."""
+    reserve = getattr(getattr(session, "runner", None), "reserve", None)
+    if reserve is not None:
+        reserve(requests)
 
 
 def available_baselines(problem: Problem, target: str = "cpu") -> list[str]:

@@ -125,9 +125,11 @@ class BenchmarkerService(RunnerService):
             keys[b] = f"baseline:{b}"
         async with self.device(device.device_id):
             for shape in problem.shapes("optimize"):
+                # the comparison's timings are a measurement of the candidate too, so it is probed after them
+                # like any measurement (judge.probe_after_timing); the reference and the baselines are not
                 res = await self.work(measure, session, list(keys.values()), problem, shape,
                                       self.pool(cand.problem), target.cache_bytes(), self.settings,
-                                      self.settings.compare_max_s, device)
+                                      self.settings.compare_max_s, device, [cand.id])
                 sname = problem.shape_str(shape)
                 comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device)
                 if res.reason:

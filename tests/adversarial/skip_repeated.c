@@ -1,10 +1,13 @@
 /*
  * CHEAT: batch-and-skip / warm-up detection by counting calls. Counts its calls in a static counter and,
  * after 64 calls, returns at once without writing y. Verification makes fewer calls than that (about 40
- * over all shapes and distributions), all computed honestly; the timing loops make hundreds, and a timed
- * output the judge checks may still hold a correct result from an early call on the same buffers.
+ * over all shapes and distributions), all computed honestly; the timing loops make hundreds on an idle
+ * host (on a loaded one maybe fewer than 64 in all), and a timed output the judge checks may still hold a
+ * correct result from an early call on the same buffers.
  * WHY THE JUDGE MUST CATCH IT: the median time collapses to the cost of a function call, far under the
- * speed-of-light floor of the problem's bytes over the measured memory bandwidth -> TOO_FAST_TO_BE_TRUE.
+ * speed-of-light floor of the problem's bytes over the measured memory bandwidth -> TOO_FAST_TO_BE_TRUE;
+ * and whatever the timing made, the judge's check after it (fresh inputs, poisoned outputs) comes at least
+ * 128 calls later and finds y unwritten -> WRONG_RESULT.
  */
 #include <math.h>
 #include <stdint.h>
