@@ -188,8 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("problems", help="list problems, describe one, or check a package before a campaign (its "
                        "reference on the smallest verification shape, every family rendered at one point)")
-    p.add_argument("action", choices=("list", "describe", "check"))
+    p.add_argument("action", choices=("list", "describe", "check", "new"))
     p.add_argument("name", nargs="?")
+    p.add_argument("--like", default="softmax", help="new: the built-in problem to copy (default softmax)")
+    p.add_argument("--out", type=Path, default=Path("."), help="new: where the package directory goes (default .)")
     return ap
 
 
@@ -325,6 +327,8 @@ def _problems(args) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     try:
+        if args.action == "new":
+            return _problem_new(args)
         problem = load_problem(args.name)
         if args.action == "check":
             return _problem_check(problem)
@@ -332,6 +336,19 @@ def _problems(args) -> int:
     except ProblemError as e:
         print(f"kfactory: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _problem_new(args) -> int:
+    """Scaffold a package; a bad name, an unknown --like or an existing directory is a usage error."""
+    from kfactory.problems import ProblemError
+    from kfactory.problems.scaffold import new_problem, next_steps
+
+    try:
+        print(next_steps(new_problem(args.name, args.like, args.out)))
+    except ProblemError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return EXIT_USAGE
     return 0
 
 

@@ -51,10 +51,12 @@ async def run_campaign(settings, spec, args) -> int:
     Ctrl-C cancels the campaign, writes the report and summary of what finished, and exits 130."""
     console = Console(stderr=True)
     try:
-        spec, _ = validate(spec, settings, Context.problem, lambda t: get_target(t, settings))
+        spec, note = validate(spec, settings, Context.problem, lambda t: get_target(t, settings))
     except SpecError as e:
         print(f"kfactory run: {e}", file=sys.stderr)  # one line, unwrapped, as submit's
         return 2
+    if note:
+        print(f"kfactory run: {note}", file=sys.stderr)
     nats = None
     if not args.nats_url:
         nats = EmbeddedNats()

@@ -106,3 +106,34 @@ def test_run_refuses_a_problem_whose_reference_raises_before_anything_starts(tmp
     assert out.returncode == 2 and "Traceback" not in out.stderr, out
     assert out.stderr.splitlines()[-1].startswith(f"kfactory run: problem: {pkg / 'reference.py'}: reference() "
                                                   "raised RuntimeError: my bug"), out.stderr
+
+
+def test_problems_new_scaffolds_a_package_that_checks(tmp_path):
+    out = subprocess.run([*KFACTORY, "problems", "new", "myop", "--like", "rmsnorm", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "docs/adding-a-problem.md" in out.stdout, out
+    assert "name: myop" in (tmp_path / "myop" / "problem.yaml").read_text()
+    ok = subprocess.run([*KFACTORY, "problems", "check", str(tmp_path / "myop")], capture_output=True, text=True,
+                        timeout=60)
+    assert ok.returncode == 0 and ok.stdout.startswith("myop: "), ok
+    again = subprocess.run([*KFACTORY, "problems", "new", "myop", "--out", str(tmp_path)], capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 2 and "exists already" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_a_problem_without_a_family_says_how_its_budget_is_spent():
+    from kfactory.config import Settings
+    from kfactory.problems import load_problem
+    from kfactory.services.planner.specs import SpecError, validate
+    from kfactory.targets import get_target
+    from kfactory.v1 import events_pb2 as pb
+
+    def check(**kw):
+        spec = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=5, families=["cuda_cu"], **kw)
+        return validate(spec, Settings(), load_problem, lambda t: get_target(t, Settings()))[1]
+
+    # the only family asked for is a cuda one: nothing can search the cpu target
+    with pytest.raises(SpecError, match="no family for target cpu, and no agent coders"):
+        check()
+    note = check(manual_sources=[pb.ManualSource(name="mine", source="void kernel(void) {}", compile_flags="-O2")])
+    assert "measures the reference kernel and your 1 hand-written kernel, and the search budget goes unspent" in note

@@ -50,24 +50,36 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
         raise SpecError(f"strategy: unknown {spec.strategy!r}; known: {', '.join(STRATEGIES)}")
     if spec.budget_candidates == 0 and spec.budget_seconds == 0:
         raise SpecError("budget: give a candidate count, a time limit in seconds, or both")
-    _check_families(spec, problem)
     _check_manual(spec, settings, target.name)
     spec.threads = spec.threads or settings.threads
     spec.parallel = spec.parallel or 2
     spec.seed = spec.seed or secrets.randbits(32)
     if wrong := coders.validate(spec, settings):
         raise SpecError(wrong)
-    return spec, coders.agent_note(spec, settings)
+    agent_note = coders.agent_note(spec, settings)
+    notes = [n for n in (agent_note, _budget_note(spec, problem, agents="agent" in spec.coders and not agent_note))
+             if n]
+    return spec, "; ".join(notes)
 
 
-def _check_families(spec: pb.CampaignSpec, problem: Problem) -> None:
+def _budget_note(spec: pb.CampaignSpec, problem: Problem, agents: bool) -> str:
+    """How the budget is spent when no family can be searched ("" when one can); SpecError when nothing can
+    spend it."""
     unknown = [f for f in spec.families if f not in problem.families]
     if unknown:
         raise SpecError(f"families: {unknown} not in problem {problem.name} ({list(problem.families)})")
     target = spec.target.split(":")[0]
-    searchable = [f for f in problem.families_for(target) if not spec.families or f.name in spec.families]
-    if spec.budget_candidates and not searchable and not spec.manual_sources:
-        raise SpecError(f"families: problem {problem.name} has no family for target {spec.target}")
+    if [f for f in problem.families_for(target) if not spec.families or f.name in spec.families]:
+        return ""
+    if agents:
+        return f"problem {problem.name} has no family for target {spec.target}: agent coders spend the budget"
+    if spec.manual_sources or not spec.budget_candidates:
+        n = len(spec.manual_sources)
+        return (f"problem {problem.name} has no family for target {spec.target} and no agents are on: the campaign "
+                f"measures the reference kernel and your {n} hand-written kernel{'s' * (n != 1)}, and the "
+                "search budget goes unspent")
+    raise SpecError(f"families: problem {problem.name} has no family for target {spec.target}, and no agent "
+                    "coders (--coders agent) or hand-written kernels (--manual) to spend the budget")
 
 
 def _check_manual(spec: pb.CampaignSpec, settings: Settings, target: str) -> None:
