@@ -13,6 +13,7 @@ import numpy as np
 from kfactory import inputs as inp
 from kfactory.compare import compare
 from kfactory.problems import Problem
+from kfactory.problems.check import ReferenceFailed, run_reference
 from kfactory.runner import LoadFailed, RunnerCrashed, RunnerFault, RunnerTimeout
 from kfactory.stats import summarize
 from kfactory.targets import Session
@@ -86,7 +87,7 @@ class InputPool:
     def drawn(self, shape: dict[str, int], dist: str, seed: int):
         """(inputs, float64 reference outputs, seed) drawn with a given seed."""
         x = inp.draw(self.problem, shape, dist, seed)
-        return x, self.problem.reference.reference(x), seed
+        return x, run_reference(self.problem, x, shape, dist), seed
 
     def probe_set(self, shape: dict[str, int]):
         """(inputs, float64 reference outputs, seed) for the check after a timing (see measure): drawn from the
@@ -100,7 +101,8 @@ class InputPool:
         def make():
             seeds = [inp.fresh_seed() for _ in range(n_sets(self.problem, shape, cache_bytes))]
             sets = [inp.draw(self.problem, shape, _timing_dist(self.problem), s) for s in seeds]
-            return sets, [self.problem.reference.reference(x) for x in sets], seeds
+            dist = _timing_dist(self.problem)
+            return sets, [run_reference(self.problem, x, shape, dist) for x in sets], seeds
         return self._get((self.problem.shape_str(shape), "timing"), math.prod(shape.values()), make)
 
 
@@ -146,6 +148,8 @@ def verify(session: Session, key: str, problem: Problem, pool: InputPool) -> Ver
         _memo_probe(session, key, problem, pool, verdict.checks)
     except _Rejected as r:
         return Verdict(False, r.reason, r.message, verdict.checks)
+    except ReferenceFailed as e:
+        return Verdict(False, pb.PROBLEM_ERROR, str(e), verdict.checks)
     return verdict
 
 
@@ -213,7 +217,7 @@ def _memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) -
     b, ref_b, seed_b = pool.drawn(shape, dist, inp.fresh_seed())
     a2 = _near_duplicate(problem, a, shape, dist)
     steps = [(a, ref_a, seed_a, "memo:first"), (b, ref_b, seed_b, "memo:same-buffers"),
-             (a2, problem.reference.reference(a2), seed_a, "memo:near-duplicate")]
+             (a2, run_reference(problem, a2, shape, "memo:near-duplicate"), seed_a, "memo:near-duplicate")]
     sname = problem.shape_str(shape)
     try:
         results = session.call_sequence(key, shape, [s[0] for s in steps])
@@ -274,7 +278,10 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
     once more, on fresh inputs, after more calls than the timing made (probe_after_timing): that check does
     not depend on how many calls a loaded host let the timing make. A session that runs nothing (replay) has
     no kernel to probe."""
-    sets, refs, seeds = pool.timing_sets(shape, cache_bytes)
+    try:
+        sets, refs, seeds = pool.timing_sets(shape, cache_bytes)
+    except ReferenceFailed as e:
+        return Timing(reason=pb.PROBLEM_ERROR, message=str(e))
     sname = problem.shape_str(shape)
     probed = list(keys if probe is None else probe) if _runs_kernels(session) else []
     # the timing, the speed-of-light overhead (a load and a bench), the loads after a replacement, and per

@@ -137,3 +137,24 @@ def test_a_problem_without_a_family_says_how_its_budget_is_spent():
         check()
     note = check(manual_sources=[pb.ManualSource(name="mine", source="void kernel(void) {}", compile_flags="-O2")])
     assert "measures the reference kernel and your 1 hand-written kernel, and the search budget goes unspent" in note
+
+
+def test_a_reference_that_raises_during_the_campaign_fails_it(tmp_path, host_ceilings):
+    """The pre-check runs the reference on the smallest shape only; one that raises at a larger shape is met by
+    the verifier, which is no candidate's fault: the campaign ends failed with the problem's error, exit 1."""
+    pkg = _broken_softmax(tmp_path)
+    ref = pkg / "reference.py"
+    ref.write_text(ref.read_text().replace("def reference(inputs", "def _reference(inputs", 1) + (
+        "\n\ndef reference(inputs):\n    if inputs['x'].size > 10_000:\n"
+        "        raise MemoryError('my reference cannot hold this shape')\n    return _reference(inputs)\n"))
+    summary = tmp_path / "out.json"
+    out = subprocess.run([*KFACTORY, "run", str(pkg), "--budget", "4", "--warm", "0", "--quiet", "--json",
+                          str(summary)], capture_output=True, text=True, env=_env(tmp_path, host_ceilings),
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out
+    data = json.loads(summary.read_text())
+    assert data["state"] == "failed", data
+    report = (tmp_path / data["report"]).read_text() if not os.path.isabs(data["report"]) else \
+        open(data["report"]).read()
+    assert "state: failed (the problem's reference failed: " in report and "MemoryError: my reference cannot " \
+        "hold this shape" in report, report[:2000]

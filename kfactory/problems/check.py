@@ -42,18 +42,24 @@ def smallest_shape(problem: Problem) -> dict[str, int]:
 def check_reference(problem: Problem) -> None:
     """Run the reference on the smallest verification shape, every distribution; raise ReferenceFailed with
     the file and what went wrong."""
-    path = problem.directory / "reference.py"
     shape = smallest_shape(problem)
     for dist in problem.spec.distributions:
-        x = inp.draw(problem, shape, dist, seed=1)
-        try:
-            out = problem.reference.reference(x)
-        except ProblemError:
-            raise
-        except Exception as e:  # noqa: BLE001 (the user's code: any error is this problem's, reported with its type)
-            raise ReferenceFailed(f"{path}: reference() raised {type(e).__name__}: {e} (shape "
-                                  f"{problem.shape_str(shape)}, distribution {dist})") from e
-        _check_outputs(problem, path, out, shape, dist)
+        run_reference(problem, inp.draw(problem, shape, dist, seed=1), shape, dist)
+
+
+def run_reference(problem: Problem, x: dict, shape: dict[str, int], dist: str) -> dict:
+    """The problem's float64 reference outputs for inputs `x`; ReferenceFailed (the problem's fault, never a
+    candidate's) when the user's reference.py raises or returns what the ABI does not declare."""
+    path = problem.directory / "reference.py"
+    try:
+        out = problem.reference.reference(x)
+    except ProblemError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the user's code: any error is this problem's, reported with its type)
+        raise ReferenceFailed(f"{path}: reference() raised {type(e).__name__}: {e} (shape "
+                              f"{problem.shape_str(shape)}, distribution {dist})") from e
+    _check_outputs(problem, path, out, shape, dist)
+    return out
 
 
 def _check_outputs(problem: Problem, path: Path, out, shape: dict[str, int], dist: str) -> None:

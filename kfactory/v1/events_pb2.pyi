@@ -34,6 +34,7 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AGENT_UNAVAILABLE: _ClassVar[RejectReason]
     AGENT_BAD_RESPONSE: _ClassVar[RejectReason]
     AGENT_NOT_CONFIGURED: _ClassVar[RejectReason]
+    PROBLEM_ERROR: _ClassVar[RejectReason]
 REJECT_REASON_UNSPECIFIED: RejectReason
 COMPILE_ERROR: RejectReason
 RESOURCE_LIMIT: RejectReason
@@ -59,6 +60,7 @@ AGENT_RATE_LIMITED: RejectReason
 AGENT_UNAVAILABLE: RejectReason
 AGENT_BAD_RESPONSE: RejectReason
 AGENT_NOT_CONFIGURED: RejectReason
+PROBLEM_ERROR: RejectReason
 
 class DeviceInfo(_message.Message):
     __slots__ = ("target", "model", "device_id", "threads", "mem_bandwidth_gbps", "peak_gflops", "uuid", "arch", "peak_bf16_gflops", "l2_bytes", "sm_count")

@@ -189,6 +189,9 @@ class CampaignState:
     def _on_rejected(self, m: pb.Rejected) -> None:
         self.counts.rejected += 1
         self.coders.on_rejected(m)
+        if m.reason == pb.PROBLEM_ERROR and not self.broken:
+            # no candidate can be judged against a reference that fails: the campaign fails with its error
+            self.broken = f"the problem's reference failed: {m.message}"
         point_id = ev.outcome_point(m)
         if m.reason == pb.DUPLICATE:  # not the point's fault: it scores like its twin, now or when that is known
             twin = self.measured.get(m.candidate.id)
