@@ -186,6 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-url", help="NATS server (env KFACTORY_NATS_URL); in the secure profile, as the admin "
                                       "user (KFACTORY_NATS_USER/PASSWORD)")
 
+    p = sub.add_parser("export", help="a verified kernel as C, a Python module or a torch op, usable without "
+                                      "kfactory (docs/exporting.md)")
+    p.add_argument("kernel", metavar="ID|PROBLEM", help="a candidate id (or unique prefix), or a problem: its fastest "
+                                                        "measured kernel")
+    p.add_argument("--shape", default="", help="with a PROBLEM: the fastest at this shape")
+    p.add_argument("--target", default="", help="with a PROBLEM: on this target (default cpu)")
+    p.add_argument("--format", dest="fmt", required=True, choices=("c", "python", "torch"))
+    p.add_argument("--name", required=True, help="the exported function's name (a C identifier)")
+    p.add_argument("--out", type=Path, required=True, help="the directory to write into (one per kernel)")
+    p.add_argument("--memory", help="Evidence service address (env KFACTORY_MEMORY_ADDR); unset: read the local "
+                                    "workspace")
+    p.add_argument("--json", dest="as_json", action="store_true", help="print the files written as JSON")
+
     p = sub.add_parser("problems", help="list problems, describe one, or check a package before a campaign (its "
                        "reference on the smallest verification shape, every family rendered at one point)")
     p.add_argument("action", choices=("list", "describe", "check", "new"))
@@ -240,6 +253,10 @@ def _dispatch(args) -> int:
             return asyncio.run(run_campaign(_settings(args), _spec(args), args))
         if args.cmd == "dead-letters":
             return _dead_letters(args)
+        if args.cmd == "export":
+            from kfactory.export.command import run as export_command
+
+            return export_command(args, _settings(args))
         if args.cmd == "serve":
             from kfactory.app import serve
 

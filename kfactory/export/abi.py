@@ -1,0 +1,95 @@
+"""A problem's ABI on a target as an exported wrapper needs it: each argument's name, whether it is a tensor
+(a pointer) or a scalar, and a scalar's C type, read from the ABI's C signature."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kfactory.export.errors import ExportError
+
+#: C spellings of scalar types -> the exported wrapper's names for them (ctypes and struct know each)
+SCALAR_TYPES = {
+    "int64_t": "int64", "long long": "int64", "long long int": "int64", "signed long long": "int64",
+    "int32_t": "int32", "int": "int32", "signed int": "int32", "signed": "int32",
+    "uint64_t": "uint64", "unsigned long long": "uint64", "size_t": "uint64",
+    "uint32_t": "uint32", "unsigned": "uint32", "unsigned int": "uint32",
+    "long": "long", "unsigned long": "ulong",
+    "float": "float32", "double": "float64",
+}
+_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
+_PARAM = re.compile(r"^(?P<type>.*?)(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*(?:\[\s*\])?\s*$", re.DOTALL)
+
+
+class AbiError(ExportError):
+    """The ABI's signature cannot be mapped onto the problem's tensors and symbols."""
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One kernel argument: a tensor (passed as a pointer) or a scalar of a C type."""
+    name: str
+    tensor: bool
+    scalar_type: str = ""   # int64, int32, uint64, uint32, long, ulong, float32, float64 (scalars only)
+    c_type: str = ""        # as the signature spells it
+
+
+def parse_args(signature: str) -> list[tuple[str, str]]:
+    """[(C type, name)] of a C signature's parameters, in order."""
+    open_at, close_at = signature.find("("), signature.rfind(")")
+    if open_at < 0 or close_at < open_at:
+        raise AbiError(f"no parameter list in the ABI signature {signature!r}")
+    body = signature[open_at + 1:close_at].strip()
+    if not body or body == "void":
+        return []
+    out = []
+    for part in body.split(","):
+        m = _PARAM.match(part.strip())
+        if m is None or not m.group("type").strip():
+            raise AbiError(f"cannot read the parameter {part.strip()!r} of the ABI signature {signature!r}")
+        out.append((" ".join(m.group("type").split()), m.group("name")))
+    return out
+
+
+def _scalar_type(c_type: str) -> str:
+    words = [w for w in c_type.split() if w not in _QUALIFIERS]
+    key = " ".join(words)
+    if key not in SCALAR_TYPES:
+        raise AbiError(f"scalar type {c_type!r} is not one the exporter knows ({', '.join(sorted(SCALAR_TYPES))})")
+    return SCALAR_TYPES[key]
+
+
+def abi_args(problem, target: str) -> list[Arg]:
+    """The problem's ABI arguments on `target` (cpu or cuda), checked against abi.args and the problem's
+    tensors and symbols: a tensor must be a pointer, a symbol a scalar of a known C type."""
+    kind = target.split(":", 1)[0]
+    abi = problem.spec.abi.get(kind)
+    if abi is None:
+        raise AbiError(f"problem {problem.name} has no ABI for target {kind}")
+    params = parse_args(abi.signature)
+    names = [n for _, n in params]
+    if names != list(abi.args):
+        raise AbiError(f"the ABI signature names its arguments {names}, abi.args says {list(abi.args)}")
+    tensors = {t.name for t in problem.spec.inputs + problem.spec.outputs}
+    out = []
+    for c_type, name in params:
+        pointer = "*" in c_type
+        if name in tensors:
+            if not pointer:
+                raise AbiError(f"argument {name!r} is a tensor but the signature passes it as {c_type!r}")
+            out.append(Arg(name, True, c_type=c_type))
+        elif name in problem.spec.symbols:
+            if pointer:
+                raise AbiError(f"argument {name!r} is a shape symbol but the signature passes a pointer")
+            out.append(Arg(name, False, _scalar_type(c_type), c_type))
+        else:
+            raise AbiError(f"argument {name!r} is neither a tensor nor a shape symbol of {problem.name}")
+    return out
+
+
+def derivable(problem) -> list[str]:
+    """The shape symbols the outputs and arguments need that no input's shape gives: a wrapper that derives
+    the shape from its inputs cannot call such a kernel (empty for every built-in problem)."""
+    given = {d for t in problem.spec.inputs for d in t.shape if isinstance(d, str)}
+    needed = {d for t in problem.spec.outputs for d in t.shape if isinstance(d, str)}
+    needed |= {a for abi in problem.spec.abi.values() for a in abi.args if a in problem.spec.symbols}
+    return sorted(needed - given)
