@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 from google.protobuf.json_format import ParseDict
 
@@ -373,6 +374,18 @@ def test_cuda_export_builds_a_cubin_with_name(small_softmax, tmp_path):
     for shape in problem.shapes("all"):
         want = evaluate_launch(kev.launch_of(cand), shape)
         assert namespace["_kf_launch"](shape) == (want.grid, want.block, want.smem)
+    # the module's cuda path (copies, argument packing, launch, frees) against the runtime tests' fake driver,
+    # whose "kernel" is a numpy softmax reading the arguments as CUDA would pass them (there is no GPU here)
+    from test_cuda_runtime import _Fake, _softmax_kernel
+    from kfactory.targets import cuda_child
+    fake = _Fake(cuda_child.cu or pytest.importorskip("cuda.bindings.driver"))
+    fake.kernels["kf_cu"] = (4, _softmax_kernel)
+    namespace["_kf_cuda_driver"] = lambda: fake
+    x = np.random.default_rng(1).standard_normal((37, 1027), dtype=np.float32)
+    y = namespace["kf_cu"](x)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    assert np.abs(y - e / e.sum(axis=1, keepdims=True)).max() < 1e-6
+    assert fake.launches == 1 and not fake.mem   # every device buffer freed
 
 
 def _reference_module(problem_name: str, target: str, tmp_path: Path) -> dict:

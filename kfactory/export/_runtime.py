@@ -269,8 +269,9 @@ def _kf_launch_args(pointers: dict, sym: dict) -> list:
             for a in _CONFIG["args"]]
 
 
-def _kf_enqueue(cu, loaded, pointers: dict, sym: dict, stream) -> None:
-    """Launch the kernel once on `stream` with device pointers `pointers` (by tensor name)."""
+def _kf_enqueue(cu, loaded, pointers: dict, sym: dict, stream: int) -> None:
+    """Launch the kernel once on `stream` (a CUstream handle as an int; 0: the legacy default stream) with
+    device pointers `pointers` (by tensor name)."""
     _, fn, _, state = loaded
     grid, block, smem = _kf_launch(sym)
     if smem > state["smem"]:
@@ -278,7 +279,7 @@ def _kf_enqueue(cu, loaded, pointers: dict, sym: dict, stream) -> None:
         _kf_ck("cuFuncSetAttribute", cu.cuFuncSetAttribute(fn, attr, smem))
         state["smem"] = smem
     params, keep = _kf_pack(_kf_launch_args(pointers, sym))
-    _kf_ck("cuLaunchKernel", cu.cuLaunchKernel(fn, *grid, *block, smem, stream, params, 0))
+    _kf_ck("cuLaunchKernel", cu.cuLaunchKernel(fn, *grid, *block, smem, cu.CUstream(int(stream)), params, 0))
     del keep
 
 
