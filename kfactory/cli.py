@@ -105,6 +105,21 @@ def _grpc_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
 
 
+#: how the query commands choose where to answer from (their --help says it)
+LOCAL_RULE = ("Answers from the running factory whose address is given (--memory or KFACTORY_MEMORY_ADDR; for "
+              "status --planner or KFACTORY_PLANNER_ADDR), else from the local workspace under KFACTORY_DATA_DIR, "
+              "with no service running. An id may be a unique prefix of it.")
+
+
+def _query_args(p: argparse.ArgumentParser) -> None:
+    """The flags of a query command, which reads the local workspace unless a factory's address is given."""
+    p.add_argument("--planner", help="Campaigns service address (env KFACTORY_PLANNER_ADDR); unset: read the "
+                                     "local workspace")
+    p.add_argument("--memory", help="Evidence service address (env KFACTORY_MEMORY_ADDR); unset: read the local "
+                                    "workspace")
+    p.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kfactory", description="A kernel factory.")
     ap.add_argument("--log-level", default=None)
@@ -132,31 +147,37 @@ def build_parser() -> argparse.ArgumentParser:
                            ("watch", "follow a campaign's events live"),
                            ("cancel", "cancel a campaign"),
                            ("report", "write a campaign's report")):
-        p = sub.add_parser(name, help=helptext)
+        query = name in ("status", "report")
+        p = sub.add_parser(name, help=helptext, description=f"{helptext[0].upper()}{helptext[1:]}. "
+                           f"{LOCAL_RULE if query else ''}".strip())
         p.add_argument("id", nargs="?" if name == "status" else None)
-        _grpc_args(p)
+        (_query_args if query else _grpc_args)(p)
         if name == "report":
             p.add_argument("--out", type=Path, default=None, help="directory (default ./reports/ID)")
 
-    p = sub.add_parser("best", help="the best kernel for a problem, or a campaign's leaderboard")
+    p = sub.add_parser("best", help="the best kernel for a problem, or a campaign's leaderboard",
+                       description=f"The best kernel for a problem, a campaign's leaderboard, or one candidate's "
+                                   f"evidence and source. {LOCAL_RULE}")
     p.add_argument("problem", nargs="?")
     p.add_argument("--shape", default="")
     p.add_argument("--device", default="")
-    p.add_argument("--campaign", help="show this campaign's leaderboard instead")
-    p.add_argument("--candidate", help="show one candidate's full evidence")
-    _grpc_args(p)
+    p.add_argument("--campaign", help="show this campaign's leaderboard instead (id or unique prefix)")
+    p.add_argument("--candidate", help="show one candidate's full evidence and source (id or unique prefix)")
+    _query_args(p)
 
-    p = sub.add_parser("priors", help="what memory would seed a campaign of a problem with (its warm start)")
+    p = sub.add_parser("priors", help="what memory would seed a campaign of a problem with (its warm start)",
+                       description=f"What memory would seed a campaign of a problem with. {LOCAL_RULE}")
     p.add_argument("problem")
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
     p.add_argument("--limit", type=cli_type("priors_limit"), default=8)
-    _grpc_args(p)
+    _query_args(p)
 
-    p = sub.add_parser("lessons", help="what memory learned about a problem on a target (what agents are told)")
+    p = sub.add_parser("lessons", help="what memory learned about a problem on a target (what agents are told)",
+                       description=f"What memory learned about a problem on a target. {LOCAL_RULE}")
     p.add_argument("problem")
     p.add_argument("--target", default="", help="cpu, cuda, ... (default: every target)")
     p.add_argument("--limit", type=int, default=6, help="lessons per kind")
-    _grpc_args(p)
+    _query_args(p)
 
     p = sub.add_parser("check", help="judge one kernel as a campaign would: compile, verify, measure")
     p.add_argument("problem")
@@ -238,8 +259,19 @@ def settings_errors(e: ValidationError) -> str:
     return "\n".join(lines)
 
 
+#: the commands that only query (the workspace or a factory): they start no service
+QUERY_COMMANDS = ("status", "best", "report", "priors", "lessons")
+
+
 def _dispatch(args) -> int:
     from kfactory import client
+
+    if args.cmd in QUERY_COMMANDS:  # before kfactory.app, whose imports (the judge's) alone take a second
+        try:
+            return client.dispatch(args, _settings(args), None)
+        except client.ClientError as e:
+            print(f"kfactory: {e}", file=sys.stderr)
+            return e.code
     from kfactory.app import WiringError
 
     if args.cmd == "problems":

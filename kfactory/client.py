@@ -1,8 +1,19 @@
-"""gRPC client commands: submit, status, watch, cancel, best, report."""
+"""Client commands: submit, status, watch, cancel (the planner's Campaigns service), and best, report, priors,
+lessons (memory's Evidence service).
+
+The query commands (best, report, priors, lessons, and status) answer from a running factory when its address is
+configured, that is, given by flag (--memory, --planner) or environment (KFACTORY_MEMORY_ADDR,
+KFACTORY_PLANNER_ADDR); otherwise from the local workspace under KFACTORY_DATA_DIR (kfactory/workspace.py), with
+no service running. Both ways answer through the same queries (services/memory/queries.py), so with the same
+answers; every id they take may be a unique prefix of it.
+"""
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -12,17 +23,22 @@ from kfactory import events as ev
 from kfactory import security
 from kfactory.grpcutil import clip
 from kfactory.report import verification_table
+from kfactory.services.memory import queries as qmod
+from kfactory.services.memory.archive import Archive, target_matches
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
+from kfactory.workspace import Workspace
 
 
 class ClientError(RuntimeError):
-    """A client command failed; `code` is the process exit status."""
+    """A client command failed; `code` is the process exit status; `status` the gRPC status it came from, if
+    any."""
 
-    def __init__(self, message: str, code: int = 1):
+    def __init__(self, message: str, code: int = 1, status: grpc.StatusCode | None = None):
         super().__init__(message)
         self.code = code
+        self.status = status
 
 
 def check_campaign_id(value: str, flag: str) -> None:
@@ -62,14 +78,90 @@ def _status_line(s: spb.CampaignStatus) -> str:
 _settings = None
 
 
-async def _call(addr: str, fn):
-    async with security.channel(addr, _settings) as ch:
+async def _call(addr: str, fn, settings=None):
+    async with security.channel(addr, settings or _settings) as ch:
         try:
             return await fn(ch)
         except grpc.aio.AioRpcError as e:
             code = 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
             # clipped: a server that predates grpcutil.ClipDetails may quote megabytes of the request back
-            raise ClientError(f"{addr}: {e.code().name}: {clip(e.details() or '')}", code) from e
+            raise ClientError(f"{addr}: {e.code().name}: {clip(e.details() or '')}", code, e.code()) from e
+
+
+# -- where the answers come from: a configured service, else the local workspace ------------------------------
+def memory_configured(settings) -> bool:
+    """Whether the query commands ask a memory service: its address was given by --memory or
+    KFACTORY_MEMORY_ADDR (the default address alone is not a factory the user named)."""
+    return "memory_addr" in settings.model_fields_set and bool(settings.memory_addr)
+
+
+def planner_configured(settings) -> bool:
+    """Whether `status` asks the planner: its address was given by --planner or KFACTORY_PLANNER_ADDR."""
+    return "planner_addr" in settings.model_fields_set and bool(settings.planner_addr)
+
+
+#: the local query that answers each Evidence RPC
+LOCAL_QUERY = {"Best": "best", "Leaderboard": "leaderboard", "Candidate": "candidate", "Report": "report",
+               "Priors": "priors", "Lessons": "lessons", "RegressionInputs": "regression_inputs"}
+
+
+def _local(settings, ask: Callable[[qmod.Queries], object]):
+    """Answer from the local workspace: `ask` run on Queries over its archive (opened read-only: a memory of
+    this machine may be writing it) and its object store; the queries' typed errors become ClientErrors."""
+    ws = Workspace.of(settings)
+    try:
+        archive = Archive.reader(ws.archive_path, qmod.problem_name)
+    except FileNotFoundError:
+        raise ClientError(f"no campaign has run here yet: no archive at {ws.archive_path} (KFACTORY_DATA_DIR "
+                          "names the workspace; --memory or KFACTORY_MEMORY_ADDR a running factory)", 1) from None
+    try:
+        return ask(qmod.Queries(archive, ws.get))
+    except qmod.NotFound as e:
+        raise ClientError(str(e), 1) from e
+    except qmod.InvalidRequest as e:
+        raise ClientError(str(e), 2) from e
+    except sqlite3.DatabaseError as e:  # not an archive, or damaged: say which file, not a traceback
+        raise ClientError(f"cannot read the archive {ws.archive_path}: {type(e).__name__}: {e}", 1) from e
+    finally:
+        archive.close()
+
+
+async def _evidence(settings, method: str, request):
+    """One Evidence query: through the memory service when it is configured, else from the local workspace."""
+    if memory_configured(settings):
+        return await _call(settings.memory_addr, lambda ch: getattr(sgrpc.EvidenceStub(ch), method)(request),
+                           settings)
+    return _local(settings, lambda q: getattr(q, LOCAL_QUERY[method])(request))
+
+
+def candidate_evidence(settings, id_or_prefix: str) -> spb.CandidateEvidence:
+    """One candidate's evidence (candidate, events, lineage, source) by its id or a unique prefix of it, from the
+    memory service when it is configured (memory_configured), else from the local workspace. Raises ClientError
+    (code 1: no such candidate, or no answer; code 2: an ambiguous prefix, listing the matches). Call it outside
+    a running event loop."""
+    return asyncio.run(_evidence(settings, "Candidate", spb.CandidateRequest(id=id_or_prefix)))
+
+
+def best_entry(settings, problem: str, shape: str = "", target: str = "") -> spb.LeaderboardEntry:
+    """The fastest measured kernel of a problem (at `shape`; for `target`: "cuda" takes any cuda target,
+    "cuda:sm_90a" only that one), with its verdict's figures, local or remote as candidate_evidence. Raises
+    ClientError (code 1: nothing measured). Call it outside a running event loop."""
+    return asyncio.run(_best_entry(settings, problem, shape, target))
+
+
+async def _best_entry(settings, problem: str, shape: str, target: str) -> spb.LeaderboardEntry:
+    request = spb.BestRequest(problem=problem, shape=shape)
+    if not memory_configured(settings):
+        return _local(settings, lambda q: q.best(request, target))
+    entry = await _evidence(settings, "Best", request)
+    if target:
+        # the Evidence service's BestRequest has no target: check the answer, never hand over another target's
+        have = (await _evidence(settings, "Candidate", spb.CandidateRequest(id=entry.candidate_id))).candidate.target
+        if not target_matches(have, target):
+            raise ClientError(f"{settings.memory_addr}: the fastest {problem} kernel memory holds is for {have}, not "
+                              f"{target}, and its Best query cannot filter by target (without --memory and "
+                              "KFACTORY_MEMORY_ADDR the local workspace can)", 1)
+    return entry
 
 
 async def _watch(ch, cid: str) -> None:
@@ -98,8 +190,21 @@ def dispatch(args, settings, spec_fn) -> int:
     return asyncio.run(_dispatch(args, settings, spec_fn))
 
 
+def _check_text(args) -> None:
+    """Raise ClientError (exit 2) for an argument that is no text (bytes the locale could not decode reach Python
+    as lone surrogates, which no request, and no query of the archive, can carry)."""
+    for name, value in vars(args).items():
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                shown = value.encode(errors="backslashreplace").decode()
+                raise ClientError(f"the {name} argument ({shown[:80]}) is not valid UTF-8 text", 2) from None
+
+
 async def _dispatch(args, settings, spec_fn) -> int:
-    plan, mem, as_json = settings.planner_addr, settings.memory_addr, getattr(args, "as_json", False)
+    _check_text(args)
+    plan, as_json = settings.planner_addr, getattr(args, "as_json", False)
     if args.cmd == "submit":
         s = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Submit(spb.SubmitRequest(spec=spec_fn(args))))
         _print(s, as_json, f"submitted {s.id}")
@@ -108,10 +213,10 @@ async def _dispatch(args, settings, spec_fn) -> int:
         return 0
     if args.cmd == "status":
         if args.id:
-            s = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Get(spb.GetCampaignRequest(id=args.id)))
+            s = await _campaign_status(settings, args.id)
             _print(s, as_json, _status_line(s))
         else:
-            r = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).List(spb.ListCampaignsRequest()))
+            r = await _campaign_list(settings)
             _print(r, as_json, "\n".join(_status_line(s) for s in r.campaigns) or "no campaigns")
         return 0
     if args.cmd == "watch":
@@ -123,22 +228,22 @@ async def _dispatch(args, settings, spec_fn) -> int:
         return 0
     if args.cmd == "priors":
         req = spb.PriorsRequest(problem=args.problem, families=args.family, limit=args.limit)
-        r = await _call(mem, lambda ch: sgrpc.EvidenceStub(ch).Priors(req))
+        r = await _evidence(settings, "Priors", req)
         _print(r, as_json, "\n".join(f"{p.relative:6.3f}x of its campaign's best  {p.score_s * 1e3:9.3f} ms  "
                                      f"{p.device}  {p.family} {p.params_json}  (campaign {p.campaign_id})"
                                      for p in r.priors) or "no priors: no campaign of this problem measured yet")
         return 0
     if args.cmd == "best":
-        return await _best(args, mem, as_json)
+        return await _best(args, settings, as_json)
     if args.cmd == "lessons":
         req = spb.LessonsRequest(problem=args.problem, target=args.target, limit=args.limit)
-        r = await _call(mem, lambda ch: sgrpc.EvidenceStub(ch).Lessons(req))
+        r = await _evidence(settings, "Lessons", req)
         _print(r, as_json, r.text or f"no lessons yet: no campaign of {args.problem} is in memory")
         return 0
     if args.cmd == "report":
         check_campaign_id(args.id, "campaign")  # it names a directory too
-        r = await _call(mem, lambda ch: sgrpc.EvidenceStub(ch).Report(spb.ReportRequest(campaign_id=args.id)))
-        out = args.out or Path(settings.report_dir) / args.id
+        r = await _evidence(settings, "Report", spb.ReportRequest(campaign_id=args.id))
+        out = args.out or Path(settings.report_dir) / _report_campaign(r, args.id)
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.md").write_text(r.markdown)
         (out / "plot.png").write_bytes(r.plot_png)
@@ -147,10 +252,48 @@ async def _dispatch(args, settings, spec_fn) -> int:
     raise ClientError(f"unknown command {args.cmd}", 2)
 
 
-async def _best(args, mem: str, as_json: bool) -> int:
-    stub = lambda ch: sgrpc.EvidenceStub(ch)  # noqa: E731
+#: the first line of a report (kfactory/report.py's build) names the campaign in full
+_REPORT_TITLE = re.compile(r"# Campaign ([A-Za-z0-9_-]{1,64}):")
+
+
+def _report_campaign(r: spb.ReportResponse, asked: str) -> str:
+    """The full id of the campaign a report is of (`asked` may be a prefix of it): its title names it. (The
+    ReportResponse does not carry it; a report without the title keeps the id as asked.)"""
+    title = _REPORT_TITLE.match(r.markdown)
+    return title.group(1) if title and title.group(1).startswith(asked) else asked
+
+
+async def _campaign_status(settings, cid: str) -> spb.CampaignStatus:
+    """A campaign's status by id or unique prefix: from the planner when it is configured, else from the archive."""
+    if not planner_configured(settings):
+        return _local(settings, lambda q: q.status(spb.GetCampaignRequest(id=cid)))
+    plan = settings.planner_addr
+    try:
+        return await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Get(spb.GetCampaignRequest(id=cid)), settings)
+    except ClientError as e:
+        if e.status != grpc.StatusCode.NOT_FOUND or not cid:
+            raise
+        # not an id the planner knows: perhaps a prefix of one (the planner takes full ids only)
+        known = [s for s in (await _campaign_list(settings)).campaigns if s.id.startswith(cid)]
+        if len(known) == 1:
+            return known[0]
+        if known:
+            raise ClientError(str(qmod.Ambiguous("campaign", cid, [_status_line(s) for s in known[:qmod.MATCHES_SHOWN]],
+                                                 len(known) > qmod.MATCHES_SHOWN)), 2) from None
+        raise
+
+
+async def _campaign_list(settings) -> spb.ListCampaignsResponse:
+    """Every campaign's status: the planner's when it is configured, else the archive's."""
+    if not planner_configured(settings):
+        return _local(settings, lambda q: q.campaigns(spb.ListCampaignsRequest()))
+    return await _call(settings.planner_addr, lambda ch: sgrpc.CampaignsStub(ch).List(spb.ListCampaignsRequest()),
+                       settings)
+
+
+async def _best(args, settings, as_json: bool) -> int:
     if args.candidate:
-        r = await _call(mem, lambda ch: stub(ch).Candidate(spb.CandidateRequest(id=args.candidate)))
+        r = await _evidence(settings, "Candidate", spb.CandidateRequest(id=args.candidate))
         kinds = ", ".join(ev.kind_of(e) for e in r.events)
         verdicts = [getattr(e, k) for e in r.events for k in ("verified", "rejected") if e.HasField(k)]
         table = "\n".join(verification_table(verdicts[-1].checks)) if verdicts else "no verdict yet"
@@ -159,14 +302,13 @@ async def _best(args, mem: str, as_json: bool) -> int:
         return 0
     if args.campaign:
         check_campaign_id(args.campaign, "--campaign")
-        r = await _call(mem, lambda ch: stub(ch).Leaderboard(spb.LeaderboardRequest(campaign_id=args.campaign)))
+        r = await _evidence(settings, "Leaderboard", spb.LeaderboardRequest(campaign_id=args.campaign))
         _print(r, as_json, "\n".join(f"{i:3d} {e.candidate_id[:12]} {e.score_s * 1e3:9.3f} ms {e.origin} "
                                      f"{e.params_json}" for i, e in enumerate(r.entries, 1)) or "no measurements")
         return 0
     if not args.problem:
         raise ClientError("kfactory best: name a problem, or give --campaign or --candidate", 2)
-    r = await _call(mem, lambda ch: stub(ch).Best(spb.BestRequest(problem=args.problem, shape=args.shape,
-                                                                  device=args.device)))
+    r = await _evidence(settings, "Best", spb.BestRequest(problem=args.problem, shape=args.shape, device=args.device))
     _print(r, as_json, f"{r.candidate_id} {r.score_s * 1e3:.3f} ms on {r.device} ({r.origin} {r.params_json}; "
            f"campaign {r.campaign_id})\nverification:\n" + "\n".join(verification_table(r.checks)))
     return 0

@@ -160,6 +160,9 @@ def _finish(settings, st, running, memory, args, console: Console) -> int:
     md, png = memory.report(st.id)
     (out_dir / "report.md").write_text(md)
     (out_dir / "plot.png").write_bytes(png)
+    # and a copy in the workspace, beside the archive and the sources, which outlive this run's nats-server
+    from kfactory.workspace import Workspace
+    Workspace.of(settings).write_report(st.id, md, png)
     summary["state"] = st.finished.state
     summary["report"] = str(out_dir / "report.md")
     summary["services"] = {name: svc.handled for name, svc in running.services.items()}

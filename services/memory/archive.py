@@ -52,6 +52,17 @@ REFUSED_HEAD_BYTES = 4096
 AWAITS = {"measured": "verified", "comparison": "measured"}
 
 
+#: a character above any an id holds: [prefix, prefix + _TOP) is the range of strings that start with prefix (a
+#: range scan uses the index; LIKE would not, and is case-insensitive besides)
+_TOP = "\U0010ffff"
+
+
+def target_matches(have: str, want: str) -> bool:
+    """Whether a candidate's target is the one asked for: any when `want` is empty; a bare name (`cuda`) matches
+    each of its variants (`cuda:sm_90a`), a full one only itself."""
+    return not want or have == want or (":" not in want and have.split(":")[0] == want)
+
+
 class Archive:
     """Thread-safe access to the SQLite archive (one connection, serialised)."""
 
@@ -64,6 +75,20 @@ class Archive:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
         self.lock = threading.Lock()
+
+    @classmethod
+    def reader(cls, path: Path | str, problem_name=lambda locator: locator) -> "Archive":
+        """An existing archive opened for queries only (read-only, no schema written), safe beside a memory that
+        is writing it (WAL: readers see the last committed state). FileNotFoundError when there is none."""
+        self = cls.__new__(cls)
+        self.problem_name = problem_name
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(str(self.path))
+        self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                                  isolation_level=None)
+        self.lock = threading.Lock()
+        return self
 
     def close(self) -> None:
         self.db.close()
@@ -226,14 +251,16 @@ class Archive:
                       (campaign, limit))
         return [(pb.Measured.FromString(r[0]), r[1:]) for r in rows]
 
-    def best(self, problem: str, shape: str = "", device: str = "") -> tuple[pb.Measured, str] | None:
-        """The fastest measurement of a problem (at a shape, on a device whose model contains `device`)."""
+    def best(self, problem: str, shape: str = "", device: str = "",
+             target: str = "") -> tuple[pb.Measured, str] | None:
+        """The fastest measurement of a problem (at a shape, on a device whose model contains `device`, of a
+        candidate for `target`: `cuda` matches every cuda target, `cuda:sm_90a` only itself)."""
         rows = self.q("SELECT payload, campaign FROM measurements WHERE problem=? AND device LIKE ?",
                       (problem, f"%{device}%"))
         best = None
         for payload, campaign in rows:
             m = pb.Measured.FromString(payload)
-            if m.candidate.origin == "reference":
+            if m.candidate.origin == "reference" or not target_matches(m.candidate.target, target):
                 continue
             t = next((x for x in m.timings if x.shape == shape), None) if shape else None
             score = t.median_s if t else (m.score_s if not shape else None)
@@ -287,6 +314,16 @@ class Archive:
                     out.append(p)
                     frontier.append(p)
         return out
+
+    def candidates_with_prefix(self, prefix: str, limit: int) -> list[str]:
+        """Up to `limit` distinct candidate ids that start with `prefix` (case-sensitive), in order."""
+        return [c for (c,) in self.q("SELECT DISTINCT candidate FROM events WHERE candidate >= ? AND candidate < ? "
+                                     "ORDER BY candidate LIMIT ?", (prefix, prefix + _TOP, limit))]
+
+    def campaigns_with_prefix(self, prefix: str, limit: int) -> list[str]:
+        """Up to `limit` distinct ids of archived campaigns that start with `prefix` (case-sensitive), in order."""
+        return [c for (c,) in self.q("SELECT DISTINCT campaign FROM events WHERE campaign >= ? AND campaign < ? "
+                                     "ORDER BY campaign LIMIT ?", (prefix, prefix + _TOP, limit))]
 
     def counts_by_producer(self, campaign: str) -> dict[str, int]:
         return dict(self.q("SELECT producer, COUNT(*) FROM events WHERE campaign=? GROUP BY producer", (campaign,)))

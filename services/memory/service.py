@@ -1,21 +1,23 @@
-"""Memory: archives every event into SQLite and answers the Evidence gRPC service."""
+"""Memory: archives every event into SQLite, mirrors the artifacts the events name into the local workspace
+(kfactory/workspace.py), and answers the Evidence gRPC service."""
 from __future__ import annotations
 
 import asyncio
 import time
 
 import grpc
+import nats.errors
 
 from kfactory import report, telemetry
 from kfactory.bus import ArtifactMissing, ack_quietly, term_quietly
 from kfactory.grpcutil import start_server
 from kfactory.problems import ProblemError
 from kfactory.service import Service
-from kfactory.spec_ranges import PRIORS_LIMIT, range_error
 from kfactory.services.memory.archive import Archive
-from kfactory.services.memory import lessons as lessons_mod
-from kfactory.v1 import services_pb2 as spb
+from kfactory.services.memory.queries import InvalidRequest, NotFound, Queries
+from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2_grpc as sgrpc
+from kfactory.workspace import Workspace, is_digest
 
 
 class MemoryService(Service):
@@ -25,6 +27,8 @@ class MemoryService(Service):
         super().__init__(ctx)
         self.grpc_addr = grpc_addr if grpc_addr is not None else ctx.settings.memory_addr
         self.archive = Archive(ctx.settings.archive(), self.problem_name)
+        self.workspace = Workspace.of(ctx.settings)
+        self.queries = Queries(self.archive, self.workspace.get)
         self.grpc_port = 0
         self.progress = asyncio.Event()
 
@@ -42,6 +46,10 @@ class MemoryService(Service):
                     await term_quietly(msg)  # a result for a campaign nobody started: never evidence of anything
                     continue
                 with telemetry.consumer_span(self.name, msg.subject, msg.headers, event):
+                    # mirrored before it is archived: once the archive names an artifact, the workspace has it
+                    # (unless the bus lost it), and a redelivery after a crash in between mirrors it again
+                    for digest in artifacts_of(event):
+                        await self.mirror(digest, about=event.id)
                     await asyncio.to_thread(self.archive.record, event)
                 await ack_quietly(msg)  # a lost ack redelivers the event, which record() ignores (keyed by id)
                 self.cost["handler"] += time.perf_counter() - t0
@@ -76,73 +84,79 @@ class MemoryService(Service):
     def report(self, campaign: str) -> tuple[str, bytes]:
         return report.build(self.archive.events(campaign=campaign))
 
+    async def mirror(self, digest: str, about: str = "") -> bytes | None:
+        """Copy an artifact from the bus's object store into the workspace unless it is there; its bytes when they
+        came from the bus now, else None. An artifact the bus cannot give is a warning, never a failure of
+        memory: the event is archived all the same (`kfactory best --candidate` then shows no source)."""
+        if self.workspace.has(digest):
+            return None
+        if not is_digest(digest):  # no object's name: never looked up, never a path
+            self.log.warning("an artifact digest that is no sha256: not kept", digest=digest[:80], about=about[:80])
+            return None
+        try:
+            data = await self.bus.get_artifact(digest)
+        except (ArtifactMissing, nats.errors.Error) as e:
+            self.log.warning("artifact not in the bus's object store: not kept in the workspace", digest=digest,
+                             about=about[:80], error=type(e).__name__)
+            return None
+        try:
+            await asyncio.to_thread(self.workspace.put, data)
+        except OSError as e:  # a full or read-only disk: the archive is memory's job, the copy a convenience
+            self.log.warning("cannot keep an artifact in the workspace", digest=digest, path=str(self.workspace.root),
+                             error=f"{type(e).__name__}: {e.strerror or e}")
+        return data
 
-def _entry(m, campaign: str, checks=()) -> spb.LeaderboardEntry:
-    c = m.candidate
-    return spb.LeaderboardEntry(candidate_id=c.id, campaign_id=campaign, problem=c.problem, family=c.family,
-                                params_json=c.params_json, origin=c.origin, score_s=m.score_s, timings=m.timings,
-                                device=m.device.model, checks=checks)
+
+def artifacts_of(event: pb.Event) -> list[str]:
+    """The digests of what an event names in the object store that the workspace keeps: a new candidate's
+    source (and an agent's prompt and reply), a compiled artifact."""
+    if event.HasField("candidate_created"):
+        c = event.candidate_created.candidate
+        return [d for d in (c.source_digest, c.agent.prompt_digest, c.agent.reply_digest) if d]
+    if event.HasField("compiled") and event.compiled.artifact_digest:
+        return [event.compiled.artifact_digest]
+    return []
 
 
 class EvidenceApi(sgrpc.EvidenceServicer):
-    """The Evidence gRPC service over the archive."""
+    """The Evidence gRPC service: memory's Queries (services/memory/queries.py), their typed errors answered as
+    NOT_FOUND and INVALID_ARGUMENT. Each runs in a thread: the archive serialises its connection with a lock, and
+    a report or the lessons take long enough to stall the event loop."""
 
     def __init__(self, mem: MemoryService):
         self.m = mem
 
+    async def _answer(self, query, request, context):
+        try:
+            return await asyncio.to_thread(query, request)
+        except NotFound as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
     async def Best(self, request, context):
-        found = self.m.archive.best(self.m.problem_name(request.problem), request.shape, request.device)
-        if found is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no measurement of {request.problem!r} "
-                                f"{request.shape or ''} {request.device or ''}".strip())
-        return _entry(found[0], found[1], self.m.archive.checks(found[0].candidate.id, found[1]))
+        return await self._answer(self.m.queries.best, request, context)
 
     async def Leaderboard(self, request, context):
-        rows = self.m.archive.leaderboard(request.campaign_id, request.limit or 20)
-        if not rows and not self.m.archive.counts_by_producer(request.campaign_id):
-            # an empty leaderboard of a campaign the archive never saw would read as "it measured nothing"
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no campaign {request.campaign_id!r} in the archive "
-                                "(kfactory status lists the campaigns)")
-        return spb.LeaderboardResponse(entries=[_entry(m, request.campaign_id) for m, _ in rows])
+        return await self._answer(self.m.queries.leaderboard, request, context)
 
     async def Candidate(self, request, context):
-        events = self.m.archive.events(candidate=request.id)
-        if not events:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no candidate {request.id!r}")
-        first = next(e for e in events if e.HasField("candidate_created")) if any(
-            e.HasField("candidate_created") for e in events) else events[0]
-        cand = getattr(first, first.WhichOneof("body")).candidate
-        try:
-            source = (await self.m.bus.get_artifact(cand.source_digest)).decode()
-        except ArtifactMissing:
-            source = ""
-        return spb.CandidateEvidence(candidate=cand, events=events, lineage=self.m.archive.lineage(cand.id),
-                                     source=source)
+        found = await self._answer(self.m.queries.candidate, request, context)
+        if not found.source and found.candidate.source_digest:  # not mirrored (yet): the bus may still hold it
+            digest = found.candidate.source_digest
+            data = await self.m.mirror(digest, about=found.candidate.id) or \
+                await asyncio.to_thread(self.m.workspace.get, digest)  # or mirrored meanwhile
+            found.source = data.decode() if data is not None else ""
+        return found
 
     async def RegressionInputs(self, request, context):
-        if not request.problem:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the problem")
-        inputs = self.m.archive.regressions(self.m.problem_name(request.problem))
-        return spb.RegressionResponse(inputs=inputs)
+        return await self._answer(self.m.queries.regression_inputs, request, context)
 
     async def Priors(self, request, context):
-        if not request.problem:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the problem")
-        if err := range_error("limit", request.limit, PRIORS_LIMIT):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, err)
-        priors = self.m.archive.priors(self.m.problem_name(request.problem), list(request.families),
-                                       request.exclude_campaign, request.limit or 8, request.every_source)
-        return spb.PriorsResponse(priors=priors)
+        return await self._answer(self.m.queries.priors, request, context)
 
     async def Lessons(self, request, context):
-        if not request.problem:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the problem")
-        items = await asyncio.to_thread(lessons_mod.lessons, self.m.archive, self.m.problem_name(request.problem),
-                                        request.target, request.limit or 6)
-        return spb.LessonsResponse(lessons=items, text=lessons_mod.as_text(items))
+        return await self._answer(self.m.queries.lessons, request, context)
 
     async def Report(self, request, context):
-        if not self.m.archive.events(campaign=request.campaign_id):
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no campaign {request.campaign_id!r} in the archive")
-        md, png = await asyncio.to_thread(self.m.report, request.campaign_id)
-        return spb.ReportResponse(markdown=md, plot_png=png)
+        return await self._answer(self.m.queries.report, request, context)
