@@ -16,9 +16,20 @@ def configure(level: str = "info", json: bool = False) -> None:
         processors=[structlog.contextvars.merge_contextvars, add_trace_ids, structlog.processors.add_log_level,
                     structlog.processors.TimeStamper(fmt="iso"), structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=False,
     )
+
+
+class _Stderr:
+    """Whatever sys.stderr is when a line is written: a logger configured once must not keep a stream that was
+    swapped and closed since (a test's captured stream, a redirected one)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def add_trace_ids(logger, method: str, event_dict: dict) -> dict:
