@@ -439,7 +439,11 @@ class Bus:
                              deliver_policy=DeliverPolicy.ALL, filter_subject=filter_subject,
                              max_ack_pending=10000, durable_name=durable,
                              inactive_threshold=None if durable else 300.0)
-        sub = await self.js.pull_subscribe(filter_subject, durable=durable, stream=EVENTS_STREAM, config=cfg)
+        # a busy server (or a busy host) can answer the consumer's creation late: that is no reason to end the
+        # follower (the planner or memory) for good
+        sub = await _retrying(lambda: self.js.pull_subscribe(filter_subject, durable=durable, stream=EVENTS_STREAM,
+                                                             config=cfg),
+                              TRANSIENT, PUBLISH_RETRY_S, 0.2, "creating the events consumer failed, retrying")
         stop = stop or asyncio.Event()
         try:
             while not stop.is_set():

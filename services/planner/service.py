@@ -224,7 +224,9 @@ class PlannerService(Service):
 
     async def submit(self, spec: pb.CampaignSpec) -> str:
         """Validate, publish CampaignStarted and start driving the campaign; returns its id."""
-        spec = self.validate(spec)
+        # in a thread: validating runs the problem's own reference and renders its templates (problems.check),
+        # which must not stall the planner's event loop (its fold, its heartbeats, its consumers)
+        spec = await asyncio.to_thread(self.validate, spec)
         await self.caught_up.wait()
         cid = "c" + secrets.token_hex(6)
         device = await self._device(spec.target)
