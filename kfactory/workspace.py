@@ -12,10 +12,10 @@ not, so a campaign's winning source can be read back with no service running.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from pathlib import Path
+
+from kfactory.fsutil import atomic_write
 
 #: what a digest looks like (the bus keys artifacts by the hex sha256 of their bytes, kfactory.events.sha256_hex)
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
@@ -57,14 +57,7 @@ class Workspace:
         if path.is_file():
             return digest
         self.objects.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.objects, prefix=f".{digest[:16]}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(path, data)
         return digest
 
     def get(self, digest: str) -> bytes | None:

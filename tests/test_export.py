@@ -415,8 +415,9 @@ def test_problems_whose_reference_cannot_be_embedded_say_so(tmp_path):
     assert _reference_module("kda", "cpu", tmp_path)["_kf_reference"] is not None
     why = embed(load_problem("kda_bf16")).why_not
     assert "kfactory" in why and "cannot be embedded" in why
-    with pytest.raises(NotImplementedError, match="cannot be embedded"):
-        _reference_module("kda_bf16", "cuda:sm_90a", tmp_path)["selftest"]()
+    module = _reference_module("kda_bf16", "cuda:sm_90a", tmp_path)
+    with pytest.raises(module["SelftestUnavailable"], match="cannot be embedded"):
+        module["selftest"]()
 
 
 def test_build_command_is_the_cpu_targets(judged):

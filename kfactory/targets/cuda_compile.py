@@ -22,7 +22,6 @@ import json
 import os
 import re
 import struct
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
+from kfactory.fsutil import atomic_write
 from kfactory.targets.base import CompileResult
 from kfactory.targets.flags import FlagRefused, check_flags, join_pairs
 from kfactory.v1 import events_pb2 as pb
@@ -632,18 +632,9 @@ def _cache_store(cache_dir: Path, key: str, result: CompileResult) -> None:
     JSON without its cubin. Typed failures are cached too (json only): the same bad candidate fails the same way."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     if result.ok:
-        _atomic_write(cache_dir / f"{key}.cubin", result.artifact)
+        atomic_write(cache_dir / f"{key}.cubin", result.artifact)
     meta = {"ok": result.ok, "reason": int(result.reason), "message": result.message, "log": result.log,
             "report": json_format.MessageToDict(result.report, preserving_proto_field_name=True)}
-    _atomic_write(cache_dir / f"{key}.json", json.dumps(meta).encode())
+    atomic_write(cache_dir / f"{key}.json", json.dumps(meta).encode())
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
