@@ -247,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # noqa: BLE001 (no command expected it: a bug of kfactory's, told apart from a mistake)
+        from kfactory.crash import report_unexpected
+
+        return report_unexpected(e, list(sys.argv[1:] if argv is None else argv), args.cmd)
 
 
 def settings_errors(e: ValidationError) -> str:

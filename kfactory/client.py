@@ -22,7 +22,7 @@ from google.protobuf.json_format import MessageToDict
 from kfactory import events as ev
 from kfactory import security
 from kfactory.grpcutil import clip
-from kfactory.report import verification_table
+from kfactory.report import format_params, verification_table
 from kfactory.services.memory import queries as qmod
 from kfactory.services.memory.archive import Archive, target_matches
 from kfactory.v1 import events_pb2 as pb
@@ -230,7 +230,8 @@ async def _dispatch(args, settings, spec_fn) -> int:
         req = spb.PriorsRequest(problem=args.problem, families=args.family, limit=args.limit)
         r = await _evidence(settings, "Priors", req)
         _print(r, as_json, "\n".join(f"{p.relative:6.3f}x of its campaign's best  {p.score_s * 1e3:9.3f} ms  "
-                                     f"{p.device}  {p.family} {p.params_json}  (campaign {p.campaign_id})"
+                                     f"{p.device}  {p.family} {format_params(p.params_json)}  "
+                                     f"(campaign {p.campaign_id})"
                                      for p in r.priors) or "no priors: no campaign of this problem measured yet")
         return 0
     if args.cmd == "best":
@@ -297,18 +298,21 @@ async def _best(args, settings, as_json: bool) -> int:
         kinds = ", ".join(ev.kind_of(e) for e in r.events)
         verdicts = [getattr(e, k) for e in r.events for k in ("verified", "rejected") if e.HasField(k)]
         table = "\n".join(verification_table(verdicts[-1].checks)) if verdicts else "no verdict yet"
-        _print(r, as_json, f"{r.candidate.id} {r.candidate.origin} {r.candidate.params_json}\nevidence: {kinds}\n"
+        _print(r, as_json, f"{r.candidate.id} {r.candidate.origin} {format_params(r.candidate.params_json)}\n"
+                           f"evidence: {kinds}\n"
                            f"verification:\n{table}")
         return 0
     if args.campaign:
         check_campaign_id(args.campaign, "--campaign")
         r = await _evidence(settings, "Leaderboard", spb.LeaderboardRequest(campaign_id=args.campaign))
         _print(r, as_json, "\n".join(f"{i:3d} {e.candidate_id[:12]} {e.score_s * 1e3:9.3f} ms {e.origin} "
-                                     f"{e.params_json}" for i, e in enumerate(r.entries, 1)) or "no measurements")
+                                     f"{format_params(e.params_json)}" for i, e in enumerate(r.entries, 1))
+               or "no measurements")
         return 0
     if not args.problem:
         raise ClientError("kfactory best: name a problem, or give --campaign or --candidate", 2)
     r = await _evidence(settings, "Best", spb.BestRequest(problem=args.problem, shape=args.shape, device=args.device))
-    _print(r, as_json, f"{r.candidate_id} {r.score_s * 1e3:.3f} ms on {r.device} ({r.origin} {r.params_json}; "
-           f"campaign {r.campaign_id})\nverification:\n" + "\n".join(verification_table(r.checks)))
+    _print(r, as_json, f"{r.candidate_id} {r.score_s * 1e3:.3f} ms on {r.device} ({r.origin} "
+           f"{format_params(r.params_json)}; campaign {r.campaign_id})\nverification:\n"
+           + "\n".join(verification_table(r.checks)))
     return 0

@@ -1,82 +1,144 @@
-"""Campaign reports: markdown with the comparison, leaderboard, failures, plus a best-so-far plot (PNG)."""
+"""Campaign reports: markdown with the comparison, leaderboard, failures and noisy measurements, plus a plot per
+optimisation shape of every candidate's time beside the best so far (PNG, kfactory/plots.py)."""
 from __future__ import annotations
 
-import io
 import json
 from collections import Counter
+from functools import lru_cache
 
 from kfactory import events as ev
+from kfactory import plots
 from kfactory.v1 import events_pb2 as pb
-
-
-def best_so_far(events: list[pb.Event], reference_id: str = "") -> list[tuple[int, float]]:
-    """(candidates evaluated, best score so far) after each terminal result, in arrival order."""
-    n, best, curve = 0, float("inf"), []
-    for e in events:
-        kind = ev.kind_of(e)
-        if kind not in ("measured", "rejected", "compile_failed"):
-            continue
-        body = getattr(e, kind)
-        if body.candidate.origin == "reference":
-            continue
-        n += 1
-        if kind == "measured":
-            best = min(best, body.score_s)
-        curve.append((n, best))
-    return curve
-
-
-def plot_png(curve: list[tuple[int, float]], reference_s: float | None, title: str) -> bytes:
-    # imported here: the clients that use this module's tables should not pay for matplotlib
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    xs = [c[0] for c in curve if c[1] != float("inf")]
-    ys = [c[1] * 1e3 for c in curve if c[1] != float("inf")]
-    ax.step(xs, ys, where="post", label="best so far")
-    if reference_s:
-        ax.axhline(reference_s * 1e3, color="grey", linestyle="--", label="reference kernel")
-    ax.set_xlabel("candidates evaluated")
-    ax.set_ylabel("median time at the first optimisation shape (ms)")
-    ax.set_yscale("log")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(True, which="both", alpha=0.3)
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def _ms(s: float) -> str:
     return f"{s * 1e3:.4g} ms"
 
 
-def build(events: list[pb.Event]) -> tuple[str, bytes]:
-    """(markdown, plot PNG) for one campaign's events."""
+def build(events: list[pb.Event], noise_bound: float | None = None) -> tuple[str, bytes]:
+    """(markdown, plot PNG) for one campaign's events. `noise_bound`: the relative IQR over which a timing is
+    flagged as noisy (default: the measure_noise setting, KFACTORY_MEASURE_NOISE, that the benchmarker samples
+    towards)."""
+    md, title = _markdown(events, noise_bound)
+    return md, plots.render(plots.panels(events), title)
+
+
+def markdown(events: list[pb.Event], noise_bound: float | None = None) -> str:
+    """The report's markdown alone (build's first half, without drawing the plot it links to)."""
+    return _markdown(events, noise_bound)[0]
+
+
+def _markdown(events: list[pb.Event], noise_bound: float | None) -> tuple[str, str]:
+    """(markdown, the plot's title)."""
     started = next((e.campaign_started for e in events if e.HasField("campaign_started")), None)
     finished = next((e.campaign_finished for e in events if e.HasField("campaign_finished")), None)
     cid = events[0].campaign_id if events else "?"
     spec = started.spec if started else pb.CampaignSpec()
     summary = json.loads(finished.summary_json) if finished and finished.summary_json else {}
     measured = [e.measured for e in events if e.HasField("measured")]
-    ref = next((m for m in measured if m.candidate.origin == "reference"), None)
-    lines = [f"# Campaign {cid}: {spec.problem} on {spec.target}", "",
-             f"- device: {started.device.model if started else '?'}",
-             f"- strategy: {spec.strategy}; budget: {spec.budget_candidates} candidates, "
-             f"{spec.budget_seconds or 'no'} s; threads: {spec.threads}",
-             f"- state: {finished.state if finished else 'running'}"
-             + (f" ({finished.reason})" if finished and finished.reason else ""),
-             f"- counts: {summary.get('counts', {})}", ""]
+    name = problem_name(spec.problem) if spec.problem else "?"
+    lines = [f"# Campaign {cid}: {name} on {spec.target}", ""]
+    if name != spec.problem:  # a package directory or a recorded space: say where the problem came from
+        lines += [f"- problem: {name}, from `{spec.problem}`"]
+    lines += [f"- device: {started.device.model if started else '?'}",
+              f"- strategy: {spec.strategy}; budget: {spec.budget_candidates} candidates, "
+              f"{spec.budget_seconds or 'no'} s; threads: {spec.threads}",
+              f"- state: {finished.state if finished else 'running'}"
+              + (f" ({finished.reason})" if finished and finished.reason else ""),
+              f"- counts: {format_params(summary.get('counts', {}))}", ""]
+    lines += noise_warning(events, default_noise_bound() if noise_bound is None else noise_bound)
     lines += _best_section(summary, events)
     lines += _leaderboard(measured)
     lines += _failures(events)
     lines += _dead_letters(events)
-    lines += ["## Best so far", "", "![best so far](plot.png)", ""]
-    png = plot_png(best_so_far(events), ref.score_s if ref else None, f"{spec.problem} / {cid}")
-    return "\n".join(lines), png
+    shape_panels = plots.panels(events)
+    lines += ["## Every candidate and the best so far", "",
+              f"One plot per optimisation shape ({', '.join(p.shape for p in shape_panels if p.shape) or 'none timed'})"
+              ": each candidate's median time in the order results came, failures marked along the top by "
+              "reason, the best so far, and the reference kernel (dashed).", "",
+              "![every candidate and the best so far](plot.png)", ""]
+    return "\n".join(lines), f"{name} on {spec.target}: campaign {cid}"
+
+
+@lru_cache(maxsize=64)
+def problem_name(locator: str) -> str:
+    """A problem's name from the locator a spec holds (a built-in name, a package directory, a replay cache);
+    the locator itself when it does not load here (any more)."""
+    from kfactory.problems import ProblemError, load_problem  # here: the query clients import this module too
+
+    try:
+        return load_problem(locator).name
+    except ProblemError:
+        return locator
+
+
+def default_noise_bound() -> float:
+    """The benchmarker's noise bound as this process's settings give it (KFACTORY_MEASURE_NOISE)."""
+    from pydantic import ValidationError
+
+    from kfactory.config import Settings
+
+    try:
+        return Settings().measure_noise
+    except ValidationError:  # a bad setting elsewhere (refused by the CLI before this): the default bound
+        return Settings.model_fields["measure_noise"].default
+
+
+def noisy_timings(events: list[pb.Event], bound: float) -> tuple[int, list[tuple[float, str, str]]]:
+    """(timings looked at, [(relative IQR, what, shape)] of those over `bound`, noisiest first). Looked at:
+    every full measurement's timing per shape and every kernel of the final comparison; not screening timings
+    (short by design) nor replayed ones (recorded elsewhere: rerunning here changes nothing)."""
+    seen, over = 0, []
+    for e in events:
+        if e.HasField("measured") and not (e.measured.screened_out or e.measured.replayed):
+            m = e.measured
+            what = "reference kernel" if m.candidate.origin == "reference" else f"candidate {m.candidate.id[:12]}"
+            timings = [(what, t) for t in m.timings]
+        elif e.HasField("comparison"):
+            timings = [(f"{en.name} in the final comparison", en.timing) for en in e.comparison.entries
+                       if en.HasField("timing")]
+        else:
+            continue
+        for what, t in timings:
+            seen += 1
+            if t.noise > bound:
+                over.append((t.noise, what, t.shape))
+    return seen, sorted(over, reverse=True)
+
+
+def noise_warning(events: list[pb.Event], bound: float, shown: int = 5) -> list[str]:
+    """Markdown lines warning that timings were noisier than the bound (nothing when none were): the host was
+    busy, so the figures (and which kernel won) may not hold on an idle one."""
+    seen, over = noisy_timings(events, bound)
+    if not over:
+        return []
+    worst = [f"{n:.0%} ({what} at {shape})" for n, what, shape in over[:shown]]
+    return [f"> **Warning: noisy measurements.** {len(over)} of {seen} timings had a relative IQR over the noise "
+            f"bound of {bound:.0%}; the noisiest: {', '.join(worst)}"
+            f"{f' and {len(over) - shown} more' if len(over) > shown else ''}. "
+            "Busy host: rerun on an idle machine (or with a longer KFACTORY_MEASURE_MAX_S) before trusting "
+            "close differences.", ""]
+
+
+def format_params(params: str | dict) -> str:
+    """A candidate's parameters as compact `key=value key=value` (canonical JSON in, its key order kept); '-' for
+    none (the reference kernel, a manual one); the text as given when it is no JSON object."""
+    if isinstance(params, str):
+        try:
+            params = json.loads(params) if params else {}
+        except ValueError:
+            return params
+    if not isinstance(params, dict):
+        return str(params)
+    return " ".join(f"{k}={_value(v)}" for k, v in params.items()) or "-"
+
+
+def _value(v) -> str:
+    """One parameter's value: strings bare (quoted only when they hold a space, '=' or nothing), the rest as
+    compact JSON (true, 1.5, [16,32])."""
+    if isinstance(v, str):
+        return v if v and not any(c.isspace() or c == "=" for c in v) else json.dumps(v)
+    return json.dumps(v, separators=(",", ":"))
 
 
 def _best_section(summary: dict, events: list[pb.Event]) -> list[str]:
@@ -84,7 +146,7 @@ def _best_section(summary: dict, events: list[pb.Event]) -> list[str]:
     if not best:
         return ["No candidate was measured.", ""]
     out = ["## Best candidate", "", f"`{best['candidate_id'][:16]}` ({best['origin']}), flags `{best['compile_flags']}`",
-           "", "```json", json.dumps(best["params"], indent=1, sort_keys=True), "```", "",
+           "", f"parameters: `{format_params(best['params'])}`", "",
            "## Interleaved comparison (same runner, same threads, A B A B ...)", ""]
     for e in events:
         if not e.HasField("comparison"):
@@ -127,12 +189,13 @@ def _verification(best_id: str, events: list[pb.Event]) -> list[str]:
 
 
 def _leaderboard(measured: list[pb.Measured], limit: int = 10) -> list[str]:
-    out = ["## Leaderboard", "", "| rank | candidate | origin | params | " +
+    out = ["## Leaderboard", "", "| rank | candidate | origin | params | flags | " +
            " | ".join(t.shape for t in (measured[0].timings if measured else [])) + " |",
-           "|---|---|---|---|" + "---|" * (len(measured[0].timings) if measured else 0)]
+           "|---|---|---|---|---|" + "---|" * (len(measured[0].timings) if measured else 0)]
     for i, m in enumerate(sorted(measured, key=lambda m: m.score_s)[:limit], 1):
         c = m.candidate
-        out.append(f"| {i} | `{c.id[:12]}` | {c.origin} | `{c.params_json}` {c.compile_flags} | "
+        params = format_params(c.params_json).replace("|", "\\|")  # a '|' in a value would split the row
+        out.append(f"| {i} | `{c.id[:12]}` | {c.origin} | `{params}` | {c.compile_flags} | "
                    + " | ".join(_ms(t.median_s) for t in m.timings) + " |")
     return out + [""]
 

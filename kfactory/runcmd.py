@@ -12,23 +12,21 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from kfactory import progress
 from kfactory.app import start_services
 from kfactory.natsd import EmbeddedNats
+from kfactory.problems import ProblemError
+from kfactory.report import format_params
 from kfactory.service import Context
 from kfactory.services.planner.specs import SpecError, validate
 from kfactory.targets import get_target
 
 
-def _progress(st, services) -> Table:
-    t = Table(title=f"campaign {st.id}: {st.spec.problem} on {st.spec.target} ({st.spec.strategy})")
-    for col in ("proposed", "compiled", "compile_failed", "verified", "rejected", "measured", "in flight",
-                "best (ms)", "elapsed"):
-        t.add_column(col, justify="right")
-    c, best = st.reported()
-    t.add_row(*(str(getattr(c, f)) for f in ("proposed", "compiled", "compile_failed", "verified", "rejected",
-                                              "measured")), str(st.in_flight()),
-              f"{best.score_s * 1e3:.3f}" if best else "-", f"{st.elapsed():.0f}s")
-    return t
+def _progress(st, shapes: int) -> Table:
+    counts, _ = st.reported()
+    snap = progress.snapshot(st, shapes)
+    return progress.table(f"campaign {st.id}: {st.spec.problem} on {st.spec.target} ({st.spec.strategy})", snap,
+                          counts, st.in_flight())
 
 
 def leaderboard_table(summary: dict, rows) -> Table:
@@ -37,7 +35,8 @@ def leaderboard_table(summary: dict, rows) -> Table:
         t.add_column(col)
     for i, m in enumerate(rows, 1):
         c = m.candidate
-        t.add_row(str(i), c.id[:12], c.origin, c.params_json, c.compile_flags, f"{m.score_s * 1e3:.3f}")
+        t.add_row(str(i), c.id[:12], c.origin, format_params(c.params_json), c.compile_flags,
+                  f"{m.score_s * 1e3:.3f}")
     return t
 
 
@@ -50,6 +49,8 @@ async def run_campaign(settings, spec, args) -> int:
     checked before any server or service starts (a mistake is one line and exit 2, as `submit` answers it);
     Ctrl-C cancels the campaign, writes the report and summary of what finished, and exits 130."""
     console = Console(stderr=True)
+    if not console.is_terminal:  # a pipe or a log has no width to keep to; 80 columns fold every row's parameters
+        console.width = max(console.width, 160)
     try:
         spec, note = validate(spec, settings, Context.problem, lambda t: get_target(t, settings))
     except SpecError as e:
@@ -106,21 +107,32 @@ def _interrupt_cancels(planner, cid: str):
 
 
 async def _follow(st, running, console: Console, quiet: bool) -> None:
-    live = Live(_progress(st, running.services), console=console, refresh_per_second=2) if not quiet and \
+    """Show progress until the campaign finishes: a live table on a terminal, else a line whenever the counts or
+    what the run is doing change (the line's time-left figure is as of that moment)."""
+    shapes = _optimise_shapes(st.spec.problem)
+    live = Live(_progress(st, shapes), console=console, refresh_per_second=2) if not quiet and \
         console.is_terminal else contextlib.nullcontext()
-    last = ""
+    last = None
     with live:
         while st.finished is None and not running.stop.is_set():
             await asyncio.sleep(0.5)
             if isinstance(live, Live):
-                live.update(_progress(st, running.services))
+                live.update(_progress(st, shapes))
             elif not quiet:
-                key = (f"proposed {st.counts.proposed} compiled {st.counts.compiled} "
-                        f"verified {st.counts.verified} rejected {st.counts.rejected + st.counts.compile_failed} "
-                        f"measured {st.counts.measured}")
+                counts, _ = st.reported()
+                snap = progress.snapshot(st, shapes)
+                key = (str(counts), snap.best_s, snap.comparing, snap.compared)
                 if key != last:
-                    console.print(f"{st.elapsed():6.0f}s {key}")
+                    console.print(progress.line(snap, counts), highlight=False, soft_wrap=True)
                     last = key
+
+
+def _optimise_shapes(problem: str) -> int:
+    """How many shapes the final comparison times (0 when the problem no longer loads: progress then omits it)."""
+    try:
+        return len(Context.problem(problem).shapes("optimize"))
+    except ProblemError:
+        return 0
 
 
 async def _memory_ready(running, timeout: float = 5.0) -> None:

@@ -78,6 +78,8 @@ class CampaignState:
     #: why the campaign cannot run although it was started ("" when it can): its problem does not load here
     #: (a package moved or deleted since), ...; the planner fails it with this reason instead of resuming it
     broken: str = ""
+    #: the candidate the final comparison is timing ("" before it starts): `kfactory run` says so while it waits
+    comparing: str = ""
     #: this planner drives the campaign now: it alone ends it, and a CampaignFinished from anyone else is refused
     driven: bool = False
 
@@ -268,6 +270,9 @@ class CampaignState:
             return no(f"its point {point_id} is not ended by a dead letter now (its work is out, was sent back "
                       "already, or has ended since)")
         return pb.ResendAnswered(dlq_seq=seq, accepted=True, point_id=point_id, subject=record.letter.subject)
+
+    def _on_compare_request(self, m: pb.CompareRequest) -> None:
+        self.comparing = m.candidate.id
 
     def _on_comparison(self, m: pb.Comparison) -> None:
         self.comparisons[m.shape] = m
