@@ -439,7 +439,7 @@ def _hold_runner(session: Session, requests: int) -> None:
 
 def available_baselines(problem: Problem, target: str = "cpu") -> list[str]:
     """The problem's declared baselines that can run here on a target (reference.py's `baselines()` for the
-    cpu, `cuda_baselines()` for cuda; torch only where it is importable)."""
+    cpu, `cuda_baselines()` for cuda, each given the problem's params; torch only where it is importable)."""
     fn = getattr(problem.reference, "cuda_baselines" if target == "cuda" else "baselines", None)
-    have = fn() if fn else {}
+    have = fn(**problem.params) if fn else {}
     return [b for b in problem.spec.baselines if b in have]

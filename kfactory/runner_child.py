@@ -18,6 +18,11 @@ import time
 import numpy as np
 
 
+#: the kernel's argument types: tensors, shape symbols and int parameters (int64), float parameters as the
+#: signature declares them (kfactory.problems.params.abi_argtypes); a C float must be passed as one
+ARGTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
+
+
 def _limit(mem_mb: int, cpu_s: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if mem_mb > 0:
@@ -48,13 +53,14 @@ class Child:
             lib = ctypes.CDLL(cmd["path"], mode=os.RTLD_LOCAL | os.RTLD_NOW)
             fn = getattr(lib, cmd["entry"])
             fn.restype = None
-            fn.argtypes = [ctypes.c_void_p if a == "ptr" else ctypes.c_int64 for a in cmd["argtypes"]]
+            fn.argtypes = [ARGTYPES[a] for a in cmd["argtypes"]]
             self.kernels[key] = fn
         else:
             spec = importlib.util.spec_from_file_location("kf_problem_ref", cmd["module"])
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
-            self.kernels[key] = mod.baselines()[cmd["name"]]
+            # the problem's scalar parameters as keyword arguments (kfactory.problems.params)
+            self.kernels[key] = mod.baselines(**cmd.get("params", {}))[cmd["name"]]
         self.kinds[key] = cmd["kind"]
         return {}
 
@@ -63,7 +69,8 @@ class Child:
         fn = self.kernels[key]
         arrays = {a["name"]: self._view(a) for a in argset if "path" in a}
         if self.kinds[key] == "so":
-            args = [arrays[a["name"]].ctypes.data if "path" in a else int(a["int"]) for a in argset]
+            args = [arrays[a["name"]].ctypes.data if "path" in a else float(a["float"]) if "float" in a
+                    else int(a["int"]) for a in argset]
             return lambda: fn(*args), arrays
         ins = {a["name"]: arrays[a["name"]] for a in argset if a.get("role") == "in"}
         outs = {a["name"]: arrays[a["name"]] for a in argset if a.get("role") == "out"}

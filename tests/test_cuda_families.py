@@ -129,14 +129,14 @@ def test_rmsnorm_reference_matches_the_formula():
     prob = load_problem("rmsnorm")
     ins = _inputs(4099, 7, "normal", 3)
     assert ins["x"].dtype == BF16 and ins["w"].dtype == BF16
-    y = prob.reference.reference(ins)["y"]
+    y = prob.reference.reference(ins, **prob.params)["y"]
     x, w = ins["x"].astype(np.float64), ins["w"].astype(np.float64)
     direct = np.array([[x[r, h] / math.sqrt(sum(x[r] ** 2) / x.shape[1] + 1e-6) * w[h] for h in range(0, 4099, 97)]
                        for r in range(7)])
     np.testing.assert_allclose(y[:, ::97], direct, rtol=1e-12)
-    assert prob.reference.EPS == 1e-6 and "1e-6" in prob.spec.description
-    assert prob.reference.baselines() == {}
-    assert set(prob.reference.cuda_baselines()) <= {"torch", "quack"}
+    assert prob.params == {"eps": 1e-6} and "1e-6" in prob.spec.description
+    assert prob.reference.baselines(**prob.params) == {}
+    assert set(prob.reference.cuda_baselines(**prob.params)) <= {"torch", "quack"}
 
 
 def _fp32_kernel(x: np.ndarray, w: np.ndarray, threads: int = 256) -> np.ndarray:
@@ -170,7 +170,7 @@ def test_bf16_tolerance_passes_an_fp32_kernel_with_margin(dist):
     prob = load_problem("rmsnorm")
     tol = prob.spec.tolerance["bfloat16"]
     ins = _inputs(8192, 16, dist, 11)
-    ref = prob.reference.reference(ins)["y"]
+    ref = prob.reference.reference(ins, **prob.params)["y"]
     check = compare(_fp32_kernel(ins["x"], ins["w"]), ref, tol.atol, tol.rtol, tol.norm_rel)
     assert check.passed, check.note
     # bf16 rounding: <= 2^-8 elementwise, ~2^-10 in norm; the tolerance leaves >= 2x on both
@@ -182,7 +182,7 @@ def test_bf16_tolerance_fails_a_bf16_accumulating_kernel():
     prob = load_problem("rmsnorm")
     tol = prob.spec.tolerance["bfloat16"]
     ins = _inputs(8192, 4, "normal", 12)
-    ref = prob.reference.reference(ins)["y"]
+    ref = prob.reference.reference(ins, **prob.params)["y"]
     check = compare(_bf16_accumulating_kernel(ins["x"], ins["w"]), ref, tol.atol, tol.rtol, tol.norm_rel)
     assert not check.passed and check.norm_rel_err > 10 * tol.norm_rel
 
@@ -196,7 +196,7 @@ def test_bf16_draw_and_compare_round_trip():
     assert -4 <= float(a["x"].astype(np.float64).min()) and float(a["x"].astype(np.float64).max()) <= 4
     out = empty_outputs(prob, shape)["y"]
     assert out.dtype == BF16
-    ref = prob.reference.reference(a)["y"]
+    ref = prob.reference.reference(a, **prob.params)["y"]
     out[...] = ref.astype(BF16)                  # the correctly rounded answer passes
     tol = prob.spec.tolerance["bfloat16"]
     check = compare(out, ref, tol.atol, tol.rtol, tol.norm_rel)

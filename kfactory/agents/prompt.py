@@ -69,7 +69,11 @@ def _problem(problem) -> dict:
             "verify": [problem.shape_str(x) for x in s.shapes.verify],
             "distributions": list(s.distributions),
             "tolerance": {k: v.model_dump() for k, v in s.tolerance.items()},
-            "bytes": s.cost.bytes, "flops": s.cost.flops}
+            "bytes": s.cost.bytes, "flops": s.cost.flops,
+            # the kernel takes a param listed in the ABI as an argument; any other one it must compile in
+            "params": [f"{n} = {p.value!r} ({p.type}, "
+                       + ("a kernel argument" if any(n in a.args for a in s.abi.values()) else "compile it in")
+                       + (f"; {' '.join(p.doc.split())}" if p.doc else "") + ")" for n, p in s.params.items()]}
 
 
 def _family(family) -> dict | None:

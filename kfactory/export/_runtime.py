@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
 import os
 import secrets
 import subprocess
@@ -107,13 +108,47 @@ def _kf_shape(spec: dict, sym: dict) -> tuple:
     return tuple(sym[d] if isinstance(d, str) else d for d in spec["shape"])
 
 
-def _kf_scalars(sym: dict) -> dict:
-    """Each scalar argument's value, checked against the range of its C type."""
+def _kf_params(given: dict) -> dict:
+    """The value of each of the problem's params the kernel takes as an argument: `given` where it names one,
+    else the problem's value. TypeError for a name the kernel does not take or a value of the wrong type,
+    ValueError for a value outside the range the problem declares."""
+    specs = _CONFIG.get("params", {})
+    for name in given:
+        if name not in specs:
+            raise TypeError(f"{_kf_name()}: unknown parameter {name!r} (the kernel's are "
+                            f"{', '.join(n for n, p in specs.items() if p['argument']) or 'none'})")
+        if not specs[name]["argument"]:
+            raise TypeError(f"{_kf_name()}: {name} = {specs[name]['value']!r} is compiled into this kernel and "
+                            "cannot be changed")
+    out = {}
+    for name, spec in specs.items():
+        if not spec["argument"]:
+            continue
+        value = given.get(name, spec["value"])
+        want = numbers.Integral if spec["type"] == "int" else numbers.Real
+        if isinstance(value, bool) or not isinstance(value, want):
+            raise TypeError(f"{_kf_name()}: {name} must be {'an int' if spec['type'] == 'int' else 'a number'}, "
+                            f"not {type(value).__name__}")
+        value = int(value) if spec["type"] == "int" else float(value)
+        if spec["type"] == "float" and not math.isfinite(value):
+            raise ValueError(f"{_kf_name()}: {name}={value} is not finite")
+        lo, hi = spec["min"], spec["max"]
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise ValueError(f"{_kf_name()}: {name}={value} is outside the range "
+                             f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}] the problem declares")
+        out[name] = value
+    return out
+
+
+def _kf_scalars(sym: dict, params: dict | None = None) -> dict:
+    """Each scalar argument's value (a shape symbol's from `sym`, a param's from `params`, default: the
+    problem's values), checked against the range of its C type."""
+    params = _kf_params({}) if params is None else params
     out = {}
     for arg in _CONFIG["args"]:
         if arg["tensor"]:
             continue
-        value = sym[arg["name"]]
+        value = params[arg["name"]] if arg.get("param") else sym[arg["name"]]
         ctype = _kf_CTYPES[arg["type"]]
         if arg["type"] not in ("float32", "float64"):
             bits = 8 * ctypes.sizeof(ctype)
@@ -263,27 +298,27 @@ def _kf_pack(values: list) -> tuple:
     return ctypes.addressof(arr), (arr, values)
 
 
-def _kf_launch_args(pointers: dict, sym: dict) -> list:
-    scalars = _kf_scalars(sym)
+def _kf_launch_args(pointers: dict, sym: dict, params: dict | None = None) -> list:
+    scalars = _kf_scalars(sym, params)
     return [ctypes.c_uint64(int(pointers[a["name"]])) if a["tensor"] else _kf_CTYPES[a["type"]](scalars[a["name"]])
             for a in _CONFIG["args"]]
 
 
-def _kf_enqueue(cu, loaded, pointers: dict, sym: dict, stream: int) -> None:
+def _kf_enqueue(cu, loaded, pointers: dict, sym: dict, stream: int, params: dict | None = None) -> None:
     """Launch the kernel once on `stream` (a CUstream handle as an int; 0: the legacy default stream) with
-    device pointers `pointers` (by tensor name)."""
+    device pointers `pointers` (by tensor name) and the params' values (default: the problem's)."""
     _, fn, _, state = loaded
     grid, block, smem = _kf_launch(sym)
     if smem > state["smem"]:
         attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         _kf_ck("cuFuncSetAttribute", cu.cuFuncSetAttribute(fn, attr, smem))
         state["smem"] = smem
-    params, keep = _kf_pack(_kf_launch_args(pointers, sym))
-    _kf_ck("cuLaunchKernel", cu.cuLaunchKernel(fn, *grid, *block, smem, cu.CUstream(int(stream)), params, 0))
+    packed, keep = _kf_pack(_kf_launch_args(pointers, sym, params))
+    _kf_ck("cuLaunchKernel", cu.cuLaunchKernel(fn, *grid, *block, smem, cu.CUstream(int(stream)), packed, 0))
     del keep
 
 
-def _kf_run_cuda(inputs: list, outs: list, sym: dict) -> None:
+def _kf_run_cuda(inputs: list, outs: list, sym: dict, params: dict | None = None) -> None:
     """Copy the inputs to the GPU, launch, wait, copy the outputs back."""
     cu, loaded = _kf_cuda_function()
     pointers: dict = {}
@@ -293,7 +328,7 @@ def _kf_run_cuda(inputs: list, outs: list, sym: dict) -> None:
             _kf_ck("cuMemcpyHtoD", cu.cuMemcpyHtoD(pointers[spec["name"]], a.ctypes.data, a.nbytes))
         for spec, a in zip(_CONFIG["outputs"], outs):
             pointers[spec["name"]] = _kf_ck("cuMemAlloc", cu.cuMemAlloc(max(1, a.nbytes)))
-        _kf_enqueue(cu, loaded, pointers, sym, 0)
+        _kf_enqueue(cu, loaded, pointers, sym, 0, params)
         _kf_ck("cuCtxSynchronize", cu.cuCtxSynchronize())
         for spec, a in zip(_CONFIG["outputs"], outs):
             _kf_ck("cuMemcpyDtoH", cu.cuMemcpyDtoH(a.ctypes.data, pointers[spec["name"]], a.nbytes))
@@ -302,7 +337,9 @@ def _kf_run_cuda(inputs: list, outs: list, sym: dict) -> None:
             cu.cuMemFree(ptr)
 
 
-def _kf_call(inputs: tuple, out):
+def _kf_call(inputs: tuple, out, params: dict | None = None):
+    """Check the inputs, outputs and params; run the kernel; the output(s)."""
+    params = _kf_params(params or {})
     specs = _CONFIG["inputs"]
     if len(inputs) != len(specs):
         raise TypeError(f"{_kf_name()}() takes {len(specs)} input(s) ({', '.join(s['name'] for s in specs)}), "
@@ -312,10 +349,10 @@ def _kf_call(inputs: tuple, out):
     sym = _kf_symbols_of([a.shape for a in inputs])
     outs = _kf_outputs(out, sym, list(inputs))
     if _CONFIG["target"] == "cuda":
-        _kf_run_cuda(list(inputs), outs, sym)
+        _kf_run_cuda(list(inputs), outs, sym, params)
     else:
         arrays = {s["name"]: a for s, a in zip(specs + _CONFIG["outputs"], list(inputs) + outs)}
-        scalars = _kf_scalars(sym)
+        scalars = _kf_scalars(sym, params)
         _kf_cpu_function()(*[arrays[a["name"]].ctypes.data if a["tensor"] else scalars[a["name"]]
                              for a in _CONFIG["args"]])
     return outs[0] if len(outs) == 1 else tuple(outs)
@@ -384,26 +421,31 @@ class SelftestUnavailable(RuntimeError):
     """selftest() has no reference to compare with: the problem's reference could not be embedded standalone."""
 
 
-def selftest(seed: int | None = None, verbose: bool = False) -> int:
+def selftest(seed: int | None = None, verbose: bool = False, **params) -> int:
     """Run the kernel on fresh random inputs (every distribution the problem declares, at its verification
-    shapes) and compare with the problem's float64 reference under its tolerances. Returns the number of
-    checks; raises AssertionError naming the shape, distribution and seed of the first mismatch, and
-    SelftestUnavailable when the problem's reference could not be embedded in this module."""
+    shapes) and compare with the problem's float64 reference under its tolerances; `params` (keyword
+    arguments, as the kernel function takes them) run both at other values of the problem's params than its
+    own. Returns the number of checks; raises AssertionError naming the shape, distribution and seed of the
+    first mismatch, and SelftestUnavailable when the problem's reference could not be embedded in this module."""
     reference = globals().get("_kf_reference")
     if reference is None:
         raise SelftestUnavailable(f"{_kf_name()}.selftest: {_CONFIG['reference_missing']}")
     seed = secrets.randbits(63) if seed is None else seed
     rng = np.random.default_rng(seed)
+    kernel_params = _kf_params(params)
+    # the reference takes every param (those compiled into the kernel at their values), the kernel its own
+    ref_params = {**{n: p["value"] for n, p in _CONFIG.get("params", {}).items()}, **kernel_params}
     checks = 0
     for shape in _CONFIG["selftest_shapes"]:
         for dist_name, dist in _CONFIG["distributions"].items():
             inputs = [_kf_draw(rng, dist[s["name"]], _kf_shape(s, shape), s["dtype"]) for s in _CONFIG["inputs"]]
-            got = _kf_call(tuple(inputs), None)
+            got = _kf_call(tuple(inputs), None, kernel_params)
             got = got if isinstance(got, tuple) else (got,)
-            want = reference({s["name"]: a for s, a in zip(_CONFIG["inputs"], inputs)})
+            want = reference({s["name"]: a for s, a in zip(_CONFIG["inputs"], inputs)}, **ref_params)
             for spec, o in zip(_CONFIG["outputs"], got):
                 why = _kf_compare(o, want[spec["name"]], _CONFIG["tolerance"][spec["dtype"]])
-                where = f"output {spec['name']!r} at {shape} ({dist_name}, seed {seed})"
+                where = f"output {spec['name']!r} at {shape} ({dist_name}, seed {seed}" + "".join(
+                    f", {k}={v!r}" for k, v in params.items()) + ")"
                 if why:
                     raise AssertionError(f"{_kf_name()}.selftest: {where}: {why}")
                 if verbose:

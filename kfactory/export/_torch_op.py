@@ -60,19 +60,21 @@ def _kf_context(device):
     return ctx
 
 
-def _kf_run(*tensors) -> list:
+def _kf_run(tensors, params: dict) -> list:
+    """Run the kernel on `tensors` (the inputs, in order) with the params' values; the new outputs."""
     _kf_check(tensors)
+    params = _kf_mod._kf_params(params)
     outs = _kf_empty_outputs(tensors)
     sym = _kf_mod._kf_symbols_of([tuple(t.shape) for t in tensors])
     names = [s["name"] for s in _kf_spec["inputs"] + _kf_spec["outputs"]]
     pointers = {n: t.data_ptr() for n, t in zip(names, list(tensors) + outs)}
     if _kf_spec["target"] == "cpu":
-        scalars = _kf_mod._kf_scalars(sym)
+        scalars = _kf_mod._kf_scalars(sym, params)
         _kf_mod._kf_cpu_function()(*[pointers[a["name"]] if a["tensor"] else scalars[a["name"]]
                                      for a in _kf_spec["args"]])
     else:
         device = tensors[0].device
         cu, loaded = _kf_mod._kf_cuda_function(_kf_context(device))
         stream = torch.cuda.current_stream(device).cuda_stream
-        _kf_mod._kf_enqueue(cu, loaded, pointers, sym, stream)
+        _kf_mod._kf_enqueue(cu, loaded, pointers, sym, stream, params)
     return outs

@@ -1,11 +1,12 @@
 """A problem's ABI on a target as an exported wrapper needs it: each argument's name, whether it is a tensor
-(a pointer) or a scalar, and a scalar's C type, read from the ABI's C signature."""
+(a pointer) or a scalar (a shape symbol, or one of the problem's params), and a scalar's C type, read from the
+ABI's C signature."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from kfactory.export.errors import ExportError
+from kfactory.problems.params import signature_params
 
 #: C spellings of scalar types -> the exported wrapper's names for them (ctypes and struct know each)
 SCALAR_TYPES = {
@@ -17,7 +18,6 @@ SCALAR_TYPES = {
     "float": "float32", "double": "float64",
 }
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
-_PARAM = re.compile(r"^(?P<type>.*?)(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*(?:\[\s*\])?\s*$", re.DOTALL)
 
 
 class AbiError(ExportError):
@@ -26,28 +26,21 @@ class AbiError(ExportError):
 
 @dataclass(frozen=True)
 class Arg:
-    """One kernel argument: a tensor (passed as a pointer) or a scalar of a C type."""
+    """One kernel argument: a tensor (passed as a pointer) or a scalar of a C type (a shape symbol, or a
+    problem param when `param`)."""
     name: str
     tensor: bool
     scalar_type: str = ""   # int64, int32, uint64, uint32, long, ulong, float32, float64 (scalars only)
     c_type: str = ""        # as the signature spells it
+    param: bool = False     # one of the problem's params (its value is a keyword argument of the wrappers)
 
 
 def parse_args(signature: str) -> list[tuple[str, str]]:
-    """[(C type, name)] of a C signature's parameters, in order."""
-    open_at, close_at = signature.find("("), signature.rfind(")")
-    if open_at < 0 or close_at < open_at:
-        raise AbiError(f"no parameter list in the ABI signature {signature!r}")
-    body = signature[open_at + 1:close_at].strip()
-    if not body or body == "void":
-        return []
-    out = []
-    for part in body.split(","):
-        m = _PARAM.match(part.strip())
-        if m is None or not m.group("type").strip():
-            raise AbiError(f"cannot read the parameter {part.strip()!r} of the ABI signature {signature!r}")
-        out.append((" ".join(m.group("type").split()), m.group("name")))
-    return out
+    """[(C type, name)] of a C signature's parameters, in order (the loader's reading of it)."""
+    try:
+        return signature_params(signature)
+    except ValueError as exc:
+        raise AbiError(str(exc)) from exc
 
 
 def _scalar_type(c_type: str) -> str:
@@ -60,7 +53,7 @@ def _scalar_type(c_type: str) -> str:
 
 def abi_args(problem, target: str) -> list[Arg]:
     """The problem's ABI arguments on `target` (cpu or cuda), checked against abi.args and the problem's
-    tensors and symbols: a tensor must be a pointer, a symbol a scalar of a known C type."""
+    tensors, symbols and params: a tensor must be a pointer, a symbol or param a scalar of a known C type."""
     kind = target.split(":", 1)[0]
     abi = problem.spec.abi.get(kind)
     if abi is None:
@@ -77,12 +70,12 @@ def abi_args(problem, target: str) -> list[Arg]:
             if not pointer:
                 raise AbiError(f"argument {name!r} is a tensor but the signature passes it as {c_type!r}")
             out.append(Arg(name, True, c_type=c_type))
-        elif name in problem.spec.symbols:
+        elif name in problem.spec.symbols or name in problem.spec.params:
             if pointer:
-                raise AbiError(f"argument {name!r} is a shape symbol but the signature passes a pointer")
-            out.append(Arg(name, False, _scalar_type(c_type), c_type))
+                raise AbiError(f"argument {name!r} is a scalar but the signature passes a pointer")
+            out.append(Arg(name, False, _scalar_type(c_type), c_type, param=name in problem.spec.params))
         else:
-            raise AbiError(f"argument {name!r} is neither a tensor nor a shape symbol of {problem.name}")
+            raise AbiError(f"argument {name!r} is neither a tensor, a shape symbol nor a param of {problem.name}")
     return out
 
 

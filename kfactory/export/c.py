@@ -116,6 +116,8 @@ def header(j: Judged, problem, name: str, evidence: list[str]) -> str:
     notes = " ".join(abi.notes.split())
     parts = [c_comment(evidence + ([f"ABI notes: {notes}"] if notes else [])),
              f"#ifndef {guard}\n#define {guard}\n"]
+    if problem.spec.params:
+        parts.append(params_block(problem, name, abi.args))
     if kind == "cuda":
         parts.append(_cuda_header_body(j, problem, name, signature))
     else:
@@ -123,6 +125,25 @@ def header(j: Judged, problem, name: str, evidence: list[str]) -> str:
                      f"{signature};\n\n#ifdef __cplusplus\n}}\n#endif\n")
     parts.append(f"\n#endif /* {guard} */\n")
     return "\n".join(parts)
+
+
+def params_block(problem, name: str, args: list[str]) -> str:
+    """The problem's params in NAME.h: a macro NAME_DEFAULT_<PARAM> with the problem's value (its problem.yaml's
+    at export) for each one the kernel takes as an argument, a comment for each one compiled in."""
+    lines = ["The problem's params, as its problem.yaml gives them at export (a campaign verifies and times with the",
+             "values it gives when the campaign starts):"]
+    macros = []
+    for n, p in problem.spec.params.items():
+        rng = "" if p.min is None and p.max is None else \
+            f", declared range [{'-inf' if p.min is None else p.min}, {'inf' if p.max is None else p.max}]"
+        if n in args:
+            macro = f"{name.upper()}_DEFAULT_{n.upper()}"
+            lines.append(f"  {n}: {p.type} argument, default {p.value!r} ({macro}){rng}")
+            # repr of a Python float is a valid C double literal (1e-06, 2.5); ints are plain
+            macros.append(f"#define {macro} {p.value!r}")
+        else:
+            lines.append(f"  {n} = {p.value!r}: compiled into the kernel, not an argument")
+    return c_comment(lines) + "".join(m + "\n" for m in macros)
 
 
 def _cuda_header_body(j: Judged, problem, name: str, signature: str) -> str:

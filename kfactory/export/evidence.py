@@ -187,6 +187,10 @@ def summary_lines(j: Judged, problem, name: str) -> list[str]:
         lines.append(f"launch rule {json.dumps(rule, sort_keys=True)}")
     if j.compiler():
         lines.append(f"compiled by: {j.compiler()}")
+    if problem.spec.params:
+        # the evidence does not record them: these are problem.yaml's values when the export was made
+        lines.append("problem params (problem.yaml at export): "
+                     + ", ".join(f"{n}={p.value!r}" for n, p in problem.spec.params.items()))
     return lines + verification_summary(j) + measurement_summary(j)
 
 

@@ -1,6 +1,7 @@
 """`--format python`: NAME.py, a module that needs only numpy (and cuda-bindings for a cuda kernel), exposing
-NAME(*inputs, out=None) and selftest(); it builds the kernel with build.sh's command on first use, beside the
-C export's files (written too)."""
+NAME(*inputs, out=None, **params) and selftest(); it builds the kernel with build.sh's command on first use,
+beside the C export's files (written too). Each of the problem's params that the ABI passes to the kernel is a
+keyword argument defaulting to the problem's value (kfactory.problems.params)."""
 from __future__ import annotations
 
 import ast
@@ -51,12 +52,29 @@ def _selftest_shapes(problem) -> list[dict]:
     return [dict(min(problem.shapes("optimize"), key=lambda s: sum(s.values())))]
 
 
+def param_config(problem, args) -> dict:
+    """name -> {type, value, min, max, argument} of each of the problem's params; `argument`: the kernel takes
+    it as an argument (else the value is compiled into the kernel and cannot be changed by a caller)."""
+    passed = {a.name for a in args if a.param}
+    return {n: {"type": p.type, "value": p.value, "min": p.min, "max": p.max, "argument": n in passed}
+            for n, p in problem.spec.params.items()}
+
+
+#: names a param cannot have in the generated wrappers: the public function's own arguments
+_WRAPPER_NAMES = frozenset({"inputs", "out", "seed", "verbose", "tensors"})
+
+
 def module_config(j: Judged, problem, name: str, reference_missing: str) -> dict:
-    """The _CONFIG of the generated module: the ABI, shapes, tolerances, build command and launch rule."""
+    """The _CONFIG of the generated module: the ABI, params, shapes, tolerances, build command, launch rule."""
     if missing := derivable(problem):
         raise ExportError(f"the inputs' shapes do not give {missing}, which the kernel needs: a Python wrapper "
                           "cannot derive its arguments")
     args = abi_args(problem, j.candidate.target)
+    if clash := sorted(n for n in problem.spec.params
+                       if n in _WRAPPER_NAMES or n == name or n.startswith("_kf_")
+                       or n in {t.name for t in problem.spec.inputs}):
+        raise ExportError(f"the problem's params {clash} would shadow an argument of the exported function; "
+                          "rename them in problem.yaml")
     launch = j.launch
     if j.target_kind == "cuda":
         if not launch:
@@ -67,7 +85,9 @@ def module_config(j: Judged, problem, name: str, reference_missing: str) -> dict
         "name": name, "problem": problem.name, "candidate_id": j.candidate.id, "target": j.target_kind,
         "inputs": [_tensor(t) for t in problem.spec.inputs], "outputs": [_tensor(t) for t in problem.spec.outputs],
         "symbols": list(problem.spec.symbols),
-        "args": [{"name": a.name, "tensor": a.tensor, "type": a.scalar_type, "c_type": a.c_type} for a in args],
+        "args": [{"name": a.name, "tensor": a.tensor, "type": a.scalar_type, "c_type": a.c_type, "param": a.param}
+                 for a in args],
+        "params": param_config(problem, args),
         "tolerance": {k: v.model_dump() for k, v in problem.spec.tolerance.items()},
         "distributions": {k: {n: d.model_dump() for n, d in v.items()} for k, v in problem.spec.distributions.items()},
         "selftest_shapes": _selftest_shapes(problem),
@@ -78,23 +98,40 @@ def module_config(j: Judged, problem, name: str, reference_missing: str) -> dict
     }
 
 
-def _public_function(problem, name: str) -> str:
+def params_doc(params: dict) -> list[str]:
+    """One line per param for the wrappers' docstrings: its default, range, and whether it can be changed."""
+    lines = []
+    for n, p in params.items():
+        rng = "" if p["min"] is None and p["max"] is None else \
+            f", range [{'-inf' if p['min'] is None else p['min']}, {'inf' if p['max'] is None else p['max']}]"
+        if p["argument"]:
+            lines.append(f"{n}: {p['type']}, default {p['value']!r} (the problem's value, which kfactory verified "
+                         f"and timed the kernel with){rng}")
+        else:
+            lines.append(f"{n} = {p['value']!r} is compiled into this kernel (not an argument)")
+    return lines
+
+
+def _public_function(problem, name: str, params: dict) -> str:
     ins = ", ".join(f"{t.name}: {t.dtype}[{', '.join(map(str, t.shape))}]" for t in problem.spec.inputs)
     outs = ", ".join(f"{t.name}: {t.dtype}[{', '.join(map(str, t.shape))}]" for t in problem.spec.outputs)
     several = len(problem.spec.outputs) > 1
     returns = f"a tuple ({outs})" if several else outs
     out_kind = "a tuple of arrays" if several else "an array"
+    kw = [n for n, p in params.items() if p["argument"]]
+    sig = "".join(f", {n}={params[n]['value']!r}" for n in kw)
+    doc = "".join(f"\n    {line}" for line in params_doc(params))
     return f'''
 
-def {name}(*inputs, out=None):
+def {name}(*inputs, out=None{sig}):
     """{problem.name} on the exported kernel.
 
     inputs (in this order, C-contiguous numpy arrays): {ins}
     returns: {returns}
     out: {out_kind} of those shapes and dtypes to write into (default: new arrays)
-    The shape symbols ({", ".join(problem.spec.symbols)}) are read from the inputs' shapes.
+    The shape symbols ({", ".join(problem.spec.symbols)}) are read from the inputs' shapes.{doc}
     """
-    return _kf_call(inputs, out)
+    return _kf_call(inputs, out, {{{", ".join(f"{n!r}: {n}" for n in kw)}}})
 '''
 
 
@@ -133,7 +170,8 @@ def module_text(j: Judged, problem, name: str) -> str:
     if j.target_kind == "cpu" and j.candidate.runner_threads:
         doc += (f"It was measured with OMP_NUM_THREADS={j.candidate.runner_threads}; OpenMP kernels take the thread "
                 "count from the environment.\n")
-    extra = _public_function(problem, name) + ("\n\n" + ref.code if ref.code else "\n_kf_reference = None\n")
+    extra = _public_function(problem, name, config["params"]) + (
+        "\n\n" + ref.code if ref.code else "\n_kf_reference = None\n")
     _check_names(ref.code, name)
     return fill("_runtime.py", doc, config, extra)
 
@@ -149,7 +187,8 @@ def _check_reference(problem, code: str) -> None:
     inputs = draw(problem, shape, next(iter(problem.spec.distributions)), 1)
     namespace: dict = {}
     exec(compile(code, f"<{problem.name} reference>", "exec"), namespace)  # noqa: S102 - the problem's own code
-    got, want = namespace["reference"](dict(inputs)), problem.reference.reference(dict(inputs))
+    got = namespace["reference"](dict(inputs), **problem.params)
+    want = problem.reference.reference(dict(inputs), **problem.params)
     for t in problem.spec.outputs:
         if not np.array_equal(np.asarray(got[t.name]), np.asarray(want[t.name]), equal_nan=True):
             raise ExportError(f"the embedded copy of {problem.name}'s reference disagrees with reference.py")

@@ -52,12 +52,16 @@ def run_reference(problem: Problem, x: dict, shape: dict[str, int], dist: str) -
     candidate's) when the user's reference.py raises or returns what the ABI does not declare."""
     path = problem.directory / "reference.py"
     try:
-        out = problem.reference.reference(x)
+        # the problem's scalar parameters as keyword arguments (kfactory.problems.params); none when it has none
+        out = problem.reference.reference(x, **problem.params)
     except ProblemError:
         raise
     except Exception as e:  # noqa: BLE001 (the user's code: any error is this problem's, reported with its type)
+        hint = ""
+        if isinstance(e, TypeError) and problem.params and "argument" in str(e):
+            hint = f"; it is called as reference(inputs, {', '.join(f'{k}=...' for k in problem.params)})"
         raise ReferenceFailed(f"{path}: reference() raised {type(e).__name__}: {e} (shape "
-                              f"{problem.shape_str(shape)}, distribution {dist})") from e
+                              f"{problem.shape_str(shape)}, distribution {dist}){hint}") from e
     _check_outputs(problem, path, out, shape, dist)
     return out
 

@@ -1,6 +1,7 @@
 """Loading problem packages and families; enumerating, validating and rendering design points."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import math
@@ -12,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import jinja2
+import jinja2.meta
 import yaml
 from pydantic import ValidationError
 from simpleeval import EvalWithCompoundTypes, InvalidExpression
@@ -57,6 +59,22 @@ def _what(e: jinja2.TemplateError) -> str:
     return getattr(e, "message", None) or str(e)
 
 
+def _free_names(tree: jinja2.nodes.Template) -> set[str]:
+    """The names a template reads from its context. Jinja's own analysis counts a macro (or {% set %}) defined
+    inside an {% if %} as undeclared where it is used; any name the template binds somewhere (a macro, its
+    arguments, a set or loop target) is taken as its own instead, so a valid template is never refused."""
+    bound = {n.name for n in tree.find_all(jinja2.nodes.Macro)}
+    bound |= {n.name for n in tree.find_all(jinja2.nodes.Name) if n.ctx in ("store", "param")}
+    return jinja2.meta.find_undeclared_variables(tree) - bound
+
+
+@functools.lru_cache(maxsize=256)
+def _template_names(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """_free_names of a template file, parsed once per version of the file (a problem loads many times in a
+    process: every submit, check and coder request)."""
+    return frozenset(_free_names(jinja2.Environment().parse(Path(path).read_text())))
+
+
 def shape_str(shape: dict[str, int], symbols: list[str]) -> str:
     """'4096x4096' in symbol order."""
     return "x".join(str(shape[s]) for s in symbols)
@@ -67,16 +85,51 @@ class Family:
     """A way to implement a problem on a target: a template, a design space and a launch rule."""
     spec: FamilySpec
     directory: Path
+    #: the problem's scalar parameters (name -> value): Jinja variables of the template and compile_flags beside
+    #: the design point's own (kfactory.problems.params)
+    problem_params: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     @cached_property
+    def _env(self) -> jinja2.Environment:
+        return jinja2.Environment(loader=jinja2.FileSystemLoader(self.directory), undefined=jinja2.StrictUndefined,
+                                  keep_trailing_newline=True)
+
+    @cached_property
     def _template(self) -> jinja2.Template:
-        env = jinja2.Environment(loader=jinja2.FileSystemLoader(self.directory), undefined=jinja2.StrictUndefined,
-                                 keep_trailing_newline=True)
-        return env.get_template(self.spec.template)
+        return self._env.get_template(self.spec.template)
+
+    def check_names(self) -> None:
+        """ProblemError (file:line) when the template or compile_flags uses a name that is neither a parameter
+        of the family nor a param of the problem: StrictUndefined would raise only on a path a point renders,
+        so a misspelt name in a rarely taken branch is caught here, when the package loads. A template that
+        cannot be read or parsed is left to render and `problems check`, which report it with its line."""
+        known = set(self.spec.params) | set(self.problem_params) | set(self._env.globals)
+        path = self.directory / self.spec.template
+        try:
+            st = path.stat()
+            used = _template_names(str(path), st.st_mtime_ns, st.st_size)
+        except (OSError, UnicodeDecodeError, jinja2.TemplateError):
+            used = frozenset()
+        if unknown := sorted(used - known):
+            line = next((n for n, tok, value in self._env.lex(path.read_text())
+                         if tok == "name" and value == unknown[0]), None)
+            raise ProblemError(f"{path}:{line}: family {self.name}: the template uses {unknown[0]!r}, which is "
+                               f"{self._neither()}")
+        try:
+            used = _free_names(jinja2.Environment().parse(self.spec.compile_flags))
+        except jinja2.TemplateError:
+            used = set()
+        if unknown := sorted(used - known):
+            raise ProblemError(f"{self.directory / 'family.yaml'}: compile_flags of family {self.name} uses "
+                               f"{unknown[0]!r}, which is {self._neither()}")
+
+    def _neither(self) -> str:
+        return (f"neither a parameter of the family ({', '.join(self.spec.params)}) nor a param of the problem "
+                f"({', '.join(self.problem_params) or 'it declares none'})")
 
     def valid(self, params: dict) -> bool:
         """True when params gives every parameter one of its values and satisfies every constraint."""
@@ -109,13 +162,14 @@ class Family:
 
     def render(self, params: dict) -> tuple[str, str, int]:
         """(source, compile flags, threads) at a design point; a template error names its file and line."""
+        names = {**self.problem_params, **params}
         try:
-            source = self._template.render(**params)
+            source = self._template.render(**names)
         except jinja2.TemplateError as e:
             raise ProblemError(f"{_where(e, self.directory / self.spec.template)}: family {self.name}: template "
                                f"failed at {params}: {_what(e)}") from e
         try:
-            flags = jinja2.Template(self.spec.compile_flags, undefined=jinja2.StrictUndefined).render(**params)
+            flags = jinja2.Template(self.spec.compile_flags, undefined=jinja2.StrictUndefined).render(**names)
         except jinja2.TemplateError as e:
             raise ProblemError(f"{self.directory / 'family.yaml'}: compile_flags of family {self.name} failed at "
                                f"{params}: {_what(e)}") from e
@@ -140,9 +194,17 @@ class Problem:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def params(self) -> dict[str, float | int]:
+        """The problem's scalar parameters, name -> the spec's value (kfactory.problems.params: the reference
+        gets them as keyword arguments, the kernel as scalar arguments where an ABI lists them, templates as
+        variables)."""
+        return {name: p.value for name, p in self.spec.params.items()}
+
     @cached_property
     def reference(self) -> ModuleType:
-        """reference.py: `reference(inputs) -> outputs` in float64, `BASELINES` {name: fn(inputs, outputs)}."""
+        """reference.py: `reference(inputs, **params) -> outputs` in float64, `baselines(**params)` ->
+        {name: fn(inputs, outputs, threads)} and `cuda_baselines(**params)`."""
         path = self.directory / "reference.py"
         if not path.exists():
             raise ProblemError(f"{self.directory}: missing reference.py")
@@ -198,7 +260,10 @@ class Problem:
                  "distributions:   " + ", ".join(s.distributions),
                  "tolerance:       " + "; ".join(f"{k}: atol={v.atol} rtol={v.rtol} norm_rel={v.norm_rel}"
                                                  for k, v in s.tolerance.items()),
-                 "baselines:       " + (", ".join(s.baselines) or "none"), ""]
+                 "baselines:       " + (", ".join(s.baselines) or "none")]
+        if s.params:
+            lines.append("params:          " + "; ".join(_param_line(n, p) for n, p in s.params.items()))
+        lines.append("")
         for target, abi in s.abi.items():
             lines += [f"ABI ({target}): {abi.signature}", f"  arguments: {', '.join(abi.args)}"]
             if abi.notes:
@@ -207,6 +272,12 @@ class Problem:
             lines.append(f"family {f.name} ({f.spec.target}, {f.spec.language}): {len(f.points())} valid points; "
                          + ", ".join(f"{k}={v}" for k, v in f.spec.params.items()))
         return "\n".join(lines)
+
+
+def _param_line(name: str, p) -> str:
+    rng = f" in [{'-inf' if p.min is None else p.min}, {'inf' if p.max is None else p.max}]" \
+        if p.min is not None or p.max is not None else ""
+    return f"{name} = {p.value} ({p.type}{rng})" + (f": {' '.join(p.doc.split())}" if p.doc else "")
 
 
 def _load_yaml(path: Path, model):
@@ -240,9 +311,13 @@ def load_problem(name_or_path: str | Path) -> Problem:
     problem = Problem(spec, directory)
     for fname in spec.families:
         fdir = directory / "families" / fname
-        fam = Family(_load_yaml(fdir / "family.yaml", FamilySpec), fdir)
+        fam = Family(_load_yaml(fdir / "family.yaml", FamilySpec), fdir, problem.params)
         if fam.name != fname:
             raise ProblemError(f"{fdir}/family.yaml: name {fam.name!r} differs from its directory {fname!r}")
+        if clash := [k for k in fam.spec.params if k in spec.params]:
+            raise ProblemError(f"{fdir}/family.yaml: params: {clash} are also params of the problem; rename one "
+                               "(a template would see only one of the two values)")
+        fam.check_names()
         problem.families[fname] = fam
     return problem
 

@@ -40,9 +40,9 @@ def next_steps(package: Path) -> str:
     return "\n".join([
         f"created {package}",
         "next (docs/adding-a-problem.md walks through every field):",
-        f"  1. {package / 'problem.yaml'}: description, symbols, inputs, outputs, shapes, distributions, "
+        f"  1. {package / 'problem.yaml'}: description, symbols, inputs, outputs, params, shapes, distributions, "
         "tolerance, cost, abi",
-        f"  2. {package / 'reference.py'}: reference(inputs) in float64, and baselines() if you have some",
+        f"  2. {package / 'reference.py'}: reference(inputs, **params) in float64, and baselines() if you have some",
         f"  3. {package / 'families'}: the templates the search renders (or delete them and list none: agents "
         "and your own kernels then spend the budget)",
         f"  4. kfactory problems check {package}",

@@ -1,9 +1,14 @@
 """The problem package format, validated with pydantic: a bad spec names the field and what is wrong."""
 from __future__ import annotations
 
+import keyword
+import math
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kfactory.problems.params import JINJA_RESERVED, c_param_types, check_c_type
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
 #: the most elements one tensor may have at any declared shape (2^28: 1 GiB of float32). The verifier holds
@@ -66,6 +71,79 @@ class RefKernel(_Strict):
     launch: dict[str, str] = {}
 
 
+PARAM_NAME = r"^[A-Za-z][A-Za-z0-9_]*$"
+
+
+class ParamSpec(_Strict):
+    """One scalar parameter of the problem (problem.yaml `params:`): `{type: float|int, value, min, max, doc}`,
+    or a bare number (its type then follows the number: `3` is an int, `1.0e-5` a float). The value is what
+    campaigns verify and time with; min and max bound what an exported kernel accepts."""
+    type: Literal["float", "int"]
+    value: float | int
+    min: float | int | None = None
+    max: float | int | None = None
+    doc: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data):
+        if isinstance(data, bool):
+            raise ValueError("a boolean is not a parameter value: give an int or a float")
+        if isinstance(data, (int, float)):
+            return {"type": "int" if isinstance(data, int) else "float", "value": data}
+        if isinstance(data, str):
+            # YAML 1.1 reads 1e-5 (no dot) as a string: the most likely slip, so the message says the fix
+            raise ValueError(f"{data!r} is text, not a number"
+                             + (" (YAML reads a number without a dot as text: write 1.0e-5, not 1e-5)"
+                                if _looks_numeric(data) else ""))
+        if isinstance(data, dict):
+            for key in ("value", "min", "max"):
+                v = data.get(key)
+                if isinstance(v, str):
+                    raise ValueError(f"{key} {v!r} is text, not a number"
+                                     + (" (write 1.0e-5, not 1e-5)" if _looks_numeric(v) else ""))
+                if isinstance(v, bool):
+                    raise ValueError(f"{key}: a boolean is not a number")
+        return data
+
+    @model_validator(mode="after")
+    def _typed(self) -> "ParamSpec":
+        for key in ("value", "min", "max"):
+            v = getattr(self, key)
+            if v is None:
+                continue
+            if self.type == "int":
+                # an int parameter takes integers only: 2.0 in YAML is a float, so probably a float was meant
+                if not isinstance(v, int):
+                    raise ValueError(f"{key} {v!r} is not an integer, and the type is int")
+            elif not math.isfinite(v):
+                raise ValueError(f"{key} {v!r} is not a finite number")
+            else:
+                setattr(self, key, float(v))
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        if (self.min is not None and self.value < self.min) or (self.max is not None and self.value > self.max):
+            raise ValueError(f"value {self.value} is outside the declared range [{_bound(self.min, '-inf')}, "
+                             f"{_bound(self.max, 'inf')}]")
+        return self
+
+    def in_range(self, v) -> bool:
+        """Whether `v` lies within [min, max] (open ends where none is declared)."""
+        return (self.min is None or v >= self.min) and (self.max is None or v <= self.max)
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _bound(v, default: str) -> str:
+    return default if v is None else str(v)
+
+
 class ProblemSpec(_Strict):
     """problem.yaml."""
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
@@ -81,6 +159,22 @@ class ProblemSpec(_Strict):
     abi: dict[str, Abi]
     reference_kernel: dict[str, RefKernel] = {}
     families: list[str] = []
+    #: scalar parameters (kfactory.problems.params says how each reaches the reference, kernel and templates)
+    params: dict[str, ParamSpec] = {}
+
+    @field_validator("params")
+    @classmethod
+    def _param_names(cls, v: dict) -> dict:
+        lower: dict[str, str] = {}
+        for name in v:
+            if not re.match(PARAM_NAME, name) or keyword.iskeyword(name) or name in JINJA_RESERVED:
+                raise ValueError(f"{name!r} cannot name a parameter: use a letter then letters, digits and '_', "
+                                 f"not a Python keyword or one of {sorted(JINJA_RESERVED)}")
+            # exported C headers spell a parameter's default as an upper-case macro: eps and EPS would clash
+            if name.lower() in lower:
+                raise ValueError(f"{name!r} and {lower[name.lower()]!r} differ only in case")
+            lower[name.lower()] = name
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> "ProblemSpec":
@@ -101,10 +195,18 @@ class ProblemSpec(_Strict):
         for dname, d in self.distributions.items():
             if set(d) != names:
                 raise ValueError(f"distribution {dname!r} must describe exactly the inputs {sorted(names)}")
+        tensors = names | {t.name for t in self.outputs}
+        if clash := sorted(set(self.params) & (tensors | syms)):
+            raise ValueError(f"params: {clash} already name a tensor or a shape symbol")
         for target, abi in self.abi.items():
-            known = names | {t.name for t in self.outputs} | syms
+            known = tensors | syms | set(self.params)
             if unknown := [a for a in abi.args if a not in known]:
-                raise ValueError(f"abi.{target}.args: {unknown} are neither tensors nor symbols")
+                raise ValueError(f"abi.{target}.args: {unknown} are neither tensors, symbols nor params")
+            if passed := [a for a in abi.args if a in self.params]:
+                types = c_param_types(abi.signature)
+                for name in passed:
+                    if why := check_c_type(self.params[name].type, types.get(name), self.params[name]):
+                        raise ValueError(f"abi.{target}.signature: param {name!r}: {why}")
         return self
 
     def _fits(self, shape: dict[str, int]) -> None:

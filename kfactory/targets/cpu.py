@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kfactory.problems.params import abi_argtypes
 from kfactory.runner import Runner, ShmBuffers
 from kfactory.targets.ceiling import ceilings
 from kfactory.targets.cpu_rules import check_imports, check_source
@@ -134,10 +135,8 @@ class CpuSession(Session):
         self.runner = Runner(threads, s.runner_timeout_s, s.runner_mem_mb, s.runner_max_runs)
         self.loads: dict[str, dict] = {}
         self._overhead: float | None = None
-        abi = problem.spec.abi["cpu"]
-        tensors = {t.name for t in problem.spec.inputs + problem.spec.outputs}
-        self.abi_args = abi.args
-        self.argtypes = ["ptr" if a in tensors else "i64" for a in abi.args]
+        self.abi_args = problem.spec.abi["cpu"].args
+        self.argtypes = abi_argtypes(problem, "cpu")
 
     def load_artifact(self, key: str, artifact: bytes, entry: str, launch: dict | None = None) -> None:
         path = self.target.cache_dir / f"{hashlib.sha256(artifact).hexdigest()}.so"
@@ -148,7 +147,8 @@ class CpuSession(Session):
         self.loads[key] = {"kind": "so", "path": str(path), "entry": entry, "argtypes": self.argtypes}
 
     def load_baseline(self, key: str, name: str) -> None:
-        self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name}
+        self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name,
+                           "params": self.problem.params}
 
     def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
         """Run the kernel once per step on the SAME buffers (fresh ones, with guard bands, for the first step):

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from kfactory.log import get_logger
+from kfactory.problems.params import abi_argtypes
 from kfactory.runner import LoadFailed, Runner, RunnerCrashed, RunnerFault, ShmBuffers
 from kfactory.targets import nvml
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
@@ -188,10 +189,9 @@ class CudaSession(Session):
         self.runner = _runner(target.settings, self.uuid)
         self.loads: dict[str, dict] = {}
         # the cuda ABI; a problem without one is called with its cpu argument order (pointers, then int64s)
-        abi = problem.spec.abi.get("cuda") or problem.spec.abi["cpu"]
-        tensors = {t.name for t in problem.spec.inputs + problem.spec.outputs}
-        self.abi_args = list(abi.args)
-        self.argtypes = ["ptr" if a in tensors else "i64" for a in abi.args]
+        kind = "cuda" if "cuda" in problem.spec.abi else "cpu"
+        self.abi_args = list(problem.spec.abi[kind].args)
+        self.argtypes = abi_argtypes(problem, kind)
 
     # -- loading ---------------------------------------------------------------------------------------------
 
@@ -216,7 +216,8 @@ class CudaSession(Session):
 
     def load_baseline(self, key: str, name: str) -> None:
         """Baseline `name` of the problem's reference.py cuda_baselines() (torch on the GPU)."""
-        self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name}
+        self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name,
+                           "params": self.problem.params}
 
     def _ensure(self, key: str) -> None:
         try:

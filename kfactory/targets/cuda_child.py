@@ -45,6 +45,10 @@ GUARD_BYTE = 0xA5
 GRAPH_TARGET_S = 200e-6  # a graph replay (or a run of back-to-back baseline calls) lasts at least this
 MAX_GRAPH_LAUNCHES = 4096
 STATIC_SMEM_LIMIT = 48 << 10
+#: scalar argument types -> (the ctypes value the parameter buffer points at, the descriptor's field, conversion):
+#: shape symbols and int parameters travel as int64, float parameters as their C type (f32: float, f64: double)
+SCALARS = {"i64": (ctypes.c_int64, "int", int), "f32": (ctypes.c_float, "float", float),
+           "f64": (ctypes.c_double, "float", float)}
 
 #: CUresult names, mapped by value: a fault of the kernel (the context is unusable afterwards)
 FAULT_NAMES = ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
@@ -344,8 +348,8 @@ class CudaChild(Child):
                 return {"ok": False, "error": f"cannot load {cmd['entry']!r} from the cubin: {e}",
                         "kind": "load_failed", "code": e.code}
             argtypes = list(cmd["argtypes"])
-            if any(t not in ("ptr", "i64") for t in argtypes):
-                raise ValueError(f"argtypes must be 'ptr' or 'i64', got {argtypes}")
+            if any(t not in SCALARS and t != "ptr" for t in argtypes):
+                raise ValueError(f"argtypes must be 'ptr', 'i64', 'f32' or 'f64', got {argtypes}")
             if not isinstance(cmd.get("launch_rule"), dict):
                 raise ValueError("a cubin needs a launch_rule {grid, block, smem, params}")
             self.kernels[key] = fn
@@ -356,7 +360,7 @@ class CudaChild(Child):
             spec.loader.exec_module(mod)
             if not hasattr(mod, "cuda_baselines"):
                 raise ImportError(f"{cmd['module']} has no cuda_baselines()")
-            self.kernels[key] = mod.cuda_baselines()[cmd["name"]]
+            self.kernels[key] = mod.cuda_baselines(**cmd.get("params", {}))[cmd["name"]]
         else:
             raise ValueError(f"unknown kind {cmd['kind']!r} for the cuda runner (cubin or baseline)")
         self.kinds[key] = cmd["kind"]
@@ -398,9 +402,11 @@ class CudaChild(Child):
                         raise ValueError(f"argument {a['name']!r} is declared a pointer but is not a tensor")
                     values.append(ctypes.c_uint64(tensors[a["name"]].ptr))
                 else:
-                    if "int" not in a:
-                        raise ValueError(f"argument {a['name']!r} is declared an integer but is a tensor")
-                    values.append(ctypes.c_int64(int(a["int"])))
+                    # the parameter buffer holds each argument at its own size: a C float must be a c_float
+                    ctype, field, conv = SCALARS[t]
+                    if field not in a:
+                        raise ValueError(f"argument {a['name']!r} is declared {t} but is given {sorted(a)}")
+                    values.append(ctype(conv(a[field])))
             params, keep = self._pack(values)
             (gx, gy, gz), (bx, by, bz), smem = launch.grid, launch.block, launch.smem
 

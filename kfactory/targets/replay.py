@@ -110,7 +110,7 @@ class ReplaySession(Session):
         return rec
 
     def _outputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        ref = self.problem.reference.reference(inputs)
+        ref = self.problem.reference.reference(inputs, **self.problem.params)
         return {t.name: np.asarray(ref[t.name]).astype(t.dtype) for t in self.problem.spec.outputs}
 
     def call(self, key: str, shape: dict[str, int], inputs: dict[str, np.ndarray]) -> CallResult:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kfactory.problems.params import scalar_arg
 from kfactory.runner import ShmBuffers
 from kfactory.targets.base import CallResult
 
@@ -42,7 +43,8 @@ def build_argset(problem, abi_args: list[str], bufs: ShmBuffers, shape: dict[str
         args.append({"name": name, "path": path, "offset": offset, "dtype": t.dtype, "shape": list(arr.shape),
                      "role": "in" if name in ins else "out"})
     by_name = {a["name"]: a for a in args}
-    ordered = [by_name[a] if a in by_name else {"name": a, "int": int(shape[a])} for a in abi_args]
+    # scalars: a shape symbol's size, or a problem parameter's value ({"float"} for a float parameter)
+    ordered = [by_name[a] if a in by_name else scalar_arg(problem, a, shape) for a in abi_args]
     return ordered + [a for a in args if a["name"] not in abi_args], views
 
 

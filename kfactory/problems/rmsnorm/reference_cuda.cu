@@ -2,7 +2,7 @@
  * Reference CUDA kernel for the rmsnorm problem: the plain version a careful non-expert writes.
  * One block per row (launch: grid = rows, block = 256, no dynamic shared memory); scalar bf16 loads;
  * pass 1 sums x^2 in fp32 per thread, a shared-memory tree adds the 256 partials; pass 2 writes
- * y = bf16(x * rstd * w), rounded to nearest even once.
+ * y = bf16(x * rstd * w), rounded to nearest even once; eps is the problem's param, passed as an argument.
  *
  * bf16 values are raw 16-bit patterns (unsigned short): NVRTC from the PyPI wheels has no cuda_bf16.h.
  */
@@ -19,7 +19,8 @@ __device__ __forceinline__ unsigned short f32_to_bf16(float f) {
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-kernel(const unsigned short *x, const unsigned short *w, unsigned short *y, long long rows, long long hidden) {
+kernel(const unsigned short *x, const unsigned short *w, unsigned short *y, long long rows, long long hidden,
+       float eps) {
   __shared__ float partial[THREADS];
   const long long r = blockIdx.x;
   if (r >= rows) return;
@@ -38,7 +39,7 @@ kernel(const unsigned short *x, const unsigned short *w, unsigned short *y, long
     if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
     __syncthreads();
   }
-  const float rstd = 1.f / sqrtf(partial[0] / (float)hidden + 1e-6f);
+  const float rstd = 1.f / sqrtf(partial[0] / (float)hidden + eps);
 
   /* Pass 2: normalise, scale, round once. */
   for (long long c = threadIdx.x; c < hidden; c += THREADS) {
