@@ -22,6 +22,7 @@ def _settings(args) -> Settings:
                               "memory_addr": getattr(args, "memory", None),
                               "threads": getattr(args, "threads", None),
                               "report_dir": getattr(args, "report_dir", None),
+                              "precompiled": getattr(args, "precompiled", None),
                               **_llm_over(args)}.items() if v is not None}
     return Settings(**over)
 
@@ -131,11 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", help="write the campaign summary to this file")
     p.add_argument("--report-dir", type=Path, help="where reports go (default ./reports)")
     p.add_argument("--quiet", action="store_true", help="no live progress")
+    p.add_argument("--precompiled", help="cuda bundles from `kfactory precompile` (dirs, ':'-separated; env "
+                                         "KFACTORY_PRECOMPILED): their cubins are served, not compiled")
 
     p = sub.add_parser("serve", help="run one service (for Kubernetes or a multi-process set-up)")
     p.add_argument("service", help="planner, coder, compiler, verifier, benchmarker or memory")
     _conn_args(p)
     p.add_argument("--grpc-addr", help="listen address of the planner's or memory's gRPC service")
+    p.add_argument("--precompiled", help="compiler: cuda bundles to serve cubins from (env KFACTORY_PRECOMPILED)")
     p.add_argument("--threads", type=int)
 
     p = sub.add_parser("submit", help="submit a campaign to a running factory")
@@ -163,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="")
     p.add_argument("--campaign", help="show this campaign's leaderboard instead (id or unique prefix)")
     p.add_argument("--candidate", help="show one candidate's full evidence and source (id or unique prefix)")
+    p.add_argument("--target", default="", help="cpu, cuda (any architecture) or cuda:sm_90a (only that one)")
     _query_args(p)
 
     p = sub.add_parser("priors", help="what memory would seed a campaign of a problem with (its warm start)",
@@ -226,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?")
     p.add_argument("--like", default="softmax", help="new: the built-in problem to copy (default softmax)")
     p.add_argument("--out", type=Path, default=Path("."), help="new: where the package directory goes (default .)")
+
+    from kfactory import evidence_cmd, precompile  # their own modules: each registers its command
+
+    evidence_cmd.add_parser(sub)
+    precompile.add_parser(sub)
     return ap
 
 
@@ -276,6 +286,10 @@ def _dispatch(args) -> int:
         except client.ClientError as e:
             print(f"kfactory: {e}", file=sys.stderr)
             return e.code
+    if args.cmd in ("evidence", "precompile"):  # no service: before kfactory.app's imports too
+        from kfactory import evidence_cmd, precompile
+
+        return (evidence_cmd if args.cmd == "evidence" else precompile).run(args, _settings(args))
     from kfactory.app import WiringError
 
     if args.cmd == "problems":

@@ -24,7 +24,7 @@ from kfactory import security
 from kfactory.grpcutil import clip
 from kfactory.report import format_params, verification_table
 from kfactory.services.memory import queries as qmod
-from kfactory.services.memory.archive import Archive, target_matches
+from kfactory.services.memory.archive import Archive
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
@@ -150,18 +150,7 @@ def best_entry(settings, problem: str, shape: str = "", target: str = "") -> spb
 
 
 async def _best_entry(settings, problem: str, shape: str, target: str) -> spb.LeaderboardEntry:
-    request = spb.BestRequest(problem=problem, shape=shape)
-    if not memory_configured(settings):
-        return _local(settings, lambda q: q.best(request, target))
-    entry = await _evidence(settings, "Best", request)
-    if target:
-        # the Evidence service's BestRequest has no target: check the answer, never hand over another target's
-        have = (await _evidence(settings, "Candidate", spb.CandidateRequest(id=entry.candidate_id))).candidate.target
-        if not target_matches(have, target):
-            raise ClientError(f"{settings.memory_addr}: the fastest {problem} kernel memory holds is for {have}, not "
-                              f"{target}, and its Best query cannot filter by target (without --memory and "
-                              "KFACTORY_MEMORY_ADDR the local workspace can)", 1)
-    return entry
+    return await _evidence(settings, "Best", spb.BestRequest(problem=problem, shape=shape, target=target))
 
 
 async def _watch(ch, cid: str) -> None:
@@ -244,11 +233,12 @@ async def _dispatch(args, settings, spec_fn) -> int:
     if args.cmd == "report":
         check_campaign_id(args.id, "campaign")  # it names a directory too
         r = await _evidence(settings, "Report", spb.ReportRequest(campaign_id=args.id))
-        out = args.out or Path(settings.report_dir) / _report_campaign(r, args.id)
+        cid = _report_campaign(r, args.id)
+        out = args.out or Path(settings.report_dir) / cid
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.md").write_text(r.markdown)
         (out / "plot.png").write_bytes(r.plot_png)
-        print(out / "report.md")
+        print(json.dumps({"campaign_id": cid, "report": str(out / "report.md")}) if as_json else out / "report.md")
         return 0
     raise ClientError(f"unknown command {args.cmd}", 2)
 
@@ -258,8 +248,10 @@ _REPORT_TITLE = re.compile(r"# Campaign ([A-Za-z0-9_-]{1,64}):")
 
 
 def _report_campaign(r: spb.ReportResponse, asked: str) -> str:
-    """The full id of the campaign a report is of (`asked` may be a prefix of it): its title names it. (The
-    ReportResponse does not carry it; a report without the title keeps the id as asked.)"""
+    """The full id of the campaign a report is of (`asked` may be a prefix of it): the response's campaign_id, or,
+    from a memory that predates that field, the report's title (else the id as asked)."""
+    if r.campaign_id and ev.CAMPAIGN_ID.fullmatch(r.campaign_id):
+        return r.campaign_id
     title = _REPORT_TITLE.match(r.markdown)
     return title.group(1) if title and title.group(1).startswith(asked) else asked
 
@@ -311,7 +303,8 @@ async def _best(args, settings, as_json: bool) -> int:
         return 0
     if not args.problem:
         raise ClientError("kfactory best: name a problem, or give --campaign or --candidate", 2)
-    r = await _evidence(settings, "Best", spb.BestRequest(problem=args.problem, shape=args.shape, device=args.device))
+    r = await _evidence(settings, "Best", spb.BestRequest(problem=args.problem, shape=args.shape, device=args.device,
+                                                          target=getattr(args, "target", "")))
     _print(r, as_json, f"{r.candidate_id} {r.score_s * 1e3:.3f} ms on {r.device} ({r.origin} "
            f"{format_params(r.params_json)}; campaign {r.campaign_id})\nverification:\n"
            + "\n".join(verification_table(r.checks)))

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     screen_factor: float = Field(1.5, gt=1, description="screened out when slower than this x the campaign's best")
     warm_evidence: int = Field(400, ge=0, description="measurements from other campaigns a warm start learns the "
                                "landscape from (the best --warm of them are also proposed first)")
+    precompiled: str = Field("", description="bundles of cubins compiled ahead (kfactory precompile), or folders "
+                             "holding them, separated by ':'; the cuda compiler serves a candidate found there "
+                             "instead of compiling it")
 
     # agent coders (LLMs); without a model the factory runs with template coders and says so
     llm_provider: Literal["openai", "anthropic"] = Field(

@@ -174,6 +174,11 @@ class CudaTarget(Target):
         except ValueError as e:
             return CompileResult(False, pb.CompileReport(compiler="nvrtc"), reason=pb.UNSUPPORTED_ARCH,
                                  message=str(e))
+        from kfactory.precompile import serve
+
+        # a cubin compiled ahead for this source, flags and architecture (kfactory precompile) costs no compile here
+        if (served := serve(self.settings, source, language, flags, entry, arch)) is not None:
+            return served
         return compile_cuda(source, language, flags, entry, arch, self.data_dir / "cuda_cache")
 
     def session(self, problem, threads: int) -> "CudaSession":

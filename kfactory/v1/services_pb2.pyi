@@ -90,14 +90,16 @@ class LeaderboardEntry(_message.Message):
     def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[_events_pb2.Check, _Mapping]]] = ...) -> None: ...
 
 class BestRequest(_message.Message):
-    __slots__ = ("problem", "shape", "device")
+    __slots__ = ("problem", "shape", "device", "target")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
     problem: str
     shape: str
     device: str
-    def __init__(self, problem: _Optional[str] = ..., shape: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    target: str
+    def __init__(self, problem: _Optional[str] = ..., shape: _Optional[str] = ..., device: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
 
 class LeaderboardRequest(_message.Message):
     __slots__ = ("campaign_id", "limit")
@@ -200,9 +202,43 @@ class LessonsResponse(_message.Message):
     def __init__(self, lessons: _Optional[_Iterable[_Union[Lesson, _Mapping]]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("markdown", "plot_png")
+    __slots__ = ("markdown", "plot_png", "campaign_id")
     MARKDOWN_FIELD_NUMBER: _ClassVar[int]
     PLOT_PNG_FIELD_NUMBER: _ClassVar[int]
+    CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
     markdown: str
     plot_png: bytes
-    def __init__(self, markdown: _Optional[str] = ..., plot_png: _Optional[bytes] = ...) -> None: ...
+    campaign_id: str
+    def __init__(self, markdown: _Optional[str] = ..., plot_png: _Optional[bytes] = ..., campaign_id: _Optional[str] = ...) -> None: ...
+
+class BundleChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class ExportRequest(_message.Message):
+    __slots__ = ("problem", "target")
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    problem: str
+    target: str
+    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+
+class ImportResult(_message.Message):
+    __slots__ = ("events_added", "events_present", "objects_added", "regressions_added", "campaigns", "refused", "events_held")
+    EVENTS_ADDED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_ADDED_FIELD_NUMBER: _ClassVar[int]
+    REGRESSIONS_ADDED_FIELD_NUMBER: _ClassVar[int]
+    CAMPAIGNS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_HELD_FIELD_NUMBER: _ClassVar[int]
+    events_added: int
+    events_present: int
+    objects_added: int
+    regressions_added: int
+    campaigns: int
+    refused: _containers.RepeatedScalarFieldContainer[str]
+    events_held: int
+    def __init__(self, events_added: _Optional[int] = ..., events_present: _Optional[int] = ..., objects_added: _Optional[int] = ..., regressions_added: _Optional[int] = ..., campaigns: _Optional[int] = ..., refused: _Optional[_Iterable[str]] = ..., events_held: _Optional[int] = ...) -> None: ...

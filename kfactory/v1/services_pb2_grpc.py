@@ -315,6 +315,16 @@ class EvidenceStub:
                 request_serializer=kfactory_dot_v1_dot_services__pb2.LessonsRequest.SerializeToString,
                 response_deserializer=kfactory_dot_v1_dot_services__pb2.LessonsResponse.FromString,
                 _registered_method=True)
+        self.ExportBundle = channel.unary_stream(
+                '/kfactory.v1.Evidence/ExportBundle',
+                request_serializer=kfactory_dot_v1_dot_services__pb2.ExportRequest.SerializeToString,
+                response_deserializer=kfactory_dot_v1_dot_services__pb2.BundleChunk.FromString,
+                _registered_method=True)
+        self.ImportBundle = channel.stream_unary(
+                '/kfactory.v1.Evidence/ImportBundle',
+                request_serializer=kfactory_dot_v1_dot_services__pb2.BundleChunk.SerializeToString,
+                response_deserializer=kfactory_dot_v1_dot_services__pb2.ImportResult.FromString,
+                _registered_method=True)
 
 
 class EvidenceServicer:
@@ -365,6 +375,21 @@ class EvidenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportBundle(self, request, context):
+        """the archive's evidence (every event of the matching campaigns, the sources they name, the regression inputs)
+        as a portable bundle, in chunks
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportBundle(self, request_iterator, context):
+        """merge a bundle (sent in chunks) into the archive and the object store, idempotently
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EvidenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -402,6 +427,16 @@ def add_EvidenceServicer_to_server(servicer, server):
                     servicer.Lessons,
                     request_deserializer=kfactory_dot_v1_dot_services__pb2.LessonsRequest.FromString,
                     response_serializer=kfactory_dot_v1_dot_services__pb2.LessonsResponse.SerializeToString,
+            ),
+            'ExportBundle': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportBundle,
+                    request_deserializer=kfactory_dot_v1_dot_services__pb2.ExportRequest.FromString,
+                    response_serializer=kfactory_dot_v1_dot_services__pb2.BundleChunk.SerializeToString,
+            ),
+            'ImportBundle': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportBundle,
+                    request_deserializer=kfactory_dot_v1_dot_services__pb2.BundleChunk.FromString,
+                    response_serializer=kfactory_dot_v1_dot_services__pb2.ImportResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -593,6 +628,60 @@ class Evidence:
             '/kfactory.v1.Evidence/Lessons',
             kfactory_dot_v1_dot_services__pb2.LessonsRequest.SerializeToString,
             kfactory_dot_v1_dot_services__pb2.LessonsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportBundle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kfactory.v1.Evidence/ExportBundle',
+            kfactory_dot_v1_dot_services__pb2.ExportRequest.SerializeToString,
+            kfactory_dot_v1_dot_services__pb2.BundleChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportBundle(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/kfactory.v1.Evidence/ImportBundle',
+            kfactory_dot_v1_dot_services__pb2.BundleChunk.SerializeToString,
+            kfactory_dot_v1_dot_services__pb2.ImportResult.FromString,
             options,
             channel_credentials,
             insecure,

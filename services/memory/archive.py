@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS refused (
 CREATE TABLE IF NOT EXISTS held (
   id TEXT PRIMARY KEY, campaign TEXT NOT NULL, candidate TEXT NOT NULL, reason TEXT, payload BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS held_candidate ON held(campaign, candidate);
+CREATE TABLE IF NOT EXISTS problem_names (locator TEXT PRIMARY KEY, name TEXT NOT NULL);
 """
 #: how much of a refused message the archive keeps (enough to tell what it was, never megabytes)
 REFUSED_HEAD_BYTES = 4096
@@ -68,27 +69,43 @@ class Archive:
 
     def __init__(self, path: Path | str, problem_name=lambda locator: locator):
         """`problem_name` maps a candidate's problem locator (a name or a package path) to its name."""
-        self.problem_name = problem_name
+        self._resolve = problem_name
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
         self.lock = threading.Lock()
+        self.aliases = self._aliases()
 
     @classmethod
     def reader(cls, path: Path | str, problem_name=lambda locator: locator) -> "Archive":
         """An existing archive opened for queries only (read-only, no schema written), safe beside a memory that
         is writing it (WAL: readers see the last committed state). FileNotFoundError when there is none."""
         self = cls.__new__(cls)
-        self.problem_name = problem_name
+        self._resolve = problem_name
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(str(self.path))
         self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
                                   isolation_level=None)
         self.lock = threading.Lock()
+        self.aliases = self._aliases()
         return self
+
+    def _aliases(self) -> dict[str, str]:
+        """The problem names imported evidence brought for locators (kfactory/evidence_bundle.py)."""
+        try:
+            return dict(self.db.execute("SELECT locator, name FROM problem_names").fetchall())
+        except sqlite3.OperationalError:  # an archive written before the table existed, opened read-only
+            return {}
+
+    def problem_name(self, locator: str) -> str:
+        """A problem's name from its locator: resolved here (a built-in name, a package path that exists), else
+        the name the machine that ran the campaign resolved it to, when imported evidence said (a package path
+        of another machine, or a temporary copy gone since), else the locator as it is."""
+        name = self._resolve(locator)
+        return name if name != locator else self.aliases.get(locator, locator)
 
     def close(self) -> None:
         self.db.close()
@@ -147,6 +164,56 @@ class Archive:
         for (payload,) in self.db.execute("SELECT payload FROM held WHERE campaign=? AND candidate=?",
                                           (campaign, candidate)).fetchall():
             self._record(pb.Event.FromString(payload))
+
+    def merge(self, events: list[pb.Event], aliases: dict[str, str],
+              regressions: list[pb.RegressionInput]) -> tuple[int, int, int, int, list[str]]:
+        """Merge another archive's evidence (kfactory/evidence_bundle.py) in one transaction, all or none: each
+        event recorded as one from the stream (what derives from it is this archive's own), `aliases` (locator ->
+        problem name on the machine that ran it) kept, `regressions` added. Nothing is merged, and the reasons are
+        returned, when an id is held here with other content, an event is not believed (kfactory/trust.py), or a
+        locator is named otherwise here. Returns (added, already here, held back for their chain, regression
+        inputs added, reasons)."""
+        with self.lock:
+            self.db.execute("BEGIN")
+            kept_aliases = self.aliases
+            try:
+                if why := self._merge_conflicts(events, aliases):
+                    self.db.execute("ROLLBACK")
+                    return 0, 0, 0, 0, why
+                fresh = {k: v for k, v in aliases.items() if k != v and k not in self.aliases}
+                self.db.executemany("INSERT INTO problem_names VALUES (?,?)", sorted(fresh.items()))
+                self.aliases = {**self.aliases, **fresh}
+                before = self.db.execute("SELECT COUNT(*) FROM regressions").fetchone()[0]
+                present = {i for e in events for (i,) in self.db.execute("SELECT id FROM events WHERE id=?", (e.id,))}
+                added = sum(self._record(e) for e in events if e.id not in present)
+                held = sum(1 for e in events for _ in self.db.execute("SELECT 1 FROM held WHERE id=?", (e.id,)))
+                self.db.executemany("INSERT OR IGNORE INTO regressions VALUES (?,?,?,?,?,?,?,?,?)",
+                                    [(r.problem, r.shape, r.distribution, str(r.seed), r.candidate_id, r.campaign_id,
+                                      r.reason, r.note, 0) for r in regressions])
+                after = self.db.execute("SELECT COUNT(*) FROM regressions").fetchone()[0]
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                self.aliases = kept_aliases
+                raise
+        return added, len(present), held, after - before, []
+
+    def _merge_conflicts(self, events: list[pb.Event], aliases: dict[str, str]) -> list[str]:
+        """Why a merge must be refused (empty when it may go in); the lock is held."""
+        why = [f"problem locator {loc[:200]!r} is {self.aliases[loc]!r} here, {name!r} in the bundle"
+               for loc, name in aliases.items() if self.aliases.get(loc, name) != name]
+        started = {e.campaign_id for e in events if e.HasField("campaign_started")}
+        for e in events:
+            if flaw := trust.body_flaw(e):
+                why.append(f"event {e.id[:120]}: not believed: {flaw}")
+            elif e.campaign_id not in started and not e.HasField("dead_letter") and not self.db.execute(
+                    "SELECT 1 FROM campaigns WHERE id=?", (e.campaign_id,)).fetchone():
+                why.append(f"event {e.id[:120]}: its campaign {e.campaign_id[:64]!r} has no start here or in the "
+                           "bundle")
+            elif (row := self.db.execute("SELECT payload FROM events WHERE id=?", (e.id,)).fetchone()) and \
+                    row[0] != e.SerializeToString() and pb.Event.FromString(row[0]) != e:
+                why.append(f"event {e.id[:120]}: this archive holds another event under that id")
+        return why
 
     def refuse(self, reason: str, subject: str = "", stream_seq: int = 0, data: bytes = b"") -> None:
         """Keep a message of the events stream that was refused before it decoded (events.decode_event)."""

@@ -115,9 +115,11 @@ class Queries:
 
     # -- the Evidence service ----------------------------------------------------------------------------------
     def best(self, request: spb.BestRequest, target: str = "") -> spb.LeaderboardEntry:
-        """The fastest kernel of a problem (at a shape, on a device, for a target), with its verdict's figures."""
+        """The fastest kernel of a problem (at a shape, on a device, for the request's target, else `target`),
+        with its verdict's figures."""
         if not request.problem:
             raise InvalidRequest("name the problem")
+        target = request.target or target
         found = self.archive.best(self.archive.problem_name(request.problem), request.shape, request.device, target)
         if found is None:
             raise NotFound(f"no measurement of {quoted(request.problem)} "
@@ -142,8 +144,9 @@ class Queries:
 
     def report(self, request: spb.ReportRequest) -> spb.ReportResponse:
         """A campaign's report (markdown and the best-so-far plot), built from its archived events."""
-        md, png = report.build(self.archive.events(campaign=self.resolve_campaign(request.campaign_id)))
-        return spb.ReportResponse(markdown=md, plot_png=png)
+        cid = self.resolve_campaign(request.campaign_id)
+        md, png = report.build(self.archive.events(campaign=cid))
+        return spb.ReportResponse(markdown=md, plot_png=png, campaign_id=cid)
 
     def regression_inputs(self, request: spb.RegressionRequest) -> spb.RegressionResponse:
         """The inputs that once exposed a wrong kernel of the problem."""

@@ -8,7 +8,7 @@ import time
 import grpc
 import nats.errors
 
-from kfactory import report, telemetry
+from kfactory import evidence_bundle, report, telemetry
 from kfactory.bus import ArtifactMissing, ack_quietly, term_quietly
 from kfactory.grpcutil import start_server
 from kfactory.problems import ProblemError
@@ -16,6 +16,7 @@ from kfactory.service import Service
 from kfactory.services.memory.archive import Archive
 from kfactory.services.memory.queries import InvalidRequest, NotFound, Queries
 from kfactory.v1 import events_pb2 as pb
+from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
 from kfactory.workspace import Workspace, is_digest
 
@@ -160,3 +161,26 @@ class EvidenceApi(sgrpc.EvidenceServicer):
 
     async def Report(self, request, context):
         return await self._answer(self.m.queries.report, request, context)
+
+    async def ExportBundle(self, request, context):
+        """The archive's evidence as a bundle (kfactory/evidence_bundle.py), in chunks under gRPC's message limit."""
+        data = await asyncio.to_thread(lambda: evidence_bundle.dumps(evidence_bundle.export_bundle(
+            self.m.archive, self.m.workspace.get, request.problem, request.target)))
+        for start in range(0, len(data), evidence_bundle.CHUNK_BYTES):
+            yield spb.BundleChunk(data=data[start:start + evidence_bundle.CHUNK_BYTES])
+
+    async def ImportBundle(self, request_iterator, context):
+        """Merge a bundle sent in chunks; a malformed one is INVALID_ARGUMENT, a conflicting one is answered with
+        the reasons in `refused` (nothing of it kept)."""
+        parts, size = [], 0
+        async for chunk in request_iterator:
+            size += len(chunk.data)
+            if size > evidence_bundle.MAX_BUNDLE_BYTES:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"the bundle is over {evidence_bundle.MAX_BUNDLE_BYTES} bytes")
+            parts.append(chunk.data)
+        try:
+            bundle = await asyncio.to_thread(evidence_bundle.loads, b"".join(parts))
+            return await asyncio.to_thread(evidence_bundle.import_bundle, self.m.archive, self.m.workspace, bundle)
+        except evidence_bundle.BundleError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not imported: {e}")
