@@ -70,6 +70,27 @@ def campaign(name: str, pkg: Path, budget: int, env: dict, timeout_s: float,
     return json.loads(out.read_text())
 
 
+def workspace(work: Path) -> str:
+    """The campaigns' data directory: gpu_check.sh's KF_DATA, shared by every stage (the committed evidence is
+    imported there, the GPU's ceilings are measured there once, and the evidence bundle is exported from it)."""
+    return os.environ.get("KF_DATA") or str(work / "data")
+
+
+def save_evidence(env: dict) -> None:
+    """Export the workspace's evidence bundle to KF_EVIDENCE_OUT (gpu_check.sh: $OUT/evidence.json.gz) after a
+    campaign, so that a run cut short still leaves what it measured."""
+    path = os.environ.get("KF_EVIDENCE_OUT")
+    if not path:
+        return
+    try:
+        done = subprocess.run([sys.executable, "-m", "kfactory.cli", "evidence", "export", "--out", path], env=env,
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:  # the check goes on; gpu_check.sh exports again after the stage
+        print("evidence export ran past 120 s", flush=True)
+        return
+    print(done.stdout.strip() or done.stderr.strip()[-500:], flush=True)
+
+
 def table(results: dict[str, dict]) -> list[str]:
     rows = [f"{'problem':8} {'kernel':10} {'shape':12} {'median us':>10} {'GB/s':>8} {'of copy bw':>10} "
             f"{'vs torch':>9} {'mode':6} {'throttled':9}"]
@@ -93,13 +114,14 @@ def main() -> int:
     budget = int(os.environ.get("KF_GPU_BUDGET", "12"))
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="kf-gpu-"))
-    env = dict(os.environ, KFACTORY_DATA_DIR=str(work / "data"), KFACTORY_REPORT_DIR=str(work / "reports"),
+    env = dict(os.environ, KFACTORY_DATA_DIR=workspace(work), KFACTORY_REPORT_DIR=str(work / "reports"),
                KFACTORY_INPUT_REUSE="64", KFACTORY_COMPARE_MAX_S=os.environ.get("KF_GPU_COMPARE_S", "1.0"),
                KFACTORY_MEASURE_MAX_S="0.3", KFACTORY_RUNNER_TIMEOUT_S="60", PYTHONUNBUFFERED="1")
     results = {}
     for name in SHAPES:
         results[name] = campaign(name, package(name, work), budget, env, timeout_s=float(os.environ.get(
             "KF_GPU_CAMPAIGN_S", "130")))
+        save_evidence(env)
         print(f"elapsed {time.time() - t0:.0f}s", flush=True)
     rows = table(results)
     if OUT:

@@ -40,7 +40,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import OUT, campaign  # noqa: E402  (same subprocess campaign runner, same $OUT)
+from gpu_check import OUT, campaign, save_evidence, workspace  # noqa: E402  (same runner, $OUT, workspace)
 
 CAMPAIGN_SHAPES = [dict(B=64, T=1, H=32, HV=32, K=128, V=128), dict(B=1, T=1024, H=32, HV=32, K=128, V=128)]
 #: the chunked campaign's optimisation shape: a prefill with 32 (batch x head) pairs (128 blocks at bv = 32),
@@ -240,7 +240,7 @@ def main() -> int:
     deadline = t0 + float(os.environ.get("KF_GPU_KDA_S", "220")) - PUBLIC_MARGIN_S
     budget = int(os.environ.get("KF_GPU_BUDGET", "12"))
     work = Path(tempfile.mkdtemp(prefix="kf-kda-"))
-    env = dict(os.environ, KFACTORY_DATA_DIR=str(work / "data"), KFACTORY_REPORT_DIR=str(work / "reports"),
+    env = dict(os.environ, KFACTORY_DATA_DIR=workspace(work), KFACTORY_REPORT_DIR=str(work / "reports"),
                KFACTORY_INPUT_REUSE="64", KFACTORY_COMPARE_MAX_S=os.environ.get("KF_GPU_COMPARE_S", "1.0"),
                KFACTORY_MEASURE_MAX_S="0.3", KFACTORY_RUNNER_TIMEOUT_S="60", PYTHONUNBUFFERED="1")
     result: dict = {}
@@ -256,13 +256,15 @@ def main() -> int:
     print(f"campaign elapsed {time.time() - t0:.0f}s", flush=True)
     best = (summary or {}).get("best")
     save(campaign=summary)
+    save_evidence(env)
     chunked_summary = campaign("kda_chunked", package(work, "kda_bf16_chunked", CHUNKED_SHAPES),
                                int(os.environ.get("KF_KDA_CHUNKED_BUDGET", "6")), env,
                                timeout_s=float(os.environ.get("KF_KDA_CHUNKED_S", "50")), families=("cuda_chunked",))
     print(f"chunked campaign elapsed {time.time() - t0:.0f}s", flush=True)
+    save_evidence(env)
     chunked_best = (chunked_summary or {}).get("best")
     chunked = chunked_best["params"] if chunked_best else dict(DEFAULT_CHUNKED)
-    settings = Settings(data_dir=work / "data", runner_timeout_s=120.0)
+    settings = Settings(data_dir=workspace(work), runner_timeout_s=120.0)
     verdict = verify_chunked(work, chunked, settings)
     print(f"chunked point {chunked} ({'campaign best' if chunked_best else 'default'}): "
           f"{json.dumps({k: v for k, v in verdict.items() if k != 'params'})}", flush=True)
