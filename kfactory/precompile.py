@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import time
@@ -94,7 +95,8 @@ def points_of(problem, limit: int | None = None, families: tuple[str, ...] = (),
     by_name = {f.name: f for f in fams}
     ordered = [(by_name[family], params) for family, params in first
                if family in by_name and by_name[family].valid(params)]
-    ordered += _spread(fams, None if limit is None else limit - len(out) - len(ordered), random.Random(seed))
+    # as many as the limit from the spread: some may repeat the first ones, and points_of stops at the limit
+    ordered += _spread(fams, limit, random.Random(seed))
     seen: set[tuple[str, str]] = set()
     for fam, params in ordered:
         key = (fam.name, json.dumps(params, sort_keys=True))
@@ -106,30 +108,49 @@ def points_of(problem, limit: int | None = None, families: tuple[str, ...] = (),
     return out
 
 
+#: a family with at most this many parameter combinations is enumerated (its constraints evaluated on each, which
+#: takes seconds for softmax's cuda_cu with ~60000), a larger one sampled by random draws
+ENUMERATE_UP_TO = 20000
+
+
 def _spread(fams: list, n: int | None, rng: random.Random) -> list[tuple]:
-    """(family, point) pairs taken from each family in turn: every point, shuffled, when n is None; else about n
-    drawn at random (enumerating a family's points evaluates its constraints on the whole product of its
-    values: seconds for softmax's cuda_cu, too long for a small --limit)."""
-    if n is None:
-        shuffled = []
-        for fam in fams:
-            pts = fam.points()
-            rng.shuffle(pts)
-            shuffled.append([(fam, p) for p in pts])
-        return [s[i] for i in range(max((len(s) for s in shuffled), default=0)) for s in shuffled if i < len(s)]
+    """Distinct (family, point) pairs taken from each family in turn, each family's in a random order (fixed
+    seed): every point when n is None, else about n. A small family is enumerated and shuffled; a large one is
+    drawn from at random (enumerating it would cost more than a small --limit's compiles), and drops out of the
+    turn when its draws keep repeating."""
+    turns = [_order(fam, rng, n is None) for fam in fams]
     out: list[tuple] = []
-    enumerated: set[str] = set()
-    # a few more draws than asked: a repeat, or a point already among the first, is skipped by points_of
-    for i in range(max(n, 0) + 2 * len(fams)):
-        fam = fams[i % len(fams)]
-        if fam.name in enumerated:
-            continue
-        try:
-            out.append((fam, fam.random_point(rng)))
-        except ValueError:  # constraints that random draws rarely meet: that family's points, enumerated once
-            enumerated.add(fam.name)
-            out += [(fam, p) for p in fam.points()[:n]]
+    while turns and (n is None or len(out) < n):
+        for it in list(turns):
+            pair = next(it, None)
+            if pair is None:
+                turns.remove(it)
+            elif n is None or len(out) < n:
+                out.append(pair)
     return out
+
+
+def _order(fam, rng: random.Random, every: bool):
+    """A family's points in a random order: shuffled when it is small or every point is asked for, else drawn."""
+    if every or math.prod(len(v) for v in fam.spec.params.values()) <= ENUMERATE_UP_TO:
+        pts = fam.points()
+        rng.shuffle(pts)
+        yield from ((fam, p) for p in pts)
+        return
+    seen: set[str] = set()
+    misses = 0
+    while misses < 50:
+        try:
+            params = fam.random_point(rng)
+        except ValueError:  # no valid point in its random draws
+            return
+        key = json.dumps(params, sort_keys=True)
+        if key in seen:
+            misses += 1
+            continue
+        seen.add(key)
+        misses = 0
+        yield fam, params
 
 
 def build(problem, arch: str, out_dir: Path | str, points: list[Point], jobs: int | None = None,
