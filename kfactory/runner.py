@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from kfactory.log import get_logger
+from kfactory.observability import stagetime
 
 log = get_logger("runner")
 
@@ -91,10 +92,17 @@ class Runner:
         self._buf = b""
         self.runs = 0
         self.loaded = set()
-        self.request({"op": "ping"}, timeout_s=30)
+        self._request({"op": "ping"}, timeout_s=30)
 
     def request(self, cmd: dict, timeout_s: float | None = None) -> dict:
-        """Send one command and wait for its reply; raises RunnerCrashed / RunnerTimeout / LoadFailed."""
+        """Send one command and wait for its reply; raises RunnerCrashed / RunnerTimeout / LoadFailed. The round
+        trip is accounted as the enclosing work's "runner" part, less the kernels' own run time ("kernel")."""
+        with stagetime.span("runner"):
+            reply = self._request(cmd, timeout_s)
+            stagetime.credit("kernel", kernel_seconds(reply))
+        return reply
+
+    def _request(self, cmd: dict, timeout_s: float | None) -> dict:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         try:
@@ -189,6 +197,15 @@ class Runner:
             self._reset()
 
 
+def kernel_seconds(reply: dict) -> float:
+    """How long the kernels ran in a runner's reply: the child's own account ("busy_s": every call, warm-up
+    included), else the timed calls it reports (a child that keeps no account, such as the cuda child)."""
+    if "busy_s" in reply:
+        return float(reply["busy_s"])
+    samples = reply.get("samples") or {}
+    return float(sum(reply.get("seconds") or ())) + float(sum(sum(s) for s in samples.values()))
+
+
 class ShmBuffers:
     """Arrays in /dev/shm files that both the parent and the runner map.
 
@@ -247,9 +264,10 @@ class ShmBuffers:
         return all(bool((g == cls.GUARD_BYTE).all()) for g in guards)
 
     def close(self) -> None:
-        self.arrays.clear()
-        self._arena = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+        with stagetime.span("buffers"):  # unlinking a tmpfs file frees its pages: not free for large ones
+            self.arrays.clear()
+            self._arena = None
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "ShmBuffers":
         return self

@@ -97,7 +97,7 @@ class Child:
                 arrays[name][...] = value
             seconds.append(self._timed(call))
         # MAP_SHARED pages of a tmpfs file are the parent's pages too: no msync needed
-        return {"seconds": seconds}
+        return {"seconds": seconds, "busy_s": sum(seconds)}
 
     @staticmethod
     def _timed(call) -> float:
@@ -111,7 +111,7 @@ class Child:
         pairs = {k["key"]: [self._bind(k["key"], s) for s in k["argsets"]] for k in cmd["kernels"]}
         bound = {k: [call for call, _ in v] for k, v in pairs.items()}
         keys = list(bound)
-        warm_rounds = self._warm_up(bound, cmd["warmup_s"])
+        warm_rounds, warm_s = self._warm_up(bound, cmd["warmup_s"])
 
         def timed(k: str, i: int) -> float:
             return self._timed(bound[k][i % len(bound[k])])
@@ -120,19 +120,26 @@ class Child:
         del pairs
         # sets 0 .. reached-1 were called (warm-up and timing walk them in order): the parent checks exactly
         # those outputs; a set never reached still holds its poison and is not a result
-        return {"samples": samples, "reached": {k: min(len(bound[k]), max(i, warm_rounds)) for k in keys}}
+        return {"samples": samples, "reached": {k: min(len(bound[k]), max(i, warm_rounds)) for k in keys},
+                "busy_s": warm_s + sum(sum(s) for s in samples.values())}
 
     @staticmethod
-    def _warm_up(bound: dict, warmup_s: float) -> int:
-        """Call every kernel round after round until warmed up (see warm_up); the rounds it took."""
+    def _warm_up(bound: dict, warmup_s: float) -> tuple[int, float]:
+        """Call every kernel round after round until warmed up (see warm_up); (the rounds it took, their
+        seconds in all: the kernels' time, for the parent's account of device time)."""
+        spent = [0.0]
+
         def one_round(n: int) -> float:
             t0 = time.perf_counter()
             for calls in bound.values():
                 calls[n % len(calls)]()
-            return time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            spent[0] += took
+            return took
         # every argument set is called once before any timed call (within the warm-up's time cap): a kernel that
         # computes only on a set's first call (a fresh, poisoned output) must be timed by its repeat calls
-        return warm_up(one_round, warmup_s, min_rounds=max(len(calls) for calls in bound.values()))
+        rounds = warm_up(one_round, warmup_s, min_rounds=max(len(calls) for calls in bound.values()))
+        return rounds, spent[0]
 
 
 def warm_up(one_round, warmup_s: float, min_rounds: int = 2) -> int:

@@ -16,7 +16,7 @@ from kfactory.claims import Claims, LockTimeout
 from kfactory.config import Settings
 from kfactory.judge import InputPool
 from kfactory.log import get_logger
-from kfactory.observability import metrics
+from kfactory.observability import metrics, stagetime
 from kfactory.problems import Problem, load_problem
 from kfactory.regressions import RegressionSource
 from kfactory.targets import Target, get_target
@@ -114,13 +114,14 @@ class Service:
                 lock = None
             yield lock
 
-    async def work(self, fn, *args):
-        """Run the candidate's own work (compile, verify, measure) in a thread, accounting its time."""
+    async def work(self, fn, *args, part: str = ""):
+        """Run the candidate's own work (compile, verify, measure) in a thread, accounting its time; `part`
+        names it in the stage-time ledger (kfactory.observability.stagetime; default: the function's name)."""
         t0 = time.perf_counter()
-        work = getattr(fn, "__name__", "work")
+        work = part or getattr(fn, "__name__", "work")
         try:
             with telemetry.child_span(f"{self.name} {work}", **{"kf.work": work}):
-                return await asyncio.to_thread(fn, *args)
+                return await asyncio.to_thread(stagetime.wrapped(work, fn), *args)
         finally:
             self.cost["work"] += time.perf_counter() - t0
             metrics.WORK_SECONDS.labels(self.name, work).observe(time.perf_counter() - t0)
@@ -134,6 +135,7 @@ class Service:
                 lease = await stack.enter_async_context(
                     self.claims.device_lease(device_id, ttl_s=self.settings.ack_wait_s))
             self.cost["wait"] += time.perf_counter() - t0
+            stagetime.add("lease wait", time.perf_counter() - t0)
             busy = metrics.busy_window(device_id)
             key = busy.begin()
             try:

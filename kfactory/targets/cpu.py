@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kfactory.observability.stagetime import span
 from kfactory.problems.params import abi_argtypes
 from kfactory.runner import Runner, ShmBuffers
 from kfactory.targets.ceiling import ceilings
@@ -156,28 +157,32 @@ class CpuSession(Session):
         self.runner.ensure_loaded(key, self.loads[key])
         with ShmBuffers() as bufs:
             guards: list = []
-            argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0], guards)
-            staged, step_cmds = stage_steps(self.problem, bufs, shape, steps)
+            with span("buffers"):
+                argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0], guards)
+                staged, step_cmds = stage_steps(self.problem, bufs, shape, steps)
             reply = self.runner.request({"op": "call", "key": key, "args": argset, "steps": step_cmds},
                                         timeout_s=self.runner.timeout_s * len(steps))
-            oob = sorted({name for name, band in guards if not ShmBuffers.intact([band])})
-            return sequence_results(self.problem, steps, staged, views, reply["seconds"], oob)
+            with span("buffers"):
+                oob = sorted({name for name, band in guards if not ShmBuffers.intact([band])})
+                return sequence_results(self.problem, steps, staged, views, reply["seconds"], oob)
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s) -> BenchResult:
         for k in keys:
             self.runner.ensure_loaded(k, self.loads[k])
         with ShmBuffers() as bufs:
-            bufs.reserve(len(keys) * sum(set_bytes(self.problem, shape) + 2 * ShmBuffers.ALIGN * 4
-                                         for _ in input_sets))
-            per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
-                       for k in keys}
+            with span("buffers"):
+                bufs.reserve(len(keys) * sum(set_bytes(self.problem, shape) + 2 * ShmBuffers.ALIGN * 4
+                                             for _ in input_sets))
+                per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
+                           for k in keys}
             cmd = {"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
                    "min_samples": min_samples, "min_s": min_s, "max_s": max_s, "noise": noise,
                    "warmup_s": warmup_s}
             reply = self.runner.request(cmd, timeout_s=max_s + 10 * warmup_s + self.runner.timeout_s)
             # the output of every set the runner reached, as the last timed call on it left it: all are checked
-            outs = {k: [{t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
-                        for _, views in per_key[k][:reply["reached"][k]]] for k in keys}
+            with span("buffers"):
+                outs = {k: [{t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
+                            for _, views in per_key[k][:reply["reached"][k]]] for k in keys}
         return BenchResult(reply["samples"], outs)
 
     def call_overhead_s(self) -> float:

@@ -92,7 +92,7 @@ class BenchmarkerService(RunnerService):
             return False
         res = await self.work(measure, session, [cand.id], problem, problem.shapes("optimize")[0],
                               self.pool(cand.problem), target.cache_bytes(), self.settings, self.settings.screen_max_s,
-                              device)
+                              device, part="screen")
         if res.reason or not screened_out(res.timings[cand.id].median_s, float(raw), self.settings.screen_factor):
             return False  # a failure here is found again, and typed, by the full measurement
         m.timings.append(res.timings[cand.id])
@@ -129,7 +129,7 @@ class BenchmarkerService(RunnerService):
                 # like any measurement (judge.probe_after_timing); the reference and the baselines are not
                 res = await self.work(measure, session, list(keys.values()), problem, shape,
                                       self.pool(cand.problem), target.cache_bytes(), self.settings,
-                                      self.settings.compare_max_s, device, [cand.id])
+                                      self.settings.compare_max_s, device, [cand.id], part="compare")
                 sname = problem.shape_str(shape)
                 comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device)
                 if res.reason:

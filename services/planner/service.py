@@ -18,6 +18,7 @@ from kfactory import events as ev
 from kfactory import security, telemetry, trust
 from kfactory.bus import EVENTS_STREAM, ack_quietly
 from kfactory.grpcutil import start_server
+from kfactory.observability import stagetime
 from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.strategies import Space
@@ -348,9 +349,10 @@ class PlannerService(Service):
                 attempts += 1
                 await self._propose_agent(st, arm, attempts)
                 continue
-            prior = st.next_prior()
             try:
-                point = prior or st.strategy.ask()
+                with stagetime.span("planning"):  # the strategy's model runs on the event loop: bookkeeping
+                    prior = st.next_prior()
+                    point = prior or st.strategy.ask()
             except Exception as e:  # noqa: BLE001 (a strategy's failure fails its campaign, with the reason)
                 st.strategy_failed("ask", e)
                 break

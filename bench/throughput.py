@@ -1,0 +1,243 @@
+"""Throughput: candidates per minute of a real campaign, the device's busy fraction, and where a candidate's time goes.
+
+Runs one campaign the way `kfactory run` does (an embedded nats-server, the six services in this process, the
+campaign submitted to the planner) and reads the stage-time ledger (kfactory/observability/stagetime.py) that the
+services and the judge keep: compile, verify (drawing inputs, float64 references, comparison, runner round trips,
+shared-memory buffers, the kernel's own runs), screening, measuring, lease waits, and bus and bookkeeping (each
+service's handler time less its work and lease waits, plus the planner's and memory's handling and the strategy's
+asks). The device's busy fraction is the time kernels ran in the runners (candidates, the reference, baselines,
+as the runner children account it) over the campaign's wall time.
+
+`--baseline-order` also runs the same campaign (same problem, budget, strategy and seed) with the judge's order and
+settings as they were before issue 23 (kfactory/pipeline.py BASELINE), first, in the same run, then times the two
+campaigns' best kernels interleaved (A B A B ...) at every optimisation shape, so the figures are side by side.
+
+    python bench/throughput.py [--problem softmax] [--target cpu|cuda] [--budget N] [--seed S] [--json OUT]
+                               [--baseline-order] [--strategy NAME] [--device-seconds S]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from kfactory.app import start_services
+from kfactory.config import Settings
+from kfactory.judge import InputPool, measure
+from kfactory.natsd import EmbeddedNats
+from kfactory.observability import stagetime
+from kfactory.problems import load_problem
+from kfactory.runcmd import _memory_ready
+from kfactory.targets import get_target
+from kfactory.v1 import events_pb2 as pb
+
+#: ledger parts reported per candidate, in this order; "final comparison" is reported once per campaign
+VERIFY_PARTS = ("drawing", "references", "comparison", "runner", "buffers", "kernel", "other")
+JUDGE_STAGES = ("screen", "verify", "measure")
+
+
+def _baseline_settings() -> dict:
+    try:
+        from kfactory.pipeline import BASELINE
+    except ImportError:  # before issue 23's order existed, today's settings are the baseline's
+        return {}
+    return dict(BASELINE)
+
+
+async def campaign(args, label: str, root: Path, overrides: dict) -> dict:
+    """Run one campaign; its figures (see the module's docstring) and its best kernel's artifact."""
+    data = root / label
+    data.mkdir(parents=True)
+    shutil.copy(root / "ceilings.json", data / "ceilings.json")
+    loads = [os.getloadavg()]
+    with EmbeddedNats(data / "nats") as nats:
+        settings = Settings(nats_url=nats.url, data_dir=data, report_dir=data / "reports", **overrides)
+        running = await start_services(settings, grpc=False)
+        try:
+            await _memory_ready(running)
+            planner = running.services["planner"]
+            spec = pb.CampaignSpec(problem=args.problem, target=args.target, budget_candidates=args.budget,
+                                   strategy=args.strategy, seed=args.seed, warm_start=0,
+                                   budget_seconds=args.seconds)
+            cost0 = {n: dict(s.cost) for n, s in running.services.items()}
+            before = stagetime.snapshot()
+            cid = await planner.submit(spec)
+            st = planner.campaigns[cid]
+            search_end = await _follow(st, running)
+            ledger = stagetime.since(before)
+            cost = {n: {k: s.cost[k] - cost0[n][k] for k in s.cost} for n, s in running.services.items()}
+            best = st.best()
+            artifact = await running.ctx.bus.get_artifact(st.artifacts[best.candidate.id]) if best else None
+        finally:
+            await running.shutdown()
+    loads.append(os.getloadavg())
+    outcomes = st.counts.measured + st.counts.rejected + st.counts.compile_failed
+    wall = search_end - st.started_wall
+    out = {"campaign": cid, "state": st.finished.state if st.finished else "unfinished",
+           "counts": {f.name: getattr(st.counts, f.name) for f in pb.Counts.DESCRIPTOR.fields},
+           "candidates": outcomes, "search_wall_s": round(wall, 2),
+           "candidates_per_minute": round(60 * outcomes / wall, 2) if wall > 0 else 0.0,
+           "load_average": {"before": [round(x, 2) for x in loads[0]], "after": [round(x, 2) for x in loads[1]]},
+           "settings": overrides}
+    out.update(account(ledger, cost, outcomes, wall))
+    screened = sum(1 for m in st.measured.values() if m.screened_out)
+    out["screened_out"] = screened
+    if best is not None:
+        out["best"] = {"candidate_id": best.candidate.id, "params": json.loads(best.candidate.params_json or "{}"),
+                       "median_seconds": best.score_s, "entry": best.candidate.entry, "artifact": artifact}
+    return out
+
+
+async def _follow(st, running) -> float:
+    """Wait for the campaign's end; the wall-clock time its search ended (its last candidate's outcome, when the
+    planner asked for the final comparison, or its end when there was none)."""
+    search_end = None
+    while st.finished is None and not running.stop.is_set():
+        if search_end is None and st.comparing:
+            search_end = time.time()
+        await asyncio.sleep(0.05)
+    if running.failed():
+        raise running.failed()
+    return search_end or time.time()
+
+
+def account(ledger: dict, cost: dict, candidates: int, wall: float) -> dict:
+    """The ledger's paths folded into the issue's stages: seconds per candidate and each one's share of the sum."""
+    secs: dict[str, float] = {}
+    parts: dict[str, dict[str, float]] = {s: {} for s in JUDGE_STAGES}
+    kernel = 0.0
+    for path, (s, _) in ledger.items():
+        head, *rest = path.split("/")
+        leaf = rest[-1] if rest else "other"
+        if leaf == "kernel" and head != "compare":
+            kernel += s
+        if head in JUDGE_STAGES:
+            leaf = leaf if leaf in VERIFY_PARTS else "other"
+            parts[head][leaf] = parts[head].get(leaf, 0.0) + s
+            secs[head] = secs.get(head, 0.0) + s
+        elif head in ("compile", "compare", "lease wait", "planning"):
+            secs[head] = secs.get(head, 0.0) + s
+    # what each service spent in its handlers that was neither the candidate's work nor a lease wait: bus round
+    # trips, protobuf, claims, the archive; the planner's and memory's handling is all of this kind
+    bus = sum(c["handler"] - c["work"] - c["wait"] for c in cost.values()) + secs.pop("planning", 0.0)
+    names = {"compile": "compile", "screen": "screening", "verify": "verify", "measure": "measuring",
+             "lease wait": "lease waits"}
+    stages = {names[k]: secs.get(k, 0.0) for k in names}
+    stages["bus and bookkeeping"] = max(0.0, bus)
+    total = sum(stages.values())
+    n = max(candidates, 1)
+    out = {"stages": {k: {"seconds_per_candidate": round(v / n, 4), "share": round(v / total, 4) if total else 0.0}
+                      for k, v in stages.items()}}
+    for k in JUDGE_STAGES:
+        if parts[k]:
+            out["stages"][names[k]]["parts"] = {p: round(v / n, 4) for p, v in sorted(parts[k].items())}
+    out["device_seconds_per_candidate"] = round(kernel / n, 4)
+    out["device_busy_fraction"] = round(kernel / wall, 4) if wall > 0 else 0.0
+    # the harness: everything a candidate's stages took that was not a kernel running
+    out["harness_share"] = round(1 - kernel / total, 4) if total else 0.0
+    out["final_comparison_s"] = round(secs.get("compare", 0.0), 2)
+    return out
+
+
+def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
+    """The two campaigns' best kernels timed interleaved at every optimisation shape (new over baseline)."""
+    settings = Settings(data_dir=root / "compare")
+    (root / "compare").mkdir()
+    shutil.copy(root / "ceilings.json", root / "compare" / "ceilings.json")
+    problem = load_problem(args.problem)
+    target = get_target(args.target, settings)
+    session = target.session(problem, settings.threads)
+    try:
+        session.load_artifact("new", a["artifact"], a["entry"])
+        session.load_artifact("baseline", b["artifact"], b["entry"])
+        pool, out = InputPool(problem, 1), {}
+        for shape in problem.shapes("optimize"):
+            t = measure(session, ["new", "baseline"], problem, shape, pool, target.cache_bytes(), settings,
+                        settings.compare_max_s, target.device())
+            name = problem.shape_str(shape)
+            if t.reason:
+                out[name] = {"error": t.message}
+                continue
+            out[name] = {"new_s": t.timings["new"].median_s, "baseline_s": t.timings["baseline"].median_s,
+                         "new_over_baseline": round(t.timings["new"].median_s / t.timings["baseline"].median_s, 4)}
+        return out
+    finally:
+        session.close()
+
+
+def _measure_ceilings(args, root: Path) -> None:
+    """The host's ceilings, measured once for both campaigns (each would measure them under its own load)."""
+    cached = Settings().data_dir / "ceilings.json"
+    if cached.exists():
+        shutil.copy(cached, root / "ceilings.json")
+        return
+    settings = Settings(data_dir=root)
+    get_target(args.target, settings).device()
+
+
+def _print(label: str, r: dict) -> None:
+    print(f"{label}: {r['candidates']} candidates in {r['search_wall_s']:.1f} s = {r['candidates_per_minute']:.1f} "
+          f"per minute; device busy {r['device_busy_fraction']:.1%}; harness share {r['harness_share']:.1%}; "
+          f"{r['screened_out']} screened out; load {r['load_average']['before'][0]:.2f} -> "
+          f"{r['load_average']['after'][0]:.2f}")
+    for name, s in r["stages"].items():
+        extra = "  " + ", ".join(f"{p} {v:.3f}" for p, v in s.get("parts", {}).items()) if s.get("parts") else ""
+        print(f"  {name:20s} {s['seconds_per_candidate']:8.3f} s/candidate {s['share']:7.1%}{extra}")
+    if r.get("best"):
+        print(f"  best {r['best']['candidate_id'][:12]} {r['best']['median_seconds'] * 1e3:.3f} ms {r['best']['params']}")
+
+
+async def main(args) -> int:
+    root = Path(tempfile.mkdtemp(prefix="kf-throughput-"))
+    try:
+        _measure_ceilings(args, root)
+        extra = {"device_seconds": args.device_seconds} if args.device_seconds else {}
+        results = {}
+        if args.baseline_order:
+            results["baseline"] = await campaign(args, "baseline", root, {**_baseline_settings(), **extra})
+            _print("baseline order", results["baseline"])
+        results["new"] = await campaign(args, "new", root, extra)
+        _print("new order", results["new"])
+        new = results["new"]
+        out = {"problem": args.problem, "target": args.target, "budget": args.budget, "seed": args.seed,
+               "strategy": args.strategy, "threads": Settings().threads, "cpus": os.cpu_count(),
+               **{k: v for k, v in new.items() if k != "best"}, "best": _public(new.get("best"))}
+        if args.baseline_order:
+            base = results["baseline"]
+            out["baseline_candidates_per_minute"] = base["candidates_per_minute"]
+            out["throughput_ratio"] = round(new["candidates_per_minute"] / base["candidates_per_minute"], 3) \
+                if base["candidates_per_minute"] else None
+            out["baseline"] = {**{k: v for k, v in base.items() if k != "best"}, "best": _public(base.get("best"))}
+            if new.get("best") and base.get("best"):
+                out["best_interleaved"] = compare_bests(args, new["best"], base["best"], root)
+            print(f"throughput: {out['throughput_ratio']}x the baseline order's")
+            for shape, c in out.get("best_interleaved", {}).items():
+                print(f"  best kernels at {shape}: {c}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2))
+        return 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _public(best: dict | None) -> dict | None:
+    return None if best is None else {k: v for k, v in best.items() if k not in ("artifact", "entry")}
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--problem", default="softmax")
+    ap.add_argument("--target", default="cpu")
+    ap.add_argument("--budget", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=23)
+    ap.add_argument("--strategy", default="default")
+    ap.add_argument("--seconds", type=float, default=0.0, help="a wall-clock budget too (0: none)")
+    ap.add_argument("--device-seconds", type=float, default=0.0, help="bound each campaign by device time")
+    ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--baseline-order", action="store_true", help="run the campaign with today's order too")
+    raise SystemExit(asyncio.run(main(ap.parse_args())))
