@@ -1,6 +1,8 @@
 # kfactory: the two commands a newcomer needs are `make demo` and `make test`.
 PYTHON ?= python3
 BUDGET ?= 40
+# test workers: most tests wait on servers and child processes, so two workers fill a 2-core machine
+WORKERS ?= 2
 
 .PHONY: install demo test proto bench clean image
 
@@ -10,8 +12,10 @@ install:
 demo: install
 	kfactory run softmax --target cpu --budget $(BUDGET) --json out.json
 
+# the tests marked `serial` judge kernels by their timing, so they run alone, after the rest
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not serial"
+	$(PYTHON) -m pytest -q -m "serial and not slow"
 
 proto:
 	$(PYTHON) scripts/gen_proto.py

@@ -1,6 +1,7 @@
 """Shared fixtures: real servers on free ports, settings pointing at them, a small softmax package."""
 from __future__ import annotations
 
+import fcntl
 import shutil
 import sys
 from pathlib import Path
@@ -35,11 +36,22 @@ def redis_url_session():
 
 
 @pytest.fixture(scope="session")
-def host_ceilings(tmp_path_factory):
-    """This host's measured ceilings (bandwidth, peak fp32), measured once for the whole session."""
+def host_ceilings(tmp_path_factory, worker_id):
+    """This host's measured ceilings (bandwidth, peak fp32), measured once for the whole session. Under
+    pytest-xdist the first worker measures them, holding a lock the others wait on, and all share the file: a
+    measurement taken while another worker runs kernels would read the bandwidth low and so set the
+    speed-of-light floor high."""
     from kfactory.targets import get_target
-    data = tmp_path_factory.mktemp("ceilings")
-    get_target("cpu", Settings(data_dir=data, threads=2)).device()
+    if worker_id == "master":
+        data = tmp_path_factory.mktemp("ceilings")
+        get_target("cpu", Settings(data_dir=data, threads=2)).device()
+        return data / "ceilings.json"
+    data = tmp_path_factory.getbasetemp().parent / "ceilings"
+    data.mkdir(exist_ok=True)
+    with open(data / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (data / "ceilings.json").exists():
+            get_target("cpu", Settings(data_dir=data, threads=2)).device()
     return data / "ceilings.json"
 
 
