@@ -33,6 +33,7 @@ from kfactory.natsd import EmbeddedNats
 from kfactory.observability import stagetime
 from kfactory.problems import load_problem
 from kfactory.runcmd import _memory_ready
+from kfactory.stats import significant
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
 
@@ -140,12 +141,16 @@ def account(ledger: dict, cost: dict, candidates: int, wall: float) -> dict:
     out["device_busy_fraction"] = round(kernel / wall, 4) if wall > 0 else 0.0
     # the harness: everything a candidate's stages took that was not a kernel running
     out["harness_share"] = round(1 - kernel / total, 4) if total else 0.0
+    out["harness_seconds_per_candidate"] = round((total - kernel) / n, 4)
     out["final_comparison_s"] = round(secs.get("compare", 0.0), 2)
     return out
 
 
 def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
-    """The two campaigns' best kernels timed interleaved at every optimisation shape (new over baseline)."""
+    """The two campaigns' best kernels timed interleaved at every optimisation shape (new over baseline), with
+    whether the difference is outside the noise (the medians' 95% intervals apart); the same kernel is the same."""
+    if a["candidate_id"] == b["candidate_id"]:
+        return {"same_kernel": True}
     settings = Settings(data_dir=root / "compare")
     (root / "compare").mkdir()
     shutil.copy(root / "ceilings.json", root / "compare" / "ceilings.json")
@@ -163,8 +168,10 @@ def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
             if t.reason:
                 out[name] = {"error": t.message}
                 continue
-            out[name] = {"new_s": t.timings["new"].median_s, "baseline_s": t.timings["baseline"].median_s,
-                         "new_over_baseline": round(t.timings["new"].median_s / t.timings["baseline"].median_s, 4)}
+            new, old = t.timings["new"], t.timings["baseline"]
+            out[name] = {"new_s": new.median_s, "baseline_s": old.median_s,
+                         "new_over_baseline": round(new.median_s / old.median_s, 4),
+                         "significant": significant(new, old)}
         return out
     finally:
         session.close()
@@ -182,7 +189,8 @@ def _measure_ceilings(args, root: Path) -> None:
 
 def _print(label: str, r: dict) -> None:
     print(f"{label}: {r['candidates']} candidates in {r['search_wall_s']:.1f} s = {r['candidates_per_minute']:.1f} "
-          f"per minute; device busy {r['device_busy_fraction']:.1%}; harness share {r['harness_share']:.1%}; "
+          f"per minute; device busy {r['device_busy_fraction']:.1%}; harness share {r['harness_share']:.1%} "
+          f"({r['harness_seconds_per_candidate']:.2f} s a candidate); "
           f"{r['screened_out']} screened out; load {r['load_average']['before'][0]:.2f} -> "
           f"{r['load_average']['after'][0]:.2f}")
     for name, s in r["stages"].items():
@@ -215,9 +223,15 @@ async def main(args) -> int:
             out["baseline"] = {**{k: v for k, v in base.items() if k != "best"}, "best": _public(base.get("best"))}
             if new.get("best") and base.get("best"):
                 out["best_interleaved"] = compare_bests(args, new["best"], base["best"], root)
-            print(f"throughput: {out['throughput_ratio']}x the baseline order's")
+            print(f"throughput: {out['throughput_ratio']}x the baseline order's; harness "
+                  f"{base['harness_seconds_per_candidate']:.2f} -> {new['harness_seconds_per_candidate']:.2f} s a "
+                  "candidate")
+            if out.get("best_interleaved", {}).get("same_kernel"):
+                print("  best kernels: the same kernel")
             for shape, c in out.get("best_interleaved", {}).items():
-                print(f"  best kernels at {shape}: {c}")
+                if shape != "same_kernel":
+                    print(f"  best kernels at {shape}: new/baseline {c.get('new_over_baseline')} "
+                          f"(outside the noise: {c.get('significant')}) {c.get('error', '')}")
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
         return 0

@@ -7,7 +7,7 @@ import signal
 import traceback
 from dataclasses import dataclass, field
 
-from kfactory import telemetry
+from kfactory import compare, telemetry
 from kfactory.bus import Bus
 from kfactory.claims import open_claims
 from kfactory.config import Settings
@@ -129,6 +129,7 @@ async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = T
         raise WiringError(str(e)) from e
     ctx = await open_context(settings, label)
     await _check_role(ctx, settings.nats_user, names)
+    compare.ONE_PASS = settings.compare_one_pass  # the judge's comparison, process-wide (kfactory/compare.py)
     services = {}
     for n in names:
         cls = service_class(n)

@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     runner_max_runs: int = Field(500, ge=1)
     runner_mem_mb: int = Field(4096, ge=256)
     input_reuse: int = Field(8, ge=1, description="candidates that share one draw of a large input set")
+    compare_one_pass: bool = Field(True, description="outputs are compared with the reference by kfactory's one-pass "
+                                   "C helper where it builds (kfactory/compare.py); false: numpy only")
+    runner_arenas: bool = Field(True, description="cpu runners reuse a ring of shared-memory arenas they keep "
+                                "mapped, instead of fresh files for every call (kfactory.runner.ArenaRing)")
 
     measure_min_samples: int = 10
     measure_min_s: float = 0.2
@@ -52,6 +56,14 @@ class Settings(BaseSettings):
     compare_max_s: float = 3.0
     screen_max_s: float = Field(0.05, ge=0, description="multi-fidelity: a screening timing's length (0: off)")
     screen_factor: float = Field(1.5, gt=1, description="screened out when slower than this x the campaign's best")
+    judge_order: Literal["screen_first", "verify_first"] = Field(
+        "screen_first", description="screen_first: a search candidate (template, warm start, agent) is timed briefly "
+        "before it is verified, and one over screen_factor x the campaign's best is recorded as screened out, never "
+        "verified; verify_first: every candidate is verified, then screened (the order before issue 23)")
+    screen_min_samples: int = Field(3, ge=1, description="timed calls a screening timing makes when its time allows")
+    compile_workers: int = Field(0, ge=0, description="compiles at once per compiler service (0: one per core)")
+    default_parallel: int = Field(0, ge=0, description="design points in flight when a campaign does not say "
+                                  "(0: one per core plus two, so compiles run ahead of the device)")
     warm_evidence: int = Field(400, ge=0, description="measurements from other campaigns a warm start learns the "
                                "landscape from (the best --warm of them are also proposed first)")
     precompiled: str = Field("", description="bundles of cubins compiled ahead (kfactory precompile), or folders "

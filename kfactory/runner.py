@@ -274,3 +274,56 @@ class ShmBuffers:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def rewind(self, nbytes: int) -> None:
+        """Make this arena ready for another request of `nbytes`: its file is kept when it is large enough (its
+        pages are allocated, and a runner that keeps it mapped takes no page faults), else replaced by a larger
+        one; any file made beside it is deleted. Arrays handed out before are written over from now on."""
+        with stagetime.span("buffers"):
+            self.arrays.clear()
+            kept = self._arena if self._arena is not None and self._arena[1].size >= nbytes + self.ALIGN else None
+            for f in self.dir.iterdir():
+                if kept is None or str(f) != kept[0]:
+                    f.unlink(missing_ok=True)
+            if kept is None:
+                self.reserve(nbytes)
+            self._used = 0
+
+    def path(self) -> str:
+        """The arena's file ("" before reserve)."""
+        return self._arena[0] if self._arena is not None else ""
+
+
+class ArenaRing:
+    """Shared-memory arenas used in turn, request after request (issue 23: a fresh file per call cost more than
+    the kernel). Each request takes the next arena (rewound: inputs written, outputs poisoned, guard bands set
+    afresh by the caller), so consecutive requests never share a buffer and a runner that keeps every arena
+    mapped (the command's "keep") sees consecutive calls at different addresses; the views a request handed
+    out stay valid until the ring comes round to their arena again, `count` requests later. A request over
+    `max_bytes` takes no arena (None): its caller uses fresh buffers, as the ring would hold that much for ever.
+    """
+
+    def __init__(self, max_bytes: int, count: int = 3):
+        self.max_bytes, self.count = max_bytes, count
+        self.arenas: list[ShmBuffers] = []
+        self.turn = 0
+
+    def take(self, nbytes: int) -> ShmBuffers | None:
+        """The next arena, rewound for `nbytes`; None when `nbytes` is over max_bytes."""
+        if nbytes > self.max_bytes:
+            return None
+        if len(self.arenas) < self.count:
+            self.arenas.append(ShmBuffers())
+        arena = self.arenas[self.turn % self.count]
+        self.turn += 1
+        arena.rewind(nbytes)
+        return arena
+
+    def paths(self) -> list[str]:
+        """Every arena's file: the runner keeps these mapped and lets go of any other it kept."""
+        return [a.path() for a in self.arenas if a.path()]
+
+    def close(self) -> None:
+        for a in self.arenas:
+            a.close()
+        self.arenas.clear()

@@ -43,6 +43,17 @@ class Child:
         #: the previous command's mappings stay mapped through the next command, so consecutive calls
         #: never get their buffers at the same addresses (a memo keyed by pointer sees new pointers)
         self.prev_maps: dict[str, np.memmap] = {}
+        #: the parent's shared-memory arenas (a command's "keep"), mapped once and kept across commands: the
+        #: parent uses them in turn, so consecutive commands still see different addresses, and no command pays
+        #: for mapping and faulting in its buffers again
+        self.kept: dict[str, np.memmap] = {}
+        self.keep: frozenset[str] = frozenset()
+
+    def begin(self, cmd: dict) -> None:
+        """Before a command: let go of kept arenas the parent no longer uses (it names those it does)."""
+        if "keep" in cmd:
+            self.keep = frozenset(cmd["keep"])
+            self.kept = {p: m for p, m in self.kept.items() if p in self.keep}
 
     def op_ping(self, cmd: dict) -> dict:
         return {"pid": os.getpid()}
@@ -78,9 +89,13 @@ class Child:
 
     def _view(self, a: dict) -> np.ndarray:
         """An array at an offset of a shared file; each file is mapped once per command."""
-        mm = self.maps.get(a["path"])
+        path = a["path"]
+        mm = self.maps.get(path)
         if mm is None:
-            mm = self.maps[a["path"]] = np.memmap(a["path"], dtype=np.uint8, mode="r+")
+            mm = self.kept.get(path)
+        if mm is None:
+            mm = np.memmap(path, dtype=np.uint8, mode="r+")
+            (self.kept if path in self.keep else self.maps)[path] = mm
         return np.ndarray(tuple(a["shape"]), dtype=a["dtype"], buffer=mm, offset=a.get("offset", 0))
 
     def op_call(self, cmd: dict) -> dict:
@@ -196,6 +211,7 @@ def main(child_cls=None) -> None:
         if cmd["op"] == "exit":
             break
         try:
+            child.begin(cmd)
             reply = {"ok": True, **getattr(child, "op_" + cmd["op"])(cmd)}
         except (OSError, AttributeError, KeyError, ValueError, TypeError, ImportError) as e:
             # loading or binding failed (missing symbol, bad library): the parent types it

@@ -55,10 +55,13 @@ PERMISSIONS: dict[str, Role] = {
                            f"$JS.API.STREAM.MSG.DELETE.{DLQ_STREAM}")),
     "coder": Role(publishes=("candidate_created", "rejected"), queues=("compiler",),
                   consumes=("coder", *AGENT_STAGES), writes_artifacts=True),
-    "compiler": Role(publishes=("compiled", "compile_failed"), queues=("verifier",), consumes=("compiler",),
-                     writes_artifacts=True),
+    # a compiled search candidate goes to the benchmarker's screen first, and on to the verifier if it can still
+    # rank (kfactory/pipeline.py)
+    "compiler": Role(publishes=("compiled", "compile_failed"), queues=("verifier", "benchmarker"),
+                     consumes=("compiler",), writes_artifacts=True),
     "verifier": Role(publishes=("verified", "rejected"), queues=("benchmarker",), consumes=("verifier",)),
-    "benchmarker": Role(publishes=("measured", "rejected", "comparison"), consumes=("benchmarker",)),
+    "benchmarker": Role(publishes=("measured", "rejected", "comparison"), queues=("verifier",),
+                        consumes=("benchmarker",)),
     "memory": Role(follows_events=True),
 }
 

@@ -2,7 +2,8 @@
 
 Anyone who can publish on the events stream can publish anything there (the open profile has no users). So a
 result is believed only as the end of a chain the services' own events built: a candidate created by the coder,
-compiled by the compiler, verified by the verifier, then measured by the benchmarker, each by the role that
+compiled by the compiler, verified by the verifier, then measured by the benchmarker (or, for a screened-out timing
+that is never a result, compiled and timed by the benchmarker), each by the role that
 `security.PERMISSIONS` lets publish that kind; and only with figures a measurement can have (finite, positive,
 at least a nanosecond, the score being the first shape's median). The planner checks the chain as it folds the
 stream (stream order is causal: each stage publishes its event before it queues the next stage's work); memory,
@@ -24,6 +25,10 @@ from kfactory.v1 import events_pb2 as pb
 
 #: the evidence chain of a measured candidate, in the order its events are published
 CHAIN = ("candidate_created", "compiled", "verified")
+#: the chain of a screened-out timing: the search's candidates are screened before they are verified
+#: (kfactory/pipeline.py), and a screened-out one is never verified, so it is never a result (best, compared,
+#: exported): its timing only tells the search how slow that point was
+SCREENED_CHAIN = ("candidate_created", "compiled")
 #: no kernel call completes in under a nanosecond: a few clock cycles, less than any call or launch costs
 MIN_SECONDS = 1e-9
 #: the states a campaign can finish in (services/planner)
@@ -46,10 +51,11 @@ def producer_flaw(event: pb.Event) -> str:
     return f"{kind} is published by {', '.join(sorted(allowed))}, not by {event.producer[:40]!r}"
 
 
-def missing_links(kinds: Iterable[str]) -> list[str]:
-    """The links of CHAIN absent from `kinds` (the kinds of the candidate's events seen so far)."""
+def missing_links(kinds: Iterable[str], screened_out: bool = False) -> list[str]:
+    """The links of CHAIN (SCREENED_CHAIN for a screened-out timing) absent from `kinds` (the kinds of the
+    candidate's events seen so far)."""
     have = set(kinds)
-    return [k for k in CHAIN if k not in have]
+    return [k for k in (SCREENED_CHAIN if screened_out else CHAIN) if k not in have]
 
 
 def _seconds_flaw(what: str, s: float) -> str:

@@ -1,6 +1,7 @@
 """The cpu target: C/C++ compiled by the system compiler into a shared object, run in a runner child."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import platform
 import subprocess
@@ -12,12 +13,12 @@ import numpy as np
 
 from kfactory.observability.stagetime import span
 from kfactory.problems.params import abi_argtypes
-from kfactory.runner import Runner, ShmBuffers
+from kfactory.runner import ArenaRing, Runner, ShmBuffers
 from kfactory.targets.ceiling import ceilings
 from kfactory.targets.cpu_rules import check_imports, check_source
 from kfactory.targets.flags import FlagRefused, check_flags
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
-from kfactory.targets.shm_args import build_argset, sequence_results, set_bytes, stage_steps
+from kfactory.targets.shm_args import bench_bytes, build_argset, call_bytes, sequence_results, stage_steps
 from kfactory.v1 import events_pb2 as pb
 
 COMPILE_TIMEOUT_S = 120
@@ -134,6 +135,9 @@ class CpuSession(Session):
         s = target.settings
         self.target, self.problem, self.threads = target, problem, threads
         self.runner = Runner(threads, s.runner_timeout_s, s.runner_mem_mb, s.runner_max_runs)
+        # requests' buffers come from a ring of arenas the runner keeps mapped (kfactory.runner.ArenaRing); one
+        # that could hold an eighth of the runner's address space takes fresh buffers instead
+        self.ring = ArenaRing((s.runner_mem_mb << 20) // 8) if s.runner_arenas else None
         self.loads: dict[str, dict] = {}
         self._overhead: float | None = None
         self.abi_args = problem.spec.abi["cpu"].args
@@ -155,33 +159,49 @@ class CpuSession(Session):
         """Run the kernel once per step on the SAME buffers (fresh ones, with guard bands, for the first step):
         before each step the runner writes that step's inputs into them and poisons the outputs."""
         self.runner.ensure_loaded(key, self.loads[key])
-        with ShmBuffers() as bufs:
+        with self._buffers(call_bytes(self.problem, shape, len(steps)), reserve=False) as (bufs, cmd):
             guards: list = []
             with span("buffers"):
                 argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0], guards)
                 staged, step_cmds = stage_steps(self.problem, bufs, shape, steps)
-            reply = self.runner.request({"op": "call", "key": key, "args": argset, "steps": step_cmds},
-                                        timeout_s=self.runner.timeout_s * len(steps))
+            cmd.update(op="call", key=key, args=argset, steps=step_cmds)
+            reply = self.runner.request(cmd, timeout_s=self.runner.timeout_s * len(steps))
             with span("buffers"):
                 oob = sorted({name for name, band in guards if not ShmBuffers.intact([band])})
-                return sequence_results(self.problem, steps, staged, views, reply["seconds"], oob)
+                # in an arena, the outputs are read where the kernel wrote them (valid until the ring comes round)
+                return sequence_results(self.problem, steps, staged, views, reply["seconds"], oob,
+                                        copy="keep" not in cmd)
+
+    @contextlib.contextmanager
+    def _buffers(self, nbytes: int, reserve: bool):
+        """(buffers for one request, the request's command so far): the ring's next arena, named in the command's
+        "keep" so the runner keeps it mapped, or fresh buffers deleted after the request (no ring, or a request
+        too large for one); `reserve`: fresh buffers in one file rather than one per tensor."""
+        arena = self.ring.take(nbytes) if self.ring is not None else None
+        if arena is not None:
+            yield arena, {"keep": self.ring.paths()}
+            return
+        with ShmBuffers() as bufs:
+            if reserve:
+                bufs.reserve(nbytes)
+            yield bufs, {}
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s) -> BenchResult:
         for k in keys:
             self.runner.ensure_loaded(k, self.loads[k])
-        with ShmBuffers() as bufs:
+        with self._buffers(bench_bytes(self.problem, shape, len(keys), len(input_sets)), reserve=True) as (bufs, cmd):
             with span("buffers"):
-                bufs.reserve(len(keys) * sum(set_bytes(self.problem, shape) + 2 * ShmBuffers.ALIGN * 4
-                                             for _ in input_sets))
                 per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
                            for k in keys}
-            cmd = {"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
-                   "min_samples": min_samples, "min_s": min_s, "max_s": max_s, "noise": noise,
-                   "warmup_s": warmup_s}
+            cmd.update({"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
+                        "min_samples": min_samples, "min_s": min_s, "max_s": max_s, "noise": noise,
+                        "warmup_s": warmup_s})
             reply = self.runner.request(cmd, timeout_s=max_s + 10 * warmup_s + self.runner.timeout_s)
             # the output of every set the runner reached, as the last timed call on it left it: all are checked
+            # (in an arena, read where the kernel wrote them)
+            copy = np.array if "keep" not in cmd else (lambda v: v)
             with span("buffers"):
-                outs = {k: [{t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
+                outs = {k: [{t.name: copy(views[t.name]) for t in self.problem.spec.outputs}
                             for _, views in per_key[k][:reply["reached"][k]]] for k in keys}
         return BenchResult(reply["samples"], outs)
 
@@ -203,6 +223,8 @@ class CpuSession(Session):
 
     def close(self) -> None:
         self.runner.stop()
+        if self.ring is not None:
+            self.ring.close()
 
 
 def make(option: str, settings) -> CpuTarget:

@@ -27,6 +27,7 @@ MODE = "replayed"
 class ReplayTarget(Target):
     name = "replay"
     exclusive_verify = False
+    screens_first = False
 
     def __init__(self, path: Path, space: RecordedSpace, settings=None):
         self.path, self.space, self.settings = path, space, settings

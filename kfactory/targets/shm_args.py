@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kfactory.compare import same_bytes
 from kfactory.problems.params import scalar_arg
 from kfactory.runner import ShmBuffers
 from kfactory.targets.base import CallResult
@@ -19,6 +20,18 @@ def set_bytes(problem, shape: dict[str, int]) -> int:
     """Bytes of one set of the problem's inputs and outputs at a shape."""
     return sum(int(np.prod(problem.tensor_shape(t, shape))) * np.dtype(t.dtype).itemsize
                for t in problem.spec.inputs + problem.spec.outputs)
+
+
+def call_bytes(problem, shape: dict[str, int], steps: int = 1) -> int:
+    """Arena bytes a call of `steps` steps needs: the guarded tensors, and each further step's staged copies."""
+    tensors = len(problem.spec.inputs) + len(problem.spec.outputs)
+    return steps * (set_bytes(problem, shape) + tensors * (2 * ShmBuffers.GUARD + 2 * ShmBuffers.ALIGN))
+
+
+def bench_bytes(problem, shape: dict[str, int], keys: int, sets: int) -> int:
+    """Arena bytes a bench of `keys` kernels over `sets` input sets needs (each kernel has its own buffers)."""
+    tensors = len(problem.spec.inputs) + len(problem.spec.outputs)
+    return keys * sets * (set_bytes(problem, shape) + 2 * tensors * ShmBuffers.ALIGN)
 
 
 def build_argset(problem, abi_args: list[str], bufs: ShmBuffers, shape: dict[str, int],
@@ -69,20 +82,25 @@ def stage_steps(problem, bufs: ShmBuffers, shape: dict[str, int], steps: list[di
 
 
 def sequence_results(problem, steps: list[dict], staged: list, views: dict, seconds: list[float],
-                     out_of_bounds: list[str]) -> list[CallResult]:
-    """One CallResult per step; input mutation is judged on the last step (its inputs are in the buffers)."""
+                     out_of_bounds: list[str], copy: bool = True) -> list[CallResult]:
+    """One CallResult per step; input mutation is judged on the last step (its inputs are in the buffers). With
+    copy=False the outputs are the shared buffers themselves (valid while the caller keeps them from reuse)."""
     spec, results = problem.spec, []
     for i, inputs in enumerate(steps):
         last = i + 1 == len(steps)
         src = {t.name: views[t.name] for t in spec.outputs} if last else {n: v for n, (_, v) in staged[i][1].items()}
         mutated = [t.name for t in spec.inputs if not same_bits(views[t.name], inputs[t.name])] if last else []
-        results.append(CallResult({n: np.array(v) for n, v in src.items()}, seconds[i], mutated, out_of_bounds))
+        outs = {n: np.array(v) for n, v in src.items()} if copy else dict(src)
+        results.append(CallResult(outs, seconds[i], mutated, out_of_bounds))
     return results
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Bit-for-bit equality (a NaN payload counts too), compared in 8-byte words where the size allows."""
     a, b = np.ascontiguousarray(a).reshape(-1).view(np.uint8), np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    fast = same_bytes(a, b)
+    if fast is not None:
+        return fast
     if a.size != b.size:
         return False
     if a.size % 8 == 0:

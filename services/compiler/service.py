@@ -5,6 +5,7 @@ from kfactory import events as ev
 from kfactory.bus import Ack, Delivery, Leave, Outcome, Term
 from kfactory.bus import ArtifactMissing
 from kfactory.fidelity import prune
+from kfactory.pipeline import compile_workers, first_judge_stage
 from kfactory.service import Service
 from kfactory.v1 import events_pb2 as pb
 
@@ -12,6 +13,13 @@ from kfactory.v1 import events_pb2 as pb
 class CompilerService(Service):
     name = "compiler"
     stage = "compiler"
+
+    async def run(self, stop) -> None:
+        """Compile several candidates at once (compile_workers; each compile runs in its own thread and process),
+        so compiles run ahead of the device instead of one after another."""
+        await self.setup()
+        await self.bus.consume(self.stage, self._handle, max(self.settings.workers, compile_workers(self.settings)),
+                               stop)
 
     async def handle(self, d: Delivery) -> Outcome:
         cand = pb.Candidate()
@@ -43,5 +51,6 @@ class CompilerService(Service):
             done = ev.make_event(cid, self.name, cand.id,
                                  compiled=pb.Compiled(candidate=cand, artifact_digest=digest, report=res.report))
             await self.bus.publish(done)
-            await self.bus.send_work("verifier", done)
+            # the search's candidates are screened by a short timing before they are verified (kfactory/pipeline.py)
+            await self.bus.send_work(first_judge_stage(cand, self.settings, target), done)
             return Ack()

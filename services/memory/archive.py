@@ -154,7 +154,8 @@ class Archive:
         cand_id = event.comparison.candidate_id if kind == "comparison" else event.measured.candidate.id
         have = {k for (k,) in self.db.execute("SELECT DISTINCT kind FROM events WHERE campaign=? AND candidate=?",
                                               (event.campaign_id, cand_id))}
-        missing = trust.missing_links(have) if kind == "measured" else [k for k in ("measured",) if k not in have]
+        missing = trust.missing_links(have, event.measured.screened_out) if kind == "measured" else \
+            [k for k in ("measured",) if k not in have]
         if not missing:
             return None
         return cand_id, f"waits for {', '.join(missing)} of candidate {cand_id[:16]}"
@@ -327,7 +328,8 @@ class Archive:
         best = None
         for payload, campaign in rows:
             m = pb.Measured.FromString(payload)
-            if m.candidate.origin == "reference" or not target_matches(m.candidate.target, target):
+            # a screened-out timing is no result (it may never have been verified: kfactory/pipeline.py)
+            if m.candidate.origin == "reference" or m.screened_out or not target_matches(m.candidate.target, target):
                 continue
             t = next((x for x in m.timings if x.shape == shape), None) if shape else None
             score = t.median_s if t else (m.score_s if not shape else None)

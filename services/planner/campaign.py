@@ -136,13 +136,24 @@ class CampaignState:
             return f"compiled: candidate {cand.id[:16]} was never created in campaign {self.id}"
         if kind == "verified" and cand.id not in self.artifacts:
             return f"verified: candidate {cand.id[:16]} was never compiled in campaign {self.id}"
-        if kind == "measured" and cand.id not in self.verified:
-            return f"measured: candidate {cand.id[:16]} was never verified in campaign {self.id}"
-        if kind == "comparison" and event.comparison.candidate_id not in self.measured:
-            return f"comparison: candidate {event.comparison.candidate_id[:16]} was never measured in {self.id}"
+        if kind == "measured" and (missing := trust.missing_links(self._links(cand.id), event.measured.screened_out)):
+            return f"measured: candidate {cand.id[:16]} was never {missing[-1]} in campaign {self.id}"
+        if kind == "comparison" and not self._full(event.comparison.candidate_id):
+            return f"comparison: candidate {event.comparison.candidate_id[:16]} was never measured in full in {self.id}"
         if kind == "campaign_finished" and self.driven and not own and self.finished is None:
             return f"campaign_finished: campaign {self.id} is driven by this planner, which did not end it"
         return ""
+
+    def _links(self, cand_id: str) -> list[str]:
+        """The links of a candidate's evidence chain this planner has folded (kfactory/trust.py CHAIN)."""
+        have = {"candidate_created": cand_id in self.candidates, "compiled": cand_id in self.artifacts,
+                "verified": cand_id in self.verified}
+        return [k for k, there in have.items() if there]
+
+    def _full(self, cand_id: str) -> bool:
+        """True when the candidate was measured in full (verified first), not only screened out."""
+        m = self.measured.get(cand_id)
+        return m is not None and not m.screened_out
 
     def _on_campaign_started(self, m: pb.CampaignStarted) -> None:
         self.device.CopyFrom(m.device)
@@ -339,8 +350,9 @@ class CampaignState:
         return [m.candidate.id for m in sorted(full, key=lambda m: m.score_s)[:k]]
 
     def best(self) -> pb.Measured | None:
-        """The fastest measured candidate that is not the reference kernel."""
-        mine = [m for cid, m in self.measured.items() if cid != self.reference_id]
+        """The fastest candidate measured in full that is not the reference kernel (a screened-out timing is no
+        result: it may never have been verified)."""
+        mine = [m for cid, m in self.measured.items() if cid != self.reference_id and not m.screened_out]
         return min(mine, key=lambda m: m.score_s) if mine else None
 
     def reported(self) -> tuple[pb.Counts, pb.Measured | None]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from kfactory import events as ev
 from kfactory.config import Settings
+from kfactory.pipeline import default_parallel
 from kfactory.problems import Problem, ProblemError
 from kfactory.problems.check import problems_of
 from kfactory.services.planner import coders
@@ -52,7 +53,7 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
         raise SpecError("budget: give a candidate count, a time limit in seconds, or both")
     _check_manual(spec, settings, target.name)
     spec.threads = spec.threads or settings.threads
-    spec.parallel = spec.parallel or 2
+    spec.parallel = spec.parallel or default_parallel(settings)  # enough in flight to compile ahead of the device
     spec.seed = spec.seed or secrets.randbits(32)
     if wrong := coders.validate(spec, settings):
         raise SpecError(wrong)

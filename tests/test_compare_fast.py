@@ -1,0 +1,54 @@
+"""The one-pass comparison (kfactory/compare_fast.c) gives the numpy path's verdict and figures on every kind of
+output the judge meets: right, off by a little, off in one element, a norm over its bound, NaN used as a
+wildcard, a poison left, Inf patterns that match and that do not."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kfactory import compare as cmp
+
+ATOL, RTOL, NORM = 1e-7, 1e-4, 1e-5
+
+
+def _cases(dtype):
+    rng = np.random.default_rng(7)
+    ref = rng.standard_normal(50_000)
+    good = ref.astype(dtype)
+    one_off = good.copy()
+    one_off[31_337] += 1e-2
+    noisy = (ref * (1 + 3e-5 * rng.standard_normal(ref.size))).astype(dtype)  # elementwise ok, norm over 1e-5
+    poisoned = good.copy()
+    poisoned[49_999] = np.nan
+    masked = ref.copy()
+    masked[::97] = -np.inf
+    masked[5] = np.nan
+    out_masked = masked.astype(dtype)
+    wrong_mask = out_masked.copy()
+    wrong_mask[97] = 0.0
+    nan_wild = out_masked.copy()
+    nan_wild[194] = np.nan  # NaN where the reference has -inf
+    return {"good": (good, ref), "one_off": (one_off, ref), "noisy": (noisy, ref), "poisoned": (poisoned, ref),
+            "masked": (out_masked, masked), "wrong_mask": (wrong_mask, masked), "nan_wild": (nan_wild, masked),
+            "empty": (np.empty(0, dtype), np.empty(0))}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_pass_and_numpy_agree(dtype):
+    assert cmp._library() is not None, "the helper did not build: every comparison would take the numpy path"
+    seen = set()
+    for name, (out, ref) in _cases(dtype).items():
+        fast = cmp.compare(out, ref, ATOL, RTOL, NORM)
+        slow = cmp.compare(out, ref, ATOL, RTOL, NORM, one_pass=False)
+        assert (fast.passed, fast.note, fast.worst_index) == (slow.passed, slow.note, slow.worst_index), name
+        for f in ("max_abs_err", "max_rel_err", "norm_rel_err"):
+            assert getattr(fast, f) == pytest.approx(getattr(slow, f), rel=1e-9), (name, f)
+        seen.add((name, fast.passed))
+    assert {n for n, passed in seen if passed} == {"good", "masked", "empty"}
+
+
+def test_other_layouts_take_the_numpy_path():
+    ref = np.linspace(-1, 1, 64)
+    assert cmp._fast(ref.astype(np.float16), ref) is None  # narrower dtypes are upcast chunk by chunk there
+    assert cmp._fast(ref[::2].astype(np.float32), ref[::2]) is None  # not contiguous
+    assert cmp._fast(ref.astype(np.float32), ref) is not None
