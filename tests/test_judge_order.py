@@ -19,6 +19,8 @@ from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from test_campaign import _campaign
 
+# a screen's verdict is a timing: `make test` runs these alone (the serial marker)
+pytestmark = pytest.mark.serial
 ORDER = Path(__file__).parent / "order"
 
 
@@ -65,7 +67,7 @@ async def test_a_search_candidate_that_cannot_rank_is_screened_out_never_verifie
         evidence = memory.queries.candidate(spb.CandidateRequest(id=by_kind[k]))
         with pytest.raises(NotVerified):
             judged(evidence)
-    # the fast wrong one could rank, so the verifier judged it, and turned it down
+    # the fast wrong one (zeros) could rank, so the verifier judged it, and turned it down
     assert rejected[by_kind["fast_wrong"]].reason == pb.WRONG_RESULT
     assert rejected[by_kind["fast_wrong"]].stage == "verifier"
     # a kernel that faults during its screen is a typed result, as anywhere in the judge
