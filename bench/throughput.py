@@ -86,6 +86,10 @@ async def campaign(args, label: str, root: Path, overrides: dict) -> dict:
            "load_average": {"before": [round(x, 2) for x in loads[0]], "after": [round(x, 2) for x in loads[1]]},
            "settings": overrides}
     out.update(account(ledger, cost, outcomes, wall))
+    summary = json.loads(st.finished.summary_json) if st.finished else {}
+    # the device time the campaign's work held the device (its budget's unit), beside the kernels' own run time
+    out["device_seconds_per_candidate"] = summary.get("device_seconds_per_candidate")
+    out["device_seconds"] = summary.get("device_seconds")
     screened = sum(1 for m in st.measured.values() if m.screened_out)
     out["screened_out"] = screened
     if best is not None:
@@ -137,7 +141,7 @@ def account(ledger: dict, cost: dict, candidates: int, wall: float) -> dict:
     for k in JUDGE_STAGES:
         if parts[k]:
             out["stages"][names[k]]["parts"] = {p: round(v / n, 4) for p, v in sorted(parts[k].items())}
-    out["device_seconds_per_candidate"] = round(kernel / n, 4)
+    out["kernel_seconds_per_candidate"] = round(kernel / n, 4)
     out["device_busy_fraction"] = round(kernel / wall, 4) if wall > 0 else 0.0
     # the harness: everything a candidate's stages took that was not a kernel running
     out["harness_share"] = round(1 - kernel / total, 4) if total else 0.0
@@ -191,7 +195,7 @@ def _print(label: str, r: dict) -> None:
     print(f"{label}: {r['candidates']} candidates in {r['search_wall_s']:.1f} s = {r['candidates_per_minute']:.1f} "
           f"per minute; device busy {r['device_busy_fraction']:.1%}; harness share {r['harness_share']:.1%} "
           f"({r['harness_seconds_per_candidate']:.2f} s a candidate); "
-          f"{r['screened_out']} screened out; load {r['load_average']['before'][0]:.2f} -> "
+          f"{r['screened_out']} screened out; {r['device_seconds_per_candidate']} device-s a candidate; load {r['load_average']['before'][0]:.2f} -> "
           f"{r['load_average']['after'][0]:.2f}")
     for name, s in r["stages"].items():
         extra = "  " + ", ".join(f"{p} {v:.3f}" for p, v in s.get("parts", {}).items()) if s.get("parts") else ""
@@ -251,7 +255,8 @@ if __name__ == "__main__":
     ap.add_argument("--seed", type=int, default=23)
     ap.add_argument("--strategy", default="default")
     ap.add_argument("--seconds", type=float, default=0.0, help="a wall-clock budget too (0: none)")
-    ap.add_argument("--device-seconds", type=float, default=0.0, help="bound each campaign by device time")
+    ap.add_argument("--device-seconds", type=float, default=0.0,
+                    help="bound each campaign by the device time its work may hold (Settings.device_seconds)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--baseline-order", action="store_true", help="run the campaign with today's order too")
     raise SystemExit(asyncio.run(main(ap.parse_args())))

@@ -61,6 +61,9 @@ class Settings(BaseSettings):
         "before it is verified, and one over screen_factor x the campaign's best is recorded as screened out, never "
         "verified; verify_first: every candidate is verified, then screened (the order before issue 23)")
     screen_min_samples: int = Field(3, ge=1, description="timed calls a screening timing makes when its time allows")
+    device_seconds: float = Field(0.0, ge=0, description="a campaign stops proposing once its verifications, "
+                                  "screens and measurements have held the device this long (0: no bound); every "
+                                  "campaign this planner drives (CampaignSpec has no field for it yet)")
     compile_workers: int = Field(0, ge=0, description="compiles at once per compiler service (0: one per core)")
     default_parallel: int = Field(0, ge=0, description="design points in flight when a campaign does not say "
                                   "(0: one per core plus two, so compiles run ahead of the device)")

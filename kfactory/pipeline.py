@@ -54,3 +54,38 @@ def screen_key(campaign: str, candidate: str) -> str:
     """The claims-cache key under which a passed screen's median is kept: the benchmarker does not screen that
     candidate again after its verification."""
     return f"screened:{campaign}:{candidate}"
+
+
+def device_seconds(event: pb.Event) -> float:
+    """The device time an event reports its work used (the device lease held: kfactory.service.Held): a
+    verification's, a screen's or a measurement's (its screen before the verification included), a rejection's
+    at either stage; none for a measurement reused from the result cache. A campaign's device-second budget
+    (Settings.device_seconds) and its summary add these up."""
+    kind = event.WhichOneof("body")
+    if kind == "verified":
+        return event.verified.seconds
+    if kind == "measured":
+        return 0.0 if event.measured.cached else event.measured.seconds
+    if kind == "rejected":
+        figures = event.rejected.figures
+        return figures.get("verify_seconds", 0.0) + figures.get("device_seconds", 0.0)
+    return 0.0
+
+
+def room(st, budget_s: float) -> int:
+    """Points campaign `st` (a planner CampaignState) may have in flight: its spec's `parallel`; under a device-time
+    budget of `budget_s` (Settings.device_seconds; 0: none) no more than the device time left pays for at the
+    campaign's average device time a candidate so far, and one at a time until a first result gives that average,
+    so a campaign ends within about one candidate's device time of its budget."""
+    if not budget_s:
+        return st.spec.parallel
+    done = st.counts.measured + st.counts.rejected + st.counts.compile_failed
+    if not done:
+        return 1
+    return min(st.spec.parallel, max(0, int((budget_s - st.device_s) / max(st.device_s / done, 1e-9))))
+
+
+def device_budget_spent(st, budget_s: float) -> bool:
+    """True when campaign `st` may propose nothing more for its device time: spent, or with nothing in flight and
+    no room for one more candidate at its average (what is in flight finishes either way)."""
+    return bool(budget_s) and (st.device_s >= budget_s or (not st.in_flight() and not room(st, budget_s)))

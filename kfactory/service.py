@@ -57,6 +57,14 @@ def _problem(name: str) -> Problem:
     return load_problem(name)
 
 
+@dataclass
+class Held:
+    """The device time one piece of work used: seconds its device lease was held (set when the lease ends). The
+    events report it (Verified.seconds, Measured.seconds, a rejection's figures) and a campaign's device-second
+    budget counts it (kfactory/pipeline.py device_seconds)."""
+    seconds: float = 0.0
+
+
 class Service:
     """A service consuming one work stage (or, with stage None, something else in run())."""
     name = ""
@@ -128,20 +136,22 @@ class Service:
 
     @contextlib.asynccontextmanager
     async def device(self, device_id: str):
-        """Hold the device lease (one measurement at a time per device), accounting the wait."""
+        """Hold the device lease (one measurement at a time per device), accounting the wait; yields a Held whose
+        `seconds`, once the block ends, are the device time the work used (the lease held, not waited for)."""
         t0 = time.perf_counter()
         async with contextlib.AsyncExitStack() as stack:
             with telemetry.child_span(f"{self.name} device-lease wait", **{"kf.device": device_id}):
-                lease = await stack.enter_async_context(
-                    self.claims.device_lease(device_id, ttl_s=self.settings.ack_wait_s))
+                await stack.enter_async_context(self.claims.device_lease(device_id, ttl_s=self.settings.ack_wait_s))
             self.cost["wait"] += time.perf_counter() - t0
             stagetime.add("lease wait", time.perf_counter() - t0)
             busy = metrics.busy_window(device_id)
             key = busy.begin()
+            held = Held()
             try:
-                yield lease
+                yield held
             finally:
-                metrics.DEVICE_BUSY.labels(device_id).inc(busy.end(key))
+                held.seconds = busy.end(key)
+                metrics.DEVICE_BUSY.labels(device_id).inc(held.seconds)
 
     async def still_ours(self, lock) -> bool:
         """Fencing: a result may be written only while our token is the newest for the key."""

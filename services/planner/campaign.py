@@ -11,6 +11,7 @@ from google.protobuf.json_format import MessageToDict
 from kfactory import events as ev
 from kfactory import trust
 from kfactory.deadletters import DeadLetterRecord, NotReplayable, finished_reason, work_of
+from kfactory.pipeline import device_seconds
 from kfactory.services.planner.coders import TEMPLATE, CoderLedger
 from kfactory.stats import significant
 from kfactory.strategies import Point, Space, make_strategy
@@ -82,6 +83,8 @@ class CampaignState:
     comparing: str = ""
     #: this planner drives the campaign now: it alone ends it, and a CampaignFinished from anyone else is refused
     driven: bool = False
+    #: device-seconds its verifications, screens and measurements held the device (kfactory.pipeline.device_seconds)
+    device_s: float = 0.0
 
     def __post_init__(self):
         self.strategy = None
@@ -115,6 +118,7 @@ class CampaignState:
         if why := self.refusal(event, kind, own):
             return why
         self.seen_events.add(event.id)
+        self.device_s += device_seconds(event)
         if kind == "point_proposed":
             self.proposals[event.point_proposed.point_id] = event
         elif kind == "campaign_started":
@@ -403,6 +407,9 @@ class CampaignState:
                "device_info": MessageToDict(self.device, preserving_proto_field_name=True),
                "counts": {f.name: getattr(self.counts, f.name) for f in pb.Counts.DESCRIPTOR.fields},
                "elapsed_seconds": round(self.elapsed(), 3), "best": None}
+        outcomes = self.counts.measured + self.counts.rejected + self.counts.compile_failed
+        out["device_seconds"] = round(self.device_s, 3)
+        out["device_seconds_per_candidate"] = round(self.device_s / outcomes, 3) if outcomes else None
         out.update(self.coder_summary())
         if best is None:
             return out

@@ -19,6 +19,7 @@ from kfactory import security, telemetry, trust
 from kfactory.bus import EVENTS_STREAM, ack_quietly
 from kfactory.grpcutil import start_server
 from kfactory.observability import stagetime
+from kfactory.pipeline import device_budget_spent, room
 from kfactory.problems import ProblemError
 from kfactory.service import Service
 from kfactory.strategies import Space
@@ -317,6 +318,8 @@ class PlannerService(Service):
     def _budget_left(self, st: CampaignState) -> bool:
         if st.cancelled or st.broken or self._expired(st):
             return False
+        if device_budget_spent(st, self.settings.device_seconds):
+            return False
         return not st.spec.budget_candidates or st.search_proposed() < st.spec.budget_candidates
 
     async def _propose_fixed(self, st: CampaignState) -> None:
@@ -336,7 +339,7 @@ class PlannerService(Service):
         rng = random.Random(st.spec.seed ^ 0xC0DE5)
         attempts = 0
         while self._budget_left(st) and (st.strategy is not None or coders.agents_on(st)):
-            if st.in_flight() >= st.spec.parallel:
+            if st.in_flight() >= room(st, self.settings.device_seconds):
                 await self._wait_change(st)
                 continue
             arm = st.coders.choose(coders.eligible(st, self.settings.llm_parents), rng, st.token_seconds)
@@ -443,9 +446,12 @@ class PlannerService(Service):
             reason = st.cancelled or reason
         best = st.best()
         problem = self._problem_or_none(st)
+        summary = st.summary(problem)
+        if self.settings.device_seconds:
+            summary["device_seconds_budget"] = self.settings.device_seconds
         fin = pb.CampaignFinished(state=state, reason=reason, counts=st.counts,
                                   best_candidate_id=best.candidate.id if best else "",
-                                  summary_json=json.dumps(st.summary(problem)))
+                                  summary_json=json.dumps(summary))
         event = ev.make_event(st.id, self.name, "finish", campaign_finished=fin)
         st.apply(event, own=True)
         with telemetry.root_span(f"{self.name} finish", **{"kf.campaign": st.id, "kf.state": state}):

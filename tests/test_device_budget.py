@@ -1,0 +1,62 @@
+"""A campaign bounded by device time (Settings.device_seconds, issue 23 deliverable 3): it stops proposing once
+its verifications, screens and measurements have held the device that long, and its summary reports the device
+seconds it used, per candidate too."""
+from __future__ import annotations
+
+import json
+
+from types import SimpleNamespace
+
+from kfactory import pipeline
+from kfactory import events as ev
+from kfactory.v1 import events_pb2 as pb
+from test_campaign import _campaign
+
+
+def _state(device_s: float, done: int, in_flight: int, parallel: int = 4):
+    return SimpleNamespace(spec=pb.CampaignSpec(parallel=parallel), counts=pb.Counts(measured=done),
+                           device_s=device_s, in_flight=lambda: in_flight)
+
+
+def test_room_in_flight_is_what_the_device_time_left_pays_for():
+    assert pipeline.room(_state(0.0, 0, 0), 0.0) == 4                  # no budget: the spec's parallel
+    assert pipeline.room(_state(0.0, 0, 0), 10.0) == 1                 # no average yet: one at a time
+    assert pipeline.room(_state(4.0, 2, 1), 10.0) == 3                 # 2 s a candidate, 6 s left
+    assert pipeline.room(_state(4.0, 2, 1), 100.0) == 4                # never more than parallel
+    assert pipeline.room(_state(9.0, 3, 0), 10.0) == 0                 # 3 s a candidate, 1 s left
+    assert pipeline.device_budget_spent(_state(9.0, 3, 0), 10.0)       # nothing in flight, no room: done
+    assert not pipeline.device_budget_spent(_state(9.0, 3, 1), 10.0)   # its work in flight may still end
+    assert pipeline.device_budget_spent(_state(10.5, 3, 1), 10.0)      # spent
+    assert not pipeline.device_budget_spent(_state(99.0, 3, 0), 0.0)   # no budget
+
+
+def test_the_device_time_each_event_reports():
+    cand = pb.Candidate(id="a" * 64)
+    verified = ev.make_event("c1", "verifier", cand.id, verified=pb.Verified(candidate=cand, seconds=1.5))
+    measured = ev.make_event("c1", "benchmarker", cand.id, measured=pb.Measured(candidate=cand, seconds=2.0))
+    cached = ev.make_event("c1", "benchmarker", cand.id, measured=pb.Measured(candidate=cand, seconds=2.0, cached=True))
+    by_verifier = pb.Rejected(candidate=cand, stage="verifier")
+    by_verifier.figures["verify_seconds"] = 0.25
+    by_benchmarker = pb.Rejected(candidate=cand, stage="benchmarker")
+    by_benchmarker.figures["device_seconds"] = 0.5
+    got = [pipeline.device_seconds(e) for e in (
+        verified, measured, cached, ev.make_event("c1", "verifier", cand.id, rejected=by_verifier),
+        ev.make_event("c1", "benchmarker", cand.id, rejected=by_benchmarker),
+        ev.make_event("c1", "compiler", cand.id, compiled=pb.Compiled(candidate=cand)))]
+    assert got == [1.5, 2.0, 0.0, 0.25, 0.5, 0.0]
+
+
+async def test_a_campaign_stops_proposing_when_its_device_time_is_spent(bus_settings, small_softmax):
+    budget = 1.0
+    settings = bus_settings.model_copy(update={"device_seconds": budget})
+    spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=200, strategy="random", seed=3,
+                           parallel=2, warm_start=0)
+    st, _ = await _campaign(settings, spec)
+    assert st.finished.state == "completed"
+    summary = json.loads(st.finished.summary_json)
+    outcomes = st.counts.measured + st.counts.rejected + st.counts.compile_failed
+    # spent, far short of the candidate budget (how much is put in flight near the end: test_room_... above)
+    assert budget <= summary["device_seconds"] and summary["device_seconds_budget"] == budget
+    assert st.counts.proposed < 40, st.counts
+    assert summary["device_seconds_per_candidate"] == round(summary["device_seconds"] / outcomes, 3)
+    assert summary["device_seconds"] == round(st.device_s, 3)
