@@ -109,7 +109,9 @@ def _archive_check(tmp: Path, cid: str, proposed: int) -> None:
     for (cand,) in arch.q("SELECT candidate FROM outcomes WHERE campaign=? AND reason='measured'", (cid,)):
         kinds = [k for (k,) in arch.q("SELECT kind FROM events WHERE candidate=? AND campaign=? ORDER BY seq",
                                       (cand, cid))]
-        assert kinds[:4] == ["candidate_created", "compiled", "verified", "measured"], kinds
+        # a candidate screened out before verification (issue 23's order) ends its chain at its screen's timing
+        assert (kinds[:4] == ["candidate_created", "compiled", "verified", "measured"]
+                or kinds == ["candidate_created", "compiled", "measured"]), kinds
     arch.close()
 
 
