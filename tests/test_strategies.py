@@ -94,7 +94,8 @@ def test_transfer_finds_the_best_of_a_landscape_another_campaign_measured(space)
 
 
 def test_a_misleading_source_loses_its_weight(space):
-    """A source ranking the space upside down gets weight 0 once enough results disagree with it."""
+    """A source ranking the space upside down gets weight 0 once results disagree with it, and the prior mean
+    it would give is flat: the search is a cold one again."""
     import numpy as np
     evidence = _evidence(space, lambda p: 1.0 / _score(p), "upside-down")
     s = make_strategy("surrogate", space, seed=2)
@@ -103,45 +104,43 @@ def test_a_misleading_source_loses_its_weight(space):
         p = s.ask()
         s.tell(p, _score(p))
     rows, y = s._data()
-    assert s.prior.weights(rows, y).tolist() == [0.0]
-    assert np.allclose(s.prior.fit(rows, y), y.mean() + 0.0 * rows.mean())  # no source: a flat prior mean
+    trust = s.trust()
+    assert trust.evidence == 0.0 and trust.sources[0].weight == 0.0 and trust.sources[0].tau < 0
+    assert np.allclose(s.prior.fit(rows, y, trust), y.mean())  # no source: a flat prior mean
 
 
-def test_a_source_that_only_agrees_about_the_slow_points_loses_its_weight(space):
-    """A source that ranks the slow half of the space as this device does, and the fast half upside down,
-    agrees with it overall but not where the search is; from TOP_HALF results on it gets weight 0."""
-    import numpy as np
-    from scipy.stats import spearmanr
-
-    from kfactory.strategies.encoding import index_of
-    from kfactory.strategies.surrogate import GP
-    from kfactory.strategies.transfer import TOP_HALF, PriorMean
-
-    pts = space.all_points()[::16]
-    lo, mid = min(map(_score, pts)), float(np.median([_score(p) for p in pts]))
-    evidence = _evidence(space, lambda p: _score(p) if _score(p) >= mid else lo + mid - _score(p), "slow-half")
-    idx = index_of(space)
-    prior = PriorMean(idx, evidence, GP)
-    rows = np.array([idx.pos[p] for p in pts])
-    y = np.log([_score(p) for p in pts])
-    assert len(rows) >= TOP_HALF
-    assert spearmanr(prior.M[0, rows], y)[0] > 0.5  # over every point it agrees
-    assert prior.weights(rows, y).tolist() == [0.0]
-    assert prior.weights(rows[:TOP_HALF - 1], y[:TOP_HALF - 1]).tolist() == [1.0]  # before: every point counts
-
-
-def test_a_warm_portfolio_keeps_a_cold_twin_of_its_transferring_member(space):
+def test_a_warm_portfolio_adds_an_evidence_led_member_and_keeps_its_members_cold(space):
     s = make_strategy("default", space, seed=3)
     p = s.ask()
     s.tell(p, _score(p))
     s.warm(_evidence(space, _score, "same-device"))
-    assert s.names == ["surrogate", "tpe", "evolutionary", "surrogate-cold"]
-    twin = s.members[-1]
-    assert twin.prior is None and twin.results == {p: _score(p)}
+    assert s.names == ["surrogate", "tpe", "evolutionary", "surrogate-warm"] and s.led == [3]
+    lead = s.members[3]
+    assert lead.prior is not None and lead.results == {p: _score(p)}
+    assert all(getattr(m, "prior", None) is None for m in s.members[:3])
     for _ in range(30):
         q = s.ask()
         s.tell(q, _score(q))
     assert sum(s.asks) == 31 and len(s.seen) == 31
+    # the cold members never learned the evidence-led results no cold member asked for
+    for m in s.members[:3]:
+        assert set(s.withheld).isdisjoint(m.results)
+
+
+def test_a_warm_portfolios_cold_members_ask_what_a_cold_portfolio_asks(space):
+    """Whatever the evidence-led member does, the cold members ask the points a cold portfolio's members ask, in
+    the same order (an evidence-led result they ask for is answered at no evaluation): evidence that misleads
+    costs the evaluations it was given, never the cold search's course."""
+    cold = make_strategy("default", space, seed=4)
+    warm = make_strategy("default", space, seed=4)
+    warm.warm(_evidence(space, lambda p: 1.0 / _score(p), "upside-down"))
+    for s in (cold, warm):
+        for _ in range(40):
+            p = s.ask()
+            s.tell(p, _score(p))
+    cold_side = [p for p, i in warm.owner.items() if i not in warm.led]
+    assert warm.asks[3] > 0 and len(cold_side) >= 30
+    assert cold_side == list(cold.owner)[:len(cold_side)]
 
 
 def test_the_gp_fits_the_best_half_and_a_spread_of_the_rest():

@@ -1,6 +1,7 @@
 """A small recorded tuning space in Kernel Tuner's cache format, written at test time, for tests that must
 not depend on the shared recordings (../shared/data/tuning-spaces/ is not on every machine). Two "devices"
-share the parameter space and disagree somewhat about what is fast, as real GPUs do."""
+share the parameter space and disagree somewhat about what is fast, as real GPUs do; LANDSCAPES adds devices
+made to agree or disagree outright, for the warm start's trust in its sources (tests/test_source_trust.py)."""
 from __future__ import annotations
 
 import gzip
@@ -23,8 +24,30 @@ def _time(p: dict, device: int) -> float | str:
             + 0.15 * abs(p["tile"] - 2) + (0.0 if p["shmem"] else 0.25) + 0.01 * device)
 
 
-def write_spaces(directory: Path, kernel: str = "synthetic_conv", devices=("GPU0", "GPU1")) -> list[Path]:
-    """<kernel>-<device>.json.gz cache files plus the T1 file <kernel>.json with the constraint."""
+def bowl(p: dict) -> float:
+    """A device whose one best point (64, 4, 2, shared memory) is the only one within 5% of its optimum."""
+    return (1.0 + 0.3 * abs(math.log2(p["block_x"] / 64)) + 0.2 * abs(p["block_y"] - 4) / 4
+            + 0.15 * abs(p["tile"] - 2) + (0.0 if p["shmem"] else 0.25))
+
+
+def agreeing(p: dict) -> float:
+    """Another device that ranks the space as `bowl` does (slower, and more so where bowl is slow)."""
+    return 2.5 * bowl(p) ** 1.2
+
+
+def upside_down(p: dict) -> float:
+    """A device whose fast points are `bowl`'s slow ones: its evidence points away from bowl's optimum."""
+    return 4.0 - bowl(p)
+
+
+#: hand-made devices by name, for write_spaces(landscapes=...)
+LANDSCAPES = {"bowl": bowl, "agreeing": agreeing, "upside_down": upside_down}
+
+
+def write_spaces(directory: Path, kernel: str = "synthetic_conv", devices=("GPU0", "GPU1"),
+                 landscapes: dict | None = None) -> list[Path]:
+    """<kernel>-<device>.json.gz cache files plus the T1 file <kernel>.json with the constraint. `landscapes`:
+    device -> time of a parameter dict (no failures), instead of the two devices that disagree somewhat."""
     directory.mkdir(parents=True, exist_ok=True)
     t1 = {"General": {"BenchmarkName": kernel}, "ConfigurationSpace": {
         "TuningParameters": [{"Name": k, "Type": "int", "Values": json.dumps(v)} for k, v in PARAMS.items()],
@@ -37,7 +60,7 @@ def write_spaces(directory: Path, kernel: str = "synthetic_conv", devices=("GPU0
             p = dict(zip(PARAMS, values))
             if p["block_x"] * p["block_y"] > 512:
                 continue
-            t = _time(p, d)
+            t = landscapes[device](p) if landscapes else _time(p, d)
             cache[",".join(map(str, values))] = {**p, "time": t, "times": [t] * 3 if isinstance(t, float) else [],
                                                  "compile_time": 800.0, "benchmark_time": 50.0}
         path = directory / f"{kernel}-{device}.json.gz"

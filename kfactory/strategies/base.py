@@ -128,6 +128,12 @@ class Strategy(ABC):
         s = self.outer or self
         return len(s.seen) - len(s.results)
 
+    def trust(self):
+        """How far this strategy trusts each source of its evidence now (agreement.Trust: each source's rank
+        agreement with this campaign's results and its weight), or None when it measures no such thing (no
+        evidence, or a strategy that cannot use it)."""
+        return None
+
     def warm(self, evidence: list) -> None:
         """Evidence from other campaigns (Evidence: point, relative score, source) to learn from before
         any result of this one; strategies that cannot use it ignore it (the planner still proposes the best

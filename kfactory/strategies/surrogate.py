@@ -31,6 +31,7 @@ from scipy.optimize import minimize
 from scipy.special import erfc
 
 from kfactory.strategies.base import Point, Space, Strategy
+from kfactory.strategies.agreement import SourceTrust, Trust, finite_log_times
 from kfactory.strategies.encoding import SeenMask, fit_subset, index_of
 from kfactory.strategies.transfer import PriorMean
 
@@ -122,7 +123,10 @@ class Surrogate(Strategy):
         self._seen_mask = SeenMask(self.idx, self.seen)
         self._last_hyper = -10**9
         self._np = np.random.default_rng(seed)
+        self._seed = seed
         self.prior: PriorMean | None = None
+        self.source_trust: SourceTrust | None = None
+        self._trust: tuple[int, Trust] | None = None
         #: batch mode: the last fit's unseen points, best expected improvement first, and how many results it saw
         self._queue: list[int] = []
         self._fit_results = -1
@@ -132,6 +136,17 @@ class Surrogate(Strategy):
         and skip the random initial design (see transfer.py)."""
         prior = PriorMean(self.idx, evidence, GP)
         self.prior = prior if prior else None
+        if self.prior is not None:
+            self.source_trust = SourceTrust(prior.M, prior.sources, self.idx.X, GP, seed=self._seed)
+
+    def trust(self) -> Trust | None:
+        """Each source's agreement with this campaign's results so far and its weight (agreement.py); None
+        without evidence to trust."""
+        if self.source_trust is None:
+            return None
+        if self._trust is None or self._trust[0] != len(self.results):  # asked several times per result
+            self._trust = (len(self.results), self.source_trust(*finite_log_times(self.results, self.idx.pos)))
+        return self._trust[1]
 
     def _unseen(self) -> np.ndarray:
         return np.flatnonzero(~self._seen_mask())
@@ -179,7 +194,7 @@ class Surrogate(Strategy):
         if data is None:
             return self.idx.points[int(self._np.choice(unseen))]
         rows, y = data
-        base = self.prior.fit(rows, y) if self.prior else np.zeros(len(self.idx))
+        base = self.prior.fit(rows, y, self.trust()) if self.prior else np.zeros(len(self.idx))
         r = y - base[rows]
         m, s = r.mean(), r.std() or 1.0
         fit = fit_subset(y, self.max_fit)  # the best results and a spread of the rest

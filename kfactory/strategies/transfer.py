@@ -6,26 +6,23 @@ on an A4000, although the two devices rank the whole space alike, Spearman 0.89)
 shape of the landscape. So each source (one earlier campaign) gets a small GP fitted to its measured
 log(relative score), and its prediction over every point of this space is that source's prior mean m_s.
 
-On this campaign's own results y (log seconds), the sources are weighted by how well they rank the better half
-of the points measured here (Spearman, negative or unknown agreement counts as 0 once there are enough results,
-equal weights before), combined into m, and the campaign's model is y ~ a + b m + residual, with (a, b) fitted by least
-squares and b shrunk towards 1 while results are few. A source that disagrees with this device loses its
-weight; if all disagree, b falls to 0 and the search is a cold one again.
+How far each source is trusted is measured on this campaign's own results as they arrive (agreement.py: each
+source's rank agreement with the measurements, and a weight won against this device's own model). The sources
+are combined by those weights into m, the campaign's model is y ~ a + b m + residual, with (a, b) fitted by
+least squares and b shrunk towards 1 while results are few, and the prior mean's departure from the results'
+mean is scaled by the sources' total weight: a source that disagrees with this device loses its weight, and
+when all do, the prior mean is flat and the search is a cold one again.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from scipy.stats import spearmanr
 
+from kfactory.strategies.agreement import PRIORS_JUDGED, Trust
 from kfactory.strategies.base import Evidence, Point
 from kfactory.strategies.encoding import SpaceIndex, fit_subset
 
-#: results needed before the sources are weighted by their agreement with this device
-MIN_AGREEMENT = 6
-#: from this many results on, the agreement is judged on the better half of them only
-TOP_HALF = 2 * MIN_AGREEMENT
 #: pseudo-observations that pull b towards 1 while this campaign has few results
 SHRINK = 4.0
 #: above this many measurements a source's values are used directly (no GP)
@@ -56,51 +53,96 @@ class PriorMean:
     def __bool__(self) -> bool:
         return len(self.sources) > 0
 
-    def weights(self, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Each source's weight: its rank agreement with this campaign's results (equal while they are few), on
-        the better half of them once there are TOP_HALF. Devices tend to agree about the slow points, which any
-        search soon leaves, and differ about the fast ones: convolution on an A4000 ranks the whole A100 space
-        at Spearman 0.89 but its best tenth at 0.24, and trusting the 0.89 kept warm starts on an A100 in the
-        A4000's best region for hundreds of evaluations."""
-        k = len(self.sources)
-        if len(rows) < MIN_AGREEMENT:
-            return np.full(k, 1.0 / k)
-        if len(rows) >= TOP_HALF:
-            better = np.argsort(y, kind="stable")[: len(y) // 2]
-            rows, y = rows[better], y[better]
-        w = np.zeros(k)
-        for s in range(k):
-            if np.ptp(self.M[s, rows]) == 0 or np.ptp(y) == 0:
-                continue  # a constant ranks nothing: no agreement
-            w[s] = max(0.0, float(spearmanr(self.M[s, rows], y)[0]))
-        return w / w.sum() if w.sum() > 0 else w
-
-    def fit(self, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """The prior mean a + b m over every point of the space, fitted to this campaign's results."""
-        m = self.weights(rows, y) @ self.M
-        x = m[rows]
+    def fit(self, rows: np.ndarray, y: np.ndarray, trust: Trust) -> np.ndarray:
+        """The prior mean over every point of the space: the sources' predictions combined by their weights in
+        `trust`, fitted as a + b m to this campaign's results, with its departure from their mean scaled by the
+        sources' total weight (no say: a flat prior mean at the mean of the results)."""
+        w = trust.weights()
+        say = float(w.sum())
         n = len(rows)
-        if n == 0:
-            return m
+        if n == 0 or say <= 0:
+            return np.full(len(self.idx), float(y.mean()) if n else 0.0)
+        m = (w / say) @ self.M
+        x = m[rows]
         xc, yc = x - x.mean(), y - y.mean()
         # least squares for b with SHRINK pseudo-points at slope 1: b = (Sxy + SHRINK) / (Sxx + SHRINK)
         sxx, sxy = float(xc @ xc), float(xc @ yc)
         scale = max(sxx / n, 1e-6)
         b = max(0.0, (sxy + SHRINK * scale) / (sxx + SHRINK * scale))
-        a = float(y.mean() - b * x.mean())
-        return a + b * m
+        return float(y.mean()) + say * b * (m - float(x.mean()))
+
+
+def _log_scores(evidence: list[Evidence]) -> dict[Point, dict[str, float]]:
+    """point -> source -> log(relative score), for every finite positive score."""
+    scores: dict[Point, dict[str, float]] = {}
+    for e in evidence:
+        if e.relative > 0 and math.isfinite(e.relative):
+            scores.setdefault(e.point, {})[e.source] = math.log(e.relative)
+    return scores
+
+
+def _rated(scores: dict[Point, dict[str, float]], weights: dict[str, float] | None) -> list[tuple[float, Point]]:
+    """(weighted mean log relative score over the sources that measured it, point) for every point some
+    source with a say measured; `weights` None: every source counts the same."""
+    out = []
+    for p, by in scores.items():
+        w = {s: (1.0 if weights is None else weights.get(s, 0.0)) for s in by}
+        total = sum(w.values())
+        if total > 0:
+            out.append((sum(w[s] * v for s, v in by.items()) / total, p))
+    return out
 
 
 def rank_points(evidence: list[Evidence], k: int) -> list[Point]:
     """The k distinct points of the evidence that the sources rate best together: by the mean of log(relative
     score) over the sources that measured each (a point near the best on every device before one that is the
     best on one device and mediocre on another), ties in a fixed order. A warm start proposes these first."""
-    scores: dict[Point, list[float]] = {}
-    for e in evidence:
-        if e.relative > 0 and math.isfinite(e.relative):
-            scores.setdefault(e.point, []).append(math.log(e.relative))
-    ranked = sorted(scores, key=lambda p: (float(np.mean(scores[p])), p.family, p.params_json))
-    return ranked[:k]
+    ranked = sorted(_rated(_log_scores(evidence), None), key=lambda r: (r[0], r[1].family, r[1].params_json))
+    return [p for _, p in ranked[:k]]
+
+
+class WarmPriors:
+    """The warm start's points, proposed before the strategy's own (the planner's `--warm N`): at most `k` of
+    the evidence's points, each the one the sources rate best together at that moment, the sources weighted by
+    how far this campaign trusts them now (agreement.Trust, after every result: a source with no weight has no
+    say in the choice; while none has any, they count the same). They stop early once every source orders this
+    campaign's results against it, confidently (the upper end of its agreement's 90% interval below 0, judged on
+    at least PRIORS_JUDGED results): its best points are then this device's slow ones. Without a trust (a
+    strategy that does not measure one) every source counts the same, and all k are proposed."""
+
+    def __init__(self, evidence: list[Evidence], k: int):
+        self.scores = _log_scores(evidence)
+        self.left = max(0, k)
+        #: how many points each source measured (of those with a finite score), by source
+        self.points: dict[str, int] = {}
+        for by in self.scores.values():
+            for source in by:
+                self.points[source] = self.points.get(source, 0) + 1
+        #: how many of the evidence's points were proposed
+        self.proposed = 0
+        #: why the proposals ended early ("" while they go on, or when all k were proposed)
+        self.stopped = ""
+
+    def next(self, trust: Trust | None, taken) -> Point | None:
+        """The next point to propose (None: no more); `taken(point)` says whether it was proposed already."""
+        if self.left <= 0:
+            return None
+        if trust is not None and trust.results >= PRIORS_JUDGED and trust.sources and all(
+                s.high is not None and s.high < 0 for s in trust.sources):
+            self.left = 0
+            self.stopped = (f"after {trust.results} results every source ordered them against this device "
+                            f"(agreement at most {max(s.high for s in trust.sources):+.2f})")
+            return None
+        weights = {s.source: s.weight for s in trust.sources} if trust is not None else None
+        if weights is not None and sum(weights.values()) <= 0:
+            weights = None
+        rated = [r for r in _rated(self.scores, weights) if not taken(r[1])]
+        if not rated:
+            self.left = 0
+            return None
+        self.left -= 1
+        self.proposed += 1
+        return min(rated, key=lambda r: (r[0], r[1].family, r[1].params_json))[1]
 
 
 def _fit_predict(idx: SpaceIndex, rows: list[tuple[int, float]], gp_factory) -> np.ndarray:
