@@ -20,7 +20,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
-from kfactory import security
+from kfactory import security, warm_sources
 from kfactory.grpcutil import clip
 from kfactory.report import format_params, verification_table
 from kfactory.services.memory import queries as qmod
@@ -218,10 +218,16 @@ async def _dispatch(args, settings, spec_fn) -> int:
     if args.cmd == "priors":
         req = spb.PriorsRequest(problem=args.problem, families=args.family, limit=args.limit)
         r = await _evidence(settings, "Priors", req)
-        _print(r, as_json, "\n".join(f"{p.relative:6.3f}x of its campaign's best  {p.score_s * 1e3:9.3f} ms  "
-                                     f"{p.device}  {p.family} {format_params(p.params_json)}  "
-                                     f"(campaign {p.campaign_id})"
-                                     for p in r.priors) or "no priors: no campaign of this problem measured yet")
+        trust = await _warm_trust(settings, args)  # which sources a new campaign would trust, and why
+        if as_json:
+            print(json.dumps({**MessageToDict(r, preserving_proto_field_name=True,
+                                              always_print_fields_with_no_presence=True), "trust": trust}, indent=2))
+            return 0
+        print("\n".join(f"{p.relative:6.3f}x of its campaign's best  {p.score_s * 1e3:9.3f} ms  "
+                        f"{p.device}  {p.family} {format_params(p.params_json)}  "
+                        f"(campaign {p.campaign_id})"
+                        for p in r.priors) or "no priors: no campaign of this problem measured yet")
+        print(warm_sources.priors_text(trust))
         return 0
     if args.cmd == "best":
         return await _best(args, settings, as_json)
@@ -282,6 +288,21 @@ async def _campaign_list(settings) -> spb.ListCampaignsResponse:
         return _local(settings, lambda q: q.campaigns(spb.ListCampaignsRequest()))
     return await _call(settings.planner_addr, lambda ch: sgrpc.CampaignsStub(ch).List(spb.ListCampaignsRequest()),
                        settings)
+
+
+async def _warm_trust(settings, args) -> dict:
+    """What a new campaign of the problem would learn from (every source's measurements, as the planner asks for
+    them), the weight each source starts with and why, and what finished campaigns measured of those sources
+    (kfactory/warm_sources.py); that history is left out (None) where no campaign list can be read."""
+    every = await _evidence(settings, "Priors", spb.PriorsRequest(
+        problem=args.problem, families=args.family, limit=max(args.limit, settings.warm_evidence), every_source=True))
+    sources = warm_sources.sources_of(every.priors)
+    try:
+        statuses = (await _campaign_list(settings)).campaigns
+    except ClientError:
+        statuses = None
+    history = None if statuses is None else warm_sources.history_of(statuses, args.problem, sources)
+    return warm_sources.priors_view(sources, history)
 
 
 async def _best(args, settings, as_json: bool) -> int:

@@ -8,6 +8,7 @@ from functools import lru_cache
 
 from kfactory import events as ev
 from kfactory import plots
+from kfactory import warm_sources
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -48,6 +49,7 @@ def _markdown(events: list[pb.Event], noise_bound: float | None) -> tuple[str, s
               f"- counts: {format_params(summary.get('counts', {}))}", ""]
     lines += noise_warning(events, default_noise_bound() if noise_bound is None else noise_bound)
     lines += _best_section(summary, events)
+    lines += warm_sources.report_lines(summary)
     lines += _leaderboard(measured)
     lines += _failures(events)
     lines += _dead_letters(events)

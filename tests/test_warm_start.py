@@ -2,9 +2,14 @@
 same recorded kernel on another GPU), proposes them first, and records what it used in its evidence."""
 from __future__ import annotations
 
+import asyncio
+import json
+
 import numpy as np
 import pytest
 
+from kfactory import report
+from kfactory.cli import main as cli_main
 from kfactory.strategies import Point
 
 from kfactory.v1 import events_pb2 as pb
@@ -59,18 +64,54 @@ async def test_a_cold_start_asks_for_nothing(bus_settings, spec_for):
     assert not any(e.point_proposed.origin.startswith("warm:") for e in events if e.HasField("point_proposed"))
 
 
-async def test_a_model_based_strategy_learns_the_other_campaigns_landscape(bus_settings, spec_for):
-    await _campaign(bus_settings, spec_for(0, warm=0))
-    spec = spec_for(1, warm=3, budget=12)
-    spec.strategy = "surrogate"
+async def test_a_warm_strategy_learns_each_source_and_says_how_far_it_trusted_it(bus_settings, spec_for,
+                                                                                  monkeypatch, capsys):
+    """A warm campaign's strategy learns the earlier campaign's landscape, and judges it as results come: the
+    campaign's summary and report list each source (an earlier campaign) with its device, its agreement with this
+    campaign's results and the weight it ended with; `kfactory priors` then names the sources a new campaign
+    would learn from, the weight each starts with, why, and what this campaign measured of them."""
+    first, _ = await _campaign(bus_settings, spec_for(0, warm=0))
+    spec = spec_for(1, warm=3, budget=14)
+    spec.strategy, spec.parallel = "default", 1  # one result at a time: the trust is judged after each
     second, running = await _campaign(bus_settings, spec)
-    prior = second.strategy.prior  # transfer.PriorMean, fitted from the first campaign's measurements
-    assert prior is not None and prior.sources and prior.M.shape[1] == len(second.strategy.idx)
-    # on the points the first campaign measured, the prior mean is that campaign's own ranking
-    started = _started(running, second.id)
-    idx = second.strategy.idx
-    rows = [idx.pos[Point(p.family, p.params_json)] for p in started.priors]
+    w = json.loads(second.finished.summary_json)["warm_start"]
+    [src] = w["sources"]
+    assert src["source"] == first.id and "GPU0" in src["device"]
+    assert src["points"] == len(_started(running, second.id).priors)
+    # the default portfolio's evidence-led member learned the first campaign's landscape: on the points that
+    # campaign measured, its prior mean is that campaign's own ranking
+    lead = second.strategy.members[second.strategy.led[0]]
+    prior, idx = lead.prior, lead.idx
+    assert prior.sources == [first.id] and prior.M.shape == (1, len(idx))
+    rows = [idx.pos[Point(p.family, p.params_json)] for p in _started(running, second.id).priors]
     assert list(np.argsort(prior.M[0, rows], kind="stable")) == list(range(len(rows)))
+    trust = second.strategy.trust()  # what the strategy ended with is what the summary says
+    measured = sum(v is not None for v in second.strategy.results.values())  # failures rank nothing
+    assert w["measured"] and w["results_judged"] == trust.results == measured >= 10
+    assert src["agreement"] == round(trust.sources[0].tau, 3) and src["weight"] == round(trust.sources[0].weight, 3)
+    lo, hi = src["interval_90"]
+    assert -1 <= lo <= src["agreement"] <= hi <= 1
+    assert w["evidence_say"] + w["own_model_weight"] == pytest.approx(1.0, abs=2e-3)
+    assert 1 <= w["priors_proposed"] <= 3
+
+    md, _ = report.build(running.services["memory"].archive.events(campaign=second.id))
+    section = md.split("## Warm start: how far each source was trusted", 1)[1].split("\n## ", 1)[0]
+    assert f"| {first.id} | {src['device']} | {src['points']} | {src['agreement']:+.2f} [{lo:+.2f}, {hi:+.2f}] | " \
+           f"{src['weight']:.2f} |" in section
+
+    monkeypatch.delenv("KFACTORY_MEMORY_ADDR", raising=False)
+    monkeypatch.delenv("KFACTORY_PLANNER_ADDR", raising=False)
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(bus_settings.data_dir))
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli_main, ["priors", spec.problem, "--json"]) == 0  # it runs its own loop
+    view = json.loads(capsys.readouterr().out)["trust"]
+    assert {s["source"] for s in view["sources"]} == {first.id, second.id}
+    assert all(s["start_weight"] == 0.5 for s in view["sources"]) and "same weight" in view["why"]
+    [seen] = view["measured_before"]  # the second campaign judged the first
+    assert seen["campaign"] == second.id and seen["sources"][0]["weight"] == src["weight"]
+    assert await asyncio.to_thread(cli_main, ["priors", spec.problem]) == 0
+    text = capsys.readouterr().out
+    assert "a new campaign would learn from 2 source(s)" in text and f"  {second.id} on " in text
 
 
 def _started(running, cid):

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from google.protobuf.json_format import MessageToDict
 
 from kfactory import events as ev
-from kfactory import trust
+from kfactory import trust, warm_sources
 from kfactory.deadletters import DeadLetterRecord, NotReplayable, finished_reason, work_of
 from kfactory.pipeline import device_seconds
 from kfactory.services.planner.coders import TEMPLATE, CoderLedger
 from kfactory.stats import significant
 from kfactory.strategies import Point, Space, make_strategy
 from kfactory.strategies.base import Evidence
-from kfactory.strategies.transfer import rank_points
+from kfactory.strategies.transfer import WarmPriors
 from kfactory.v1 import events_pb2 as pb
 
 TERMINAL = ("measured", "rejected", "compile_failed")
@@ -55,8 +55,11 @@ class CampaignState:
     cancelled: str = ""
     seen_events: set[str] = field(default_factory=set)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
-    #: the warm start: points from other campaigns, proposed before the strategy's own
-    priors: list[Point] = field(default_factory=list)
+    #: the warm start: points from other campaigns, proposed before the strategy's own while the strategy
+    #: trusts their sources (transfer.WarmPriors)
+    priors: WarmPriors = field(default_factory=lambda: WarmPriors([], 0))
+    #: the warm start's sources (earlier campaigns) and the device each ran on, for the summary
+    source_devices: dict[str, str] = field(default_factory=dict)
 
     #: proposals whose candidate has not appeared yet: a restarted planner sends them to the coder again, since
     #: an earlier life may have died between publishing a proposal and queueing its work (a resend is deduplicated)
@@ -163,9 +166,10 @@ class CampaignState:
         self.device.CopyFrom(m.device)
         evidence = [Evidence(point, p.relative, p.campaign_id) for p in m.priors
                     if self.space is not None and self.space.valid(point := Point(p.family, p.params_json))]
-        # the spec.warm_start distinct points the earlier campaigns rate best together are proposed first; the
-        # strategy learns from all of them
-        self.priors = rank_points(evidence, self.spec.warm_start)
+        # up to spec.warm_start points the earlier campaigns rate best together (weighted by the strategy's trust
+        # in each) are proposed first; the strategy learns from all of them
+        self.priors = WarmPriors(evidence, self.spec.warm_start)
+        self.source_devices = {p.campaign_id: p.device for p in m.priors}
         if self.strategy and evidence:
             try:
                 self.strategy.warm(evidence)
@@ -338,12 +342,20 @@ class CampaignState:
         return sum(1 for p in self.points.values() if p.origin.startswith(SEARCHED))
 
     def next_prior(self) -> Point | None:
-        """The next warm-start point not proposed yet (the strategy is told its result like any other)."""
-        while self.priors:
-            point = self.priors.pop(0)
-            if self.strategy is None or point not in self.strategy.seen:
-                return point
-        return None
+        """The next warm-start point not proposed yet, while the strategy trusts the sources enough
+        (transfer.WarmPriors; the strategy is told its result like any other)."""
+        return self.priors.next(self.source_trust(), lambda p: self.strategy is not None and p in self.strategy.seen)
+
+    def source_trust(self):
+        """The strategy's judgement of the warm start's sources (strategies/agreement.Trust), None when it makes
+        none."""
+        if self.strategy is None:
+            return None
+        try:
+            return self.strategy.trust()
+        except Exception as e:  # noqa: BLE001 (as in ask and tell: the campaign fails, with the reason)
+            self.strategy_failed("trust", e)
+            return None
 
     def agent_in_flight(self, persona: str) -> int:
         return sum(1 for p in self.points.values() if not p.done and p.origin == f"agent:{persona}")
@@ -411,6 +423,8 @@ class CampaignState:
         out["device_seconds"] = round(self.device_s, 3)
         out["device_seconds_per_candidate"] = round(self.device_s / outcomes, 3) if outcomes else None
         out.update(self.coder_summary())
+        if self.priors.points:  # a warm start: each source, how far it was trusted, and what it ended with
+            out["warm_start"] = warm_sources.campaign_section(self.source_trust(), self.priors, self.source_devices)
         if best is None:
             return out
         cand = best.candidate
