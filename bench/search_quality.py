@@ -4,6 +4,7 @@
     python bench/search_quality.py [--spaces NAME ...] [--budgets 25 50 100 200] [--seeds 30]
                                    [--strategies default evolutionary tpe portfolio random]
                                    [--kt-strategies random_sample genetic_algorithm ...] [--json OUT]
+    python bench/search_quality.py --warm-only [--warm-targets NAME ...] [--data DIR] [--seeds 30] [--json OUT]
 
 For each recorded space (Kernel Tuner cache files, default: every *.json.gz in ../shared/data/tuning-spaces
 relative to the repository, or $KF_TUNING_SPACES, or --data) and each budget, N seeded runs per strategy.
@@ -27,6 +28,15 @@ uniform random sampling without replacement of b valid configurations (failed co
 and are never the best): 0 is as good as random search, 1 is the optimum every time.
 The `geomean` column is the geometric mean of mean_ratio over the "hard" spaces, those where random search at
 100 evaluations ends more than 2% above the optimum (issue 5); the flat spaces are shown as a check only.
+
+Cold versus warm (skipped with --no-warm; alone with --warm-only): each space (each of --warm-targets) is
+warm-started from an earlier campaign on every other device of its kernel in --data, as the planner warm-starts
+a campaign from memory's priors, and compared with a cold start on the same seeds: median evaluations to within
+5% of the optimum, warm/cold with its 90% bootstrap interval, mean best/optimum at each budget, the evidence
+rank (what trusting the sources alone would cost), and how far the warm runs trusted each source (the
+strategy's measure, strategies/agreement.py). A space is informative when it is not flat (the hard spaces above);
+issue 27 asks warm/cold <= 1.0 and mean best/optimum at 100 warm no worse than cold on every informative space,
+and a third of the cold evaluations where the whole-space evidence rank is inside that bar.
 """
 from __future__ import annotations
 
@@ -45,6 +55,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
+from typing import NamedTuple
 
 # one BLAS thread: the models are small and the machine may be shared
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -59,7 +70,7 @@ sys.path.insert(0, str(REPO))
 from kfactory.replay import load_space  # noqa: E402
 from kfactory.strategies import Point, Space, make_strategy  # noqa: E402
 from kfactory.strategies.base import Evidence  # noqa: E402
-from kfactory.strategies.transfer import rank_points  # noqa: E402
+from kfactory.strategies.transfer import WarmPriors, rank_points  # noqa: E402
 
 DEFAULT_BUDGETS = (25, 50, 100, 200)
 DEFAULT_KF = ("default", "surrogate", "tpe", "evolutionary", "random")
@@ -158,43 +169,60 @@ def source_campaign(strategy: str, other, seed: int, budget: int) -> list[Eviden
     return [Evidence(p, t / best, f"{other.name}/seed{seed}") for p, t in measured]
 
 
+class WarmRun(NamedTuple):
+    """One run of warm_run: evaluations to within the bar (max_evals + 1: never), best/optimum after each of the
+    first `horizon` evaluations, and, warm-started, the strategy's trust in each source at the horizon (or where
+    the run ended) and how many of the first `horizon` evaluations the evidence led (priors proposed first and
+    the evidence-led members' asks)."""
+    hit: int
+    traj: list[float]
+    trust: dict | None = None
+    led: int = 0
+
+
 def warm_run(name: str, rs, space: Space, seed: int, evidence: list[Evidence], k: int, within: float,
-             max_evals: int, horizon: int) -> tuple[int, list[float]]:
-    """(evaluations until the best found is within `within` of the optimum, or max_evals + 1 when it never gets
-    there; best/optimum after each of the first `horizon` evaluations). Warm (evidence given): as the planner
-    does it, the strategy learns from the evidence first, the k priors the sources rate best together
-    (transfer.rank_points) are proposed before its own points
-    and told to it like its own; every proposal counts."""
+             max_evals: int, horizon: int) -> WarmRun:
+    """Run one campaign on the recorded space `rs` until the best found is within `within` of the optimum and at
+    least `horizon` evaluations are done (or max_evals). Warm (evidence given): as the planner does it, the
+    strategy learns from the evidence first, up to k priors (transfer.WarmPriors: the points the sources rate
+    best together, weighted by the strategy's trust in each after every result, while the evidence keeps half the
+    say) are proposed before its own points and told to it like its own; every proposal counts."""
     opt, s = rs.optimum_ms(), make_strategy(name, space, seed=seed)
     worst = max(r.time_ms for r in rs.records.values() if r.time_ms is not None)
     if evidence:
         s.warm(evidence)
-    queue = rank_points(evidence, k)
-    best, traj, hit = math.inf, [], max_evals + 1
+    priors = WarmPriors(evidence, k)
+    best, traj, hit, led, trust = math.inf, [], max_evals + 1, 0, None
     for n in range(1, max_evals + 1):
-        p = None
-        while queue and p is None:
-            cand = queue.pop(0)
-            p = cand if cand not in s.seen and space.valid(cand) else None
-        if p is None:
-            p = s.ask()
-        else:
+        p = priors.next(s.trust(), lambda c: c in s.seen or not space.valid(c))
+        if p is not None:
             s.seen.add(p)
+            by_evidence = True
+        else:
+            p = s.ask()
+            # a portfolio's evidence-led members (Portfolio.led) asked it
+            by_evidence = getattr(s, "owner", {}).get(p, -1) in getattr(s, "led", ())
         if p is None:
             break
+        led += by_evidence and n <= horizon
         rec = rs.lookup(p.params)
         t = rec.time_ms if rec is not None else None
         s.tell(p, t)
         best = min(best, t) if t is not None else best
         if n <= horizon:
             traj.append((best if best < math.inf else worst) / opt)
+        if n == horizon:
+            trust = s.trust()
         if best <= within * opt and hit > max_evals:
             hit = n
         if hit <= max_evals and n >= horizon:
             break
     while len(traj) < horizon:
         traj.append(traj[-1] if traj else worst / opt)
-    return hit, traj
+    trust = trust or s.trust()
+    shown = None if trust is None else {"say": trust.evidence, "sources": {
+        a.source.split("/")[0]: {"agreement": a.tau, "weight": a.weight} for a in trust.sources}}
+    return WarmRun(hit, traj, shown, int(led))
 
 
 def evidence_rank(rs, evidence: list[Evidence], within: float) -> int:
@@ -213,40 +241,68 @@ def evidence_rank(rs, evidence: list[Evidence], within: float) -> int:
 
 
 def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: int, within: float,
-                       max_evals: int, source_budget: int, budgets: list[int]) -> dict:
-    """For each space with other devices' spaces of the same kernel: median evaluations to within 5% of the
-    optimum, cold, and warm-started from earlier campaigns (`source_budget` evaluations, same strategy, same
-    seed) on each of the other devices."""
+                       max_evals: int, source_budget: int, budgets: list[int],
+                       targets: list[str] | None = None) -> dict:
+    """For each space (of `targets` when given) with other devices' spaces of the same kernel among `files`:
+    median evaluations to within 5% of the optimum, cold, and warm-started from earlier campaigns
+    (`source_budget` evaluations, same strategy, same seed) on each of the other devices."""
     spaces = [load_space(f) for f in files]
     out = {}
     for rs in spaces:
         kernel = rs.name.rsplit("-", 1)[0]
         others = [o for o in spaces if o is not rs and o.name.rsplit("-", 1)[0] == kernel]
-        if not others:
+        if not others or (targets is not None and rs.name not in targets):
             continue
         runs = pmap(_warm_seed, [(str(rs.path), [str(o.path) for o in others], strategy, sd, k, within, max_evals,
                                   source_budget, max(budgets)) for sd in seeds])
-        cold, cold_tr = [r[0][0] for r in runs], [r[0][1] for r in runs]
-        warm, warm_tr = [r[1][0] for r in runs], [r[1][1] for r in runs]
+        cold, cold_tr = [r[0].hit for r in runs], [r[0].traj for r in runs]
+        warm, warm_tr = [r[1].hit for r in runs], [r[1].traj for r in runs]
         ranks = [r[2] for r in runs]
+        times = [r.time_ms for r in rs.records.values()]
+        cold_median = float(np.median(cold))
+        whole = evidence_rank(rs, [e for o in others for e in source_campaign(strategy, o, 0, 0)], within)
         out[rs.name] = {"from": [o.name for o in others], "priors": k, "strategy": strategy,
                         "source_budget": source_budget,
-                        "cold_median_evals": float(np.median(cold)), "warm_median_evals": float(np.median(warm)),
-                        "ratio": float(np.median(warm)) / float(np.median(cold)),
+                        # a flat space (random search at 100 evaluations within 2% of the optimum) says nothing
+                        # about warm versus cold: every start is within 5% at once
+                        "informative": expected_random_ratio(times, rs.optimum_ms(), 100) > HARD,
+                        "cold_median_evals": cold_median, "warm_median_evals": float(np.median(warm)),
+                        "ratio": float(np.median(warm)) / cold_median,
                         # how far the seeds alone can move that ratio (bootstrap over seeds)
                         "ratio_interval_90": median_ratio_interval(warm, cold),
                         "cold": cold, "warm": warm,
                         # where the evidence alone ranks this space's first point within 5% (evidence_rank)
                         "evidence_rank_median": float(np.median(ranks)), "evidence_rank": ranks,
                         # the same with every point the other devices recorded: the most any evidence here says
-                        "evidence_rank_whole": evidence_rank(
-                            rs, [e for o in others for e in source_campaign(strategy, o, 0, 0)], within),
+                        "evidence_rank_whole": whole,
+                        # a third of the cold evaluations is asked only where that evidence ranks a point within
+                        # 5% inside the bar: elsewhere no use of it could reach it
+                        "third_bar": cold_median / 3, "third_applies": whole <= cold_median / 3,
                         # mean best/optimum at each budget, cold and warm
                         "cold_mean_ratio": {str(b): float(np.mean([t[b - 1] for t in cold_tr])) for b in budgets},
-                        "warm_mean_ratio": {str(b): float(np.mean([t[b - 1] for t in warm_tr])) for b in budgets}}
+                        "warm_mean_ratio": {str(b): float(np.mean([t[b - 1] for t in warm_tr])) for b in budgets},
+                        # how far the warm runs trusted each source at the largest budget (median over seeds)
+                        **trust_summary([r[1] for r in runs])}
         print(f"  warm start {rs.name:28s} cold {np.median(cold):6.1f}  warm {np.median(warm):6.1f} evaluations "
               f"to within {within - 1:.0%}", file=sys.stderr, flush=True)
     return out
+
+
+def trust_summary(runs: list[WarmRun]) -> dict:
+    """Median over the warm runs of the evidence's say and of each source device's agreement and weight, where
+    they stood at the horizon, and of how many of the first `horizon` evaluations the evidence led."""
+    judged = [r.trust for r in runs if r.trust is not None]
+    if not judged:
+        return {"evidence_say": None, "source_trust": {}, "evidence_led_evals": float(np.median([r.led for r in runs]))}
+    devices = sorted({d for t in judged for d in t["sources"]})
+
+    def med(values):
+        values = [v for v in values if v is not None]
+        return float(np.median(values)) if values else None
+    return {"evidence_say": med([t["say"] for t in judged]),
+            "source_trust": {d: {k: med([t["sources"][d][k] for t in judged if d in t["sources"]])
+                                 for k in ("agreement", "weight")} for d in devices},
+            "evidence_led_evals": float(np.median([r.led for r in runs]))}
 
 
 def median_ratio_interval(warm: list[float], cold: list[float], level: float = 0.9) -> list[float]:
@@ -264,7 +320,7 @@ def median_ratio_interval(warm: list[float], cold: list[float], level: float = 0
     return [float(ci.confidence_interval.low), float(ci.confidence_interval.high)]
 
 
-def _warm_seed(job: tuple) -> tuple[tuple[int, list[float]], tuple[int, list[float]], int]:
+def _warm_seed(job: tuple) -> tuple[WarmRun, WarmRun, int]:
     """One seed of the cold versus warm comparison: (cold run, warm run, evidence rank); the evidence comes
     from one earlier campaign (seed 1000 + seed) on each other device."""
     path, other_paths, strategy, sd, k, within, max_evals, source_budget, horizon = job
@@ -379,12 +435,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warm-max-evals", type=int, default=600,
                     help="evaluations after which a run that never came within 5%% counts as max + 1")
     ap.add_argument("--no-warm", action="store_true", help="skip the cold vs warm comparison")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="run only the cold vs warm comparison (no race between strategies)")
+    ap.add_argument("--warm-targets", nargs="+", metavar="NAME",
+                    help="spaces (file stems in --data) to compare cold and warm starts on, each warmed from every "
+                         "other device of its kernel in --data; default: every space that has one")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="processes that run seeds side by side (default: one per core); the figures do not "
                          "depend on it, the per-run seconds do where the cores are shared")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
+    if args.warm_only and args.no_warm:
+        ap.error("--warm-only and --no-warm exclude each other")
     return args
 
 
@@ -399,6 +462,11 @@ def race(args: argparse.Namespace) -> int:
     if not files:
         print(f"no recorded spaces found in {args.data} (set --data or KF_TUNING_SPACES)", file=sys.stderr)
         return 2
+    if missing := [t for t in args.warm_targets or [] if t not in {f.name.removesuffix(".json.gz") for f in files}]:
+        print(f"--warm-targets: no recorded space {', '.join(missing)} among {args.data}'s", file=sys.stderr)
+        return 2
+    if args.warm_only:  # no race: only the spaces and the cold versus warm comparison
+        args.strategies, args.kt_strategies = [], []
     budgets = sorted(set(args.budgets))
     seeds = list(range(args.seeds))
 
@@ -407,7 +475,7 @@ def race(args: argparse.Namespace) -> int:
     if missing_kt:
         print(f"!! kernel_tuner is NOT installed ({missing_kt}); Kernel Tuner's strategies are skipped. "
               f"`pip install kernel_tuner` (bench only) to race them.", file=sys.stderr)
-    else:
+    elif kt_strats:
         _memoize_kt_cache_reads()
 
     results: dict = {}
@@ -458,7 +526,7 @@ def race(args: argparse.Namespace) -> int:
 
     warm = None if args.no_warm else warm_start_section(files, args.warm_strategy, seeds, args.warm_priors,
                                                         1.05, max(args.warm_max_evals, max(budgets)),
-                                                        args.warm_source_budget, budgets)
+                                                        args.warm_source_budget, budgets, args.warm_targets)
     strategies = list(args.strategies) + ["kt:" + s for s in kt_strats]
     hard = [n for n in results if meta[n]["hard"]]
     geo: dict = {}
@@ -469,24 +537,10 @@ def race(args: argparse.Namespace) -> int:
             if hard and all(v is not None for v in vals):
                 geo[str(b)][s] = float(math.exp(np.mean(np.log(vals))))
     elapsed = time.time() - t_start
-    print_table(results, geo, meta, strategies, budgets, hard)
+    if strategies:
+        print_table(results, geo, meta, strategies, budgets, hard)
     if warm:
-        src = ("their whole recorded spaces" if args.warm_source_budget <= 0
-               else f"a {args.warm_source_budget}-evaluation campaign on each")
-        print("\ncold vs warm start: median evaluations to within 5% of the optimum, and mean best/optimum at each "
-              f"budget ({args.warm_strategy}; evidence from the other GPUs: {src}; {args.warm_priors} priors first)")
-        for n, w in warm.items():
-            at = "  ".join(f"b={b}: {w['cold_mean_ratio'][str(b)]:.3f}->{w['warm_mean_ratio'][str(b)]:.3f}"
-                           for b in budgets)
-            lo, hi = w["ratio_interval_90"]
-            print(f"  {n:28s} cold {w['cold_median_evals']:6.1f}  warm {w['warm_median_evals']:6.1f}  "
-                  f"warm/cold {w['ratio']:.2f} [{lo:.2f}, {hi:.2f}]  evidence rank {w['evidence_rank_median']:6.1f} "
-                  f"(whole spaces {w['evidence_rank_whole']})  {at}  "
-                  f"(from {', '.join(w['from'])})")
-        print("  [a, b]: 90% bootstrap interval of warm/cold over the seeds")
-        print("  evidence rank: where the sources' own measurements place this device's first point within 5% "
-              "(median over seeds), or their whole recorded spaces; a warm start that only trusts them needs "
-              "about that many evaluations")
+        print_warm(warm, args, budgets)
     print(f"\n{len(seeds)} seeds; {elapsed:.0f} s; evaluations = distinct valid configurations asked "
           f"(failed ones included), as Kernel Tuner's simulation mode counts them"
           + ("" if not missing_kt else "; Kernel Tuner MISSING: its strategies were not run"))
@@ -501,6 +555,49 @@ def race(args: argparse.Namespace) -> int:
                "warm_start": warm}
         args.json.write_text(json.dumps(out, indent=1))
     return 0
+
+
+def print_warm(warm: dict, args: argparse.Namespace, budgets: list[int]) -> None:
+    """The cold versus warm table, each space's trust in its sources, and the checks of issue 27."""
+    src = ("their whole recorded spaces" if args.warm_source_budget <= 0
+           else f"a {args.warm_source_budget}-evaluation campaign on each")
+    print("\ncold vs warm start: median evaluations to within 5% of the optimum, and mean best/optimum at each "
+          f"budget ({args.warm_strategy}; evidence from the other GPUs: {src}; up to {args.warm_priors} priors first)")
+    for n, w in warm.items():
+        at = "  ".join(f"b={b}: {w['cold_mean_ratio'][str(b)]:.3f}->{w['warm_mean_ratio'][str(b)]:.3f}"
+                       for b in budgets)
+        lo, hi = w["ratio_interval_90"]
+        third = ("third held" if w["ratio"] <= 1 / 3 else "third MISSED") if w["third_applies"] else "third n/a"
+        print(f"  {n:28s} {'' if w['informative'] else '(flat) '}cold {w['cold_median_evals']:6.1f}  "
+              f"warm {w['warm_median_evals']:6.1f}  warm/cold {w['ratio']:.2f} [{lo:.2f}, {hi:.2f}]  "
+              f"evidence rank {w['evidence_rank_median']:6.1f} (whole spaces {w['evidence_rank_whole']}; bar "
+              f"{w['third_bar']:.1f}: {third})  {at}  (from {', '.join(w['from'])})")
+        if w["evidence_say"] is not None:
+            trusted = ", ".join(f"{d} agreement {_signed(t['agreement'])} weight {t['weight']:.2f}"
+                                for d, t in w["source_trust"].items())
+            print(f"  {'':28s} at {max(budgets)} evaluations: the evidence's say {w['evidence_say']:.2f} ({trusted}); "
+                  f"evidence-led evaluations in the first {max(budgets)}: {w['evidence_led_evals']:.0f}")
+    print("  [a, b]: 90% bootstrap interval of warm/cold over the seeds")
+    print("  evidence rank: where the sources' own measurements place this device's first point within 5% "
+          "(median over seeds), or their whole recorded spaces; a warm start that only trusts them needs "
+          "about that many evaluations")
+    print("  third held/MISSED: warm within a third of the cold evaluations, asked where the whole-space evidence "
+          "rank is inside that bar (n/a elsewhere); say, agreement, weight: medians over the seeds "
+          "(strategies/agreement.py)")
+    informative = [n for n, w in warm.items() if w["informative"]]
+    b = str(100 if 100 in budgets else max(budgets))
+    not_slower = [n for n in informative if warm[n]["ratio"] <= 1.0]
+    not_worse = [n for n in informative if warm[n]["warm_mean_ratio"][b] <= warm[n]["cold_mean_ratio"][b]]
+    print(f"  informative spaces (not flat): {len(informative)}; warm/cold <= 1.0 on {len(not_slower)}"
+          + (f" (not: {', '.join(sorted(set(informative) - set(not_slower)))})" if len(not_slower) < len(informative)
+             else "")
+          + f"; mean best/optimum at {b} warm <= cold on {len(not_worse)}"
+          + (f" (not: {', '.join(sorted(set(informative) - set(not_worse)))})" if len(not_worse) < len(informative)
+             else ""))
+
+
+def _signed(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.2f}"
 
 
 def print_table(results, geo, meta, strategies, budgets, hard) -> None:

@@ -1,5 +1,5 @@
-"""bench/search_quality.py on two small hand-made recorded spaces: seeds run on worker processes give exactly the
-figures one process gives."""
+"""bench/search_quality.py on small hand-made recorded spaces: seeds run on worker processes give exactly the
+figures one process gives, and --warm-only compares cold and warm starts alone, on the named targets."""
 from __future__ import annotations
 
 import gzip
@@ -7,8 +7,6 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-
-import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "search_quality.py"
 PARAMS = {"block_size_x": [16, 32, 64, 128], "tile": [1, 2, 3, 4], "flag": [0, 1]}
@@ -59,10 +57,8 @@ def _run(mod, data: Path, out: Path, jobs: int) -> dict:
 
 
 def test_seeds_on_two_worker_processes_give_the_figures_of_one(tmp_path):
-    # the bench imports kernel_tuner (to memoise its cache reads) even when no Kernel Tuner strategy is raced, and
-    # kernel_tuner is a bench-only tool (it pulls pandas, scikit-learn and pymoo), not in the dev extras
-    pytest.importorskip("kernel_tuner", reason="bench/search_quality.py imports kernel_tuner even with "
-                        "--kt-strategies empty; `pip install kernel_tuner` to run this test")
+    # without Kernel Tuner strategies to race (--kt-strategies with none) the bench never imports kernel_tuner,
+    # a bench-only tool (it pulls pandas, scikit-learn and pymoo) that is not in the dev extras
     _write(tmp_path / "k-A.json.gz", time_a)
     _write(tmp_path / "k-B.json.gz", time_b)
     mod = _bench()
@@ -81,6 +77,36 @@ def test_seeds_on_two_worker_processes_give_the_figures_of_one(tmp_path):
     # the other device's whole space, best first, reaches A's one point within 5% of its optimum (64, 3, 0) at:
     b_order = sorted(POINTS, key=lambda k: (time_b(*k), k))
     assert one["warm_start"]["k-A"]["evidence_rank_whole"] == b_order.index((64, 3, 0)) + 1
+
+
+def time_c(b, t, f):  # a third device, upside down against A
+    return 12.0 - time_a(b, t, f)
+
+
+def test_warm_only_compares_the_named_targets_warmed_from_every_other_device(tmp_path, capsys):
+    for name, time_of in (("A", time_a), ("B", time_b), ("C", time_c)):
+        _write(tmp_path / f"k-{name}.json.gz", time_of)
+    mod = _bench()
+    out = tmp_path / "warm.json"
+    assert mod.main(["--data", str(tmp_path), "--warm-only", "--warm-targets", "k-A", "--seeds", "3", "--budgets",
+                     "5", "10", "--warm-max-evals", "20", "--warm-source-budget", "8", "--jobs", "1",
+                     "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert all(not row for per in doc["spaces"].values() for row in per.values())  # no strategy was raced
+    [(name, w)] = doc["warm_start"].items()
+    assert name == "k-A" and w["from"] == ["k-B", "k-C"]
+    assert w["informative"] == doc["meta"]["k-A"]["hard"]
+    assert w["third_bar"] == w["cold_median_evals"] / 3
+    assert w["third_applies"] == (w["evidence_rank_whole"] <= w["third_bar"])
+    # how far the warm runs trusted each source device, and how much of the search the evidence led
+    assert set(w["source_trust"]) == {"k-B", "k-C"} and 0.0 <= w["evidence_say"] <= 1.0
+    assert all(0.0 <= t["weight"] <= 1.0 and -1.0 <= t["agreement"] <= 1.0 for t in w["source_trust"].values())
+    assert 1 <= w["evidence_led_evals"] <= 10
+    printed = capsys.readouterr().out
+    assert "k-A" in printed and "warm/cold" in printed and "informative spaces (not flat): " in printed
+    assert "b=5 " not in printed  # the race's tables are not printed
+    # a target that is not among the recordings is refused
+    assert mod.main(["--data", str(tmp_path), "--warm-only", "--warm-targets", "k-Z", "--jobs", "1"]) == 2
 
 
 def test_the_warm_over_cold_interval_is_as_wide_as_the_seeds_make_it():
