@@ -105,9 +105,12 @@ class CampaignState:
                 self.strategy_failed("construction", e)
 
     def strategy_failed(self, during: str, e: Exception) -> None:
-        """Stop using the strategy and keep why (construction, ask or tell raised)."""
+        """Stop using the strategy and keep why (construction, ask or tell raised); the first failure is the
+        reason, not what a later call on the stopped strategy ran into."""
         self.strategy = None
-        self.strategy_error = f"strategy {self.spec.strategy or 'default'!r} failed in {during}: {type(e).__name__}: {e}"
+        if not self.strategy_error:
+            name = self.spec.strategy or "default"
+            self.strategy_error = f"strategy {name!r} failed in {during}: {type(e).__name__}: {e}"
         self.changed.set()
 
     # -- folding events -----------------------------------------------------------------------
@@ -344,6 +347,8 @@ class CampaignState:
     def next_prior(self) -> Point | None:
         """The next warm-start point not proposed yet, while the strategy trusts the sources enough
         (transfer.WarmPriors; the strategy is told its result like any other)."""
+        if self.priors.left <= 0:  # no warm start (or it is over): the strategy is not asked about its sources
+            return None
         return self.priors.next(self.source_trust(), lambda p: self.strategy is not None and p in self.strategy.seen)
 
     def source_trust(self):

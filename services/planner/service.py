@@ -355,6 +355,8 @@ class PlannerService(Service):
             try:
                 with stagetime.span("planning"):  # the strategy's model runs on the event loop: bookkeeping
                     prior = st.next_prior()
+                    if prior is None and st.strategy is None:  # it failed while judging its warm start
+                        break
                     point = prior or st.strategy.ask()
             except Exception as e:  # noqa: BLE001 (a strategy's failure fails its campaign, with the reason)
                 st.strategy_failed("ask", e)
