@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import sys
 from pathlib import Path
 
@@ -247,6 +248,10 @@ def log_options(cmd: str, flag: str | None, settings: Settings) -> tuple[str, bo
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a native crash (a fatal signal in a C extension: grpc, sqlite, a ctypes helper) prints every thread's Python
+    # stack on stderr instead of a bare "Segmentation fault": what a bug report needs
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
     args = build_parser().parse_args(argv)
     try:
         level, json_lines = log_options(args.cmd, args.log_level, Settings())
