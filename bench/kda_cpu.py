@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """KDA on the cpu: the best kfactory kernel against the torch CPU recurrence and the numpy (float32) recurrence,
 and as a fraction of this machine's peak fp32 rate measured just before and just after each shape's timing
-(kfactory/targets/cpu_fma.c through kfactory.targets.ceiling, the best of 1 and all threads, as the cpu target
+(kfactory/targets/cpu/cpu_fma.c through kfactory.targets.cpu.ceiling, the best of 1 and all threads, as the cpu target
 measures it): on a shared host the load moves, so a peak measured at another time says little.
 
     python bench/kda_cpu.py --from out.json --json kda.json   # the best point of a `kfactory run kda` campaign
@@ -29,11 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-from kfactory.config import Settings
-from kfactory.judge import InputPool, available_baselines, measure, verify
+from kfactory.platform.config import Settings
+from kfactory.judge.verify import InputPool, available_baselines, measure, verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
-from kfactory.targets.ceiling import measure_peak_gflops
+from kfactory.targets.cpu.ceiling import measure_peak_gflops
 
 SHAPES = [dict(B=1, T=1024, H=4, HV=4, K=128, V=128), dict(B=8, T=1, H=32, HV=32, K=128, V=128)]
 FAMILY = "cpu_recurrent"

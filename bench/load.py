@@ -37,7 +37,7 @@ from pathlib import Path
 
 import grpc
 
-from kfactory.natsd import EmbeddedNats
+from kfactory.bus.natsd import EmbeddedNats
 from kfactory.services.memory.archive import Archive
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -132,7 +132,7 @@ def main() -> int:
            "KFACTORY_PLANNER_ADDR": planner_addr, "KFACTORY_MEMORY_ADDR": f"127.0.0.1:{free_port()}",
            "KFACTORY_DATA_DIR": str(tmp / "data"), "KFACTORY_WORKERS": str(args.workers), "KFACTORY_THREADS": "1",
            "KFACTORY_LOG_LEVEL": "warning", "KFACTORY_ACK_WAIT_S": "60"}
-    procs = {s: subprocess.Popen([sys.executable, "-m", "kfactory.cli", "serve", s], env=env,
+    procs = {s: subprocess.Popen([sys.executable, "-m", "kfactory.cli.main", "serve", s], env=env,
                                  stdout=open(tmp / f"{s}.log", "wb"), stderr=subprocess.STDOUT) for s in SERVICES}
     try:
         return drive(args, space, planner_addr, procs, tmp)

@@ -16,9 +16,9 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from kfactory.app import start_services
-from kfactory.config import Settings
-from kfactory.natsd import EmbeddedNats
+from kfactory.platform.app import start_services
+from kfactory.platform.config import Settings
+from kfactory.bus.natsd import EmbeddedNats
 from kfactory.v1 import events_pb2 as pb
 
 GOAL = 0.05

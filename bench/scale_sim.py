@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kfactory.replay.cache import load_space
+from kfactory.targets.replay.cache import load_space
 from kfactory.strategies import Space, make_strategy
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tuning-spaces"

@@ -67,7 +67,7 @@ from scipy.stats import bootstrap  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kfactory.replay import load_space  # noqa: E402
+from kfactory.targets.replay import load_space  # noqa: E402
 from kfactory.strategies import Point, Space, make_strategy  # noqa: E402
 from kfactory.strategies.base import Evidence  # noqa: E402
 from kfactory.strategies.transfer import WarmPriors, rank_points  # noqa: E402

@@ -9,7 +9,7 @@ asks). The device's busy fraction is the time kernels ran in the runners (candid
 as the runner children account it) over the campaign's wall time.
 
 `--baseline-order` also runs the same campaign (same problem, budget, strategy and seed) with the judge's order and
-settings as they were before issue 23 (kfactory/pipeline.py BASELINE), first, in the same run, then times the two
+settings as they were before issue 23 (kfactory/judge/order.py BASELINE), first, in the same run, then times the two
 campaigns' best kernels interleaved (A B A B ...) at every optimisation shape, so the figures are side by side.
 
     python bench/throughput.py [--problem softmax] [--target cpu|cuda] [--budget N] [--seed S] [--json OUT]
@@ -26,14 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from kfactory.app import start_services
-from kfactory.config import Settings
-from kfactory.judge import InputPool, measure
-from kfactory.natsd import EmbeddedNats
+from kfactory.platform.app import start_services
+from kfactory.platform.config import Settings
+from kfactory.judge.verify import InputPool, measure
+from kfactory.bus.natsd import EmbeddedNats
 from kfactory.observability import stagetime
 from kfactory.problems import load_problem
-from kfactory.runcmd import _memory_ready
-from kfactory.stats import significant
+from kfactory.cli.run import _memory_ready
+from kfactory.judge.stats import significant
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
 
@@ -44,7 +44,7 @@ JUDGE_STAGES = ("screen", "verify", "measure")
 
 def _baseline_settings() -> dict:
     try:
-        from kfactory.pipeline import BASELINE
+        from kfactory.judge.order import BASELINE
     except ImportError:  # before issue 23's order existed, today's settings are the baseline's
         return {}
     return dict(BASELINE)

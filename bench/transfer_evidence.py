@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kfactory.replay import load_space  # noqa: E402
+from kfactory.targets.replay import load_space  # noqa: E402
 
 GEOMETRY_PREFIX = "block_size_"
 

@@ -14,8 +14,8 @@ import cProfile
 import pstats
 import time
 
-from kfactory.config import Settings
-from kfactory.judge import InputPool, measure, verify
+from kfactory.platform.config import Settings
+from kfactory.judge.verify import InputPool, measure, verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
 

@@ -48,7 +48,7 @@ def campaign(name: str, pkg: Path, budget: int, env: dict, timeout_s: float,
              families: tuple[str, ...] = ()) -> dict | None:
     """The campaign's JSON summary (None when it failed or ran past timeout_s); `families` restricts it."""
     out = (OUT or pkg.parent) / f"{name}.json"
-    cmd = [sys.executable, "-m", "kfactory.cli", "run", str(pkg), "--target", "cuda", "--budget", str(budget),
+    cmd = [sys.executable, "-m", "kfactory.cli.main", "run", str(pkg), "--target", "cuda", "--budget", str(budget),
            "--strategy", os.environ.get("KF_GPU_STRATEGY", "evolutionary"), "--seed", "11", "--json", str(out)]
     for family in families:
         cmd += ["--family", family]
@@ -83,7 +83,7 @@ def save_evidence(env: dict) -> None:
     if not path:
         return
     try:
-        done = subprocess.run([sys.executable, "-m", "kfactory.cli", "evidence", "export", "--out", path], env=env,
+        done = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "evidence", "export", "--out", path], env=env,
                               capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:  # the check goes on; gpu_check.sh exports again after the stage
         print("evidence export ran past 120 s", flush=True)

@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem,temperature
 OUTDIR=${OUT:-/tmp/kf-out}; mkdir -p "$OUTDIR"
 SCRATCH=$(mktemp -d /tmp/kf-scratch.XXXXXX)  # where the stages write; published to $OUT after each
 export KF_DATA=${KF_DATA:-/tmp/kf-data} KF_EVIDENCE_OUT="$OUTDIR/evidence.json.gz"
-kf() { KFACTORY_DATA_DIR="$KF_DATA" $PY -m kfactory.cli "$@"; }
+kf() { KFACTORY_DATA_DIR="$KF_DATA" $PY -m kfactory.cli.main "$@"; }
 publish() {
   kf evidence export --out "$KF_EVIDENCE_OUT" >>"$SCRATCH/evidence.log" 2>&1
   for f in table.txt gpu_check.json kda_check.json gpu_tests.log; do
@@ -48,8 +48,8 @@ if [ -d "$REPO/.precompiled" ]; then
   # a driver older than the toolchain that built the cubins refuses them: then they are compiled here as usual
   why=$($PY -c '
 import os
-from kfactory.precompile import load_check
-from kfactory.targets.cuda_compile import resolve_arch
+from kfactory.targets.cuda.precompile import load_check
+from kfactory.targets.cuda.compile import resolve_arch
 print(load_check(os.environ["KFACTORY_PRECOMPILED"], resolve_arch("")))' 2>&1 | tail -1)
   if [ -n "$why" ]; then echo "precompiled cubins not used: $why"; unset KFACTORY_PRECOMPILED;
   else echo "precompiled cubins: $(ls -d "$REPO"/.precompiled/*/ | xargs -n1 basename | tr '\n' ' ')"; fi

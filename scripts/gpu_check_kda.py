@@ -99,7 +99,7 @@ def _shm_free() -> int:
 def verify_chunked(work: Path, point: dict, settings) -> dict:
     """The chunked point verified by the judge against the float64 reference (every verify shape plus
     VERIFY_CHUNKED, every distribution of the package): passed, the reason, the worst check per output."""
-    from kfactory.judge import InputPool, verify
+    from kfactory.judge.verify import InputPool, verify
     from kfactory.problems import load_problem
     from kfactory.targets import get_target
     from kfactory.v1 import events_pb2 as pb
@@ -131,11 +131,11 @@ def public_shapes(pkg: Path, best: dict | None, settings, chunked: dict | None =
     """Kernel(s) vs baselines at the public shapes; {} entries say why a shape was skipped. `chunked` is a
     cuda_chunked point timed beside the recurrent best; no shape starts after `deadline` (time.time());
     `save(results)` after each shape."""
-    from kfactory.inputs import draw
+    from kfactory.judge.inputs import draw
     from kfactory.problems import load_problem
-    from kfactory.runner import RunnerFault
+    from kfactory.sandbox.parent import RunnerFault
     from kfactory.targets import get_target
-    from kfactory.targets.shm_args import set_bytes
+    from kfactory.sandbox.shm_args import set_bytes
 
     problem = load_problem(pkg)
     target = get_target("cuda", settings)
@@ -175,7 +175,7 @@ def public_shapes(pkg: Path, best: dict | None, settings, chunked: dict | None =
 
 def _open(problem, target, best: dict | None, chunked: dict | None):
     """A runner session with the kernels under test and the baselines loaded, and their keys by name."""
-    from kfactory.judge import available_baselines
+    from kfactory.judge.verify import available_baselines
 
     session = target.session(problem, 1)
     keys = _load_kernels(problem, target, session, best, chunked)
@@ -234,7 +234,7 @@ def _row(keys: dict[str, str], res, shape: dict) -> dict:
 
 
 def main() -> int:
-    from kfactory.config import Settings
+    from kfactory.platform.config import Settings
 
     t0 = time.time()
     deadline = t0 + float(os.environ.get("KF_GPU_KDA_S", "220")) - PUBLIC_MARGIN_S

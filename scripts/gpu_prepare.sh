@@ -16,11 +16,11 @@ LIMIT=${KF_PRECOMPILE_LIMIT:-150}
 WS=$(mktemp -d /tmp/kf-prepare.XXXXXX)
 trap 'rm -rf "$WS"' EXIT
 for f in evidence/*.json.gz; do
-  [ -f "$f" ] && KFACTORY_DATA_DIR=$WS python3 -m kfactory.cli evidence import "$f"
+  [ -f "$f" ] && KFACTORY_DATA_DIR=$WS python3 -m kfactory.cli.main evidence import "$f"
 done
 rm -rf .precompiled
 for p in ${KF_PRECOMPILE_PROBLEMS:-softmax rmsnorm kda_bf16}; do
-  KFACTORY_DATA_DIR=$WS python3 -m kfactory.cli precompile "$p" --target "cuda:$ARCH" --limit "$LIMIT" \
+  KFACTORY_DATA_DIR=$WS python3 -m kfactory.cli.main precompile "$p" --target "cuda:$ARCH" --limit "$LIMIT" \
     --out ".precompiled/$p-$ARCH"
 done
 du -sh .whl .precompiled

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import asyncio
 
-from kfactory import events as ev
-from kfactory.bus import Bus
+from kfactory.bus import events as ev
+from kfactory.bus.core import Bus
 from kfactory.v1 import events_pb2 as pb
 
 

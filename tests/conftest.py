@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kfactory.config import Settings
-from kfactory.natsd import EmbeddedNats
+from kfactory.platform.config import Settings
+from kfactory.bus.natsd import EmbeddedNats
 from kfactory.problems import BUILTIN_DIR
 
 sys.path.insert(0, str(Path(__file__).parent))

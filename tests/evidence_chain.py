@@ -1,8 +1,8 @@
 """A candidate's whole evidence chain as the services publish it (created, compiled, verified, measured): the
-planner and memory believe a measurement only at the end of one (kfactory/trust.py)."""
+planner and memory believe a measurement only at the end of one (kfactory/evidence/trust.py)."""
 from __future__ import annotations
 
-from kfactory import events as ev
+from kfactory.bus import events as ev
 from kfactory.v1 import events_pb2 as pb
 
 

@@ -19,7 +19,7 @@ import redis
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kfactory.natsd import EmbeddedNats
+from kfactory.bus.natsd import EmbeddedNats
 from kfactory.services.memory.archive import Archive
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -144,7 +144,7 @@ class Plant:
         key = key or name
         log = open(self.tmp / f"{key}.log", "ab")
         env = {**self.env, **self.extra.get(name, {})}
-        p = subprocess.Popen([sys.executable, "-m", "kfactory.cli", "serve", name], env=env, stdout=log,
+        p = subprocess.Popen([sys.executable, "-m", "kfactory.cli.main", "serve", name], env=env, stdout=log,
                              stderr=subprocess.STDOUT)
         self.procs[key] = p
         return p

@@ -12,8 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kfactory.app import SERVICE_NAMES
-from kfactory.natsd import nats_server_binary
+from kfactory.platform.app import SERVICE_NAMES
+from kfactory.bus.natsd import nats_server_binary
 
 NATS_DIR = Path(__file__).resolve().parent.parent / "deploy" / "k8s" / "base" / "nats"
 

@@ -1,6 +1,6 @@
 """Adversarial kernels: every cheat in tests/adversarial/ is rejected with its reason, every honest kernel passes.
 
-Each kernel goes through kfactory.checkcmd.check, the machinery of `kfactory check softmax --target cpu`
+Each kernel goes through kfactory.cli.check.check, the machinery of `kfactory check softmax --target cpu`
 (compile with the static checks, verify on every shape and distribution of the built-in softmax problem,
 measure interleaved with the reference), in this process and one after another: the timing-based checks
 (speed-of-light floor) must not share the two cores with another kernel's run.
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kfactory.checkcmd import check
-from kfactory.config import Settings
+from kfactory.cli.check import check
+from kfactory.platform.config import Settings
 from kfactory.v1 import events_pb2 as pb
 
 # the speed-of-light floor and the runner's timeouts judge these kernels: `make test` runs them alone

@@ -2,11 +2,11 @@
 module, so the judge runs as on a loaded CI machine. Every cheat must still get its expected reason and every
 honest kernel must still pass: no guarantee of the judge may depend on the host's load.
 
-Each kernel goes through kfactory.checkcmd.check as in tests/test_adversarial.py, on a copy of the softmax
+Each kernel goes through kfactory.cli.check.check as in tests/test_adversarial.py, on a copy of the softmax
 problem with one optimize shape, 256x4096 (4096x4096 and 1x50257 cost too much here: the module stays near a
 minute on two cores), and a short timing, as a loaded host gives. That shape's speed-of-light floor (about
 0.3 ms) stands far above what the load adds to an empty call (tens of microseconds beside an OpenMP kernel);
-at 1x50257 it does not (see the floor's note in kfactory/judge.py).
+at 1x50257 it does not (see the floor's note in kfactory/judge/verify.py).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def loaded(tmp_path_factory, host_ceilings, cpu_hog):
     data = tmp_path_factory.mktemp("adversarial_loaded") / "data"
     data.mkdir()
     shutil.copy(host_ceilings, data / "ceilings.json")
-    from kfactory.config import Settings
+    from kfactory.platform.config import Settings
     settings = Settings(data_dir=data, threads=2, runner_timeout_s=4.0, measure_min_samples=10,
                         measure_min_s=0.05, measure_max_s=0.2, compare_max_s=0.3)
     return str(problem), settings

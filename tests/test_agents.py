@@ -16,7 +16,7 @@ from kfactory.agents import Agent, PERSONAS
 from kfactory.agents import errors, extract, prompt
 from kfactory.agents.backends import get_backend
 from kfactory.agents.backends.base import parse_retry_after
-from kfactory.config import Settings
+from kfactory.platform.config import Settings
 from kfactory.problems import load_problem
 from kfactory.services.planner.coders import CoderLedger
 from kfactory.v1 import events_pb2 as pb
@@ -228,7 +228,7 @@ def test_tokens_and_endpoint_failures_are_accounted_from_events():
 
 
 def test_agents_wait_for_parents_and_do_not_repeat_the_same_task_forever():
-    from kfactory import events as ev
+    from kfactory.bus import events as ev
     from kfactory.services.planner import coders
     from kfactory.services.planner.campaign import CampaignState
 
@@ -270,7 +270,7 @@ def test_without_a_model_agents_are_off_and_the_summary_says_so():
 def test_lessons_name_the_campaign_best_furthest_ahead_of_its_reference(tmp_path):
     """Every campaign's best is 1.0x its campaign's best; the lesson names the one with the largest speedup over
     its campaign's reference kernel, whichever campaign the archive lists first."""
-    from kfactory import events as ev
+    from kfactory.bus import events as ev
     from kfactory.services.memory.archive import Archive
     from kfactory.services.memory.lessons import lessons
 
@@ -298,10 +298,10 @@ async def _agent_task(bus_settings, take_over: bool):
 
     import nats.js.errors
 
-    from kfactory import events as ev
-    from kfactory.bus import EVENTS_STREAM, Bus, Delivery
+    from kfactory.bus import events as ev
+    from kfactory.bus.core import EVENTS_STREAM, Bus, Delivery
     from kfactory.claims.memory import MemoryClaims
-    from kfactory.service import Context
+    from kfactory.platform.service import Context
     from kfactory.services.coder.service import CoderService
 
     now = [0.0]
@@ -341,7 +341,7 @@ def _closed_port() -> int:
 
 
 async def test_an_agent_task_taken_over_while_the_model_answers_is_left_not_published(bus_settings):
-    from kfactory.bus import Ack, Leave
+    from kfactory.bus.core import Ack, Leave
 
     outcome, published, done = await _agent_task(bus_settings, take_over=True)
     assert outcome == Leave() and published == [] and done is None

@@ -1,5 +1,5 @@
 """The secure profile against real servers: NATS users per service with subject permissions generated from
-kfactory.security.PERMISSIONS, Redis AUTH, gRPC with TLS (a self-signed certificate made here) and a bearer token.
+kfactory.platform.security.PERMISSIONS, Redis AUTH, gRPC with TLS (a self-signed certificate made here) and a bearer token.
 A whole campaign runs with it; strangers and wrongly-permissioned clients are refused; no secret is logged."""
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from kfactory import events as ev
-from kfactory.bus import EVENTS_STREAM, Bus, BusUnavailable
+from kfactory.bus import events as ev
+from kfactory.bus.core import EVENTS_STREAM, Bus, BusUnavailable
 from kfactory.claims import ClaimsError, open_claims
-from kfactory.config import Settings
-from kfactory.security import PERMISSIONS, channel, nats_authorization, publish_subjects, redis_url
+from kfactory.platform.config import Settings
+from kfactory.platform.security import PERMISSIONS, channel, nats_authorization, publish_subjects, redis_url
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
@@ -100,7 +100,7 @@ def test_a_compilers_credentials_cannot_publish_a_verdict(secure):
 
 
 def test_subjects_match_as_the_server_matches_them():
-    from kfactory.bus import subject_matches
+    from kfactory.bus.core import subject_matches
     cases = [("kf.v1.evt.measured.*", "kf.v1.evt.measured.c1", True),
              ("kf.v1.evt.measured.*", "kf.v1.evt.measured.c1.x", False),
              ("kf.v1.evt.measured.*", "kf.v1.evt.verified.c1", False),
@@ -114,7 +114,7 @@ def test_subjects_match_as_the_server_matches_them():
 def test_a_service_is_refused_before_the_server_what_its_role_may_not_publish(secure):
     """The bus's own check agrees with the server: what the compiler's user may publish goes through, a
     verdict is refused at once with a typed error (the server alone would give a publish timeout)."""
-    from kfactory.bus import PublishNotPermitted
+    from kfactory.bus.core import PublishNotPermitted
 
     async def go():
         bus = await Bus.connect(secure["nats"].url, "compiler", user="compiler",
@@ -141,12 +141,12 @@ def test_redis_refuses_a_client_without_the_password(secure):
 
 def test_serve_without_credentials_exits_with_what_to_set(secure):
     env = {**os.environ, "KFACTORY_NATS_URL": secure["nats"].url, "KFACTORY_LOG_LEVEL": "warning"}
-    res = subprocess.run([sys.executable, "-m", "kfactory.cli", "serve", "compiler"], env=env, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "serve", "compiler"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 1 and "KFACTORY_NATS_USER" in res.stderr, res.stderr
     env.update(KFACTORY_NATS_USER="compiler", KFACTORY_NATS_PASSWORD=secure["passwords"]["compiler"],
                KFACTORY_REDIS_URL=secure["redis"].url)
-    res = subprocess.run([sys.executable, "-m", "kfactory.cli", "serve", "compiler"], env=env, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "serve", "compiler"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 1 and "claims store" in res.stderr and "KFACTORY_REDIS" in res.stderr, res.stderr
 
@@ -202,7 +202,7 @@ def _evidence_over_tls(plant: Plant, cid: str, secure: dict) -> None:
 
     assert len(asyncio.run(board()).entries) >= 5
     env = {**plant.env, "KFACTORY_GRPC_TLS_CERT": str(secure["cert"]), "KFACTORY_GRPC_TOKEN": secure["token"]}
-    res = subprocess.run([sys.executable, "-m", "kfactory.cli", "status", cid, "--json"], env=env,
+    res = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "status", cid, "--json"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and json.loads(res.stdout)["state"] == "completed", res.stderr
 
@@ -263,7 +263,7 @@ def test_secrets_come_from_files_and_never_print(tmp_path):
     secrets_dir.mkdir()
     (secrets_dir / "KFACTORY_GRPC_TOKEN").write_text("tok-from-a-file")
     (secrets_dir / "KFACTORY_NATS_PASSWORD").write_text("nats-from-a-file")
-    probe = ("from kfactory.config import Settings; s = Settings(); "
+    probe = ("from kfactory.platform.config import Settings; s = Settings(); "
              "print(s.grpc_token.get_secret_value(), s.nats_password.get_secret_value()); "
              "print(repr(s)); print(s.model_dump())")
     env = {**os.environ, "KFACTORY_SECRETS_DIR": str(secrets_dir)}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kfactory import events as ev
-from kfactory.app import start_services
-from kfactory.deadletters import list_dead_letters
+from kfactory.bus import events as ev
+from kfactory.platform.app import start_services
+from kfactory.bus.deadletters import list_dead_letters
 from kfactory.services.planner import campaign as campaign_mod
 from kfactory.services.planner.service import SpecError
 from kfactory.v1 import events_pb2 as pb
@@ -211,7 +211,7 @@ async def test_a_strategy_that_raises_fails_its_campaign_not_the_planner(bus_set
      "handler_timeout_s (60 s) must exceed an agent's worst case with these llm_* settings (1320 s"),
 ])
 def test_a_bad_setting_is_named_with_what_it_needs_not_a_traceback(monkeypatch, capsys, env, says):
-    from kfactory.cli import EXIT_USAGE, main
+    from kfactory.cli.main import EXIT_USAGE, main
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert main(["status"]) == EXIT_USAGE

@@ -13,11 +13,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kfactory import events as ev
-from kfactory.app import start_services
-from kfactory.bus import Bus, PayloadTooLarge
-from kfactory.deadletters import NotReplayable, list_dead_letters, replay
-from kfactory.grpcutil import MAX_DETAILS_BYTES
+from kfactory.bus import events as ev
+from kfactory.platform.app import start_services
+from kfactory.bus.core import Bus, PayloadTooLarge
+from kfactory.bus.deadletters import NotReplayable, list_dead_letters, replay
+from kfactory.platform.grpcserver import MAX_DETAILS_BYTES
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
@@ -42,12 +42,12 @@ def _spec(space: Path, **kw) -> pb.CampaignSpec:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kfactory.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "kfactory.cli.main", *args], capture_output=True, text=True, timeout=60)
 
 
 async def _acli(*args: str) -> tuple[int, str, str]:
     """The CLI run beside services of this event loop (a blocking run would stop them answering)."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kfactory.cli", *args,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kfactory.cli.main", *args,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode, out.decode(), err.decode()

@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from kfactory import events as ev
-from kfactory.bus import Ack, ArtifactMissing, Bus, BusUnavailable, Nak, PublishNotPermitted, Term
+from kfactory.bus import events as ev
+from kfactory.bus.core import Ack, ArtifactMissing, Bus, BusUnavailable, Nak, PublishNotPermitted, Term
 from kfactory.v1 import events_pb2 as pb
 
 from bus_helpers import consume_until as _run, work as _work
@@ -114,7 +114,7 @@ async def test_term_dead_letters_with_the_reason(nats_url):
 async def test_a_result_the_role_may_not_publish_is_refused_at_once_and_dead_lettered(nats_url):
     """A verifier (by its permissions) whose handler publishes a measurement: refused before it reaches the
     server, and the work message is dead-lettered on its first delivery with the subject named."""
-    from kfactory.security import publish_subjects
+    from kfactory.platform.security import publish_subjects
     bus = await _connect(nats_url)
     await bus.send_work("verifier", _work("c6", "overreach"))
     bus.may_publish = publish_subjects("verifier")
@@ -241,7 +241,7 @@ async def test_artifacts_by_digest(nats_url):
 
 
 async def test_trace_context_travels_in_headers(nats_url):
-    from kfactory.bus import traceparent
+    from kfactory.bus.core import traceparent
 
     bus = await _connect(nats_url)
     token = traceparent.set("00-" + "ab" * 16 + "-" + "cd" * 8 + "-01")

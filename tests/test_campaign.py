@@ -7,8 +7,8 @@ import json
 import pytest
 
 from conftest import kernel_source
-from kfactory.app import start_services
-from kfactory.runcmd import _memory_ready
+from kfactory.platform.app import start_services
+from kfactory.cli.run import _memory_ready
 from kfactory.v1 import events_pb2 as pb
 
 

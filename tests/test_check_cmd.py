@@ -6,7 +6,7 @@ import json
 import pytest
 
 from conftest import KERNELS
-from kfactory.cli import main
+from kfactory.cli.main import main
 from kfactory.problems import load_problem
 
 # the speed-of-light floor and the runner's timeouts judge these kernels: `make test` runs them alone

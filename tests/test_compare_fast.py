@@ -1,4 +1,4 @@
-"""The one-pass comparison (kfactory/compare_fast.c) gives the numpy path's verdict and figures on every kind of
+"""The one-pass comparison (kfactory/judge/numerics_fast.c) gives the numpy path's verdict and figures on every kind of
 output the judge meets: right, off by a little, off in one element, a norm over its bound, NaN used as a
 wildcard, a poison left, Inf patterns that match and that do not."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kfactory import compare as cmp
+from kfactory.judge import numerics as cmp
 
 ATOL, RTOL, NORM = 1e-7, 1e-4, 1e-5
 

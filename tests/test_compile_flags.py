@@ -9,10 +9,10 @@ import types
 
 import pytest
 
-from kfactory.config import Settings
+from kfactory.platform.config import Settings
 from kfactory.problems import list_problems, load_problem
-from kfactory.targets import cpu as cpu_mod
-from kfactory.targets import cuda_compile as cc
+from kfactory.targets.cpu import target as cpu_mod
+from kfactory.targets.cuda import compile as cc
 from kfactory.targets.flags import FLAG_TARGETS, FlagRefused, check_flags
 from kfactory.v1 import events_pb2 as pb
 
@@ -200,7 +200,7 @@ def test_the_wrapper_exploit_creates_no_file(target, tmp_path, monkeypatch):
 
 def test_the_check_command_runs_no_program(tmp_path, monkeypatch):
     """`kfactory check ... --flags EXPLOIT`, the reported reproduction: it fails and creates nothing."""
-    from kfactory.cli import main
+    from kfactory.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path / "data"))

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from conftest import kernel_source
-from kfactory.judge import InputPool, measure, verify
+from kfactory.judge.verify import InputPool, measure, verify
 from kfactory.problems import load_problem
-from kfactory.runner import RunnerCrashed, RunnerTimeout
+from kfactory.sandbox.parent import RunnerCrashed, RunnerTimeout
 from kfactory.targets import UnknownTarget, get_target
 from kfactory.v1 import events_pb2 as pb
 

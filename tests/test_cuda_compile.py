@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("cuda.bindings")
 
-from kfactory.targets import cuda_compile as cc  # noqa: E402
-from kfactory.targets.cuda_compile import (  # noqa: E402
+from kfactory.targets.cuda import compile as cc
+from kfactory.targets.cuda.compile import (  # noqa: E402
     ARCHES, CudaToolchainMissing, compile_cuda, compile_count, cubin_functions, parse_resource_report,
     resolve_arch)
 from kfactory.v1 import events_pb2 as pb  # noqa: E402

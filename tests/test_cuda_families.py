@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from simpleeval import EvalWithCompoundTypes
 
-from kfactory.compare import compare
-from kfactory.fidelity import prune
-from kfactory.inputs import draw, empty_outputs
+from kfactory.judge.numerics import compare
+from kfactory.judge.screening import prune
+from kfactory.judge.inputs import draw, empty_outputs
 from kfactory.problems import load_problem
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -68,7 +68,7 @@ def test_launch_rules_cover_every_row(problem, family):
 def _compile_points(problem: str, family: str, points: list[dict], arch: str = "sm_90a") -> list[tuple]:
     """(point, message, spilled bytes) of every point that fails to compile or spills. NVRTC releases the GIL,
     so the points compile on every core at once (softmax's 6237 cuda_cu points: about 0.25 s each alone)."""
-    cc = pytest.importorskip("kfactory.targets.cuda_compile")
+    cc = pytest.importorskip("kfactory.targets.cuda.compile")
     fam = _family(problem, family)
 
     def one(p: dict) -> tuple | None:
@@ -106,7 +106,7 @@ def test_every_point_compiles_for_sm90a_and_the_rare_spill_is_pruned(problem, fa
 
 def test_reference_kernels_and_ptx_compile_for_sm100a():
     pytest.importorskip("cuda.bindings")
-    cc = pytest.importorskip("kfactory.targets.cuda_compile")
+    cc = pytest.importorskip("kfactory.targets.cuda.compile")
     for name in ("softmax", "rmsnorm"):
         source, flags = load_problem(name).reference_source("cuda")
         for arch in ("sm_90a", "sm_100a"):

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from kfactory.problems import load_problem
-from kfactory.runner import LoadFailed, RunnerCrashed
-from kfactory.targets import get_target, nvml
-from kfactory.targets.launch import Launch, evaluate_launch, parse_header
+from kfactory.sandbox.parent import LoadFailed, RunnerCrashed
+from kfactory.targets import get_target
+from kfactory.targets.cuda import nvml
+from kfactory.targets.cuda.launch import Launch, evaluate_launch, parse_header
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -143,7 +144,7 @@ def test_device_without_a_gpu_is_a_clear_error_not_a_hang(settings):
 
 
 def test_cubin_needs_a_launch_rule(settings, monkeypatch):
-    from kfactory.targets import cuda
+    from kfactory.targets.cuda import target as cuda
     sess = _bare_session(cuda, settings)
     with pytest.raises(ValueError, match="needs a launch rule"):
         sess.load_artifact("k", b"\x7fELF", "kernel")
@@ -157,14 +158,14 @@ def test_cubin_needs_a_launch_rule(settings, monkeypatch):
 
 
 def test_child_module_imports_without_a_gpu():
-    code = "import kfactory.targets.cuda_child as c; assert c.CudaChild and c.classify('cuEventSynchronize', 700)"
+    code = "import kfactory.targets.cuda.child as c; assert c.CudaChild and c.classify('cuEventSynchronize', 700)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == 0, proc.stderr
 
 
 def test_cuda_errors_are_classified_by_value():
-    from kfactory.targets import cuda_child as c
+    from kfactory.targets.cuda import child as c
     R = c.cu.CUresult
     assert c.classify("cuEventSynchronize", int(R.CUDA_ERROR_ILLEGAL_ADDRESS)) == "device_fault"
     assert c.classify("cuCtxSynchronize", int(R.CUDA_ERROR_MISALIGNED_ADDRESS)) == "device_fault"
@@ -334,7 +335,7 @@ def _oob_kernel(raw):
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    from kfactory.targets import cuda_child
+    from kfactory.targets.cuda import child as cuda_child
     fake = _Fake(cuda_child.cu)
     monkeypatch.setattr(cuda_child, "cu", fake)
     return fake
@@ -379,7 +380,8 @@ def _bare_session(cuda, settings, problem=None):
 
 @pytest.fixture
 def fake_session(fake_cuda, settings):
-    from kfactory.targets import cuda, cuda_child
+    from kfactory.targets.cuda import target as cuda
+    from kfactory.targets.cuda import child as cuda_child
     sess = _bare_session(cuda, settings)
     sess.runner = _InProcessRunner(cuda_child.CudaChild(1))
     return sess
@@ -421,8 +423,8 @@ def test_fake_call_sees_an_out_of_bounds_write_in_the_guard_band(fake_session, f
 
 
 def test_fake_device_fault_and_refused_launch_are_typed(fake_session, fake_cuda):
-    from kfactory.targets.cuda import DeviceFault, LaunchFailed
-    from kfactory.targets.cuda_child import CudaError
+    from kfactory.targets.cuda.target import DeviceFault, LaunchFailed
+    from kfactory.targets.cuda.child import CudaError
     fake_session.load_artifact("bad", b"cubin-oob", "oob", {"grid": "rows", "block": "256"})
     with pytest.raises(CudaError) as ei:  # in process the child raises instead of replying and exiting
         fake_session.call("bad", {"rows": 2, "cols": 8}, _x(2, 8))
@@ -431,7 +433,7 @@ def test_fake_device_fault_and_refused_launch_are_typed(fake_session, fake_cuda)
     runner = fake_session.runner
     runner.last_reply = {"ok": False, "error": "cuEventSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)",
                          "kind": "device_fault", "exiting": True}
-    from kfactory.targets.cuda import _typed
+    from kfactory.targets.cuda.target import _typed
     typed = _typed(runner, LoadFailed("x"))
     assert isinstance(typed, DeviceFault) and isinstance(typed, RunnerCrashed) and runner.killed == 1
     assert typed.reason == pb.DEVICE_FAULT
@@ -470,13 +472,13 @@ def test_fake_bench_interleaves_and_returns_every_sets_output(fake_session, fake
 
 
 def test_fake_device_and_ceilings(fake_cuda, monkeypatch):
-    from kfactory.targets import cuda_child
+    from kfactory.targets.cuda import child as cuda_child
     child = cuda_child.CudaChild(1)
     info = child.op_device({})
     assert info["name"] == "Fake H200" and info["arch"] == "sm_90a" and info["sm_count"] == 4
     assert info["uuid"] == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
     fake_compile = types.SimpleNamespace(compile_cuda=lambda *a: types.SimpleNamespace(ok=True, artifact=b"x"))
-    monkeypatch.setitem(sys.modules, "kfactory.targets.cuda_compile", fake_compile)
+    monkeypatch.setitem(sys.modules, "kfactory.targets.cuda.compile", fake_compile)
     got = child.op_ceilings({"copy_bytes": 1 << 20, "arch": "sm_90a"})
     assert got["mem_bandwidth_gbps"] > 0 and got["peak_gflops"] > 0
     assert isinstance(got["peak_bf16_gflops"], float) and isinstance(got["notes"], list)
@@ -538,7 +540,7 @@ def test_gpu_softmax_call_is_right(gpu_target, gpu_session):
 @gpu
 @needs_gpu
 def test_gpu_out_of_bounds_is_a_device_fault_and_the_next_kernel_runs(gpu_target, gpu_session):
-    from kfactory.targets.cuda import DeviceFault
+    from kfactory.targets.cuda.target import DeviceFault
     gpu_session.load_artifact("oob", _compile(gpu_target, OOB_KERNEL), "kernel",
                               {"grid": "cdiv(rows * cols, 256)", "block": "256", "params": {}})
     with pytest.raises(DeviceFault) as ei:
@@ -587,14 +589,14 @@ def test_gpu_torch_baseline_call(gpu_session):
 
 
 def test_module_reload_is_clean():
-    importlib.reload(importlib.import_module("kfactory.targets.launch"))
+    importlib.reload(importlib.import_module("kfactory.targets.cuda.launch"))
 
 
 FAKE_CHILD = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_cuda_runtime import _Fake
-import kfactory.targets.cuda_child as c
+import kfactory.targets.cuda.child as c
 c.cu = _Fake(c.cu)
 c.main(c.CudaChild)
 """
@@ -603,7 +605,7 @@ c.main(c.CudaChild)
 def test_fake_fault_through_a_real_runner_replies_typed_and_the_runner_is_replaced(settings, tmp_path):
     """The child's fatal path for real: a typed reply written to the pipe, the process gone, DeviceFault in
     the parent, and a fresh runner for the next call."""
-    from kfactory.targets import cuda
+    from kfactory.targets.cuda import target as cuda
     (tmp_path / "fake_cuda_child.py").write_text(FAKE_CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
     sess = _bare_session(cuda, settings)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -639,7 +641,7 @@ def test_fake_bench_warms_every_set_before_the_first_timed_sample(fake_session, 
     """A kernel that computes only when its output is fresh (first run on a set) must be timed by its repeat
     runs alone, or its honest first runs hide that its repeats do nothing (verification.md, too fast to be
     true): the warm-up runs every argument set before sample_interleaved starts timing."""
-    from kfactory.targets import cuda_child
+    from kfactory.targets.cuda import child as cuda_child
     computed: set[int] = set()
 
     def lazy(raw):
@@ -672,8 +674,8 @@ def test_device_warm_up_runs_every_set_even_when_the_time_settles_sooner(monkeyp
     argument sets it still runs all 12 (and without them it stops at 2, so the count is what is tested)."""
     from types import SimpleNamespace
 
-    from kfactory import runner_child
-    from kfactory.targets import cuda_child
+    from kfactory.sandbox import child as runner_child
+    from kfactory.targets.cuda import child as cuda_child
     now = [0.0]
     monkeypatch.setattr(runner_child, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     ran: dict[str, list[int]] = {"a": [], "b": []}

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from kfactory import events as ev
+from kfactory.bus import events as ev
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from kfactory.bus import EVENTS_STREAM, Ack, Bus, Term
-from kfactory.deadletters import NoAnswer, NotReplayable, fetch, list_dead_letters, replay, send_back
+from kfactory.bus.core import EVENTS_STREAM, Ack, Bus, Term
+from kfactory.bus.deadletters import NoAnswer, NotReplayable, fetch, list_dead_letters, replay, send_back
 from kfactory.v1 import events_pb2 as pb
 
 from bus_helpers import consume_until, work
@@ -110,7 +110,7 @@ async def _events(bus: Bus, kind: str) -> list[pb.Event]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kfactory.cli.main", "dead-letters", *args], capture_output=True,
                           text=True, timeout=60)
 
 

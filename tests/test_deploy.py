@@ -10,11 +10,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kfactory import events as ev
+from kfactory.bus import events as ev
 from kfactory.agents import PERSONAS, persona_stage
-from kfactory.app import SERVICE_NAMES
-from kfactory.bus import WORK_STREAM
-from kfactory.config import Settings
+from kfactory.platform.app import SERVICE_NAMES
+from kfactory.bus.core import WORK_STREAM
+from kfactory.platform.config import Settings
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 sys.path.insert(0, str(K8S))
@@ -146,7 +146,7 @@ def test_every_config_map_key_is_a_setting_the_services_read(overlay, monkeypatc
     and they parse: the level and the JSON lines of `serve`'s logs come from it."""
     from pydantic import AliasChoices
 
-    from kfactory.cli import log_options
+    from kfactory.cli.main import log_options
 
     _, objs = overlay
     config = objs[("ConfigMap", "kfactory", "kfactory-config")]["data"]

@@ -16,13 +16,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 import yaml
 
-from kfactory import events as ev
+from kfactory.bus import events as ev
 from kfactory.agents import PERSONAS, persona_stage
 import nats.errors
 
-from kfactory.bus import DLQ_STREAM, Ack, Bus, PublishNotPermitted, WORK_STREAM
-from kfactory.deadletters import fetch, list_dead_letters, send_back
-from kfactory.security import publish_subjects
+from kfactory.bus.core import DLQ_STREAM, Ack, Bus, PublishNotPermitted, WORK_STREAM
+from kfactory.bus.deadletters import fetch, list_dead_letters, send_back
+from kfactory.platform.security import publish_subjects
 from kfactory.v1 import events_pb2 as pb
 from secured_nats import NATS_DIR, SecuredNats, free_port
 
@@ -64,7 +64,7 @@ async def test_each_service_publishes_its_results_and_no_one_elses(secured):
     try:
         await compiler.js.publish(ev.event_subject("compiled", "c1"), b"x", timeout=2.0)
         await compiler.js.publish(ev.work_subject("verifier", "c1"), b"x", timeout=2.0)
-        # a search candidate goes to the benchmarker's screen before its verification (kfactory/pipeline.py)
+        # a search candidate goes to the benchmarker's screen before its verification (kfactory/judge/order.py)
         await compiler.js.publish(ev.work_subject("benchmarker", "c1"), b"x", timeout=2.0)
         assert await _refused(compiler, ev.event_subject("verified", "c1"))
         assert await _refused(compiler, ev.event_subject("measured", "c1"))
@@ -159,7 +159,7 @@ def test_the_largest_messages_fit_max_payload():
     store's chunks are the other large messages. Each must fit max_payload and the services' decode limit."""
     from nats.js.object_store import OBJ_DEFAULT_CHUNK_SIZE
 
-    from kfactory.config import Settings
+    from kfactory.platform.config import Settings
 
     settings = Settings()
     source = "x" * settings.max_source_bytes
@@ -178,7 +178,7 @@ def test_the_largest_messages_fit_max_payload():
 
 
 def test_nats_conf_and_auth_conf_are_valid_for_the_server(tmp_path):
-    from kfactory.natsd import nats_server_binary
+    from kfactory.bus.natsd import nats_server_binary
     from secured_nats import local_conf
 
     (tmp_path / "auth.conf").write_text((NATS_DIR / "auth.conf").read_text())
@@ -243,8 +243,8 @@ async def test_a_service_started_as_another_services_user_is_refused_at_start_up
     """The compiler with the coder's credentials: the server would drop its consumer calls without a typed
     error (a timeout, later); start-up refuses it at once and names what it may not do. With its own user it
     starts."""
-    from kfactory.app import WiringError, start_services
-    from kfactory.config import Settings
+    from kfactory.platform.app import WiringError, start_services
+    from kfactory.platform.config import Settings
 
     def settings(user: str) -> Settings:
         return Settings(nats_url=secured.url, nats_user=user, nats_password=secured.passwords[user],

@@ -7,8 +7,8 @@ import json
 
 from types import SimpleNamespace
 
-from kfactory import pipeline
-from kfactory import events as ev
+from kfactory.judge import order as pipeline
+from kfactory.bus import events as ev
 from kfactory.v1 import events_pb2 as pb
 from test_campaign import _campaign
 

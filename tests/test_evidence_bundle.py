@@ -15,20 +15,20 @@ import grpc
 import pytest
 import yaml
 
-from kfactory import events as ev
-from kfactory import evidence_bundle as eb
-from kfactory.app import start_services
-from kfactory.cli import main
-from kfactory.config import Settings
-from kfactory.natsd import EmbeddedNats
+from kfactory.bus import events as ev
+from kfactory.evidence import bundle as eb
+from kfactory.platform.app import start_services
+from kfactory.cli.main import main
+from kfactory.platform.config import Settings
+from kfactory.bus.natsd import EmbeddedNats
 from kfactory.problems import BUILTIN_DIR
-from kfactory.runcmd import _memory_ready
+from kfactory.cli.run import _memory_ready
 from kfactory.services.memory.archive import Archive
 from kfactory.services.memory.queries import Queries, problem_name
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
-from kfactory.workspace import Workspace
+from kfactory.evidence.workspace import Workspace
 
 from evidence_chain import links  # tests/ is on the path (pytest inserts a test file's directory)
 

@@ -1,6 +1,6 @@
 """`kfactory export`: a verified kernel as C, a Python module and a torch op, usable without kfactory.
 
-Every exported kernel here was judged for real first: kfactory.checkcmd.check() compiled, verified and measured it
+Every exported kernel here was judged for real first: kfactory.cli.check.check() compiled, verified and measured it
 on the small softmax package, and its evidence (CandidateEvidence) is built from that verdict, as memory would
 hold it. The torch test runs where torch is importable (pip install torch; then pytest tests/test_export.py).
 """
@@ -19,9 +19,9 @@ import pytest
 from google.protobuf.json_format import ParseDict
 
 from conftest import KERNELS
-from kfactory.checkcmd import check
-from kfactory.cli import main
-from kfactory.config import Settings
+from kfactory.cli.check import check
+from kfactory.cli.main import main
+from kfactory.platform.config import Settings
 from kfactory.export import ExportError, NotVerified, export
 from kfactory.export.c import Build, _exports_only, write_c
 from kfactory.export.evidence import Judged
@@ -263,12 +263,12 @@ def test_export_refuses_a_kernel_that_did_not_pass(rejected, judged, small_softm
 
 
 def test_cli_export_refuses_in_one_line(rejected, judged, monkeypatch, tmp_path, capsys):
-    from kfactory import client
+    from kfactory.cli import client
 
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path / "workspace"))   # an empty workspace: no priors
     monkeypatch.delenv("KFACTORY_MEMORY_ADDR", raising=False)
     found = {e.candidate.id: e for e in (rejected, judged["reference"], judged["family"])}
-    # the evidence query as kfactory.client answers it (by id or unique prefix), over these judged kernels
+    # the evidence query as kfactory.cli.client answers it (by id or unique prefix), over these judged kernels
     monkeypatch.setattr(client, "candidate_evidence",
                         lambda settings, ident: next(e for k, e in found.items() if k.startswith(ident)),
                         raising=False)
@@ -345,9 +345,9 @@ def test_cuda_export_builds_a_cubin_with_name(small_softmax, tmp_path):
     generated module's launch rule agrees with kfactory's. The kernel is not judged here (no GPU): this tests
     the files, not a verdict, so it goes through write_c, below export()'s verification gate."""
     pytest.importorskip("cuda.bindings.nvrtc")
-    from kfactory import events as kev
+    from kfactory.bus import events as kev
     from kfactory.export.python import module_text
-    from kfactory.targets.launch import evaluate_launch
+    from kfactory.targets.cuda.launch import evaluate_launch
 
     problem = load_problem(small_softmax)
     fam = problem.families["cuda_cu"]
@@ -366,7 +366,7 @@ def test_cuda_export_builds_a_cubin_with_name(small_softmax, tmp_path):
     assert 'extern "C" __global__ void kf_cu(const float *x' in (tmp_path / "kf_cu.h").read_text()
     subprocess.run(["sh", str(tmp_path / "build.sh")], check=True, capture_output=True, timeout=300,
                    env={**os.environ, "PYTHON": sys.executable})
-    from kfactory.targets.cuda_compile import cubin_functions
+    from kfactory.targets.cuda.compile import cubin_functions
     assert "kf_cu" in cubin_functions((tmp_path / "kf_cu.cubin").read_bytes())
     (tmp_path / "kf_cu.py").write_text(module_text(j, problem, "kf_cu"))
     namespace: dict = {"__file__": str(tmp_path / "kf_cu.py"), "__name__": "kf_cu"}
@@ -377,7 +377,7 @@ def test_cuda_export_builds_a_cubin_with_name(small_softmax, tmp_path):
     # the module's cuda path (copies, argument packing, launch, frees) against the runtime tests' fake driver,
     # whose "kernel" is a numpy softmax reading the arguments as CUDA would pass them (there is no GPU here)
     from test_cuda_runtime import _Fake, _softmax_kernel
-    from kfactory.targets import cuda_child
+    from kfactory.targets.cuda import child as cuda_child
     fake = _Fake(cuda_child.cu or pytest.importorskip("cuda.bindings.driver"))
     fake.kernels["kf_cu"] = (4, _softmax_kernel)
     namespace["_kf_cuda_driver"] = lambda: fake
@@ -391,7 +391,7 @@ def test_cuda_export_builds_a_cubin_with_name(small_softmax, tmp_path):
 def _reference_module(problem_name: str, target: str, tmp_path: Path) -> dict:
     """The namespace of the module exported for a problem's reference kernel (not judged: only the module's
     text is under test, so this goes below export()'s verification gate)."""
-    from kfactory import events as kev
+    from kfactory.bus import events as kev
     from kfactory.export.python import module_text
 
     problem = load_problem(problem_name)

@@ -20,11 +20,11 @@ from pathlib import Path
 import nats
 import pytest
 
-from kfactory import events as ev
-from kfactory import report
-from kfactory.bus import WORK_STREAM, Bus
+from kfactory.bus import events as ev
+from kfactory.evidence import report
+from kfactory.bus.core import WORK_STREAM, Bus
 from kfactory.claims import open_claims
-from kfactory.deadletters import DeadLetterRecord, list_dead_letters
+from kfactory.bus.deadletters import DeadLetterRecord, list_dead_letters
 from kfactory.v1 import events_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -263,7 +263,7 @@ def test_work_sent_back_from_the_dead_letters_mid_campaign_ends_in_its_campaign_
     plant, nats_srv, redis_srv, space = rig
     cid, cand = _dead_letter_a_candidate(plant, nats_srv, redis_srv, space)
     try:
-        asked = subprocess.run([sys.executable, "-m", "kfactory.cli", "dead-letters", "--nats-url", nats_srv.url,
+        asked = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "dead-letters", "--nats-url", nats_srv.url,
                                 "--campaign", cid, "--replay", "--answer-timeout", "2"],
                                capture_output=True, text=True, timeout=60)
     finally:

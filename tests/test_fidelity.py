@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kfactory.fidelity import prune, screened_out
+from kfactory.judge.screening import prune, screened_out
 from kfactory.problems import load_problem
 from kfactory.v1 import events_pb2 as pb
 from conftest import kernel_source

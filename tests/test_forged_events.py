@@ -11,14 +11,14 @@ import time
 import pytest
 
 from evidence_chain import chain, links, measured, timing
-from kfactory import events as ev
-from kfactory import trust
-from kfactory.security import PERMISSIONS, publish_subjects
-from kfactory.bus import subject_matches
+from kfactory.bus import events as ev
+from kfactory.evidence import trust
+from kfactory.platform.security import PERMISSIONS, publish_subjects
+from kfactory.bus.core import subject_matches
 from kfactory.problems import load_problem
 from kfactory.services.memory.archive import Archive
 from kfactory.services.planner.campaign import CampaignState
-from kfactory.spec_ranges import RANGES, spec_errors
+from kfactory.platform.spec_ranges import RANGES, spec_errors
 from kfactory.strategies import Space
 from kfactory.v1 import events_pb2 as pb
 
@@ -204,7 +204,7 @@ def test_a_spec_field_out_of_range_is_refused_naming_it(field, value):
                                   ["submit", "softmax", "--parallel", "-1"],
                                   ["run", "softmax", "--seconds", "inf"], ["priors", "softmax", "--limit", "-5"]])
 def test_the_cli_refuses_a_number_out_of_range_in_one_line(argv):
-    out = subprocess.run([sys.executable, "-m", "kfactory.cli", *argv], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "kfactory.cli.main", *argv], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out
     assert "Traceback" not in out.stderr and "is out of range: give a number from" in out.stderr, out.stderr
     assert f"argument {argv[-2]}:" in out.stderr.splitlines()[-1]
@@ -213,7 +213,7 @@ def test_the_cli_refuses_a_number_out_of_range_in_one_line(argv):
 async def test_bytes_on_a_lifecycle_subject_neither_start_nor_end_a_campaign(nats_url):
     """Work consumers ask the stream whether a campaign started, the dead-letter CLI whether it finished: a
     message there that is no event, or not the planner's, must not answer for the planner."""
-    from kfactory.bus import Bus
+    from kfactory.bus.core import Bus
 
     bus = await Bus.connect(nats_url, "test")
     try:

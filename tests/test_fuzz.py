@@ -12,7 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kfactory import events as ev
+from kfactory.bus import events as ev
 from kfactory.problems import BUILTIN_DIR, ProblemError, load_problem
 from kfactory.v1 import events_pb2 as pb
 

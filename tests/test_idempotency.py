@@ -7,11 +7,11 @@ import asyncio
 import sys
 from pathlib import Path
 
-from kfactory import events as ev
-from kfactory.app import start_services
-from kfactory.bus import WORK_STREAM, Ack, Bus, Leave
+from kfactory.bus import events as ev
+from kfactory.platform.app import start_services
+from kfactory.bus.core import WORK_STREAM, Ack, Bus, Leave
 from kfactory.claims import open_claims
-from kfactory.service import Service
+from kfactory.platform.service import Service
 from kfactory.v1 import events_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).parent))

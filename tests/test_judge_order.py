@@ -1,4 +1,4 @@
-"""The judge's order (issue 23, kfactory/pipeline.py): the search's candidates are timed briefly before they are
+"""The judge's order (issue 23, kfactory/judge/order.py): the search's candidates are timed briefly before they are
 verified, and one that cannot rank is recorded as screened out with that timing, never verified, and never a
 result; one that can is verified and measured in full, so every kernel that can become a result meets the whole
 judge. A grid over tests/order/ proposes, one at a time after the reference kernel: a fast honest kernel, a slow
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kfactory import trust
+from kfactory.evidence import trust
 from kfactory.export.evidence import NotVerified, judged
-from kfactory.pipeline import screens_first
+from kfactory.judge.order import screens_first
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from simpleeval import EvalWithCompoundTypes
 
-from kfactory.compare import compare
-from kfactory.inputs import draw
-from kfactory.judge import InputPool, verify
+from kfactory.judge.numerics import compare
+from kfactory.judge.inputs import draw
+from kfactory.judge.verify import InputPool, verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
@@ -134,7 +134,7 @@ def test_float32_recurrence_passes_and_wrong_algorithms_fail_by_orders_of_magnit
 def cpu(tmp_path_factory, host_ceilings):
     import shutil
 
-    from kfactory.config import Settings
+    from kfactory.platform.config import Settings
     data = tmp_path_factory.mktemp("kda")
     shutil.copy(host_ceilings, data / "ceilings.json")
     # 60 s a call: the T = 1024 shape at -O2 takes 0.4 s idle, far more on a host shared by other jobs
@@ -230,7 +230,7 @@ def test_cuda_launch_rule_covers_every_column_and_head(kda):
 
 
 def _compile(source: str, flags: str, arch: str):
-    cc = pytest.importorskip("kfactory.targets.cuda_compile")
+    cc = pytest.importorskip("kfactory.targets.cuda.compile")
     r = cc.compile_cuda(source, "cuda", flags, "kernel", arch, None)
     return r, r.report.spill_store_bytes + r.report.spill_load_bytes + r.report.local_bytes
 
@@ -294,7 +294,7 @@ def test_a_cpu_campaign_finds_a_verified_kernel_faster_than_the_reference(tmp_pa
     import json
     import shutil
 
-    from kfactory.cli import main
+    from kfactory.cli.main import main
     (tmp_path / "data").mkdir()
     shutil.copy(host_ceilings, tmp_path / "data" / "ceilings.json")
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path / "data"))

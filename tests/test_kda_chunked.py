@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kfactory.compare import compare
-from kfactory.inputs import draw
+from kfactory.judge.numerics import compare
+from kfactory.judge.inputs import draw
 from kfactory.problems import load_problem
-from kfactory.targets.launch import evaluate_launch
+from kfactory.targets.cuda.launch import evaluate_launch
 
 EMU = Path(__file__).parent / "cuda_emu"
 ARGS = ("q", "k", "v", "g", "beta", "h0")
@@ -388,7 +388,7 @@ def test_rendered_points_differ_and_carry_the_abi(kda):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_two_points_compile_without_spills(kda, arch):
     pytest.importorskip("cuda.bindings")
-    cc = pytest.importorskip("kfactory.targets.cuda_compile")
+    cc = pytest.importorskip("kfactory.targets.cuda.compile")
     for name, point in (("kda", dict(chunk=64, bv=64, ks=4, tile=4, exp="fast", io="fp32")),
                         ("kda_bf16", dict(chunk=32, bv=32, ks=8, tile=2, exp="expf", io="bf16"))):
         fam = load_problem(name).families["cuda_chunked"]

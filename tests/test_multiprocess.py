@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kfactory.app import SERVICE_NAMES
+from kfactory.platform.app import SERVICE_NAMES
 from kfactory.services.memory.archive import Archive
 
 
@@ -41,7 +41,7 @@ class Factory:
     def start(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """`kfactory serve name`, with `env` over the factory's environment (this process's own settings)."""
         log = open(self.tmp / f"{name}.log", "ab")
-        p = subprocess.Popen([sys.executable, "-m", "kfactory.cli", "serve", name], env={**self.env, **(env or {})},
+        p = subprocess.Popen([sys.executable, "-m", "kfactory.cli.main", "serve", name], env={**self.env, **(env or {})},
                              stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = p
         return p
@@ -67,7 +67,7 @@ class Factory:
             time.sleep(0.2)
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        res = subprocess.run([sys.executable, "-m", "kfactory.cli", *args], env=self.env, capture_output=True,
+        res = subprocess.run([sys.executable, "-m", "kfactory.cli.main", *args], env=self.env, capture_output=True,
                              text=True, timeout=120)
         if check:
             assert res.returncode == 0, res.stderr
@@ -124,7 +124,7 @@ def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_so
         f.wait_healthy()
         sub = json.loads(f.cli("submit", small_softmax, "--budget", "4", "--strategy", "random", "--json").stdout)
         cid = sub["id"]
-        watch = subprocess.Popen([sys.executable, "-m", "kfactory.cli", "watch", cid], env=f.env,
+        watch = subprocess.Popen([sys.executable, "-m", "kfactory.cli.main", "watch", cid], env=f.env,
                                  stdout=subprocess.PIPE, text=True)
         status = f.wait_finished(cid)
         assert status["state"] == "completed"
@@ -196,7 +196,7 @@ def test_killing_the_compiler_mid_campaign_loses_nothing(factory_env, small_soft
 
 def test_serve_refuses_to_start_without_nats(tmp_path):
     env = {**os.environ, "KFACTORY_NATS_URL": f"nats://127.0.0.1:{_free_port()}"}
-    res = subprocess.run([sys.executable, "-m", "kfactory.cli", "serve", "compiler"], env=env, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "serve", "compiler"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 1
     assert "cannot reach NATS" in res.stderr and "KFACTORY_NATS_URL" in res.stderr
@@ -204,7 +204,7 @@ def test_serve_refuses_to_start_without_nats(tmp_path):
 
 def test_serve_refuses_to_start_without_redis(tmp_path, nats_url):
     env = {**os.environ, "KFACTORY_NATS_URL": nats_url, "KFACTORY_REDIS_URL": f"redis://127.0.0.1:{_free_port()}/0"}
-    res = subprocess.run([sys.executable, "-m", "kfactory.cli", "serve", "coder"], env=env, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "serve", "coder"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 1
     assert "claims store" in res.stderr and "KFACTORY_REDIS_URL" in res.stderr

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from kfactory.app import start_services
-from kfactory.targets.nvml import NvmlUnavailable
+from kfactory.platform.app import start_services
+from kfactory.targets.cuda.nvml import NvmlUnavailable
 from kfactory.v1 import events_pb2 as pb
 
 
 async def test_a_cuda_campaign_starts_on_a_planner_that_sees_no_gpu(bus_settings, monkeypatch):
-    from kfactory.targets import cuda
+    from kfactory.targets.cuda import target as cuda
 
     monkeypatch.setenv("KFACTORY_GPU", "")
     try:

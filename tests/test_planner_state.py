@@ -6,9 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from kfactory import events as ev
-from kfactory.deadletters import DeadLetterRecord
-from kfactory.events import MAX_EVENT_BYTES as MAX
+from kfactory.bus import events as ev
+from kfactory.bus.deadletters import DeadLetterRecord
+from kfactory.bus.events import MAX_EVENT_BYTES as MAX
 from kfactory.problems import load_problem
 from kfactory.services.planner.campaign import CampaignState
 from kfactory.strategies import Space
@@ -119,7 +119,7 @@ def test_a_dead_letter_after_the_outcome_changes_nothing():
 
 
 def test_the_report_says_which_dead_letters_were_sent_back_and_how_they_ended():
-    from kfactory import report
+    from kfactory.evidence import report
     st = _state()
     p1, p2 = _proposed(st, "p1"), _proposed(st, "p2")
     dl1 = pb.DeadLetter(stage="coder", reason="redis down\nmore", deliveries=5, payload=p1.SerializeToString())

@@ -14,14 +14,14 @@ import pytest
 from google.protobuf import json_format
 
 pytest.importorskip("cuda.bindings")
-cc = pytest.importorskip("kfactory.targets.cuda_compile")
+cc = pytest.importorskip("kfactory.targets.cuda.compile")
 
-from kfactory import events as ev  # noqa: E402
-from kfactory import precompile  # noqa: E402
-from kfactory.app import start_services  # noqa: E402
-from kfactory.cli import main  # noqa: E402
-from kfactory.config import Settings  # noqa: E402
-from kfactory.fidelity import prune  # noqa: E402
+from kfactory.bus import events as ev
+from kfactory.targets.cuda import precompile
+from kfactory.platform.app import start_services  # noqa: E402
+from kfactory.cli.main import main  # noqa: E402
+from kfactory.platform.config import Settings  # noqa: E402
+from kfactory.judge.screening import prune  # noqa: E402
 from kfactory.problems import load_problem  # noqa: E402
 from kfactory.targets import get_target  # noqa: E402
 from kfactory.v1 import events_pb2 as pb  # noqa: E402

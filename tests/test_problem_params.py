@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import yaml
 
-from kfactory import events as ev
-from kfactory.config import Settings
+from kfactory.bus import events as ev
+from kfactory.platform.config import Settings
 from kfactory.export import export
-from kfactory.inputs import draw
-from kfactory.judge import InputPool, verify
+from kfactory.judge.inputs import draw
+from kfactory.judge.verify import InputPool, verify
 from kfactory.problems import ProblemError, load_problem
 from kfactory.problems.check import (
     ReferenceFailed,
@@ -293,9 +293,9 @@ def test_python_export_takes_the_param_defaulting_to_the_problems_value(pkg, cpu
 def test_cuda_child_passes_a_float_param_as_a_c_float(tmp_path, monkeypatch):
     """No GPU here: the cuda runner child's argument packing, through a stand-in for the driver's launch that
     reads each argument at the size the kernel declares (as cuLaunchKernel does), sees alpha as a C float."""
-    from kfactory.runner import ShmBuffers
-    from kfactory.targets import cuda_child
-    from kfactory.targets.shm_args import build_argset
+    from kfactory.sandbox.parent import ShmBuffers
+    from kfactory.targets.cuda import child as cuda_child
+    from kfactory.sandbox.shm_args import build_argset
 
     spec = lambda s: s["abi"].update(cuda={
         "signature": 'extern "C" __global__ void kernel(const float *x, float *y, long long n, float alpha)',

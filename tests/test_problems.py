@@ -6,7 +6,7 @@ import shutil
 import pytest
 import yaml
 
-from kfactory.cli import main
+from kfactory.cli.main import main
 from kfactory.problems import BUILTIN_DIR, ProblemError, list_problems, load_problem
 
 

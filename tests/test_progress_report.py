@@ -19,9 +19,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from kfactory import cli, plots, progress, report
-from kfactory import events as ev
-from kfactory.crash import EXIT_BUG, redacted, report_unexpected
+from kfactory.cli import main as cli
+from kfactory.evidence import plots
+from kfactory.cli import progress
+from kfactory.evidence import report
+from kfactory.bus import events as ev
+from kfactory.cli.crash import EXIT_BUG, redacted, report_unexpected
 from kfactory.problems import BUILTIN_DIR, load_problem
 from kfactory.services.memory.archive import Archive
 from kfactory.services.planner.campaign import CampaignState
@@ -165,7 +168,7 @@ def test_parameters_print_as_compact_key_value():
     assert report.format_params("{}") == report.format_params("") == "-"
     assert report.format_params({"vec": 8}) == "vec=8"
 
-    from kfactory.runcmd import leaderboard_table
+    from kfactory.cli.run import leaderboard_table
 
     rows = [e.measured for e in _campaign() if e.HasField("measured") and not e.measured.screened_out]
     out = io.StringIO()
@@ -252,7 +255,7 @@ def test_the_report_plots_every_candidate_per_optimisation_shape_beside_the_best
 def test_an_unexpected_exception_is_reported_as_kfactorys_bug_with_its_log(tmp_path, monkeypatch, capsys):
     """A fault planted in `kfactory run` after its checks pass (starting the services raises): one line naming
     it as kfactory's bug, the exception, and a log file under KFACTORY_DATA_DIR/logs with the traceback; exit 70."""
-    import kfactory.runcmd
+    import kfactory.cli.run
 
     data = tmp_path / "data"
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(data))
@@ -261,7 +264,7 @@ def test_an_unexpected_exception_is_reported_as_kfactorys_bug_with_its_log(tmp_p
     async def planted(*args, **kwargs):
         raise RuntimeError("planted fault\nsecond line")
 
-    monkeypatch.setattr(kfactory.runcmd, "start_services", planted)
+    monkeypatch.setattr(kfactory.cli.run, "start_services", planted)
     code = cli.main(["run", "softmax", "--budget", "2", "--quiet", "--llm-api-key", "sk-secret"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_BUG == 70

@@ -9,7 +9,7 @@ import pytest
 
 import numpy as np
 
-from kfactory.replay import load_space
+from kfactory.targets.replay import load_space
 
 SPACES = Path(__file__).resolve().parents[1] / "shared" / "data" / "tuning-spaces"
 if not SPACES.is_dir():
@@ -147,8 +147,8 @@ def _first(rs, failure):
 
 @needs_spaces
 def test_replay_target_compiles_verifies_and_times_from_the_recording():
-    from kfactory.config import Settings
-    from kfactory.judge import InputPool, measure, verify
+    from kfactory.platform.config import Settings
+    from kfactory.judge.verify import InputPool, measure, verify
     from kfactory.problems import ProblemError, load_problem
     from kfactory.targets import get_target
     from kfactory.v1 import events_pb2 as pb
@@ -198,7 +198,7 @@ def test_replay_target_compiles_verifies_and_times_from_the_recording():
 
 
 def test_cli_spec_takes_the_problem_from_a_replay_target():
-    from kfactory.cli import _spec, build_parser
+    from kfactory.cli.main import _spec, build_parser
 
     args = build_parser().parse_args(["run", "conv", "--target", f"replay:{CONV_A100}", "--budget", "5"])
     spec = _spec(args)
@@ -213,7 +213,7 @@ async def test_replay_campaign_through_all_six_services(bus_settings):
 
     from test_campaign import _campaign
 
-    from kfactory.stats import summarize
+    from kfactory.judge.stats import summarize
     from kfactory.v1 import events_pb2 as pb
 
     loc = f"replay:{CONV_A100}"

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-KFACTORY = [sys.executable, "-m", "kfactory.cli"]
+KFACTORY = [sys.executable, "-m", "kfactory.cli.main"]
 
 
 def _env(tmp_path, host_ceilings) -> dict[str, str]:
@@ -122,7 +122,7 @@ def test_problems_new_scaffolds_a_package_that_checks(tmp_path):
 
 
 def test_a_problem_without_a_family_says_how_its_budget_is_spent():
-    from kfactory.config import Settings
+    from kfactory.platform.config import Settings
     from kfactory.problems import load_problem
     from kfactory.services.planner.specs import SpecError, validate
     from kfactory.targets import get_target

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from simpleeval import EvalWithCompoundTypes
 
-from kfactory.cli import main
-from kfactory.compare import compare
-from kfactory.inputs import draw
+from kfactory.cli.main import main
+from kfactory.judge.numerics import compare
+from kfactory.judge.inputs import draw
 from kfactory.problems import list_problems, load_problem
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -79,7 +79,7 @@ def test_launch_rules_cover_every_row():
 
 
 def _compile(points: list[dict], arch: str) -> tuple[list[tuple], int]:
-    cc = pytest.importorskip("kfactory.targets.cuda_compile")
+    cc = pytest.importorskip("kfactory.targets.cuda.compile")
     fam = _fam()
     bad, max_regs = [], 0
     for p in points:
@@ -117,7 +117,7 @@ def test_the_heaviest_register_rows_compile_without_spills():
 
 def test_a_few_points_and_the_reference_compile_for_sm100a():
     pytest.importorskip("cuda.bindings")
-    cc = pytest.importorskip("kfactory.targets.cuda_compile")
+    cc = pytest.importorskip("kfactory.targets.cuda.compile")
     source, flags = _prob().reference_source("cuda")
     for arch in ("sm_90a", "sm_100a"):
         r = cc.compile_cuda(source, "cuda", flags, "kernel", arch, None)

@@ -9,7 +9,7 @@ import statistics
 import numpy as np
 import pytest
 
-from kfactory.replay import load_space
+from kfactory.targets.replay import load_space
 from kfactory.strategies import Point, Space, make_strategy
 from kfactory.strategies.agreement import SourceAgreement, Trust, judge
 from kfactory.strategies.base import Evidence

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not CONV.exists(), reason=f"recorded tuning spac
 
 @pytest.fixture(scope="module")
 def recorded():
-    from kfactory.replay import load_space
+    from kfactory.targets.replay import load_space
     rs = load_space(CONV)
     return rs, Space([rs.family()])
 
@@ -107,7 +107,7 @@ def test_a_warm_cma_starts_from_the_best_of_the_evidence_without_a_design(record
 
     import numpy as np
 
-    from kfactory.replay import load_space
+    from kfactory.targets.replay import load_space
     from kfactory.strategies.base import Evidence, Point
 
     rs, space = recorded
@@ -177,7 +177,7 @@ def test_a_local_step_can_cross_a_constraint_that_ties_two_parameters():
     reached a second way."""
     import numpy as np
 
-    from kfactory.replay import load_space
+    from kfactory.targets.replay import load_space
     from kfactory.strategies.encoding import index_of
 
     rs = load_space(DATA / "dedispersion_milo-MI250X.json.gz")

@@ -1,4 +1,4 @@
-"""kfactory.telemetry and kfactory.observability in one process: span links through headers, the JSON-lines
+"""kfactory.observability.tracing and kfactory.observability in one process: span links through headers, the JSON-lines
 exporter, log lines with trace ids, the windowed gauges, the health server's readiness, the lag readers."""
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from kfactory import events as ev
-from kfactory import telemetry
-from kfactory.bus import Ack, Bus, WORK_STREAM
-from kfactory.log import add_trace_ids
+from kfactory.bus import events as ev
+from kfactory.observability import tracing as telemetry
+from kfactory.bus.core import Ack, Bus, WORK_STREAM
+from kfactory.observability.log import add_trace_ids
 from kfactory.observability import metrics
 from kfactory.observability.health import HealthServer
 from kfactory.v1 import events_pb2 as pb
@@ -194,7 +194,7 @@ def test_exporters_come_from_the_settings(tmp_path):
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-    from kfactory.config import Settings
+    from kfactory.platform.config import Settings
 
     assert telemetry.exporters(Settings()) == []
     made = telemetry.exporters(Settings(otlp_endpoint="http://collector:4317", trace_console=True,
@@ -212,7 +212,7 @@ def test_an_unwritable_trace_file_stops_serve_at_start_up(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     env = {**os.environ, "KFACTORY_TRACE_FILE": str(blocker / "spans.jsonl")}
-    res = subprocess.run([sys.executable, "-m", "kfactory.cli", "serve", "compiler"], env=env, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "serve", "compiler"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 1 and "KFACTORY_TRACE_FILE" in res.stderr, res.stderr
 
@@ -225,7 +225,7 @@ def test_spans_reach_an_otlp_collector_at_the_configured_endpoint():
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from kfactory.config import Settings
+    from kfactory.platform.config import Settings
 
     got = []
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kfactory.app import SERVICE_NAMES
+from kfactory.platform.app import SERVICE_NAMES
 from kfactory.services.memory.archive import Archive
 from redis_server import redis_server
 from secured_nats import SecuredNats, free_port as _free_port
@@ -117,7 +117,7 @@ def test_one_candidate_is_one_trace_across_six_processes_and_metrics_tell_the_ca
     absent_s = time.monotonic() - t_absent  # at least this long the first work waited for a compiler
     assert _wait(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") == 0 or None,
                  60, "the compiler's queue to drain")
-    # compiles run in parallel (kfactory/pipeline.py compile_workers): a drained queue says every message was taken,
+    # compiles run in parallel (kfactory/judge/order.py compile_workers): a drained queue says every message was taken,
     # not that one was finished, so wait for the first to finish
     def compiled_one():
         scraped = f.scrape("compiler")
@@ -184,7 +184,7 @@ def _assert_one_trace_per_candidate(spans: list[dict], candidate: str) -> None:
     assert [r["name"] for r in roots] == ["planner propose"], roots
     assert all(s["parent_id"] in by_id for s in trace if s["parent_id"]), "a span's parent is missing"
     # each stage consumed what the previous stage's process published; the best is a search candidate, so the
-    # benchmarker screened it before the verifier took it (kfactory/pipeline.py)
+    # benchmarker screened it before the verifier took it (kfactory/judge/order.py)
     chain = {("coder", "point_proposed"): "planner", ("compiler", "candidate_created"): "coder",
              ("benchmarker", "compiled"): "compiler", ("verifier", "compiled"): "benchmarker",
              ("benchmarker", "verified"): "verifier"}

@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from kfactory.replay import load_space
+from kfactory.targets.replay import load_space
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "transfer_evidence.py"
 PARAMS = {"block_size_x": [32, 64, 128], "flag": [0, 1]}

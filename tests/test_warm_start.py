@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from kfactory import report
-from kfactory.cli import main as cli_main
+from kfactory.evidence import report
+from kfactory.cli.main import main as cli_main
 from kfactory.strategies import Point
 
 from kfactory.v1 import events_pb2 as pb

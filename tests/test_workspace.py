@@ -17,18 +17,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kfactory import client
-from kfactory import events as ev
-from kfactory.app import start_services
-from kfactory.config import Settings
-from kfactory.natsd import EmbeddedNats
-from kfactory.runcmd import _memory_ready
+from kfactory.cli import client
+from kfactory.bus import events as ev
+from kfactory.platform.app import start_services
+from kfactory.platform.config import Settings
+from kfactory.bus.natsd import EmbeddedNats
+from kfactory.cli.run import _memory_ready
 from kfactory.services.memory.archive import Archive
 from kfactory.services.memory.queries import Ambiguous, InvalidRequest, NotFound, Queries
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
-from kfactory.workspace import Workspace
+from kfactory.evidence.workspace import Workspace
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tuning_synth import write_spaces  # noqa: E402
@@ -43,9 +43,9 @@ def _env(data: Path, **extra: str) -> dict[str, str]:
 
 
 async def _cli(env: dict[str, str], *args: str, cwd: Path | None = None) -> tuple[int, str, str]:
-    """A fresh `python -m kfactory.cli` process (asynchronous, so that several run at once, and so that services
+    """A fresh `python -m kfactory.cli.main` process (asynchronous, so that several run at once, and so that services
     of this event loop keep answering)."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kfactory.cli", *args, env=env, cwd=cwd,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kfactory.cli.main", *args, env=env, cwd=cwd,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 90)
     return proc.returncode, out.decode(), err.decode()
@@ -293,7 +293,7 @@ def test_kfactory_run_leaves_sources_artifacts_and_a_report_in_the_workspace(tmp
     shutil.copy(host_ceilings, data / "ceilings.json")  # the host's ceilings, measured once per test session
     env = _env(data, KFACTORY_THREADS="2", KFACTORY_MEASURE_MIN_S="0.05", KFACTORY_MEASURE_MAX_S="0.2",
                KFACTORY_COMPARE_MAX_S="0.4")
-    run = subprocess.run([sys.executable, "-m", "kfactory.cli", "run", small_softmax, "--budget", "1",
+    run = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "run", small_softmax, "--budget", "1",
                           "--strategy", "random", "--seed", "3", "--warm", "0", "--quiet", "--json", "out.json"],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -311,7 +311,7 @@ def test_kfactory_run_leaves_sources_artifacts_and_a_report_in_the_workspace(tmp
     assert (kept / "report.md").read_text() == (tmp_path / "reports" / cid / "report.md").read_text()
     assert (kept / "plot.png").read_bytes().startswith(b"\x89PNG")
 
-    shown = subprocess.run([sys.executable, "-m", "kfactory.cli", "best", "--candidate", best[:12], "--json"],
+    shown = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "best", "--candidate", best[:12], "--json"],
                            env=env, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["source"] == ws.get(dict(sources)[best]).decode()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import grpc
 
-from kfactory import events as ev
-from kfactory import security
-from kfactory.bus import ArtifactMissing
-from kfactory.log import get_logger
+from kfactory.bus import events as ev
+from kfactory.platform import security
+from kfactory.bus.core import ArtifactMissing
+from kfactory.observability.log import get_logger
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc

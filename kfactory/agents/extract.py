@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 
 from kfactory.agents.errors import AgentNoCode, StaticCheckFailed
-from kfactory.targets.cpu_rules import check_source
-from kfactory.targets.launch import parse_header
+from kfactory.targets.cpu.rules import check_source
+from kfactory.targets.cuda.launch import parse_header
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)```", re.S)
 #: fence tags a kernel may come in, per candidate language

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jinja2
 
-from kfactory import events as ev
+from kfactory.bus import events as ev
 from kfactory.agents.personas import Persona
 from kfactory.v1 import events_pb2 as pb
 

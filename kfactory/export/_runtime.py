@@ -361,7 +361,7 @@ def _kf_call(inputs: tuple, out, params: dict | None = None):
 # -- selftest ---------------------------------------------------------------------------------------------------
 
 def _kf_draw(rng, d: dict, shape: tuple, dtype: str) -> np.ndarray:
-    """One input drawn as kfactory's verifier draws it (kfactory.inputs.draw)."""
+    """One input drawn as kfactory's verifier draws it (kfactory.judge.inputs.draw)."""
     if dtype == "bfloat16" and _kf_dtype("bfloat16") == np.uint16:
         raise RuntimeError(f"{_kf_name()}.selftest needs ml_dtypes for bfloat16 inputs: pip install ml_dtypes")
     draw_dtype = np.dtype(np.float32) if dtype == "bfloat16" else np.dtype(dtype)
@@ -394,7 +394,7 @@ def _kf_float64(a: np.ndarray) -> np.ndarray:
 
 
 def _kf_compare(out: np.ndarray, ref: np.ndarray, tol: dict) -> str:
-    """'' when `out` matches the float64 reference as kfactory's verifier requires (kfactory.compare), else
+    """'' when `out` matches the float64 reference as kfactory's verifier requires (kfactory.judge.numerics), else
     why not: NaN/Inf only where the reference has them, every element within atol + rtol x |reference|, and the
     norm-relative error within norm_rel."""
     o, r = _kf_float64(out).ravel(), np.asarray(ref, dtype=np.float64).ravel()

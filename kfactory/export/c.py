@@ -53,7 +53,7 @@ def source_name(j: Judged, name: str) -> str:
 
 
 def cpu_build(j: Judged, name: str) -> Build:
-    """The cpu target's compile command (kfactory.targets.cpu.CpuTarget.compile), output renamed."""
+    """The cpu target's compile command (kfactory.targets.cpu.target.CpuTarget.compile), output renamed."""
     try:
         words = check_flags("cpu", j.candidate.compile_flags)
     except FlagRefused as exc:
@@ -147,7 +147,7 @@ def params_block(problem, name: str, args: list[str]) -> str:
 
 
 def _cuda_header_body(j: Judged, problem, name: str, signature: str) -> str:
-    from kfactory.targets.launch import evaluate_launch
+    from kfactory.targets.cuda.launch import evaluate_launch
 
     rule = j.launch or {}
     lines = [f"Launch rule (Python expressions over the shape symbols {', '.join(problem.spec.symbols)}"
@@ -170,7 +170,7 @@ def _cuda_header_body(j: Judged, problem, name: str, signature: str) -> str:
 
 def build_cubin_script(j: Judged, name: str) -> str:
     """build_cubin.py: NVRTC and nvJitLink with the options kfactory's cuda target used."""
-    from kfactory.targets.cuda_compile import candidate_flags, link_options
+    from kfactory.targets.cuda.compile import candidate_flags, link_options
 
     arch = j.arch()
     if not arch:
@@ -303,7 +303,7 @@ def _check_cuda(files: dict[str, str], build: Build, name: str) -> None:
     if built.artifact is None:
         raise ExportError(f"the renamed source does not build with the measured options (exit "
                           f"{built.returncode}: {_first_line(built.log)})")
-    from kfactory.targets.cuda_compile import cubin_functions
+    from kfactory.targets.cuda.compile import cubin_functions
 
     if name not in cubin_functions(built.artifact):
         raise ExportError(f"{build.artifact} does not define {name!r}")

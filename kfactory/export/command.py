@@ -1,7 +1,7 @@
 """`kfactory export ID|PROBLEM --format c|python|torch --name NAME --out DIR`: the CLI side.
 
 The kernel is a candidate id (or a unique prefix), or a problem, whose fastest measured kernel (at --shape, on
---target, default cpu) is taken. Its evidence comes from kfactory.client (the running factory named by --memory
+--target, default cpu) is taken. Its evidence comes from kfactory.cli.client (the running factory named by --memory
 or KFACTORY_MEMORY_ADDR, else the local workspace). Exit 0 with the paths written; 1 when the kernel cannot be
 exported (not verified, no such kernel), one line saying why; 2 for a bad --name.
 """
@@ -13,7 +13,7 @@ import sys
 
 from kfactory.export import ExportError, check_name, export
 from kfactory.problems import ProblemError, load_problem
-from kfactory.spec_ranges import PRIORS_LIMIT
+from kfactory.platform.spec_ranges import PRIORS_LIMIT
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 
@@ -35,8 +35,8 @@ def _problem_or_none(text: str):
 
 def evidence_for(settings, kernel: str, shape: str, target: str) -> spb.CandidateEvidence:
     """The evidence of the kernel the user named: a candidate id or prefix, or a problem's fastest kernel.
-    Raises kfactory.client.ClientError (the CLI prints it) when there is none."""
-    from kfactory import client
+    Raises kfactory.cli.client.ClientError (the CLI prints it) when there is none."""
+    from kfactory.cli import client
 
     problem = _problem_or_none(kernel)
     if problem is not None:
@@ -48,7 +48,7 @@ def evidence_for(settings, kernel: str, shape: str, target: str) -> spb.Candidat
 def family_priors(settings, problem: str, family: str) -> list[pb.Prior]:
     """Memory's measurements of a family's points in every campaign (where `kfactory priors` reads them), for
     NAME_params.h; [] when there are none to read (the header then holds the kernel's own point)."""
-    from kfactory import client
+    from kfactory.cli import client
 
     # the Evidence query `kfactory priors` makes: the configured memory, else the local workspace
     query = getattr(client, "_evidence", None)
@@ -65,7 +65,7 @@ def family_priors(settings, problem: str, family: str) -> list[pb.Prior]:
 
 
 def run(args, settings) -> int:
-    """The command; kfactory.client.ClientError is left to the CLI's handler (one line, its exit code)."""
+    """The command; kfactory.cli.client.ClientError is left to the CLI's handler (one line, its exit code)."""
     try:
         check_name(args.name)
     except ExportError as exc:

@@ -6,7 +6,7 @@ import importlib.metadata
 import json
 from dataclasses import dataclass, field
 
-from kfactory import events as ev
+from kfactory.bus import events as ev
 from kfactory.export.errors import ExportError
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb

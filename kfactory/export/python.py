@@ -181,7 +181,7 @@ def _check_reference(problem, code: str) -> None:
     copy missed would otherwise show up only in a user's selftest()."""
     import numpy as np
 
-    from kfactory.inputs import draw
+    from kfactory.judge.inputs import draw
 
     shape = _selftest_shapes(problem)[0]
     inputs = draw(problem, shape, next(iter(problem.spec.distributions)), 1)

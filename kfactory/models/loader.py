@@ -48,7 +48,7 @@ def sha256_of(path: Path) -> str:
 
 
 def _default_cache_dir() -> Path:
-    from kfactory.config import Settings
+    from kfactory.platform.config import Settings
     return Settings().data_dir / "models"
 
 

@@ -1,1 +1,1 @@
-"""Metrics (Prometheus exposition) and gRPC health for each service process; tracing is kfactory.telemetry."""
+"""Metrics (Prometheus exposition) and gRPC health for each service process; tracing is kfactory.observability.tracing."""

@@ -2,7 +2,7 @@
 
 Work lag per stage, stage latency, candidates per second, device busy fraction, rejections by reason and LLM
 tokens spent. The bus and the Service base class feed them, so a service's own code adds nothing; the coder's
-agent consumers (services/coder/agents.py) call `count_tokens()`, and so may any other code that spends tokens.
+agent consumers (kfactory/services/coder/agents.py) call `count_tokens()`, and so may any other code that spends tokens.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import nats.errors
 import nats.js.errors
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 
-from kfactory import events as ev
-from kfactory.log import get_logger
+from kfactory.bus import events as ev
+from kfactory.observability.log import get_logger
 from kfactory.v1 import events_pb2 as pb
 
 log = get_logger("metrics")

@@ -5,12 +5,12 @@ import asyncio
 from functools import partial
 from typing import Callable
 
-from kfactory import events as ev
-from kfactory import telemetry
+from kfactory.bus import events as ev
+from kfactory.observability import tracing as telemetry
 from kfactory.agents import PERSONAS, persona_stage
-from kfactory.bus import EVENTS_STREAM, WORK_STREAM
-from kfactory.config import Settings
-from kfactory.log import get_logger
+from kfactory.bus.core import EVENTS_STREAM, WORK_STREAM
+from kfactory.platform.config import Settings
+from kfactory.observability.log import get_logger
 from kfactory.observability import metrics
 from kfactory.observability.health import HealthBindError, HealthServer
 

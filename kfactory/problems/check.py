@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kfactory import inputs as inp
+from kfactory.judge import inputs as inp
 from kfactory.problems.loader import Problem, ProblemError
 from kfactory.targets.flags import FLAG_TARGETS, FlagRefused, check_flags
 

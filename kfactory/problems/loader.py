@@ -178,7 +178,7 @@ class Family:
 
     def launch_rule(self, params: dict) -> dict | None:
         """A cuda family's launch rule at a point: grid/block/smem expressions over the params and the
-        shape symbols, evaluated per call by kfactory.targets.launch; None for families without one."""
+        shape symbols, evaluated per call by kfactory.targets.cuda.launch; None for families without one."""
         rule = {k: v for k, v in self.spec.launch.items() if k in ("grid", "block", "smem")}
         return {**rule, "params": params} if rule else None
 
@@ -296,9 +296,9 @@ def _load_yaml(path: Path, model):
 
 def load_problem(name_or_path: str | Path) -> Problem:
     """Load a built-in problem by name or a package by directory path; "replay:<cache file>" synthesizes the
-    problem of a recorded tuning space (kfactory.replay.problem)."""
+    problem of a recorded tuning space (kfactory.targets.replay.problem)."""
     if str(name_or_path).startswith("replay:"):
-        from kfactory.replay.problem import load_replay_problem
+        from kfactory.targets.replay.problem import load_replay_problem
         return load_replay_problem(str(name_or_path))
     path = Path(name_or_path)
     # a directory holding a problem.yaml, else a built-in name (a stray directory named like a built-in

@@ -67,7 +67,7 @@ class Abi(_Strict):
 class RefKernel(_Strict):
     source: str
     flags: str = "-O2"
-    #: cuda: grid, block and smem expressions over the shape symbols (see kfactory.targets.launch)
+    #: cuda: grid, block and smem expressions over the shape symbols (see kfactory.targets.cuda.launch)
     launch: dict[str, str] = {}
 
 

@@ -1,4 +1,5 @@
-"""Targets, one module each (kfactory/targets/<name>.py exposing `make(spec, settings) -> Target`)."""
+"""Targets, one package each (kfactory/targets/<name>/, whose `target` module exposes
+`make(option, settings) -> Target`)."""
 from __future__ import annotations
 
 import importlib
@@ -17,7 +18,7 @@ def get_target(spec: str, settings) -> Target:
     name, _, option = spec.partition(":")
     if name not in KNOWN:
         raise UnknownTarget(f"unknown target {spec!r}; known targets: {', '.join(KNOWN)}")
-    return importlib.import_module(f"kfactory.targets.{name}").make(option, settings)
+    return importlib.import_module(f"kfactory.targets.{name}.target").make(option, settings)
 
 
 __all__ = ["BenchResult", "CallResult", "CompileResult", "Session", "Target", "get_target", "UnknownTarget"]

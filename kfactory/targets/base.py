@@ -83,7 +83,7 @@ class Target(ABC):
     #: verification runs the kernel at full width too, so it must hold the device lease like timing does
     exclusive_verify: bool = True
     #: a short timing costs far less here than a verification, so the search's candidates are screened before they
-    #: are verified (kfactory/pipeline.py); a replayed target answers both from a recording and keeps the old order
+    #: are verified (kfactory/judge/order.py); a replayed target answers both from a recording and keeps the old order
     screens_first: bool = True
 
     @abstractmethod

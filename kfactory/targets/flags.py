@@ -57,8 +57,8 @@ the one include path it needs itself), -arch/--gpu-architecture (the target choo
 --fdevice-time-trace= (write files), --create-pch/--use-pch/--pch-dir (read and write files).
 
 check_flags returns the shlex-split words; a string shlex cannot split (an unclosed quote) is refused too. The
-targets call it at the root of every compile (kfactory.targets.cpu CpuTarget.compile,
-kfactory.targets.cuda_compile compile_cuda and its option builders), so every path is covered; callers may also
+targets call it at the root of every compile (kfactory.targets.cpu.target CpuTarget.compile,
+kfactory.targets.cuda.compile compile_cuda and its option builders), so every path is covered; callers may also
 call it early to refuse a campaign before it starts.
 """
 from __future__ import annotations

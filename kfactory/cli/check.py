@@ -1,0 +1,124 @@
+"""`kfactory check`: judge one kernel exactly as a campaign judges a candidate, without the services.
+
+Compile (with the target's static checks), verify on every shape and distribution plus the regression
+inputs this machine's memory archive holds for the problem, and if it passes, time it interleaved with the
+problem's reference kernel and baselines.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from google.protobuf.json_format import MessageToDict
+
+from kfactory.bus import events as ev
+from kfactory.judge.verify import InputPool, RegressionInput, available_baselines, measure, verify
+from kfactory.problems import load_problem
+from kfactory.targets import get_target
+from kfactory.targets.flags import FLAG_TARGETS, check_flags
+from kfactory.v1 import events_pb2 as pb
+
+
+def _dict(msg) -> dict:
+    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def launch_rule(source: str, grid: str = "", block: str = "", smem: str = "") -> dict | None:
+    """The launch rule of a user's cuda kernel: --grid/--block/--smem flags win over the source's
+    `// kfactory: grid=... block=... smem=...` header; None when neither gives one."""
+    from kfactory.targets.cuda.launch import parse_header
+
+    rule = dict(parse_header(source) or {})
+    for key, value in (("grid", grid), ("block", block), ("smem", smem)):
+        if value:
+            rule[key] = value
+    if not rule:
+        return None
+    if "grid" not in rule or "block" not in rule:
+        raise ValueError(f"a launch rule needs grid and block (got {sorted(rule)}): give --grid and --block "
+                         "or a `// kfactory: grid=... block=...` line in the source")
+    rule.setdefault("params", {})
+    return rule
+
+
+def local_regressions(settings, problem: str) -> list[RegressionInput]:
+    """Regression inputs from this machine's memory archive (none when there is no archive yet)."""
+    path = Path(settings.archive())
+    if not path.exists():
+        return []
+    from kfactory.services.memory.archive import Archive
+
+    archive = Archive(path)
+    try:
+        return [RegressionInput.of(r) for r in archive.regressions(problem)]
+    finally:
+        archive.close()
+
+
+def check(problem_name: str, target_spec: str, source: str, flags: str, settings,
+          compile_only: bool = False, language: str = "c", launch: dict | None = None) -> dict:
+    """The verdict on one kernel as a JSON-ready dict (see the README for its fields)."""
+    problem = load_problem(problem_name)
+    target = get_target(target_spec, settings)
+    if target.name in FLAG_TARGETS:
+        check_flags(target.name, flags)  # FlagRefused is a ValueError: `kfactory check` prints it and exits 2
+    threads = settings.threads
+    entry = "kernel"
+    launch_json = json.dumps(launch, sort_keys=True) if launch else ""
+    out = {"candidate_id": ev.candidate_id(source, language, flags, entry, threads, target_spec, launch_json),
+           "problem": problem.name, "target": target_spec, "language": language, "launch": launch,
+           "compiled": False, "compile": None, "verdict": None, "measurement": None, "speedup_vs_reference": None}
+    res = target.compile(source, language, flags, entry)
+    out["compiled"] = res.ok
+    out["compile"] = _dict(res.report) if res.ok else {"reason": pb.RejectReason.Name(res.reason),
+                                                       "message": res.message, "log": res.log[-4000:]}
+    if not res.ok:
+        out["verdict"] = {"passed": False, "reason": pb.RejectReason.Name(res.reason), "message": res.message,
+                          "checks": []}
+        return out
+    if compile_only:
+        return out
+    if target.name == "cuda" and launch is None:
+        raise ValueError("a cuda kernel needs a launch rule to run: give --grid and --block (expressions over "
+                         f"{problem.spec.symbols}) or a `// kfactory: grid=... block=...` line in the source")
+    session = target.session(problem, threads)
+    try:
+        session.load_artifact("candidate", res.artifact, entry, launch)
+        pool = InputPool(problem, 1, local_regressions(settings, problem.name))
+        v = verify(session, "candidate", problem, pool)
+        out["verdict"] = {"passed": v.passed, "reason": pb.RejectReason.Name(v.reason) if not v.passed else None,
+                          "message": v.message, "checks": [_dict(c) for c in v.checks]}
+        if v.passed:
+            _measure(out, session, target, problem, settings)
+    finally:
+        session.close()
+    return out
+
+
+def _measure(out: dict, session, target, problem, settings) -> None:
+    keys = {"candidate": "candidate"}
+    if target.name in problem.spec.reference_kernel:
+        ref_source, ref_flags, language, rule = problem.reference_kernel(target.name)
+        ref = target.compile(ref_source, language, ref_flags, "kernel")
+        if ref.ok:
+            session.load_artifact("reference", ref.artifact, "kernel", rule)
+            keys["reference"] = "reference"
+    for b in available_baselines(problem, target.name):
+        session.load_baseline(f"baseline:{b}", b)
+        keys[b] = f"baseline:{b}"
+    dev = target.device()
+    pool = InputPool(problem, 1)
+    shapes, speedups = {}, {}
+    for shape in problem.shapes("optimize"):
+        name = problem.shape_str(shape)
+        t = measure(session, list(keys.values()), problem, shape, pool, target.cache_bytes(), settings,
+                    settings.compare_max_s, dev)
+        if t.reason:
+            out["verdict"].update(passed=False, reason=pb.RejectReason.Name(t.reason), message=t.message)
+            return
+        cand = t.timings["candidate"]
+        shapes[name] = {n: _dict(t.timings[k]) for n, k in keys.items()}
+        speedups[name] = {n: t.timings[k].median_s / cand.median_s for n, k in keys.items() if n != "candidate"}
+    out["measurement"] = {"device": _dict(dev), "shapes": shapes, "speedups": speedups}
+    primary = problem.shape_str(problem.shapes("optimize")[0])
+    out["speedup_vs_reference"] = speedups[primary].get("reference")

@@ -1,0 +1,343 @@
+"""Client commands: submit, status, watch, cancel (the planner's Campaigns service), and best, report, priors,
+lessons (memory's Evidence service).
+
+The query commands (best, report, priors, lessons, and status) answer from a running factory when its address is
+configured, that is, given by flag (--memory, --planner) or environment (KFACTORY_MEMORY_ADDR,
+KFACTORY_PLANNER_ADDR); otherwise from the local workspace under KFACTORY_DATA_DIR (kfactory/evidence/workspace.py), with
+no service running. Both ways answer through the same queries (kfactory/services/memory/queries.py), so with the same
+answers; every id they take may be a unique prefix of it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from kfactory.bus import events as ev
+from kfactory.platform import security
+from kfactory.evidence import warm_sources
+from kfactory.platform.grpcserver import clip
+from kfactory.evidence.report import format_params, verification_table
+from kfactory.services.memory import queries as qmod
+from kfactory.services.memory.archive import Archive
+from kfactory.v1 import events_pb2 as pb
+from kfactory.v1 import services_pb2 as spb
+from kfactory.v1 import services_pb2_grpc as sgrpc
+from kfactory.evidence.workspace import Workspace
+
+
+class ClientError(RuntimeError):
+    """A client command failed; `code` is the process exit status; `status` the gRPC status it came from, if
+    any."""
+
+    def __init__(self, message: str, code: int = 1, status: grpc.StatusCode | None = None):
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+def check_campaign_id(value: str, flag: str) -> None:
+    """Raise ClientError (exit 2) unless `value` is a campaign id (events.CAMPAIGN_ID): anything else names no
+    campaign, and in a NATS subject it would be a wildcard or several tokens."""
+    if not ev.CAMPAIGN_ID.fullmatch(value):
+        raise ClientError(f"{flag} {_shown(value)} is not a campaign id: 1-64 letters, digits, '_' or '-' "
+                          "(kfactory status lists the campaigns)", 2)
+
+
+def check_stage(value: str, flag: str = "--stage") -> None:
+    """Raise ClientError (exit 2) unless `value` can be a stage's name (one subject token, as a campaign id)."""
+    if not ev.CAMPAIGN_ID.fullmatch(value):
+        raise ClientError(f"{flag} {_shown(value)} is not a stage name: coder, compiler, verifier, benchmarker "
+                          "or agent_<persona>", 2)
+
+
+def _shown(value: str) -> str:
+    """A user's value as an error quotes it: its start only, when it is long."""
+    return repr(value) if len(value) <= 80 else f"{value[:80]!r}... ({len(value)} characters)"
+
+
+def _print(msg, as_json: bool, text: str) -> None:
+    print(json.dumps(MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True),
+                     indent=2) if as_json else text)
+
+
+def _status_line(s: spb.CampaignStatus) -> str:
+    c = s.counts
+    best = f"best {s.best_candidate_id[:12]} {s.best_score_s * 1e3:.3f} ms" if s.best_candidate_id else "no best yet"
+    return (f"{s.id} {s.spec.problem}/{s.spec.target} {s.state} {s.elapsed_s:.0f}s proposed {c.proposed} "
+            f"compiled {c.compiled} verified {c.verified} rejected {c.rejected + c.compile_failed} "
+            f"measured {c.measured}; {best}")
+
+
+#: the settings client commands run with (TLS and token of the secure profile); set by dispatch()
+_settings = None
+
+
+async def _call(addr: str, fn, settings=None):
+    async with security.channel(addr, settings or _settings) as ch:
+        try:
+            return await fn(ch)
+        except grpc.aio.AioRpcError as e:
+            code = 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+            # clipped: a server that predates grpcutil.ClipDetails may quote megabytes of the request back
+            raise ClientError(f"{addr}: {e.code().name}: {clip(e.details() or '')}", code, e.code()) from e
+
+
+# -- where the answers come from: a configured service, else the local workspace ------------------------------
+def memory_configured(settings) -> bool:
+    """Whether the query commands ask a memory service: its address was given by --memory or
+    KFACTORY_MEMORY_ADDR (the default address alone is not a factory the user named)."""
+    return "memory_addr" in settings.model_fields_set and bool(settings.memory_addr)
+
+
+def planner_configured(settings) -> bool:
+    """Whether `status` asks the planner: its address was given by --planner or KFACTORY_PLANNER_ADDR."""
+    return "planner_addr" in settings.model_fields_set and bool(settings.planner_addr)
+
+
+#: the local query that answers each Evidence RPC
+LOCAL_QUERY = {"Best": "best", "Leaderboard": "leaderboard", "Candidate": "candidate", "Report": "report",
+               "Priors": "priors", "Lessons": "lessons", "RegressionInputs": "regression_inputs"}
+
+
+def _local(settings, ask: Callable[[qmod.Queries], object]):
+    """Answer from the local workspace: `ask` run on Queries over its archive (opened read-only: a memory of
+    this machine may be writing it) and its object store; the queries' typed errors become ClientErrors."""
+    ws = Workspace.of(settings)
+    try:
+        archive = Archive.reader(ws.archive_path, qmod.problem_name)
+    except FileNotFoundError:
+        raise ClientError(f"no campaign has run here yet: no archive at {ws.archive_path} (KFACTORY_DATA_DIR "
+                          "names the workspace; --memory or KFACTORY_MEMORY_ADDR a running factory)", 1) from None
+    try:
+        return ask(qmod.Queries(archive, ws.get))
+    except qmod.NotFound as e:
+        raise ClientError(str(e), 1) from e
+    except qmod.InvalidRequest as e:
+        raise ClientError(str(e), 2) from e
+    except sqlite3.DatabaseError as e:  # not an archive, or damaged: say which file, not a traceback
+        raise ClientError(f"cannot read the archive {ws.archive_path}: {type(e).__name__}: {e}", 1) from e
+    finally:
+        archive.close()
+
+
+async def _evidence(settings, method: str, request):
+    """One Evidence query: through the memory service when it is configured, else from the local workspace."""
+    if memory_configured(settings):
+        return await _call(settings.memory_addr, lambda ch: getattr(sgrpc.EvidenceStub(ch), method)(request),
+                           settings)
+    return _local(settings, lambda q: getattr(q, LOCAL_QUERY[method])(request))
+
+
+def candidate_evidence(settings, id_or_prefix: str) -> spb.CandidateEvidence:
+    """One candidate's evidence (candidate, events, lineage, source) by its id or a unique prefix of it, from the
+    memory service when it is configured (memory_configured), else from the local workspace. Raises ClientError
+    (code 1: no such candidate, or no answer; code 2: an ambiguous prefix, listing the matches). Call it outside
+    a running event loop."""
+    return asyncio.run(_evidence(settings, "Candidate", spb.CandidateRequest(id=id_or_prefix)))
+
+
+def best_entry(settings, problem: str, shape: str = "", target: str = "") -> spb.LeaderboardEntry:
+    """The fastest measured kernel of a problem (at `shape`; for `target`: "cuda" takes any cuda target,
+    "cuda:sm_90a" only that one), with its verdict's figures, local or remote as candidate_evidence. Raises
+    ClientError (code 1: nothing measured). Call it outside a running event loop."""
+    return asyncio.run(_best_entry(settings, problem, shape, target))
+
+
+async def _best_entry(settings, problem: str, shape: str, target: str) -> spb.LeaderboardEntry:
+    return await _evidence(settings, "Best", spb.BestRequest(problem=problem, shape=shape, target=target))
+
+
+async def _watch(ch, cid: str) -> None:
+    async for event in sgrpc.CampaignsStub(ch).Watch(spb.WatchRequest(id=cid)):
+        kind = ev.kind_of(event)
+        body = getattr(event, kind)
+        cand = ev.candidate_of(event)
+        extra = ""
+        if kind == "measured":
+            extra = f" {body.score_s * 1e3:.3f} ms"
+        elif kind in ("rejected", "compile_failed"):
+            extra = f" {pb.RejectReason.Name(body.reason)}"
+        elif kind == "campaign_finished":
+            extra = f" {body.state}"
+        elif kind == "dead_letter":
+            extra = f" {body.stage} after {body.deliveries} deliveries: {body.reason}"
+        elif kind == "resend_answered":
+            extra = f" sent back to {body.subject}" if body.accepted else f" refused: {body.reason}"
+        print(f"{kind:18s} {(cand.id[:12] if cand and cand.id else ''):12s}{extra}", flush=True)
+
+
+def dispatch(args, settings, spec_fn) -> int:
+    """Run one client command against the addresses in settings (with its TLS and token, if any)."""
+    global _settings
+    _settings = settings
+    return asyncio.run(_dispatch(args, settings, spec_fn))
+
+
+def _check_text(args) -> None:
+    """Raise ClientError (exit 2) for an argument that is no text (bytes the locale could not decode reach Python
+    as lone surrogates, which no request, and no query of the archive, can carry)."""
+    for name, value in vars(args).items():
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                shown = value.encode(errors="backslashreplace").decode()
+                raise ClientError(f"the {name} argument ({shown[:80]}) is not valid UTF-8 text", 2) from None
+
+
+async def _dispatch(args, settings, spec_fn) -> int:
+    _check_text(args)
+    plan, as_json = settings.planner_addr, getattr(args, "as_json", False)
+    if args.cmd == "submit":
+        s = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Submit(spb.SubmitRequest(spec=spec_fn(args))))
+        _print(s, as_json, f"submitted {s.id}")
+        if args.wait:
+            await _call(plan, lambda ch: _watch(ch, s.id))
+        return 0
+    if args.cmd == "status":
+        if args.id:
+            s = await _campaign_status(settings, args.id)
+            _print(s, as_json, _status_line(s))
+        else:
+            r = await _campaign_list(settings)
+            _print(r, as_json, "\n".join(_status_line(s) for s in r.campaigns) or "no campaigns")
+        return 0
+    if args.cmd == "watch":
+        await _call(plan, lambda ch: _watch(ch, args.id))
+        return 0
+    if args.cmd == "cancel":
+        s = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Cancel(spb.CancelRequest(id=args.id)))
+        _print(s, as_json, _status_line(s))
+        return 0
+    if args.cmd == "priors":
+        req = spb.PriorsRequest(problem=args.problem, families=args.family, limit=args.limit)
+        r = await _evidence(settings, "Priors", req)
+        trust = await _warm_trust(settings, args)  # which sources a new campaign would trust, and why
+        if as_json:
+            print(json.dumps({**MessageToDict(r, preserving_proto_field_name=True,
+                                              always_print_fields_with_no_presence=True), "trust": trust}, indent=2))
+            return 0
+        print("\n".join(f"{p.relative:6.3f}x of its campaign's best  {p.score_s * 1e3:9.3f} ms  "
+                        f"{p.device}  {p.family} {format_params(p.params_json)}  "
+                        f"(campaign {p.campaign_id})"
+                        for p in r.priors) or "no priors: no campaign of this problem measured yet")
+        print(warm_sources.priors_text(trust))
+        return 0
+    if args.cmd == "best":
+        return await _best(args, settings, as_json)
+    if args.cmd == "lessons":
+        req = spb.LessonsRequest(problem=args.problem, target=args.target, limit=args.limit)
+        r = await _evidence(settings, "Lessons", req)
+        _print(r, as_json, r.text or f"no lessons yet: no campaign of {args.problem} is in memory")
+        return 0
+    if args.cmd == "report":
+        check_campaign_id(args.id, "campaign")  # it names a directory too
+        r = await _evidence(settings, "Report", spb.ReportRequest(campaign_id=args.id))
+        cid = _report_campaign(r, args.id)
+        out = args.out or Path(settings.report_dir) / cid
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text(r.markdown)
+        (out / "plot.png").write_bytes(r.plot_png)
+        print(json.dumps({"campaign_id": cid, "report": str(out / "report.md")}) if as_json else out / "report.md")
+        return 0
+    raise ClientError(f"unknown command {args.cmd}", 2)
+
+
+#: the first line of a report (kfactory/evidence/report.py's build) names the campaign in full
+_REPORT_TITLE = re.compile(r"# Campaign ([A-Za-z0-9_-]{1,64}):")
+
+
+def _report_campaign(r: spb.ReportResponse, asked: str) -> str:
+    """The full id of the campaign a report is of (`asked` may be a prefix of it): the response's campaign_id, or,
+    from a memory that predates that field, the report's title (else the id as asked)."""
+    if r.campaign_id and ev.CAMPAIGN_ID.fullmatch(r.campaign_id):
+        return r.campaign_id
+    title = _REPORT_TITLE.match(r.markdown)
+    return title.group(1) if title and title.group(1).startswith(asked) else asked
+
+
+async def _campaign_status(settings, cid: str) -> spb.CampaignStatus:
+    """A campaign's status by id or unique prefix: from the planner when it is configured, else from the archive."""
+    if not planner_configured(settings):
+        return _local(settings, lambda q: q.status(spb.GetCampaignRequest(id=cid)))
+    plan = settings.planner_addr
+    try:
+        return await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Get(spb.GetCampaignRequest(id=cid)), settings)
+    except ClientError as e:
+        if e.status != grpc.StatusCode.NOT_FOUND or not cid:
+            raise
+        # not an id the planner knows: perhaps a prefix of one (the planner takes full ids only)
+        known = [s for s in (await _campaign_list(settings)).campaigns if s.id.startswith(cid)]
+        if len(known) == 1:
+            return known[0]
+        if known:
+            raise ClientError(str(qmod.Ambiguous("campaign", cid, [_status_line(s) for s in known[:qmod.MATCHES_SHOWN]],
+                                                 len(known) > qmod.MATCHES_SHOWN)), 2) from None
+        raise
+
+
+async def _campaign_list(settings) -> spb.ListCampaignsResponse:
+    """Every campaign's status: the planner's when it is configured, else the archive's."""
+    if not planner_configured(settings):
+        return _local(settings, lambda q: q.campaigns(spb.ListCampaignsRequest()))
+    return await _call(settings.planner_addr, lambda ch: sgrpc.CampaignsStub(ch).List(spb.ListCampaignsRequest()),
+                       settings)
+
+
+async def _warm_trust(settings, args) -> dict:
+    """What a new campaign of the problem would learn from (every source's measurements, as the planner asks for
+    them), the weight each source starts with and why, and what finished campaigns measured of those sources
+    (kfactory/evidence/warm_sources.py); that history is left out (None) where no campaign list can be read."""
+    every = await _evidence(settings, "Priors", spb.PriorsRequest(
+        problem=args.problem, families=args.family, limit=max(args.limit, settings.warm_evidence), every_source=True))
+    sources = warm_sources.sources_of(every.priors)
+    try:
+        statuses = (await _campaign_list(settings)).campaigns
+    except ClientError:
+        statuses = None
+    history = None if statuses is None else warm_sources.history_of(statuses, args.problem, sources)
+    return warm_sources.priors_view(sources, history)
+
+
+async def _best(args, settings, as_json: bool) -> int:
+    if args.candidate:
+        r = await _evidence(settings, "Candidate", spb.CandidateRequest(id=args.candidate))
+        kinds = ", ".join(ev.kind_of(e) for e in r.events)
+        verdicts = [getattr(e, k) for e in r.events for k in ("verified", "rejected") if e.HasField(k)]
+        table = "\n".join(verification_table(verdicts[-1].checks)) if verdicts else "no verdict yet"
+        _print(r, as_json, f"{r.candidate.id} {r.candidate.origin} {format_params(r.candidate.params_json)}\n"
+                           f"evidence: {kinds}\n"
+                           f"verification:\n{table}")
+        return 0
+    if args.campaign:
+        check_campaign_id(args.campaign, "--campaign")
+        r = await _evidence(settings, "Leaderboard", spb.LeaderboardRequest(campaign_id=args.campaign))
+        _print(r, as_json, "\n".join(f"{i:3d} {e.candidate_id[:12]} {e.score_s * 1e3:9.3f} ms {e.origin} "
+                                     f"{format_params(e.params_json)}" for i, e in enumerate(r.entries, 1))
+               or "no measurements")
+        return 0
+    if not args.problem:
+        raise ClientError("kfactory best: name a problem, or give --campaign or --candidate", 2)
+    r = await _evidence(settings, "Best", spb.BestRequest(problem=args.problem, shape=args.shape, device=args.device,
+                                                          target=getattr(args, "target", "")))
+    # the winner's kernel itself, as the candidate holds it: what a user came for (kfactory export packages it)
+    c = await _evidence(settings, "Candidate", spb.CandidateRequest(id=r.candidate_id))
+    if as_json:
+        out = MessageToDict(r, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        out["kernel"] = {"language": c.candidate.language, "entry": c.candidate.entry,
+                         "compile_flags": c.candidate.compile_flags, "source": c.source}
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{r.candidate_id} {r.score_s * 1e3:.3f} ms on {r.device} ({r.origin} {format_params(r.params_json)}; "
+          f"campaign {r.campaign_id})\nkernel: {len(c.source)} bytes of {c.candidate.language or 'source'}, "
+          f"flags {c.candidate.compile_flags or '-'} (kfactory best --candidate {r.candidate_id[:12]} shows it; "
+          f"kfactory export {r.candidate_id[:12]} --format c|python|torch takes it away)\nverification:\n"
+          + "\n".join(verification_table(r.checks)))
+    return 0

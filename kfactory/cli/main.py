@@ -1,0 +1,442 @@
+"""The `kfactory` command line."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import faulthandler
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from kfactory.platform.config import Settings
+from kfactory.observability.log import configure
+from kfactory.platform.spec_ranges import cli_type
+
+EXIT_USAGE = 2
+
+
+def _settings(args) -> Settings:
+    over = {k: v for k, v in {"nats_url": getattr(args, "nats_url", None),
+                              "redis_url": getattr(args, "redis_url", None),
+                              "planner_addr": getattr(args, "planner", None),
+                              "memory_addr": getattr(args, "memory", None),
+                              "threads": getattr(args, "threads", None),
+                              "report_dir": getattr(args, "report_dir", None),
+                              "precompiled": getattr(args, "precompiled", None),
+                              **_llm_over(args)}.items() if v is not None}
+    return Settings(**over)
+
+
+def _llm_over(args) -> dict:
+    """Agent coders' endpoint settings given as flags (each overrides its KFACTORY_LLM_* variable)."""
+    return {"llm_provider": getattr(args, "llm_provider", None), "llm_base_url": getattr(args, "llm_base_url", None),
+            "llm_model": getattr(args, "llm_model", None), "llm_api_key": getattr(args, "llm_api_key", None),
+            "llm_concurrency": getattr(args, "llm_concurrency", None),
+            "llm_token_budget": getattr(args, "token_budget", None) or None}
+
+
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coders", default="template", help="comma-separated coders: template, agent (LLM agents: "
+                   "need --llm-base-url and --llm-model or KFACTORY_LLM_*)")
+    p.add_argument("--personas", default="", help="comma-separated agent personas (default: all): memory_bound, "
+                   "compute_bound, repairer")
+    p.add_argument("--token-budget", type=cli_type("token_budget"), help="agent tokens the campaign may spend (env "
+                   "KFACTORY_LLM_TOKEN_BUDGET; default 200000)")
+    p.add_argument("--llm-provider", choices=("openai", "anthropic"), help="openai: the OpenAI-compatible chat API "
+                   "(vLLM, SGLang, Ollama, hosted); anthropic: the messages API (env KFACTORY_LLM_PROVIDER)")
+    p.add_argument("--llm-base-url", help="e.g. http://localhost:8000/v1 (env KFACTORY_LLM_BASE_URL)")
+    p.add_argument("--llm-model", help="model name as the endpoint knows it (env KFACTORY_LLM_MODEL)")
+    p.add_argument("--llm-api-key", help="prefer the env KFACTORY_LLM_API_KEY (a flag shows in ps)")
+    p.add_argument("--llm-concurrency", type=int, help="requests in flight per persona (env KFACTORY_LLM_CONCURRENCY)")
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("problem", help="a built-in problem name or a problem package directory")
+    p.add_argument("--target", default="cpu", help="cpu, cuda[:sm_80|sm_90a|sm_100a] or replay:<cache file>")
+    p.add_argument("--budget", type=cli_type("budget_candidates"), default=40, help="design points to evaluate")
+    p.add_argument("--warm", type=cli_type("warm_start"), default=8,
+                   help="priors from memory that seed the search (0: cold start)")
+    p.add_argument("--seconds", type=cli_type("budget_seconds", float), default=0.0,
+                   help="wall-clock budget (0: none)")
+    p.add_argument("--strategy", default="default", help="default (a portfolio of surrogate, tpe and evolutionary), "
+                   "surrogate, tpe, evolutionary, portfolio, random or grid")
+    p.add_argument("--threads", type=cli_type("threads"), help="threads kernels run with (default: all cores)")
+    p.add_argument("--seed", type=cli_type("seed"), default=0, help="strategy seed (0: random)")
+    p.add_argument("--parallel", type=cli_type("parallel"), default=2, help="design points in flight at once")
+    p.add_argument("--family", action="append", default=[], help="restrict to these families")
+    p.add_argument("--manual", action="append", default=[], metavar="NAME=FILE[:FLAGS]",
+                   help="add a hand-written kernel as a candidate (repeatable)")
+    _agent_args(p)
+
+
+def _spec(args):
+    from kfactory.cli.client import ClientError
+    from kfactory.v1 import events_pb2 as pb
+
+    # a replay target carries its own problem (the recorded space): PROBLEM is then only a label
+    problem = args.target if args.target.startswith("replay:") else args.problem
+    spec = pb.CampaignSpec(problem=problem, target=args.target, budget_candidates=args.budget,
+                           budget_seconds=args.seconds, strategy=args.strategy, threads=args.threads or 0,
+                           seed=args.seed, families=args.family, parallel=args.parallel, warm_start=args.warm,
+                           coders=[c for c in args.coders.split(",") if c],
+                           personas=[p for p in args.personas.split(",") if p], token_budget=args.token_budget or 0)
+    for m in args.manual:
+        name, _, rest = m.partition("=")
+        path, _, flags = rest.partition(":")
+        if not name or not path:
+            raise ClientError(f"--manual {m!r}: expected NAME=FILE[:FLAGS]", EXIT_USAGE)
+        try:
+            source = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ClientError(f"--manual {name}: cannot read {path!r}: {getattr(e, 'strerror', None) or e}",
+                              EXIT_USAGE) from e
+        spec.manual_sources.append(pb.ManualSource(name=name, source=source,
+                                                   compile_flags=flags or "-O2 -fopenmp", threads=1))
+    return spec
+
+
+def _conn_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats-url", help="NATS server (env KFACTORY_NATS_URL)")
+    p.add_argument("--redis-url", help="Redis for claims (env KFACTORY_REDIS_URL); unset: in-process")
+
+
+def _grpc_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--planner", help="Campaigns service address (env KFACTORY_PLANNER_ADDR)")
+    p.add_argument("--memory", help="Evidence service address (env KFACTORY_MEMORY_ADDR)")
+    p.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
+
+
+#: how the query commands choose where to answer from (their --help says it)
+LOCAL_RULE = ("Answers from the running factory whose address is given (--memory or KFACTORY_MEMORY_ADDR; for "
+              "status --planner or KFACTORY_PLANNER_ADDR), else from the local workspace under KFACTORY_DATA_DIR, "
+              "with no service running. An id may be a unique prefix of it.")
+
+
+def _query_args(p: argparse.ArgumentParser) -> None:
+    """The flags of a query command, which reads the local workspace unless a factory's address is given."""
+    p.add_argument("--planner", help="Campaigns service address (env KFACTORY_PLANNER_ADDR); unset: read the "
+                                     "local workspace")
+    p.add_argument("--memory", help="Evidence service address (env KFACTORY_MEMORY_ADDR); unset: read the local "
+                                    "workspace")
+    p.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kfactory", description="A kernel factory.")
+    ap.add_argument("--log-level", default=None)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("run", help="run a whole campaign on this machine (all services in this process)")
+    _spec_args(p)
+    _conn_args(p)
+    p.add_argument("--json", dest="json_out", help="write the campaign summary to this file")
+    p.add_argument("--report-dir", type=Path, help="where reports go (default ./reports)")
+    p.add_argument("--quiet", action="store_true", help="no live progress")
+    p.add_argument("--precompiled", help="cuda bundles from `kfactory precompile` (dirs, ':'-separated; env "
+                                         "KFACTORY_PRECOMPILED): their cubins are served, not compiled")
+
+    p = sub.add_parser("serve", help="run one service (for Kubernetes or a multi-process set-up)")
+    p.add_argument("service", help="planner, coder, compiler, verifier, benchmarker or memory")
+    _conn_args(p)
+    p.add_argument("--grpc-addr", help="listen address of the planner's or memory's gRPC service")
+    p.add_argument("--precompiled", help="compiler: cuda bundles to serve cubins from (env KFACTORY_PRECOMPILED)")
+    p.add_argument("--threads", type=int)
+
+    p = sub.add_parser("submit", help="submit a campaign to a running factory")
+    _spec_args(p)
+    _grpc_args(p)
+    p.add_argument("--wait", action="store_true", help="watch it until it finishes")
+
+    for name, helptext in (("status", "a campaign's status (all campaigns without ID)"),
+                           ("watch", "follow a campaign's events live"),
+                           ("cancel", "cancel a campaign"),
+                           ("report", "write a campaign's report")):
+        query = name in ("status", "report")
+        p = sub.add_parser(name, help=helptext, description=f"{helptext[0].upper()}{helptext[1:]}. "
+                           f"{LOCAL_RULE if query else ''}".strip())
+        p.add_argument("id", nargs="?" if name == "status" else None)
+        (_query_args if query else _grpc_args)(p)
+        if name == "report":
+            p.add_argument("--out", type=Path, default=None, help="directory (default ./reports/ID)")
+
+    p = sub.add_parser("best", help="the best kernel for a problem, or a campaign's leaderboard",
+                       description=f"The best kernel for a problem, a campaign's leaderboard, or one candidate's "
+                                   f"evidence and source. {LOCAL_RULE}")
+    p.add_argument("problem", nargs="?")
+    p.add_argument("--shape", default="")
+    p.add_argument("--device", default="")
+    p.add_argument("--campaign", help="show this campaign's leaderboard instead (id or unique prefix)")
+    p.add_argument("--candidate", help="show one candidate's full evidence and source (id or unique prefix)")
+    p.add_argument("--target", default="", help="cpu, cuda (any architecture) or cuda:sm_90a (only that one)")
+    _query_args(p)
+
+    p = sub.add_parser("priors", help="what memory would seed a campaign of a problem with (its warm start)",
+                       description=f"What memory would seed a campaign of a problem with. {LOCAL_RULE}")
+    p.add_argument("problem")
+    p.add_argument("--family", action="append", default=[], help="restrict to these families")
+    p.add_argument("--limit", type=cli_type("priors_limit"), default=8)
+    _query_args(p)
+
+    p = sub.add_parser("lessons", help="what memory learned about a problem on a target (what agents are told)",
+                       description=f"What memory learned about a problem on a target. {LOCAL_RULE}")
+    p.add_argument("problem")
+    p.add_argument("--target", default="", help="cpu, cuda, ... (default: every target)")
+    p.add_argument("--limit", type=int, default=6, help="lessons per kind")
+    _query_args(p)
+
+    p = sub.add_parser("check", help="judge one kernel as a campaign would: compile, verify, measure")
+    p.add_argument("problem")
+    p.add_argument("--target", default="cpu", help="cpu, cuda (the GPU present), cuda:sm_80, cuda:sm_90a, "
+                                                   "cuda:sm_100a")
+    p.add_argument("--source", required=True, type=Path,
+                   help="the kernel's source file: .c/.cpp (cpu), .cu (CUDA C++) or .ptx")
+    p.add_argument("--language", choices=("c", "cpp", "cuda", "ptx"), help="default: from the file's suffix")
+    p.add_argument("--flags", help="compiler flags (part of the candidate); default -O3 -fopenmp on the cpu, "
+                                   "none on cuda")
+    p.add_argument("--grid", default="", help="cuda launch rule: grid expression over the shape symbols, e.g. "
+                                              "'cdiv(rows, 4)' or '(cdiv(cols, 256), rows)'")
+    p.add_argument("--block", default="", help="cuda launch rule: block expression, e.g. 128")
+    p.add_argument("--smem", default="", help="cuda launch rule: dynamic shared memory bytes (default 0)")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--json", dest="json_out", help="write the verdict as JSON to this file ('-': stdout)")
+
+    p = sub.add_parser("dead-letters", help="list the work the services gave up on; --replay sends it back")
+    p.add_argument("--stage", help="only this stage's (coder, compiler, verifier, benchmarker, ...)")
+    p.add_argument("--campaign", help="only this campaign's")
+    p.add_argument("--replay", action="store_true",
+                   help="ask each campaign's planner to send its dead letters back to their stages (after fixing "
+                        "what failed them); it does while the campaign runs, and takes them off the list")
+    p.add_argument("--answer-timeout", type=float, default=30.0,
+                   help="seconds to wait in all for the planners' answers (default 30)")
+    p.add_argument("--nats-url", help="NATS server (env KFACTORY_NATS_URL); in the secure profile, as the admin "
+                                      "user (KFACTORY_NATS_USER/PASSWORD)")
+
+    p = sub.add_parser("export", help="a verified kernel as C, a Python module or a torch op, usable without "
+                                      "kfactory (docs/exporting.md)")
+    p.add_argument("kernel", metavar="ID|PROBLEM", help="a candidate id (or unique prefix), or a problem: its fastest "
+                                                        "measured kernel")
+    p.add_argument("--shape", default="", help="with a PROBLEM: the fastest at this shape")
+    p.add_argument("--target", default="", help="with a PROBLEM: on this target (default cpu)")
+    p.add_argument("--format", dest="fmt", required=True, choices=("c", "python", "torch"))
+    p.add_argument("--name", required=True, help="the exported function's name (a C identifier)")
+    p.add_argument("--out", type=Path, required=True, help="the directory to write into (one per kernel)")
+    p.add_argument("--memory", help="Evidence service address (env KFACTORY_MEMORY_ADDR); unset: read the local "
+                                    "workspace")
+    p.add_argument("--json", dest="as_json", action="store_true", help="print the files written as JSON")
+
+    p = sub.add_parser("problems", help="list problems, describe one, or check a package before a campaign (its "
+                       "reference on the smallest verification shape, every family rendered at one point)")
+    p.add_argument("action", choices=("list", "describe", "check", "new"))
+    p.add_argument("name", nargs="?")
+    p.add_argument("--like", default="softmax", help="new: the built-in problem to copy (default softmax)")
+    p.add_argument("--out", type=Path, default=Path("."), help="new: where the package directory goes (default .)")
+
+    from kfactory.cli import evidence as evidence_cmd
+    from kfactory.targets.cuda import precompile
+
+    evidence_cmd.add_parser(sub)
+    precompile.add_parser(sub)
+    return ap
+
+
+def log_options(cmd: str, flag: str | None, settings: Settings) -> tuple[str, bool]:
+    """(level, JSON lines?) of a command's logs: --log-level, else KFACTORY_LOG_LEVEL, else the command's
+    default; JSON for `serve` (a pod's log collector parses it) or when KFACTORY_LOG_JSON says so."""
+    level = flag or settings.log_level or ("warning" if cmd in ("run", "problems") else "info")
+    return level, cmd == "serve" or settings.log_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    # a native crash (a fatal signal in a C extension: grpc, sqlite, a ctypes helper) prints every thread's Python
+    # stack on stderr instead of a bare "Segmentation fault": what a bug report needs
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
+    args = build_parser().parse_args(argv)
+    try:
+        level, json_lines = log_options(args.cmd, args.log_level, Settings())
+        configure(level, json=json_lines)
+        return _dispatch(args)
+    except ValidationError as e:  # a setting from the environment or a flag: say which, and what it needs
+        print(f"kfactory: bad configuration:\n{settings_errors(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 (no command expected it: a bug of kfactory's, told apart from a mistake)
+        from kfactory.cli.crash import report_unexpected
+
+        return report_unexpected(e, list(sys.argv[1:] if argv is None else argv), args.cmd)
+
+
+def settings_errors(e: ValidationError) -> str:
+    """One line per invalid setting, named as the environment variable that sets it."""
+    lines = []
+    for err in e.errors():
+        field = ".".join(str(x) for x in err["loc"])
+        name = f"KFACTORY_{field.upper()}" if field else "the settings"
+        lines.append(f"  {name}: {err['msg']}")
+    return "\n".join(lines)
+
+
+#: the commands that only query (the workspace or a factory): they start no service
+QUERY_COMMANDS = ("status", "best", "report", "priors", "lessons")
+
+
+def _dispatch(args) -> int:
+    from kfactory.cli import client
+
+    if args.cmd in QUERY_COMMANDS:  # before kfactory.platform.app, whose imports (the judge's) alone take a second
+        try:
+            return client.dispatch(args, _settings(args), None)
+        except client.ClientError as e:
+            print(f"kfactory: {e}", file=sys.stderr)
+            return e.code
+    if args.cmd in ("evidence", "precompile"):  # no service: before kfactory.platform.app's imports too
+        from kfactory.cli import evidence as evidence_cmd
+        from kfactory.targets.cuda import precompile
+
+        return (evidence_cmd if args.cmd == "evidence" else precompile).run(args, _settings(args))
+    from kfactory.platform.app import WiringError
+
+    if args.cmd == "problems":
+        return _problems(args)
+    if args.cmd == "check":
+        return _check(args)
+    try:
+        if args.cmd == "run":
+            from kfactory.cli.run import run_campaign
+
+            return asyncio.run(run_campaign(_settings(args), _spec(args), args))
+        if args.cmd == "dead-letters":
+            return _dead_letters(args)
+        if args.cmd == "export":
+            from kfactory.export.command import run as export_command
+
+            return export_command(args, _settings(args))
+        if args.cmd == "serve":
+            from kfactory.platform.app import serve
+
+            settings = _settings(args)
+            if args.grpc_addr:
+                key = "planner_addr" if args.service == "planner" else "memory_addr"
+                settings = settings.model_copy(update={key: args.grpc_addr})
+            asyncio.run(serve(args.service, settings))
+            return 0
+        return client.dispatch(args, _settings(args), _spec if args.cmd == "submit" else None)
+    except WiringError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return 1
+    except client.ClientError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return e.code
+
+
+def _dead_letters(args) -> int:
+    """`kfactory dead-letters`; a --campaign or --stage that is no subject token is a usage error (ClientError)."""
+    from kfactory.platform.app import WiringError
+    from kfactory.bus.core import BusUnavailable
+    from kfactory.cli.client import check_campaign_id, check_stage
+    from kfactory.bus.deadletters import command
+
+    if args.campaign is not None:
+        check_campaign_id(args.campaign, "--campaign")
+    if args.stage is not None:
+        check_stage(args.stage)
+    try:
+        return asyncio.run(command(_settings(args), args.stage, args.campaign, args.replay, sys.stdout,
+                                   args.answer_timeout))
+    except BusUnavailable as e:
+        raise WiringError(str(e)) from e
+
+
+def _check(args) -> int:
+    """Exit 0 when the kernel passed, 1 when it was rejected, 2 on a usage error."""
+    import json
+
+    from kfactory.cli.check import check, launch_rule
+    from kfactory.problems.loader import language_of
+
+    try:
+        source = args.source.read_text()
+    except OSError as e:
+        print(f"kfactory check: cannot read --source {args.source}: {e.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+
+    cuda = args.target.startswith("cuda")
+    flags = args.flags if args.flags is not None else ("" if cuda else "-O3 -fopenmp")
+    try:
+        launch = launch_rule(source, args.grid, args.block, args.smem) if cuda else None
+        out = check(args.problem, args.target, source, flags, _settings(args), args.compile_only,
+                    args.language or language_of(args.source, args.target), launch)
+    except ValueError as e:  # ProblemError, UnknownTarget, a bad target option: the message says what to fix
+        print(f"kfactory check: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    text = json.dumps(out, indent=2)
+    if args.json_out == "-":
+        print(text)
+    elif args.json_out:
+        Path(args.json_out).write_text(text)
+    verdict = out["verdict"]
+    if verdict is None:
+        print(f"{out['candidate_id'][:12]}: compiled" if out["compiled"] else "did not compile", file=sys.stderr)
+        return 0 if out["compiled"] else 1
+    sp = out["speedup_vs_reference"]
+    print(f"{out['candidate_id'][:12]}: " + ("passed" + (f", {sp:.2f}x the reference" if sp else "")
+                                             if verdict["passed"] else f"rejected: {verdict['reason']}: "
+                                             f"{verdict['message']}"), file=sys.stderr)
+    return 0 if verdict["passed"] else 1
+
+
+def _problems(args) -> int:
+    from kfactory.problems import ProblemError, list_problems, load_problem
+
+    if args.action == "list":
+        for name in list_problems():
+            p = load_problem(name)
+            print(f"{name:12s} {' '.join(p.spec.description.split())[:100]}")
+        return 0
+    if not args.name:
+        print(f"kfactory problems {args.action}: name a problem or a package directory (kfactory problems list)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.action == "new":
+            return _problem_new(args)
+        problem = load_problem(args.name)
+        if args.action == "check":
+            return _problem_check(problem)
+        print(problem.describe())
+    except ProblemError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _problem_new(args) -> int:
+    """Scaffold a package; a bad name, an unknown --like or an existing directory is a usage error."""
+    from kfactory.problems import ProblemError
+    from kfactory.problems.scaffold import new_problem, next_steps
+
+    try:
+        print(next_steps(new_problem(args.name, args.like, args.out)))
+    except ProblemError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+def _problem_check(problem) -> int:
+    """Print every problem of a package, one line each; exit 1 when there is one."""
+    from kfactory.problems.check import problems_of
+
+    found = problems_of(problem)
+    for line in found:
+        print(f"kfactory: {line}", file=sys.stderr)
+    if not found:
+        print(f"{problem.name}: the reference runs on every distribution and every family renders")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

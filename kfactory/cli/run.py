@@ -1,0 +1,197 @@
+"""`kfactory run`: a whole campaign on this machine: embedded nats-server, six services in one process."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from kfactory.cli import progress
+from kfactory.platform.app import start_services
+from kfactory.bus.natsd import EmbeddedNats
+from kfactory.problems import ProblemError
+from kfactory.evidence.report import format_params
+from kfactory.platform.service import Context
+from kfactory.services.planner.specs import SpecError, validate
+from kfactory.targets import get_target
+
+
+def _progress(st, shapes: int) -> Table:
+    counts, _ = st.reported()
+    snap = progress.snapshot(st, shapes)
+    return progress.table(f"campaign {st.id}: {st.spec.problem} on {st.spec.target} ({st.spec.strategy})", snap,
+                          counts, st.in_flight())
+
+
+def leaderboard_table(summary: dict, rows) -> Table:
+    t = Table(title="leaderboard")
+    for col in ("rank", "candidate", "origin", "params", "flags", "median (ms)"):
+        t.add_column(col)
+    for i, m in enumerate(rows, 1):
+        c = m.candidate
+        t.add_row(str(i), c.id[:12], c.origin, format_params(c.params_json), c.compile_flags,
+                  f"{m.score_s * 1e3:.3f}")
+    return t
+
+
+#: the exit status of a run ended by Ctrl-C (128 + SIGINT), as shells give
+EXIT_INTERRUPTED = 130
+
+
+async def run_campaign(settings, spec, args) -> int:
+    """Run one campaign to its end; print a leaderboard; write the report and the --json summary. The spec is
+    checked before any server or service starts (a mistake is one line and exit 2, as `submit` answers it);
+    Ctrl-C cancels the campaign, writes the report and summary of what finished, and exits 130."""
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a pipe or a log has no width to keep to; 80 columns fold every row's parameters
+        console.width = max(console.width, 160)
+    try:
+        spec, note = validate(spec, settings, Context.problem, lambda t: get_target(t, settings))
+    except SpecError as e:
+        print(f"kfactory run: {e}", file=sys.stderr)  # one line, unwrapped, as submit's
+        return 2
+    if note:
+        print(f"kfactory run: {note}", file=sys.stderr)
+    nats = None
+    if not args.nats_url:
+        nats = EmbeddedNats()
+        settings = settings.model_copy(update={"nats_url": nats.start()})
+    running = None
+    try:
+        running = await start_services(settings, grpc=False)
+        planner, memory = running.services["planner"], running.services["memory"]
+        await _memory_ready(running)
+        cid = await planner.submit(spec)
+        st = planner.campaigns[cid]
+        with _interrupt_cancels(planner, cid) as interrupted:
+            await _follow(st, running, console, args.quiet)
+        if running.failed():
+            raise running.failed()
+        await _wait_archived(memory, cid)
+        code = _finish(settings, st, running, memory, args, console)
+        if interrupted.is_set():
+            print(f"interrupted: campaign {cid} was cancelled; the report and summary hold what finished before "
+                  "Ctrl-C", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        return code
+    finally:
+        if running:
+            await running.shutdown()
+        if nats:
+            nats.stop()
+
+
+@contextlib.contextmanager
+def _interrupt_cancels(planner, cid: str):
+    """While the campaign runs, the first Ctrl-C cancels it (the run then ends as a cancelled campaign, with its
+    report); a second one interrupts at once, as Ctrl-C does by default."""
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+
+    def on_sigint() -> None:
+        interrupted.set()
+        loop.remove_signal_handler(signal.SIGINT)
+        loop.create_task(planner.cancel(cid, "interrupted by Ctrl-C"))
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        yield interrupted
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _follow(st, running, console: Console, quiet: bool) -> None:
+    """Show progress until the campaign finishes: a live table on a terminal, else a line whenever the counts or
+    what the run is doing change (the line's time-left figure is as of that moment)."""
+    shapes = _optimise_shapes(st.spec.problem)
+    live = Live(_progress(st, shapes), console=console, refresh_per_second=2) if not quiet and \
+        console.is_terminal else contextlib.nullcontext()
+    last = None
+    with live:
+        while st.finished is None and not running.stop.is_set():
+            await asyncio.sleep(0.5)
+            if isinstance(live, Live):
+                live.update(_progress(st, shapes))
+            elif not quiet:
+                counts, _ = st.reported()
+                snap = progress.snapshot(st, shapes)
+                key = (str(counts), snap.best_s, snap.comparing, snap.compared)
+                if key != last:
+                    console.print(progress.line(snap, counts), highlight=False, soft_wrap=True)
+                    last = key
+
+
+def _optimise_shapes(problem: str) -> int:
+    """How many shapes the final comparison times (0 when the problem no longer loads: progress then omits it)."""
+    try:
+        return len(Context.problem(problem).shapes("optimize"))
+    except ProblemError:
+        return 0
+
+
+async def _memory_ready(running, timeout: float = 5.0) -> None:
+    """Wait until memory answers on its loopback port, so the planner can ask it for priors."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not running.ctx.memory_addr and loop.time() < deadline and running.failed() is None:
+        await asyncio.sleep(0.05)
+
+
+async def _wait_archived(memory, cid: str, timeout: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if memory.archive.q("SELECT 1 FROM campaigns WHERE id=? AND finished_ns IS NOT NULL", (cid,)):
+            return
+        memory.progress.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(memory.progress.wait(), 1.0)
+
+
+def agent_lines(summary: dict) -> list[str]:
+    """What the agent coders did, one line per persona, and why they were off or paused."""
+    out = [f"agents: {summary['agent_note']}"] if summary.get("agent_note") else []
+    for name, a in summary.get("agents", {}).items():
+        fails = ", ".join(f"{k} {v}" for k, v in a["failures"].items())
+        out.append(f"agent {name}: {a['proposed']} tasks, {a['candidates']} candidates, {a['measured']} measured, "
+                   f"{a['improvements']} improvements, tokens {a['tokens_in']} in / {a['tokens_out']} out"
+                   + (f"; failures: {fails}" if fails else ""))
+    return out
+
+
+def _finish(settings, st, running, memory, args, console: Console) -> int:
+    summary = json.loads(st.finished.summary_json)
+    out_dir = Path(settings.report_dir) / st.id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md, png = memory.report(st.id)
+    (out_dir / "report.md").write_text(md)
+    (out_dir / "plot.png").write_bytes(png)
+    # and a copy in the workspace, beside the archive and the sources, which outlive this run's nats-server
+    from kfactory.evidence.workspace import Workspace
+    Workspace.of(settings).write_report(st.id, md, png)
+    summary["state"] = st.finished.state
+    summary["report"] = str(out_dir / "report.md")
+    summary["services"] = {name: svc.handled for name, svc in running.services.items()}
+    rows = [m for m, _ in memory.archive.leaderboard(st.id, 10)]
+    console.print(leaderboard_table(summary, rows))
+    best = summary.get("best")
+    if best:
+        base = ", ".join(f"{k} {v:.2f}x" for k, v in (best.get("speedup_vs_baselines") or {}).items() if v)
+        ref = best.get("speedup_vs_reference")
+        console.print(f"best {best['candidate_id'][:12]} at {best['shape']}: {best['median_seconds'] * 1e3:.3f} ms; "
+                      f"vs reference {ref:.2f}x; vs {base}" if ref else "best: no comparison was measured")
+    for line in agent_lines(summary):
+        console.print(line)
+    console.print(f"state {st.finished.state}; report {summary['report']}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(summary, indent=2))
+    else:
+        json.dump(summary, sys.stdout, indent=2)
+        print()
+    return 0 if st.finished.state == "completed" else 1

@@ -1,0 +1,223 @@
+"""Measurement of compiled kernels over a target Session: interleaved timing at a shape, the speed-of-light floor,
+the check of every timed call's outputs and the check after a timing (probe_after_timing).
+
+Split from kfactory/judge/verify.py (verification), whose pools, checks and typed reasons it uses.
+"""
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field
+
+from kfactory.judge import inputs as inp
+from kfactory.judge.verify import (InputPool, RegressionInput, Rejection, check_outputs, fault_reason, reject_tampering,
+                            timing_dist)
+from kfactory.observability.stagetime import span
+from kfactory.problems import Problem
+from kfactory.problems.check import ReferenceFailed
+from kfactory.sandbox.parent import RunnerFault
+from kfactory.judge.stats import summarize
+from kfactory.targets import Session
+from kfactory.v1 import events_pb2 as pb
+
+#: a time under (bytes / bandwidth or flops / peak, whichever is larger) / SOL_SLACK is not believed: the
+#: ceilings are measured with simple probes a good kernel can beat a little, never by this much
+SOL_SLACK = 2.0
+
+
+def sol_floor_s(problem: Problem, shape: dict[str, int], device: pb.DeviceInfo | None) -> float:
+    """The speed-of-light floor in seconds at a shape on a device (0 when no ceiling is known)."""
+    if device is None:
+        return 0.0
+    nbytes, flops = problem.cost(shape)
+    times = [nbytes / (device.mem_bandwidth_gbps * 1e9) if device.mem_bandwidth_gbps else 0.0,
+             flops / (device.peak_gflops * 1e9) if device.peak_gflops else 0.0]
+    return max(times) / SOL_SLACK
+
+
+@dataclass
+class Timing:
+    """Per key, the summary at one shape, or a typed failure."""
+    timings: dict[str, pb.ShapeTiming] = field(default_factory=dict)
+    reason: int = pb.REJECT_REASON_UNSPECIFIED
+    message: str = ""
+    failed_key: str = ""
+    #: the timing set whose output was wrong (a regression input for memory)
+    failed_input: RegressionInput | None = None
+
+
+def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str, int], pool: InputPool,
+            cache_bytes: int, settings, max_s: float | None = None, device: pb.DeviceInfo | None = None,
+            probe: list[str] | None = None) -> Timing:
+    """Time `keys` interleaved at one shape. A median under the speed-of-light floor is a failure, and the
+    outputs that the timed calls left in every input set of the pool are checked. Then every key of `probe`
+    (default: every key; a caller may leave out kernels it trusts, such as the problem's baselines) is checked
+    once more, on fresh inputs, after more calls than the timing made (probe_after_timing): that check does
+    not depend on how many calls a loaded host let the timing make. A session that runs nothing (replay) has
+    no kernel to probe."""
+    try:
+        sets, refs, seeds = pool.timing_sets(shape, cache_bytes)
+    except ReferenceFailed as e:
+        return Timing(reason=pb.PROBLEM_ERROR, message=str(e))
+    sname = problem.shape_str(shape)
+    probed = list(keys if probe is None else probe) if _runs_kernels(session) else []
+    # the timing, the speed-of-light overhead (a load and a bench), the loads after a replacement, and per
+    # probed key its repeat benches and its checked call: all in one runner child, whose kernels' state (a
+    # call counter) is what the probe is about
+    _hold_runner(session, 3 + len(keys) + len(probed) * (REPEAT_BENCHES + 1))
+    try:
+        res = session.bench(keys, shape, sets, min_samples=settings.measure_min_samples,
+                            min_s=settings.measure_min_s, max_s=max_s or settings.measure_max_s,
+                            noise=settings.measure_noise, warmup_s=0.05)
+    except RunnerFault as e:
+        return Timing(reason=fault_reason(e), message=f"{sname} timing: {e}")
+    nbytes, _ = problem.cost(shape)
+    floor = sol_floor_s(problem, shape, device)
+    # NOTE the floor check still leans on the host's load: the empty call's cost is measured once, alone, but
+    # on a loaded host an empty call timed beside an OpenMP kernel takes tens of microseconds (8-66 us against
+    # 1.7 us alone on two busy cores), which hides a skipped call wherever the floor is that small (softmax
+    # 1x50257: 14 us). Measuring the empty call inside the same interleaved timing would fix it (a session's
+    # work); the probe below cannot, as its checked call is poisoned and so looks checked
+    overhead = session.call_overhead_s() if floor else 0.0
+    ceiling = device.mem_bandwidth_gbps if device is not None else 0.0
+    out = Timing()
+    for k in keys:
+        t = summarize(res.samples[k], sname, nbytes, ceiling)
+        if t.median_s - overhead < floor:
+            return Timing(reason=pb.TOO_FAST_TO_BE_TRUE, failed_key=k,
+                          message=f"{sname}: median {t.median_s * 1e6:.1f} us less {overhead * 1e6:.1f} us for an "
+                                  f"empty call is under the speed-of-light floor {floor * 1e6:.1f} us "
+                                  f"(bytes/bandwidth, flops/peak over {SOL_SLACK:g})")
+        for i, outs in enumerate(res.outputs[k]):
+            check = check_outputs(problem, outs, refs[i], sname, "timed", seeds[i], 0.0)
+            if not check.passed:
+                return Timing(reason=pb.WRONG_RESULT, failed_key=k,
+                              failed_input=RegressionInput(sname, timing_dist(problem), seeds[i]),
+                              message=f"{sname}: output of the timed calls (set {i}) is wrong: {check.note}")
+        t.output_checked = True
+        t.mode = res.mode
+        if k in res.telemetry:
+            t.telemetry.CopyFrom(res.telemetry[k])
+        out.timings[k] = t
+    for k in probed:
+        failed = probe_after_timing(session, k, problem, shape, pool, len(res.samples[k]), out.timings[k].median_s)
+        if failed is not None:
+            return failed
+    return out
+
+
+#: repeat benches a probe may need before its calls are made (each one twice as long as the one before)
+REPEAT_BENCHES = 4
+
+#: the fewest calls between a timing's last timed call and its probe's checked call, whatever the host's load
+PROBE_MIN_CALLS = 128
+
+
+def probe_calls(timed_calls: int) -> int:
+    """How many calls the probe makes between the timing and its checked call: the timing's own count (but at
+    least PROBE_MIN_CALLS), plus a random extra of up to half of that, drawn from fresh entropy for every
+    probe. Neither part is known to the kernel in advance: the timing's count depends on the host's load, the
+    extra on nothing it can see."""
+    base = max(timed_calls, PROBE_MIN_CALLS)
+    return base + secrets.randbelow(base // 2 + 1)
+
+
+def probe_after_timing(session: Session, key: str, problem: Problem, shape: dict[str, int], pool: InputPool,
+                       timed_calls: int, median_s: float) -> Timing | None:
+    """The check after a timing of `timed_calls` calls of kernel `key` at `shape`: probe_calls(timed_calls)
+    unchecked calls at the problem's smallest shape, then one call at `shape` on fresh inputs (pool.probe_set,
+    never a timing set) into fresh buffers with the outputs poisoned, checked in full against the float64
+    reference as verify checks. None when it passed.
+
+    Why: the timed calls' own outputs cannot show a kernel that stops writing, since the buffers of a timing
+    set still hold the right answer of an earlier honest call on the same inputs; and how many calls the
+    timing made depends on the host's load. The checked call comes after every timed call and is the first
+    call at `shape` since the timing (unless `shape` is the problem's smallest), so a kernel whose cheating,
+    once begun, goes on (a call counter past its threshold, counting all its calls or only those at this
+    shape) is wrong at the check whenever any timed call cheated, however few calls the timing made. The
+    calls in between, at least as many as the timing made and never fewer than PROBE_MIN_CALLS, reach
+    further: a kernel counting its calls that would set off within that many calls after the timing is
+    caught too, whatever the load. They are made at the smallest shape because they cost microseconds there,
+    where at the largest shape as many calls again would double the measurement; a kernel counting only its
+    calls at the largest shape and setting off after the timing escapes, as it escapes any judge that makes
+    fewer calls than its threshold, but then every timed call was honest.
+
+    What it cannot see: a kernel that tells this call from a timed one (fresh buffers, a poisoned output) and
+    computes only then; the speed-of-light floor is the check for that (see measure)."""
+    sname = problem.shape_str(shape)
+    calls = probe_calls(timed_calls)
+    smallest = min(problem.shapes("all"), key=lambda s: math.prod(s.values()))
+    try:
+        made = _repeat_calls(session, key, smallest, _unchecked_sets(problem, smallest), calls, median_s)
+        if made < calls:
+            return Timing(reason=pb.TIMEOUT, failed_key=key,
+                          message=f"{sname}: after the timing the kernel made only {made} of {calls} calls at "
+                                  f"{problem.shape_str(smallest)} in the time given (its timing's median was "
+                                  f"{median_s * 1e6:.1f} us a call)")
+        x, ref, seed = pool.probe_set(shape)
+        res = session.call(key, shape, x)
+    except RunnerFault as e:
+        return Timing(reason=fault_reason(e), failed_key=key, message=f"{sname} after the timing: {e}")
+    label = f"after {timed_calls} timed and {made} further calls"
+    try:
+        reject_tampering(res, sname, label)
+    except Rejection as r:
+        return Timing(reason=r.reason, failed_key=key, message=r.message)
+    check = check_outputs(problem, res.outputs, ref, sname, "after-timing", seed, res.seconds)
+    if not check.passed:
+        return Timing(reason=pb.WRONG_RESULT, failed_key=key,
+                      message=f"{sname}: the output {label} (fresh inputs, outputs poisoned) is wrong: "
+                              f"{check.note}")
+    return None
+
+
+def _unchecked_sets(problem: Problem, shape: dict[str, int]) -> list[dict]:
+    """Two input sets for calls whose outputs nobody reads (no reference computed)."""
+    with span("drawing"):
+        return [inp.draw(problem, shape, timing_dist(problem), inp.fresh_seed()) for _ in range(2)]
+
+
+def _repeat_calls(session: Session, key: str, shape: dict[str, int], sets: list, calls: int,
+                  median_s: float) -> int:
+    """Make at least `calls` calls of `key` at `shape`: the timed samples of benches with no warm-up time, no
+    time floor and no noise bound, so each stops at its sample count. Each bench is given time for its calls
+    at 8x `median_s` (a call's time at the timed shape, which a call at `shape` does not exceed), at least
+    1 s and at most 30 s (so a kernel that hangs here is killed in bounded time), and twice that on a repeat:
+    a loaded host slows the calls, it does not cut their count. The calls made (a bench's warm-up rounds are
+    not counted, so it is a floor)."""
+    made = 0
+    budget_s = min(30.0, max(1.0, 8.0 * calls * median_s))
+    for _ in range(REPEAT_BENCHES):
+        if made >= calls:
+            break
+        res = session.bench([key], shape, sets, min_samples=calls - made, min_s=0.0, max_s=budget_s,
+                            noise=NO_NOISE_BOUND, warmup_s=0.0)
+        made += len(res.samples[key])
+        budget_s *= 2
+    return made
+
+
+#: a noise bound every sample set meets (a repeat bench stops at its sample count, not at a spread)
+NO_NOISE_BOUND = 1e9
+
+
+def _runs_kernels(session: Session) -> bool:
+    """False for a session with no runner (replay answers from a recording): no kernel runs, none is probed."""
+    return getattr(session, "runner", None) is not None
+
+
+def _hold_runner(session: Session, requests: int) -> None:
+    """Have the next `requests` requests answered by one runner child (kfactory.sandbox.parent.Runner.reserve), so a
+    routine replacement after runner_max_runs cannot fall between a timing and its probe and start the
+    kernel afresh."""
+    reserve = getattr(getattr(session, "runner", None), "reserve", None)
+    if reserve is not None:
+        reserve(requests)
+
+
+def available_baselines(problem: Problem, target: str = "cpu") -> list[str]:
+    """The problem's declared baselines that can run here on a target (reference.py's `baselines()` for the
+    cpu, `cuda_baselines()` for cuda, each given the problem's params; torch only where it is importable)."""
+    fn = getattr(problem.reference, "cuda_baselines" if target == "cuda" else "baselines", None)
+    have = fn(**problem.params) if fn else {}
+    return [b for b in problem.spec.baselines if b in have]

@@ -1,0 +1,91 @@
+"""The judge's order (issue 23): which candidates a short timing screens before they are verified, and how much work
+the pipeline keeps in flight ahead of the device.
+
+A candidate the search proposed (a template point, a warm start, an agent's kernel) goes from the compiler to the
+benchmarker first: a short timing at the first optimisation shape, and one slower than screen_factor x the
+campaign's best full measurement is recorded as screened out with that timing. It is never verified, so it can
+never be a result: the planner's best, memory's best, the final comparison and export all pass it over. One that
+can still rank goes on to the verifier, which judges it in full, and then to the full measurement. Verification
+costs a hundred times a kernel's run (bench/verify_cost.py), a screen a few runs.
+
+The reference kernel and hand-written kernels are verified first, as before: their verdict is what a person asked
+for (and the reference is what every speedup is measured against).
+"""
+from __future__ import annotations
+
+import os
+
+from kfactory.v1 import events_pb2 as pb
+
+#: origins of the candidates a search produced (kfactory/services/planner/campaign.SEARCHED names the same)
+SEARCHED = ("template:", "warm:", "agent:")
+
+#: the pipeline's settings before issue 23 (bench/throughput.py --baseline-order runs them side by side with
+#: today's): every candidate verified before any timing, one compile at a time, two points in flight, a fresh
+#: shared-memory file for every call, outputs compared by numpy
+BASELINE = {"judge_order": "verify_first", "compile_workers": 1, "default_parallel": 2, "runner_arenas": False,
+            "compare_one_pass": False}
+
+
+def screens_first(cand: pb.Candidate, settings, target) -> bool:
+    """True when `cand` is screened before it is verified: screening is on and the order says so, the candidate
+    is the search's, and its target runs kernels (a replayed target answers both from a recording)."""
+    return (settings.judge_order == "screen_first" and settings.screen_max_s > 0
+            and cand.origin.startswith(SEARCHED) and getattr(target, "screens_first", True))
+
+
+def first_judge_stage(cand: pb.Candidate, settings, target) -> str:
+    """Where a compiled candidate goes: the benchmarker's screen, or the verifier."""
+    return "benchmarker" if screens_first(cand, settings, target) else "verifier"
+
+
+def compile_workers(settings) -> int:
+    """Compiles a compiler service runs at once: the setting, or one per core."""
+    return settings.compile_workers or os.cpu_count() or 1
+
+
+def default_parallel(settings) -> int:
+    """Design points a campaign keeps in flight when its spec does not say: the setting, or one per core plus two
+    (one on the device, one being verified or measured, the rest compiling ahead of them)."""
+    return settings.default_parallel or (os.cpu_count() or 1) + 2
+
+
+def screen_key(campaign: str, candidate: str) -> str:
+    """The claims-cache key under which a passed screen's median is kept: the benchmarker does not screen that
+    candidate again after its verification."""
+    return f"screened:{campaign}:{candidate}"
+
+
+def device_seconds(event: pb.Event) -> float:
+    """The device time an event reports its work used (the device lease held: kfactory.platform.service.Held): a
+    verification's, a screen's or a measurement's (its screen before the verification included), a rejection's
+    at either stage; none for a measurement reused from the result cache. A campaign's device-second budget
+    (Settings.device_seconds) and its summary add these up."""
+    kind = event.WhichOneof("body")
+    if kind == "verified":
+        return event.verified.seconds
+    if kind == "measured":
+        return 0.0 if event.measured.cached else event.measured.seconds
+    if kind == "rejected":
+        figures = event.rejected.figures
+        return figures.get("verify_seconds", 0.0) + figures.get("device_seconds", 0.0)
+    return 0.0
+
+
+def room(st, budget_s: float) -> int:
+    """Points campaign `st` (a planner CampaignState) may have in flight: its spec's `parallel`; under a device-time
+    budget of `budget_s` (Settings.device_seconds; 0: none) no more than the device time left pays for at the
+    campaign's average device time a candidate so far, and one at a time until a first result gives that average,
+    so a campaign ends within about one candidate's device time of its budget."""
+    if not budget_s:
+        return st.spec.parallel
+    done = st.counts.measured + st.counts.rejected + st.counts.compile_failed
+    if not done:
+        return 1
+    return min(st.spec.parallel, max(0, int((budget_s - st.device_s) / max(st.device_s / done, 1e-9))))
+
+
+def device_budget_spent(st, budget_s: float) -> bool:
+    """True when campaign `st` may propose nothing more for its device time: spent, or with nothing in flight and
+    no room for one more candidate at its average (what is in flight finishes either way)."""
+    return bool(budget_s) and (st.device_s >= budget_s or (not st.in_flight() and not room(st, budget_s)))

@@ -1,0 +1,74 @@
+"""Multi-fidelity: cheap evidence first. The compiler's resource report prunes candidates that cannot launch
+or will spill before they reach a GPU; a short screening timing keeps the full measurement for candidates
+that might beat the campaign's best."""
+from __future__ import annotations
+
+from kfactory.judge.verify import fault_reason
+from kfactory.judge.measure import NO_NOISE_BOUND, Timing
+from kfactory.sandbox.parent import RunnerFault
+from kfactory.judge.stats import summarize
+from kfactory.v1 import events_pb2 as pb
+
+#: per-block and per-multiprocessor limits shared by sm_80, sm_90a and sm_100a (the CUDA programming guide's
+#: compute capability table): threads per block, 32-bit registers per multiprocessor, opt-in shared memory
+MAX_THREADS = 1024
+REGISTERS_PER_SM = 65536
+MAX_SHARED_BYTES = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024, "sm_100a": 227 * 1024}
+
+
+def prune(report: pb.CompileReport, launch: dict | None, problem) -> str:
+    """Why a compiled cuda candidate should not be run (an empty string when it may): spills, or a block
+    that cannot launch at the first optimisation shape (threads, registers, shared memory)."""
+    if not report.arch:  # not a GPU artifact: nothing to prune on
+        return ""
+    if report.spill_store_bytes or report.spill_load_bytes:
+        return (f"spills {report.spill_store_bytes} B stored / {report.spill_load_bytes} B loaded per thread "
+                "(would run from local memory)")
+    if not launch:
+        return ""
+    from kfactory.targets.cuda.launch import evaluate_launch
+
+    try:
+        rule = evaluate_launch(launch, problem.shapes("optimize")[0])
+    except ValueError as e:
+        return f"the launch rule gives no valid launch: {e}"
+    threads = rule.threads
+    if report.registers * threads > REGISTERS_PER_SM:
+        return (f"{report.registers} registers x {threads} threads = {report.registers * threads} exceeds the "
+                f"{REGISTERS_PER_SM} registers of a multiprocessor: the block cannot launch")
+    shared = report.shared_bytes + rule.smem
+    limit = MAX_SHARED_BYTES.get(report.arch, min(MAX_SHARED_BYTES.values()))
+    if shared > limit:
+        return f"{shared} B of shared memory per block exceeds {limit} B on {report.arch}"
+    return ""
+
+
+def screened_out(screen_s: float, best_s: float | None, factor: float) -> bool:
+    """True when a screening median is more than `factor` times the campaign's best so far."""
+    return best_s is not None and screen_s > factor * best_s
+
+
+def screen(session, key: str, problem, shape: dict[str, int], pool, cache_bytes: int, settings,
+           best_s: float):
+    """A screening timing of kernel `key` at `shape` (a kfactory.judge.measure.Timing): a short warm-up over the pool's
+    screening sets, then settings.screen_min_samples timed calls, or fewer when they take longer than
+    screen_max_s and screen_min_samples x screen_factor x `best_s` (the campaign's best) together: by then the
+    kernel is far slower than anything that can rank. Nothing is checked and nothing else is run, since the
+    only use of a screen is to spare a candidate that cannot rank its verification and measurement: one that
+    passes is verified and measured in full; one that does not is screened out, which is never a result. A
+    fault of the kernel (a crash, a hang) is a typed failure, as in any measurement."""
+    sname = problem.shape_str(shape)
+    sets = pool.screen_sets(shape, cache_bytes)
+    max_s = max(settings.screen_max_s, settings.screen_min_samples * settings.screen_factor * best_s)
+    try:
+        res = session.bench([key], shape, sets, min_samples=settings.screen_min_samples, min_s=0.0, max_s=max_s,
+                            noise=NO_NOISE_BOUND, warmup_s=SCREEN_WARMUP_S)
+    except RunnerFault as e:
+        return Timing(reason=fault_reason(e), failed_key=key, message=f"{sname} screening: {e}")
+    t = summarize(res.samples[key], sname, problem.cost(shape)[0])
+    t.mode = res.mode
+    return Timing(timings={key: t})
+
+
+#: a screen's warm-up: every input set once (page faults, caches), within ten times this
+SCREEN_WARMUP_S = 0.02

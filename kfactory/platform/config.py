@@ -1,0 +1,154 @@
+"""Typed configuration, read once from the environment (KFACTORY_*) and overridable by CLI flags."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kfactory"
+
+
+class Settings(BaseSettings):
+    """Every knob of every service. Environment variables are KFACTORY_<FIELD> (e.g. KFACTORY_NATS_URL)."""
+
+    model_config = SettingsConfigDict(env_prefix="KFACTORY_", extra="ignore",
+                                      secrets_dir=os.environ.get("KFACTORY_SECRETS_DIR") or None)
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    redis_url: str | None = Field(None, description="redis://host:port/db; unset means in-process claims")
+    planner_addr: str = Field("127.0.0.1:50061", description="gRPC address of the Campaigns service")
+    memory_addr: str = Field("127.0.0.1:50062", description="gRPC address of the Evidence service")
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    archive_path: Path | None = Field(None, description="SQLite archive; default <data_dir>/archive.sqlite")
+    report_dir: Path = Path("reports")
+
+    ack_wait_s: float = Field(30.0, gt=0)
+    max_deliver: int = Field(5, ge=1)
+    nak_delay_s: float = Field(1.0, ge=0)
+    workers: int = Field(1, ge=1, description="concurrent messages per service")
+    handler_timeout_s: float = Field(1800.0, gt=0, description="a message's handler still running after this long "
+                                     "is stuck: it is cancelled, the await it hung in is logged, and the message "
+                                     "is retried (dead-lettered after max_deliver)")
+
+    cc: str = "cc"
+    threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    runner_timeout_s: float = Field(20.0, gt=0)
+    runner_max_runs: int = Field(500, ge=1)
+    runner_mem_mb: int = Field(4096, ge=256)
+    input_reuse: int = Field(8, ge=1, description="candidates that share one draw of a large input set")
+    compare_one_pass: bool = Field(True, description="outputs are compared with the reference by kfactory's one-pass "
+                                   "C helper where it builds (kfactory/judge/numerics.py); false: numpy only")
+    runner_arenas: bool = Field(True, description="cpu runners reuse a ring of shared-memory arenas they keep "
+                                "mapped, instead of fresh files for every call (kfactory.sandbox.parent.ArenaRing)")
+
+    measure_min_samples: int = 10
+    measure_min_s: float = 0.2
+    measure_max_s: float = 0.6
+    measure_noise: float = 0.03
+    compare_max_s: float = 3.0
+    screen_max_s: float = Field(0.05, ge=0, description="multi-fidelity: a screening timing's length (0: off)")
+    screen_factor: float = Field(1.5, gt=1, description="screened out when slower than this x the campaign's best")
+    judge_order: Literal["screen_first", "verify_first"] = Field(
+        "screen_first", description="screen_first: a search candidate (template, warm start, agent) is timed briefly "
+        "before it is verified, and one over screen_factor x the campaign's best is recorded as screened out, never "
+        "verified; verify_first: every candidate is verified, then screened (the order before issue 23)")
+    screen_min_samples: int = Field(3, ge=1, description="timed calls a screening timing makes when its time allows")
+    device_seconds: float = Field(0.0, ge=0, description="a campaign stops proposing once its verifications, "
+                                  "screens and measurements have held the device this long (0: no bound); every "
+                                  "campaign this planner drives (CampaignSpec has no field for it yet)")
+    compile_workers: int = Field(0, ge=0, description="compiles at once per compiler service (0: one per core)")
+    default_parallel: int = Field(0, ge=0, description="design points in flight when a campaign does not say "
+                                  "(0: one per core plus two, so compiles run ahead of the device)")
+    warm_evidence: int = Field(400, ge=0, description="measurements from other campaigns a warm start learns the "
+                               "landscape from (the best --warm of them are also proposed first)")
+    precompiled: str = Field("", description="bundles of cubins compiled ahead (kfactory precompile), or folders "
+                             "holding them, separated by ':'; the cuda compiler serves a candidate found there "
+                             "instead of compiling it")
+
+    # agent coders (LLMs); without a model the factory runs with template coders and says so
+    llm_provider: Literal["openai", "anthropic"] = Field(
+        "openai", description="openai: the OpenAI-compatible chat API (vLLM, SGLang, Ollama, hosted); "
+                              "anthropic: Anthropic's messages API")
+    llm_base_url: str | None = Field(None, description="e.g. http://localhost:8000/v1 (vLLM), "
+                                                       "http://localhost:11434/v1 (Ollama), https://api.anthropic.com")
+    llm_api_key: SecretStr | None = None
+    llm_model: str | None = None
+    llm_concurrency: int = Field(2, ge=1, description="requests in flight per persona consumer")
+    llm_token_budget: int = Field(200_000, ge=0, description="tokens (prompt + reply) one campaign's agents may spend")
+    llm_timeout_s: float = Field(180.0, gt=0, description="one request's limit")
+    llm_retries: int = Field(2, ge=0, description="retries of a request that timed out, was rate limited or met a 5xx")
+    llm_backoff_s: float = Field(1.0, ge=0, description="first retry's delay; doubles per retry (with jitter)")
+    llm_max_wait_s: float = Field(60.0, ge=0, description="longest Retry-After honoured before giving up")
+    llm_reask: int = Field(1, ge=0, description="times a reply without a kernel is answered with a request to fix it")
+    llm_max_tokens: int = Field(8192, ge=256, description="reply length limit")
+    llm_temperature: float = Field(0.7, ge=0, le=2)
+    llm_parents: int = Field(2, ge=1, le=3, description="parent candidates (with their evidence) per prompt")
+    llm_token_seconds: float = Field(1e-3, ge=0, description="device-seconds one token is worth when the planner "
+                                                             "weighs coders' yields")
+
+    # the replay target's pace: 0 answers at once; 1 sleeps each recorded compile and benchmark time (a cluster
+    # simulated in real time; fault tests use a fraction so that work is in flight when they strike)
+    replay_pace: float = Field(0.0, ge=0)
+
+    # boundaries: what is refused, with a reason, before it can exhaust anything
+    max_event_bytes: int = Field(1 << 20, ge=1024, description="largest protobuf event a service decodes")
+    max_source_bytes: int = Field(512 << 10, ge=1024, description="largest kernel source the coder accepts")
+
+    # the secure profile: credentials come from the environment or from files in KFACTORY_SECRETS_DIR (never
+    # logged: SecretStr prints as '**********')
+    redis_password: SecretStr | None = Field(None, description="Redis AUTH password (added to redis_url)")
+    grpc_token: SecretStr | None = Field(None, description="bearer token the gRPC services demand (secure profile)")
+    grpc_tls_cert: Path | None = Field(None, description="PEM certificate the gRPC servers present")
+    grpc_tls_key: Path | None = Field(None, description="PEM private key of grpc_tls_cert")
+    grpc_tls_ca: Path | None = Field(None, description="PEM CA bundle clients trust (default: grpc_tls_cert)")
+
+    log_level: str | None = Field(None, description="debug, info, warning or error; unset: info for `serve`, "
+                                                    "warning for `run` and `problems` (--log-level wins)")
+    log_json: bool = Field(False, description="JSON log lines (always for `serve`)")
+
+    # observability (kfactory/observability/tracing.py, kfactory/observability/)
+    trace_file: Path | None = Field(None, description="append every finished span as a JSON line to this file")
+    trace_console: bool = Field(False, description="print finished spans on stdout (local debugging)")
+    otlp_endpoint: str | None = Field(
+        None, validation_alias=AliasChoices("KFACTORY_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint"),
+        description="OTLP/gRPC collector for spans, e.g. http://otel-collector:4317")
+    otlp_insecure: bool = Field(True, description="plaintext gRPC to the collector (in-cluster); false: TLS")
+    trace_sample_ratio: float = Field(1.0, ge=0, le=1, description="fraction of new traces kept")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus /metrics here (0: a free "
+                                                                         "port; unset: no endpoint)")
+    stream_replicas: int = Field(1, ge=1, le=5, description="copies of each JetStream stream a service creates "
+                                                         "(3 on a 3-server NATS cluster)")
+    metrics_poll_s: float = Field(2.0, gt=0, description="seconds between readings of a consumer's lag")
+    health_addr: str | None = Field(None, description="gRPC health service of `kfactory serve`, e.g. 0.0.0.0:8081 "
+                                                      "(Kubernetes probes); unset: none")
+
+    @model_validator(mode="after")
+    def _handlers_outlast_their_work(self) -> "Settings":
+        worst = self.llm_worst_case_s()
+        if self.llm_configured() and self.handler_timeout_s <= worst:
+            raise ValueError(f"handler_timeout_s ({self.handler_timeout_s:g} s) must exceed an agent's worst case "
+                             f"with these llm_* settings ({worst:g} s: every request, retry and re-ask timing out): "
+                             "raise KFACTORY_HANDLER_TIMEOUT_S or lower KFACTORY_LLM_TIMEOUT_S / _RETRIES / _REASK")
+        return self
+
+    def llm_worst_case_s(self) -> float:
+        """The longest one agent handler can legitimately wait on its model: every request and retry timing out,
+        with the longest backoff between them, for the first ask and each re-ask."""
+        per_ask = self.llm_timeout_s * (self.llm_retries + 1) + self.llm_max_wait_s * self.llm_retries
+        return per_ask * (self.llm_reask + 1)
+
+    def llm_configured(self) -> bool:
+        """True when agent coders have an endpoint and a model to call."""
+        return bool(self.llm_base_url and self.llm_model)
+
+    def archive(self) -> Path:
+        """Where memory keeps its SQLite archive."""
+        return self.archive_path or self.data_dir / "archive.sqlite"

@@ -1,0 +1,329 @@
+"""Parent side of the runner: starts, talks to, times out and replaces runner child processes.
+
+Faults of the candidate become typed exceptions (RunnerCrashed, RunnerTimeout, LoadFailed) that the
+services turn into rejection events; the service process itself never loads candidate code.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from kfactory.observability.log import get_logger
+from kfactory.observability import stagetime
+
+log = get_logger("runner")
+
+
+class RunnerFault(Exception):
+    """The candidate ended its runner abnormally."""
+
+
+class RunnerCrashed(RunnerFault):
+    """The runner died: a signal (segfault, abort, kill by a resource limit) or an exit."""
+
+
+class RunnerTimeout(RunnerFault):
+    """The runner did not answer within its wall-clock limit and was killed."""
+
+
+class LoadFailed(RunnerFault):
+    """The runner could not load or bind the kernel (missing symbol, bad object)."""
+
+
+@functools.lru_cache(maxsize=1)
+def network_isolation_prefix() -> tuple[str, ...]:
+    """`unshare -n` (root) or `unshare -rn` (user namespaces) when it works here, else nothing."""
+    exe = shutil.which("unshare")
+    if not exe:
+        return ()
+    for prefix in ((exe, "-n"), (exe, "-rn")):
+        try:
+            if subprocess.run([*prefix, "true"], capture_output=True, timeout=5).returncode == 0:
+                return prefix
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return ()
+
+
+class Runner:
+    """One runner child at a time; replaced after a fault, a timeout or max_runs commands."""
+
+    def __init__(self, threads: int, timeout_s: float = 20.0, mem_mb: int = 4096, max_runs: int = 500,
+                 isolate_network: bool = True, child_module: str = "kfactory.sandbox.child",
+                 env: dict[str, str] | None = None):
+        """`child_module` is run as `python -m child_module`; mem_mb=0 sets no address-space limit;
+        `env` adds variables to the child's environment (a GPU runner's CUDA_VISIBLE_DEVICES)."""
+        self.threads, self.timeout_s, self.mem_mb, self.max_runs = threads, timeout_s, mem_mb, max_runs
+        self.isolate_network, self.child_module, self.extra_env = isolate_network, child_module, env or {}
+        self.proc: subprocess.Popen | None = None
+        self.runs = 0
+        self.loaded: set[str] = set()
+        self.restarts = 0
+
+    def _start(self) -> None:
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KFACTORY_", "NATS", "REDIS"))}
+        env["OMP_NUM_THREADS"] = str(self.threads)
+        env.update(self.extra_env)
+        prefix = network_isolation_prefix() if self.isolate_network else ()
+        cpu_s = int(max(60, self.timeout_s * self.threads * 4))
+        cmd = [*prefix, sys.executable, "-m", self.child_module, str(p2c_r), str(c2p_w),
+               str(self.threads), str(self.mem_mb), str(cpu_s)]
+        self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+        os.close(p2c_r)
+        os.close(c2p_w)
+        self._w = os.fdopen(p2c_w, "w")
+        self._r = c2p_r
+        self._buf = b""
+        self.runs = 0
+        self.loaded = set()
+        self._request({"op": "ping"}, timeout_s=30)
+
+    def request(self, cmd: dict, timeout_s: float | None = None) -> dict:
+        """Send one command and wait for its reply; raises RunnerCrashed / RunnerTimeout / LoadFailed. The round
+        trip is accounted as the enclosing work's "runner" part, less the kernels' own run time ("kernel")."""
+        with stagetime.span("runner"):
+            reply = self._request(cmd, timeout_s)
+            stagetime.credit("kernel", kernel_seconds(reply))
+        return reply
+
+    def _request(self, cmd: dict, timeout_s: float | None) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        try:
+            self._w.write(json.dumps(cmd) + "\n")
+            self._w.flush()
+        except BrokenPipeError as e:
+            raise self._crashed() from e
+        reply = self._read_line(timeout_s or self.timeout_s)
+        self.runs += 1
+        if not reply.get("ok"):
+            raise LoadFailed(reply.get("error", "unknown error"))
+        if self.runs >= self.max_runs:
+            self.stop()
+        return reply
+
+    def _read_line(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise RunnerTimeout(f"no answer within {timeout_s:.1f}s; runner killed")
+            ready, _, _ = select.select([self._r], [], [], left)
+            if ready:
+                chunk = os.read(self._r, 1 << 16)
+                if not chunk:
+                    raise self._crashed()
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError as e:
+            self.kill()
+            raise RunnerCrashed(f"runner sent garbage: {line[:200]!r}") from e
+
+    def _crashed(self) -> RunnerCrashed:
+        rc = self.proc.wait(timeout=10) if self.proc else None
+        self._reset()
+        if rc is not None and rc < 0:
+            return RunnerCrashed(f"runner killed by signal {signal.Signals(-rc).name}")
+        return RunnerCrashed(f"runner exited with status {rc}")
+
+    def reserve(self, requests: int) -> None:
+        """Have the next `requests` requests answered by one child: replace the child now if it would reach
+        max_runs before them (a reservation larger than max_runs cannot be kept and is not attempted). A
+        loaded kernel's state (a call counter) lives in its child, so a check that must come a number of
+        calls after a timing in the same process (kfactory.judge.verify.measure) reserves its requests first."""
+        if self.proc is not None and requests <= self.max_runs and self.runs + requests > self.max_runs:
+            self.stop()
+
+    def ensure_loaded(self, key: str, cmd: dict) -> None:
+        if key not in self.loaded or self.proc is None or self.proc.poll() is not None:
+            self.request({"op": "load", "key": key, **cmd})
+            self.loaded.add(key)
+
+    def _reset(self) -> None:
+        self.restarts += 1
+        self.proc = None
+        self.loaded = set()
+        for f in (getattr(self, "_w", None),):
+            if f:
+                try:
+                    f.close()
+                except BrokenPipeError:
+                    pass
+        if getattr(self, "_r", None) is not None:
+            os.close(self._r)
+            self._r = None
+
+    def kill(self) -> None:
+        """Kill the runner's whole process group (a kernel may have forked)."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        if self.proc:
+            self._reset()
+
+    def stop(self) -> None:
+        """Ask the runner to exit, then make sure it did."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                self._w.write('{"op": "exit"}\n')
+                self._w.flush()
+                self.proc.wait(timeout=2)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        if self.proc:
+            self._reset()
+
+
+def kernel_seconds(reply: dict) -> float:
+    """How long the kernels ran in a runner's reply: the child's own account ("busy_s": every call, warm-up
+    included), else the timed calls it reports (a child that keeps no account, such as the cuda child)."""
+    if "busy_s" in reply:
+        return float(reply["busy_s"])
+    samples = reply.get("samples") or {}
+    return float(sum(reply.get("seconds") or ())) + float(sum(sum(s) for s in samples.values()))
+
+
+class ShmBuffers:
+    """Arrays in /dev/shm files that both the parent and the runner map.
+
+    `reserve(nbytes)` makes one arena file that later arrays are carved from (64-byte aligned), so a pool
+    of hundreds of small input sets costs one file and one mapping, not hundreds.
+    """
+
+    ALIGN = 64
+
+    def __init__(self):
+        base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+        self.dir = Path(tempfile.mkdtemp(prefix="kf-shm-", dir=base))
+        self.arrays: list[np.ndarray] = []
+        self._arena: tuple[str, np.memmap] | None = None
+        self._used = 0
+
+    def _file(self, nbytes: int) -> tuple[str, np.memmap]:
+        path = str(self.dir / uuid.uuid4().hex)
+        with open(path, "wb") as f:
+            f.truncate(max(1, nbytes))
+        return path, np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(1, nbytes),))
+
+    def reserve(self, nbytes: int) -> None:
+        self._arena = self._file(nbytes + self.ALIGN)
+        self._used = 0
+
+    def new(self, shape: tuple[int, ...], dtype: str) -> tuple[str, int, np.ndarray]:
+        """(path, byte offset, array view) of a fresh array."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if self._arena is not None and self._used + nbytes <= self._arena[1].size:
+            path, mm = self._arena
+            offset = self._used
+            self._used = -(-(offset + nbytes) // self.ALIGN) * self.ALIGN
+        else:
+            (path, mm), offset = self._file(nbytes), 0
+        arr = np.ndarray(shape, dtype=dtype, buffer=mm, offset=offset)
+        self.arrays.append(arr)
+        return path, offset, arr
+
+    GUARD = 4096
+    GUARD_BYTE = 0xA5
+
+    def new_guarded(self, shape: tuple[int, ...], dtype: str) -> tuple[str, int, np.ndarray, list[np.ndarray]]:
+        """Like new(), with GUARD bytes of a known pattern right before and right after the array, so a
+        write out of bounds by a few elements is seen (intact_guards) instead of landing in padding."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        path, offset, raw = self.new((nbytes + 2 * self.GUARD,), "uint8")
+        raw[: self.GUARD] = self.GUARD_BYTE
+        raw[self.GUARD + nbytes:] = self.GUARD_BYTE
+        arr = raw[self.GUARD: self.GUARD + nbytes].view(dtype).reshape(shape)
+        return path, offset + self.GUARD, arr, [raw[: self.GUARD], raw[self.GUARD + nbytes:]]
+
+    @classmethod
+    def intact(cls, guards: list[np.ndarray]) -> bool:
+        """True when no guard band written by new_guarded has changed."""
+        return all(bool((g == cls.GUARD_BYTE).all()) for g in guards)
+
+    def close(self) -> None:
+        with stagetime.span("buffers"):  # unlinking a tmpfs file frees its pages: not free for large ones
+            self.arrays.clear()
+            self._arena = None
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "ShmBuffers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def rewind(self, nbytes: int) -> None:
+        """Make this arena ready for another request of `nbytes`: its file is kept when it is large enough (its
+        pages are allocated, and a runner that keeps it mapped takes no page faults), else replaced by a larger
+        one; any file made beside it is deleted. Arrays handed out before are written over from now on."""
+        with stagetime.span("buffers"):
+            self.arrays.clear()
+            kept = self._arena if self._arena is not None and self._arena[1].size >= nbytes + self.ALIGN else None
+            for f in self.dir.iterdir():
+                if kept is None or str(f) != kept[0]:
+                    f.unlink(missing_ok=True)
+            if kept is None:
+                self.reserve(nbytes)
+            self._used = 0
+
+    def path(self) -> str:
+        """The arena's file ("" before reserve)."""
+        return self._arena[0] if self._arena is not None else ""
+
+
+class ArenaRing:
+    """Shared-memory arenas used in turn, request after request (issue 23: a fresh file per call cost more than
+    the kernel). Each request takes the next arena (rewound: inputs written, outputs poisoned, guard bands set
+    afresh by the caller), so consecutive requests never share a buffer and a runner that keeps every arena
+    mapped (the command's "keep") sees consecutive calls at different addresses; the views a request handed
+    out stay valid until the ring comes round to their arena again, `count` requests later. A request over
+    `max_bytes` takes no arena (None): its caller uses fresh buffers, as the ring would hold that much for ever.
+    """
+
+    def __init__(self, max_bytes: int, count: int = 3):
+        self.max_bytes, self.count = max_bytes, count
+        self.arenas: list[ShmBuffers] = []
+        self.turn = 0
+
+    def take(self, nbytes: int) -> ShmBuffers | None:
+        """The next arena, rewound for `nbytes`; None when `nbytes` is over max_bytes."""
+        if nbytes > self.max_bytes:
+            return None
+        if len(self.arenas) < self.count:
+            self.arenas.append(ShmBuffers())
+        arena = self.arenas[self.turn % self.count]
+        self.turn += 1
+        arena.rewind(nbytes)
+        return arena
+
+    def paths(self) -> list[str]:
+        """Every arena's file: the runner keeps these mapped and lets go of any other it kept."""
+        return [a.path() for a in self.arenas if a.path()]
+
+    def close(self) -> None:
+        for a in self.arenas:
+            a.close()
+        self.arenas.clear()

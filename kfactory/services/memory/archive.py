@@ -1,0 +1,398 @@
+"""The evidence archive: an embedded SQLite database materialised from the events stream.
+
+Inserts are keyed by event id, so replaying the stream (or a redelivery) changes nothing twice; deleting
+the file and replaying the stream rebuilds it.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from kfactory.bus import events as ev
+from kfactory.evidence import trust
+from kfactory.v1 import events_pb2 as pb
+
+#: failures that mean "this kernel computes the wrong thing": the input that showed it is worth keeping
+WRONGNESS = frozenset({pb.WRONG_RESULT, pb.NOT_DETERMINISTIC, pb.MEMOISED, pb.OUT_OF_BOUNDS})
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, campaign TEXT NOT NULL, kind TEXT NOT NULL,
+  producer TEXT, candidate TEXT, time_ns INTEGER, payload BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS events_campaign ON events(campaign, seq);
+CREATE INDEX IF NOT EXISTS events_candidate ON events(candidate, seq);
+CREATE TABLE IF NOT EXISTS campaigns (
+  id TEXT PRIMARY KEY, problem TEXT, target TEXT, strategy TEXT, device TEXT, state TEXT,
+  started_ns INTEGER, finished_ns INTEGER, summary_json TEXT);
+CREATE TABLE IF NOT EXISTS candidates (
+  campaign TEXT, id TEXT, problem TEXT, target TEXT, family TEXT, origin TEXT, params_json TEXT,
+  point_id TEXT, source_digest TEXT, compile_flags TEXT, PRIMARY KEY (campaign, id));
+CREATE TABLE IF NOT EXISTS parents (candidate TEXT, parent TEXT, PRIMARY KEY (candidate, parent));
+CREATE TABLE IF NOT EXISTS measurements (
+  campaign TEXT, candidate TEXT, problem TEXT, device TEXT, score_s REAL, time_ns INTEGER, payload BLOB,
+  PRIMARY KEY (campaign, candidate));
+CREATE TABLE IF NOT EXISTS passed (candidate TEXT PRIMARY KEY, campaign TEXT, time_ns INTEGER);
+CREATE TABLE IF NOT EXISTS regressions (
+  problem TEXT, shape TEXT, distribution TEXT, seed TEXT, candidate TEXT, campaign TEXT, reason TEXT,
+  note TEXT, time_ns INTEGER, PRIMARY KEY (problem, shape, distribution, seed));
+CREATE TABLE IF NOT EXISTS outcomes (
+  campaign TEXT, candidate TEXT, point_id TEXT, stage TEXT, reason TEXT, message TEXT, time_ns INTEGER);
+CREATE TABLE IF NOT EXISTS refused (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, subject TEXT, stream_seq INTEGER, event_id TEXT, campaign TEXT,
+  kind TEXT, producer TEXT, reason TEXT NOT NULL, head BLOB, time_ns INTEGER);
+CREATE TABLE IF NOT EXISTS held (
+  id TEXT PRIMARY KEY, campaign TEXT NOT NULL, candidate TEXT NOT NULL, reason TEXT, payload BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS held_candidate ON held(campaign, candidate);
+CREATE TABLE IF NOT EXISTS problem_names (locator TEXT PRIMARY KEY, name TEXT NOT NULL);
+"""
+#: how much of a refused message the archive keeps (enough to tell what it was, never megabytes)
+REFUSED_HEAD_BYTES = 4096
+#: results believed only at the end of their evidence chain, and the chain link each waits for
+AWAITS = {"measured": "verified", "comparison": "measured"}
+
+
+#: a character above any an id holds: [prefix, prefix + _TOP) is the range of strings that start with prefix (a
+#: range scan uses the index; LIKE would not, and is case-insensitive besides)
+_TOP = "\U0010ffff"
+
+
+def target_matches(have: str, want: str) -> bool:
+    """Whether a candidate's target is the one asked for: any when `want` is empty; a bare name (`cuda`) matches
+    each of its variants (`cuda:sm_90a`), a full one only itself."""
+    return not want or have == want or (":" not in want and have.split(":")[0] == want)
+
+
+class Archive:
+    """Thread-safe access to the SQLite archive (one connection, serialised)."""
+
+    def __init__(self, path: Path | str, problem_name=lambda locator: locator):
+        """`problem_name` maps a candidate's problem locator (a name or a package path) to its name."""
+        self._resolve = problem_name
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.executescript(SCHEMA)
+        self.lock = threading.Lock()
+        self.aliases = self._aliases()
+
+    @classmethod
+    def reader(cls, path: Path | str, problem_name=lambda locator: locator) -> "Archive":
+        """An existing archive opened for queries only (read-only, no schema written), safe beside a memory that
+        is writing it (WAL: readers see the last committed state). FileNotFoundError when there is none."""
+        self = cls.__new__(cls)
+        self._resolve = problem_name
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(str(self.path))
+        self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                                  isolation_level=None)
+        self.lock = threading.Lock()
+        self.aliases = self._aliases()
+        return self
+
+    def _aliases(self) -> dict[str, str]:
+        """The problem names imported evidence brought for locators (kfactory/evidence/bundle.py)."""
+        try:
+            return dict(self.db.execute("SELECT locator, name FROM problem_names").fetchall())
+        except sqlite3.OperationalError:  # an archive written before the table existed, opened read-only
+            return {}
+
+    def problem_name(self, locator: str) -> str:
+        """A problem's name from its locator: resolved here (a built-in name, a package path that exists), else
+        the name the machine that ran the campaign resolved it to, when imported evidence said (a package path
+        of another machine, or a temporary copy gone since), else the locator as it is."""
+        name = self._resolve(locator)
+        return name if name != locator else self.aliases.get(locator, locator)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def record(self, event: pb.Event) -> bool:
+        """Archive one event; False when it was already there, or is not believed (kfactory/evidence/trust.py): one that
+        cannot be true is kept in `refused` with the reason, a result whose evidence chain is not archived yet
+        is `held` until it is (memory's order can differ from the stream's after a restart), and only then
+        becomes evidence."""
+        with self.lock:
+            self.db.execute("BEGIN")
+            try:
+                added = self._record(event)
+                self.db.execute("COMMIT")
+            except sqlite3.Error:
+                self.db.execute("ROLLBACK")
+                raise
+        return added
+
+    def _record(self, event: pb.Event) -> bool:
+        kind = ev.kind_of(event)
+        cand = ev.candidate_of(event)
+        if why := trust.body_flaw(event):
+            self._refuse(why, event=event)
+            return False
+        if (waits := self._waits_for(event, kind)) is not None:
+            self.db.execute("INSERT OR REPLACE INTO held VALUES (?,?,?,?,?)",
+                            (event.id, event.campaign_id, waits[0], waits[1], event.SerializeToString()))
+            return False
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO events (id, campaign, kind, producer, candidate, time_ns, payload) "
+            "VALUES (?,?,?,?,?,?,?)", (event.id, event.campaign_id, kind, event.producer,
+                                       cand.id if cand and cand.id else None, event.time_unix_ns,
+                                       event.SerializeToString()))
+        self.db.execute("DELETE FROM held WHERE id=?", (event.id,))
+        if cur.rowcount:
+            self._materialise(event, kind, cand)
+            if cand is not None and cand.id:
+                self._release(event.campaign_id, cand.id)
+        return bool(cur.rowcount)
+
+    def _waits_for(self, event: pb.Event, kind: str) -> tuple[str, str] | None:
+        """(candidate, why) when `event` is a result whose chain is not archived yet; None when it may go in."""
+        if kind not in AWAITS:
+            return None
+        cand_id = event.comparison.candidate_id if kind == "comparison" else event.measured.candidate.id
+        have = {k for (k,) in self.db.execute("SELECT DISTINCT kind FROM events WHERE campaign=? AND candidate=?",
+                                              (event.campaign_id, cand_id))}
+        missing = trust.missing_links(have, event.measured.screened_out) if kind == "measured" else \
+            [k for k in ("measured",) if k not in have]
+        if not missing:
+            return None
+        return cand_id, f"waits for {', '.join(missing)} of candidate {cand_id[:16]}"
+
+    def _release(self, campaign: str, candidate: str) -> None:
+        """Archive the results held for this candidate whose chain is now whole."""
+        for (payload,) in self.db.execute("SELECT payload FROM held WHERE campaign=? AND candidate=?",
+                                          (campaign, candidate)).fetchall():
+            self._record(pb.Event.FromString(payload))
+
+    def merge(self, events: list[pb.Event], aliases: dict[str, str],
+              regressions: list[pb.RegressionInput]) -> tuple[int, int, int, int, list[str]]:
+        """Merge another archive's evidence (kfactory/evidence/bundle.py) in one transaction, all or none: each
+        event recorded as one from the stream (what derives from it is this archive's own), `aliases` (locator ->
+        problem name on the machine that ran it) kept, `regressions` added. Nothing is merged, and the reasons are
+        returned, when an id is held here with other content, an event is not believed (kfactory/evidence/trust.py), or a
+        locator is named otherwise here. Returns (added, already here, held back for their chain, regression
+        inputs added, reasons)."""
+        with self.lock:
+            self.db.execute("BEGIN")
+            kept_aliases = self.aliases
+            try:
+                if why := self._merge_conflicts(events, aliases):
+                    self.db.execute("ROLLBACK")
+                    return 0, 0, 0, 0, why
+                fresh = {k: v for k, v in aliases.items() if k != v and k not in self.aliases}
+                self.db.executemany("INSERT INTO problem_names VALUES (?,?)", sorted(fresh.items()))
+                self.aliases = {**self.aliases, **fresh}
+                before = self.db.execute("SELECT COUNT(*) FROM regressions").fetchone()[0]
+                present = {i for e in events for (i,) in self.db.execute("SELECT id FROM events WHERE id=?", (e.id,))}
+                added = sum(self._record(e) for e in events if e.id not in present)
+                held = sum(1 for e in events for _ in self.db.execute("SELECT 1 FROM held WHERE id=?", (e.id,)))
+                self.db.executemany("INSERT OR IGNORE INTO regressions VALUES (?,?,?,?,?,?,?,?,?)",
+                                    [(r.problem, r.shape, r.distribution, str(r.seed), r.candidate_id, r.campaign_id,
+                                      r.reason, r.note, 0) for r in regressions])
+                after = self.db.execute("SELECT COUNT(*) FROM regressions").fetchone()[0]
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                self.aliases = kept_aliases
+                raise
+        return added, len(present), held, after - before, []
+
+    def _merge_conflicts(self, events: list[pb.Event], aliases: dict[str, str]) -> list[str]:
+        """Why a merge must be refused (empty when it may go in); the lock is held."""
+        why = [f"problem locator {loc[:200]!r} is {self.aliases[loc]!r} here, {name!r} in the bundle"
+               for loc, name in aliases.items() if self.aliases.get(loc, name) != name]
+        started = {e.campaign_id for e in events if e.HasField("campaign_started")}
+        for e in events:
+            if flaw := trust.body_flaw(e):
+                why.append(f"event {e.id[:120]}: not believed: {flaw}")
+            elif e.campaign_id not in started and not e.HasField("dead_letter") and not self.db.execute(
+                    "SELECT 1 FROM campaigns WHERE id=?", (e.campaign_id,)).fetchone():
+                why.append(f"event {e.id[:120]}: its campaign {e.campaign_id[:64]!r} has no start here or in the "
+                           "bundle")
+            elif (row := self.db.execute("SELECT payload FROM events WHERE id=?", (e.id,)).fetchone()) and \
+                    row[0] != e.SerializeToString() and pb.Event.FromString(row[0]) != e:
+                why.append(f"event {e.id[:120]}: this archive holds another event under that id")
+        return why
+
+    def refuse(self, reason: str, subject: str = "", stream_seq: int = 0, data: bytes = b"") -> None:
+        """Keep a message of the events stream that was refused before it decoded (events.decode_event)."""
+        with self.lock:
+            self._refuse(reason, subject=subject, stream_seq=stream_seq, data=data)
+
+    def _refuse(self, reason: str, subject: str = "", stream_seq: int = 0, data: bytes = b"",
+                event: pb.Event | None = None) -> None:
+        if event is not None:
+            data = event.SerializeToString()
+        self.db.execute("INSERT INTO refused (subject, stream_seq, event_id, campaign, kind, producer, reason, head, "
+                        "time_ns) VALUES (?,?,?,?,?,?,?,?,?)",
+                        (subject[:300], stream_seq, event.id[:300] if event else "",
+                         event.campaign_id[:100] if event else "", ev.kind_of(event) if event else "",
+                         event.producer[:100] if event else "", reason[:2000], data[:REFUSED_HEAD_BYTES],
+                         time.time_ns()))
+
+    def refused(self) -> list[tuple[str, str, str, str]]:
+        """Every refused message: (subject, event id, kind, reason), oldest first."""
+        return self.q("SELECT subject, event_id, kind, reason FROM refused ORDER BY seq")
+
+    def held(self, campaign: str) -> list[tuple[str, str]]:
+        """The results of a campaign held back for want of their chain: (event id, what each waits for)."""
+        return self.q("SELECT id, reason FROM held WHERE campaign=? ORDER BY id", (campaign,))
+
+    def _materialise(self, event: pb.Event, kind: str, cand: pb.Candidate | None) -> None:
+        c, t = event.campaign_id, event.time_unix_ns
+        if kind == "campaign_started":
+            s = event.campaign_started
+            self.db.execute("INSERT OR REPLACE INTO campaigns (id, problem, target, strategy, device, state, "
+                            "started_ns) VALUES (?,?,?,?,?,?,?)", (c, s.spec.problem, s.spec.target, s.spec.strategy,
+                                                                    s.device.model, "running", t))
+        elif kind == "campaign_finished":
+            f = event.campaign_finished
+            self.db.execute("UPDATE campaigns SET state=?, finished_ns=?, summary_json=? WHERE id=?",
+                            (f.state, t, f.summary_json, c))
+        elif kind == "candidate_created":
+            self.db.execute("INSERT OR IGNORE INTO candidates VALUES (?,?,?,?,?,?,?,?,?,?)",
+                            (c, cand.id, cand.problem, cand.target, cand.family, cand.origin, cand.params_json,
+                             cand.point_id, cand.source_digest, cand.compile_flags))
+            self.db.executemany("INSERT OR IGNORE INTO parents VALUES (?,?)", [(cand.id, p) for p in cand.parents])
+        elif kind == "measured":
+            m = event.measured
+            self.db.execute("INSERT OR REPLACE INTO measurements VALUES (?,?,?,?,?,?,?)",
+                            (c, cand.id, self.problem_name(cand.problem), m.device.model, m.score_s, t,
+                             m.SerializeToString()))
+            self.db.execute("INSERT INTO outcomes VALUES (?,?,?,?,?,?,?)",
+                            (c, cand.id, cand.point_id, "benchmarker", "measured", "", t))
+        elif kind == "verified":
+            self.db.execute("INSERT OR IGNORE INTO passed VALUES (?,?,?)", (cand.id, c, t))
+        elif kind in ("rejected", "compile_failed"):
+            body = getattr(event, kind)
+            if kind == "rejected":
+                self._regression(event, body, cand)
+            reason = pb.RejectReason.Name(body.reason)
+            stage = body.stage if kind == "rejected" else "compiler"
+            pid = ev.outcome_point(body)
+            self.db.execute("INSERT INTO outcomes VALUES (?,?,?,?,?,?,?)",
+                            (c, cand.id, pid, stage, reason, body.message[:2000], t))
+
+    def _regression(self, event: pb.Event, rej: pb.Rejected, cand: pb.Candidate) -> None:
+        """A kernel that passed before (any campaign) found wrong now: keep the input that exposed it.
+        Only inputs that can be re-drawn from a declared distribution and a seed are kept (not the
+        memoisation probe's call sequences)."""
+        # record() holds the lock: query the connection directly
+        if rej.reason not in WRONGNESS or not self.db.execute("SELECT 1 FROM passed WHERE candidate=?",
+                                                               (cand.id,)).fetchone():
+            return
+        failing = next((ch for ch in reversed(rej.checks) if not ch.passed and ch.seed), None)
+        if failing is None:
+            return
+        dist = failing.distribution.removeprefix("regression:")
+        if ":" in dist or dist == "timed":
+            return
+        self.db.execute("INSERT OR IGNORE INTO regressions VALUES (?,?,?,?,?,?,?,?,?)",
+                        (self.problem_name(cand.problem), failing.shape, dist, str(failing.seed), cand.id,
+                         event.campaign_id, pb.RejectReason.Name(rej.reason), rej.message[:500],
+                         event.time_unix_ns))
+
+    def regressions(self, problem: str) -> list[pb.RegressionInput]:
+        """The regression inputs memory holds for a problem, oldest first."""
+        rows = self.q("SELECT problem, shape, distribution, seed, candidate, campaign, reason, note FROM "
+                      "regressions WHERE problem=? ORDER BY time_ns", (problem,))
+        return [pb.RegressionInput(problem=p, shape=sh, distribution=d, seed=int(seed), candidate_id=c,
+                                   campaign_id=cp, reason=r, note=n) for p, sh, d, seed, c, cp, r, n in rows]
+
+    # -- queries -------------------------------------------------------------------------------
+    def q(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self.lock:
+            return self.db.execute(sql, args).fetchall()
+
+    def events(self, campaign: str | None = None, candidate: str | None = None) -> list[pb.Event]:
+        if candidate:
+            rows = self.q("SELECT payload FROM events WHERE candidate=? ORDER BY seq", (candidate,))
+        else:
+            rows = self.q("SELECT payload FROM events WHERE campaign=? ORDER BY seq", (campaign,))
+        return [pb.Event.FromString(r[0]) for r in rows]
+
+    def leaderboard(self, campaign: str, limit: int = 20) -> list[tuple[pb.Measured, tuple]]:
+        rows = self.q("SELECT m.payload, c.family, c.params_json, c.origin FROM measurements m JOIN candidates c "
+                      "ON c.campaign=m.campaign AND c.id=m.candidate WHERE m.campaign=? ORDER BY m.score_s LIMIT ?",
+                      (campaign, limit))
+        return [(pb.Measured.FromString(r[0]), r[1:]) for r in rows]
+
+    def best(self, problem: str, shape: str = "", device: str = "",
+             target: str = "") -> tuple[pb.Measured, str] | None:
+        """The fastest measurement of a problem (at a shape, on a device whose model contains `device`, of a
+        candidate for `target`: `cuda` matches every cuda target, `cuda:sm_90a` only itself)."""
+        rows = self.q("SELECT payload, campaign FROM measurements WHERE problem=? AND device LIKE ?",
+                      (problem, f"%{device}%"))
+        best = None
+        for payload, campaign in rows:
+            m = pb.Measured.FromString(payload)
+            # a screened-out timing is no result (it may never have been verified: kfactory/judge/order.py)
+            if m.candidate.origin == "reference" or m.screened_out or not target_matches(m.candidate.target, target):
+                continue
+            t = next((x for x in m.timings if x.shape == shape), None) if shape else None
+            score = t.median_s if t else (m.score_s if not shape else None)
+            if score is not None and (best is None or score < best[0]):
+                best = (score, m, campaign)
+        return (best[1], best[2]) if best else None
+
+    def checks(self, candidate: str, campaign: str) -> list[pb.Check]:
+        """The figures of the candidate's verification in a campaign (empty when it has none)."""
+        rows = self.q("SELECT payload FROM events WHERE candidate=? AND campaign=? AND kind='verified'",
+                      (candidate, campaign))
+        return list(pb.Event.FromString(rows[0][0]).verified.checks) if rows else []
+
+    def priors(self, problem: str, families: list[str] | None = None, exclude_campaign: str = "",
+               limit: int = 8, every_source: bool = False) -> list[pb.Prior]:
+        """The best design points of a problem's families in other campaigns, ranked by how close each came
+        to the best of its own campaign (so campaigns on devices of different speed compare); one entry per
+        distinct point (per campaign and point with every_source), searched and warm-started points only (not
+        the reference or hand-written kernels)."""
+        rows = self.q("SELECT m.campaign, m.candidate, m.device, m.score_s, m.payload, c.family, c.params_json "
+                      "FROM measurements m JOIN candidates c ON c.campaign=m.campaign AND c.id=m.candidate "
+                      "WHERE m.problem=? AND m.campaign!=? AND (c.origin LIKE 'template:%' OR c.origin LIKE 'warm:%')",
+                      (problem, exclude_campaign))
+        best: dict[str, float] = {}
+        kept = []
+        for campaign, cand, device, score, payload, family, params in rows:
+            if families and family not in families or pb.Measured.FromString(payload).screened_out:
+                continue
+            best[campaign] = min(best.get(campaign, score), score)
+            kept.append((campaign, cand, device, score, family, params))
+        ranked = sorted((score / best[cp], family, params, score, device, cp, cand)
+                        for cp, cand, device, score, family, params in kept)
+        out, seen = [], set()
+        for relative, family, params, score, device, campaign, cand in ranked:
+            key = (campaign if every_source else "", family, params)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(pb.Prior(family=family, params_json=params, score_s=score, relative=relative, device=device,
+                                campaign_id=campaign, candidate_id=cand))
+            if len(out) >= limit:
+                break
+        return out
+
+    def lineage(self, candidate: str) -> list[str]:
+        out, frontier = [], [candidate]
+        while frontier and len(out) < 100:
+            rows = self.q("SELECT parent FROM parents WHERE candidate=?", (frontier.pop(0),))
+            for (p,) in rows:
+                if p not in out:
+                    out.append(p)
+                    frontier.append(p)
+        return out
+
+    def candidates_with_prefix(self, prefix: str, limit: int) -> list[str]:
+        """Up to `limit` distinct candidate ids that start with `prefix` (case-sensitive), in order."""
+        return [c for (c,) in self.q("SELECT DISTINCT candidate FROM events WHERE candidate >= ? AND candidate < ? "
+                                     "ORDER BY candidate LIMIT ?", (prefix, prefix + _TOP, limit))]
+
+    def campaigns_with_prefix(self, prefix: str, limit: int) -> list[str]:
+        """Up to `limit` distinct ids of archived campaigns that start with `prefix` (case-sensitive), in order."""
+        return [c for (c,) in self.q("SELECT DISTINCT campaign FROM events WHERE campaign >= ? AND campaign < ? "
+                                     "ORDER BY campaign LIMIT ?", (prefix, prefix + _TOP, limit))]
+
+    def counts_by_producer(self, campaign: str) -> dict[str, int]:
+        return dict(self.q("SELECT producer, COUNT(*) FROM events WHERE campaign=? GROUP BY producer", (campaign,)))

@@ -1,0 +1,225 @@
+"""The Evidence queries, in one place: memory's gRPC servicer and the CLI's local workspace reader both answer
+through `Queries`, so a command gives the same answer with or without a memory service running.
+
+Each method takes the request message and returns the response message, or raises NotFound or InvalidRequest
+(Ambiguous, when an id prefix names several things); the servicer maps those to NOT_FOUND and INVALID_ARGUMENT,
+the CLI to exit 1 and 2. Every id a request carries may be a unique prefix of the id, as git takes commits.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import lru_cache
+
+from kfactory.bus import events as ev
+from kfactory.evidence import report
+from kfactory.problems import ProblemError, load_problem
+from kfactory.platform.spec_ranges import PRIORS_LIMIT, range_error
+from kfactory.services.memory import lessons as lessons_mod
+from kfactory.services.memory.archive import Archive
+from kfactory.v1 import events_pb2 as pb
+from kfactory.v1 import services_pb2 as spb
+
+#: how many matches an ambiguous prefix lists
+MATCHES_SHOWN = 10
+#: how a count of the planner's (pb.Counts) is told by an archived event's kind (a campaign still running)
+COUNTED_KINDS = {"point_proposed": "proposed", "compiled": "compiled", "compile_failed": "compile_failed",
+                 "verified": "verified", "rejected": "rejected", "measured": "measured"}
+
+
+class QueryError(Exception):
+    """A query that has no answer; the message says why, in one line (an Ambiguous one lists the matches)."""
+
+
+class NotFound(QueryError, LookupError):
+    """Nothing in the archive matches the request."""
+
+
+class InvalidRequest(QueryError, ValueError):
+    """The request itself is wrong (a field missing or out of range, an ambiguous id prefix)."""
+
+
+class Ambiguous(InvalidRequest):
+    """An id prefix that names several things; `matches` describes them (up to MATCHES_SHOWN)."""
+
+    def __init__(self, what: str, prefix: str, matches: list[str], more: bool):
+        self.matches = matches
+        listed = "\n".join(f"  {m}" for m in matches) + ("\n  ..." if more else "")
+        super().__init__(f"{what} prefix {quoted(prefix)} is ambiguous; it matches "
+                         f"{'more than ' if more else ''}{len(matches)}:\n{listed}")
+
+
+def quoted(value: str) -> str:
+    """A requested value as an error quotes it: its start only, when it is long."""
+    return repr(value) if len(value) <= 80 else f"{value[:80]!r}... ({len(value)} characters)"
+
+
+@lru_cache(maxsize=64)
+def problem_name(locator: str) -> str:
+    """A problem's name from its locator (built-in name or package path); unknown ones stay as given. (Memory
+    maps through its context's cache of loaded problems instead: the same names.)"""
+    try:
+        return load_problem(locator).name
+    except ProblemError:
+        return locator
+
+
+def _no_source(digest: str) -> bytes | None:
+    return None
+
+
+class Queries:
+    """The Evidence service's answers over an archive and a source lookup (digest -> bytes, or None)."""
+
+    def __init__(self, archive: Archive, source: Callable[[str], bytes | None] = _no_source):
+        self.archive = archive
+        self.source = source
+
+    # -- id prefixes -----------------------------------------------------------------------------------------
+    def resolve_candidate(self, prefix: str) -> str:
+        """The full id of the one candidate whose id starts with `prefix` (an exact id always wins)."""
+        if not prefix:
+            raise InvalidRequest("name a candidate (its id, or a unique prefix of it)")
+        return self._resolve("candidate", prefix, self.archive.candidates_with_prefix, self._describe_candidate)
+
+    def resolve_campaign(self, prefix: str) -> str:
+        """The full id of the one archived campaign whose id starts with `prefix` (an exact id always wins)."""
+        if not prefix:
+            raise InvalidRequest("name a campaign (its id, or a unique prefix of it)")
+        return self._resolve("campaign", prefix, self.archive.campaigns_with_prefix, self._describe_campaign)
+
+    def _resolve(self, what: str, prefix: str, find, describe) -> str:
+        # ids are ASCII (hex digests; campaign ids are events.CAMPAIGN_ID): anything else names none, and a lone
+        # surrogate from a mis-encoded argument could not even be handed to SQLite
+        found = find(prefix, MATCHES_SHOWN + 1) if prefix.isascii() else []
+        if prefix in found or len(found) == 1:
+            return prefix if prefix in found else found[0]
+        if not found:
+            raise NotFound(f"no {what} {quoted(prefix)} in the archive"
+                           + (" (kfactory status lists the campaigns)" if what == "campaign" else ""))
+        raise Ambiguous(what, prefix, [describe(i) for i in found[:MATCHES_SHOWN]], len(found) > MATCHES_SHOWN)
+
+    def _describe_candidate(self, cid: str) -> str:
+        rows = self.archive.q("SELECT origin, params_json, campaign FROM candidates WHERE id=? LIMIT 1", (cid,))
+        if not rows:
+            return f"{cid[:16]}  (no candidate_created archived)"
+        origin, params, campaign = rows[0]
+        return f"{cid[:16]}  {origin} {params}  (campaign {campaign})"
+
+    def _describe_campaign(self, cid: str) -> str:
+        rows = self.archive.q("SELECT problem, target, state FROM campaigns WHERE id=?", (cid,))
+        if not rows:
+            return f"{cid}  (its start is not archived)"
+        problem, target, state = rows[0]
+        return f"{cid}  {self.archive.problem_name(problem)}/{target} {state}"
+
+    # -- the Evidence service ----------------------------------------------------------------------------------
+    def best(self, request: spb.BestRequest, target: str = "") -> spb.LeaderboardEntry:
+        """The fastest kernel of a problem (at a shape, on a device, for the request's target, else `target`),
+        with its verdict's figures."""
+        if not request.problem:
+            raise InvalidRequest("name the problem")
+        target = request.target or target
+        found = self.archive.best(self.archive.problem_name(request.problem), request.shape, request.device, target)
+        if found is None:
+            raise NotFound(f"no measurement of {quoted(request.problem)} "
+                           f"{request.shape or ''} {request.device or ''} {target}".strip())
+        measured, campaign = found
+        return _entry(measured, campaign, self.archive.checks(measured.candidate.id, campaign))
+
+    def leaderboard(self, request: spb.LeaderboardRequest) -> spb.LeaderboardResponse:
+        """A campaign's measured candidates, fastest first."""
+        cid = self.resolve_campaign(request.campaign_id)
+        rows = self.archive.leaderboard(cid, request.limit or 20)
+        return spb.LeaderboardResponse(entries=[_entry(m, cid) for m, _ in rows])
+
+    def candidate(self, request: spb.CandidateRequest) -> spb.CandidateEvidence:
+        """One candidate's every archived event, lineage and source ("" when no store holds it)."""
+        events = self.archive.events(candidate=self.resolve_candidate(request.id))
+        first = next((e for e in events if e.HasField("candidate_created")), events[0])
+        cand = ev.candidate_of(first)
+        data = self.source(cand.source_digest) if cand.source_digest else None
+        return spb.CandidateEvidence(candidate=cand, events=events, lineage=self.archive.lineage(cand.id),
+                                     source=data.decode() if data is not None else "")
+
+    def report(self, request: spb.ReportRequest) -> spb.ReportResponse:
+        """A campaign's report (markdown and the best-so-far plot), built from its archived events."""
+        cid = self.resolve_campaign(request.campaign_id)
+        md, png = report.build(self.archive.events(campaign=cid))
+        return spb.ReportResponse(markdown=md, plot_png=png, campaign_id=cid)
+
+    def regression_inputs(self, request: spb.RegressionRequest) -> spb.RegressionResponse:
+        """The inputs that once exposed a wrong kernel of the problem."""
+        if not request.problem:
+            raise InvalidRequest("name the problem")
+        return spb.RegressionResponse(inputs=self.archive.regressions(self.archive.problem_name(request.problem)))
+
+    def priors(self, request: spb.PriorsRequest) -> spb.PriorsResponse:
+        """The best design points of the problem's families in other campaigns (a warm start's seeds)."""
+        if not request.problem:
+            raise InvalidRequest("name the problem")
+        if err := range_error("limit", request.limit, PRIORS_LIMIT):
+            raise InvalidRequest(err)
+        name = self.archive.problem_name(request.problem)
+        return spb.PriorsResponse(priors=self.archive.priors(name, list(request.families), request.exclude_campaign,
+                                                             request.limit or 8, request.every_source))
+
+    def lessons(self, request: spb.LessonsRequest) -> spb.LessonsResponse:
+        """What helped and what failed for the problem on a target, and as the text agents are told."""
+        if not request.problem:
+            raise InvalidRequest("name the problem")
+        items = lessons_mod.lessons(self.archive, self.archive.problem_name(request.problem), request.target,
+                                    request.limit or 6)
+        return spb.LessonsResponse(lessons=items, text=lessons_mod.as_text(items))
+
+    # -- the Campaigns service's status, as the archive knows it ----------------------------------------------
+    def status(self, request: spb.GetCampaignRequest) -> spb.CampaignStatus:
+        """A campaign's status from its archived events: what it finished with (its CampaignFinished's counts and
+        best), or, while it runs (or if its run ended before it could finish it), the archived results counted."""
+        return self._status(self.resolve_campaign(request.id))
+
+    def campaigns(self, request: spb.ListCampaignsRequest | None = None) -> spb.ListCampaignsResponse:
+        """Every archived campaign's status, oldest first."""
+        ids = [c for (c,) in self.archive.q("SELECT id FROM campaigns ORDER BY started_ns, id")]
+        return spb.ListCampaignsResponse(campaigns=[self._status(c) for c in ids])
+
+    def _status(self, cid: str) -> spb.CampaignStatus:
+        started = self._lifecycle(cid, "campaign_started")
+        finished = self._lifecycle(cid, "campaign_finished")
+        spec = started.campaign_started.spec if started else pb.CampaignSpec()
+        end = finished.time_unix_ns / 1e9 if finished else time.time()  # in seconds first, as the planner does
+        out = spb.CampaignStatus(id=cid, spec=spec, state=finished.campaign_finished.state if finished else "running",
+                                 elapsed_s=end - started.time_unix_ns / 1e9 if started else 0.0,
+                                 device=started.campaign_started.device if started else pb.DeviceInfo())
+        if finished:
+            fin = finished.campaign_finished
+            out.counts.CopyFrom(fin.counts)
+            out.summary_json = fin.summary_json
+            # as the planner reports it: the best it finished with, when its measurement is known
+            score = self.archive.q("SELECT score_s FROM measurements WHERE campaign=? AND candidate=?",
+                                   (cid, fin.best_candidate_id))
+            if score:
+                out.best_candidate_id, out.best_score_s = fin.best_candidate_id, score[0][0]
+            return out
+        for kind, n in self.archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (cid,)):
+            if kind in COUNTED_KINDS:
+                setattr(out.counts, COUNTED_KINDS[kind], n)
+        best = self.archive.q("SELECT m.candidate, m.score_s FROM measurements m JOIN candidates c ON "
+                              "c.campaign=m.campaign AND c.id=m.candidate WHERE m.campaign=? AND c.origin!='reference' "
+                              "ORDER BY m.score_s LIMIT 1", (cid,))
+        if best:
+            out.best_candidate_id, out.best_score_s = best[0]
+        return out
+
+    def _lifecycle(self, cid: str, kind: str) -> pb.Event | None:
+        rows = self.archive.q("SELECT payload FROM events WHERE campaign=? AND kind=? ORDER BY seq LIMIT 1",
+                              (cid, kind))
+        return pb.Event.FromString(rows[0][0]) if rows else None
+
+
+def _entry(m: pb.Measured, campaign: str, checks=()) -> spb.LeaderboardEntry:
+    c = m.candidate
+    return spb.LeaderboardEntry(candidate_id=c.id, campaign_id=campaign, problem=c.problem, family=c.family,
+                                params_json=c.params_json, origin=c.origin, score_s=m.score_s, timings=m.timings,
+                                device=m.device.model, checks=checks)
+

@@ -1,0 +1,475 @@
+"""One campaign's state, rebuilt only from events (so a restarted planner replays the stream to resume)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from google.protobuf.json_format import MessageToDict
+
+from kfactory.bus import events as ev
+from kfactory.evidence import trust
+from kfactory.evidence import warm_sources
+from kfactory.bus.deadletters import DeadLetterRecord, NotReplayable, finished_reason, work_of
+from kfactory.judge.order import device_seconds
+from kfactory.services.planner.coders import TEMPLATE, CoderLedger
+from kfactory.judge.stats import significant
+from kfactory.strategies import Point, Space, make_strategy
+from kfactory.strategies.base import Evidence
+from kfactory.strategies.transfer import WarmPriors
+from kfactory.v1 import events_pb2 as pb
+
+TERMINAL = ("measured", "rejected", "compile_failed")
+
+
+@dataclass
+class PointState:
+    point: Point | None
+    origin: str
+    done: bool = False
+    candidate_id: str = ""
+
+
+#: origins of the points the strategy is told about (its own and the warm start's)
+STRATEGY = ("template:", "warm:")
+#: origins of the work that counts against the candidate budget: the strategy's points and agent tasks
+SEARCHED = STRATEGY + ("agent:",)
+
+
+@dataclass
+class CampaignState:
+    """Everything the planner knows about a campaign, as a fold over its events."""
+    id: str
+    spec: pb.CampaignSpec
+    device: pb.DeviceInfo
+    space: Space | None
+    started_wall: float = field(default_factory=time.time)
+    points: dict[str, PointState] = field(default_factory=dict)
+    counts: pb.Counts = field(default_factory=pb.Counts)
+    measured: dict[str, pb.Measured] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    candidates: dict[str, pb.Candidate] = field(default_factory=dict)
+    comparisons: dict[str, pb.Comparison] = field(default_factory=dict)
+    reference_id: str = ""
+    finished: pb.CampaignFinished | None = None
+    cancelled: str = ""
+    seen_events: set[str] = field(default_factory=set)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the warm start: points from other campaigns, proposed before the strategy's own while the strategy
+    #: trusts their sources (transfer.WarmPriors)
+    priors: WarmPriors = field(default_factory=lambda: WarmPriors([], 0))
+    #: the warm start's sources (earlier campaigns) and the device each ran on, for the summary
+    source_devices: dict[str, str] = field(default_factory=dict)
+
+    #: proposals whose candidate has not appeared yet: a restarted planner sends them to the coder again, since
+    #: an earlier life may have died between publishing a proposal and queueing its work (a resend is deduplicated)
+    proposals: dict[str, pb.Event] = field(default_factory=dict)
+    #: why the campaign's strategy stopped working ("" while it works); the planner fails the campaign with it
+    strategy_error: str = ""
+    #: points rejected as duplicates of a candidate still in flight: told the twin's result when it comes
+    awaiting_twin: dict[str, list[str]] = field(default_factory=dict)
+    #: points ended by a dead letter: if their work is sent back (`kfactory dead-letters --replay`) and ends
+    #: after all, that outcome replaces the dead letter's
+    dead_lettered: set[str] = field(default_factory=set)
+    #: requests to send a dead letter's work back (by DLQ sequence) that the planner has not answered yet
+    resend_requests: dict[int, pb.ResendRequested] = field(default_factory=dict)
+    #: points whose dead letter's work was sent back and is out again: point id -> DLQ sequence
+    resent: dict[str, int] = field(default_factory=dict)
+    #: candidates whose verification (by the verifier) this planner has seen: the chain a measurement ends
+    verified: set[str] = field(default_factory=set)
+    #: when the campaign finished (its CampaignFinished's time), None while it runs
+    finished_wall: float | None = None
+    #: why the campaign cannot run although it was started ("" when it can): its problem does not load here
+    #: (a package moved or deleted since), ...; the planner fails it with this reason instead of resuming it
+    broken: str = ""
+    #: the candidate the final comparison is timing ("" before it starts): `kfactory run` says so while it waits
+    comparing: str = ""
+    #: this planner drives the campaign now: it alone ends it, and a CampaignFinished from anyone else is refused
+    driven: bool = False
+    #: device-seconds its verifications, screens and measurements held the device (kfactory.judge.order.device_seconds)
+    device_s: float = 0.0
+
+    def __post_init__(self):
+        self.strategy = None
+        #: the coder portfolio (template coder and agent personas): results, costs, yields
+        self.coders = CoderLedger()
+        self.template_exhausted = False
+        #: why agent coders are off although the spec asked for them ("" when they are on or not asked for)
+        self.agent_note = ""
+        self.token_seconds = 1e-3
+        if self.space:
+            # strategies are pluggable code: any failure of one is this campaign's failure, never the planner's
+            try:
+                self.strategy = make_strategy(self.spec.strategy or "default", self.space, self.spec.seed)
+            except Exception as e:  # noqa: BLE001 (reported as the campaign's reason, with its type)
+                self.strategy_failed("construction", e)
+
+    def strategy_failed(self, during: str, e: Exception) -> None:
+        """Stop using the strategy and keep why (construction, ask or tell raised); the first failure is the
+        reason, not what a later call on the stopped strategy ran into."""
+        self.strategy = None
+        if not self.strategy_error:
+            name = self.spec.strategy or "default"
+            self.strategy_error = f"strategy {name!r} failed in {during}: {type(e).__name__}: {e}"
+        self.changed.set()
+
+    # -- folding events -----------------------------------------------------------------------
+    def apply(self, event: pb.Event, own: bool = False) -> str:
+        """Fold one event in; applying the same event twice changes nothing. Returns why the event was refused
+        ("" when it was folded in): an event that cannot be believed (kfactory/evidence/trust.py) changes nothing, and
+        its id stays free for the real event. `own`: the planner applies an event it is about to publish."""
+        if event.id in self.seen_events:
+            return ""
+        kind = ev.kind_of(event)
+        if why := self.refusal(event, kind, own):
+            return why
+        self.seen_events.add(event.id)
+        self.device_s += device_seconds(event)
+        if kind == "point_proposed":
+            self.proposals[event.point_proposed.point_id] = event
+        elif kind == "campaign_started":
+            self.started_wall = event.time_unix_ns / 1e9 or self.started_wall
+        elif kind == "campaign_finished":
+            self.finished_wall = event.time_unix_ns / 1e9 or time.time()
+        getattr(self, f"_on_{kind}", lambda e: None)(getattr(event, kind))
+        self.changed.set()
+        return ""
+
+    def refusal(self, event: pb.Event, kind: str, own: bool = False) -> str:
+        """Why `event` cannot be folded in ("" when it can): a body that cannot be believed, a result whose
+        evidence chain this planner has not seen in order, or an end of a campaign this planner drives that it
+        did not publish itself (it applies its own before publishing them)."""
+        if flaw := trust.body_flaw(event):
+            return flaw
+        cand = ev.candidate_of(event)
+        if kind == "compiled" and cand.id not in self.candidates:
+            return f"compiled: candidate {cand.id[:16]} was never created in campaign {self.id}"
+        if kind == "verified" and cand.id not in self.artifacts:
+            return f"verified: candidate {cand.id[:16]} was never compiled in campaign {self.id}"
+        if kind == "measured" and (missing := trust.missing_links(self._links(cand.id), event.measured.screened_out)):
+            return f"measured: candidate {cand.id[:16]} was never {missing[-1]} in campaign {self.id}"
+        if kind == "comparison" and not self._full(event.comparison.candidate_id):
+            return f"comparison: candidate {event.comparison.candidate_id[:16]} was never measured in full in {self.id}"
+        if kind == "campaign_finished" and self.driven and not own and self.finished is None:
+            return f"campaign_finished: campaign {self.id} is driven by this planner, which did not end it"
+        return ""
+
+    def _links(self, cand_id: str) -> list[str]:
+        """The links of a candidate's evidence chain this planner has folded (kfactory/evidence/trust.py CHAIN)."""
+        have = {"candidate_created": cand_id in self.candidates, "compiled": cand_id in self.artifacts,
+                "verified": cand_id in self.verified}
+        return [k for k, there in have.items() if there]
+
+    def _full(self, cand_id: str) -> bool:
+        """True when the candidate was measured in full (verified first), not only screened out."""
+        m = self.measured.get(cand_id)
+        return m is not None and not m.screened_out
+
+    def _on_campaign_started(self, m: pb.CampaignStarted) -> None:
+        self.device.CopyFrom(m.device)
+        evidence = [Evidence(point, p.relative, p.campaign_id) for p in m.priors
+                    if self.space is not None and self.space.valid(point := Point(p.family, p.params_json))]
+        # up to spec.warm_start points the earlier campaigns rate best together (weighted by the strategy's trust
+        # in each) are proposed first; the strategy learns from all of them
+        self.priors = WarmPriors(evidence, self.spec.warm_start)
+        self.source_devices = {p.campaign_id: p.device for p in m.priors}
+        if self.strategy and evidence:
+            try:
+                self.strategy.warm(evidence)
+            except Exception as e:  # noqa: BLE001 (reported as the campaign's reason, with its type)
+                self.strategy_failed("warm", e)
+
+    def _on_point_proposed(self, m: pb.PointProposed) -> None:
+        point = Point(m.family, m.params_json) if m.origin.startswith(STRATEGY) else None
+        self.coders.on_point(m)
+        self.points.setdefault(m.point_id, PointState(point, m.origin))
+        if point and self.strategy:
+            self.strategy.seen.add(point)
+        self.counts.proposed += 1
+
+    def _on_candidate_created(self, m: pb.CandidateCreated) -> None:
+        self.proposals.pop(m.candidate.point_id, None)
+        self.candidates[m.candidate.id] = m.candidate
+        self.coders.on_candidate(m.candidate)
+        if m.candidate.origin == "reference":
+            self.reference_id = m.candidate.id
+
+    def _on_compiled(self, m: pb.Compiled) -> None:
+        self.counts.compiled += 1
+        self.artifacts[m.candidate.id] = m.artifact_digest
+        self.candidates[m.candidate.id] = m.candidate
+
+    def _on_compile_failed(self, m: pb.CompileFailed) -> None:
+        self.counts.compile_failed += 1
+        self.coders.on_compile_failed(m)
+        self._finish_point(m.candidate.point_id, None)
+        self._tell_awaiting(m.candidate.id, None)
+
+    def _on_verified(self, m: pb.Verified) -> None:
+        self.counts.verified += 1
+        self.verified.add(m.candidate.id)
+        self.coders.on_verified(m)
+
+    def _on_rejected(self, m: pb.Rejected) -> None:
+        self.counts.rejected += 1
+        self.coders.on_rejected(m)
+        if m.reason == pb.PROBLEM_ERROR and not self.broken:
+            # no candidate can be judged against a reference that fails: the campaign fails with its error
+            self.broken = f"the problem's reference failed: {m.message}"
+        point_id = ev.outcome_point(m)
+        if m.reason == pb.DUPLICATE:  # not the point's fault: it scores like its twin, now or when that is known
+            twin = self.measured.get(m.candidate.id)
+            if twin is None:
+                self.awaiting_twin.setdefault(m.candidate.id, []).append(point_id)
+            self._finish_point(point_id, twin.score_s if twin else None, tell=twin is not None)
+            return
+        self._finish_point(point_id, None)
+        self._tell_awaiting(m.candidate.id, None)
+
+    def _on_measured(self, m: pb.Measured) -> None:
+        self.counts.measured += 1
+        self.coders.on_measured(m)
+        self.measured[m.candidate.id] = m
+        self._finish_point(m.candidate.point_id, m.score_s)
+        self._tell_awaiting(m.candidate.id, m.score_s)
+
+    def _on_dead_letter(self, m: pb.DeadLetter) -> None:
+        """Work that can never finish: its point is over (counted as rejected), or the campaign would wait."""
+        work = ev.dead_work(m)
+        if work is None:
+            return
+        point_id, cand = work
+        ps = self.points.get(point_id)
+        if ps is not None and not ps.done:
+            self.counts.rejected += 1
+            self._finish_point(point_id, None)
+            self.dead_lettered.add(point_id)
+        if cand is not None:
+            # its duplicates learn it failed, and stay waiting: if the work is sent back and ends, they learn that
+            self._tell_points(self.awaiting_twin.get(cand.id, []), None)
+
+    def _on_resend_requested(self, m: pb.ResendRequested) -> None:
+        self.resend_requests[m.dlq_seq] = m
+
+    def _on_resend_answered(self, m: pb.ResendAnswered) -> None:
+        """An accepted resend puts its point in flight again: the campaign waits for the work's new outcome,
+        which counts instead of the dead letter's (and the strategy, told of a failure then, learns it)."""
+        self.resend_requests.pop(m.dlq_seq, None)
+        ps = self.points.get(m.point_id)
+        if m.accepted and ps is not None and ps.done and m.point_id in self.dead_lettered:
+            self.dead_lettered.discard(m.point_id)
+            self.counts.rejected -= 1
+            ps.done = False
+            self.resent[m.point_id] = m.dlq_seq
+
+    def judge_resend(self, seq: int, record: DeadLetterRecord | None, finishing: str,
+                     max_event_bytes: int) -> pb.ResendAnswered:
+        """The answer to a request to send dead letter `seq` back: accepted while this campaign runs and the
+        letter ended one of its points that nothing has ended since. `record` is the dead letter (None when it
+        is no longer on the DLQ stream), `finishing` why the campaign is ending though not finished yet (""
+        if it is not)."""
+        dead = ev.dead_work(record.letter) if record is not None else None
+        point_id = dead[0] if dead else ""  # named in refusals too, for the report's dead-letter table
+
+        def no(reason: str, named: bool = True) -> pb.ResendAnswered:
+            return pb.ResendAnswered(dlq_seq=seq, accepted=False, point_id=point_id,
+                                     reason=f"dead letter {seq}: {reason}" if named else reason)
+        if self.finished is not None:
+            return no(finished_reason(seq, self.id, self.finished), named=False)
+        if finishing:
+            return no(f"campaign {self.id} is ending ({finishing}), so nothing more is measured in it")
+        if record is None:
+            return no("it is no longer on the DLQ stream (sent back already, or deleted)")
+        if record.campaign_id != self.id:
+            return no(f"it belongs to campaign {record.campaign_id}, not to {self.id}")
+        try:
+            work_of(record, max_event_bytes)
+        except NotReplayable as e:
+            return no(str(e), named=False)  # its reason names the dead letter itself
+        if point_id not in self.points:
+            return no(f"its work is about no point of campaign {self.id}")
+        if point_id not in self.dead_lettered:
+            return no(f"its point {point_id} is not ended by a dead letter now (its work is out, was sent back "
+                      "already, or has ended since)")
+        return pb.ResendAnswered(dlq_seq=seq, accepted=True, point_id=point_id, subject=record.letter.subject)
+
+    def _on_compare_request(self, m: pb.CompareRequest) -> None:
+        self.comparing = m.candidate.id
+
+    def _on_comparison(self, m: pb.Comparison) -> None:
+        self.comparisons[m.shape] = m
+
+    def _on_campaign_finished(self, m: pb.CampaignFinished) -> None:
+        self.finished = m
+
+    def _finish_point(self, point_id: str, score: float | None, tell: bool = True) -> None:
+        self.proposals.pop(point_id, None)
+        self.resent.pop(point_id, None)
+        ps = self.points.get(point_id)
+        if ps is not None and point_id in self.dead_lettered:
+            # the work was sent back after its dead letter and has ended now: this outcome counts instead, and
+            # the strategy, told of a failure then, learns the real result
+            self.dead_lettered.discard(point_id)
+            self.counts.rejected -= 1
+            if tell:
+                self._tell(ps, score)
+            return
+        if ps is None or ps.done:
+            return
+        ps.done = True
+        if tell:
+            self._tell(ps, score)
+
+    def _tell_awaiting(self, candidate_id: str, score: float | None) -> None:
+        """The strategy learns the result of the points that were duplicates of this candidate (until then they
+        count as in flight for it, see Strategy.pending)."""
+        self._tell_points(self.awaiting_twin.pop(candidate_id, []), score)
+
+    def _tell_points(self, point_ids: list[str], score: float | None) -> None:
+        for point_id in point_ids:
+            if (ps := self.points.get(point_id)) is not None:
+                self._tell(ps, score)
+
+    def _tell(self, ps: PointState, score: float | None) -> None:
+        if ps.point and self.strategy:
+            try:
+                self.strategy.tell(ps.point, score)
+            except Exception as e:  # noqa: BLE001 (as in construction: the campaign fails, with the reason)
+                self.strategy_failed("tell", e)
+
+    # -- questions the loop asks --------------------------------------------------------------
+    def in_flight(self) -> int:
+        return sum(1 for p in self.points.values() if not p.done)
+
+    def search_proposed(self) -> int:
+        return sum(1 for p in self.points.values() if p.origin.startswith(SEARCHED))
+
+    def next_prior(self) -> Point | None:
+        """The next warm-start point not proposed yet, while the strategy trusts the sources enough
+        (transfer.WarmPriors; the strategy is told its result like any other)."""
+        if self.priors.left <= 0:  # no warm start (or it is over): the strategy is not asked about its sources
+            return None
+        return self.priors.next(self.source_trust(), lambda p: self.strategy is not None and p in self.strategy.seen)
+
+    def source_trust(self):
+        """The strategy's judgement of the warm start's sources (strategies/agreement.Trust), None when it makes
+        none."""
+        if self.strategy is None:
+            return None
+        try:
+            return self.strategy.trust()
+        except Exception as e:  # noqa: BLE001 (as in ask and tell: the campaign fails, with the reason)
+            self.strategy_failed("trust", e)
+            return None
+
+    def agent_in_flight(self, persona: str) -> int:
+        return sum(1 for p in self.points.values() if not p.done and p.origin == f"agent:{persona}")
+
+    def ranked(self, k: int) -> list[str]:
+        """The k fastest measured candidates (the reference included), fastest first: an agent's parents."""
+        full = [m for m in self.measured.values() if not m.screened_out]
+        return [m.candidate.id for m in sorted(full, key=lambda m: m.score_s)[:k]]
+
+    def best(self) -> pb.Measured | None:
+        """The fastest candidate measured in full that is not the reference kernel (a screened-out timing is no
+        result: it may never have been verified)."""
+        mine = [m for cid, m in self.measured.items() if cid != self.reference_id and not m.screened_out]
+        return min(mine, key=lambda m: m.score_s) if mine else None
+
+    def reported(self) -> tuple[pb.Counts, pb.Measured | None]:
+        """(counts, best) as the campaign reports them: live while it runs, and once it has finished, what it
+        finished with. Events after that (an expired campaign's work still in flight, a dead letter sent back
+        just as the campaign ended) are kept in memory's archive but change no finished campaign."""
+        if self.finished is None:
+            return self.counts, self.best()
+        return self.finished.counts, self.measured.get(self.finished.best_candidate_id)
+
+    def elapsed(self) -> float:
+        """Seconds since the campaign started (its CampaignStarted's time, so a restarted planner keeps its
+        clock), up to when it finished."""
+        return (self.finished_wall or time.time()) - self.started_wall
+
+    def coder_summary(self) -> dict:
+        """The summary's coder sections: per arm (yields), per agent persona, and the agents' token use."""
+        arms = self.coders.summary(self.token_seconds)
+        agents = {name: {k: a[k] for k in ("proposed", "candidates", "measured", "improvements", "tokens_in",
+                                            "tokens_out", "failures")}
+                  for name, a in arms.items() if name != TEMPLATE}
+        out = {"coders_used": list(self.spec.coders) or [TEMPLATE], "coders": arms, "agents": agents}
+        if "agent" in self.spec.coders:
+            failures: dict[str, int] = {}
+            for a in agents.values():
+                for reason, n in a["failures"].items():
+                    failures[reason] = failures.get(reason, 0) + n
+            out["agent_tokens"] = {"in": sum(a["tokens_in"] for a in agents.values()),
+                                   "out": sum(a["tokens_out"] for a in agents.values()),
+                                   "budget": self.spec.token_budget}
+            out["agent_failures"] = failures
+            note = self.agent_note or (f"agents paused after {self.coders.endpoint_streak} endpoint failures in a "
+                                       f"row (last: {self.coders.last_endpoint_failure})"
+                                       if self.coders.endpoint_paused() else "")
+            if note:
+                out["agent_note"] = note
+        return out
+
+    def state_name(self) -> str:
+        return self.finished.state if self.finished else "running"
+
+    def summary(self, problem) -> dict:
+        """The campaign summary (the CLI's --json output, less what only the CLI knows); `problem` is None when
+        it no longer loads."""
+        best = self.best()
+        out = {"campaign_id": self.id, "problem": self.spec.problem, "target": self.spec.target,
+               "device": self.device.model, "strategy": self.spec.strategy,
+               "device_info": MessageToDict(self.device, preserving_proto_field_name=True),
+               "counts": {f.name: getattr(self.counts, f.name) for f in pb.Counts.DESCRIPTOR.fields},
+               "elapsed_seconds": round(self.elapsed(), 3), "best": None}
+        outcomes = self.counts.measured + self.counts.rejected + self.counts.compile_failed
+        out["device_seconds"] = round(self.device_s, 3)
+        out["device_seconds_per_candidate"] = round(self.device_s / outcomes, 3) if outcomes else None
+        out.update(self.coder_summary())
+        if self.priors.points:  # a warm start: each source, how far it was trusted, and what it ended with
+            out["warm_start"] = warm_sources.campaign_section(self.source_trust(), self.priors, self.source_devices)
+        if best is None:
+            return out
+        cand = best.candidate
+        # without its problem (a package gone since the campaign ran), the first timed shape is the primary one
+        primary = problem.shape_str(problem.shapes("optimize")[0]) if problem is not None else \
+            (best.timings[0].shape if best.timings else "")
+        shapes = {}
+        for t in best.timings:
+            comp = self.comparisons.get(t.shape)
+            speed = dict(comp.speedups) if comp else {}
+            shapes[t.shape] = {"median_seconds": t.median_s, "noise": t.noise, "samples": t.samples,
+                               "gbps": t.gbps, "fraction_of_measured_bandwidth": t.sol_fraction,
+                               "speedup_vs_reference": speed.get("reference"),
+                               "speedup_vs_baselines": {k: v for k, v in speed.items()
+                                                        if k not in ("reference", "candidate")},
+                               "significant": _significance(comp), "compared": _entries(comp)}
+        head = shapes.get(primary, {})
+        out["best"] = {"candidate_id": cand.id, "family": cand.family, "origin": cand.origin,
+                       "params": json.loads(cand.params_json or "{}"), "compile_flags": cand.compile_flags,
+                       "median_seconds": best.score_s, "shape": primary,
+                       "speedup_vs_reference": head.get("speedup_vs_reference"),
+                       "speedup_vs_baselines": head.get("speedup_vs_baselines", {}), "shapes": shapes}
+        return out
+
+
+def _entries(comp: pb.Comparison | None) -> dict[str, dict]:
+    """Per kernel of the final comparison: its median, bandwidth, roofline fraction and how it was timed."""
+    if comp is None:
+        return {}
+    return {e.name: {"median_seconds": e.timing.median_s, "gbps": e.timing.gbps, "samples": e.timing.samples,
+                     "fraction_of_measured_bandwidth": e.timing.sol_fraction, "mode": e.timing.mode or "wall",
+                     "throttled": e.timing.telemetry.throttled}
+            for e in comp.entries if e.HasField("timing")}
+
+
+def _significance(comp: pb.Comparison | None) -> dict[str, bool]:
+    """Per compared kernel: whether its median's 95% CI is apart from the candidate's (a real difference)."""
+    if comp is None:
+        return {}
+    entries = {e.name: e.timing for e in comp.entries if e.HasField("timing")}
+    cand = entries.get("candidate")
+    return {name: significant(cand, t) for name, t in entries.items() if cand is not None and name != "candidate"}

@@ -1,0 +1,101 @@
+"""Campaign specs: the defaults filled in and everything refused that cannot run, naming the field.
+
+One function for the planner's submit and for `kfactory run`, which checks its spec before any service or
+server starts (the same one-line messages as `submit`).
+"""
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+from kfactory.bus import events as ev
+from kfactory.platform.config import Settings
+from kfactory.judge.order import default_parallel
+from kfactory.problems import Problem, ProblemError
+from kfactory.problems.check import problems_of
+from kfactory.services.planner import coders
+from kfactory.platform.spec_ranges import spec_errors
+from kfactory.strategies import KNOWN as STRATEGIES
+from kfactory.targets import UnknownTarget
+from kfactory.targets.flags import FLAG_TARGETS, FlagRefused, check_flags
+from kfactory.v1 import events_pb2 as pb
+
+
+class SpecError(ValueError):
+    """A campaign spec that cannot run; the message says what to fix."""
+
+
+def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[str], Problem],
+             target_of: Callable[[str], object]) -> tuple[pb.CampaignSpec, str]:
+    """(the spec with its defaults filled in, a note on agents that are off though asked for, or ""); raises
+    SpecError naming the field for anything that cannot run."""
+    if wrong := spec_errors(spec):
+        raise SpecError("; ".join(wrong))
+    try:
+        problem = problem_of(spec.problem)
+    except ProblemError as e:
+        raise SpecError(f"problem: {e}") from e
+    # a reference that raises or a template that does not render would fail every candidate: found here first
+    if found := problems_of(problem):
+        more = f" (and {len(found) - 1} more: kfactory problems check {spec.problem})" if len(found) > 1 else ""
+        raise SpecError(f"problem: {found[0]}{more}")
+    try:
+        target = target_of(spec.target or "cpu")
+    except (UnknownTarget, ValueError) as e:
+        raise SpecError(f"target: {e}") from e
+    spec.target = spec.target or "cpu"
+    if target.name not in problem.spec.abi:
+        raise SpecError(f"target: problem {problem.name} has no ABI for target {target.name}")
+    spec.strategy = spec.strategy or "default"
+    if spec.strategy not in STRATEGIES:
+        raise SpecError(f"strategy: unknown {spec.strategy!r}; known: {', '.join(STRATEGIES)}")
+    if spec.budget_candidates == 0 and spec.budget_seconds == 0:
+        raise SpecError("budget: give a candidate count, a time limit in seconds, or both")
+    _check_manual(spec, settings, target.name)
+    spec.threads = spec.threads or settings.threads
+    spec.parallel = spec.parallel or default_parallel(settings)  # enough in flight to compile ahead of the device
+    spec.seed = spec.seed or secrets.randbits(32)
+    if wrong := coders.validate(spec, settings):
+        raise SpecError(wrong)
+    agent_note = coders.agent_note(spec, settings)
+    notes = [n for n in (agent_note, _budget_note(spec, problem, agents="agent" in spec.coders and not agent_note))
+             if n]
+    return spec, "; ".join(notes)
+
+
+def _budget_note(spec: pb.CampaignSpec, problem: Problem, agents: bool) -> str:
+    """How the budget is spent when no family can be searched ("" when one can); SpecError when nothing can
+    spend it."""
+    unknown = [f for f in spec.families if f not in problem.families]
+    if unknown:
+        raise SpecError(f"families: {unknown} not in problem {problem.name} ({list(problem.families)})")
+    target = spec.target.split(":")[0]
+    if [f for f in problem.families_for(target) if not spec.families or f.name in spec.families]:
+        return ""
+    if agents:
+        return f"problem {problem.name} has no family for target {spec.target}: agent coders spend the budget"
+    if spec.manual_sources or not spec.budget_candidates:
+        n = len(spec.manual_sources)
+        return (f"problem {problem.name} has no family for target {spec.target} and no agents are on: the campaign "
+                f"measures the reference kernel and your {n} hand-written kernel{'s' * (n != 1)}, and the "
+                "search budget goes unspent")
+    raise SpecError(f"families: problem {problem.name} has no family for target {spec.target}, and no agent "
+                    "coders (--coders agent) or hand-written kernels (--manual) to spend the budget")
+
+
+def _check_manual(spec: pb.CampaignSpec, settings: Settings, target: str) -> None:
+    limit = settings.max_source_bytes
+    for m in spec.manual_sources:
+        if len(m.source.encode()) > limit:
+            raise SpecError(f"manual_sources[{m.name}]: {len(m.source.encode())} bytes, over the {limit}-byte "
+                            "limit (KFACTORY_MAX_SOURCE_BYTES)")
+        # refused here too (the compiler refuses them whatever their way in), so the client hears it at once
+        if target in FLAG_TARGETS:
+            try:
+                check_flags(target, m.compile_flags)
+            except FlagRefused as e:
+                raise SpecError(f"manual_sources[{m.name}].compile_flags: {e}") from e
+    # the CampaignStarted event carries the whole spec and the warm start's evidence, and must fit one message
+    if spec.ByteSize() > ev.MAX_EVENT_BYTES // 2:
+        raise SpecError(f"manual_sources: the spec is {spec.ByteSize()} bytes in all, over half the "
+                        f"{ev.MAX_EVENT_BYTES}-byte event limit; send fewer or smaller sources")

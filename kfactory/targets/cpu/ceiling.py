@@ -1,0 +1,104 @@
+"""Measured ceilings of a cpu host (memory bandwidth and peak fp32 rate), measured once per device and
+thread count and cached on disk; they give the speed-of-light floor and the roofline fractions."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kfactory.observability.log import get_logger
+from kfactory.sandbox.parent import Runner, RunnerFault, ShmBuffers
+
+log = get_logger("ceiling")
+HERE = Path(__file__).parent
+ELEMENTS = 1 << 25  # 128 MB per array: far beyond any last-level cache
+FMA_ITERS = 1 << 22
+FMA_FLOPS_PER_ITER = 8 * 16 * 2  # chains x lanes x (multiply + add)
+
+
+def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: int) -> tuple[float, np.ndarray]:
+    """(median seconds, y after the last run) of probe `source` run as kernel(x, y, n) in a runner."""
+    res = target.compile((HERE / source).read_text(), "c", flags, "kernel")
+    if not res.ok:
+        raise RuntimeError(f"probe {source} failed to compile: {res.log[-500:]}")
+    so = target.cache_dir / f"{Path(source).stem}.so"
+    so.write_bytes(res.artifact)
+    runner = Runner(threads, timeout_s=60)
+    try:
+        with ShmBuffers() as bufs:
+            x_path, x_off, x = bufs.new((elements,), "float32")
+            y_path, y_off, y = bufs.new((elements,), "float32")
+            x[:] = 1.0
+            x[:10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.999999, 1e-6][: min(10, elements)]
+            runner.request({"op": "load", "key": "probe", "kind": "so", "path": str(so), "entry": "kernel",
+                            "argtypes": ["ptr", "ptr", "i64"]})
+            args = [{"name": "x", "path": x_path, "offset": x_off, "dtype": "float32", "shape": [elements]},
+                    {"name": "y", "path": y_path, "offset": y_off, "dtype": "float32", "shape": [elements]},
+                    {"name": "n", "int": n}]
+            reply = runner.request({"op": "bench", "kernels": [{"key": "probe", "argsets": [args]}],
+                                    "min_samples": 10, "min_s": 0.3, "max_s": 1.0, "noise": 0.02,
+                                    "warmup_s": 0.05}, timeout_s=60)
+            out = np.array(y[:2])
+    finally:
+        runner.stop()
+    return float(np.median(reply["samples"]["probe"])), out
+
+
+def measure_bandwidth(target, threads: int) -> float:
+    """Read+write bandwidth in GB/s of a simple OpenMP copy-scale loop (median of its samples)."""
+    med, _ = _run_probe(target, threads, "cpu_stream.c", "-O3 -fopenmp", ELEMENTS, ELEMENTS)
+    return 2 * 4 * ELEMENTS / med / 1e9
+
+
+def measure_peak_gflops(target, threads: int) -> float:
+    """fp32 GFLOP/s of independent FMA chains in vector registers on every thread."""
+    med, y = _run_probe(target, threads, "cpu_fma.c", "-O3 -march=native -fopenmp", FMA_ITERS, 16)
+    return float(y[1]) * FMA_ITERS * FMA_FLOPS_PER_ITER / med / 1e9
+
+
+def _read(cache: Path) -> dict:
+    try:
+        return json.loads(cache.read_text()) if cache.exists() else {}
+    except ValueError:
+        return {}
+
+
+def read_cached(data_dir, key: str, names: tuple[str, ...]) -> dict[str, float] | None:
+    """The ceilings cached for a device in data_dir/ceilings.json, or None unless every name is there."""
+    found = _read(Path(data_dir) / "ceilings.json").get(key, {})
+    return {n: float(found[n]) for n in names} if all(n in found for n in names) else None
+
+
+def write_cached(data_dir, key: str, figures: dict[str, float], **extra) -> None:
+    """Add one device's ceilings to data_dir/ceilings.json atomically (re-read first: another process or
+    target may have written its own figures meanwhile)."""
+    cache = Path(data_dir) / "ceilings.json"
+    data = _read(cache)
+    data[key] = {**figures, **extra, "measured_at": time.time()}
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.rename(cache)
+
+
+CPU_CEILINGS = ("mem_bandwidth_gbps", "peak_gflops")
+
+
+def ceilings(target, device_id: str, threads: int) -> dict[str, float]:
+    """{"mem_bandwidth_gbps", "peak_gflops"} from the cache or measured now (0.0 where it cannot be)."""
+    found = read_cached(target.settings.data_dir, device_id, CPU_CEILINGS)
+    if found is not None:
+        return found
+    counts = sorted({1, threads})
+    try:
+        # the best of one thread and all: on some hosts (shared cores, VMs) one thread streams faster
+        figures = {"mem_bandwidth_gbps": max(measure_bandwidth(target, t) for t in counts),
+                   "peak_gflops": max(measure_peak_gflops(target, t) for t in counts)}
+    except (RunnerFault, RuntimeError, OSError) as e:
+        log.warning("could not measure the host's ceilings; floors and roofline fractions will be 0", error=str(e))
+        return {"mem_bandwidth_gbps": 0.0, "peak_gflops": 0.0}
+    write_cached(target.settings.data_dir, device_id, figures, threads=threads)
+    log.info("measured host ceilings", device=device_id, **{k: round(v, 1) for k, v in figures.items()})
+    return figures

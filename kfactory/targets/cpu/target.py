@@ -1,0 +1,233 @@
+"""The cpu target: C/C++ compiled by the system compiler into a shared object, run in a runner child."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kfactory.observability.stagetime import span
+from kfactory.problems.params import abi_argtypes
+from kfactory.sandbox.parent import ArenaRing, Runner, ShmBuffers
+from kfactory.targets.cpu.ceiling import ceilings
+from kfactory.targets.cpu.rules import check_imports, check_source
+from kfactory.targets.flags import FlagRefused, check_flags
+from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
+from kfactory.sandbox.shm_args import bench_bytes, build_argset, call_bytes, sequence_results, stage_steps
+from kfactory.v1 import events_pb2 as pb
+
+COMPILE_TIMEOUT_S = 120
+#: a kernel that does nothing, for measuring the cost of a call itself (arguments are ignored in C)
+NULL_KERNEL = "void kernel(void) {}\n"
+LANG_FLAG = {"c": "c", "cpp": "c++"}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _llc_bytes() -> int:
+    idx = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
+    try:
+        text = idx.read_text().strip()
+        return int(text.rstrip("K")) * 1024 if text.endswith("K") else int(text)
+    except (OSError, ValueError):
+        return 32 << 20
+
+
+class CpuTarget(Target):
+    name = "cpu"
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.cache_dir = Path(settings.data_dir) / "so"
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self._device: pb.DeviceInfo | None = None
+
+    def device(self) -> pb.DeviceInfo:
+        """This host, with its measured memory bandwidth (measured once per host and thread count, cached)."""
+        if self._device is None:
+            model = _cpu_model()
+            host = platform.node()
+            dev = pb.DeviceInfo(target="cpu", model=f"{model} ({self.settings.threads} threads)",
+                                device_id="cpu-" + hashlib.sha256(f"{host}|{model}".encode()).hexdigest()[:16],
+                                threads=self.settings.threads)
+            figures = ceilings(self, f"{dev.device_id}/{dev.threads}", dev.threads)
+            dev.mem_bandwidth_gbps, dev.peak_gflops = figures["mem_bandwidth_gbps"], figures["peak_gflops"]
+            self._device = dev
+        return self._device
+
+    def cache_bytes(self) -> int:
+        return 2 * _llc_bytes()
+
+    def compile(self, source: str, language: str, flags: str, entry: str) -> CompileResult:
+        """cc -shared -fPIC FLAGS; a failure is a typed result carrying the compiler's log. Flags off the whitelist
+        (kfactory.targets.flags) are a STATIC_CHECK failure and cc is never run: a flag such as -wrapper or -B
+        would run a program of the caller's choosing here."""
+        if language not in LANG_FLAG:
+            return CompileResult(False, pb.CompileReport(compiler=self.settings.cc), reason=pb.COMPILE_ERROR,
+                                 message=f"the cpu target compiles c or cpp, not {language!r}")
+        try:
+            words = check_flags("cpu", flags)
+        except FlagRefused as exc:
+            return _refused([exc], pb.CompileReport(compiler=self.settings.cc), "flag")
+        violations = check_source(source)
+        if violations:
+            return _refused(violations, pb.CompileReport(compiler=self.settings.cc), "source")
+        with tempfile.TemporaryDirectory(prefix="kf-cc-") as tmp:
+            src, out = Path(tmp) / f"k.{language}", Path(tmp) / "k.so"
+            src.write_text(source)
+            # -z defs: an object that could not be loaded (an unresolved symbol) fails here, typed, not in
+            # the runner; -lm also brings glibc's libmvec for loops vectorised over expf
+            cmd = [self.settings.cc, "-x", LANG_FLAG[language], "-shared", "-fPIC", *words,
+                   "-o", str(out), str(src), "-x", "none", "-Wl,-z,defs", "-lm"]
+            t0 = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                return CompileResult(False, pb.CompileReport(compiler=" ".join(cmd)), reason=pb.COMPILE_ERROR,
+                                     message=f"compiler ran past {COMPILE_TIMEOUT_S}s")
+            log = proc.stderr[-20000:]
+            report = pb.CompileReport(compiler=" ".join(cmd), seconds=time.perf_counter() - t0,
+                                      log_excerpt=log[:2000], warnings=log.count("warning:"))
+            if proc.returncode != 0:
+                return CompileResult(False, report, log=log, reason=pb.COMPILE_ERROR,
+                                     message=f"{self.settings.cc} exited with {proc.returncode}")
+            artifact = out.read_bytes()
+            report.artifact_bytes = len(artifact)
+            report.imports.extend(_undefined_symbols(out))
+            violations = check_imports(list(report.imports))
+            if violations:
+                return _refused(violations, report, "object")
+            return CompileResult(True, report, artifact=artifact, log=log)
+
+    def session(self, problem, threads: int) -> "CpuSession":
+        return CpuSession(self, problem, threads)
+
+
+def _refused(violations, report: pb.CompileReport, what: str) -> CompileResult:
+    text = "\n".join(str(v) for v in violations)
+    report.log_excerpt = text[:2000]
+    return CompileResult(False, report, log=text, reason=pb.STATIC_CHECK,
+                         message=f"the {what} breaks a sandbox rule: {violations[0]}")
+
+
+def _undefined_symbols(path: Path) -> list[str]:
+    proc = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True)
+    return sorted({line.split()[-1] for line in proc.stdout.splitlines() if line.strip()})
+
+
+class CpuSession(Session):
+    """Kernels of one problem in one runner process with OMP_NUM_THREADS=threads."""
+
+    def __init__(self, target: CpuTarget, problem, threads: int):
+        s = target.settings
+        self.target, self.problem, self.threads = target, problem, threads
+        self.runner = Runner(threads, s.runner_timeout_s, s.runner_mem_mb, s.runner_max_runs)
+        # requests' buffers come from a ring of arenas the runner keeps mapped (kfactory.sandbox.parent.ArenaRing); one
+        # that could hold an eighth of the runner's address space takes fresh buffers instead
+        self.ring = ArenaRing((s.runner_mem_mb << 20) // 8) if s.runner_arenas else None
+        self.loads: dict[str, dict] = {}
+        self._overhead: float | None = None
+        self.abi_args = problem.spec.abi["cpu"].args
+        self.argtypes = abi_argtypes(problem, "cpu")
+
+    def load_artifact(self, key: str, artifact: bytes, entry: str, launch: dict | None = None) -> None:
+        path = self.target.cache_dir / f"{hashlib.sha256(artifact).hexdigest()}.so"
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(artifact)
+            tmp.rename(path)
+        self.loads[key] = {"kind": "so", "path": str(path), "entry": entry, "argtypes": self.argtypes}
+
+    def load_baseline(self, key: str, name: str) -> None:
+        self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name,
+                           "params": self.problem.params}
+
+    def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
+        """Run the kernel once per step on the SAME buffers (fresh ones, with guard bands, for the first step):
+        before each step the runner writes that step's inputs into them and poisons the outputs."""
+        self.runner.ensure_loaded(key, self.loads[key])
+        with self._buffers(call_bytes(self.problem, shape, len(steps)), reserve=False) as (bufs, cmd):
+            guards: list = []
+            with span("buffers"):
+                argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0], guards)
+                staged, step_cmds = stage_steps(self.problem, bufs, shape, steps)
+            cmd.update(op="call", key=key, args=argset, steps=step_cmds)
+            reply = self.runner.request(cmd, timeout_s=self.runner.timeout_s * len(steps))
+            with span("buffers"):
+                oob = sorted({name for name, band in guards if not ShmBuffers.intact([band])})
+                # in an arena, the outputs are read where the kernel wrote them (valid until the ring comes round)
+                return sequence_results(self.problem, steps, staged, views, reply["seconds"], oob,
+                                        copy="keep" not in cmd)
+
+    @contextlib.contextmanager
+    def _buffers(self, nbytes: int, reserve: bool):
+        """(buffers for one request, the request's command so far): the ring's next arena, named in the command's
+        "keep" so the runner keeps it mapped, or fresh buffers deleted after the request (no ring, or a request
+        too large for one); `reserve`: fresh buffers in one file rather than one per tensor."""
+        arena = self.ring.take(nbytes) if self.ring is not None else None
+        if arena is not None:
+            yield arena, {"keep": self.ring.paths()}
+            return
+        with ShmBuffers() as bufs:
+            if reserve:
+                bufs.reserve(nbytes)
+            yield bufs, {}
+
+    def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s) -> BenchResult:
+        for k in keys:
+            self.runner.ensure_loaded(k, self.loads[k])
+        with self._buffers(bench_bytes(self.problem, shape, len(keys), len(input_sets)), reserve=True) as (bufs, cmd):
+            with span("buffers"):
+                per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
+                           for k in keys}
+            cmd.update({"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
+                        "min_samples": min_samples, "min_s": min_s, "max_s": max_s, "noise": noise,
+                        "warmup_s": warmup_s})
+            reply = self.runner.request(cmd, timeout_s=max_s + 10 * warmup_s + self.runner.timeout_s)
+            # the output of every set the runner reached, as the last timed call on it left it: all are checked
+            # (in an arena, read where the kernel wrote them)
+            copy = np.array if "keep" not in cmd else (lambda v: v)
+            with span("buffers"):
+                outs = {k: [{t.name: copy(views[t.name]) for t in self.problem.spec.outputs}
+                            for _, views in per_key[k][:reply["reached"][k]]] for k in keys}
+        return BenchResult(reply["samples"], outs)
+
+    def call_overhead_s(self) -> float:
+        """The median time of a call that does nothing, through the same path as a kernel's (the runner's
+        ctypes call with this ABI); measured once per session. The speed-of-light check subtracts it, so a
+        kernel that skips its work is compared with the floor by the work it did, not by the call's cost."""
+        if self._overhead is None:
+            res = self.target.compile(NULL_KERNEL, "c", "-O2", "kernel")
+            if not res.ok:
+                raise RuntimeError(f"the empty kernel did not compile: {res.message}")
+            self.load_artifact("__null__", res.artifact, "kernel")
+            shape = min(self.problem.shapes("all"), key=lambda s: int(np.prod(list(s.values()))))
+            zeros = {t.name: np.zeros(self.problem.tensor_shape(t, shape), t.dtype) for t in self.problem.spec.inputs}
+            res = self.bench(["__null__"], shape, [zeros], min_samples=200, min_s=0.02, max_s=0.2, noise=0.05,
+                             warmup_s=0.01)
+            self._overhead = float(np.median(res.samples["__null__"]))
+        return self._overhead
+
+    def close(self) -> None:
+        self.runner.stop()
+        if self.ring is not None:
+            self.ring.close()
+
+
+def make(option: str, settings) -> CpuTarget:
+    if option:
+        raise ValueError(f"the cpu target takes no option (got 'cpu:{option}')")
+    return CpuTarget(settings)

@@ -1,0 +1,315 @@
+"""The cuda target: CUDA C++ / PTX compiled to a cubin (kfactory.targets.cuda.compile), run and timed through
+the CUDA driver API in a runner child (kfactory.targets.cuda.child) pinned to one GPU, NVML telemetry
+around every measurement (kfactory.targets.cuda.nvml).
+
+Which GPU: env KFACTORY_GPU (a UUID or an index), else GPU 0, resolved to its UUID with NVML and handed to
+the runner as CUDA_VISIBLE_DEVICES=<uuid>. Clocks and power limits are never changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from kfactory.observability.log import get_logger
+from kfactory.problems.params import abi_argtypes
+from kfactory.sandbox.parent import LoadFailed, Runner, RunnerCrashed, RunnerFault, ShmBuffers
+from kfactory.targets.cuda import nvml
+from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
+from kfactory.targets.cpu.ceiling import read_cached, write_cached
+from kfactory.sandbox.shm_args import build_argset, sequence_results, set_bytes, stage_steps
+from kfactory.v1 import events_pb2 as pb
+
+log = get_logger("cuda")
+CHILD = "kfactory.targets.cuda.child"
+OPTIONS = ("", "sm_80", "sm_90a", "sm_100a")
+#: below this median (one launch timed with events) a bench uses CUDA graphs: launch gaps would dominate
+GRAPH_BELOW_S = 20e-6
+CEILINGS_TIMEOUT_S = 600
+
+
+class DeviceFault(RunnerCrashed):
+    """The kernel faulted on the device (illegal address, trap, misaligned access...); the runner was replaced."""
+    reason = pb.DEVICE_FAULT
+
+
+class LaunchFailed(LoadFailed):
+    """The launch rule gave an invalid configuration, or the driver refused the launch."""
+    reason = pb.LAUNCH_FAILED
+
+
+class _CudaRunner(Runner):
+    """A Runner that keeps the last reply, so a failed one's "kind" can be read after Runner.request raised."""
+    last_reply: dict | None = None
+
+    def _read_line(self, timeout_s: float) -> dict:
+        self.last_reply = None
+        reply = super()._read_line(timeout_s)
+        self.last_reply = reply
+        return reply
+
+
+def _runner(settings, uuid: str, timeout_s: float | None = None, max_runs: int | None = None) -> _CudaRunner:
+    return _CudaRunner(1, timeout_s or settings.runner_timeout_s, mem_mb=0,
+                       max_runs=max_runs or settings.runner_max_runs, child_module=CHILD,
+                       env={"CUDA_VISIBLE_DEVICES": uuid})
+
+
+def _typed(runner: _CudaRunner, e: LoadFailed) -> RunnerFault:
+    """The typed fault for a failed reply: DeviceFault, LaunchFailed, RunnerCrashed (a CUDA error of the
+    runner itself), or `e` unchanged (a load failure). A runner that said it is exiting is reaped."""
+    last = runner.last_reply or {}
+    if last.get("exiting"):
+        runner.kill()
+    kind = last.get("kind")
+    if kind == "device_fault":
+        return DeviceFault(f"device fault: {e}")
+    if kind == "launch_failed":
+        return LaunchFailed(f"launch failed: {e}")
+    if kind == "cuda_error":
+        return RunnerCrashed(f"CUDA error in the runner: {e}")
+    return e
+
+
+def request(runner: _CudaRunner, cmd: dict, timeout_s: float | None = None) -> dict:
+    """runner.request with the cuda child's failures typed (see _typed)."""
+    try:
+        return runner.request(cmd, timeout_s)
+    except LoadFailed as e:
+        typed = _typed(runner, e)
+        if typed is e:
+            raise
+        raise typed from e
+
+
+class CudaTarget(Target):
+    name = "cuda"
+
+    def __init__(self, option: str, settings):
+        self.option, self.settings = option, settings
+        self.data_dir = Path(settings.data_dir)
+        self.cubin_dir = self.data_dir / "cubin"
+        self.cubin_dir.mkdir(parents=True, exist_ok=True)
+        self._gpu: tuple[str, str] | None = None
+        self._info: dict | None = None
+        self._device: pb.DeviceInfo | None = None
+
+    def gpu(self) -> tuple[str, str]:
+        """(uuid, model) of the GPU this target uses; NvmlUnavailable (a RuntimeError) when there is none."""
+        if self._gpu is None:
+            spec = os.environ.get("KFACTORY_GPU", "")
+            try:
+                self._gpu = nvml.resolve_gpu(spec)
+            except nvml.NvmlUnavailable as e:
+                raise nvml.NvmlUnavailable(f"the cuda target has no GPU to use (KFACTORY_GPU={spec!r}): {e}") from e
+        return self._gpu
+
+    def info(self) -> dict:
+        """The runner child's "device" reply (name, uuid, arch, sm_count, l2_bytes, mem_bytes), cached."""
+        if self._info is None:
+            uuid, _ = self.gpu()
+            runner = _runner(self.settings, uuid, timeout_s=60)
+            try:
+                self._info = request(runner, {"op": "device"}, timeout_s=60)
+            finally:
+                runner.stop()
+            if self.option and self._info.get("arch") != self.option:
+                log.warning("the cuda target's architecture differs from the GPU's", option=self.option,
+                            gpu_arch=self._info.get("arch"))
+        return self._info
+
+    def device(self) -> pb.DeviceInfo:
+        """The GPU and its measured ceilings (measured once per GPU UUID, cached in data_dir/ceilings.json)."""
+        if self._device is None:
+            info = self.info()
+            uuid, model = self.gpu()
+            figures = self._ceilings(uuid, info)
+            self._device = pb.DeviceInfo(
+                target="cuda", model=info.get("name") or model, device_id=uuid, uuid=uuid, arch=info["arch"],
+                mem_bandwidth_gbps=figures["mem_bandwidth_gbps"], peak_gflops=figures["peak_gflops"],
+                peak_bf16_gflops=figures["peak_bf16_gflops"], l2_bytes=int(info["l2_bytes"]),
+                sm_count=int(info["sm_count"]))
+        return self._device
+
+    def _ceilings(self, uuid: str, info: dict) -> dict[str, float]:
+        names = ("mem_bandwidth_gbps", "peak_gflops", "peak_bf16_gflops")
+        key = f"cuda-{uuid}"
+        found = read_cached(self.data_dir, key, names)
+        if found is not None:
+            return found
+        runner = _runner(self.settings, uuid, timeout_s=CEILINGS_TIMEOUT_S)
+        try:
+            reply = request(runner, {"op": "ceilings", "arch": info["arch"]}, timeout_s=CEILINGS_TIMEOUT_S)
+        except RunnerFault as e:
+            log.warning("could not measure the GPU's ceilings; floors and roofline fractions will be 0",
+                        error=str(e))
+            return {n: 0.0 for n in names}
+        finally:
+            runner.stop()
+        figures = {n: float(reply.get(n, 0.0)) for n in names}
+        if reply.get("notes"):
+            log.warning("some GPU ceilings could not be measured", notes=reply["notes"])
+        if all(figures.values()):  # a partial measurement is not cached: the next start tries again
+            write_cached(self.data_dir, key, figures, model=info.get("name", ""))
+        log.info("measured GPU ceilings", device=uuid, **{k: round(v, 1) for k, v in figures.items()})
+        return figures
+
+    def cache_bytes(self) -> int:
+        """2 x the GPU's L2."""
+        return 2 * int(self.info()["l2_bytes"])
+
+    def compile(self, source: str, language: str, flags: str, entry: str) -> CompileResult:
+        """NVRTC (+ nvJitLink) to a cubin for this target's architecture (kfactory.targets.cuda.compile)."""
+        try:
+            from kfactory.targets.cuda.compile import compile_cuda, resolve_arch
+        except ImportError as e:
+            return CompileResult(False, pb.CompileReport(compiler="nvrtc"), reason=pb.COMPILE_ERROR,
+                                 message=f"the cuda compiler is not available: {e}")
+        try:
+            arch = resolve_arch(self.option)
+        except ValueError as e:
+            return CompileResult(False, pb.CompileReport(compiler="nvrtc"), reason=pb.UNSUPPORTED_ARCH,
+                                 message=str(e))
+        from kfactory.targets.cuda.precompile import serve
+
+        # a cubin compiled ahead for this source, flags and architecture (kfactory precompile) costs no compile here
+        if (served := serve(self.settings, source, language, flags, entry, arch)) is not None:
+            return served
+        return compile_cuda(source, language, flags, entry, arch, self.data_dir / "cuda_cache")
+
+    def session(self, problem, threads: int) -> "CudaSession":
+        return CudaSession(self, problem)
+
+
+class CudaSession(Session):
+    """Kernels of one problem in one cuda runner child on this target's GPU."""
+
+    def __init__(self, target: CudaTarget, problem):
+        self.target, self.problem = target, problem
+        self.uuid, self.model = target.gpu()
+        self.runner = _runner(target.settings, self.uuid)
+        self.loads: dict[str, dict] = {}
+        # the cuda ABI; a problem without one is called with its cpu argument order (pointers, then int64s)
+        kind = "cuda" if "cuda" in problem.spec.abi else "cpu"
+        self.abi_args = list(problem.spec.abi[kind].args)
+        self.argtypes = abi_argtypes(problem, kind)
+
+    # -- loading ---------------------------------------------------------------------------------------------
+
+    def load_artifact(self, key: str, artifact: bytes, entry: str, launch: dict | None = None) -> None:
+        """Kernel `key` is cubin `artifact`'s `entry`, launched by `launch` ({"grid", "block", "smem",
+        "params"}, or its JSON text); a cubin without a launch rule is refused with a ValueError."""
+        if isinstance(launch, str):
+            launch = json.loads(launch) if launch.strip() else None
+        if not launch:
+            raise ValueError(f"kernel {key!r}: a cuda kernel needs a launch rule {{grid, block, smem, params}} "
+                             "(a family's launch section, or a '// kfactory: grid=... block=...' header)")
+        if not isinstance(launch, dict) or not launch.get("grid") or not launch.get("block"):
+            raise ValueError(f"kernel {key!r}: the launch rule must give grid and block, got {launch!r}")
+        path = self.target.cubin_dir / f"{hashlib.sha256(artifact).hexdigest()}.cubin"
+        if not path.exists():
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(artifact)
+            tmp.rename(path)
+        self.loads[key] = {"kind": "cubin", "path": str(path), "entry": entry, "argtypes": self.argtypes,
+                           "launch_rule": {"grid": launch["grid"], "block": launch["block"],
+                                           "smem": launch.get("smem", "0"), "params": launch.get("params") or {}}}
+
+    def load_baseline(self, key: str, name: str) -> None:
+        """Baseline `name` of the problem's reference.py cuda_baselines() (torch on the GPU)."""
+        self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name,
+                           "params": self.problem.params}
+
+    def _ensure(self, key: str) -> None:
+        try:
+            self.runner.ensure_loaded(key, self.loads[key])
+        except LoadFailed as e:
+            typed = _typed(self.runner, e)
+            if typed is e:
+                raise
+            raise typed from e
+
+    def _request(self, cmd: dict, timeout_s: float | None = None) -> dict:
+        reply = request(self.runner, cmd, timeout_s)
+        # a runner has a CPU-time limit for its whole life: replace it well before it is reached
+        limit = reply.get("cpu_limit_s", -1)
+        if limit and limit > 0 and reply.get("cpu_s", 0) > 0.5 * limit:
+            self.runner.stop()
+        return reply
+
+    # -- arguments -------------------------------------------------------------------------------------------
+
+    # -- running ---------------------------------------------------------------------------------------------
+
+    def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
+        """One run per step on the same device buffers (fresh ones, with guard bands, for the first step);
+        before each later step the runner saves the outputs, uploads that step's inputs and poisons the
+        outputs. Out-of-bounds writes are seen in the device-side guard bands (any step)."""
+        self._ensure(key)
+        with ShmBuffers() as bufs:
+            argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0])
+            staged, step_cmds = stage_steps(self.problem, bufs, shape, steps)
+            cmd = {"op": "call", "key": key, "args": argset, "shape": dict(shape), "steps": step_cmds}
+            reply = self._request(cmd, timeout_s=self.runner.timeout_s * len(steps))
+            seconds = reply["seconds"] if isinstance(reply["seconds"], list) else [reply["seconds"]]
+            return sequence_results(self.problem, steps, staged, views, seconds,
+                                    list(reply.get("out_of_bounds", [])))
+
+    def _pick_mode(self, base: dict) -> str:
+        """graph when a quick events-mode probe (first input set only) puts some kernel under GRAPH_BELOW_S."""
+        probe = {**base, "mode": "events", "min_samples": 5, "min_s": 0.0, "max_s": 0.05, "noise": 1.0,
+                 "warmup_s": 0.005,
+                 "kernels": [{"key": k["key"], "argsets": k["argsets"][:1]} for k in base["kernels"]]}
+        reply = self._request(probe, timeout_s=self.runner.timeout_s + 5)
+        fastest = min(statistics.median(s) for s in reply["samples"].values())
+        return "graph" if fastest < GRAPH_BELOW_S else "events"
+
+    def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
+              mode: str | None = None) -> BenchResult:
+        """Interleaved timing on the GPU (see cuda_child.op_bench); `mode` events, graph, or None to pick by a
+        probe. NVML is read before and after (the result's telemetry); a throttled measurement is retried once."""
+        for k in keys:
+            self._ensure(k)
+        with ShmBuffers() as bufs:
+            bufs.reserve(len(keys) * len(input_sets) * (set_bytes(self.problem, shape) + 8 * ShmBuffers.ALIGN))
+            per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
+                       for k in keys}
+            base = {"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
+                    "shape": dict(shape), "min_samples": min_samples, "min_s": min_s, "max_s": max_s,
+                    "noise": noise, "warmup_s": warmup_s}
+            if mode is None:
+                mode = self._pick_mode(base)
+            cmd = {**base, "mode": mode}
+            timeout = max_s + 10 * warmup_s + self.runner.timeout_s + 30  # + graph capture and uploads
+            retries = 0
+            while True:
+                before = nvml.read(self.uuid)
+                reply = self._request(cmd, timeout_s=timeout)
+                after = nvml.read(self.uuid)
+                tel = nvml.telemetry(before, after, self.model, self.uuid)
+                if not tel.throttled or retries >= 1:
+                    break
+                retries += 1
+                log.info("measurement throttled; retrying once", reasons=list(tel.throttle_reasons))
+            tel.retries = retries
+            outs = {k: [{t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
+                        for _, views in per_key[k]] for k in keys}
+        telemetry = {}
+        for k in keys:
+            telemetry[k] = pb.GpuTelemetry()
+            telemetry[k].CopyFrom(tel)
+        return BenchResult(reply["samples"], outs, mode=reply.get("mode", mode), telemetry=telemetry)
+
+    def close(self) -> None:
+        self.runner.stop()
+
+
+def make(option: str, settings) -> CudaTarget:
+    if option not in OPTIONS:
+        raise ValueError(f"unknown cuda architecture {option!r}; use one of: cuda, "
+                         + ", ".join(f"cuda:{o}" for o in OPTIONS if o))
+    return CudaTarget(option, settings)
