@@ -4,7 +4,7 @@ BUDGET ?= 40
 # test workers: most tests wait on servers and child processes, so two workers fill a 2-core machine
 WORKERS ?= 2
 
-.PHONY: install demo test proto bench clean image
+.PHONY: install demo test lint proto bench clean image
 
 install:
 	$(PYTHON) -m pip install -q -e ".[dev]"
@@ -16,6 +16,15 @@ demo: install
 test: install
 	$(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not serial"
 	$(PYTHON) -m pytest -q -m "serial and not slow"
+
+# every check runs even when an earlier one fails, so one run shows all that is left; the exit status is 1 if any failed
+LINT_PATHS ?= kfactory tests bench scripts deploy
+lint:
+	@status=0; \
+	echo "== ruff"; $(PYTHON) -m ruff check $(LINT_PATHS) || status=1; \
+	echo "== mypy"; $(PYTHON) -m mypy $(LINT_PATHS) || status=1; \
+	echo "== import cycles"; $(PYTHON) scripts/check_import_cycles.py kfactory || status=1; \
+	exit $$status
 
 proto:
 	$(PYTHON) scripts/gen_proto.py
