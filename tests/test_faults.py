@@ -22,7 +22,8 @@ import pytest
 
 from kfactory.bus import events as ev
 from kfactory.evidence import report
-from kfactory.bus.core import WORK_STREAM, Bus
+from kfactory.bus.jetstream import NatsBus
+from kfactory.bus.topology import WORK_STREAM
 from kfactory.claims import open_claims
 from kfactory.bus.deadletters import DeadLetterRecord, list_dead_letters
 from kfactory.v1 import events_pb2 as pb
@@ -78,7 +79,7 @@ def _mid_campaign(plant: Plant, cid: str, measured: int = 3) -> pb.Counts:
 
 def _finish_and_check(plant: Plant, cid: str) -> dict[str, int]:
     status = plant.wait_finished(cid)
-    assert status.state == "completed", status
+    assert status.state == "completed", f"{status.state}: {status.reason}"
     assert status.counts.proposed == BUDGET, status.counts
     kinds = check_exactly_once(plant, cid, status)
     assert kinds["measured"] >= BUDGET // 2, kinds  # the synthetic space fails a few; most run
@@ -459,7 +460,7 @@ def _outcomes_of(plant: Plant, cid: str, cand: str) -> list[str]:
 
 async def _dead_letter_records(nats_url: str, cid: str) -> list[DeadLetterRecord]:
     """The campaign's dead letters still on the DLQ stream (deadletters.list_dead_letters)."""
-    bus = await Bus.connect(nats_url, "test")
+    bus = await NatsBus.connect(nats_url, "test")
     try:
         return await list_dead_letters(bus, campaign=cid)
     finally:
@@ -471,7 +472,7 @@ async def _dead_letters(nats_url: str, cid: str) -> list[pb.DeadLetter]:
 
 
 async def _publish(nats_url: str, event: pb.Event) -> None:
-    bus = await Bus.connect(nats_url, "test")
+    bus = await NatsBus.connect(nats_url, "test")
     try:
         await bus.publish(event)
     finally:
