@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from functools import lru_cache
 
 from kfactory.bus import events as ev
 from kfactory.evidence import plots
@@ -37,6 +36,8 @@ def _markdown(events: list[pb.Event], noise_bound: float | None) -> tuple[str, s
     spec = started.spec if started else pb.CampaignSpec()
     summary = json.loads(finished.summary_json) if finished and finished.summary_json else {}
     measured = [e.measured for e in events if e.HasField("measured")]
+    from kfactory.problems.loader import problem_name  # here: the query clients import this module too
+
     name = problem_name(spec.problem) if spec.problem else "?"
     lines = [f"# Campaign {cid}: {name} on {spec.target}", ""]
     if name != spec.problem:  # a package directory or a recorded space: say where the problem came from
@@ -60,18 +61,6 @@ def _markdown(events: list[pb.Event], noise_bound: float | None) -> tuple[str, s
               "reason, the best so far, and the reference kernel (dashed).", "",
               "![every candidate and the best so far](plot.png)", ""]
     return "\n".join(lines), f"{name} on {spec.target}: campaign {cid}"
-
-
-@lru_cache(maxsize=64)
-def problem_name(locator: str) -> str:
-    """A problem's name from the locator a spec holds (a built-in name, a package directory, a replay cache);
-    the locator itself when it does not load here (any more)."""
-    from kfactory.problems import ProblemError, load_problem  # here: the query clients import this module too
-
-    try:
-        return load_problem(locator).name
-    except ProblemError:
-        return locator
 
 
 def default_noise_bound() -> float:
@@ -147,7 +136,8 @@ def _best_section(summary: dict, events: list[pb.Event]) -> list[str]:
     best = summary.get("best")
     if not best:
         return ["No candidate was measured.", ""]
-    out = ["## Best candidate", "", f"`{best['candidate_id'][:16]}` ({best['origin']}), flags `{best['compile_flags']}`",
+    out = ["## Best candidate", "",
+           f"`{best['candidate_id'][:16]}` ({best['origin']}), flags `{best['compile_flags']}`",
            "", f"parameters: `{format_params(best['params'])}`", "",
            "## Interleaved comparison (same runner, same threads, A B A B ...)", ""]
     for e in events:

@@ -97,7 +97,7 @@ def history_of(statuses, problem: str, sources: list[dict]) -> list[dict]:
     """What finished campaigns of `problem` (among `statuses`, CampaignStatus messages) measured of these sources:
     one entry per campaign whose summary has a measured warm-start section that judged any of them, with each such
     source's agreement and final weight there."""
-    from kfactory.evidence.report import problem_name  # here: the report imports this module
+    from kfactory.problems.loader import problem_name  # here: the query clients import the report, and so this
 
     known, name = {s["source"] for s in sources}, problem_name(problem)
     out = []

@@ -9,11 +9,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
+from kfactory.models.errors import ModelError
 from kfactory.models.quant import QuantTensor
-
-
-class ModelError(ValueError):
-    """A model package or file is missing, malformed or not what it claims; the message says what to do."""
 
 
 @dataclass(frozen=True)

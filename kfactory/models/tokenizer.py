@@ -12,7 +12,7 @@ from __future__ import annotations
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
-from kfactory.models.gguf_model import ModelError
+from kfactory.models.errors import ModelError
 
 #: GGUF token types (llama.cpp's llama_token_type)
 CONTROL, USER_DEFINED = 3, 4

@@ -1,283 +1,26 @@
-"""Loading problem packages and families; enumerating, validating and rendering design points."""
+"""Loading problem packages from disk: a built-in problem by name, a user's package by its directory, or (through
+kfactory.targets.replay.problem) the problem of a recorded tuning space, "replay:<cache file>".
+
+The loaded objects are kfactory.problems.package's; they are re-exported here, where most callers have imported
+them from.
+"""
 from __future__ import annotations
 
 import functools
-import importlib.util
-import itertools
-import math
-import random
-import traceback
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
-from types import ModuleType
 
-import jinja2
-import jinja2.meta
 import yaml
 from pydantic import ValidationError
-from simpleeval import EvalWithCompoundTypes, InvalidExpression
 
+from kfactory.problems.package import (LANGUAGES, Family, Problem, ProblemError, language_of, safe_eval,
+                                       shape_str)
 from kfactory.problems.spec import FamilySpec, ProblemSpec
+
+__all__ = ["BUILTIN", "BUILTIN_DIR", "LANGUAGES", "Family", "Problem", "ProblemError", "language_of", "list_problems",
+           "load_problem", "problem_name", "safe_eval", "shape_str"]
 
 BUILTIN = Path(__file__).parent
 BUILTIN_DIR = BUILTIN
-
-
-#: a source file's language from its suffix
-LANGUAGES = {".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cu": "cuda", ".ptx": "ptx"}
-
-
-def language_of(path: Path | str, target: str) -> str:
-    """The language of a source file by its suffix (.c, .cpp, .cu, .ptx); unknown suffixes get the target's
-    usual language."""
-    return LANGUAGES.get(Path(path).suffix.lower(), "cuda" if target.startswith("cuda") else "c")
-
-
-class ProblemError(ValueError):
-    """A problem package is missing, malformed or inconsistent; the message says what to fix."""
-
-
-def _safe_eval(expr: str, names: dict) -> object:
-    try:
-        return EvalWithCompoundTypes(names=names, functions={"min": min, "max": max, "abs": abs,
-                                                             "ceil": math.ceil}).eval(expr)
-    except (InvalidExpression, SyntaxError, TypeError, ZeroDivisionError) as e:
-        raise ProblemError(f"cannot evaluate {expr!r} with {names}: {e}") from e
-
-
-def _where(e: jinja2.TemplateError, default: Path) -> str:
-    """file:line of a template error (a syntax error knows its line; a render error's is in its traceback)."""
-    line = getattr(e, "lineno", None)
-    if line is None:
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(default)]
-        line = frames[-1].lineno if frames else None
-    return f"{getattr(e, 'filename', None) or default}:{line}" if line else str(default)
-
-
-def _what(e: jinja2.TemplateError) -> str:
-    return getattr(e, "message", None) or str(e)
-
-
-def _free_names(tree: jinja2.nodes.Template) -> set[str]:
-    """The names a template reads from its context. Jinja's own analysis counts a macro (or {% set %}) defined
-    inside an {% if %} as undeclared where it is used; any name the template binds somewhere (a macro, its
-    arguments, a set or loop target) is taken as its own instead, so a valid template is never refused."""
-    bound = {n.name for n in tree.find_all(jinja2.nodes.Macro)}
-    bound |= {n.name for n in tree.find_all(jinja2.nodes.Name) if n.ctx in ("store", "param")}
-    return jinja2.meta.find_undeclared_variables(tree) - bound
-
-
-@functools.lru_cache(maxsize=256)
-def _template_names(path: str, mtime_ns: int, size: int) -> frozenset[str]:
-    """_free_names of a template file, parsed once per version of the file (a problem loads many times in a
-    process: every submit, check and coder request)."""
-    return frozenset(_free_names(jinja2.Environment().parse(Path(path).read_text())))
-
-
-def shape_str(shape: dict[str, int], symbols: list[str]) -> str:
-    """'4096x4096' in symbol order."""
-    return "x".join(str(shape[s]) for s in symbols)
-
-
-@dataclass
-class Family:
-    """A way to implement a problem on a target: a template, a design space and a launch rule."""
-    spec: FamilySpec
-    directory: Path
-    #: the problem's scalar parameters (name -> value): Jinja variables of the template and compile_flags beside
-    #: the design point's own (kfactory.problems.params)
-    problem_params: dict = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @cached_property
-    def _env(self) -> jinja2.Environment:
-        return jinja2.Environment(loader=jinja2.FileSystemLoader(self.directory), undefined=jinja2.StrictUndefined,
-                                  keep_trailing_newline=True)
-
-    @cached_property
-    def _template(self) -> jinja2.Template:
-        return self._env.get_template(self.spec.template)
-
-    def check_names(self) -> None:
-        """ProblemError (file:line) when the template or compile_flags uses a name that is neither a parameter
-        of the family nor a param of the problem: StrictUndefined would raise only on a path a point renders,
-        so a misspelt name in a rarely taken branch is caught here, when the package loads. A template that
-        cannot be read or parsed is left to render and `problems check`, which report it with its line."""
-        known = set(self.spec.params) | set(self.problem_params) | set(self._env.globals)
-        path = self.directory / self.spec.template
-        try:
-            st = path.stat()
-            used = _template_names(str(path), st.st_mtime_ns, st.st_size)
-        except (OSError, UnicodeDecodeError, jinja2.TemplateError):
-            used = frozenset()
-        if unknown := sorted(used - known):
-            line = next((n for n, tok, value in self._env.lex(path.read_text())
-                         if tok == "name" and value == unknown[0]), None)
-            raise ProblemError(f"{path}:{line}: family {self.name}: the template uses {unknown[0]!r}, which is "
-                               f"{self._neither()}")
-        try:
-            used = _free_names(jinja2.Environment().parse(self.spec.compile_flags))
-        except jinja2.TemplateError:
-            used = set()
-        if unknown := sorted(used - known):
-            raise ProblemError(f"{self.directory / 'family.yaml'}: compile_flags of family {self.name} uses "
-                               f"{unknown[0]!r}, which is {self._neither()}")
-
-    def _neither(self) -> str:
-        return (f"neither a parameter of the family ({', '.join(self.spec.params)}) nor a param of the problem "
-                f"({', '.join(self.problem_params) or 'it declares none'})")
-
-    def valid(self, params: dict) -> bool:
-        """True when params gives every parameter one of its values and satisfies every constraint."""
-        if set(params) != set(self.spec.params):
-            return False
-        if any(params[k] not in vals for k, vals in self.spec.params.items()):
-            return False
-        return all(bool(_safe_eval(c, params)) for c in self.spec.constraints)
-
-    def points(self) -> list[dict]:
-        """Every valid design point, in a fixed order."""
-        return list(self._valid_points())
-
-    def first_point(self) -> dict | None:
-        """The first valid design point of points()' order, found without enumerating the rest (None: none)."""
-        return next(self._valid_points(), None)
-
-    def _valid_points(self):
-        keys = list(self.spec.params)
-        combos = (dict(zip(keys, vals)) for vals in itertools.product(*(self.spec.params[k] for k in keys)))
-        return (p for p in combos if self.valid(p))
-
-    def random_point(self, rng: random.Random, tries: int = 1000) -> dict:
-        """A uniformly drawn valid point (rejection sampling)."""
-        for _ in range(tries):
-            p = {k: rng.choice(v) for k, v in self.spec.params.items()}
-            if self.valid(p):
-                return p
-        raise ProblemError(f"family {self.name}: no valid point in {tries} random draws; check the constraints")
-
-    def render(self, params: dict) -> tuple[str, str, int]:
-        """(source, compile flags, threads) at a design point; a template error names its file and line."""
-        names = {**self.problem_params, **params}
-        try:
-            source = self._template.render(**names)
-        except jinja2.TemplateError as e:
-            raise ProblemError(f"{_where(e, self.directory / self.spec.template)}: family {self.name}: template "
-                               f"failed at {params}: {_what(e)}") from e
-        try:
-            flags = jinja2.Template(self.spec.compile_flags, undefined=jinja2.StrictUndefined).render(**names)
-        except jinja2.TemplateError as e:
-            raise ProblemError(f"{self.directory / 'family.yaml'}: compile_flags of family {self.name} failed at "
-                               f"{params}: {_what(e)}") from e
-        threads = int(_safe_eval(self.spec.launch.get("threads", "1"), params))
-        return source, " ".join(flags.split()), threads
-
-    def launch_rule(self, params: dict) -> dict | None:
-        """A cuda family's launch rule at a point: grid/block/smem expressions over the params and the
-        shape symbols, evaluated per call by kfactory.targets.cuda.launch; None for families without one."""
-        rule = {k: v for k, v in self.spec.launch.items() if k in ("grid", "block", "smem")}
-        return {**rule, "params": params} if rule else None
-
-
-@dataclass
-class Problem:
-    """A loaded problem package."""
-    spec: ProblemSpec
-    directory: Path
-    families: dict[str, Family] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def params(self) -> dict[str, float | int]:
-        """The problem's scalar parameters, name -> the spec's value (kfactory.problems.params: the reference
-        gets them as keyword arguments, the kernel as scalar arguments where an ABI lists them, templates as
-        variables)."""
-        return {name: p.value for name, p in self.spec.params.items()}
-
-    @cached_property
-    def reference(self) -> ModuleType:
-        """reference.py: `reference(inputs, **params) -> outputs` in float64, `baselines(**params)` ->
-        {name: fn(inputs, outputs, threads)} and `cuda_baselines(**params)`."""
-        path = self.directory / "reference.py"
-        if not path.exists():
-            raise ProblemError(f"{self.directory}: missing reference.py")
-        spec = importlib.util.spec_from_file_location(f"kfactory_problem_{self.name}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        if not callable(getattr(mod, "reference", None)):
-            raise ProblemError(f"{path}: must define reference(inputs: dict) -> dict")
-        return mod
-
-    def shapes(self, which: str = "all") -> list[dict[str, int]]:
-        s = self.spec.shapes
-        return {"optimize": s.optimize, "verify": s.verify, "all": s.optimize + s.verify}[which]
-
-    def shape_str(self, shape: dict[str, int]) -> str:
-        return shape_str(shape, self.spec.symbols)
-
-    def parse_shape(self, text: str) -> dict[str, int]:
-        vals = [int(v) for v in text.split("x")]
-        return dict(zip(self.spec.symbols, vals))
-
-    def tensor_shape(self, tensor, shape: dict[str, int]) -> tuple[int, ...]:
-        return tuple(shape[d] if isinstance(d, str) else d for d in tensor.shape)
-
-    def cost(self, shape: dict[str, int]) -> tuple[float, float]:
-        """(bytes, flops) at a shape."""
-        return (float(_safe_eval(self.spec.cost.bytes, shape)), float(_safe_eval(self.spec.cost.flops, shape)))
-
-    def families_for(self, target: str) -> list[Family]:
-        return [f for f in self.families.values() if f.spec.target == target]
-
-    def reference_source(self, target: str) -> tuple[str, str]:
-        """(source, flags) of the problem's reference kernel on a target."""
-        ref = self.spec.reference_kernel.get(target)
-        if ref is None:
-            raise ProblemError(f"problem {self.name} has no reference kernel for target {target}")
-        return (self.directory / ref.source).read_text(), ref.flags
-
-    def reference_kernel(self, target: str) -> tuple[str, str, str, dict | None]:
-        """(source, flags, language, launch rule or None) of the reference kernel, as a candidate takes them."""
-        source, flags = self.reference_source(target)
-        ref = self.spec.reference_kernel[target]
-        return source, flags, language_of(ref.source, target), {**ref.launch, "params": {}} if ref.launch else None
-
-    def describe(self) -> str:
-        """Human-readable summary: shapes, distributions, tolerances, the ABI per target, families."""
-        s = self.spec
-        lines = [f"{s.name}: {s.description.strip()}", "",
-                 "inputs:  " + ", ".join(f"{t.name} {t.dtype}[{', '.join(map(str, t.shape))}]" for t in s.inputs),
-                 "outputs: " + ", ".join(f"{t.name} {t.dtype}[{', '.join(map(str, t.shape))}]" for t in s.outputs),
-                 "optimise shapes: " + ", ".join(self.shape_str(x) for x in s.shapes.optimize),
-                 "verify shapes:   " + ", ".join(self.shape_str(x) for x in s.shapes.verify),
-                 "distributions:   " + ", ".join(s.distributions),
-                 "tolerance:       " + "; ".join(f"{k}: atol={v.atol} rtol={v.rtol} norm_rel={v.norm_rel}"
-                                                 for k, v in s.tolerance.items()),
-                 "baselines:       " + (", ".join(s.baselines) or "none")]
-        if s.params:
-            lines.append("params:          " + "; ".join(_param_line(n, p) for n, p in s.params.items()))
-        lines.append("")
-        for target, abi in s.abi.items():
-            lines += [f"ABI ({target}): {abi.signature}", f"  arguments: {', '.join(abi.args)}"]
-            if abi.notes:
-                lines.append("  " + " ".join(abi.notes.split()))
-        for f in self.families.values():
-            lines.append(f"family {f.name} ({f.spec.target}, {f.spec.language}): {len(f.points())} valid points; "
-                         + ", ".join(f"{k}={v}" for k, v in f.spec.params.items()))
-        return "\n".join(lines)
-
-
-def _param_line(name: str, p) -> str:
-    rng = f" in [{'-inf' if p.min is None else p.min}, {'inf' if p.max is None else p.max}]" \
-        if p.min is not None or p.max is not None else ""
-    return f"{name} = {p.value} ({p.type}{rng})" + (f": {' '.join(p.doc.split())}" if p.doc else "")
 
 
 def _load_yaml(path: Path, model):
@@ -320,6 +63,16 @@ def load_problem(name_or_path: str | Path) -> Problem:
         fam.check_names()
         problem.families[fname] = fam
     return problem
+
+
+@functools.lru_cache(maxsize=64)
+def problem_name(locator: str) -> str:
+    """A problem's name from the locator a spec holds (a built-in name, a package directory, a replay cache);
+    the locator itself when it does not load here (any more)."""
+    try:
+        return load_problem(locator).name
+    except ProblemError:
+        return locator
 
 
 def _is_file(path: Path) -> bool:

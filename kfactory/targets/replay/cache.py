@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kfactory.problems.loader import Family, ProblemError, _safe_eval
+from kfactory.problems.package import Family, ProblemError, safe_eval
 from kfactory.problems.spec import FamilySpec
 
 FAMILY_NAME = "recorded"
@@ -81,7 +81,7 @@ class RecordedSpace:
             return False
         if any(params[k] not in vals for k, vals in self.params.items()):
             return False
-        return all(bool(_safe_eval(c, params)) for c in self.constraints)
+        return all(bool(safe_eval(c, params)) for c in self.constraints)
 
     def optimum_ms(self) -> float:
         """The best recorded time (ms)."""
@@ -219,7 +219,7 @@ def _parse(path: Path) -> RecordedSpace:
                           params=params, constraints=_t1_constraints(path, stem), records=records, path=path)
     for c in space.constraints:  # every constraint must evaluate over the space's parameters
         try:
-            _safe_eval(c, {k: v[0] for k, v in params.items()})
+            safe_eval(c, {k: v[0] for k, v in params.items()})
         except ProblemError as e:
             raise _bad(path, f"constraint {c!r} does not evaluate over the parameters {keys}: {e}",
                        "fix the T1 file's Conditions") from e

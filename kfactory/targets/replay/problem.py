@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kfactory.problems.loader import Problem, ProblemError
+from kfactory.problems.package import Problem, ProblemError
 from kfactory.problems.spec import ProblemSpec
 from kfactory.targets.replay.cache import FAMILY_NAME, RecordedSpace, load_space
 
