@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from kfactory.problems import load_problem
-from kfactory.sandbox.parent import LoadFailed, RunnerCrashed
+from kfactory.sandbox import protocol
+from kfactory.sandbox.child import serve
+from kfactory.sandbox.parent import LoadFailed, Runner, RunnerCrashed, fault_error
+from kfactory.sandbox.protocol import Ceilings, DeviceQuery
 from kfactory.targets import get_target
 from kfactory.targets.cuda import nvml
 from kfactory.targets.cuda.launch import Launch, evaluate_launch, parse_header
@@ -152,9 +155,9 @@ def test_cubin_needs_a_launch_rule(settings, monkeypatch):
         sess.load_artifact("k", b"\x7fELF", "kernel", {"grid": "rows"})
     sess.load_artifact("k", b"\x7fELF", "kernel", '{"grid": "rows", "block": "256"}')
     load = sess.loads["k"]
-    assert load["kind"] == "cubin" and load["argtypes"] == ["ptr", "ptr", "i64", "i64"]
-    assert load["launch_rule"] == {"grid": "rows", "block": "256", "smem": "0", "params": {}}
-    assert open(load["path"], "rb").read() == b"\x7fELF"
+    assert load.kind == "cubin" and load.argtypes == ["ptr", "ptr", "i64", "i64"]
+    assert load.launch_rule == {"grid": "rows", "block": "256", "smem": "0", "params": {}}
+    assert open(load.path, "rb").read() == b"\x7fELF"
 
 
 def test_child_module_imports_without_a_gpu():
@@ -254,7 +257,10 @@ class _Fake:
         return self._r()
 
     def cuMemGetInfo(self): return self._r(1 << 30, 1 << 31)
-    def cuModuleLoadData(self, image): assert isinstance(image, int); return self._r(7)
+    def cuModuleLoadData(self, image):
+        assert isinstance(image, int)
+        return self._r(7)
+
     def cuModuleGetFunction(self, mod, name):
         assert isinstance(name, bytes)
         if name.decode() not in self.kernels:
@@ -342,27 +348,27 @@ def fake_cuda(monkeypatch):
 
 
 class _InProcessRunner:
-    """Runner's interface over a CudaChild in this process (the fake driver cannot cross a fork)."""
+    """Runner's interface over a CudaChild in this process (the fake driver cannot cross a fork): every request
+    and reply goes through the protocol's encoding and the child's serve(), as over the pipe; a fault that says
+    the child is exiting kills it (counted), as Runner does."""
 
     def __init__(self, child):
         self.child, self.loaded, self.timeout_s, self.last_reply, self.killed = child, set(), 20.0, None, 0
 
-    def request(self, cmd, timeout_s=None):
-        import json
-        cmd = json.loads(json.dumps(cmd))
-        try:
-            reply = {"ok": True, **getattr(self.child, "op_" + cmd["op"])(cmd)}
-        finally:
-            self.child.prev_maps, self.child.maps = self.child.maps, {}
-        self.last_reply = json.loads(json.dumps(reply))
-        if not reply["ok"]:
-            raise LoadFailed(reply["error"])
+    def request(self, req, timeout_s=None):
+        req = protocol.decode_request(protocol.encode_request(req))
+        reply = protocol.decode_reply(protocol.encode_reply(serve(self.child, req)))
+        self.last_reply = reply
+        if reply.fault is not None:
+            if reply.fault.exiting:
+                self.kill()
+            raise fault_error(reply.fault)
         return reply
 
-    def ensure_loaded(self, key, cmd):
-        if key not in self.loaded:
-            self.request({"op": "load", "key": key, **cmd})
-            self.loaded.add(key)
+    def ensure_loaded(self, load):
+        if load.key not in self.loaded:
+            self.request(load)
+            self.loaded.add(load.key)
 
     def kill(self):
         self.killed += 1
@@ -424,19 +430,12 @@ def test_fake_call_sees_an_out_of_bounds_write_in_the_guard_band(fake_session, f
 
 def test_fake_device_fault_and_refused_launch_are_typed(fake_session, fake_cuda):
     from kfactory.targets.cuda.target import DeviceFault, LaunchFailed
-    from kfactory.targets.cuda.child import CudaError
     fake_session.load_artifact("bad", b"cubin-oob", "oob", {"grid": "rows", "block": "256"})
-    with pytest.raises(CudaError) as ei:  # in process the child raises instead of replying and exiting
+    with pytest.raises(DeviceFault, match="ILLEGAL_ADDRESS") as ei:
         fake_session.call("bad", {"rows": 2, "cols": 8}, _x(2, 8))
-    assert ei.value.kind == "device_fault"
-    # what the session does with the reply a real child sends before it exits
     runner = fake_session.runner
-    runner.last_reply = {"ok": False, "error": "cuEventSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)",
-                         "kind": "device_fault", "exiting": True}
-    from kfactory.targets.cuda.target import _typed
-    typed = _typed(runner, LoadFailed("x"))
-    assert isinstance(typed, DeviceFault) and isinstance(typed, RunnerCrashed) and runner.killed == 1
-    assert typed.reason == pb.DEVICE_FAULT
+    assert isinstance(ei.value, RunnerCrashed) and runner.killed == 1  # the child said it is exiting: reaped
+    assert ei.value.reason == pb.DEVICE_FAULT and runner.last_reply.fault.code == 700
     fake_cuda.sticky = 0
     fake_session.load_artifact("wide", b"cubin-wide", "kernel", {"grid": "rows", "block": "4096"})
     with pytest.raises(LaunchFailed, match="block.x=4096") as ei:
@@ -474,12 +473,12 @@ def test_fake_bench_interleaves_and_returns_every_sets_output(fake_session, fake
 def test_fake_device_and_ceilings(fake_cuda, monkeypatch):
     from kfactory.targets.cuda import child as cuda_child
     child = cuda_child.CudaChild(1)
-    info = child.op_device({})
+    info = child.op_device(DeviceQuery()).info
     assert info["name"] == "Fake H200" and info["arch"] == "sm_90a" and info["sm_count"] == 4
     assert info["uuid"] == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
     fake_compile = types.SimpleNamespace(compile_cuda=lambda *a: types.SimpleNamespace(ok=True, artifact=b"x"))
     monkeypatch.setitem(sys.modules, "kfactory.targets.cuda.compile", fake_compile)
-    got = child.op_ceilings({"copy_bytes": 1 << 20, "arch": "sm_90a"})
+    got = child.op_ceilings(Ceilings(arch="sm_90a", copy_bytes=1 << 20)).info
     assert got["mem_bandwidth_gbps"] > 0 and got["peak_gflops"] > 0
     assert isinstance(got["peak_bf16_gflops"], float) and isinstance(got["notes"], list)
 
@@ -609,8 +608,8 @@ def test_fake_fault_through_a_real_runner_replies_typed_and_the_runner_is_replac
     (tmp_path / "fake_cuda_child.py").write_text(FAKE_CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
     sess = _bare_session(cuda, settings)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sess.runner = cuda._CudaRunner(1, 20.0, mem_mb=0, max_runs=100, child_module="fake_cuda_child",
-                                   env={"PYTHONPATH": os.pathsep.join([str(tmp_path), root])})
+    sess.runner = Runner(1, 20.0, mem_mb=0, max_runs=100, child_module="fake_cuda_child",
+                         env={"PYTHONPATH": os.pathsep.join([str(tmp_path), root])})
     try:
         sess.load_artifact("bad", b"cubin-oob", "oob", {"grid": "rows", "block": "256"})
         sess.load_artifact("ok", b"cubin-ok", "kernel", {"grid": "rows", "block": "256"})

@@ -1,6 +1,8 @@
 """Verification and measurement of one compiled kernel, over a target Session (runner-backed).
 
-Both return typed verdicts; a candidate's crash, hang or wrong answer is a result, never an exception.
+Both return typed verdicts; a candidate's crash, hang or wrong answer is a result, never an exception. Only the
+candidate's own faults (RunnerFault) become verdicts: a failure of the harness (kfactory.sandbox.parent.HarnessError)
+or any other exception propagates to the service, which records it as its own error, never as the candidate's.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from kfactory.judge.numerics import compare, same_bytes
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
 from kfactory.problems.check import ReferenceFailed, run_reference
-from kfactory.sandbox.parent import LoadFailed, RunnerCrashed, RunnerFault, RunnerTimeout
+from kfactory.sandbox.parent import RunnerFault
 from kfactory.targets import Session
 from kfactory.sandbox.shm_args import set_bytes
 from kfactory.v1 import events_pb2 as pb
@@ -32,15 +34,8 @@ class Verdict:
 
 
 def fault_reason(e: RunnerFault) -> int:
-    """The typed reason for a runner fault."""
-    if isinstance(e, RunnerTimeout):
-        return pb.TIMEOUT
-    named = getattr(e, "reason", None)  # a target's fault class may name its reason (cuda: DEVICE_FAULT)
-    if isinstance(named, int) and named:
-        return named
-    if isinstance(e, (RunnerCrashed, LoadFailed)):
-        return pb.CRASHED
-    return pb.RUNNER_ERROR
+    """The typed reason for a candidate's fault (its kind's, kfactory.sandbox.protocol.REJECT_REASONS)."""
+    return e.reason
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,41 @@
 """The runner: a child process that loads candidate kernels and runs them on inputs in shared memory.
 
-It is started by kfactory.sandbox.parent.Runner, never imported by a service. It speaks JSON lines on the file
-descriptors given on its command line (never on stdout, which candidate code may write to), limits its own
-resources before loading anything, and knows nothing of the bus.
+It is started by kfactory.sandbox.parent.Runner, never imported by a service. It speaks the typed protocol of
+kfactory.sandbox.protocol on the file descriptors given on its command line (never on stdout, which candidate code
+may write to), limits its own resources before loading anything, and knows nothing of the bus.
+
+Only code that is not ours (the kernel, the problem's reference.py) can fail as the candidate: the ops wrap exactly
+those calls and raise KernelFault. Any other exception is a bug or an environment error of the runner itself and
+is replied as a HARNESS fault with its traceback (serve), never as the candidate's.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import importlib.util
-import json
 import os
 import resource
 import sys
 import time
+import traceback
 
 import numpy as np
+
+from kfactory.sandbox import protocol
+from kfactory.sandbox.protocol import Bench, Call, Fault, FaultKind, Load, Ping, Reply, Request
 
 
 #: the kernel's argument types: tensors, shape symbols and int parameters (int64), float parameters as the
 #: signature declares them (kfactory.problems.params.abi_argtypes); a C float must be passed as one
 ARGTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
+
+
+class KernelFault(Exception):
+    """The candidate's own code failed in this child (it could not be loaded, or it raised): replied as `fault`."""
+
+    def __init__(self, kind: FaultKind, message: str, code: int = 0, exiting: bool = False):
+        super().__init__(message)
+        self.fault = Fault(kind, message, code=code, exiting=exiting)
 
 
 def _limit(mem_mb: int, cpu_s: int) -> None:
@@ -49,31 +64,29 @@ class Child:
         self.kept: dict[str, np.memmap] = {}
         self.keep: frozenset[str] = frozenset()
 
-    def begin(self, cmd: dict) -> None:
-        """Before a command: let go of kept arenas the parent no longer uses (it names those it does)."""
-        if "keep" in cmd:
-            self.keep = frozenset(cmd["keep"])
+    def begin(self, req: Request) -> None:
+        """Before a request: let go of kept arenas the parent no longer uses (it names those it does)."""
+        keep = getattr(req, "keep", None)
+        if keep is not None:
+            self.keep = frozenset(keep)
             self.kept = {p: m for p, m in self.kept.items() if p in self.keep}
 
-    def op_ping(self, cmd: dict) -> dict:
-        return {"pid": os.getpid()}
+    def op_ping(self, req: Ping) -> Reply:
+        return Reply(pid=os.getpid())
 
-    def op_load(self, cmd: dict) -> dict:
-        key = cmd["key"]
-        if cmd["kind"] == "so":
-            lib = ctypes.CDLL(cmd["path"], mode=os.RTLD_LOCAL | os.RTLD_NOW)
-            fn = getattr(lib, cmd["entry"])
+    def op_load(self, req: Load) -> Reply:
+        if req.kind == "so":
+            argtypes = [ARGTYPES[a] for a in req.argtypes]
+            fn = _bind_symbol(req.path, req.entry)
             fn.restype = None
-            fn.argtypes = [ARGTYPES[a] for a in cmd["argtypes"]]
-            self.kernels[key] = fn
+            fn.argtypes = argtypes
+            self.kernels[req.key] = fn
+        elif req.kind == "baseline":
+            self.kernels[req.key] = _baseline(req, "baselines", "kf_problem_ref")
         else:
-            spec = importlib.util.spec_from_file_location("kf_problem_ref", cmd["module"])
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            # the problem's scalar parameters as keyword arguments (kfactory.problems.params)
-            self.kernels[key] = mod.baselines(**cmd.get("params", {}))[cmd["name"]]
-        self.kinds[key] = cmd["kind"]
-        return {}
+            raise ValueError(f"unknown kind {req.kind!r} for the cpu runner (so or baseline)")
+        self.kinds[req.key] = req.kind
+        return Reply()
 
     def _bind(self, key: str, argset: list[dict]):
         """A zero-argument callable running kernel `key` on one argument set (mapped once, outside timing)."""
@@ -85,7 +98,7 @@ class Child:
             return lambda: fn(*args), arrays
         ins = {a["name"]: arrays[a["name"]] for a in argset if a.get("role") == "in"}
         outs = {a["name"]: arrays[a["name"]] for a in argset if a.get("role") == "out"}
-        return lambda: fn(ins, outs, self.threads), arrays
+        return raising_as_kernel(lambda: fn(ins, outs, self.threads)), arrays
 
     def _view(self, a: dict) -> np.ndarray:
         """An array at an offset of a shared file; each file is mapped once per command."""
@@ -98,12 +111,12 @@ class Child:
             (self.kept if path in self.keep else self.maps)[path] = mm
         return np.ndarray(tuple(a["shape"]), dtype=a["dtype"], buffer=mm, offset=a.get("offset", 0))
 
-    def op_call(self, cmd: dict) -> dict:
-        """Run once; then once per entry of "steps" on the same buffers, each step first saving the previous
-        outputs to its "outputs", writing its "inputs" into the input buffers and poisoning the outputs."""
-        call, arrays = self._bind(cmd["key"], cmd["args"])
+    def op_call(self, req: Call) -> Reply:
+        """Run once; then once per step on the same buffers, each step first saving the previous outputs to its
+        "outputs", writing its "inputs" into the input buffers and poisoning the outputs."""
+        call, arrays = self._bind(req.key, req.args)
         seconds = [self._timed(call)]
-        for step in cmd.get("steps", []):
+        for step in req.steps:
             for name, desc in step["outputs"].items():
                 self._view(desc)[...] = arrays[name]
             for name, desc in step["inputs"].items():
@@ -112,7 +125,7 @@ class Child:
                 arrays[name][...] = value
             seconds.append(self._timed(call))
         # MAP_SHARED pages of a tmpfs file are the parent's pages too: no msync needed
-        return {"seconds": seconds, "busy_s": sum(seconds)}
+        return Reply(seconds=seconds, busy_s=sum(seconds))
 
     @staticmethod
     def _timed(call) -> float:
@@ -120,23 +133,23 @@ class Child:
         call()
         return (time.perf_counter_ns() - t0) * 1e-9
 
-    def op_bench(self, cmd: dict) -> dict:
+    def op_bench(self, req: Bench) -> Reply:
         """Interleaved timing: round-robin over kernels (A B A B ...), each call on the next argument set."""
         # keep every mapping alive while its pointers are in use: a collected memmap unmaps its memory
-        pairs = {k["key"]: [self._bind(k["key"], s) for s in k["argsets"]] for k in cmd["kernels"]}
+        pairs = {k.key: [self._bind(k.key, s) for s in k.argsets] for k in req.kernels}
         bound = {k: [call for call, _ in v] for k, v in pairs.items()}
         keys = list(bound)
-        warm_rounds, warm_s = self._warm_up(bound, cmd["warmup_s"])
+        warm_rounds, warm_s = self._warm_up(bound, req.warmup_s)
 
         def timed(k: str, i: int) -> float:
             return self._timed(bound[k][i % len(bound[k])])
 
-        samples, i = sample_interleaved({k: functools.partial(timed, k) for k in keys}, cmd)
+        samples, i = sample_interleaved({k: functools.partial(timed, k) for k in keys}, req)
         del pairs
         # sets 0 .. reached-1 were called (warm-up and timing walk them in order): the parent checks exactly
         # those outputs; a set never reached still holds its poison and is not a result
-        return {"samples": samples, "reached": {k: min(len(bound[k]), max(i, warm_rounds)) for k in keys},
-                "busy_s": warm_s + sum(sum(s) for s in samples.values())}
+        return Reply(samples=samples, reached={k: min(len(bound[k]), max(i, warm_rounds)) for k in keys},
+                     busy_s=warm_s + sum(sum(s) for s in samples.values()))
 
     @staticmethod
     def _warm_up(bound: dict, warmup_s: float) -> tuple[int, float]:
@@ -174,7 +187,7 @@ def warm_up(one_round, warmup_s: float, min_rounds: int = 2) -> int:
         prev = took
 
 
-def sample_interleaved(samplers: dict, cmd: dict) -> tuple[dict[str, list[float]], int]:
+def sample_interleaved(samplers: dict, req: Bench) -> tuple[dict[str, list[float]], int]:
     """Round-robin over the kernels (A B A B ...), each sampler(i) timing round i, until max_s has passed, or
     min_samples rounds and min_s have and every kernel's noise is under the bound; (samples, rounds)."""
     samples: dict[str, list[float]] = {k: [] for k in samplers}
@@ -185,10 +198,10 @@ def sample_interleaved(samplers: dict, cmd: dict) -> tuple[dict[str, list[float]
             samples[k].append(sampler(i))
         i += 1
         elapsed = time.perf_counter() - start
-        if elapsed >= cmd["max_s"]:
+        if elapsed >= req.max_s:
             return samples, i
-        if i >= cmd["min_samples"] and elapsed >= cmd["min_s"] and all(
-                _noise(s) <= cmd["noise"] for s in samples.values()):
+        if i >= req.min_samples and elapsed >= req.min_s and all(
+                _noise(s) <= req.noise for s in samples.values()):
             return samples, i
 
 
@@ -199,27 +212,89 @@ def _noise(s: list[float]) -> float:
     return (q3 - q1) / med if med > 0 else float("inf")
 
 
+def _bind_symbol(path: str, entry: str):
+    """The candidate's `entry` in the shared object at `path`; KernelFault(LOAD_FAILED) when the object does not
+    load or lacks the symbol (the candidate's doing: the parent wrote the file the compiler made)."""
+    try:
+        return getattr(ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW), entry)
+    except (OSError, AttributeError) as e:
+        raise KernelFault(FaultKind.LOAD_FAILED, f"cannot load {entry!r}: {type(e).__name__}: {e}") from e
+
+
+def _baseline(req: Load, factory: str, module_name: str):
+    """Baseline `req.name` of the problem's reference.py (`factory`: baselines or cuda_baselines, called with the
+    problem's scalar parameters, kfactory.problems.params). The problem's code, not ours: whatever it raises is a
+    KernelFault(LOAD_FAILED) of the kernel under that key."""
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, req.module)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return getattr(mod, factory)(**req.params)[req.name]
+    except Exception as e:  # noqa: BLE001 - foreign code may raise anything; it is typed, not swallowed
+        raise KernelFault(FaultKind.LOAD_FAILED, f"baseline {req.name!r} of {req.module}: {factory}() failed: "
+                                                 f"{type(e).__name__}: {e}") from e
+
+
+def raising_as_kernel(call, exiting: bool = False):
+    """`call` (a baseline: Python code that is not ours) with whatever it raises turned into KernelFault(CRASHED);
+    `exiting`: the child must end after replying (a CUDA context the failure may have poisoned)."""
+    def run():
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001 - foreign code may raise anything; it is typed, not swallowed
+            raise KernelFault(FaultKind.CRASHED, f"the kernel raised {type(e).__name__}: {e}",
+                              exiting=exiting) from e
+    return run
+
+
+def serve(child: "Child", req: Request) -> Reply:
+    """Serve one request: the op's reply, the candidate's fault (KernelFault), or a HARNESS fault with the
+    traceback for any other exception, which is the runner's own code failing."""
+    try:
+        child.begin(req)
+        return getattr(child, "op_" + req.op)(req)
+    except KernelFault as e:
+        return Reply(fault=e.fault)
+    except Exception as e:  # noqa: BLE001 - by elimination the harness's: reported with its traceback, never a verdict
+        return Reply(fault=Fault(FaultKind.HARNESS, f"{req.op}: {type(e).__name__}: {e}",
+                                 traceback=traceback.format_exc()))
+    finally:
+        child.prev_maps, child.maps = child.maps, {}
+
+
+def _harness_fault(message: str) -> Reply:
+    return Reply(fault=Fault(FaultKind.HARNESS, message, traceback=traceback.format_exc()))
+
+
+def _encoded(reply: Reply) -> bytes:
+    """The reply's line; a reply that cannot be encoded (an op put a non-JSON value in it) is a harness fault."""
+    try:
+        return protocol.encode_reply(reply)
+    except (TypeError, ValueError) as e:
+        return protocol.encode_reply(_harness_fault(f"the reply cannot be encoded: {e}"))
+
+
 def main(child_cls=None) -> None:
-    """Serve commands with `child_cls` (a Child subclass; a target's child module passes its own)."""
+    """Serve requests with `child_cls` (a Child subclass; a target's child module passes its own). A reply whose
+    fault says the child is exiting (its CUDA context may be poisoned) is the last: the process ends after it."""
     rfd, wfd, threads, mem_mb, cpu_s = (int(v) for v in sys.argv[1:6])
     _limit(mem_mb, cpu_s)
     child = (child_cls or Child)(threads)
-    rd = os.fdopen(rfd, "r")
-    wr = os.fdopen(wfd, "w")
+    rd = os.fdopen(rfd, "rb")
+    wr = os.fdopen(wfd, "wb")
     for line in rd:
-        cmd = json.loads(line)
-        if cmd["op"] == "exit":
-            break
         try:
-            child.begin(cmd)
-            reply = {"ok": True, **getattr(child, "op_" + cmd["op"])(cmd)}
-        except (OSError, AttributeError, KeyError, ValueError, TypeError, ImportError) as e:
-            # loading or binding failed (missing symbol, bad library): the parent types it
-            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-        finally:
-            child.prev_maps, child.maps = child.maps, {}
-        wr.write(json.dumps(reply) + "\n")
+            req = protocol.decode_request(line)
+        except protocol.ProtocolError as e:  # the parent sent what this child cannot read: ours, not the kernel's
+            reply = _harness_fault(f"bad request: {e}")
+        else:
+            if isinstance(req, protocol.Exit):
+                break
+            reply = serve(child, req)
+        wr.write(_encoded(reply))
         wr.flush()
+        if reply.fault is not None and reply.fault.exiting:
+            os._exit(3)  # no clean-up: a faulting kernel poisons the context, and freeing in it can hang
 
 
 if __name__ == "__main__":

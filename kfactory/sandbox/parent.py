@@ -1,12 +1,13 @@
 """Parent side of the runner: starts, talks to, times out and replaces runner child processes.
 
-Faults of the candidate become typed exceptions (RunnerCrashed, RunnerTimeout, LoadFailed) that the
-services turn into rejection events; the service process itself never loads candidate code.
+It speaks the typed protocol of kfactory.sandbox.protocol. Faults of the candidate become RunnerFault exceptions
+(one class per FaultKind: RunnerCrashed, RunnerTimeout, LoadFailed, DeviceFault, LaunchFailed, CudaFailed) that
+the services turn into rejection events; a failure of the runner's own code is a HarnessError, which is no
+RunnerFault and so is never a verdict. The service process itself never loads candidate code.
 """
 from __future__ import annotations
 
 import functools
-import json
 import os
 import select
 import shutil
@@ -22,24 +23,81 @@ import numpy as np
 
 from kfactory.observability.log import get_logger
 from kfactory.observability import stagetime
+from kfactory.sandbox import protocol
+from kfactory.sandbox.protocol import Exit, Fault, FaultKind, Load, Ping, Reply, Request
 
 log = get_logger("runner")
 
 
 class RunnerFault(Exception):
-    """The candidate ended its runner abnormally."""
+    """The candidate ended its request abnormally: a verdict (`reason`), never a service error."""
+    kind: FaultKind = FaultKind.CRASHED
+
+    def __init__(self, message: str, fault: Fault | None = None):
+        super().__init__(message)
+        self.fault = fault
+
+    @property
+    def reason(self) -> int:
+        """The rejection reason of this fault (kfactory.sandbox.protocol.REJECT_REASONS)."""
+        return self.kind.reason
 
 
 class RunnerCrashed(RunnerFault):
-    """The runner died: a signal (segfault, abort, kill by a resource limit) or an exit."""
+    """The runner died: a signal (segfault, abort, kill by a resource limit) or an exit; or the kernel raised."""
+    kind = FaultKind.CRASHED
 
 
 class RunnerTimeout(RunnerFault):
     """The runner did not answer within its wall-clock limit and was killed."""
+    kind = FaultKind.TIMEOUT
 
 
 class LoadFailed(RunnerFault):
     """The runner could not load or bind the kernel (missing symbol, bad object)."""
+    kind = FaultKind.LOAD_FAILED
+
+
+class DeviceFault(RunnerCrashed):
+    """The kernel faulted on the device (illegal address, trap, misaligned access...); the runner was replaced."""
+    kind = FaultKind.DEVICE_FAULT
+
+
+class LaunchFailed(LoadFailed):
+    """The launch rule gave an invalid configuration, or the driver refused the launch."""
+    kind = FaultKind.LAUNCH_FAILED
+
+
+class CudaFailed(RunnerCrashed):
+    """Another CUDA error while the kernel's work was in flight; the runner was replaced."""
+    kind = FaultKind.CUDA_ERROR
+
+
+#: the exception raised for each candidate fault kind, and how its message begins
+FAULT_ERRORS: dict[FaultKind, tuple[type[RunnerFault], str]] = {
+    FaultKind.CRASHED: (RunnerCrashed, ""), FaultKind.TIMEOUT: (RunnerTimeout, ""),
+    FaultKind.LOAD_FAILED: (LoadFailed, ""), FaultKind.DEVICE_FAULT: (DeviceFault, "device fault: "),
+    FaultKind.LAUNCH_FAILED: (LaunchFailed, "launch failed: "),
+    FaultKind.CUDA_ERROR: (CudaFailed, "CUDA error in the runner: "),
+}
+
+
+class HarnessError(Exception):
+    """The runner's own code failed (a bug, or an environment it cannot work in), not the candidate: not a
+    RunnerFault, so it propagates out of verify and measure and the service dead-letters the work as INTERNAL.
+    `traceback` is the child's, when the failure was in the child."""
+
+    def __init__(self, message: str, traceback: str = ""):
+        super().__init__(message)
+        self.traceback = traceback
+
+
+def fault_error(fault: Fault) -> RunnerFault | HarnessError:
+    """The exception for a fault a child replied."""
+    if not fault.kind.is_candidate:
+        return HarnessError(f"runner error: {fault.message}", fault.traceback)
+    cls, prefix = FAULT_ERRORS[fault.kind]
+    return cls(prefix + fault.message, fault)
 
 
 @functools.lru_cache(maxsize=1)
@@ -87,38 +145,53 @@ class Runner:
                                      start_new_session=True)
         os.close(p2c_r)
         os.close(c2p_w)
-        self._w = os.fdopen(p2c_w, "w")
+        self._w = os.fdopen(p2c_w, "wb")
         self._r = c2p_r
         self._buf = b""
         self.runs = 0
         self.loaded = set()
-        self._request({"op": "ping"}, timeout_s=30)
+        self._request(Ping(), timeout_s=30)
 
-    def request(self, cmd: dict, timeout_s: float | None = None) -> dict:
-        """Send one command and wait for its reply; raises RunnerCrashed / RunnerTimeout / LoadFailed. The round
-        trip is accounted as the enclosing work's "runner" part, less the kernels' own run time ("kernel")."""
+    def request(self, req: Request, timeout_s: float | None = None) -> Reply:
+        """Send one request and wait for its reply; raises the RunnerFault of a candidate fault, HarnessError for
+        the runner's own. The round trip is accounted as the enclosing work's "runner" part, less the kernels'
+        own run time ("kernel")."""
         with stagetime.span("runner"):
-            reply = self._request(cmd, timeout_s)
+            reply = self._request(req, timeout_s)
             stagetime.credit("kernel", kernel_seconds(reply))
         return reply
 
-    def _request(self, cmd: dict, timeout_s: float | None) -> dict:
+    def _request(self, req: Request, timeout_s: float | None) -> Reply:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
-        try:
-            self._w.write(json.dumps(cmd) + "\n")
-            self._w.flush()
-        except BrokenPipeError as e:
-            raise self._crashed() from e
-        reply = self._read_line(timeout_s or self.timeout_s)
+        self._send(req)
+        reply = self._read_reply(timeout_s or self.timeout_s)
         self.runs += 1
-        if not reply.get("ok"):
-            raise LoadFailed(reply.get("error", "unknown error"))
+        if reply.fault is not None:
+            raise self._failed(reply.fault)
         if self.runs >= self.max_runs:
             self.stop()
         return reply
 
-    def _read_line(self, timeout_s: float) -> dict:
+    def _send(self, req: Request) -> None:
+        try:
+            line = protocol.encode_request(req)
+        except (TypeError, ValueError) as e:  # a request that is no JSON: the caller's bug, not the candidate's
+            raise HarnessError(f"the {req.op} request cannot be encoded: {e}") from e
+        try:
+            self._w.write(line)
+            self._w.flush()
+        except BrokenPipeError as e:
+            raise self._crashed() from e
+
+    def _failed(self, fault: Fault) -> RunnerFault | HarnessError:
+        """The exception for a failed reply. A child that says it is exiting is reaped; one whose own code failed
+        is replaced too, as its state is unknown."""
+        if fault.exiting or not fault.kind.is_candidate:
+            self.kill()
+        return fault_error(fault)
+
+    def _read_reply(self, timeout_s: float) -> Reply:
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
@@ -133,8 +206,8 @@ class Runner:
                 self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
         try:
-            return json.loads(line)
-        except ValueError as e:
+            return protocol.decode_reply(line)
+        except protocol.ProtocolError as e:  # the kernel can write to the reply pipe too: its doing, say, not ours
             self.kill()
             raise RunnerCrashed(f"runner sent garbage: {line[:200]!r}") from e
 
@@ -153,10 +226,11 @@ class Runner:
         if self.proc is not None and requests <= self.max_runs and self.runs + requests > self.max_runs:
             self.stop()
 
-    def ensure_loaded(self, key: str, cmd: dict) -> None:
-        if key not in self.loaded or self.proc is None or self.proc.poll() is not None:
-            self.request({"op": "load", "key": key, **cmd})
-            self.loaded.add(key)
+    def ensure_loaded(self, load: Load) -> None:
+        """Load `load.key` unless this child has it loaded already."""
+        if load.key not in self.loaded or self.proc is None or self.proc.poll() is not None:
+            self.request(load)
+            self.loaded.add(load.key)
 
     def _reset(self) -> None:
         self.restarts += 1
@@ -187,7 +261,7 @@ class Runner:
         """Ask the runner to exit, then make sure it did."""
         if self.proc and self.proc.poll() is None:
             try:
-                self._w.write('{"op": "exit"}\n')
+                self._w.write(protocol.encode_request(Exit()))
                 self._w.flush()
                 self.proc.wait(timeout=2)
             except (BrokenPipeError, subprocess.TimeoutExpired):
@@ -197,13 +271,12 @@ class Runner:
             self._reset()
 
 
-def kernel_seconds(reply: dict) -> float:
-    """How long the kernels ran in a runner's reply: the child's own account ("busy_s": every call, warm-up
+def kernel_seconds(reply: Reply) -> float:
+    """How long the kernels ran in a runner's reply: the child's own account (busy_s: every call, warm-up
     included), else the timed calls it reports (a child that keeps no account, such as the cuda child)."""
-    if "busy_s" in reply:
-        return float(reply["busy_s"])
-    samples = reply.get("samples") or {}
-    return float(sum(reply.get("seconds") or ())) + float(sum(sum(s) for s in samples.values()))
+    if reply.busy_s is not None:
+        return float(reply.busy_s)
+    return float(sum(reply.seconds)) + float(sum(sum(s) for s in reply.samples.values()))
 
 
 class ShmBuffers:

@@ -11,6 +11,7 @@ import numpy as np
 
 from kfactory.observability.log import get_logger
 from kfactory.sandbox.parent import Runner, RunnerFault, ShmBuffers
+from kfactory.sandbox.protocol import Bench, BenchKernel, Load
 
 log = get_logger("ceiling")
 HERE = Path(__file__).parent
@@ -33,18 +34,16 @@ def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: 
             y_path, y_off, y = bufs.new((elements,), "float32")
             x[:] = 1.0
             x[:10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.999999, 1e-6][: min(10, elements)]
-            runner.request({"op": "load", "key": "probe", "kind": "so", "path": str(so), "entry": "kernel",
-                            "argtypes": ["ptr", "ptr", "i64"]})
+            runner.request(Load("probe", "so", path=str(so), entry="kernel", argtypes=["ptr", "ptr", "i64"]))
             args = [{"name": "x", "path": x_path, "offset": x_off, "dtype": "float32", "shape": [elements]},
                     {"name": "y", "path": y_path, "offset": y_off, "dtype": "float32", "shape": [elements]},
                     {"name": "n", "int": n}]
-            reply = runner.request({"op": "bench", "kernels": [{"key": "probe", "argsets": [args]}],
-                                    "min_samples": 10, "min_s": 0.3, "max_s": 1.0, "noise": 0.02,
-                                    "warmup_s": 0.05}, timeout_s=60)
+            reply = runner.request(Bench([BenchKernel("probe", [args])], min_samples=10, min_s=0.3, max_s=1.0,
+                                         noise=0.02, warmup_s=0.05), timeout_s=60)
             out = np.array(y[:2])
     finally:
         runner.stop()
-    return float(np.median(reply["samples"]["probe"])), out
+    return float(np.median(reply.samples["probe"])), out
 
 
 def measure_bandwidth(target, threads: int) -> float:

@@ -14,6 +14,7 @@ import numpy as np
 from kfactory.observability.stagetime import span
 from kfactory.problems.params import abi_argtypes
 from kfactory.sandbox.parent import ArenaRing, Runner, ShmBuffers
+from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Load
 from kfactory.targets.cpu.ceiling import ceilings
 from kfactory.targets.cpu.rules import check_imports, check_source
 from kfactory.targets.flags import FlagRefused, check_flags
@@ -138,7 +139,7 @@ class CpuSession(Session):
         # requests' buffers come from a ring of arenas the runner keeps mapped (kfactory.sandbox.parent.ArenaRing); one
         # that could hold an eighth of the runner's address space takes fresh buffers instead
         self.ring = ArenaRing((s.runner_mem_mb << 20) // 8) if s.runner_arenas else None
-        self.loads: dict[str, dict] = {}
+        self.loads: dict[str, Load] = {}
         self._overhead: float | None = None
         self.abi_args = problem.spec.abi["cpu"].args
         self.argtypes = abi_argtypes(problem, "cpu")
@@ -149,61 +150,59 @@ class CpuSession(Session):
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(artifact)
             tmp.rename(path)
-        self.loads[key] = {"kind": "so", "path": str(path), "entry": entry, "argtypes": self.argtypes}
+        self.loads[key] = Load(key, "so", path=str(path), entry=entry, argtypes=list(self.argtypes))
 
     def load_baseline(self, key: str, name: str) -> None:
-        self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name,
-                           "params": self.problem.params}
+        self.loads[key] = Load(key, "baseline", module=str(self.problem.directory / "reference.py"), name=name,
+                               params=dict(self.problem.params))
 
     def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
         """Run the kernel once per step on the SAME buffers (fresh ones, with guard bands, for the first step):
         before each step the runner writes that step's inputs into them and poisons the outputs."""
-        self.runner.ensure_loaded(key, self.loads[key])
-        with self._buffers(call_bytes(self.problem, shape, len(steps)), reserve=False) as (bufs, cmd):
+        self.runner.ensure_loaded(self.loads[key])
+        with self._buffers(call_bytes(self.problem, shape, len(steps)), reserve=False) as (bufs, keep):
             guards: list = []
             with span("buffers"):
                 argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0], guards)
                 staged, step_cmds = stage_steps(self.problem, bufs, shape, steps)
-            cmd.update(op="call", key=key, args=argset, steps=step_cmds)
-            reply = self.runner.request(cmd, timeout_s=self.runner.timeout_s * len(steps))
+            req = Call(key, argset, steps=step_cmds, keep=keep)
+            reply = self.runner.request(req, timeout_s=self.runner.timeout_s * len(steps))
             with span("buffers"):
                 oob = sorted({name for name, band in guards if not ShmBuffers.intact([band])})
                 # in an arena, the outputs are read where the kernel wrote them (valid until the ring comes round)
-                return sequence_results(self.problem, steps, staged, views, reply["seconds"], oob,
-                                        copy="keep" not in cmd)
+                return sequence_results(self.problem, steps, staged, views, reply.seconds, oob, copy=keep is None)
 
     @contextlib.contextmanager
     def _buffers(self, nbytes: int, reserve: bool):
-        """(buffers for one request, the request's command so far): the ring's next arena, named in the command's
-        "keep" so the runner keeps it mapped, or fresh buffers deleted after the request (no ring, or a request
-        too large for one); `reserve`: fresh buffers in one file rather than one per tensor."""
+        """(buffers for one request, the request's keep): the ring's next arena, with every arena of the ring
+        named for the runner to keep mapped, or fresh buffers deleted after the request (no ring, or a request too
+        large for one) and None; `reserve`: fresh buffers in one file rather than one per tensor."""
         arena = self.ring.take(nbytes) if self.ring is not None else None
         if arena is not None:
-            yield arena, {"keep": self.ring.paths()}
+            yield arena, self.ring.paths()
             return
         with ShmBuffers() as bufs:
             if reserve:
                 bufs.reserve(nbytes)
-            yield bufs, {}
+            yield bufs, None
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s) -> BenchResult:
         for k in keys:
-            self.runner.ensure_loaded(k, self.loads[k])
-        with self._buffers(bench_bytes(self.problem, shape, len(keys), len(input_sets)), reserve=True) as (bufs, cmd):
+            self.runner.ensure_loaded(self.loads[k])
+        with self._buffers(bench_bytes(self.problem, shape, len(keys), len(input_sets)), reserve=True) as (bufs, keep):
             with span("buffers"):
                 per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
                            for k in keys}
-            cmd.update({"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
-                        "min_samples": min_samples, "min_s": min_s, "max_s": max_s, "noise": noise,
-                        "warmup_s": warmup_s})
-            reply = self.runner.request(cmd, timeout_s=max_s + 10 * warmup_s + self.runner.timeout_s)
+            req = Bench([BenchKernel(k, [a for a, _ in per_key[k]]) for k in keys], min_samples=min_samples,
+                        min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, keep=keep)
+            reply = self.runner.request(req, timeout_s=max_s + 10 * warmup_s + self.runner.timeout_s)
             # the output of every set the runner reached, as the last timed call on it left it: all are checked
             # (in an arena, read where the kernel wrote them)
-            copy = np.array if "keep" not in cmd else (lambda v: v)
+            copy = np.array if keep is None else (lambda v: v)
             with span("buffers"):
                 outs = {k: [{t.name: copy(views[t.name]) for t in self.problem.spec.outputs}
-                            for _, views in per_key[k][:reply["reached"][k]]] for k in keys}
-        return BenchResult(reply["samples"], outs)
+                            for _, views in per_key[k][:reply.reached[k]]] for k in keys}
+        return BenchResult(reply.samples, outs)
 
     def call_overhead_s(self) -> float:
         """The median time of a call that does nothing, through the same path as a kernel's (the runner's

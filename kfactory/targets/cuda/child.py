@@ -3,32 +3,30 @@
 Started by kfactory.targets.cuda.target.CudaSession through kfactory.sandbox.parent.Runner as
 `python -m kfactory.targets.cuda.child RFD WFD THREADS MEM_MB CPU_S` with CUDA_VISIBLE_DEVICES set to the
 GPU's UUID, so the only visible device is device 0. It works in that device's PRIMARY context, which torch
-in the same process shares. It speaks the JSON-lines protocol of kfactory.sandbox.child with the same
+in the same process shares. It speaks the typed protocol of kfactory.sandbox.protocol with the same
 argument descriptors as the cpu child; the tensors live in shared-memory files and are copied to fresh
 device buffers here.
 
 Ops: load, call, bench, device, ceilings (see each op_*). A CUDA error during a call or a bench (a fault
-of the kernel, a refused launch) ends this process after one typed reply
-{"ok": false, "error", "kind": "device_fault" | "launch_failed" | "cuda_error", "code", "exiting": true}:
-a faulting kernel poisons the context, so the parent replaces the runner. An invalid launch rule
-(kfactory.targets.cuda.launch) is a "launch_failed" reply that does not end the process (nothing ran).
+of the kernel, a refused launch) ends this process after one reply whose fault is DEVICE_FAULT, LAUNCH_FAILED
+or CUDA_ERROR with the CUresult code and exiting set: a faulting kernel poisons the context, so the parent
+replaces the runner. An invalid launch rule (kfactory.targets.cuda.launch) is a LAUNCH_FAILED fault that does
+not end the process (nothing ran). Any other exception is the runner's own (HARNESS, kfactory.sandbox.child.serve).
 """
 from __future__ import annotations
 
 import ctypes
-import importlib.util
-import json
 import math
 import os
 import resource
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kfactory.sandbox.child import Child, main, sample_interleaved, warm_up
+from kfactory.sandbox.child import Child, KernelFault, _baseline, main, raising_as_kernel, sample_interleaved, warm_up
+from kfactory.sandbox.protocol import Bench, Call, Ceilings, DeviceQuery, FaultKind, Load, Ping, Reply
 from kfactory.targets.cuda.launch import Launch, evaluate_launch
 
 try:
@@ -97,9 +95,14 @@ class CudaError(Exception):
                 pass
         super().__init__(f"{call} failed: {name} ({self.code})")
 
+    def fatal(self) -> KernelFault:
+        """The fault this error is while the kernel's work is in flight: the context may be poisoned, so the child
+        replies and exits (kfactory.sandbox.child.main)."""
+        return KernelFault(FaultKind(self.kind), str(self), code=self.code, exiting=True)
+
 
 class CudaUnavailable(OSError):
-    """CUDA cannot start here (no driver, no GPU, no cuda-bindings). An OSError, so the reply is typed."""
+    """CUDA cannot start here (no driver, no GPU, no cuda-bindings): the runner's environment, not the kernel."""
 
 
 def _ck(call: str, res):
@@ -192,19 +195,17 @@ class CudaChild(Child):
         self.scratch: tuple[int, int] | None = None
         self.side_stream = None
         self.flush_value = 0
-        # the reply pipe (argv[2] when run by Runner): a fatal reply is written here just before exiting
-        self.wfd = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else None
 
     # -- context, errors -------------------------------------------------------------------------------------
 
-    def op_ping(self, cmd: dict) -> dict:
+    def op_ping(self, req: Ping) -> Reply:
         """Also starts CUDA, so its cost (seconds on a GPU without persistence mode) falls in the start-up
         answer's generous timeout and not in the first load's; a failure is reported by the first real op."""
         try:
             self._init()
         except CudaUnavailable:
             pass
-        return super().op_ping(cmd)
+        return super().op_ping(req)
 
     def _init(self) -> None:
         if self.ctx is not None:
@@ -242,18 +243,10 @@ class CudaChild(Child):
     def _attr(dev, name: str) -> int:
         return int(_ck("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(getattr(cu.CUdevice_attribute, name), dev)))
 
-    def _fatal(self, e: CudaError):
-        """Reply with the typed error and end the process: the context may be poisoned."""
-        reply = {"ok": False, "error": str(e), "kind": e.kind, "code": e.code, "exiting": True}
-        if self.wfd is None:  # not run by a Runner (a test calling ops directly)
-            raise e
-        os.write(self.wfd, (json.dumps(reply) + "\n").encode())
-        os._exit(3)
-
     @staticmethod
-    def _refused(e: Exception) -> dict:
+    def _refused(e: Exception) -> KernelFault:
         """A launch that was never attempted (the rule gives an invalid configuration): typed, not fatal."""
-        return {"ok": False, "error": str(e), "kind": "launch_failed"}
+        return KernelFault(FaultKind.LAUNCH_FAILED, str(e))
 
     @staticmethod
     def _cpu() -> dict:
@@ -330,41 +323,36 @@ class CudaChild(Child):
 
     # -- kernels ---------------------------------------------------------------------------------------------
 
-    def op_load(self, cmd: dict) -> dict:
-        """kind "cubin": {"path", "entry", "argtypes", "launch_rule"}; kind "baseline": {"module", "name"}:
-        the problem's reference.py, whose cuda_baselines()[name] is fn(ins, outs) on torch CUDA tensors."""
+    def op_load(self, req: Load) -> Reply:
+        """kind "cubin": path, entry, argtypes, launch_rule; kind "baseline": module, name: the problem's
+        reference.py, whose cuda_baselines()[name] is fn(ins, outs) on torch CUDA tensors."""
         self._init()
-        key = cmd["key"]
-        if cmd["kind"] == "cubin":
-            image = Path(cmd["path"]).read_bytes()
+        key = req.key
+        if req.kind == "cubin":
+            argtypes = list(req.argtypes)
+            if any(t not in SCALARS and t != "ptr" for t in argtypes):
+                raise ValueError(f"argtypes must be 'ptr', 'i64', 'f32' or 'f64', got {argtypes}")
+            if not isinstance(req.launch_rule, dict):
+                raise ValueError("a cubin needs a launch_rule {grid, block, smem, params}")
+            image = Path(req.path).read_bytes()
             buf = ctypes.create_string_buffer(image)  # NUL-terminated too, so a PTX text loads as well
             try:
                 mod = _ck("cuModuleLoadData", cu.cuModuleLoadData(ctypes.addressof(buf)))
                 self.modules.append(mod)
-                fn = _ck("cuModuleGetFunction", cu.cuModuleGetFunction(mod, cmd["entry"].encode()))
+                fn = _ck("cuModuleGetFunction", cu.cuModuleGetFunction(mod, req.entry.encode()))
             except CudaError as e:
                 if e.kind == "device_fault":
-                    self._fatal(e)
-                return {"ok": False, "error": f"cannot load {cmd['entry']!r} from the cubin: {e}",
-                        "kind": "load_failed", "code": e.code}
-            argtypes = list(cmd["argtypes"])
-            if any(t not in SCALARS and t != "ptr" for t in argtypes):
-                raise ValueError(f"argtypes must be 'ptr', 'i64', 'f32' or 'f64', got {argtypes}")
-            if not isinstance(cmd.get("launch_rule"), dict):
-                raise ValueError("a cubin needs a launch_rule {grid, block, smem, params}")
+                    raise e.fatal() from e
+                raise KernelFault(FaultKind.LOAD_FAILED, f"cannot load {req.entry!r} from the cubin: {e}",
+                                  code=e.code) from e
             self.kernels[key] = fn
-            self.meta[key] = {"argtypes": argtypes, "rule": cmd["launch_rule"], "smem_set": STATIC_SMEM_LIMIT}
-        elif cmd["kind"] == "baseline":
-            spec = importlib.util.spec_from_file_location("kf_problem_ref_cuda", cmd["module"])
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            if not hasattr(mod, "cuda_baselines"):
-                raise ImportError(f"{cmd['module']} has no cuda_baselines()")
-            self.kernels[key] = mod.cuda_baselines(**cmd.get("params", {}))[cmd["name"]]
+            self.meta[key] = {"argtypes": argtypes, "rule": req.launch_rule, "smem_set": STATIC_SMEM_LIMIT}
+        elif req.kind == "baseline":
+            self.kernels[key] = _baseline(req, "cuda_baselines", "kf_problem_ref_cuda")
         else:
-            raise ValueError(f"unknown kind {cmd['kind']!r} for the cuda runner (cubin or baseline)")
-        self.kinds[key] = cmd["kind"]
-        return {}
+            raise ValueError(f"unknown kind {req.kind!r} for the cuda runner (cubin or baseline)")
+        self.kinds[key] = req.kind
+        return Reply()
 
     def _launch_for(self, key: str, shape: dict) -> Launch:
         """The launch configuration of cubin `key` at `shape` (ValueError when the rule gives none)."""
@@ -415,7 +403,8 @@ class CudaChild(Child):
             return run
         ins = {n: self._torch(t) for n, t in tensors.items() if t.role == "in"}
         outs = {n: self._torch(t) for n, t in tensors.items() if t.role == "out"}
-        return lambda: fn(ins, outs)
+        # a baseline's exception may come from a poisoned context (torch raises a CUDA error): the child ends
+        return raising_as_kernel(lambda: fn(ins, outs), exiting=True)
 
     def _torch(self, t: DevTensor):
         import torch
@@ -436,25 +425,25 @@ class CudaChild(Child):
 
     # -- ops -------------------------------------------------------------------------------------------------
 
-    def op_call(self, cmd: dict) -> dict:
+    def op_call(self, req: Call) -> Reply:
         """Fresh device buffers with guard bands, inputs uploaded, outputs poisoned; one timed run, then one
         per entry of "steps" on the same buffers (the previous outputs saved to the step's "outputs", its
         "inputs" uploaded, the outputs poisoned again). Outputs AND inputs are copied back to shared memory
         (the parent checks that inputs were not written). {"seconds": [per run], "out_of_bounds": [names]}"""
         self._init()
-        key = cmd["key"]
+        key = req.key
         launch = None
         if self.kinds[key] == "cubin":
             try:
-                launch = self._launch_for(key, cmd.get("shape") or {})
+                launch = self._launch_for(key, req.shape)
             except ValueError as e:
-                return self._refused(e)
+                raise self._refused(e) from e
         tensors: dict[str, DevTensor] = {}
         try:
-            self._upload(cmd["args"], tensors, guard=True)
-            run = self._enqueue(key, cmd["args"], tensors, launch, self.stream0)
+            self._upload(req.args, tensors, guard=True)
+            run = self._enqueue(key, req.args, tensors, launch, self.stream0)
             seconds = [self._time(self.stream0, run)]
-            for step in cmd.get("steps", []):
+            for step in req.steps:
                 for name, desc in step["outputs"].items():
                     self._d2h(tensors[name], self._raw(desc))
                 for name, desc in step["inputs"].items():
@@ -470,17 +459,17 @@ class CudaChild(Child):
             old, self.prev_allocs = self.prev_allocs, [t.base for t in tensors.values()]
             self._free(old)
         except CudaError as e:
-            self._fatal(e)
+            raise e.fatal() from e
         except BaseException:
             self._free_quietly([t.base for t in tensors.values()])
             raise
-        return {"seconds": seconds, "out_of_bounds": oob, **self._cpu()}
+        return Reply(seconds=seconds, out_of_bounds=oob, **self._cpu())
 
     def _free_quietly(self, bases: list[int]) -> None:
         try:
             self._free(bases)
         except CudaError as e:
-            self._fatal(e)
+            raise e.fatal() from e
 
     def _flush(self, stream, nbytes: int) -> None:
         """Write a scratch buffer of 2 x L2 (outside the timed region) so the next sample starts cold."""
@@ -546,30 +535,29 @@ class CudaChild(Child):
             return self._time(stream, lambda: _ck("cuGraphLaunch", cu.cuGraphLaunch(exe, stream))) / n
         return replayed, n_exe, enq
 
-    def op_bench(self, cmd: dict) -> dict:
+    def op_bench(self, req: Bench) -> Reply:
         """Interleaved timing (A B A B ...) as the cpu child's op_bench, on device buffers made once per
         argument set (inputs uploaded once, outputs poisoned once, not between samples), rotated round robin,
         L2 flushed before every sample unless the pool is over 2 x L2; "mode" events or graph. Afterwards
         the outputs of every argument set are copied back to shared memory."""
         self._init()
-        mode = cmd.get("mode", "events")
+        mode = req.mode
         if mode not in ("events", "graph"):
             raise ValueError(f"mode must be events or graph, not {mode!r}")
-        shape = cmd.get("shape") or {}
-        keys = [k["key"] for k in cmd["kernels"]]
+        keys = [k.key for k in req.kernels]
         launches: dict[str, Launch | None] = {}
         for k in keys:
             try:
-                launches[k] = self._launch_for(k, shape) if self.kinds[k] == "cubin" else None
+                launches[k] = self._launch_for(k, req.shape) if self.kinds[k] == "cubin" else None
             except ValueError as e:
-                return self._refused(e)
+                raise self._refused(e) from e
         sets: dict[str, list] = {k: [] for k in keys}
         graphs: list = []
         try:
-            for k in cmd["kernels"]:
-                for argset in k["argsets"]:
+            for k in req.kernels:
+                for argset in k.argsets:
                     tensors: dict[str, DevTensor] = {}
-                    sets[k["key"]].append((argset, tensors))
+                    sets[k.key].append((argset, tensors))
                     self._upload(argset, tensors, guard=False)
             pool = sum(t.nbytes for v in sets.values() for _, ts in v for t in ts.values())
             flush_bytes = 2 * self.l2 if pool < 2 * self.l2 else 0
@@ -577,8 +565,8 @@ class CudaChild(Child):
             for k in keys:
                 samplers[k], per_sample[k], enqueues[k] = self._sampler(k, sets[k], launches[k], mode, flush_bytes,
                                                                         graphs)
-            self._warm_up_device(samplers, float(cmd["warmup_s"]), max(len(v) for v in sets.values()))
-            samples, _ = sample_interleaved(samplers, cmd)
+            self._warm_up_device(samplers, float(req.warmup_s), max(len(v) for v in sets.values()))
+            samples, _ = sample_interleaved(samplers, req)
             # every set's output is checked by the parent, and a short loop (or a graph of fewer launches than
             # sets) may not have reached them all: each set gets one more run, like a timed one (same buffers)
             for k in keys:
@@ -596,12 +584,12 @@ class CudaChild(Child):
             graphs.clear()
             self._free([t.base for v in sets.values() for _, ts in v for t in ts.values()])
         except CudaError as e:
-            self._fatal(e)
+            raise e.fatal() from e
         except BaseException:
             self._free_quietly([t.base for v in sets.values() for _, ts in v for t in ts.values()])
             raise
-        return {"samples": samples, "mode": mode, "launches_per_sample": per_sample,
-                "flushed": bool(flush_bytes), **self._cpu()}
+        return Reply(samples=samples, mode=mode, launches_per_sample=per_sample, flushed=bool(flush_bytes),
+                     **self._cpu())
 
     @staticmethod
     def _warm_up_device(samplers: dict, warmup_s: float, sets: int) -> int:
@@ -611,8 +599,11 @@ class CudaChild(Child):
         alone, as the cpu runner's warm-up ensures; the samples are dropped, the rounds it took returned."""
         return warm_up(lambda n: sum(s(n) for s in samplers.values()), warmup_s, min_rounds=sets)
 
-    def op_device(self, cmd: dict) -> dict:
-        """{"name", "uuid", "arch", "sm_count", "l2_bytes", "mem_bytes", "smem_optin", "cc"}."""
+    def op_device(self, req: DeviceQuery) -> Reply:
+        """info: {"name", "uuid", "arch", "sm_count", "l2_bytes", "mem_bytes", "smem_optin", "cc"}."""
+        return Reply(info=self._device_info())
+
+    def _device_info(self) -> dict:
         self._init()
         dev = self.dev
         name = _ck("cuDeviceGetName", cu.cuDeviceGetName(256, dev))
@@ -626,26 +617,26 @@ class CudaChild(Child):
                 "l2_bytes": self.l2, "smem_optin": self.smem_optin,
                 "mem_bytes": int(_ck("cuDeviceTotalMem", cu.cuDeviceTotalMem(dev)))}
 
-    def op_ceilings(self, cmd: dict) -> dict:
-        """Measured ceilings: {"mem_bandwidth_gbps" (device-to-device copy, bytes read + written),
+    def op_ceilings(self, req: Ceilings) -> Reply:
+        """Measured ceilings, as info: {"mem_bandwidth_gbps" (device-to-device copy, bytes read + written),
         "peak_gflops" (fp32 FMA chains), "peak_bf16_gflops" (torch.matmul 8192^3 bf16; 0 without torch),
         "notes": [why a figure is 0]}."""
         self._init()
         out = {"mem_bandwidth_gbps": 0.0, "peak_gflops": 0.0, "peak_bf16_gflops": 0.0, "notes": []}
         try:
-            out["mem_bandwidth_gbps"] = self._copy_bandwidth(int(cmd.get("copy_bytes", 2 << 30)))
-            out["peak_gflops"] = self._fp32_peak(cmd.get("arch") or self.op_device({})["arch"])
+            out["mem_bandwidth_gbps"] = self._copy_bandwidth(int(req.copy_bytes))
+            out["peak_gflops"] = self._fp32_peak(req.arch or self._device_info()["arch"])
         except CudaError as e:
-            self._fatal(e)
+            raise e.fatal() from e
         except Exception as e:  # noqa: BLE001 - the probe could not compile: report why, keep the rest
             out["notes"].append(f"fp32 probe: {type(e).__name__}: {e}")
         try:
-            out["peak_bf16_gflops"] = self._bf16_peak(int(cmd.get("matmul_n", 8192)))
+            out["peak_bf16_gflops"] = self._bf16_peak(int(req.matmul_n))
         except ImportError as e:
             out["notes"].append(f"bf16 probe: torch not importable: {e}")
         except Exception as e:  # noqa: BLE001
             out["notes"].append(f"bf16 probe: {type(e).__name__}: {e}")
-        return out
+        return Reply(info=out)
 
     def _copy_bandwidth(self, nbytes: int) -> float:
         free, _total = _ck("cuMemGetInfo", cu.cuMemGetInfo())

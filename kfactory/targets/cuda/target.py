@@ -7,6 +7,7 @@ the runner as CUDA_VISIBLE_DEVICES=<uuid>. Clocks and power limits are never cha
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -17,7 +18,9 @@ import numpy as np
 
 from kfactory.observability.log import get_logger
 from kfactory.problems.params import abi_argtypes
-from kfactory.sandbox.parent import LoadFailed, Runner, RunnerCrashed, RunnerFault, ShmBuffers
+# DeviceFault and LaunchFailed are importable from here, where the cuda faults were defined before the protocol
+from kfactory.sandbox.parent import DeviceFault, LaunchFailed, Runner, RunnerFault, ShmBuffers  # noqa: F401
+from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Ceilings, DeviceQuery, Load
 from kfactory.targets.cuda import nvml
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
 from kfactory.targets.cpu.ceiling import read_cached, write_cached
@@ -32,58 +35,9 @@ GRAPH_BELOW_S = 20e-6
 CEILINGS_TIMEOUT_S = 600
 
 
-class DeviceFault(RunnerCrashed):
-    """The kernel faulted on the device (illegal address, trap, misaligned access...); the runner was replaced."""
-    reason = pb.DEVICE_FAULT
-
-
-class LaunchFailed(LoadFailed):
-    """The launch rule gave an invalid configuration, or the driver refused the launch."""
-    reason = pb.LAUNCH_FAILED
-
-
-class _CudaRunner(Runner):
-    """A Runner that keeps the last reply, so a failed one's "kind" can be read after Runner.request raised."""
-    last_reply: dict | None = None
-
-    def _read_line(self, timeout_s: float) -> dict:
-        self.last_reply = None
-        reply = super()._read_line(timeout_s)
-        self.last_reply = reply
-        return reply
-
-
-def _runner(settings, uuid: str, timeout_s: float | None = None, max_runs: int | None = None) -> _CudaRunner:
-    return _CudaRunner(1, timeout_s or settings.runner_timeout_s, mem_mb=0,
-                       max_runs=max_runs or settings.runner_max_runs, child_module=CHILD,
-                       env={"CUDA_VISIBLE_DEVICES": uuid})
-
-
-def _typed(runner: _CudaRunner, e: LoadFailed) -> RunnerFault:
-    """The typed fault for a failed reply: DeviceFault, LaunchFailed, RunnerCrashed (a CUDA error of the
-    runner itself), or `e` unchanged (a load failure). A runner that said it is exiting is reaped."""
-    last = runner.last_reply or {}
-    if last.get("exiting"):
-        runner.kill()
-    kind = last.get("kind")
-    if kind == "device_fault":
-        return DeviceFault(f"device fault: {e}")
-    if kind == "launch_failed":
-        return LaunchFailed(f"launch failed: {e}")
-    if kind == "cuda_error":
-        return RunnerCrashed(f"CUDA error in the runner: {e}")
-    return e
-
-
-def request(runner: _CudaRunner, cmd: dict, timeout_s: float | None = None) -> dict:
-    """runner.request with the cuda child's failures typed (see _typed)."""
-    try:
-        return runner.request(cmd, timeout_s)
-    except LoadFailed as e:
-        typed = _typed(runner, e)
-        if typed is e:
-            raise
-        raise typed from e
+def _runner(settings, uuid: str, timeout_s: float | None = None, max_runs: int | None = None) -> Runner:
+    return Runner(1, timeout_s or settings.runner_timeout_s, mem_mb=0, max_runs=max_runs or settings.runner_max_runs,
+                  child_module=CHILD, env={"CUDA_VISIBLE_DEVICES": uuid})
 
 
 class CudaTarget(Target):
@@ -114,7 +68,7 @@ class CudaTarget(Target):
             uuid, _ = self.gpu()
             runner = _runner(self.settings, uuid, timeout_s=60)
             try:
-                self._info = request(runner, {"op": "device"}, timeout_s=60)
+                self._info = runner.request(DeviceQuery(), timeout_s=60).info
             finally:
                 runner.stop()
             if self.option and self._info.get("arch") != self.option:
@@ -143,7 +97,7 @@ class CudaTarget(Target):
             return found
         runner = _runner(self.settings, uuid, timeout_s=CEILINGS_TIMEOUT_S)
         try:
-            reply = request(runner, {"op": "ceilings", "arch": info["arch"]}, timeout_s=CEILINGS_TIMEOUT_S)
+            reply = runner.request(Ceilings(arch=info["arch"]), timeout_s=CEILINGS_TIMEOUT_S).info
         except RunnerFault as e:
             log.warning("could not measure the GPU's ceilings; floors and roofline fractions will be 0",
                         error=str(e))
@@ -192,7 +146,7 @@ class CudaSession(Session):
         self.target, self.problem = target, problem
         self.uuid, self.model = target.gpu()
         self.runner = _runner(target.settings, self.uuid)
-        self.loads: dict[str, dict] = {}
+        self.loads: dict[str, Load] = {}
         # the cuda ABI; a problem without one is called with its cpu argument order (pointers, then int64s)
         kind = "cuda" if "cuda" in problem.spec.abi else "cpu"
         self.abi_args = list(problem.spec.abi[kind].args)
@@ -215,33 +169,24 @@ class CudaSession(Session):
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(artifact)
             tmp.rename(path)
-        self.loads[key] = {"kind": "cubin", "path": str(path), "entry": entry, "argtypes": self.argtypes,
-                           "launch_rule": {"grid": launch["grid"], "block": launch["block"],
-                                           "smem": launch.get("smem", "0"), "params": launch.get("params") or {}}}
+        self.loads[key] = Load(key, "cubin", path=str(path), entry=entry, argtypes=list(self.argtypes),
+                               launch_rule={"grid": launch["grid"], "block": launch["block"],
+                                            "smem": launch.get("smem", "0"), "params": launch.get("params") or {}})
 
     def load_baseline(self, key: str, name: str) -> None:
         """Baseline `name` of the problem's reference.py cuda_baselines() (torch on the GPU)."""
-        self.loads[key] = {"kind": "baseline", "module": str(self.problem.directory / "reference.py"), "name": name,
-                           "params": self.problem.params}
+        self.loads[key] = Load(key, "baseline", module=str(self.problem.directory / "reference.py"), name=name,
+                               params=dict(self.problem.params))
 
     def _ensure(self, key: str) -> None:
-        try:
-            self.runner.ensure_loaded(key, self.loads[key])
-        except LoadFailed as e:
-            typed = _typed(self.runner, e)
-            if typed is e:
-                raise
-            raise typed from e
+        self.runner.ensure_loaded(self.loads[key])
 
-    def _request(self, cmd: dict, timeout_s: float | None = None) -> dict:
-        reply = request(self.runner, cmd, timeout_s)
+    def _request(self, req, timeout_s: float | None = None):
+        reply = self.runner.request(req, timeout_s)
         # a runner has a CPU-time limit for its whole life: replace it well before it is reached
-        limit = reply.get("cpu_limit_s", -1)
-        if limit and limit > 0 and reply.get("cpu_s", 0) > 0.5 * limit:
+        if reply.cpu_limit_s > 0 and reply.cpu_s > 0.5 * reply.cpu_limit_s:
             self.runner.stop()
         return reply
-
-    # -- arguments -------------------------------------------------------------------------------------------
 
     # -- running ---------------------------------------------------------------------------------------------
 
@@ -253,19 +198,16 @@ class CudaSession(Session):
         with ShmBuffers() as bufs:
             argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0])
             staged, step_cmds = stage_steps(self.problem, bufs, shape, steps)
-            cmd = {"op": "call", "key": key, "args": argset, "shape": dict(shape), "steps": step_cmds}
-            reply = self._request(cmd, timeout_s=self.runner.timeout_s * len(steps))
-            seconds = reply["seconds"] if isinstance(reply["seconds"], list) else [reply["seconds"]]
-            return sequence_results(self.problem, steps, staged, views, seconds,
-                                    list(reply.get("out_of_bounds", [])))
+            req = Call(key, argset, steps=step_cmds, shape=dict(shape))
+            reply = self._request(req, timeout_s=self.runner.timeout_s * len(steps))
+            return sequence_results(self.problem, steps, staged, views, reply.seconds, list(reply.out_of_bounds))
 
-    def _pick_mode(self, base: dict) -> str:
+    def _pick_mode(self, base: Bench) -> str:
         """graph when a quick events-mode probe (first input set only) puts some kernel under GRAPH_BELOW_S."""
-        probe = {**base, "mode": "events", "min_samples": 5, "min_s": 0.0, "max_s": 0.05, "noise": 1.0,
-                 "warmup_s": 0.005,
-                 "kernels": [{"key": k["key"], "argsets": k["argsets"][:1]} for k in base["kernels"]]}
+        probe = dataclasses.replace(base, mode="events", min_samples=5, min_s=0.0, max_s=0.05, noise=1.0,
+                                    warmup_s=0.005, kernels=[BenchKernel(k.key, k.argsets[:1]) for k in base.kernels])
         reply = self._request(probe, timeout_s=self.runner.timeout_s + 5)
-        fastest = min(statistics.median(s) for s in reply["samples"].values())
+        fastest = min(statistics.median(s) for s in reply.samples.values())
         return "graph" if fastest < GRAPH_BELOW_S else "events"
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
@@ -278,17 +220,16 @@ class CudaSession(Session):
             bufs.reserve(len(keys) * len(input_sets) * (set_bytes(self.problem, shape) + 8 * ShmBuffers.ALIGN))
             per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
                        for k in keys}
-            base = {"op": "bench", "kernels": [{"key": k, "argsets": [a for a, _ in per_key[k]]} for k in keys],
-                    "shape": dict(shape), "min_samples": min_samples, "min_s": min_s, "max_s": max_s,
-                    "noise": noise, "warmup_s": warmup_s}
+            base = Bench([BenchKernel(k, [a for a, _ in per_key[k]]) for k in keys], min_samples=min_samples,
+                         min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, shape=dict(shape))
             if mode is None:
                 mode = self._pick_mode(base)
-            cmd = {**base, "mode": mode}
+            req = dataclasses.replace(base, mode=mode)
             timeout = max_s + 10 * warmup_s + self.runner.timeout_s + 30  # + graph capture and uploads
             retries = 0
             while True:
                 before = nvml.read(self.uuid)
-                reply = self._request(cmd, timeout_s=timeout)
+                reply = self._request(req, timeout_s=timeout)
                 after = nvml.read(self.uuid)
                 tel = nvml.telemetry(before, after, self.model, self.uuid)
                 if not tel.throttled or retries >= 1:
@@ -302,7 +243,7 @@ class CudaSession(Session):
         for k in keys:
             telemetry[k] = pb.GpuTelemetry()
             telemetry[k].CopyFrom(tel)
-        return BenchResult(reply["samples"], outs, mode=reply.get("mode", mode), telemetry=telemetry)
+        return BenchResult(reply.samples, outs, mode=reply.mode or mode, telemetry=telemetry)
 
     def close(self) -> None:
         self.runner.stop()
