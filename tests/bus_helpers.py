@@ -1,10 +1,10 @@
-"""Helpers for tests that drive the bus against a real nats-server."""
+"""Helpers for tests that drive a bus (the in-memory one or NATS) directly."""
 from __future__ import annotations
 
 import asyncio
 
 from kfactory.bus import events as ev
-from kfactory.bus.core import Bus
+from kfactory.bus.base import Bus
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -24,3 +24,17 @@ async def consume_until(bus: Bus, stage: str, handler, until, timeout: float = 2
     finally:
         stop.set()
         await task
+
+
+async def events_until(bus: Bus, cid: str, done, timeout: float = 20.0) -> list[pb.Event]:
+    """The events of campaign `cid` from the start of the stream, read until `done(events)` is true (or fail after
+    `timeout`): no fixed wait, on either bus."""
+    out: list[pb.Event] = []
+    stop = asyncio.Event()
+    async with asyncio.timeout(timeout):
+        async for e, msg in bus.follow(None, ev.event_subject("*", cid), stop=stop):
+            out.append(e)
+            await msg.ack()
+            if done(out):
+                stop.set()
+    return out

@@ -231,6 +231,7 @@ def test_agents_wait_for_parents_and_do_not_repeat_the_same_task_forever():
     from kfactory.bus import events as ev
     from kfactory.services.planner import coders
     from kfactory.services.planner.campaign import CampaignState
+    from kfactory.services.planner.summary import coder_summary
 
     spec = pb.CampaignSpec(problem="softmax", target="cpu", coders=["agent"], token_budget=1000)
     st = CampaignState("c1", spec, pb.DeviceInfo(), None)
@@ -250,19 +251,20 @@ def test_agents_wait_for_parents_and_do_not_repeat_the_same_task_forever():
                                                                  agent=pb.AgentInfo(persona="compute_bound",
                                                                                     tokens_in=990, tokens_out=10))))
     assert coders.eligible(st) == []  # the token budget is spent
-    assert st.coder_summary()["agent_tokens"] == {"in": 990, "out": 10, "budget": 1000}
+    assert coder_summary(st)["agent_tokens"] == {"in": 990, "out": 10, "budget": 1000}
 
 
 def test_without_a_model_agents_are_off_and_the_summary_says_so():
     from kfactory.services.planner import coders
     from kfactory.services.planner.campaign import CampaignState
+    from kfactory.services.planner.summary import coder_summary
 
     spec = pb.CampaignSpec(problem="softmax", target="cpu", coders=["template", "agent"])
     assert coders.validate(spec, Settings()) == "" and spec.token_budget == Settings().llm_token_budget
     st = CampaignState("c1", spec, pb.DeviceInfo(), None)
     st.agent_note = coders.agent_note(spec, Settings(llm_base_url=None, llm_model=None))
     assert "no model configured" in st.agent_note and not coders.agents_on(st)
-    assert "KFACTORY_LLM_MODEL" in st.coder_summary()["agent_note"]
+    assert "KFACTORY_LLM_MODEL" in coder_summary(st)["agent_note"]
     assert coders.agent_note(spec, Settings(llm_base_url="http://x/v1", llm_model="m")) == ""
     assert "unknown ['gpt']" in coders.validate(pb.CampaignSpec(coders=["gpt"]), Settings())
 
@@ -299,14 +301,16 @@ async def _agent_task(bus_settings, take_over: bool):
     import nats.js.errors
 
     from kfactory.bus import events as ev
-    from kfactory.bus.core import EVENTS_STREAM, Bus, Delivery
+    from kfactory.bus.jetstream import NatsBus
+    from kfactory.bus.outcomes import Delivery
+    from kfactory.bus.topology import EVENTS_STREAM
     from kfactory.claims.memory import MemoryClaims
     from kfactory.platform.service import Context
     from kfactory.services.coder.service import CoderService
 
     now = [0.0]
     claims = MemoryClaims(clock=lambda: now[0])
-    bus = await Bus.connect(bus_settings.nats_url, "t")
+    bus = await NatsBus.connect(bus_settings.nats_url, "t")
     with ScriptedModelServer({"memory_bound": [Hang()]}) as m:
         settings = _settings(m.url, "openai", llm_retries=0).model_copy(update={
             "nats_url": bus_settings.nats_url, "data_dir": bus_settings.data_dir, "ack_wait_s": 30.0,
@@ -341,7 +345,7 @@ def _closed_port() -> int:
 
 
 async def test_an_agent_task_taken_over_while_the_model_answers_is_left_not_published(bus_settings):
-    from kfactory.bus.core import Ack, Leave
+    from kfactory.bus.outcomes import Ack, Leave
 
     outcome, published, done = await _agent_task(bus_settings, take_over=True)
     assert outcome == Leave() and published == [] and done is None

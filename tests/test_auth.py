@@ -23,7 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from kfactory.bus import events as ev
-from kfactory.bus.core import EVENTS_STREAM, Bus, BusUnavailable
+from kfactory.bus.errors import BusUnavailable
+from kfactory.bus.jetstream import NatsBus
+from kfactory.bus.topology import EVENTS_STREAM
 from kfactory.claims import ClaimsError, open_claims
 from kfactory.platform.config import Settings
 from kfactory.platform.security import PERMISSIONS, channel, nats_authorization, publish_subjects, redis_url
@@ -85,9 +87,9 @@ def test_the_permissions_table_gives_verdicts_only_to_the_verifier():
 def test_strangers_and_wrong_passwords_are_refused(secure):
     url = secure["nats"].url
     with pytest.raises(BusUnavailable):
-        asyncio.run(Bus.connect(url, "stranger", timeout_s=2))
+        asyncio.run(NatsBus.connect(url, "stranger", timeout_s=2))
     with pytest.raises(BusUnavailable):
-        asyncio.run(Bus.connect(url, "thief", user="compiler", password="not-the-password", timeout_s=2))
+        asyncio.run(NatsBus.connect(url, "thief", user="compiler", password="not-the-password", timeout_s=2))
     with pytest.raises(nats.errors.Error):
         asyncio.run(_bare_connect(url, None, None))
 
@@ -100,7 +102,7 @@ def test_a_compilers_credentials_cannot_publish_a_verdict(secure):
 
 
 def test_subjects_match_as_the_server_matches_them():
-    from kfactory.bus.core import subject_matches
+    from kfactory.bus.topology import subject_matches
     cases = [("kf.v1.evt.measured.*", "kf.v1.evt.measured.c1", True),
              ("kf.v1.evt.measured.*", "kf.v1.evt.measured.c1.x", False),
              ("kf.v1.evt.measured.*", "kf.v1.evt.verified.c1", False),
@@ -114,10 +116,10 @@ def test_subjects_match_as_the_server_matches_them():
 def test_a_service_is_refused_before_the_server_what_its_role_may_not_publish(secure):
     """The bus's own check agrees with the server: what the compiler's user may publish goes through, a
     verdict is refused at once with a typed error (the server alone would give a publish timeout)."""
-    from kfactory.bus.core import PublishNotPermitted
+    from kfactory.bus.errors import PublishNotPermitted
 
     async def go():
-        bus = await Bus.connect(secure["nats"].url, "compiler", user="compiler",
+        bus = await NatsBus.connect(secure["nats"].url, "compiler", user="compiler",
                                 password=secure["passwords"]["compiler"])
         bus.may_publish = publish_subjects("compiler")
         try:
@@ -230,7 +232,7 @@ async def _compiler_publishes(url: str, pw: dict[str, str]) -> tuple[list[str], 
     async def on_error(e: Exception) -> None:
         violations.append(str(e))
 
-    planner = await Bus.connect(url, "p", user="planner", password=pw["planner"], timeout_s=3)  # creates the streams
+    planner = await NatsBus.connect(url, "p", user="planner", password=pw["planner"], timeout_s=3)  # creates the streams
     await planner.close()
     nc = await nats.connect(url, user="compiler", password=pw["compiler"], error_cb=on_error)
     js = nc.jetstream()

@@ -15,7 +15,8 @@ import pytest
 
 from kfactory.bus import events as ev
 from kfactory.platform.app import start_services
-from kfactory.bus.core import Bus, PayloadTooLarge
+from kfactory.bus.errors import PayloadTooLarge
+from kfactory.bus.jetstream import NatsBus
 from kfactory.bus.deadletters import NotReplayable, list_dead_letters, replay
 from kfactory.platform.grpcserver import MAX_DETAILS_BYTES
 from kfactory.v1 import events_pb2 as pb
@@ -70,7 +71,7 @@ def _one_line_usage_error(r: subprocess.CompletedProcess, says: str) -> None:
 # -- 8a: an entry on the DLQ stream that is no dead letter ------------------------------------------------------
 def test_an_undecodable_entry_on_the_dlq_stream_is_listed_and_every_dead_letter_with_it(nats_url):
     async def plant() -> None:
-        bus = await Bus.connect(nats_url, "test")
+        bus = await NatsBus.connect(nats_url, "test")
         async def letter(cid: str) -> None:
             await bus.dead_letter("compiler", ev.work_subject("compiler", cid), work(cid, "p1").SerializeToString(),
                                   "handler error: boom", 5, cid)

@@ -6,17 +6,19 @@ import asyncio
 import pytest
 
 from kfactory.bus import events as ev
-from kfactory.bus.core import Ack, ArtifactMissing, Bus, BusUnavailable, Nak, PublishNotPermitted, Term
+from kfactory.bus.errors import ArtifactMissing, BusUnavailable, PublishNotPermitted
+from kfactory.bus.jetstream import NatsBus
+from kfactory.bus.outcomes import Ack, Nak, Term
 from kfactory.v1 import events_pb2 as pb
 
 from bus_helpers import consume_until as _run, work as _work
 
 
-async def _connect(url: str, **kw) -> Bus:
-    return await Bus.connect(url, "test", **kw)
+async def _connect(url: str, **kw) -> NatsBus:
+    return await NatsBus.connect(url, "test", **kw)
 
 
-async def _events(bus: Bus, cid: str) -> list[pb.Event]:
+async def _events(bus: NatsBus, cid: str) -> list[pb.Event]:
     out = []
     stop = asyncio.Event()
 
@@ -34,7 +36,7 @@ async def _events(bus: Bus, cid: str) -> list[pb.Event]:
 
 async def test_unreachable_nats_is_a_clear_error():
     with pytest.raises(BusUnavailable, match="cannot reach NATS at nats://127.0.0.1:1"):
-        await Bus.connect("nats://127.0.0.1:1", "test", timeout_s=1)
+        await NatsBus.connect("nats://127.0.0.1:1", "test", timeout_s=1)
 
 
 async def test_ack_delivers_once_and_competing_consumers_share(nats_url):
@@ -241,7 +243,7 @@ async def test_artifacts_by_digest(nats_url):
 
 
 async def test_trace_context_travels_in_headers(nats_url):
-    from kfactory.bus.core import traceparent
+    from kfactory.bus.base import traceparent
 
     bus = await _connect(nats_url)
     token = traceparent.set("00-" + "ab" * 16 + "-" + "cd" * 8 + "-01")

@@ -13,7 +13,9 @@ import pytest
 from kfactory.bus import events as ev
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from kfactory.bus.core import EVENTS_STREAM, Ack, Bus, Term
+from kfactory.bus.jetstream import NatsBus
+from kfactory.bus.outcomes import Ack, Term
+from kfactory.bus.topology import EVENTS_STREAM
 from kfactory.bus.deadletters import NoAnswer, NotReplayable, fetch, list_dead_letters, replay, send_back
 from kfactory.v1 import events_pb2 as pb
 
@@ -21,7 +23,7 @@ from bus_helpers import consume_until, work
 
 
 async def test_a_dead_letter_is_listed_sent_back_once_and_handled(nats_url):
-    bus = await Bus.connect(nats_url, "test")
+    bus = await NatsBus.connect(nats_url, "test")
     for cid, key in (("camp-a", "p1"), ("camp-a", "p2"), ("camp-b", "p3")):
         await bus.send_work("compiler", work(cid, key))
     seen: list[str] = []
@@ -58,7 +60,7 @@ async def test_a_dead_letter_is_listed_sent_back_once_and_handled(nats_url):
 
 
 async def test_a_dead_letter_whose_payload_was_cut_or_undecodable_is_not_sent_back(nats_url):
-    bus = await Bus.connect(nats_url, "test")
+    bus = await NatsBus.connect(nats_url, "test")
     await bus.ensure()
     big = work("camp-c", "huge")
     big.point_proposed.params_json = "x" * (300 << 10)  # over the DLQ's 256 KiB payload limit
@@ -80,7 +82,7 @@ async def test_a_dead_letter_whose_payload_was_cut_or_undecodable_is_not_sent_ba
 
 async def test_a_dead_letter_of_a_finished_campaign_is_not_sent_back(nats_url):
     """Its campaign's counts and best are final: the result of the work would belong to no campaign."""
-    bus = await Bus.connect(nats_url, "test")
+    bus = await NatsBus.connect(nats_url, "test")
     await bus.ensure()
     for cid in ("camp-e", "camp-f"):
         await bus.dead_letter("compiler", ev.work_subject("compiler", cid), work(cid, "p1").SerializeToString(),
@@ -98,7 +100,7 @@ async def test_a_dead_letter_of_a_finished_campaign_is_not_sent_back(nats_url):
     await bus.close()
 
 
-async def _events(bus: Bus, kind: str) -> list[pb.Event]:
+async def _events(bus: NatsBus, kind: str) -> list[pb.Event]:
     sub = await bus.js.pull_subscribe(ev.event_subject(kind, "*"), stream=EVENTS_STREAM,
                                       config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
     try:
@@ -116,7 +118,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_cli_lists_and_sends_back(nats_url):
     async def plant():
-        bus = await Bus.connect(nats_url, "test")
+        bus = await NatsBus.connect(nats_url, "test")
         await bus.ensure()
         event = work("camp-d", "p9")
         await bus.dead_letter("verifier", ev.work_subject("verifier", "camp-d"), event.SerializeToString(),

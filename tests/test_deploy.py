@@ -13,7 +13,7 @@ import yaml
 from kfactory.bus import events as ev
 from kfactory.agents import PERSONAS, persona_stage
 from kfactory.platform.app import SERVICE_NAMES
-from kfactory.bus.core import WORK_STREAM
+from kfactory.bus.topology import WORK_STREAM
 from kfactory.platform.config import Settings
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"

@@ -20,7 +20,10 @@ from kfactory.bus import events as ev
 from kfactory.agents import PERSONAS, persona_stage
 import nats.errors
 
-from kfactory.bus.core import DLQ_STREAM, Ack, Bus, PublishNotPermitted, WORK_STREAM
+from kfactory.bus.errors import PublishNotPermitted
+from kfactory.bus.jetstream import NatsBus
+from kfactory.bus.outcomes import Ack
+from kfactory.bus.topology import DLQ_STREAM, WORK_STREAM
 from kfactory.bus.deadletters import fetch, list_dead_letters, send_back
 from kfactory.platform.security import publish_subjects
 from kfactory.v1 import events_pb2 as pb
@@ -45,11 +48,11 @@ def test_auth_conf_is_what_nats_auth_py_writes():
         "deploy/k8s/base/nats/auth.conf is stale: run python deploy/k8s/nats_auth.py"
 
 
-async def _connect(server: SecuredNats, user: str) -> Bus:
-    return await Bus.connect(server.url, f"test-{user}", user=user, password=server.passwords[user])
+async def _connect(server: SecuredNats, user: str) -> NatsBus:
+    return await NatsBus.connect(server.url, f"test-{user}", user=user, password=server.passwords[user])
 
 
-async def _refused(bus: Bus, subject: str) -> bool:
+async def _refused(bus: NatsBus, subject: str) -> bool:
     import nats.errors
 
     try:

@@ -14,7 +14,7 @@ from evidence_chain import chain, links, measured, timing
 from kfactory.bus import events as ev
 from kfactory.evidence import trust
 from kfactory.platform.security import PERMISSIONS, publish_subjects
-from kfactory.bus.core import subject_matches
+from kfactory.bus.topology import subject_matches
 from kfactory.problems import load_problem
 from kfactory.services.memory.archive import Archive
 from kfactory.services.planner.campaign import CampaignState
@@ -213,9 +213,9 @@ def test_the_cli_refuses_a_number_out_of_range_in_one_line(argv):
 async def test_bytes_on_a_lifecycle_subject_neither_start_nor_end_a_campaign(nats_url):
     """Work consumers ask the stream whether a campaign started, the dead-letter CLI whether it finished: a
     message there that is no event, or not the planner's, must not answer for the planner."""
-    from kfactory.bus.core import Bus
+    from kfactory.bus.jetstream import NatsBus
 
-    bus = await Bus.connect(nats_url, "test")
+    bus = await NatsBus.connect(nats_url, "test")
     try:
         js = bus.js
         await js.publish(ev.event_subject("campaign_started", "cx"), b"")

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from kfactory.bus import events as ev
 from kfactory.platform.app import start_services
-from kfactory.bus.core import WORK_STREAM, Ack, Bus, Leave
+from kfactory.bus.jetstream import NatsBus
+from kfactory.bus.outcomes import Ack, Leave
+from kfactory.bus.topology import WORK_STREAM
 from kfactory.claims import open_claims
 from kfactory.platform.service import Service
 from kfactory.v1 import events_pb2 as pb
@@ -102,7 +104,7 @@ async def test_a_stale_delivery_is_left_alone_not_acked(nats_url):
     """A worker that finds its fence outdated returns Leave: the message stays with its current delivery (an ack
     of the old delivery would remove it from under the new holder). Nobody else takes it here, so ack_wait
     redelivers it and the second delivery finishes it."""
-    bus = await Bus.connect(nats_url, "t", ack_wait_s=1.0, max_deliver=5)
+    bus = await NatsBus.connect(nats_url, "t", ack_wait_s=1.0, max_deliver=5)
     seen: list[int] = []
 
     async def handler(d):

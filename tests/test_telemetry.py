@@ -16,7 +16,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from kfactory.bus import events as ev
 from kfactory.observability import tracing as telemetry
-from kfactory.bus.core import Ack, Bus, WORK_STREAM
+from kfactory.bus.jetstream import NatsBus
+from kfactory.bus.outcomes import Ack
+from kfactory.bus.topology import WORK_STREAM
 from kfactory.observability.log import add_trace_ids
 from kfactory.observability import metrics
 from kfactory.observability.health import HealthServer
@@ -160,7 +162,7 @@ async def test_health_server_follows_readiness():
 
 
 async def test_stage_backlog_counts_work_with_and_without_a_consumer(nats_url):
-    bus = await Bus.connect(nats_url, "t")
+    bus = await NatsBus.connect(nats_url, "t")
     try:
         for i in range(3):
             await bus.send_work("compiler", _event(cand=f"{i}" * 64))

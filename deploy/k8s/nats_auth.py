@@ -1,10 +1,11 @@
 """Write deploy/k8s/base/nats/auth.conf: one NATS user per service, allowed only the subjects its code uses.
 
-The users and their subjects come from kfactory.platform.security.PERMISSIONS, the one table the embedded server and the
-tests use too; the passwords are environment variables of the NATS pods ($KF_NATS_<USER>_PASSWORD), filled from
-the kfactory-nats Secret. tests/test_deploy_nats.py fails when the committed file differs from what this writes
-and checks the users' grants and refusals on a real nats-server; tests/test_tracing_campaign.py runs a campaign
-over six processes logged in as these users. Run: python deploy/k8s/nats_auth.py
+The users and their subjects come from kfactory.platform.security.PERMISSIONS, which is the topology's roles table
+(kfactory/bus/topology.py ROLES, the one table the services' wiring reads too); the passwords are environment
+variables of the NATS pods ($KF_NATS_<USER>_PASSWORD), filled from the kfactory-nats Secret.
+tests/test_deploy_nats.py fails when the committed file differs from what this writes and checks the users' grants
+and refusals on a real nats-server; tests/test_tracing_campaign.py runs a campaign over six processes logged in as
+these users. Run: python deploy/k8s/nats_auth.py
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kfactory.bus import events as ev
-from kfactory.bus.core import ARTIFACT_BUCKET, DLQ_STREAM, EVENTS_STREAM, WORK_STREAM
+from kfactory.bus.topology import ARTIFACT_BUCKET, DLQ_STREAM, EVENTS_STREAM, WORK_STREAM
 from kfactory.platform.security import PERMISSIONS, nats_authorization
 
 OUT = Path(__file__).parent / "base" / "nats" / "auth.conf"

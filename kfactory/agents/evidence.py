@@ -7,7 +7,7 @@ import grpc
 
 from kfactory.bus import events as ev
 from kfactory.platform import security
-from kfactory.bus.core import ArtifactMissing
+from kfactory.bus.errors import ArtifactMissing
 from kfactory.observability.log import get_logger
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb

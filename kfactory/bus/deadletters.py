@@ -13,20 +13,19 @@ letter back twice within the server's duplicate window queues it once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import socket
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from kfactory.bus import events as ev
-from kfactory.bus.core import DLQ_PAYLOAD_MAX, DLQ_STREAM, EVENTS_STREAM, Bus
+from kfactory.bus.base import DLQ_PAYLOAD_MAX, Bus, Stored
+from kfactory.bus.topology import DLQ_STREAM, EVENTS_STREAM
 from kfactory.observability.log import get_logger
 from kfactory.v1 import events_pb2 as pb
 
-#: how long to wait for one more stored dead letter before the listing is taken as complete
-FETCH_WAIT_S = 0.5
 #: how long `replay` waits for the planner's answer by default
 ANSWER_WAIT_S = 30.0
 
@@ -79,29 +78,12 @@ def _filter(stage: str | None, campaign: str | None) -> str:
     return f"{ev.DLQ_PREFIX}.{stage or '*'}.{campaign or '*'}"
 
 
-async def _stored(bus: Bus, subject: str, stream: str, batch: int = 256) -> list:
-    """Every message stored on `stream` under `subject` (wildcards allowed), oldest first."""
-    sub = await bus.js.pull_subscribe(subject, stream=stream, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
-    out = []
-    try:
-        while True:
-            try:
-                msgs = await sub.fetch(batch, timeout=FETCH_WAIT_S)
-            except asyncio.TimeoutError:  # nats-py's fetch timeout: nothing more is stored
-                return out
-            for msg in msgs:
-                out.append(msg)
-                await msg.ack()
-    finally:
-        await sub.unsubscribe()
-
-
 async def list_dead_letters(bus: Bus, stage: str | None = None, campaign: str | None = None,
-                            batch: int = 256) -> list[DeadLetterRecord]:
+                            ) -> list[DeadLetterRecord]:
     """Every dead letter still on the DLQ stream (of one stage and/or campaign), oldest first."""
     await bus.ensure()
-    return [DeadLetterRecord.of(m.metadata.sequence.stream, m.data, m.subject)
-            for m in await _stored(bus, _filter(stage, campaign), DLQ_STREAM, batch)]
+    stored = await bus.stored(DLQ_STREAM, _filter(stage, campaign))
+    return [DeadLetterRecord.of(m.seq, m.data, m.subject) for m in stored]
 
 
 async def fetch(bus: Bus, seq: int) -> DeadLetterRecord | None:
@@ -167,22 +149,17 @@ def finished_reason(seq: int, campaign_id: str, finished: pb.CampaignFinished) -
 async def _answer(bus: Bus, campaign_id: str, seq: int, wait_s: float) -> pb.ResendAnswered:
     """The planner's answer to the request for dead letter `seq`, read from the events stream (an answer given
     before this call, to an earlier request, counts)."""
-    sub = await bus.js.pull_subscribe(ev.event_subject("resend_answered", campaign_id), stream=EVENTS_STREAM,
-                                      config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
-    deadline = asyncio.get_running_loop().time() + wait_s
+    stop = asyncio.Event()
+    timer = asyncio.get_running_loop().call_later(wait_s, stop.set)
+    answers = bus.follow(None, ev.event_subject("resend_answered", campaign_id), stop=stop)
     try:
-        while (left := deadline - asyncio.get_running_loop().time()) > 0:
-            try:
-                msgs = await sub.fetch(16, timeout=min(left, 1.0))
-            except asyncio.TimeoutError:
-                continue
-            for msg in msgs:
+        async with contextlib.aclosing(answers):  # closed at once: its consumer goes with it
+            async for event, msg in answers:
                 await msg.ack()
-                event = _event(msg)
-                if event is not None and event.resend_answered.dlq_seq == seq:
+                if event.resend_answered.dlq_seq == seq:
                     return event.resend_answered
     finally:
-        await sub.unsubscribe()
+        timer.cancel()
     raise NoAnswer(f"dead letter {seq}: the planner did not answer within {wait_s:.1f} s (is it running?); the "
                    "request stays on the events stream and the planner answers it when it runs: ask again to "
                    "see the answer")
@@ -190,18 +167,18 @@ async def _answer(bus: Bus, campaign_id: str, seq: int, wait_s: float) -> pb.Res
 
 async def _by_seq(bus: Bus, kind: str, campaign: str | None) -> dict[int, pb.Event]:
     """The last ResendRequested or ResendAnswered (`kind`) for each dead letter, by its DLQ sequence."""
-    events = [_event(m) for m in await _stored(bus, ev.event_subject(kind, campaign or "*"), EVENTS_STREAM)]
+    events = [_event(m) for m in await bus.stored(EVENTS_STREAM, ev.event_subject(kind, campaign or "*"))]
     return {getattr(e, kind).dlq_seq: e for e in events if e is not None}
 
 
-def _event(msg) -> pb.Event | None:
+def _event(msg: Stored) -> pb.Event | None:
     """The event a message of the events stream holds, or None (logged) when it holds none: something else
     published there must not hide every request and answer after it."""
     try:
         return pb.Event.FromString(msg.data)
     except DecodeError as e:
         log.warning("undecodable message on the events stream: ignored", subject=msg.subject[:200],
-                    seq=msg.metadata.sequence.stream, error=str(e))
+                    seq=msg.seq, error=str(e))
         return None
 
 
@@ -231,8 +208,11 @@ async def command(settings, stage: str | None, campaign: str | None, resend: boo
     to `wait_s` in all for the planners' answers); the exit status is 1 when a dead letter was not sent back,
     else 0. Needs a NATS user that may read the DLQ stream and publish a request event: none of the services'
     users may, so in the secure profile use the admin user."""
+    from kfactory.bus.jetstream import NatsBus
+
     password = settings.nats_password.get_secret_value() if settings.nats_password else None
-    bus = await Bus.connect(settings.nats_url, "kfactory-dead-letters", user=settings.nats_user, password=password)
+    bus = await NatsBus.connect(settings.nats_url, "kfactory-dead-letters", user=settings.nats_user,
+                                password=password)
     failed = 0
     try:
         records = await list_dead_letters(bus, stage, campaign)

@@ -30,8 +30,8 @@ class EmbeddedNats:
 
     def __init__(self, store_dir: Path | None = None, port: int = -1, user: str | None = None,
                  password: str | None = None, config: str | None = None):
-        """`config`: nats-server configuration text (e.g. kfactory.platform.security.nats_config's users and permissions);
-        written beside the store, readable by this user only, and loaded with -c."""
+        """`config`: nats-server configuration text (e.g. kfactory.platform.security.nats_authorization's users and
+        permissions); written beside the store, readable by this user only, and loaded with -c."""
         self._own_dir = store_dir is None
         self.store_dir = Path(store_dir or tempfile.mkdtemp(prefix="kf-nats-"))
         self.port = port

@@ -335,7 +335,7 @@ def _dispatch(args) -> int:
 def _dead_letters(args) -> int:
     """`kfactory dead-letters`; a --campaign or --stage that is no subject token is a usage error (ClientError)."""
     from kfactory.platform.app import WiringError
-    from kfactory.bus.core import BusUnavailable
+    from kfactory.bus.errors import BusUnavailable
     from kfactory.cli.client import check_campaign_id, check_stage
     from kfactory.bus.deadletters import command
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from kfactory.bus.topology import Stage
 from kfactory.v1 import events_pb2 as pb
 
 #: origins of the candidates a search produced (kfactory/services/planner/campaign.SEARCHED names the same)
@@ -34,9 +35,9 @@ def screens_first(cand: pb.Candidate, settings, target) -> bool:
             and cand.origin.startswith(SEARCHED) and getattr(target, "screens_first", True))
 
 
-def first_judge_stage(cand: pb.Candidate, settings, target) -> str:
+def first_judge_stage(cand: pb.Candidate, settings, target) -> Stage:
     """Where a compiled candidate goes: the benchmarker's screen, or the verifier."""
-    return "benchmarker" if screens_first(cand, settings, target) else "verifier"
+    return Stage.BENCHMARKER if screens_first(cand, settings, target) else Stage.VERIFIER
 
 
 def compile_workers(settings) -> int:

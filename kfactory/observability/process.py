@@ -8,7 +8,7 @@ from typing import Callable
 from kfactory.bus import events as ev
 from kfactory.observability import tracing as telemetry
 from kfactory.agents import PERSONAS, persona_stage
-from kfactory.bus.core import EVENTS_STREAM, WORK_STREAM
+from kfactory.bus.topology import EVENTS_STREAM, WORK_STREAM
 from kfactory.platform.config import Settings
 from kfactory.observability.log import get_logger
 from kfactory.observability import metrics

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from kfactory.judge import numerics as compare
 from kfactory.observability import tracing as telemetry
-from kfactory.bus.core import Bus
+from kfactory.bus.base import Bus
 from kfactory.claims import open_claims
 from kfactory.platform.config import Settings
 from kfactory.observability.log import get_logger
@@ -34,15 +34,12 @@ def service_class(name: str) -> type[Service]:
 
 async def open_context(settings: Settings, name: str) -> Context:
     """Connect to NATS and the claims store, failing fast with a message that names what is missing."""
-    from kfactory.bus.core import BusUnavailable
+    from kfactory.bus.errors import BusUnavailable
     from kfactory.platform import security
     from kfactory.claims import ClaimsError
 
     try:
-        password = settings.nats_password.get_secret_value() if settings.nats_password else None
-        bus = await Bus.connect(settings.nats_url, f"kfactory-{name}", user=settings.nats_user,
-                                password=password, ack_wait_s=settings.ack_wait_s,
-                                max_deliver=settings.max_deliver, replicas=settings.stream_replicas)
+        bus = await open_bus(settings, f"kfactory-{name}")
     except BusUnavailable as e:
         raise WiringError(str(e)) from e
     bus.max_event_bytes = settings.max_event_bytes
@@ -58,6 +55,16 @@ async def open_context(settings: Settings, name: str) -> Context:
                           "where Redis demands AUTH), or leave it unset for in-process claims (single process "
                           "only)") from e
     return Context(settings, bus, claims)
+
+
+async def open_bus(settings: Settings, name: str) -> Bus:
+    """NATS JetStream at settings.nats_url. Raises BusUnavailable."""
+    from kfactory.bus.jetstream import NatsBus
+
+    password = settings.nats_password.get_secret_value() if settings.nats_password else None
+    return await NatsBus.connect(settings.nats_url, name, user=settings.nats_user, password=password,
+                                 ack_wait_s=settings.ack_wait_s, max_deliver=settings.max_deliver,
+                                 replicas=settings.stream_replicas)
 
 
 @dataclass
@@ -82,7 +89,7 @@ class Running:
 
     def ready(self) -> bool:
         """Connected to NATS, and every service task still running (the health server's READY)."""
-        return self.ctx.bus.nc.is_connected and bool(self.tasks) and not any(t.done() for t in self.tasks)
+        return self.ctx.bus.connected and bool(self.tasks) and not any(t.done() for t in self.tasks)
 
     def failed(self) -> BaseException | None:
         for t in self.tasks:
@@ -130,6 +137,7 @@ async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = T
         raise WiringError(str(e)) from e
     ctx = await open_context(settings, label)
     await _check_role(ctx, settings.nats_user, names)
+    ctx.bus.roles = tuple(names)  # work they send goes only where the topology routes it (send_work checks)
     compare.ONE_PASS = settings.compare_one_pass  # the judge's comparison, process-wide (kfactory/judge/numerics.py)
     services = {}
     for n in names:

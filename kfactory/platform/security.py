@@ -1,8 +1,9 @@
 """The secure profile: who may do what on the bus, and how services and clients prove who they are.
 
-* NATS: one user per service. `PERMISSIONS` is the one table of what each service publishes, queues and consumes;
-  `nats_authorization()` turns it into the nats-server `authorization` block (used by the embedded server,
-  the tests and the Kubernetes config), so a compiler's credentials cannot publish a verdict.
+* NATS: one user per service. `PERMISSIONS` (the topology's roles, kfactory/bus/topology.py ROLES) is the one
+  table of what each service publishes, queues and consumes; `nats_authorization()` turns it into the
+  nats-server `authorization` block (used by the embedded server, the tests and the Kubernetes config), so a
+  compiler's credentials cannot publish a verdict.
 * Redis: AUTH with `settings.redis_password` (`redis_url()` adds it to the URL).
 * gRPC: TLS (`settings.grpc_tls_cert/key`) and a bearer token (`settings.grpc_token`) checked by
   `TokenInterceptor`; health checks stay open so probes need no secret. `channel()` is the client side.
@@ -14,56 +15,22 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import grpc
 
 from kfactory.bus import events as ev
-from kfactory.agents import PERSONAS, persona_stage
-from kfactory.bus.core import ARTIFACT_BUCKET, DLQ_STREAM, EVENTS_STREAM, WORK_STREAM, subject_matches
+from kfactory.bus.topology import (ARTIFACT_BUCKET, DLQ_STREAM, EVENTS_STREAM, OBJ_STREAM, ROLES, WORK_STREAM,
+                                   Role, subject_matches)
 from kfactory.platform.config import Settings
-
-OBJ_STREAM = f"OBJ_{ARTIFACT_BUCKET}"
-AGENT_STAGES = tuple(persona_stage(p) for p in PERSONAS)
-
 
 class SecurityConfigError(ValueError):
     """The secure profile is half configured; the message names the missing setting."""
 
 
-@dataclass(frozen=True)
-class Role:
-    """What one service's NATS user may do."""
-    publishes: tuple[str, ...] = ()   # event kinds (the Event body's field names) it publishes
-    queues: tuple[str, ...] = ()      # stages it sends work to
-    consumes: tuple[str, ...] = ()    # stages whose work it takes (durable consumer = stage name)
-    follows_events: bool = False      # reads the events stream (the planner's fold, memory's archive)
-    writes_artifacts: bool = False    # puts sources, objects and logs into the object store
-    extra: tuple[str, ...] = field(default=())  # further subjects, each with the reason in a comment where set
-
-
-#: THE permissions table. A service may publish only these; everything else is refused by the server.
-PERMISSIONS: dict[str, Role] = {
-    "planner": Role(publishes=("campaign_started", "point_proposed", "compare_request", "campaign_finished",
-                              "resend_answered"),
-                    # every stage: it sends a dead letter's work back to the stage it came from (deadletters.py)
-                    queues=("coder", "compiler", "verifier", "benchmarker", *AGENT_STAGES), follows_events=True,
-                    # it reads every stage's consumer lag for its metrics, and reads and removes the dead letters
-                    # it sends back
-                    extra=(f"$JS.API.CONSUMER.INFO.{WORK_STREAM}.*", f"$JS.API.STREAM.MSG.GET.{DLQ_STREAM}",
-                           f"$JS.API.STREAM.MSG.DELETE.{DLQ_STREAM}")),
-    "coder": Role(publishes=("candidate_created", "rejected"), queues=("compiler",),
-                  consumes=("coder", *AGENT_STAGES), writes_artifacts=True),
-    # a compiled search candidate goes to the benchmarker's screen first, and on to the verifier if it can still
-    # rank (kfactory/judge/order.py)
-    "compiler": Role(publishes=("compiled", "compile_failed"), queues=("verifier", "benchmarker"),
-                     consumes=("compiler",), writes_artifacts=True),
-    "verifier": Role(publishes=("verified", "rejected"), queues=("benchmarker",), consumes=("verifier",)),
-    "benchmarker": Role(publishes=("measured", "rejected", "comparison"), queues=("verifier",),
-                        consumes=("benchmarker",)),
-    "memory": Role(follows_events=True),
-}
+#: THE permissions table is the topology's roles table (kfactory/bus/topology.py ROLES): what a service queues,
+#: consumes and publishes there is what its NATS user may do, and nothing else.
+PERMISSIONS: dict[str, Role] = ROLES
 
 
 def _common() -> list[str]:

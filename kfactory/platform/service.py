@@ -11,7 +11,8 @@ import structlog
 
 from kfactory.bus import events as ev
 from kfactory.observability import tracing as telemetry
-from kfactory.bus.core import Ack, Bus, Delivery, Nak, Outcome, Term
+from kfactory.bus.base import Bus
+from kfactory.bus.outcomes import Ack, Delivery, Nak, Outcome, Term
 from kfactory.claims import Claims, LockTimeout
 from kfactory.platform.config import Settings
 from kfactory.judge.verify import InputPool
@@ -19,6 +20,7 @@ from kfactory.observability.log import get_logger
 from kfactory.observability import metrics, stagetime
 from kfactory.problems import Problem, load_problem
 from kfactory.judge.regressions import RegressionSource
+from kfactory.sandbox.parent import HarnessError
 from kfactory.targets import Target, get_target
 from kfactory.v1 import events_pb2 as pb
 
@@ -55,6 +57,10 @@ class Context:
 @lru_cache(maxsize=64)
 def _problem(name: str) -> Problem:
     return load_problem(name)
+
+
+#: how a dead letter's reason begins when the work failed in the harness's own code, not in the candidate's
+INTERNAL = "INTERNAL"
 
 
 @dataclass
@@ -97,11 +103,21 @@ class Service:
                     return Term(f"unknown campaign {d.event.campaign_id!r}: the events stream has no start of it; "
                                 "submit campaigns through the planner")
                 outcome = await self.handle(d)
+            except HarnessError as e:
+                outcome = self.internal_error(e)
             finally:
                 self.cost["handler"] += time.perf_counter() - t0
         if isinstance(outcome, Ack):
             self.handled += 1
         return outcome
+
+    def internal_error(self, e: HarnessError) -> Term:
+        """The harness failed (a bug in the runner or the judge, not the candidate): logged with its traceback (and
+        the runner child's), and the work dead-lettered with an INTERNAL reason at once, publishing no verdict for
+        the candidate. Retrying would run the same code again; the dead letter can be sent back once it is fixed."""
+        self.log.exception("harness error: the work is dead-lettered, no verdict is recorded", error=str(e),
+                           child_traceback=e.traceback)
+        return Term(f"{INTERNAL}: {self.name}: {e}")
 
     async def handle(self, d: Delivery) -> Outcome:
         raise TypeError(f"service {self.name} consumes {self.stage} but does not handle messages")

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from kfactory.bus import events as ev
-from kfactory.bus.core import Ack, ArtifactMissing, Delivery, Leave, Outcome, Term
+from kfactory.bus.errors import ArtifactMissing
+from kfactory.bus.outcomes import Ack, Delivery, Leave, Outcome, Term
+from kfactory.bus.topology import Stage
 from kfactory.judge.screening import screen, screened_out
 from kfactory.judge.verify import measure
 from kfactory.judge.order import screen_key
@@ -81,7 +83,7 @@ class BenchmarkerService(RunnerService):
                 # counts the screen's device time with its own
                 await self.claims.cache_put(screen_key(cand.campaign_id, cand.id), repr(m.seconds).encode(),
                                             ttl_s=7 * 86400)
-            await self.bus.send_work("verifier", d.event)
+            await self.bus.send_work(Stage.VERIFIER, d.event)
             return Ack()
 
     async def _screen_timing(self, cand, artifact: bytes, best_s: float) -> pb.Measured | pb.Rejected:

@@ -16,7 +16,7 @@ from kfactory.agents import PERSONAS, Agent, AgentWork
 from kfactory.agents import evidence, prompt as prompts
 from kfactory.agents.backends import get_backend
 from kfactory.agents.errors import AgentNotConfigured
-from kfactory.bus.core import Ack, Delivery, Leave, Nak, Outcome
+from kfactory.bus.outcomes import Ack, Delivery, Leave, Nak, Outcome
 from kfactory.observability import metrics
 from kfactory.v1 import events_pb2 as pb
 

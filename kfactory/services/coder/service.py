@@ -8,7 +8,8 @@ import json
 from kfactory.bus import events as ev
 from kfactory.observability import tracing as telemetry
 from kfactory.agents import PERSONAS, persona_stage
-from kfactory.bus.core import Ack, Delivery, Outcome
+from kfactory.bus.outcomes import Ack, Delivery, Outcome
+from kfactory.bus.topology import Stage
 from kfactory.platform.grpcserver import clip
 from kfactory.problems import ProblemError
 from kfactory.platform.service import Service
@@ -87,7 +88,7 @@ class CoderService(Service):
         await self.claims.cache_put(f"{cid}:candidate-point:{cand_id}", pp.point_id.encode(), ttl_s=7 * 86400)
         created = ev.make_event(cid, self.name, cand_id, candidate_created=pb.CandidateCreated(candidate=cand))
         await self.bus.publish(created)
-        await self.bus.send_work("compiler", created)
+        await self.bus.send_work(Stage.COMPILER, created)
 
     def _render(self, pp: pb.PointProposed) -> tuple[str, str, str, str, int, str]:
         """(source, language, flags, entry, threads, launch rule as canonical JSON or "")."""

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from kfactory.bus import events as ev
-from kfactory.bus.core import Ack, Delivery, Leave, Outcome, Term
-from kfactory.bus.core import ArtifactMissing
+from kfactory.bus.outcomes import Ack, Delivery, Leave, Outcome, Term
+from kfactory.bus.errors import ArtifactMissing
 from kfactory.judge.screening import prune
 from kfactory.judge.order import compile_workers, first_judge_stage
 from kfactory.platform.service import Service

@@ -11,7 +11,8 @@ import nats.errors
 from kfactory.evidence import bundle as evidence_bundle
 from kfactory.evidence import report
 from kfactory.observability import tracing as telemetry
-from kfactory.bus.core import ArtifactMissing, ack_quietly, term_quietly
+from kfactory.bus.errors import ArtifactMissing
+from kfactory.bus.outcomes import ack_quietly, term_quietly
 from kfactory.platform.grpcserver import start_server
 from kfactory.problems import ProblemError
 from kfactory.platform.service import Service

@@ -18,7 +18,8 @@ from kfactory.bus import events as ev
 from kfactory.platform import security
 from kfactory.observability import tracing as telemetry
 from kfactory.evidence import trust
-from kfactory.bus.core import EVENTS_STREAM, ack_quietly
+from kfactory.bus.outcomes import ack_quietly
+from kfactory.bus.topology import EVENTS_STREAM
 from kfactory.platform.grpcserver import start_server
 from kfactory.observability import stagetime
 from kfactory.judge.order import device_budget_spent, room
@@ -71,8 +72,7 @@ class PlannerService(Service):
                 await self._server.stop(grace=1)
 
     async def _follow(self, stop: asyncio.Event) -> None:
-        info = await self.bus.js.stream_info(EVENTS_STREAM)
-        last = info.state.last_seq
+        last = await self.bus.last_seq(EVENTS_STREAM)
         if last == 0:
             self._caught_up()
         async for event, msg in self.bus.follow(None, stop=stop):

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from kfactory.bus import events as ev
-from kfactory.bus.core import Ack, ArtifactMissing, Delivery, Leave, Outcome, Term
+from kfactory.bus.errors import ArtifactMissing
+from kfactory.bus.outcomes import Ack, Delivery, Leave, Outcome, Term
+from kfactory.bus.topology import Stage
 from kfactory.judge.verify import verify
 from kfactory.platform.service import RunnerService
 from kfactory.v1 import events_pb2 as pb
@@ -46,5 +48,5 @@ class VerifierService(RunnerService):
         done = ev.make_event(cid, self.name, cand.id, verified=pb.Verified(
             candidate=cand, artifact_digest=digest, checks=verdict.checks, seconds=seconds))
         await self.bus.publish(done)
-        await self.bus.send_work("benchmarker", done)
+        await self.bus.send_work(Stage.BENCHMARKER, done)
         return Ack()
