@@ -1,15 +1,20 @@
-"""Shared fixtures: real servers on free ports, settings pointing at them, a small softmax package."""
+"""Shared fixtures: real servers on free ports, the in-memory bus, settings pointing at either, a small softmax
+package."""
 from __future__ import annotations
 
 import fcntl
 import shutil
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
 from kfactory.platform.config import Settings
+from kfactory.bus import memory as memory_bus
+from kfactory.bus.jetstream import NatsBus
+from kfactory.bus.memory import MemoryBus
 from kfactory.bus.natsd import EmbeddedNats
 from kfactory.problems import BUILTIN_DIR
 
@@ -69,8 +74,43 @@ def settings(tmp_path, host_ceilings) -> Settings:
 
 @pytest.fixture
 def bus_settings(settings, nats_url) -> Settings:
-    """Settings pointing at a fresh nats-server."""
+    """Settings pointing at a fresh nats-server (integration, fault and auth tests)."""
     return settings.model_copy(update={"nats_url": nats_url})
+
+
+@pytest.fixture
+def memory_bus_settings(settings) -> Settings:
+    """Settings whose services share a fresh in-memory bus (kfactory/bus/memory.py): for tests that need the bus
+    only to move messages. It passes the same contract suite as NATS (tests/test_bus_contract.py)."""
+    memory_bus.forget("default")
+    try:
+        yield settings.model_copy(update={"bus": "memory", "nats_url": "memory://"})
+    finally:
+        memory_bus.forget("default")
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def connect_bus(request):
+    """`await connect_bus(name, **kw)`: a bus of the kind under test (the in-memory one, or NATS on a fresh
+    nats-server); every bus one test opens shares one broker or server, and all are closed after the test."""
+    if request.param == "nats":
+        url = request.getfixturevalue("nats_url")
+    else:
+        url = f"memory://test-{uuid.uuid4().hex}"
+    opened = []
+
+    async def connect(name: str = "test", **kw):
+        kind = NatsBus if request.param == "nats" else MemoryBus
+        bus = await kind.connect(url, name, **kw)
+        opened.append(bus)
+        return bus
+
+    connect.kind = request.param
+    yield connect
+    for bus in opened:
+        await bus.close()
+    if request.param == "memory":
+        memory_bus.forget(url.removeprefix("memory://"))
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.serial
 HERE = Path(__file__).parent / "adversarial"
 
 
-async def test_a_campaign_with_every_cheat_mixed_in(bus_settings, small_softmax):
+async def test_a_campaign_with_every_cheat_mixed_in(memory_bus_settings, small_softmax):
     manifest = yaml.safe_load((HERE / "manifest.yaml").read_text())
     spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=1, strategy="random", seed=5,
                            parallel=2)
@@ -30,7 +30,7 @@ async def test_a_campaign_with_every_cheat_mixed_in(bus_settings, small_softmax)
         expected[f"honest_{path.stem}"] = {"measured"}
         spec.manual_sources.append(pb.ManualSource(name=f"honest_{path.stem}", source=path.read_text(),
                                                    compile_flags=manifest["flags"], threads=2))
-    st, running = await _campaign(bus_settings, spec, timeout=600)
+    st, running = await _campaign(memory_bus_settings, spec, timeout=600)
     assert st.finished.state == "completed"
     assert running.failed() is None
     rows = running.services["memory"].archive.q(

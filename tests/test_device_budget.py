@@ -46,9 +46,9 @@ def test_the_device_time_each_event_reports():
     assert got == [1.5, 2.0, 0.0, 0.25, 0.5, 0.0]
 
 
-async def test_a_campaign_stops_proposing_when_its_device_time_is_spent(bus_settings, small_softmax):
+async def test_a_campaign_stops_proposing_when_its_device_time_is_spent(memory_bus_settings, small_softmax):
     budget = 1.0
-    settings = bus_settings.model_copy(update={"device_seconds": budget})
+    settings = memory_bus_settings.model_copy(update={"device_seconds": budget})
     spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=200, strategy="random", seed=3,
                            parallel=2, warm_start=0)
     st, _ = await _campaign(settings, spec)

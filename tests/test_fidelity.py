@@ -42,7 +42,8 @@ def test_screening_rule():
     assert screened_out(1.6e-3, 1.0e-3, 1.5)
 
 
-async def test_a_hopeless_candidate_is_screened_out_and_the_best_is_measured_in_full(bus_settings, small_softmax):
+async def test_a_hopeless_candidate_is_screened_out_and_the_best_is_measured_in_full(memory_bus_settings,
+                                                                                      small_softmax):
     # one point at a time, so the order is fixed: the reference kernel, an honest kernel, then a quadratic one
     spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=1, strategy="random", seed=2,
                            parallel=1)
@@ -50,12 +51,12 @@ async def test_a_hopeless_candidate_is_screened_out_and_the_best_is_measured_in_
                                                source=(ADVERSARIAL / "honest" / "three_pass.c").read_text()))
     spec.manual_sources.append(pb.ManualSource(name="quadratic", source=kernel_source("quadratic"),
                                                compile_flags="-O2", threads=1))
-    st, running = await _campaign(bus_settings, spec)
+    st, running = await _campaign(memory_bus_settings, spec)
     assert st.finished.state == "completed"
-    measured = {e.measured.candidate.origin: e.measured for e in running.services["memory"].archive.events(campaign=st.id)
-                if e.HasField("measured")}
+    events = running.services["memory"].archive.events(campaign=st.id)
+    measured = {e.measured.candidate.origin: e.measured for e in events if e.HasField("measured")}
     hopeless = measured["manual:quadratic"]
     assert hopeless.screened_out and len(hopeless.timings) == 1
     best = min(measured.values(), key=lambda m: m.score_s)
-    assert hopeless.score_s > bus_settings.screen_factor * best.score_s
+    assert hopeless.score_s > memory_bus_settings.screen_factor * best.score_s
     assert not best.screened_out and len(best.timings) == 2 and st.best().candidate.id == best.candidate.id

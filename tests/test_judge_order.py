@@ -38,10 +38,10 @@ def order_problem(tmp_path, small_softmax) -> str:
 
 
 async def test_a_search_candidate_that_cannot_rank_is_screened_out_never_verified_and_never_a_result(
-        bus_settings, order_problem):
+        memory_bus_settings, order_problem):
     spec = pb.CampaignSpec(problem=order_problem, target="cpu", budget_candidates=5, strategy="grid", seed=1,
                            parallel=1, warm_start=0)
-    st, running = await _campaign(bus_settings, spec)
+    st, running = await _campaign(memory_bus_settings, spec)
     assert st.finished.state == "completed"
     memory = running.services["memory"]
     events = memory.archive.events(campaign=st.id)

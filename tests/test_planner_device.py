@@ -9,16 +9,16 @@ from kfactory.targets.cuda.nvml import NvmlUnavailable
 from kfactory.v1 import events_pb2 as pb
 
 
-async def test_a_cuda_campaign_starts_on_a_planner_that_sees_no_gpu(bus_settings, monkeypatch):
+async def test_a_cuda_campaign_starts_on_a_planner_that_sees_no_gpu(memory_bus_settings, monkeypatch):
     from kfactory.targets.cuda import target as cuda
 
     monkeypatch.setenv("KFACTORY_GPU", "")
     try:
-        cuda.make("sm_90a", bus_settings).gpu()
+        cuda.make("sm_90a", memory_bus_settings).gpu()
         pytest.skip("this host has a GPU: the planner would describe it")
     except NvmlUnavailable:
         pass
-    running = await start_services(bus_settings, names=("planner",), grpc=False)
+    running = await start_services(memory_bus_settings, names=("planner",), grpc=False)
     try:
         planner = running.services["planner"]
         cid = await planner.submit(pb.CampaignSpec(problem="softmax", target="cuda:sm_90a", budget_candidates=1,

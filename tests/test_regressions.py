@@ -1,5 +1,5 @@
 """Regression inputs: a kernel that passed and is later found wrong leaves the input that exposed it in
-memory, and every later verification of the problem runs that input too (real services, real NATS)."""
+memory, and every later verification of the problem runs that input too (real services over the in-memory bus)."""
 from __future__ import annotations
 
 import shutil
@@ -36,18 +36,18 @@ def _outcome(running, campaign: str) -> str:
     return rows[0][0]
 
 
-async def test_an_input_that_exposed_a_passed_kernel_is_checked_ever_after(bus_settings, tmp_path):
+async def test_an_input_that_exposed_a_passed_kernel_is_checked_ever_after(memory_bus_settings, tmp_path):
     lenient = _package(tmp_path, "lenient", [])
     strict = _package(tmp_path, "strict", [{"rows": 7, "cols": 33}])
     source = kernel_source("no_tail")
 
     # 1. every shape is a multiple of 8 wide: the flawed kernel passes and is measured
-    st, running = await _campaign(bus_settings, _manual(lenient, source))
+    st, running = await _campaign(memory_bus_settings, _manual(lenient, source))
     assert _outcome(running, st.id) == "measured"
     assert running.services["memory"].archive.regressions("softmax") == []
 
     # 2. a stricter package (one ragged shape) exposes it; memory keeps that input for the problem
-    st, running = await _campaign(bus_settings, _manual(strict, source))
+    st, running = await _campaign(memory_bus_settings, _manual(strict, source))
     assert _outcome(running, st.id) == "WRONG_RESULT"
     kept = running.services["memory"].archive.regressions("softmax")
     print(kept)
@@ -55,7 +55,7 @@ async def test_an_input_that_exposed_a_passed_kernel_is_checked_ever_after(bus_s
 
     # 3. back on the lenient package, a new kernel with the same flaw (different text, so a different
     # candidate) is caught by the kept input alone: the package itself has no ragged shape
-    st, running = await _campaign(bus_settings, _manual(lenient, "/* another author */\n" + source))
+    st, running = await _campaign(memory_bus_settings, _manual(lenient, "/* another author */\n" + source))
     assert _outcome(running, st.id) == "WRONG_RESULT"
     rejected = next(e.rejected for e in running.services["memory"].archive.events(campaign=st.id)
                     if e.HasField("rejected") and e.rejected.candidate.origin == "manual:no_tail")

@@ -33,15 +33,15 @@ def _spec(path, warm: int, budget: int) -> pb.CampaignSpec:
                            warm_start=warm, parallel=4)
 
 
-async def test_a_campaign_on_another_gpu_starts_from_what_memory_learned(bus_settings, spec_for):
-    first, running = await _campaign(bus_settings, spec_for(0, warm=0))
+async def test_a_campaign_on_another_gpu_starts_from_what_memory_learned(memory_bus_settings, spec_for):
+    first, running = await _campaign(memory_bus_settings, spec_for(0, warm=0))
     archive = running.services["memory"].archive
     offered = archive.priors("synthetic_conv", limit=5)
     assert len(offered) == 5 and offered[0].relative == 1.0 and "GPU0" in offered[0].device
     assert [p.relative for p in offered] == sorted(p.relative for p in offered)
     assert offered[0].params_json == first.best().candidate.params_json
 
-    second, running = await _campaign(bus_settings, spec_for(1, warm=5))
+    second, running = await _campaign(memory_bus_settings, spec_for(1, warm=5))
     events = running.services["memory"].archive.events(campaign=second.id)
     started = next(e.campaign_started for e in events if e.HasField("campaign_started"))
     # the evidence of the start: every measurement of the earlier campaign's searched points, best first
@@ -57,23 +57,23 @@ async def test_a_campaign_on_another_gpu_starts_from_what_memory_learned(bus_set
     assert sum(p.origin.startswith(("warm:", "template:")) for p in proposed) == 30
 
 
-async def test_a_cold_start_asks_for_nothing(bus_settings, spec_for):
-    st, running = await _campaign(bus_settings, spec_for(0, warm=0, budget=5))
+async def test_a_cold_start_asks_for_nothing(memory_bus_settings, spec_for):
+    st, running = await _campaign(memory_bus_settings, spec_for(0, warm=0, budget=5))
     events = running.services["memory"].archive.events(campaign=st.id)
     assert not next(e.campaign_started for e in events if e.HasField("campaign_started")).priors
     assert not any(e.point_proposed.origin.startswith("warm:") for e in events if e.HasField("point_proposed"))
 
 
-async def test_a_warm_strategy_learns_each_source_and_says_how_far_it_trusted_it(bus_settings, spec_for,
+async def test_a_warm_strategy_learns_each_source_and_says_how_far_it_trusted_it(memory_bus_settings, spec_for,
                                                                                   monkeypatch, capsys):
     """A warm campaign's strategy learns the earlier campaign's landscape, and judges it as results come: the
     campaign's summary and report list each source (an earlier campaign) with its device, its agreement with this
     campaign's results and the weight it ended with; `kfactory priors` then names the sources a new campaign
     would learn from, the weight each starts with, why, and what this campaign measured of them."""
-    first, _ = await _campaign(bus_settings, spec_for(0, warm=0))
+    first, _ = await _campaign(memory_bus_settings, spec_for(0, warm=0))
     spec = spec_for(1, warm=3, budget=14)
     spec.strategy, spec.parallel = "default", 1  # one result at a time: the trust is judged after each
-    second, running = await _campaign(bus_settings, spec)
+    second, running = await _campaign(memory_bus_settings, spec)
     w = json.loads(second.finished.summary_json)["warm_start"]
     [src] = w["sources"]
     assert src["source"] == first.id and "GPU0" in src["device"]
@@ -101,7 +101,7 @@ async def test_a_warm_strategy_learns_each_source_and_says_how_far_it_trusted_it
 
     monkeypatch.delenv("KFACTORY_MEMORY_ADDR", raising=False)
     monkeypatch.delenv("KFACTORY_PLANNER_ADDR", raising=False)
-    monkeypatch.setenv("KFACTORY_DATA_DIR", str(bus_settings.data_dir))
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(memory_bus_settings.data_dir))
     capsys.readouterr()
     assert await asyncio.to_thread(cli_main, ["priors", spec.problem, "--json"]) == 0  # it runs its own loop
     view = json.loads(capsys.readouterr().out)["trust"]

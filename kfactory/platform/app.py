@@ -58,7 +58,13 @@ async def open_context(settings: Settings, name: str) -> Context:
 
 
 async def open_bus(settings: Settings, name: str) -> Bus:
-    """NATS JetStream at settings.nats_url. Raises BusUnavailable."""
+    """The bus settings.bus names: NATS JetStream at settings.nats_url, or the in-process bus (kfactory/bus/memory.py,
+    its broker 'default': every service of this process shares it). Raises BusUnavailable."""
+    if settings.bus == "memory":
+        from kfactory.bus.memory import MemoryBus
+
+        return await MemoryBus.connect("memory://", name, ack_wait_s=settings.ack_wait_s,
+                                       max_deliver=settings.max_deliver)
     from kfactory.bus.jetstream import NatsBus
 
     password = settings.nats_password.get_secret_value() if settings.nats_password else None
@@ -153,6 +159,9 @@ async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = T
 
 async def serve(name: str, settings: Settings) -> None:
     """Run one service until SIGTERM or SIGINT."""
+    if settings.bus != "nats":
+        raise WiringError(f"`serve` runs one service of several processes, which share a bus only through NATS: "
+                          f"set KFACTORY_BUS=nats (not {settings.bus!r})")
     running = await start_services(settings, (name,))
     try:
         health = await observability.start_health(settings, running.ready, running.stop)

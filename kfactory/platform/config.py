@@ -20,6 +20,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KFACTORY_", extra="ignore",
                                       secrets_dir=os.environ.get("KFACTORY_SECRETS_DIR") or None)
 
+    bus: Literal["nats", "memory"] = Field("nats", description="nats: NATS JetStream at nats_url (every deployment); "
+                                           "memory: an in-process bus (kfactory/bus/memory.py), for tests and one "
+                                           "process only")
     nats_url: str = "nats://127.0.0.1:4222"
     nats_user: str | None = None
     nats_password: SecretStr | None = None
