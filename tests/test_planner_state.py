@@ -11,6 +11,8 @@ from kfactory.bus.deadletters import DeadLetterRecord
 from kfactory.bus.events import MAX_EVENT_BYTES as MAX
 from kfactory.problems import load_problem
 from kfactory.services.planner.campaign import CampaignState
+from kfactory.services.planner.resends import judge
+from kfactory.services.planner.summary import campaign_summary
 from kfactory.strategies import Space
 from kfactory.v1 import events_pb2 as pb
 
@@ -58,7 +60,7 @@ def test_best_excludes_the_reference_and_picks_the_fastest():
     ref = pb.Candidate(id="ref", point_id="r", origin="reference")
     _apply_all(st, evidence_chain.chain("c1", ref, 0.01))
     assert st.best().candidate.id == "k2"
-    summary = st.summary(load_problem("softmax"))
+    summary = campaign_summary(st, load_problem("softmax"))
     assert summary["best"]["candidate_id"] == "k2" and summary["counts"]["measured"] == 3
 
 
@@ -197,7 +199,7 @@ def test_a_resend_the_planner_accepts_keeps_the_campaign_waiting_for_the_new_out
     record, work = _dead_lettered_compile(st, 7)
     st.apply(ev.make_event("c1", "cli", "7", resend_requested=pb.ResendRequested(dlq_seq=7)))
     assert list(st.resend_requests) == [7] and (st.counts.rejected, st.in_flight()) == (1, 0)
-    answer = st.judge_resend(7, record, "", MAX)
+    answer = judge(st, 7, record, "", MAX)
     assert (answer.accepted, answer.point_id, answer.subject) == (True, "p1", ev.work_subject("verifier", "c1"))
     _answer(st, answer)
     # in flight again: the campaign cannot finish before the work's outcome, which counts instead
@@ -206,19 +208,19 @@ def test_a_resend_the_planner_accepts_keeps_the_campaign_waiting_for_the_new_out
     point = next(iter(st.strategy.results))
     assert (st.counts.measured, st.in_flight(), st.resent) == (1, 0, {})
     assert st.strategy.results[point] == 0.125 and st.best().score_s == 0.125
-    again = st.judge_resend(7, record, "", MAX)  # the same dead letter, asked for twice
+    again = judge(st, 7, record, "", MAX)  # the same dead letter, asked for twice
     assert not again.accepted and "p1 is not ended by a dead letter now" in again.reason
 
 
 def test_sent_back_work_that_dies_again_is_a_second_dead_letter():
     st = _state()
     record, work = _dead_lettered_compile(st, 7)
-    _answer(st, st.judge_resend(7, record, "", MAX))
+    _answer(st, judge(st, 7, record, "", MAX))
     dl = pb.DeadLetter(stage="verifier", subject=record.letter.subject, reason="lock held again", deliveries=5,
                        payload=work.SerializeToString(), payload_bytes=work.ByteSize())
     st.apply(ev.make_event("c1", "verifier", "dl8", dead_letter=dl))
     assert (st.counts.rejected, st.in_flight(), st.dead_lettered) == (1, 0, {"p1"})
-    assert st.judge_resend(8, DeadLetterRecord(8, "c1", dl), "", MAX).accepted  # and may go back again
+    assert judge(st, 8, DeadLetterRecord(8, "c1", dl), "", MAX).accepted  # and may go back again
 
 
 def test_the_planner_refuses_a_resend_whose_outcome_could_not_count():
@@ -227,19 +229,19 @@ def test_the_planner_refuses_a_resend_whose_outcome_could_not_count():
     cut = pb.DeadLetter(stage="verifier", subject=record.letter.subject, reason="lock held", deliveries=5,
                         payload=record.letter.payload[:10], payload_bytes=20)
     reasons = {
-        "ending": st.judge_resend(7, record, "cancelled: by a user", MAX).reason,
-        "gone": st.judge_resend(7, None, "", MAX).reason,
-        "other campaign": st.judge_resend(7, DeadLetterRecord(7, "c2", record.letter), "", MAX).reason,
-        "no work": st.judge_resend(7, DeadLetterRecord(7, "c1", cut), "", MAX).reason,
+        "ending": judge(st, 7, record, "cancelled: by a user", MAX).reason,
+        "gone": judge(st, 7, None, "", MAX).reason,
+        "other campaign": judge(st, 7, DeadLetterRecord(7, "c2", record.letter), "", MAX).reason,
+        "no work": judge(st, 7, DeadLetterRecord(7, "c1", cut), "", MAX).reason,
     }
     assert reasons == {
         "ending": "dead letter 7: campaign c1 is ending (cancelled: by a user), so nothing more is measured in it",
         "gone": "dead letter 7: it is no longer on the DLQ stream (sent back already, or deleted)",
         "other campaign": "dead letter 7: it belongs to campaign c2, not to c1",
         "no work": "dead letter 7 kept only 10 of its 20 bytes; the message itself is gone"}
-    refused = st.judge_resend(7, None, "", MAX)
+    refused = judge(st, 7, None, "", MAX)
     _answer(st, refused)  # a refusal changes nothing
     assert (refused.accepted, st.counts.rejected, st.in_flight(), st.resent) == (False, 1, 0, {})
     st.apply(ev.make_event("c1", "planner", "finish", campaign_finished=pb.CampaignFinished(state="completed")))
-    done = st.judge_resend(7, record, "", MAX)
+    done = judge(st, 7, record, "", MAX)
     assert not done.accepted and done.reason.startswith("dead letter 7: campaign c1 has finished (completed)")

@@ -2,19 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 
-from google.protobuf.json_format import MessageToDict
-
 from kfactory.bus import events as ev
 from kfactory.evidence import trust
-from kfactory.evidence import warm_sources
-from kfactory.bus.deadletters import DeadLetterRecord, NotReplayable, finished_reason, work_of
 from kfactory.judge.order import device_seconds
-from kfactory.services.planner.coders import TEMPLATE, CoderLedger
-from kfactory.judge.stats import significant
+from kfactory.services.planner.coders import CoderLedger
 from kfactory.strategies import Point, Space, make_strategy
 from kfactory.strategies.base import Evidence
 from kfactory.strategies.transfer import WarmPriors
@@ -143,12 +137,13 @@ class CampaignState:
         if flaw := trust.body_flaw(event):
             return flaw
         cand = ev.candidate_of(event)
-        if kind == "compiled" and cand.id not in self.candidates:
-            return f"compiled: candidate {cand.id[:16]} was never created in campaign {self.id}"
-        if kind == "verified" and cand.id not in self.artifacts:
-            return f"verified: candidate {cand.id[:16]} was never compiled in campaign {self.id}"
-        if kind == "measured" and (missing := trust.missing_links(self._links(cand.id), event.measured.screened_out)):
-            return f"measured: candidate {cand.id[:16]} was never {missing[-1]} in campaign {self.id}"
+        cid = cand.id if cand is not None else ""  # compiled, verified and measured always name one
+        if kind == "compiled" and cid not in self.candidates:
+            return f"compiled: candidate {cid[:16]} was never created in campaign {self.id}"
+        if kind == "verified" and cid not in self.artifacts:
+            return f"verified: candidate {cid[:16]} was never compiled in campaign {self.id}"
+        if kind == "measured" and (missing := trust.missing_links(self._links(cid), event.measured.screened_out)):
+            return f"measured: candidate {cid[:16]} was never {missing[-1]} in campaign {self.id}"
         if kind == "comparison" and not self._full(event.comparison.candidate_id):
             return f"comparison: candidate {event.comparison.candidate_id[:16]} was never measured in full in {self.id}"
         if kind == "campaign_finished" and self.driven and not own and self.finished is None:
@@ -263,37 +258,6 @@ class CampaignState:
             ps.done = False
             self.resent[m.point_id] = m.dlq_seq
 
-    def judge_resend(self, seq: int, record: DeadLetterRecord | None, finishing: str,
-                     max_event_bytes: int) -> pb.ResendAnswered:
-        """The answer to a request to send dead letter `seq` back: accepted while this campaign runs and the
-        letter ended one of its points that nothing has ended since. `record` is the dead letter (None when it
-        is no longer on the DLQ stream), `finishing` why the campaign is ending though not finished yet (""
-        if it is not)."""
-        dead = ev.dead_work(record.letter) if record is not None else None
-        point_id = dead[0] if dead else ""  # named in refusals too, for the report's dead-letter table
-
-        def no(reason: str, named: bool = True) -> pb.ResendAnswered:
-            return pb.ResendAnswered(dlq_seq=seq, accepted=False, point_id=point_id,
-                                     reason=f"dead letter {seq}: {reason}" if named else reason)
-        if self.finished is not None:
-            return no(finished_reason(seq, self.id, self.finished), named=False)
-        if finishing:
-            return no(f"campaign {self.id} is ending ({finishing}), so nothing more is measured in it")
-        if record is None:
-            return no("it is no longer on the DLQ stream (sent back already, or deleted)")
-        if record.campaign_id != self.id:
-            return no(f"it belongs to campaign {record.campaign_id}, not to {self.id}")
-        try:
-            work_of(record, max_event_bytes)
-        except NotReplayable as e:
-            return no(str(e), named=False)  # its reason names the dead letter itself
-        if point_id not in self.points:
-            return no(f"its work is about no point of campaign {self.id}")
-        if point_id not in self.dead_lettered:
-            return no(f"its point {point_id} is not ended by a dead letter now (its work is out, was sent back "
-                      "already, or has ended since)")
-        return pb.ResendAnswered(dlq_seq=seq, accepted=True, point_id=point_id, subject=record.letter.subject)
-
     def _on_compare_request(self, m: pb.CompareRequest) -> None:
         self.comparing = m.candidate.id
 
@@ -390,86 +354,19 @@ class CampaignState:
         clock), up to when it finished."""
         return (self.finished_wall or time.time()) - self.started_wall
 
-    def coder_summary(self) -> dict:
-        """The summary's coder sections: per arm (yields), per agent persona, and the agents' token use."""
-        arms = self.coders.summary(self.token_seconds)
-        agents = {name: {k: a[k] for k in ("proposed", "candidates", "measured", "improvements", "tokens_in",
-                                            "tokens_out", "failures")}
-                  for name, a in arms.items() if name != TEMPLATE}
-        out = {"coders_used": list(self.spec.coders) or [TEMPLATE], "coders": arms, "agents": agents}
-        if "agent" in self.spec.coders:
-            failures: dict[str, int] = {}
-            for a in agents.values():
-                for reason, n in a["failures"].items():
-                    failures[reason] = failures.get(reason, 0) + n
-            out["agent_tokens"] = {"in": sum(a["tokens_in"] for a in agents.values()),
-                                   "out": sum(a["tokens_out"] for a in agents.values()),
-                                   "budget": self.spec.token_budget}
-            out["agent_failures"] = failures
-            note = self.agent_note or (f"agents paused after {self.coders.endpoint_streak} endpoint failures in a "
-                                       f"row (last: {self.coders.last_endpoint_failure})"
-                                       if self.coders.endpoint_paused() else "")
-            if note:
-                out["agent_note"] = note
-        return out
+    def expired(self) -> bool:
+        """Its time budget (spec.budget_seconds, when it has one) is spent."""
+        return bool(self.spec.budget_seconds) and self.elapsed() >= self.spec.budget_seconds
+
+    def finishing(self) -> str:
+        """Why the campaign ends without waiting for work in flight ("" when it waits for it)."""
+        if self.cancelled:
+            return f"cancelled: {self.cancelled}"
+        if self.broken:
+            return self.broken
+        if self.strategy_error:
+            return "its search strategy failed"
+        return "its time budget is spent" if self.expired() else ""
 
     def state_name(self) -> str:
         return self.finished.state if self.finished else "running"
-
-    def summary(self, problem) -> dict:
-        """The campaign summary (the CLI's --json output, less what only the CLI knows); `problem` is None when
-        it no longer loads."""
-        best = self.best()
-        out = {"campaign_id": self.id, "problem": self.spec.problem, "target": self.spec.target,
-               "device": self.device.model, "strategy": self.spec.strategy,
-               "device_info": MessageToDict(self.device, preserving_proto_field_name=True),
-               "counts": {f.name: getattr(self.counts, f.name) for f in pb.Counts.DESCRIPTOR.fields},
-               "elapsed_seconds": round(self.elapsed(), 3), "best": None}
-        outcomes = self.counts.measured + self.counts.rejected + self.counts.compile_failed
-        out["device_seconds"] = round(self.device_s, 3)
-        out["device_seconds_per_candidate"] = round(self.device_s / outcomes, 3) if outcomes else None
-        out.update(self.coder_summary())
-        if self.priors.points:  # a warm start: each source, how far it was trusted, and what it ended with
-            out["warm_start"] = warm_sources.campaign_section(self.source_trust(), self.priors, self.source_devices)
-        if best is None:
-            return out
-        cand = best.candidate
-        # without its problem (a package gone since the campaign ran), the first timed shape is the primary one
-        primary = problem.shape_str(problem.shapes("optimize")[0]) if problem is not None else \
-            (best.timings[0].shape if best.timings else "")
-        shapes = {}
-        for t in best.timings:
-            comp = self.comparisons.get(t.shape)
-            speed = dict(comp.speedups) if comp else {}
-            shapes[t.shape] = {"median_seconds": t.median_s, "noise": t.noise, "samples": t.samples,
-                               "gbps": t.gbps, "fraction_of_measured_bandwidth": t.sol_fraction,
-                               "speedup_vs_reference": speed.get("reference"),
-                               "speedup_vs_baselines": {k: v for k, v in speed.items()
-                                                        if k not in ("reference", "candidate")},
-                               "significant": _significance(comp), "compared": _entries(comp)}
-        head = shapes.get(primary, {})
-        out["best"] = {"candidate_id": cand.id, "family": cand.family, "origin": cand.origin,
-                       "params": json.loads(cand.params_json or "{}"), "compile_flags": cand.compile_flags,
-                       "median_seconds": best.score_s, "shape": primary,
-                       "speedup_vs_reference": head.get("speedup_vs_reference"),
-                       "speedup_vs_baselines": head.get("speedup_vs_baselines", {}), "shapes": shapes}
-        return out
-
-
-def _entries(comp: pb.Comparison | None) -> dict[str, dict]:
-    """Per kernel of the final comparison: its median, bandwidth, roofline fraction and how it was timed."""
-    if comp is None:
-        return {}
-    return {e.name: {"median_seconds": e.timing.median_s, "gbps": e.timing.gbps, "samples": e.timing.samples,
-                     "fraction_of_measured_bandwidth": e.timing.sol_fraction, "mode": e.timing.mode or "wall",
-                     "throttled": e.timing.telemetry.throttled}
-            for e in comp.entries if e.HasField("timing")}
-
-
-def _significance(comp: pb.Comparison | None) -> dict[str, bool]:
-    """Per compared kernel: whether its median's 95% CI is apart from the candidate's (a real difference)."""
-    if comp is None:
-        return {}
-    entries = {e.name: e.timing for e in comp.entries if e.HasField("timing")}
-    cand = entries.get("candidate")
-    return {name: significant(cand, t) for name, t in entries.items() if cand is not None and name != "candidate"}

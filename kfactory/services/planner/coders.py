@@ -173,7 +173,8 @@ class CoderLedger:
             out[name] = {"proposed": s.proposed, "candidates": s.candidates, "measured": s.measured,
                          "improvements": s.improvements, "device_seconds": round(s.device_s, 3),
                          "tokens_in": s.tokens_in, "tokens_out": s.tokens_out,
-                         "improvements_per_device_second": round(s.improvements / s.device_s, 4) if s.device_s else None,
+                         "improvements_per_device_second":
+                             round(s.improvements / s.device_s, 4) if s.device_s else None,
                          "improvements_per_ktoken": round(1e3 * s.improvements / tokens, 4) if tokens else None,
                          "failures": dict(s.failures)}
         return out

@@ -1,0 +1,225 @@
+"""Driving a campaign: propose the fixed kernels, hand out design work until the budget is spent, wait for the
+work in flight, time the best against the reference, and finish.
+
+Every step reads the campaign's state (CampaignState, a fold over its events) and publishes events; the state
+changes only when those events are folded in, so a planner restarted mid-campaign drives on from the stream.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Coroutine
+
+from kfactory.agents import persona_stage
+from kfactory.bus import events as ev
+from kfactory.judge.order import device_budget_spent, room
+from kfactory.judge.verify import available_baselines
+from kfactory.observability import stagetime
+from kfactory.observability import tracing as telemetry
+from kfactory.platform.service import Service
+from kfactory.problems import ProblemError
+from kfactory.services.planner import coders
+from kfactory.services.planner.campaign import CampaignState
+from kfactory.services.planner.summary import campaign_summary
+from kfactory.v1 import events_pb2 as pb
+
+COMPARE_WAIT_S = 300.0
+GRACE_S = 60.0
+
+
+class CampaignDriver:
+    """Runs each campaign this planner drives in a task of its own (`loops`)."""
+
+    def __init__(self, svc: Service):
+        self.svc = svc
+        self.ctx, self.bus, self.claims, self.settings, self.log = svc.ctx, svc.bus, svc.claims, svc.settings, svc.log
+        #: the task driving (or failing) each campaign, by campaign id
+        self.loops: dict[str, asyncio.Task] = {}
+
+    def launch(self, st: CampaignState, step: Coroutine) -> None:
+        """Run `step` (driving, resuming or failing campaign `st`) as the campaign's task."""
+        self.loops[st.id] = asyncio.create_task(step)
+
+    def stop_all(self) -> None:
+        """Cancel every campaign's task (the planner stops; a restarted one resumes them from the stream)."""
+        for t in self.loops.values():
+            t.cancel()
+
+    async def drive(self, st: CampaignState) -> None:
+        """Drive campaign `st` to its end. A bug in driving it fails the campaign with the reason, never the
+        planner."""
+        try:
+            await self._propose_fixed(st)
+            await self._search(st)
+            if not (st.broken or st.strategy_error):
+                await self._wait_in_flight(st)
+                await self._compare(st)
+                while st.in_flight() and not st.finishing():  # work sent back from its dead letter meanwhile
+                    await self._wait_in_flight(st)
+                    await self._compare(st)
+            if failed := st.broken or st.strategy_error:  # broken may be set while it waited
+                self.log.error("campaign failed", campaign=st.id, reason=failed)
+                await self.finish(st, state="failed", reason=failed)
+                return
+            await self.finish(st)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug in driving this campaign must not kill the planner: record it as failed
+            self.log.exception("campaign failed", campaign=st.id)
+            await self.finish(st, state="failed", reason=f"planner error: {type(e).__name__}: {e}")
+
+    def _budget_left(self, st: CampaignState) -> bool:
+        if st.cancelled or st.broken or st.expired():
+            return False
+        if device_budget_spent(st, self.settings.device_seconds):
+            return False
+        return not st.spec.budget_candidates or st.search_proposed() < st.spec.budget_candidates
+
+    async def _propose_fixed(self, st: CampaignState) -> None:
+        problem = self.ctx.problem(st.spec.problem)
+        target = st.spec.target.split(":")[0]
+        if target in problem.spec.reference_kernel:
+            source, flags, language, rule = problem.reference_kernel(target)
+            await self.propose(st, "reference", "{}", "reference",
+                               pb.ManualSource(name="reference", source=source, compile_flags=flags, language=language,
+                                               launch_json=ev.canonical_json(rule) if rule else ""))
+        for m in st.spec.manual_sources:
+            await self.propose(st, f"manual:{m.name}", json.dumps({"manual": m.name}), f"manual:{m.name}", m)
+
+    async def _search(self, st: CampaignState) -> None:
+        """Hand out design work until the budget is spent: each slot goes to the coder the portfolio draws
+        (kfactory/services/planner/coders.py): the template coder (the strategy's next point) or an agent persona."""
+        rng = random.Random(st.spec.seed ^ 0xC0DE5)
+        attempts = 0
+        while self._budget_left(st) and (st.strategy is not None or coders.agents_on(st)):
+            if st.in_flight() >= room(st, self.settings.device_seconds):
+                await self._wait_change(st)
+                continue
+            arm = st.coders.choose(coders.eligible(st, self.settings.llm_parents), rng, st.token_seconds)
+            if arm is None:
+                if st.in_flight():
+                    await self._wait_change(st)
+                    continue
+                break
+            if arm != coders.TEMPLATE:
+                attempts += 1
+                await self._propose_agent(st, arm, attempts)
+                continue
+            try:
+                with stagetime.span("planning"):  # the strategy's model runs on the event loop: bookkeeping
+                    prior = st.next_prior()
+                    if prior is None and st.strategy is None:  # it failed while judging its warm start
+                        break
+                    point = prior or st.strategy.ask()
+            except Exception as e:  # noqa: BLE001 (a strategy's failure fails its campaign, with the reason)
+                st.strategy_failed("ask", e)
+                break
+            if point is None:
+                st.template_exhausted = True
+                continue
+            await self.propose(st, point.family, point.params_json,
+                               f"{'warm' if prior else 'template'}:{point.family}")
+
+    async def _propose_agent(self, st: CampaignState, persona: str, attempt: int) -> None:
+        """Queue one agent task on the persona's work subject, with its parents and the campaign's device."""
+        parents = coders.parents_for(st, persona, self.settings.llm_parents)
+        problem = self.ctx.problem(st.spec.problem)
+        first = st.candidates.get(parents[0])
+        fams = problem.families_for(st.spec.target.split(":")[0])
+        family = first.family if first is not None and first.family in problem.families else \
+            (fams[0].name if fams else "")
+        pp = coders.agent_point(st, persona, parents, family, attempt)
+        if not await self.claims.claim_once(f"{st.id}:point:{pp.point_id}"):
+            return  # an earlier life of this planner proposed it; the next attempt gets another id
+        event = ev.make_event(st.id, self.svc.name, pp.point_id, point_proposed=pp)
+        st.apply(event)
+        with telemetry.root_span(f"{self.svc.name} propose", **{"kf.campaign": st.id, "kf.point": pp.point_id,
+                                                                "kf.origin": f"agent:{persona}"}):
+            await self.bus.publish(event)
+            await self.bus.send_work(persona_stage(persona), event)
+
+    async def propose(self, st: CampaignState, family: str, params_json: str, origin: str,
+                      manual: pb.ManualSource | None = None) -> None:
+        """Propose one design point (or a fixed kernel, `manual`) once per campaign: publish it and queue its
+        work for the template coder."""
+        pid = ev.point_id(family, json.loads(params_json)) if manual is None else \
+            ev.sha256_hex(origin + manual.source + manual.compile_flags)[:24]
+        if not await self.claims.claim_once(f"{st.id}:point:{pid}"):
+            return  # another planner (or an earlier life of this one) proposed it already
+        pp = pb.PointProposed(point_id=pid, family=family, params_json=params_json, strategy=st.spec.strategy,
+                              problem=st.spec.problem, target=st.spec.target, origin=origin,
+                              runner_threads=st.spec.threads)
+        if manual is not None:
+            pp.manual.CopyFrom(manual)
+        event = ev.make_event(st.id, self.svc.name, pid, point_proposed=pp)
+        st.apply(event)
+        # the root of this point's trace: every stage's span for its candidate descends from it
+        with telemetry.root_span(f"{self.svc.name} propose", **{"kf.campaign": st.id, "kf.point": pid,
+                                                                "kf.origin": origin}):
+            await self.bus.publish(event)
+            await self.bus.send_work("coder", event)
+
+    async def _wait_change(self, st: CampaignState, timeout: float = 1.0) -> None:
+        st.changed.clear()
+        try:
+            await asyncio.wait_for(st.changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass  # no event for this campaign within `timeout`: the caller looks at its budget and clock again
+
+    async def _wait_in_flight(self, st: CampaignState) -> None:
+        limit = (st.spec.budget_seconds + GRACE_S) if st.spec.budget_seconds else None
+        while st.in_flight() and not (st.cancelled or st.broken):
+            if limit and st.elapsed() > limit:
+                self.log.warning("giving up on in-flight points", campaign=st.id, in_flight=st.in_flight())
+                return
+            await self._wait_change(st)
+
+    async def _compare(self, st: CampaignState) -> None:
+        best = st.best()
+        ref = st.candidates.get(st.reference_id)
+        if st.cancelled or best is None or ref is None or ref.id not in st.artifacts:
+            return
+        problem = self.ctx.problem(st.spec.problem)
+        req = pb.CompareRequest(candidate=best.candidate, reference=ref,
+                                baselines=available_baselines(problem, st.spec.target.split(":")[0]),
+                                candidate_artifact=st.artifacts[best.candidate.id],
+                                reference_artifact=st.artifacts[ref.id])
+        event = ev.make_event(st.id, self.svc.name, f"compare:{best.candidate.id}", compare_request=req)
+        with telemetry.root_span(f"{self.svc.name} compare", **{"kf.campaign": st.id,
+                                                                "kf.candidate": best.candidate.id}):
+            await self.bus.publish(event)
+            await self.bus.send_work("benchmarker", event)
+        want = {problem.shape_str(s) for s in problem.shapes("optimize")}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COMPARE_WAIT_S
+        while loop.time() < deadline and not (st.cancelled or st.broken) and not want <= {
+                shape for shape, c in st.comparisons.items() if c.candidate_id == best.candidate.id}:
+            await self._wait_change(st)
+
+    def _problem_or_none(self, st: CampaignState):
+        """The campaign's problem, or None when it no longer loads (its summary then names no problem shapes)."""
+        try:
+            return self.ctx.problem(st.spec.problem)
+        except ProblemError:
+            return None
+
+    async def finish(self, st: CampaignState, state: str | None = None, reason: str = "") -> None:
+        """Publish the campaign's end (once): its state, counts, best kernel and summary."""
+        if st.finished is not None:
+            return
+        if state is None:
+            state = "cancelled" if st.cancelled else "expired" if st.expired() and st.in_flight() else "completed"
+            reason = st.cancelled or reason
+        best = st.best()
+        summary = campaign_summary(st, self._problem_or_none(st))
+        if self.settings.device_seconds:
+            summary["device_seconds_budget"] = self.settings.device_seconds
+        fin = pb.CampaignFinished(state=state, reason=reason, counts=st.counts,
+                                  best_candidate_id=best.candidate.id if best else "",
+                                  summary_json=json.dumps(summary))
+        event = ev.make_event(st.id, self.svc.name, "finish", campaign_finished=fin)
+        st.apply(event, own=True)
+        with telemetry.root_span(f"{self.svc.name} finish", **{"kf.campaign": st.id, "kf.state": state}):
+            await self.bus.publish(event)
+        self.log.info("campaign finished", campaign=st.id, state=state, counts=str(st.counts).replace("\n", " "))

@@ -1,0 +1,127 @@
+"""The planner's fold over the events stream, and resuming campaigns after a restart.
+
+Campaign state is a fold over the events stream: at start-up the planner replays the stream from its
+beginning, so a restarted planner resumes unfinished campaigns where they were. Until it has caught up with the
+stream's end it only folds; then it answers pending requests, fails campaigns that cannot run, and resumes
+the rest.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+from kfactory.agents import persona_stage
+from kfactory.bus import deadletters
+from kfactory.bus.outcomes import ack_quietly
+from kfactory.bus.topology import EVENTS_STREAM
+from kfactory.evidence import trust
+from kfactory.observability import tracing as telemetry
+from kfactory.platform.service import Service
+from kfactory.services.planner.campaign import CampaignState
+from kfactory.services.planner.driver import CampaignDriver
+from kfactory.services.planner.resends import ResendDesk
+from kfactory.v1 import events_pb2 as pb
+
+
+class StreamReplay:
+    """Folds every event of the stream into the planner's campaigns, from the stream's first event on."""
+
+    def __init__(self, svc: Service, campaigns: dict[str, CampaignState], driver: CampaignDriver,
+                 resends: ResendDesk, new_state: Callable[[str, pb.CampaignSpec], CampaignState],
+                 refuse: Callable[[pb.Event, str], None]):
+        """`new_state` makes a started campaign's state; `refuse` records an event that cannot be believed."""
+        self.svc, self.campaigns, self.driver, self.resends = svc, campaigns, driver, resends
+        self.new_state, self.refuse = new_state, refuse
+        #: set once the stream has been folded up to its end as it was at start-up
+        self.caught_up = asyncio.Event()
+
+    async def follow(self, stop: asyncio.Event) -> None:
+        """Fold the events stream from its beginning until `stop`."""
+        svc = self.svc
+        last = await svc.bus.last_seq(EVENTS_STREAM)
+        if last == 0:
+            self._catch_up()
+        async for event, msg in svc.bus.follow(None, stop=stop):
+            t0 = time.perf_counter()
+            with telemetry.consumer_span(svc.name, msg.subject, msg.headers, event):
+                self.fold(event)
+            if self.caught_up.is_set() and event.HasField("resend_requested"):
+                self.resends.answer_later(event.campaign_id, event.resend_requested.dlq_seq)
+            svc.handled += 1
+            await ack_quietly(msg)
+            svc.cost["handler"] += time.perf_counter() - t0
+            if not self.caught_up.is_set() and msg.metadata.sequence.stream >= last:
+                self._catch_up()
+
+    def fold(self, event: pb.Event) -> None:
+        """Apply one event of the stream. No event may stop the fold: a restarted planner replays the stream
+        and would meet the same event at every start, so the planner could never run again."""
+        try:
+            self.apply(event)
+        except Exception as e:  # noqa: BLE001 (any bug folding one event fails its campaign, never the planner)
+            self.svc.log.exception("folding an event failed", event_id=event.id[:120])
+            st = self.campaigns.get(event.campaign_id)
+            if st is not None and not st.broken:
+                st.broken = f"planner error folding event {event.id[:120]}: {type(e).__name__}: {e}"
+                self.fail_broken(st)
+
+    def apply(self, event: pb.Event) -> None:
+        """Fold one event into its campaign's state (a CampaignStarted makes the state); an event of a campaign
+        this planner does not know only matters when it asks for, or answers, a dead letter's resend."""
+        cid = event.campaign_id
+        if event.HasField("campaign_started") and cid not in self.campaigns:
+            if why := trust.body_flaw(event):
+                self.refuse(event, why)
+                return
+            self.campaigns[cid] = self.new_state(cid, event.campaign_started.spec)
+            if self.campaigns[cid].broken:
+                self.fail_broken(self.campaigns[cid])
+        st = self.campaigns.get(cid)
+        if st is not None:
+            if why := st.apply(event):
+                self.refuse(event, why)
+        elif event.HasField("resend_requested"):
+            self.resends.strays.add((cid, event.resend_requested.dlq_seq))
+        elif event.HasField("resend_answered"):
+            self.resends.strays.discard((cid, event.resend_answered.dlq_seq))
+
+    def fail_broken(self, st: CampaignState) -> None:
+        """Fail an unfinished campaign that cannot run (st.broken), once this planner has caught up: during
+        the replay a later event of the stream may still show it finished."""
+        if not self.caught_up.is_set() or st.finished is not None or st.driven:
+            if st.driven:  # its driving task fails it at its next step
+                st.changed.set()
+            return
+        st.driven = True
+        self.svc.log.error("campaign failed", campaign=st.id, reason=st.broken)
+        self.driver.launch(st, self.driver.finish(st, state="failed", reason=st.broken))
+
+    def _catch_up(self) -> None:
+        self.caught_up.set()
+        # requests made while this planner was down (or before this life replayed their answers)
+        for cid, seq in sorted(self.resends.strays):
+            self.resends.answer_later(cid, seq)
+        for cid, st in self.campaigns.items():
+            for seq in sorted(st.resend_requests):
+                self.resends.answer_later(cid, seq)
+            if st.finished is None and st.broken:
+                self.fail_broken(st)
+            elif st.finished is None and cid not in self.driver.loops:
+                self.svc.log.info("resuming campaign", campaign=cid)
+                st.driven = True
+                self.driver.launch(st, self._resume(st))
+
+    async def _resume(self, st: CampaignState) -> None:
+        """Queue again the proposals without a candidate and the dead letters' work it accepted to send back (a
+        resend is deduplicated), then drive the campaign."""
+        bus = self.svc.bus
+        for seq in list(st.resent.values()):
+            if (record := await deadletters.fetch(bus, seq)) is not None:
+                await deadletters.send_back(bus, record)
+        for event in list(st.proposals.values()):
+            origin = event.point_proposed.origin
+            stage = persona_stage(origin.split(":", 1)[1]) if origin.startswith("agent:") else "coder"
+            with telemetry.root_span(f"{self.svc.name} propose", **{"kf.campaign": st.id, "kf.resumed": True}):
+                await bus.send_work(stage, event)
+        await self.driver.drive(st)

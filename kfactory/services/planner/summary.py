@@ -1,0 +1,102 @@
+"""A campaign's summary: what `kfactory run --json` prints and CampaignFinished.summary_json carries.
+
+Read-only questions over a CampaignState (kfactory/services/planner/campaign.py); nothing here changes it.
+"""
+from __future__ import annotations
+
+import json
+
+from google.protobuf.json_format import MessageToDict
+
+from kfactory.evidence import warm_sources
+from kfactory.judge.stats import significant
+from kfactory.services.planner.campaign import CampaignState
+from kfactory.services.planner.coders import TEMPLATE
+from kfactory.v1 import events_pb2 as pb
+
+
+def coder_summary(st: CampaignState) -> dict:
+    """The summary's coder sections: per arm (yields), per agent persona, and the agents' token use."""
+    arms = st.coders.summary(st.token_seconds)
+    agents = {name: {k: a[k] for k in ("proposed", "candidates", "measured", "improvements", "tokens_in",
+                                        "tokens_out", "failures")}
+              for name, a in arms.items() if name != TEMPLATE}
+    out = {"coders_used": list(st.spec.coders) or [TEMPLATE], "coders": arms, "agents": agents}
+    if "agent" in st.spec.coders:
+        failures: dict[str, int] = {}
+        for a in agents.values():
+            for reason, n in a["failures"].items():
+                failures[reason] = failures.get(reason, 0) + n
+        out["agent_tokens"] = {"in": sum(a["tokens_in"] for a in agents.values()),
+                               "out": sum(a["tokens_out"] for a in agents.values()),
+                               "budget": st.spec.token_budget}
+        out["agent_failures"] = failures
+        note = st.agent_note or (f"agents paused after {st.coders.endpoint_streak} endpoint failures in a "
+                                 f"row (last: {st.coders.last_endpoint_failure})"
+                                 if st.coders.endpoint_paused() else "")
+        if note:
+            out["agent_note"] = note
+    return out
+
+
+def campaign_summary(st: CampaignState, problem) -> dict:
+    """The campaign summary (the CLI's --json output, less what only the CLI knows); `problem` is None when
+    it no longer loads."""
+    best = st.best()
+    out = {"campaign_id": st.id, "problem": st.spec.problem, "target": st.spec.target,
+           "device": st.device.model, "strategy": st.spec.strategy,
+           "device_info": MessageToDict(st.device, preserving_proto_field_name=True),
+           "counts": {f.name: getattr(st.counts, f.name) for f in pb.Counts.DESCRIPTOR.fields},
+           "elapsed_seconds": round(st.elapsed(), 3), "best": None}
+    outcomes = st.counts.measured + st.counts.rejected + st.counts.compile_failed
+    out["device_seconds"] = round(st.device_s, 3)
+    out["device_seconds_per_candidate"] = round(st.device_s / outcomes, 3) if outcomes else None
+    out.update(coder_summary(st))
+    if st.priors.points:  # a warm start: each source, how far it was trusted, and what it ended with
+        out["warm_start"] = warm_sources.campaign_section(st.source_trust(), st.priors, st.source_devices)
+    if best is not None:
+        out["best"] = _best_section(st, best, problem)
+    return out
+
+
+def _best_section(st: CampaignState, best: pb.Measured, problem) -> dict:
+    """The best kernel: its identity, its timing per shape and how it compared with the reference and baselines."""
+    cand = best.candidate
+    # without its problem (a package gone since the campaign ran), the first timed shape is the primary one
+    primary = problem.shape_str(problem.shapes("optimize")[0]) if problem is not None else \
+        (best.timings[0].shape if best.timings else "")
+    shapes = {}
+    for t in best.timings:
+        comp = st.comparisons.get(t.shape)
+        speed = dict(comp.speedups) if comp else {}
+        shapes[t.shape] = {"median_seconds": t.median_s, "noise": t.noise, "samples": t.samples,
+                           "gbps": t.gbps, "fraction_of_measured_bandwidth": t.sol_fraction,
+                           "speedup_vs_reference": speed.get("reference"),
+                           "speedup_vs_baselines": {k: v for k, v in speed.items()
+                                                    if k not in ("reference", "candidate")},
+                           "significant": _significance(comp), "compared": _entries(comp)}
+    head = shapes.get(primary, {})
+    return {"candidate_id": cand.id, "family": cand.family, "origin": cand.origin,
+            "params": json.loads(cand.params_json or "{}"), "compile_flags": cand.compile_flags,
+            "median_seconds": best.score_s, "shape": primary,
+            "speedup_vs_reference": head.get("speedup_vs_reference"),
+            "speedup_vs_baselines": head.get("speedup_vs_baselines", {}), "shapes": shapes}
+
+
+def _entries(comp: pb.Comparison | None) -> dict[str, dict]:
+    """Per kernel of the final comparison: its median, bandwidth, roofline fraction and how it was timed."""
+    if comp is None:
+        return {}
+    return {e.name: {"median_seconds": e.timing.median_s, "gbps": e.timing.gbps, "samples": e.timing.samples,
+                     "fraction_of_measured_bandwidth": e.timing.sol_fraction, "mode": e.timing.mode or "wall",
+                     "throttled": e.timing.telemetry.throttled}
+            for e in comp.entries if e.HasField("timing")}
+
+
+def _significance(comp: pb.Comparison | None) -> dict[str, bool]:
+    """Per compared kernel: whether its median's 95% CI is apart from the candidate's (a real difference)."""
+    if comp is None:
+        return {}
+    entries = {e.name: e.timing for e in comp.entries if e.HasField("timing")}
+    cand = entries.get("candidate")
+    return {name: significant(cand, t) for name, t in entries.items() if cand is not None and name != "candidate"}
