@@ -60,7 +60,10 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=cli_type("budget_seconds", float), default=0.0,
                    help="wall-clock budget (0: none)")
     p.add_argument("--strategy", default="default", help="default (a portfolio of surrogate, tpe and evolutionary), "
-                   "surrogate, tpe, evolutionary, portfolio, random or grid")
+                   "surrogate, tpe, cma, evolutionary, portfolio, random or grid (kfactory strategies list)")
+    p.add_argument("--strategy-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an option of the strategy (repeatable; a portfolio member's as MEMBER.NAME=VALUE): "
+                        "kfactory strategies describe STRATEGY lists them")
     p.add_argument("--threads", type=cli_type("threads"), help="threads kernels run with (default: all cores)")
     p.add_argument("--seed", type=cli_type("seed"), default=0, help="strategy seed (0: random)")
     p.add_argument("--parallel", type=cli_type("parallel"), default=2, help="design points in flight at once")
@@ -81,6 +84,7 @@ def _spec(args):
                            seed=args.seed, families=args.family, parallel=args.parallel, warm_start=args.warm,
                            coders=[c for c in args.coders.split(",") if c],
                            personas=[p for p in args.personas.split(",") if p], token_budget=args.token_budget or 0)
+    spec.strategy_options.update(_strategy_options(args.strategy_option))
     for m in args.manual:
         name, _, rest = m.partition("=")
         path, _, flags = rest.partition(":")
@@ -94,6 +98,20 @@ def _spec(args):
         spec.manual_sources.append(pb.ManualSource(name=name, source=source,
                                                    compile_flags=flags or "-O2 -fopenmp", threads=1))
     return spec
+
+
+def _strategy_options(given: list[str]) -> dict[str, str]:
+    """--strategy-option NAME=VALUE flags as a spec's strategy_options (text: the planner checks them against the
+    strategy's table, for `run` and `submit` alike); a flag without NAME= is a usage error."""
+    from kfactory.cli.client import ClientError
+
+    out = {}
+    for item in given:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise ClientError(f"--strategy-option {item!r}: expected NAME=VALUE", EXIT_USAGE)
+        out[name.strip()] = value.strip()
+    return out
 
 
 def _conn_args(p: argparse.ArgumentParser) -> None:
@@ -234,9 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("."), help="new: where the package directory goes (default .)")
 
     from kfactory.cli import evidence as evidence_cmd
+    from kfactory.cli import strategies as strategies_cmd
     from kfactory.targets.cuda import precompile
 
     evidence_cmd.add_parser(sub)
+    strategies_cmd.add_parser(sub)
     precompile.add_parser(sub)
     return ap
 
@@ -292,6 +312,10 @@ def _dispatch(args) -> int:
         except client.ClientError as e:
             print(f"kfactory: {e}", file=sys.stderr)
             return e.code
+    if args.cmd == "strategies":  # no service, no settings
+        from kfactory.cli import strategies as strategies_cmd
+
+        return strategies_cmd.run(args)
     if args.cmd in ("evidence", "precompile"):  # no service: before kfactory.platform.app's imports too
         from kfactory.cli import evidence as evidence_cmd
         from kfactory.targets.cuda import precompile

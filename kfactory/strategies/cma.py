@@ -18,7 +18,16 @@ import warnings
 import optuna
 
 from kfactory.strategies.base import Point, Space, Strategy
+from kfactory.strategies.options import Option
+from kfactory.strategies.tpe import OPTIONS as OPTUNA_OPTIONS
 from kfactory.strategies.tpe import OptunaSearch
+
+#: the design's size, and the Optuna search's options that apply here (the design samples at random, and ordered
+#: parameters are always positions: what CMA-ES models)
+OPTIONS: dict[str, Option] = {
+    "design": Option("uniformly drawn points before CMA-ES starts from the best of them", 10, int, low=1),
+    **{k: OPTUNA_OPTIONS[k] for k in ("tries", "penalty", "keep")},
+}
 
 
 class CmaSearch(OptunaSearch):
@@ -68,4 +77,5 @@ class CmaSearch(OptunaSearch):
 
 
 def make(space: Space, seed: int, **options) -> Strategy:
+    """CMA-ES (with margin) after a random design; options as in OPTIONS."""
     return CmaSearch(space, seed, **options)

@@ -16,6 +16,19 @@ sorted again from every result on every ask: that sort was most of an ask's cost
 import bisect
 
 from kfactory.strategies.base import Point, Space, Strategy
+from kfactory.strategies.options import Option
+
+OPTIONS: dict[str, Option] = {
+    "warmup": Option("random points measured before breeding starts", 8, int, low=0),
+    "elite": Option("best points an island breeds from", 6, int, low=2),
+    "immigration": Option("chance that an ask draws a random point instead of breeding", 0.15, float, low=0, high=1),
+    "islands": Option("sub-populations that breed apart (1: a single population)", 2, int, low=1),
+    "migrate_every": Option("results between two migrations of the best points around the ring", 8, int, low=1),
+    "migrants": Option("best points each island sends at a migration", 1, int, low=0),
+    "fail_radius": Option("a child within this many changed parameters of a failed point is near a failure", 1, int,
+                          low=0),
+    "fail_reject": Option("chance of rejecting a child near a failure", 0.8, float, low=0, high=1),
+}
 
 
 class Evolutionary(Strategy):
@@ -133,4 +146,5 @@ class Evolutionary(Strategy):
 
 
 def make(space: Space, seed: int, **options) -> Strategy:
+    """An island evolutionary search; options as in OPTIONS."""
     return Evolutionary(space, seed, **options)

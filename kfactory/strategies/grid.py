@@ -1,5 +1,10 @@
 """Every valid point in order (optionally shuffled), each once."""
 from kfactory.strategies.base import Point, Space, Strategy
+from kfactory.strategies.options import Option
+
+OPTIONS: dict[str, Option] = {
+    "shuffle": Option("visit the points in a random order (by the seed) instead of the space's order", False, bool),
+}
 
 
 class GridSearch(Strategy):
@@ -20,4 +25,5 @@ class GridSearch(Strategy):
 
 
 def make(space: Space, seed: int, shuffle: bool = False, **options) -> Strategy:
+    """A grid search over every valid point."""
     return GridSearch(space, seed, shuffle)

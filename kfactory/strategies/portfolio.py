@@ -28,8 +28,19 @@ import importlib
 import random
 
 from kfactory.strategies.base import Point, Space, Strategy
+from kfactory.strategies.options import Option
 
 DEFAULT_MEMBERS = ("surrogate", "tpe", "evolutionary")
+#: the strategies a portfolio may hold (not a portfolio: members are single searches)
+MEMBER_STRATEGIES = ("random", "grid", "evolutionary", "surrogate", "tpe", "cma")
+OPTIONS: dict[str, Option] = {
+    "members": Option("the member strategies, comma-separated (MEMBER.OPTION=VALUE sets a member's option)",
+                      DEFAULT_MEMBERS, tuple, choices=MEMBER_STRATEGIES),
+    "decay": Option("credit a member keeps per result (the bandit's discount)", 0.97, float, low=0, high=1),
+    "floor": Option("weight every member keeps in the draw beside its credit", 0.3, float, low=0),
+    "member_options": Option("options per member, {member: {option: value}} (MEMBER.OPTION=VALUE sets one)", None,
+                             dict),
+}
 #: what Portfolio._ask returns for a cold member's ask answered from an evidence-led result
 _ANSWERED = Point("", "")
 #: members whose model transfers other campaigns' evidence (Strategy.warm): a warm start adds an evidence-led copy
@@ -176,4 +187,5 @@ class Portfolio(Strategy):
 
 
 def make(space: Space, seed: int, **options) -> Strategy:
+    """A portfolio of member strategies sharing one budget; options as in OPTIONS."""
     return Portfolio(space, seed, **options)

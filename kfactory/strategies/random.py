@@ -1,5 +1,9 @@
 """Uniform random sampling of valid, unseen points."""
 from kfactory.strategies.base import Point, Space, Strategy
+from kfactory.strategies.options import Option
+
+#: none: a uniform draw has nothing to tune
+OPTIONS: dict[str, Option] = {}
 
 
 class RandomSearch(Strategy):
@@ -8,4 +12,5 @@ class RandomSearch(Strategy):
 
 
 def make(space: Space, seed: int, **options) -> Strategy:
+    """A random search (it has no options: make_strategy refuses any)."""
     return RandomSearch(space, seed)

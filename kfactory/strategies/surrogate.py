@@ -33,7 +33,20 @@ from scipy.special import erfc
 from kfactory.strategies.base import Point, Space, Strategy
 from kfactory.strategies.agreement import SourceTrust, Trust, finite_log_times
 from kfactory.strategies.encoding import SeenMask, fit_subset, index_of
+from kfactory.strategies.options import Option
 from kfactory.strategies.transfer import PriorMean
+
+OPTIONS: dict[str, Option] = {
+    "init": Option("uniformly drawn points before the model is fitted (a warm start skips them)", 10, int, low=1),
+    "refit": Option("results between two fits of the kernel's hyperparameters", 8, int, low=1),
+    "local": Option("chance that an ask picks among the incumbent's unseen neighbours only", 0.2, float, low=0,
+                    high=1),
+    "xi": Option("expected improvement's margin, in log-time", 0.0, float, low=0),
+    "max_candidates": Option("unseen points scored per ask (a random subset of larger spaces)", 4000, int, low=1),
+    "max_fit": Option("results the GP is fitted to (the best half and a spread of the rest)", 400, int, low=2),
+    "max_hyper": Option("results the hyperparameters are fitted to", 256, int, low=2),
+    "queue": Option("batch mode: points kept from one fit's ranking for the asks until the next", 256, int, low=1),
+}
 
 _SQ5 = math.sqrt(5.0)
 
@@ -235,4 +248,5 @@ class Surrogate(Strategy):
 
 
 def make(space: Space, seed: int, **options) -> Strategy:
+    """A Gaussian-process surrogate with expected improvement; options as in OPTIONS."""
     return Surrogate(space, seed, **options)

@@ -29,6 +29,18 @@ from optuna.trial import TrialState
 
 from kfactory.strategies.base import Point, Space, Strategy
 from kfactory.strategies.encoding import SeenMask, fit_subset, index_of
+from kfactory.strategies.options import Option
+
+OPTIONS: dict[str, Option] = {
+    "sampler": Option("Optuna's sampler: multivariate TPE, or uniform random draws", "tpe", str,
+                      choices=("tpe", "random")),
+    "startup": Option("random trials before TPE models the results", 10, int, low=0),
+    "tries": Option("draws that break a constraint or repeat a point before an unseen valid point is taken", 40, int,
+                    low=1),
+    "penalty": Option("a failed point's value: the worst log-time seen plus this", 0.5, float, low=0),
+    "keep": Option("results a batch-mode study is rebuilt from once it holds 3 x keep", 500, int, low=1),
+    "ordinal": Option("search ordered numeric parameters as positions in their sorted values", False, bool),
+}
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -180,4 +192,5 @@ class OptunaSearch(Strategy):
 
 
 def make(space: Space, seed: int, **options) -> Strategy:
+    """Optuna's TPE (or random) sampler through ask-and-tell; options as in OPTIONS."""
     return OptunaSearch(space, seed, **options)

@@ -105,7 +105,14 @@ class ManualSource(_message.Message):
     def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., compile_flags: _Optional[str] = ..., threads: _Optional[int] = ..., language: _Optional[str] = ..., launch_json: _Optional[str] = ...) -> None: ...
 
 class CampaignSpec(_message.Message):
-    __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel", "warm_start", "coders", "token_budget", "personas")
+    __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel", "warm_start", "coders", "token_budget", "personas", "strategy_options")
+    class StrategyOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     BUDGET_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +127,7 @@ class CampaignSpec(_message.Message):
     CODERS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     PERSONAS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     problem: str
     target: str
     budget_candidates: int
@@ -134,7 +142,8 @@ class CampaignSpec(_message.Message):
     coders: _containers.RepeatedScalarFieldContainer[str]
     token_budget: int
     personas: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ..., warm_start: _Optional[int] = ..., coders: _Optional[_Iterable[str]] = ..., token_budget: _Optional[int] = ..., personas: _Optional[_Iterable[str]] = ...) -> None: ...
+    strategy_options: _containers.ScalarMap[str, str]
+    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ..., warm_start: _Optional[int] = ..., coders: _Optional[_Iterable[str]] = ..., token_budget: _Optional[int] = ..., personas: _Optional[_Iterable[str]] = ..., strategy_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Prior(_message.Message):
     __slots__ = ("family", "params_json", "score_s", "relative", "device", "campaign_id", "candidate_id")

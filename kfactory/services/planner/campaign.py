@@ -95,7 +95,8 @@ class CampaignState:
         if self.space:
             # strategies are pluggable code: any failure of one is this campaign's failure, never the planner's
             try:
-                self.strategy = make_strategy(self.spec.strategy or "default", self.space, self.spec.seed)
+                self.strategy = make_strategy(self.spec.strategy or "default", self.space, self.spec.seed,
+                                             **dict(self.spec.strategy_options))
             except Exception as e:  # noqa: BLE001 (reported as the campaign's reason, with its type)
                 self.strategy_failed("construction", e)
 

@@ -16,6 +16,7 @@ from kfactory.problems.check import problems_of
 from kfactory.services.planner import coders
 from kfactory.platform.spec_ranges import spec_errors
 from kfactory.strategies import KNOWN as STRATEGIES
+from kfactory.strategies import BadStrategyOption, check_options
 from kfactory.targets import UnknownTarget
 from kfactory.targets.flags import FLAG_TARGETS, FlagRefused, check_flags
 from kfactory.v1 import events_pb2 as pb
@@ -49,6 +50,10 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
     spec.strategy = spec.strategy or "default"
     if spec.strategy not in STRATEGIES:
         raise SpecError(f"strategy: unknown {spec.strategy!r}; known: {', '.join(STRATEGIES)}")
+    try:  # checked against the strategy's table here, so a misspelt option fails the submit, not the campaign
+        check_options(spec.strategy, dict(spec.strategy_options))
+    except BadStrategyOption as e:
+        raise SpecError(f"strategy_options: {e}") from e
     if spec.budget_candidates == 0 and spec.budget_seconds == 0:
         raise SpecError("budget: give a candidate count, a time limit in seconds, or both")
     _check_manual(spec, settings, target.name)
