@@ -92,12 +92,12 @@ def count_text(snap: Snapshot) -> str:
 
 
 def snapshot(st, shapes: int = 0) -> Snapshot:
-    """A Snapshot of a planner's CampaignState (kfactory/services/planner/campaign.py); `shapes`: the problem's number of
-    optimisation shapes (what the final comparison times)."""
-    from kfactory.services.planner.campaign import SEARCHED  # the origins that count against the budget
+    """A Snapshot of a planner's CampaignState (kfactory/services/planner/campaign.py); `shapes`: the problem's
+    number of optimisation shapes (what the final comparison times)."""
+    from kfactory.bus.origins import SEARCHED, is_kind  # the origins that count against the budget
 
     _, best = st.reported()
-    done = sum(1 for p in st.points.values() if p.done and p.origin.startswith(SEARCHED))
+    done = sum(1 for p in st.points.values() if p.done and is_kind(p.origin, *SEARCHED))
     ref = st.measured.get(st.reference_id) if st.reference_id else None
     comparing = st.comparing
     compared = sum(1 for c in st.comparisons.values() if c.candidate_id == comparing) if comparing else 0

@@ -9,6 +9,7 @@ import io
 from dataclasses import dataclass, field
 
 from kfactory.bus import events as ev
+from kfactory.bus.origins import Origin
 from kfactory.v1 import events_pb2 as pb
 
 #: marker and colour per failure reason, given out in order of the reasons' names (so one campaign's plots agree);
@@ -44,7 +45,7 @@ def panels(events: list[pb.Event]) -> list[ShapePanel]:
     failures still show)."""
     measured = [e.measured for e in events if e.HasField("measured")]
     out = {s: ShapePanel(s) for s in _shapes(measured)} or {"": ShapePanel("")}
-    ref = next((m for m in measured if m.candidate.origin == "reference"), None)
+    ref = next((m for m in measured if m.candidate.origin == Origin.REFERENCE.of()), None)
     for t in ref.timings if ref and not ref.screened_out else ():
         if t.shape in out:
             out[t.shape].reference_s = t.median_s
@@ -55,20 +56,20 @@ def panels(events: list[pb.Event]) -> list[ShapePanel]:
         if kind not in ("measured", "rejected", "compile_failed"):
             continue
         body = getattr(e, kind)
-        if body.candidate.origin == "reference":
+        if body.candidate.origin == Origin.REFERENCE.of():
             continue
         x += 1
         if kind != "measured":
             for p in out.values():
                 p.failures.setdefault(pb.RejectReason.Name(body.reason), []).append(x)
         for t in body.timings if kind == "measured" else ():
-            p = out.get(t.shape)
-            if p is None:
+            panel = out.get(t.shape)
+            if panel is None:
                 continue
             if body.screened_out:
-                p.screened.append((x, t.median_s))
+                panel.screened.append((x, t.median_s))
             else:
-                p.times.append((x, t.median_s))
+                panel.times.append((x, t.median_s))
                 best[t.shape] = min(best[t.shape], t.median_s)
         for s, p in out.items():  # the curve goes on through failures, to the last result
             if best[s] != float("inf"):

@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 from kfactory.bus import events as ev
+from kfactory.bus.origins import Origin
 from kfactory.evidence import plots
 from kfactory.evidence import warm_sources
 from kfactory.v1 import events_pb2 as pb
@@ -83,7 +84,8 @@ def noisy_timings(events: list[pb.Event], bound: float) -> tuple[int, list[tuple
     for e in events:
         if e.HasField("measured") and not (e.measured.screened_out or e.measured.replayed):
             m = e.measured
-            what = "reference kernel" if m.candidate.origin == "reference" else f"candidate {m.candidate.id[:12]}"
+            is_ref = m.candidate.origin == Origin.REFERENCE.of()
+            what = "reference kernel" if is_ref else f"candidate {m.candidate.id[:12]}"
             timings = [(what, t) for t in m.timings]
         elif e.HasField("comparison"):
             timings = [(f"{en.name} in the final comparison", en.timing) for en in e.comparison.entries
@@ -115,10 +117,11 @@ def format_params(params: str | dict) -> str:
     """A candidate's parameters as compact `key=value key=value` (canonical JSON in, its key order kept); '-' for
     none (the reference kernel, a manual one); the text as given when it is no JSON object."""
     if isinstance(params, str):
+        text = params
         try:
-            params = json.loads(params) if params else {}
+            params = json.loads(text) if text else {}
         except ValueError:
-            return params
+            return text
     if not isinstance(params, dict):
         return str(params)
     return " ".join(f"{k}={_value(v)}" for k, v in params.items()) or "-"
@@ -220,8 +223,8 @@ def _dead_letters(events: list[pb.Event]) -> list[str]:
 
 
 def _failures(events: list[pb.Event]) -> list[str]:
-    reasons = Counter()
-    examples = {}
+    reasons: Counter[str] = Counter()
+    examples: dict[str, str] = {}
     for e in events:
         for kind in ("rejected", "compile_failed"):
             if e.HasField(kind):

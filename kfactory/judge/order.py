@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import os
 
-from kfactory.bus.topology import Stage
+from kfactory.bus.origins import SEARCHED, is_kind
 from kfactory.v1 import events_pb2 as pb
-
-#: origins of the candidates a search produced (kfactory/services/planner/campaign.SEARCHED names the same)
-SEARCHED = ("template:", "warm:", "agent:")
+from kfactory.bus.topology import Stage
 
 #: the pipeline's settings before issue 23 (bench/throughput.py --baseline-order runs them side by side with
 #: today's): every candidate verified before any timing, one compile at a time, two points in flight, a fresh
@@ -32,7 +30,7 @@ def screens_first(cand: pb.Candidate, settings, target) -> bool:
     """True when `cand` is screened before it is verified: screening is on and the order says so, the candidate
     is the search's, and its target runs kernels (a replayed target answers both from a recording)."""
     return (settings.judge_order == "screen_first" and settings.screen_max_s > 0
-            and cand.origin.startswith(SEARCHED) and getattr(target, "screens_first", True))
+            and is_kind(cand.origin, *SEARCHED) and getattr(target, "screens_first", True))
 
 
 def first_judge_stage(cand: pb.Candidate, settings, target) -> Stage:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from kfactory.bus import events as ev
+from kfactory.bus.origins import Origin
 from kfactory.bus.errors import ArtifactMissing
 from kfactory.bus.outcomes import Ack, Delivery, Leave, Outcome, Term
 from kfactory.bus.topology import Stage
@@ -133,7 +134,7 @@ class BenchmarkerService(RunnerService):
             return m
         # what can rank is measured against the campaign's results, which the reference kernel is not (it is what
         # they are compared with); the order before issue 23 counted it too
-        if cand.origin != "reference" or self.settings.judge_order == "verify_first":
+        if cand.origin != Origin.REFERENCE.of() or self.settings.judge_order == "verify_first":
             await self._record_best(cand.campaign_id, m.score_s)
         return m
 

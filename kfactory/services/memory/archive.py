@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from kfactory.bus import events as ev
+from kfactory.bus.origins import STRATEGY, Origin, sql_match
 from kfactory.evidence import trust
 from kfactory.v1 import events_pb2 as pb
 
@@ -329,7 +330,8 @@ class Archive:
         for payload, campaign in rows:
             m = pb.Measured.FromString(payload)
             # a screened-out timing is no result (it may never have been verified: kfactory/judge/order.py)
-            if m.candidate.origin == "reference" or m.screened_out or not target_matches(m.candidate.target, target):
+            if (m.candidate.origin == Origin.REFERENCE.of() or m.screened_out
+                    or not target_matches(m.candidate.target, target)):
                 continue
             t = next((x for x in m.timings if x.shape == shape), None) if shape else None
             score = t.median_s if t else (m.score_s if not shape else None)
@@ -351,7 +353,7 @@ class Archive:
         the reference or hand-written kernels)."""
         rows = self.q("SELECT m.campaign, m.candidate, m.device, m.score_s, m.payload, c.family, c.params_json "
                       "FROM measurements m JOIN candidates c ON c.campaign=m.campaign AND c.id=m.candidate "
-                      "WHERE m.problem=? AND m.campaign!=? AND (c.origin LIKE 'template:%' OR c.origin LIKE 'warm:%')",
+                      f"WHERE m.problem=? AND m.campaign!=? AND {sql_match('c.origin', STRATEGY)}",
                       (problem, exclude_campaign))
         best: dict[str, float] = {}
         kept = []

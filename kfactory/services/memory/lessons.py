@@ -8,6 +8,7 @@ import json
 import statistics
 from collections import Counter, defaultdict
 
+from kfactory.bus.origins import STRATEGY, Origin, is_kind, sql_match
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 
@@ -50,8 +51,8 @@ class _Row:
 
 
 def _best(measured: list[_Row], n_campaigns: int) -> list[spb.Lesson]:
-    ref = {r.campaign: r.score for r in measured if r.origin == "reference"}
-    mine = [r for r in measured if r.origin != "reference"]
+    ref = {r.campaign: r.score for r in measured if r.origin == Origin.REFERENCE.of()}
+    mine = [r for r in measured if r.origin != Origin.REFERENCE.of()]
     if not mine:
         return []
     # every campaign's best is 1.0x its campaign's best: among those, the one furthest ahead of its reference
@@ -72,7 +73,7 @@ def _effects(measured: list[_Row], limit: int) -> list[spb.Lesson]:
     best against the one that came furthest (medians of relative times)."""
     by = defaultdict(list)
     for r in measured:
-        if r.origin.startswith(("template:", "warm:")):
+        if is_kind(r.origin, *STRATEGY):
             for k, v in r.params.items():
                 by[(k, json.dumps(v))].append(r.relative)
     params = defaultdict(dict)
@@ -131,7 +132,7 @@ def _failures(archive, campaigns, marks, limit: int) -> list[spb.Lesson]:
 def _value_totals(archive, campaigns, marks) -> Counter:
     totals: Counter = Counter()
     for (params,) in archive.q(f"SELECT params_json FROM candidates WHERE campaign IN ({marks}) AND "
-                               f"(origin LIKE 'template:%' OR origin LIKE 'warm:%')", tuple(campaigns)):
+                               f"{sql_match('origin', STRATEGY)}", tuple(campaigns)):
         for k, v in json.loads(params or "{}").items():
             totals[(k, json.dumps(v))] += 1
     return totals
@@ -152,8 +153,9 @@ def _agents(archive, campaigns, marks, measured: list[_Row], everything: list[_R
             failures[info.persona][pb.RejectReason.Name(e.rejected.reason)] += 1
     out = []
     for persona, n in sorted(tasks.items()):
-        rel = sorted(r.relative for r in measured if r.origin == f"agent:{persona}")
-        screened = sum(1 for r in everything if r.origin == f"agent:{persona}" and r.m.screened_out)
+        origin = Origin.AGENT.of(persona)
+        rel = sorted(r.relative for r in measured if r.origin == origin)
+        screened = sum(1 for r in everything if r.origin == origin and r.m.screened_out)
         got = f"{len(rel)} measured, best {rel[0]:.2f}x its campaign's best" if rel else "none measured in full"
         if screened:
             got += f", {screened} screened out (a short timing far slower than the best at the time)"

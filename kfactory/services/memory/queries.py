@@ -12,6 +12,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from kfactory.bus import events as ev
+from kfactory.bus.origins import Origin
 from kfactory.evidence import report
 from kfactory.problems import ProblemError, load_problem
 from kfactory.platform.spec_ranges import PRIORS_LIMIT, range_error
@@ -205,8 +206,8 @@ class Queries:
             if kind in COUNTED_KINDS:
                 setattr(out.counts, COUNTED_KINDS[kind], n)
         best = self.archive.q("SELECT m.candidate, m.score_s FROM measurements m JOIN candidates c ON "
-                              "c.campaign=m.campaign AND c.id=m.candidate WHERE m.campaign=? AND c.origin!='reference' "
-                              "ORDER BY m.score_s LIMIT 1", (cid,))
+                              "c.campaign=m.campaign AND c.id=m.candidate WHERE m.campaign=? AND c.origin!=? "
+                              "ORDER BY m.score_s LIMIT 1", (cid, Origin.REFERENCE.of()))
         if best:
             out.best_candidate_id, out.best_score_s = best[0]
         return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kfactory.bus import events as ev
+from kfactory.bus.origins import SEARCHED, STRATEGY, Origin, is_kind
 from kfactory.evidence import trust
 from kfactory.judge.order import device_seconds
 from kfactory.services.planner.coders import CoderLedger
@@ -35,12 +36,6 @@ class PointState:
     origin: str
     done: bool = False
     candidate_id: str = ""
-
-
-#: origins of the points the strategy is told about (its own and the warm start's)
-STRATEGY = ("template:", "warm:")
-#: origins of the work that counts against the candidate budget: the strategy's points and agent tasks
-SEARCHED = STRATEGY + ("agent:",)
 
 
 @dataclass
@@ -191,7 +186,7 @@ class CampaignState:
                 self.strategy_failed("warm", e)
 
     def _on_point_proposed(self, m: pb.PointProposed) -> None:
-        point = Point(m.family, m.params_json) if m.origin.startswith(STRATEGY) else None
+        point = Point(m.family, m.params_json) if is_kind(m.origin, *STRATEGY) else None
         self.coders.on_point(m)
         self.points.setdefault(m.point_id, PointState(point, m.origin))
         if point and self.strategy:
@@ -202,7 +197,7 @@ class CampaignState:
         self.proposals.pop(m.candidate.point_id, None)
         self.candidates[m.candidate.id] = m.candidate
         self.coders.on_candidate(m.candidate)
-        if m.candidate.origin == "reference":
+        if m.candidate.origin == Origin.REFERENCE.of():
             self.reference_id = m.candidate.id
 
     def _on_compiled(self, m: pb.Compiled) -> None:
@@ -322,7 +317,7 @@ class CampaignState:
         return sum(1 for p in self.points.values() if not p.done)
 
     def search_proposed(self) -> int:
-        return sum(1 for p in self.points.values() if p.origin.startswith(SEARCHED))
+        return sum(1 for p in self.points.values() if is_kind(p.origin, *SEARCHED))
 
     def next_prior(self) -> Point | None:
         """The next warm-start point not proposed yet, while the strategy trusts the sources enough
@@ -343,7 +338,7 @@ class CampaignState:
             return None
 
     def agent_in_flight(self, persona: str) -> int:
-        return sum(1 for p in self.points.values() if not p.done and p.origin == f"agent:{persona}")
+        return sum(1 for p in self.points.values() if not p.done and p.origin == Origin.AGENT.of(persona))
 
     def ranked(self, k: int) -> list[str]:
         """The k fastest measured candidates (the reference included), fastest first: an agent's parents."""
@@ -385,6 +380,7 @@ class CampaignState:
 
     def state_name(self) -> str:
         return self.finished.state if self.finished else "running"
+
 
 #: the event kinds a campaign's state folds in, and the method that folds each one's body
 HANDLERS: dict[str, Callable[[CampaignState, Any], None]] = {

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from kfactory.agents.personas import PERSONAS
 from kfactory.bus.events import sha256_hex
+from kfactory.bus.origins import STRATEGY, Origin, parse
 from kfactory.v1 import events_pb2 as pb
 
 TEMPLATE = "template"
@@ -35,11 +36,10 @@ SAME_PARENTS = 2
 
 def arm_of(origin: str) -> str | None:
     """The arm a point or candidate belongs to, by its origin; None for the reference and manual kernels."""
-    if origin.startswith(("template:", "warm:")):
+    kind, detail = parse(origin)
+    if kind in STRATEGY:
         return TEMPLATE
-    if origin.startswith("agent:"):
-        return origin.split(":", 1)[1]
-    return None
+    return detail if kind is Origin.AGENT else None
 
 
 @dataclass
@@ -95,9 +95,9 @@ class CoderLedger:
 
     def on_rejected(self, m: pb.Rejected) -> None:
         if m.HasField("agent"):  # an agent task that produced no new candidate: its tokens were spent all the same
-            arm = m.agent.persona
-            self._tokens(arm, m.agent)
-            self.arm(arm).failures[pb.RejectReason.Name(m.reason)] += 1
+            persona = m.agent.persona
+            self._tokens(persona, m.agent)
+            self.arm(persona).failures[pb.RejectReason.Name(m.reason)] += 1
             if m.reason in ENDPOINT_FAILURES:
                 self.endpoint_streak += 1
                 self.last_endpoint_failure = pb.RejectReason.Name(m.reason)
@@ -163,7 +163,7 @@ class CoderLedger:
             return untried[0]
         draws = {a: rng.gammavariate(1 + self.arm(a).improvements,
                                      1 / (PRIOR_COST + self.arm(a).cost(token_seconds))) for a in eligible}
-        return max(draws, key=draws.get)
+        return max(draws, key=lambda a: draws[a])
 
     def summary(self, token_seconds: float) -> dict:
         """Per arm: work, results, cost and yields (improvements per device-second and per thousand tokens)."""
@@ -244,8 +244,9 @@ def parents_for(st, persona: str, k: int) -> list[str]:
 def agent_point(st, persona: str, parents: list[str], family: str, attempt: int) -> pb.PointProposed:
     """The PointProposed of one agent task (its id derives from the persona, its task count and its parents)."""
     n = st.coders.arm(persona).proposed
-    pid = sha256_hex(f"agent:{persona}:{n}:{attempt}:{','.join(parents)}")[:24]
+    origin = Origin.AGENT.of(persona)
+    pid = sha256_hex(f"{origin}:{n}:{attempt}:{','.join(parents)}")[:24]
     return pb.PointProposed(point_id=pid, family=family, params_json="{}", strategy=st.spec.strategy,
-                            problem=st.spec.problem, target=st.spec.target, origin=f"agent:{persona}",
+                            problem=st.spec.problem, target=st.spec.target, origin=origin,
                             runner_threads=st.spec.threads, parents=parents,
                             agent=pb.AgentTask(persona=persona, device=st.device))

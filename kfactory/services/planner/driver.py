@@ -13,6 +13,7 @@ from typing import Coroutine
 
 from kfactory.agents import persona_stage
 from kfactory.bus import events as ev
+from kfactory.bus.origins import Origin
 from kfactory.judge.order import device_budget_spent, room
 from kfactory.judge.verify import available_baselines
 from kfactory.observability import stagetime
@@ -81,11 +82,12 @@ class CampaignDriver:
         target = st.spec.target.split(":")[0]
         if target in problem.spec.reference_kernel:
             source, flags, language, rule = problem.reference_kernel(target)
-            await self.propose(st, "reference", "{}", "reference",
+            await self.propose(st, "reference", "{}", Origin.REFERENCE.of(),
                                pb.ManualSource(name="reference", source=source, compile_flags=flags, language=language,
                                                launch_json=ev.canonical_json(rule) if rule else ""))
         for m in st.spec.manual_sources:
-            await self.propose(st, f"manual:{m.name}", json.dumps({"manual": m.name}), f"manual:{m.name}", m)
+            origin = Origin.MANUAL.of(m.name)  # a manual kernel's family is its origin too
+            await self.propose(st, origin, json.dumps({"manual": m.name}), origin, m)
 
     async def _search(self, st: CampaignState) -> None:
         """Hand out design work until the budget is spent: each slot goes to the coder the portfolio draws
@@ -119,7 +121,7 @@ class CampaignDriver:
                 st.template_exhausted = True
                 continue
             await self.propose(st, point.family, point.params_json,
-                               f"{'warm' if prior else 'template'}:{point.family}")
+                               (Origin.WARM if prior else Origin.TEMPLATE).of(point.family))
 
     async def _propose_agent(self, st: CampaignState, persona: str, attempt: int) -> None:
         """Queue one agent task on the persona's work subject, with its parents and the campaign's device."""
@@ -135,7 +137,7 @@ class CampaignDriver:
         event = ev.make_event(st.id, self.svc.name, pp.point_id, point_proposed=pp)
         st.apply(event)
         with telemetry.root_span(f"{self.svc.name} propose", **{"kf.campaign": st.id, "kf.point": pp.point_id,
-                                                                "kf.origin": f"agent:{persona}"}):
+                                                                "kf.origin": Origin.AGENT.of(persona)}):
             await self.bus.publish(event)
             await self.bus.send_work(persona_stage(persona), event)
 

@@ -13,6 +13,7 @@ from typing import Callable
 
 from kfactory.agents import persona_stage
 from kfactory.bus import deadletters
+from kfactory.bus.origins import Origin, parse
 from kfactory.bus.outcomes import ack_quietly
 from kfactory.bus.topology import EVENTS_STREAM
 from kfactory.evidence import trust
@@ -120,8 +121,8 @@ class StreamReplay:
             if (record := await deadletters.fetch(bus, seq)) is not None:
                 await deadletters.send_back(bus, record)
         for event in list(st.proposals.values()):
-            origin = event.point_proposed.origin
-            stage = persona_stage(origin.split(":", 1)[1]) if origin.startswith("agent:") else "coder"
+            kind, persona = parse(event.point_proposed.origin)
+            stage = persona_stage(persona) if kind is Origin.AGENT else "coder"
             with telemetry.root_span(f"{self.svc.name} propose", **{"kf.campaign": st.id, "kf.resumed": True}):
                 await bus.send_work(stage, event)
         await self.driver.drive(st)

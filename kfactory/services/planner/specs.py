@@ -17,7 +17,7 @@ from kfactory.services.planner import coders
 from kfactory.platform.spec_ranges import spec_errors
 from kfactory.strategies import KNOWN as STRATEGIES
 from kfactory.strategies import BadStrategyOption, check_options
-from kfactory.targets import UnknownTarget
+from kfactory.targets import Target, UnknownTarget
 from kfactory.targets.flags import FLAG_TARGETS, FlagRefused, check_flags
 from kfactory.v1 import events_pb2 as pb
 
@@ -27,7 +27,7 @@ class SpecError(ValueError):
 
 
 def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[str], Problem],
-             target_of: Callable[[str], object]) -> tuple[pb.CampaignSpec, str]:
+             target_of: Callable[[str], Target]) -> tuple[pb.CampaignSpec, str]:
     """(the spec with its defaults filled in, a note on agents that are off though asked for, or ""); raises
     SpecError naming the field for anything that cannot run."""
     if wrong := spec_errors(spec):
@@ -60,8 +60,8 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
     spec.threads = spec.threads or settings.threads
     spec.parallel = spec.parallel or default_parallel(settings)  # enough in flight to compile ahead of the device
     spec.seed = spec.seed or secrets.randbits(32)
-    if wrong := coders.validate(spec, settings):
-        raise SpecError(wrong)
+    if why := coders.validate(spec, settings):
+        raise SpecError(why)
     agent_note = coders.agent_note(spec, settings)
     notes = [n for n in (agent_note, _budget_note(spec, problem, agents="agent" in spec.coders and not agent_note))
              if n]
