@@ -28,6 +28,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from kfactory.platform.config import Settings
 from kfactory.judge.verify import InputPool, available_baselines, measure, verify
@@ -101,7 +102,7 @@ def run(args) -> dict:
     params, origin = _point(args, problem, target, settings)
     source, flags, threads = problem.families[FAMILY].render(params)
     session = target.session(problem, threads)
-    out = {"problem": "kda", "device": device.model, "threads": threads, "kernel": {"family": FAMILY,
+    out: dict[str, Any] = {"problem": "kda", "device": device.model, "threads": threads, "kernel": {"family": FAMILY,
            "params": params, "origin": origin, "flags": flags}, "shapes": {}}
     try:
         session.load_artifact("kernel", _compile(target, source, flags), "kernel")
@@ -180,8 +181,10 @@ def _shape(session, problem, shape, keys, target, settings, device, max_s) -> di
     row = {"median_ms": {n: round(s * 1e3, 4) for n, s in med.items()},
            "noise": round(t.timings["kernel"].noise, 4),
            "gflops": round(flops / k / 1e9, 2), "gbps": round(nbytes / k / 1e9, 2),
-           "fraction_of_cached_peak_fp32": round(flops / k / 1e9 / device.peak_gflops, 4) if device.peak_gflops else None,
-           "fraction_of_bandwidth": round(nbytes / k / 1e9 / device.mem_bandwidth_gbps, 4) if device.mem_bandwidth_gbps else None,
+           "fraction_of_cached_peak_fp32":
+               round(flops / k / 1e9 / device.peak_gflops, 4) if device.peak_gflops else None,
+           "fraction_of_bandwidth":
+               round(nbytes / k / 1e9 / device.mem_bandwidth_gbps, 4) if device.mem_bandwidth_gbps else None,
            "speedup_vs_torch": round(med["torch"] / k, 2) if "torch" in med else None,
            "speedup_vs_numpy": round(med["numpy"] / k, 2) if "numpy" in med else None,
            "speedup_vs_reference_c": round(med["reference_c"] / k, 2)}

@@ -15,10 +15,12 @@ import argparse
 import asyncio
 import tempfile
 from pathlib import Path
+from typing import cast
 
 from kfactory.platform.app import start_services
 from kfactory.platform.config import Settings
 from kfactory.bus.natsd import EmbeddedNats
+from kfactory.services.planner.service import PlannerService
 from kfactory.v1 import events_pb2 as pb
 
 GOAL = 0.05
@@ -30,7 +32,7 @@ async def run(problem: str, budget: int) -> int:
         settings = Settings(nats_url=nats.url, data_dir=tmp / "data", report_dir=tmp / "reports")
         running = await start_services(settings, grpc=False)
         try:
-            planner = running.services["planner"]
+            planner = cast(PlannerService, running.services["planner"])
             cid = await planner.submit(pb.CampaignSpec(problem=problem, target="cpu", budget_candidates=budget,
                                                        strategy="random", seed=11))
             st = planner.campaigns[cid]

@@ -20,6 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kfactory.targets.replay.cache import load_space
 from kfactory.strategies import Space, make_strategy
@@ -47,7 +48,7 @@ class Ev:
     t: float
     seq: int
     kind: str = field(compare=False)
-    data: object = field(compare=False, default=None)
+    data: Any = field(compare=False, default=None)  # a Point, or (pool, then, point) for a "-done" event
 
 
 class Sim:

@@ -614,15 +614,16 @@ def print_table(results, geo, meta, strategies, budgets, hard) -> None:
                 v = geo[str(b)].get(s) if c == "geomean(hard)" else results[c][str(b)].get(s, {}).get("mean_ratio")
                 row.append(v)
             vals[s] = row
-        best = [min((vals[s][j] for s in strategies if vals[s][j] is not None), default=None)
-                for j in range(len(cols))]
+        best: list[float | None] = [min((vals[s][j] for s in strategies if vals[s][j] is not None), default=None)
+                                    for j in range(len(cols))]
         for s in strategies:
             cells = []
             for j, v in enumerate(vals[s]):
                 if v is None:
                     cells.append("-")
                 else:
-                    cells.append(f"{v:.3f}" + ("*" if best[j] is not None and v <= best[j] + 1e-12 else " "))
+                    low = best[j]
+                    cells.append(f"{v:.3f}" + ("*" if low is not None and v <= low + 1e-12 else " "))
             rows.append([s] + cells)
         rows.append(["E[random]"] + [f"{meta[c]['expected_random'][str(b)]:.3f} " if c in meta else "-"
                                      for c in cols])

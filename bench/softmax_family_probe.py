@@ -13,7 +13,8 @@ Needs only numpy, jinja2, pyyaml, simpleeval and gcc (no kfactory services).
     python bench/softmax_family_probe.py                 # stratified sample of 96 points
     python bench/softmax_family_probe.py --all           # every valid point (slow: ~1 h on 2 idle cores)
     python bench/softmax_family_probe.py --all --slice 1500:   # resume / split a long run
-    python bench/softmax_family_probe.py --point 'passes=two,vec=16,unroll=2,exp=poly,threads=2,split=1,prefetch=1,flags=-O3 -march=native'
+    python bench/softmax_family_probe.py \
+        --point 'passes=two,vec=16,unroll=2,exp=poly,threads=2,split=1,prefetch=1,flags=-O3 -march=native'
     python bench/softmax_family_probe.py --count         # just count the valid points
 
 Timing: OMP_NUM_THREADS=2 (set before libgomp loads), preallocated outputs,
@@ -393,7 +394,8 @@ def main():
         print("no verified point to time")
         return 1
     if len(good) >= 8:
-        print("\nscreen time by parameter value (geometric mean of the screening minima over verified points, 4096x4096 ms / 1x50257 us):")
+        print("\nscreen time by parameter value (geometric mean of the screening minima over verified points, "
+              "4096x4096 ms / 1x50257 us):")
         for name in fam["params"]:
             row = []
             for value in fam["params"][name]:

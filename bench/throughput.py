@@ -25,6 +25,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, cast
 
 from kfactory.platform.app import start_services
 from kfactory.platform.config import Settings
@@ -34,6 +35,7 @@ from kfactory.observability import stagetime
 from kfactory.problems import load_problem
 from kfactory.cli.run import _memory_ready
 from kfactory.judge.stats import significant
+from kfactory.services.planner.service import PlannerService
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
 
@@ -61,7 +63,7 @@ async def campaign(args, label: str, root: Path, overrides: dict) -> dict:
         running = await start_services(settings, grpc=False)
         try:
             await _memory_ready(running)
-            planner = running.services["planner"]
+            planner = cast(PlannerService, running.services["planner"])
             spec = pb.CampaignSpec(problem=args.problem, target=args.target, budget_candidates=args.budget,
                                    strategy=args.strategy, seed=args.seed, warm_start=0,
                                    budget_seconds=args.seconds)
@@ -106,8 +108,8 @@ async def _follow(st, running) -> float:
         if search_end is None and st.comparing:
             search_end = time.time()
         await asyncio.sleep(0.05)
-    if running.failed():
-        raise running.failed()
+    if (failure := running.failed()) is not None:
+        raise failure
     return search_end or time.time()
 
 
@@ -136,8 +138,9 @@ def account(ledger: dict, cost: dict, candidates: int, wall: float) -> dict:
     stages["bus and bookkeeping"] = max(0.0, bus)
     total = sum(stages.values())
     n = max(candidates, 1)
-    out = {"stages": {k: {"seconds_per_candidate": round(v / n, 4), "share": round(v / total, 4) if total else 0.0}
-                      for k, v in stages.items()}}
+    out: dict[str, Any] = {"stages": {k: {"seconds_per_candidate": round(v / n, 4),
+                                          "share": round(v / total, 4) if total else 0.0}
+                                      for k, v in stages.items()}}
     for k in JUDGE_STAGES:
         if parts[k]:
             out["stages"][names[k]]["parts"] = {p: round(v / n, 4) for p, v in sorted(parts[k].items())}
@@ -195,13 +198,15 @@ def _print(label: str, r: dict) -> None:
     print(f"{label}: {r['candidates']} candidates in {r['search_wall_s']:.1f} s = {r['candidates_per_minute']:.1f} "
           f"per minute; device busy {r['device_busy_fraction']:.1%}; harness share {r['harness_share']:.1%} "
           f"({r['harness_seconds_per_candidate']:.2f} s a candidate); "
-          f"{r['screened_out']} screened out; {r['device_seconds_per_candidate']} device-s a candidate; load {r['load_average']['before'][0]:.2f} -> "
+          f"{r['screened_out']} screened out; {r['device_seconds_per_candidate']} device-s a candidate; "
+          f"load {r['load_average']['before'][0]:.2f} -> "
           f"{r['load_average']['after'][0]:.2f}")
     for name, s in r["stages"].items():
         extra = "  " + ", ".join(f"{p} {v:.3f}" for p, v in s.get("parts", {}).items()) if s.get("parts") else ""
         print(f"  {name:20s} {s['seconds_per_candidate']:8.3f} s/candidate {s['share']:7.1%}{extra}")
     if r.get("best"):
-        print(f"  best {r['best']['candidate_id'][:12]} {r['best']['median_seconds'] * 1e3:.3f} ms {r['best']['params']}")
+        best = r["best"]
+        print(f"  best {best['candidate_id'][:12]} {best['median_seconds'] * 1e3:.3f} ms {best['params']}")
 
 
 async def main(args) -> int:

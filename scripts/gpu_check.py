@@ -91,7 +91,7 @@ def save_evidence(env: dict) -> None:
     print(done.stdout.strip() or done.stderr.strip()[-500:], flush=True)
 
 
-def table(results: dict[str, dict]) -> list[str]:
+def table(results: dict[str, dict | None]) -> list[str]:
     rows = [f"{'problem':8} {'kernel':10} {'shape':12} {'median us':>10} {'GB/s':>8} {'of copy bw':>10} "
             f"{'vs torch':>9} {'mode':6} {'throttled':9}"]
     for name, summary in results.items():
@@ -127,9 +127,11 @@ def main() -> int:
     if OUT:
         (OUT / "gpu_check.json").write_text(json.dumps(results, indent=1))
         (OUT / "table.txt").write_text("\n".join(rows) + "\n")
-    dev = next((r["device_info"] for r in results.values() if r), {})
-    print(f"\ndevice: {dev.get('model')} {dev.get('arch')} copy bandwidth {dev.get('mem_bandwidth_gbps', 0):.0f} GB/s, "
-          f"fp32 {dev.get('peak_gflops', 0) / 1e3:.1f} TFLOP/s, bf16 {dev.get('peak_bf16_gflops', 0) / 1e3:.0f} TFLOP/s")
+    dev: dict = next((r["device_info"] for r in results.values() if r), {})
+    print(f"\ndevice: {dev.get('model')} {dev.get('arch')} "
+          f"copy bandwidth {dev.get('mem_bandwidth_gbps', 0):.0f} GB/s, "
+          f"fp32 {dev.get('peak_gflops', 0) / 1e3:.1f} TFLOP/s, "
+          f"bf16 {dev.get('peak_bf16_gflops', 0) / 1e3:.0f} TFLOP/s")
     print("\n".join(rows))
     return 0 if all(results.values()) else 1
 

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -127,7 +128,7 @@ def _pointer(path: str) -> list[str]:
 def json_patch(doc: dict, op: dict) -> None:
     """Apply one RFC 6902 operation (add, replace, remove) in place."""
     *parents, last = _pointer(op["path"])
-    node = doc
+    node: Any = doc  # a dict or a list, as the path goes down
     for key in parents:
         node = node[int(key)] if isinstance(node, list) else node.get(key)
         if node is None:

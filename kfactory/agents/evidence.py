@@ -3,6 +3,8 @@
 fractions), read from memory's Evidence service and the artifact store."""
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from kfactory.bus import events as ev
@@ -59,9 +61,10 @@ async def parents(addr: str, settings, bus, campaign_id: str, ids: list[str], pr
 
 async def _one(bus, r: spb.CandidateEvidence, events: list[pb.Event], problem, device: pb.DeviceInfo) -> dict:
     c = r.candidate
-    item = {"id": c.id, "short": c.id[:12], "origin": c.origin, "params": c.params_json, "flags": c.compile_flags,
-            "language": c.language, "launch": c.launch_json, "source": r.source, "status": "", "compile": None,
-            "rejection": None, "failures": [], "checks_passed": 0, "checks_failed": 0, "timings": []}
+    item: dict[str, Any] = {
+        "id": c.id, "short": c.id[:12], "origin": c.origin, "params": c.params_json, "flags": c.compile_flags,
+        "language": c.language, "launch": c.launch_json, "source": r.source, "status": "", "compile": None,
+        "rejection": None, "failures": [], "checks_passed": 0, "checks_failed": 0, "timings": []}
     for e in events:
         kind = ev.kind_of(e)
         if kind in ("compiled", "compile_failed"):

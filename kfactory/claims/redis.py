@@ -19,6 +19,7 @@ import contextlib
 import math
 import secrets
 from collections.abc import Iterator
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -171,8 +172,9 @@ class RedisClaims(Claims):
     async def cache_get(self, key: str) -> bytes | None:
         """Cached bytes for ``key`` or None."""
         with self._errors("cache_get"):
-            value: bytes | None = await self._client.get(self._keys.cache(key))
-        return value
+            value = await self._client.get(self._keys.cache(key))
+        # the client is made with decode_responses=False, so a value is bytes (redis-py types it bytes | str)
+        return cast(bytes | None, value)
 
     async def cache_put(self, key: str, value: bytes, ttl_s: float | None = None) -> None:
         """``SET`` (with ``PX`` when ``ttl_s`` is given) of the cached bytes."""

@@ -7,6 +7,7 @@ problem's reference kernel and baselines.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
@@ -17,6 +18,8 @@ from kfactory.problems import load_problem
 from kfactory.targets import get_target
 from kfactory.targets.flags import FLAG_TARGETS, check_flags
 from kfactory.v1 import events_pb2 as pb
+
+EXIT_USAGE = 2
 
 
 def _dict(msg) -> dict:
@@ -122,3 +125,38 @@ def _measure(out: dict, session, target, problem, settings) -> None:
     out["measurement"] = {"device": _dict(dev), "shapes": shapes, "speedups": speedups}
     primary = problem.shape_str(problem.shapes("optimize")[0])
     out["speedup_vs_reference"] = speedups[primary].get("reference")
+
+
+def command(args, settings) -> int:
+    """`kfactory check`: exit 0 when the kernel passed, 1 when it was rejected, 2 on a usage error."""
+    from kfactory.problems.loader import language_of
+
+    try:
+        source = args.source.read_text()
+    except OSError as e:
+        print(f"kfactory check: cannot read --source {args.source}: {e.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+
+    cuda = args.target.startswith("cuda")
+    flags = args.flags if args.flags is not None else ("" if cuda else "-O3 -fopenmp")
+    try:
+        launch = launch_rule(source, args.grid, args.block, args.smem) if cuda else None
+        out = check(args.problem, args.target, source, flags, settings, args.compile_only,
+                    args.language or language_of(args.source, args.target), launch)
+    except ValueError as e:  # ProblemError, UnknownTarget, a bad target option: the message says what to fix
+        print(f"kfactory check: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    text = json.dumps(out, indent=2)
+    if args.json_out == "-":
+        print(text)
+    elif args.json_out:
+        Path(args.json_out).write_text(text)
+    verdict = out["verdict"]
+    if verdict is None:
+        print(f"{out['candidate_id'][:12]}: compiled" if out["compiled"] else "did not compile", file=sys.stderr)
+        return 0 if out["compiled"] else 1
+    sp = out["speedup_vs_reference"]
+    print(f"{out['candidate_id'][:12]}: " + ("passed" + (f", {sp:.2f}x the reference" if sp else "")
+                                             if verdict["passed"] else f"rejected: {verdict['reason']}: "
+                                             f"{verdict['message']}"), file=sys.stderr)
+    return 0 if verdict["passed"] else 1

@@ -244,17 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
                                     "workspace")
     p.add_argument("--json", dest="as_json", action="store_true", help="print the files written as JSON")
 
-    p = sub.add_parser("problems", help="list problems, describe one, or check a package before a campaign (its "
-                       "reference on the smallest verification shape, every family rendered at one point)")
-    p.add_argument("action", choices=("list", "describe", "check", "new"))
-    p.add_argument("name", nargs="?")
-    p.add_argument("--like", default="softmax", help="new: the built-in problem to copy (default softmax)")
-    p.add_argument("--out", type=Path, default=Path("."), help="new: where the package directory goes (default .)")
-
     from kfactory.cli import evidence as evidence_cmd
+    from kfactory.cli import problems as problems_cmd
     from kfactory.cli import strategies as strategies_cmd
     from kfactory.targets.cuda import precompile
 
+    problems_cmd.add_parser(sub)
     evidence_cmd.add_parser(sub)
     strategies_cmd.add_parser(sub)
     precompile.add_parser(sub)
@@ -324,9 +319,13 @@ def _dispatch(args) -> int:
     from kfactory.platform.app import WiringError
 
     if args.cmd == "problems":
-        return _problems(args)
+        from kfactory.cli import problems as problems_cmd
+
+        return problems_cmd.run(args)
     if args.cmd == "check":
-        return _check(args)
+        from kfactory.cli.check import command as check_command
+
+        return check_command(args, _settings(args))
     try:
         if args.cmd == "run":
             from kfactory.cli.run import run_campaign
@@ -373,93 +372,6 @@ def _dead_letters(args) -> int:
     except BusUnavailable as e:
         raise WiringError(str(e)) from e
 
-
-def _check(args) -> int:
-    """Exit 0 when the kernel passed, 1 when it was rejected, 2 on a usage error."""
-    import json
-
-    from kfactory.cli.check import check, launch_rule
-    from kfactory.problems.loader import language_of
-
-    try:
-        source = args.source.read_text()
-    except OSError as e:
-        print(f"kfactory check: cannot read --source {args.source}: {e.strerror}", file=sys.stderr)
-        return EXIT_USAGE
-
-    cuda = args.target.startswith("cuda")
-    flags = args.flags if args.flags is not None else ("" if cuda else "-O3 -fopenmp")
-    try:
-        launch = launch_rule(source, args.grid, args.block, args.smem) if cuda else None
-        out = check(args.problem, args.target, source, flags, _settings(args), args.compile_only,
-                    args.language or language_of(args.source, args.target), launch)
-    except ValueError as e:  # ProblemError, UnknownTarget, a bad target option: the message says what to fix
-        print(f"kfactory check: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    text = json.dumps(out, indent=2)
-    if args.json_out == "-":
-        print(text)
-    elif args.json_out:
-        Path(args.json_out).write_text(text)
-    verdict = out["verdict"]
-    if verdict is None:
-        print(f"{out['candidate_id'][:12]}: compiled" if out["compiled"] else "did not compile", file=sys.stderr)
-        return 0 if out["compiled"] else 1
-    sp = out["speedup_vs_reference"]
-    print(f"{out['candidate_id'][:12]}: " + ("passed" + (f", {sp:.2f}x the reference" if sp else "")
-                                             if verdict["passed"] else f"rejected: {verdict['reason']}: "
-                                             f"{verdict['message']}"), file=sys.stderr)
-    return 0 if verdict["passed"] else 1
-
-
-def _problems(args) -> int:
-    from kfactory.problems import ProblemError, list_problems, load_problem
-
-    if args.action == "list":
-        for name in list_problems():
-            p = load_problem(name)
-            print(f"{name:12s} {' '.join(p.spec.description.split())[:100]}")
-        return 0
-    if not args.name:
-        print(f"kfactory problems {args.action}: name a problem or a package directory (kfactory problems list)",
-              file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        if args.action == "new":
-            return _problem_new(args)
-        problem = load_problem(args.name)
-        if args.action == "check":
-            return _problem_check(problem)
-        print(problem.describe())
-    except ProblemError as e:
-        print(f"kfactory: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _problem_new(args) -> int:
-    """Scaffold a package; a bad name, an unknown --like or an existing directory is a usage error."""
-    from kfactory.problems import ProblemError
-    from kfactory.problems.scaffold import new_problem, next_steps
-
-    try:
-        print(next_steps(new_problem(args.name, args.like, args.out)))
-    except ProblemError as e:
-        print(f"kfactory: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    return 0
-
-
-def _problem_check(problem) -> int:
-    """Print every problem of a package, one line each; exit 1 when there is one."""
-    from kfactory.problems.check import problems_of
-
-    found = problems_of(problem)
-    for line in found:
-        print(f"kfactory: {line}", file=sys.stderr)
-    if not found:
-        print(f"{problem.name}: the reference runs on every distribution and every family renders")
-    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 from rich.live import Live
@@ -20,6 +21,9 @@ from kfactory.evidence.report import format_params
 from kfactory.platform.service import Context
 from kfactory.services.planner.specs import SpecError, validate
 from kfactory.targets import get_target
+
+if TYPE_CHECKING:
+    from kfactory.services.planner.service import PlannerService
 
 
 def _progress(st, shapes: int) -> Table:
@@ -65,14 +69,14 @@ async def run_campaign(settings, spec, args) -> int:
     running = None
     try:
         running = await start_services(settings, grpc=False)
-        planner, memory = running.services["planner"], running.services["memory"]
+        planner, memory = cast("PlannerService", running.services["planner"]), running.services["memory"]
         await _memory_ready(running)
         cid = await planner.submit(spec)
         st = planner.campaigns[cid]
         with _interrupt_cancels(planner, cid) as interrupted:
             await _follow(st, running, console, args.quiet)
-        if running.failed():
-            raise running.failed()
+        if (failure := running.failed()) is not None:
+            raise failure
         await _wait_archived(memory, cid)
         code = _finish(settings, st, running, memory, args, console)
         if interrupted.is_set():

@@ -24,9 +24,9 @@ _kf_HERE = Path(__file__).resolve().parent
 _kf_LOCK = threading.Lock()
 _kf_LOADED: dict = {}
 _kf_ALIGN = 64   # kfactory's runner hands kernels 64-byte aligned buffers; outputs made here are aligned alike
-_kf_CTYPES = {"int64": ctypes.c_int64, "int32": ctypes.c_int32, "uint64": ctypes.c_uint64,
-              "uint32": ctypes.c_uint32, "long": ctypes.c_long, "ulong": ctypes.c_ulong,
-              "float32": ctypes.c_float, "float64": ctypes.c_double}
+_kf_CTYPES: dict[str, type[ctypes._SimpleCData]] = {
+    "int64": ctypes.c_int64, "int32": ctypes.c_int32, "uint64": ctypes.c_uint64, "uint32": ctypes.c_uint32,
+    "long": ctypes.c_long, "ulong": ctypes.c_ulong, "float32": ctypes.c_float, "float64": ctypes.c_double}
 _kf_STATIC_SMEM = 48 << 10   # dynamic shared memory above this needs the kernel's opt-in attribute
 
 
@@ -129,7 +129,7 @@ def _kf_params(given: dict) -> dict:
         if isinstance(value, bool) or not isinstance(value, want):
             raise TypeError(f"{_kf_name()}: {name} must be {'an int' if spec['type'] == 'int' else 'a number'}, "
                             f"not {type(value).__name__}")
-        value = int(value) if spec["type"] == "int" else float(value)
+        value = int(value) if spec["type"] == "int" and isinstance(value, numbers.Integral) else float(value)
         if spec["type"] == "float" and not math.isfinite(value):
             raise ValueError(f"{_kf_name()}: {name}={value} is not finite")
         lo, hi = spec["min"], spec["max"]

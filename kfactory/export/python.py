@@ -5,6 +5,7 @@ keyword argument defaulting to the problem's value (kfactory.problems.params).""
 from __future__ import annotations
 
 import ast
+from typing import TYPE_CHECKING
 
 from kfactory.export.abi import abi_args, derivable
 from kfactory.export.c import build_for, source_name
@@ -12,6 +13,9 @@ from kfactory.export.errors import ExportError
 from kfactory.export.evidence import Judged, summary_lines
 from kfactory.export.reference import embed
 from kfactory.export.templates import HERE, fill
+
+if TYPE_CHECKING:
+    from kfactory.problems import Problem
 
 #: what a launch rule's expressions may contain: the generated module evaluates them with eval()
 _SAFE_NODES = (ast.Expression, ast.Constant, ast.Name, ast.Load, ast.BinOp, ast.UnaryOp, ast.BoolOp,
@@ -44,12 +48,13 @@ def _tensor(t) -> dict:
     return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
 
 
-def _selftest_shapes(problem) -> list[dict]:
+def _selftest_shapes(problem: Problem) -> list[dict]:
     """The verification shapes (small and ragged), else the smallest optimisation shape."""
     verify = problem.shapes("verify")
     if verify:
         return [dict(s) for s in verify]
-    return [dict(min(problem.shapes("optimize"), key=lambda s: sum(s.values())))]
+    smallest = min(problem.shapes("optimize"), key=lambda s: sum(s.values()))
+    return [dict(smallest)]
 
 
 def param_config(problem, args) -> dict:

@@ -51,7 +51,8 @@ def compare(out: np.ndarray, ref: np.ndarray, atol: float, rtol: float, norm_rel
         idx = int(np.flatnonzero(out_bad)[0])
         check.max_abs_err = check.max_rel_err = check.norm_rel_err = float("inf")
         check.worst_index = idx
-        check.note = f"{int(out_bad.sum())} non-finite outputs where the reference is finite (first at {idx}: {out[idx]!r})"
+        check.note = (f"{int(out_bad.sum())} non-finite outputs where the reference is finite "
+                      f"(first at {idx}: {out[idx]!r})")
         return check
     if not all_finite:  # compare the finite part only; the special values matched above
         out, ref = out[ref_finite], ref[ref_finite]

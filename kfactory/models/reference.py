@@ -154,7 +154,8 @@ class Reference:
         token in `stop` (which is kept as the last token)."""
         cache = self.new_cache(len(prompt) + max_new_tokens)
         logits = self.prefill(prompt, cache)[0][-1]
-        tokens, kept = [], []
+        tokens: list[int] = []
+        kept: list[np.ndarray] = []
         while len(tokens) < max_new_tokens:
             kept.append(logits)
             tokens.append(int(np.argmax(logits)))

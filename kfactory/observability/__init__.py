@@ -1,1 +1,2 @@
-"""Metrics (Prometheus exposition) and gRPC health for each service process; tracing is kfactory.observability.tracing."""
+"""Metrics (Prometheus exposition) and gRPC health for each service process; tracing is
+kfactory.observability.tracing."""

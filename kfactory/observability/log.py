@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any, TextIO, cast
 
 import structlog
 from opentelemetry import trace
@@ -16,7 +18,8 @@ def configure(level: str = "info", json: bool = False) -> None:
         processors=[structlog.contextvars.merge_contextvars, add_trace_ids, structlog.processors.add_log_level,
                     structlog.processors.TimeStamper(fmt="iso"), structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
+        # a stand-in for a TextIO: PrintLogger only writes and flushes
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _Stderr())),
         cache_logger_on_first_use=False,
     )
 
@@ -32,7 +35,7 @@ class _Stderr:
         sys.stderr.flush()
 
 
-def add_trace_ids(logger, method: str, event_dict: dict) -> dict:
+def add_trace_ids(logger, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Bind the current OpenTelemetry span's trace and span ids, so a log line leads to its trace."""
     ctx = trace.get_current_span().get_span_context()
     if ctx.is_valid:

@@ -11,6 +11,8 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -187,7 +189,11 @@ async def follower_backlog(js, stream: str, consumer: str) -> tuple[int, int]:
     return info.num_pending or 0, info.num_ack_pending or 0
 
 
-async def poll_lag(js, readers: dict[str, object], interval_s: float, stop: asyncio.Event) -> None:
+#: reads one stage's backlog from JetStream: (waiting, unacknowledged)
+LagReader = Callable[[Any], Awaitable[tuple[int, int]]]
+
+
+async def poll_lag(js, readers: dict[str, LagReader], interval_s: float, stop: asyncio.Event) -> None:
     """Keep the lag gauges current until `stop` is set: `readers` maps a label to a coroutine function of js
     returning (waiting, unacknowledged). One that cannot answer now (NATS reconnecting, a consumer not made
     yet) leaves its gauges at their last reading."""

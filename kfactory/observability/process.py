@@ -43,7 +43,8 @@ def start_lag_poller(settings: Settings, bus, service: str, stop: asyncio.Event)
     One process reports them all, so a stage whose pods are all down still shows its queue growing."""
     if service != "planner" or settings.metrics_port is None:
         return None
-    readers = {stage: partial(_stage_lag, stage) for stage in (*ev.STAGES, *(persona_stage(p) for p in PERSONAS))}
+    readers: dict[str, metrics.LagReader] = {stage: partial(_stage_lag, stage)
+                                             for stage in (*ev.STAGES, *(persona_stage(p) for p in PERSONAS))}
     readers["memory"] = _memory_lag
     return asyncio.create_task(metrics.poll_lag(bus.js, readers, settings.metrics_poll_s, stop))
 

@@ -17,6 +17,7 @@ import contextlib
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 _local = threading.local()
 _lock = threading.Lock()
@@ -24,7 +25,14 @@ _seconds: dict[str, float] = defaultdict(float)
 _counts: dict[str, int] = defaultdict(int)
 
 
-def _stack() -> list[list]:
+@dataclass
+class _Frame:
+    """An open span: its path, and the seconds its nested spans and credits took (not its own)."""
+    path: str
+    nested: float = 0.0
+
+
+def _stack() -> list[_Frame]:
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
@@ -33,7 +41,7 @@ def _stack() -> list[list]:
 
 def _path(name: str) -> str:
     stack = _stack()
-    return f"{stack[-1][0]}/{name}" if stack else name
+    return f"{stack[-1].path}/{name}" if stack else name
 
 
 def add(path: str, seconds: float, count: int = 1) -> None:
@@ -47,7 +55,7 @@ def add(path: str, seconds: float, count: int = 1) -> None:
 def span(name: str):
     """Time the block as part `name` of the enclosing span (a top-level part when there is none)."""
     stack = _stack()
-    frame = [_path(name), 0.0]  # [path, seconds its nested spans and credits took]
+    frame = _Frame(_path(name))
     stack.append(frame)
     t0 = time.perf_counter()
     try:
@@ -55,9 +63,9 @@ def span(name: str):
     finally:
         took = time.perf_counter() - t0
         stack.pop()
-        add(frame[0], max(0.0, took - frame[1]))
+        add(frame.path, max(0.0, took - frame.nested))
         if stack:
-            stack[-1][1] += took
+            stack[-1].nested += took
 
 
 def credit(name: str, seconds: float) -> None:
@@ -67,7 +75,7 @@ def credit(name: str, seconds: float) -> None:
     stack = _stack()
     add(_path(name), seconds)
     if stack:
-        stack[-1][1] += seconds
+        stack[-1].nested += seconds
 
 
 def wrapped(name: str, fn):

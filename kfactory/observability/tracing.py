@@ -60,7 +60,8 @@ def setup(settings: Settings, service: str) -> bool:
             return False
         resource = Resource.create({"service.name": f"kfactory-{service}", "service.namespace": "kfactory",
                                     "service.instance.id": f"{socket.gethostname()}:{os.getpid()}"})
-        provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.trace_sample_ratio)))
+        sampler = ParentBased(TraceIdRatioBased(settings.trace_sample_ratio))
+        provider = TracerProvider(resource=resource, sampler=sampler)
         for processor in _processors(settings):
             provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)
@@ -173,7 +174,8 @@ def consumer_span(service: str, subject: str, headers: Mapping[str, str] | None,
     with tracer().start_as_current_span(name, context=parent, kind=SpanKind.CONSUMER, attributes=attributes,
                                         record_exception=True, set_status_on_exception=True) as span:
         cand = attributes.get("kf.candidate", "")
-        # trace and span ids come from kfactory.observability.log.add_trace_ids, so a child span's lines carry the child's
+        # trace and span ids come from kfactory.observability.log.add_trace_ids, so a child span's lines carry the
+        # child's
         with structlog.contextvars.bound_contextvars(campaign=event.campaign_id, service=service,
                                                      candidate=cand[:12]):
             yield span

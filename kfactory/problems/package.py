@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import jinja2
 import jinja2.meta
@@ -37,7 +38,7 @@ class ProblemError(ValueError):
     """A problem package is missing, malformed or inconsistent; the message says what to fix."""
 
 
-def safe_eval(expr: str, names: dict) -> object:
+def safe_eval(expr: str, names: dict) -> Any:  # what the expression computes: a number, a bool, a tuple
     """The value of a spec expression (a constraint, a cost, a launch rule's threads) over `names`: arithmetic,
     comparisons and min, max, abs, ceil only; ProblemError names the expression when it cannot be evaluated."""
     try:
@@ -74,6 +75,17 @@ def _template_names(path: str, mtime_ns: int, size: int) -> frozenset[str]:
     """_free_names of a template file, parsed once per version of the file (a problem loads many times in a
     process: every submit, check and coder request)."""
     return frozenset(_free_names(jinja2.Environment().parse(Path(path).read_text())))
+
+
+def import_file(name: str, path: Path) -> ModuleType:
+    """A Python file (a problem's reference.py) imported as the module `name`: references are files in a package
+    directory, not modules on the import path."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ProblemError(f"{path}: cannot be imported as a Python module")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def shape_str(shape: dict[str, int], symbols: list[str]) -> str:
@@ -121,9 +133,9 @@ class Family:
             raise ProblemError(f"{path}:{line}: family {self.name}: the template uses {unknown[0]!r}, which is "
                                f"{self._neither()}")
         try:
-            used = _free_names(jinja2.Environment().parse(self.spec.compile_flags))
+            used = frozenset(_free_names(jinja2.Environment().parse(self.spec.compile_flags)))
         except jinja2.TemplateError:
-            used = set()
+            used = frozenset()
         if unknown := sorted(used - known):
             raise ProblemError(f"{self.directory / 'family.yaml'}: compile_flags of family {self.name} uses "
                                f"{unknown[0]!r}, which is {self._neither()}")
@@ -209,9 +221,7 @@ class Problem:
         path = self.directory / "reference.py"
         if not path.exists():
             raise ProblemError(f"{self.directory}: missing reference.py")
-        spec = importlib.util.spec_from_file_location(f"kfactory_problem_{self.name}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = import_file(f"kfactory_problem_{self.name}", path)
         if not callable(getattr(mod, "reference", None)):
             raise ProblemError(f"{path}: must define reference(inputs: dict) -> dict")
         return mod

@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
+from random import Random  # the name `random` inside Space is its method: annotations there say Random
 
 from kfactory.problems import Family
 
@@ -54,7 +56,7 @@ class Space:
             self._points = [Point.of(f.name, p) for f in self.families.values() for p in f.points()]
         return list(self._points)
 
-    def random(self, rng: random.Random) -> Point:
+    def random(self, rng: Random) -> Point:
         fam = rng.choice(list(self.families.values()))
         return Point.of(fam.name, fam.random_point(rng))
 
@@ -67,7 +69,7 @@ class Space:
                 self._valid[point] = ok
         return ok
 
-    def mutate(self, point: Point, rng: random.Random, n: int = 1) -> Point:
+    def mutate(self, point: Point, rng: Random, n: int = 1) -> Point:
         """Change n parameters: ordered numeric values move to a neighbour, others to a random value."""
         fam = self.families[point.family]
         params = point.params
@@ -81,14 +83,14 @@ class Space:
             params[name] = values[j]
         return Point.of(point.family, params)
 
-    def crossover(self, a: Point, b: Point, rng: random.Random) -> Point:
+    def crossover(self, a: Point, b: Point, rng: Random) -> Point:
         if a.family != b.family:
             return a
         pa, pb_ = a.params, b.params
         return Point.of(a.family, {k: rng.choice((pa[k], pb_[k])) for k in pa})
 
 
-class Seen(set):
+class Seen(set[Point]):
     """A strategy's seen points, and the order they were added in (`added`), so that an index of them can be
     kept up to date by reading only what is new."""
 
@@ -101,12 +103,12 @@ class Seen(set):
             super().add(point)
             self.added.append(point)
 
-    def update(self, *others) -> None:
+    def update(self, *others: Iterable[Point]) -> None:
         for points in others:
             for p in points:
                 self.add(p)
 
-    def __ior__(self, other):
+    def __ior__(self, other: Iterable[Point]) -> Seen:  # type: ignore[override,misc]  # any iterable, like update
         self.update(other)
         return self
 

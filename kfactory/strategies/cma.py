@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 
 import optuna
 
@@ -50,7 +51,7 @@ class CmaSearch(OptunaSearch):
             self._centre()
         return super()._next()
 
-    def _centre(self, evidence: list[tuple[Point, float]] = ()) -> None:
+    def _centre(self, evidence: Sequence[tuple[Point, float]] = ()) -> None:
         """Replace the design's random study by CMA-ES warm-started from every result so far, or from `evidence`
         ((point, log relative score) from other campaigns) when given; points still in flight are told to the
         new study as fixed trials when their results come (CMA-ES does not learn from them). Without ordinal

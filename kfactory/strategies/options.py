@@ -36,7 +36,8 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 def type_name(opt: Option) -> str:
     """The type as the tables and errors say it."""
-    return {tuple: "list", dict: "mapping"}.get(opt.type, opt.type.__name__)
+    names: dict[type, str] = {tuple: "list", dict: "mapping"}
+    return names.get(opt.type, opt.type.__name__)
 
 
 def _convert(opt: Option, value: Any) -> Any:

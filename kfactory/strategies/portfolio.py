@@ -100,8 +100,8 @@ class Portfolio(Strategy):
             for i in ([led[0]] if len(led) == 1 else self.split_rng.sample(led, len(led))):
                 if (p := self._ask(i)) is not None:
                     return p
-        while (i := self._draw()) is not None:
-            p = self._ask(i)
+        while (drawn := self._draw()) is not None:
+            p = self._ask(drawn)
             if p is not None and p is not _ANSWERED:
                 return p
         for i in led:  # the cold members have nothing left

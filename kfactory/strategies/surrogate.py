@@ -161,6 +161,14 @@ class Surrogate(Strategy):
             self._trust = (len(self.results), self.source_trust(*finite_log_times(self.results, self.idx.pos)))
         return self._trust[1]
 
+    def _prior_mean(self, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """The warm start's prior mean over the space, fitted to these results; zero on a cold start (warm sets
+        the prior and the trust in its sources together, so a prior always has a trust)."""
+        trust = self.trust()
+        if self.prior is None or trust is None:
+            return np.zeros(len(self.idx))
+        return self.prior.fit(rows, y, trust)
+
     def _unseen(self) -> np.ndarray:
         return np.flatnonzero(~self._seen_mask())
 
@@ -207,7 +215,7 @@ class Surrogate(Strategy):
         if data is None:
             return self.idx.points[int(self._np.choice(unseen))]
         rows, y = data
-        base = self.prior.fit(rows, y, self.trust()) if self.prior else np.zeros(len(self.idx))
+        base = self._prior_mean(rows, y)
         r = y - base[rows]
         m, s = r.mean(), r.std() or 1.0
         fit = fit_subset(y, self.max_fit)  # the best results and a spread of the rest

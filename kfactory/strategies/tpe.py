@@ -116,7 +116,7 @@ class OptunaSearch(Strategy):
 
     def _dist_params(self, point: Point) -> dict:
         """Study parameters of a point (other families' parameters take their first value)."""
-        out = {}
+        out: dict[str, object] = {}
         if len(self.fams) > 1:
             out["__family__"] = point.family
         params = point.params

@@ -131,7 +131,7 @@ class WarmPriors:
                 s.high is not None and s.high < 0 for s in trust.sources):
             self.left = 0
             self.stopped = (f"after {trust.results} results every source ordered them against this device "
-                            f"(agreement at most {max(s.high for s in trust.sources):+.2f})")
+                            f"(agreement at most {max(s.high for s in trust.sources if s.high is not None):+.2f})")
             return None
         weights = {s.source: s.weight for s in trust.sources} if trust is not None else None
         if weights is not None and sum(weights.values()) <= 0:

@@ -11,6 +11,8 @@ fla-core is importable (bf16 inputs only: kda_bf16 declares them), and the torch
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 #: the epsilon inside FLA's in-kernel L2 normalisation: x / sqrt(sum(x^2) + EPS)
@@ -178,7 +180,7 @@ def _fla_kda():
     """FLA's kernels {name: fn} where fla-core imports; {} otherwise (no GPU, no Triton, no fla)."""
     try:
         from fla.ops.kda import chunk_kda, fused_recurrent_kda
-    except Exception:   # ImportError, or Triton failing to initialise without a driver
+    except Exception:  # noqa: BLE001 (ImportError, or Triton failing to initialise without a driver)
         return {}
     return {"fla_recurrent": fused_recurrent_kda, "fla_chunk": chunk_kda}
 
@@ -193,7 +195,7 @@ def cuda_baselines() -> dict:
         return {}
     if not torch.cuda.is_available():
         return {}
-    found = {}
+    found: dict[str, Callable[..., None]] = {}
     for name, fn in _fla_kda().items():   # FLA's chunk kernels refuse fp32 q/k/v: kda_bf16 declares these
         def run(ins, outs, fn=fn):
             o, ht = fn(q=ins["q"], k=ins["k"], v=ins["v"], g=ins["g"], beta=ins["beta"],

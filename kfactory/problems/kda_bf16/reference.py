@@ -5,13 +5,10 @@ bf16 values are exact in float64, and FLA's kernels and the torch fallback write
 copy_."""
 from __future__ import annotations
 
-import importlib.util
-
 from kfactory.problems import BUILTIN_DIR
+from kfactory.problems.package import import_file
 
-_spec = importlib.util.spec_from_file_location("kfactory_problem_kda_shared", BUILTIN_DIR / "kda" / "reference.py")
-_kda = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_kda)
+_kda = import_file("kfactory_problem_kda_shared", BUILTIN_DIR / "kda" / "reference.py")
 
 EPS = _kda.EPS
 recurrence = _kda.recurrence

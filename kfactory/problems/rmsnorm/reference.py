@@ -48,7 +48,7 @@ def _quack_rmsnorm(eps: float):
     try:
         import torch
         from quack.rmsnorm import rmsnorm
-    except Exception:   # ImportError, or QuACK's CuTe DSL failing to initialise without a GPU
+    except Exception:  # noqa: BLE001 (ImportError, or QuACK's CuTe DSL failing to initialise without a GPU)
         return None
     if not torch.cuda.is_available():
         return None

@@ -27,7 +27,8 @@ class Record:
     """One recorded configuration."""
     params: dict            # parameter name -> value
     time_ms: float | None   # the objective; None when the configuration failed
-    failure: str | None     # "CompilationFailedConfig" | "RuntimeFailedConfig" | "InvalidConfig" | ...; None when it ran
+    #: "CompilationFailedConfig" | "RuntimeFailedConfig" | "InvalidConfig" | ...; None when it ran
+    failure: str | None
     compile_ms: float       # recorded compile_time (0 when absent)
     benchmark_ms: float     # recorded benchmark_time (0 when absent)
     times_ms: tuple = ()    # the individual recorded samples (ms); () when absent

@@ -80,4 +80,4 @@ def load_replay_problem(locator: str) -> ReplayProblem:
         space = load_space(path)
     except ValueError as e:
         raise ProblemError(f"replay: {e}") from e
-    return ReplayProblem(spec_for(space), Path(space.path).parent, space)
+    return ReplayProblem(spec_for(space), Path(space.path or path).parent, space)  # loaded from `path`: set

@@ -1,0 +1,69 @@
+"""`kfactory problems list|describe|check|new`: the problem packages, one described, one checked before a campaign,
+a new one scaffolded from a built-in."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+def add_parser(sub) -> None:
+    """The `problems` command group."""
+    p = sub.add_parser("problems", help="list problems, describe one, or check a package before a campaign (its "
+                       "reference on the smallest verification shape, every family rendered at one point)")
+    p.add_argument("action", choices=("list", "describe", "check", "new"))
+    p.add_argument("name", nargs="?")
+    p.add_argument("--like", default="softmax", help="new: the built-in problem to copy (default softmax)")
+    p.add_argument("--out", type=Path, default=Path("."), help="new: where the package directory goes (default .)")
+
+
+def run(args) -> int:
+    """`kfactory problems ACTION [NAME]`: exit 1 when a problem is found or does not load, 2 on a usage error."""
+    from kfactory.problems import ProblemError, list_problems, load_problem
+
+    if args.action == "list":
+        for name in list_problems():
+            p = load_problem(name)
+            print(f"{name:12s} {' '.join(p.spec.description.split())[:100]}")
+        return 0
+    if not args.name:
+        print(f"kfactory problems {args.action}: name a problem or a package directory (kfactory problems list)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.action == "new":
+            return _problem_new(args)
+        problem = load_problem(args.name)
+        if args.action == "check":
+            return _problem_check(problem)
+        print(problem.describe())
+    except ProblemError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _problem_new(args) -> int:
+    """Scaffold a package; a bad name, an unknown --like or an existing directory is a usage error."""
+    from kfactory.problems import ProblemError
+    from kfactory.problems.scaffold import new_problem, next_steps
+
+    try:
+        print(next_steps(new_problem(args.name, args.like, args.out)))
+    except ProblemError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+def _problem_check(problem) -> int:
+    """Print every problem of a package, one line each; exit 1 when there is one."""
+    from kfactory.problems.check import problems_of
+
+    found = problems_of(problem)
+    for line in found:
+        print(f"kfactory: {line}", file=sys.stderr)
+    if not found:
+        print(f"{problem.name}: the reference runs on every distribution and every family renders")
+    return 1 if found else 0
