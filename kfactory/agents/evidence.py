@@ -8,12 +8,11 @@ from typing import Any
 import grpc
 
 from kfactory.bus import events as ev
-from kfactory.platform import security
+from kfactory.platform.evidence_client import EvidenceClient
 from kfactory.bus.errors import ArtifactMissing
 from kfactory.observability.log import get_logger
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
-from kfactory.v1 import services_pb2_grpc as sgrpc
 
 LOG_CHARS = 4000
 TERMINAL = ("measured", "rejected", "compile_failed")
@@ -30,8 +29,8 @@ async def lessons(addr: str, settings, problem: str, target: str) -> str:
     """Memory's lessons for (problem, target) as text; "" when memory has none or cannot be reached (the agent
     then works from its parents' evidence alone, and the log says why it got no lessons)."""
     try:
-        async with security.channel(addr, settings) as ch:
-            r = await sgrpc.EvidenceStub(ch).Lessons(spb.LessonsRequest(problem=problem, target=target), timeout=5)
+        async with EvidenceClient(addr, settings) as memory:
+            r = await memory.Lessons(spb.LessonsRequest(problem=problem, target=target))
     except grpc.aio.AioRpcError as e:
         log.warning("no lessons from memory; the prompt goes without them", addr=addr, code=e.code().name)
         return ""
@@ -43,11 +42,10 @@ async def parents(addr: str, settings, bus, campaign_id: str, ids: list[str], pr
     """The evidence of each parent, as plain data for the prompt. Raises EvidenceNotReady while memory lacks a
     parent's final result in this campaign."""
     out = []
-    async with security.channel(addr, settings) as ch:
-        stub = sgrpc.EvidenceStub(ch)
+    async with EvidenceClient(addr, settings) as memory:
         for pid in ids:
             try:
-                r = await stub.Candidate(spb.CandidateRequest(id=pid), timeout=10)
+                r = await memory.Candidate(spb.CandidateRequest(id=pid))
             except grpc.aio.AioRpcError as e:
                 if e.code() not in NOT_YET:
                     raise  # a refused token, a bad request: not cured by waiting; the bus retries, then dead-letters

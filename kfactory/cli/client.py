@@ -3,9 +3,10 @@ lessons (memory's Evidence service).
 
 The query commands (best, report, priors, lessons, and status) answer from a running factory when its address is
 configured, that is, given by flag (--memory, --planner) or environment (KFACTORY_MEMORY_ADDR,
-KFACTORY_PLANNER_ADDR); otherwise from the local workspace under KFACTORY_DATA_DIR (kfactory/evidence/workspace.py), with
-no service running. Both ways answer through the same queries (kfactory/services/memory/queries.py), so with the same
-answers; every id they take may be a unique prefix of it.
+KFACTORY_PLANNER_ADDR); otherwise from the local workspace under KFACTORY_DATA_DIR (kfactory/evidence/workspace.py),
+with no service running. Both ways answer through the same queries (kfactory/services/memory/queries.py), so with the
+same answers; every id they take may be a unique prefix of it. Memory is asked through
+kfactory/platform/evidence_client.py.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from google.protobuf.json_format import MessageToDict
 
 from kfactory.bus import events as ev
 from kfactory.platform import security
+from kfactory.platform.evidence_client import EvidenceClient
 from kfactory.evidence import warm_sources
 from kfactory.platform.grpcserver import clip
 from kfactory.evidence.report import format_params, verification_table
@@ -79,14 +81,29 @@ def _status_line(s: spb.CampaignStatus) -> str:
 _settings = None
 
 
+def _client_error(addr: str, e: grpc.aio.AioRpcError) -> ClientError:
+    """A service's refusal as the CLI tells it (exit code 2 for a bad request, 1 otherwise)."""
+    code = 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+    # clipped: a server that predates grpcutil.ClipDetails may quote megabytes of the request back
+    return ClientError(f"{addr}: {e.code().name}: {clip(e.details() or '')}", code, e.code())
+
+
 async def _call(addr: str, fn, settings=None):
     async with security.channel(addr, settings or _settings) as ch:
         try:
             return await fn(ch)
         except grpc.aio.AioRpcError as e:
-            code = 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
-            # clipped: a server that predates grpcutil.ClipDetails may quote megabytes of the request back
-            raise ClientError(f"{addr}: {e.code().name}: {clip(e.details() or '')}", code, e.code()) from e
+            raise _client_error(addr, e) from e
+
+
+async def _ask_memory(settings, method: str, request):
+    """One query to the configured memory service (kfactory/platform/evidence_client.py); a refusal or no answer
+    becomes a ClientError."""
+    try:
+        async with EvidenceClient(settings.memory_addr, settings) as memory:
+            return await memory.ask(method, request)
+    except grpc.aio.AioRpcError as e:
+        raise _client_error(settings.memory_addr, e) from e
 
 
 # -- where the answers come from: a configured service, else the local workspace ------------------------------
@@ -130,8 +147,7 @@ def _local(settings, ask: Callable[[qmod.Queries], object]):
 async def _evidence(settings, method: str, request):
     """One Evidence query: through the memory service when it is configured, else from the local workspace."""
     if memory_configured(settings):
-        return await _call(settings.memory_addr, lambda ch: getattr(sgrpc.EvidenceStub(ch), method)(request),
-                           settings)
+        return await _ask_memory(settings, method, request)
     return _local(settings, lambda q: getattr(q, LOCAL_QUERY[method])(request))
 
 

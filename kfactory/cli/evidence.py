@@ -138,25 +138,21 @@ def _import(args, settings, remote: bool) -> int:
 
 
 async def _remote_export(settings, problem: str, target: str) -> bytes:
-    from kfactory.platform import security
+    from kfactory.platform.evidence_client import EvidenceClient
     from kfactory.v1 import services_pb2 as spb
-    from kfactory.v1 import services_pb2_grpc as sgrpc
 
-    async with security.channel(settings.memory_addr, settings) as ch:
-        parts = [c.data async for c in sgrpc.EvidenceStub(ch).ExportBundle(
-            spb.ExportRequest(problem=problem, target=target))]
-    return b"".join(parts)
+    async with EvidenceClient(settings.memory_addr, settings) as memory:
+        return await memory.export_bundle(spb.ExportRequest(problem=problem, target=target))
 
 
 async def _remote_import(settings, data: bytes):
     from kfactory.evidence import bundle as eb
-    from kfactory.platform import security
+    from kfactory.platform.evidence_client import EvidenceClient
     from kfactory.v1 import services_pb2 as spb
-    from kfactory.v1 import services_pb2_grpc as sgrpc
 
     async def chunks():
         for start in range(0, len(data), eb.CHUNK_BYTES):
             yield spb.BundleChunk(data=data[start:start + eb.CHUNK_BYTES])
 
-    async with security.channel(settings.memory_addr, settings) as ch:
-        return await sgrpc.EvidenceStub(ch).ImportBundle(chunks())
+    async with EvidenceClient(settings.memory_addr, settings) as memory:
+        return await memory.import_bundle(chunks())

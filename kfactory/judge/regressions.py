@@ -6,11 +6,10 @@ import time
 
 import grpc
 
-from kfactory.platform import security
 from kfactory.judge.verify import RegressionInput
 from kfactory.observability.log import get_logger
+from kfactory.platform.evidence_client import EvidenceClient
 from kfactory.v1 import services_pb2 as spb
-from kfactory.v1 import services_pb2_grpc as sgrpc
 
 log = get_logger("regressions")
 
@@ -19,10 +18,11 @@ class RegressionSource:
     """Asks memory for a problem's regression inputs, remembering the last answer for `ttl_s` and keeping
     it when memory cannot be reached (a verification then runs the inputs known so far, never fails)."""
 
-    def __init__(self, addr_of, ttl_s: float = 2.0, timeout_s: float = 2.0, settings=None):
+    def __init__(self, addr_of, ttl_s: float = 2.0, settings=None):
         """`addr_of()` gives memory's gRPC address at call time (it may be bound after this starts); `settings`
-        carry the secure profile's TLS and token, when there is one."""
-        self.addr_of, self.ttl_s, self.timeout_s = addr_of, ttl_s, timeout_s
+        carry the secure profile's TLS and token, when there is one, and the queries' deadline
+        (memory_timeout_s, kfactory/platform/evidence_client.py)."""
+        self.addr_of, self.ttl_s = addr_of, ttl_s
         self.settings = settings
         self._known: dict[str, tuple[float, list[RegressionInput]]] = {}
 
@@ -34,9 +34,8 @@ class RegressionSource:
         if not addr:
             return known
         try:
-            async with security.channel(addr, self.settings) as ch:
-                resp = await sgrpc.EvidenceStub(ch).RegressionInputs(spb.RegressionRequest(problem=problem),
-                                                                     timeout=self.timeout_s)
+            async with EvidenceClient(addr, self.settings) as memory:
+                resp = await memory.RegressionInputs(spb.RegressionRequest(problem=problem))
         except grpc.aio.AioRpcError as e:
             log.warning("memory unreachable; verifying with the regression inputs known so far",
                         addr=addr, code=e.code().name, known=len(known))

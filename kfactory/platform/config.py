@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(None, description="redis://host:port/db; unset means in-process claims")
     planner_addr: str = Field("127.0.0.1:50061", description="gRPC address of the Campaigns service")
     memory_addr: str = Field("127.0.0.1:50062", description="gRPC address of the Evidence service")
+    memory_timeout_s: float = Field(10.0, gt=0, description="deadline of each query to memory's Evidence "
+                                    "service, whoever asks (planner, agents, verifiers, CLI; "
+                                    "kfactory/platform/evidence_client.py); bundle transfers have none")
     data_dir: Path = Field(default_factory=_default_data_dir)
     archive_path: Path | None = Field(None, description="SQLite archive; default <data_dir>/archive.sqlite")
     report_dir: Path = Path("reports")

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import grpc
 
-from kfactory.platform import security
 from kfactory.platform.config import Settings
+from kfactory.platform.evidence_client import EvidenceClient
 from kfactory.strategies import Space
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
-from kfactory.v1 import services_pb2_grpc as sgrpc
 
 
 async def warm_priors(addr: str, settings: Settings, log, spec: pb.CampaignSpec, space: Space | None,
@@ -23,8 +22,8 @@ async def warm_priors(addr: str, settings: Settings, log, spec: pb.CampaignSpec,
     req = spb.PriorsRequest(problem=spec.problem, families=list(space.families), exclude_campaign=cid,
                             limit=max(spec.warm_start, settings.warm_evidence), every_source=True)
     try:
-        async with security.channel(addr, settings) as ch:
-            resp = await sgrpc.EvidenceStub(ch).Priors(req, timeout=5)
+        async with EvidenceClient(addr, settings) as memory:
+            resp = await memory.Priors(req)
     except grpc.aio.AioRpcError as e:
         log.warning("memory unreachable: the campaign starts cold", addr=addr, code=e.code().name)
         return []
