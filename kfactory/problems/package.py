@@ -38,12 +38,22 @@ class ProblemError(ValueError):
     """A problem package is missing, malformed or inconsistent; the message says what to fix."""
 
 
+def cdiv(a, b):
+    """Ceiling division: the number of blocks of size b that cover a."""
+    if isinstance(a, int) and isinstance(b, int):
+        return -(-a // b)
+    return math.ceil(a / b)
+
+
+#: the functions a spec expression may call; a cuda launch rule's are the same (kfactory.targets.cuda.launch)
+FUNCTIONS = {"min": min, "max": max, "abs": abs, "ceil": math.ceil, "cdiv": cdiv}
+
+
 def safe_eval(expr: str, names: dict) -> Any:  # what the expression computes: a number, a bool, a tuple
     """The value of a spec expression (a constraint, a cost, a launch rule's threads) over `names`: arithmetic,
-    comparisons and min, max, abs, ceil only; ProblemError names the expression when it cannot be evaluated."""
+    comparisons and FUNCTIONS only; ProblemError names the expression when it cannot be evaluated."""
     try:
-        return EvalWithCompoundTypes(names=names, functions={"min": min, "max": max, "abs": abs,
-                                                             "ceil": math.ceil}).eval(expr)
+        return EvalWithCompoundTypes(names=names, functions=FUNCTIONS).eval(expr)
     except (InvalidExpression, SyntaxError, TypeError, ZeroDivisionError) as e:
         raise ProblemError(f"cannot evaluate {expr!r} with {names}: {e}") from e
 
