@@ -8,9 +8,9 @@ from typing import Any, Callable
 
 from kfactory.bus import events as ev
 from kfactory.bus.origins import SEARCHED, STRATEGY, Origin, is_kind
-from kfactory.evidence import trust
 from kfactory.judge.order import device_seconds
 from kfactory.services.planner.coders import CoderLedger
+from kfactory.services.planner.refusals import refusal
 from kfactory.strategies import Point, Space, make_strategy
 from kfactory.strategies.base import Evidence
 from kfactory.strategies.transfer import WarmPriors
@@ -125,7 +125,7 @@ class CampaignState:
             return ""
         kind = ev.kind_of(event)
         handle = handler_of(kind)  # before anything changes: an unknown kind leaves the state as it was
-        if why := self.refusal(event, kind, own):
+        if why := refusal(self, event, kind, own):
             return why
         self.seen_events.add(event.id)
         self.device_s += device_seconds(event)
@@ -139,37 +139,6 @@ class CampaignState:
             handle(self, getattr(event, kind))
         self.changed.set()
         return ""
-
-    def refusal(self, event: pb.Event, kind: str, own: bool = False) -> str:
-        """Why `event` cannot be folded in ("" when it can): a body that cannot be believed, a result whose
-        evidence chain this planner has not seen in order, or an end of a campaign this planner drives that it
-        did not publish itself (it applies its own before publishing them)."""
-        if flaw := trust.body_flaw(event):
-            return flaw
-        cand = ev.candidate_of(event)
-        cid = cand.id if cand is not None else ""  # compiled, verified and measured always name one
-        if kind == "compiled" and cid not in self.candidates:
-            return f"compiled: candidate {cid[:16]} was never created in campaign {self.id}"
-        if kind == "verified" and cid not in self.artifacts:
-            return f"verified: candidate {cid[:16]} was never compiled in campaign {self.id}"
-        if kind == "measured" and (missing := trust.missing_links(self._links(cid), event.measured.screened_out)):
-            return f"measured: candidate {cid[:16]} was never {missing[-1]} in campaign {self.id}"
-        if kind == "comparison" and not self._full(event.comparison.candidate_id):
-            return f"comparison: candidate {event.comparison.candidate_id[:16]} was never measured in full in {self.id}"
-        if kind == "campaign_finished" and self.driven and not own and self.finished is None:
-            return f"campaign_finished: campaign {self.id} is driven by this planner, which did not end it"
-        return ""
-
-    def _links(self, cand_id: str) -> list[str]:
-        """The links of a candidate's evidence chain this planner has folded (kfactory/evidence/trust.py CHAIN)."""
-        have = {"candidate_created": cand_id in self.candidates, "compiled": cand_id in self.artifacts,
-                "verified": cand_id in self.verified}
-        return [k for k, there in have.items() if there]
-
-    def _full(self, cand_id: str) -> bool:
-        """True when the candidate was measured in full (verified first), not only screened out."""
-        m = self.measured.get(cand_id)
-        return m is not None and not m.screened_out
 
     def _on_campaign_started(self, m: pb.CampaignStarted) -> None:
         self.device.CopyFrom(m.device)
