@@ -3,6 +3,7 @@
 `kfactory strategies describe NAME` prints the table."""
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 import shutil
@@ -12,6 +13,7 @@ import sys
 import pytest
 
 from kfactory.cli.main import _spec, build_parser
+from kfactory.platform.app import start_services
 from kfactory.problems import load_problem
 from kfactory.services.planner.campaign import CampaignState
 from kfactory.services.planner.specs import SpecError, validate
@@ -69,6 +71,27 @@ def test_the_planner_refuses_an_unknown_option_at_submit(settings):
                            strategy_options={"startup": "5", "populaton": "9"})
     with pytest.raises(SpecError, match=r"^strategy_options: strategy tpe has no option 'populaton'; its options: "):
         validate(spec, settings, load_problem, lambda t: get_target(t, settings))
+
+
+async def test_kfactory_submit_of_an_unknown_option_is_one_line_and_exit_2(memory_bus_settings):
+    """`kfactory submit` to a running planner: its Submit refuses the spec, and the client says so in one line."""
+    running = await start_services(memory_bus_settings, names=("planner",))
+    try:
+        async with asyncio.timeout(20):
+            while not running.services["planner"].grpc_port:
+                await asyncio.sleep(0.05)
+        planner = f"127.0.0.1:{running.services['planner'].grpc_port}"
+        proc = await asyncio.create_subprocess_exec(
+            *KFACTORY, "submit", "softmax", "--strategy", "tpe", "--strategy-option", "startup=5",
+            "--strategy-option", "populaton=9", "--planner", planner,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)  # beside the planner's event loop
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await running.shutdown()
+    text = err.decode()
+    assert proc.returncode == 2 and not out, (proc.returncode, out, text)
+    assert text.count("\n") == 1 and "strategy_options: strategy tpe has no option 'populaton'; its options: " \
+        "sampler, startup, " in text and "Traceback" not in text, text
 
 
 def test_strategies_describe_prints_the_table():
