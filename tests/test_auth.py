@@ -232,7 +232,8 @@ async def _compiler_publishes(url: str, pw: dict[str, str]) -> tuple[list[str], 
     async def on_error(e: Exception) -> None:
         violations.append(str(e))
 
-    planner = await NatsBus.connect(url, "p", user="planner", password=pw["planner"], timeout_s=3)  # creates the streams
+    # the planner's connection creates the streams
+    planner = await NatsBus.connect(url, "p", user="planner", password=pw["planner"], timeout_s=3)
     await planner.close()
     nc = await nats.connect(url, user="compiler", password=pw["compiler"], error_cb=on_error)
     js = nc.jetstream()

@@ -90,7 +90,8 @@ class _Stream:
     def add(self, subject: str, data: bytes, headers: dict[str, str], now: float) -> bool:
         """Store a message; False when its Nats-Msg-Id was stored within the duplicate window."""
         window = WINDOWS[self.name]
-        self.seen = {k: t for k, t in self.seen.items() if now - t < window}
+        while self.seen and now - next(iter(self.seen.values())) >= window:  # oldest first: insertion order
+            del self.seen[next(iter(self.seen))]
         msg_id = headers.get("Nats-Msg-Id")
         if msg_id is not None and msg_id in self.seen:
             return False

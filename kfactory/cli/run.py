@@ -63,7 +63,7 @@ async def run_campaign(settings, spec, args) -> int:
     if note:
         print(f"kfactory run: {note}", file=sys.stderr)
     nats = None
-    if not args.nats_url:
+    if not args.nats_url and settings.bus == "nats":  # KFACTORY_BUS=memory: no server at all
         nats = EmbeddedNats()
         settings = settings.model_copy(update={"nats_url": nats.start()})
     running = None
