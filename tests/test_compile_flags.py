@@ -277,7 +277,8 @@ def test_cuda_options_are_normalised(monkeypatch):
                                          "--use_fast_math", "-lineinfo"]
     assert cc.link_options("sm_90a", flags) == ["-arch=sm_90a", "-verbose", "-Xptxas=-v", "-no-cache",
                                                 "-Xptxas=-O3", "-Xptxas=-warn-spills", "-maxrregcount=64"]
-    monkeypatch.setattr(cc, "_toolchain", lambda: types.SimpleNamespace(header_dir="/opt/cuda/include"))
+    from kfactory.targets.cuda import nvrtc
+    monkeypatch.setattr(nvrtc, "_toolchain", lambda: types.SimpleNamespace(header_dir="/opt/cuda/include"))
     opts = cc.nvrtc_options("sm_90a", flags)
     assert opts == ["-arch=compute_90a", "--std=c++17", "-default-device", "--include-path=/opt/cuda/include",
                     "-DBLOCK=16", "-Xptxas=-O3", "-Xptxas=-warn-spills", "--maxrregcount=64", "--use_fast_math",

@@ -331,7 +331,8 @@ def test_resolve_arch_without_gpu():
 @pytest.mark.parametrize("cap,arch", [((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((8, 0), "sm_80"),
                                       ((8, 6), "sm_86"), ((12, 0), "sm_120")])
 def test_resolve_arch_from_capability(monkeypatch, cap, arch):
-    monkeypatch.setattr(cc, "_gpu0_capability", lambda: cap)
+    from kfactory.targets.cuda import arch as cuda_arch
+    monkeypatch.setattr(cuda_arch, "_gpu0_capability", lambda: cap)
     assert resolve_arch("") == arch
 
 

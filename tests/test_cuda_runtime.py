@@ -169,7 +169,8 @@ def test_child_module_imports_without_a_gpu():
 
 def test_cuda_errors_are_classified_by_value():
     from kfactory.targets.cuda import child as c
-    R = c.cu.CUresult
+    from kfactory.targets.cuda import driver
+    R = driver.cu.CUresult
     assert c.classify("cuEventSynchronize", int(R.CUDA_ERROR_ILLEGAL_ADDRESS)) == "device_fault"
     assert c.classify("cuCtxSynchronize", int(R.CUDA_ERROR_MISALIGNED_ADDRESS)) == "device_fault"
     assert c.classify("cuLaunchKernel", int(R.CUDA_ERROR_INVALID_VALUE)) == "launch_failed"
@@ -341,9 +342,9 @@ def _oob_kernel(raw):
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    from kfactory.targets.cuda import child as cuda_child
-    fake = _Fake(cuda_child.cu)
-    monkeypatch.setattr(cuda_child, "cu", fake)
+    from kfactory.targets.cuda import driver  # every part of the child reads driver.cu at call time
+    fake = _Fake(driver.cu)
+    monkeypatch.setattr(driver, "cu", fake)
     return fake
 
 
@@ -465,8 +466,8 @@ def test_fake_bench_interleaves_and_returns_every_sets_output(fake_session, fake
     assert fake_cuda.smem_attr["kernel"] == 64 << 10
     assert fake_cuda.capturing is None
     leftover = set(fake_cuda.mem) - set(fake_session.runner.child.prev_allocs)
-    if fake_session.runner.child.scratch:
-        leftover.discard(fake_session.runner.child.scratch[0])
+    if fake_session.runner.child.mem.scratch:
+        leftover.discard(fake_session.runner.child.mem.scratch[0])
     assert not leftover  # every bench buffer was freed
 
 
@@ -596,7 +597,8 @@ import sys
 sys.path.insert(0, {tests!r})
 from test_cuda_runtime import _Fake
 import kfactory.targets.cuda.child as c
-c.cu = _Fake(c.cu)
+import kfactory.targets.cuda.driver as d
+d.cu = _Fake(d.cu)
 c.main(c.CudaChild)
 """
 

@@ -294,7 +294,10 @@ def test_cuda_child_passes_a_float_param_as_a_c_float(tmp_path, monkeypatch):
     """No GPU here: the cuda runner child's argument packing, through a stand-in for the driver's launch that
     reads each argument at the size the kernel declares (as cuLaunchKernel does), sees alpha as a C float."""
     from kfactory.sandbox.parent import ShmBuffers
-    from kfactory.targets.cuda import child as cuda_child
+    from kfactory.targets.cuda import child as cuda_child, driver
+    from kfactory.targets.cuda.allocator import DevTensor
+    from kfactory.targets.cuda.launch import Launch
+    from kfactory.targets.cuda.program import Program
     from kfactory.sandbox.shm_args import build_argset
 
     spec = lambda s: s["abi"].update(cuda={
@@ -304,8 +307,7 @@ def test_cuda_child_passes_a_float_param_as_a_c_float(tmp_path, monkeypatch):
     argtypes = abi_argtypes(problem, "cuda")
     assert argtypes == ["ptr", "ptr", "i64", "f32"]
     child = cuda_child.CudaChild(1)
-    child.kinds["k"], child.kernels["k"] = "cubin", "fn"
-    child.meta["k"] = {"argtypes": argtypes, "rule": {}, "smem_set": 0}
+    child.kinds["k"], child.kernels["k"] = "cubin", Program("fn", argtypes, {}, 0)
     seen = {}
 
     class Driver:
@@ -315,13 +317,13 @@ def test_cuda_child_passes_a_float_param_as_a_c_float(tmp_path, monkeypatch):
             seen["alpha"] = ctypes.c_float.from_address(ptrs[3]).value
             return (0,)   # CUDA_SUCCESS
 
-    monkeypatch.setattr(cuda_child, "cu", Driver())
+    monkeypatch.setattr(driver, "cu", Driver())
     with ShmBuffers() as bufs:
         argset, _ = build_argset(problem, problem.spec.abi["cuda"].args, bufs, {"n": 33}, {"x": _x()})
     assert argset[3] == {"name": "alpha", "float": 2.5}
-    tensors = {n: cuda_child.DevTensor(n, role, "float32", (33,), 132, 0, 0, 0, np.empty(0, np.uint8))
+    tensors = {n: DevTensor(n, role, "float32", (33,), 132, 0, 0, 0, np.empty(0, np.uint8))
                for n, role in (("x", "in"), ("y", "out"))}
-    run = child._enqueue("k", argset, tensors, cuda_child.Launch((1, 1, 1), (1, 1, 1), 0), 0)
+    run = child._enqueue("k", argset, tensors, Launch((1, 1, 1), (1, 1, 1), 0), 0)
     run()
     assert seen == {"n": 33, "alpha": 2.5}
 
