@@ -6,6 +6,7 @@ import fcntl
 import shutil
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,7 @@ def bus_settings(settings, nats_url) -> Settings:
 
 
 @pytest.fixture
-def memory_bus_settings(settings) -> Settings:
+def memory_bus_settings(settings) -> Iterator[Settings]:
     """Settings whose services share a fresh in-memory bus (kfactory/bus/memory.py): for tests that need the bus
     only to move messages. It passes the same contract suite as NATS (tests/test_bus_contract.py)."""
     memory_bus.forget("default")

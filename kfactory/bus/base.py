@@ -16,7 +16,7 @@ import contextvars
 import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncGenerator, Awaitable, Callable
 
 from kfactory.bus import events as ev
 from kfactory.bus import topology
@@ -99,7 +99,7 @@ class Bus(ABC):
     @abstractmethod
     def follow(self, durable: str | None, filter_subject: str = f"{ev.EVT_PREFIX}.>",
                stop: asyncio.Event | None = None, refused: Refused | None = None,
-               ) -> AsyncIterator[tuple[pb.Event, Message]]:
+               ) -> AsyncGenerator[tuple[pb.Event, Message], None]:
         """Yield (event, msg) from the events stream from its start; the caller acks each msg.
 
         With a durable name, a restarted follower resumes where it stopped; without, it replays everything.

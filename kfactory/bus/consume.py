@@ -10,7 +10,7 @@ dead-lettered at once, since every delivery would fail the same way.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from kfactory.bus import events as ev
 from kfactory.bus.errors import OUTAGE, TRANSIENT, HandlerStuck, PayloadTooLarge, PublishNotPermitted
@@ -187,7 +187,8 @@ async def _cancel_stuck(task: asyncio.Task, limit_s: float, subject: str) -> Han
 
 def await_chain(task: asyncio.Task) -> list[str]:
     """'function (file:line)' for each coroutine a suspended task is awaiting through, outermost first."""
-    out, coro = [], task.get_coro()
+    out: list[str] = []
+    coro: Any = task.get_coro()
     while coro is not None:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
         if frame is None:

@@ -4,7 +4,7 @@ the interface in kfactory/bus/base.py."""
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from typing import AsyncGenerator
 
 import nats
 import nats.errors
@@ -17,7 +17,7 @@ from kfactory.bus import events as ev
 from kfactory.bus.artifacts import ObjectStoreArtifacts
 from kfactory.bus.base import Bus, Refused, Stored
 from kfactory.bus.errors import TRANSIENT, BusUnavailable, PayloadTooLarge
-from kfactory.bus.outcomes import Handler, log
+from kfactory.bus.outcomes import Handler, Message, log
 from kfactory.bus.topology import DLQ_STREAM, EVENTS_STREAM, WORK_STREAM
 from kfactory.v1 import events_pb2 as pb
 
@@ -188,7 +188,7 @@ class NatsBus(Bus):
 
     async def follow(self, durable: str | None, filter_subject: str = f"{ev.EVT_PREFIX}.>",
                      stop: asyncio.Event | None = None, refused: Refused | None = None,
-                     ) -> AsyncIterator[tuple[pb.Event, object]]:
+                     ) -> AsyncGenerator[tuple[pb.Event, Message], None]:
         cfg = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s,
                              deliver_policy=DeliverPolicy.ALL, filter_subject=filter_subject,
                              max_ack_pending=10000, durable_name=durable,

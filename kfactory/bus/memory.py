@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncGenerator
 
 from kfactory.bus import consume as consuming
 from kfactory.bus import events as ev
 from kfactory.bus.artifacts import MemoryArtifacts
 from kfactory.bus.base import Bus, Refused, Stored
 from kfactory.bus.errors import NoStream
-from kfactory.bus.outcomes import Handler
+from kfactory.bus.outcomes import Handler, Message
 from kfactory.bus.topology import DLQ_STREAM, EVENTS_STREAM, WORK_STREAM, stream_of, subject_matches
 from kfactory.v1 import events_pb2 as pb
 
@@ -257,7 +257,7 @@ class MemoryBus(Bus):
     # -- following the events stream -------------------------------------------------------------------
     async def follow(self, durable: str | None, filter_subject: str = f"{ev.EVT_PREFIX}.>",
                      stop: asyncio.Event | None = None, refused: Refused | None = None,
-                     ) -> AsyncIterator[tuple[pb.Event, MemoryMsg]]:
+                     ) -> AsyncGenerator[tuple[pb.Event, Message], None]:
         state = (self.broker.followers.setdefault(durable, _Follower(filter_subject)) if durable
                  else _Follower(filter_subject))
         stop = stop or asyncio.Event()
@@ -272,7 +272,8 @@ class MemoryBus(Bus):
 
     def _take_events(self, f: _Follower, batch: int = 64) -> tuple[list[MemoryMsg], float]:
         """Up to `batch` events for a follower: first those whose ack_wait ran out, then new ones in order."""
-        now, wake, out = _now(), POLL_S, []
+        now, wake = _now(), POLL_S
+        out: list[MemoryMsg] = []
         entries = self.broker.streams[EVENTS_STREAM].entries
         for seq, deadline in sorted(f.pending.items()):
             if deadline > now:

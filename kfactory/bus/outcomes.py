@@ -46,19 +46,28 @@ Outcome = Ack | Nak | Term | Leave
 
 
 class Sequence(Protocol):
-    stream: int
+    @property
+    def stream(self) -> int: ...
 
 
 class Metadata(Protocol):
-    num_delivered: int
-    sequence: Sequence
+    @property
+    def num_delivered(self) -> int: ...
+
+    @property
+    def sequence(self) -> Sequence: ...
 
 
 class Message(Protocol):
     """One delivered message, as nats-py's Msg has it (the in-memory bus's MemoryMsg has the same surface)."""
-    subject: str
-    data: bytes
-    headers: dict[str, str] | None
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def headers(self) -> dict[str, str] | None: ...
 
     @property
     def metadata(self) -> Metadata: ...

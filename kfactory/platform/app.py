@@ -151,7 +151,8 @@ async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = T
         if grpc or n not in ("planner", "memory"):
             services[n] = cls(ctx)
         else:  # no public servers; memory still answers this process's verifiers on a loopback port
-            services[n] = cls(ctx, grpc_addr="127.0.0.1:0" if n == "memory" else "")
+            # (planner and memory, the two services that host gRPC, take grpc_addr; the base class does not)
+            services[n] = cls(ctx, grpc_addr="127.0.0.1:0" if n == "memory" else "")  # type: ignore[call-arg]
     running = Running(ctx, services)
     running.start()
     return running

@@ -175,7 +175,10 @@ def channel(addr: str, settings: Settings | None) -> grpc.aio.Channel:
         if settings is not None and settings.grpc_token:
             raise SecurityConfigError("a gRPC token is only sent over TLS: set KFACTORY_GRPC_TLS_CERT (and _KEY)")
         return grpc.aio.insecure_channel(addr)
-    ca = (settings.grpc_tls_ca or settings.grpc_tls_cert).read_bytes()
+    trusted = settings.grpc_tls_ca or settings.grpc_tls_cert
+    if trusted is None:  # secure() says there is a certificate: unreachable unless the settings change under us
+        raise SecurityConfigError("no certificate to trust: set KFACTORY_GRPC_TLS_CA or KFACTORY_GRPC_TLS_CERT")
+    ca = trusted.read_bytes()
     creds = grpc.ssl_channel_credentials(root_certificates=ca)
     if settings.grpc_token:
         creds = grpc.composite_channel_credentials(
