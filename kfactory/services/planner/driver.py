@@ -14,6 +14,7 @@ from typing import Coroutine
 from kfactory.agents import persona_stage
 from kfactory.bus import events as ev
 from kfactory.bus.origins import Origin
+from kfactory.bus.topology import Stage
 from kfactory.judge.order import device_budget_spent, room
 from kfactory.judge.verify import available_baselines
 from kfactory.observability import stagetime
@@ -160,7 +161,7 @@ class CampaignDriver:
         with telemetry.root_span(f"{self.svc.name} propose", **{"kf.campaign": st.id, "kf.point": pid,
                                                                 "kf.origin": origin}):
             await self.bus.publish(event)
-            await self.bus.send_work("coder", event)
+            await self.bus.send_work(Stage.CODER, event)
 
     async def _wait_change(self, st: CampaignState, timeout: float = 1.0) -> None:
         st.changed.clear()
@@ -191,7 +192,7 @@ class CampaignDriver:
         with telemetry.root_span(f"{self.svc.name} compare", **{"kf.campaign": st.id,
                                                                 "kf.candidate": best.candidate.id}):
             await self.bus.publish(event)
-            await self.bus.send_work("benchmarker", event)
+            await self.bus.send_work(Stage.BENCHMARKER, event)
         want = {problem.shape_str(s) for s in problem.shapes("optimize")}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMPARE_WAIT_S

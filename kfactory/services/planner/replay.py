@@ -15,7 +15,7 @@ from kfactory.agents import persona_stage
 from kfactory.bus import deadletters
 from kfactory.bus.origins import Origin, parse
 from kfactory.bus.outcomes import ack_quietly
-from kfactory.bus.topology import EVENTS_STREAM
+from kfactory.bus.topology import EVENTS_STREAM, Stage
 from kfactory.evidence import trust
 from kfactory.observability import tracing as telemetry
 from kfactory.platform.service import Service
@@ -122,7 +122,7 @@ class StreamReplay:
                 await deadletters.send_back(bus, record)
         for event in list(st.proposals.values()):
             kind, persona = parse(event.point_proposed.origin)
-            stage = persona_stage(persona) if kind is Origin.AGENT else "coder"
+            stage = persona_stage(persona) if kind is Origin.AGENT else Stage.CODER
             with telemetry.root_span(f"{self.svc.name} propose", **{"kf.campaign": st.id, "kf.resumed": True}):
                 await bus.send_work(stage, event)
         await self.driver.drive(st)
