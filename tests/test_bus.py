@@ -48,3 +48,18 @@ async def test_serve_refuses_the_in_memory_bus(settings):
     """`serve` runs one service of several processes: an in-process bus would connect it to nobody."""
     with pytest.raises(WiringError, match="KFACTORY_BUS=nats"):
         await serve("coder", settings.model_copy(update={"bus": "memory"}))
+
+
+def test_the_topology_is_closed_and_the_services_consume_what_it_says():
+    """Every stage is queued by some role and consumed by exactly one, and each service's own stage is the one
+    its role consumes: a stage added to the pipeline without its route (or its permissions) fails here."""
+    from kfactory.bus.topology import ROLES, STAGES, consumer_of
+    from kfactory.platform.app import SERVICE_NAMES, service_class
+
+    queued = {s for r in ROLES.values() for s in r.queues}
+    consumed = [s for r in ROLES.values() for s in r.consumes]
+    assert queued == set(consumed) == set(STAGES) and len(consumed) == len(set(consumed))
+    assert set(ROLES) == set(SERVICE_NAMES)
+    for name in SERVICE_NAMES:
+        stage = service_class(name).stage
+        assert stage is None or consumer_of(stage) == name
