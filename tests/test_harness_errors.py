@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -118,7 +119,8 @@ async def _judged_by_the_service(settings, problem_dir: str, source: str, stage:
     sender, body, verdicts = STAGES[stage]
     running = await start_services(settings, names=(sender, stage, "memory"))
     try:
-        bus, memory = running.ctx.bus, running.services["memory"]
+        bus = running.ctx.bus
+        memory: Any = running.services["memory"]   # the memory service: its archive
         cid = "charness"
         res = running.ctx.target("cpu").compile(source, "c", "-O2", "kernel")
         assert res.ok, res.log

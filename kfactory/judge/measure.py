@@ -1,7 +1,8 @@
 """Measurement of compiled kernels over a target Session: interleaved timing at a shape, the speed-of-light floor,
 the check of every timed call's outputs and the check after a timing (probe_after_timing).
 
-Split from kfactory/judge/verify.py (verification), whose pools, checks and typed reasons it uses.
+Split from kfactory/judge/verify.py (verification); the pools, checks and typed reasons both use are in
+kfactory/judge/checks.py.
 """
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import secrets
 from dataclasses import dataclass, field
 
 from kfactory.judge import inputs as inp
-from kfactory.judge.verify import (InputPool, RegressionInput, Rejection, check_outputs, fault_reason, reject_tampering,
-                            timing_dist)
+from kfactory.judge.checks import (InputPool, RegressionInput, Rejection, check_outputs, fault_reason,
+                                   reject_tampering, timing_dist)
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
 from kfactory.problems.check import ReferenceFailed

@@ -18,11 +18,12 @@ import resource
 import sys
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 
 from kfactory.sandbox import protocol
-from kfactory.sandbox.protocol import Bench, Call, Fault, FaultKind, Load, Ping, Reply, Request
+from kfactory.sandbox.protocol import Arg, Bench, Call, Fault, FaultKind, Load, Ping, Reply, Request
 
 
 #: the kernel's argument types: tensors, shape symbols and int parameters (int64), float parameters as the
@@ -52,7 +53,7 @@ class Child:
 
     def __init__(self, threads: int):
         self.threads = threads
-        self.kernels: dict[str, object] = {}
+        self.kernels: dict[str, Any] = {}
         self.kinds: dict[str, str] = {}
         self.maps: dict[str, np.memmap] = {}
         #: the previous command's mappings stay mapped through the next command, so consecutive calls
@@ -88,7 +89,7 @@ class Child:
         self.kinds[req.key] = req.kind
         return Reply()
 
-    def _bind(self, key: str, argset: list[dict]):
+    def _bind(self, key: str, argset: list[Arg]):
         """A zero-argument callable running kernel `key` on one argument set (mapped once, outside timing)."""
         fn = self.kernels[key]
         arrays = {a["name"]: self._view(a) for a in argset if "path" in a}
@@ -100,7 +101,7 @@ class Child:
         outs = {a["name"]: arrays[a["name"]] for a in argset if a.get("role") == "out"}
         return raising_as_kernel(lambda: fn(ins, outs, self.threads)), arrays
 
-    def _view(self, a: dict) -> np.ndarray:
+    def _view(self, a: Arg) -> np.ndarray:
         """An array at an offset of a shared file; each file is mapped once per command."""
         path = a["path"]
         mm = self.maps.get(path)
@@ -212,7 +213,7 @@ def _noise(s: list[float]) -> float:
     return (q3 - q1) / med if med > 0 else float("inf")
 
 
-def _bind_symbol(path: str, entry: str):
+def _bind_symbol(path: str, entry: str) -> Any:
     """The candidate's `entry` in the shared object at `path`; KernelFault(LOAD_FAILED) when the object does not
     load or lacks the symbol (the candidate's doing: the parent wrote the file the compiler made)."""
     try:
@@ -227,6 +228,8 @@ def _baseline(req: Load, factory: str, module_name: str):
     KernelFault(LOAD_FAILED) of the kernel under that key."""
     try:
         spec = importlib.util.spec_from_file_location(module_name, req.module)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{req.module} is not a Python module")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return getattr(mod, factory)(**req.params)[req.name]

@@ -129,6 +129,7 @@ class Runner:
         self.runs = 0
         self.loaded: set[str] = set()
         self.restarts = 0
+        self._r: int | None = None   # the reply pipe's read end, while a child runs
 
     def _start(self) -> None:
         p2c_r, p2c_w = os.pipe()
@@ -192,15 +193,17 @@ class Runner:
         return fault_error(fault)
 
     def _read_reply(self, timeout_s: float) -> Reply:
-        deadline = time.monotonic() + timeout_s
+        deadline, fd = time.monotonic() + timeout_s, self._r
+        if fd is None:  # the pipe was closed with a child that is gone
+            raise self._crashed()
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.kill()
                 raise RunnerTimeout(f"no answer within {timeout_s:.1f}s; runner killed")
-            ready, _, _ = select.select([self._r], [], [], left)
+            ready, _, _ = select.select([fd], [], [], left)
             if ready:
-                chunk = os.read(self._r, 1 << 16)
+                chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     raise self._crashed()
                 self._buf += chunk
@@ -242,7 +245,7 @@ class Runner:
                     f.close()
                 except BrokenPipeError:
                     pass
-        if getattr(self, "_r", None) is not None:
+        if self._r is not None:
             os.close(self._r)
             self._r = None
 

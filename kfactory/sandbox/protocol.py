@@ -15,7 +15,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import ClassVar, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 from kfactory.v1 import events_pb2 as pb
 
@@ -62,7 +62,8 @@ class Fault:
     traceback: str = ""
 
 
-# -- argument descriptors (plain JSON objects: built by kfactory.sandbox.shm_args, read by the children) ------
+# -- argument descriptors (plain JSON objects: built by kfactory.sandbox.shm_args and kfactory.problems.params,
+# read by the children): a TensorArg or a ScalarArg, typed as plain dicts at the boundary (Arg) ----------------
 
 class TensorArg(TypedDict, total=False):
     """A tensor in a shared-memory file: `offset` bytes into `path`; `role` "in" or "out"."""
@@ -81,14 +82,15 @@ class ScalarArg(TypedDict, total=False):
     float: float
 
 
-Arg = TensorArg | ScalarArg
+#: one argument's descriptor: the fields of a TensorArg or of a ScalarArg
+Arg = dict[str, Any]
 
 
 class Step(TypedDict):
-    """One more run of a call on the same buffers: where the previous outputs go, the inputs to copy in, and the
-    poison to write into the outputs first (per tensor name)."""
-    outputs: dict[str, TensorArg]
-    inputs: dict[str, TensorArg]
+    """One more run of a call on the same buffers: where the previous outputs go, the inputs to copy in (TensorArg
+    descriptors), and the poison to write into the outputs first (per tensor name)."""
+    outputs: dict[str, Arg]
+    inputs: dict[str, Arg]
     poison: dict[str, float]
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from kfactory.observability.log import get_logger
 from kfactory.sandbox.parent import Runner, RunnerFault, ShmBuffers
-from kfactory.sandbox.protocol import Bench, BenchKernel, Load
+from kfactory.sandbox.protocol import Arg, Bench, BenchKernel, Load
 
 log = get_logger("ceiling")
 HERE = Path(__file__).parent
@@ -35,7 +35,7 @@ def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: 
             x[:] = 1.0
             x[:10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.999999, 1e-6][: min(10, elements)]
             runner.request(Load("probe", "so", path=str(so), entry="kernel", argtypes=["ptr", "ptr", "i64"]))
-            args = [{"name": "x", "path": x_path, "offset": x_off, "dtype": "float32", "shape": [elements]},
+            args: list[Arg] = [{"name": "x", "path": x_path, "offset": x_off, "dtype": "float32", "shape": [elements]},
                     {"name": "y", "path": y_path, "offset": y_off, "dtype": "float32", "shape": [elements]},
                     {"name": "n", "int": n}]
             reply = runner.request(Bench([BenchKernel("probe", [args])], min_samples=10, min_s=0.3, max_s=1.0,

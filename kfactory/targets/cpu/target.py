@@ -177,9 +177,10 @@ class CpuSession(Session):
         """(buffers for one request, the request's keep): the ring's next arena, with every arena of the ring
         named for the runner to keep mapped, or fresh buffers deleted after the request (no ring, or a request too
         large for one) and None; `reserve`: fresh buffers in one file rather than one per tensor."""
-        arena = self.ring.take(nbytes) if self.ring is not None else None
-        if arena is not None:
-            yield arena, self.ring.paths()
+        ring = self.ring
+        arena = ring.take(nbytes) if ring is not None else None
+        if ring is not None and arena is not None:
+            yield arena, ring.paths()
             return
         with ShmBuffers() as bufs:
             if reserve:
@@ -215,9 +216,9 @@ class CpuSession(Session):
             self.load_artifact("__null__", res.artifact, "kernel")
             shape = min(self.problem.shapes("all"), key=lambda s: int(np.prod(list(s.values()))))
             zeros = {t.name: np.zeros(self.problem.tensor_shape(t, shape), t.dtype) for t in self.problem.spec.inputs}
-            res = self.bench(["__null__"], shape, [zeros], min_samples=200, min_s=0.02, max_s=0.2, noise=0.05,
-                             warmup_s=0.01)
-            self._overhead = float(np.median(res.samples["__null__"]))
+            timed = self.bench(["__null__"], shape, [zeros], min_samples=200, min_s=0.02, max_s=0.2, noise=0.05,
+                               warmup_s=0.01)
+            self._overhead = float(np.median(timed.samples["__null__"]))
         return self._overhead
 
     def close(self) -> None:

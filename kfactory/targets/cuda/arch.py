@@ -8,6 +8,7 @@ from functools import lru_cache
 from kfactory.targets.cuda.nvrtc import _nvrtc_ptx, _virtual_arch
 from kfactory.targets.cuda.toolchain import _toolchain, toolchain_description
 
+
 ARCHES = ("sm_80", "sm_90a", "sm_100a")
 # sm_NN, sm_NNa (arch-specific: wgmma, TMA, tcgen05) and sm_NNf (family-specific, CUDA 12.9 on)
 ARCH_RE = re.compile(r"sm_(\d{1,3})([af]?)")
@@ -27,6 +28,7 @@ def resolve_arch(option: str) -> str:
         return option
     major, minor = _gpu0_capability()
     return {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get((major, minor), f"sm_{major}{minor}")
+
 
 def _gpu0_capability() -> tuple[int, int]:
     no_gpu = "no GPU here: name the architecture, e.g. cuda:sm_90a"
@@ -52,6 +54,7 @@ def _gpu0_capability() -> tuple[int, int]:
     except Exception as exc:  # no cuda-bindings, or no libcuda (no driver): either way there is no GPU to ask
         raise ValueError(f"{no_gpu} ({type(exc).__name__}: {exc})") from exc
 
+
 def _arch_problem(arch: str) -> str:
     """Why this toolchain cannot compile for `arch`, or "" when it can.
 
@@ -65,6 +68,7 @@ def _arch_problem(arch: str) -> str:
         return (f"{toolchain_description()} does not know {arch}; it supports "
                 + ", ".join(f"sm_{n}" for n in tc.supported))
     return _probe_virtual_arch(_virtual_arch(arch))
+
 
 @lru_cache(maxsize=None)
 def _probe_virtual_arch(virtual: str) -> str:

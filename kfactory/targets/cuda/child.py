@@ -20,10 +20,12 @@ device's ceilings); this module is the op loop over them.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from kfactory.sandbox.child import Child, KernelFault, _baseline, main, sample_interleaved
-from kfactory.sandbox.protocol import Bench, Call, Ceilings, DeviceQuery, FaultKind, Load, Ping, Reply
+from kfactory.sandbox.protocol import Arg, Bench, Call, Ceilings, DeviceQuery, FaultKind, Load, Ping, Reply
 from kfactory.targets.cuda import driver, probes
 from kfactory.targets.cuda.allocator import Allocator, DevTensor, _nbytes
 from kfactory.targets.cuda.device import CudaDevice, arch_of, cpu_usage  # noqa: F401 - arch_of: callers' name
@@ -58,7 +60,7 @@ class CudaChild(Child):
         """A launch that was never attempted (the rule gives an invalid configuration): typed, not fatal."""
         return KernelFault(FaultKind.LAUNCH_FAILED, str(e))
 
-    def _raw(self, a: dict) -> np.ndarray:
+    def _raw(self, a: Arg) -> np.ndarray:
         """The bytes of a shared-memory tensor descriptor (mapped once per command)."""
         mm = self.maps.get(a["path"])
         if mm is None:
@@ -82,7 +84,7 @@ class CudaChild(Child):
         """The launch configuration of cubin `key` at `shape` (ValueError when the rule gives none)."""
         return self.kernels[key].launch_for(shape, self.device.smem_optin)
 
-    def _enqueue(self, key: str, argset: list[dict], tensors: dict[str, DevTensor], launch: Launch | None,
+    def _enqueue(self, key: str, argset: list[Arg], tensors: dict[str, DevTensor], launch: Launch | None,
                  stream):
         """A zero-argument callable that enqueues kernel `key` once on `stream` (baselines: torch's stream)."""
         if self.kinds[key] == "cubin":
@@ -148,10 +150,10 @@ class CudaChild(Child):
         sets: dict[str, list] = {k: [] for k in keys}
         graphs: list = []
         try:
-            for k in req.kernels:
-                for argset in k.argsets:
+            for kern in req.kernels:
+                for argset in kern.argsets:
                     tensors: dict[str, DevTensor] = {}
-                    sets[k.key].append((argset, tensors))
+                    sets[kern.key].append((argset, tensors))
                     self.mem.upload(argset, tensors, guard=False)
             pool = sum(t.nbytes for v in sets.values() for _, ts in v for t in ts.values())
             flush_bytes = 2 * self.device.l2 if pool < 2 * self.device.l2 else 0
@@ -201,7 +203,7 @@ class CudaChild(Child):
         "peak_gflops" (fp32 FMA chains), "peak_bf16_gflops" (torch.matmul 8192^3 bf16; 0 without torch),
         "notes": [why a figure is 0]}."""
         self.device.start()
-        out = {"mem_bandwidth_gbps": 0.0, "peak_gflops": 0.0, "peak_bf16_gflops": 0.0, "notes": []}
+        out: dict[str, Any] = {"mem_bandwidth_gbps": 0.0, "peak_gflops": 0.0, "peak_bf16_gflops": 0.0, "notes": []}
         try:
             out["mem_bandwidth_gbps"] = probes.copy_bandwidth(self.device, self.mem, int(req.copy_bytes))
             arch = req.arch or self.device.info()["arch"]

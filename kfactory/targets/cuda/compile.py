@@ -33,6 +33,7 @@ from kfactory.targets.cuda.toolchain import (INSTALL_HINT, CudaToolchainMissing,
 from kfactory.targets.flags import FlagRefused, check_flags
 from kfactory.v1 import events_pb2 as pb
 
+
 LOG_EXCERPT = 2000
 
 #: how many real compilations this process ran (a cache hit does not count); tests read it through compile_count()
@@ -42,6 +43,7 @@ _COMPILES = 0
 def compile_count() -> int:
     """Real compilations run in this process so far (cache hits excluded)."""
     return _COMPILES
+
 
 def compile_cuda(source: str, language: str, flags: str, entry: str, arch: str,
                  cache_dir: Path | None) -> CompileResult:
@@ -70,6 +72,7 @@ def compile_cuda(source: str, language: str, flags: str, entry: str, arch: str,
             pass   # a cache that cannot be written costs a recompile later, not this result
     return result
 
+
 def _compile(source: str, language: str, flags: str, entry: str, arch: str, compiler: str) -> CompileResult:
     global _COMPILES
     _COMPILES += 1
@@ -92,6 +95,7 @@ def _compile(source: str, language: str, flags: str, entry: str, arch: str, comp
         ptx = source.encode()
     return _link_step(report, t0, nvrtc_log, ptx, arch, flags, entry)
 
+
 def _link_step(report, t0, nvrtc_log: str, ptx: bytes, arch: str, flags: str, entry: str) -> CompileResult:
     try:
         options = link_options(arch, flags)
@@ -110,14 +114,17 @@ def _link_step(report, t0, nvrtc_log: str, ptx: bytes, arch: str, flags: str, en
     _finish(report, t0, log)
     return CompileResult(True, report, artifact=link.cubin, log=log)
 
+
 def _finish(report: pb.CompileReport, t0: float, log: str) -> None:
     report.seconds = time.perf_counter() - t0
     report.log_excerpt = log[:LOG_EXCERPT]
     report.warnings = sum(1 for ln in log.splitlines() if re.search(r"\bwarning\b", ln, re.I))
 
+
 def _failed(report: pb.CompileReport, t0: float, log: str, reason: int, message: str) -> CompileResult:
     _finish(report, t0, log)
     return CompileResult(False, report, log=log, reason=reason, message=message)
+
 
 def _flag_refused(report: pb.CompileReport, t0: float, log: str, exc: FlagRefused) -> CompileResult:
     """A flag off the cuda whitelist: STATIC_CHECK, as the cpu target and the agents' checks name it."""

@@ -24,6 +24,7 @@ def cache_key(source: str, language: str, flags: str, entry: str, arch: str) -> 
         h.update(len(data).to_bytes(8, "little") + data)   # length-prefixed: no two part lists collide
     return h.hexdigest()
 
+
 def _cache_load(cache_dir: Path, key: str) -> CompileResult | None:
     meta_path, cubin_path = cache_dir / f"{key}.json", cache_dir / f"{key}.cubin"
     try:
@@ -36,6 +37,7 @@ def _cache_load(cache_dir: Path, key: str) -> CompileResult | None:
         return None
     return CompileResult(meta["ok"], report, artifact=cubin, log=meta["log"], reason=meta["reason"],
                          message=meta["message"])
+
 
 def _cache_store(cache_dir: Path, key: str, result: CompileResult) -> None:
     """The cubin first, then the JSON: an entry counts only once its JSON is there, so a reader never sees a

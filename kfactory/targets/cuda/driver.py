@@ -14,6 +14,7 @@ try:
 except ImportError:  # pragma: no cover - the module imports without cuda-bindings; ops then refuse
     cu = None
 
+
 #: CUresult names, mapped by value: a fault of the kernel (the context is unusable afterwards)
 FAULT_NAMES = ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
                "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT",
@@ -69,8 +70,6 @@ class CudaError(Exception):
 
 class CudaUnavailable(OSError):
     """CUDA cannot start here (no driver, no GPU, no cuda-bindings): the runner's environment, not the kernel."""
-
-
 
 
 def check(call: str, res):

@@ -23,6 +23,7 @@ def link_options(arch: str, flags: str) -> list[str]:
     # ptxas lines at all, so the report would depend on what ran before; kfactory caches results itself.
     return [f"-arch={arch}", "-verbose", "-Xptxas=-v", "-no-cache", *passed]
 
+
 @dataclass
 class _Link:
     ok: bool
@@ -30,6 +31,7 @@ class _Link:
     error_log: str
     info_log: str
     status: str          # nvJitLink's result name, "SUCCESS" when ok
+
 
 def _nvjitlink(ptx: bytes, options: list[str]) -> _Link:
     """Link one PTX input to a cubin; a link error is data (status, logs), never an exception."""
@@ -54,6 +56,7 @@ def _nvjitlink(ptx: bytes, options: list[str]) -> _Link:
     finally:
         jl.destroy(handle)
 
+
 def _jl_create(jl, options: list[str]) -> int:
     """nvJitLinkCreate; an nvJitLink too old to know -no-cache is asked again without it."""
     try:
@@ -64,6 +67,7 @@ def _jl_create(jl, options: list[str]) -> int:
         rest = [o for o in options if o != "-no-cache"]
         return jl.create(len(rest), rest)
 
+
 def _jl_read(size_fn, read_fn, handle, strip: bool = True) -> bytes:
     size = size_fn(handle)
     if not size:
@@ -72,6 +76,7 @@ def _jl_read(size_fn, read_fn, handle, strip: bool = True) -> bytes:
     read_fn(handle, buf)
     return bytes(buf).rstrip(b"\0") if strip else bytes(buf)
 
+
 def _status_name(jl, exc) -> str:
     """'ERROR_PTX_COMPILE' from an nvJitLinkError (its .status is the nvJitLinkResult code)."""
     code = getattr(exc, "status", None)
@@ -79,6 +84,7 @@ def _status_name(jl, exc) -> str:
         return jl.Result(code).name
     except (ValueError, TypeError):
         return str(exc).split(" ")[0] or "ERROR_UNKNOWN"
+
 
 #: nvJitLink result codes that say the architecture itself is the problem
 _ARCH_STATUSES = {"ERROR_UNRECOGNIZED_ARCH", "ERROR_UNSUPPORTED_ARCH", "ERROR_MISSING_ARCH"}

@@ -12,6 +12,7 @@ def _virtual_arch(arch: str) -> str:
     """sm_90a -> compute_90a: NVRTC emits PTX for the virtual architecture, suffix kept."""
     return "compute_" + arch[len("sm_"):]
 
+
 def nvrtc_options(arch: str, flags: str) -> list[str]:
     """The NVRTC options used for CUDA C++: defaults first, then the candidate's flags (candidate_flags; raises
     FlagRefused for a flag off the whitelist, before the toolchain is asked anything)."""
@@ -27,6 +28,7 @@ def nvrtc_options(arch: str, flags: str) -> list[str]:
     if header_dir:
         opts.append(f"--include-path={header_dir}")   # ours, after the candidate's flags were checked
     return opts + candidate
+
 
 def candidate_flags(flags: str) -> list[str]:
     """The candidate's flags as NVRTC takes them: checked against the cuda whitelist (raises FlagRefused);
@@ -46,6 +48,7 @@ def candidate_flags(flags: str) -> list[str]:
             out.append(word)
     return out
 
+
 def _nvrtc_ptx(source: str, options: list[str]) -> tuple[bool, str, bytes]:
     """(ok, log, ptx) from NVRTC; NVRTC_ERROR_COMPILATION and NVRTC_ERROR_INVALID_OPTION come back as ok=False."""
     nvrtc = _toolchain().nvrtc
@@ -61,6 +64,7 @@ def _nvrtc_ptx(source: str, options: list[str]) -> tuple[bool, str, bytes]:
         return True, log, _nvrtc_read(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
 
 def _nvrtc_read(nvrtc, prog, size_fn, read_fn) -> bytes:
     err, size = size_fn(prog)

@@ -82,7 +82,7 @@ class Point:
     launch: dict | None
 
 
-def points_of(problem, limit: int | None = None, families: tuple[str, ...] = (), first: list[tuple] = (),
+def points_of(problem, limit: int | None = None, families: tuple[str, ...] = (), first: list[tuple] | tuple = (),
               seed: int = 0) -> list[Point]:
     """The reference kernel, then `first` ((family, params) pairs: the best points evidence knows, which a warm
     start proposes first), then the families' other points in a random order (fixed seed), one family after
@@ -289,7 +289,8 @@ def load_check(setting: str, arch: str) -> str:
     """Load one bundled cubin of `arch` through this machine's CUDA driver: "" when it loads, else why not (a
     driver older than the toolchain that built the bundle may refuse its cubins: then compile on the device)."""
     found = bundles(setting)
-    point = next(((b, p) for b, p, _ in (found.entries.values() if found else ()) if found.arches[b] == arch), None)
+    point = None if found is None else next(
+        ((b, p) for b, p, _ in found.entries.values() if found.arches[b] == arch), None)
     if point is None:
         return f"no bundled cubin for {arch}"
     from cuda.bindings import driver

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kfactory.sandbox.child import KernelFault, raising_as_kernel
 from kfactory.sandbox.protocol import FaultKind
@@ -13,6 +14,7 @@ from kfactory.targets.cuda import driver
 from kfactory.targets.cuda.allocator import DevTensor
 from kfactory.targets.cuda.driver import CudaError, check
 from kfactory.targets.cuda.launch import Launch, evaluate_launch
+
 
 STATIC_SMEM_LIMIT = 48 << 10
 #: scalar argument types -> (the ctypes value the parameter buffer points at, the descriptor's field, conversion):
@@ -50,7 +52,7 @@ class Program:
         """A zero-argument callable that launches the kernel once on `stream` with `argset` (tensors by name)."""
         if len(argset) < len(self.argtypes):
             raise ValueError(f"{len(self.argtypes)} kernel arguments declared, {len(argset)} given")
-        values = []
+        values: list[Any] = []
         for t, a in zip(self.argtypes, argset):
             if t == "ptr":
                 if a["name"] not in tensors:

@@ -38,6 +38,7 @@ def classify_log(log: str) -> int:
             return reason
     return pb.COMPILE_ERROR
 
+
 def first_error(log: str) -> str:
     """The first error line of a log (the compiler's own words), or its first non-empty line."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
@@ -64,6 +65,7 @@ def _names_entry(name: str, entry: str) -> bool:
     # the length prefix must be whole: "1k" inside "_Z11kernel_abcd" is not a function called k
     return name.startswith("_Z") and re.search(rf"(?<!\d){len(entry)}{re.escape(entry)}", name) is not None
 
+
 def parse_resource_report(log: str, entry: str) -> dict:
     """Registers, memory and spills of kernel `entry`, from a ptxas/nvJitLink verbose log.
 
@@ -78,6 +80,7 @@ def parse_resource_report(log: str, entry: str) -> dict:
     ptxas = _ptxas_fields(log.splitlines(), entry)
     link = _link_fields(log.splitlines(), entry)
     return {**link, **ptxas}
+
 
 def _ptxas_fields(lines: list[str], entry: str) -> dict:
     out: dict = {}
@@ -96,6 +99,7 @@ def _ptxas_fields(lines: list[str], entry: str) -> dict:
             out.update(_usage(line))
     return out
 
+
 def _link_fields(lines: list[str], entry: str) -> dict:
     out: dict = {}
     props_for = None
@@ -110,9 +114,11 @@ def _link_fields(lines: list[str], entry: str) -> dict:
             props_for = None
     return out
 
+
 def _usage(line: str) -> dict:
     """registers, smem, cmem and lmem of one `Used N registers, ...` line."""
-    out = {"registers": int(_USED.search(line).group(1))}
+    used = _USED.search(line)   # the callers pass only lines it matches
+    out = {"registers": int(used.group(1)) if used else 0}
     if m := _SMEM.search(line):
         out["shared_bytes"] = int(m.group(1))
     if banks := _CMEM.findall(line):
@@ -120,6 +126,7 @@ def _usage(line: str) -> dict:
     if m := _LMEM.search(line):
         out["local_bytes"] = int(m.group(1))
     return out
+
 
 def cubin_functions(cubin: bytes) -> set[str]:
     """Names of the FUNC symbols in a cubin's ELF .symtab (64-bit little-endian ELF, as every cubin is)."""
@@ -139,6 +146,7 @@ def cubin_functions(cubin: bytes) -> set[str]:
                 end = cubin.index(b"\0", str_off + st_name)
                 names.add(cubin[str_off + st_name:end].decode(errors="replace"))
     return names
+
 
 def _missing_entry(cubin: bytes, entry: str) -> str:
     """Why the cubin lacks `entry`, or "" when it has it."""

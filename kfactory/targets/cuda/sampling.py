@@ -13,6 +13,7 @@ from kfactory.targets.cuda.device import CudaDevice
 from kfactory.targets.cuda.driver import check
 from kfactory.targets.cuda.program import capture
 
+
 GRAPH_TARGET_S = 200e-6  # a graph replay (or a run of back-to-back baseline calls) lasts at least this
 MAX_GRAPH_LAUNCHES = 4096
 

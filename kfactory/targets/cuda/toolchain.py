@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
+
 
 INSTALL_HINT = "pip install cuda-bindings nvidia-cuda-nvrtc nvidia-nvjitlink"
 
@@ -19,14 +21,16 @@ class CudaToolchainMissing(RuntimeError):
         extra = f" ({detail})" if detail else ""
         super().__init__(f"the cuda target needs NVRTC and nvJitLink: {INSTALL_HINT}{extra}")
 
+
 @dataclass(frozen=True)
 class _Toolchain:
-    nvrtc: object
-    nvjitlink: object
+    nvrtc: Any       # the cuda.bindings modules
+    nvjitlink: Any
     nvrtc_version: str
     nvjitlink_version: str
     supported: tuple[int, ...]       # the sm numbers NVRTC can compile for
     header_dir: str                  # where cuda_bf16.h / cuda_fp16.h are, or ""
+
 
 @lru_cache(maxsize=1)
 def _toolchain() -> _Toolchain:
@@ -44,6 +48,7 @@ def _toolchain() -> _Toolchain:
         raise CudaToolchainMissing(f"{type(exc).__name__}: {exc}") from exc
     return _Toolchain(nvrtc, nvjitlink, f"{major}.{minor}", link_version, tuple(supported), _header_dir())
 
+
 def _nvjitlink_version(nvjitlink) -> str:
     """'13.5'; older cuda-bindings may lack nvjitlink.version(), which must not make the toolchain 'missing'."""
     try:
@@ -51,9 +56,11 @@ def _nvjitlink_version(nvjitlink) -> str:
     except Exception:  # noqa: BLE001 - any failure here only loses a version string
         return "?"
 
+
 def _check_nvrtc(nvrtc, err, what: str) -> None:
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise CudaToolchainMissing(f"{what} returned {err!r}")
+
 
 def _header_dir() -> str:
     """The include directory holding cuda_bf16.h/cuda_fp16.h, or "".
@@ -73,10 +80,12 @@ def _header_dir() -> str:
             candidates.append(Path(os.environ[env]) / "include")
     return next((str(c) for c in candidates if (c / "cuda_bf16.h").is_file()), "")
 
+
 def toolchain_description() -> str:
     """'nvrtc 13.5 + nvJitLink 13.5', for reports and cache keys."""
     tc = _toolchain()
     return f"nvrtc {tc.nvrtc_version} + nvJitLink {tc.nvjitlink_version}"
+
 
 def _enum_name(value) -> str:
     return getattr(value, "name", str(value))

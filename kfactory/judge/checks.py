@@ -1,0 +1,151 @@
+"""What verification (kfactory.judge.verify) and measurement (kfactory.judge.measure) share: the input pool with
+its float64 references, the check of one call's outputs against them, tampering (writes out of bounds or into an
+input), the typed Rejection that ends a check early, and the reason of a candidate's fault."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kfactory.judge import inputs as inp
+from kfactory.judge.numerics import compare
+from kfactory.observability.stagetime import span
+from kfactory.problems import Problem
+from kfactory.problems.check import run_reference
+from kfactory.sandbox.parent import RunnerFault
+from kfactory.sandbox.shm_args import set_bytes
+from kfactory.v1 import events_pb2 as pb
+
+
+LARGE_ELEMENTS = 1 << 20
+
+
+def fault_reason(e: RunnerFault) -> int:
+    """The typed reason for a candidate's fault (its kind's, kfactory.sandbox.protocol.REJECT_REASONS)."""
+    return e.reason
+
+
+@dataclass(frozen=True)
+class RegressionInput:
+    """An input that once exposed a wrong kernel: re-drawn exactly from (shape, distribution, seed)."""
+    shape: str
+    distribution: str
+    seed: int
+
+    @classmethod
+    def of(cls, msg: pb.RegressionInput) -> "RegressionInput":
+        return cls(msg.shape, msg.distribution, msg.seed)
+
+
+class InputPool:
+    """Fresh inputs and their float64 references per (shape, distribution), and timing pools per shape.
+
+    Small sets are drawn anew for every use; a large set (over LARGE_ELEMENTS) is shared by at most `reuse`
+    uses before it is drawn again with a fresh seed, because drawing and computing the float64 reference of
+    16M elements costs more than the kernel under test. Every draw's seed is recorded in the checks.
+    `regressions` are inputs memory holds for the problem; every verification runs them too.
+    """
+
+    def __init__(self, problem: Problem, reuse: int, regressions: list[RegressionInput] | None = None):
+        self.problem, self.reuse = problem, reuse
+        self.regressions = list(regressions or [])
+        self._sets: dict[tuple[str, str], list] = {}
+
+    def _get(self, key: tuple[str, str], numel: int, make):
+        entry = self._sets.get(key)
+        if entry is None or entry[1] >= (self.reuse if numel > LARGE_ELEMENTS else 1):
+            entry = [make(), 0]
+            self._sets[key] = entry
+        entry[1] += 1
+        return entry[0]
+
+    def get(self, shape: dict[str, int], dist: str):
+        """(inputs, float64 reference outputs, seed) for one verification check."""
+        def make():
+            return self.drawn(shape, dist, inp.fresh_seed())
+        return self._get((self.problem.shape_str(shape), dist), math.prod(shape.values()), make)
+
+    def drawn(self, shape: dict[str, int], dist: str, seed: int):
+        """(inputs, float64 reference outputs, seed) drawn with a given seed."""
+        with span("drawing"):
+            x = inp.draw(self.problem, shape, dist, seed)
+        with span("references"):
+            return x, run_reference(self.problem, x, shape, dist), seed
+
+    def probe_set(self, shape: dict[str, int]):
+        """(inputs, float64 reference outputs, seed) for the check after a timing (see measure): drawn from the
+        timing distribution but never one of the timing sets, shared like get()'s large sets."""
+        def make():
+            return self.drawn(shape, timing_dist(self.problem), inp.fresh_seed())
+        return self._get((self.problem.shape_str(shape), "probe"), math.prod(shape.values()), make)
+
+    def timing_sets(self, shape: dict[str, int], cache_bytes: int):
+        """(rotating input sets larger than the cache, float64 reference outputs of every set, seeds)."""
+        def make():
+            seeds = [inp.fresh_seed() for _ in range(n_sets(self.problem, shape, cache_bytes))]
+            dist = timing_dist(self.problem)
+            with span("drawing"):
+                sets = [inp.draw(self.problem, shape, dist, s) for s in seeds]
+            with span("references"):
+                return sets, [run_reference(self.problem, x, shape, dist) for x in sets], seeds
+        return self._get((self.problem.shape_str(shape), "timing"), math.prod(shape.values()), make)
+
+    def screen_sets(self, shape: dict[str, int], cache_bytes: int) -> list[dict]:
+        """Rotating input sets for screening timings (kfactory.judge.screening.screen): drawn once and shared by every
+        screen, with no reference, since a screen checks nothing and decides nothing but whether a candidate
+        is judged at all (one that passes is verified on fresh inputs like any other)."""
+        key = (self.problem.shape_str(shape), "screen")
+        if key not in self._sets:
+            with span("drawing"):
+                dist = timing_dist(self.problem)
+                self._sets[key] = [[inp.draw(self.problem, shape, dist, inp.fresh_seed())
+                                    for _ in range(n_sets(self.problem, shape, cache_bytes))], 0]
+        return self._sets[key][0]
+
+
+def check_outputs(problem: Problem, outputs: dict, ref: dict, shape: str, dist: str, seed: int,
+                  seconds: float) -> pb.Check:
+    """The worst output's Check against the float64 reference (every element compared, dtype enforced)."""
+    with span("comparison"):
+        return _compared(problem, outputs, ref, shape, dist, seed, seconds)
+
+
+def _compared(problem: Problem, outputs: dict, ref: dict, shape: str, dist: str, seed: int,
+              seconds: float) -> pb.Check:
+    checks = []
+    for t in problem.spec.outputs:
+        tol = problem.spec.tolerance[t.dtype]
+        if outputs[t.name].dtype != np.dtype(t.dtype):
+            return pb.Check(shape=shape, distribution=dist, seed=seed, note=f"{t.name} has the wrong dtype")
+        checks.append(compare(outputs[t.name], ref[t.name], tol.atol, tol.rtol, tol.norm_rel))
+    worst = min(checks, key=lambda c: (c.passed, -c.norm_rel_err))
+    worst.shape, worst.distribution, worst.seed, worst.seconds = shape, dist, seed, seconds
+    return worst
+
+
+class Rejection(Exception):
+    """Ends a verification (or a measurement's check) early with a typed reason."""
+
+    def __init__(self, reason: int, message: str):
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+def reject_tampering(res, sname: str, dist: str) -> None:
+    """Raise Rejection when a call wrote outside its outputs (a guard band changed) or wrote an input."""
+    if res.out_of_bounds:
+        raise Rejection(pb.OUT_OF_BOUNDS, f"{sname}/{dist}: the kernel wrote outside {res.out_of_bounds} "
+                                          "(a guard band next to the tensor changed)")
+    if res.mutated:
+        raise Rejection(pb.INPUT_MUTATED, f"{sname}/{dist}: the kernel wrote input(s) {res.mutated}")
+
+
+def n_sets(problem: Problem, shape: dict[str, int], cache_bytes: int, max_sets: int = 256) -> int:
+    """How many input sets a rotating timing pool needs to be larger than the cache."""
+    return min(max_sets, max(2, math.ceil(cache_bytes / max(set_bytes(problem, shape), 1))))
+
+
+def timing_dist(problem: Problem) -> str:
+    """The distribution timings draw from: normal where the problem declares it."""
+    return "normal" if "normal" in problem.spec.distributions else next(iter(problem.spec.distributions))
