@@ -4,8 +4,8 @@ It speaks the OpenAI-compatible chat API (POST /v1/chat/completions) and Anthrop
 (POST /v1/messages) over real HTTP on a free local port, and answers each request from a script: per persona
 (read from the system prompt's "(persona NAME)"), a list of actions taken in order, the last one repeating.
 Actions: Reply(text) (usage counted as characters/4), Hang() (never answers), Status(code, headers) (e.g. 429
-with Retry-After), Refuse(), Raw(body) (a 200 with that JSON as it is). Every request and the usage it was billed is recorded, so tests compare the
-factory's token accounting with what the double served.
+with Retry-After), Refuse(), Raw(body) (a 200 with that JSON as it is). Every request and the usage it was billed
+is recorded, so tests compare the factory's token accounting with what the double served.
 
 Standalone (for `kfactory run ... --coders template,agent` against a working endpoint):
     python tests/scripted_model.py --port 8765      # then KFACTORY_LLM_BASE_URL=http://127.0.0.1:8765/v1

@@ -319,7 +319,8 @@ async def _agent_task(bus_settings, take_over: bool):
         pp = pb.PointProposed(point_id="p" * 24, family="cpu_c", params_json="{}", problem="softmax", target="cpu",
                               origin="agent:memory_bound", agent=pb.AgentTask(persona="memory_bound"))
         event = ev.make_event("cstale", "planner", pp.point_id, point_proposed=pp)
-        task = asyncio.create_task(coder.agents.handle("memory_bound", Delivery(event, "s", 1, None)))
+        delivery = Delivery(event, "s", 1, None)  # type: ignore[arg-type]  # hand-made: no message behind it
+        task = asyncio.create_task(coder.agents.handle("memory_bound", delivery))
         while not m.requests:  # the model has the prompt and is "thinking"
             await asyncio.sleep(0.05)
         if take_over:

@@ -174,7 +174,8 @@ class _Exploding:
     def __init__(self, when: str):
         if when == "construction":
             raise RuntimeError("boom in __init__")
-        self.seen, self.asked = set(), 0
+        self.seen: set = set()
+        self.asked = 0
 
     def ask(self):
         from kfactory.strategies import Point

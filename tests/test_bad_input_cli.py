@@ -43,7 +43,8 @@ def _spec(space: Path, **kw) -> pb.CampaignSpec:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kfactory.cli.main", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "kfactory.cli.main", *args], capture_output=True, text=True,
+                          timeout=60)
 
 
 async def _acli(*args: str) -> tuple[int, str, str]:
@@ -51,6 +52,7 @@ async def _acli(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kfactory.cli.main", *args,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None  # communicate() waited for the exit
     return proc.returncode, out.decode(), err.decode()
 
 

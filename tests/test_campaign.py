@@ -3,19 +3,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import cast
 
 import pytest
 
 from conftest import kernel_source
 from kfactory.platform.app import start_services
 from kfactory.cli.run import _memory_ready
+from kfactory.services.memory.service import MemoryService
+from kfactory.services.planner.service import PlannerService
 from kfactory.v1 import events_pb2 as pb
 
 
 async def _campaign(settings, spec: pb.CampaignSpec, timeout: float = 240.0):
     running = await start_services(settings, grpc=False)
     try:
-        planner = running.services["planner"]
+        planner = cast(PlannerService, running.services["planner"])
         await _memory_ready(running)  # so a warm start can ask memory, as `kfactory run` does
         cid = await planner.submit(spec)
         st = planner.campaigns[cid]
@@ -23,7 +26,7 @@ async def _campaign(settings, spec: pb.CampaignSpec, timeout: float = 240.0):
             while st.finished is None:
                 assert running.failed() is None, running.failed()
                 await asyncio.sleep(0.2)
-        memory = running.services["memory"]
+        memory = cast(MemoryService, running.services["memory"])
         async with asyncio.timeout(30):
             while not memory.archive.q("SELECT 1 FROM campaigns WHERE id=? AND finished_ns IS NOT NULL", (cid,)):
                 await asyncio.sleep(0.1)

@@ -156,7 +156,8 @@ def test_source_rules_name_the_rule_and_line(target, source, needle):
 
 
 def test_comments_and_strings_do_not_trip_the_rules(target):
-    src = '#include <math.h>\n/* we never fopen() here */\nvoid kernel(float *y){ const char *s = "socket"; y[0] = (float)s[0]; }\n'
+    src = ('#include <math.h>\n/* we never fopen() here */\n'
+           'void kernel(float *y){ const char *s = "socket"; y[0] = (float)s[0]; }\n')
     assert target.compile(src, "c", "-O2", "kernel").ok
 
 

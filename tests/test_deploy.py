@@ -285,6 +285,7 @@ def test_nats_is_a_three_server_jetstream_cluster_on_volumes(overlay):
 
 def _bytes(q: str) -> float:
     m = re.fullmatch(r"(\d+(?:\.\d+)?)(Gi|Mi|GB|MB)", q)
+    assert m is not None, q
     return float(m.group(1)) * {"Gi": 2 ** 30, "Mi": 2 ** 20, "GB": 1e9, "MB": 1e6}[m.group(2)]
 
 

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -143,7 +144,7 @@ async def test_keda_triggers_name_consumers_that_exist_in_account_g(secured):
 
 
 def _jsz(server: SecuredNats, account: str) -> set[tuple[str, str]]:
-    url = f"http://127.0.0.1:{server.http_port}/jsz?acc={urllib.request.quote(account)}&consumers=true&config=true"
+    url = f"http://127.0.0.1:{server.http_port}/jsz?acc={urllib.parse.quote(account)}&consumers=true&config=true"
     with urllib.request.urlopen(url, timeout=5) as r:
         data = json.load(r)
     return {(s["name"], c["name"]) for a in data.get("account_details", []) if a["name"] == account
@@ -152,6 +153,7 @@ def _jsz(server: SecuredNats, account: str) -> set[tuple[str, str]]:
 
 def _max_payload() -> int:
     m = re.search(r"^max_payload: (\d+)MB$", (NATS_DIR / "nats.conf").read_text(), re.M)
+    assert m is not None
     return int(m.group(1)) * 2 ** 20
 
 

@@ -10,6 +10,7 @@ import json
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import cast
 
 import grpc
 import pytest
@@ -25,6 +26,8 @@ from kfactory.problems import BUILTIN_DIR
 from kfactory.cli.run import _memory_ready
 from kfactory.services.memory.archive import Archive
 from kfactory.services.memory.queries import Queries, problem_name
+from kfactory.services.memory.service import MemoryService
+from kfactory.services.planner.service import PlannerService
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
@@ -43,7 +46,8 @@ def source(tmp_path_factory, host_ceilings) -> dict:
     pkg = root / "softmax_tiny"
     shutil.copytree(BUILTIN_DIR / "softmax", pkg)
     spec = yaml.safe_load((pkg / "problem.yaml").read_text())
-    spec["shapes"] = {"optimize": [{"rows": 16, "cols": 256}], "verify": [{"rows": 3, "cols": 17}, {"rows": 1, "cols": 1}]}
+    spec["shapes"] = {"optimize": [{"rows": 16, "cols": 256}],
+                      "verify": [{"rows": 3, "cols": 17}, {"rows": 1, "cols": 1}]}
     (pkg / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     data = root / "data"
     data.mkdir()
@@ -57,9 +61,9 @@ def source(tmp_path_factory, host_ceilings) -> dict:
         running = await start_services(settings)
         try:
             await _memory_ready(running)
-            cid = await running.services["planner"].submit(pb.CampaignSpec(
+            cid = await cast(PlannerService, running.services["planner"]).submit(pb.CampaignSpec(
                 problem=str(pkg), target="cpu", budget_candidates=2, strategy="random", seed=5, warm_start=0))
-            archive = running.services["memory"].archive
+            archive = cast(MemoryService, running.services["memory"]).archive
             async with asyncio.timeout(120):
                 while not archive.q("SELECT 1 FROM campaigns WHERE id=? AND finished_ns IS NOT NULL", (cid,)):
                     assert running.failed() is None, running.failed()
@@ -97,7 +101,8 @@ def _ok(result: tuple[int, str, str]) -> str:
 def _snapshot(data: Path) -> dict:
     """Every row of every table of a workspace's archive, and its object store's names."""
     db = sqlite3.connect(data / "archive.sqlite")
-    tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")]
+    tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master "
+                                       "WHERE type='table' AND name NOT LIKE 'sqlite_%'")]
     rows = {t: sorted(map(repr, db.execute(f"SELECT * FROM {t}"))) for t in tables}
     db.close()
     return {**rows, "objects": sorted(p.name for p in (data / "objects").iterdir())}

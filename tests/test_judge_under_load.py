@@ -129,8 +129,8 @@ from test_cuda_runtime import _softmax_kernel, fake_cuda, fake_session  # noqa: 
 
 
 @pytest.mark.parametrize("mode", ["events", "graph"])
-def test_the_probe_catches_a_gpu_kernel_that_stops_after_the_timing(fake_session, fake_cuda, settings,
-                                                                     monkeypatch, mode):
+def test_the_probe_catches_a_gpu_kernel_that_stops_after_the_timing(
+        fake_session, fake_cuda, settings, monkeypatch, mode):  # noqa: F811 (the fixtures imported above)
     """A kernel (launches counted on the device) that computes every launch of its timing and stops writing
     right after it: nothing the timing saw was wrong, the probe's checked launch is. Through CudaSession's
     bench and call, so the probe needs nothing of the cuda runner child that the cpu one lacks."""
@@ -162,7 +162,7 @@ def test_the_probe_catches_a_gpu_kernel_that_stops_after_the_timing(fake_session
     assert benches[0] == 6 and sum(benches[1:]) >= PROBE_MIN_CALLS  # the calls between timing and check
 
 
-def test_an_honest_gpu_kernel_passes_the_probe(fake_session, settings):
+def test_an_honest_gpu_kernel_passes_the_probe(fake_session, settings):  # noqa: F811 (the fixture imported above)
     fake_session.load_artifact("k", b"cubin-k", "kernel", {"grid": "rows", "block": "256"})
     problem = load_problem("softmax")
     res = measure(fake_session, ["k"], problem, {"rows": 4, "cols": 50}, InputPool(problem, 1), 1 << 12,

@@ -42,7 +42,7 @@ def kda():
 
 
 def _ds(source: str) -> int:
-    return int(re.search(r"^#define DS (\d+)$", source, re.M).group(1))
+    return int(re.findall(r"^#define DS (\d+)$", source, re.M)[0])
 
 
 # ---------------------------------------------------------------------------------------------------------

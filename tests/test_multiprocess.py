@@ -41,8 +41,8 @@ class Factory:
     def start(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """`kfactory serve name`, with `env` over the factory's environment (this process's own settings)."""
         log = open(self.tmp / f"{name}.log", "ab")
-        p = subprocess.Popen([sys.executable, "-m", "kfactory.cli.main", "serve", name], env={**self.env, **(env or {})},
-                             stdout=log, stderr=subprocess.STDOUT)
+        p = subprocess.Popen([sys.executable, "-m", "kfactory.cli.main", "serve", name],
+                             env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = p
         return p
 

@@ -16,8 +16,8 @@ from google.protobuf import json_format
 pytest.importorskip("cuda.bindings")
 cc = pytest.importorskip("kfactory.targets.cuda.compile")
 
-from kfactory.bus import events as ev
-from kfactory.targets.cuda import precompile
+from kfactory.bus import events as ev  # noqa: E402
+from kfactory.targets.cuda import precompile  # noqa: E402
 from kfactory.platform.app import start_services  # noqa: E402
 from kfactory.cli.main import main  # noqa: E402
 from kfactory.platform.config import Settings  # noqa: E402

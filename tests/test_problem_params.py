@@ -300,9 +300,11 @@ def test_cuda_child_passes_a_float_param_as_a_c_float(tmp_path, monkeypatch):
     from kfactory.targets.cuda.program import Program
     from kfactory.sandbox.shm_args import build_argset
 
-    spec = lambda s: s["abi"].update(cuda={
-        "signature": 'extern "C" __global__ void kernel(const float *x, float *y, long long n, float alpha)',
-        "args": ["x", "y", "n", "alpha"]})
+    def spec(s):
+        s["abi"].update(cuda={
+            "signature": 'extern "C" __global__ void kernel(const float *x, float *y, long long n, float alpha)',
+            "args": ["x", "y", "n", "alpha"]})
+
     problem = load_problem(_package(tmp_path / "pkg", spec))
     argtypes = abi_argtypes(problem, "cuda")
     assert argtypes == ["ptr", "ptr", "i64", "f32"]

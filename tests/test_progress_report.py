@@ -57,7 +57,7 @@ def _measured(cand: pb.Candidate, medians: tuple[float, ...], noise: float = 0.0
         candidate=cand, timings=timings, score_s=medians[0], device=pb.DeviceInfo(target="cpu"), **fields))]
 
 
-def _rejected(cand: pb.Candidate, reason: int) -> list[pb.Event]:
+def _rejected(cand: pb.Candidate, reason: pb.RejectReason) -> list[pb.Event]:
     return evidence_chain.links(CID, cand)[:2] + [ev.make_event(CID, "verifier", cand.id, rejected=pb.Rejected(
         candidate=cand, stage="verifier", reason=reason, message="planted"))]
 

@@ -52,6 +52,7 @@ def _search(devices, evidence: list[Evidence], seed: int, evals: int = CAP, unti
         p = priors.next(s.trust(), lambda c: c in s.seen)
         if p is None:
             p = s.ask()
+            assert p is not None
         else:
             s.seen.add(p)
         t = rs.lookup(p.params).time_ms

@@ -45,6 +45,7 @@ def test_evolutionary_beats_random_on_average(space):
         best = float("inf")
         for _ in range(n):
             p = s.ask()
+            assert p is not None
             score = _score(p)
             s.tell(p, score)
             best = min(best, score)

@@ -77,6 +77,7 @@ def test_cma_searches_the_positions_of_ordered_values_and_moves_to_faster_region
         ys = []
         for _ in range(120):
             p = s.ask()
+            assert p is not None
             rec = rs.lookup(p.params)
             t = rec.time_ms if rec is not None else None
             s.tell(p, t)
@@ -121,10 +122,11 @@ def test_a_warm_cma_starts_from_the_best_of_the_evidence_without_a_design(record
         s = make_strategy("cma", space, seed=seed)
         if warm:
             s.warm(evidence)
-            assert s.centred and type(s.sampler).__name__ == "CmaEsSampler"
+            assert s.centred and type(s.sampler).__name__ == "CmaEsSampler"  # type: ignore[attr-defined]  # CmaStrategy
         ys = []
         for _ in range(10):
             p = s.ask()
+            assert p is not None
             t = rs.lookup(p.params).time_ms
             s.tell(p, t)
             ys.append(math.log(t / opt) if t else np.nan)

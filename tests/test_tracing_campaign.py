@@ -149,7 +149,8 @@ def test_one_candidate_is_one_trace_across_six_processes_and_metrics_tell_the_ca
     assert metric(ver, "kfactory_rejections_total", stage="verifier", reason="WRONG_RESULT") >= 1
     assert metric(ver, "kfactory_device_busy_seconds_total", device=_device(ver)) > 0
     bench = f.scrape("benchmarker")
-    assert metric(bench, "kfactory_stage_seconds_count", stage="benchmarker", outcome="ack") >= status["counts"]["measured"]
+    acked = metric(bench, "kfactory_stage_seconds_count", stage="benchmarker", outcome="ack")
+    assert acked >= status["counts"]["measured"]
     assert metric(bench, "kfactory_work_seconds_count", service="benchmarker", work="measure") >= 1
     f.stop()
     assert f.nats.violations() == [], f.nats.violations()

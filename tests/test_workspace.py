@@ -48,6 +48,7 @@ async def _cli(env: dict[str, str], *args: str, cwd: Path | None = None) -> tupl
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kfactory.cli.main", *args, env=env, cwd=cwd,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode is not None  # communicate() waited for the exit
     return proc.returncode, out.decode(), err.decode()
 
 
@@ -72,7 +73,7 @@ def test_objects_are_content_addressed_idempotent_and_checked(tmp_path):
 
 
 def test_a_workspace_where_no_campaign_ran_says_so_in_one_line(tmp_path):
-    async def ask() -> list[tuple[int, str, str]]:
+    async def ask() -> tuple[tuple[int, str, str], tuple[int, str, str]]:
         env = _env(tmp_path / "nothing-here")
         return await asyncio.gather(_cli(env, "status"), _cli(env, "best", "--candidate", "abc", "--json"))
 

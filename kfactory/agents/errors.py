@@ -10,7 +10,7 @@ from kfactory.v1 import events_pb2 as pb
 
 class AgentFailure(Exception):
     """An agent produced no candidate. `reason` is the RejectReason the coder publishes."""
-    reason: int = pb.REJECT_REASON_UNSPECIFIED
+    reason: pb.RejectReason = pb.REJECT_REASON_UNSPECIFIED
     transient: bool = False
 
 

@@ -21,7 +21,7 @@ from kfactory.observability import metrics, stagetime
 from kfactory.problems import Problem, load_problem
 from kfactory.judge.regressions import RegressionSource
 from kfactory.sandbox.parent import HarnessError
-from kfactory.targets import Target, get_target
+from kfactory.targets import Session, Target, get_target
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -184,7 +184,7 @@ class RunnerService(Service):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self.sessions: dict[tuple, object] = {}
+        self.sessions: dict[tuple, Session] = {}
         self.pools: dict[str, InputPool] = {}
         self.regressions = RegressionSource(lambda: ctx.memory_addr or ctx.settings.memory_addr,
                                             settings=ctx.settings)

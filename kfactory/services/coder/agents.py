@@ -106,6 +106,7 @@ class AgentConsumers:
             await self.coder.bus.publish(ev.make_event(cid, self.coder.name, pp.point_id, rejected=rej))
             return
         k = work.kernel
+        assert k is not None  # Agent.write returns a kernel or a failure
         flags = k.flags if k.flags is not None else work.parent_flags
         launch_json = ev.canonical_json(k.launch) if k.launch else ""
         await self.coder.emit(pp, cid, k.source, work.language, flags, work.entry, 1, launch_json,

@@ -1,5 +1,6 @@
 """The coder: design point -> candidate (a family template rendered at the point, or a given source), and
-agent coders (LLMs) writing kernels from parent candidates, one consumer per persona (kfactory/services/coder/agents.py)."""
+agent coders (LLMs) writing kernels from parent candidates, one consumer per persona
+(kfactory/services/coder/agents.py)."""
 from __future__ import annotations
 
 import asyncio

@@ -172,8 +172,8 @@ class Archive:
         """Merge another archive's evidence (kfactory/evidence/bundle.py) in one transaction, all or none: each
         event recorded as one from the stream (what derives from it is this archive's own), `aliases` (locator ->
         problem name on the machine that ran it) kept, `regressions` added. Nothing is merged, and the reasons are
-        returned, when an id is held here with other content, an event is not believed (kfactory/evidence/trust.py), or a
-        locator is named otherwise here. Returns (added, already here, held back for their chain, regression
+        returned, when an id is held here with other content, an event is not believed (kfactory/evidence/trust.py),
+        or a locator is named otherwise here. Returns (added, already here, held back for their chain, regression
         inputs added, reasons)."""
         with self.lock:
             self.db.execute("BEGIN")
@@ -252,6 +252,8 @@ class Archive:
             f = event.campaign_finished
             self.db.execute("UPDATE campaigns SET state=?, finished_ns=?, summary_json=? WHERE id=?",
                             (f.state, t, f.summary_json, c))
+        elif cand is None:  # every kind below carries a candidate (ev.candidate_of); any other kind derives nothing
+            return
         elif kind == "candidate_created":
             self.db.execute("INSERT OR IGNORE INTO candidates VALUES (?,?,?,?,?,?,?,?,?,?)",
                             (c, cand.id, cand.problem, cand.target, cand.family, cand.origin, cand.params_json,
@@ -292,8 +294,7 @@ class Archive:
             return
         self.db.execute("INSERT OR IGNORE INTO regressions VALUES (?,?,?,?,?,?,?,?,?)",
                         (self.problem_name(cand.problem), failing.shape, dist, str(failing.seed), cand.id,
-                         event.campaign_id, pb.RejectReason.Name(rej.reason), rej.message[:500],
-                         event.time_unix_ns))
+                         event.campaign_id, pb.RejectReason.Name(rej.reason), rej.message[:500], event.time_unix_ns))
 
     def regressions(self, problem: str) -> list[pb.RegressionInput]:
         """The regression inputs memory holds for a problem, oldest first."""
@@ -320,8 +321,7 @@ class Archive:
                       (campaign, limit))
         return [(pb.Measured.FromString(r[0]), r[1:]) for r in rows]
 
-    def best(self, problem: str, shape: str = "", device: str = "",
-             target: str = "") -> tuple[pb.Measured, str] | None:
+    def best(self, problem: str, shape: str = "", device: str = "", target: str = "") -> tuple[pb.Measured, str] | None:
         """The fastest measurement of a problem (at a shape, on a device whose model contains `device`, of a
         candidate for `target`: `cuda` matches every cuda target, `cuda:sm_90a` only itself)."""
         rows = self.q("SELECT payload, campaign FROM measurements WHERE problem=? AND device LIKE ?",
@@ -377,7 +377,7 @@ class Archive:
         return out
 
     def lineage(self, candidate: str) -> list[str]:
-        out, frontier = [], [candidate]
+        out, frontier = list[str](), [candidate]
         while frontier and len(out) < 100:
             rows = self.q("SELECT parent FROM parents WHERE candidate=?", (frontier.pop(0),))
             for (p,) in rows:

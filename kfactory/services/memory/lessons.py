@@ -25,7 +25,7 @@ def lessons(archive, problem: str, target: str = "", limit: int = 6) -> list[spb
                      f"WHERE m.campaign IN ({marks})", tuple(campaigns))
     everything = [_Row(*r) for r in rows]
     measured = [r for r in everything if not r.m.screened_out]
-    best = {}
+    best: dict[str, float] = {}
     for r in measured:
         best[r.campaign] = min(best.get(r.campaign, r.score), r.score)
     for r in measured:
@@ -76,7 +76,7 @@ def _effects(measured: list[_Row], limit: int) -> list[spb.Lesson]:
         if is_kind(r.origin, *STRATEGY):
             for k, v in r.params.items():
                 by[(k, json.dumps(v))].append(r.relative)
-    params = defaultdict(dict)
+    params: defaultdict[str, dict[str, tuple[float, int]]] = defaultdict(dict)
     for (k, v), rel in by.items():
         if len(rel) >= 2:
             params[k][v] = (statistics.median(rel), len(rel))

@@ -139,6 +139,7 @@ class Queries:
         events = self.archive.events(candidate=self.resolve_candidate(request.id))
         first = next((e for e in events if e.HasField("candidate_created")), events[0])
         cand = ev.candidate_of(first)
+        assert cand is not None  # every event archived under a candidate carries it
         data = self.source(cand.source_digest) if cand.source_digest else None
         return spb.CandidateEvidence(candidate=cand, events=events, lineage=self.archive.lineage(cand.id),
                                      source=data.decode() if data is not None else "")
