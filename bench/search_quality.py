@@ -37,40 +37,41 @@ rank (what trusting the sources alone would cost), and how far the warm runs tru
 strategy's measure, strategies/agreement.py). A space is informative when it is not flat (the hard spaces above);
 issue 27 asks warm/cold <= 1.0 and mean best/optimum at 100 warm no worse than cold on every informative space,
 and a third of the cold evaluations where the whole-space evidence rank is inside that bar.
+
+In three files: this one (the race, the worker processes, the table), search_quality_warm.py (one cold or warm
+run, the evidence, the cold versus warm table) and search_quality_kt.py (Kernel Tuner's side).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import json
 import math
 import os
-import random
 import shutil
 import sys
 import tempfile
 import time
-import warnings
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
-from typing import NamedTuple
 
 # one BLAS thread: the models are small and the machine may be shared
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import numpy as np  # noqa: E402
-from scipy.stats import bootstrap  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.append(str(Path(__file__).resolve().parent))  # its two parts beside it, also when loaded by file path
 
 from kfactory.targets.replay import load_space  # noqa: E402
-from kfactory.strategies import Point, Space, make_strategy  # noqa: E402
-from kfactory.strategies.base import Evidence  # noqa: E402
-from kfactory.strategies.transfer import WarmPriors, rank_points  # noqa: E402
+from kfactory.strategies import Space  # noqa: E402
+from search_quality_kt import _READ_MEMO, _kt_seed, _memoize_kt_cache_reads, kt_available, prepare_kt  # noqa: E402
+from search_quality_kt import memo_last_read  # noqa: E402,F401 (tests/test_search_quality_bench.py reads it here)
+from search_quality_warm import (  # noqa: E402
+    _warm_seed, evidence_rank, median_ratio_interval, print_warm, source_campaign, trust_summary, warm_run)
 
 DEFAULT_BUDGETS = (25, 50, 100, 200)
 DEFAULT_KF = ("default", "surrogate", "tpe", "evolutionary", "random")
@@ -145,101 +146,7 @@ def _kf_seed(job: tuple) -> tuple[list[float], float]:
     return run_kf(name, rs, Space([rs.family()]), seed, budget), time.time() - t0
 
 
-# ----------------------------------------------------------------------------------------------- warm starts
-def source_campaign(strategy: str, other, seed: int, budget: int) -> list[Evidence]:
-    """What memory holds after an earlier campaign on another device: the `budget` points a cold `strategy`
-    run measured there, each scored over that campaign's best (failed points are not measurements). With
-    budget 0: every point recorded there (an exhaustive tuning run, which is what the recorded spaces are)."""
-    if budget <= 0:
-        best = other.optimum_ms()
-        return [Evidence(Point.of(other.family().name, r.params), r.time_ms / best, other.name)
-                for r in other.records.values() if r.time_ms is not None]
-    s = make_strategy(strategy, Space([other.family()]), seed=seed)
-    measured = []
-    for _ in range(budget):
-        p = s.ask()
-        if p is None:
-            break
-        rec = other.lookup(p.params)
-        t = rec.time_ms if rec is not None else None
-        s.tell(p, t)
-        if t is not None:
-            measured.append((p, t))
-    best = min(t for _, t in measured)
-    return [Evidence(p, t / best, f"{other.name}/seed{seed}") for p, t in measured]
-
-
-class WarmRun(NamedTuple):
-    """One run of warm_run: evaluations to within the bar (max_evals + 1: never), best/optimum after each of the
-    first `horizon` evaluations, and, warm-started, the strategy's trust in each source at the horizon (or where
-    the run ended) and how many of the first `horizon` evaluations the evidence led (priors proposed first and
-    the evidence-led members' asks)."""
-    hit: int
-    traj: list[float]
-    trust: dict | None = None
-    led: int = 0
-
-
-def warm_run(name: str, rs, space: Space, seed: int, evidence: list[Evidence], k: int, within: float,
-             max_evals: int, horizon: int) -> WarmRun:
-    """Run one campaign on the recorded space `rs` until the best found is within `within` of the optimum and at
-    least `horizon` evaluations are done (or max_evals). Warm (evidence given): as the planner does it, the
-    strategy learns from the evidence first, up to k priors (transfer.WarmPriors: the points the sources rate
-    best together, weighted by the strategy's trust in each after every result, while the evidence keeps half the
-    say) are proposed before its own points and told to it like its own; every proposal counts."""
-    opt, s = rs.optimum_ms(), make_strategy(name, space, seed=seed)
-    worst = max(r.time_ms for r in rs.records.values() if r.time_ms is not None)
-    if evidence:
-        s.warm(evidence)
-    priors = WarmPriors(evidence, k)
-    best, traj, hit, led, trust = math.inf, [], max_evals + 1, 0, None
-    for n in range(1, max_evals + 1):
-        p = priors.next(s.trust(), lambda c: c in s.seen or not space.valid(c))
-        if p is not None:
-            s.seen.add(p)
-            by_evidence = True
-        else:
-            p = s.ask()
-            # a portfolio's evidence-led members (Portfolio.led) asked it
-            by_evidence = getattr(s, "owner", {}).get(p, -1) in getattr(s, "led", ())
-        if p is None:
-            break
-        led += by_evidence and n <= horizon
-        rec = rs.lookup(p.params)
-        t = rec.time_ms if rec is not None else None
-        s.tell(p, t)
-        best = min(best, t) if t is not None else best
-        if n <= horizon:
-            traj.append((best if best < math.inf else worst) / opt)
-        if n == horizon:
-            trust = s.trust()
-        if best <= within * opt and hit > max_evals:
-            hit = n
-        if hit <= max_evals and n >= horizon:
-            break
-    while len(traj) < horizon:
-        traj.append(traj[-1] if traj else worst / opt)
-    trust = trust or s.trust()
-    shown = None if trust is None else {"say": trust.evidence, "sources": {
-        a.source.split("/")[0]: {"agreement": a.tau, "weight": a.weight} for a in trust.sources}}
-    return WarmRun(hit, traj, shown, int(led))
-
-
-def evidence_rank(rs, evidence: list[Evidence], within: float) -> int:
-    """What the evidence alone says: the position of this space's first point within `within` of its optimum when
-    every valid point is ordered by its mean log(relative score) over the sources that measured it (points no
-    source measured last, in a fixed order). A warm start that trusts the evidence needs about this many
-    evaluations unless this device's own results teach it more than the evidence does."""
-    fam = rs.family().name
-    here = {Point.of(fam, r.params): r for r in rs.records.values()}
-    measured = [p for p in rank_points(evidence, len(evidence)) if p in here]
-    known = set(measured)
-    ranked = measured + sorted((p for p in here if p not in known), key=lambda p: p.params_json)
-    good = within * rs.optimum_ms()
-    return next((n for n, p in enumerate(ranked, 1) if here[p].time_ms is not None and here[p].time_ms <= good),
-                len(ranked))
-
-
+# --------------------------------------------------------------- warm starts (each seed's runs: search_quality_warm.py)
 def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: int, within: float,
                        max_evals: int, source_budget: int, budgets: list[int],
                        targets: list[str] | None = None) -> dict:
@@ -286,129 +193,6 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
         print(f"  warm start {rs.name:28s} cold {np.median(cold):6.1f}  warm {np.median(warm):6.1f} evaluations "
               f"to within {within - 1:.0%}", file=sys.stderr, flush=True)
     return out
-
-
-def trust_summary(runs: list[WarmRun]) -> dict:
-    """Median over the warm runs of the evidence's say and of each source device's agreement and weight, where
-    they stood at the horizon, and of how many of the first `horizon` evaluations the evidence led."""
-    judged = [r.trust for r in runs if r.trust is not None]
-    if not judged:
-        return {"evidence_say": None, "source_trust": {}, "evidence_led_evals": float(np.median([r.led for r in runs]))}
-    devices = sorted({d for t in judged for d in t["sources"]})
-
-    def med(values):
-        values = [v for v in values if v is not None]
-        return float(np.median(values)) if values else None
-    return {"evidence_say": med([t["say"] for t in judged]),
-            "source_trust": {d: {k: med([t["sources"][d][k] for t in judged if d in t["sources"]])
-                                 for k in ("agreement", "weight")} for d in devices},
-            "evidence_led_evals": float(np.median([r.led for r in runs]))}
-
-
-def median_ratio_interval(warm: list[float], cold: list[float], level: float = 0.9) -> list[float]:
-    """A `level` bootstrap interval (percentile method, fixed seed) of median(warm) / median(cold), resampling
-    each side's seeds: where a space needs hundreds of evaluations by one seed and a handful by another, 30
-    seeds leave the ratio uncertain, and this says by how much."""
-    def ratio(w, c, axis=-1):
-        return np.median(w, axis=axis) / np.median(c, axis=axis)
-
-    if len(warm) < 2 or len(cold) < 2:  # nothing to resample
-        r = float(ratio(np.asarray(warm), np.asarray(cold)))
-        return [r, r]
-    ci = bootstrap((np.asarray(warm, float), np.asarray(cold, float)), ratio, paired=False, vectorized=True,
-                   n_resamples=2000, confidence_level=level, method="percentile", rng=np.random.default_rng(0))
-    return [float(ci.confidence_interval.low), float(ci.confidence_interval.high)]
-
-
-def _warm_seed(job: tuple) -> tuple[WarmRun, WarmRun, int]:
-    """One seed of the cold versus warm comparison: (cold run, warm run, evidence rank); the evidence comes
-    from one earlier campaign (seed 1000 + seed) on each other device."""
-    path, other_paths, strategy, sd, k, within, max_evals, source_budget, horizon = job
-    rs, others = load_space(path), [load_space(o) for o in other_paths]
-    space = Space([rs.family()])
-    evidence = [e for o in others for e in source_campaign(strategy, o, 1000 + sd, source_budget)]
-    cold = warm_run(strategy, rs, space, sd, [], k, within, max_evals, horizon)
-    warm = warm_run(strategy, rs, space, sd, evidence, k, within, max_evals, horizon)
-    return cold, warm, evidence_rank(rs, evidence, within)
-
-
-# ----------------------------------------------------------------------------------------------- Kernel Tuner side
-def kt_available() -> str | None:
-    try:
-        import kernel_tuner  # noqa: F401
-        return None
-    except ImportError as e:
-        return f"{type(e).__name__}: {e}"
-
-
-_READ_MEMO: dict = {}
-
-
-def memo_last_read(read):
-    """`read` (Kernel Tuner's read_cache) with each parsed file kept until another file is read: the race goes
-    space by space, and each worker process holds its own memo, which nothing else clears. Reads that open the
-    cache for writing are passed through."""
-    def read_cache(cachefile, open_cache=True):
-        if open_cache:
-            return read(cachefile, open_cache)
-        if cachefile not in _READ_MEMO:
-            _READ_MEMO.clear()
-            _READ_MEMO[cachefile] = read(cachefile, open_cache)
-        return _READ_MEMO[cachefile]
-    return read_cache
-
-
-def _memoize_kt_cache_reads() -> None:
-    """Kernel Tuner re-reads (and re-parses) the whole cache file on every tune_kernel call; in simulation mode
-    it only reads it (the runner copies each record it serves), so parse each file once (memo_last_read)."""
-    import kernel_tuner.util as ktu
-    if getattr(ktu, "_kf_memo", False):
-        return
-    ktu.read_cache = memo_last_read(ktu.read_cache)
-    ktu._kf_memo = True
-
-
-def prepare_kt(rs, gz: Path, tmp: Path) -> dict:
-    """A plain-JSON copy of the cache (Kernel Tuner opens it as text) and the tune_kernel arguments."""
-    out = tmp / (rs.name + ".json")
-    if not out.exists():
-        with gzip.open(gz, "rb") as f, open(out, "wb") as g:
-            shutil.copyfileobj(f, g)
-    with open(out) as f:
-        head = json.load(f)
-    return dict(kernel_name=head["kernel_name"], kernel_source="", problem_size=head["problem_size"],
-                arguments=[], tune_params={k: list(v) for k, v in rs.params.items()},
-                restrictions=list(rs.constraints) or None, cache=str(out), simulation_mode=True, quiet=True)
-
-
-def run_kt(strategy: str, args: dict, opt: float, seed: int, budget: int) -> tuple[float, int]:
-    """(best/opt, distinct configurations evaluated) of one seeded Kernel Tuner run."""
-    import kernel_tuner
-    random.seed(seed)
-    np.random.seed(seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        results, _env = kernel_tuner.tune_kernel(**args, strategy=strategy, strategy_options={"max_fevals": budget},
-                                                 seed=seed)
-    keys = list(args["tune_params"])
-    seen, best = set(), math.inf
-    for r in results:
-        seen.add(tuple(r.get(k) for k in keys))
-        t = r.get("time")
-        if "__error__" not in r and isinstance(t, (int, float)) and math.isfinite(t):
-            best = min(best, t)
-    return best / opt, len(seen)
-
-
-def _kt_seed(job: tuple) -> tuple[float, int, float] | str:
-    """One seeded Kernel Tuner run: (best/opt, distinct configurations, seconds), or why it failed."""
-    strat, kt_args, opt, seed, b = job
-    t0 = time.time()
-    try:
-        r, n = run_kt(strat, kt_args, opt, seed, b)
-    except Exception as e:  # noqa: BLE001 - one strategy failing must not stop the race
-        return f"{type(e).__name__}: {e}"
-    return r, n, time.time() - t0
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -555,49 +339,6 @@ def race(args: argparse.Namespace) -> int:
                "warm_start": warm}
         args.json.write_text(json.dumps(out, indent=1))
     return 0
-
-
-def print_warm(warm: dict, args: argparse.Namespace, budgets: list[int]) -> None:
-    """The cold versus warm table, each space's trust in its sources, and the checks of issue 27."""
-    src = ("their whole recorded spaces" if args.warm_source_budget <= 0
-           else f"a {args.warm_source_budget}-evaluation campaign on each")
-    print("\ncold vs warm start: median evaluations to within 5% of the optimum, and mean best/optimum at each "
-          f"budget ({args.warm_strategy}; evidence from the other GPUs: {src}; up to {args.warm_priors} priors first)")
-    for n, w in warm.items():
-        at = "  ".join(f"b={b}: {w['cold_mean_ratio'][str(b)]:.3f}->{w['warm_mean_ratio'][str(b)]:.3f}"
-                       for b in budgets)
-        lo, hi = w["ratio_interval_90"]
-        third = ("third held" if w["ratio"] <= 1 / 3 else "third MISSED") if w["third_applies"] else "third n/a"
-        print(f"  {n:28s} {'' if w['informative'] else '(flat) '}cold {w['cold_median_evals']:6.1f}  "
-              f"warm {w['warm_median_evals']:6.1f}  warm/cold {w['ratio']:.2f} [{lo:.2f}, {hi:.2f}]  "
-              f"evidence rank {w['evidence_rank_median']:6.1f} (whole spaces {w['evidence_rank_whole']}; bar "
-              f"{w['third_bar']:.1f}: {third})  {at}  (from {', '.join(w['from'])})")
-        if w["evidence_say"] is not None:
-            trusted = ", ".join(f"{d} agreement {_signed(t['agreement'])} weight {t['weight']:.2f}"
-                                for d, t in w["source_trust"].items())
-            print(f"  {'':28s} at {max(budgets)} evaluations: the evidence's say {w['evidence_say']:.2f} ({trusted}); "
-                  f"evidence-led evaluations in the first {max(budgets)}: {w['evidence_led_evals']:.0f}")
-    print("  [a, b]: 90% bootstrap interval of warm/cold over the seeds")
-    print("  evidence rank: where the sources' own measurements place this device's first point within 5% "
-          "(median over seeds), or their whole recorded spaces; a warm start that only trusts them needs "
-          "about that many evaluations")
-    print("  third held/MISSED: warm within a third of the cold evaluations, asked where the whole-space evidence "
-          "rank is inside that bar (n/a elsewhere); say, agreement, weight: medians over the seeds "
-          "(strategies/agreement.py)")
-    informative = [n for n, w in warm.items() if w["informative"]]
-    b = str(100 if 100 in budgets else max(budgets))
-    not_slower = [n for n in informative if warm[n]["ratio"] <= 1.0]
-    not_worse = [n for n in informative if warm[n]["warm_mean_ratio"][b] <= warm[n]["cold_mean_ratio"][b]]
-    print(f"  informative spaces (not flat): {len(informative)}; warm/cold <= 1.0 on {len(not_slower)}"
-          + (f" (not: {', '.join(sorted(set(informative) - set(not_slower)))})" if len(not_slower) < len(informative)
-             else "")
-          + f"; mean best/optimum at {b} warm <= cold on {len(not_worse)}"
-          + (f" (not: {', '.join(sorted(set(informative) - set(not_worse)))})" if len(not_worse) < len(informative)
-             else ""))
-
-
-def _signed(v: float | None) -> str:
-    return "-" if v is None else f"{v:+.2f}"
 
 
 def print_table(results, geo, meta, strategies, budgets, hard) -> None:
