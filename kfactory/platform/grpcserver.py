@@ -27,7 +27,8 @@ async def start_server(addr: str, add_servicer, service_full_name: str, servicer
                        settings=None) -> tuple[grpc.aio.Server, int]:
     """Start an aio server with one service, health (SERVING) and reflection; returns (server, port).
 
-    With settings of the secure profile (kfactory.platform.security) it listens with TLS and demands the bearer token."""
+    With settings of the secure profile (kfactory.platform.security) it listens with TLS and demands the bearer
+    token."""
     from kfactory.platform import security
 
     creds = security.server_credentials(settings) if settings is not None else None
