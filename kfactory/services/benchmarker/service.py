@@ -169,7 +169,8 @@ class BenchmarkerService(RunnerService):
         shape = problem.shapes("optimize")[0]
         if self.settings.judge_order == "verify_first":  # the screen as it was before issue 23: a whole measure
             res = await self.work(measure, session, [cand.id], problem, shape, self.pool(cand.problem),
-                                  target.cache_bytes(), self.settings, self.settings.screen_max_s, device, part="screen")
+                                  target.cache_bytes(), self.settings, self.settings.screen_max_s, device,
+                                  part="screen")
         else:
             res = await self.work(screen, session, cand.id, problem, shape, self.pool(cand.problem),
                                   target.cache_bytes(), self.settings, float(raw), part="screen")
