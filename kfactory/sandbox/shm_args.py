@@ -6,7 +6,7 @@ import numpy as np
 
 from kfactory.judge.numerics import same_bytes
 from kfactory.problems.params import scalar_arg
-from kfactory.sandbox.parent import ShmBuffers
+from kfactory.sandbox.shm import ShmBuffers
 from kfactory.targets.base import CallResult
 
 

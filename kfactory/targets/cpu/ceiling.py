@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from kfactory.observability.log import get_logger
-from kfactory.sandbox.parent import Runner, RunnerFault, ShmBuffers
+from kfactory.sandbox.parent import Runner, RunnerFault
+from kfactory.sandbox.shm import ShmBuffers
 from kfactory.sandbox.protocol import Arg, Bench, BenchKernel, Load
 
 log = get_logger("ceiling")

@@ -13,7 +13,8 @@ import numpy as np
 
 from kfactory.observability.stagetime import span
 from kfactory.problems.params import abi_argtypes
-from kfactory.sandbox.parent import ArenaRing, Runner, ShmBuffers
+from kfactory.sandbox.parent import Runner
+from kfactory.sandbox.shm import ArenaRing, ShmBuffers
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Load
 from kfactory.targets.cpu.ceiling import ceilings
 from kfactory.targets.cpu.rules import check_imports, check_source
@@ -136,7 +137,7 @@ class CpuSession(Session):
         s = target.settings
         self.target, self.problem, self.threads = target, problem, threads
         self.runner = Runner(threads, s.runner_timeout_s, s.runner_mem_mb, s.runner_max_runs)
-        # requests' buffers come from a ring of arenas the runner keeps mapped (kfactory.sandbox.parent.ArenaRing); one
+        # requests' buffers come from a ring of arenas the runner keeps mapped (kfactory.sandbox.shm.ArenaRing); one
         # that could hold an eighth of the runner's address space takes fresh buffers instead
         self.ring = ArenaRing((s.runner_mem_mb << 20) // 8) if s.runner_arenas else None
         self.loads: dict[str, Load] = {}

@@ -1,0 +1,135 @@
+"""Shared memory between a runner parent and its child: arrays in /dev/shm files that both map (ShmBuffers, with
+guard bands around a checked tensor), and the ring of arenas a cpu session takes its requests' buffers from."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from kfactory.observability import stagetime
+
+
+class ShmBuffers:
+    """Arrays in /dev/shm files that both the parent and the runner map.
+
+    `reserve(nbytes)` makes one arena file that later arrays are carved from (64-byte aligned), so a pool
+    of hundreds of small input sets costs one file and one mapping, not hundreds.
+    """
+
+    ALIGN = 64
+
+    def __init__(self):
+        base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+        self.dir = Path(tempfile.mkdtemp(prefix="kf-shm-", dir=base))
+        self.arrays: list[np.ndarray] = []
+        self._arena: tuple[str, np.memmap] | None = None
+        self._used = 0
+
+    def _file(self, nbytes: int) -> tuple[str, np.memmap]:
+        path = str(self.dir / uuid.uuid4().hex)
+        with open(path, "wb") as f:
+            f.truncate(max(1, nbytes))
+        return path, np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(1, nbytes),))
+
+    def reserve(self, nbytes: int) -> None:
+        self._arena = self._file(nbytes + self.ALIGN)
+        self._used = 0
+
+    def new(self, shape: tuple[int, ...], dtype: str) -> tuple[str, int, np.ndarray]:
+        """(path, byte offset, array view) of a fresh array."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if self._arena is not None and self._used + nbytes <= self._arena[1].size:
+            path, mm = self._arena
+            offset = self._used
+            self._used = -(-(offset + nbytes) // self.ALIGN) * self.ALIGN
+        else:
+            (path, mm), offset = self._file(nbytes), 0
+        arr = np.ndarray(shape, dtype=dtype, buffer=mm, offset=offset)
+        self.arrays.append(arr)
+        return path, offset, arr
+
+    GUARD = 4096
+    GUARD_BYTE = 0xA5
+
+    def new_guarded(self, shape: tuple[int, ...], dtype: str) -> tuple[str, int, np.ndarray, list[np.ndarray]]:
+        """Like new(), with GUARD bytes of a known pattern right before and right after the array, so a
+        write out of bounds by a few elements is seen (intact_guards) instead of landing in padding."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        path, offset, raw = self.new((nbytes + 2 * self.GUARD,), "uint8")
+        raw[: self.GUARD] = self.GUARD_BYTE
+        raw[self.GUARD + nbytes:] = self.GUARD_BYTE
+        arr = raw[self.GUARD: self.GUARD + nbytes].view(dtype).reshape(shape)
+        return path, offset + self.GUARD, arr, [raw[: self.GUARD], raw[self.GUARD + nbytes:]]
+
+    @classmethod
+    def intact(cls, guards: list[np.ndarray]) -> bool:
+        """True when no guard band written by new_guarded has changed."""
+        return all(bool((g == cls.GUARD_BYTE).all()) for g in guards)
+
+    def close(self) -> None:
+        with stagetime.span("buffers"):  # unlinking a tmpfs file frees its pages: not free for large ones
+            self.arrays.clear()
+            self._arena = None
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "ShmBuffers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def rewind(self, nbytes: int) -> None:
+        """Make this arena ready for another request of `nbytes`: its file is kept when it is large enough (its
+        pages are allocated, and a runner that keeps it mapped takes no page faults), else replaced by a larger
+        one; any file made beside it is deleted. Arrays handed out before are written over from now on."""
+        with stagetime.span("buffers"):
+            self.arrays.clear()
+            kept = self._arena if self._arena is not None and self._arena[1].size >= nbytes + self.ALIGN else None
+            for f in self.dir.iterdir():
+                if kept is None or str(f) != kept[0]:
+                    f.unlink(missing_ok=True)
+            if kept is None:
+                self.reserve(nbytes)
+            self._used = 0
+
+    def path(self) -> str:
+        """The arena's file ("" before reserve)."""
+        return self._arena[0] if self._arena is not None else ""
+
+
+class ArenaRing:
+    """Shared-memory arenas used in turn, request after request (issue 23: a fresh file per call cost more than
+    the kernel). Each request takes the next arena (rewound: inputs written, outputs poisoned, guard bands set
+    afresh by the caller), so consecutive requests never share a buffer and a runner that keeps every arena
+    mapped (the command's "keep") sees consecutive calls at different addresses; the views a request handed
+    out stay valid until the ring comes round to their arena again, `count` requests later. A request over
+    `max_bytes` takes no arena (None): its caller uses fresh buffers, as the ring would hold that much for ever.
+    """
+
+    def __init__(self, max_bytes: int, count: int = 3):
+        self.max_bytes, self.count = max_bytes, count
+        self.arenas: list[ShmBuffers] = []
+        self.turn = 0
+
+    def take(self, nbytes: int) -> ShmBuffers | None:
+        """The next arena, rewound for `nbytes`; None when `nbytes` is over max_bytes."""
+        if nbytes > self.max_bytes:
+            return None
+        if len(self.arenas) < self.count:
+            self.arenas.append(ShmBuffers())
+        arena = self.arenas[self.turn % self.count]
+        self.turn += 1
+        arena.rewind(nbytes)
+        return arena
+
+    def paths(self) -> list[str]:
+        """Every arena's file: the runner keeps these mapped and lets go of any other it kept."""
+        return [a.path() for a in self.arenas if a.path()]
+
+    def close(self) -> None:
+        for a in self.arenas:
+            a.close()
+        self.arenas.clear()
