@@ -1,7 +1,8 @@
 """Dead letters against a real nats-server: listed with their reasons, sent back to their stage once the cause is
 fixed, taken off the list, and refused with a reason when the message itself is gone or its campaign has
-finished. Whether a running campaign's dead letter goes back is its planner's answer: tests/test_faults.py asks a
-real planner, tests/test_planner_state.py checks its judgement; here no planner runs, and the request waits."""
+finished. Whether a running campaign's dead letter goes back is its planner's answer:
+tests/test_faults_dead_letters.py asks a real planner, tests/test_planner_state.py checks its judgement; here no
+planner runs, and the request waits."""
 from __future__ import annotations
 
 import asyncio
