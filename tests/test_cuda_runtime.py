@@ -4,7 +4,6 @@ machine with a GPU (`-m gpu`), real kernels through CudaSession."""
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import subprocess
 import sys
@@ -13,15 +12,13 @@ import types
 
 import numpy as np
 import pytest
+from cuda_fake import _as_i64, _bare_session, _Fake, _InProcessRunner, _ref, _softmax_kernel, _x
 
 from kfactory.problems import load_problem
-from kfactory.sandbox import protocol
-from kfactory.sandbox.child import serve
-from kfactory.sandbox.parent import LoadFailed, Runner, RunnerCrashed, fault_error
+from kfactory.sandbox.parent import LoadFailed, Runner, RunnerCrashed
 from kfactory.sandbox.protocol import Ceilings, DeviceQuery
 from kfactory.targets import get_target
 from kfactory.targets.cuda import nvml
-from kfactory.targets.cuda.launch import Launch, evaluate_launch, parse_header
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -36,95 +33,6 @@ def _have_gpu() -> bool:
 HAVE_GPU = _have_gpu()
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA GPU here")
-
-
-# -- launch rules ------------------------------------------------------------------------------------------
-
-def test_launch_rule_ints_tuples_cdiv_and_params():
-    shape = {"rows": 1000, "cols": 4099}
-    assert evaluate_launch({"grid": "cdiv(rows, 4)", "block": "128"}, shape) == Launch((250, 1, 1), (128, 1, 1), 0)
-    got = evaluate_launch({"grid": "(cdiv(cols, BX), rows)", "block": "(BX, 2)", "smem": "BX * 4 * 2",
-                           "params": {"BX": 256}}, shape)
-    assert got == Launch((17, 1000, 1), (256, 2, 1), 2048)
-    assert got.as_json() == {"grid": [17, 1000, 1], "block": [256, 2, 1], "smem": 2048}
-    assert got.threads == 512
-    assert evaluate_launch({"grid": [2, 3], "block": 64}, shape).grid == (2, 3, 1)  # literals from YAML
-    assert evaluate_launch({"grid": "max(1, min(rows, 8))", "block": "abs(-32)", "smem": ""}, shape).smem == 0
-    fam = {"grid": "cdiv(rows, block // 32) if mapping == 'warp' else rows", "block": "block"}
-    assert evaluate_launch({**fam, "params": {"block": 256, "mapping": "warp"}}, shape).grid == (125, 1, 1)
-    assert evaluate_launch({**fam, "params": {"block": 256, "mapping": "block"}}, shape).grid == (1000, 1, 1)
-
-
-@pytest.mark.parametrize("rule, message", [
-    ({"grid": "rows / 3", "block": "128"}, "not an integer"),
-    ({"grid": "1", "block": "2048"}, "block.x=2048"),
-    ({"grid": "1", "block": "(32, 32, 2)"}, "2048 threads per block"),
-    ({"grid": "1", "block": "(1, 1, 65)"}, "block.z=65"),
-    ({"grid": "(1, 65536)", "block": "1"}, "grid.y=65536"),
-    ({"grid": "2 ** 31", "block": "1"}, "grid.x"),
-    ({"grid": "0", "block": "1"}, "grid.x=0"),
-    ({"grid": "(1, 2, 3, 4)", "block": "1"}, "1 to 3 ints"),
-    ({"grid": "1", "block": "1", "smem": "-4"}, "must be >= 0"),
-    ({"grid": "1", "block": "1", "smem": "1.5"}, "not an integer"),
-    ({"grid": "nope", "block": "1"}, "cannot be evaluated"),
-    ({"grid": "cdiv(rows, 0)", "block": "1"}, "cannot be evaluated"),
-    ({"grid": "True", "block": "1"}, "not an integer"),
-    ({"block": "1"}, "has no grid"),
-    ("grid=1", "must be a dict"),
-])
-def test_bad_launch_rules_are_refused_with_a_reason(rule, message):
-    with pytest.raises(ValueError, match=message):
-        evaluate_launch(rule, {"rows": 10})
-
-
-def test_header_parsing():
-    src = "#include <x.h>\n// kfactory: grid=(cdiv(cols, 256), rows) block=256 smem = 1024\n__global__ void k() {}"
-    assert parse_header(src) == {"grid": "(cdiv(cols, 256), rows)", "block": "256", "smem": "1024", "params": {}}
-    assert parse_header("/* kfactory: grid=rows block=(32, 4) */\n") == {
-        "grid": "rows", "block": "(32, 4)", "smem": "0", "params": {}}
-    ptx = ".version 8.0\n// kfactory: grid=cdiv(rows, 4) block=128\n.target sm_90a\n"
-    rule = parse_header(ptx)
-    assert evaluate_launch(rule, {"rows": 9}) == Launch((3, 1, 1), (128, 1, 1), 0)
-    assert parse_header("__global__ void k() {}  // no header") is None
-    for bad, msg in [("// kfactory: grid=1", "missing block"), ("// kfactory: grid=1 block=2 warps=4", "unknown"),
-                     ("// kfactory: grid=(1 block=2", "unbalanced"), ("// kfactory: grid=1 grid=2 block=1", "twice"),
-                     ("// kfactory: 42", "name=value")]:
-        with pytest.raises(ValueError, match=msg):
-            parse_header(bad)
-
-
-# -- NVML decoding -----------------------------------------------------------------------------------------
-
-def test_throttle_names_and_what_counts_as_throttled():
-    assert nvml.throttle_names(0x1) == []  # idle is not a reason worth naming
-    assert nvml.throttle_names(0x4 | 0x40 | 0x1) == ["SwPowerCap", "HwThermalSlowdown"]
-    assert nvml.throttle_names(0x10 | 0x100000) == ["SyncBoost", "0x100000"]
-    assert not nvml.is_throttled(0x1 | 0x2 | 0x10 | 0x100)
-    for bit in (0x4, 0x8, 0x20, 0x40, 0x80):
-        assert nvml.is_throttled(bit)
-
-
-def test_telemetry_from_literal_readings():
-    before = {"sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temperature_c": 41, "power_w": 120.5, "reasons": 0x1}
-    after = {"sm_clock_mhz": 1755, "mem_clock_mhz": 2619, "temperature_c": 63, "power_w": 690.0, "reasons": 0x4}
-    t = nvml.telemetry(before, after, "NVIDIA H200", "GPU-1234")
-    assert isinstance(t, pb.GpuTelemetry)
-    assert (t.model, t.uuid, t.sm_clock_mhz_before, t.sm_clock_mhz_after) == ("NVIDIA H200", "GPU-1234", 1980, 1755)
-    assert (t.mem_clock_mhz_before, t.mem_clock_mhz_after, t.temperature_c) == (2619, 2619, 63)
-    assert t.power_w == pytest.approx(690.0)
-    assert list(t.throttle_reasons) == ["SwPowerCap"] and t.throttled and t.retries == 0
-    calm = nvml.telemetry({"reasons": 0x1}, {"reasons": 0x1}, "m", "u")
-    assert not calm.throttled and list(calm.throttle_reasons) == []
-    empty = nvml.telemetry({}, {}, "m", "u")  # no NVML: zeros, not an error
-    assert empty.sm_clock_mhz_before == 0 and not empty.throttled
-
-
-def test_nvml_without_a_gpu_reads_empty_and_resolving_says_why(monkeypatch):
-    monkeypatch.setattr(nvml, "pynvml", None)
-    monkeypatch.setattr(nvml, "_started", False)
-    assert nvml.read("GPU-0") == {}
-    with pytest.raises(nvml.NvmlUnavailable, match="not installed"):
-        nvml.resolve_gpu("")
 
 
 # -- the target without a GPU ------------------------------------------------------------------------------
@@ -179,166 +87,7 @@ def test_cuda_errors_are_classified_by_value():
     assert c.arch_of(9, 0) == "sm_90a" and c.arch_of(10, 0) == "sm_100a" and c.arch_of(8, 9) == "sm_89"
 
 
-# -- the child's ops through a fake driver -----------------------------------------------------------------
-
-class _Fake:
-    """Enough of cuda.bindings.driver for the child: device memory is host memory, kernels are Python."""
-
-    def __init__(self, real):
-        self.real = real
-        for n in ("CUresult", "CUdevice_attribute", "CUctx_flags", "CUevent_flags", "CUstream_flags",
-                  "CUstreamCaptureMode", "CUfunction_attribute", "CUdeviceptr", "CUstream"):
-            setattr(self, n, getattr(real, n))
-        self.mem: dict[int, ctypes.Array] = {}
-        self.sticky = 0
-        self.capturing = None
-        self.events: dict[int, float] = {}
-        self.kernels = {"kernel": (4, _softmax_kernel), "oob": (4, _oob_kernel), "fma_peak": (4, lambda v: None)}
-        self.smem_attr = {}
-        self.launches = 0
-
-    def _r(self, *vals):
-        return (self.CUresult(self.sticky), *vals)
-
-    def cuInit(self, flags): return self._r()
-    def cuDeviceGetCount(self): return self._r(1)
-    def cuDeviceGet(self, i): return self._r(0)
-    def cuDevicePrimaryCtxSetFlags(self, dev, flags): return self._r()
-    def cuDevicePrimaryCtxRetain(self, dev): return self._r(1)
-    def cuCtxSetCurrent(self, ctx): return self._r()
-    def cuEventCreate(self, flags):
-        self.n_events = getattr(self, "n_events", 0) + 1
-        return self._r(100 + self.n_events)
-
-    def cuDeviceGetAttribute(self, attr, dev):
-        A = self.CUdevice_attribute
-        return self._r({A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: 1 << 20,
-                        A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 232448,
-                        A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 4,
-                        A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9,
-                        A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0}[attr])
-
-    def cuMemAlloc(self, n):
-        buf = (ctypes.c_uint8 * n)()
-        self.mem[ctypes.addressof(buf)] = buf
-        return self._r(self.CUdeviceptr(ctypes.addressof(buf)))
-
-    def cuMemFree(self, p):
-        assert int(p) in self.mem, "freeing what was not allocated"
-        del self.mem[int(p)]
-        return self._r()
-
-    def _check(self, addr, n):
-        assert any(b <= addr and addr + n <= b + len(buf) for b, buf in self.mem.items()), "out of the allocations"
-
-    def _memset(self, p, value, n, ctype):
-        self._check(int(p), n * ctypes.sizeof(ctype))
-        np.ctypeslib.as_array((ctype * n).from_address(int(p)))[:] = value
-        return self._r()
-
-    def cuMemsetD32(self, p, v, n): return self._memset(p, v, n, ctypes.c_uint32)
-    def cuMemsetD16(self, p, v, n): return self._memset(p, v, n, ctypes.c_uint16)
-    def cuMemsetD8(self, p, v, n): return self._memset(p, v, n, ctypes.c_uint8)
-    def cuMemsetD8Async(self, p, v, n, s): return self._memset(p, v, n, ctypes.c_uint8)
-
-    def cuMemcpyHtoD(self, dst, src, n):
-        assert isinstance(src, int)
-        self._check(int(dst), n)
-        ctypes.memmove(int(dst), src, n)
-        return self._r()
-
-    def cuMemcpyDtoH(self, dst, src, n):
-        assert isinstance(dst, int)
-        self._check(int(src), n)
-        ctypes.memmove(dst, int(src), n)
-        return self._r()
-
-    def cuMemcpyDtoDAsync(self, dst, src, n, s):
-        ctypes.memmove(int(dst), int(src), n)
-        return self._r()
-
-    def cuMemGetInfo(self): return self._r(1 << 30, 1 << 31)
-    def cuModuleLoadData(self, image):
-        assert isinstance(image, int)
-        return self._r(7)
-
-    def cuModuleGetFunction(self, mod, name):
-        assert isinstance(name, bytes)
-        if name.decode() not in self.kernels:
-            return (self.CUresult.CUDA_ERROR_NOT_FOUND, None)
-        return self._r(name.decode())
-
-    def cuFuncSetAttribute(self, fn, attr, value):
-        self.smem_attr[fn] = value
-        return self._r()
-
-    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        assert extra == 0 and isinstance(params, int)
-        if smem > 48 << 10 and self.smem_attr.get(fn, 0) < smem:
-            return (self.CUresult.CUDA_ERROR_INVALID_VALUE,)
-        nargs, body = self.kernels[fn]
-        ptrs = (ctypes.c_void_p * nargs).from_address(params)
-        raw = [ctypes.c_uint64.from_address(ptrs[i]).value for i in range(nargs)]
-        call = lambda: self._run(body, raw)  # noqa: E731 - the parameters were copied at launch, as CUDA does
-        if self.capturing is not None:
-            self.capturing.append(call)
-        else:
-            call()
-        return self._r()
-
-    def _run(self, body, raw):
-        self.launches += 1
-        if body(raw) == "fault":
-            self.sticky = int(self.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)
-
-    def cuEventRecord(self, ev, stream):
-        self.events[ev] = time.perf_counter()
-        return self._r()
-
-    def cuEventSynchronize(self, ev): return self._r()
-    def cuCtxSynchronize(self): return self._r()
-    def cuEventElapsedTime(self, a, b): return self._r(max(1e-4, (self.events[b] - self.events[a]) * 1e3))
-    def cuStreamCreate(self, flags): return self._r(self.CUstream(5))
-
-    def cuStreamBeginCapture(self, stream, mode):
-        self.capturing = []
-        return self._r()
-
-    def cuStreamEndCapture(self, stream):
-        graph, self.capturing = self.capturing, None
-        return self._r(graph)
-
-    def cuGraphInstantiate(self, graph, flags): return self._r(list(graph))
-
-    def cuGraphLaunch(self, exe, stream):
-        for call in exe:
-            call()
-        return self._r()
-
-    def cuGraphExecDestroy(self, exe): return self._r()
-    def cuGraphDestroy(self, g): return self._r()
-    def cuDeviceGetName(self, n, dev): return self._r(b"Fake H200" + b"\0" * (n - 9))
-    def cuDeviceGetUuid(self, dev): return self._r(types.SimpleNamespace(bytes=bytes(range(16))))
-    def cuDeviceTotalMem(self, dev): return self._r(141 << 30)
-
-
-def _as_i64(v: int) -> int:
-    return ctypes.c_int64(v).value
-
-
-def _softmax_kernel(raw):
-    x_addr, y_addr, rows, cols = raw[0], raw[1], _as_i64(raw[2]), _as_i64(raw[3])
-    n = rows * cols
-    x = np.ctypeslib.as_array((ctypes.c_float * n).from_address(x_addr)).reshape(rows, cols)
-    y = np.ctypeslib.as_array((ctypes.c_float * n).from_address(y_addr)).reshape(rows, cols)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    y[...] = e / e.sum(axis=-1, keepdims=True)
-
-
-def _oob_kernel(raw):
-    _softmax_kernel(raw)
-    return "fault"
-
+# -- the child's ops through a fake driver (tests/cuda_fake.py) --------------------------------------------
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
@@ -348,43 +97,6 @@ def fake_cuda(monkeypatch):
     return fake
 
 
-class _InProcessRunner:
-    """Runner's interface over a CudaChild in this process (the fake driver cannot cross a fork): every request
-    and reply goes through the protocol's encoding and the child's serve(), as over the pipe; a fault that says
-    the child is exiting kills it (counted), as Runner does."""
-
-    def __init__(self, child):
-        self.child, self.loaded, self.timeout_s, self.last_reply, self.killed = child, set(), 20.0, None, 0
-
-    def request(self, req, timeout_s=None):
-        req = protocol.decode_request(protocol.encode_request(req))
-        reply = protocol.decode_reply(protocol.encode_reply(serve(self.child, req)))
-        self.last_reply = reply
-        if reply.fault is not None:
-            if reply.fault.exiting:
-                self.kill()
-            raise fault_error(reply.fault)
-        return reply
-
-    def ensure_loaded(self, load):
-        if load.key not in self.loaded:
-            self.request(load)
-            self.loaded.add(load.key)
-
-    def kill(self):
-        self.killed += 1
-
-    def stop(self):
-        pass
-
-
-def _bare_session(cuda, settings, problem=None):
-    """A CudaSession without a GPU behind it (no NVML, no runner process)."""
-    target = cuda.make("sm_90a", settings)
-    target._gpu = ("GPU-fake", "Fake H200")
-    return cuda.CudaSession(target, problem or load_problem("softmax"))
-
-
 @pytest.fixture
 def fake_session(fake_cuda, settings):
     from kfactory.targets.cuda import target as cuda
@@ -392,15 +104,6 @@ def fake_session(fake_cuda, settings):
     sess = _bare_session(cuda, settings)
     sess.runner = _InProcessRunner(cuda_child.CudaChild(1))
     return sess
-
-
-def _x(rows, cols, seed=0):
-    return {"x": np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)}
-
-
-def _ref(x):
-    e = np.exp(x["x"].astype(np.float64) - x["x"].max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 def test_fake_call_runs_checks_guards_and_keeps_addresses_distinct(fake_session, fake_cuda):
@@ -588,14 +291,10 @@ def test_gpu_torch_baseline_call(gpu_session):
     np.testing.assert_allclose(res.outputs["y"], _ref(x), rtol=1e-4, atol=1e-7)
 
 
-def test_module_reload_is_clean():
-    importlib.reload(importlib.import_module("kfactory.targets.cuda.launch"))
-
-
 FAKE_CHILD = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_cuda_runtime import _Fake
+from cuda_fake import _Fake
 import kfactory.targets.cuda.child as c
 import kfactory.targets.cuda.driver as d
 d.cu = _Fake(d.cu)

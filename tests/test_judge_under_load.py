@@ -123,9 +123,10 @@ def test_an_honest_kernel_passes_the_probe(settings):
     assert res.timings["k"].samples == 31 and res.timings["k"].output_checked
 
 
-# -- the same check over the cuda session's protocol, on the fake driver of test_cuda_runtime ----------------
+# -- the same check over the cuda session's protocol, on the fake driver (tests/cuda_fake.py) ---------------
 
-from test_cuda_runtime import _softmax_kernel, fake_cuda, fake_session  # noqa: E402,F401 (fixtures)
+from cuda_fake import _softmax_kernel  # noqa: E402
+from test_cuda_runtime import fake_cuda, fake_session  # noqa: E402,F401 (fixtures)
 
 
 @pytest.mark.parametrize("mode", ["events", "graph"])
