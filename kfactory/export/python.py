@@ -22,6 +22,8 @@ _SAFE_NODES = (ast.Expression, ast.Constant, ast.Name, ast.Load, ast.BinOp, ast.
                ast.Compare, ast.IfExp, ast.Call, ast.Tuple, ast.List, ast.operator, ast.unaryop, ast.boolop,
                ast.cmpop)
 _FUNCTIONS = {"min", "max", "abs", "ceil", "cdiv"}
+#: the generated module's template (_runtime.py) and the parts appended to it, in order (templates.fill)
+RUNTIME = ("_runtime.py", "_runtime_load.py", "_runtime_selftest.py")
 
 
 def check_launch_rule(rule: dict) -> None:
@@ -142,7 +144,7 @@ def {name}(*inputs, out=None{sig}):
 
 def _check_names(extra: str, name: str) -> None:
     """ExportError when NAME or a name of the embedded reference would shadow one of the module's own."""
-    runtime = {n for node in ast.parse((HERE / "_runtime.py").read_text()).body for n in _defined(node)}
+    runtime = {n for f in RUNTIME for node in ast.parse((HERE / f).read_text()).body for n in _defined(node)}
     theirs = {n for node in ast.parse(extra).body for n in _defined(node)} if extra else set()
     if name in runtime | theirs:
         raise ExportError(f"--name {name} is a name the exported module already uses; choose another")
@@ -178,7 +180,7 @@ def module_text(j: Judged, problem, name: str) -> str:
     extra = _public_function(problem, name, config["params"]) + (
         "\n\n" + ref.code if ref.code else "\n_kf_reference = None\n")
     _check_names(ref.code, name)
-    return fill("_runtime.py", doc, config, extra)
+    return fill(RUNTIME[0], doc, config, extra, parts=RUNTIME[1:])
 
 
 def _check_reference(problem, code: str) -> None:
