@@ -57,6 +57,9 @@ async def test_a_hopeless_candidate_is_screened_out_and_the_best_is_measured_in_
     measured = {e.measured.candidate.origin: e.measured for e in events if e.HasField("measured")}
     hopeless = measured["manual:quadratic"]
     assert hopeless.screened_out and len(hopeless.timings) == 1
-    best = min(measured.values(), key=lambda m: m.score_s)
-    assert hopeless.score_s > memory_bus_settings.screen_factor * best.score_s
+    fastest = min(measured.values(), key=lambda m: m.score_s)  # the reference included: the screen compares with it
+    assert hopeless.score_s > memory_bus_settings.screen_factor * fastest.score_s
+    # the campaign's best is never the reference kernel; the honest kernel and the reference are close, so either
+    # may be the fastest on a loaded host (the CI at eee4d26 measured the reference fastest)
+    best = min((m for origin, m in measured.items() if origin != "reference"), key=lambda m: m.score_s)
     assert not best.screened_out and len(best.timings) == 2 and st.best().candidate.id == best.candidate.id
