@@ -68,7 +68,7 @@ def mid_campaign(plant: Plant, cid: str, measured: int = 3) -> pb.Counts:
 
 def finish_and_check(plant: Plant, cid: str) -> dict[str, int]:
     status = plant.wait_finished(cid)
-    assert status.state == "completed", f"{status.state}: {status.reason}"
+    assert status.state == "completed", f"{status.state}: {failure_lines(plant)}"
     assert status.counts.proposed == BUDGET, status.counts
     kinds = check_exactly_once(plant, cid, status)
     assert kinds["measured"] >= BUDGET // 2, kinds  # the synthetic space fails a few; most run
@@ -88,3 +88,11 @@ def counts_in_archive(plant: Plant, cid: str) -> dict[str, int]:
         return dict(arch.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (cid,)))
     finally:
         arch.close()
+
+
+def failure_lines(plant: Plant) -> str:
+    """Why a campaign did not complete, from the planner's log (a CampaignStatus carries no reason; the
+    CampaignFinished event and the planner's "campaign failed" line do)."""
+    lines = [ln for p in sorted(plant.tmp.glob("planner*.log")) for ln in p.read_text(errors="replace").splitlines()
+             if "campaign failed" in ln or "Traceback" in ln or "Error" in ln]
+    return "\n".join(lines[-8:]) or f"no failure logged; logs in {plant.tmp}"

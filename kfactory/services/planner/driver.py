@@ -12,7 +12,9 @@ import random
 from typing import Coroutine
 
 from kfactory.agents import persona_stage
+from kfactory.claims.base import ClaimsUnavailable
 from kfactory.bus import events as ev
+from kfactory.bus.consume import OUTAGE_WAIT_S, retrying
 from kfactory.bus.origins import Origin
 from kfactory.bus.topology import Stage
 from kfactory.judge.order import device_budget_spent, room
@@ -133,7 +135,7 @@ class CampaignDriver:
         family = first.family if first is not None and first.family in problem.families else \
             (fams[0].name if fams else "")
         pp = coders.agent_point(st, persona, parents, family, attempt)
-        if not await self.claims.claim_once(f"{st.id}:point:{pp.point_id}"):
+        if not await self._claim_once(f"{st.id}:point:{pp.point_id}"):
             return  # an earlier life of this planner proposed it; the next attempt gets another id
         event = ev.make_event(st.id, self.svc.name, pp.point_id, point_proposed=pp)
         st.apply(event)
@@ -142,13 +144,20 @@ class CampaignDriver:
             await self.bus.publish(event)
             await self.bus.send_work(persona_stage(persona), event)
 
+    async def _claim_once(self, key: str) -> bool:
+        """claims.claim_once, waited through an outage of the claims store (a restarted Redis) as the services'
+        handlers are (bus.consume.OUTAGE_WAIT_S): a campaign fails for its own reasons, not for a second of
+        Redis being away (tests/test_faults.py redis-wiped failed a campaign this way)."""
+        return await retrying(lambda: self.claims.claim_once(key), (ClaimsUnavailable,), OUTAGE_WAIT_S, 0.2,
+                              "claims store unavailable; retrying the point's claim", key=key)
+
     async def propose(self, st: CampaignState, family: str, params_json: str, origin: str,
                       manual: pb.ManualSource | None = None) -> None:
         """Propose one design point (or a fixed kernel, `manual`) once per campaign: publish it and queue its
         work for the template coder."""
         pid = ev.point_id(family, json.loads(params_json)) if manual is None else \
             ev.sha256_hex(origin + manual.source + manual.compile_flags)[:24]
-        if not await self.claims.claim_once(f"{st.id}:point:{pid}"):
+        if not await self._claim_once(f"{st.id}:point:{pid}"):
             return  # another planner (or an earlier life of this one) proposed it already
         pp = pb.PointProposed(point_id=pid, family=family, params_json=params_json, strategy=st.spec.strategy,
                               problem=st.spec.problem, target=st.spec.target, origin=origin,
