@@ -1,0 +1,84 @@
+"""Compile a generated engine source into a shared object, cached by content.
+
+The system C compiler (`cc`, or $CC / Settings.cc) builds `-O3 -march=native -fPIC -shared -fopenmp` (the
+kernels' AVX2/FMA/F16C paths are chosen by -march=native; OpenMP runs the threads). The object lands in
+<data_dir>/engines/<sha256 of compiler, flags and source>.so: building the same source again is a lookup.
+A compile failure is a `BuildResult` with ok False and the compiler's log, never an exception; only a
+missing compiler or an unwritable cache directory (the environment, not the source) raises.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: flags of every engine build; -z defs makes an unresolved symbol a build failure, not a load failure
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp")
+LINK = ("-Wl,-z,defs", "-lm")
+COMPILE_TIMEOUT_S = 180
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What a build produced: `ok` and the object's `path`, or the failure's `log`; `cached` when the object
+    was already there; `seconds` the compiler's run (0 when cached); `command` as run."""
+    ok: bool
+    path: Path | None
+    log: str
+    seconds: float
+    cached: bool
+    command: str
+
+
+def default_cache_dir() -> Path:
+    from kfactory.platform.config import Settings
+    return Path(Settings().data_dir) / "engines"
+
+
+def compiler() -> str:
+    """The C compiler: $CC when set, else Settings.cc (cc)."""
+    if os.environ.get("CC"):
+        return os.environ["CC"]
+    from kfactory.platform.config import Settings
+    return Settings().cc
+
+
+def _compiler_identity(cc: str) -> str:
+    try:
+        proc = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"the C compiler {cc!r} cannot be run: {e}") from e
+    return proc.stdout.splitlines()[0] if proc.stdout else cc
+
+
+def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ...] = ()) -> BuildResult:
+    """Compile `source` (C) into a cached shared object; see the module docstring."""
+    cc = compiler()
+    flags = (*FLAGS, *extra_flags)
+    key = hashlib.sha256("\0".join([_compiler_identity(cc), *flags, source]).encode()).hexdigest()
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    out = cache / f"{key}.so"
+    cmd = [cc, "-x", "c", *flags, "-o", str(out), "-", "-x", "none", *LINK]
+    if out.is_file():
+        return BuildResult(True, out, "", 0.0, True, " ".join(cmd))
+    (cache / f"{key}.c").write_text(source)   # kept beside the object: what ran is readable afterwards
+    with tempfile.TemporaryDirectory(prefix="kf-engine-", dir=cache) as tmp:
+        tmp_out = Path(tmp) / "engine.so"
+        cmd[cmd.index(str(out))] = str(tmp_out)
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return BuildResult(False, None, f"the compiler ran past {COMPILE_TIMEOUT_S} s", COMPILE_TIMEOUT_S,
+                               False, " ".join(cmd))
+        seconds = time.perf_counter() - t0
+        if proc.returncode != 0:
+            return BuildResult(False, None, proc.stderr[-20000:] or f"{cc} exited with {proc.returncode}",
+                               seconds, False, " ".join(cmd))
+        os.replace(tmp_out, out)   # atomic: a concurrent build of the same key finds a whole object or none
+    return BuildResult(True, out, proc.stderr[-20000:], seconds, False, " ".join(cmd))

@@ -1,0 +1,268 @@
+/* ---- forward.c: the engine (weights, KV cache, scratch), the Llama forward, the ABI ------------------- */
+#define KF_CHUNK 64  /* prefill tokens per pass over the weights (scratch is sized for it) */
+
+/* The model's conventions, one macro each (kfactory/models/reference.py): RoPE rotates the adjacent pair
+ * (KF_PAIR(i), KF_MATE(i)) of each head; query head h reads key/value head KF_KV_OF(h). */
+#define KF_PAIR(i) (2 * (i))
+#define KF_MATE(i) (2 * (i) + 1)
+#define KF_KV_OF(h) ((h) / KF_GROUP)
+
+#if KF_KV_HEAD_MAJOR
+#define KV_AT(cache, e, l, kvh, p) ((cache) + ((((size_t)(l) * KF_KV_HEADS + (kvh)) * (e)->ctx + (p)) * KF_HEAD_DIM))
+#else
+#define KV_AT(cache, e, l, kvh, p) ((cache) + ((((size_t)(l) * (e)->ctx + (p)) * KF_KV_HEADS + (kvh)) * KF_HEAD_DIM))
+#endif
+
+typedef struct {
+  const kf_tensor *attn_norm, *ffn_norm, *q, *k, *v, *qkv, *o, *gate, *up, *gate_up, *down;
+} kf_layer;
+
+typedef struct {
+  kf_tensor *tensors;
+  int n_tensors;
+  kf_layer layer[KF_BLOCKS];
+  const kf_tensor *embd, *out_norm;
+  int ctx, threads, pos;
+  float eps;
+  float *kc, *vc, *cosv, *sinv;
+  float *x, *h, *qkv, *att, *gu, *xs, *scores;
+} kf_engine;
+
+static const kf_tensor *need(kf_engine *e, const char *name, int rows, int cols, int matrix) {
+  for (int i = 0; i < e->n_tensors; i++) {
+    const kf_tensor *t = &e->tensors[i];
+    if (!t->name || strcmp(t->name, name) != 0) continue;
+    if (t->rows != rows || t->cols != cols) {
+      set_error("tensor %s: expected %d x %d, got %d x %d", name, rows, cols, t->rows, t->cols);
+      return NULL;
+    }
+    if (!t->data) { set_error("tensor %s: no data", name); return NULL; }
+    if (!matrix) {
+      if (t->format != KF_F32 || t->layout != KF_ROWS) { set_error("tensor %s: a norm must be F32 rows", name); return NULL; }
+      return t;
+    }
+#if KF_WEIGHTS_F32
+    int format_ok = t->format == KF_F32;
+#else
+    int format_ok = t->format == KF_Q4_1 || t->format == KF_Q8_0;
+#endif
+    if (!format_ok || t->layout != (KF_PREPACK ? KF_PACK4 : KF_ROWS) || cols % 32) {
+      set_error("tensor %s: format %d, layout %d is not what this engine was generated for", name, t->format, t->layout);
+      return NULL;
+    }
+    return t;
+  }
+  set_error("tensor %s is missing", name);
+  return NULL;
+}
+
+static int bind(kf_engine *e) {
+  char name[96];
+#define NEED(field, suffix, rows, cols, matrix) do {                                 \
+    snprintf(name, sizeof name, "blk.%d." suffix ".weight", l);                      \
+    if (!(L->field = need(e, name, rows, cols, matrix))) return 0; } while (0)
+  for (int l = 0; l < KF_BLOCKS; l++) {
+    kf_layer *L = &e->layer[l];
+    NEED(attn_norm, "attn_norm", 1, KF_HIDDEN, 0);
+    NEED(ffn_norm, "ffn_norm", 1, KF_HIDDEN, 0);
+#if KF_FUSE_QKV
+    NEED(qkv, "attn_qkv", KF_QKV, KF_HIDDEN, 1);
+#else
+    NEED(q, "attn_q", KF_QDIM, KF_HIDDEN, 1);
+    NEED(k, "attn_k", KF_KVDIM, KF_HIDDEN, 1);
+    NEED(v, "attn_v", KF_KVDIM, KF_HIDDEN, 1);
+#endif
+    NEED(o, "attn_output", KF_HIDDEN, KF_QDIM, 1);
+#if KF_FUSE_GATE_UP
+    NEED(gate_up, "ffn_gate_up", 2 * KF_FFN, KF_HIDDEN, 1);
+#else
+    NEED(gate, "ffn_gate", KF_FFN, KF_HIDDEN, 1);
+    NEED(up, "ffn_up", KF_FFN, KF_HIDDEN, 1);
+#endif
+    NEED(down, "ffn_down", KF_HIDDEN, KF_FFN, 1);
+  }
+#undef NEED
+  e->embd = need(e, "token_embd.weight", KF_VOCAB, KF_HIDDEN, 1);
+  e->out_norm = need(e, "output_norm.weight", 1, KF_HIDDEN, 0);
+  return e->embd && e->out_norm;
+}
+
+void kf_engine_free(void *p) {
+  kf_engine *e = (kf_engine *)p;
+  if (!e) return;
+  float *bufs[] = {e->kc, e->vc, e->cosv, e->sinv, e->x, e->h, e->qkv, e->att, e->gu, e->xs, e->scores};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+  free(e->tensors);
+  free(e);
+}
+
+void *kf_engine_new(const kf_tensor *tensors, int n_tensors, const kf_config *cfg, int ctx_capacity, int threads) {
+  if (!tensors || n_tensors <= 0 || !cfg || ctx_capacity <= 0 || threads <= 0) {
+    set_error("kf_engine_new: bad arguments (ctx %d, threads %d)", ctx_capacity, threads);
+    return NULL;
+  }
+  int want[7] = {KF_BLOCKS, KF_HIDDEN, KF_HEADS, KF_KV_HEADS, KF_HEAD_DIM, KF_FFN, KF_VOCAB};
+  int got[7] = {cfg->blocks, cfg->hidden, cfg->heads, cfg->kv_heads, cfg->head_dim, cfg->ffn, cfg->vocab};
+  static const char *names[7] = {"blocks", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab"};
+  for (int i = 0; i < 7; i++)
+    if (want[i] != got[i]) { set_error("config %s is %d; this engine was generated for %d", names[i], got[i], want[i]); return NULL; }
+  kf_engine *e = (kf_engine *)calloc(1, sizeof *e);
+  if (!e) return NULL;
+  e->ctx = ctx_capacity;
+  e->threads = threads;
+  e->eps = cfg->rms_eps;
+  e->n_tensors = n_tensors;
+  e->tensors = (kf_tensor *)malloc(sizeof(kf_tensor) * n_tensors);
+  size_t kv = (size_t)KF_BLOCKS * ctx_capacity * KF_KVDIM, rot = (size_t)ctx_capacity * (KF_HEAD_DIM / 2);
+  e->kc = (float *)malloc(kv * 4);
+  e->vc = (float *)malloc(kv * 4);
+  e->cosv = (float *)malloc(rot * 4);
+  e->sinv = (float *)malloc(rot * 4);
+  e->x = (float *)malloc((size_t)KF_CHUNK * KF_HIDDEN * 4);
+  e->h = (float *)malloc((size_t)KF_CHUNK * KF_HIDDEN * 4);
+  e->qkv = (float *)malloc((size_t)KF_CHUNK * KF_QKV * 4);
+  e->att = (float *)malloc((size_t)KF_CHUNK * KF_QDIM * 4);
+  e->gu = (float *)malloc((size_t)KF_CHUNK * 2 * KF_FFN * 4);
+  e->xs = (float *)malloc((size_t)KF_CHUNK * (KF_MAXCOLS / 32 + 1) * 4);
+  e->scores = (float *)malloc((size_t)threads * ctx_capacity * 4);
+  if (!e->tensors || !e->kc || !e->vc || !e->cosv || !e->sinv || !e->x || !e->h || !e->qkv || !e->att || !e->gu ||
+      !e->xs || !e->scores) {
+    set_error("kf_engine_new: out of memory (ctx %d, threads %d)", ctx_capacity, threads);
+    kf_engine_free(e);
+    return NULL;
+  }
+  memcpy(e->tensors, tensors, sizeof(kf_tensor) * n_tensors);
+  if (!bind(e)) { kf_engine_free(e); return NULL; }
+  /* angle = pos * base^(-2i/head_dim), in double as the reference does, rounded once to float */
+  for (int p = 0; p < ctx_capacity; p++)
+    for (int i = 0; i < KF_HEAD_DIM / 2; i++) {
+      double a = (double)p * pow((double)cfg->rope_base, -2.0 * i / KF_HEAD_DIM);
+      e->cosv[(size_t)p * (KF_HEAD_DIM / 2) + i] = (float)cos(a);
+      e->sinv[(size_t)p * (KF_HEAD_DIM / 2) + i] = (float)sin(a);
+    }
+  for (int i = 0; i < n_tensors; i++) e->tensors[i].name = NULL;  /* the caller's strings need not outlive this */
+  return e;
+}
+
+static void rope(float *v, int heads, const float *c, const float *s) {
+  for (int hd = 0; hd < heads; hd++, v += KF_HEAD_DIM)
+    for (int i = 0; i < KF_HEAD_DIM / 2; i++) {
+      float x0 = v[KF_PAIR(i)], x1 = v[KF_MATE(i)];
+      v[KF_PAIR(i)] = x0 * c[i] - x1 * s[i];
+      v[KF_MATE(i)] = x0 * s[i] + x1 * c[i];
+    }
+}
+
+/* out = softmax(q . K[0..pos] / sqrt(d)) V for query head `head` of layer l; s: scratch of pos + 1 floats */
+static void attend(const kf_engine *e, int l, int head, const float *q, int pos, float *out, float *s) {
+  int kvh = KF_KV_OF(head);
+  const float scale = 1.0f / sqrtf((float)KF_HEAD_DIM);
+  float mx = -INFINITY;
+  for (int p = 0; p <= pos; p++) {
+    s[p] = dot(q, KV_AT(e->kc, e, l, kvh, p), KF_HEAD_DIM) * scale;
+    if (s[p] > mx) mx = s[p];
+  }
+  float inv = 1.0f / exp_shift_sum(s, pos + 1, mx);
+  for (int d = 0; d < KF_HEAD_DIM; d++) out[d] = 0.0f;
+  for (int p = 0; p <= pos; p++) {
+    const float *v = KV_AT(e->vc, e, l, kvh, p);
+    for (int d = 0; d < KF_HEAD_DIM; d++) out[d] += s[p] * v[d];
+  }
+  for (int d = 0; d < KF_HEAD_DIM; d++) out[d] *= inv;
+}
+
+static void attention(kf_engine *e, int l, int n, int pos0) {
+  int th = e->threads;
+  (void)th;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(th) if (th > 1)
+  for (int i = 0; i < n * KF_HEADS; i++) {
+    int t = i / KF_HEADS, head = i % KF_HEADS, tid = 0;
+#ifdef _OPENMP
+    tid = omp_get_thread_num();
+#endif
+    attend(e, l, head, e->qkv + (size_t)t * KF_QKV + head * KF_HEAD_DIM, pos0 + t,
+           e->att + (size_t)t * KF_QDIM + head * KF_HEAD_DIM, e->scores + (size_t)tid * e->ctx);
+  }
+}
+
+/* x += add (when add), then out = rmsnorm(x) * w, per token; fused into one pass over x, or two */
+static void add_norm(kf_engine *e, const float *add, const kf_tensor *w, int n) {
+  for (int t = 0; t < n; t++) {
+    float *x = e->x + (size_t)t * KF_HIDDEN;
+    const float *a = add ? add + (size_t)t * KF_HIDDEN : NULL;
+#if KF_FUSE_NORM
+    rms_norm(x, a, (const float *)w->data, e->eps, e->h + (size_t)t * KF_HIDDEN, KF_HIDDEN);
+#else
+    if (a) for (int i = 0; i < KF_HIDDEN; i++) x[i] += a[i];
+    rms_norm(x, NULL, (const float *)w->data, e->eps, e->h + (size_t)t * KF_HIDDEN, KF_HIDDEN);
+#endif
+  }
+}
+
+/* n <= KF_CHUNK tokens at positions e->pos..; logits: NULL (none), the last token's, or all n (all) */
+static void forward(kf_engine *e, const int32_t *tok, int n, float *logits, int all) {
+  int pos0 = e->pos, th = e->threads;
+  for (int t = 0; t < n; t++) get_row(e->embd, tok[t], e->x + (size_t)t * KF_HIDDEN);
+  add_norm(e, NULL, e->layer[0].attn_norm, n);
+  for (int l = 0; l < KF_BLOCKS; l++) {
+    const kf_layer *L = &e->layer[l];
+#if KF_FUSE_QKV
+    matmul(L->qkv, e->h, KF_HIDDEN, n, e->qkv, KF_QKV, e->xs, th);
+#else
+    matmul(L->q, e->h, KF_HIDDEN, n, e->qkv, KF_QKV, e->xs, th);
+    matmul(L->k, e->h, KF_HIDDEN, n, e->qkv + KF_QDIM, KF_QKV, e->xs, th);
+    matmul(L->v, e->h, KF_HIDDEN, n, e->qkv + KF_QDIM + KF_KVDIM, KF_QKV, e->xs, th);
+#endif
+    for (int t = 0; t < n; t++) {
+      float *q = e->qkv + (size_t)t * KF_QKV, *k = q + KF_QDIM, *v = k + KF_KVDIM;
+      const float *c = e->cosv + (size_t)(pos0 + t) * (KF_HEAD_DIM / 2), *s = e->sinv + (size_t)(pos0 + t) * (KF_HEAD_DIM / 2);
+      rope(q, KF_HEADS, c, s);
+      rope(k, KF_KV_HEADS, c, s);
+      for (int kvh = 0; kvh < KF_KV_HEADS; kvh++) {
+        memcpy(KV_AT(e->kc, e, l, kvh, pos0 + t), k + kvh * KF_HEAD_DIM, KF_HEAD_DIM * 4);
+        memcpy(KV_AT(e->vc, e, l, kvh, pos0 + t), v + kvh * KF_HEAD_DIM, KF_HEAD_DIM * 4);
+      }
+    }
+    attention(e, l, n, pos0);
+    matmul(L->o, e->att, KF_QDIM, n, e->h, KF_HIDDEN, e->xs, th);
+    add_norm(e, e->h, L->ffn_norm, n);
+#if KF_FUSE_GATE_UP
+    matmul(L->gate_up, e->h, KF_HIDDEN, n, e->gu, 2 * KF_FFN, e->xs, th);
+#else
+    matmul(L->gate, e->h, KF_HIDDEN, n, e->gu, 2 * KF_FFN, e->xs, th);
+    matmul(L->up, e->h, KF_HIDDEN, n, e->gu + KF_FFN, 2 * KF_FFN, e->xs, th);
+#endif
+    for (int t = 0; t < n; t++) silu_mul(e->gu + (size_t)t * 2 * KF_FFN, e->gu + (size_t)t * 2 * KF_FFN + KF_FFN, KF_FFN);
+    matmul(L->down, e->gu, 2 * KF_FFN, n, e->h, KF_HIDDEN, e->xs, th);
+    add_norm(e, e->h, l + 1 < KF_BLOCKS ? e->layer[l + 1].attn_norm : e->out_norm, n);
+  }
+  e->pos = pos0 + n;
+  if (logits && all) matmul(e->embd, e->h, KF_HIDDEN, n, logits, KF_VOCAB, e->xs, th);
+  else if (logits) matmul(e->embd, e->h + (size_t)(n - 1) * KF_HIDDEN, KF_HIDDEN, 1, logits, KF_VOCAB, e->xs, th);
+}
+
+int kf_prefill(void *p, const int32_t *tokens, int n, float *logits, int all_logits) {
+  kf_engine *e = (kf_engine *)p;
+  if (!e || !tokens || n <= 0 || !logits) { set_error("kf_prefill: bad arguments (n %d)", n); return -1; }
+  for (int i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= KF_VOCAB) { set_error("kf_prefill: token %d at %d is out of range", tokens[i], i); return -2; }
+  if (e->pos + n > e->ctx) { set_error("kf_prefill: %d positions exceed the capacity %d", e->pos + n, e->ctx); return -3; }
+  for (int i = 0; i < n; i += KF_CHUNK) {
+    int m = n - i < KF_CHUNK ? n - i : KF_CHUNK;
+    float *out = all_logits ? logits + (size_t)i * KF_VOCAB : (i + m == n ? logits : NULL);
+    forward(e, tokens + i, m, out, all_logits);
+  }
+  return 0;
+}
+
+int kf_decode_step(void *p, int32_t token, float *logits) { return kf_prefill(p, &token, 1, logits, 0); }
+
+void kf_reset(void *p) { if (p) ((kf_engine *)p)->pos = 0; }
+
+int kf_position(void *p) { return p ? ((kf_engine *)p)->pos : -1; }
+
+int kf_abi_version(void) { return KF_ABI_VERSION; }
+
+const char *kf_design_id(void) { return KF_DESIGN_ID; }
+
+const char *kf_last_error(void) { return kf_error; }

@@ -1,0 +1,261 @@
+/* ---- matmul.c: y = W x for a tile of tokens, W in any format and layout, dequantised in the kernel ------
+ * y[t*ldy + r] = sum_c W[r][c] * x[t*ldx + c], t < n, r < rows. Quantised blocks are never expanded to
+ * memory: a Q4_1 row dot product is sum_b d_b * (q_b . x_b) + m_b * sum(x_b) (the block sums of x are taken
+ * once per call), Q8_0's is sum_b d_b * (q_b . x_b); every sum is fp32. Rows are split into chunks of
+ * KF_RCHUNK across threads; inside a chunk the tokens go in tiles of KF_TT so that a tile of x stays in L1
+ * while the chunk's rows pass over it (prefill), and each unpacked block serves the whole tile. */
+#define KF_TT 4      /* tokens per tile, ROWS layout (4 accumulators) */
+#define KF_TT4 2     /* tokens per tile, PACK4 layout (4 rows x 2 tokens = 8 accumulators) */
+#define KF_RCHUNK 16 /* rows per unit of work */
+
+static inline int block_bytes(int format) { return format == KF_Q4_1 ? 20 : 34; }
+static inline int pack_bytes(int format) { return format == KF_Q4_1 ? 80 : format == KF_Q8_0 ? 136 : 128; }
+
+/* Element values of block b of row r (any format and layout): the scalar path, and the embedding lookup. */
+static void dequant_block(const kf_tensor *w, int r, int b, float out[32]) {
+  const uint8_t *base = (const uint8_t *)w->data;
+  int nb = w->cols / 32;
+  if (w->format == KF_F32) {
+    if (w->layout == KF_ROWS) { memcpy(out, (const float *)base + (size_t)r * w->cols + 32 * b, 128); return; }
+    const float *g = (const float *)base + (size_t)(r / 4) * 4 * w->cols;
+    for (int k = 0; k < 4; k++) memcpy(out + 8 * k, g + (size_t)(4 * b + k) * 32 + (r % 4) * 8, 32);
+    return;
+  }
+  float d, m = 0.0f;
+  const uint8_t *qs;
+  if (w->layout == KF_ROWS) {
+    const uint8_t *blk = base + ((size_t)r * nb + b) * block_bytes(w->format);
+    d = f16(rd16(blk));
+    if (w->format == KF_Q4_1) { m = f16(rd16(blk + 2)); qs = blk + 4; } else { qs = blk + 2; }
+  } else {
+    const uint8_t *blk = base + ((size_t)(r / 4) * nb + b) * pack_bytes(w->format);
+    d = f16(rd16(blk + 2 * (r % 4)));
+    if (w->format == KF_Q4_1) { m = f16(rd16(blk + 8 + 2 * (r % 4))); qs = blk + 16 + 16 * (r % 4); }
+    else { qs = blk + 8 + 32 * (r % 4); }
+  }
+  if (w->format == KF_Q4_1) {
+    for (int j = 0; j < 16; j++) { out[j] = d * (float)(qs[j] & 15) + m; out[j + 16] = d * (float)(qs[j] >> 4) + m; }
+  } else {
+    for (int j = 0; j < 32; j++) out[j] = d * (float)(int8_t)qs[j];
+  }
+}
+
+static void get_row(const kf_tensor *w, int r, float *out) {
+  for (int b = 0; b < w->cols / 32; b++) dequant_block(w, r, b, out + 32 * b);
+}
+
+/* Rows [r0, r1), tokens [0, n): the portable path (also the reference for the vector kernels' layouts). */
+static __attribute__((unused)) void rows_scalar(const kf_tensor *w, int r0, int r1, const float *x, int ldx, int n, float *y, int ldy) {
+  float blk[32];
+  int nb = w->cols / 32;
+  for (int r = r0; r < r1; r++)
+    for (int t = 0; t < n; t++) {
+      float s = 0.0f;
+      for (int b = 0; b < nb; b++) { dequant_block(w, r, b, blk); s += dot(blk, x + (size_t)t * ldx + 32 * b, 32); }
+      y[(size_t)t * ldy + r] = s;
+    }
+}
+
+#ifdef __AVX2__
+/* the 32 values q_j of a Q4_1 block as 4 x 8 floats (j < 16 low nibbles, j >= 16 high nibbles) */
+#define Q4_UNPACK(qs, w0, w1, w2, w3) do {                                              \
+    const __m128i m4_ = _mm_set1_epi8(0x0F);                                            \
+    __m128i q_ = _mm_loadu_si128((const __m128i *)(qs));                                \
+    __m128i lo_ = _mm_and_si128(q_, m4_), hi_ = _mm_and_si128(_mm_srli_epi16(q_, 4), m4_); \
+    w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo_));                                 \
+    w1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo_, lo_)));       \
+    w2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi_));                                 \
+    w3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi_, hi_)));       \
+  } while (0)
+#define Q8_UNPACK(qs, w0, w1, w2, w3) do {                                                          \
+    w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs))));        \
+    w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((qs) + 8))));  \
+    w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((qs) + 16))));\
+    w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((qs) + 24))));\
+  } while (0)
+
+static inline __m256 dot32(__m256 w0, __m256 w1, __m256 w2, __m256 w3, const float *x) {
+  __m256 s = _mm256_mul_ps(w0, _mm256_loadu_ps(x));
+  s = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), s);
+  s = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), s);
+  return _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), s);
+}
+
+#if !KF_WEIGHTS_F32
+/* One row of a ROWS-layout quantised matrix against T tokens (T a constant at each call site). */
+static inline __attribute__((always_inline)) void qrow(const uint8_t *row, int format, int nb, const float *x,
+                                                       int ldx, const float *xs, int T, float *y, int ldy) {
+  __m256 acc[KF_TT];
+  float macc[KF_TT];
+  for (int t = 0; t < T; t++) { acc[t] = _mm256_setzero_ps(); macc[t] = 0.0f; }
+  if (format == KF_Q4_1) {
+    for (int b = 0; b < nb; b++) {
+      const uint8_t *blk = row + 20 * b;
+      __m256 w0, w1, w2, w3, dv = _mm256_set1_ps(f16(rd16(blk)));
+      float m = f16(rd16(blk + 2));
+      Q4_UNPACK(blk + 4, w0, w1, w2, w3);
+      for (int t = 0; t < T; t++) {
+        acc[t] = _mm256_fmadd_ps(dot32(w0, w1, w2, w3, x + t * ldx + 32 * b), dv, acc[t]);
+        macc[t] += m * xs[t * nb + b];
+      }
+    }
+  } else {
+    for (int b = 0; b < nb; b++) {
+      const uint8_t *blk = row + 34 * b;
+      __m256 w0, w1, w2, w3, dv = _mm256_set1_ps(f16(rd16(blk)));
+      Q8_UNPACK(blk + 2, w0, w1, w2, w3);
+      for (int t = 0; t < T; t++) acc[t] = _mm256_fmadd_ps(dot32(w0, w1, w2, w3, x + t * ldx + 32 * b), dv, acc[t]);
+    }
+  }
+  for (int t = 0; t < T; t++) y[t * ldy] = hsum8(acc[t]) + macc[t];
+}
+
+/* One group of 4 rows of a PACK4 quantised matrix against T tokens; rows past `valid` are not written. */
+static inline __attribute__((always_inline)) void qgroup(const uint8_t *grp, int format, int nb, const float *x,
+                                                         int ldx, const float *xs, int T, float *y, int ldy,
+                                                         int valid) {
+  __m256 acc[4][KF_TT4];
+  __m128 macc[KF_TT4];
+  int pb = pack_bytes(format);
+  for (int t = 0; t < T; t++) {
+    macc[t] = _mm_setzero_ps();
+    for (int r = 0; r < 4; r++) acc[r][t] = _mm256_setzero_ps();
+  }
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *blk = grp + (size_t)b * pb;
+    float d[4];
+    _mm_storeu_ps(d, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk)));
+    if (format == KF_Q4_1) {
+      __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(blk + 8)));
+      for (int t = 0; t < T; t++) macc[t] = _mm_fmadd_ps(m4, _mm_set1_ps(xs[t * nb + b]), macc[t]);
+    }
+    for (int r = 0; r < 4; r++) {
+      __m256 w0, w1, w2, w3, dv = _mm256_set1_ps(d[r]);
+      if (format == KF_Q4_1) Q4_UNPACK(blk + 16 + 16 * r, w0, w1, w2, w3);
+      else Q8_UNPACK(blk + 8 + 32 * r, w0, w1, w2, w3);
+      for (int t = 0; t < T; t++)
+        acc[r][t] = _mm256_fmadd_ps(dot32(w0, w1, w2, w3, x + t * ldx + 32 * b), dv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < T; t++) {
+    float m[4];
+    _mm_storeu_ps(m, macc[t]);
+    for (int r = 0; r < valid; r++) y[t * ldy + r] = hsum8(acc[r][t]) + m[r];
+  }
+}
+
+#else
+/* F32, ROWS: one row against T tokens (two accumulators per token: the FMA latency is not the limit) */
+static inline __attribute__((always_inline)) void frow(const float *row, int cols, const float *x, int ldx, int T,
+                                                       float *y, int ldy) {
+  __m256 a0[KF_TT], a1[KF_TT];
+  for (int t = 0; t < T; t++) { a0[t] = _mm256_setzero_ps(); a1[t] = _mm256_setzero_ps(); }
+  for (int c = 0; c < cols; c += 16) {
+    __m256 w0 = _mm256_loadu_ps(row + c), w1 = _mm256_loadu_ps(row + c + 8);
+    for (int t = 0; t < T; t++) {
+      a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * ldx + c), a0[t]);
+      a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * ldx + c + 8), a1[t]);
+    }
+  }
+  for (int t = 0; t < T; t++) y[t * ldy] = hsum8(_mm256_add_ps(a0[t], a1[t]));
+}
+
+/* F32, PACK4: 4 rows interleaved by 8 columns, against T tokens */
+static inline __attribute__((always_inline)) void fgroup(const float *grp, int cols, const float *x, int ldx,
+                                                         int T, float *y, int ldy, int valid) {
+  __m256 acc[4][KF_TT4];
+  for (int t = 0; t < T; t++)
+    for (int r = 0; r < 4; r++) acc[r][t] = _mm256_setzero_ps();
+  for (int c = 0; c < cols; c += 8) {
+    const float *g = grp + (size_t)c * 4;
+    for (int t = 0; t < T; t++) {
+      __m256 xv = _mm256_loadu_ps(x + t * ldx + c);
+      for (int r = 0; r < 4; r++) acc[r][t] = _mm256_fmadd_ps(_mm256_loadu_ps(g + 8 * r), xv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < T; t++)
+    for (int r = 0; r < valid; r++) y[t * ldy + r] = hsum8(acc[r][t]);
+}
+#endif
+
+/* tile dispatch: the kernels above with T a compile-time constant; a full tile, else one token at a time
+ * (two instances per kernel keep the build short) */
+#define TILE(call_with_T, T) do { if ((T) == 1) { call_with_T(1); } else { call_with_T(FULL); } } while (0)
+
+static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ldx, int n, float *y, int ldy,
+                      const float *xs) {
+  const uint8_t *base = (const uint8_t *)w->data;
+  int cols = w->cols, nb = cols / 32, fmt = w->format;
+  (void)nb;
+  (void)xs;
+#if !KF_PREPACK
+  size_t rb = fmt == KF_F32 ? (size_t)cols * 4 : (size_t)nb * block_bytes(fmt);
+  for (int t0 = 0; t0 < n;) {
+    int T = n - t0 >= KF_TT ? KF_TT : 1;
+    const float *xt = x + (size_t)t0 * ldx;
+    const float *xst = xs + (size_t)t0 * nb;
+    float *yt = y + (size_t)t0 * ldy;
+    (void)xst;
+    for (int r = r0; r < r1; r++) {
+#define FULL KF_TT
+#if KF_WEIGHTS_F32
+#define CALL(TC) frow((const float *)(base + r * rb), cols, xt, ldx, TC, yt + r, ldy)
+#else
+#define CALL(TC) qrow(base + r * rb, fmt, nb, xt, ldx, xst, TC, yt + r, ldy)
+#endif
+      TILE(CALL, T);
+#undef CALL
+#undef FULL
+    }
+    t0 += T;
+  }
+#else
+  size_t gb = fmt == KF_F32 ? (size_t)cols * 16 : (size_t)nb * pack_bytes(fmt);
+  for (int t0 = 0; t0 < n;) {
+    int T = n - t0 >= KF_TT4 ? KF_TT4 : 1;
+    const float *xt = x + (size_t)t0 * ldx;
+    const float *xst = xs + (size_t)t0 * nb;
+    float *yt = y + (size_t)t0 * ldy;
+    (void)xst;
+    for (int r = r0; r < r1; r += 4) {
+      int valid = w->rows - r < 4 ? w->rows - r : 4;
+#define FULL KF_TT4
+#if KF_WEIGHTS_F32
+#define CALL(TC) fgroup((const float *)(base + (r / 4) * gb), cols, xt, ldx, TC, yt + r, ldy, valid)
+#else
+#define CALL(TC) qgroup(base + (r / 4) * gb, fmt, nb, xt, ldx, xst, TC, yt + r, ldy, valid)
+#endif
+      TILE(CALL, T);
+#undef CALL
+#undef FULL
+    }
+    t0 += T;
+  }
+#endif
+}
+#endif
+
+/* y = W x over n tokens; xs: scratch of n * cols/32 floats (the block sums Q4_1 needs) */
+static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y, int ldy, float *xs, int threads) {
+  int nb = w->cols / 32, rows = w->rows;
+  if (w->format == KF_Q4_1)
+    for (int t = 0; t < n; t++)
+      for (int b = 0; b < nb; b++) {
+        const float *xb = x + (size_t)t * ldx + 32 * b;
+        float s = 0.0f;
+        for (int j = 0; j < 32; j++) s += xb[j];
+        xs[t * nb + b] = s;
+      }
+  int chunks = (rows + KF_RCHUNK - 1) / KF_RCHUNK;
+  (void)threads;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int c = 0; c < chunks; c++) {
+    int r0 = c * KF_RCHUNK, r1 = r0 + KF_RCHUNK < rows ? r0 + KF_RCHUNK : rows;
+#ifdef __AVX2__
+    rows_avx2(w, r0, r1, x, ldx, n, y, ldy, xs);
+#else
+    (void)xs;
+    rows_scalar(w, r0, r1, x, ldx, n, y, ldy);
+#endif
+  }
+}

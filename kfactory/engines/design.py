@@ -1,0 +1,101 @@
+"""Engine-level design choices: what one generated inference engine is, as a frozen, hashable value.
+
+An `EngineDesign` picks how the weights reach the kernels, which operations are fused, how many threads run,
+how the KV cache is laid out and whether the weights are repacked at load. Every point of `space()` computes
+the same function (the model's forward, to fp32 rounding): they differ only in speed, which is what a campaign
+over engines searches. `design_id()` names a point stably (the same choices give the same id in every process
+and version), so builds and measurements can be cached and compared by it.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+#: weight formats the matrix kernels read. "q4_1": the GGUF blocks as stored (the embedding/LM head keeps its
+#: Q8_0 blocks), dequantised inside the matvec; "f32": every matrix dequantised to float32 at load (4x-6x the
+#: bytes per token, no unpacking). A "q8_0" repack of the Q4_1 matrices is not offered: Q8_0 cannot hold every
+#: Q4_1 value (d*q + m) exactly, so it would change the weights the reference computes with.
+WEIGHTS = ("q4_1", "f32")
+#: KV cache layouts: "head_major" [block][kv_head][pos][head_dim] (one head's keys contiguous: the decode
+#: attention streams them); "token_major" [block][pos][kv_head][head_dim] (one position's keys contiguous: a
+#: step writes one run)
+KV_LAYOUTS = ("head_major", "token_major")
+#: the most threads a design may ask for (the ABI takes any count; the space stops here)
+MAX_THREADS = 64
+
+
+class DesignError(ValueError):
+    """A design value outside the valid ones; the message names the field and the valid values."""
+
+
+@dataclass(frozen=True)
+class EngineDesign:
+    """One engine's choices. Every field changes the generated C or the tensors handed to it, never the
+    function computed.
+
+    weights:      "q4_1" (blocks kept, dequantised in the kernel) or "f32" (dequantised at load); see WEIGHTS.
+    fuse_qkv:     one matvec over the rows of Q, K and V concatenated (one pass over the normed activations,
+                  one parallel region instead of three), instead of three matvecs.
+    fuse_gate_up: one matvec over the gate and up rows concatenated, instead of two.
+    fuse_norm:    the residual add and the next RMSNorm in one pass (the sum of squares is taken while adding),
+                  instead of an add pass and a norm pass.
+    threads:      OpenMP threads of the matrix and attention kernels (1 runs without entering OpenMP).
+    kv_layout:    "head_major" or "token_major"; see KV_LAYOUTS.
+    prepack:      weights repacked at load for the kernels: rows interleaved in groups of 4 (one pass over x
+                  feeds 4 rows) and, for blocks, the scales converted to float32 apart from the nibbles;
+                  False keeps the GGUF row order and block layout (quantised weights are then not copied).
+    """
+    weights: str = "q4_1"
+    fuse_qkv: bool = True
+    fuse_gate_up: bool = True
+    fuse_norm: bool = True
+    threads: int = 1
+    kv_layout: str = "head_major"
+    prepack: bool = True
+
+    def __post_init__(self):
+        if self.weights not in WEIGHTS:
+            raise DesignError(f"weights {self.weights!r} is not one of {', '.join(WEIGHTS)}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise DesignError(f"kv_layout {self.kv_layout!r} is not one of {', '.join(KV_LAYOUTS)}")
+        for name in ("fuse_qkv", "fuse_gate_up", "fuse_norm", "prepack"):
+            if not isinstance(getattr(self, name), bool):
+                raise DesignError(f"{name} must be true or false, not {getattr(self, name)!r}")
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) \
+                or not 1 <= self.threads <= MAX_THREADS:
+            raise DesignError(f"threads must be an integer in 1..{MAX_THREADS}, not {self.threads!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EngineDesign":
+        """The design of `data`; unknown keys are refused (naming the valid ones), missing keys take defaults."""
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise DesignError(f"unknown design field(s) {', '.join(unknown)}; fields: {', '.join(names)}")
+        return cls(**data)
+
+    def design_id(self) -> str:
+        """A stable short name: a readable prefix and a hash of every field (sorted JSON), so two designs share
+        an id exactly when they are equal."""
+        digest = hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:10]
+        fused = "".join(tag for tag, on in (("q", self.fuse_qkv), ("g", self.fuse_gate_up), ("n", self.fuse_norm))
+                        if on) or "none"
+        return (f"{self.weights}-f{fused}-t{self.threads}-{self.kv_layout.split('_')[0]}"
+                f"{'-pp' if self.prepack else ''}-{digest}")
+
+
+def space(max_threads: int | None = None) -> list[EngineDesign]:
+    """Every valid design point with 1..max_threads threads (default: this host's cores), in a fixed order."""
+    top = max_threads if max_threads is not None else (os.cpu_count() or 1)
+    if not 1 <= top <= MAX_THREADS:
+        raise DesignError(f"max_threads must lie in 1..{MAX_THREADS}, not {top}")
+    return [EngineDesign(w, q, g, n, t, kv, pp)
+            for w, q, g, n, t, kv, pp in itertools.product(WEIGHTS, (False, True), (False, True), (False, True),
+                                                           range(1, top + 1), KV_LAYOUTS, (False, True))]

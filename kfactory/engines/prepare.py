@@ -1,0 +1,110 @@
+"""The tensors an engine design reads, prepared from a GGUF model (in the engine's child process).
+
+Each `Prepared` is one kf_tensor of the ABI (kfactory/engines/codegen.py): a name, a format (F32, Q4_1, Q8_0),
+a layout (ROWS or PACK4), its logical rows and columns, and a contiguous numpy array holding the bytes the C
+code reads. Quantised matrices in the ROWS layout are the file's blocks, not copied (memory-mapped); fused
+matrices concatenate rows (Q|K|V, gate|up), which a row-wise format allows exactly; PACK4 interleaves rows in
+groups of 4 (rows padded with zeros to a multiple of 4):
+
+    Q4_1 per (group, block), 80 bytes:  f16 d[4] | f16 m[4] | u8 qs[4][16]   (row r%4 of the group at index r%4)
+    Q8_0 per (group, block), 136 bytes: f16 d[4] | i8 qs[4][32]
+    F32  per (group, 8 columns):        float v[4][8]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kfactory.engines.design import EngineDesign
+from kfactory.models.gguf_model import GGUFModel, LlamaConfig
+from kfactory.models.quant import BLOCK_DTYPES, QuantTensor, blocks
+
+FORMATS = {"F32": 0, "Q4_1": 1, "Q8_0": 2}
+LAYOUTS = {"rows": 0, "pack4": 1}
+
+
+class PrepareError(ValueError):
+    """The model's tensors cannot be given to this design (a format it does not read)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One tensor as handed to the engine: `data` is C-contiguous and must stay alive while the engine is."""
+    name: str
+    format: str
+    layout: str
+    rows: int
+    cols: int
+    data: np.ndarray
+
+
+def _pad_rows(a: np.ndarray, multiple: int) -> np.ndarray:
+    extra = -a.shape[0] % multiple
+    if not extra:
+        return a
+    return np.concatenate([a, np.zeros((extra, *a.shape[1:]), dtype=a.dtype)])
+
+
+def pack4(data: np.ndarray, fmt: str) -> np.ndarray:
+    """The PACK4 bytes (or floats, F32) of a ROWS matrix: raw uint8 blocks (rows, cols/32 * block bytes) for
+    Q4_1/Q8_0, float32 (rows, cols) for F32. See the module docstring for the layout."""
+    if fmt == "F32":
+        f = _pad_rows(np.asarray(data, dtype=np.float32), 4)
+        g, cols = f.shape[0] // 4, f.shape[1]
+        return np.ascontiguousarray(f.reshape(g, 4, cols // 8, 8).transpose(0, 2, 1, 3))
+    b = _pad_rows(blocks(np.ascontiguousarray(data), fmt), 4)        # (rows4, nb) structured
+    g, nb = b.shape[0] // 4, b.shape[1]
+
+    def by_group(field: str) -> np.ndarray:   # (g, nb, 4, ...) as bytes
+        v = b[field].reshape(g, 4, nb, *b[field].shape[2:]).swapaxes(1, 2)
+        return np.ascontiguousarray(v).view(np.uint8).reshape(g, nb, -1)
+
+    parts = [by_group("d")] + ([by_group("m")] if fmt == "Q4_1" else []) + [by_group("qs")]
+    return np.ascontiguousarray(np.concatenate(parts, axis=-1))
+
+
+def _matrix(name: str, parts: list[QuantTensor], design: EngineDesign) -> Prepared:
+    """One matrix (several concatenated by rows when fused) in the design's format and layout."""
+    cols = parts[0].shape[1]
+    rows = sum(p.shape[0] for p in parts)
+    if design.weights == "f32":
+        fmt, mats = "F32", [p.dequantize().astype(np.float32) for p in parts]
+    else:
+        formats = {p.qtype for p in parts}
+        if len(formats) != 1 or not formats <= set(BLOCK_DTYPES):
+            raise PrepareError(f"{name}: design weights=q4_1 reads Q4_1/Q8_0 blocks of one format; the file "
+                               f"stores {', '.join(sorted(formats))}")
+        fmt, mats = formats.pop(), [np.asarray(p.raw) for p in parts]
+    data = mats[0] if len(mats) == 1 else np.concatenate(mats)
+    if design.prepack:
+        return Prepared(name, fmt, "pack4", rows, cols, pack4(data, fmt))
+    return Prepared(name, fmt, "rows", rows, cols, np.ascontiguousarray(data))
+
+
+def _norm(t: QuantTensor) -> Prepared:
+    return Prepared(t.name, "F32", "rows", 1, t.shape[0], np.ascontiguousarray(t.dequantize(), dtype=np.float32))
+
+
+def prepare(model: GGUFModel, design: EngineDesign) -> list[Prepared]:
+    """Every tensor the generated engine for `design` binds, by its ABI name."""
+    config: LlamaConfig = model.config
+    if not config.tied_embeddings:
+        raise PrepareError("the engine reads the tied LM head (token_embd.weight); this model has output.weight")
+    out = [_matrix("token_embd.weight", [model.tensor("token_embd.weight")], design),
+           _norm(model.tensor("output_norm.weight"))]
+    for i in range(config.blocks):
+        def t(kind: str) -> QuantTensor:
+            return model.tensor(f"blk.{i}.{kind}.weight")
+        out += [_norm(t("attn_norm")), _norm(t("ffn_norm")), _matrix(f"blk.{i}.attn_output.weight",
+                                                                      [t("attn_output")], design),
+                _matrix(f"blk.{i}.ffn_down.weight", [t("ffn_down")], design)]
+        if design.fuse_qkv:
+            out.append(_matrix(f"blk.{i}.attn_qkv.weight", [t("attn_q"), t("attn_k"), t("attn_v")], design))
+        else:
+            out += [_matrix(f"blk.{i}.attn_{k}.weight", [t(f"attn_{k}")], design) for k in "qkv"]
+        if design.fuse_gate_up:
+            out.append(_matrix(f"blk.{i}.ffn_gate_up.weight", [t("ffn_gate"), t("ffn_up")], design))
+        else:
+            out += [_matrix(f"blk.{i}.ffn_{k}.weight", [t(f"ffn_{k}")], design) for k in ("gate", "up")]
+    return out
