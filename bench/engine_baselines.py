@@ -1,0 +1,87 @@
+"""The engine bench's baselines side by side: decode tokens/s at batch 1 after prefilling 128 and 1024 tokens,
+prefill tokens/s of a 512-token prompt, peak RSS and the fraction of each engine's roofline on this host, for the
+float64 numpy reference, torch eager (transformers, fp32, same weights) and llama.cpp (llama-cpp-python, same
+GGUF file). Each engine runs in its own subprocess; one whose library is missing is shown with the reason.
+
+    python bench/engine_baselines.py [--threads 1,2] [--baseline-python PY] [--python NAME=PY]
+        [--model smollm2-135m] [--only numpy-ref,torch-eager] [--json OUT]
+
+torch and llama_cpp may live in other virtual environments: --baseline-python names the interpreter every
+baseline runs with (it must import kfactory), --python NAME=PY one baseline's own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from kfactory.engines.baselines import BASELINES, CONTEXTS, PREFILL_TOKENS, run_baseline
+from kfactory.engines.baselines.report import table
+from kfactory.engines.baselines.roofline import host_ceilings
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--threads", default=str(os.cpu_count() or 1), help="thread counts, comma-separated")
+    ap.add_argument("--baseline-python", help="interpreter for every baseline (default: this one)")
+    ap.add_argument("--python", action="append", default=[], metavar="NAME=PY",
+                    help="interpreter for one baseline (repeatable)")
+    ap.add_argument("--only", default=",".join(BASELINES), help="baselines to run, comma-separated")
+    ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    ap.add_argument("--prefill", type=int, default=PREFILL_TOKENS)
+    ap.add_argument("--steps", type=int, default=0, help="decode steps per context (0: each baseline's default)")
+    ap.add_argument("--json", help="write the results here")
+    return ap.parse_args(argv)
+
+
+def interpreters(args: argparse.Namespace) -> dict[str, str | None]:
+    """The interpreter of each baseline: its --python, else --baseline-python, else this one."""
+    own = dict(item.split("=", 1) for item in args.python)
+    unknown = set(own) - set(BASELINES)
+    if unknown:
+        raise SystemExit(f"--python names unknown baselines {sorted(unknown)}; known: {', '.join(BASELINES)}")
+    return {name: own.get(name, args.baseline_python) for name in BASELINES}
+
+
+def run(args: argparse.Namespace) -> dict:
+    names = [n for n in args.only.split(",") if n]
+    pythons = interpreters(args)
+    results, ceilings = [], {}
+    for threads in _ints(args.threads):
+        # measured before any baseline runs, with nothing else of ours on the cores (cached per thread count)
+        ceilings[str(threads)] = host_ceilings(threads)
+        for name in names:
+            t0 = time.perf_counter()
+            r = run_baseline(name, args.model, threads, pythons.get(name), contexts=_ints(args.contexts),
+                             prefill=args.prefill, steps=args.steps, ceilings=ceilings[str(threads)])
+            r["python"] = pythons.get(name) or sys.executable
+            print(f"  {name} ({threads} threads): {r['status']} in {time.perf_counter() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
+            results.append(r)
+    return {"model": args.model, "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                                          "load_average": os.getloadavg()},
+            "ceilings": ceilings, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    out = run(args)
+    print(table(out["results"]))
+    for threads, c in out["ceilings"].items():
+        print(f"ceilings at {threads} threads: {c['mem_bandwidth_gbps']:.1f} GB/s, {c['peak_gflops']:.1f} GFLOP/s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The one shape every baseline's result has, and the roofline fractions computed from it.
+
+    {"name", "available": bool, "status": "ok" | "not_importable" | "failed", "reason", "threads",
+     "decode_tokens_per_s": {"128": x, "1024": y}, "prefill_tokens_per_s": z, "peak_rss_mb": r,
+     "weights_format": "f32" | "q4_1" | "float64", "roofline_fraction": {"128": f, "1024": g, "prefill_512": h},
+     ...measurement details: "formats", "config", "decode_steps", "prefill_tokens", "seconds"}
+
+A baseline that cannot run is a result too (available False, a status and a reason), never an exception, so a
+bench prints every engine it was asked for.
+"""
+from __future__ import annotations
+
+import resource
+import sys
+
+from kfactory.engines.baselines.roofline import (Formats, decode_cost, fraction, prefill_cost,
+                                                 roofline_seconds_per_token)
+from kfactory.models.gguf_model import LlamaConfig
+
+OK, NOT_IMPORTABLE, FAILED = "ok", "not_importable", "failed"
+#: the keys every result has, whatever its status
+KEYS = ("name", "available", "status", "reason", "threads", "decode_tokens_per_s", "prefill_tokens_per_s",
+        "peak_rss_mb", "weights_format", "roofline_fraction")
+
+
+class NotImportable(Exception):
+    """A baseline's library is not importable by this interpreter (the message says which and how to get it)."""
+
+
+def empty(name: str, threads: int, status: str, reason: str) -> dict:
+    """A result with no measurements: a baseline that could not run, and why."""
+    return {"name": name, "available": False, "status": status, "reason": reason, "threads": threads,
+            "decode_tokens_per_s": {}, "prefill_tokens_per_s": None, "peak_rss_mb": None,
+            "weights_format": None, "roofline_fraction": {}}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set in MB (ru_maxrss: kilobytes on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def add_roofline(result: dict, ceilings: dict[str, float]) -> dict:
+    """Fill result["roofline_fraction"] (per decode context and for the prefill) from its measurements and the
+    host's ceilings; each decode step is costed at the mean number of positions its timed steps attended."""
+    if not result.get("available"):
+        return result
+    config = LlamaConfig(**result["config"])
+    formats = Formats(**result["formats"])
+    bw, peak = ceilings.get("mem_bandwidth_gbps", 0.0), ceilings.get("peak_gflops", 0.0)
+    steps = result["decode_steps"]
+    out: dict[str, float | None] = {}
+    detail: dict[str, dict] = {}
+    for ctx, rate in result["decode_tokens_per_s"].items():
+        # the timed steps attend to ctx + 1 .. ctx + steps positions
+        cost = decode_cost(config, formats, int(ctx) + (steps + 1) / 2)
+        bound = roofline_seconds_per_token(cost, bw, peak)
+        out[ctx] = fraction(bound, 1 / rate if rate else None)
+        detail[ctx] = {"bytes": cost.bytes, "flops": cost.flops, "roofline_s": bound}
+    n = result.get("prefill_tokens")
+    if n and result.get("prefill_tokens_per_s"):
+        cost = prefill_cost(config, formats, n)
+        bound = roofline_seconds_per_token(cost, bw, peak)
+        out[f"prefill_{n}"] = fraction(bound, 1 / result["prefill_tokens_per_s"])
+        detail[f"prefill_{n}"] = {"bytes": cost.bytes, "flops": cost.flops, "roofline_s": bound}
+    result["roofline_fraction"] = out
+    result["roofline"] = {"ceilings": dict(ceilings), "per_token": detail}
+    return result

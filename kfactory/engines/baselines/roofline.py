@@ -1,0 +1,189 @@
+"""The roofline of one token: bytes read and flops of a Llama forward, and the host ceilings they are set against.
+
+An engine's roofline time per token is the larger of two bounds: the bytes it must read over the host's measured
+memory bandwidth, and the flops it must do over the host's measured peak fp32 rate. Its fraction of the roofline
+is that time over the time it measured (1.0 would be the speed of light; a decode step is memory bound, a 512-token
+prefill compute bound).
+
+What is counted, per token:
+
+- bytes: every block matrix once in its storage format (Q4_1: 20 bytes a block of 32 weights; Q8_0: 34; f32: 4
+  a weight), one embedding row, the LM head over the whole vocabulary in its format (tied: the embedding's), the
+  norms, and the KV cache of the positions attended (keys and values of every block). Activations are left out:
+  a few KB a token that stay in cache.
+- flops: 2 per weight of each matrix product (multiply + add, the way the peak probe counts an FMA), plus
+  dequantisation (`DEQUANT_FLOPS`), attention (`attention_flops`) and the small element-wise ops (norms, RoPE,
+  SiLU, residuals).
+
+A prefill of n tokens reads the weights once for all n tokens and dequantises each weight once, computes the LM
+head for its last position only (all a generating engine needs), and attends causally (position i sees i + 1
+positions); its figures are totals over the n tokens divided by n. The bound is a lower bound on time: it counts
+the least work a correct engine must do, never an engine's own overheads.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kfactory.models.gguf_model import LlamaConfig
+
+#: elements per quantised block (Q4_1 and Q8_0 both)
+BLOCK = 32
+#: storage bytes per weight: the block formats' bytes over their 32 elements
+BYTES_PER_WEIGHT: dict[str, float] = {
+    "f64": 8.0, "f32": 4.0, "f16": 2.0,
+    "q8_0": 34 / BLOCK,   # f16 scale + 32 int8
+    "q4_1": 20 / BLOCK,   # f16 scale + f16 min + 16 bytes of nibbles
+}
+#: floating-point ops to turn one stored element into a float: Q4_1 is d * q + m (a multiply and an add, one FMA,
+#: counted 2 like the peak probe's FMAs), Q8_0 is d * q (one multiply). Unpacking nibbles and converting integers
+#: or halves to float are integer/conversion instructions, not flops, so f16/f32/f64 cost nothing.
+DEQUANT_FLOPS: dict[str, int] = {"f64": 0, "f32": 0, "f16": 0, "q8_0": 1, "q4_1": 2}
+
+#: per attention score besides the two dot products: the 1/sqrt(d) scale, subtracting the running max, exp,
+#: adding to the denominator, normalising (exp counted as one op)
+SOFTMAX_FLOPS_PER_SCORE = 5
+#: RMSNorm per element: square, accumulate, scale by 1/rms, multiply by the weight
+RMS_FLOPS_PER_ELEMENT = 4
+#: RoPE per element: each of a pair's two outputs is two products and one add
+ROPE_FLOPS_PER_ELEMENT = 3
+#: SiLU(g) * u per element: exp(-g), 1 + e, g / (1 + e), times u
+SWIGLU_FLOPS_PER_ELEMENT = 4
+
+
+@dataclass(frozen=True)
+class Formats:
+    """The storage format of each kind of tensor an engine reads (keys of BYTES_PER_WEIGHT)."""
+    matrices: str
+    embedding: str
+    lm_head: str
+    norms: str
+    kv_cache: str
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in asdict(self).values() if f not in BYTES_PER_WEIGHT]
+        if unknown:
+            raise ValueError(f"unknown formats {unknown}; known: {sorted(BYTES_PER_WEIGHT)}")
+
+    @classmethod
+    def uniform(cls, fmt: str) -> "Formats":
+        """Every tensor and the cache in one format (an engine that dequantises everything up front)."""
+        return cls(fmt, fmt, fmt, fmt, fmt)
+
+    @classmethod
+    def from_gguf(cls, formats: dict[str, str], config: LlamaConfig, kv_cache: str) -> "Formats":
+        """The formats a GGUF file stores (GGUFModel.formats(): tensor name -> 'Q4_1', 'F32', ...), for an
+        engine that computes on the blocks as stored. The block matrices must share one format."""
+        names = [n for n in config.expected_shapes() if n.startswith("blk.") and not n.endswith("norm.weight")]
+        kinds = {formats[n].lower() for n in names}
+        if len(kinds) != 1:
+            raise ValueError(f"the block matrices mix formats {sorted(kinds)}; the roofline takes one")
+        head = "token_embd.weight" if config.tied_embeddings else "output.weight"
+        return cls(matrices=kinds.pop(), embedding=formats["token_embd.weight"].lower(),
+                   lm_head=formats[head].lower(), norms=formats["output_norm.weight"].lower(), kv_cache=kv_cache)
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Bytes read and flops of one token (`parts` breaks both down by where they come from)."""
+    bytes: float
+    flops: float
+    parts: dict[str, float]
+
+
+def block_matrix_weights(c: LlamaConfig) -> int:
+    """Weights of one block's seven matrices: q, o (hidden x heads*head_dim), k, v (hidden x kv_heads*head_dim),
+    gate, up, down (hidden x ffn)."""
+    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    return 2 * c.hidden * q + 2 * c.hidden * kv + 3 * c.hidden * c.ffn
+
+
+def attention_flops(c: LlamaConfig, positions: float) -> float:
+    """One query token attending to `positions` keys, every block and head: q.k (2 * head_dim a score), the
+    softmax (SOFTMAX_FLOPS_PER_SCORE), p.v (2 * head_dim a score)."""
+    return c.blocks * c.heads * positions * (4 * c.head_dim + SOFTMAX_FLOPS_PER_SCORE)
+
+
+def elementwise_flops(c: LlamaConfig) -> int:
+    """One token's element-wise work in every block (two RMSNorms, RoPE of q and k, SwiGLU, two residual adds);
+    the final norm is counted with the LM head, where it is needed."""
+    per_block = (2 * RMS_FLOPS_PER_ELEMENT * c.hidden + ROPE_FLOPS_PER_ELEMENT * (c.heads + c.kv_heads) * c.head_dim
+                 + SWIGLU_FLOPS_PER_ELEMENT * c.ffn + 2 * c.hidden)
+    return c.blocks * per_block
+
+
+def kv_bytes(c: LlamaConfig, f: Formats, positions: float) -> float:
+    """Keys and values of `positions` positions in every block's cache."""
+    return 2 * c.blocks * c.kv_heads * c.head_dim * positions * BYTES_PER_WEIGHT[f.kv_cache]
+
+
+def _weights(c: LlamaConfig, f: Formats) -> tuple[dict[str, float], dict[str, float]]:
+    """(bytes, dequantisation flops) of reading every block matrix, the LM head and the norms once."""
+    m = c.blocks * block_matrix_weights(c)
+    head = c.vocab * c.hidden
+    norms = (2 * c.blocks + 1) * c.hidden
+    size = {"matrices": m * BYTES_PER_WEIGHT[f.matrices], "lm_head": head * BYTES_PER_WEIGHT[f.lm_head],
+            "norms": norms * BYTES_PER_WEIGHT[f.norms]}
+    deq = {"matrices": float(m * DEQUANT_FLOPS[f.matrices]), "lm_head": float(head * DEQUANT_FLOPS[f.lm_head])}
+    return size, deq
+
+
+def decode_cost(c: LlamaConfig, f: Formats, positions: float) -> Cost:
+    """One decode step of a token that attends to `positions` positions (the cache including itself)."""
+    size, deq = _weights(c, f)
+    row = c.hidden * BYTES_PER_WEIGHT[f.embedding]
+    matmul = 2.0 * (c.blocks * block_matrix_weights(c) + c.vocab * c.hidden)
+    dequant = deq["matrices"] + deq["lm_head"] + c.hidden * DEQUANT_FLOPS[f.embedding]
+    attn = attention_flops(c, positions)
+    other = elementwise_flops(c) + RMS_FLOPS_PER_ELEMENT * c.hidden
+    parts = {"bytes_weights": sum(size.values()), "bytes_embedding_row": row,
+             "bytes_kv_cache": kv_bytes(c, f, positions), "flops_matmul": matmul, "flops_dequant": dequant,
+             "flops_attention": attn, "flops_elementwise": float(other)}
+    return Cost(bytes=parts["bytes_weights"] + row + parts["bytes_kv_cache"],
+                flops=matmul + dequant + attn + other, parts=parts)
+
+
+def prefill_cost(c: LlamaConfig, f: Formats, n: int) -> Cost:
+    """Per token of a prefill of `n` tokens into an empty cache: totals over the n tokens divided by n."""
+    if n < 1:
+        raise ValueError("a prefill has at least one token")
+    size, deq = _weights(c, f)
+    rows = n * c.hidden * BYTES_PER_WEIGHT[f.embedding]
+    # the LM head for the last position only; every block matrix applied to all n tokens
+    matmul = 2.0 * (n * c.blocks * block_matrix_weights(c) + c.vocab * c.hidden)
+    dequant = deq["matrices"] + deq["lm_head"] + n * c.hidden * DEQUANT_FLOPS[f.embedding]
+    attn = attention_flops(c, n * (n + 1) / 2)          # position i attends to i + 1 positions
+    other = n * elementwise_flops(c) + RMS_FLOPS_PER_ELEMENT * c.hidden
+    cache = kv_bytes(c, f, n)                            # each key and value read once (a tiled engine)
+    parts = {"bytes_weights": sum(size.values()) / n, "bytes_embedding_row": rows / n, "bytes_kv_cache": cache / n,
+             "flops_matmul": matmul / n, "flops_dequant": dequant / n, "flops_attention": attn / n,
+             "flops_elementwise": other / n}
+    return Cost(bytes=(sum(size.values()) + rows + cache) / n, flops=(matmul + dequant + attn + other) / n,
+                parts=parts)
+
+
+def roofline_seconds_per_token(cost: Cost, mem_bandwidth_gbps: float, peak_gflops: float) -> float | None:
+    """max(bytes / bandwidth, flops / peak) in seconds; None when a ceiling is unknown (0: not measured)."""
+    if mem_bandwidth_gbps <= 0 or peak_gflops <= 0:
+        return None
+    return max(cost.bytes / (mem_bandwidth_gbps * 1e9), cost.flops / (peak_gflops * 1e9))
+
+
+def fraction(roofline_s: float | None, measured_s: float | None) -> float | None:
+    """The roofline time over the measured time (1.0 = at the roofline); None when either is unknown."""
+    if roofline_s is None or not measured_s or measured_s <= 0:
+        return None
+    return roofline_s / measured_s
+
+
+def host_ceilings(threads: int, settings=None) -> dict[str, float]:
+    """This host's measured {"mem_bandwidth_gbps", "peak_gflops"} at `threads` threads, through the cpu target
+    (kfactory.targets.cpu.ceiling: C probes in a sandboxed runner, cached per host and thread count in
+    <data_dir>/ceilings.json). 0.0 where they could not be measured."""
+    from kfactory.platform.config import Settings
+    from kfactory.targets import get_target
+    base = settings if settings is not None else Settings()
+    dev = get_target("cpu", base.model_copy(update={"threads": threads})).device()
+    return {"mem_bandwidth_gbps": float(dev.mem_bandwidth_gbps), "peak_gflops": float(dev.peak_gflops)}

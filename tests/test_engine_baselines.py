@@ -1,0 +1,148 @@
+"""The engine bench's baselines: roofline arithmetic (exact, on a hand-sized config), the subprocess runner's
+result shape (the numpy reference on tiny-llama), the q/k permutation between GGUF and Hugging Face layouts, and
+torch eager's agreement with the reference (skipped where torch and transformers are not importable).
+
+Set KFACTORY_BASELINE_PYTHON to an interpreter that has torch and transformers to run the torch check there too.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from kfactory.engines.baselines import check_baseline, run_baseline
+from kfactory.engines.baselines.report import table
+from kfactory.engines.baselines.result import KEYS, add_roofline
+from kfactory.engines.baselines.roofline import (Formats, decode_cost, fraction, prefill_cost,
+                                                 roofline_seconds_per_token)
+from kfactory.engines.baselines.torch_eager import permute, unpermute
+from kfactory.models import LlamaConfig, load_model
+from kfactory.models.reference import rope
+
+#: 1 block, hidden 32, 2 query heads and 1 kv head of 16, ffn 64, vocab 64
+TINY = LlamaConfig(blocks=1, hidden=32, heads=2, kv_heads=1, head_dim=16, ffn=64, rope_base=10000.0, rms_eps=1e-5,
+                   vocab=64, tied_embeddings=True, context_length=128)
+#: SmolLM2's file: Q4_1 matrices, Q8_0 tied embedding, f32 norms; an f32 cache
+GGUF_LIKE = Formats(matrices="q4_1", embedding="q8_0", lm_head="q8_0", norms="f32", kv_cache="f32")
+
+
+def test_decode_cost_by_hand():
+    # block matrices: q, o 32x32 each, k, v 16x32 each, gate, up, down 64x32 each = 2048 + 1024 + 6144 = 9216
+    # bytes: 9216 * 20/32 = 5760 (q4_1) + LM head 64*32 * 34/32 = 2176 (q8_0) + norms 3*32*4 = 384
+    #        + one embedding row 32 * 34/32 = 34 + cache 2 * 1 block * 1 kv head * 16 * 10 positions * 4 = 1280
+    cost = decode_cost(TINY, GGUF_LIKE, 10)
+    assert cost.bytes == 5760 + 2176 + 384 + 34 + 1280 == 9634
+    # flops: matmul 2 * (9216 + 2048) = 22528; dequant 9216 * 2 + 2048 * 1 + 32 * 1 = 20512;
+    # attention 1 block * 2 heads * 10 positions * (4*16 + 5) = 1380;
+    # element-wise 2*4*32 (norms) + 3*(2+1)*16 (rope) + 4*64 (swiglu) + 2*32 (residuals) = 720, + final norm 128
+    assert cost.flops == 22528 + 20512 + 1380 + 848 == 45268
+    assert cost.parts["bytes_kv_cache"] == 1280 and cost.parts["flops_dequant"] == 20512
+
+
+def test_prefill_cost_by_hand():
+    # 4 tokens: weights once (5760 + 2176 + 384), 4 embedding rows (136), cache written/read once (2*16*4*4 = 512)
+    cost = prefill_cost(TINY, GGUF_LIKE, 4)
+    assert cost.bytes == (8320 + 136 + 512) / 4 == 2242
+    # matmul 2 * (4*9216 + 2048) = 77824 (LM head for the last position only); dequant once: 18432 + 2048 + 4*32;
+    # causal attention over 1+2+3+4 = 10 positions: 2 * 10 * 69 = 1380; element-wise 4*720 + 128 = 3008
+    assert cost.flops == (77824 + 20608 + 1380 + 3008) / 4 == 25705
+
+
+def test_uniform_formats_and_roofline_time():
+    f32 = decode_cost(TINY, Formats.uniform("f32"), 10)
+    assert f32.bytes == (9216 + 2048 + 96 + 32) * 4 + 2 * 16 * 10 * 4              # 46848: no dequant flops
+    assert f32.flops == 22528 + 1380 + 848
+    cost = decode_cost(TINY, GGUF_LIKE, 10)
+    # at 1 GB/s and 1 GFLOP/s the flops bound (45268 ns) exceeds the bytes bound (9634 ns)
+    bound = roofline_seconds_per_token(cost, 1.0, 1.0)
+    assert bound == pytest.approx(45268e-9)
+    assert roofline_seconds_per_token(cost, 1e-3, 1.0) == pytest.approx(9634e-6)    # now memory bound
+    assert fraction(bound, 2 * 45268e-9) == pytest.approx(0.5)
+    assert roofline_seconds_per_token(cost, 0.0, 1.0) is None and fraction(None, 1.0) is None
+    with pytest.raises(ValueError, match="unknown formats"):
+        Formats.uniform("q5_k")
+
+
+def test_formats_from_the_file():
+    model = load_model("tiny-llama").open()
+    # tiny-llama keeps ffn_down in Q8_0 beside Q4_1 matrices: one matrix format cannot describe it
+    with pytest.raises(ValueError, match="mix formats"):
+        Formats.from_gguf(model.formats(), model.config, kv_cache="f16")
+    same = {n: ("Q4_1" if f == "Q8_0" and n != "token_embd.weight" else f) for n, f in model.formats().items()}
+    assert Formats.from_gguf(same, model.config, kv_cache="f16") == Formats("q4_1", "q8_0", "q8_0", "f32", "f16")
+
+
+def test_add_roofline_costs_the_mean_attended_positions():
+    result = {"available": True, "config": TINY.as_dict(), "formats": GGUF_LIKE.as_dict(), "decode_steps": 3,
+              "decode_tokens_per_s": {"8": 1e4}, "prefill_tokens": 4, "prefill_tokens_per_s": 2e4}
+    add_roofline(result, {"mem_bandwidth_gbps": 1.0, "peak_gflops": 1.0})
+    # steps attend to 9, 10, 11 positions: costed at 10 -> 45268 ns against 100 us measured
+    assert result["roofline_fraction"]["8"] == pytest.approx(45268e-9 / 1e-4)
+    assert result["roofline_fraction"]["prefill_4"] == pytest.approx(25705e-9 / 5e-5)
+
+
+def test_unpermute_undoes_the_converter_and_matches_rotate_half():
+    rng = np.random.default_rng(0)
+    heads, d = 3, 8
+    hf = rng.standard_normal((heads * d, 5))
+    gguf = permute(hf, heads)
+    assert not np.array_equal(gguf, hf) and np.array_equal(unpermute(gguf, heads), hf)
+    # RoPE on adjacent pairs of the GGUF rows equals Hugging Face's rotate_half RoPE of the unpermuted rows
+    x = rng.standard_normal(5)
+    pos, base = 7, 10000.0
+    adjacent = rope((gguf @ x).reshape(1, heads, d), np.array([pos]), base)[0]
+    q = (unpermute(gguf, heads) @ x).reshape(heads, d)
+    angle = pos * base ** (-np.arange(0, d, 2) / d)
+    cos, sin = np.cos(np.concatenate([angle, angle])), np.sin(np.concatenate([angle, angle]))
+    halves = q * cos + np.concatenate([-q[:, d // 2:], q[:, :d // 2]], axis=-1) * sin
+    assert np.allclose(unpermute(adjacent.reshape(heads * d, 1), heads).reshape(heads, d), halves)
+
+
+def test_numpy_reference_in_a_subprocess_has_the_result_shape():
+    ceilings = {"mem_bandwidth_gbps": 10.0, "peak_gflops": 50.0}
+    r = run_baseline("numpy-ref", "tiny-llama", 1, contexts=(8, 16), prefill=16, steps=2, ceilings=ceilings,
+                     timeout_s=120)
+    assert r["status"] == "ok", r["reason"]
+    assert set(KEYS) <= set(r) and r["available"] and r["threads"] == 1 and r["weights_format"] == "float64"
+    assert set(r["decode_tokens_per_s"]) == {"8", "16"} and all(v > 0 for v in r["decode_tokens_per_s"].values())
+    assert r["prefill_tokens_per_s"] > 0 and r["peak_rss_mb"] > 10
+    assert set(r["roofline_fraction"]) == {"8", "16", "prefill_16"}
+    assert all(0 < f < 1 for f in r["roofline_fraction"].values())
+    assert "numpy-ref" in table([r])
+
+
+def test_failures_are_results():
+    r = run_baseline("no-such", "tiny-llama", 1)
+    assert r["status"] == "failed" and not r["available"] and set(KEYS) <= set(r)
+    r = run_baseline("numpy-ref", "tiny-llama", 1, python="/nonexistent/python", timeout_s=30)
+    assert r["status"] == "failed" and "could not start" in r["reason"]
+    assert "failed" in table([r])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is not None, reason="llama_cpp is importable here")
+def test_missing_library_is_not_importable():
+    r = run_baseline("llama-cpp", "tiny-llama", 1, contexts=(8,), prefill=8, steps=1, timeout_s=120)
+    assert r["status"] == "not_importable" and "llama_cpp" in r["reason"]
+
+
+def _assert_agrees(check: dict) -> None:
+    assert check["logits"]["max_diff_over_spread"] < 1e-3, check["logits"]
+    assert check["greedy"]["identical"], check["greedy"]
+
+
+def test_torch_eager_agrees_with_the_reference():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from kfactory.engines.baselines.check import check_engine
+    from kfactory.engines.baselines.torch_eager import TorchEager
+    model = load_model("tiny-llama").open()
+    _assert_agrees(check_engine(TorchEager(model, 1), model, "tiny-llama", 32))
+
+
+@pytest.mark.skipif(not os.environ.get("KFACTORY_BASELINE_PYTHON"), reason="KFACTORY_BASELINE_PYTHON not set")
+def test_torch_eager_agrees_in_the_named_interpreter():
+    check = check_baseline("torch-eager", "tiny-llama", 1, os.environ["KFACTORY_BASELINE_PYTHON"], timeout_s=300)
+    assert check["status"] == "ok", check.get("reason")
+    _assert_agrees(check)
