@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from kfactory.platform.config import Settings
-from kfactory.judge.verify import InputPool, available_baselines, measure, verify
+from kfactory.judge.checks import InputPool
+from kfactory.judge.measure import available_baselines, measure
+from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
 from kfactory.targets.cpu.ceiling import measure_peak_gflops

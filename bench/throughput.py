@@ -29,7 +29,8 @@ from typing import Any, cast
 
 from kfactory.platform.app import start_services
 from kfactory.platform.config import Settings
-from kfactory.judge.verify import InputPool, measure
+from kfactory.judge.checks import InputPool
+from kfactory.judge.measure import measure
 from kfactory.bus.natsd import EmbeddedNats
 from kfactory.observability import stagetime
 from kfactory.problems import load_problem
@@ -167,7 +168,8 @@ def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
     try:
         session.load_artifact("new", a["artifact"], a["entry"])
         session.load_artifact("baseline", b["artifact"], b["entry"])
-        pool, out = InputPool(problem, 1), {}
+        pool = InputPool(problem, 1)
+        out: dict[str, dict] = {}
         for shape in problem.shapes("optimize"):
             t = measure(session, ["new", "baseline"], problem, shape, pool, target.cache_bytes(), settings,
                         settings.compare_max_s, target.device())

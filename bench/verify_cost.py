@@ -15,7 +15,9 @@ import pstats
 import time
 
 from kfactory.platform.config import Settings
-from kfactory.judge.verify import InputPool, measure, verify
+from kfactory.judge.checks import InputPool
+from kfactory.judge.measure import measure
+from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
 

@@ -49,7 +49,7 @@ if [ -d "$REPO/.precompiled" ]; then
   why=$($PY -c '
 import os
 from kfactory.targets.cuda.precompile import load_check
-from kfactory.targets.cuda.compile import resolve_arch
+from kfactory.targets.cuda.arch import resolve_arch
 print(load_check(os.environ["KFACTORY_PRECOMPILED"], resolve_arch("")))' 2>&1 | tail -1)
   if [ -n "$why" ]; then echo "precompiled cubins not used: $why"; unset KFACTORY_PRECOMPILED;
   else echo "precompiled cubins: $(ls -d "$REPO"/.precompiled/*/ | xargs -n1 basename | tr '\n' ' ')"; fi

@@ -99,7 +99,8 @@ def _shm_free() -> int:
 def verify_chunked(work: Path, point: dict, settings) -> dict:
     """The chunked point verified by the judge against the float64 reference (every verify shape plus
     VERIFY_CHUNKED, every distribution of the package): passed, the reason, the worst check per output."""
-    from kfactory.judge.verify import InputPool, verify
+    from kfactory.judge.checks import InputPool
+    from kfactory.judge.verify import verify
     from kfactory.problems import load_problem
     from kfactory.targets import get_target
     from kfactory.v1 import events_pb2 as pb
@@ -175,7 +176,7 @@ def public_shapes(pkg: Path, best: dict | None, settings, chunked: dict | None =
 
 def _open(problem, target, best: dict | None, chunked: dict | None):
     """A runner session with the kernels under test and the baselines loaded, and their keys by name."""
-    from kfactory.judge.verify import available_baselines
+    from kfactory.judge.measure import available_baselines
 
     session = target.session(problem, 1)
     keys = _load_kernels(problem, target, session, best, chunked)

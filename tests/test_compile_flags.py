@@ -12,7 +12,9 @@ import pytest
 from kfactory.platform.config import Settings
 from kfactory.problems import list_problems, load_problem
 from kfactory.targets.cpu import target as cpu_mod
+from kfactory.targets.cuda import arch as cuda_arch
 from kfactory.targets.cuda import compile as cc
+from kfactory.targets.cuda import cubin_cache, link, nvrtc, toolchain
 from kfactory.targets.flags import FLAG_TARGETS, FlagRefused, check_flags
 from kfactory.v1 import events_pb2 as pb
 
@@ -167,7 +169,8 @@ def no_toolchain(monkeypatch):
     """NVRTC/nvJitLink made untouchable: a refusal must come before the toolchain is asked anything."""
     def touched():
         raise AssertionError("the cuda toolchain was touched")
-    monkeypatch.setattr(cc, "_toolchain", touched)
+    for module in (toolchain, nvrtc, link, cubin_cache, cuda_arch):   # every module that looks _toolchain up
+        monkeypatch.setattr(module, "_toolchain", touched)
 
 
 # ------------------------------------------------------------------------------------------------------ cpu
@@ -233,7 +236,8 @@ def test_cuda_refuses(flags, rule):
 
 @pytest.mark.parametrize("flags,rule", CUDA_REFUSED)
 def test_cuda_option_builders_refuse(no_toolchain, flags, rule):
-    for build in (cc.candidate_flags, lambda f: cc.link_options("sm_90a", f), lambda f: cc.nvrtc_options("sm_90a", f)):
+    for build in (nvrtc.candidate_flags, lambda f: link.link_options("sm_90a", f),
+                  lambda f: nvrtc.nvrtc_options("sm_90a", f)):
         with pytest.raises(FlagRefused):
             build(flags)
 
@@ -273,13 +277,12 @@ def test_allowed_cuda_flags_compile_a_real_kernel(flags):
 
 def test_cuda_options_are_normalised(monkeypatch):
     flags = "-O3 -D BLOCK=16 -Xptxas -O3,-warn-spills --maxrregcount 64 --use_fast_math -lineinfo"
-    assert cc.candidate_flags(flags) == ["-DBLOCK=16", "-Xptxas=-O3", "-Xptxas=-warn-spills", "--maxrregcount=64",
-                                         "--use_fast_math", "-lineinfo"]
-    assert cc.link_options("sm_90a", flags) == ["-arch=sm_90a", "-verbose", "-Xptxas=-v", "-no-cache",
-                                                "-Xptxas=-O3", "-Xptxas=-warn-spills", "-maxrregcount=64"]
-    from kfactory.targets.cuda import nvrtc
+    assert nvrtc.candidate_flags(flags) == ["-DBLOCK=16", "-Xptxas=-O3", "-Xptxas=-warn-spills", "--maxrregcount=64",
+                                            "--use_fast_math", "-lineinfo"]
+    assert link.link_options("sm_90a", flags) == ["-arch=sm_90a", "-verbose", "-Xptxas=-v", "-no-cache",
+                                                  "-Xptxas=-O3", "-Xptxas=-warn-spills", "-maxrregcount=64"]
     monkeypatch.setattr(nvrtc, "_toolchain", lambda: types.SimpleNamespace(header_dir="/opt/cuda/include"))
-    opts = cc.nvrtc_options("sm_90a", flags)
+    opts = nvrtc.nvrtc_options("sm_90a", flags)
     assert opts == ["-arch=compute_90a", "--std=c++17", "-default-device", "--include-path=/opt/cuda/include",
                     "-DBLOCK=16", "-Xptxas=-O3", "-Xptxas=-warn-spills", "--maxrregcount=64", "--use_fast_math",
                     "-lineinfo"]

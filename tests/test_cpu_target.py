@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from conftest import kernel_source
-from kfactory.judge.verify import InputPool, measure, verify
+from kfactory.judge.checks import InputPool
+from kfactory.judge.measure import measure
+from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
 from kfactory.sandbox.parent import RunnerCrashed, RunnerTimeout
 from kfactory.targets import UnknownTarget, get_target

@@ -7,9 +7,12 @@ import pytest
 
 pytest.importorskip("cuda.bindings")
 
-from kfactory.targets.cuda import compile as cc
-from kfactory.targets.cuda.compile import (  # noqa: E402
-    ARCHES, CudaToolchainMissing, compile_cuda, compile_count, cubin_functions, resolve_arch)
+from kfactory.targets.cuda import arch as cuda_arch  # noqa: E402
+from kfactory.targets.cuda import cubin_cache, link, nvrtc, toolchain  # noqa: E402
+from kfactory.targets.cuda.arch import ARCHES, resolve_arch  # noqa: E402
+from kfactory.targets.cuda.compile import compile_cuda, compile_count  # noqa: E402
+from kfactory.targets.cuda.report import cubin_functions  # noqa: E402
+from kfactory.targets.cuda.toolchain import CudaToolchainMissing  # noqa: E402
 from kfactory.v1 import events_pb2 as pb  # noqa: E402
 
 SOFTMAX = r"""
@@ -144,15 +147,15 @@ def test_register_cap_reaches_ptxas():
     assert free.report.registers > 32
     assert capped.report.registers <= 32
     assert capped.report.spill_store_bytes > 0 or capped.report.stack_bytes > 0
-    assert "-maxrregcount=32" in cc.link_options("sm_90a", "-maxrregcount 32")
+    assert "-maxrregcount=32" in link.link_options("sm_90a", "-maxrregcount 32")
 
 
 def test_candidate_flags_are_normalised():
-    assert cc.candidate_flags("-O3 --use_fast_math -DBLOCK=256 -Xptxas -v -maxrregcount 64") == [
+    assert nvrtc.candidate_flags("-O3 --use_fast_math -DBLOCK=256 -Xptxas -v -maxrregcount 64") == [
         "--use_fast_math", "-DBLOCK=256", "-Xptxas=-v", "-maxrregcount=64"]
-    assert cc.link_options("sm_100a", "--ptxas-options=-O2 -DX=1") == [
+    assert link.link_options("sm_100a", "--ptxas-options=-O2 -DX=1") == [
         "-arch=sm_100a", "-verbose", "-Xptxas=-v", "-no-cache", "-Xptxas=-O2"]
-    opts = cc.nvrtc_options("sm_90a", "-DBLOCK=128")
+    opts = nvrtc.nvrtc_options("sm_90a", "-DBLOCK=128")
     assert opts[:3] == ["-arch=compute_90a", "--std=c++17", "-default-device"] and opts[-1] == "-DBLOCK=128"
 
 
@@ -165,7 +168,7 @@ def test_bf16_header():
         y[i] = __float2half(__bfloat162float(x[i]) * 2.0f);
     }'''
     r = compile_cuda(src, "cuda", "", "k", "sm_90a", None)
-    if cc._toolchain().header_dir:
+    if toolchain._toolchain().header_dir:
         assert r.ok, r.message + r.log
         assert r.report.registers > 0
     else:
@@ -257,7 +260,7 @@ def test_unknown_language():
 def test_cache_hit_does_not_recompile(tmp_path):
     first = compile_cuda(SOFTMAX, "cuda", "--use_fast_math", "softmax", "sm_90a", tmp_path)
     assert first.ok
-    key = cc.cache_key(SOFTMAX, "cuda", "--use_fast_math", "softmax", "sm_90a")
+    key = cubin_cache.cache_key(SOFTMAX, "cuda", "--use_fast_math", "softmax", "sm_90a")
     assert (tmp_path / f"{key}.cubin").read_bytes() == first.artifact
     assert (tmp_path / f"{key}.json").is_file()
     assert not list(tmp_path.glob("*.tmp"))
@@ -284,7 +287,7 @@ def test_cache_keeps_typed_failures(tmp_path):
 
 def test_torn_cache_entry_recompiles(tmp_path):
     first = compile_cuda(TINY, "cuda", "", "k", "sm_90a", tmp_path)
-    key = cc.cache_key(TINY, "cuda", "", "k", "sm_90a")
+    key = cubin_cache.cache_key(TINY, "cuda", "", "k", "sm_90a")
     (tmp_path / f"{key}.cubin").write_bytes(first.artifact[:10])
     before = compile_count()
     again = compile_cuda(TINY, "cuda", "", "k", "sm_90a", tmp_path)
@@ -293,20 +296,21 @@ def test_torn_cache_entry_recompiles(tmp_path):
 
 def test_cache_key_covers_every_input():
     base = ("src", "cuda", "", "k", "sm_90a")
-    keys = {cc.cache_key(*base)}
+    keys = {cubin_cache.cache_key(*base)}
     for i, other in enumerate(["src2", "ptx", "-DX", "k2", "sm_100a"]):
         args = list(base)
         args[i] = other
-        keys.add(cc.cache_key(*args))
+        keys.add(cubin_cache.cache_key(*args))
     assert len(keys) == 6
-    assert cc.cache_key("ab", "cuda", "c", "k", "sm_90a") != cc.cache_key("a", "cuda", "bc", "k", "sm_90a")
+    assert (cubin_cache.cache_key("ab", "cuda", "c", "k", "sm_90a")
+            != cubin_cache.cache_key("a", "cuda", "bc", "k", "sm_90a"))
 
 
 # ----------------------------------------------------------------------------------------------- resolve_arch
 
 def _has_gpu() -> bool:
     try:
-        cc._gpu0_capability()
+        cuda_arch._gpu0_capability()
         return True
     except ValueError:
         return False
@@ -330,18 +334,17 @@ def test_resolve_arch_without_gpu():
 @pytest.mark.parametrize("cap,arch", [((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((8, 0), "sm_80"),
                                       ((8, 6), "sm_86"), ((12, 0), "sm_120")])
 def test_resolve_arch_from_capability(monkeypatch, cap, arch):
-    from kfactory.targets.cuda import arch as cuda_arch
     monkeypatch.setattr(cuda_arch, "_gpu0_capability", lambda: cap)
     assert resolve_arch("") == arch
 
 
 def test_toolchain_missing(monkeypatch):
-    cc._toolchain.cache_clear()
+    toolchain._toolchain.cache_clear()
     monkeypatch.setitem(sys.modules, "cuda.bindings.nvrtc", None)   # `from cuda.bindings import nvrtc` fails
     try:
         with pytest.raises(CudaToolchainMissing, match="pip install cuda-bindings nvidia-cuda-nvrtc nvidia-nvjitlink"):
             compile_cuda(TINY, "cuda", "", "k", "sm_90a", None)
     finally:
         monkeypatch.undo()
-        cc._toolchain.cache_clear()
+        toolchain._toolchain.cache_clear()
     assert compile_cuda(TINY, "cuda", "", "k", "sm_90a", None).ok

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("cuda.bindings")
 
-from kfactory.targets.cuda import compile as cc  # noqa: E402
-from kfactory.targets.cuda.compile import parse_resource_report  # noqa: E402
+from kfactory.targets.cuda import report  # noqa: E402
+from kfactory.targets.cuda.report import parse_resource_report  # noqa: E402
 from kfactory.v1 import events_pb2 as pb  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def test_parser_reads_mangled_names_and_ptxas_only_logs():
     assert parse_resource_report(PTXAS_ONLY_LOG, "_Z4tinyv") == {
         "registers": 4, "const_bytes": 352, "stack_bytes": 0, "spill_store_bytes": 0, "spill_load_bytes": 0}
     assert parse_resource_report(PTXAS_ONLY_LOG, "soft") == {}
-    assert cc._names_entry("_ZN2ns6kernelEPf", "kernel") and not cc._names_entry("_Z11kernel_abcdPf", "k")
+    assert report._names_entry("_ZN2ns6kernelEPf", "kernel") and not report._names_entry("_Z11kernel_abcdPf", "k")
     assert parse_resource_report("", "softmax") == {}
 
 
@@ -75,18 +75,18 @@ def test_parser_reads_nvjitlink_summary_alone():
 
 
 def test_failure_table():
-    assert cc.classify_log("error   : Entry function 'k' uses too much shared data (0x61a80 bytes, 0x38c00 max)") \
+    assert report.classify_log("error   : Entry function 'k' uses too much shared data (0x61a80 bytes, 0x38c00 max)") \
         == pb.RESOURCE_LIMIT
-    assert cc.classify_log("ptxas error   : Entry function 'k' uses too much local data (0x1 bytes, 0x0 max)") \
+    assert report.classify_log("ptxas error   : Entry function 'k' uses too much local data (0x1 bytes, 0x0 max)") \
         == pb.RESOURCE_LIMIT
-    assert cc.classify_log("ptxas error   : File uses too much global constant data (0x27100 bytes, 0x10000 max)") \
+    assert report.classify_log("ptxas error   : File uses too much global constant data (0x27100 bytes, 0x10000 max)") \
         == pb.RESOURCE_LIMIT
-    assert cc.classify_log("k.cu(1): Error: Formal parameter space overflowed (40012 bytes required, max 32764 "
+    assert report.classify_log("k.cu(1): Error: Formal parameter space overflowed (40012 bytes required, max 32764 "
                            "bytes allowed) in function k") == pb.RESOURCE_LIMIT
-    assert cc.classify_log("ptxas application ptx input, line 4; error   : Unknown modifier '.bar'") \
+    assert report.classify_log("ptxas application ptx input, line 4; error   : Unknown modifier '.bar'") \
         == pb.COMPILE_ERROR
-    assert cc.classify_log("ptxas fatal   : Program with .target 'sm_90a' cannot be compiled to future "
+    assert report.classify_log("ptxas fatal   : Program with .target 'sm_90a' cannot be compiled to future "
                            "architecture") == pb.UNSUPPORTED_ARCH
     # only error lines count: an info line quoting a limit is not a failure reason
-    assert cc.classify_log("ptxas info : uses too much shared data\nk.cu(3): error: identifier x is undefined") \
+    assert report.classify_log("ptxas info : uses too much shared data\nk.cu(3): error: identifier x is undefined") \
         == pb.COMPILE_ERROR

@@ -60,7 +60,7 @@ def test_cuda_export_builds_a_cubin_with_name(small_softmax, tmp_path):
     assert 'extern "C" __global__ void kf_cu(const float *x' in (tmp_path / "kf_cu.h").read_text()
     subprocess.run(["sh", str(tmp_path / "build.sh")], check=True, capture_output=True, timeout=300,
                    env={**os.environ, "PYTHON": sys.executable})
-    from kfactory.targets.cuda.compile import cubin_functions
+    from kfactory.targets.cuda.report import cubin_functions
     assert "kf_cu" in cubin_functions((tmp_path / "kf_cu.cubin").read_bytes())
     (tmp_path / "kf_cu.py").write_text(module_text(j, problem, "kf_cu"))
     namespace: dict = {"__file__": str(tmp_path / "kf_cu.py"), "__name__": "kf_cu"}

@@ -15,7 +15,8 @@ import pytest
 
 from conftest import kernel_source
 from kfactory.bus import events as ev
-from kfactory.judge.verify import InputPool, verify
+from kfactory.judge.checks import InputPool
+from kfactory.judge.verify import verify
 from kfactory.platform.app import start_services
 from kfactory.platform.service import INTERNAL
 from kfactory.problems import load_problem

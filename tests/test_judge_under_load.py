@@ -1,4 +1,4 @@
-"""The judge's check after a timing (kfactory.judge.verify.probe_after_timing): a kernel that stops writing once it has
+"""The judge's check after a timing (kfactory.judge.measure.probe_after_timing): a kernel that stops writing once it has
 been called enough times is caught however few calls a loaded host let the timing make.
 
 The timed calls' own outputs cannot show such a kernel: a timing set's buffers still hold the right answer of an
@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from kfactory.cli.check import check
-from kfactory.judge.verify import PROBE_MIN_CALLS, InputPool, measure, probe_calls
+from kfactory.judge.checks import InputPool
+from kfactory.judge.measure import PROBE_MIN_CALLS, measure, probe_calls
 from kfactory.problems import BUILTIN_DIR, load_problem
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb

@@ -14,7 +14,8 @@ from simpleeval import EvalWithCompoundTypes
 
 from kfactory.judge.numerics import compare
 from kfactory.judge.inputs import draw
-from kfactory.judge.verify import InputPool, verify
+from kfactory.judge.checks import InputPool
+from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb

@@ -18,6 +18,7 @@ cc = pytest.importorskip("kfactory.targets.cuda.compile")
 
 from kfactory.bus import events as ev  # noqa: E402
 from kfactory.targets.cuda import precompile  # noqa: E402
+from kfactory.targets.cuda.report import cubin_functions  # noqa: E402
 from kfactory.platform.app import start_services  # noqa: E402
 from kfactory.cli.main import main  # noqa: E402
 from kfactory.platform.config import Settings  # noqa: E402
@@ -68,7 +69,7 @@ def test_each_cubin_is_an_elf_for_its_arch_with_its_resource_report(bundles, pro
         assert hashlib.sha256(cubin).hexdigest() == p["cubin_sha256"]
         head = precompile.cubin_header(cubin)
         assert head["machine"] == precompile.EM_CUDA == 190 and head["sm"] == precompile.arch_sm(arch), head
-        assert p["entry"] in cc.cubin_functions(cubin)
+        assert p["entry"] in cubin_functions(cubin)
         report = p["report"]
         assert report["arch"] == arch and 0 < report["registers"] <= 255 and int(report["artifact_bytes"]) == len(cubin)
         assert not report.get("spill_store_bytes") and not report.get("spill_load_bytes")

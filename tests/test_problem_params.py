@@ -24,7 +24,8 @@ from kfactory.bus import events as ev
 from kfactory.platform.config import Settings
 from kfactory.export import export
 from kfactory.judge.inputs import draw
-from kfactory.judge.verify import InputPool, verify
+from kfactory.judge.checks import InputPool
+from kfactory.judge.verify import verify
 from kfactory.problems import ProblemError, load_problem
 from kfactory.problems.check import (
     ReferenceFailed,
@@ -293,7 +294,7 @@ def test_python_export_takes_the_param_defaulting_to_the_problems_value(pkg, cpu
 def test_cuda_child_passes_a_float_param_as_a_c_float(tmp_path, monkeypatch):
     """No GPU here: the cuda runner child's argument packing, through a stand-in for the driver's launch that
     reads each argument at the size the kernel declares (as cuLaunchKernel does), sees alpha as a C float."""
-    from kfactory.sandbox.parent import ShmBuffers
+    from kfactory.sandbox.shm import ShmBuffers
     from kfactory.targets.cuda import child as cuda_child, driver
     from kfactory.targets.cuda.allocator import DevTensor
     from kfactory.targets.cuda.launch import Launch

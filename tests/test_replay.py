@@ -148,7 +148,9 @@ def _first(rs, failure):
 @needs_spaces
 def test_replay_target_compiles_verifies_and_times_from_the_recording():
     from kfactory.platform.config import Settings
-    from kfactory.judge.verify import InputPool, measure, verify
+    from kfactory.judge.checks import InputPool
+    from kfactory.judge.measure import measure
+    from kfactory.judge.verify import verify
     from kfactory.problems import ProblemError, load_problem
     from kfactory.targets import get_target
     from kfactory.v1 import events_pb2 as pb

@@ -13,7 +13,9 @@ from pathlib import Path
 from google.protobuf.json_format import MessageToDict
 
 from kfactory.bus import events as ev
-from kfactory.judge.verify import InputPool, RegressionInput, available_baselines, measure, verify
+from kfactory.judge.checks import InputPool, RegressionInput
+from kfactory.judge.measure import available_baselines, measure
+from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
 from kfactory.targets.flags import FLAG_TARGETS, check_flags

@@ -170,7 +170,8 @@ def _cuda_header_body(j: Judged, problem, name: str, signature: str) -> str:
 
 def build_cubin_script(j: Judged, name: str) -> str:
     """build_cubin.py: NVRTC and nvJitLink with the options kfactory's cuda target used."""
-    from kfactory.targets.cuda.compile import candidate_flags, link_options
+    from kfactory.targets.cuda.link import link_options
+    from kfactory.targets.cuda.nvrtc import candidate_flags
 
     arch = j.arch()
     if not arch:
@@ -303,7 +304,7 @@ def _check_cuda(files: dict[str, str], build: Build, name: str) -> None:
     if built.artifact is None:
         raise ExportError(f"the renamed source does not build with the measured options (exit "
                           f"{built.returncode}: {_first_line(built.log)})")
-    from kfactory.targets.cuda.compile import cubin_functions
+    from kfactory.targets.cuda.report import cubin_functions
 
     if name not in cubin_functions(built.artifact):
         raise ExportError(f"{build.artifact} does not define {name!r}")

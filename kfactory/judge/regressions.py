@@ -6,7 +6,7 @@ import time
 
 import grpc
 
-from kfactory.judge.verify import RegressionInput
+from kfactory.judge.checks import RegressionInput
 from kfactory.observability.log import get_logger
 from kfactory.platform.evidence_client import EvidenceClient
 from kfactory.v1 import services_pb2 as spb

@@ -3,7 +3,7 @@ or will spill before they reach a GPU; a short screening timing keeps the full m
 that might beat the campaign's best."""
 from __future__ import annotations
 
-from kfactory.judge.verify import fault_reason
+from kfactory.judge.checks import fault_reason
 from kfactory.judge.measure import NO_NOISE_BOUND, Timing
 from kfactory.sandbox.parent import RunnerFault
 from kfactory.judge.stats import summarize

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kfactory.judge import inputs as inp
-# what measuring shares with verifying lives in kfactory/judge/checks.py; importable from here as it always was
-from kfactory.judge.checks import (LARGE_ELEMENTS, InputPool, RegressionInput, Rejection, check_outputs,  # noqa: F401
-                                   fault_reason, n_sets, reject_tampering, timing_dist)
+from kfactory.judge.checks import (LARGE_ELEMENTS, InputPool, Rejection, check_outputs, fault_reason,
+                                   reject_tampering)
 from kfactory.judge.numerics import same_bytes
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
@@ -146,16 +145,3 @@ def _memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) -
         if not check.passed:
             raise Rejection(pb.MEMOISED, f"{sname}/{label}: right on fresh buffers, wrong on reused ones "
                                          f"({check.note})")
-
-
-#: measuring lives in kfactory/judge/measure.py; these of its names stay importable from here, where callers have always
-#: found them (resolved on first use: measure.py imports this module)
-_MEASURE_NAMES = frozenset({"NO_NOISE_BOUND", "PROBE_MIN_CALLS", "REPEAT_BENCHES", "SOL_SLACK", "Timing",
-                            "available_baselines", "measure", "probe_after_timing", "probe_calls", "sol_floor_s"})
-
-
-def __getattr__(name: str):
-    if name in _MEASURE_NAMES:
-        from kfactory.judge import measure as _measure
-        return getattr(_measure, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

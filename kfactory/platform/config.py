@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     compare_one_pass: bool = Field(True, description="outputs are compared with the reference by kfactory's one-pass "
                                    "C helper where it builds (kfactory/judge/numerics.py); false: numpy only")
     runner_arenas: bool = Field(True, description="cpu runners reuse a ring of shared-memory arenas they keep "
-                                "mapped, instead of fresh files for every call (kfactory.sandbox.parent.ArenaRing)")
+                                "mapped, instead of fresh files for every call (kfactory.sandbox.shm.ArenaRing)")
 
     measure_min_samples: int = 10
     measure_min_s: float = 0.2

@@ -15,7 +15,7 @@ from kfactory.bus.base import Bus
 from kfactory.bus.outcomes import Ack, Delivery, Nak, Outcome, Term
 from kfactory.claims import Claims, LockTimeout
 from kfactory.platform.config import Settings
-from kfactory.judge.verify import InputPool
+from kfactory.judge.checks import InputPool
 from kfactory.observability.log import get_logger
 from kfactory.observability import metrics, stagetime
 from kfactory.problems import Problem, load_problem

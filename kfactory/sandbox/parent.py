@@ -20,8 +20,6 @@ from kfactory.observability.log import get_logger
 from kfactory.observability import stagetime
 from kfactory.sandbox import protocol
 from kfactory.sandbox.protocol import Exit, Fault, FaultKind, Load, Ping, Reply, Request
-# the shared-memory buffers moved to kfactory/sandbox/shm.py; importable from here, where callers found them
-from kfactory.sandbox.shm import ArenaRing, ShmBuffers  # noqa: F401
 
 log = get_logger("runner")
 
@@ -222,7 +220,7 @@ class Runner:
         """Have the next `requests` requests answered by one child: replace the child now if it would reach
         max_runs before them (a reservation larger than max_runs cannot be kept and is not attempted). A
         loaded kernel's state (a call counter) lives in its child, so a check that must come a number of
-        calls after a timing in the same process (kfactory.judge.verify.measure) reserves its requests first."""
+        calls after a timing in the same process (kfactory.judge.measure.measure) reserves its requests first."""
         if self.proc is not None and requests <= self.max_runs and self.runs + requests > self.max_runs:
             self.stop()
 

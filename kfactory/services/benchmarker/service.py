@@ -7,7 +7,7 @@ from kfactory.bus.errors import ArtifactMissing
 from kfactory.bus.outcomes import Ack, Delivery, Leave, Outcome, Term
 from kfactory.bus.topology import Stage
 from kfactory.judge.screening import screen, screened_out
-from kfactory.judge.verify import measure
+from kfactory.judge.measure import measure
 from kfactory.judge.order import screen_key
 from kfactory.platform.service import RunnerService
 from kfactory.v1 import events_pb2 as pb

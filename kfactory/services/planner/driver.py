@@ -18,7 +18,7 @@ from kfactory.bus.consume import OUTAGE_WAIT_S, retrying
 from kfactory.bus.origins import Origin
 from kfactory.bus.topology import Stage
 from kfactory.judge.order import device_budget_spent, room
-from kfactory.judge.verify import available_baselines
+from kfactory.judge.measure import available_baselines
 from kfactory.observability import stagetime
 from kfactory.observability import tracing as telemetry
 from kfactory.platform.service import Service

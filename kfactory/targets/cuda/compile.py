@@ -21,15 +21,12 @@ import time
 from pathlib import Path
 
 from kfactory.targets.base import CompileResult
-# the parts, re-exported: callers and tests have always found these names here
-from kfactory.targets.cuda.arch import ARCH_RE, ARCHES, _arch_problem, _gpu0_capability, resolve_arch  # noqa: F401
+from kfactory.targets.cuda.arch import _arch_problem
 from kfactory.targets.cuda.cubin_cache import _cache_load, _cache_store, cache_key
 from kfactory.targets.cuda.link import _ARCH_STATUSES, _nvjitlink, link_options
-from kfactory.targets.cuda.nvrtc import _nvrtc_ptx, candidate_flags, nvrtc_options  # noqa: F401
-from kfactory.targets.cuda.report import (_missing_entry, _names_entry, classify_log, cubin_functions,  # noqa: F401
-                                          first_error, parse_resource_report)
-from kfactory.targets.cuda.toolchain import (INSTALL_HINT, CudaToolchainMissing, _toolchain,  # noqa: F401
-                                             toolchain_description)
+from kfactory.targets.cuda.nvrtc import _nvrtc_ptx, nvrtc_options
+from kfactory.targets.cuda.report import _missing_entry, classify_log, first_error, parse_resource_report
+from kfactory.targets.cuda.toolchain import toolchain_description
 from kfactory.targets.flags import FlagRefused, check_flags
 from kfactory.v1 import events_pb2 as pb
 

@@ -157,11 +157,12 @@ def build(problem, arch: str, out_dir: Path | str, points: list[Point], jobs: in
           target: str = "") -> dict:
     """Compile `points` for `arch` (NVRTC + nvJitLink, in threads: NVRTC releases the GIL), prune what the
     resource report rules out, write the bundle to `out_dir` and return its manifest. Raises
-    cuda_compile.CudaToolchainMissing when NVRTC or nvJitLink cannot be loaded."""
+    kfactory.targets.cuda.toolchain.CudaToolchainMissing when NVRTC or nvJitLink cannot be loaded."""
     from google.protobuf import json_format
 
     from kfactory.judge.screening import prune
-    from kfactory.targets.cuda.compile import compile_cuda, toolchain_description
+    from kfactory.targets.cuda.compile import compile_cuda
+    from kfactory.targets.cuda.toolchain import toolchain_description
     from kfactory.v1 import events_pb2 as pb
 
     toolchain = toolchain_description()  # raises here, before any file is written, when there is none
@@ -332,7 +333,8 @@ def run(args, settings) -> int:
     import sys
 
     from kfactory.problems import ProblemError, load_problem
-    from kfactory.targets.cuda.compile import ARCH_RE, CudaToolchainMissing
+    from kfactory.targets.cuda.arch import ARCH_RE
+    from kfactory.targets.cuda.toolchain import CudaToolchainMissing
 
     name, _, arch = args.target.partition(":")
     if name != "cuda" or not ARCH_RE.fullmatch(arch) or (args.limit is not None and args.limit < 1):

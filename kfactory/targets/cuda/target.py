@@ -120,7 +120,8 @@ class CudaTarget(Target):
     def compile(self, source: str, language: str, flags: str, entry: str) -> CompileResult:
         """NVRTC (+ nvJitLink) to a cubin for this target's architecture (kfactory.targets.cuda.compile)."""
         try:
-            from kfactory.targets.cuda.compile import compile_cuda, resolve_arch
+            from kfactory.targets.cuda.arch import resolve_arch
+            from kfactory.targets.cuda.compile import compile_cuda
         except ImportError as e:
             return CompileResult(False, pb.CompileReport(compiler="nvrtc"), reason=pb.COMPILE_ERROR,
                                  message=f"the cuda compiler is not available: {e}")
