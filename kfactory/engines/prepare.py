@@ -6,7 +6,9 @@ code reads. Quantised matrices in the ROWS layout are the file's blocks, not cop
 matrices concatenate rows (Q|K|V, gate|up), which a row-wise format allows exactly; PACK4 interleaves rows in
 groups of 4 (rows padded with zeros to a multiple of 4):
 
-    Q4_1 per (group, block), 80 bytes:  f16 d[4] | f16 m[4] | u8 qs[4][16]   (row r%4 of the group at index r%4)
+    Q4_1 per (group, block), 80 bytes:  f16 d[4] | f16 m[4] | u16 q[4][8]    (row r%4 of the group at index r%4;
+                                        lane i of a row holds the block's element 8k+i in bits 4k..4k+3, so
+                                        one widening and shifts give 8 consecutive elements per 32-bit lane)
     Q8_0 per (group, block), 136 bytes: f16 d[4] | i8 qs[4][32]
     F32  per (group, 8 columns):        float v[4][8]
 """
@@ -60,7 +62,16 @@ def pack4(data: np.ndarray, fmt: str) -> np.ndarray:
         v = b[field].reshape(g, 4, nb, *b[field].shape[2:]).swapaxes(1, 2)
         return np.ascontiguousarray(v).view(np.uint8).reshape(g, nb, -1)
 
-    parts = [by_group("d")] + ([by_group("m")] if fmt == "Q4_1" else []) + [by_group("qs")]
+    if fmt == "Q4_1":
+        qs = b["qs"]                                                        # (rows4, nb, 16): 32 nibbles
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.uint16)  # (rows4, nb, 32) elements
+        q = q.reshape(*q.shape[:2], 4, 8)                                   # [k][i] = element 8k + i
+        lanes = (q[..., 0, :] | q[..., 1, :] << 4 | q[..., 2, :] << 8 | q[..., 3, :] << 12).astype("<u2")
+        v = lanes.reshape(g, 4, nb, 8).swapaxes(1, 2)
+        q_bytes = np.ascontiguousarray(v).view(np.uint8).reshape(g, nb, -1)
+        parts = [by_group("d"), by_group("m"), q_bytes]
+    else:
+        parts = [by_group("d"), by_group("qs")]
     return np.ascontiguousarray(np.concatenate(parts, axis=-1))
 
 

@@ -20,7 +20,8 @@ enum { KF_ROWS = 0, KF_PACK4 = 1 };
 
 /* One tensor handed to the engine. ROWS layout: F32 (rows, cols) row-major; Q4_1/Q8_0 each row cols/32 GGUF
  * blocks (20/34 bytes). PACK4 layout: rows padded to a multiple of 4, each group of 4 rows stored block by
- * block: Q4_1 {f16 d[4]; f16 m[4]; u8 qs[4][16]} (80 bytes), Q8_0 {f16 d[4]; i8 qs[4][32]} (136 bytes),
+ * block: Q4_1 {f16 d[4]; f16 m[4]; u16 q[4][8]} (80 bytes; lane i of a row holds element 8k+i
+ * in bits 4k..4k+3), Q8_0 {f16 d[4]; i8 qs[4][32]} (136 bytes),
  * F32 per 8 columns {float v[4][8]}. `data` must outlive the engine (it is read, never copied). */
 typedef struct {
   const char *name;

@@ -172,9 +172,10 @@ static void attend(const kf_engine *e, int l, int head, const float *q, int pos,
 }
 
 static void attention(kf_engine *e, int l, int n, int pos0) {
-  int th = e->threads;
+  int th = e->threads, par = th > 1 && (double)n * KF_HEADS * (pos0 + n) * KF_HEAD_DIM * 2 >= KF_PAR_MIN;
   (void)th;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(th) if (th > 1)
+  (void)par;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(th) if (par)
   for (int i = 0; i < n * KF_HEADS; i++) {
     int t = i / KF_HEADS, head = i % KF_HEADS, tid = 0;
 #ifdef _OPENMP

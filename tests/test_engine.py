@@ -1,0 +1,153 @@
+"""Generated inference engines (kfactory/engines) on tiny-llama: several designs generated, built and verified
+against the float64 reference; engines broken on purpose (RoPE on the wrong pairs, the wrong head grouping) fail
+the check they break, at the step they break it; an engine that segfaults or hangs is a typed fault and the
+parent carries on."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from kfactory.engines.build import build
+from kfactory.engines.codegen import generate
+from kfactory.engines.design import DesignError, EngineDesign, space
+from kfactory.engines.runner import EngineCrashed, EngineRunner, EngineTimeout
+from kfactory.engines.verify import TOLERANCE, Verifier
+
+#: together: q4_1 and f32 weights, fused and separate matvecs and norms, 1 and 2 threads, both KV layouts,
+#: prepacked and GGUF-ordered weights
+DESIGNS = [
+    EngineDesign(),
+    EngineDesign(weights="q4_1", fuse_qkv=False, fuse_gate_up=False, fuse_norm=False, threads=2,
+                 kv_layout="token_major", prepack=False),
+    EngineDesign(weights="f32", threads=2, prepack=False),
+    EngineDesign(weights="f32", fuse_qkv=False, fuse_gate_up=False, fuse_norm=False, kv_layout="token_major"),
+]
+
+#: test-only variants: a text replacement in the generated source, which must match exactly once
+BROKEN = {
+    # NeoX-style halves instead of GGUF's adjacent pairs
+    "rope_pairs": ("#define KF_PAIR(i) (2 * (i))\n#define KF_MATE(i) (2 * (i) + 1)",
+                   "#define KF_PAIR(i) (i)\n#define KF_MATE(i) ((i) + KF_HEAD_DIM / 2)"),
+    # query head h on kv head h % kv_heads instead of h / group
+    "head_grouping": ("#define KF_KV_OF(h) ((h) / KF_GROUP)", "#define KF_KV_OF(h) ((h) % KF_KV_HEADS)"),
+}
+
+#: an engine library of the right ABI whose calls fault: a segfault in prefill, an endless decode step
+FAULTY = r"""
+#include <stdint.h>
+#include <stddef.h>
+static int dummy;
+void *kf_engine_new(const void *t, int n, const void *c, int ctx, int th) { return &dummy; }
+int kf_prefill(void *e, const int32_t *tok, int n, float *l, int all) { return *(volatile int *)NULL; }
+int kf_decode_step(void *e, int32_t tok, float *l) { for (volatile int i = 0;; i++) {} return 0; }
+void kf_reset(void *e) {}
+int kf_position(void *e) { return 0; }
+void kf_engine_free(void *e) {}
+int kf_abi_version(void) { return 1; }
+const char *kf_design_id(void) { return "faulty"; }
+const char *kf_last_error(void) { return ""; }
+"""
+
+
+@pytest.fixture(scope="module")
+def verifier(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engines")
+    return Verifier("tiny-llama", cache_dir=root / "models", reference_dir=root / "reference")
+
+
+@pytest.fixture(scope="module")
+def libs(verifier, tmp_path_factory):
+    """Every library the tests run, built two at a time: the designs, the broken variants, the faulty one."""
+    out = tmp_path_factory.mktemp("so")
+    config = verifier.model.config
+    sources = {d.design_id(): generate(d, config) for d in DESIGNS}
+    for name, (old, new) in BROKEN.items():
+        src = generate(DESIGNS[0], config)
+        assert src.count(old) == 1, f"the {name} variant's anchor is not in the generated source"
+        sources[name] = src.replace(old, new)
+    sources["faulty"] = FAULTY
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(sources, pool.map(lambda s: build(s, out), sources.values())))
+    for key, res in results.items():
+        assert res.ok, f"{key} did not build:\n{res.log}"
+    return {key: res.path for key, res in results.items()}
+
+
+@pytest.mark.parametrize("design", DESIGNS, ids=[d.design_id() for d in DESIGNS])
+def test_design_passes_verification(verifier, libs, design):
+    verdict = verifier.verify(design, libs[design.design_id()])
+    assert verdict.passed, verdict.summary()
+    names = [c.name for c in verdict.checks]
+    assert names == ["prefill_1", "decode_after_1", "prefill_7", "decode_after_7", "prefill_100",
+                     "decode_after_100", "prefill_244", "long_context_244", "greedy_0", "greedy_1", "greedy_2"]
+    # every position of every prompt, 4 steps after each, 64 greedy tokens per prompt
+    assert [c.steps for c in verdict.checks] == [1, 4, 7, 4, 100, 4, 244, 4, 64, 64, 64]
+    for c in verdict.checks:
+        assert c.max_err < TOLERANCE / 10, c      # fp32 rounding: far below the tolerance
+    for i in range(3):
+        assert verdict.check(f"greedy_{i}").detail == "64 tokens identical"
+
+
+def test_rope_on_the_wrong_pairs_fails(verifier, libs):
+    verdict = verifier.verify(DESIGNS[0], libs["rope_pairs"])
+    assert not verdict.passed and verdict.fault is None
+    # position 0 rotates by angle 0, so any pairing is right there: the first wrong step is position 1
+    assert verdict.check("prefill_1").passed
+    first = verdict.first_failure
+    assert first is not None and (first.name, first.first_failing_step) == ("decode_after_1", 0)
+    assert first.max_err > 100 * TOLERANCE / 10
+    assert verdict.check("prefill_7").first_failing_step == 1
+
+
+def test_wrong_head_grouping_fails(verifier, libs):
+    verdict = verifier.verify(DESIGNS[0], libs["head_grouping"])
+    assert not verdict.passed and verdict.fault is None
+    # query head 1 reads key/value head 1 instead of 0: wrong from the first token
+    first = verdict.first_failure
+    assert first is not None and (first.name, first.first_failing_step) == ("prefill_1", 0)
+    assert first.max_err > TOLERANCE
+    assert not any(verdict.check(f"greedy_{i}").passed for i in range(3))
+
+
+def test_segfault_is_a_typed_fault_and_the_parent_survives(verifier, libs):
+    verdict = verifier.verify(DESIGNS[0], libs["faulty"])
+    assert not verdict.passed
+    assert verdict.fault_kind == "crashed" and "SIGSEGV" in (verdict.fault or "")
+    assert verdict.checks[-1].name == "prefill_1" and not verdict.checks[-1].passed
+    # this process is intact: the next engine verifies as before
+    assert verifier.verify(DESIGNS[0], libs[DESIGNS[0].design_id()]).passed
+
+
+def test_hang_is_a_timeout(verifier, libs):
+    runner = EngineRunner(str(verifier.package.directory), DESIGNS[0], libs["faulty"], 16,
+                          cache_dir=verifier.cache_dir, timeout_s=1.0)
+    with runner:
+        with pytest.raises(EngineTimeout, match="no answer within 1.0 s"):
+            runner.decode(3)
+        assert runner.proc is None                       # killed, not left running
+        with pytest.raises(EngineCrashed):
+            runner.start()
+            runner.prefill([1, 2])
+
+
+def test_compile_failure_is_a_result(tmp_path):
+    res = build("int kf_engine_new(void) { return }\n", tmp_path)
+    assert not res.ok and res.path is None and "error" in res.log
+
+
+def test_design_values_and_space():
+    d = EngineDesign(threads=2, kv_layout="token_major")
+    assert EngineDesign.from_dict(d.as_dict()) == d and d.design_id() == EngineDesign.from_dict(d.as_dict()).design_id()
+    assert d.design_id() != EngineDesign().design_id()
+    with pytest.raises(DesignError, match="q4_1, f32"):
+        EngineDesign(weights="q8")
+    with pytest.raises(DesignError, match="head_major, token_major"):
+        EngineDesign(kv_layout="paged")
+    with pytest.raises(DesignError, match="unknown design field.*fields: weights"):
+        EngineDesign.from_dict({"wieghts": "f32"})
+    with pytest.raises(DesignError, match="threads"):
+        EngineDesign(threads=0)
+    points = space(2)
+    assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * 2
+    assert len({p.design_id() for p in points}) == len(points)
