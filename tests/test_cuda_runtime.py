@@ -133,7 +133,7 @@ def test_fake_call_sees_an_out_of_bounds_write_in_the_guard_band(fake_session, f
 
 
 def test_fake_device_fault_and_refused_launch_are_typed(fake_session, fake_cuda):
-    from kfactory.targets.cuda.target import DeviceFault, LaunchFailed
+    from kfactory.sandbox.parent import DeviceFault, LaunchFailed
     fake_session.load_artifact("bad", b"cubin-oob", "oob", {"grid": "rows", "block": "256"})
     with pytest.raises(DeviceFault, match="ILLEGAL_ADDRESS") as ei:
         fake_session.call("bad", {"rows": 2, "cols": 8}, _x(2, 8))
@@ -243,7 +243,7 @@ def test_gpu_softmax_call_is_right(gpu_target, gpu_session):
 @gpu
 @needs_gpu
 def test_gpu_out_of_bounds_is_a_device_fault_and_the_next_kernel_runs(gpu_target, gpu_session):
-    from kfactory.targets.cuda.target import DeviceFault
+    from kfactory.sandbox.parent import DeviceFault
     gpu_session.load_artifact("oob", _compile(gpu_target, OOB_KERNEL), "kernel",
                               {"grid": "cdiv(rows * cols, 256)", "block": "256", "params": {}})
     with pytest.raises(DeviceFault) as ei:
@@ -305,6 +305,7 @@ c.main(c.CudaChild)
 def test_fake_fault_through_a_real_runner_replies_typed_and_the_runner_is_replaced(settings, tmp_path):
     """The child's fatal path for real: a typed reply written to the pipe, the process gone, DeviceFault in
     the parent, and a fresh runner for the next call."""
+    from kfactory.sandbox.parent import DeviceFault
     from kfactory.targets.cuda import target as cuda
     (tmp_path / "fake_cuda_child.py").write_text(FAKE_CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
     sess = _bare_session(cuda, settings)
@@ -317,7 +318,7 @@ def test_fake_fault_through_a_real_runner_replies_typed_and_the_runner_is_replac
         x = _x(3, 10)
         np.testing.assert_allclose(sess.call("ok", {"rows": 3, "cols": 10}, x).outputs["y"], _ref(x), rtol=1e-5)
         pid = sess.runner.proc.pid
-        with pytest.raises(cuda.DeviceFault, match="ILLEGAL_ADDRESS"):
+        with pytest.raises(DeviceFault, match="ILLEGAL_ADDRESS"):
             sess.call("bad", {"rows": 3, "cols": 10}, x)
         assert sess.runner.proc is None  # reaped
         np.testing.assert_allclose(sess.call("ok", {"rows": 3, "cols": 10}, x).outputs["y"], _ref(x), rtol=1e-5)

@@ -18,8 +18,7 @@ import numpy as np
 
 from kfactory.observability.log import get_logger
 from kfactory.problems.params import abi_argtypes
-# DeviceFault and LaunchFailed are importable from here, where the cuda faults were defined before the protocol
-from kfactory.sandbox.parent import DeviceFault, LaunchFailed, Runner, RunnerFault  # noqa: F401
+from kfactory.sandbox.parent import Runner, RunnerFault
 from kfactory.sandbox.shm import ShmBuffers
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Ceilings, DeviceQuery, Load
 from kfactory.targets.cuda import nvml
