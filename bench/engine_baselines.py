@@ -15,13 +15,16 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from kfactory.engines.baselines import BASELINES, CONTEXTS, PREFILL_TOKENS, run_baseline
 from kfactory.engines.baselines.report import table
 from kfactory.engines.baselines.roofline import host_ceilings
+from kfactory.platform.config import Settings
 
 
 def _ints(text: str) -> list[int]:
@@ -39,6 +42,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     ap.add_argument("--prefill", type=int, default=PREFILL_TOKENS)
     ap.add_argument("--steps", type=int, default=0, help="decode steps per context (0: each baseline's default)")
+    ap.add_argument("--fresh-ceilings", action="store_true",
+                    help="measure the host's ceilings now, neither reading nor writing the shared cache")
     ap.add_argument("--json", help="write the results here")
     return ap.parse_args(argv)
 
@@ -55,10 +60,11 @@ def interpreters(args: argparse.Namespace) -> dict[str, str | None]:
 def run(args: argparse.Namespace) -> dict:
     names = [n for n in args.only.split(",") if n]
     pythons = interpreters(args)
-    results, ceilings = [], {}
+    results, ceilings, load_before = [], {}, os.getloadavg()
+    fresh = Settings(data_dir=Path(tempfile.mkdtemp(prefix="kf-ceilings-"))) if args.fresh_ceilings else None
     for threads in _ints(args.threads):
         # measured before any baseline runs, with nothing else of ours on the cores (cached per thread count)
-        ceilings[str(threads)] = host_ceilings(threads)
+        ceilings[str(threads)] = host_ceilings(threads, fresh)
         for name in names:
             t0 = time.perf_counter()
             r = run_baseline(name, args.model, threads, pythons.get(name), contexts=_ints(args.contexts),
@@ -67,8 +73,10 @@ def run(args: argparse.Namespace) -> dict:
             print(f"  {name} ({threads} threads): {r['status']} in {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr, flush=True)
             results.append(r)
+    if fresh is not None:
+        shutil.rmtree(fresh.data_dir, ignore_errors=True)
     return {"model": args.model, "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                                          "load_average": os.getloadavg()},
+                                          "load_average": {"before": load_before, "after": os.getloadavg()}},
             "ceilings": ceilings, "results": results}
 
 
@@ -76,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     out = run(args)
     print(table(out["results"]))
+    for r in out["results"]:
+        if r.get("roofline", {}).get("warning"):
+            print(f"{r['name']} ({r['threads']} threads): {r['roofline']['warning']}")
     for threads, c in out["ceilings"].items():
         print(f"ceilings at {threads} threads: {c['mem_bandwidth_gbps']:.1f} GB/s, {c['peak_gflops']:.1f} GFLOP/s")
     if args.json:

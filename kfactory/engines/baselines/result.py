@@ -65,4 +65,9 @@ def add_roofline(result: dict, ceilings: dict[str, float]) -> dict:
         detail[f"prefill_{n}"] = {"bytes": cost.bytes, "flops": cost.flops, "roofline_s": bound}
     result["roofline_fraction"] = out
     result["roofline"] = {"ceilings": dict(ceilings), "per_token": detail}
+    over = sorted(k for k, v in out.items() if v is not None and v > 1)
+    if over:
+        # faster than the speed of light: the ceilings were measured low (a loaded host), not a fast engine
+        result["roofline"]["warning"] = (f"fraction above 1 at {', '.join(over)}: the host's ceilings are too "
+                                         "low (measured under load?); remeasure them on a quiet host")
     return result
