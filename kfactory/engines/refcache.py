@@ -65,10 +65,13 @@ class ReferenceCache:
         self.hits += 1
         return data
 
-    def _store(self, path: Path, **arrays: np.ndarray) -> None:
+    def _store(self, path: Path, logits: np.ndarray, tokens: np.ndarray | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, **arrays)
+        if tokens is None:
+            np.savez(tmp, logits=logits)
+        else:
+            np.savez(tmp, logits=logits, tokens=tokens)
         os.replace(tmp, path)   # atomic: a concurrent reader sees the whole file or none
         self.misses += 1
 
@@ -80,7 +83,7 @@ class ReferenceCache:
             return found["logits"]
         logits, _ = self.reference.prefill(list(tokens))
         out = logits.astype(np.float32)
-        self._store(path, logits=out)
+        self._store(path, out)
         return out
 
     def greedy(self, prompt: Sequence[int], new_tokens: int) -> tuple[list[int], np.ndarray]:
@@ -93,5 +96,5 @@ class ReferenceCache:
         gen = self.reference.generate(list(prompt), new_tokens, keep_logits=True)
         assert gen.logits is not None
         logits = gen.logits.astype(np.float32)
-        self._store(path, tokens=np.asarray(gen.tokens, dtype=np.int64), logits=logits)
+        self._store(path, logits, np.asarray(gen.tokens, dtype=np.int64))
         return gen.tokens, logits

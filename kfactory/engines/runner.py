@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Sequence
 
 import numpy as np
 
@@ -102,7 +102,7 @@ class EngineRunner:
         self.proc: subprocess.Popen | None = None
         self.info: dict[str, Any] = {}
         self._r: int | None = None
-        self._w = None
+        self._w: IO[bytes] | None = None
         self._buf = b""
 
     def __enter__(self) -> "EngineRunner":
@@ -195,23 +195,39 @@ class EngineRunner:
         nbytes = int(reply.get("nbytes", 0))
         if not nbytes:
             return reply, None
-        self._read_until(lambda: len(self._buf) >= nbytes, deadline, timeout_s, req["op"])
-        data, self._buf = self._buf[:nbytes], self._buf[nbytes:]
-        return reply, np.frombuffer(data, dtype=np.float32).reshape(reply["shape"]).copy()
+        # the payload goes straight into its array (logits of a long prefill are hundreds of MB: appending
+        # chunks to a bytes object would copy them over and over)
+        out = np.empty(nbytes, dtype=np.uint8)
+        have = min(nbytes, len(self._buf))
+        out[:have] = np.frombuffer(self._buf, dtype=np.uint8, count=have)
+        self._buf = self._buf[have:]
+        view = memoryview(out)
+        while have < nbytes:
+            self._wait_readable(deadline, timeout_s, req["op"])
+            assert self._r is not None
+            got = os.readv(self._r, [view[have:]])
+            if not got:
+                raise self._crashed()
+            have += got
+        return reply, out.view(np.float32).reshape(reply["shape"])
 
-    def _read_until(self, done, deadline: float, timeout_s: float, op: str) -> None:
-        fd = self._r
-        while not done():
+    def _wait_readable(self, deadline: float, timeout_s: float, op: str) -> None:
+        while True:
             left = deadline - time.monotonic()
-            if left <= 0 or fd is None:
+            if left <= 0 or self._r is None:
                 self._kill()
                 raise EngineTimeout(f"{op}: no answer within {timeout_s:.1f} s; engine child killed")
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    raise self._crashed()
-                self._buf += chunk
+            if select.select([self._r], [], [], left)[0]:
+                return
+
+    def _read_until(self, done, deadline: float, timeout_s: float, op: str) -> None:
+        while not done():
+            self._wait_readable(deadline, timeout_s, op)
+            assert self._r is not None
+            chunk = os.read(self._r, 1 << 16)
+            if not chunk:
+                raise self._crashed()
+            self._buf += chunk
 
     def _crashed(self) -> EngineCrashed:
         rc = None

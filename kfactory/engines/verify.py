@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from kfactory.engines.design import EngineDesign
-from kfactory.engines.refcache import ReferenceCache
+from kfactory.engines.refcache import ReferenceCache, default_dir
 from kfactory.engines.runner import EngineFault, EngineRunner
 from kfactory.models import GGUFModel, load_model
 
@@ -125,8 +125,9 @@ class Verdict:
                  f"(tolerance {self.tolerance:g} of the logits' spread)"]
         for c in self.checks:
             fail = f", first failing step {c.first_failing_step}" if c.first_failing_step is not None else ""
+            detail = f"  {c.detail}" if c.detail else ""
             lines.append(f"  {c.name:<20} {'ok  ' if c.passed else 'FAIL'} steps {c.steps:>5}  "
-                         f"max err {c.max_err:.2e} (abs {c.max_abs_err:.2e}){fail}{'  ' + c.detail if c.detail else ''}")
+                         f"max err {c.max_err:.2e} (abs {c.max_abs_err:.2e}){fail}{detail}")
         if self.fault:
             lines.append(f"  engine fault ({self.fault_kind}): {self.fault}")
         return "\n".join(lines)
@@ -135,11 +136,15 @@ class Verdict:
 def step_errors(engine: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(relative error, absolute error) per step of (steps, vocab) logits; a non-finite engine value is
     an infinite error."""
-    engine, ref = np.atleast_2d(engine).astype(np.float64), np.atleast_2d(ref).astype(np.float64)
-    diff = np.abs(engine - ref).max(axis=1)
-    diff[~np.isfinite(engine).all(axis=1)] = np.inf
-    spread = ref.max(axis=1) - ref.min(axis=1)
-    return diff / np.maximum(spread, np.finfo(np.float64).tiny), diff
+    engine, ref = np.atleast_2d(engine), np.atleast_2d(ref)
+    rel, diff = np.empty(len(engine)), np.empty(len(engine))
+    for i in range(0, len(engine), 64):   # in float64, 64 rows at a time (a 1000-token prompt's logits are large)
+        e, r = engine[i:i + 64].astype(np.float64), ref[i:i + 64].astype(np.float64)
+        d = np.abs(e - r).max(axis=1)
+        d[~np.isfinite(e).all(axis=1)] = np.inf
+        spread = r.max(axis=1) - r.min(axis=1)
+        diff[i:i + 64], rel[i:i + 64] = d, d / np.maximum(spread, np.finfo(np.float64).tiny)
+    return rel, diff
 
 
 def _logit_check(name: str, engine: np.ndarray, ref: np.ndarray, tol: float, offset: int = 0) -> CheckResult:
@@ -161,8 +166,8 @@ class Verifier:
         prompts = list(self.package.spec.prompts)
         self.plan = plan or plan_for(self.model, prompts)
         self.tolerance = tolerance
-        self.refs = ReferenceCache(self.package, self.model, **({"directory": Path(reference_dir)}
-                                                                  if reference_dir is not None else {}))
+        self.refs = ReferenceCache(self.package, self.model,
+                                   Path(reference_dir) if reference_dir is not None else default_dir())
         longest = max(self.plan.prompt_lengths) + self.plan.decode_steps
         self.stream = stream_tokens(self.model, prompts, longest)
 

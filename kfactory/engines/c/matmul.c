@@ -5,7 +5,7 @@
  * KF_RCHUNK across threads; inside a chunk the tokens go in tiles of KF_TT so that a tile of x stays in L1
  * while the chunk's rows pass over it (prefill), and each unpacked block serves the whole tile. */
 #define KF_TT 4      /* tokens per tile, ROWS layout (4 accumulators) */
-#define KF_TT4 2     /* tokens per tile, PACK4 layout (4 rows x 2 tokens = 8 accumulators) */
+#define KF_TT4 2     /* tokens per tile, PACK4 F32 (4 rows x 2 tokens = 8 accumulators) */
 #define KF_RCHUNK 16 /* rows per unit of work */
 /* multiply-adds below which a product runs on one thread: waking the team costs more than it saves (and far
  * more when the host is oversubscribed and a woken thread waits for a core) */
@@ -128,6 +128,35 @@ static inline __attribute__((always_inline)) void qrow(const uint8_t *row, int f
   for (int t = 0; t < T; t++) y[t * ldy] = hsum8(acc[t]) + macc[t];
 }
 
+/* A full tile of KF_TT tokens against a PACK4 group, one row at a time: each unpacked block serves the 4
+ * tokens (the prefill path; decode takes qgroup, where the 4 rows share each load of x). */
+static inline __attribute__((always_inline)) void qgroup_rows(const uint8_t *grp, int format, int nb,
+                                                              const float *x, int ldx, const float *xs,
+                                                              float *y, int ldy, int valid) {
+  int pb = pack_bytes(format);
+  for (int r = 0; r < valid; r++) {
+    __m256 acc[KF_TT];
+    float macc[KF_TT];
+    for (int t = 0; t < KF_TT; t++) { acc[t] = _mm256_setzero_ps(); macc[t] = 0.0f; }
+    for (int b = 0; b < nb; b++) {
+      const uint8_t *blk = grp + (size_t)b * pb;
+      __m256 w0, w1, w2, w3, dv = _mm256_set1_ps(f16(rd16(blk + 2 * r)));
+      float m = 0.0f;
+      if (format == KF_Q4_1) {
+        m = f16(rd16(blk + 8 + 2 * r));
+        Q4_UNPACK_LANES(blk + 16 + 16 * r, w0, w1, w2, w3);
+      } else {
+        Q8_UNPACK(blk + 8 + 32 * r, w0, w1, w2, w3);
+      }
+      for (int t = 0; t < KF_TT; t++) {
+        acc[t] = _mm256_fmadd_ps(dot32(w0, w1, w2, w3, x + t * ldx + 32 * b), dv, acc[t]);
+        macc[t] += m * xs[t * nb + b];
+      }
+    }
+    for (int t = 0; t < KF_TT; t++) y[t * ldy + r] = hsum8(acc[t]) + macc[t];
+  }
+}
+
 /* One group of 4 rows of a PACK4 quantised matrix against T tokens; rows past `valid` are not written. */
 static inline __attribute__((always_inline)) void qgroup(const uint8_t *grp, int format, int nb, const float *x,
                                                          int ldx, const float *xs, int T, float *y, int ldy,
@@ -230,7 +259,11 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
 #else
   size_t gb = fmt == KF_F32 ? (size_t)cols * 16 : (size_t)nb * pack_bytes(fmt);
   for (int t0 = 0; t0 < n;) {
+#if KF_WEIGHTS_F32
     int T = n - t0 >= KF_TT4 ? KF_TT4 : 1;
+#else
+    int T = n - t0 >= KF_TT ? KF_TT : 1;
+#endif
     const float *xt = x + (size_t)t0 * ldx;
     const float *xst = xs + (size_t)t0 * nb;
     float *yt = y + (size_t)t0 * ldy;
@@ -240,10 +273,11 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
 #define FULL KF_TT4
 #if KF_WEIGHTS_F32
 #define CALL(TC) fgroup((const float *)(base + (r / 4) * gb), cols, xt, ldx, TC, yt + r, ldy, valid)
-#else
-#define CALL(TC) qgroup(base + (r / 4) * gb, fmt, nb, xt, ldx, xst, TC, yt + r, ldy, valid)
-#endif
       TILE(CALL, T);
+#else
+      if (T == 1) qgroup(base + (r / 4) * gb, fmt, nb, xt, ldx, xst, 1, yt + r, ldy, valid);
+      else qgroup_rows(base + (r / 4) * gb, fmt, nb, xt, ldx, xst, yt + r, ldy, valid);
+#endif
 #undef CALL
 #undef FULL
     }
