@@ -197,9 +197,9 @@ class EngineRunner:
             return reply, None
         # the payload goes straight into its array (logits of a long prefill are hundreds of MB: appending
         # chunks to a bytes object would copy them over and over)
-        out = np.empty(nbytes, dtype=np.uint8)
+        out = bytearray(nbytes)
         have = min(nbytes, len(self._buf))
-        out[:have] = np.frombuffer(self._buf, dtype=np.uint8, count=have)
+        out[:have] = self._buf[:have]
         self._buf = self._buf[have:]
         view = memoryview(out)
         while have < nbytes:
@@ -209,7 +209,7 @@ class EngineRunner:
             if not got:
                 raise self._crashed()
             have += got
-        return reply, out.view(np.float32).reshape(reply["shape"])
+        return reply, np.frombuffer(out, dtype=np.float32).reshape(reply["shape"])
 
     def _wait_readable(self, deadline: float, timeout_s: float, op: str) -> None:
         while True:
