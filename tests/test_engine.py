@@ -84,7 +84,7 @@ def test_design_passes_verification(verifier, libs, design):
     # every position of every prompt, 4 steps after each, 64 greedy tokens per prompt
     assert [c.steps for c in verdict.checks] == [1, 4, 7, 4, 100, 4, 244, 4, 64, 64, 64]
     for c in verdict.checks:
-        assert c.max_err < TOLERANCE / 10, c      # fp32 rounding: far below the tolerance
+        assert c.max_err < TOLERANCE / 4, c       # fp32 rounding: measured 1e-7..4e-6, far below the tolerance
     for i in range(3):
         assert verdict.check(f"greedy_{i}").detail == "64 tokens identical"
 
@@ -96,7 +96,7 @@ def test_rope_on_the_wrong_pairs_fails(verifier, libs):
     assert verdict.check("prefill_1").passed
     first = verdict.first_failure
     assert first is not None and (first.name, first.first_failing_step) == ("decode_after_1", 0)
-    assert first.max_err > 100 * TOLERANCE / 10
+    assert first.max_err > 100 * TOLERANCE
     assert verdict.check("prefill_7").first_failing_step == 1
 
 
@@ -106,7 +106,7 @@ def test_wrong_head_grouping_fails(verifier, libs):
     # query head 1 reads key/value head 1 instead of 0: wrong from the first token
     first = verdict.first_failure
     assert first is not None and (first.name, first.first_failing_step) == ("prefill_1", 0)
-    assert first.max_err > TOLERANCE
+    assert first.max_err > 100 * TOLERANCE
     assert not any(verdict.check(f"greedy_{i}").passed for i in range(3))
 
 

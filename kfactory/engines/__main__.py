@@ -7,14 +7,16 @@
 `verify` runs the full verification (kfactory.engines.verify; --quick: lengths 1, 7, 100 and one greedy prompt)
 and exits 1 when it fails. `bench` times decode at the given context and prefill, per thread count, in the
 engine's child, and reports the bytes a decode step reads (weights and KV cache) against this host's memory
-bandwidth as the cpu target measures it (kfactory.targets.cpu.ceiling, cached per host); --greedy also checks
-64 greedy tokens against the reference on the first prompt.
+bandwidth as the cpu target's probe measures it (kfactory.targets.cpu.ceiling), measured right after;
+--greedy also checks 64 greedy tokens against the reference on the first prompt.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import tempfile
+from pathlib import Path
 from dataclasses import replace
 
 from kfactory.engines.build import build
@@ -53,6 +55,14 @@ def cmd_verify(args) -> int:
     return 0 if verdict.passed else 1
 
 
+def host_bandwidth(threads: int) -> float:
+    """GB/s of the cpu target's bandwidth probe (kfactory.targets.cpu.ceiling), measured now in a scratch data
+    dir: on a shared host the bandwidth moves with the load, and the roofline fraction should use the one
+    measured beside the timing, not a figure cached on another day."""
+    with tempfile.TemporaryDirectory(prefix="kf-ceiling-") as tmp:
+        return get_target("cpu", Settings(data_dir=Path(tmp), threads=threads)).device().mem_bandwidth_gbps
+
+
 def cmd_bench(args) -> int:
     verifier = Verifier(args.model)
     base = _design(args.design)
@@ -64,7 +74,7 @@ def cmd_bench(args) -> int:
         c = verifier.model.config
         # a step reads every weight once (the LM head is the embedding) and the KV cache up to its context
         step_bytes = runner.info["weight_bytes"] + 2 * 4 * c.blocks * c.kv_heads * c.head_dim * args.context
-        gbps = get_target("cpu", Settings(threads=threads)).device().mem_bandwidth_gbps
+        gbps = host_bandwidth(threads)
         roof = f"{100 * step_bytes * fig.decode_tok_s / 1e9 / gbps:.0f}%" if gbps else "unknown"
         print(f"{design.design_id()} threads {threads}: decode {fig.decode_tok_s:.1f} tok/s at context "
               f"{args.context} (median of {len(fig.step_s)} steps), prefill {fig.prefill_tok_s:.1f} tok/s "
