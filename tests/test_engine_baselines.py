@@ -82,6 +82,7 @@ def test_add_roofline_costs_the_mean_attended_positions():
     assert result["roofline_fraction"]["8"] == pytest.approx(45268e-9 / 1e-4)
     assert result["roofline_fraction"]["prefill_4"] == pytest.approx(25705e-9 / 5e-5)
     assert "warning" not in result["roofline"]
+    assert result["roofline"]["per_token"]["8"]["bound"] == "compute"
     # ceilings measured far too low make an engine beat the speed of light: flagged, not hidden
     add_roofline(result, {"mem_bandwidth_gbps": 1e-3, "peak_gflops": 1e-3})
     assert result["roofline_fraction"]["8"] > 1 and "too low" in result["roofline"]["warning"]

@@ -14,8 +14,9 @@ def _pct(x: float | None) -> str:
 
 
 def table(results: Iterable[dict]) -> str:
-    """A plain-text table: decode tokens/s per context, prefill tokens/s, peak RSS, roofline fractions; an engine
-    that did not run shows its status and reason instead."""
+    """A plain-text table: decode tokens/s per context, prefill tokens/s, peak RSS, roofline fractions (each
+    followed by the bound that sets it: m for memory, c for compute); an engine that did not run shows its status
+    and reason instead."""
     rows = list(results)
     contexts = sorted({c for r in rows for c in r.get("decode_tokens_per_s", {})}, key=int)
     prefills = sorted({k for r in rows for k in r.get("roofline_fraction", {}) if k.startswith("prefill_")})
@@ -29,10 +30,16 @@ def table(results: Iterable[dict]) -> str:
             notes.append(f"{r['name']} ({r.get('threads')} threads): {r.get('status')}: {r.get('reason')}")
             continue
         decode, roof = r["decode_tokens_per_s"], r.get("roofline_fraction", {})
+        per = r.get("roofline", {}).get("per_token", {})
+
+        def frac(key: str) -> str:
+            bound = (per.get(key) or {}).get("bound")
+            return _pct(roof.get(key)) + (f" {bound[0]}" if bound and roof.get(key) is not None else "")
+
         lines.append([r["name"], str(r["threads"]), str(r.get("weights_format"))]
                      + [_num(decode.get(c)) for c in contexts]
                      + [_num(r.get("prefill_tokens_per_s")), _num(r.get("peak_rss_mb"), "{:.0f}")]
-                     + [_pct(roof.get(c)) for c in contexts] + [_pct(roof.get(p)) for p in prefills])
+                     + [frac(c) for c in contexts] + [frac(p) for p in prefills])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths)))
             for line in lines]

@@ -13,8 +13,7 @@ from __future__ import annotations
 import resource
 import sys
 
-from kfactory.engines.baselines.roofline import (Formats, decode_cost, fraction, prefill_cost,
-                                                 roofline_seconds_per_token)
+from kfactory.engines.baselines.roofline import Cost, Formats, bounds, decode_cost, fraction, prefill_cost
 from kfactory.models.gguf_model import LlamaConfig
 
 OK, NOT_IMPORTABLE, FAILED = "ok", "not_importable", "failed"
@@ -51,18 +50,21 @@ def add_roofline(result: dict, ceilings: dict[str, float]) -> dict:
     steps = result["decode_steps"]
     out: dict[str, float | None] = {}
     detail: dict[str, dict] = {}
+
+    def place(key: str, cost: Cost, rate: float | None) -> None:
+        b = bounds(cost, bw, peak)
+        time = max(b.values()) if b else None
+        out[key] = fraction(time, 1 / rate if rate else None)
+        # both bounds kept: which one binds says whether a figure rests on the bandwidth or the peak
+        detail[key] = {"bytes": cost.bytes, "flops": cost.flops, "roofline_s": time, **(b or {}),
+                       "bound": None if b is None else max(b, key=lambda k: b[k]).removesuffix("_s")}
+
     for ctx, rate in result["decode_tokens_per_s"].items():
         # the timed steps attend to ctx + 1 .. ctx + steps positions
-        cost = decode_cost(config, formats, int(ctx) + (steps + 1) / 2)
-        bound = roofline_seconds_per_token(cost, bw, peak)
-        out[ctx] = fraction(bound, 1 / rate if rate else None)
-        detail[ctx] = {"bytes": cost.bytes, "flops": cost.flops, "roofline_s": bound}
+        place(ctx, decode_cost(config, formats, int(ctx) + (steps + 1) / 2), rate)
     n = result.get("prefill_tokens")
     if n and result.get("prefill_tokens_per_s"):
-        cost = prefill_cost(config, formats, n)
-        bound = roofline_seconds_per_token(cost, bw, peak)
-        out[f"prefill_{n}"] = fraction(bound, 1 / result["prefill_tokens_per_s"])
-        detail[f"prefill_{n}"] = {"bytes": cost.bytes, "flops": cost.flops, "roofline_s": bound}
+        place(f"prefill_{n}", prefill_cost(config, formats, n), result["prefill_tokens_per_s"])
     result["roofline_fraction"] = out
     result["roofline"] = {"ceilings": dict(ceilings), "per_token": detail}
     over = sorted(k for k, v in out.items() if v is not None and v > 1)

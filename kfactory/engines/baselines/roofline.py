@@ -164,11 +164,18 @@ def prefill_cost(c: LlamaConfig, f: Formats, n: int) -> Cost:
                 parts=parts)
 
 
-def roofline_seconds_per_token(cost: Cost, mem_bandwidth_gbps: float, peak_gflops: float) -> float | None:
-    """max(bytes / bandwidth, flops / peak) in seconds; None when a ceiling is unknown (0: not measured)."""
+def bounds(cost: Cost, mem_bandwidth_gbps: float, peak_gflops: float) -> dict[str, float] | None:
+    """The two bounds in seconds, {"memory_s": bytes / bandwidth, "compute_s": flops / peak}; None when a ceiling
+    is unknown (0: not measured)."""
     if mem_bandwidth_gbps <= 0 or peak_gflops <= 0:
         return None
-    return max(cost.bytes / (mem_bandwidth_gbps * 1e9), cost.flops / (peak_gflops * 1e9))
+    return {"memory_s": cost.bytes / (mem_bandwidth_gbps * 1e9), "compute_s": cost.flops / (peak_gflops * 1e9)}
+
+
+def roofline_seconds_per_token(cost: Cost, mem_bandwidth_gbps: float, peak_gflops: float) -> float | None:
+    """max(bytes / bandwidth, flops / peak) in seconds; None when a ceiling is unknown (0: not measured)."""
+    b = bounds(cost, mem_bandwidth_gbps, peak_gflops)
+    return None if b is None else max(b.values())
 
 
 def fraction(roofline_s: float | None, measured_s: float | None) -> float | None:
