@@ -148,6 +148,9 @@ def test_design_values_and_space():
         EngineDesign.from_dict({"wieghts": "f32"})
     with pytest.raises(DesignError, match="threads"):
         EngineDesign(threads=0)
+    with pytest.raises(DesignError, match="spin applies to threads > 1"):
+        EngineDesign(spin=True)
     points = space(2)
-    assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * 2
+    # weights x 3 fusions x kv layouts x prepack, times (1 thread, 2 sleeping, 2 spinning)
+    assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * 3
     assert len({p.design_id() for p in points}) == len(points)

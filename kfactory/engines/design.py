@@ -45,9 +45,14 @@ class EngineDesign:
                   instead of an add pass and a norm pass.
     threads:      OpenMP threads of the matrix and attention kernels (1 runs without entering OpenMP).
     kv_layout:    "head_major" or "token_major"; see KV_LAYOUTS.
-    prepack:      weights repacked at load for the kernels: rows interleaved in groups of 4 (one pass over x
-                  feeds 4 rows) and, for blocks, the scales converted to float32 apart from the nibbles;
-                  False keeps the GGUF row order and block layout (quantised weights are then not copied).
+    prepack:      weights repacked at load for the kernels: rows interleaved in groups of 4 (a decode step's
+                  load of x feeds 4 rows), the 4 rows' scales side by side, and Q4_1's nibbles reordered so
+                  that one widening and shifts unpack them (kfactory/engines/prepare.py); False keeps the GGUF
+                  row order and block layout (quantised weights are then not copied).
+    spin:         with threads > 1, idle OpenMP threads spin between parallel regions (OMP_WAIT_POLICY=active:
+                  the lowest wake-up latency on an idle host) instead of sleeping (passive). A decode step has
+                  ~5 regions per block; on an oversubscribed host a spinning thread holds the core its partner
+                  needs and a step can take 50x longer, so sleeping is the default.
     """
     weights: str = "q4_1"
     fuse_qkv: bool = True
@@ -56,18 +61,21 @@ class EngineDesign:
     threads: int = 1
     kv_layout: str = "head_major"
     prepack: bool = True
+    spin: bool = False
 
     def __post_init__(self):
         if self.weights not in WEIGHTS:
             raise DesignError(f"weights {self.weights!r} is not one of {', '.join(WEIGHTS)}")
         if self.kv_layout not in KV_LAYOUTS:
             raise DesignError(f"kv_layout {self.kv_layout!r} is not one of {', '.join(KV_LAYOUTS)}")
-        for name in ("fuse_qkv", "fuse_gate_up", "fuse_norm", "prepack"):
+        for name in ("fuse_qkv", "fuse_gate_up", "fuse_norm", "prepack", "spin"):
             if not isinstance(getattr(self, name), bool):
                 raise DesignError(f"{name} must be true or false, not {getattr(self, name)!r}")
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) \
                 or not 1 <= self.threads <= MAX_THREADS:
             raise DesignError(f"threads must be an integer in 1..{MAX_THREADS}, not {self.threads!r}")
+        if self.spin and self.threads == 1:
+            raise DesignError("spin applies to threads > 1 (one thread never waits for another)")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,8 +95,8 @@ class EngineDesign:
         digest = hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:10]
         fused = "".join(tag for tag, on in (("q", self.fuse_qkv), ("g", self.fuse_gate_up), ("n", self.fuse_norm))
                         if on) or "none"
-        return (f"{self.weights}-f{fused}-t{self.threads}-{self.kv_layout.split('_')[0]}"
-                f"{'-pp' if self.prepack else ''}-{digest}")
+        return (f"{self.weights}-f{fused}-t{self.threads}{'s' if self.spin else ''}-"
+                f"{self.kv_layout.split('_')[0]}{'-pp' if self.prepack else ''}-{digest}")
 
 
 def space(max_threads: int | None = None) -> list[EngineDesign]:
@@ -96,6 +104,8 @@ def space(max_threads: int | None = None) -> list[EngineDesign]:
     top = max_threads if max_threads is not None else (os.cpu_count() or 1)
     if not 1 <= top <= MAX_THREADS:
         raise DesignError(f"max_threads must lie in 1..{MAX_THREADS}, not {top}")
-    return [EngineDesign(w, q, g, n, t, kv, pp)
-            for w, q, g, n, t, kv, pp in itertools.product(WEIGHTS, (False, True), (False, True), (False, True),
-                                                           range(1, top + 1), KV_LAYOUTS, (False, True))]
+    return [EngineDesign(w, q, g, n, t, kv, pp, spin)
+            for w, q, g, n, t, kv, pp, spin in itertools.product(WEIGHTS, (False, True), (False, True),
+                                                                 (False, True), range(1, top + 1), KV_LAYOUTS,
+                                                                 (False, True), (False, True))
+            if t > 1 or not spin]
