@@ -50,6 +50,9 @@ const char *kf_last_error(void) { return ""; }
 """
 
 
+SCALAR_FLAGS = ("-mno-avx2", "-mno-fma", "-mno-f16c")
+
+
 @pytest.fixture(scope="module")
 def verifier(tmp_path_factory):
     root = tmp_path_factory.mktemp("engines")
@@ -67,8 +70,11 @@ def libs(verifier, tmp_path_factory):
         assert src.count(old) == 1, f"the {name} variant's anchor is not in the generated source"
         sources[name] = src.replace(old, new)
     sources["faulty"] = FAULTY
+    flags = {key: () for key in sources}
+    # the portable path: the first design compiled without AVX2, FMA and F16C (no intrinsics at all)
+    sources["scalar"], flags["scalar"] = sources[DESIGNS[0].design_id()], SCALAR_FLAGS
     with ThreadPoolExecutor(2) as pool:
-        results = dict(zip(sources, pool.map(lambda s: build(s, out), sources.values())))
+        results = dict(zip(sources, pool.map(lambda k: build(sources[k], out, flags[k]), sources)))
     for key, res in results.items():
         assert res.ok, f"{key} did not build:\n{res.log}"
     return {key: res.path for key, res in results.items()}
@@ -87,6 +93,12 @@ def test_design_passes_verification(verifier, libs, design):
         assert c.max_err < TOLERANCE / 4, c       # fp32 rounding: measured 1e-7..4e-6, far below the tolerance
     for i in range(3):
         assert verdict.check(f"greedy_{i}").detail == "64 tokens identical"
+
+
+def test_scalar_path_passes_verification(verifier, libs):
+    verdict = verifier.verify(DESIGNS[0], libs["scalar"])
+    assert verdict.passed, verdict.summary()
+    assert max(c.max_err for c in verdict.checks) < TOLERANCE / 4
 
 
 def test_rope_on_the_wrong_pairs_fails(verifier, libs):

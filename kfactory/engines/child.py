@@ -31,6 +31,10 @@ from kfactory.engines.prepare import prepare
 from kfactory.models import load_model
 
 
+#: the largest file the child may write (kfactory.sandbox.child limits its runners the same way)
+FSIZE_MB = 64
+
+
 class Failure(Exception):
     """A request failed as `kind` (see the module docstring)."""
 
@@ -110,6 +114,8 @@ class Server:
 
 def _limit(mem_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))   # a crashing engine must not spend seconds writing a core
+    # the engine writes no files; the child itself at most a generated test model (tiny-llama: under 1 MB)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_MB << 20, FSIZE_MB << 20))
     if mem_mb > 0:
         resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
 
