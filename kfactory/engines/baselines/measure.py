@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from kfactory.engines.baselines.result import OK, peak_rss_mb
+from kfactory.engines.baselines.result import OK, peak_rss_mb, reset_peak_rss
 from kfactory.engines.baselines.roofline import Formats
 from kfactory.models.gguf_model import LlamaConfig
 
@@ -77,11 +77,14 @@ def time_prefill(engine: Engine, n: int) -> float:
 def measure(engine: Engine, threads: int, contexts: Sequence[int], prefill_tokens: int, steps: int) -> dict:
     """The baseline's result (kfactory.engines.baselines.result's shape), roofline fractions not yet filled
     (the parent process knows the host's ceilings)."""
+    load_peak = peak_rss_mb()
+    scope = "run" if reset_peak_rss() else "process"
     t0 = time.perf_counter()
     decode = {str(ctx): time_decode(engine, ctx, steps) for ctx in contexts}
     prefill = time_prefill(engine, prefill_tokens) if prefill_tokens else None
     return {"name": engine.name, "available": True, "status": OK, "reason": "", "threads": threads,
             "decode_tokens_per_s": decode, "prefill_tokens_per_s": prefill, "peak_rss_mb": peak_rss_mb(),
-            "weights_format": engine.weights_format, "roofline_fraction": {},
+            "load_peak_rss_mb": load_peak, "peak_rss_scope": scope, "weights_format": engine.weights_format,
+            "roofline_fraction": {},
             "formats": engine.formats.as_dict(), "config": engine.config.as_dict(), "decode_steps": steps,
             "prefill_tokens": prefill_tokens, "seconds": time.perf_counter() - t0}

@@ -3,7 +3,11 @@
     {"name", "available": bool, "status": "ok" | "not_importable" | "failed", "reason", "threads",
      "decode_tokens_per_s": {"128": x, "1024": y}, "prefill_tokens_per_s": z, "peak_rss_mb": r,
      "weights_format": "f32" | "q4_1" | "float64", "roofline_fraction": {"128": f, "1024": g, "prefill_512": h},
-     ...measurement details: "formats", "config", "decode_steps", "prefill_tokens", "seconds"}
+     ...details: "load_peak_rss_mb", "peak_rss_scope", "formats", "config", "decode_steps", "prefill_tokens",
+     "seconds"}
+
+peak_rss_mb is the peak while measuring ("peak_rss_scope": "run"), the weights already resident; the peak of
+loading them is load_peak_rss_mb (where the peak cannot be reset, both are the process's: scope "process").
 
 A baseline that cannot run is a result too (available False, a status and a reason), never an exception, so a
 bench prints every engine it was asked for.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import resource
 import sys
+from pathlib import Path
 
 from kfactory.engines.baselines.roofline import Cost, Formats, bounds, decode_cost, fraction, prefill_cost
 from kfactory.models.gguf_model import LlamaConfig
@@ -34,9 +39,27 @@ def empty(name: str, threads: int, status: str, reason: str) -> dict:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident set in MB (ru_maxrss: kilobytes on Linux, bytes on macOS)."""
+    """This process's peak resident set in MB since it started or since `reset_peak_rss`: VmHWM where /proc has
+    it, else ru_maxrss (kilobytes on Linux, bytes on macOS; never reset)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Restart the peak-RSS count from the current RSS (Linux: "5" to /proc/self/clear_refs resets VmHWM), so
+    that a baseline's peak is that of running, not of converting its weights on the way in (our loader, not the
+    engine, dequantises a tensor at a time). False where it cannot be reset."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
 
 def add_roofline(result: dict, ceilings: dict[str, float]) -> dict:
