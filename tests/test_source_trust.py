@@ -137,3 +137,33 @@ def test_the_priors_follow_the_weights():
     priors = WarmPriors(evidence, 4)
     assert priors.next(trust(0.0, 0.0, high=-0.1), set().__contains__) is None
     assert priors.proposed == 0 and "every source ordered them against this device" in priors.stopped
+
+
+def test_evidence_that_stops_finding_better_points_hands_its_share_back(devices):
+    """The evidence-led share is the say halved per STALE_HALF evidence-led results in a row without a new best
+    (portfolio module docstring): told 12 evidence-led results that improve nothing, it is the say x 0.5^(12/8);
+    one that improves the best restores the whole say; a cold member's result does not touch the count."""
+    from kfactory.strategies.portfolio import STALE_HALF
+    rs = devices["bowl"]
+    s = make_strategy("default", Space([rs.family()]), seed=3)
+    s.warm(_evidence(devices, "agreeing"))
+    records = sorted((r for r in rs.records.values()), key=lambda r: r.time_ms)
+    points = [Point.of(rs.family().name, r.params) for r in records]
+    s.seen.add(points[1])
+    s.tell(points[1], records[1].time_ms)  # the priors' way: told without a member asking, evidence-led
+    assert s._say() == pytest.approx(s.trust().evidence)
+    for p, r in zip(points[-12:], records[-12:]):  # the slowest points: none is a new best
+        s.seen.add(p)
+        s.tell(p, r.time_ms)
+    assert s.led_stale == 12
+    assert s._say() == pytest.approx(s.trust().evidence * 0.5 ** (12 / STALE_HALF))
+    cold_point = s.ask()
+    while s.owner.get(cold_point, -1) in s.led:  # a cold member's ask
+        s.tell(cold_point, rs.lookup(cold_point.params).time_ms)
+        cold_point = s.ask()
+    before = s.led_stale
+    s.tell(cold_point, rs.lookup(cold_point.params).time_ms)
+    assert s.led_stale == before
+    s.seen.add(points[0])
+    s.tell(points[0], records[0].time_ms)  # the optimum, evidence-led: a new best
+    assert s.led_stale == 0 and s._say() == pytest.approx(s.trust().evidence)
