@@ -21,19 +21,28 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from dataclasses import replace
 
 from kfactory.engines.build import build
 from kfactory.engines.codegen import generate
-from kfactory.engines.design import EngineDesign
+from kfactory.engines.design import DesignError, EngineDesign
 from kfactory.engines.runner import EngineRunner
 from kfactory.engines.verify import Plan, Verifier
 from kfactory.platform.config import Settings
 from kfactory.targets import get_target
 
 
+def _design_fields(text: str | None) -> dict:
+    try:
+        fields = json.loads(text) if text else {}
+    except ValueError as e:
+        raise DesignError(f"--design is not JSON: {e}") from e
+    if not isinstance(fields, dict):
+        raise DesignError("--design must be a JSON object of EngineDesign fields")
+    return fields
+
+
 def _design(text: str | None) -> EngineDesign:
-    return EngineDesign.from_dict(json.loads(text)) if text else EngineDesign()
+    return EngineDesign.from_dict(_design_fields(text))
 
 
 def _built(design: EngineDesign, verifier: Verifier):
@@ -69,9 +78,11 @@ def host_bandwidth(threads: int) -> float:
 
 def cmd_bench(args) -> int:
     verifier = Verifier(args.model)
-    base = _design(args.design)
+    fields = _design_fields(args.design)
+    base = EngineDesign.from_dict({**fields, "threads": 1, "spin": False})
     for threads in args.threads:
-        design = replace(base, threads=threads, spin=base.spin and threads > 1)
+        design = EngineDesign.from_dict({**fields, "threads": threads,
+                                         "spin": bool(fields.get("spin", False)) and threads > 1})
         path = _built(design, verifier)
         with EngineRunner(str(verifier.package.directory), design, path, args.context + args.decode + 8) as runner:
             fig = runner.bench(args.context, args.decode, args.repeats)
@@ -120,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--copy-ceiling", action="store_true",
                    help="also measure the cpu target's copy-bandwidth ceiling (read + write; ~20 s a thread count)")
     args = ap.parse_args(argv)
-    return cmd_verify(args) if args.cmd == "verify" else cmd_bench(args)
+    try:
+        return cmd_verify(args) if args.cmd == "verify" else cmd_bench(args)
+    except DesignError as e:
+        print(f"bad design: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
