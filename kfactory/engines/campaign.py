@@ -1,0 +1,278 @@
+"""An engine campaign on the cpu: design points generated, built, verified and measured, every result kept.
+
+`Campaign(model, budget).run()` takes up to `budget` points of `space()` in `order()` (the default design first,
+then the designs one field away from it, then two fields away, ...: with a small budget each field's values are
+tried early, and the early points pair with the default, which is what the effects below need). Each point is
+
+    generated   codegen.generate (a CodegenError is the result `codegen_failed`)
+    built       build.build (a compile failure is the result `build_failed`, with the compiler's log)
+    verified    verify.Verifier (a failed check rejects the design: `rejected`, the first failing check named)
+    measured    EngineRunner.bench in the engine's child: decode tok/s at context 128, prefill tok/s of those
+                128 tokens (a fault while timing is `bench_failed`)
+
+The record (every result, the winner, the effects) is written to
+<data_dir>/engines/<model>/campaign-<timestamp>.json, and <data_dir>/engines/<model>/best.json names the best
+verified design (the highest decode tok/s) of the latest campaign that verified one: `kfactory generate` runs it.
+
+The effect of a field's value is the median, over pairs of verified designs that differ only in that field
+(one with the default's value, one with this value), of the ratio of their tok/s: the evidence that a choice
+won on its own, not because of the other choices it came with. No such pair: "not measured".
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from kfactory.engines.build import build
+from kfactory.engines.codegen import CodegenError, generate
+from kfactory.engines.design import EngineDesign, space
+from kfactory.engines.runner import EngineFault, EngineRunner
+from kfactory.engines.verify import Verifier
+from kfactory.models.gguf_model import LlamaConfig
+
+#: the bench of every design: decode steps after a prefill of CONTEXT tokens (the issue's context 128)
+CONTEXT, DECODE_TOKENS, REPEATS = 128, 32, 3
+#: verdicts of a result; only VERIFIED designs are measured and can win
+VERIFIED = "verified"
+NOT_MEASURED = "not measured"
+
+SourceFn = Callable[[EngineDesign, LlamaConfig], str]
+
+
+class CampaignError(RuntimeError):
+    """The campaign cannot run at all (an empty budget, a model that cannot be opened)."""
+
+
+@dataclass
+class DesignResult:
+    """One design point's outcome: `verdict` is verified, codegen_failed, build_failed, rejected (verification
+    failed: `failed_check` names the first failing check) or bench_failed; `reason` says why in words."""
+    design: dict[str, Any]
+    design_id: str
+    verdict: str
+    decode_tok_s: float | None = None
+    prefill_tok_s: float | None = None
+    failed_check: str | None = None
+    reason: str = ""
+    build_s: float = 0.0
+    verify_s: float = 0.0
+    bench_s: float = 0.0
+
+    @property
+    def verified(self) -> bool:
+        return self.verdict == VERIFIED and self.decode_tok_s is not None
+
+    def line(self) -> str:
+        """One progress line: id, verdict, figures or reason."""
+        if self.verified:
+            return (f"{self.design_id}: verified, decode {self.decode_tok_s:.1f} tok/s at context {CONTEXT}, "
+                    f"prefill {self.prefill_tok_s:.1f} tok/s")
+        check = f" ({self.failed_check})" if self.failed_check else ""
+        return f"{self.design_id}: {self.verdict}{check}: {self.reason.splitlines()[0] if self.reason else ''}"
+
+
+def distance(a: EngineDesign, b: EngineDesign) -> int:
+    """How many fields differ."""
+    return sum(getattr(a, f.name) != getattr(b, f.name) for f in fields(EngineDesign))
+
+
+def order(points: list[EngineDesign], default: EngineDesign | None = None) -> list[EngineDesign]:
+    """`points` by distance from the default design (stable: space order within a distance), so the first
+    points are the default and its one-field changes, field by field in EngineDesign's field order."""
+    default = default or EngineDesign()
+    names = [f.name for f in fields(EngineDesign)]
+
+    def key(item: tuple[int, EngineDesign]) -> tuple[int, int, int]:
+        i, d = item
+        changed = [k for k, n in enumerate(names) if getattr(d, n) != getattr(default, n)]
+        return (len(changed), changed[0] if changed else -1, i)
+
+    return [d for _, d in sorted(enumerate(points), key=key)]
+
+
+def field_effects(results: list[DesignResult], default: EngineDesign | None = None) -> dict[str, Any]:
+    """Per field: the default's value and, for each other value tried, the median decode and prefill tok/s
+    ratio (value / default's value) over verified pairs that differ only in that field, or NOT_MEASURED."""
+    default = default or EngineDesign()
+    verified = [r for r in results if r.verified]
+    out: dict[str, Any] = {}
+    for f in fields(EngineDesign):
+        base = getattr(default, f.name)
+        values = sorted({r.design[f.name] for r in results} | {base}, key=str)
+        effects: dict[str, Any] = {}
+        for value in values:
+            if value == base:
+                continue
+            pairs = [(a, b) for a in verified for b in verified
+                     if a.design[f.name] == base and b.design[f.name] == value
+                     and all(a.design[k] == b.design[k] for k in a.design if k != f.name)]
+            if not pairs:
+                effects[json.dumps(value)] = NOT_MEASURED
+                continue
+            effects[json.dumps(value)] = {
+                "decode_ratio": statistics.median(b.decode_tok_s / a.decode_tok_s for a, b in pairs),  # type: ignore[operator]
+                "prefill_ratio": statistics.median(b.prefill_tok_s / a.prefill_tok_s for a, b in pairs),  # type: ignore[operator]
+                "pairs": len(pairs)}
+        out[f.name] = {"baseline": base, "values": effects or NOT_MEASURED}
+    return out
+
+
+def best_of(results: list[DesignResult]) -> DesignResult | None:
+    """The verified design with the highest decode tok/s (prefill breaks a tie)."""
+    verified = [r for r in results if r.verified]
+    return max(verified, key=lambda r: (r.decode_tok_s, r.prefill_tok_s)) if verified else None
+
+
+def report_text(record: dict[str, Any]) -> str:
+    """The campaign's report for a person: the winner with its figures, then each field's measured effects."""
+    best = record["best"]
+    n_ok = sum(r["verdict"] == VERIFIED for r in record["results"])
+    lines = [f"engine campaign {record['model']} on {record['target']}: {len(record['results'])} designs, "
+             f"{n_ok} verified"]
+    if best is None:
+        lines.append("no design verified: no winner")
+    else:
+        lines.append(f"winner: {best['design_id']}  decode {best['decode_tok_s']:.1f} tok/s at context "
+                     f"{CONTEXT}, prefill {best['prefill_tok_s']:.1f} tok/s")
+        lines.append(f"  design: {json.dumps(best['design'], sort_keys=True)}")
+    lines.append("effect of each choice (median tok/s ratio against the default's value, over verified pairs "
+                 "that differ only in that field):")
+    for name, eff in record["effects"].items():
+        if eff["values"] == NOT_MEASURED:
+            lines.append(f"  {name:<13} (only {json.dumps(eff['baseline'])} tried): not measured")
+            continue
+        for value, e in eff["values"].items():
+            what = f"{name} {value} vs {json.dumps(eff['baseline'])}"
+            lines.append(f"  {what:<36} " + (NOT_MEASURED if e == NOT_MEASURED else
+                         f"decode x{e['decode_ratio']:.3f}, prefill x{e['prefill_ratio']:.3f} "
+                         f"({e['pairs']} pair{'s' if e['pairs'] != 1 else ''})"))
+    return "\n".join(lines)
+
+
+@dataclass
+class Campaign:
+    """A campaign over `space(max_threads)` for one model; `source_for` makes a design's C source (codegen's
+    generate; a test hands a broken one in). `verifier` may be shared between campaigns of the same model."""
+    model: str
+    budget: int
+    max_threads: int = 1
+    data_dir: Path | None = None
+    target: str = "cpu"
+    source_for: SourceFn = generate
+    verifier: Verifier | None = None
+    results: list[DesignResult] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.target != "cpu":
+            raise CampaignError(f"engine campaigns run on the cpu target only, not {self.target!r}")
+        if self.budget < 1:
+            raise CampaignError(f"the budget must be at least 1 design, not {self.budget}")
+        if self.data_dir is None:
+            from kfactory.platform.config import Settings
+            self.data_dir = Path(Settings().data_dir)
+        self.data_dir = Path(self.data_dir)
+        if self.verifier is None:
+            self.verifier = Verifier(self.model, cache_dir=self.data_dir / "models",
+                                     reference_dir=self.data_dir / "engines" / "reference")
+
+    @property
+    def out_dir(self) -> Path:
+        assert self.data_dir is not None and self.verifier is not None
+        return self.data_dir / "engines" / self.verifier.package.name
+
+    def designs(self) -> list[EngineDesign]:
+        return order(space(self.max_threads))[:self.budget]
+
+    def run(self, progress: Callable[[int, int, DesignResult], None] | None = None) -> dict[str, Any]:
+        """Evaluate every design of the budget; write the record (and best.json); return the record."""
+        started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        designs = self.designs()
+        for i, design in enumerate(designs):
+            result = self.evaluate(design)
+            self.results.append(result)
+            if progress is not None:
+                progress(i + 1, len(designs), result)
+        return self.write(started)
+
+    def evaluate(self, design: EngineDesign) -> DesignResult:
+        """Generate, build, verify and measure one design; every failure is a result, never an exception
+        (only the harness's own failures raise)."""
+        v = self.verifier
+        assert v is not None and self.data_dir is not None
+        res = DesignResult(design.as_dict(), design.design_id(), VERIFIED)
+        try:
+            source = self.source_for(design, v.model.config)
+        except CodegenError as e:
+            res.verdict, res.reason = "codegen_failed", str(e)
+            return res
+        lib = build(source, self.data_dir / "engines")
+        res.build_s = lib.seconds
+        if not lib.ok or lib.path is None:
+            res.verdict, res.reason = "build_failed", f"compile failed: {lib.log.strip()[-2000:]}"
+            return res
+        t0 = time.perf_counter()
+        verdict = v.verify(design, lib.path)
+        res.verify_s = time.perf_counter() - t0
+        if not verdict.passed:
+            first = verdict.first_failure
+            res.verdict, res.failed_check = "rejected", first.name if first else None
+            step = f" at step {first.first_failing_step}" if first and first.first_failing_step is not None else ""
+            err = f", max err {first.max_err:.2e} > tolerance {verdict.tolerance:g}" if first else ""
+            res.reason = (f"verification failed: {res.failed_check}{step}{err}"
+                          + (f"; {first.detail}" if first and first.detail else "")
+                          + (f"; engine fault ({verdict.fault_kind}): {verdict.fault}" if verdict.fault else ""))
+            return res
+        t0 = time.perf_counter()
+        try:
+            with EngineRunner(str(v.package.directory), design, lib.path, CONTEXT + DECODE_TOKENS + 8,
+                              cache_dir=self.data_dir / "models") as runner:
+                fig = runner.bench(CONTEXT, DECODE_TOKENS, REPEATS)
+        except EngineFault as e:
+            res.verdict, res.reason = "bench_failed", f"engine fault while timing ({e.kind}): {e}"
+            return res
+        res.bench_s = time.perf_counter() - t0
+        res.decode_tok_s, res.prefill_tok_s = fig.decode_tok_s, fig.prefill_tok_s
+        return res
+
+    def write(self, started: str) -> dict[str, Any]:
+        """The record as JSON under out_dir, and best.json when a design verified."""
+        assert self.verifier is not None
+        best = best_of(self.results)
+        out = self.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"campaign-{started}.json"
+        for n in range(2, 1000):   # two campaigns started in the same second keep both records
+            if not path.exists():
+                break
+            path = out / f"campaign-{started}-{n}.json"
+        record: dict[str, Any] = {
+            "model": self.verifier.package.name, "target": self.target, "started": started,
+            "budget": self.budget, "max_threads": self.max_threads,
+            "bench": {"context": CONTEXT, "decode_tokens": DECODE_TOKENS, "repeats": REPEATS},
+            "tolerance": self.verifier.tolerance,
+            "results": [asdict(r) for r in self.results],
+            "best": asdict(best) if best else None,
+            "effects": field_effects(self.results),
+            "path": str(path)}
+        path.write_text(json.dumps(record, indent=1))
+        if best is not None:
+            (out / "best.json").write_text(json.dumps(
+                {"model": record["model"], "design": best.design, "design_id": best.design_id,
+                 "decode_tok_s": best.decode_tok_s, "prefill_tok_s": best.prefill_tok_s, "campaign": str(path)},
+                indent=1))
+        return record
+
+
+def load_best(model_name: str, data_dir: Path | None = None) -> dict[str, Any] | None:
+    """best.json of a model (its package name), or None when no campaign verified a design."""
+    if data_dir is None:
+        from kfactory.platform.config import Settings
+        data_dir = Path(Settings().data_dir)
+    path = Path(data_dir) / "engines" / model_name / "best.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
