@@ -15,7 +15,7 @@ import pytest
 from kfactory.engines.baselines import check_baseline, run_baseline
 from kfactory.engines.baselines.report import table
 from kfactory.engines.baselines.result import KEYS, add_roofline
-from kfactory.engines.baselines.roofline import (Formats, decode_cost, fraction, prefill_cost,
+from kfactory.engines.baselines.roofline import (MATRIX_KINDS, Formats, decode_cost, fraction, prefill_cost,
                                                  roofline_seconds_per_token)
 from kfactory.engines.baselines.torch_eager import permute, unpermute
 from kfactory.models import LlamaConfig, load_model
@@ -67,11 +67,23 @@ def test_uniform_formats_and_roofline_time():
 
 def test_formats_from_the_file():
     model = load_model("tiny-llama").open()
-    # tiny-llama keeps ffn_down in Q8_0 beside Q4_1 matrices: one matrix format cannot describe it
-    with pytest.raises(ValueError, match="mix formats"):
-        Formats.from_gguf(model.formats(), model.config, kv_cache="f16")
+    # tiny-llama keeps ffn_down in Q8_0 beside Q4_1 matrices: formats per kind of matrix
+    f = Formats.from_gguf(model.formats(), model.config, kv_cache="f16")
+    assert f.matrix("ffn_down") == "q8_0" and f.matrix("attn_q") == "q4_1" and f.label == "q4_1+q8_0"
+    assert (f.embedding, f.lm_head, f.norms, f.kv_cache) == ("q8_0", "q8_0", "f32", "f16")
+    assert Formats(**f.as_dict()) == f                                   # survives the child's JSON
     same = {n: ("Q4_1" if f == "Q8_0" and n != "token_embd.weight" else f) for n, f in model.formats().items()}
     assert Formats.from_gguf(same, model.config, kv_cache="f16") == Formats("q4_1", "q8_0", "q8_0", "f32", "f16")
+    mixed = {**same, "blk.1.attn_q.weight": "Q8_0"}
+    with pytest.raises(ValueError, match="differs between blocks"):
+        Formats.from_gguf(mixed, model.config, kv_cache="f16")
+
+
+def test_mixed_matrix_formats_by_hand():
+    # TINY with ffn_down (64x32 = 2048 weights) in q8_0: 2048 * (34 - 20)/32 = 896 more bytes, 2048 fewer flops
+    mixed = Formats({**{k: "q4_1" for k in MATRIX_KINDS}, "ffn_down": "q8_0"}, "q8_0", "q8_0", "f32", "f32")
+    assert decode_cost(TINY, mixed, 10).bytes == 9634 + 896
+    assert decode_cost(TINY, mixed, 10).flops == 45268 - 2048
 
 
 def test_add_roofline_costs_the_mean_attended_positions():

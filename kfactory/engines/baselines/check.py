@@ -41,6 +41,18 @@ def token_agreement(got: Sequence[int], want: Sequence[int]) -> dict:
             "identical": list(got) == list(want), "got": list(got), "want": list(want)}
 
 
+def forced_agreement(engine: Engine, prompt: Sequence[int], want: Sequence[int]) -> dict:
+    """Step-by-step agreement on the reference's own continuation (teacher forcing): the engine decodes the
+    reference's tokens, and at each step its argmax is compared with the reference's next token. Unlike free
+    greedy tokens, one near-tie early does not make every later step differ."""
+    engine.reset(len(prompt) + len(want))
+    got = [engine.prefill(prompt)]
+    for tok in want[:-1]:
+        got.append(engine.decode(tok))
+    same = sum(a == b for a, b in zip(got, want))
+    return {"tokens": len(want), "same_positions": int(same), "got": got}
+
+
 def check_engine(engine: Engine, model: GGUFModel, model_name: str, new_tokens: int = 32) -> dict:
     """The engine against the reference on the model's first chat prompt: logits of the prompt's positions (when
     the engine exposes `logits(tokens)`) and `new_tokens` greedy tokens."""
@@ -50,6 +62,12 @@ def check_engine(engine: Engine, model: GGUFModel, model_name: str, new_tokens: 
     logits = getattr(engine, "logits", None)
     if logits is not None:
         out["logits"] = logit_agreement(logits(prompt), ref.prefill(prompt)[0])
-    want = ref.generate(prompt, new_tokens).tokens
+    gen = ref.generate(prompt, new_tokens, keep_logits=True)
+    want = gen.tokens
     out["greedy"] = token_agreement(greedy(engine, prompt, new_tokens), want)
+    out["teacher_forced"] = forced_agreement(engine, prompt, want)
+    assert gen.logits is not None
+    top2 = np.sort(gen.logits, axis=-1)[:, -2:]
+    # how close the reference's own choices were: a margin below an engine's rounding is a coin toss for it
+    out["reference_margins"] = [float(m) for m in top2[:, 1] - top2[:, 0]]
     return out

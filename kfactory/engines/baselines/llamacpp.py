@@ -46,7 +46,7 @@ class LlamaCpp:
         self.llama_cpp = _import_llama_cpp()
         self.path, self.threads, self.config = str(model.path), threads, model.config
         self.formats = Formats.from_gguf(model.formats(), model.config, kv_cache=KV_CACHE)
-        self.weights_format = self.formats.matrices
+        self.weights_format = self.formats.label
         self.llm: Any = None
         self.n_ctx = 0
 

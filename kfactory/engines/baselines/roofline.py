@@ -50,19 +50,38 @@ ROPE_FLOPS_PER_ELEMENT = 3
 SWIGLU_FLOPS_PER_ELEMENT = 4
 
 
+#: the seven matrices of a block, by the suffix of their GGUF names
+MATRIX_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
 @dataclass(frozen=True)
 class Formats:
-    """The storage format of each kind of tensor an engine reads (keys of BYTES_PER_WEIGHT)."""
-    matrices: str
+    """The storage format of each kind of tensor an engine reads (keys of BYTES_PER_WEIGHT). `matrices` is one
+    format for all seven block matrices, or a dict giving each kind of MATRIX_KINDS its own (a file may keep
+    ffn_down in Q8_0 beside Q4_1)."""
+    matrices: str | dict[str, str]
     embedding: str
     lm_head: str
     norms: str
     kv_cache: str
 
     def __post_init__(self) -> None:
-        unknown = [f for f in asdict(self).values() if f not in BYTES_PER_WEIGHT]
+        if isinstance(self.matrices, dict) and set(self.matrices) != set(MATRIX_KINDS):
+            raise ValueError(f"per-kind matrix formats must name exactly {MATRIX_KINDS}, not {sorted(self.matrices)}")
+        given = [self.embedding, self.lm_head, self.norms, self.kv_cache]
+        given += list(self.matrices.values()) if isinstance(self.matrices, dict) else [self.matrices]
+        unknown = [f for f in given if f not in BYTES_PER_WEIGHT]
         if unknown:
             raise ValueError(f"unknown formats {unknown}; known: {sorted(BYTES_PER_WEIGHT)}")
+
+    def matrix(self, kind: str) -> str:
+        """The format of one kind of block matrix."""
+        return self.matrices[kind] if isinstance(self.matrices, dict) else self.matrices
+
+    @property
+    def label(self) -> str:
+        """The block matrices' format in a word ('q4_1', or 'q4_1+q8_0' where kinds differ)."""
+        return "+".join(sorted({self.matrix(k) for k in MATRIX_KINDS}))
 
     @classmethod
     def uniform(cls, fmt: str) -> "Formats":
@@ -72,16 +91,20 @@ class Formats:
     @classmethod
     def from_gguf(cls, formats: dict[str, str], config: LlamaConfig, kv_cache: str) -> "Formats":
         """The formats a GGUF file stores (GGUFModel.formats(): tensor name -> 'Q4_1', 'F32', ...), for an
-        engine that computes on the blocks as stored. The block matrices must share one format."""
-        names = [n for n in config.expected_shapes() if n.startswith("blk.") and not n.endswith("norm.weight")]
-        kinds = {formats[n].lower() for n in names}
-        if len(kinds) != 1:
-            raise ValueError(f"the block matrices mix formats {sorted(kinds)}; the roofline takes one")
+        engine that computes on the blocks as stored. Each kind of matrix must have one format in every block."""
+        per_kind = {}
+        for kind in MATRIX_KINDS:
+            found = {formats[f"blk.{i}.{kind}.weight"].lower() for i in range(config.blocks)}
+            if len(found) != 1:
+                raise ValueError(f"{kind} differs between blocks ({sorted(found)}); the roofline takes one a kind")
+            per_kind[kind] = found.pop()
+        same = set(per_kind.values())
         head = "token_embd.weight" if config.tied_embeddings else "output.weight"
-        return cls(matrices=kinds.pop(), embedding=formats["token_embd.weight"].lower(),
-                   lm_head=formats[head].lower(), norms=formats["output_norm.weight"].lower(), kv_cache=kv_cache)
+        return cls(matrices=same.pop() if len(same) == 1 else per_kind,
+                   embedding=formats["token_embd.weight"].lower(), lm_head=formats[head].lower(),
+                   norms=formats["output_norm.weight"].lower(), kv_cache=kv_cache)
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict:
         return asdict(self)
 
 
@@ -93,11 +116,17 @@ class Cost:
     parts: dict[str, float]
 
 
-def block_matrix_weights(c: LlamaConfig) -> int:
-    """Weights of one block's seven matrices: q, o (hidden x heads*head_dim), k, v (hidden x kv_heads*head_dim),
-    gate, up, down (hidden x ffn)."""
+def matrix_weights(c: LlamaConfig) -> dict[str, int]:
+    """Weights of each of a block's seven matrices: q, o (hidden x heads*head_dim), k, v
+    (hidden x kv_heads*head_dim), gate, up, down (hidden x ffn)."""
     q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    return 2 * c.hidden * q + 2 * c.hidden * kv + 3 * c.hidden * c.ffn
+    return {"attn_q": c.hidden * q, "attn_k": c.hidden * kv, "attn_v": c.hidden * kv, "attn_output": c.hidden * q,
+            "ffn_gate": c.hidden * c.ffn, "ffn_up": c.hidden * c.ffn, "ffn_down": c.hidden * c.ffn}
+
+
+def block_matrix_weights(c: LlamaConfig) -> int:
+    """Weights of one block's seven matrices together."""
+    return sum(matrix_weights(c).values())
 
 
 def attention_flops(c: LlamaConfig, positions: float) -> float:
@@ -121,12 +150,13 @@ def kv_bytes(c: LlamaConfig, f: Formats, positions: float) -> float:
 
 def _weights(c: LlamaConfig, f: Formats) -> tuple[dict[str, float], dict[str, float]]:
     """(bytes, dequantisation flops) of reading every block matrix, the LM head and the norms once."""
-    m = c.blocks * block_matrix_weights(c)
+    per_kind = matrix_weights(c)
     head = c.vocab * c.hidden
     norms = (2 * c.blocks + 1) * c.hidden
-    size = {"matrices": m * BYTES_PER_WEIGHT[f.matrices], "lm_head": head * BYTES_PER_WEIGHT[f.lm_head],
-            "norms": norms * BYTES_PER_WEIGHT[f.norms]}
-    deq = {"matrices": float(m * DEQUANT_FLOPS[f.matrices]), "lm_head": float(head * DEQUANT_FLOPS[f.lm_head])}
+    size = {"matrices": c.blocks * sum(n * BYTES_PER_WEIGHT[f.matrix(k)] for k, n in per_kind.items()),
+            "lm_head": head * BYTES_PER_WEIGHT[f.lm_head], "norms": norms * BYTES_PER_WEIGHT[f.norms]}
+    deq = {"matrices": float(c.blocks * sum(n * DEQUANT_FLOPS[f.matrix(k)] for k, n in per_kind.items())),
+           "lm_head": float(head * DEQUANT_FLOPS[f.lm_head])}
     return size, deq
 
 
