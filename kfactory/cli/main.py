@@ -244,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "workspace")
     p.add_argument("--json", dest="as_json", action="store_true", help="print the files written as JSON")
 
+    from kfactory.cli import engine as engine_cmd
     from kfactory.cli import evidence as evidence_cmd
     from kfactory.cli import problems as problems_cmd
     from kfactory.cli import strategies as strategies_cmd
@@ -253,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     evidence_cmd.add_parser(sub)
     strategies_cmd.add_parser(sub)
     precompile.add_parser(sub)
+    engine_cmd.add_parser(sub)
     return ap
 
 
@@ -311,6 +313,10 @@ def _dispatch(args) -> int:
         from kfactory.cli import strategies as strategies_cmd
 
         return strategies_cmd.run(args)
+    if args.cmd in ("engine", "generate"):  # no service: the engine runs in its own child process
+        from kfactory.cli import engine as engine_cmd
+
+        return engine_cmd.run(args)
     if args.cmd in ("evidence", "precompile"):  # no service: before kfactory.platform.app's imports too
         from kfactory.cli import evidence as evidence_cmd
         from kfactory.targets.cuda import precompile

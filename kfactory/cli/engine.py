@@ -1,0 +1,171 @@
+"""`kfactory engine run MODEL` (an engine campaign: kfactory/engines/campaign.py) and `kfactory generate MODEL
+"prompt"` (greedy generation with the best verified engine, streamed).
+
+The engine always runs in its child process (kfactory.engines.runner.EngineRunner): this process only tokenises,
+picks the argmax of the logits the child sends back and prints text.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+EXIT_FAILED, EXIT_USAGE = 1, 2
+
+
+class EngineCommandError(Exception):
+    """A refusal the user can act on (no verified engine yet, a prompt too long); `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED):
+        super().__init__(message)
+        self.code = code
+
+
+def add_parser(sub) -> None:
+    """The `engine` command group and `generate`."""
+    from kfactory.engines.design import MAX_THREADS
+
+    p = sub.add_parser("engine", help="inference engines: run an engine campaign (docs/engines.md)",
+                       description="An engine campaign: design points generated, built, verified against the "
+                                   "float64 reference and timed; the best verified one is what `kfactory "
+                                   "generate` runs.")
+    esub = p.add_subparsers(dest="engine_cmd", required=True)
+    r = esub.add_parser("run", help="evaluate up to --budget engine designs of a model")
+    r.add_argument("model", help="smollm2-135m, tiny-llama or a model package directory")
+    r.add_argument("--target", default="cpu", choices=("cpu",), help="engines run on the cpu target")
+    r.add_argument("--budget", type=int, default=8, help="design points to evaluate (default 8)")
+    r.add_argument("--threads", type=int, default=None,
+                   help=f"the most threads a design may use (1..{MAX_THREADS}; default: this host's cores)")
+    r.add_argument("--json", dest="json_out", type=Path, help="also write the campaign's record to this file")
+
+    g = sub.add_parser("generate", help="generate text with the best verified engine of a model (greedy, "
+                                        "streamed)")
+    g.add_argument("model")
+    g.add_argument("prompt", help="the user's message (the model's chat template is applied)")
+    g.add_argument("--max-tokens", type=int, default=64)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch `engine run` or `generate`; a refusal prints its message and exits with its code."""
+    from kfactory.engines.campaign import CampaignError
+    from kfactory.engines.design import DesignError
+    from kfactory.models import ModelError
+
+    try:
+        if args.cmd == "generate":
+            return generate_command(args.model, args.prompt, args.max_tokens)
+        return run_command(args)
+    except (CampaignError, DesignError) as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModelError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except EngineCommandError as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return e.code
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`kfactory engine run`: progress per design, then the report; 0 when a design verified, else 1."""
+    from kfactory.engines.campaign import Campaign, DesignResult, report_text
+    from kfactory.engines.design import MAX_THREADS
+
+    threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
+    campaign = Campaign(args.model, args.budget, max_threads=threads, target=args.target)
+    print(f"engine campaign {args.model}: {len(campaign.designs())} designs (budget {args.budget}, threads "
+          f"1..{threads})", flush=True)
+
+    def progress(i: int, n: int, res: DesignResult) -> None:
+        print(f"[{i}/{n}] {res.line()}", flush=True)
+
+    record = campaign.run(progress)
+    print(report_text(record))
+    print(f"record: {record['path']}")
+    if args.json_out:
+        args.json_out.write_text(json.dumps(record, indent=1))
+    return 0 if record["best"] is not None else EXIT_FAILED
+
+
+def greedy_tokens(model: str, prompt_ids: list[int], max_tokens: int, data_dir: Path | None = None,
+                  stats: dict | None = None) -> Iterator[int]:
+    """Greedy tokens of the best verified engine (best.json) after `prompt_ids`, one at a time, ending at the
+    model's eos (yielded, as Reference.generate keeps it) or after `max_tokens`. `stats` receives timings:
+    start_s (the child opening the engine), prefill_s, decode_s, tokens."""
+    from kfactory.engines.build import build
+    from kfactory.engines.campaign import load_best
+    from kfactory.engines.codegen import generate
+    from kfactory.engines.design import EngineDesign
+    from kfactory.engines.runner import EngineRunner
+    from kfactory.models import load_model
+    from kfactory.platform.config import Settings
+
+    data_dir = Path(data_dir) if data_dir is not None else Path(Settings().data_dir)
+    package = load_model(model)
+    best = load_best(package.name, data_dir)
+    if best is None:
+        raise EngineCommandError(f"no verified engine for {package.name} yet: run `kfactory engine run {model}` "
+                                 "first (it writes best.json under the data dir)")
+    design = EngineDesign.from_dict(best["design"])
+    opened = package.open(data_dir / "models")
+    if not prompt_ids or len(prompt_ids) + max_tokens > opened.config.context_length:
+        raise EngineCommandError(f"the prompt ({len(prompt_ids)} tokens) and {max_tokens} new tokens do not fit "
+                                 f"the model's context of {opened.config.context_length}", EXIT_USAGE)
+    # the same source gives the same object: a lookup in the build cache after the campaign
+    lib = build(generate(design, opened.config), data_dir / "engines")
+    if not lib.ok or lib.path is None:
+        raise EngineCommandError(f"the best design {best['design_id']} no longer builds:\n{lib.log}")
+    eos = opened.tokenizer.eos_id
+    stats = stats if stats is not None else {}
+    t0 = time.perf_counter()
+    with EngineRunner(str(package.directory), design, lib.path, len(prompt_ids) + max_tokens,
+                      cache_dir=data_dir / "models") as runner:
+        t1 = time.perf_counter()
+        logits = runner.prefill(prompt_ids)
+        t2 = time.perf_counter()
+        stats.update(design_id=best["design_id"], start_s=t1 - t0, prefill_s=t2 - t1, tokens=0)
+        for n in range(1, max_tokens + 1):
+            token = int(logits.argmax())   # numpy's argmax: the lowest id on ties, as the reference
+            stats["tokens"], stats["decode_s"] = n, time.perf_counter() - t2
+            yield token
+            if token == eos or n == max_tokens:
+                break
+            logits = runner.decode(token)
+
+
+def generate_command(model: str, prompt: str, max_tokens: int) -> int:
+    """`kfactory generate`: the chat template applied, tokens streamed to stdout, tokens/s on stderr."""
+    from kfactory.models import load_model
+    from kfactory.platform.config import Settings
+
+    if max_tokens < 1:
+        raise EngineCommandError("--max-tokens must be at least 1", EXIT_USAGE)
+    data_dir = Path(Settings().data_dir)
+    tok = load_model(model).open(data_dir / "models").tokenizer
+    ids = tok.encode(tok.chat([{"role": "user", "content": prompt}]))
+    stats: dict = {}
+    out: list[int] = []
+    shown = ""
+    for token in greedy_tokens(model, ids, max_tokens, data_dir, stats):
+        out.append(token)
+        text = tok.decode(out, skip_special=True)
+        # a character split across tokens decodes to U+FFFD until its last byte arrives: hold it back
+        if text.endswith("\ufffd"):
+            continue
+        sys.stdout.write(text[len(shown):])
+        sys.stdout.flush()
+        shown = text
+    text = tok.decode(out, skip_special=True)
+    sys.stdout.write(text[len(shown):] + "\n")
+    sys.stdout.flush()
+    n, dec = stats.get("tokens", 0), stats.get("decode_s", 0.0)
+    # the first token comes from the prefill; the decode rate counts the steps after it
+    rate = (n - 1) / dec if n > 1 and dec > 0 else float("nan")
+    print(f"{n} tokens, {n / (stats.get('prefill_s', 0.0) + dec):.1f} tokens/s overall; decode {rate:.1f} "
+          f"tokens/s; prefill of {len(ids)} prompt tokens {stats.get('prefill_s', 0.0) * 1e3:.1f} ms; engine "
+          f"{stats.get('design_id')} (started in {stats.get('start_s', 0.0):.1f} s)", file=sys.stderr)
+    return 0

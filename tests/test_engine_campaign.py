@@ -1,0 +1,109 @@
+"""Engine campaigns (kfactory/engines/campaign.py) and `kfactory engine run` / `kfactory generate` on tiny-llama:
+a budget of 3 gives 3 verified, measured designs, best.json and per-field effects; a design that does not build
+and one that computes the wrong function are kept as rejected results with their reasons and never win;
+`kfactory generate` streams the float64 reference's greedy tokens."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kfactory.cli.engine import greedy_tokens
+from kfactory.cli.main import main
+from kfactory.engines.campaign import NOT_MEASURED, Campaign, distance, load_best, order
+from kfactory.engines.codegen import generate
+from kfactory.engines.design import EngineDesign, space
+from kfactory.engines.verify import Verifier
+from kfactory.models import Reference
+
+#: NeoX-style RoPE halves instead of GGUF's adjacent pairs (as tests/test_engine.py's broken variant)
+ROPE_OLD = "#define KF_PAIR(i) (2 * (i))\n#define KF_MATE(i) (2 * (i) + 1)"
+ROPE_NEW = "#define KF_PAIR(i) (i)\n#define KF_MATE(i) ((i) + KF_HEAD_DIM / 2)"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("kfdata")
+
+
+@pytest.fixture(scope="module")
+def verifier(root):
+    return Verifier("tiny-llama", cache_dir=root / "models", reference_dir=root / "engines" / "reference")
+
+
+@pytest.fixture(scope="module")
+def record(root, verifier):
+    return Campaign("tiny-llama", 3, data_dir=root, verifier=verifier).run()
+
+
+def test_order_covers_fields_early():
+    points = order(space(2))
+    assert points[0] == EngineDesign()
+    ones = [d for d in points if distance(d, EngineDesign()) == 1]
+    assert points[1:1 + len(ones)] == ones          # every one-field change before any two-field change
+    assert points[1].weights == "f32" and not points[2].fuse_qkv
+    assert sorted(points, key=lambda d: d.design_id()) == sorted(space(2), key=lambda d: d.design_id())
+
+
+def test_budget_3_verifies_measures_and_names_the_best(root, record):
+    results = record["results"]
+    assert [r["verdict"] for r in results] == ["verified"] * 3
+    assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in results)
+    best = max(results, key=lambda r: r["decode_tok_s"])
+    assert record["best"]["design_id"] == best["design_id"]
+    on_disk = load_best("tiny-llama", root)
+    assert on_disk is not None and on_disk["design_id"] == best["design_id"]
+    saved = json.loads(open(record["path"]).read())
+    assert saved["path"].startswith(str(root / "engines" / "tiny-llama" / "campaign-"))
+    assert len(saved["results"]) == 3
+    eff = record["effects"]
+    # default, weights=f32, fuse_qkv=False: one pair each for weights and fuse_qkv, the rest unmeasured
+    for name in ("weights", "fuse_qkv"):
+        (value,) = eff[name]["values"].values()
+        assert value["pairs"] == 1 and value["decode_ratio"] > 0 and value["prefill_ratio"] > 0
+    for name in ("fuse_gate_up", "fuse_norm", "threads", "kv_layout", "prepack", "spin"):
+        assert eff[name]["values"] == NOT_MEASURED
+
+
+def test_broken_designs_are_rejected_with_reasons(tmp_path, verifier):
+    def source_for(design, config):
+        src = generate(design, config)
+        if design.weights == "f32":
+            return src + "\n#error broken on purpose\n"
+        if not design.fuse_qkv:
+            assert src.count(ROPE_OLD) == 1
+            return src.replace(ROPE_OLD, ROPE_NEW)
+        return src
+
+    rec = Campaign("tiny-llama", 3, data_dir=tmp_path, verifier=verifier, source_for=source_for).run()
+    by_verdict = {r["verdict"]: r for r in rec["results"]}
+    assert set(by_verdict) == {"verified", "build_failed", "rejected"}
+    assert "broken on purpose" in by_verdict["build_failed"]["reason"]
+    assert by_verdict["rejected"]["failed_check"] == "decode_after_1"
+    assert "verification failed: decode_after_1" in by_verdict["rejected"]["reason"]
+    assert by_verdict["rejected"]["decode_tok_s"] is None
+    assert rec["best"]["design_id"] == EngineDesign().design_id()
+    assert load_best("tiny-llama", tmp_path)["design_id"] == EngineDesign().design_id()
+    # one verified design: no pair, so no effect is measured (values tried are listed, as not measured)
+    for e in rec["effects"].values():
+        assert e["values"] == NOT_MEASURED or set(e["values"].values()) == {NOT_MEASURED}
+    assert rec["effects"]["weights"]["values"] == {'"f32"': NOT_MEASURED}
+
+
+def test_generate_streams_the_reference_greedy_tokens(root, record, verifier, monkeypatch, capsys):
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(root))
+    model = verifier.model
+    tok, eos = model.tokenizer, model.tokenizer.eos_id
+    ids = tok.encode(tok.chat([{"role": "user", "content": "hello there"}]))
+    want = Reference.from_model(model).generate(ids, 24, stop=[eos]).tokens
+    assert list(greedy_tokens("tiny-llama", ids, 24, root)) == want
+    assert main(["generate", "tiny-llama", "hello there", "--max-tokens", "24"]) == 0
+    out = capsys.readouterr()
+    assert out.out == tok.decode(want, skip_special=True) + "\n"
+    assert "tokens/s" in out.err
+
+
+def test_generate_refuses_without_a_campaign(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))
+    assert main(["generate", "tiny-llama", "hi"]) == 1
+    assert "kfactory engine run tiny-llama" in capsys.readouterr().err
