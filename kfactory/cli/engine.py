@@ -12,7 +12,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from kfactory.models import GGUFModel
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -92,10 +95,11 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def greedy_tokens(model: str, prompt_ids: list[int], max_tokens: int, data_dir: Path | None = None,
-                  stats: dict | None = None) -> Iterator[int]:
+                  stats: dict | None = None, opened: GGUFModel | None = None) -> Iterator[int]:
     """Greedy tokens of the best verified engine (best.json) after `prompt_ids`, one at a time, ending at the
     model's eos (yielded, as Reference.generate keeps it) or after `max_tokens`. `stats` receives timings:
-    start_s (the child opening the engine), prefill_s, decode_s, tokens."""
+    start_s (the child opening the engine), prefill_s, decode_s, tokens. `opened`: the model already opened
+    (opening checks the file's sha256: seconds on the real model)."""
     from kfactory.engines.build import build
     from kfactory.engines.campaign import load_best
     from kfactory.engines.codegen import generate
@@ -111,7 +115,7 @@ def greedy_tokens(model: str, prompt_ids: list[int], max_tokens: int, data_dir: 
         raise EngineCommandError(f"no verified engine for {package.name} yet: run `kfactory engine run {model}` "
                                  "first (it writes best.json under the data dir)")
     design = EngineDesign.from_dict(best["design"])
-    opened = package.open(data_dir / "models")
+    opened = opened if opened is not None else package.open(data_dir / "models")
     if not prompt_ids or len(prompt_ids) + max_tokens > opened.config.context_length:
         raise EngineCommandError(f"the prompt ({len(prompt_ids)} tokens) and {max_tokens} new tokens do not fit "
                                  f"the model's context of {opened.config.context_length}", EXIT_USAGE)
@@ -145,12 +149,13 @@ def generate_command(model: str, prompt: str, max_tokens: int) -> int:
     if max_tokens < 1:
         raise EngineCommandError("--max-tokens must be at least 1", EXIT_USAGE)
     data_dir = Path(Settings().data_dir)
-    tok = load_model(model).open(data_dir / "models").tokenizer
+    opened = load_model(model).open(data_dir / "models")
+    tok = opened.tokenizer
     ids = tok.encode(tok.chat([{"role": "user", "content": prompt}]))
     stats: dict = {}
     out: list[int] = []
     shown = ""
-    for token in greedy_tokens(model, ids, max_tokens, data_dir, stats):
+    for token in greedy_tokens(model, ids, max_tokens, data_dir, stats, opened):
         out.append(token)
         text = tok.decode(out, skip_special=True)
         # a character split across tokens decodes to U+FFFD until its last byte arrives: hold it back
