@@ -10,7 +10,7 @@ import pytest
 
 from kfactory.cli.engine import greedy_tokens
 from kfactory.cli.main import main
-from kfactory.engines.campaign import NOT_MEASURED, Campaign, distance, load_best, order
+from kfactory.engines.campaign import NOT_MEASURED, Campaign, distance, load_best, order, report_text
 from kfactory.engines.codegen import generate
 from kfactory.engines.design import EngineDesign, space
 from kfactory.engines.verify import Verifier
@@ -63,6 +63,11 @@ def test_budget_3_verifies_measures_and_names_the_best(root, record):
         assert value["pairs"] == 1 and value["decode_ratio"] > 0 and value["prefill_ratio"] > 0
     for name in ("fuse_gate_up", "fuse_norm", "threads", "kv_layout", "prepack", "spin"):
         assert eff[name]["values"] == NOT_MEASURED
+    # the default timed again at the end: how far the host's load alone moves a figure
+    assert record["noise"]["design_id"] == EngineDesign().design_id() and record["noise"]["decode_ratio"] > 0
+    text = report_text(record)
+    assert f"winner: {best['design_id']}" in text and "fuse_norm     (only true tried): not measured" in text
+    assert "noise: " + EngineDesign().design_id() in text
 
 
 def test_broken_designs_are_rejected_with_reasons(tmp_path, verifier):
@@ -88,6 +93,7 @@ def test_broken_designs_are_rejected_with_reasons(tmp_path, verifier):
     for e in rec["effects"].values():
         assert e["values"] == NOT_MEASURED or set(e["values"].values()) == {NOT_MEASURED}
     assert rec["effects"]["weights"]["values"] == {'"f32"': NOT_MEASURED}
+    assert rec["noise"] is None
 
 
 def test_generate_streams_the_reference_greedy_tokens(root, record, verifier, monkeypatch, capsys):

@@ -16,7 +16,9 @@ verified design (the highest decode tok/s) of the latest campaign that verified 
 
 The effect of a field's value is the median, over pairs of verified designs that differ only in that field
 (one with the default's value, one with this value), of the ratio of their tok/s: the evidence that a choice
-won on its own, not because of the other choices it came with. No such pair: "not measured".
+won on its own, not because of the other choices it came with. No such pair: "not measured". Against it the
+record sets the noise: the first verified design timed again after all the others, as a ratio to its first
+timing (on a shared host a figure moves with the load; an effect within the noise is not evidence).
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ class DesignResult:
     build_s: float = 0.0
     verify_s: float = 0.0
     bench_s: float = 0.0
+    library: str | None = None
 
     @property
     def verified(self) -> bool:
@@ -150,6 +153,13 @@ def report_text(record: dict[str, Any]) -> str:
             lines.append(f"  {what:<36} " + (NOT_MEASURED if e == NOT_MEASURED else
                          f"decode x{e['decode_ratio']:.3f}, prefill x{e['prefill_ratio']:.3f} "
                          f"({e['pairs']} pair{'s' if e['pairs'] != 1 else ''})"))
+    noise = record.get("noise")
+    if noise:
+        lines.append(f"noise: {noise['design_id']} timed again at the end measured decode "
+                     f"x{noise['decode_ratio']:.3f}, prefill x{noise['prefill_ratio']:.3f} of its first timing: "
+                     "an effect within that much of x1 is not told apart from the host's load")
+    else:
+        lines.append("noise: not measured (fewer than two designs were timed)")
     return "\n".join(lines)
 
 
@@ -196,7 +206,7 @@ class Campaign:
             self.results.append(result)
             if progress is not None:
                 progress(i + 1, len(designs), result)
-        return self.write(started)
+        return self.write(started, self.noise())
 
     def evaluate(self, design: EngineDesign) -> DesignResult:
         """Generate, build, verify and measure one design; every failure is a result, never an exception
@@ -226,19 +236,39 @@ class Campaign:
                           + (f"; {first.detail}" if first and first.detail else "")
                           + (f"; engine fault ({verdict.fault_kind}): {verdict.fault}" if verdict.fault else ""))
             return res
+        res.library = str(lib.path)
         t0 = time.perf_counter()
         try:
-            with EngineRunner(str(v.package.directory), design, lib.path, CONTEXT + DECODE_TOKENS + 8,
-                              cache_dir=self.data_dir / "models") as runner:
-                fig = runner.bench(CONTEXT, DECODE_TOKENS, REPEATS)
+            res.decode_tok_s, res.prefill_tok_s = self.bench(design, lib.path)
         except EngineFault as e:
             res.verdict, res.reason = "bench_failed", f"engine fault while timing ({e.kind}): {e}"
             return res
         res.bench_s = time.perf_counter() - t0
-        res.decode_tok_s, res.prefill_tok_s = fig.decode_tok_s, fig.prefill_tok_s
         return res
 
-    def write(self, started: str) -> dict[str, Any]:
+    def bench(self, design: EngineDesign, so_path: Path | str) -> tuple[float, float]:
+        """(decode tok/s at CONTEXT, prefill tok/s), timed in the engine's child."""
+        assert self.verifier is not None and self.data_dir is not None
+        with EngineRunner(str(self.verifier.package.directory), design, so_path, CONTEXT + DECODE_TOKENS + 8,
+                          cache_dir=self.data_dir / "models") as runner:
+            fig = runner.bench(CONTEXT, DECODE_TOKENS, REPEATS)
+        return fig.decode_tok_s, fig.prefill_tok_s
+
+    def noise(self) -> dict[str, Any] | None:
+        """The first verified design timed again after the others, as a ratio to its first timing: how far a
+        figure moves with the host's load alone, so an effect within it is not evidence (None: nothing to
+        re-time, or only one design was measured)."""
+        first = next((r for r in self.results if r.verified and r.library), None)
+        if first is None or first.library is None or sum(r.verified for r in self.results) < 2:
+            return None
+        try:
+            decode, prefill = self.bench(EngineDesign.from_dict(first.design), first.library)
+        except EngineFault:   # it passed before: a fault now is recorded as no estimate, not a verdict
+            return None
+        return {"design_id": first.design_id, "decode_ratio": decode / first.decode_tok_s,  # type: ignore[operator]
+                "prefill_ratio": prefill / first.prefill_tok_s}  # type: ignore[operator]
+
+    def write(self, started: str, noise: dict[str, Any] | None = None) -> dict[str, Any]:
         """The record as JSON under out_dir, and best.json when a design verified."""
         assert self.verifier is not None
         best = best_of(self.results)
@@ -257,6 +287,7 @@ class Campaign:
             "results": [asdict(r) for r in self.results],
             "best": asdict(best) if best else None,
             "effects": field_effects(self.results),
+            "noise": noise,
             "path": str(path)}
         path.write_text(json.dumps(record, indent=1))
         if best is not None:
