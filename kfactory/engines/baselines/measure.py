@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from kfactory.engines.baselines.result import OK, peak_rss_mb, reset_peak_rss
+from kfactory.engines.baselines.result import OK, peak_rss_mb, release_freed_memory, reset_peak_rss
 from kfactory.engines.baselines.roofline import Formats
 from kfactory.models.gguf_model import LlamaConfig
 
@@ -78,6 +78,7 @@ def measure(engine: Engine, threads: int, contexts: Sequence[int], prefill_token
     """The baseline's result (kfactory.engines.baselines.result's shape), roofline fractions not yet filled
     (the parent process knows the host's ceilings)."""
     load_peak = peak_rss_mb()
+    release_freed_memory()
     scope = "run" if reset_peak_rss() else "process"
     t0 = time.perf_counter()
     decode = {str(ctx): time_decode(engine, ctx, steps) for ctx in contexts}
