@@ -33,7 +33,7 @@ def verifier(root):
 
 @pytest.fixture(scope="module")
 def record(root, verifier):
-    return Campaign("tiny-llama", 3, data_dir=root, verifier=verifier).run()
+    return Campaign("tiny-llama", 3, data_dir=root, verifier=verifier, rounds=2).run()
 
 
 def test_order_covers_fields_early():
@@ -49,6 +49,8 @@ def test_budget_3_verifies_measures_and_names_the_best(root, record):
     results = record["results"]
     assert [r["verdict"] for r in results] == ["verified"] * 3
     assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in results)
+    assert all(len(r["timings"]) == 2 for r in results)          # two rounds; the figures are their medians
+    assert results[0]["decode_tok_s"] == pytest.approx(sum(t[0] for t in results[0]["timings"]) / 2)
     best = max(results, key=lambda r: r["decode_tok_s"])
     assert record["best"]["design_id"] == best["design_id"]
     on_disk = load_best("tiny-llama", root)

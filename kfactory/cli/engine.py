@@ -43,6 +43,9 @@ def add_parser(sub) -> None:
     r.add_argument("--budget", type=int, default=8, help="design points to evaluate (default 8)")
     r.add_argument("--threads", type=int, default=None,
                    help=f"the most threads a design may use (1..{MAX_THREADS}; default: this host's cores)")
+    r.add_argument("--rounds", type=int, default=2, help="timing rounds per verified design (default 2): the "
+                   "first after its verification, the others over all verified designs in turn; figures are "
+                   "medians, effects compare designs round by round")
     r.add_argument("--json", dest="json_out", type=Path, help="also write the campaign's record to this file")
 
     g = sub.add_parser("generate", help="generate text with the best verified engine of a model (greedy, "
@@ -79,9 +82,9 @@ def run_command(args: argparse.Namespace) -> int:
     from kfactory.engines.design import MAX_THREADS
 
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
-    campaign = Campaign(args.model, args.budget, max_threads=threads, target=args.target)
+    campaign = Campaign(args.model, args.budget, max_threads=threads, target=args.target, rounds=args.rounds)
     print(f"engine campaign {args.model}: {len(campaign.designs())} designs (budget {args.budget}, threads "
-          f"1..{threads})", flush=True)
+          f"1..{threads}, {args.rounds} timing round{'s' if args.rounds != 1 else ''})", flush=True)
 
     def progress(i: int, n: int, res: DesignResult) -> None:
         print(f"[{i}/{n}] {res.line()}", flush=True)

@@ -64,6 +64,8 @@ class DesignResult:
     verify_s: float = 0.0
     bench_s: float = 0.0
     library: str | None = None
+    #: [decode tok/s, prefill tok/s] of each timing round (the figures above are their medians)
+    timings: list[list[float]] = field(default_factory=list)
 
     @property
     def verified(self) -> bool:
@@ -117,11 +119,20 @@ def field_effects(results: list[DesignResult], default: EngineDesign | None = No
                 effects[json.dumps(value)] = NOT_MEASURED
                 continue
             effects[json.dumps(value)] = {
-                "decode_ratio": statistics.median(b.decode_tok_s / a.decode_tok_s for a, b in pairs),  # type: ignore[operator]
-                "prefill_ratio": statistics.median(b.prefill_tok_s / a.prefill_tok_s for a, b in pairs),  # type: ignore[operator]
+                "decode_ratio": statistics.median(r for a, b in pairs for r in _ratios(a, b, 0)),
+                "prefill_ratio": statistics.median(r for a, b in pairs for r in _ratios(a, b, 1)),
                 "pairs": len(pairs)}
         out[f.name] = {"baseline": base, "values": effects or NOT_MEASURED}
     return out
+
+
+def _ratios(a: DesignResult, b: DesignResult, k: int) -> list[float]:
+    """b's figure k (0 decode, 1 prefill) over a's: per timing round when both have the same rounds (the two
+    timed close together, under the same load), else of their medians."""
+    if a.timings and len(a.timings) == len(b.timings):
+        return [tb[k] / ta[k] for ta, tb in zip(a.timings, b.timings)]
+    fa, fb = (a.decode_tok_s, b.decode_tok_s) if k == 0 else (a.prefill_tok_s, b.prefill_tok_s)
+    return [fb / fa] if fa and fb else []
 
 
 def best_of(results: list[DesignResult]) -> DesignResult | None:
@@ -174,11 +185,16 @@ class Campaign:
     target: str = "cpu"
     source_for: SourceFn = generate
     verifier: Verifier | None = None
+    #: timing rounds: round 1 right after each design's verification, later rounds over the verified designs
+    #: in turn (so each pair is also timed close together: on a shared host the load drifts within minutes)
+    rounds: int = 1
     results: list[DesignResult] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.target != "cpu":
             raise CampaignError(f"engine campaigns run on the cpu target only, not {self.target!r}")
+        if self.rounds < 1:
+            raise CampaignError(f"timing rounds must be at least 1, not {self.rounds}")
         if self.budget < 1:
             raise CampaignError(f"the budget must be at least 1 design, not {self.budget}")
         if self.data_dir is None:
@@ -206,6 +222,9 @@ class Campaign:
             self.results.append(result)
             if progress is not None:
                 progress(i + 1, len(designs), result)
+        for _ in range(1, self.rounds):
+            for result in [r for r in self.results if r.verified]:
+                self.retime(result)
         return self.write(started, self.noise())
 
     def evaluate(self, design: EngineDesign) -> DesignResult:
@@ -237,14 +256,23 @@ class Campaign:
                           + (f"; engine fault ({verdict.fault_kind}): {verdict.fault}" if verdict.fault else ""))
             return res
         res.library = str(lib.path)
+        self.retime(res)
+        return res
+
+    def retime(self, res: DesignResult) -> None:
+        """One more timing round of a verified design: its figures become the medians of its rounds; a fault
+        makes it bench_failed."""
+        assert res.library is not None
         t0 = time.perf_counter()
         try:
-            res.decode_tok_s, res.prefill_tok_s = self.bench(design, lib.path)
+            res.timings.append(list(self.bench(EngineDesign.from_dict(res.design), res.library)))
         except EngineFault as e:
             res.verdict, res.reason = "bench_failed", f"engine fault while timing ({e.kind}): {e}"
-            return res
-        res.bench_s = time.perf_counter() - t0
-        return res
+            res.decode_tok_s = res.prefill_tok_s = None
+            return
+        res.bench_s += time.perf_counter() - t0
+        res.decode_tok_s = statistics.median(t[0] for t in res.timings)
+        res.prefill_tok_s = statistics.median(t[1] for t in res.timings)
 
     def bench(self, design: EngineDesign, so_path: Path | str) -> tuple[float, float]:
         """(decode tok/s at CONTEXT, prefill tok/s), timed in the engine's child."""
@@ -265,8 +293,8 @@ class Campaign:
             decode, prefill = self.bench(EngineDesign.from_dict(first.design), first.library)
         except EngineFault:   # it passed before: a fault now is recorded as no estimate, not a verdict
             return None
-        return {"design_id": first.design_id, "decode_ratio": decode / first.decode_tok_s,  # type: ignore[operator]
-                "prefill_ratio": prefill / first.prefill_tok_s}  # type: ignore[operator]
+        return {"design_id": first.design_id, "decode_ratio": decode / first.timings[0][0],
+                "prefill_ratio": prefill / first.timings[0][1]}
 
     def write(self, started: str, noise: dict[str, Any] | None = None) -> dict[str, Any]:
         """The record as JSON under out_dir, and best.json when a design verified."""
@@ -281,7 +309,7 @@ class Campaign:
             path = out / f"campaign-{started}-{n}.json"
         record: dict[str, Any] = {
             "model": self.verifier.package.name, "target": self.target, "started": started,
-            "budget": self.budget, "max_threads": self.max_threads,
+            "budget": self.budget, "max_threads": self.max_threads, "rounds": self.rounds,
             "bench": {"context": CONTEXT, "decode_tokens": DECODE_TOKENS, "repeats": REPEATS},
             "tolerance": self.verifier.tolerance,
             "results": [asdict(r) for r in self.results],
