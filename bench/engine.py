@@ -1,0 +1,256 @@
+"""kfactory's best engine beside the baselines (issue 26, deliverable 6): decode tokens/s at batch 1 after
+prefilling 128 and 1024 tokens, prefill tokens/s of a 512-token prompt, peak RSS of each engine's child and the
+fraction of its roofline on this host (kfactory.engines.baselines.roofline, with the weight format each engine
+reads), plus kfactory's greedy 64 tokens against the float64 reference on the model's prompts.
+
+    python bench/engine.py [--threads 1,2] [--baseline-python PY] [--python NAME=PY] [--model smollm2-135m]
+        [--only numpy-ref,torch-eager,llama-cpp] [--design JSON] [--no-greedy] [--json OUT]
+
+kfactory's engine is the design in <data_dir>/engines/<model>/best.json (the engine campaign's best verified
+design) when there is one, else the default EngineDesign (--design overrides both); its thread count is set to
+each --threads value. It runs in its own child (kfactory.engines.runner) and is timed there by the runner's
+`bench` request. The baselines run as in bench/engine_baselines.py (same arguments).
+
+The JSON holds the baselines' run (model, host, ceilings, results: kfactory's engine is one of the results, named
+"kfactory") and, under "kfactory", kfactory's figures at the first thread count: decode_tokens_per_s,
+prefill_tokens_per_s, peak_rss_mb, roofline_fraction, greedy_identical and speedup_vs {baseline: kfactory's decode
+tokens/s at the first context over the baseline's}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import engine_baselines as eb  # noqa: E402  (bench/ is not a package)
+
+from kfactory.engines.baselines import BASELINES, CONTEXTS, PREFILL_TOKENS, run_baseline  # noqa: E402
+from kfactory.engines.baselines.report import table  # noqa: E402
+from kfactory.engines.baselines.result import FAILED, OK, add_roofline, empty  # noqa: E402
+from kfactory.engines.baselines.roofline import Formats, host_ceilings  # noqa: E402
+
+NAME = "kfactory"
+#: decode steps timed per context when --steps is 0, and timing repeats (decode: median step of all repeats;
+#: prefill: the best repeat)
+DEFAULT_STEPS = 32
+REPEATS = 3
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """bench/engine_baselines.py's flags (its defaults but one thread), plus kfactory's own."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--threads", default="1", help="thread counts, comma-separated")
+    ap.add_argument("--baseline-python", help="interpreter for every baseline (default: this one)")
+    ap.add_argument("--python", action="append", default=[], metavar="NAME=PY",
+                    help="interpreter for one baseline (repeatable)")
+    ap.add_argument("--only", default=",".join(BASELINES), help="baselines to run, comma-separated ('' for none)")
+    ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    ap.add_argument("--prefill", type=int, default=PREFILL_TOKENS)
+    ap.add_argument("--steps", type=int, default=0,
+                    help=f"decode steps per context (0: each baseline's default; kfactory's {DEFAULT_STEPS})")
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="kfactory's timing repeats per figure")
+    ap.add_argument("--design", help="kfactory's design as JSON (default: best.json's, else the default design)")
+    ap.add_argument("--no-greedy", action="store_true", help="skip the greedy check against the reference")
+    ap.add_argument("--json", help="write the results here")
+    return ap.parse_args(argv)
+
+
+def chosen_design(model: str, text: str | None) -> tuple[dict, str]:
+    """(design fields, where they came from): --design, else best.json, else the default design."""
+    from kfactory.engines.campaign import load_best
+    from kfactory.models import load_model
+    if text:
+        return json.loads(text), "--design"
+    best = load_best(load_model(model).name)
+    if best is not None:
+        return dict(best["design"]), f"best.json ({best['design_id']}, campaign {best.get('campaign')})"
+    return {}, "default design (no best.json: no campaign verified a design of this model)"
+
+
+def with_threads(fields: dict, threads: int):
+    from kfactory.engines.design import EngineDesign
+    return EngineDesign.from_dict({**fields, "threads": threads,
+                                   "spin": bool(fields.get("spin", False)) and threads > 1})
+
+
+def engine_formats(design, model) -> Formats:
+    """The formats kfactory's engine reads (kfactory/engines/prepare.py): "q4_1" keeps the file's blocks (the
+    embedding, which is the tied LM head, in its own format), "f32" dequantises every tensor at load; norms and
+    the KV cache are float32 either way."""
+    if design.weights == "f32":
+        return Formats.uniform("f32")
+    return Formats.from_gguf(model.formats(), model.config, kv_cache="f32")
+
+
+def _vm(pid: int, key: str) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _reset_peak(pid: int) -> bool:
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure_kfactory(verifier, design, threads: int, contexts: list[int], prefill: int, steps: int,
+                     repeats: int) -> dict:
+    """kfactory's engine in the baselines' result shape (roofline not yet filled), timed in its runner child;
+    peak RSS is the child's VmHWM while measuring (reset after it opened the model, like the baselines)."""
+    from kfactory.engines.build import build
+    from kfactory.engines.codegen import generate
+    from kfactory.engines.runner import EngineFault, EngineRunner
+    lib = build(generate(design, verifier.model.config))
+    if not lib.ok or lib.path is None:
+        return empty(NAME, threads, FAILED, f"build failed: {lib.log.strip()[-800:]}")
+    steps = steps or DEFAULT_STEPS
+    capacity = max(max(contexts, default=0) + steps, prefill + 1) + 8
+    t0 = time.perf_counter()
+    try:
+        with EngineRunner(str(verifier.package.directory), design, lib.path, capacity,
+                          cache_dir=verifier.cache_dir, timeout_s=120.0) as runner:
+            pid = runner.proc.pid
+            load_peak = _vm(pid, "VmHWM")
+            scope = "run" if _reset_peak(pid) else "process"
+            decode = {str(c): runner.bench(c, steps, repeats).decode_tok_s for c in contexts}
+            pre = runner.bench(prefill, 1, repeats).prefill_tok_s if prefill else None
+            peak = _vm(pid, "VmHWM")
+    except EngineFault as e:
+        return empty(NAME, threads, FAILED, f"engine fault ({e.kind}): {e}")
+    model = verifier.model
+    return {"name": NAME, "available": True, "status": OK, "reason": "", "threads": threads,
+            "decode_tokens_per_s": decode, "prefill_tokens_per_s": pre, "peak_rss_mb": peak,
+            "load_peak_rss_mb": load_peak, "peak_rss_scope": scope, "weights_format": design.weights,
+            "roofline_fraction": {}, "formats": engine_formats(design, model).as_dict(),
+            "config": model.config.as_dict(), "decode_steps": steps, "prefill_tokens": prefill,
+            "seconds": time.perf_counter() - t0, "design": design.as_dict(), "design_id": design.design_id(),
+            "library": str(lib.path), "timing": {"decode": f"median step of {repeats} x {steps} steps",
+                                                 "prefill": f"best of {repeats}"}}
+
+
+def greedy_check(verifier, design) -> dict:
+    """Greedy generation of the plan's tokens (64) from each of the model's prompts, kfactory's engine against
+    the float64 reference (kfactory.engines.verify; the reference's answers come from its on-disk cache)."""
+    from kfactory.engines.build import build
+    from kfactory.engines.codegen import generate
+    from kfactory.engines.verify import Plan
+    full = verifier.plan
+    verifier.plan = Plan((1,), 1, full.greedy_tokens, full.greedy_prompts)
+    verifier.stream = verifier.stream[:2]
+    lib = build(generate(design, verifier.model.config))
+    if not lib.ok or lib.path is None:
+        return {"identical": None, "reason": "build failed"}
+    t0 = time.perf_counter()
+    verdict = verifier.verify(design, lib.path)
+    greedy = [c for c in verdict.checks if c.name.startswith("greedy_")]
+    identical = verdict.fault is None and len(greedy) == len(full.greedy_prompts) and all(c.passed for c in greedy)
+    return {"identical": identical, "tokens": full.greedy_tokens, "prompts": len(full.greedy_prompts),
+            "design_id": design.design_id(), "seconds": time.perf_counter() - t0,
+            "reference_answers": {"cached": verifier.refs.hits, "computed": verifier.refs.misses},
+            "checks": [{"name": c.name, "passed": c.passed, "max_err": c.max_err, "detail": c.detail}
+                       for c in verdict.checks], "fault": verdict.fault}
+
+
+def speedups(ours: dict, results: list[dict], context: str) -> dict[str, float]:
+    """kfactory's decode tokens/s at `context` over each baseline's (same thread count) that ran."""
+    mine = ours.get("decode_tokens_per_s", {}).get(context)
+    out = {}
+    for r in results:
+        theirs = r.get("decode_tokens_per_s", {}).get(context)
+        if r["name"] != NAME and r.get("available") and r["threads"] == ours["threads"] and mine and theirs:
+            out[r["name"]] = mine / theirs
+    return out
+
+
+def run(args) -> dict:
+    from kfactory.engines.verify import Verifier
+    names = [n for n in args.only.split(",") if n]
+    pythons = eb.interpreters(args)
+    contexts = eb._ints(args.contexts)
+    fields, source = chosen_design(args.model, args.design)
+    print(f"kfactory's engine: {source}", file=sys.stderr, flush=True)
+    verifier = Verifier(args.model)
+    load_before = os.getloadavg()
+    results, ceilings, ours_by_threads = [], {}, {}
+    for threads in eb._ints(args.threads):
+        ceilings[str(threads)] = host_ceilings(threads)
+        design = with_threads(fields, threads)
+        t0 = time.perf_counter()
+        ours = measure_kfactory(verifier, design, threads, contexts, args.prefill, args.steps, args.repeats)
+        ours = add_roofline(ours, ceilings[str(threads)])
+        ours["python"] = sys.executable
+        print(f"  {NAME} {design.design_id()} ({threads} threads): {ours['status']} in "
+              f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        results.append(ours)
+        ours_by_threads[threads] = ours
+        for name in names:
+            t0 = time.perf_counter()
+            r = run_baseline(name, args.model, threads, pythons.get(name), contexts=contexts,
+                             prefill=args.prefill, steps=args.steps, ceilings=ceilings[str(threads)])
+            r["python"] = pythons.get(name) or sys.executable
+            print(f"  {name} ({threads} threads): {r['status']} in {time.perf_counter() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
+            results.append(r)
+    first_threads = eb._ints(args.threads)[0]
+    ours = ours_by_threads[first_threads]
+    greedy = None
+    if not args.no_greedy:
+        t0 = time.perf_counter()
+        greedy = greedy_check(verifier, with_threads(fields, first_threads))
+        print(f"  greedy check: {greedy['identical']} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    first = str(contexts[0]) if contexts else None
+    summary = {
+        "design_source": source, "design": ours.get("design"), "design_id": ours.get("design_id"),
+        "threads": first_threads, "status": ours["status"], "reason": ours["reason"],
+        "weights_format": ours.get("weights_format"),
+        "decode_tokens_per_s": ours["decode_tokens_per_s"], "prefill_tokens_per_s": ours["prefill_tokens_per_s"],
+        "peak_rss_mb": ours["peak_rss_mb"], "roofline_fraction": ours["roofline_fraction"],
+        "greedy_identical": None if greedy is None else greedy["identical"], "greedy": greedy,
+        "speedup_context": first,
+        "speedup_vs": speedups(ours, results, first) if first else {},
+        "speedup_vs_by_threads": {str(t): speedups(o, results, first) for t, o in ours_by_threads.items()}
+        if first else {}}
+    return {"model": args.model, "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                                          "load_average": {"before": load_before, "after": os.getloadavg()}},
+            "ceilings": ceilings, "kfactory": summary, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    out = run(args)
+    k = out["kfactory"]
+    print(table(out["results"]))
+    for r in out["results"]:
+        if r.get("roofline", {}).get("warning"):
+            print(f"{r['name']} ({r['threads']} threads): {r['roofline']['warning']}")
+    for threads, c in out["ceilings"].items():
+        print(f"ceilings at {threads} threads: {c['mem_bandwidth_gbps']:.1f} GB/s, {c['peak_gflops']:.1f} GFLOP/s")
+    print(f"kfactory's engine: {k['design_id']} from {k['design_source']}")
+    g = k["greedy"]
+    if g is not None:
+        print(f"greedy {g.get('tokens')} tokens on {g.get('prompts')} prompts vs the float64 reference: "
+              f"{'identical' if g['identical'] else 'NOT identical'}")
+    for name, ratio in k["speedup_vs"].items():
+        print(f"speedup vs {name} (decode at context {k['speedup_context']}, {k['threads']} threads): "
+              f"{ratio:.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""bench/engine.py on the tiny config: kfactory's engine beside the numpy reference, tiny contexts and steps,
+the host's ceilings fixed (no probe runs): the JSON's shape, positive figures, and speedup_vs as the ratio of the
+two decode figures."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "engine.py"
+CEILINGS = {"mem_bandwidth_gbps": 10.0, "peak_gflops": 50.0}
+
+
+def _load():
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("engine_bench", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_engine_bench_tiny(tmp_path, monkeypatch, capsys):
+    bench = _load()
+    monkeypatch.setattr(bench, "host_ceilings", lambda threads, settings=None: dict(CEILINGS))
+    out_path = tmp_path / "bench.json"
+    rc = bench.main(["--model", "tiny-llama", "--only", "numpy-ref", "--threads", "1", "--contexts", "8,16",
+                     "--prefill", "16", "--steps", "2", "--repeats", "1", "--design", "{}",
+                     "--json", str(out_path)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "kfactory" in printed and "numpy-ref" in printed
+    out = json.loads(out_path.read_text())
+    assert out["ceilings"] == {"1": CEILINGS}
+    k = out["kfactory"]
+    for key in ("decode_tokens_per_s", "prefill_tokens_per_s", "roofline_fraction", "greedy_identical",
+                "speedup_vs", "peak_rss_mb", "design_source"):
+        assert key in k, key
+    assert k["status"] == "ok", k["reason"]
+    assert k["design_source"] == "--design"
+    assert set(k["decode_tokens_per_s"]) == {"8", "16"}
+    assert all(v > 0 for v in k["decode_tokens_per_s"].values())
+    assert k["prefill_tokens_per_s"] > 0 and k["peak_rss_mb"] > 0
+    assert set(k["roofline_fraction"]) == {"8", "16", "prefill_16"}
+    assert all(v > 0 for v in k["roofline_fraction"].values())
+    assert k["greedy_identical"] is True
+    names = [r["name"] for r in out["results"]]
+    assert names == ["kfactory", "numpy-ref"]
+    ref = out["results"][1]
+    assert ref["status"] == "ok", ref["reason"]
+    assert all(v > 0 for v in ref["decode_tokens_per_s"].values())
+    assert set(k["speedup_vs"]) == {"numpy-ref"}
+    assert k["speedup_vs"]["numpy-ref"] == pytest.approx(
+        k["decode_tokens_per_s"]["8"] / ref["decode_tokens_per_s"]["8"])
