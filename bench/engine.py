@@ -4,7 +4,8 @@ fraction of its roofline on this host (kfactory.engines.baselines.roofline, with
 reads), plus kfactory's greedy 64 tokens against the float64 reference on the model's prompts.
 
     python bench/engine.py [--threads 1,2] [--baseline-python PY] [--python NAME=PY] [--model smollm2-135m]
-        [--only numpy-ref,torch-eager,llama-cpp] [--design JSON] [--no-greedy] [--json OUT]
+        [--only numpy-ref,torch-eager,llama-cpp] [--design JSON] [--no-greedy] [--fresh-ceilings]
+        [--json OUT]
 
 kfactory's engine is the design in <data_dir>/engines/<model>/best.json (the engine campaign's best verified
 design) when there is one, else the default EngineDesign (--design overrides both); its thread count is set to
@@ -22,7 +23,9 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +37,7 @@ from kfactory.engines.baselines import BASELINES, CONTEXTS, PREFILL_TOKENS, run_
 from kfactory.engines.baselines.report import table  # noqa: E402
 from kfactory.engines.baselines.result import FAILED, OK, add_roofline, empty  # noqa: E402
 from kfactory.engines.baselines.roofline import Formats, host_ceilings  # noqa: E402
+from kfactory.platform.config import Settings  # noqa: E402
 
 NAME = "kfactory"
 #: decode steps timed per context when --steps is 0, and timing repeats (decode: median step of all repeats;
@@ -57,6 +61,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"decode steps per context (0: each baseline's default; kfactory's {DEFAULT_STEPS})")
     ap.add_argument("--repeats", type=int, default=REPEATS, help="kfactory's timing repeats per figure")
     ap.add_argument("--design", help="kfactory's design as JSON (default: best.json's, else the default design)")
+    ap.add_argument("--fresh-ceilings", action="store_true",
+                    help="measure the host's ceilings now, neither reading nor writing the shared cache")
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy check against the reference")
     ap.add_argument("--json", help="write the results here")
     return ap.parse_args(argv)
@@ -186,8 +192,9 @@ def run(args) -> dict:
     verifier = Verifier(args.model)
     load_before = os.getloadavg()
     results, ceilings, ours_by_threads = [], {}, {}
+    fresh = Settings(data_dir=Path(tempfile.mkdtemp(prefix="kf-ceilings-"))) if args.fresh_ceilings else None
     for threads in eb._ints(args.threads):
-        ceilings[str(threads)] = host_ceilings(threads)
+        ceilings[str(threads)] = host_ceilings(threads, fresh)
         design = with_threads(fields, threads)
         t0 = time.perf_counter()
         ours = measure_kfactory(verifier, design, threads, contexts, args.prefill, args.steps, args.repeats)
@@ -205,6 +212,8 @@ def run(args) -> dict:
             print(f"  {name} ({threads} threads): {r['status']} in {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr, flush=True)
             results.append(r)
+    if fresh is not None:
+        shutil.rmtree(fresh.data_dir, ignore_errors=True)
     first_threads = eb._ints(args.threads)[0]
     ours = ours_by_threads[first_threads]
     greedy = None
