@@ -178,3 +178,13 @@ def test_every_family_point_sample_passes_the_rules(target):
         source, flags, _ = fam.render(point)
         res = target.compile(source, "c", flags, "kernel")
         assert res.ok, (point, res.message)
+
+
+def test_the_fma_probe_keeps_its_chains_in_registers(target):
+    """The peak probe's vectors are as wide as the host's registers (64-byte vectors on an AVX2 host spill
+    8 chains to the stack and measured a peak 10-20x low), and it reports the lanes its flop count needs."""
+    from kfactory.targets.cpu.ceiling import _run_probe
+    flags = open("/proc/cpuinfo").read().split()
+    lanes = 16 if "avx512f" in flags else 8 if "avx" in flags else 4
+    _, y = _run_probe(target, 1, "cpu_fma.c", "-O3 -march=native -fopenmp", 1000, 16)
+    assert y[1] == 1.0 and y[2] == float(lanes)

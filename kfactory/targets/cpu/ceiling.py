@@ -18,7 +18,10 @@ log = get_logger("ceiling")
 HERE = Path(__file__).parent
 ELEMENTS = 1 << 25  # 128 MB per array: far beyond any last-level cache
 FMA_ITERS = 1 << 22
-FMA_FLOPS_PER_ITER = 8 * 16 * 2  # chains x lanes x (multiply + add)
+FMA_CHAINS = 8  # independent FMA chains per thread in cpu_fma.c (its lanes per chain it reports itself)
+#: what the cached figures were measured with: version 2's FMA probe keeps its chains in registers (version 1's
+#: spilled on AVX2 hosts and reported a peak 10-20x low), so figures cached by version 1 are measured again
+PROBES_VERSION = 2
 
 
 def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: int) -> tuple[float, np.ndarray]:
@@ -41,7 +44,7 @@ def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: 
                     {"name": "n", "int": n}]
             reply = runner.request(Bench([BenchKernel("probe", [args])], min_samples=10, min_s=0.3, max_s=1.0,
                                          noise=0.02, warmup_s=0.05), timeout_s=60)
-            out = np.array(y[:2])
+            out = np.array(y[:3])
     finally:
         runner.stop()
     return float(np.median(reply.samples["probe"])), out
@@ -56,7 +59,8 @@ def measure_bandwidth(target, threads: int) -> float:
 def measure_peak_gflops(target, threads: int) -> float:
     """fp32 GFLOP/s of independent FMA chains in vector registers on every thread."""
     med, y = _run_probe(target, threads, "cpu_fma.c", "-O3 -march=native -fopenmp", FMA_ITERS, 16)
-    return float(y[1]) * FMA_ITERS * FMA_FLOPS_PER_ITER / med / 1e9
+    threads_ran, lanes = float(y[1]), float(y[2])
+    return threads_ran * FMA_ITERS * FMA_CHAINS * lanes * 2 / med / 1e9  # multiply + add per lane
 
 
 def _read(cache: Path) -> dict:
@@ -88,7 +92,8 @@ CPU_CEILINGS = ("mem_bandwidth_gbps", "peak_gflops")
 
 def ceilings(target, device_id: str, threads: int) -> dict[str, float]:
     """{"mem_bandwidth_gbps", "peak_gflops"} from the cache or measured now (0.0 where it cannot be)."""
-    found = read_cached(target.settings.data_dir, device_id, CPU_CEILINGS)
+    key = f"{device_id}#probes{PROBES_VERSION}"
+    found = read_cached(target.settings.data_dir, key, CPU_CEILINGS)
     if found is not None:
         return found
     counts = sorted({1, threads})
@@ -99,6 +104,6 @@ def ceilings(target, device_id: str, threads: int) -> dict[str, float]:
     except (RunnerFault, RuntimeError, OSError) as e:
         log.warning("could not measure the host's ceilings; floors and roofline fractions will be 0", error=str(e))
         return {"mem_bandwidth_gbps": 0.0, "peak_gflops": 0.0}
-    write_cached(target.settings.data_dir, device_id, figures, threads=threads)
+    write_cached(target.settings.data_dir, key, figures, threads=threads)
     log.info("measured host ceilings", device=device_id, **{k: round(v, 1) for k, v in figures.items()})
     return figures
