@@ -129,7 +129,10 @@ def measure_kfactory(verifier, design, threads: int, contexts: list[int], prefil
     try:
         with EngineRunner(str(verifier.package.directory), design, lib.path, capacity,
                           cache_dir=verifier.cache_dir, timeout_s=120.0) as runner:
-            pid = runner.proc.pid
+            proc = runner.proc
+            if proc is None:  # the context manager started it; None would be a runner bug
+                raise RuntimeError("the engine runner has no child process after starting")
+            pid = proc.pid
             load_peak = _vm(pid, "VmHWM")
             scope = "run" if _reset_peak(pid) else "process"
             decode = {str(c): runner.bench(c, steps, repeats).decode_tok_s for c in contexts}
