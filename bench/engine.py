@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_baselines as eb  # noqa: E402  (bench/ is not a package)
 
-from kfactory.engines.baselines import BASELINES, CONTEXTS, PREFILL_TOKENS, run_baseline  # noqa: E402
+from kfactory.engines.baselines import BASELINES, CONTEXTS, PREFILL_TOKENS  # noqa: E402
 from kfactory.engines.baselines.report import table  # noqa: E402
 from kfactory.engines.baselines.result import FAILED, OK, add_roofline, empty  # noqa: E402
 from kfactory.engines.baselines.roofline import Formats, host_ceilings  # noqa: E402
@@ -207,14 +207,7 @@ def run(args) -> dict:
               f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         results.append(ours)
         ours_by_threads[threads] = ours
-        for name in names:
-            t0 = time.perf_counter()
-            r = run_baseline(name, args.model, threads, pythons.get(name), contexts=contexts,
-                             prefill=args.prefill, steps=args.steps, ceilings=ceilings[str(threads)])
-            r["python"] = pythons.get(name) or sys.executable
-            print(f"  {name} ({threads} threads): {r['status']} in {time.perf_counter() - t0:.0f} s",
-                  file=sys.stderr, flush=True)
-            results.append(r)
+        results.extend(eb.run_named(args, names, pythons, threads, ceilings[str(threads)]))
     if fresh is not None:
         shutil.rmtree(fresh.data_dir, ignore_errors=True)
     first_threads = eb._ints(args.threads)[0]

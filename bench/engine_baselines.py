@@ -57,6 +57,21 @@ def interpreters(args: argparse.Namespace) -> dict[str, str | None]:
     return {name: own.get(name, args.baseline_python) for name in BASELINES}
 
 
+def run_named(args: argparse.Namespace, names: list[str], pythons: dict, threads: int, ceilings: dict) -> list[dict]:
+    """Each named baseline at `threads`, in its own subprocess, with a progress line each (bench/engine.py runs
+    them beside kfactory's engine the same way)."""
+    results = []
+    for name in names:
+        t0 = time.perf_counter()
+        r = run_baseline(name, args.model, threads, pythons.get(name), contexts=_ints(args.contexts),
+                         prefill=args.prefill, steps=args.steps, ceilings=ceilings)
+        r["python"] = pythons.get(name) or sys.executable
+        print(f"  {name} ({threads} threads): {r['status']} in {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr, flush=True)
+        results.append(r)
+    return results
+
+
 def run(args: argparse.Namespace) -> dict:
     names = [n for n in args.only.split(",") if n]
     pythons = interpreters(args)
@@ -65,14 +80,7 @@ def run(args: argparse.Namespace) -> dict:
     for threads in _ints(args.threads):
         # measured before any baseline runs, with nothing else of ours on the cores (cached per thread count)
         ceilings[str(threads)] = host_ceilings(threads, fresh)
-        for name in names:
-            t0 = time.perf_counter()
-            r = run_baseline(name, args.model, threads, pythons.get(name), contexts=_ints(args.contexts),
-                             prefill=args.prefill, steps=args.steps, ceilings=ceilings[str(threads)])
-            r["python"] = pythons.get(name) or sys.executable
-            print(f"  {name} ({threads} threads): {r['status']} in {time.perf_counter() - t0:.0f} s",
-                  file=sys.stderr, flush=True)
-            results.append(r)
+        results.extend(run_named(args, names, pythons, threads, ceilings[str(threads)]))
     if fresh is not None:
         shutil.rmtree(fresh.data_dir, ignore_errors=True)
     return {"model": args.model, "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
