@@ -90,9 +90,14 @@ def write_cached(data_dir, key: str, figures: dict[str, float], **extra) -> None
 CPU_CEILINGS = ("mem_bandwidth_gbps", "peak_gflops")
 
 
+def cache_key(device_id: str) -> str:
+    """The device's entry in ceilings.json: figures measured by older probes are not this version's."""
+    return f"{device_id}#probes{PROBES_VERSION}"
+
+
 def ceilings(target, device_id: str, threads: int) -> dict[str, float]:
     """{"mem_bandwidth_gbps", "peak_gflops"} from the cache or measured now (0.0 where it cannot be)."""
-    key = f"{device_id}#probes{PROBES_VERSION}"
+    key = cache_key(device_id)
     found = read_cached(target.settings.data_dir, key, CPU_CEILINGS)
     if found is not None:
         return found
