@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_baselines as eb  # noqa: E402  (bench/ is not a package)
 
-from kfactory.engines.baselines import BASELINES, CONTEXTS, PREFILL_TOKENS  # noqa: E402
 from kfactory.engines.baselines.report import table  # noqa: E402
 from kfactory.engines.baselines.result import FAILED, OK, add_roofline, empty  # noqa: E402
 from kfactory.engines.baselines.roofline import Formats, host_ceilings  # noqa: E402
@@ -49,22 +48,11 @@ REPEATS = 3
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """bench/engine_baselines.py's flags (its defaults but one thread), plus kfactory's own."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--threads", default="1", help="thread counts, comma-separated")
-    ap.add_argument("--baseline-python", help="interpreter for every baseline (default: this one)")
-    ap.add_argument("--python", action="append", default=[], metavar="NAME=PY",
-                    help="interpreter for one baseline (repeatable)")
-    ap.add_argument("--only", default=",".join(BASELINES), help="baselines to run, comma-separated ('' for none)")
-    ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
-    ap.add_argument("--prefill", type=int, default=PREFILL_TOKENS)
-    ap.add_argument("--steps", type=int, default=0,
-                    help=f"decode steps per context (0: each baseline's default; kfactory's {DEFAULT_STEPS})")
+    eb.add_arguments(ap, "1", "baselines to run, comma-separated ('' for none)",
+                     f"decode steps per context (0: each baseline's default; kfactory's {DEFAULT_STEPS})")
     ap.add_argument("--repeats", type=int, default=REPEATS, help="kfactory's timing repeats per figure")
     ap.add_argument("--design", help="kfactory's design as JSON (default: best.json's, else the default design)")
-    ap.add_argument("--fresh-ceilings", action="store_true",
-                    help="measure the host's ceilings now, neither reading nor writing the shared cache")
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy check against the reference")
-    ap.add_argument("--json", help="write the results here")
     return ap.parse_args(argv)
 
 

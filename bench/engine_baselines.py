@@ -31,20 +31,26 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser, threads: str, only_help: str, steps_help: str) -> None:
+    """The flags every engine bench takes (bench/engine.py adds its own after these)."""
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--threads", default=str(os.cpu_count() or 1), help="thread counts, comma-separated")
+    ap.add_argument("--threads", default=threads, help="thread counts, comma-separated")
     ap.add_argument("--baseline-python", help="interpreter for every baseline (default: this one)")
     ap.add_argument("--python", action="append", default=[], metavar="NAME=PY",
                     help="interpreter for one baseline (repeatable)")
-    ap.add_argument("--only", default=",".join(BASELINES), help="baselines to run, comma-separated")
+    ap.add_argument("--only", default=",".join(BASELINES), help=only_help)
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     ap.add_argument("--prefill", type=int, default=PREFILL_TOKENS)
-    ap.add_argument("--steps", type=int, default=0, help="decode steps per context (0: each baseline's default)")
+    ap.add_argument("--steps", type=int, default=0, help=steps_help)
     ap.add_argument("--fresh-ceilings", action="store_true",
                     help="measure the host's ceilings now, neither reading nor writing the shared cache")
     ap.add_argument("--json", help="write the results here")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap, str(os.cpu_count() or 1), "baselines to run, comma-separated",
+                  "decode steps per context (0: each baseline's default)")
     return ap.parse_args(argv)
 
 
