@@ -46,6 +46,10 @@ def add_parser(sub) -> None:
     r.add_argument("--rounds", type=int, default=2, help="timing rounds per verified design (default 2): the "
                    "first after its verification, the others over all verified designs in turn; figures are "
                    "medians, effects compare designs round by round")
+    r.add_argument("--kernels", choices=("memory", "builtin"), default="memory",
+                   help="memory (default): also try designs that link in the fastest verified kernels memory "
+                        "holds for the engine's ops (matvec_q4_1, matvec_q8_0: search them with `kfactory run "
+                        "matvec_q4_1 --target cpu`); builtin: the engine's own kernels only")
     r.add_argument("--json", dest="json_out", type=Path, help="also write the campaign's record to this file")
 
     g = sub.add_parser("generate", help="generate text with the best verified engine of a model (greedy, "
@@ -82,7 +86,9 @@ def run_command(args: argparse.Namespace) -> int:
     from kfactory.engines.design import MAX_THREADS
 
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
-    campaign = Campaign(args.model, args.budget, max_threads=threads, target=args.target, rounds=args.rounds)
+    kernels = searched_kernels() if args.kernels == "memory" else {}
+    campaign = Campaign(args.model, args.budget, max_threads=threads, target=args.target, rounds=args.rounds,
+                        kernels=kernels)
     print(f"engine campaign {args.model}: {len(campaign.designs())} designs (budget {args.budget}, threads "
           f"1..{threads}, {args.rounds} timing round{'s' if args.rounds != 1 else ''})", flush=True)
 
@@ -97,16 +103,32 @@ def run_command(args: argparse.Namespace) -> int:
     return 0 if record["best"] is not None else EXIT_FAILED
 
 
+def searched_kernels() -> dict:
+    """The fastest verified kernel memory holds for each of the engine's ops, by problem; an op without one is
+    named on stderr with how to search one, and the campaign goes on without it."""
+    from kfactory.engines.ops import SYMBOLS, OpKernelError, from_memory
+    from kfactory.platform.config import Settings
+
+    settings, found = Settings(), {}
+    for problem in SYMBOLS:
+        try:
+            found[problem] = from_memory(settings, problem)
+        except OpKernelError as e:
+            print(f"kfactory: note: {e}", file=sys.stderr)
+            continue
+        print(f"searched kernel for {problem}: {found[problem].candidate_id[:12]}", flush=True)
+    return found
+
+
 def greedy_tokens(model: str, prompt_ids: list[int], max_tokens: int, data_dir: Path | None = None,
                   stats: dict | None = None, opened: GGUFModel | None = None) -> Iterator[int]:
     """Greedy tokens of the best verified engine (best.json) after `prompt_ids`, one at a time, ending at the
     model's eos (yielded, as Reference.generate keeps it) or after `max_tokens`. `stats` receives timings:
     start_s (the child opening the engine), prefill_s, decode_s, tokens. `opened`: the model already opened
     (opening checks the file's sha256: seconds on the real model)."""
-    from kfactory.engines.build import build
     from kfactory.engines.campaign import load_best
-    from kfactory.engines.codegen import generate
     from kfactory.engines.design import EngineDesign
+    from kfactory.engines.ops import OpKernelError, build_engine, kernels_of
     from kfactory.engines.runner import EngineRunner
     from kfactory.models import load_model
     from kfactory.platform.config import Settings
@@ -123,7 +145,10 @@ def greedy_tokens(model: str, prompt_ids: list[int], max_tokens: int, data_dir: 
         raise EngineCommandError(f"the prompt ({len(prompt_ids)} tokens) and {max_tokens} new tokens do not fit "
                                  f"the model's context of {opened.config.context_length}", EXIT_USAGE)
     # the same source gives the same object: a lookup in the build cache after the campaign
-    lib = build(generate(design, opened.config), data_dir / "engines")
+    try:
+        lib = build_engine(design, opened.config, kernels_of(best), data_dir / "engines")
+    except OpKernelError as e:
+        raise EngineCommandError(f"the best design {best['design_id']} cannot be rebuilt: {e}") from e
     if not lib.ok or lib.path is None:
         raise EngineCommandError(f"the best design {best['design_id']} no longer builds:\n{lib.log}")
     eos = opened.tokenizer.eos_id

@@ -55,11 +55,21 @@ def _compiler_identity(cc: str) -> str:
     return proc.stdout.splitlines()[0] if proc.stdout else cc
 
 
-def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ...] = ()) -> BuildResult:
-    """Compile `source` (C) into a cached shared object; see the module docstring."""
+@dataclass(frozen=True)
+class Unit:
+    """A further translation unit linked into the engine (a searched op kernel, kfactory/engines/ops.py):
+    its C source and the flags it is compiled with (those it was verified with, plus -fPIC)."""
+    source: str
+    flags: tuple[str, ...]
+
+
+def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ...] = (),
+          units: tuple[Unit, ...] = ()) -> BuildResult:
+    """Compile `source` (C), and link `units` into it, as one cached shared object; see the module docstring."""
     cc = compiler()
     flags = (*FLAGS, *extra_flags)
-    key = hashlib.sha256("\0".join([_compiler_identity(cc), *flags, source]).encode()).hexdigest()
+    key = hashlib.sha256("\0".join([_compiler_identity(cc), *flags, source,
+                                     *("\1".join([*u.flags, u.source]) for u in units)]).encode()).hexdigest()
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"{key}.so"
@@ -67,18 +77,46 @@ def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ..
     if out.is_file():
         return BuildResult(True, out, "", 0.0, True, " ".join(cmd))
     (cache / f"{key}.c").write_text(source)   # kept beside the object: what ran is readable afterwards
+    for i, unit in enumerate(units):
+        (cache / f"{key}.unit{i}.c").write_text(unit.source)
     with tempfile.TemporaryDirectory(prefix="kf-engine-", dir=cache) as tmp:
         tmp_out = Path(tmp) / "engine.so"
-        cmd[cmd.index(str(out))] = str(tmp_out)
         t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return BuildResult(False, None, f"the compiler ran past {COMPILE_TIMEOUT_S} s", COMPILE_TIMEOUT_S,
-                               False, " ".join(cmd))
-        seconds = time.perf_counter() - t0
-        if proc.returncode != 0:
-            return BuildResult(False, None, proc.stderr[-20000:] or f"{cc} exited with {proc.returncode}",
-                               seconds, False, " ".join(cmd))
+        objects, failed = _compile_units(cc, units, Path(tmp))
+        if failed is not None:
+            return failed
+        cmd = [cc, "-x", "c", *flags, "-o", str(tmp_out), "-", "-x", "none", *map(str, objects), *LINK]
+        result = _run(cmd, source)
+        if not result.ok:
+            return result
         os.replace(tmp_out, out)   # atomic: a concurrent build of the same key finds a whole object or none
-    return BuildResult(True, out, proc.stderr[-20000:], seconds, False, " ".join(cmd))
+    cmd[cmd.index(str(tmp_out))] = str(out)
+    return BuildResult(True, out, result.log, time.perf_counter() - t0, False, " ".join(cmd))
+
+
+def _run(cmd: list[str], source: str) -> BuildResult:
+    """One compiler run over `source` on stdin: ok, or a failed BuildResult with the compiler's log."""
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return BuildResult(False, None, f"the compiler ran past {COMPILE_TIMEOUT_S} s", COMPILE_TIMEOUT_S,
+                           False, " ".join(cmd))
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return BuildResult(False, None, proc.stderr[-20000:] or f"{cmd[0]} exited with {proc.returncode}",
+                           seconds, False, " ".join(cmd))
+    return BuildResult(True, None, proc.stderr[-20000:], seconds, False, " ".join(cmd))
+
+
+def _compile_units(cc: str, units: tuple[Unit, ...], tmp: Path) -> tuple[list[Path], BuildResult | None]:
+    """Each unit compiled to an object in `tmp`: the objects, or the first failure."""
+    objects: list[Path] = []
+    for i, unit in enumerate(units):
+        obj = tmp / f"unit{i}.o"
+        result = _run([cc, "-x", "c", "-c", "-fPIC", *unit.flags, "-o", str(obj), "-"], unit.source)
+        if not result.ok:
+            return objects, BuildResult(False, None, f"unit {i}: {result.log}", result.seconds, False,
+                                        result.command)
+        objects.append(obj)
+    return objects, None

@@ -32,6 +32,7 @@ from typing import Any, Callable
 from kfactory.engines.build import build
 from kfactory.engines.codegen import CodegenError, generate
 from kfactory.engines.design import EngineDesign, space
+from kfactory.engines.ops import OpKernel, OpKernelError, units_for
 from kfactory.engines.runner import EngineFault, EngineRunner
 from kfactory.engines.verify import Verifier
 from kfactory.models.gguf_model import LlamaConfig
@@ -188,6 +189,9 @@ class Campaign:
     #: timing rounds: round 1 right after each design's verification, later rounds over the verified designs
     #: in turn (so each pair is also timed close together: on a shared host the load drifts within minutes)
     rounds: int = 1
+    #: kernels searched for the engine's ops (kfactory/engines/ops.py), by problem: designs that link them in
+    #: join the campaign right after the default, beside the same design with the engine's own kernels
+    kernels: dict[str, OpKernel] = field(default_factory=dict)
     results: list[DesignResult] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -211,7 +215,17 @@ class Campaign:
         return self.data_dir / "engines" / self.verifier.package.name
 
     def designs(self) -> list[EngineDesign]:
-        return order(space(self.max_threads))[:self.budget]
+        """The budget's designs: the default, then (with searched kernels) the GGUF-layout design with the
+        engine's own kernels followed by the searched kernels added one op at a time (each design differs from
+        the one before only in one op's kernel, so every kernel's effect is measured), then the rest of
+        `order()`."""
+        points = order(space(self.max_threads))
+        if self.kernels:
+            chain = [EngineDesign(prepack=False)]
+            for problem, k in sorted(self.kernels.items()):
+                chain.append(EngineDesign.from_dict({**chain[-1].as_dict(), problem: k.candidate_id}))
+            points = [points[0], *chain] + [d for d in points[1:] if d != chain[0]]
+        return points[:self.budget]
 
     def run(self, progress: Callable[[int, int, DesignResult], None] | None = None) -> dict[str, Any]:
         """Evaluate every design of the budget; write the record (and best.json); return the record."""
@@ -238,7 +252,12 @@ class Campaign:
         except CodegenError as e:
             res.verdict, res.reason = "codegen_failed", str(e)
             return res
-        lib = build(source, self.data_dir / "engines")
+        try:
+            units = units_for(design, self.kernels)
+        except OpKernelError as e:
+            res.verdict, res.reason = "codegen_failed", str(e)
+            return res
+        lib = build(source, self.data_dir / "engines", units=units)
         res.build_s = lib.seconds
         if not lib.ok or lib.path is None:
             res.verdict, res.reason = "build_failed", f"compile failed: {lib.log.strip()[-2000:]}"
@@ -312,6 +331,7 @@ class Campaign:
             "budget": self.budget, "max_threads": self.max_threads, "rounds": self.rounds,
             "bench": {"context": CONTEXT, "decode_tokens": DECODE_TOKENS, "repeats": REPEATS},
             "tolerance": self.verifier.tolerance,
+            "kernels": {p: k.as_dict() for p, k in sorted(self.kernels.items())},
             "results": [asdict(r) for r in self.results],
             "best": asdict(best) if best else None,
             "effects": field_effects(self.results),
@@ -321,7 +341,10 @@ class Campaign:
         if best is not None:
             (out / "best.json").write_text(json.dumps(
                 {"model": record["model"], "design": best.design, "design_id": best.design_id,
-                 "decode_tok_s": best.decode_tok_s, "prefill_tok_s": best.prefill_tok_s, "campaign": str(path)},
+                 "decode_tok_s": best.decode_tok_s, "prefill_tok_s": best.prefill_tok_s, "campaign": str(path),
+                 # only the kernels the winner links in: enough to rebuild it (ops.build_engine)
+                 "kernels": {p: self.kernels[p].as_dict()
+                             for p in EngineDesign.from_dict(best.design).searched_kernels()}},
                 indent=1))
         return record
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kfactory.engines.design import EngineDesign
+from kfactory.engines.design import BUILTIN, EngineDesign
 from kfactory.models.gguf_model import LlamaConfig
 
 C_DIR = Path(__file__).parent / "c"
@@ -71,6 +71,9 @@ def defines(design: EngineDesign, config: LlamaConfig) -> dict[str, str]:
         "KF_FUSE_QKV": flag[design.fuse_qkv], "KF_FUSE_GATE_UP": flag[design.fuse_gate_up],
         "KF_FUSE_NORM": flag[design.fuse_norm], "KF_KV_HEAD_MAJOR": flag[design.kv_layout == "head_major"],
         "KF_PREPACK": flag[design.prepack], "KF_DESIGN_ID": f'"{design.design_id()}"',
+        # a searched kernel is its own translation unit (kfactory/engines/ops.py), linked in under this name
+        "KF_OP_MATVEC_Q4_1": flag[design.matvec_q4_1 != BUILTIN],
+        "KF_OP_MATVEC_Q8_0": flag[design.matvec_q8_0 != BUILTIN],
     }
 
 

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -26,6 +27,12 @@ WEIGHTS = ("q4_1", "f32")
 KV_LAYOUTS = ("head_major", "token_major")
 #: the most threads a design may ask for (the ABI takes any count; the space stops here)
 MAX_THREADS = 64
+#: where a decode step's matvec over quantised blocks comes from: the engine's own kernels, or a kernel the
+#: kernel pipeline searched and verified for that op (kfactory/engines/ops.py), named by its candidate id
+BUILTIN = "builtin"
+#: the design fields that name a searched kernel, by the op problem they come from
+KERNEL_FIELDS = ("matvec_q4_1", "matvec_q8_0")
+_CANDIDATE_ID = re.compile(r"^[0-9a-f]{12,64}$")
 
 
 class DesignError(ValueError):
@@ -53,6 +60,10 @@ class EngineDesign:
                   the lowest wake-up latency on an idle host) instead of sleeping (passive). A decode step has
                   ~5 regions per block; on an oversubscribed host a spinning thread holds the core its partner
                   needs and a step can take 50x longer, so sleeping is the default.
+    matvec_q4_1:  "builtin", or the candidate id of a verified `matvec_q4_1` kernel (kfactory/engines/ops.py):
+                  that kernel then runs every decode step's matvec over Q4_1 blocks. It reads the GGUF
+                  layout, so it needs weights "q4_1" and prepack False.
+    matvec_q8_0:  the same for the Q8_0 matvec (the tied LM head) with a verified `matvec_q8_0` kernel.
     """
     weights: str = "q4_1"
     fuse_qkv: bool = True
@@ -62,6 +73,8 @@ class EngineDesign:
     kv_layout: str = "head_major"
     prepack: bool = True
     spin: bool = False
+    matvec_q4_1: str = BUILTIN
+    matvec_q8_0: str = BUILTIN
 
     def __post_init__(self):
         if self.weights not in WEIGHTS:
@@ -76,6 +89,22 @@ class EngineDesign:
             raise DesignError(f"threads must be an integer in 1..{MAX_THREADS}, not {self.threads!r}")
         if self.spin and self.threads == 1:
             raise DesignError("spin applies to threads > 1 (one thread never waits for another)")
+        for name in KERNEL_FIELDS:
+            self._check_kernel(name, getattr(self, name))
+
+    def _check_kernel(self, name: str, value: object) -> None:
+        if value == BUILTIN:
+            return
+        if not isinstance(value, str) or not _CANDIDATE_ID.match(value):
+            raise DesignError(f"{name} must be {BUILTIN!r} or a kernel's candidate id (12 to 64 lowercase hex "
+                              f"digits), not {value!r}")
+        if self.weights != "q4_1" or self.prepack:
+            raise DesignError(f"{name} = {value[:12]}: a searched kernel reads the GGUF blocks as stored, so it "
+                              "needs weights 'q4_1' and prepack false")
+
+    def searched_kernels(self) -> dict[str, str]:
+        """{op problem: candidate id} of the kernels this design takes from the kernel pipeline."""
+        return {name: getattr(self, name) for name in KERNEL_FIELDS if getattr(self, name) != BUILTIN}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,15 +121,21 @@ class EngineDesign:
     def design_id(self) -> str:
         """A stable short name: a readable prefix and a hash of every field (sorted JSON), so two designs share
         an id exactly when they are equal."""
-        digest = hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:10]
+        # the kernel fields join the hash only when set: designs with the engine's own kernels keep the ids
+        # they had before those fields existed (records and build caches name them)
+        named = {k: v for k, v in self.as_dict().items() if not (k in KERNEL_FIELDS and v == BUILTIN)}
+        digest = hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:10]
         fused = "".join(tag for tag, on in (("q", self.fuse_qkv), ("g", self.fuse_gate_up), ("n", self.fuse_norm))
                         if on) or "none"
+        searched = "".join(f"-{tag}" for tag, name in (("m4", "matvec_q4_1"), ("m8", "matvec_q8_0"))
+                           if getattr(self, name) != BUILTIN)
         return (f"{self.weights}-f{fused}-t{self.threads}{'s' if self.spin else ''}-"
-                f"{self.kv_layout.split('_')[0]}{'-pp' if self.prepack else ''}-{digest}")
+                f"{self.kv_layout.split('_')[0]}{'-pp' if self.prepack else ''}{searched}-{digest}")
 
 
 def space(max_threads: int | None = None) -> list[EngineDesign]:
-    """Every valid design point with 1..max_threads threads (default: this host's cores), in a fixed order."""
+    """Every valid design point with 1..max_threads threads (default: this host's cores), in a fixed order,
+    with the engine's own matvec kernels (searched ones join in the campaign, kfactory/engines/ops.py)."""
     top = max_threads if max_threads is not None else (os.cpu_count() or 1)
     if not 1 <= top <= MAX_THREADS:
         raise DesignError(f"max_threads must lie in 1..{MAX_THREADS}, not {top}")

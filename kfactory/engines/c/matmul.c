@@ -310,9 +310,25 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
 }
 #endif
 
+/* kernels searched by the kernel pipeline for the matvec problems (kfactory/engines/ops.py): each is its own
+ * translation unit, compiled with the flags it was verified with, its entry renamed to these names; the
+ * problems' ABI: w the GGUF blocks [rows][blocks], x [blocks * 32], y [rows] */
+#if KF_OP_MATVEC_Q4_1
+void kf_op_matvec_q4_1(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
+#endif
+#if KF_OP_MATVEC_Q8_0
+void kf_op_matvec_q8_0(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
+#endif
+
 /* y = W x over n tokens; xs: scratch of n * cols/32 floats (the block sums Q4_1 needs) */
 static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y, int ldy, float *xs, int threads) {
   int nb = w->cols / 32, rows = w->rows;
+#if KF_OP_MATVEC_Q4_1
+  if (n == 1 && w->format == KF_Q4_1) { kf_op_matvec_q4_1((const uint8_t *)w->data, x, y, rows, nb); return; }
+#endif
+#if KF_OP_MATVEC_Q8_0
+  if (n == 1 && w->format == KF_Q8_0) { kf_op_matvec_q8_0((const uint8_t *)w->data, x, y, rows, nb); return; }
+#endif
   if (w->format == KF_Q4_1)
     for (int t = 0; t < n; t++)
       for (int b = 0; b < nb; b++) {

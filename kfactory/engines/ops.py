@@ -1,0 +1,123 @@
+"""Kernels the kernel pipeline searched for an engine's ops, linked into the engine in place of its own.
+
+The matvec over quantised blocks is a decode step's main cost, and it is also a problem of its own
+(`matvec_q4_1`, `matvec_q8_0` in kfactory/problems/): campaigns search, verify and measure kernels for it on the
+model's shapes, and memory keeps them. An engine design whose `matvec_q4_1` / `matvec_q8_0` field names one of
+those candidates (design.py) links that kernel in: its verified source, its entry renamed to the symbol the
+engine calls (`kf_op_matvec_q4_1`, ...), compiled as its own translation unit with the flags it was verified with
+(re-checked against the cpu target's whitelist: they come from an archive, and a flag can run a program).
+The whole engine is then verified token for token like any other design: a kernel that passed its op's judge
+but breaks the engine still fails there.
+
+`OpKernel` carries everything needed to rebuild the engine later (source and flags, not only the id), so a
+campaign's record and best.json are enough for `kfactory generate`, the bench and an export.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kfactory.engines.build import BuildResult, Unit, build
+from kfactory.engines.codegen import generate
+from kfactory.engines.design import EngineDesign
+from kfactory.models.gguf_model import LlamaConfig
+
+#: the design field (= the op's problem name) and the symbol the engine calls it by
+SYMBOLS = {"matvec_q4_1": "kf_op_matvec_q4_1", "matvec_q8_0": "kf_op_matvec_q8_0"}
+
+
+class OpKernelError(ValueError):
+    """A kernel cannot be linked into an engine (not verified, wrong problem or target, flags refused); the
+    message says which and why."""
+
+
+@dataclass(frozen=True)
+class OpKernel:
+    """One verified kernel of an op problem: `problem` (a key of SYMBOLS), `candidate_id`, its C `source` with
+    the entry `entry`, and the compile `flags` it was verified with."""
+    problem: str
+    candidate_id: str
+    source: str
+    flags: str
+    entry: str = "kernel"
+
+    def unit(self) -> Unit:
+        """The kernel as a translation unit of the engine: entry renamed, flags checked."""
+        from kfactory.export.errors import ExportError
+        from kfactory.export.rename import rename_symbols
+        from kfactory.targets.flags import FlagRefused, check_flags
+
+        if self.problem not in SYMBOLS:
+            raise OpKernelError(f"{self.problem!r} is not an op an engine links in; ops: {', '.join(SYMBOLS)}")
+        try:
+            words = check_flags("cpu", self.flags)
+        except FlagRefused as exc:
+            raise OpKernelError(f"{self.problem} kernel {self.candidate_id[:12]}: {exc}") from exc
+        try:
+            source = rename_symbols(self.source, {self.entry: SYMBOLS[self.problem]})
+        except ExportError as exc:
+            raise OpKernelError(f"{self.problem} kernel {self.candidate_id[:12]}: {exc}") from exc
+        return Unit(source, tuple(words))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OpKernel":
+        return cls(**data)
+
+
+def units_for(design: EngineDesign, kernels: dict[str, OpKernel]) -> tuple[Unit, ...]:
+    """The translation units a design links in: one per searched kernel it names, found in `kernels` (by
+    problem) with the same candidate id. Raises OpKernelError when one is missing."""
+    out = []
+    for problem, cid in sorted(design.searched_kernels().items()):
+        k = kernels.get(problem)
+        if k is None or k.candidate_id != cid:
+            raise OpKernelError(f"design {design.design_id()} names {problem} kernel {cid[:12]}, which is not "
+                                "among the kernels given to build it")
+        out.append(k.unit())
+    return tuple(out)
+
+
+def build_engine(design: EngineDesign, config: LlamaConfig, kernels: dict[str, OpKernel] | None = None,
+                 cache_dir: Path | None = None) -> BuildResult:
+    """A design's engine library: generated, its searched kernels linked in, built (cached by content)."""
+    return build(generate(design, config), cache_dir, units=units_for(design, kernels or {}))
+
+
+def kernels_of(record: dict[str, Any]) -> dict[str, OpKernel]:
+    """The searched kernels a campaign record or best.json keeps ({} for a record without any)."""
+    return {p: OpKernel.from_dict(k) for p, k in (record.get("kernels") or {}).items()}
+
+
+def from_memory(settings, problem: str, shape: str = "") -> OpKernel:
+    """The fastest verified cpu kernel memory holds for an op problem (at `shape`; "" takes the archive's
+    default), from the memory service when one is configured, else the local workspace. Raises OpKernelError
+    saying how to get one when there is none."""
+    from kfactory.cli.client import ClientError, best_entry, candidate_evidence
+    from kfactory.export.evidence import NotVerified, judged
+
+    if problem not in SYMBOLS:
+        raise OpKernelError(f"{problem!r} is not an op an engine links in; ops: {', '.join(SYMBOLS)}")
+    try:
+        entry = best_entry(settings, problem, shape, "cpu")
+        found = judged(candidate_evidence(settings, entry.candidate_id))
+    except ClientError as exc:
+        raise OpKernelError(f"no measured {problem} kernel in memory ({exc}); search one with "
+                            f"`kfactory run {problem} --target cpu`") from exc
+    except NotVerified as exc:
+        raise OpKernelError(f"the fastest {problem} kernel in memory cannot be used: {exc}") from exc
+    cand = found.candidate
+    if cand.language != "c":
+        raise OpKernelError(f"{problem} kernel {cand.id[:12]} is {cand.language}, not c")
+    return OpKernel(problem, cand.id, found.source, cand.compile_flags, cand.entry or "kernel")
+
+
+def describe(kernels: dict[str, OpKernel]) -> str:
+    """One line naming the kernels (for progress output)."""
+    if not kernels:
+        return "engine's own matvec kernels only"
+    return ", ".join(f"{p} {k.candidate_id[:12]} ({shlex.join(k.flags.split())})" for p, k in sorted(kernels.items()))

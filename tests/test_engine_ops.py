@@ -1,0 +1,145 @@
+"""Searched op kernels linked into an engine (kfactory/engines/ops.py) on tiny-llama: a kernel of the matvec
+problems' ABI replaces the engine's own decode matvec and the engine still matches the float64 reference token
+for token; a kernel that dequantises wrongly makes the engine fail verification; flags off the cpu whitelist are
+refused before any compiler runs; a campaign given kernels pairs the design that links them with the same design
+on the engine's own kernels, and its best.json is enough to rebuild the winner."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kfactory.engines.campaign import Campaign, load_best
+from kfactory.engines.design import BUILTIN, DesignError, EngineDesign
+from kfactory.engines.ops import OpKernel, OpKernelError, build_engine, kernels_of, units_for
+from kfactory.engines.verify import Verifier
+
+# A plain kernel of each problem's ABI, written here as a user would hand one in. Its static helpers are named
+# like the engine's own (`dot`, `f16`): the kernel is its own translation unit, so they do not collide.
+Q4_1 = r"""
+#include <stdint.h>
+#include <string.h>
+static float f16(const uint8_t *p) {
+  uint16_t h; memcpy(&h, p, 2);
+  uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, bits;
+  if (e == 0) { float v = (float)m / 16777216.0f; return s ? -v : v; }
+  bits = e == 31 ? s | 0x7f800000u | (m << 13) : s | ((e + 112) << 23) | (m << 13);
+  float f; memcpy(&f, &bits, 4); return f;
+}
+static float dot(const uint8_t *b, const float *x) {
+  float d = f16(b), m = f16(b + 2), s = 0.0f;
+  for (int j = 0; j < 16; j++) {
+    s += (d * (float)(b[4 + j] & 15) + m) * x[j];
+    s += (d * (float)(b[4 + j] >> 4) + m) * x[j + 16];
+  }
+  return s;
+}
+void kernel(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks) {
+  for (int64_t r = 0; r < rows; r++) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) acc += dot(w + (r * blocks + b) * 20, x + 32 * b);
+    y[r] = acc;
+  }
+}
+"""
+Q8_0 = Q4_1.split("static float dot")[0] + r"""
+static float dot(const uint8_t *b, const float *x) {
+  float d = f16(b), s = 0.0f;
+  for (int j = 0; j < 32; j++) s += d * (float)(int8_t)b[2 + j] * x[j];
+  return s;
+}
+void kernel(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks) {
+  for (int64_t r = 0; r < rows; r++) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) acc += dot(w + (r * blocks + b) * 34, x + 32 * b);
+    y[r] = acc;
+  }
+}
+"""
+ID4, ID8 = "a4" * 32, "b8" * 32
+
+
+def kernels(q4_source: str = Q4_1) -> dict[str, OpKernel]:
+    return {"matvec_q4_1": OpKernel("matvec_q4_1", ID4, q4_source, "-O2"),
+            "matvec_q8_0": OpKernel("matvec_q8_0", ID8, Q8_0, "-O2")}
+
+
+SEARCHED = EngineDesign(prepack=False, matvec_q4_1=ID4, matvec_q8_0=ID8)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("kfdata")
+
+
+@pytest.fixture(scope="module")
+def verifier(root):
+    return Verifier("tiny-llama", cache_dir=root / "models", reference_dir=root / "engines" / "reference")
+
+
+def test_a_design_names_its_kernels_and_refuses_what_they_cannot_read():
+    # the engine's own kernels keep the ids designs had before the kernel fields existed
+    assert EngineDesign().design_id() == "q4_1-fqgn-t1-head-pp-108b65c0ab"
+    assert SEARCHED.searched_kernels() == {"matvec_q4_1": ID4, "matvec_q8_0": ID8}
+    assert "-m4-m8-" in SEARCHED.design_id() and SEARCHED.design_id() != EngineDesign(prepack=False).design_id()
+    with pytest.raises(DesignError, match="prepack false"):
+        EngineDesign(matvec_q4_1=ID4)
+    with pytest.raises(DesignError, match="weights 'q4_1'"):
+        EngineDesign(weights="f32", prepack=False, matvec_q8_0=ID8)
+    with pytest.raises(DesignError, match="candidate id"):
+        EngineDesign(prepack=False, matvec_q4_1="../../etc")
+    assert EngineDesign.from_dict(SEARCHED.as_dict()) == SEARCHED
+
+
+def test_flags_off_the_whitelist_and_unknown_ops_are_refused_before_a_compiler_runs():
+    with pytest.raises(OpKernelError, match="-wrapper"):
+        OpKernel("matvec_q4_1", ID4, Q4_1, "-O2 -wrapper /bin/sh").unit()
+    with pytest.raises(OpKernelError, match="not an op"):
+        OpKernel("softmax", ID4, Q4_1, "-O2").unit()
+    with pytest.raises(OpKernelError, match="no identifier 'kernel'"):
+        OpKernel("matvec_q4_1", ID4, Q4_1.replace("void kernel", "void entry"), "-O2").unit()
+    # a design naming a kernel that was not handed over is refused, not built with the engine's own
+    with pytest.raises(OpKernelError, match="not among the kernels"):
+        units_for(SEARCHED, {"matvec_q4_1": kernels()["matvec_q4_1"]})
+
+
+def test_an_engine_with_searched_kernels_matches_the_reference(root, verifier):
+    lib = build_engine(SEARCHED, verifier.model.config, kernels(), root / "engines")
+    assert lib.ok, lib.log
+    verdict = verifier.verify(SEARCHED, lib.path)
+    assert verdict.passed, verdict.first_failure
+    assert max(c.max_err for c in verdict.checks) <= 1e-4
+
+
+def test_a_kernel_that_dequantises_wrongly_fails_the_engine(root, verifier):
+    # the nibbles swapped: element j read from the high nibble, j + 16 from the low one
+    swapped = Q4_1.replace("b[4 + j] & 15", "B_HI").replace("b[4 + j] >> 4", "b[4 + j] & 15") \
+                  .replace("B_HI", "b[4 + j] >> 4")
+    assert swapped != Q4_1
+    lib = build_engine(SEARCHED, verifier.model.config, kernels(swapped), root / "engines")
+    assert lib.ok, lib.log
+    verdict = verifier.verify(SEARCHED, lib.path)
+    assert not verdict.passed
+    # decode steps use the kernel (prefill of several tokens does not): the first failure is a decode step
+    assert verdict.first_failure is not None and verdict.first_failure.max_err > 1e-4
+
+
+def test_a_campaign_pairs_searched_kernels_with_the_engines_own_and_best_json_rebuilds(root, verifier):
+    campaign = Campaign("tiny-llama", 4, data_dir=root, verifier=verifier, kernels=kernels())
+    designs = campaign.designs()
+    own = EngineDesign(prepack=False)
+    assert designs == [EngineDesign(), own, EngineDesign(prepack=False, matvec_q4_1=ID4), SEARCHED]
+    record = campaign.run()
+    assert [r["verdict"] for r in record["results"]] == ["verified"] * 4
+    assert record["kernels"]["matvec_q4_1"]["source"] == Q4_1
+    # each kernel's effect rests on a pair that differs in that kernel only
+    for field, cid in (("matvec_q4_1", ID4), ("matvec_q8_0", ID8)):
+        effect = record["effects"][field]
+        assert effect["baseline"] == BUILTIN and effect["values"][json.dumps(cid)]["pairs"] == 1
+    best = load_best("tiny-llama", root)
+    design = EngineDesign.from_dict(best["design"])
+    assert set(best["kernels"]) == set(design.searched_kernels())
+    # best.json alone rebuilds the winner: the same object as the campaign built (a cache hit)
+    again = build_engine(design, verifier.model.config, kernels_of(best), root / "engines")
+    winner = next(r for r in record["results"] if r["design_id"] == best["design_id"])
+    assert again.cached and str(again.path) == winner["library"]
