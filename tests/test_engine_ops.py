@@ -98,6 +98,8 @@ def test_flags_off_the_whitelist_and_unknown_ops_are_refused_before_a_compiler_r
         OpKernel("softmax", ID4, Q4_1, "-O2").unit()
     with pytest.raises(OpKernelError, match="no identifier 'kernel'"):
         OpKernel("matvec_q4_1", ID4, Q4_1.replace("void kernel", "void entry"), "-O2").unit()
+    with pytest.raises(OpKernelError, match="sandbox rule"):
+        OpKernel("matvec_q4_1", ID4, "#include <stdio.h>\n" + Q4_1, "-O2").unit()
     # a design naming a kernel that was not handed over is refused, not built with the engine's own
     with pytest.raises(OpKernelError, match="not among the kernels"):
         units_for(SEARCHED, {"matvec_q4_1": kernels()["matvec_q4_1"]})
@@ -109,6 +111,16 @@ def test_an_engine_with_searched_kernels_matches_the_reference(root, verifier):
     verdict = verifier.verify(SEARCHED, lib.path)
     assert verdict.passed, verdict.first_failure
     assert max(c.max_err for c in verdict.checks) <= 1e-4
+
+
+def test_a_kernels_other_globals_are_made_local_so_they_cannot_interpose(root, verifier):
+    # a global helper with the name of an engine entry point: linked as it is, it would be a duplicate
+    # definition; made local, the engine keeps its own and still verifies
+    hijack = Q4_1 + "int kf_position(void *p) { (void)p; return 12345; }\n"
+    lib = build_engine(SEARCHED, verifier.model.config, kernels(hijack), root / "engines")
+    assert lib.ok, lib.log
+    verdict = verifier.verify(SEARCHED, lib.path)
+    assert verdict.passed, verdict.first_failure
 
 
 def test_a_kernel_that_dequantises_wrongly_fails_the_engine(root, verifier):

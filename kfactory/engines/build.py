@@ -58,9 +58,12 @@ def _compiler_identity(cc: str) -> str:
 @dataclass(frozen=True)
 class Unit:
     """A further translation unit linked into the engine (a searched op kernel, kfactory/engines/ops.py):
-    its C source and the flags it is compiled with (those it was verified with, plus -fPIC)."""
+    its C source, the flags it is compiled with (those it was verified with, plus -fPIC), and the symbols it
+    exports: every other global symbol of its object is made local before the link, so a kernel's helper can
+    neither collide with the engine's symbols nor interpose on them (a global `malloc` of its own, say)."""
     source: str
     flags: tuple[str, ...]
+    exports: tuple[str, ...]
 
 
 def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ...] = (),
@@ -69,7 +72,8 @@ def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ..
     cc = compiler()
     flags = (*FLAGS, *extra_flags)
     key = hashlib.sha256("\0".join([_compiler_identity(cc), *flags, source,
-                                     *("\1".join([*u.flags, u.source]) for u in units)]).encode()).hexdigest()
+                                     *("\1".join([*u.flags, *u.exports, u.source]) for u in units)]
+                                    ).encode()).hexdigest()
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"{key}.so"
@@ -115,6 +119,8 @@ def _compile_units(cc: str, units: tuple[Unit, ...], tmp: Path) -> tuple[list[Pa
     for i, unit in enumerate(units):
         obj = tmp / f"unit{i}.o"
         result = _run([cc, "-x", "c", "-c", "-fPIC", *unit.flags, "-o", str(obj), "-"], unit.source)
+        if result.ok:
+            result = _run(["objcopy", *(f"--keep-global-symbol={s}" for s in unit.exports), str(obj)], "")
         if not result.ok:
             return objects, BuildResult(False, None, f"unit {i}: {result.log}", result.seconds, False,
                                         result.command)

@@ -5,7 +5,8 @@ The matvec over quantised blocks is a decode step's main cost, and it is also a 
 model's shapes, and memory keeps them. An engine design whose `matvec_q4_1` / `matvec_q8_0` field names one of
 those candidates (design.py) links that kernel in: its verified source, its entry renamed to the symbol the
 engine calls (`kf_op_matvec_q4_1`, ...), compiled as its own translation unit with the flags it was verified with
-(re-checked against the cpu target's whitelist: they come from an archive, and a flag can run a program).
+(re-checked against the cpu target's whitelist: they come from an archive, and a flag can run a program), its
+source re-checked against the cpu target's sandbox rules, and every global symbol but its entry made local.
 The whole engine is then verified token for token like any other design: a kernel that passed its op's judge
 but breaks the engine still fails there.
 
@@ -47,6 +48,7 @@ class OpKernel:
         """The kernel as a translation unit of the engine: entry renamed, flags checked."""
         from kfactory.export.errors import ExportError
         from kfactory.export.rename import rename_symbols
+        from kfactory.targets.cpu.rules import check_source
         from kfactory.targets.flags import FlagRefused, check_flags
 
         if self.problem not in SYMBOLS:
@@ -55,11 +57,14 @@ class OpKernel:
             words = check_flags("cpu", self.flags)
         except FlagRefused as exc:
             raise OpKernelError(f"{self.problem} kernel {self.candidate_id[:12]}: {exc}") from exc
+        broken = check_source(self.source)
+        if broken:   # it passed these rules to be verified; an archive edited since then is refused here
+            raise OpKernelError(f"{self.problem} kernel {self.candidate_id[:12]} breaks a sandbox rule: {broken[0]}")
         try:
             source = rename_symbols(self.source, {self.entry: SYMBOLS[self.problem]})
         except ExportError as exc:
             raise OpKernelError(f"{self.problem} kernel {self.candidate_id[:12]}: {exc}") from exc
-        return Unit(source, tuple(words))
+        return Unit(source, tuple(words), (SYMBOLS[self.problem],))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
