@@ -231,10 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-url", help="NATS server (env KFACTORY_NATS_URL); in the secure profile, as the admin "
                                       "user (KFACTORY_NATS_USER/PASSWORD)")
 
-    p = sub.add_parser("export", help="a verified kernel as C, a Python module or a torch op, usable without "
-                                      "kfactory (docs/exporting.md)")
-    p.add_argument("kernel", metavar="ID|PROBLEM", help="a candidate id (or unique prefix), or a problem: its fastest "
-                                                        "measured kernel")
+    p = sub.add_parser("export", help="a verified kernel as C, a Python module or a torch op, or a model's verified "
+                                      "engine as C or Python, usable without kfactory (docs/exporting.md, "
+                                      "docs/engines.md)")
+    p.add_argument("kernel", metavar="ID|PROBLEM|MODEL", help="a candidate id (or unique prefix), or a problem: its "
+                                                              "fastest measured kernel; or a model: its best verified "
+                                                              "engine (kfactory engine run)")
     p.add_argument("--shape", default="", help="with a PROBLEM: the fastest at this shape")
     p.add_argument("--target", default="", help="with a PROBLEM: on this target (default cpu)")
     p.add_argument("--format", dest="fmt", required=True, choices=("c", "python", "torch"))

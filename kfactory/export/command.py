@@ -1,4 +1,7 @@
-"""`kfactory export ID|PROBLEM --format c|python|torch --name NAME --out DIR`: the CLI side.
+"""`kfactory export ID|PROBLEM|MODEL --format c|python|torch --name NAME --out DIR`: the CLI side.
+
+A MODEL (smollm2-135m, tiny-llama, a model package directory) exports its best verified inference engine
+instead: kfactory/engines/export.py.
 
 The kernel is a candidate id (or a unique prefix), or a problem, whose fastest measured kernel (at --shape, on
 --target, default cpu) is taken. Its evidence comes from kfactory.cli.client (the running factory named by --memory
@@ -71,6 +74,10 @@ def run(args, settings) -> int:
     except ExportError as exc:
         _say(str(exc))
         return EXIT_USAGE
+    from kfactory.engines import export as engine_export
+
+    if engine_export.is_model(args.kernel):   # a model names its best verified engine, not a kernel
+        return engine_export.command(args, settings.data_dir)
     evidence = evidence_for(settings, args.kernel, args.shape, args.target)
     cand = evidence.candidate
     if args.target and cand.target.split(":", 1)[0] != args.target.split(":", 1)[0]:

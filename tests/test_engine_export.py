@@ -1,0 +1,213 @@
+"""`kfactory export MODEL` (kfactory/engines/export.py) on tiny-llama: a one-design campaign verifies the default
+engine, then both formats are exported through the CLI. The Python module runs under `python -I` with kfactory
+kept out of reach and generates the float64 reference's greedy tokens; the C example, built by the exported
+Makefile, prints them too; the manifest's hashes are the files'; the weights file holds prepare.py's bytes; an
+engine without a verified record is refused (exit 1) and a bad name or format is a usage error (exit 2)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kfactory.cli.main import main
+from kfactory.engines import export_runtime
+from kfactory.engines.build import FLAGS
+from kfactory.engines.campaign import Campaign
+from kfactory.engines.design import EngineDesign
+from kfactory.engines.export import ABI_FUNCTIONS
+from kfactory.engines.prepare import FORMATS, LAYOUTS, prepare
+from kfactory.engines.verify import Verifier
+from kfactory.export.rename import identifiers
+from kfactory.models import Reference
+
+NAME = "tinyeng"
+PROMPT = "What is the capital of France?"
+
+#: run under `python -I` in a directory away from the repository: kfactory must not be importable (the finder
+#: below makes sure even where an install would make it so), then the exported module generates
+CHILD = r"""
+import importlib.abc, importlib.util, json, sys
+import numpy as np
+importable = importlib.util.find_spec("kfactory") is not None
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "kfactory" or name.startswith("kfactory."):
+            raise ImportError("kfactory is blocked in this test")
+        return None
+
+sys.meta_path.insert(0, Block())
+out_dir, prompt, n, ids_file = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+sys.path.insert(0, out_dir)
+import tinyeng
+engine = tinyeng.Engine(out_dir)
+ids = engine.encode(prompt)
+tokens = list(engine.greedy(ids, n))
+text = "".join(engine.generate(prompt, n))
+engine.reset()
+first = engine.prefill(ids)
+after = engine.decode_step(int(first.argmax()))
+np.save(ids_file, np.stack([first, after]))
+print(json.dumps({"importable": importable, "loaded": sorted(m for m in sys.modules if m.startswith("kfactory")),
+                  "ids": ids, "tokens": tokens, "text": text, "position": engine.position,
+                  "modules": sorted(m.split(".")[0] for m in sys.modules if m.split(".")[0] in
+                                    ("numpy", "tokenizers", "ctypes", "jinja2", "torch"))}))
+"""
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("kfdata")
+
+
+@pytest.fixture(scope="module")
+def verifier(root):
+    return Verifier("tiny-llama", cache_dir=root / "models", reference_dir=root / "engines" / "reference")
+
+
+@pytest.fixture(scope="module")
+def record(root, verifier):
+    return Campaign("tiny-llama", 1, data_dir=root, verifier=verifier, rounds=1).run()
+
+
+def cli(root: Path, *args: str) -> int:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KFACTORY_DATA_DIR", str(root))
+        return main(["export", "tiny-llama", *args])
+
+
+@pytest.fixture(scope="module")
+def exported(root, record, tmp_path_factory):
+    """{format: directory} of both exports, made through the CLI."""
+    out = tmp_path_factory.mktemp("exports")
+    dirs = {}
+    for fmt in ("c", "python"):
+        dirs[fmt] = out / fmt
+        assert cli(root, "--format", fmt, "--name", NAME, "--out", str(dirs[fmt])) == 0
+    return dirs
+
+
+def reference_tokens(verifier, ids: list[int], n: int, stop: bool) -> list[int]:
+    eos = verifier.model.tokenizer.eos_id
+    return Reference.from_model(verifier.model).generate(ids, n, stop=[eos] if stop else []).tokens
+
+
+def test_python_module_runs_without_kfactory_and_matches_the_reference(exported, verifier, tmp_path):
+    d = exported["python"]
+    assert not (d / f"lib{NAME}.so").exists()          # the module builds it on first use
+    proc = subprocess.run([sys.executable, "-I", "-c", CHILD, str(d), PROMPT, "24", str(tmp_path / "logits.npy")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["loaded"] == []                          # nothing of kfactory was imported
+    assert set(got["modules"]) == {"numpy", "tokenizers", "ctypes"}
+    assert (d / f"lib{NAME}.so").is_file()
+    tok = verifier.model.tokenizer
+    ids = tok.encode(tok.chat([{"role": "user", "content": PROMPT}]))   # what `kfactory generate` feeds
+    assert got["ids"] == ids
+    want = reference_tokens(verifier, ids, 24, stop=True)
+    assert got["tokens"] == want and len(want) >= 8
+    assert got["text"] == tok.decode(want, skip_special=True)
+    # the logits themselves, not only their argmax: within the verification's tolerance of the reference's
+    ref = Reference.from_model(verifier.model)
+    cache = ref.new_cache(len(ids) + 1)
+    first = ref.prefill(ids, cache)[0][-1]
+    after = ref.decode(int(np.argmax(first)), cache)
+    engine = np.load(tmp_path / "logits.npy")
+    for e, r in zip(engine, (first, np.ravel(after))):
+        assert np.abs(e - r).max() / (r.max() - r.min()) < 1e-4
+    assert got["position"] == len(ids) + 1
+
+
+def test_c_example_built_by_the_makefile_prints_the_reference_ids(exported, verifier):
+    d = exported["c"]
+    make = subprocess.run(["make", "-C", str(d), f"{NAME}_example"], capture_output=True, text=True, timeout=600)
+    assert make.returncode == 0, make.stderr
+    manifest = json.loads((d / "manifest.json").read_text())
+    ids = manifest["example_ids"]
+    run = subprocess.run([str(d / f"{NAME}_example"), str(d / f"{NAME}.weights"), "16", *map(str, ids)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert [int(t) for t in run.stdout.split()] == reference_tokens(verifier, ids, 16, stop=False)
+    # the library exports the ABI under NAME_ and nothing else
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(d / f"lib{NAME}.so")], capture_output=True, text=True)
+    assert {ln.split()[-1] for ln in nm.stdout.splitlines() if " T " in ln} == {f"{NAME}_{f}" for f in ABI_FUNCTIONS}
+    # a weights file of another design is refused by name, not run
+    bad = d.parent / "bad.weights"
+    data = bytearray((d / f"{NAME}.weights").read_bytes())
+    data[24:88] = b"another-design".ljust(64, b"\0")
+    bad.write_bytes(bytes(data))
+    run = subprocess.run([str(d / f"{NAME}_example"), str(bad), "4", "1"], capture_output=True, text=True)
+    assert run.returncode == 1 and "prepared for another design" in run.stderr
+
+
+def test_manifest_names_the_engine_and_hashes_every_file(exported, record):
+    for fmt, d in exported.items():
+        manifest = json.loads((d / "manifest.json").read_text())
+        expected = {"Makefile", f"{NAME}.c", f"{NAME}.h", f"{NAME}_example.c", f"{NAME}.weights", "tokenizer.json"}
+        assert set(manifest["files"]) == expected | ({f"{NAME}.py"} if fmt == "python" else set())
+        for fname, digest in manifest["files"].items():
+            assert hashlib.sha256((d / fname).read_bytes()).hexdigest() == digest, fname
+        best = record["best"]
+        assert manifest["design_id"] == best["design_id"] == EngineDesign().design_id()
+        assert manifest["design"] == best["design"] and manifest["abi_version"] == 1
+        assert manifest["build"]["flags"] == list(FLAGS)
+        assert manifest["campaign"]["verdict"] == "verified"
+        assert manifest["campaign"]["decode_tok_s"] == best["decode_tok_s"]
+        ver = manifest["verification"]
+        assert ver["passed"] and ver["same_object_as_campaign"]
+        assert {c["name"] for c in ver["checks"]} >= {"prefill_1", "greedy_0", "long_context_244"}
+        assert all(c["passed"] and c["max_err"] < ver["tolerance"] for c in ver["checks"])
+        source = (d / f"{NAME}.c").read_text()
+        names = identifiers(source)   # error messages (string literals) keep the kf_ names, identifiers do not
+        assert not {f"kf_{f}" for f in ABI_FUNCTIONS} & names and f"int {NAME}_prefill(" in source
+        assert f"int {NAME}_prefill(void *e" in (d / f"{NAME}.h").read_text()
+
+
+def test_weights_file_holds_the_prepared_tensors(exported, verifier):
+    d = exported["c"]
+    _, design_id, config, entries = export_runtime.read_weights(d / f"{NAME}.weights")
+    c = verifier.model.config
+    assert design_id == EngineDesign().design_id()
+    assert config[:7] == (c.blocks, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab)
+    raw = (d / f"{NAME}.weights").read_bytes()
+    tensors = prepare(verifier.model, EngineDesign())
+    assert len(entries) == len(tensors)
+    for (name, fmt, layout, rows, cols, offset, nbytes), t in zip(entries, tensors):
+        assert (name.decode(), fmt, layout, rows, cols) == (t.name, FORMATS[t.format], LAYOUTS[t.layout], t.rows,
+                                                            t.cols)
+        assert offset % 64 == 0 and raw[offset:offset + nbytes] == np.ascontiguousarray(t.data).tobytes()
+
+
+def test_an_engine_without_a_verified_record_is_refused(root, record, tmp_path, capsys):
+    assert cli(tmp_path / "empty", "--format", "c", "--name", NAME, "--out", str(tmp_path / "a")) == 1
+    assert "run `kfactory engine run tiny-llama` first" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    # the same campaign, its record saying the design was rejected
+    other = tmp_path / "data"
+    shutil.copytree(root / "engines" / "tiny-llama", other / "engines" / "tiny-llama")
+    best_json = other / "engines" / "tiny-llama" / "best.json"
+    best = json.loads(best_json.read_text())
+    rec = json.loads(Path(best["campaign"]).read_text())
+    rec["best"]["verdict"] = "rejected"
+    forged = other / "engines" / "tiny-llama" / "campaign-forged.json"
+    forged.write_text(json.dumps(rec))
+    best_json.write_text(json.dumps({**best, "campaign": str(forged)}))
+    assert cli(other, "--format", "python", "--name", NAME, "--out", str(tmp_path / "b")) == 1
+    assert "is not verified in its campaign record" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("args", [("--format", "c", "--name", "2fast"), ("--format", "python", "--name", "numpy"),
+                                  ("--format", "torch", "--name", NAME),
+                                  ("--format", "c", "--name", NAME, "--target", "cuda")])
+def test_bad_usage_is_exit_2(root, tmp_path, capsys, args):
+    assert cli(root, *args, "--out", str(tmp_path / "x")) == 2
+    assert capsys.readouterr().err.startswith("kfactory export: ")
+    assert not (tmp_path / "x").exists()
