@@ -230,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in out["results"]:
         if r.get("roofline", {}).get("warning"):
             print(f"{r['name']} ({r['threads']} threads): {r['roofline']['warning']}")
-    for threads, c in out["ceilings"].items():
-        print(f"ceilings at {threads} threads: {c['mem_bandwidth_gbps']:.1f} GB/s, {c['peak_gflops']:.1f} GFLOP/s")
+    print("\n".join(eb.roofline_lines(out["results"], out["ceilings"])))
     print(f"kfactory's engine: {k['design_id']} from {k['design_source']}")
     g = k["greedy"]
     if g is not None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kfactory.engines.baselines import BASELINES, CONTEXTS, PREFILL_TOKENS, run_baseline
 from kfactory.engines.baselines.report import table
-from kfactory.engines.baselines.roofline import host_ceilings
+from kfactory.engines.baselines.roofline import COPY_GBPS, PEAK_GFLOPS, READ_GBPS, host_ceilings
 from kfactory.platform.config import Settings
 
 
@@ -78,6 +78,25 @@ def run_named(args: argparse.Namespace, names: list[str], pythons: dict, threads
     return results
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def roofline_lines(results: list[dict], ceilings: dict[str, dict]) -> list[str]:
+    """Per thread count its ceilings, and per engine that ran its roofline fractions against both bandwidths:
+    "roof (read)" (the table's roof columns: a forward reads and hardly writes) and "roof (copy)" (the copy probe's
+    read + write figure, which flatters an engine where a read stream is faster)."""
+    lines = [f"ceilings at {t} threads: read {c.get(READ_GBPS, 0.0):.1f} GB/s, copy {c.get(COPY_GBPS, 0.0):.1f} "
+             f"GB/s, peak {c.get(PEAK_GFLOPS, 0.0):.1f} GFLOP/s" for t, c in ceilings.items()]
+    for r in results:
+        per = r.get("roofline", {}).get("per_token", {})
+        if per:
+            lines.append(f"{r['name']} ({r['threads']} threads): " + ", ".join(
+                f"{key} roof (read) {_pct(d['fraction'])} roof (copy) {_pct(d['fraction_copy'])}"
+                for key, d in per.items()))
+    return lines
+
+
 def run(args: argparse.Namespace) -> dict:
     names = [n for n in args.only.split(",") if n]
     pythons = interpreters(args)
@@ -101,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in out["results"]:
         if r.get("roofline", {}).get("warning"):
             print(f"{r['name']} ({r['threads']} threads): {r['roofline']['warning']}")
-    for threads, c in out["ceilings"].items():
-        print(f"ceilings at {threads} threads: {c['mem_bandwidth_gbps']:.1f} GB/s, {c['peak_gflops']:.1f} GFLOP/s")
+    print("\n".join(roofline_lines(out["results"], out["ceilings"])))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

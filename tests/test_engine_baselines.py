@@ -16,7 +16,8 @@ from kfactory.engines.baselines import check_baseline, run_baseline
 from kfactory.engines.baselines.report import table
 from kfactory.engines.baselines.result import KEYS, add_roofline
 from kfactory.engines.baselines.roofline import (MATRIX_KINDS, Formats, decode_cost, fraction, prefill_cost,
-                                                 roofline_seconds_per_token)
+                                                 roofline_seconds_per_token, token_roofline)
+from kfactory.engines.baselines.roofline import host_ceilings as target_ceilings
 from kfactory.engines.baselines.torch_eager import permute, unpermute
 from kfactory.models import LlamaConfig, load_model
 from kfactory.models.reference import rope
@@ -89,15 +90,49 @@ def test_mixed_matrix_formats_by_hand():
 def test_add_roofline_costs_the_mean_attended_positions():
     result = {"available": True, "config": TINY.as_dict(), "formats": GGUF_LIKE.as_dict(), "decode_steps": 3,
               "decode_tokens_per_s": {"8": 1e4}, "prefill_tokens": 4, "prefill_tokens_per_s": 2e4}
-    add_roofline(result, {"mem_bandwidth_gbps": 1.0, "peak_gflops": 1.0})
+    add_roofline(result, {"read_bandwidth_gbps": 1.0, "mem_bandwidth_gbps": 1.0, "peak_gflops": 1.0})
     # steps attend to 9, 10, 11 positions: costed at 10 -> 45268 ns against 100 us measured
     assert result["roofline_fraction"]["8"] == pytest.approx(45268e-9 / 1e-4)
     assert result["roofline_fraction"]["prefill_4"] == pytest.approx(25705e-9 / 5e-5)
     assert "warning" not in result["roofline"]
     assert result["roofline"]["per_token"]["8"]["bound"] == "compute"
     # ceilings measured far too low make an engine beat the speed of light: flagged, not hidden
-    add_roofline(result, {"mem_bandwidth_gbps": 1e-3, "peak_gflops": 1e-3})
+    add_roofline(result, {"read_bandwidth_gbps": 1e-3, "mem_bandwidth_gbps": 1e-3, "peak_gflops": 1e-3})
     assert result["roofline_fraction"]["8"] > 1 and "ceiling is below" in result["roofline"]["warning"]
+
+
+def test_decode_roofline_uses_the_read_figure_and_reports_the_copy_figure():
+    """A decode step reads its weights and cache and writes a few KB: its bound is bytes over the read-only
+    stream's bandwidth. The copy figure (read + write) is lower on a host whose stores cost a read for ownership;
+    its fraction is reported beside the read one, never in its place."""
+    result = {"available": True, "config": TINY.as_dict(), "formats": GGUF_LIKE.as_dict(), "decode_steps": 3,
+              "decode_tokens_per_s": {"8": 1e4}, "prefill_tokens": 4, "prefill_tokens_per_s": 2e4}
+    # a peak this high leaves the decode memory bound; read 2 GB/s, copy 1 GB/s
+    add_roofline(result, {"read_bandwidth_gbps": 2.0, "mem_bandwidth_gbps": 1.0, "peak_gflops": 1e6})
+    nbytes = decode_cost(TINY, GGUF_LIKE, 10).bytes
+    step = result["roofline"]["per_token"]["8"]
+    assert step["bound"] == "memory" and step["memory_s"] == pytest.approx(nbytes / 2e9)
+    assert result["roofline_fraction"]["8"] == pytest.approx(nbytes / 2e9 / 1e-4) == step["fraction"]
+    assert step["roofline_copy_s"] == pytest.approx(nbytes / 1e9)
+    assert step["fraction_copy"] == pytest.approx(2 * step["fraction"])
+    # ceilings without a read figure (measured before the read probe existed) give no read roofline: the copy
+    # figure does not stand in for it
+    old = token_roofline(decode_cost(TINY, GGUF_LIKE, 10), {"mem_bandwidth_gbps": 1.0, "peak_gflops": 1e6}, 1e-4)
+    assert old["fraction"] is None and old["bound"] is None
+    assert old["fraction_copy"] == pytest.approx(nbytes / 1e9 / 1e-4)
+
+
+def test_host_ceilings_are_the_cpu_targets_three_figures(settings):
+    """The engine bench's ceilings are the cpu target's (one probe, one cache): read, copy and peak, as cached
+    by the session's measurement (tests/conftest.py host_ceilings, at 2 threads)."""
+    import json
+
+    got = target_ceilings(2, settings)
+    assert set(got) == {"read_bandwidth_gbps", "mem_bandwidth_gbps", "peak_gflops"}
+    assert all(v > 0 for v in got.values())
+    cached = [v for v in json.loads((settings.data_dir / "ceilings.json").read_text()).values()
+              if v.get("threads") == 2]
+    assert len(cached) == 1 and {k: cached[0][k] for k in got} == got
 
 
 def test_unpermute_undoes_the_converter_and_matches_rotate_half():
@@ -118,7 +153,7 @@ def test_unpermute_undoes_the_converter_and_matches_rotate_half():
 
 
 def test_numpy_reference_in_a_subprocess_has_the_result_shape():
-    ceilings = {"mem_bandwidth_gbps": 10.0, "peak_gflops": 50.0}
+    ceilings = {"read_bandwidth_gbps": 10.0, "mem_bandwidth_gbps": 10.0, "peak_gflops": 50.0}
     r = run_baseline("numpy-ref", "tiny-llama", 1, contexts=(8, 16), prefill=16, steps=2, ceilings=ceilings,
                      timeout_s=120)
     assert r["status"] == "ok", r["reason"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "engine.py"
-CEILINGS = {"mem_bandwidth_gbps": 10.0, "peak_gflops": 50.0}
+CEILINGS = {"read_bandwidth_gbps": 14.0, "mem_bandwidth_gbps": 10.0, "peak_gflops": 50.0}
 
 
 def _load():
@@ -32,6 +32,9 @@ def test_engine_bench_tiny(tmp_path, monkeypatch, capsys):
     assert rc == 0
     printed = capsys.readouterr().out
     assert "kfactory" in printed and "numpy-ref" in printed
+    # both rooflines printed: the read figure's (the decode's own) and the copy figure's beside it
+    assert "ceilings at 1 threads: read 14.0 GB/s, copy 10.0 GB/s" in printed
+    assert "roof (read)" in printed and "roof (copy)" in printed
     out = json.loads(out_path.read_text())
     assert out["ceilings"] == {"1": CEILINGS}
     k = out["kfactory"]

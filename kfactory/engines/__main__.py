@@ -6,29 +6,31 @@
 
 `verify` runs the full verification (kfactory.engines.verify; --quick: lengths 1, 7, 100 and one greedy prompt)
 and exits 1 when it fails. `bench` times decode at the given context and prefill, per thread count, in the
-engine's child, and reports the bytes a decode step reads (weights and KV cache) against this host's read
-bandwidth, measured in the same child right after (a decode step is a read stream; --copy-ceiling adds the cpu
-target's read+write ceiling, kfactory.targets.cpu.ceiling), and the bound that bandwidth puts on any fp32
-forward (torch eager reads every weight as float32); --greedy also checks 64 greedy tokens against the
-reference on the first prompt.
+engine's child, and reports the bytes a decode step reads (weights and KV cache) against the cpu target's
+ceilings at that thread count (kfactory.targets.cpu.ceiling, cached per host; --fresh-ceilings measures them
+now): "roof (read)" against the read-only stream, the roofline of a decode step, which reads and writes almost
+nothing, and "roof (copy)" against the copy stream (read + write), which a read stream exceeds; and the bound the
+read bandwidth puts on any fp32 forward (torch eager reads every weight as float32); --greedy also checks 64
+greedy tokens against the reference on the first prompt.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from kfactory.engines.baselines.roofline import COPY_GBPS, READ_GBPS, host_ceilings
 from kfactory.engines.build import build
 from kfactory.engines.codegen import generate
 from kfactory.engines.design import DesignError, EngineDesign
 from kfactory.engines.runner import EngineRunner
 from kfactory.engines.verify import Plan, Verifier
 from kfactory.platform.config import Settings
-from kfactory.targets import get_target
 
 
 def _design_fields(text: str | None) -> dict:
@@ -68,16 +70,24 @@ def cmd_verify(args) -> int:
     return 0 if verdict.passed else 1
 
 
-def host_bandwidth(threads: int) -> float:
-    """GB/s of the cpu target's bandwidth probe (kfactory.targets.cpu.ceiling), measured now in a scratch data
-    dir: on a shared host the bandwidth moves with the load, and the roofline fraction should use the one
-    measured beside the timing, not a figure cached on another day."""
-    with tempfile.TemporaryDirectory(prefix="kf-ceiling-") as tmp:
-        return get_target("cpu", Settings(data_dir=Path(tmp), threads=threads)).device().mem_bandwidth_gbps
+def _roof(achieved_gbps: float, ceilings: dict[str, float], name: str, what: str) -> str:
+    gbps = ceilings[name]
+    return f"roof ({what}) {100 * achieved_gbps / gbps:.0f}% of {gbps:.2f} GB/s" if gbps else f"roof ({what}) -"
 
 
 def cmd_bench(args) -> int:
     verifier = Verifier(args.model)
+    # on a shared host the bandwidth moves with the load: --fresh-ceilings measures it beside the timing, in a
+    # scratch data dir, instead of reading the figures cached on another day
+    fresh = Settings(data_dir=Path(tempfile.mkdtemp(prefix="kf-ceilings-"))) if args.fresh_ceilings else None
+    try:
+        return _bench(args, verifier, fresh)
+    finally:
+        if fresh is not None:
+            shutil.rmtree(fresh.data_dir, ignore_errors=True)
+
+
+def _bench(args, verifier: Verifier, fresh: Settings | None) -> int:
     fields = _design_fields(args.design)
     base = EngineDesign.from_dict({**fields, "threads": 1, "spin": False})
     for threads in args.threads:
@@ -86,22 +96,21 @@ def cmd_bench(args) -> int:
         path = _built(design, verifier)
         with EngineRunner(str(verifier.package.directory), design, path, args.context + args.decode + 8) as runner:
             fig = runner.bench(args.context, args.decode, args.repeats)
-            read_gbps = runner.bandwidth()
+        ceilings = host_ceilings(threads, fresh)
+        read_gbps = ceilings[READ_GBPS]
         c = verifier.model.config
         # a step reads every weight once (the LM head is the embedding) and the KV cache up to its context
         kv_bytes = 2 * 4 * c.blocks * c.kv_heads * c.head_dim * args.context
         step_bytes = runner.info["weight_bytes"] + kv_bytes
         fp32_bytes = 4 * sum(int(np.prod(shape)) for shape in c.expected_shapes().values()) + kv_bytes
         achieved = step_bytes * fig.decode_tok_s / 1e9
-        copy_gbps = host_bandwidth(threads) if args.copy_ceiling else 0.0
-        copy = f", {100 * achieved / copy_gbps:.0f}% of the cpu target's copy ceiling {copy_gbps:.2f} GB/s" \
-            if copy_gbps else ""
+        fp32_bound = f"{read_gbps * 1e9 / fp32_bytes:.1f} tok/s" if read_gbps else "- (no read ceiling)"
         print(f"{design.design_id()} threads {threads}: decode {fig.decode_tok_s:.1f} tok/s at context "
               f"{args.context} (median of {len(fig.step_s)} steps), prefill {fig.prefill_tok_s:.1f} tok/s "
               f"({args.context} tokens); {step_bytes / 1e6:.1f} MB read per step = {achieved:.2f} GB/s = "
-              f"{100 * achieved / read_gbps:.0f}% of the read roofline ({read_gbps:.2f} GB/s){copy}; "
+              f"{_roof(achieved, ceilings, READ_GBPS, 'read')}, {_roof(achieved, ceilings, COPY_GBPS, 'copy')}; "
               f"an fp32 forward (torch eager's weights, {fp32_bytes / 1e6:.0f} MB a step) is bounded by "
-              f"{read_gbps * 1e9 / fp32_bytes:.1f} tok/s here", flush=True)
+              f"{fp32_bound} here", flush=True)
     if args.greedy:
         p = verifier.plan
         verifier.plan = Plan((1,), 1, p.greedy_tokens, p.greedy_prompts[:1])
@@ -128,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--decode", type=int, default=32, help="decode steps timed after the context")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--greedy", action="store_true", help="also check 64 greedy tokens on the first prompt")
-    b.add_argument("--copy-ceiling", action="store_true",
-                   help="also measure the cpu target's copy-bandwidth ceiling (read + write; ~20 s a thread count)")
+    b.add_argument("--fresh-ceilings", action="store_true",
+                   help="measure the cpu target's ceilings now (read, copy, peak; ~20 s a thread count), neither "
+                        "reading nor writing the shared cache")
     args = ap.parse_args(argv)
     try:
         return cmd_verify(args) if args.cmd == "verify" else cmd_bench(args)

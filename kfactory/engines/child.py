@@ -9,7 +9,8 @@ stdout, which the generated code may write to). The wire format (parent and chil
              a reply with "nbytes" > 0 is followed by that many bytes: a float32 array of shape "shape"
 
 Ops: open {model, cache_dir, design, so, ctx, threads}; prefill {tokens, all}; decode {token}; reset;
-bench {context, decode_tokens, repeats}; bandwidth {mbytes} (the host's read bandwidth); exit. Failure kinds:
+bench {context, decode_tokens, repeats}; exit. The host's bandwidth is not measured here: a roofline uses the cpu
+target's ceilings (kfactory.engines.baselines.roofline.host_ceilings). Failure kinds:
 "load_failed" (the library could not be loaded or refused its tensors), "engine" (a call returned an error
 code), "harness" (this file's own code or the environment failed: not the engine's fault).
 """
@@ -89,9 +90,6 @@ class Server:
         except AbiError as e:
             raise Failure("engine", str(e)) from e
 
-    def op_bandwidth(self, req: dict) -> tuple[dict, np.ndarray | None]:
-        return {"gbps": read_bandwidth(int(req.get("mbytes", 256)))}, None
-
     def op_bench(self, req: dict) -> tuple[dict, np.ndarray | None]:
         """Prefill `context` tokens (timed), then `decode_tokens` single steps (each timed), `repeats` times
         from an empty cache; timing happens here, next to the engine."""
@@ -113,21 +111,6 @@ class Server:
                 step_s.append(time.perf_counter() - t0)
         e.reset()
         return {"prefill_s": prefill_s, "step_s": step_s, "context": context}, None
-
-
-def read_bandwidth(mbytes: int, repeats: int = 5) -> float:
-    """Read bandwidth in GB/s: the best of `repeats` dot products of two float32 vectors of mbytes/2 MB each
-    (BLAS streams both once, on as many threads as the engine: OMP_NUM_THREADS is the child's). A decode step
-    is a read stream, which a copy probe (read + write) underestimates."""
-    n = (mbytes << 20) // 8
-    a, b = np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32)
-    np.dot(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.dot(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return (a.nbytes + b.nbytes) / best / 1e9
 
 
 def _limit(mem_mb: int) -> None:

@@ -159,11 +159,6 @@ class EngineRunner:
                                  self.timeout_s * repeats * (2 + context / 64 + decode_tokens))
         return BenchFigures(context, list(reply["prefill_s"]), list(reply["step_s"]))
 
-    def bandwidth(self, mbytes: int = 256) -> float:
-        """The host's read bandwidth in GB/s as the child sees it (same threads), for a decode roofline."""
-        reply, _ = self._request({"op": "bandwidth", "mbytes": mbytes}, self.timeout_s)
-        return float(reply["gbps"])
-
     def close(self) -> None:
         """Ask the child to exit, then kill its process group if it has not."""
         if self.proc is not None and self.proc.poll() is None and self._w is not None:

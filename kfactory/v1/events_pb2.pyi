@@ -63,7 +63,7 @@ AGENT_NOT_CONFIGURED: RejectReason
 PROBLEM_ERROR: RejectReason
 
 class DeviceInfo(_message.Message):
-    __slots__ = ("target", "model", "device_id", "threads", "mem_bandwidth_gbps", "peak_gflops", "uuid", "arch", "peak_bf16_gflops", "l2_bytes", "sm_count")
+    __slots__ = ("target", "model", "device_id", "threads", "mem_bandwidth_gbps", "peak_gflops", "uuid", "arch", "peak_bf16_gflops", "l2_bytes", "sm_count", "read_bandwidth_gbps")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class DeviceInfo(_message.Message):
     PEAK_BF16_GFLOPS_FIELD_NUMBER: _ClassVar[int]
     L2_BYTES_FIELD_NUMBER: _ClassVar[int]
     SM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    READ_BANDWIDTH_GBPS_FIELD_NUMBER: _ClassVar[int]
     target: str
     model: str
     device_id: str
@@ -86,7 +87,8 @@ class DeviceInfo(_message.Message):
     peak_bf16_gflops: float
     l2_bytes: int
     sm_count: int
-    def __init__(self, target: _Optional[str] = ..., model: _Optional[str] = ..., device_id: _Optional[str] = ..., threads: _Optional[int] = ..., mem_bandwidth_gbps: _Optional[float] = ..., peak_gflops: _Optional[float] = ..., uuid: _Optional[str] = ..., arch: _Optional[str] = ..., peak_bf16_gflops: _Optional[float] = ..., l2_bytes: _Optional[int] = ..., sm_count: _Optional[int] = ...) -> None: ...
+    read_bandwidth_gbps: float
+    def __init__(self, target: _Optional[str] = ..., model: _Optional[str] = ..., device_id: _Optional[str] = ..., threads: _Optional[int] = ..., mem_bandwidth_gbps: _Optional[float] = ..., peak_gflops: _Optional[float] = ..., uuid: _Optional[str] = ..., arch: _Optional[str] = ..., peak_bf16_gflops: _Optional[float] = ..., l2_bytes: _Optional[int] = ..., sm_count: _Optional[int] = ..., read_bandwidth_gbps: _Optional[float] = ...) -> None: ...
 
 class ManualSource(_message.Message):
     __slots__ = ("name", "source", "compile_flags", "threads", "language", "launch_json")

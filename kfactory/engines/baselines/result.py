@@ -20,7 +20,7 @@ import resource
 import sys
 from pathlib import Path
 
-from kfactory.engines.baselines.roofline import Cost, Formats, bounds, decode_cost, fraction, prefill_cost
+from kfactory.engines.baselines.roofline import Cost, Formats, decode_cost, prefill_cost, token_roofline
 from kfactory.models.gguf_model import LlamaConfig
 
 OK, NOT_IMPORTABLE, FAILED = "ok", "not_importable", "failed"
@@ -76,23 +76,19 @@ def reset_peak_rss() -> bool:
 
 def add_roofline(result: dict, ceilings: dict[str, float]) -> dict:
     """Fill result["roofline_fraction"] (per decode context and for the prefill) from its measurements and the
-    host's ceilings; each decode step is costed at the mean number of positions its timed steps attended."""
+    host's ceilings (roofline.token_roofline: the read bandwidth's; result["roofline"]["per_token"] also holds the
+    copy bandwidth's); each decode step is costed at the mean number of positions its timed steps attended."""
     if not result.get("available"):
         return result
     config = LlamaConfig(**result["config"])
     formats = Formats(**result["formats"])
-    bw, peak = ceilings.get("mem_bandwidth_gbps", 0.0), ceilings.get("peak_gflops", 0.0)
     steps = result["decode_steps"]
     out: dict[str, float | None] = {}
     detail: dict[str, dict] = {}
 
     def place(key: str, cost: Cost, rate: float | None) -> None:
-        b = bounds(cost, bw, peak)
-        time = max(b.values()) if b else None
-        out[key] = fraction(time, 1 / rate if rate else None)
-        # both bounds kept: which one binds says whether a figure rests on the bandwidth or the peak
-        detail[key] = {"bytes": cost.bytes, "flops": cost.flops, "roofline_s": time, **(b or {}),
-                       "bound": None if b is None else max(b, key=lambda k: b[k]).removesuffix("_s")}
+        detail[key] = token_roofline(cost, ceilings, 1 / rate if rate else None)
+        out[key] = detail[key]["fraction"]
 
     for ctx, rate in result["decode_tokens_per_s"].items():
         # the timed steps attend to ctx + 1 .. ctx + steps positions

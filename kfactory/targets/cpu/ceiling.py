@@ -1,5 +1,19 @@
-"""Measured ceilings of a cpu host (memory bandwidth and peak fp32 rate), measured once per device and
-thread count and cached on disk; they give the speed-of-light floor and the roofline fractions."""
+"""Measured ceilings of a cpu host, measured once per device and thread count and cached on disk:
+
+- mem_bandwidth_gbps: a copy-scale stream (cpu_stream.c), bytes read + written over time. What a kernel that
+  writes as much as it reads (softmax, a norm) can reach; the kernels' GB/s are reported as a fraction of it.
+- read_bandwidth_gbps: a vector sum (cpu_read.c), bytes read over time. A read stream needs no stores and no
+  read-for-ownership of the lines stored, so it is the ceiling of what only reads: an LLM decode step's roofline
+  uses it (kfactory.engines.baselines.roofline), the copy figure reported beside it.
+- peak_gflops: FMA chains in registers (cpu_fma.c).
+
+The speed-of-light floor (kfactory.judge.measure.sol_floor_s) stays on the copy figure: it is bytes over that
+bandwidth halved (SOL_SLACK), so it flags an honest kernel only if the kernel moves its bytes more than twice as
+fast as the copy probe. A kernel that only reads is the fastest kind, and on the project's host the read probe
+measures 1.0-1.4x the copy probe, both on the shared-memory buffers the runner gives every kernel; no problem is
+read-only today. A host where read_bandwidth_gbps exceeds twice mem_bandwidth_gbps needs the floor on the read
+figure (the larger of the two: the problems' byte counts do not split reads from writes).
+"""
 from __future__ import annotations
 
 import json
@@ -20,12 +34,20 @@ ELEMENTS = 1 << 25  # 128 MB per array: far beyond any last-level cache
 FMA_ITERS = 1 << 22
 FMA_CHAINS = 8  # independent FMA chains per thread in cpu_fma.c (its lanes per chain it reports itself)
 #: what the cached figures were measured with: version 2's FMA probe keeps its chains in registers (version 1's
-#: spilled on AVX2 hosts and reported a peak 10-20x low), so figures cached by version 1 are measured again
-PROBES_VERSION = 2
+#: spilled on AVX2 hosts and reported a peak 10-20x low); version 3 adds the read-only stream. Figures cached by
+#: an older version are measured again.
+PROBES_VERSION = 3
+#: the probes' first inputs (the rest are ones): the FMA probe's chain seeds, multiplier and addend
+X_HEAD = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.999999, 1e-6)
+#: probe flags: the read and FMA probes are vectorised by hand as wide as the host's registers
+NATIVE = "-O3 -march=native -fopenmp"
 
 
-def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: int) -> tuple[float, np.ndarray]:
-    """(median seconds, y after the last run) of probe `source` run as kernel(x, y, n) in a runner."""
+def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: int,
+               out_elements: int | None = None) -> tuple[float, np.ndarray]:
+    """(median seconds, y after the last run) of probe `source` run as kernel(x, y, n) in a runner; x holds
+    `elements` floats, y `out_elements` (default: as many)."""
+    out_elements = elements if out_elements is None else out_elements
     res = target.compile((HERE / source).read_text(), "c", flags, "kernel")
     if not res.ok:
         raise RuntimeError(f"probe {source} failed to compile: {res.log[-500:]}")
@@ -35,12 +57,13 @@ def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: 
     try:
         with ShmBuffers() as bufs:
             x_path, x_off, x = bufs.new((elements,), "float32")
-            y_path, y_off, y = bufs.new((elements,), "float32")
+            y_path, y_off, y = bufs.new((out_elements,), "float32")
             x[:] = 1.0
-            x[:10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.999999, 1e-6][: min(10, elements)]
+            head = min(len(X_HEAD), elements)
+            x[:head] = X_HEAD[:head]
             runner.request(Load("probe", "so", path=str(so), entry="kernel", argtypes=["ptr", "ptr", "i64"]))
             args: list[Arg] = [{"name": "x", "path": x_path, "offset": x_off, "dtype": "float32", "shape": [elements]},
-                    {"name": "y", "path": y_path, "offset": y_off, "dtype": "float32", "shape": [elements]},
+                    {"name": "y", "path": y_path, "offset": y_off, "dtype": "float32", "shape": [out_elements]},
                     {"name": "n", "int": n}]
             reply = runner.request(Bench([BenchKernel("probe", [args])], min_samples=10, min_s=0.3, max_s=1.0,
                                          noise=0.02, warmup_s=0.05), timeout_s=60)
@@ -56,9 +79,21 @@ def measure_bandwidth(target, threads: int) -> float:
     return 2 * 4 * ELEMENTS / med / 1e9
 
 
+def measure_read_bandwidth(target, threads: int) -> float:
+    """Read-only bandwidth in GB/s of a vector sum over ELEMENTS floats on `threads` threads (median of its
+    samples): every byte counted is read once and nothing but the sum is written."""
+    med, y = _run_probe(target, threads, "cpu_read.c", NATIVE, ELEMENTS, ELEMENTS, 16)
+    # the sum shows every element was read (x is ones after X_HEAD; float32 sums of ones are exact this far)
+    expected = ELEMENTS - len(X_HEAD) + sum(X_HEAD)
+    if int(y[1]) != threads or abs(float(y[0]) - expected) > 1e-3 * expected:
+        raise RuntimeError(f"read probe summed {float(y[0])} on {int(y[1])} threads; expected about {expected} "
+                           f"on {threads}")
+    return 4 * ELEMENTS / med / 1e9
+
+
 def measure_peak_gflops(target, threads: int) -> float:
     """fp32 GFLOP/s of independent FMA chains in vector registers on every thread."""
-    med, y = _run_probe(target, threads, "cpu_fma.c", "-O3 -march=native -fopenmp", FMA_ITERS, 16)
+    med, y = _run_probe(target, threads, "cpu_fma.c", NATIVE, FMA_ITERS, 16)
     threads_ran, lanes = float(y[1]), float(y[2])
     return threads_ran * FMA_ITERS * FMA_CHAINS * lanes * 2 / med / 1e9  # multiply + add per lane
 
@@ -87,7 +122,7 @@ def write_cached(data_dir, key: str, figures: dict[str, float], **extra) -> None
     tmp.rename(cache)
 
 
-CPU_CEILINGS = ("mem_bandwidth_gbps", "peak_gflops")
+CPU_CEILINGS = ("mem_bandwidth_gbps", "read_bandwidth_gbps", "peak_gflops")
 
 
 def cache_key(device_id: str) -> str:
@@ -96,7 +131,8 @@ def cache_key(device_id: str) -> str:
 
 
 def ceilings(target, device_id: str, threads: int) -> dict[str, float]:
-    """{"mem_bandwidth_gbps", "peak_gflops"} from the cache or measured now (0.0 where it cannot be)."""
+    """{"mem_bandwidth_gbps" (copy), "read_bandwidth_gbps", "peak_gflops"} from the cache or measured now (0.0
+    where they cannot be)."""
     key = cache_key(device_id)
     found = read_cached(target.settings.data_dir, key, CPU_CEILINGS)
     if found is not None:
@@ -105,10 +141,11 @@ def ceilings(target, device_id: str, threads: int) -> dict[str, float]:
     try:
         # the best of one thread and all: on some hosts (shared cores, VMs) one thread streams faster
         figures = {"mem_bandwidth_gbps": max(measure_bandwidth(target, t) for t in counts),
+                   "read_bandwidth_gbps": max(measure_read_bandwidth(target, t) for t in counts),
                    "peak_gflops": max(measure_peak_gflops(target, t) for t in counts)}
     except (RunnerFault, RuntimeError, OSError) as e:
         log.warning("could not measure the host's ceilings; floors and roofline fractions will be 0", error=str(e))
-        return {"mem_bandwidth_gbps": 0.0, "peak_gflops": 0.0}
+        return dict.fromkeys(CPU_CEILINGS, 0.0)
     write_cached(target.settings.data_dir, key, figures, threads=threads)
     log.info("measured host ceilings", device=device_id, **{k: round(v, 1) for k, v in figures.items()})
     return figures

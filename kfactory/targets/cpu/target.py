@@ -58,7 +58,8 @@ class CpuTarget(Target):
         self._device: pb.DeviceInfo | None = None
 
     def device(self) -> pb.DeviceInfo:
-        """This host, with its measured memory bandwidth (measured once per host and thread count, cached)."""
+        """This host, with its measured ceilings (copy and read bandwidth, peak fp32; measured once per host and
+        thread count, cached: kfactory.targets.cpu.ceiling)."""
         if self._device is None:
             model = _cpu_model()
             host = platform.node()
@@ -67,6 +68,7 @@ class CpuTarget(Target):
                                 threads=self.settings.threads)
             figures = ceilings(self, f"{dev.device_id}/{dev.threads}", dev.threads)
             dev.mem_bandwidth_gbps, dev.peak_gflops = figures["mem_bandwidth_gbps"], figures["peak_gflops"]
+            dev.read_bandwidth_gbps = figures["read_bandwidth_gbps"]
             self._device = dev
         return self._device
 
