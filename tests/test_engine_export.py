@@ -20,11 +20,12 @@ from kfactory.engines import export_runtime
 from kfactory.engines.build import FLAGS
 from kfactory.engines.campaign import Campaign
 from kfactory.engines.design import EngineDesign
-from kfactory.engines.export import ABI_FUNCTIONS
+from kfactory.engines.export import ABI_FUNCTIONS, chat_split
 from kfactory.engines.prepare import FORMATS, LAYOUTS, prepare
 from kfactory.engines.verify import Verifier
+from kfactory.export import ExportError
 from kfactory.export.rename import identifiers
-from kfactory.models import Reference
+from kfactory.models import Reference, Tokenizer
 
 NAME = "tinyeng"
 PROMPT = "What is the capital of France?"
@@ -211,3 +212,21 @@ def test_bad_usage_is_exit_2(root, tmp_path, capsys, args):
     assert cli(root, *args, "--out", str(tmp_path / "x")) == 2
     assert capsys.readouterr().err.startswith("kfactory export: ")
     assert not (tmp_path / "x").exists()
+
+
+def test_chat_template_is_split_around_the_message_or_refused(verifier):
+    tok = verifier.model.tokenizer
+    split = chat_split(tok)
+    assert split is not None
+    message = "hello there"
+    assert split["prefix"] + message + split["suffix"] == tok.chat([{"role": "user", "content": message}])
+    trims = Tokenizer(tok.hf, tok.bos_id, tok.eos_id, tok.add_bos, "<|im_start|>{{ messages[0]['content'] | trim }}")
+    with pytest.raises(ExportError, match="changes the message text"):
+        chat_split(trims)
+    assert chat_split(Tokenizer(tok.hf, tok.bos_id, tok.eos_id, tok.add_bos, None)) is None
+
+
+def test_a_directory_of_another_export_is_refused(root, exported, capsys):
+    assert cli(root, "--format", "c", "--name", "othername", "--out", str(exported["c"])) == 1
+    assert f"holds another export ({NAME})" in capsys.readouterr().err
+    assert not (exported["c"] / "othername.c").exists()
