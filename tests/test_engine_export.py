@@ -17,10 +17,10 @@ import pytest
 
 from kfactory.cli.main import main
 from kfactory.engines import export_runtime
-from kfactory.engines.build import FLAGS
+from kfactory.engines.build import FLAGS, LINK
 from kfactory.engines.campaign import Campaign
 from kfactory.engines.design import EngineDesign
-from kfactory.engines.export import ABI_FUNCTIONS, chat_split
+from kfactory.engines.export import ABI_FUNCTIONS, chat_split, check_library, write_weights
 from kfactory.engines.prepare import FORMATS, LAYOUTS, prepare
 from kfactory.engines.verify import Verifier
 from kfactory.export import ExportError
@@ -230,3 +230,29 @@ def test_a_directory_of_another_export_is_refused(root, exported, capsys):
     assert cli(root, "--format", "c", "--name", "othername", "--out", str(exported["c"])) == 1
     assert f"holds another export ({NAME})" in capsys.readouterr().err
     assert not (exported["c"] / "othername.c").exists()
+
+
+@pytest.mark.parametrize("design", [EngineDesign(prepack=False), EngineDesign(weights="f32", fuse_qkv=False)],
+                         ids=lambda d: d.design_id())
+def test_weights_file_round_trips_other_designs(verifier, tmp_path, design):
+    """The ROWS layout (the GGUF's own blocks, memory-mapped) and float32 matrices write and read back too."""
+    c = verifier.model.config
+    tensors = prepare(verifier.model, design)
+    fields = (c.blocks, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab, c.rope_base, c.rms_eps)
+    size = write_weights(tmp_path / "w.weights", tensors, design.design_id(), fields)
+    data, design_id, config, entries = export_runtime.read_weights(tmp_path / "w.weights")
+    assert size == len(data) and design_id == design.design_id()
+    assert config == pytest.approx(fields)
+    assert [e[0].decode() for e in entries] == [t.name for t in tensors]
+    for (_, _, _, _, _, offset, nbytes), t in zip(entries, tensors):
+        assert bytes(data[offset:offset + nbytes]) == np.ascontiguousarray(t.data).tobytes()
+
+
+def test_a_library_exporting_more_than_the_abi_is_refused(exported, tmp_path):
+    source = (exported["c"] / f"{NAME}.c").read_text()
+    argv = ["{cc}", "-x", "c", *FLAGS, "-o", "{out}", f"{NAME}.c", "-x", "none", *LINK]
+    (tmp_path / f"{NAME}.c").write_text(source)
+    check_library(tmp_path, argv, NAME)                      # the export's own source passes
+    (tmp_path / f"{NAME}.c").write_text(source + "\nint leaked_table[4] = {1, 2, 3, 4};\n")
+    with pytest.raises(ExportError, match="leaked_table"):
+        check_library(tmp_path, argv, NAME)

@@ -42,6 +42,7 @@ from kfactory.engines.design import DesignError, EngineDesign
 from kfactory.engines.prepare import FORMATS as TENSOR_FORMATS, LAYOUTS, Prepared, prepare
 from kfactory.engines.verify import Verdict, Verifier
 from kfactory.export import ExportError, check_name
+from kfactory.export.c import LINKER_SYMBOLS
 from kfactory.export.rename import rename_symbols
 from kfactory.models import ModelPackage, load_model
 from kfactory.models.loader import list_models
@@ -192,7 +193,8 @@ def check_library(stage: Path, argv: list[str], name: str) -> None:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ExportError(f"cannot build and inspect the engine library (a C compiler and nm are needed): {e}") \
             from e
-    exported = {line.split()[-1] for line in nm.stdout.splitlines() if line.split()[1:2] == ["T"]}
+    # every defined symbol, data too: a global the source forgot to make static would interpose another engine's
+    exported = {line.split()[-1] for line in nm.stdout.splitlines() if line.strip()} - LINKER_SYMBOLS
     want = {f"{name}_{f}" for f in ABI_FUNCTIONS}
     if nm.returncode != 0 or exported != want:
         raise ExportError(f"lib{name}.so exports {sorted(exported)}, not exactly {sorted(want)}")
@@ -208,8 +210,10 @@ def sha256_file(path: Path) -> str:
 
 
 def _claim_out(out: Path, name: str) -> None:
-    """Refuse a directory that holds another export's manifest (one export per directory)."""
+    """Refuse a directory that holds another export (one export per directory)."""
     manifest = out / "manifest.json"
+    if (out / "build.sh").is_file():
+        raise ExportError(f"{out} holds a kernel export (build.sh); choose another --out")
     if manifest.is_file():
         try:
             owner = json.loads(manifest.read_text()).get("name")
