@@ -60,3 +60,33 @@ async def test_a_campaign_stops_proposing_when_its_device_time_is_spent(memory_b
     assert st.counts.proposed < 40, st.counts
     assert summary["device_seconds_per_candidate"] == round(summary["device_seconds"] / outcomes, 3)
     assert summary["device_seconds"] == round(st.device_s, 3)
+
+
+def test_a_campaigns_own_device_budget_wins_over_the_planners():
+    assert pipeline.device_budget(pb.CampaignSpec(budget_device_seconds=2.5), 10.0) == 2.5
+    assert pipeline.device_budget(pb.CampaignSpec(), 10.0) == 10.0
+    assert pipeline.device_budget(pb.CampaignSpec(), 0.0) == 0.0
+
+
+def test_run_device_seconds_fills_the_spec_and_a_bad_value_is_refused(capsys):
+    import pytest
+
+    from kfactory.cli.main import _spec, build_parser
+
+    args = build_parser().parse_args(["run", "softmax", "--device-seconds", "30"])
+    assert _spec(args).budget_device_seconds == 30.0
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["run", "softmax", "--device-seconds", "-1"])
+    assert exc.value.code == 2 and "--device-seconds" in capsys.readouterr().err
+
+
+async def test_the_specs_device_budget_stops_a_campaign_the_planner_does_not_bound(memory_bus_settings,
+                                                                                   small_softmax):
+    budget = 1.0
+    assert memory_bus_settings.device_seconds == 0   # the planner itself has no device-time limit
+    spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=200, strategy="random", seed=3,
+                           parallel=2, warm_start=0, budget_device_seconds=budget)
+    st, _ = await _campaign(memory_bus_settings, spec)
+    summary = json.loads(st.finished.summary_json)
+    assert st.finished.state == "completed" and summary["device_seconds_budget"] == budget
+    assert budget <= summary["device_seconds"] and st.counts.proposed < 40, st.counts

@@ -59,6 +59,10 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                    help="priors from memory that seed the search (0: cold start)")
     p.add_argument("--seconds", type=cli_type("budget_seconds", float), default=0.0,
                    help="wall-clock budget (0: none)")
+    p.add_argument("--device-seconds", type=cli_type("budget_device_seconds", float), default=0.0,
+                   help="device time the campaign's verifications, screens and measurements may hold (0: the "
+                        "planner's KFACTORY_DEVICE_SECONDS, else none); the summary reports device seconds per "
+                        "candidate")
     p.add_argument("--strategy", default="default", help="default (a portfolio of surrogate, tpe and evolutionary), "
                    "surrogate, tpe, cma, evolutionary, portfolio, random or grid (kfactory strategies list)")
     p.add_argument("--strategy-option", action="append", default=[], metavar="NAME=VALUE",
@@ -80,7 +84,8 @@ def _spec(args):
     # a replay target carries its own problem (the recorded space): PROBLEM is then only a label
     problem = args.target if args.target.startswith("replay:") else args.problem
     spec = pb.CampaignSpec(problem=problem, target=args.target, budget_candidates=args.budget,
-                           budget_seconds=args.seconds, strategy=args.strategy, threads=args.threads or 0,
+                           budget_seconds=args.seconds, budget_device_seconds=args.device_seconds,
+                           strategy=args.strategy, threads=args.threads or 0,
                            seed=args.seed, families=args.family, parallel=args.parallel, warm_start=args.warm,
                            coders=[c for c in args.coders.split(",") if c],
                            personas=[p for p in args.personas.split(",") if p], token_budget=args.token_budget or 0)

@@ -71,9 +71,15 @@ def device_seconds(event: pb.Event) -> float:
     return 0.0
 
 
+def device_budget(spec: pb.CampaignSpec, configured: float) -> float:
+    """A campaign's device-time budget in seconds: its spec's budget_device_seconds (`kfactory run
+    --device-seconds`), else the planner's configured one (Settings.device_seconds); 0: none."""
+    return spec.budget_device_seconds or configured
+
+
 def room(st, budget_s: float) -> int:
     """Points campaign `st` (a planner CampaignState) may have in flight: its spec's `parallel`; under a device-time
-    budget of `budget_s` (Settings.device_seconds; 0: none) no more than the device time left pays for at the
+    budget of `budget_s` (device_budget; 0: none) no more than the device time left pays for at the
     campaign's average device time a candidate so far, and one at a time until a first result gives that average,
     so a campaign ends within about one candidate's device time of its budget."""
     if not budget_s:

@@ -25,6 +25,8 @@ INT32_MAX = 2**31 - 1
 RANGES: dict[str, Range] = {
     "budget_candidates": Range(0, 1_000_000, "--budget", "0: no candidate limit (then give --seconds)"),
     "budget_seconds": Range(0, 366 * 86400, "--seconds", "0: no time limit"),
+    "budget_device_seconds": Range(0, 366 * 86400, "--device-seconds",
+                                   "0: the planner's KFACTORY_DEVICE_SECONDS, else no device-time limit"),
     "threads": Range(0, 4096, "--threads", "0: every core"),
     "seed": Range(0, 2**64 - 1, "--seed", "0: a random seed"),
     "parallel": Range(0, 100_000, "--parallel", "0: the default, 2"),

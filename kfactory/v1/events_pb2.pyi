@@ -107,7 +107,7 @@ class ManualSource(_message.Message):
     def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., compile_flags: _Optional[str] = ..., threads: _Optional[int] = ..., language: _Optional[str] = ..., launch_json: _Optional[str] = ...) -> None: ...
 
 class CampaignSpec(_message.Message):
-    __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel", "warm_start", "coders", "token_budget", "personas", "strategy_options")
+    __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel", "warm_start", "coders", "token_budget", "personas", "strategy_options", "budget_device_seconds")
     class StrategyOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,7 @@ class CampaignSpec(_message.Message):
     TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     PERSONAS_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_DEVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     problem: str
     target: str
     budget_candidates: int
@@ -145,7 +146,8 @@ class CampaignSpec(_message.Message):
     token_budget: int
     personas: _containers.RepeatedScalarFieldContainer[str]
     strategy_options: _containers.ScalarMap[str, str]
-    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ..., warm_start: _Optional[int] = ..., coders: _Optional[_Iterable[str]] = ..., token_budget: _Optional[int] = ..., personas: _Optional[_Iterable[str]] = ..., strategy_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    budget_device_seconds: float
+    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ..., warm_start: _Optional[int] = ..., coders: _Optional[_Iterable[str]] = ..., token_budget: _Optional[int] = ..., personas: _Optional[_Iterable[str]] = ..., strategy_options: _Optional[_Mapping[str, str]] = ..., budget_device_seconds: _Optional[float] = ...) -> None: ...
 
 class Prior(_message.Message):
     __slots__ = ("family", "params_json", "score_s", "relative", "device", "campaign_id", "candidate_id")

@@ -17,7 +17,7 @@ from kfactory.bus import events as ev
 from kfactory.bus.consume import OUTAGE_WAIT_S, retrying
 from kfactory.bus.origins import Origin
 from kfactory.bus.topology import Stage
-from kfactory.judge.order import device_budget_spent, room
+from kfactory.judge.order import device_budget, device_budget_spent, room
 from kfactory.judge.measure import available_baselines
 from kfactory.observability import stagetime
 from kfactory.observability import tracing as telemetry
@@ -76,7 +76,7 @@ class CampaignDriver:
     def _budget_left(self, st: CampaignState) -> bool:
         if st.cancelled or st.broken or st.expired():
             return False
-        if device_budget_spent(st, self.settings.device_seconds):
+        if device_budget_spent(st, device_budget(st.spec, self.settings.device_seconds)):
             return False
         return not st.spec.budget_candidates or st.search_proposed() < st.spec.budget_candidates
 
@@ -98,7 +98,7 @@ class CampaignDriver:
         rng = random.Random(st.spec.seed ^ 0xC0DE5)
         attempts = 0
         while self._budget_left(st) and (st.strategy is not None or coders.agents_on(st)):
-            if st.in_flight() >= room(st, self.settings.device_seconds):
+            if st.in_flight() >= room(st, device_budget(st.spec, self.settings.device_seconds)):
                 await self._wait_change(st)
                 continue
             arm = st.coders.choose(coders.eligible(st, self.settings.llm_parents), rng, st.token_seconds)
@@ -225,8 +225,8 @@ class CampaignDriver:
             reason = st.cancelled or reason
         best = st.best()
         summary = campaign_summary(st, self._problem_or_none(st))
-        if self.settings.device_seconds:
-            summary["device_seconds_budget"] = self.settings.device_seconds
+        if budget := device_budget(st.spec, self.settings.device_seconds):
+            summary["device_seconds_budget"] = budget
         fin = pb.CampaignFinished(state=state, reason=reason, counts=st.counts,
                                   best_candidate_id=best.candidate.id if best else "",
                                   summary_json=json.dumps(summary))

@@ -54,8 +54,9 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
         check_options(spec.strategy, dict(spec.strategy_options))
     except BadStrategyOption as e:
         raise SpecError(f"strategy_options: {e}") from e
-    if spec.budget_candidates == 0 and spec.budget_seconds == 0:
-        raise SpecError("budget: give a candidate count, a time limit in seconds, or both")
+    if spec.budget_candidates == 0 and spec.budget_seconds == 0 and spec.budget_device_seconds == 0:
+        raise SpecError("budget: give a candidate count, a time limit in seconds, a device-time limit, or more "
+                        "than one")
     _check_manual(spec, settings, target.name)
     spec.threads = spec.threads or settings.threads
     spec.parallel = spec.parallel or default_parallel(settings)  # enough in flight to compile ahead of the device
