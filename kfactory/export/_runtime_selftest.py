@@ -18,6 +18,8 @@ def _kf_draw(rng, d: dict, shape: tuple, dtype: str) -> np.ndarray:
     """One input drawn as kfactory's verifier draws it (kfactory.judge.inputs.draw)."""
     if dtype == "bfloat16" and _kf_dtype("bfloat16") == np.uint16:
         raise RuntimeError(f"{_kf_name()}.selftest needs ml_dtypes for bfloat16 inputs: pip install ml_dtypes")
+    if d["kind"] in ("ggml_q4_1", "ggml_q8_0"):
+        return _kf_ggml_blocks(rng, d, shape)
     draw_dtype = np.dtype(np.float32) if dtype == "bfloat16" else np.dtype(dtype)
     if d["kind"] == "constant":
         a = np.full(shape, d["value"], dtype=draw_dtype)
@@ -39,6 +41,36 @@ def _kf_draw(rng, d: dict, shape: tuple, dtype: str) -> np.ndarray:
         rows[np.arange(rows.shape[0]), rng.integers(0, a.shape[-1], size=rows.shape[0])] = False
         a[mask] = -np.inf
     return np.ascontiguousarray(a)
+
+
+def _kf_ggml_blocks(rng, d: dict, shape: tuple) -> np.ndarray:
+    """GGUF blocks drawn as kfactory's verifier draws them (kfactory.judge.inputs.ggml_blocks): the same bytes
+    for the same generator state, so one seed reproduces a failure in either."""
+    n = int(np.prod(shape[:-1]))
+    w = rng.standard_normal((n, 32)) * d["std"] + d["mean"]
+    q4 = d["kind"] == "ggml_q4_1"
+    if q4:
+        scale, offset, qmin, qmax = (w.max(axis=1) - w.min(axis=1)) / 15, w.min(axis=1), 0, 15
+    else:
+        scale, offset, qmin, qmax = np.abs(w).max(axis=1) / 127, np.zeros(n), -127, 127
+    scale = np.minimum(scale, 65504.0).astype("<f2")            # the largest finite float16
+    offset = np.clip(offset, -65504.0, 65504.0).astype("<f2")
+    s64 = scale.astype(np.float64)
+    inv = np.divide(1.0, s64, out=np.zeros(n), where=s64 > 0)[:, None]
+    q = np.clip(np.floor((w - offset.astype(np.float64)[:, None]) * inv + 0.5), qmin, qmax).astype(np.int16)
+    if d["special_fraction"] > 0:   # edge-case blocks: d = 0, all codes max, all codes min, d negated
+        special = rng.random(n) < d["special_fraction"]
+        case = rng.integers(0, 4, size=n)
+        scale[special & (case == 0)] = 0
+        q[special & (case == 1)] = qmax
+        q[special & (case == 2)] = 0 if q4 else -128
+        scale[special & (case == 3)] *= -1
+    if q4:
+        parts = [scale.view(np.uint8).reshape(n, 2), offset.view(np.uint8).reshape(n, 2),
+                 (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)]
+    else:
+        parts = [scale.view(np.uint8).reshape(n, 2), q.astype(np.int8).view(np.uint8)]
+    return np.ascontiguousarray(np.concatenate(parts, axis=1).reshape(shape))
 
 
 def _kf_float64(a: np.ndarray) -> np.ndarray:

@@ -21,7 +21,8 @@ _kf_mod = importlib.import_module(_CONFIG["module"])   # the Python export besid
 _kf_spec = _kf_mod._CONFIG
 
 _kf_TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-                    "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
+                    "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64,
+                    "uint8": torch.uint8}
 
 
 def _kf_check(tensors) -> None:

@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 
 from kfactory.problems import Problem
+from kfactory.problems.spec import GGML_BLOCK_BYTES
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)  # importing ml_dtypes also makes np.dtype("bfloat16") work
 
@@ -25,7 +26,9 @@ def draw(problem: Problem, shape: dict[str, int], dist_name: str, seed: int) -> 
         d = dist[t.name]
         tshape = problem.tensor_shape(t, shape)
         dtype = np.dtype(t.dtype)
-        if dtype == BFLOAT16:   # drawn in float32, rounded to nearest bf16
+        if d.kind in GGML_BLOCK_BYTES:
+            a = ggml_blocks(rng, d, tshape)
+        elif dtype == BFLOAT16:   # drawn in float32, rounded to nearest bf16
             a = _draw(rng, d, tshape, np.dtype(np.float32)).astype(BFLOAT16)
         else:
             a = _draw(rng, d, tshape, dtype)
@@ -44,6 +47,47 @@ def _draw(rng: np.random.Generator, d, tshape: tuple[int, ...], dtype: np.dtype)
     else:
         a = rng.uniform(d.low, d.high, tshape)
     return _transform(a, d).astype(dtype, copy=False)
+
+
+#: the largest finite float16: a block's scale is clipped to it (a larger one would be stored as inf)
+FP16_MAX = 65504.0
+
+
+def ggml_blocks(rng: np.random.Generator, d, tshape: tuple[int, ...]) -> np.ndarray:
+    """GGUF blocks (uint8, last axis one block's bytes) quantising normal(d.mean, d.std) weights as llama.cpp's
+    reference quantisers do: Q4_1 stores fp16 d = (max - min) / 15 and m = min of its 32 weights, then nibbles q
+    (byte j: element j low, element j + 16 high), value d*q + m; Q8_0 stores fp16 d = max|w| / 127 then int8 q,
+    value d*q. A `special_fraction` of the blocks is an edge case: d = 0, every code at its largest (15, 127) or
+    smallest (0, -128) value, or d negated. The export's selftest draws the same bytes (_runtime_selftest)."""
+    nblk = int(np.prod(tshape[:-1]))
+    w = rng.standard_normal((nblk, 32)) * d.std + d.mean
+    q4 = d.kind == "ggml_q4_1"
+    if q4:
+        lo, hi = w.min(axis=1), w.max(axis=1)
+        scale, offset = (hi - lo) / 15, lo
+        qmin, qmax = 0, 15
+    else:
+        scale, offset = np.abs(w).max(axis=1) / 127, np.zeros(nblk)
+        qmin, qmax = -127, 127
+    scale = np.minimum(scale, FP16_MAX).astype("<f2")
+    offset = np.clip(offset, -FP16_MAX, FP16_MAX).astype("<f2")
+    s64 = scale.astype(np.float64)
+    inv = np.divide(1.0, s64, out=np.zeros(nblk), where=s64 > 0)[:, None]
+    q = np.clip(np.floor((w - offset.astype(np.float64)[:, None]) * inv + 0.5), qmin, qmax).astype(np.int16)
+    if d.special_fraction > 0:
+        special = rng.random(nblk) < d.special_fraction
+        case = rng.integers(0, 4, size=nblk)
+        scale[special & (case == 0)] = 0
+        q[special & (case == 1)] = qmax
+        q[special & (case == 2)] = 0 if q4 else -128
+        scale[special & (case == 3)] *= -1
+    head = [scale.view(np.uint8).reshape(nblk, 2)]
+    if q4:
+        head.append(offset.view(np.uint8).reshape(nblk, 2))
+        body = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+    else:
+        body = q.astype(np.int8).view(np.uint8)
+    return np.concatenate(head + [body], axis=1).reshape(tshape)
 
 
 def _transform(a: np.ndarray, d) -> np.ndarray:

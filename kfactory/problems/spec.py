@@ -10,7 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kfactory.problems.params import JINJA_RESERVED, c_param_types, check_c_type
 
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
+#: GGUF block formats an input may be drawn as (Distribution.kind) -> bytes of one block of 32 elements: Q4_1 is
+#: fp16 d, fp16 m, 16 bytes of nibbles; Q8_0 fp16 d, 32 int8 (kfactory.judge.inputs draws them)
+GGML_BLOCK_BYTES = {"ggml_q4_1": 20, "ggml_q8_0": 34}
 #: the most elements one tensor may have at any declared shape (2^28: 1 GiB of float32). The verifier holds
 #: several input draws and poisoned outputs at once; a larger shape would exhaust a runner's memory, so it is
 #: refused at the boundary instead
@@ -23,15 +26,21 @@ class _Strict(BaseModel):
 
 class TensorSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    dtype: Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
+    dtype: Literal["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8"]
     shape: list[str | int] = Field(min_length=1)
 
 
 class Distribution(_Strict):
     """How one input is drawn: normal(mean, std), uniform(low, high) or constant(value), optionally with -inf
     entries, then optionally mapped elementwise: `factor * transform(x)` with transform sigmoid or logsigmoid
-    (how models make gates: a sigmoid for a write strength in (0, 1), a log-sigmoid for a log-space decay)."""
-    kind: Literal["normal", "uniform", "constant"]
+    (how models make gates: a sigmoid for a write strength in (0, 1), a log-sigmoid for a log-space decay).
+
+    ggml_q4_1 and ggml_q8_0 draw a uint8 tensor of GGUF blocks (its last axis one block's bytes): each block
+    quantises 32 weights drawn normal(mean, std) as llama.cpp's reference quantiser does, so `std` is the
+    magnitude of the weights the blocks represent (a tiny std gives subnormal fp16 scales, a large one large
+    scales); `special_fraction` of the blocks are edge cases instead (scale 0, every code at its largest or
+    smallest value, a negative scale)."""
+    kind: Literal["normal", "uniform", "constant", "ggml_q4_1", "ggml_q8_0"]
     mean: float = 0.0
     std: float = Field(1.0, gt=0)
     low: float = -1.0
@@ -40,6 +49,17 @@ class Distribution(_Strict):
     neg_inf_fraction: float = Field(0.0, ge=0, lt=1)
     transform: Literal["none", "sigmoid", "logsigmoid"] = "none"
     factor: float = 1.0
+    special_fraction: float = Field(0.0, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _options_fit_the_kind(self) -> "Distribution":
+        ggml = self.kind in GGML_BLOCK_BYTES
+        if ggml and (self.neg_inf_fraction or self.transform != "none" or self.factor != 1.0):
+            raise ValueError(f"kind {self.kind} draws GGUF blocks: neg_inf_fraction, transform and factor do not "
+                             "apply to it (use mean, std and special_fraction)")
+        if not ggml and self.special_fraction:
+            raise ValueError(f"special_fraction applies to the ggml_q4_1 and ggml_q8_0 kinds, not {self.kind}")
+        return self
 
 
 class Tolerance(_Strict):
@@ -183,6 +203,11 @@ class ProblemSpec(_Strict):
             bad = [d for d in t.shape if isinstance(d, str) and d not in syms]
             if bad:
                 raise ValueError(f"tensor {t.name!r}: shape uses {bad} which are not in symbols {self.symbols}")
+            if t.dtype == "uint8" and t in self.outputs:
+                # outputs are judged against a float64 reference within tolerances; bytes would need an exact
+                # rule, which the judge does not have
+                raise ValueError(f"output {t.name!r}: dtype uint8 is for inputs (GGUF blocks, raw bytes); "
+                                 "declare the output as a float or int dtype")
             if t.dtype not in self.tolerance and t in self.outputs:
                 raise ValueError(f"output {t.name!r} has dtype {t.dtype} but tolerance has no entry for it")
         for shape in self.shapes.optimize + self.shapes.verify:
@@ -195,6 +220,9 @@ class ProblemSpec(_Strict):
         for dname, d in self.distributions.items():
             if set(d) != names:
                 raise ValueError(f"distribution {dname!r} must describe exactly the inputs {sorted(names)}")
+            for t in self.inputs:
+                if why := _kind_misfit(t, d[t.name]):
+                    raise ValueError(f"distributions.{dname}.{t.name}: {why}")
         tensors = names | {t.name for t in self.outputs}
         if clash := sorted(set(self.params) & (tensors | syms)):
             raise ValueError(f"params: {clash} already name a tensor or a shape symbol")
@@ -217,6 +245,31 @@ class ProblemSpec(_Strict):
             if n > MAX_TENSOR_ELEMENTS:
                 raise ValueError(f"tensor {t.name!r} at shape {shape} has {n} elements, over the limit of "
                                  f"{MAX_TENSOR_ELEMENTS}: choose smaller shapes")
+
+
+def _kind_misfit(t: TensorSpec, d: Distribution) -> str:
+    """Why a distribution cannot draw tensor `t` ("" when it can): GGUF blocks need a uint8 tensor whose last
+    axis is the block's bytes, and a uint8 tensor takes blocks or bytes (uniform or constant within 0..255)."""
+    if d.kind in GGML_BLOCK_BYTES:
+        size = GGML_BLOCK_BYTES[d.kind]
+        if t.dtype != "uint8":
+            return f"kind {d.kind} draws GGUF blocks into a uint8 tensor, but {t.name!r} is {t.dtype}"
+        if t.shape[-1] != size:
+            return (f"kind {d.kind} needs the last axis of {t.name!r} to be the block's {size} bytes (a fixed "
+                    f"size), not {t.shape[-1]!r}")
+        return ""
+    if t.dtype != "uint8":
+        return ""
+    if d.kind == "normal":
+        return (f"{t.name!r} is uint8: draw it as GGUF blocks (ggml_q4_1, ggml_q8_0) or as bytes (uniform with "
+                "0 <= low < high <= 256, constant 0..255), not normal")
+    if d.kind == "uniform" and not 0 <= d.low < d.high <= 256:
+        return f"{t.name!r} is uint8: a uniform draw needs 0 <= low < high <= 256 (it has {d.low}, {d.high})"
+    if d.kind == "constant" and not (d.value == int(d.value) and 0 <= d.value <= 255):
+        return f"{t.name!r} is uint8: a constant must be an integer 0..255 (it is {d.value})"
+    if d.neg_inf_fraction or d.transform != "none":
+        return f"{t.name!r} is uint8: neg_inf_fraction and transform do not apply to bytes"
+    return ""
 
 
 class FamilySpec(_Strict):

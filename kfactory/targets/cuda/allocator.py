@@ -13,7 +13,7 @@ from kfactory.targets.cuda import driver
 from kfactory.targets.cuda.driver import CudaError, check, dptr
 
 
-ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
+ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8, "uint8": 1}
 GUARD = 4096          # bytes of known pattern before and after every tensor of a checked call
 GUARD_BYTE = 0xA5
 

@@ -23,7 +23,7 @@ SCALARS = {"i64": (ctypes.c_int64, "int", int), "f32": (ctypes.c_float, "float",
            "f64": (ctypes.c_double, "float", float)}
 #: __cuda_array_interface__ type strings; bfloat16 goes as int16 and is viewed as torch.bfloat16
 TYPESTR = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "bfloat16": "<i2", "int32": "<i4",
-           "int64": "<i8"}
+           "int64": "<i8", "uint8": "|u1"}
 
 
 @dataclass
