@@ -252,7 +252,7 @@ def test_a_library_exporting_more_than_the_abi_is_refused(exported, tmp_path):
     source = (exported["c"] / f"{NAME}.c").read_text()
     argv = ["{cc}", "-x", "c", *FLAGS, "-o", "{out}", f"{NAME}.c", "-x", "none", *LINK]
     (tmp_path / f"{NAME}.c").write_text(source)
-    check_library(tmp_path, argv, NAME)                      # the export's own source passes
+    check_library(tmp_path, [argv], NAME)                    # the export's own source passes
     (tmp_path / f"{NAME}.c").write_text(source + "\nint leaked_table[4] = {1, 2, 3, 4};\n")
     with pytest.raises(ExportError, match="leaked_table"):
-        check_library(tmp_path, argv, NAME)
+        check_library(tmp_path, [argv], NAME)

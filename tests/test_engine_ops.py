@@ -155,3 +155,42 @@ def test_a_campaign_pairs_searched_kernels_with_the_engines_own_and_best_json_re
     again = build_engine(design, verifier.model.config, kernels_of(best), root / "engines")
     winner = next(r for r in record["results"] if r["design_id"] == best["design_id"])
     assert again.cached and str(again.path) == winner["library"]
+
+
+class OnlySearched(Campaign):
+    """A campaign of the one design that links both kernels (so it is the winner an export takes)."""
+
+    def designs(self) -> list[EngineDesign]:
+        return [SEARCHED]
+
+
+def test_an_engine_with_searched_kernels_exports_and_runs_without_kfactory(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from kfactory.cli.main import main
+    from kfactory.models import Reference
+    from test_engine_export import CHILD, NAME, PROMPT
+
+    data = tmp_path / "data"
+    verifier = Verifier("tiny-llama", cache_dir=data / "models", reference_dir=data / "engines" / "reference")
+    record = OnlySearched("tiny-llama", 1, data_dir=data, verifier=verifier, kernels=kernels()).run()
+    assert record["best"]["design_id"] == SEARCHED.design_id()
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(data))
+    out = tmp_path / "export"
+    assert main(["export", "tiny-llama", "--format", "python", "--name", NAME, "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    # each kernel compiled on its own and localised, then linked: the manifest's steps, the Makefile's rules
+    assert [s[0] for s in manifest["build"]["steps"]] == ["{cc}", "objcopy", "{cc}", "objcopy", "{cc}"]
+    assert (out / f"{NAME}_op0.c").is_file() and f"{NAME}_op1.o:" in (out / "Makefile").read_text()
+    proc = subprocess.run([sys.executable, "-I", "-c", CHILD, str(out), PROMPT, "16", str(tmp_path / "l.npy")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    eos = verifier.model.tokenizer.eos_id
+    assert got["tokens"] == Reference.from_model(verifier.model).generate(got["ids"], 16, stop=[eos]).tokens
+    # the library exports the engine's ABI only: the kernels' entries are hidden
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(out / f"lib{NAME}.so")], capture_output=True, text=True)
+    assert not [ln for ln in nm.stdout.splitlines() if "kf_op_" in ln]
+    make = subprocess.run(["make", "-C", str(out), f"{NAME}_example"], capture_output=True, text=True, timeout=600)
+    assert make.returncode == 0, make.stderr

@@ -36,9 +36,10 @@ from typing import Any, Callable
 import numpy as np
 
 from kfactory.engines import export_c
-from kfactory.engines.build import FLAGS, LINK, build, compiler
+from kfactory.engines.build import FLAGS, LINK, Unit, build, compiler
 from kfactory.engines.campaign import VERIFIED, load_best
 from kfactory.engines.design import DesignError, EngineDesign
+from kfactory.engines.ops import OpKernelError, kernels_of, units_for
 from kfactory.engines.prepare import FORMATS as TENSOR_FORMATS, LAYOUTS, Prepared, prepare
 from kfactory.engines.verify import Verdict, Verifier
 from kfactory.export import ExportError, check_name
@@ -83,6 +84,8 @@ class Chosen:
     result: dict[str, Any]
     record: dict[str, Any]
     source: str
+    #: the searched op kernels it links in (kfactory/engines/ops.py), from the campaign record
+    units: tuple[Unit, ...] = ()
 
 
 def chosen_engine(package: ModelPackage, data_dir: Path) -> Chosen:
@@ -114,13 +117,17 @@ def chosen_engine(package: ModelPackage, data_dir: Path) -> Chosen:
     source = source_path.read_text()
     if f'#define KF_DESIGN_ID "{design.design_id()}"' not in source:
         raise NoVerifiedEngine(f"{source_path} was not generated for design {design.design_id()}: {run_first}")
-    return Chosen(design, result, record, source)
+    try:
+        units = units_for(design, kernels_of(record))
+    except OpKernelError as e:
+        raise NoVerifiedEngine(f"{record_path}: {e}: {run_first}") from e
+    return Chosen(design, result, record, source, units)
 
 
 def reverify(verifier: Verifier, chosen: Chosen, data_dir: Path) -> tuple[Verdict, bool]:
     """Build the verified source (a lookup in the build cache) and verify it again, in its child: the figures
     of every check go into the manifest. (verdict, whether the object is the very one the campaign verified)."""
-    lib = build(chosen.source, data_dir / "engines")
+    lib = build(chosen.source, data_dir / "engines", units=chosen.units)
     if not lib.ok or lib.path is None:
         raise NoVerifiedEngine(f"the verified source of {chosen.design.design_id()} no longer builds here:\n"
                                f"{lib.log.strip()[-2000:]}")
@@ -179,15 +186,30 @@ def chat_split(tok: Tokenizer) -> dict[str, str] | None:
     return {"prefix": prefix, "suffix": suffix}
 
 
-def check_library(stage: Path, argv: list[str], name: str) -> None:
-    """Build libNAME.so in `stage` with the Makefile's command and check that it exports exactly the ABI's
-    functions under NAME_ (then remove it: the export ships the source, built where it runs)."""
+def build_steps(name: str, units: tuple[Unit, ...]) -> list[list[str]]:
+    """The commands that build libNAME.so ("{cc}": the compiler, "{out}": the library): each linked op kernel
+    compiled with its own flags and every global but its entry made local (as kfactory.engines.build does),
+    then the engine with those objects."""
+    steps, objects = [], []
+    for i, unit in enumerate(units):
+        obj = f"{name}_op{i}.o"
+        steps.append(["{cc}", "-x", "c", "-c", "-fPIC", *unit.flags, "-o", obj, f"{name}_op{i}.c"])
+        steps.append(["objcopy", *(f"--keep-global-symbol={s}" for s in unit.exports), obj])
+        objects.append(obj)
+    steps.append(["{cc}", "-x", "c", *FLAGS, "-o", "{out}", f"{name}.c", "-x", "none", *objects, *LINK])
+    return steps
+
+
+def check_library(stage: Path, steps: list[list[str]], name: str) -> None:
+    """Build libNAME.so in `stage` with the Makefile's commands and check that it exports exactly the ABI's
+    functions under NAME_ (then remove it and the objects: the export ships the sources, built where it runs)."""
     out = stage / f"lib{name}.so"
-    cmd = [compiler() if w == "{cc}" else str(out) if w == "{out}" else w for w in argv]
     try:
-        proc = subprocess.run(cmd, cwd=stage, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        if proc.returncode != 0:
-            raise ExportError(f"the renamed source does not build ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
+        for argv in steps:
+            cmd = [compiler() if w == "{cc}" else str(out) if w == "{out}" else w for w in argv]
+            proc = subprocess.run(cmd, cwd=stage, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            if proc.returncode != 0:
+                raise ExportError(f"the renamed source does not build ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
         nm = subprocess.run(["nm", "-D", "--defined-only", str(out)], capture_output=True, text=True,
                             timeout=NM_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -199,6 +221,8 @@ def check_library(stage: Path, argv: list[str], name: str) -> None:
     if nm.returncode != 0 or exported != want:
         raise ExportError(f"lib{name}.so exports {sorted(exported)}, not exactly {sorted(want)}")
     out.unlink()
+    for obj in stage.glob(f"{name}_op*.o"):
+        obj.unlink()
 
 
 def sha256_file(path: Path) -> str:
@@ -264,7 +288,8 @@ def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen
     c = model.config
     tok = model.tokenizer
     chat = chat_split(tok)
-    argv = ["{cc}", "-x", "c", *FLAGS, "-o", "{out}", f"{name}.c", "-x", "none", *LINK]
+    steps = build_steps(name, chosen.units)
+    argv = steps[-1]
     prompt = package.spec.prompts[0] if package.spec.prompts else "Hello"
     ids = tok.encode(chat["prefix"] + prompt + chat["suffix"] if chat else prompt)
     values = {"NAME": name, "MODEL": package.name, "DESIGN_ID": design.design_id(),
@@ -272,13 +297,15 @@ def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen
               "WAIT": "active" if design.spin else "passive", "VOCAB": str(c.vocab),
               "CONTEXT": str(c.context_length), "EOS": str(tok.eos_id if tok.eos_id is not None else -1),
               "VERDICT": export_c.c_comment(verdict.summary().splitlines()[0]),
-              "BUILD": export_c.c_comment(" ".join(argv))}
+              "BUILD": export_c.c_comment(" && ".join(" ".join(s) for s in steps))}
     (stage / f"{name}.c").write_text(source)
+    for i, unit in enumerate(chosen.units):
+        (stage / f"{name}_op{i}.c").write_text(unit.source)
     (stage / f"{name}.h").write_text(export_c.header_text(values))
     (stage / f"{name}_example.c").write_text(export_c.example_text(values))
-    (stage / "Makefile").write_text(export_c.makefile_text(values, FLAGS, LINK, ids))
+    (stage / "Makefile").write_text(export_c.makefile_text(values, FLAGS, LINK, ids, steps[:-1]))
     (stage / "tokenizer.json").write_text(tok.hf.to_str())
-    check_library(stage, argv, name)
+    check_library(stage, steps, name)
     config_fields = (c.blocks, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab, c.rope_base, c.rms_eps)
     tensors = prepare(model, design)
     weights_bytes = write_weights(stage / f"{name}.weights", tensors, design.design_id(), config_fields)
@@ -291,7 +318,7 @@ def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen
         "model_file": {"path": str(model.path), "sha256": sha256_file(model.path)},
         "design_id": design.design_id(), "design": design.as_dict(), "abi_version": ABI_VERSION,
         "config": c.as_dict(), "threads": design.threads, "omp_wait_policy": values["WAIT"],
-        "build": {"cc": compiler(), "flags": list(FLAGS), "link": list(LINK), "argv": argv,
+        "build": {"cc": compiler(), "flags": list(FLAGS), "link": list(LINK), "argv": argv, "steps": steps,
                   "artifact": f"lib{name}.so"},
         "weights": {"file": f"{name}.weights", "bytes": weights_bytes, "tensors": len(tensors),
                     "file_version": FILE_VERSION},

@@ -157,8 +157,8 @@ IDS ?= @IDS@
 
 all: lib@NAME@.so @NAME@_example
 
-lib@NAME@.so: @NAME@.c
-\t$(CC) -x c $(FLAGS) -o .$@.tmp @NAME@.c -x none $(LINK) && mv -f .$@.tmp $@
+@OBJECT_RULES@lib@NAME@.so: @NAME@.c@OBJECTS@
+\t$(CC) -x c $(FLAGS) -o .$@.tmp @NAME@.c -x none@OBJECTS@ $(LINK) && mv -f .$@.tmp $@
 
 @NAME@_example: @NAME@_example.c @NAME@.h lib@NAME@.so
 \t$(CC) -O2 -o $@ @NAME@_example.c -L. -l@NAME@ -Wl,-rpath,'$$ORIGIN'
@@ -167,7 +167,7 @@ run: @NAME@_example
 \tOMP_WAIT_POLICY=@WAIT@ ./@NAME@_example @NAME@.weights $(N) $(IDS)
 
 clean:
-\trm -f lib@NAME@.so @NAME@_example
+\trm -f lib@NAME@.so @NAME@_example@OBJECTS@
 
 .PHONY: all run clean
 """
@@ -192,9 +192,20 @@ def example_text(values: dict[str, str]) -> str:
     return fill(EXAMPLE, values)
 
 
-def makefile_text(values: dict[str, str], flags: tuple[str, ...], link: tuple[str, ...], ids: list[int]) -> str:
+def makefile_text(values: dict[str, str], flags: tuple[str, ...], link: tuple[str, ...], ids: list[int],
+                  object_steps: list[list[str]] | None = None) -> str:
+    """The Makefile; `object_steps`: the commands that make the linked op kernels' objects (pairs: compile, then
+    objcopy), each pair becoming one rule for its object."""
+    rules, objects = [], []
+    steps = object_steps or []
+    for compile_step, localise in zip(steps[::2], steps[1::2]):
+        obj, src = compile_step[compile_step.index("-o") + 1], compile_step[-1]
+        cmd = shlex.join(compile_step[1:])
+        rules.append(f"{obj}: {src}\n\t$(CC) {cmd} && {shlex.join(localise)}\n\n")
+        objects.append(obj)
     return fill(MAKEFILE, {**values, "FLAGS": shlex.join(flags), "LINK": shlex.join(link),
-                           "IDS": " ".join(str(i) for i in ids)})
+                           "IDS": " ".join(str(i) for i in ids), "OBJECT_RULES": "".join(rules),
+                           "OBJECTS": "".join(f" {o}" for o in objects)})
 
 
 def c_comment(value: object) -> str:

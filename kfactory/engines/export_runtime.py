@@ -76,14 +76,16 @@ def build_library(directory: Path, manifest: dict[str, Any]) -> Path:
     out = Path(directory) / build["artifact"]
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     cc = os.environ.get("CC") or build["cc"]
-    argv = [cc if w == "{cc}" else str(tmp) if w == "{out}" else w for w in build["argv"]]
-    try:
-        proc = subprocess.run(argv, cwd=directory, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise EngineError(f"building {out.name} failed ({' '.join(argv)}): {e}") from e
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise EngineError(f"building {out.name} failed ({' '.join(argv)}):\n{proc.stderr[-4000:]}")
+    # the linked op kernels' objects first (each compiled with its own flags), then the library
+    for step in build.get("steps") or [build["argv"]]:
+        argv = [cc if w == "{cc}" else str(tmp) if w == "{out}" else w for w in step]
+        try:
+            proc = subprocess.run(argv, cwd=directory, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise EngineError(f"building {out.name} failed ({' '.join(argv)}): {e}") from e
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise EngineError(f"building {out.name} failed ({' '.join(argv)}):\n{proc.stderr[-4000:]}")
     os.replace(tmp, out)
     return out
 

@@ -64,7 +64,13 @@ class OpKernel:
             source = rename_symbols(self.source, {self.entry: SYMBOLS[self.problem]})
         except ExportError as exc:
             raise OpKernelError(f"{self.problem} kernel {self.candidate_id[:12]}: {exc}") from exc
-        return Unit(source, tuple(words), (SYMBOLS[self.problem],))
+        # the entry hidden: linked into the engine, never exported by it (a program that loads two engines, or
+        # an engine and the kernel's own export, gets no clash); the problems' ABI, so a kernel whose entry has
+        # another signature fails to compile (a typed build failure)
+        hidden = ('#include <stdint.h>\n__attribute__((visibility("hidden"))) void '
+                  f"{SYMBOLS[self.problem]}(const uint8_t *w, const float *x, float *y, int64_t rows, "
+                  "int64_t blocks);\n")
+        return Unit(hidden + source, tuple(words), (SYMBOLS[self.problem],))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

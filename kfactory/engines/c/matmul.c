@@ -311,13 +311,13 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
 #endif
 
 /* kernels searched by the kernel pipeline for the matvec problems (kfactory/engines/ops.py): each is its own
- * translation unit, compiled with the flags it was verified with, its entry renamed to these names; the
- * problems' ABI: w the GGUF blocks [rows][blocks], x [blocks * 32], y [rows] */
+ * translation unit, compiled with the flags it was verified with, its entry renamed to these names and
+ * hidden (the library exports the engine's ABI only); the problems' ABI: w the GGUF blocks [rows][blocks], x [blocks * 32], y [rows] */
 #if KF_OP_MATVEC_Q4_1
-void kf_op_matvec_q4_1(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
+__attribute__((visibility("hidden"))) void kf_op_matvec_q4_1(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
 #endif
 #if KF_OP_MATVEC_Q8_0
-void kf_op_matvec_q8_0(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
+__attribute__((visibility("hidden"))) void kf_op_matvec_q8_0(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
 #endif
 
 /* y = W x over n tokens; xs: scratch of n * cols/32 floats (the block sums Q4_1 needs) */
