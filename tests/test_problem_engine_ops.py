@@ -284,7 +284,8 @@ FAMILY_POINTS = {
     ],
     "silu_mul": [
         dict(simd="avx2", exp="poly", recip="rcp", unroll=4, threads=2, par_min=16384, flags="-O3 -mavx2 -mfma"),
-        dict(simd="auto", exp="poly", recip="div", unroll=2, threads=1, par_min=0, flags="-O3 -march=native"),
+        dict(simd="auto", exp="poly", recip="div", unroll=2, threads=1, par_min=0,
+             flags="-O3 -march=native -fno-trapping-math"),
         dict(simd="auto", exp="libm", recip="div", unroll=1, threads=2, par_min=0, flags="-O2"),
     ],
 }
