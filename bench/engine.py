@@ -56,16 +56,30 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def chosen_design(model: str, text: str | None) -> tuple[dict, str]:
-    """(design fields, where they came from): --design, else best.json, else the default design."""
+def chosen_design(model: str, text: str | None) -> tuple[dict, str, dict]:
+    """(design fields, where they came from, the searched op kernels it links in by problem): --design, else
+    best.json, else the default design. A --design naming searched kernels takes them from best.json."""
     from kfactory.engines.campaign import load_best
+    from kfactory.engines.ops import kernels_of
     from kfactory.models import load_model
-    if text:
-        return json.loads(text), "--design"
     best = load_best(load_model(model).name)
+    kernels = kernels_of(best) if best is not None else {}
+    if text:
+        return json.loads(text), "--design", kernels
     if best is not None:
-        return dict(best["design"]), f"best.json ({best['design_id']}, campaign {best.get('campaign')})"
-    return {}, "default design (no best.json: no campaign verified a design of this model)"
+        return dict(best["design"]), f"best.json ({best['design_id']}, campaign {best.get('campaign')})", kernels
+    return {}, "default design (no best.json: no campaign verified a design of this model)", {}
+
+
+def build_design(design, config, kernels: dict):
+    """The design's library (a lookup in the build cache after its campaign); a design whose searched kernels
+    are not at hand is a failed BuildResult saying so."""
+    from kfactory.engines.build import BuildResult
+    from kfactory.engines.ops import OpKernelError, build_engine
+    try:
+        return build_engine(design, config, kernels)
+    except OpKernelError as e:
+        return BuildResult(False, None, str(e), 0.0, False, "")
 
 
 def with_threads(fields: dict, threads: int):
@@ -102,13 +116,11 @@ def _reset_peak(pid: int) -> bool:
 
 
 def measure_kfactory(verifier, design, threads: int, contexts: list[int], prefill: int, steps: int,
-                     repeats: int) -> dict:
+                     repeats: int, kernels: dict | None = None) -> dict:
     """kfactory's engine in the baselines' result shape (roofline not yet filled), timed in its runner child;
     peak RSS is the child's VmHWM while measuring (reset after it opened the model, like the baselines)."""
-    from kfactory.engines.build import build
-    from kfactory.engines.codegen import generate
     from kfactory.engines.runner import EngineFault, EngineRunner
-    lib = build(generate(design, verifier.model.config))
+    lib = build_design(design, verifier.model.config, kernels or {})
     if not lib.ok or lib.path is None:
         return empty(NAME, threads, FAILED, f"build failed: {lib.log.strip()[-800:]}")
     steps = steps or DEFAULT_STEPS
@@ -139,16 +151,14 @@ def measure_kfactory(verifier, design, threads: int, contexts: list[int], prefil
                                                  "prefill": f"best of {repeats}"}}
 
 
-def greedy_check(verifier, design) -> dict:
+def greedy_check(verifier, design, kernels: dict | None = None) -> dict:
     """Greedy generation of the plan's tokens (64) from each of the model's prompts, kfactory's engine against
     the float64 reference (kfactory.engines.verify; the reference's answers come from its on-disk cache)."""
-    from kfactory.engines.build import build
-    from kfactory.engines.codegen import generate
     from kfactory.engines.verify import Plan
     full = verifier.plan
     verifier.plan = Plan((1,), 1, full.greedy_tokens, full.greedy_prompts)
     verifier.stream = verifier.stream[:2]
-    lib = build(generate(design, verifier.model.config))
+    lib = build_design(design, verifier.model.config, kernels or {})
     if not lib.ok or lib.path is None:
         return {"identical": None, "reason": "build failed"}
     t0 = time.perf_counter()
@@ -178,7 +188,7 @@ def run(args) -> dict:
     names = [n for n in args.only.split(",") if n]
     pythons = eb.interpreters(args)
     contexts = eb._ints(args.contexts)
-    fields, source = chosen_design(args.model, args.design)
+    fields, source, kernels = chosen_design(args.model, args.design)
     print(f"kfactory's engine: {source}", file=sys.stderr, flush=True)
     verifier = Verifier(args.model)
     load_before = os.getloadavg()
@@ -188,7 +198,8 @@ def run(args) -> dict:
         ceilings[str(threads)] = host_ceilings(threads, fresh)
         design = with_threads(fields, threads)
         t0 = time.perf_counter()
-        ours = measure_kfactory(verifier, design, threads, contexts, args.prefill, args.steps, args.repeats)
+        ours = measure_kfactory(verifier, design, threads, contexts, args.prefill, args.steps, args.repeats,
+                                kernels)
         ours = add_roofline(ours, ceilings[str(threads)])
         ours["python"] = sys.executable
         print(f"  {NAME} {design.design_id()} ({threads} threads): {ours['status']} in "
@@ -203,7 +214,7 @@ def run(args) -> dict:
     greedy = None
     if not args.no_greedy:
         t0 = time.perf_counter()
-        greedy = greedy_check(verifier, with_threads(fields, first_threads))
+        greedy = greedy_check(verifier, with_threads(fields, first_threads), kernels)
         print(f"  greedy check: {greedy['identical']} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     first = str(contexts[0]) if contexts else None
     summary = {
