@@ -126,6 +126,34 @@ def test_wrong_timed_output_is_caught(target, session, problem, settings):
     assert res.reason == pb.WRONG_RESULT
 
 
+def test_floor_does_not_call_an_honest_read_stream_too_fast(small_softmax):
+    """A decode step's attention reads its KV cache and writes one vector per head. On this host, one thread,
+    load average 7, the probes measured copy 2.61 GB/s and read 5.73 GB/s back to back (the read stream 2.2x the
+    copy): a kernel streaming the cache at the read figure takes less than the floor the copy figure alone sets
+    (bytes / 2.61 GB/s / SOL_SLACK), so it would be rejected as too fast. The floor's bandwidth is weighted by the
+    bytes written (kfactory.judge.measure.floor_bandwidth_gbps): almost the read figure here, exactly the copy
+    figure for softmax (as many bytes written as read), and the copy figure where no read figure is known."""
+    from kfactory.judge.measure import SOL_SLACK, floor_bandwidth_gbps, sol_floor_s
+    attention = load_problem("decode_attention_gqa")
+    shape = {"H": 9, "KV": 3, "ctx": 1024, "D": 64}
+    nbytes, flops = attention.cost(shape)
+    copy, read, peak = 2.61, 5.73, 72.6
+    honest_s = nbytes / (read * 1e9)
+    assert nbytes / (copy * 1e9) / SOL_SLACK > honest_s > flops / (peak * 1e9)   # memory bound; copy floor flags it
+    dev = pb.DeviceInfo(mem_bandwidth_gbps=copy, read_bandwidth_gbps=read, peak_gflops=peak)
+    # 2304 of 1,577,472 tensor bytes are written: the floor is within 0.4% of the read figure's
+    assert sol_floor_s(attention, shape, dev) == pytest.approx(honest_s / SOL_SLACK, rel=4e-3)
+    assert sol_floor_s(attention, shape, dev) < honest_s
+    no_read = pb.DeviceInfo(mem_bandwidth_gbps=copy, peak_gflops=peak)
+    assert sol_floor_s(attention, shape, no_read) == pytest.approx(nbytes / (copy * 1e9) / SOL_SLACK)
+    softmax = load_problem(small_softmax)
+    for s in softmax.shapes("all"):
+        assert floor_bandwidth_gbps(softmax, s, dev) == pytest.approx(copy)
+    # a read figure measured below the copy figure never raises a floor
+    low_read = pb.DeviceInfo(mem_bandwidth_gbps=copy, read_bandwidth_gbps=copy / 3, peak_gflops=peak)
+    assert floor_bandwidth_gbps(attention, shape, low_read) == copy
+
+
 def test_device_reports_a_measured_bandwidth_cached_per_host(settings):
     import json
 

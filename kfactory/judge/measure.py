@@ -10,6 +10,8 @@ import math
 import secrets
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kfactory.judge import inputs as inp
 from kfactory.judge.checks import (InputPool, RegressionInput, Rejection, check_outputs, fault_reason,
                                    reject_tampering, timing_dist)
@@ -27,13 +29,34 @@ SOL_SLACK = 2.0
 
 
 def sol_floor_s(problem: Problem, shape: dict[str, int], device: pb.DeviceInfo | None) -> float:
-    """The speed-of-light floor in seconds at a shape on a device (0 when no ceiling is known)."""
+    """The speed-of-light floor in seconds at a shape on a device (0 when no ceiling is known); its bandwidth is
+    floor_bandwidth_gbps's."""
     if device is None:
         return 0.0
     nbytes, flops = problem.cost(shape)
-    times = [nbytes / (device.mem_bandwidth_gbps * 1e9) if device.mem_bandwidth_gbps else 0.0,
+    bandwidth = floor_bandwidth_gbps(problem, shape, device)
+    times = [nbytes / (bandwidth * 1e9) if bandwidth else 0.0,
              flops / (device.peak_gflops * 1e9) if device.peak_gflops else 0.0]
     return max(times) / SOL_SLACK
+
+
+def floor_bandwidth_gbps(problem: Problem, shape: dict[str, int], device: pb.DeviceInfo) -> float:
+    """The bandwidth a problem's bytes are set against at a shape, weighted by the share w of its tensors' bytes
+    that are outputs. The copy probe reads and writes equal bytes, so with the read-only figure it prices a
+    written byte at 2/copy - 1/read seconds: a kernel takes at least (1 - w)/read + w (2/copy - 1/read) seconds a
+    byte. That is the copy figure at w = 1/2 (softmax, a norm: their floors are as before) and the read figure
+    at w = 0 (a decode step's attention reads its KV cache and writes one vector a head: on the copy figure alone
+    an honest one could be called too fast where a read stream outruns a copy by more than SOL_SLACK). Never
+    below the copy figure, so no floor rises; the copy figure alone where no read figure is known (0)."""
+    copy, read = device.mem_bandwidth_gbps, device.read_bandwidth_gbps
+    if not copy or not read:
+        return copy
+    size = {t.name: int(math.prod(problem.tensor_shape(t, shape))) * np.dtype(t.dtype).itemsize
+            for t in problem.spec.inputs + problem.spec.outputs}
+    total = sum(size.values())
+    w = sum(size[t.name] for t in problem.spec.outputs) / total if total else 0.5
+    per_byte = (1 - w) / read + w * (2 / copy - 1 / read)
+    return max(copy, 1 / per_byte) if per_byte > 0 else max(copy, read)
 
 
 @dataclass
