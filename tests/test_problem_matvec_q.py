@@ -128,6 +128,8 @@ REFUSALS = [
      "'w' is uint8: draw it as GGUF blocks"),
     (lambda s: s["distributions"]["normal"].update(w={"kind": "uniform", "low": -1.0, "high": 1.0}),
      "distributions.normal.w", "0 <= low < high <= 256"),
+    (lambda s: s["distributions"]["normal"].update(w={"kind": "constant", "value": float("inf")}),
+     "distributions.normal.w", "a constant must be an integer 0..255"),
     (lambda s: s["distributions"]["normal"]["w"].update(neg_inf_fraction=0.1), "distributions.normal.w",
      "neg_inf_fraction, transform and factor do not apply"),
     (lambda s: s["distributions"]["normal"]["x"].update(special_fraction=0.1), "distributions.normal.x",

@@ -265,7 +265,7 @@ def _kind_misfit(t: TensorSpec, d: Distribution) -> str:
                 "0 <= low < high <= 256, constant 0..255), not normal")
     if d.kind == "uniform" and not 0 <= d.low < d.high <= 256:
         return f"{t.name!r} is uint8: a uniform draw needs 0 <= low < high <= 256 (it has {d.low}, {d.high})"
-    if d.kind == "constant" and not (d.value == int(d.value) and 0 <= d.value <= 255):
+    if d.kind == "constant" and not (float(d.value).is_integer() and 0 <= d.value <= 255):
         return f"{t.name!r} is uint8: a constant must be an integer 0..255 (it is {d.value})"
     if d.neg_inf_fraction or d.transform != "none":
         return f"{t.name!r} is uint8: neg_inf_fraction and transform do not apply to bytes"
