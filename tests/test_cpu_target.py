@@ -154,6 +154,28 @@ def test_floor_does_not_call_an_honest_read_stream_too_fast(small_softmax):
     assert floor_bandwidth_gbps(attention, shape, low_read) == copy
 
 
+def test_read_dominated_reference_passes_the_floor_with_its_fraction_of_the_weighted_bandwidth(target, settings):
+    """The honest reference of a problem that only reads (decode_attention_gqa) is timed against this host's
+    measured ceilings: it is not too fast, and its fraction of speed of light is its GB/s over the floor's
+    bandwidth (between the copy and the read figures, nearly the read one), not over the copy figure."""
+    from kfactory.judge.measure import floor_bandwidth_gbps
+    attention = load_problem("decode_attention_gqa")
+    shape = {"H": 9, "KV": 3, "ctx": 1024, "D": 64}
+    dev = target.device()
+    session = target.session(attention, 1)
+    try:
+        _load(target, session, "ref", *attention.reference_source("cpu"))
+        res = measure(session, ["ref"], attention, shape, InputPool(attention, 1), target.cache_bytes(), settings,
+                      device=dev)
+    finally:
+        session.close()
+    assert not res.reason, res.message
+    t = res.timings["ref"]
+    bandwidth = floor_bandwidth_gbps(attention, shape, dev)
+    assert dev.mem_bandwidth_gbps <= bandwidth <= max(dev.mem_bandwidth_gbps, dev.read_bandwidth_gbps)
+    assert t.gbps > 0 and t.sol_fraction == pytest.approx(t.gbps / bandwidth)
+
+
 def test_device_reports_a_measured_bandwidth_cached_per_host(settings):
     import json
 

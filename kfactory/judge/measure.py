@@ -103,7 +103,9 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
     # 1x50257: 14 us). Measuring the empty call inside the same interleaved timing would fix it (a session's
     # work); the probe below cannot, as its checked call is poisoned and so looks checked
     overhead = session.call_overhead_s() if floor else 0.0
-    ceiling = device.mem_bandwidth_gbps if device is not None else 0.0
+    # the fraction of the bandwidth this problem's kernels can reach: the floor's (the copy figure for softmax,
+    # the read figure for a kernel that only reads)
+    ceiling = floor_bandwidth_gbps(problem, shape, device) if device is not None else 0.0
     out = Timing()
     for k in keys:
         t = summarize(res.samples[k], sname, nbytes, ceiling)
