@@ -307,3 +307,22 @@ def test_a_space_caches_its_points_but_hands_out_copies(space):
     grid = make_strategy("grid", space, seed=1, shuffle=True)
     assert grid.order != pts and space.all_points() == pts  # the shuffle did not reorder the space's own list
     assert all(space.valid(p) for p in pts[:50]) and space.valid(pts[0])
+
+
+def test_a_space_bounded_by_threads_holds_no_point_that_starts_more():
+    """A campaign run with --threads 1 never proposes a point whose kernel starts 2 threads (matvec_q4_1's family
+    has threads 1 and 2): it would hold a core the user did not give, and time bimodally beside other work."""
+    import random as _random
+
+    fam = load_problem("matvec_q4_1").families["cpu_c"]
+    whole, bounded = Space([fam]), Space([fam], max_threads=1)
+    two = [p for p in whole.all_points() if p.params["threads"] == 2]
+    assert two and all(not bounded.valid(p) and whole.valid(p) for p in two)
+    assert {p.params["threads"] for p in bounded.all_points()} == {1}
+    assert len(bounded.all_points()) == len(whole.all_points()) - len(two)
+    rng = _random.Random(5)
+    assert {bounded.random(rng).params["threads"] for _ in range(200)} == {1}
+    for name in KNOWN:   # every strategy asks only inside the bound
+        s = make_strategy(name, bounded, seed=3)
+        asked = [s.ask() for _ in range(12)]
+        assert all(p is None or p.params["threads"] == 1 for p in asked), name

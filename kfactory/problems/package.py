@@ -196,8 +196,11 @@ class Family:
         except jinja2.TemplateError as e:
             raise ProblemError(f"{self.directory / 'family.yaml'}: compile_flags of family {self.name} failed at "
                                f"{params}: {_what(e)}") from e
-        threads = int(safe_eval(self.spec.launch.get("threads", "1"), params))
-        return source, " ".join(flags.split()), threads
+        return source, " ".join(flags.split()), self.threads_at(params)
+
+    def threads_at(self, params: dict) -> int:
+        """The threads a point's kernel runs (its launch rule's `threads`; 1 without one)."""
+        return int(safe_eval(self.spec.launch.get("threads", "1"), params))
 
     def launch_rule(self, params: dict) -> dict | None:
         """A cuda family's launch rule at a point: grid/block/smem expressions over the params and the

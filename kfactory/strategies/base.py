@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from random import Random  # the name `random` inside Space is its method: annotations there say Random
 
-from kfactory.problems import Family
+from kfactory.problems import Family, ProblemError
 
 
 @dataclass(frozen=True)
@@ -39,12 +39,15 @@ VALID_MEMO_MAX = 1 << 20
 
 
 class Space:
-    """The union of the families' valid points."""
+    """The union of the families' valid points; with `max_threads`, only the points whose kernel runs at most
+    that many threads (a campaign asked to run kernels on 1 thread must not measure a point that starts 2: on a
+    host whose other core is busy its timings are bimodal, and it holds a core the user did not give it)."""
 
-    def __init__(self, families: list[Family]):
+    def __init__(self, families: list[Family], max_threads: int = 0):
         if not families:
             raise ValueError("no family to search")
         self.families = {f.name: f for f in families}
+        self.max_threads = max_threads
         # a planner asks thousands of times whether a point is valid and, late in a campaign, for every valid
         # point; each answer evaluates the constraints, so both are kept
         self._points: list[Point] | None = None
@@ -53,18 +56,27 @@ class Space:
     def all_points(self) -> list[Point]:
         """Every valid point, in a fixed order (a new list: the caller may reorder it)."""
         if self._points is None:
-            self._points = [Point.of(f.name, p) for f in self.families.values() for p in f.points()]
+            self._points = [Point.of(f.name, p) for f in self.families.values() for p in f.points()
+                            if self._fits(f, p)]
         return list(self._points)
 
-    def random(self, rng: Random) -> Point:
-        fam = rng.choice(list(self.families.values()))
-        return Point.of(fam.name, fam.random_point(rng))
+    def random(self, rng: Random, tries: int = 1000) -> Point:
+        for _ in range(tries):
+            fam = rng.choice(list(self.families.values()))
+            params = fam.random_point(rng)
+            if self._fits(fam, params):
+                return Point.of(fam.name, params)
+        raise ProblemError(f"no point of {', '.join(self.families)} runs on at most {self.max_threads} threads in "
+                         f"{tries} random draws")
+
+    def _fits(self, fam: Family, params: dict) -> bool:
+        return not self.max_threads or fam.threads_at(params) <= self.max_threads
 
     def valid(self, point: Point) -> bool:
         ok = self._valid.get(point)
         if ok is None:
             fam = self.families.get(point.family)
-            ok = fam is not None and fam.valid(point.params)
+            ok = fam is not None and fam.valid(point.params) and self._fits(fam, point.params)
             if len(self._valid) < VALID_MEMO_MAX:
                 self._valid[point] = ok
         return ok

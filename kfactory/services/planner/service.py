@@ -91,7 +91,7 @@ class PlannerService(Service):
         problem = self.ctx.problem(spec.problem)
         fams = [f for f in problem.families_for(spec.target.split(":")[0])
                 if not spec.families or f.name in spec.families]
-        return Space(fams) if fams else None
+        return Space(fams, max_threads=spec.threads) if fams else None
 
     # -- submitting ----------------------------------------------------------------------------
     def validate(self, spec: pb.CampaignSpec) -> pb.CampaignSpec:
