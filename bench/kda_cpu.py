@@ -32,7 +32,7 @@ from typing import Any
 
 from kfactory.platform.config import Settings
 from kfactory.judge.checks import InputPool
-from kfactory.judge.measure import available_baselines, measure
+from kfactory.judge.measure import available_baselines, floor_bandwidth_gbps, measure
 from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
@@ -185,8 +185,9 @@ def _shape(session, problem, shape, keys, target, settings, device, max_s) -> di
            "gflops": round(flops / k / 1e9, 2), "gbps": round(nbytes / k / 1e9, 2),
            "fraction_of_cached_peak_fp32":
                round(flops / k / 1e9 / device.peak_gflops, 4) if device.peak_gflops else None,
-           "fraction_of_bandwidth":
-               round(nbytes / k / 1e9 / device.mem_bandwidth_gbps, 4) if device.mem_bandwidth_gbps else None,
+           # against the judge's floor bandwidth (copy and read figures weighted by the bytes written)
+           "fraction_of_bandwidth": round(nbytes / k / 1e9 / bw, 4) if (bw := floor_bandwidth_gbps(
+               problem, shape, device)) else None,
            "speedup_vs_torch": round(med["torch"] / k, 2) if "torch" in med else None,
            "speedup_vs_numpy": round(med["numpy"] / k, 2) if "numpy" in med else None,
            "speedup_vs_reference_c": round(med["reference_c"] / k, 2)}

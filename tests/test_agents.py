@@ -186,6 +186,12 @@ def test_the_prompt_carries_the_evidence_the_target_and_the_lessons():
     assert "max rel err 0.5, norm-relative err 0.125 at flat index 12" in p.user
     assert "12.5000 ms" in p.user and "54% of measured bandwidth" in p.user and "0.7% of fp32 peak" in p.user
     assert "- failed: 3 kernels WRONG_RESULT" in p.user and "corrected version of parent 1" in p.user
+    # with a read-only figure the prompt names it, and a floor is priced as the judge's is: softmax writes as
+    # many bytes as it reads, so its floor stays on the copy figure (6.711 ms at 4096x4096 either way)
+    read = pb.DeviceInfo(model="Test CPU (2 threads)", threads=2, mem_bandwidth_gbps=20.0, read_bandwidth_gbps=40.0,
+                         peak_gflops=100.0)
+    q = prompt.build(PERSONAS["repairer"], problem, "cpu", read, parents, "", problem.families["cpu_c"])
+    assert "read-only stream 40.0 GB/s" in q.user and "4096x4096: 6.711 ms (memory-bound" in q.user
     assert len(p.digest) == 64 and p.digest == prompt.build(PERSONAS["repairer"], problem, "cpu", dev, parents,
                                                             "- failed: 3 kernels WRONG_RESULT",
                                                             problem.families["cpu_c"]).digest
@@ -354,3 +360,13 @@ async def test_an_agent_task_taken_over_while_the_model_answers_is_left_not_publ
     outcome, published, done = await _agent_task(bus_settings, take_over=False)
     assert outcome == Ack() and done == b"1"
     assert [e.rejected.reason for e in published] == [pb.AGENT_TIMEOUT]
+
+
+def test_a_read_only_kernels_floor_in_the_prompt_is_priced_on_the_read_figure():
+    """matvec_q4_1 writes ~0.1% of its bytes: its speed-of-light time is (close to) its bytes over the read
+    figure, as the judge's floor prices it, not over the copy figure."""
+    problem = load_problem("matvec_q4_1")
+    copy_only = pb.DeviceInfo(threads=1, mem_bandwidth_gbps=10.0, peak_gflops=1e4)
+    with_read = pb.DeviceInfo(threads=1, mem_bandwidth_gbps=10.0, read_bandwidth_gbps=20.0, peak_gflops=1e4)
+    a, b = prompt._floors(problem, copy_only)[0], prompt._floors(problem, with_read)[0]
+    assert b["bound"] == "memory" and 0.5 < b["floor_ms"] / a["floor_ms"] < 0.52   # 1.1% of its bytes written

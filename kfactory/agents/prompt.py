@@ -12,6 +12,7 @@ import jinja2
 from kfactory.bus import events as ev
 from kfactory.agents.personas import Persona
 from kfactory.v1 import events_pb2 as pb
+from kfactory.judge.measure import floor_bandwidth_gbps
 
 PROMPTS = Path(__file__).parent / "prompts"
 
@@ -86,16 +87,19 @@ def _family(family) -> dict | None:
 
 def _device(d: pb.DeviceInfo) -> dict:
     return {"model": d.model, "arch": d.arch, "threads": d.threads, "bandwidth_gbps": d.mem_bandwidth_gbps,
-            "peak_gflops": d.peak_gflops, "peak_bf16_gflops": d.peak_bf16_gflops, "l2_bytes": d.l2_bytes,
+            "read_bandwidth_gbps": d.read_bandwidth_gbps, "peak_gflops": d.peak_gflops,
+            "peak_bf16_gflops": d.peak_bf16_gflops, "l2_bytes": d.l2_bytes,
             "sm_count": d.sm_count}
 
 
 def _floors(problem, d: pb.DeviceInfo) -> list[dict]:
-    """Per optimisation shape: bytes, flops, and the speed-of-light time from the measured ceilings."""
+    """Per optimisation shape: bytes, flops, and the speed-of-light time from the measured ceilings (the bandwidth
+    the judge's floor uses: the copy and read figures weighted by the share of bytes written)."""
     out = []
     for shape in problem.shapes("optimize"):
         nbytes, flops = problem.cost(shape)
-        t_mem = nbytes / (d.mem_bandwidth_gbps * 1e9) if d.mem_bandwidth_gbps else 0.0
+        bw = floor_bandwidth_gbps(problem, shape, d)
+        t_mem = nbytes / (bw * 1e9) if bw else 0.0
         t_fl = flops / (d.peak_gflops * 1e9) if d.peak_gflops else 0.0
         out.append({"shape": problem.shape_str(shape), "bytes": nbytes, "flops": flops,
                     "floor_ms": max(t_mem, t_fl) * 1e3, "bound": "memory" if t_mem >= t_fl else "compute"})
