@@ -128,3 +128,16 @@ def small_softmax(tmp_path_factory) -> str:
 
 def kernel_source(name: str) -> str:
     return (KERNELS / f"{name}.c").read_text()
+
+
+# -- engines on tiny-llama: one data directory and one verifier per test module (the reference's answers are
+# cached there, so a module computes them once)
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("kfdata")
+
+
+@pytest.fixture(scope="module")
+def verifier(root):
+    from kfactory.engines.verify import Verifier
+    return Verifier("tiny-llama", cache_dir=root / "models", reference_dir=root / "engines" / "reference")

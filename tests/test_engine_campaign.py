@@ -13,22 +13,11 @@ from kfactory.cli.main import main
 from kfactory.engines.campaign import NOT_MEASURED, Campaign, distance, load_best, order, report_text
 from kfactory.engines.codegen import generate
 from kfactory.engines.design import EngineDesign, space
-from kfactory.engines.verify import Verifier
 from kfactory.models import Reference
 
 #: NeoX-style RoPE halves instead of GGUF's adjacent pairs (as tests/test_engine.py's broken variant)
 ROPE_OLD = "#define KF_PAIR(i) (2 * (i))\n#define KF_MATE(i) (2 * (i) + 1)"
 ROPE_NEW = "#define KF_PAIR(i) (i)\n#define KF_MATE(i) ((i) + KF_HEAD_DIM / 2)"
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("kfdata")
-
-
-@pytest.fixture(scope="module")
-def verifier(root):
-    return Verifier("tiny-llama", cache_dir=root / "models", reference_dir=root / "engines" / "reference")
 
 
 @pytest.fixture(scope="module")

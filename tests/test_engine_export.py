@@ -22,7 +22,6 @@ from kfactory.engines.campaign import Campaign
 from kfactory.engines.design import EngineDesign
 from kfactory.engines.export import ABI_FUNCTIONS, chat_split, check_library, write_weights
 from kfactory.engines.prepare import FORMATS, LAYOUTS, prepare
-from kfactory.engines.verify import Verifier
 from kfactory.export import ExportError
 from kfactory.export.rename import identifiers
 from kfactory.models import Reference, Tokenizer
@@ -60,16 +59,6 @@ print(json.dumps({"importable": importable, "loaded": sorted(m for m in sys.modu
                   "modules": sorted(m.split(".")[0] for m in sys.modules if m.split(".")[0] in
                                     ("numpy", "tokenizers", "ctypes", "jinja2", "torch"))}))
 """
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("kfdata")
-
-
-@pytest.fixture(scope="module")
-def verifier(root):
-    return Verifier("tiny-llama", cache_dir=root / "models", reference_dir=root / "engines" / "reference")
 
 
 @pytest.fixture(scope="module")

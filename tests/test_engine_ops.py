@@ -67,16 +67,6 @@ def kernels(q4_source: str = Q4_1) -> dict[str, OpKernel]:
 SEARCHED = EngineDesign(prepack=False, matvec_q4_1=ID4, matvec_q8_0=ID8)
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("kfdata")
-
-
-@pytest.fixture(scope="module")
-def verifier(root):
-    return Verifier("tiny-llama", cache_dir=root / "models", reference_dir=root / "engines" / "reference")
-
-
 def test_a_design_names_its_kernels_and_refuses_what_they_cannot_read():
     # the engine's own kernels keep the ids designs had before the kernel fields existed
     assert EngineDesign().design_id() == "q4_1-fqgn-t1-head-pp-108b65c0ab"
