@@ -71,6 +71,8 @@ def defines(design: EngineDesign, config: LlamaConfig) -> dict[str, str]:
         "KF_FUSE_QKV": flag[design.fuse_qkv], "KF_FUSE_GATE_UP": flag[design.fuse_gate_up],
         "KF_FUSE_NORM": flag[design.fuse_norm], "KF_KV_HEAD_MAJOR": flag[design.kv_layout == "head_major"],
         "KF_PREPACK": flag[design.prepack], "KF_DESIGN_ID": f'"{design.design_id()}"',
+        # prefill (12+ tokens) as a GEMM over dequantised panels, or the decode kernels over tiles of 4 tokens
+        "KF_PREFILL_GEMM": flag[design.prefill == "gemm"],
         # a searched kernel is its own translation unit (kfactory/engines/ops.py), linked in under this name
         "KF_OP_MATVEC_Q4_1": flag[design.matvec_q4_1 != BUILTIN],
         "KF_OP_MATVEC_Q8_0": flag[design.matvec_q8_0 != BUILTIN],

@@ -32,6 +32,10 @@ MAX_THREADS = 64
 BUILTIN = "builtin"
 #: the design fields that name a searched kernel, by the op problem they come from
 KERNEL_FIELDS = ("matvec_q4_1", "matvec_q8_0")
+#: how prefill (a product over many tokens) runs: "gemm" dequantises a panel of rows once into floats and runs a
+#: register-blocked micro-kernel over every token of the chunk; "tiled" runs the decode kernels over tiles of 4
+#: tokens, unpacking each block once per tile. Decode (one token) is the same in both.
+PREFILLS = ("gemm", "tiled")
 _CANDIDATE_ID = re.compile(r"^[0-9a-f]{12,64}$")
 
 
@@ -64,6 +68,9 @@ class EngineDesign:
                   that kernel then runs every decode step's matvec over Q4_1 blocks. It reads the GGUF
                   layout, so it needs weights "q4_1" and prepack False.
     matvec_q8_0:  the same for the Q8_0 matvec (the tied LM head) with a verified `matvec_q8_0` kernel.
+    prefill:      "gemm" or "tiled": the kernels of a product over 12 tokens or more; see PREFILLS. Without
+                  AVX2 both run the portable kernels. `space()` holds "gemm" only: it measured 1.8x the tiled
+                  prefill on SmolLM2 (docs/engines.md), so "tiled" is there to compare against, not to search.
     """
     weights: str = "q4_1"
     fuse_qkv: bool = True
@@ -75,10 +82,13 @@ class EngineDesign:
     spin: bool = False
     matvec_q4_1: str = BUILTIN
     matvec_q8_0: str = BUILTIN
+    prefill: str = PREFILLS[0]
 
     def __post_init__(self):
         if self.weights not in WEIGHTS:
             raise DesignError(f"weights {self.weights!r} is not one of {', '.join(WEIGHTS)}")
+        if self.prefill not in PREFILLS:
+            raise DesignError(f"prefill {self.prefill!r} is not one of {', '.join(PREFILLS)}")
         if self.kv_layout not in KV_LAYOUTS:
             raise DesignError(f"kv_layout {self.kv_layout!r} is not one of {', '.join(KV_LAYOUTS)}")
         for name in ("fuse_qkv", "fuse_gate_up", "fuse_norm", "prepack", "spin"):
@@ -124,13 +134,17 @@ class EngineDesign:
         # the kernel fields join the hash only when set: designs with the engine's own kernels keep the ids
         # they had before those fields existed (records and build caches name them)
         named = {k: v for k, v in self.as_dict().items() if not (k in KERNEL_FIELDS and v == BUILTIN)}
+        # likewise prefill at its default: ids name the designs they named before the field existed
+        if self.prefill == PREFILLS[0]:
+            del named["prefill"]
         digest = hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:10]
         fused = "".join(tag for tag, on in (("q", self.fuse_qkv), ("g", self.fuse_gate_up), ("n", self.fuse_norm))
                         if on) or "none"
         searched = "".join(f"-{tag}" for tag, name in (("m4", "matvec_q4_1"), ("m8", "matvec_q8_0"))
                            if getattr(self, name) != BUILTIN)
+        tiled = "" if self.prefill == PREFILLS[0] else f"-{self.prefill}"
         return (f"{self.weights}-f{fused}-t{self.threads}{'s' if self.spin else ''}-"
-                f"{self.kv_layout.split('_')[0]}{'-pp' if self.prepack else ''}{searched}-{digest}")
+                f"{self.kv_layout.split('_')[0]}{'-pp' if self.prepack else ''}{searched}{tiled}-{digest}")
 
 
 def space(max_threads: int | None = None) -> list[EngineDesign]:

@@ -123,7 +123,7 @@ void *kf_engine_new(const kf_tensor *tensors, int n_tensors, const kf_config *cf
   e->qkv = (float *)malloc((size_t)KF_CHUNK * KF_QKV * 4);
   e->att = (float *)malloc((size_t)KF_CHUNK * KF_QDIM * 4);
   e->gu = (float *)malloc((size_t)KF_CHUNK * 2 * KF_FFN * 4);
-  e->xs = (float *)malloc((size_t)KF_CHUNK * (KF_MAXCOLS / 32 + 1) * 4);
+  e->xs = (float *)malloc(matmul_scratch_floats(KF_CHUNK, threads) * 4);
   e->scores = (float *)malloc((size_t)threads * ctx_capacity * 4);
   if (!e->tensors || !e->kc || !e->vc || !e->cosv || !e->sinv || !e->x || !e->h || !e->qkv || !e->att || !e->gu ||
       !e->xs || !e->scores) {

@@ -310,6 +310,138 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
 }
 #endif
 
+/* ---- prefill as a GEMM (KF_PREFILL_GEMM, AVX2): Y[t][r] = sum_c X[t][c] W[r][c] over many tokens ---------
+ * The tiled kernels above unpack every block once per 4 tokens and end each dot product in a horizontal sum;
+ * here a panel of KF_GR rows is dequantised once (w = d*q + m in fp32, one rounding, as the f32 design's load
+ * does) into a row-major float buffer and then serves every token of the call. The tokens are vectorised: X is
+ * packed once per call as tiles of 16 tokens, [tile][c][16], so the micro-kernel multiplies a broadcast weight
+ * by 16 tokens' values: 6 rows x 2 vectors = 12 accumulators, 12 FMAs per column against 2 loads and 6
+ * broadcasts, no horizontal sum. A tile's last tokens are zeros (a tail of at most 8 tokens takes the 1-vector
+ * kernel); a panel past the last row is zeros and is not stored. Rows of panels are split over threads. */
+#define KF_GR 6          /* rows per panel (6 x 2 accumulators + 2 token vectors + 1 broadcast = 15 registers) */
+#define KF_GT 16         /* tokens per packed tile (2 vectors) */
+/* tokens from which a product takes the GEMM; fewer run the tiled kernels (decode among them): at 8 tokens a
+ * panel's dequantisation serves too few tokens and the tiled kernels measured 1.2x faster, at 12 the GEMM 1.1x */
+#define KF_GEMM_MIN 12
+
+/* scratch floats a call of matmul needs for up to max_n tokens on `threads` threads: Q4_1 block sums (tiled
+ * path) or the packed tokens and one panel per thread (GEMM), plus room to align to 64 bytes */
+static size_t matmul_scratch_floats(int max_n, int threads) {
+  size_t sums = (size_t)max_n * (KF_MAXCOLS / 32 + 1);
+#if KF_PREFILL_GEMM && defined(__AVX2__)
+  size_t gemm = (size_t)((max_n + KF_GT - 1) / KF_GT) * KF_GT * KF_MAXCOLS + (size_t)threads * KF_GR * KF_MAXCOLS;
+  if (gemm > sums) sums = gemm;
+#endif
+  (void)threads;
+  return sums + 16;
+}
+
+#if KF_PREFILL_GEMM && defined(__AVX2__)
+/* Block b of row r as 32 floats (w = d*q + m, or d*q), from any quantised format and layout. */
+static inline void gemm_dequant_block(const kf_tensor *w, int r, int b, int nb, float *out) {
+  const uint8_t *base = (const uint8_t *)w->data;
+  __m256 w0, w1, w2, w3, dv, mv = _mm256_setzero_ps();
+  if (w->layout == KF_ROWS) {
+    const uint8_t *blk = base + ((size_t)r * nb + b) * block_bytes(w->format);
+    dv = _mm256_set1_ps(f16(rd16(blk)));
+    if (w->format == KF_Q4_1) { mv = _mm256_set1_ps(f16(rd16(blk + 2))); Q4_UNPACK(blk + 4, w0, w1, w2, w3); }
+    else { Q8_UNPACK(blk + 2, w0, w1, w2, w3); }
+  } else {
+    const uint8_t *blk = base + ((size_t)(r / 4) * nb + b) * pack_bytes(w->format);
+    dv = _mm256_set1_ps(f16(rd16(blk + 2 * (r % 4))));
+    if (w->format == KF_Q4_1) {
+      mv = _mm256_set1_ps(f16(rd16(blk + 8 + 2 * (r % 4))));
+      Q4_UNPACK_LANES(blk + 16 + 16 * (r % 4), w0, w1, w2, w3);
+    } else {
+      Q8_UNPACK(blk + 8 + 32 * (r % 4), w0, w1, w2, w3);
+    }
+  }
+  _mm256_storeu_ps(out, _mm256_fmadd_ps(w0, dv, mv));
+  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(w1, dv, mv));
+  _mm256_storeu_ps(out + 16, _mm256_fmadd_ps(w2, dv, mv));
+  _mm256_storeu_ps(out + 24, _mm256_fmadd_ps(w3, dv, mv));
+}
+
+/* The rows r0..r0+KF_GR-1 of w as floats: row j at rowp[j] (F32 ROWS: the weights themselves, else dequantised
+ * into panel[j * cols ...]; rows past the matrix are zeros). */
+static void gemm_panel(const kf_tensor *w, int r0, float *panel, const float *rowp[KF_GR]) {
+  int cols = w->cols, nb = cols / 32;
+  for (int j = 0; j < KF_GR; j++) {
+    int r = r0 + j;
+    float *dst = panel + (size_t)j * cols;
+    rowp[j] = dst;
+    if (r >= w->rows) { memset(dst, 0, (size_t)cols * 4); continue; }
+    if (w->format == KF_F32 && w->layout == KF_ROWS) { rowp[j] = (const float *)w->data + (size_t)r * cols; continue; }
+    for (int b = 0; b < nb; b++) {
+      if (w->format == KF_F32) dequant_block(w, r, b, dst + 32 * b);  /* PACK4 F32: four 8-float copies */
+      else gemm_dequant_block(w, r, b, nb, dst + 32 * b);
+    }
+  }
+}
+
+/* KF_GR rows x (8 * NV) tokens of one packed tile over all columns; out[j * KF_GT + i] = Y[token i][row j]. */
+static inline __attribute__((always_inline)) void gemm_kernel(const float *const rowp[KF_GR], const float *xt,
+                                                              int cols, int NV, float *out) {
+  __m256 a[KF_GR][2];
+  for (int j = 0; j < KF_GR; j++) { a[j][0] = _mm256_setzero_ps(); a[j][1] = _mm256_setzero_ps(); }
+  const float *p0 = rowp[0], *p1 = rowp[1], *p2 = rowp[2], *p3 = rowp[3], *p4 = rowp[4], *p5 = rowp[5];
+  for (int c = 0; c < cols; c++) {
+    __m256 x0 = _mm256_load_ps(xt + (size_t)KF_GT * c), x1 = x0;
+    if (NV > 1) x1 = _mm256_load_ps(xt + (size_t)KF_GT * c + 8);
+#define GROW(j, p) do { __m256 w_ = _mm256_broadcast_ss((p) + c);              \
+      a[j][0] = _mm256_fmadd_ps(w_, x0, a[j][0]);                              \
+      if (NV > 1) a[j][1] = _mm256_fmadd_ps(w_, x1, a[j][1]); } while (0)
+    GROW(0, p0); GROW(1, p1); GROW(2, p2); GROW(3, p3); GROW(4, p4); GROW(5, p5);
+#undef GROW
+  }
+  for (int j = 0; j < KF_GR; j++) {
+    _mm256_storeu_ps(out + j * KF_GT, a[j][0]);
+    if (NV > 1) _mm256_storeu_ps(out + j * KF_GT + 8, a[j][1]);
+  }
+}
+
+/* y = W x over n >= KF_GEMM_MIN tokens; scratch: matmul_scratch_floats(n, threads) floats */
+static void gemm(const kf_tensor *w, const float *x, int ldx, int n, float *y, int ldy, float *scratch,
+                 int threads) {
+  int cols = w->cols, rows = w->rows, tiles = (n + KF_GT - 1) / KF_GT, panels = (rows + KF_GR - 1) / KF_GR;
+  float *xp = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+  float *panels_at = xp + (size_t)tiles * KF_GT * cols;
+  /* X as [tile][c][16 tokens], the tokens past n zeros: packed once, read by every panel */
+  for (int tt = 0; tt < tiles; tt++)
+    for (int i = 0; i < KF_GT; i++) {
+      int t = tt * KF_GT + i;
+      float *dst = xp + (size_t)tt * KF_GT * cols + i;
+      if (t < n) { const float *src = x + (size_t)t * ldx; for (int c = 0; c < cols; c++) dst[(size_t)KF_GT * c] = src[c]; }
+      else for (int c = 0; c < cols; c++) dst[(size_t)KF_GT * c] = 0.0f;
+    }
+  int par = threads > 1 && (double)rows * cols * n >= KF_PAR_MIN;
+  (void)par;
+#pragma omp parallel num_threads(threads) if (par)
+  {
+    int tid = 0;
+#ifdef _OPENMP
+    tid = omp_get_thread_num();
+#endif
+    float *panel = panels_at + (size_t)tid * KF_GR * KF_MAXCOLS;
+    const float *rowp[KF_GR];
+    float out[KF_GR * KF_GT];
+#pragma omp for schedule(static)
+    for (int pi = 0; pi < panels; pi++) {
+      int r0 = pi * KF_GR, nr = rows - r0 < KF_GR ? rows - r0 : KF_GR;
+      gemm_panel(w, r0, panel, rowp);
+      for (int tt = 0; tt < tiles; tt++) {
+        int t0 = tt * KF_GT, nt = n - t0 < KF_GT ? n - t0 : KF_GT;
+        const float *xt = xp + (size_t)tt * KF_GT * cols;
+        if (nt > 8) gemm_kernel(rowp, xt, cols, 2, out);
+        else gemm_kernel(rowp, xt, cols, 1, out);
+        for (int i = 0; i < nt; i++)
+          for (int j = 0; j < nr; j++) y[(size_t)(t0 + i) * ldy + r0 + j] = out[j * KF_GT + i];
+      }
+    }
+  }
+}
+#endif
+
 /* kernels searched by the kernel pipeline for the matvec problems (kfactory/engines/ops.py): each is its own
  * translation unit, compiled with the flags it was verified with, its entry renamed to these names and
  * hidden (the library exports the engine's ABI only); the problems' ABI: w the GGUF blocks [rows][blocks], x [blocks * 32], y [rows] */
@@ -320,7 +452,8 @@ __attribute__((visibility("hidden"))) void kf_op_matvec_q4_1(const uint8_t *w, c
 __attribute__((visibility("hidden"))) void kf_op_matvec_q8_0(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
 #endif
 
-/* y = W x over n tokens; xs: scratch of n * cols/32 floats (the block sums Q4_1 needs) */
+/* y = W x over n tokens; xs: scratch of matmul_scratch_floats(n, threads) floats (the block sums Q4_1 needs, or
+ * the GEMM's packed tokens and panels) */
 static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y, int ldy, float *xs, int threads) {
   int nb = w->cols / 32, rows = w->rows;
 #if KF_OP_MATVEC_Q4_1
@@ -328,6 +461,9 @@ static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y,
 #endif
 #if KF_OP_MATVEC_Q8_0
   if (n == 1 && w->format == KF_Q8_0) { kf_op_matvec_q8_0((const uint8_t *)w->data, x, y, rows, nb); return; }
+#endif
+#if KF_PREFILL_GEMM && defined(__AVX2__)
+  if (n >= KF_GEMM_MIN) { gemm(w, x, ldx, n, y, ldy, xs, threads); return; }
 #endif
   if (w->format == KF_Q4_1)
     for (int t = 0; t < n; t++)
