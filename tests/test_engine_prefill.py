@@ -21,6 +21,7 @@ DESIGNS = [
     EngineDesign(weights="f32"),
     EngineDesign(weights="f32", prepack=False, fuse_qkv=False, fuse_gate_up=False),
 ]
+TILED = EngineDesign(prefill="tiled")
 #: prompt lengths, each prefilled with every position's logits (tiny-llama: rows 32, 64, 128, 256, 300, none a
 #: multiple of 6 but 300). 11: below the GEMM's 12 tokens (the tiled kernels); 12: one tile of 16, 4 tokens
 #: padding; 25: a full tile and one of 9; 101: a chunk of 64 (4 full tiles), then 37 (2 full tiles and 5 tokens:
@@ -29,6 +30,11 @@ TAIL_LENGTHS = (11, 12, 25, 101, 203)
 #: a test-only variant: every tile through the one-vector kernel, so a tile's tokens 8..15 are never computed
 BROKEN_SECOND_VECTOR = ("if (nt > 8) gemm_kernel(rowp, xt, cols, 2, out);",
                         "if (nt > 8) gemm_kernel(rowp, xt, cols, 1, out);")
+#: a test-only variant: the matmul scratch filled with NaN at creation (fresh memory may hold any bits), which a
+#: kernel that reads scratch it did not write turns into NaN logits
+POISON_ANCHOR = "  e->xs = (float *)malloc(matmul_scratch_floats(KF_CHUNK, threads) * 4);\n"
+POISON = POISON_ANCHOR + ("  if (e->xs) for (size_t i_ = 0; i_ < matmul_scratch_floats(KF_CHUNK, threads); i_++) "
+                          "e->xs[i_] = NAN;\n")
 SCALAR_FLAGS = ("-mno-avx2", "-mno-fma", "-mno-f16c")
 
 
@@ -60,6 +66,10 @@ def libs(verifier, tmp_path_factory):
     assert src.count(old) == 1, "the broken variant's anchor is not in the generated source"
     sources["broken"] = (src.replace(old, new), ())
     sources["scalar"] = (src, SCALAR_FLAGS)
+    for design in (DESIGNS[0], TILED):
+        src = generate(design, config)
+        assert src.count(POISON_ANCHOR) == 1, "the poisoned variant's anchor is not in the generated source"
+        sources[f"poisoned-{design.prefill}"] = (src.replace(POISON_ANCHOR, POISON), ())
     with ThreadPoolExecutor(2) as pool:
         results = dict(zip(sources, pool.map(lambda k: build(sources[k][0], out, sources[k][1]), sources)))
     for key, res in results.items():
@@ -113,3 +123,11 @@ def test_prefill_field_keeps_ids_and_refuses_bad_values(verifier):
     config = verifier.model.config
     assert defines(EngineDesign(), config)["KF_PREFILL_GEMM"] == "1"
     assert defines(tiled, config)["KF_PREFILL_GEMM"] == "0"
+
+
+@pytest.mark.parametrize("prefill", ["gemm", "tiled"])
+def test_no_kernel_reads_scratch_it_did_not_write(tails, libs, prefill):
+    # the tiled kernels once took a Q8_0 matrix's "m * block sum" (m = 0) from block sums never taken for it:
+    # tiny-llama's ffn_down is Q8_0 with more blocks per row than the Q4_1 products that fill the sums
+    verdict = tails.verify(DESIGNS[0] if prefill == "gemm" else TILED, libs[f"poisoned-{prefill}"])
+    assert verdict.passed, verdict.summary()

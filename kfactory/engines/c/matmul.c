@@ -150,7 +150,8 @@ static inline __attribute__((always_inline)) void qgroup_rows(const uint8_t *grp
       }
       for (int t = 0; t < KF_TT; t++) {
         acc[t] = _mm256_fmadd_ps(dot32(w0, w1, w2, w3, x + t * ldx + 32 * b), dv, acc[t]);
-        macc[t] += m * xs[t * nb + b];
+        /* Q8_0 has no m, and matmul takes no block sums for it: xs may hold anything (0 * NaN is NaN) */
+        if (format == KF_Q4_1) macc[t] += m * xs[t * nb + b];
       }
     }
     for (int t = 0; t < KF_TT; t++) y[t * ldy + r] = hsum8(acc[t]) + macc[t];
