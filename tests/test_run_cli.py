@@ -26,7 +26,8 @@ def _env(tmp_path, host_ceilings) -> dict[str, str]:
 @pytest.mark.parametrize("args, says", [
     (["--target", "gpu"], "kfactory run: target: unknown target 'gpu'; known targets: cpu, cuda, replay"),
     (["--target", "cuda:sm_75"], "kfactory run: target: unknown cuda architecture 'sm_75'; use one of: cuda, "),
-    (["--budget", "0"], "kfactory run: budget: give a candidate count, a time limit in seconds, or both"),
+    (["--budget", "0"], "kfactory run: budget: give a candidate count, a time limit in seconds, a device-time limit, "
+                        "or more than one"),
     (["--budget", "-3"], "argument --budget: -3 is out of range"),
     (["--strategy", "telepathy"], "kfactory run: strategy: unknown 'telepathy'; known: "),
     (["--family", "nope"], "kfactory run: families: ['nope'] not in problem softmax"),
