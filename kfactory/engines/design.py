@@ -69,7 +69,7 @@ class EngineDesign:
                   layout, so it needs weights "q4_1" and prepack False.
     matvec_q8_0:  the same for the Q8_0 matvec (the tied LM head) with a verified `matvec_q8_0` kernel.
     prefill:      "gemm" or "tiled": the kernels of a product over 12 tokens or more; see PREFILLS. Without
-                  AVX2 both run the portable kernels. `space()` holds "gemm" only: it measured 1.8x the tiled
+                  AVX2 both run the portable kernels. `space()` holds "gemm" only: it measured 1.9x the tiled
                   prefill on SmolLM2 (docs/engines.md), so "tiled" is there to compare against, not to search.
     """
     weights: str = "q4_1"
