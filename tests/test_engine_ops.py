@@ -72,8 +72,9 @@ def test_a_design_names_its_kernels_and_refuses_what_they_cannot_read():
     assert EngineDesign().design_id() == "q4_1-fqgn-t1-head-pp-108b65c0ab"
     assert SEARCHED.searched_kernels() == {"matvec_q4_1": ID4, "matvec_q8_0": ID8}
     assert "-m4-m8-" in SEARCHED.design_id() and SEARCHED.design_id() != EngineDesign(prepack=False).design_id()
-    with pytest.raises(DesignError, match="prepack false"):
-        EngineDesign(matvec_q4_1=ID4)
+    # prepacked, the matrices a searched kernel reads stay in rows and the others are packed
+    mixed = EngineDesign(matvec_q8_0=ID8)
+    assert (mixed.layout_of("Q8_0"), mixed.layout_of("Q4_1"), SEARCHED.layout_of("Q4_1")) == ("rows", "pack4", "rows")
     with pytest.raises(DesignError, match="weights 'q4_1'"):
         EngineDesign(weights="f32", prepack=False, matvec_q8_0=ID8)
     with pytest.raises(DesignError, match="candidate id"):
@@ -103,6 +104,21 @@ def test_an_engine_with_searched_kernels_matches_the_reference(root, verifier):
     assert max(c.max_err for c in verdict.checks) <= 1e-4
 
 
+@pytest.mark.parametrize("design", [EngineDesign(matvec_q8_0=ID8), EngineDesign(matvec_q4_1=ID4)],
+                         ids=["q8_0-rows-q4_1-pack4", "q4_1-rows-q8_0-pack4"])
+def test_a_prepacked_engine_with_one_searched_kernel_keeps_that_formats_rows_and_verifies(root, verifier, design):
+    from kfactory.engines.prepare import prepare
+
+    layouts = {(t.format, t.layout) for t in prepare(verifier.model, design) if t.rows > 1}
+    searched = "Q8_0" if design.matvec_q8_0 != BUILTIN else "Q4_1"
+    assert {lay for fmt, lay in layouts if fmt == searched} == {"rows"}
+    assert {lay for fmt, lay in layouts if fmt != searched and fmt != "F32"} == {"pack4"}
+    lib = build_engine(design, verifier.model.config, kernels(), root / "engines")
+    assert lib.ok, lib.log
+    verdict = verifier.verify(design, lib.path)
+    assert verdict.passed, verdict.first_failure
+
+
 def test_a_kernels_other_globals_are_made_local_so_they_cannot_interpose(root, verifier):
     # a global helper with the name of an engine entry point: linked as it is, it would be a duplicate
     # definition; made local, the engine keeps its own and still verifies
@@ -127,12 +143,11 @@ def test_a_kernel_that_dequantises_wrongly_fails_the_engine(root, verifier):
 
 
 def test_a_campaign_pairs_searched_kernels_with_the_engines_own_and_best_json_rebuilds(root, verifier):
-    campaign = Campaign("tiny-llama", 4, data_dir=root, verifier=verifier, kernels=kernels())
+    campaign = Campaign("tiny-llama", 3, data_dir=root, verifier=verifier, kernels=kernels())
     designs = campaign.designs()
-    own = EngineDesign(prepack=False)
-    assert designs == [EngineDesign(), own, EngineDesign(prepack=False, matvec_q4_1=ID4), SEARCHED]
+    assert designs == [EngineDesign(), EngineDesign(matvec_q4_1=ID4), EngineDesign(matvec_q4_1=ID4, matvec_q8_0=ID8)]
     record = campaign.run()
-    assert [r["verdict"] for r in record["results"]] == ["verified"] * 4
+    assert [r["verdict"] for r in record["results"]] == ["verified"] * 3
     assert record["kernels"]["matvec_q4_1"]["source"] == Q4_1
     # each kernel's effect rests on a pair that differs in that kernel only
     for field, cid in (("matvec_q4_1", ID4), ("matvec_q8_0", ID8)):

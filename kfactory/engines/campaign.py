@@ -215,16 +215,15 @@ class Campaign:
         return self.data_dir / "engines" / self.verifier.package.name
 
     def designs(self) -> list[EngineDesign]:
-        """The budget's designs: the default, then (with searched kernels) the GGUF-layout design with the
-        engine's own kernels followed by the searched kernels added one op at a time (each design differs from
-        the one before only in one op's kernel, so every kernel's effect is measured), then the rest of
-        `order()`."""
+        """The budget's designs: the default, then (with searched kernels) the default with the searched kernels
+        added one op at a time (each design differs from the one before only in one op's kernel, so every
+        kernel's effect is measured against the engine's own), then the rest of `order()`."""
         points = order(space(self.max_threads))
         if self.kernels:
-            chain = [EngineDesign(prepack=False)]
+            chain = [points[0]]
             for problem, k in sorted(self.kernels.items()):
                 chain.append(EngineDesign.from_dict({**chain[-1].as_dict(), problem: k.candidate_id}))
-            points = [points[0], *chain] + [d for d in points[1:] if d != chain[0]]
+            points = [*chain, *points[1:]]
         return points[:self.budget]
 
     def run(self, progress: Callable[[int, int, DesignResult], None] | None = None) -> dict[str, Any]:

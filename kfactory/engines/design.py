@@ -66,7 +66,8 @@ class EngineDesign:
                   needs and a step can take 50x longer, so sleeping is the default.
     matvec_q4_1:  "builtin", or the candidate id of a verified `matvec_q4_1` kernel (kfactory/engines/ops.py):
                   that kernel then runs every decode step's matvec over Q4_1 blocks. It reads the GGUF
-                  layout, so it needs weights "q4_1" and prepack False.
+                  layout, so it needs weights "q4_1", and the Q4_1 matrices stay in rows whatever prepack says
+                  (layout_of).
     matvec_q8_0:  the same for the Q8_0 matvec (the tied LM head) with a verified `matvec_q8_0` kernel.
     prefill:      "gemm" or "tiled": the kernels of a product over 12 tokens or more; see PREFILLS. Without
                   AVX2 both run the portable kernels. `space()` holds "gemm" only: it measured 1.9x the tiled
@@ -108,9 +109,15 @@ class EngineDesign:
         if not isinstance(value, str) or not _CANDIDATE_ID.match(value):
             raise DesignError(f"{name} must be {BUILTIN!r} or a kernel's candidate id (12 to 64 lowercase hex "
                               f"digits), not {value!r}")
-        if self.weights != "q4_1" or self.prepack:
+        if self.weights != "q4_1":
             raise DesignError(f"{name} = {value[:12]}: a searched kernel reads the GGUF blocks as stored, so it "
-                              "needs weights 'q4_1' and prepack false")
+                              "needs weights 'q4_1'")
+
+    def layout_of(self, fmt: str) -> str:
+        """The layout of the matrices stored in block format `fmt` ("Q4_1", "Q8_0", "F32"): "rows" where a
+        searched kernel reads them (the GGUF blocks as stored), else "pack4" when prepacked, else "rows"."""
+        searched = {"Q4_1": self.matvec_q4_1, "Q8_0": self.matvec_q8_0}.get(fmt, BUILTIN) != BUILTIN
+        return "pack4" if self.prepack and not searched else "rows"
 
     def searched_kernels(self) -> dict[str, str]:
         """{op problem: candidate id} of the kernels this design takes from the kernel pipeline."""

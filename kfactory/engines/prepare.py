@@ -88,7 +88,7 @@ def _matrix(name: str, parts: list[QuantTensor], design: EngineDesign) -> Prepar
                                f"stores {', '.join(sorted(formats))}")
         fmt, mats = formats.pop(), [np.asarray(p.raw) for p in parts]
     data = mats[0] if len(mats) == 1 else np.concatenate(mats)
-    if design.prepack:
+    if design.layout_of(fmt) == "pack4":
         return Prepared(name, fmt, "pack4", rows, cols, pack4(data, fmt))
     return Prepared(name, fmt, "rows", rows, cols, np.ascontiguousarray(data))
 

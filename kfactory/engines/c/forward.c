@@ -28,6 +28,19 @@ typedef struct {
   float *x, *h, *qkv, *att, *gu, *xs, *scores;
 } kf_engine;
 
+/* the layout a matrix of `format` must have: rows where a searched kernel reads it at decode (it reads the GGUF
+ * blocks as stored), else the design's (PACK4 when prepacked) */
+static int want_layout(int format) {
+#if KF_OP_MATVEC_Q4_1
+  if (format == KF_Q4_1) return KF_ROWS;
+#endif
+#if KF_OP_MATVEC_Q8_0
+  if (format == KF_Q8_0) return KF_ROWS;
+#endif
+  (void)format;
+  return KF_PREPACK ? KF_PACK4 : KF_ROWS;
+}
+
 static const kf_tensor *need(kf_engine *e, const char *name, int rows, int cols, int matrix) {
   for (int i = 0; i < e->n_tensors; i++) {
     const kf_tensor *t = &e->tensors[i];
@@ -46,7 +59,7 @@ static const kf_tensor *need(kf_engine *e, const char *name, int rows, int cols,
 #else
     int format_ok = t->format == KF_Q4_1 || t->format == KF_Q8_0;
 #endif
-    if (!format_ok || t->layout != (KF_PREPACK ? KF_PACK4 : KF_ROWS) || cols % 32) {
+    if (!format_ok || t->layout != want_layout(t->format) || cols % 32) {
       set_error("tensor %s: format %d, layout %d is not what this engine was generated for", name, t->format, t->layout);
       return NULL;
     }

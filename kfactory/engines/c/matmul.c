@@ -258,7 +258,9 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
   int cols = w->cols, nb = cols / 32, fmt = w->format;
   (void)nb;
   (void)xs;
-#if !KF_PREPACK
+  /* the layout is the tensor's: a design may keep one format's matrices in rows (read by a searched kernel at
+   * decode) while the others are PACK4 */
+  if (w->layout == KF_ROWS) {
   size_t rb = fmt == KF_F32 ? (size_t)cols * 4 : (size_t)nb * block_bytes(fmt);
   for (int t0 = 0; t0 < n;) {
     int T = n - t0 >= KF_TT ? KF_TT : 1;
@@ -279,7 +281,8 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
     }
     t0 += T;
   }
-#else
+  return;
+  }
   size_t gb = fmt == KF_F32 ? (size_t)cols * 16 : (size_t)nb * pack_bytes(fmt);
   for (int t0 = 0; t0 < n;) {
 #if KF_WEIGHTS_F32
@@ -307,7 +310,6 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
     }
     t0 += T;
   }
-#endif
 }
 #endif
 
