@@ -86,7 +86,7 @@ def run_command(args: argparse.Namespace) -> int:
     from kfactory.engines.design import MAX_THREADS
 
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
-    kernels = searched_kernels() if args.kernels == "memory" else {}
+    kernels = searched_kernels(threads) if args.kernels == "memory" else {}
     campaign = Campaign(args.model, args.budget, max_threads=threads, target=args.target, rounds=args.rounds,
                         kernels=kernels)
     print(f"engine campaign {args.model}: {len(campaign.designs())} designs (budget {args.budget}, threads "
@@ -103,16 +103,17 @@ def run_command(args: argparse.Namespace) -> int:
     return 0 if record["best"] is not None else EXIT_FAILED
 
 
-def searched_kernels() -> dict:
-    """The fastest verified kernel memory holds for each of the engine's ops, by problem; an op without one is
-    named on stderr with how to search one, and the campaign goes on without it."""
+def searched_kernels(max_threads: int) -> dict:
+    """The fastest verified kernel memory holds for each of the engine's ops that runs at most `max_threads`
+    threads, by problem; an op without one is named on stderr with how to search one, and the campaign goes on
+    without it."""
     from kfactory.engines.ops import SYMBOLS, OpKernelError, from_memory
     from kfactory.platform.config import Settings
 
     settings, found = Settings(), {}
     for problem in SYMBOLS:
         try:
-            found[problem] = from_memory(settings, problem)
+            found[problem] = from_memory(settings, problem, max_threads)
         except OpKernelError as e:
             print(f"kfactory: note: {e}", file=sys.stderr)
             continue

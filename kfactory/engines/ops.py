@@ -104,27 +104,57 @@ def kernels_of(record: dict[str, Any]) -> dict[str, OpKernel]:
     return {p: OpKernel.from_dict(k) for p, k in (record.get("kernels") or {}).items()}
 
 
-def from_memory(settings, problem: str, shape: str = "") -> OpKernel:
+def from_memory(settings, problem: str, max_threads: int, shape: str = "") -> OpKernel:
     """The fastest verified cpu kernel memory holds for an op problem (at `shape`; "" takes the archive's
-    default), from the memory service when one is configured, else the local workspace. Raises OpKernelError
-    saying how to get one when there is none."""
-    from kfactory.cli.client import ClientError, best_entry, candidate_evidence
-    from kfactory.export.evidence import NotVerified, judged
+    default) that runs at most `max_threads` threads (a kernel that starts more would hold cores the engine's
+    design does not have), from the memory service when one is configured, else the local workspace. Raises
+    OpKernelError saying how to get one when there is none."""
+    from kfactory.cli.client import ClientError, best_entry
 
     if problem not in SYMBOLS:
         raise OpKernelError(f"{problem!r} is not an op an engine links in; ops: {', '.join(SYMBOLS)}")
+    search = (f"search one with `kfactory run {problem} --target cpu --threads {max_threads}`")
     try:
-        entry = best_entry(settings, problem, shape, "cpu")
-        found = judged(candidate_evidence(settings, entry.candidate_id))
+        best = best_entry(settings, problem, shape, "cpu").candidate_id
+        found = _usable(settings, best, max_threads)
+        # the fastest runs more threads: the fastest of memory's measured points that fits (its priors query)
+        for cid in ([] if found else _by_speed(settings, problem)):
+            if found := _usable(settings, cid, max_threads):
+                break
     except ClientError as exc:
-        raise OpKernelError(f"no measured {problem} kernel in memory ({exc}); search one with "
-                            f"`kfactory run {problem} --target cpu`") from exc
-    except NotVerified as exc:
-        raise OpKernelError(f"the fastest {problem} kernel in memory cannot be used: {exc}") from exc
+        raise OpKernelError(f"no measured {problem} kernel in memory ({exc}); {search}") from exc
+    if found is None:
+        raise OpKernelError(f"no verified c kernel of {problem} in memory runs on at most {max_threads} "
+                            f"thread{'s' if max_threads != 1 else ''}; {search}")
     cand = found.candidate
-    if cand.language != "c":
-        raise OpKernelError(f"{problem} kernel {cand.id[:12]} is {cand.language}, not c")
     return OpKernel(problem, cand.id, found.source, cand.compile_flags, cand.entry or "kernel")
+
+
+def _usable(settings, candidate_id: str, max_threads: int):
+    """The judged evidence (kfactory.export.evidence.Judged) of a verified c kernel of at most max_threads
+    threads, or None."""
+    from kfactory.cli.client import candidate_evidence
+    from kfactory.export.evidence import NotVerified, judged
+
+    try:
+        found = judged(candidate_evidence(settings, candidate_id))
+    except NotVerified:
+        return None
+    cand = found.candidate
+    return found if cand.language == "c" and max(cand.threads, 1) <= max_threads else None
+
+
+def _by_speed(settings, problem: str) -> list[str]:
+    """Candidate ids of memory's measured points of the problem, fastest first."""
+    import asyncio
+
+    from kfactory.cli.client import _evidence
+    from kfactory.platform.spec_ranges import PRIORS_LIMIT
+    from kfactory.v1 import services_pb2 as spb
+
+    request = spb.PriorsRequest(problem=problem, limit=int(PRIORS_LIMIT.high), every_source=True)
+    priors = asyncio.run(_evidence(settings, "Priors", request)).priors
+    return list(dict.fromkeys(p.candidate_id for p in sorted(priors, key=lambda p: p.score_s) if p.candidate_id))
 
 
 def describe(kernels: dict[str, OpKernel]) -> str:
