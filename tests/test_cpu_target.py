@@ -221,6 +221,35 @@ def test_ceilings_of_an_older_probe_version_are_measured_again(tmp_path):
     assert cache[old_key] == stale and {k: cache[cache_key("host/1")][k] for k in CPU_CEILINGS} == got
 
 
+def test_ceilings_measured_on_a_busy_host_are_measured_again_when_it_is_quiet(tmp_path):
+    """A cached entry measured at more than BUSY_LOAD_PER_CORE is probed again when a later start finds the host
+    at under half that load, and the larger of each figure is kept (a low figure would raise the floor); one
+    measured on a quiet host, or a host no quieter now, is read as it is."""
+    import json
+
+    from kfactory.platform.config import Settings
+    from kfactory.targets.cpu.ceiling import BUSY_LOAD_PER_CORE, CPU_CEILINGS, cache_key, ceilings
+    target = get_target("cpu", Settings(data_dir=tmp_path, threads=1))
+    key, busy = cache_key("host/1"), 4 * BUSY_LOAD_PER_CORE
+
+    def cached(value: float, load: float) -> None:
+        entry = {**dict.fromkeys(CPU_CEILINGS, value), "load_per_core": load}
+        (tmp_path / "ceilings.json").write_text(json.dumps({key: entry}))
+
+    def entry() -> dict:
+        return json.loads((tmp_path / "ceilings.json").read_text())[key]
+
+    cached(1e-3, 0.1)                                          # quiet then: read as it is
+    assert ceilings(target, "host/1", 1, load=0.0) == dict.fromkeys(CPU_CEILINGS, 1e-3)
+    cached(1e-3, busy)                                         # busy then, as busy now: read as it is
+    assert ceilings(target, "host/1", 1, load=busy * 0.9) == dict.fromkeys(CPU_CEILINGS, 1e-3)
+    got = ceilings(target, "host/1", 1, load=0.1)              # busy then, quiet now: probed again
+    assert all(v > 1e-3 for v in got.values()), got
+    assert {k: entry()[k] for k in CPU_CEILINGS} == got and entry()["load_per_core"] == 0.1
+    cached(1e6, busy)                                          # a higher cached figure is kept
+    assert ceilings(target, "host/1", 1, load=0.1) == dict.fromkeys(CPU_CEILINGS, 1e6)
+
+
 @pytest.mark.parametrize("source,needle", [
     ("#include <stdio.h>\nvoid kernel(void){}\n", "line 1: header <stdio.h> is not allowed"),
     ("#include <stdint.h>\nvoid kernel(void){\n  __asm__(\"nop\");\n}\n", "line 3: inline assembly"),
