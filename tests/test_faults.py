@@ -77,16 +77,19 @@ def test_a_service_paused_past_its_ack_wait_is_redelivered_and_fenced(rig):
     before = asyncio.run(_consumer(nats_srv.url, "compiler"))
     wait_for(lambda: asyncio.run(_consumer(nats_srv.url, "compiler")).num_ack_pending >= 1, "compiler holding work")
     plant.kill("compiler", signal.SIGSTOP)
+    # the items the stopped compiler holds a lock on (none when the stop landed before it took one or after it let
+    # go, with only the ack left: then there is nothing to fence, and only the invariants below are checked)
+    held = _compile_fences(redis_srv.url, cid, "lock")
     try:
         plant.start("compiler", key="compiler-b")
         wait_for(lambda: asyncio.run(_consumer(nats_srv.url, "compiler")).num_redelivered > before.num_redelivered,
                   "a redelivery", timeout=30)
-        # the takeover is the second compiler's lock on the item: its first try may find the paused holder's lock
-        # still alive (taken just after the delivery, it outlives the ack_wait that redelivers) and come back
-        # ack_wait later. Waiting a fixed time raced that nak under load; the fence counter says when it happened
-        # (a compile result says nothing when the holder had published before the stop and only the ack was left)
-        wait_for(lambda: _highest_compile_fence(redis_srv.url, cid) >= 2, "the second compiler's takeover",
-                 timeout=30)
+        # the takeover is the second compiler's lock on the held item: its first try may find the stopped holder's
+        # lock still alive (taken just after the delivery, it outlives the ack_wait that redelivers) and come back
+        # ack_wait later. A fixed 2 s wait raced that nak under load; the item's fence says when it happened
+        for item in held:
+            wait_for(lambda: _compile_fences(redis_srv.url, cid, "fence")[item] >= 2,
+                     f"the second compiler's takeover of {item[:12]}", timeout=30)
     finally:
         plant.kill("compiler", signal.SIGCONT)
     finish_and_check(plant, cid)
@@ -99,19 +102,22 @@ def test_a_service_paused_past_its_ack_wait_is_redelivered_and_fenced(rig):
         arch.close()
     ids = [c.id for c in results]
     assert len(ids) == len(set(ids)), "a candidate has two compile results"
-    # the holder's results before the stop carry fence 1; a result written after the takeover carries the newer
-    assert min(c.fence for c in results) == 1 and max(c.fence for c in results) <= _highest_compile_fence(
-        redis_srv.url, cid)
+    # every result carries a fence its item's counter issued: the holder's before the stop 1, a successor's newer
+    fences = _compile_fences(redis_srv.url, cid, "fence")
+    assert min(c.fence for c in results) == 1 and all(1 <= c.fence <= fences[c.id] for c in results)
 
 
-def _highest_compile_fence(redis_url: str, cid: str) -> int:
-    """The highest fence issued on any of the campaign's compile locks (kfactory.claims.redis's counters)."""
+def _compile_fences(redis_url: str, cid: str, kind: str) -> dict[str, int]:
+    """{candidate id: value} of the campaign's compile claims in Redis (kfactory.claims.redis): kind "fence", the
+    counter each acquisition of the item's lock increments; kind "lock", the items whose lock is held now."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
     try:
-        keys = list(client.scan_iter(match=f"kf:fence:{cid}:compiler:*", count=1000))
-        return max((int(v) for v in client.mget(keys) if v is not None), default=0) if keys else 0
+        keys = list(client.scan_iter(match=f"kf:{kind}:{cid}:compiler:*", count=1000))
+        values = client.mget(keys) if keys else []
+        return {k.decode().rsplit(":", 1)[1]: int(v) if kind == "fence" else 1
+                for k, v in zip(keys, values) if v is not None}
     finally:
         client.close()
 
