@@ -22,7 +22,6 @@ leaves DIR as it was. The engine's code only runs in its child process (the re-v
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import struct
@@ -46,7 +45,7 @@ from kfactory.export import ExportError, check_name
 from kfactory.export.c import LINKER_SYMBOLS
 from kfactory.export.rename import rename_symbols
 from kfactory.models import ModelPackage, load_model
-from kfactory.models.loader import list_models
+from kfactory.models.loader import list_models, sha256_of
 from kfactory.models.tokenizer import Tokenizer
 
 FORMATS = ("c", "python")
@@ -225,14 +224,6 @@ def check_library(stage: Path, steps: list[list[str]], name: str) -> None:
         obj.unlink()
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _claim_out(out: Path, name: str) -> None:
     """Refuse a directory that holds another export (one export per directory)."""
     manifest = out / "manifest.json"
@@ -315,7 +306,7 @@ def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen
     res, record = chosen.result, chosen.record
     manifest = {
         "kind": "kfactory engine export", "name": name, "format": fmt, "model": package.name,
-        "model_file": {"path": str(model.path), "sha256": sha256_file(model.path)},
+        "model_file": {"path": str(model.path), "sha256": sha256_of(model.path)},
         "design_id": design.design_id(), "design": design.as_dict(), "abi_version": ABI_VERSION,
         "config": c.as_dict(), "threads": design.threads, "omp_wait_policy": values["WAIT"],
         "build": {"cc": compiler(), "flags": list(FLAGS), "link": list(LINK), "argv": argv, "steps": steps,
@@ -329,7 +320,7 @@ def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen
                      "decode_tok_s": res.get("decode_tok_s"), "prefill_tok_s": res.get("prefill_tok_s"),
                      "timings": res.get("timings"), "verify_s": res.get("verify_s"), "bench": record.get("bench")},
         "example_ids": ids,
-        "files": {f: sha256_file(stage / f) for f in files},
+        "files": {f: sha256_of(stage / f) for f in files},
     }
     (stage / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return [*files, "manifest.json"]
