@@ -113,8 +113,11 @@ def _read(cache: Path) -> dict:
 
 def read_cached(data_dir, key: str, names: tuple[str, ...]) -> dict[str, float] | None:
     """The ceilings cached for a device in data_dir/ceilings.json, or None unless every name is there."""
-    found = _read(Path(data_dir) / "ceilings.json").get(key, {})
-    return {n: float(found[n]) for n in names} if all(n in found for n in names) else None
+    return _figures(_read(Path(data_dir) / "ceilings.json").get(key, {}), names)
+
+
+def _figures(entry: dict, names: tuple[str, ...]) -> dict[str, float] | None:
+    return {n: float(entry[n]) for n in names} if all(n in entry for n in names) else None
 
 
 def write_cached(data_dir, key: str, figures: dict[str, float], **extra) -> None:
@@ -147,9 +150,9 @@ def ceilings(target, device_id: str, threads: int, load: float | None = None) ->
     the host is now much quieter, keeping the larger of each figure. `load`: this host's load a core now
     (default: load_per_core())."""
     key = cache_key(device_id)
-    found = read_cached(target.settings.data_dir, key, CPU_CEILINGS)
+    entry = _read(Path(target.settings.data_dir) / "ceilings.json").get(key, {})
+    found, then = _figures(entry, CPU_CEILINGS), entry.get("load_per_core", 0.0)
     now = load_per_core() if load is None else load
-    then = _read(Path(target.settings.data_dir) / "ceilings.json").get(key, {}).get("load_per_core", 0.0)
     if found is not None and not (then > BUSY_LOAD_PER_CORE and now < then / 2):
         return found
     figures = _measure(target, device_id, threads)
