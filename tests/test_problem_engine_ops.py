@@ -11,16 +11,15 @@ import shutil
 import numpy as np
 import pytest
 
-from kfactory.judge.checks import InputPool
 from kfactory.judge.inputs import draw
 from kfactory.judge.numerics import compare
-from kfactory.judge.verify import verify
 from kfactory.models import reference as model_ref
 from kfactory.models.loader import load_model
 from kfactory.problems import load_problem
 from kfactory.problems.check import problems_of
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
+from test_kda import _verify  # the KDA tests' verify-a-C-kernel helper
 
 NAMES = ["rope", "decode_attention_gqa", "add_rmsnorm", "silu_mul"]
 
@@ -236,17 +235,6 @@ def cpu(tmp_path_factory, host_ceilings):
     data = tmp_path_factory.mktemp("engine_ops")
     shutil.copy(host_ceilings, data / "ceilings.json")
     return get_target("cpu", Settings(data_dir=data, threads=2, runner_timeout_s=60.0))
-
-
-def _verify(cpu, problem, source: str, flags: str, threads: int = 2):
-    res = cpu.compile(source, "c", flags, "kernel")
-    assert res.ok, res.log[-2000:]
-    session = cpu.session(problem, threads)
-    try:
-        session.load_artifact("k", res.artifact, "kernel")
-        return verify(session, "k", problem, InputPool(problem, 4))
-    finally:
-        session.close()
 
 
 @pytest.mark.parametrize("name", NAMES)
