@@ -51,6 +51,11 @@ def add_parser(sub) -> None:
                         "holds for the engine's ops (matvec_q4_1, matvec_q8_0: search them with `kfactory run "
                         "matvec_q4_1 --target cpu`); builtin: the engine's own kernels only")
     r.add_argument("--json", dest="json_out", type=Path, help="also write the campaign's record to this file")
+    r.add_argument("--services", action="store_true",
+                   help="run the campaign through the services (planner, coder, compiler, verifier, benchmarker, "
+                        "memory) in this process, as `kfactory run` does: every design a candidate with its "
+                        "events, archived by memory; one timing round, the engine's own kernels")
+    r.add_argument("--nats-url", help="with --services: the NATS server (default: one started for the campaign)")
 
     g = sub.add_parser("generate", help="generate text with the best verified engine of a model (greedy, "
                                         "streamed)")
@@ -86,6 +91,8 @@ def run_command(args: argparse.Namespace) -> int:
     from kfactory.engines.design import MAX_THREADS
 
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
+    if args.services:
+        return services_command(args, threads)
     kernels = searched_kernels(threads) if args.kernels == "memory" else {}
     campaign = Campaign(args.model, args.budget, max_threads=threads, target=args.target, rounds=args.rounds,
                         kernels=kernels)
@@ -97,6 +104,42 @@ def run_command(args: argparse.Namespace) -> int:
 
     record = campaign.run(progress)
     print(report_text(record))
+    print(f"record: {record['path']}")
+    if args.json_out:
+        args.json_out.write_text(json.dumps(record, indent=1))
+    return 0 if record["best"] is not None else EXIT_FAILED
+
+
+def services_command(args: argparse.Namespace, threads: int) -> int:
+    """`kfactory engine run --services`: the campaign through the services; progress per design as its outcome
+    is archived, then the report; 0 when a design verified, 1 when none did, 2 for a spec the planner refuses."""
+    from kfactory.cli import engine_services
+    from kfactory.engines.campaign import DesignResult, report_text
+    from kfactory.engines.design import MAX_THREADS
+    from kfactory.services.planner.specs import SpecError
+
+    if not 1 <= threads <= MAX_THREADS:
+        raise EngineCommandError(f"--threads must lie in 1..{MAX_THREADS}, not {threads}", EXIT_USAGE)
+    if args.budget < 1:
+        raise EngineCommandError(f"--budget must be at least 1 design, not {args.budget}", EXIT_USAGE)
+    print(f"engine campaign {args.model} through the services: budget {args.budget}, threads 1..{threads}; "
+          "one timing round, the engine's own kernels", flush=True)
+    n = 0
+
+    def progress(res: DesignResult) -> None:
+        nonlocal n
+        n += 1
+        print(f"[{n}/{args.budget}] {res.line()}", flush=True)
+
+    try:
+        record = engine_services.run(args.model, args.budget, threads, progress=progress, nats_url=args.nats_url)
+    except SpecError as e:
+        raise EngineCommandError(f"the planner refuses the campaign: {e}", EXIT_USAGE) from e
+    except engine_services.ServicesFailed as e:
+        raise EngineCommandError(str(e)) from e
+    print(report_text(record))
+    print(f"campaign {record['campaign_id']}: {record['campaign_state']}"
+          + (f" ({record['campaign_reason']})" if record["campaign_reason"] else ""))
     print(f"record: {record['path']}")
     if args.json_out:
         args.json_out.write_text(json.dumps(record, indent=1))

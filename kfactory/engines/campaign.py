@@ -33,8 +33,9 @@ from kfactory.engines.build import build
 from kfactory.engines.codegen import CodegenError, generate
 from kfactory.engines.design import EngineDesign, space
 from kfactory.engines.ops import OpKernel, OpKernelError, units_for
+from kfactory.engines.order import distance, order  # noqa: F401 (distance: re-exported, its old home)
 from kfactory.engines.runner import EngineFault, EngineRunner
-from kfactory.engines.verify import Verifier
+from kfactory.engines.verify import Verdict, Verifier
 from kfactory.models.gguf_model import LlamaConfig
 
 #: the bench of every design: decode steps after a prefill of CONTEXT tokens (the issue's context 128)
@@ -81,25 +82,6 @@ class DesignResult:
         return f"{self.design_id}: {self.verdict}{check}: {self.reason.splitlines()[0] if self.reason else ''}"
 
 
-def distance(a: EngineDesign, b: EngineDesign) -> int:
-    """How many fields differ."""
-    return sum(getattr(a, f.name) != getattr(b, f.name) for f in fields(EngineDesign))
-
-
-def order(points: list[EngineDesign], default: EngineDesign | None = None) -> list[EngineDesign]:
-    """`points` by distance from the default design (stable: space order within a distance), so the first
-    points are the default and its one-field changes, field by field in EngineDesign's field order."""
-    default = default or EngineDesign()
-    names = [f.name for f in fields(EngineDesign)]
-
-    def key(item: tuple[int, EngineDesign]) -> tuple[int, int, int]:
-        i, d = item
-        changed = [k for k, n in enumerate(names) if getattr(d, n) != getattr(default, n)]
-        return (len(changed), changed[0] if changed else -1, i)
-
-    return [d for _, d in sorted(enumerate(points), key=key)]
-
-
 def field_effects(results: list[DesignResult], default: EngineDesign | None = None) -> dict[str, Any]:
     """Per field: the default's value and, for each other value tried, the median decode and prefill tok/s
     ratio (value / default's value) over verified pairs that differ only in that field, or NOT_MEASURED."""
@@ -136,6 +118,18 @@ def _ratios(a: DesignResult, b: DesignResult, k: int) -> list[float]:
     return [fb / fa] if fa and fb else []
 
 
+def rejection_reason(verdict: Verdict) -> str:
+    """Why a failed verification rejects a design, in one line: the first failing check, its step and error,
+    its detail and the engine's fault."""
+    first = verdict.first_failure
+    name = first.name if first else None
+    step = f" at step {first.first_failing_step}" if first and first.first_failing_step is not None else ""
+    err = f", max err {first.max_err:.2e} > tolerance {verdict.tolerance:g}" if first else ""
+    return (f"verification failed: {name}{step}{err}"
+            + (f"; {first.detail}" if first and first.detail else "")
+            + (f"; engine fault ({verdict.fault_kind}): {verdict.fault}" if verdict.fault else ""))
+
+
 def best_of(results: list[DesignResult]) -> DesignResult | None:
     """The verified design with the highest decode tok/s (prefill breaks a tie)."""
     verified = [r for r in results if r.verified]
@@ -170,6 +164,8 @@ def report_text(record: dict[str, Any]) -> str:
         lines.append(f"noise: {noise['design_id']} timed again at the end measured decode "
                      f"x{noise['decode_ratio']:.3f}, prefill x{noise['prefill_ratio']:.3f} of its first timing: "
                      "an effect within that much of x1 is not told apart from the host's load")
+    elif record.get("services"):
+        lines.append("noise: not measured (through the services each design is timed once)")
     else:
         lines.append("noise: not measured (fewer than two designs were timed)")
     return "\n".join(lines)
@@ -267,11 +263,7 @@ class Campaign:
         if not verdict.passed:
             first = verdict.first_failure
             res.verdict, res.failed_check = "rejected", first.name if first else None
-            step = f" at step {first.first_failing_step}" if first and first.first_failing_step is not None else ""
-            err = f", max err {first.max_err:.2e} > tolerance {verdict.tolerance:g}" if first else ""
-            res.reason = (f"verification failed: {res.failed_check}{step}{err}"
-                          + (f"; {first.detail}" if first and first.detail else "")
-                          + (f"; engine fault ({verdict.fault_kind}): {verdict.fault}" if verdict.fault else ""))
+            res.reason = rejection_reason(verdict)
             return res
         res.library = str(lib.path)
         self.retime(res)
@@ -317,35 +309,44 @@ class Campaign:
     def write(self, started: str, noise: dict[str, Any] | None = None) -> dict[str, Any]:
         """The record as JSON under out_dir, and best.json when a design verified."""
         assert self.verifier is not None
-        best = best_of(self.results)
-        out = self.out_dir
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"campaign-{started}.json"
-        for n in range(2, 1000):   # two campaigns started in the same second keep both records
-            if not path.exists():
-                break
-            path = out / f"campaign-{started}-{n}.json"
-        record: dict[str, Any] = {
+        return write_record(self.out_dir, {
             "model": self.verifier.package.name, "target": self.target, "started": started,
             "budget": self.budget, "max_threads": self.max_threads, "rounds": self.rounds,
             "bench": {"context": CONTEXT, "decode_tokens": DECODE_TOKENS, "repeats": REPEATS},
-            "tolerance": self.verifier.tolerance,
-            "kernels": {p: k.as_dict() for p, k in sorted(self.kernels.items())},
-            "results": [asdict(r) for r in self.results],
-            "best": asdict(best) if best else None,
-            "effects": field_effects(self.results),
-            "noise": noise,
-            "path": str(path)}
-        path.write_text(json.dumps(record, indent=1))
-        if best is not None:
-            (out / "best.json").write_text(json.dumps(
-                {"model": record["model"], "design": best.design, "design_id": best.design_id,
-                 "decode_tok_s": best.decode_tok_s, "prefill_tok_s": best.prefill_tok_s, "campaign": str(path),
-                 # only the kernels the winner links in: enough to rebuild it (ops.build_engine)
-                 "kernels": {p: self.kernels[p].as_dict()
-                             for p in EngineDesign.from_dict(best.design).searched_kernels()}},
-                indent=1))
-        return record
+            "tolerance": self.verifier.tolerance}, self.results, self.kernels, noise)
+
+
+def write_record(out: Path, head: dict[str, Any], results: list[DesignResult], kernels: dict[str, OpKernel],
+                 noise: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write a campaign's record (`head`: model, target, started, budget, ...; then the kernels, every result,
+    the best, the effects, the noise) as out/campaign-<started>.json, and out/best.json when a design verified;
+    return the record. Shared by the local campaign and the one through the services."""
+    best = best_of(results)
+    out.mkdir(parents=True, exist_ok=True)
+    started = head["started"]
+    path = out / f"campaign-{started}.json"
+    for n in range(2, 1000):   # two campaigns started in the same second keep both records
+        if not path.exists():
+            break
+        path = out / f"campaign-{started}-{n}.json"
+    record: dict[str, Any] = {
+        **head,
+        "kernels": {p: k.as_dict() for p, k in sorted(kernels.items())},
+        "results": [asdict(r) for r in results],
+        "best": asdict(best) if best else None,
+        "effects": field_effects(results),
+        "noise": noise,
+        "path": str(path)}
+    path.write_text(json.dumps(record, indent=1))
+    if best is not None:
+        (out / "best.json").write_text(json.dumps(
+            {"model": record["model"], "design": best.design, "design_id": best.design_id,
+             "decode_tok_s": best.decode_tok_s, "prefill_tok_s": best.prefill_tok_s, "campaign": str(path),
+             # only the kernels the winner links in: enough to rebuild it (ops.build_engine)
+             "kernels": {p: kernels[p].as_dict()
+                         for p in EngineDesign.from_dict(best.design).searched_kernels()}},
+            indent=1))
+    return record
 
 
 def load_best(model_name: str, data_dir: Path | None = None) -> dict[str, Any] | None:

@@ -23,6 +23,9 @@ class ReferenceFailed(ProblemError):
 
 def problems_of(problem: Problem) -> list[str]:
     """Every problem found, one line each (empty when the package is fit to run)."""
+    own = problem.checks_itself()
+    if own is not None:
+        return own
     found = []
     try:
         check_reference(problem)

@@ -39,10 +39,14 @@ def _load_yaml(path: Path, model):
 
 def load_problem(name_or_path: str | Path) -> Problem:
     """Load a built-in problem by name or a package by directory path; "replay:<cache file>" synthesizes the
-    problem of a recorded tuning space (kfactory.targets.replay.problem)."""
+    problem of a recorded tuning space (kfactory.targets.replay.problem), "engine:<model>" the problem whose
+    candidates are whole inference engines of a model (kfactory.engines.problem)."""
     if str(name_or_path).startswith("replay:"):
         from kfactory.targets.replay.problem import load_replay_problem
         return load_replay_problem(str(name_or_path))
+    if str(name_or_path).startswith("engine:"):  # a model's inference engine (kfactory/engines/problem.py)
+        from kfactory.engines.problem import load_engine_problem
+        return load_engine_problem(str(name_or_path))
     path = Path(name_or_path)
     # a directory holding a problem.yaml, else a built-in name (a stray directory named like a built-in
     # problem, e.g. ./kda with no problem.yaml in it, must not hide the built-in one)

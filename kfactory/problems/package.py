@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2
 import jinja2.meta
@@ -215,6 +215,14 @@ class Problem:
     spec: ProblemSpec
     directory: Path
     families: dict[str, Family] = field(default_factory=dict)
+    #: what a candidate of the problem is: "kernel" (judged by kfactory.judge), or "engine" (a whole inference
+    #: engine, kfactory.engines.problem: the stages hand it to kfactory.engines.stages)
+    kind: ClassVar[str] = "kernel"
+
+    def checks_itself(self) -> list[str] | None:
+        """Problems found by the problem's own rule ([] when fit to run), or None: the kernel checks apply
+        (kfactory.problems.check: run the reference, render every family)."""
+        return None
 
     @property
     def name(self) -> str:

@@ -7,6 +7,8 @@ import asyncio
 import json
 
 from kfactory.bus import events as ev
+from kfactory.engines.stages import coder as engine_coder
+from kfactory.engines.stages import is_engine
 from kfactory.observability import tracing as telemetry
 from kfactory.agents import PERSONAS, persona_stage
 from kfactory.bus.outcomes import Ack, Delivery, Outcome
@@ -94,6 +96,8 @@ class CoderService(Service):
     def _render(self, pp: pb.PointProposed) -> tuple[str, str, str, str, int, str]:
         """(source, language, flags, entry, threads, launch rule as canonical JSON or "")."""
         problem = self.ctx.problem(pp.problem)
+        if is_engine(problem) and not pp.HasField("manual"):  # a whole engine's design (kfactory/engines/stages)
+            return engine_coder.render(problem, pp.params_json, self.settings.data_dir)
         if pp.HasField("manual"):
             m = pp.manual
             return m.source, m.language or "c", m.compile_flags, "kernel", m.threads or 1, m.launch_json

@@ -4,6 +4,9 @@ from __future__ import annotations
 from kfactory.bus import events as ev
 from kfactory.bus.outcomes import Ack, Delivery, Leave, Outcome, Term
 from kfactory.bus.errors import ArtifactMissing
+from kfactory.bus.topology import Stage
+from kfactory.engines.stages import is_engine
+from kfactory.engines.stages.compiler import compile_engine
 from kfactory.judge.screening import prune
 from kfactory.judge.order import compile_workers, first_judge_stage
 from kfactory.platform.service import Service
@@ -31,8 +34,12 @@ class CompilerService(Service):
         async with self.stage_lock(d, cand.id) as lock:
             if lock is None:
                 return self.busy()
-            target = self.ctx.target(cand.target)
-            res = await self.work(target.compile, source, cand.language, cand.compile_flags, cand.entry)
+            target, problem = self.ctx.target(cand.target), self.ctx.problem(cand.problem)
+            engine = is_engine(problem)  # a whole engine is built by kfactory/engines/stages/compiler.py
+            if engine:
+                res = await self.work(compile_engine, source, self.settings.data_dir, part="compile")
+            else:
+                res = await self.work(target.compile, source, cand.language, cand.compile_flags, cand.entry)
             if not await self.still_ours(lock):
                 return Leave()  # a newer holder of this candidate's lock writes the result (and acks)
             cand.fence = lock.fence
@@ -40,7 +47,7 @@ class CompilerService(Service):
                 res.report.log_digest = await self.bus.put_artifact(res.log.encode())
             cid = d.event.campaign_id
             if res.ok:  # multi-fidelity: what cannot launch or will spill never reaches a GPU
-                why = prune(res.report, ev.launch_of(cand), self.ctx.problem(cand.problem))
+                why = prune(res.report, ev.launch_of(cand), problem)
                 if why:
                     res.ok, res.reason, res.message = False, pb.RESOURCE_LIMIT, f"pruned: {why}"
             if not res.ok:
@@ -52,5 +59,7 @@ class CompilerService(Service):
                                  compiled=pb.Compiled(candidate=cand, artifact_digest=digest, report=res.report))
             await self.bus.publish(done)
             # the search's candidates are screened by a short timing before they are verified (kfactory/judge/order.py)
-            await self.bus.send_work(first_judge_stage(cand, self.settings, target), done)
+            # (an engine is verified first: no short kernel timing screens it)
+            await self.bus.send_work(Stage.VERIFIER if engine else first_judge_stage(cand, self.settings, target),
+                                     done)
             return Ack()

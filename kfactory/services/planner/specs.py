@@ -58,6 +58,7 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
         raise SpecError("budget: give a candidate count, a time limit in seconds, a device-time limit, or more "
                         "than one")
     _check_manual(spec, settings, target.name)
+    _check_engine(spec, problem)
     spec.threads = spec.threads or settings.threads
     spec.parallel = spec.parallel or default_parallel(settings)  # enough in flight to compile ahead of the device
     spec.seed = spec.seed or secrets.randbits(32)
@@ -87,6 +88,19 @@ def _budget_note(spec: pb.CampaignSpec, problem: Problem, agents: bool) -> str:
                 "search budget goes unspent")
     raise SpecError(f"families: problem {problem.name} has no family for target {spec.target}, and no agent "
                     "coders (--coders agent) or hand-written kernels (--manual) to spend the budget")
+
+
+def _check_engine(spec: pb.CampaignSpec, problem: Problem) -> None:
+    """An engine campaign's candidates are the designs of its one family (kfactory/engines/problem.py), which
+    the template coder renders; a hand-written source or an agent's kernel is not an engine design."""
+    if problem.kind != "engine":
+        return
+    if spec.manual_sources:
+        raise SpecError(f"manual_sources: problem {problem.name} is an engine; its candidates are the designs of "
+                        "kfactory.engines.design.space(), not hand-written sources")
+    if [c for c in spec.coders if c != coders.TEMPLATE]:
+        raise SpecError(f"coders: problem {problem.name} is an engine; only the template coder renders its "
+                        f"designs (not {', '.join(spec.coders)})")
 
 
 def _check_manual(spec: pb.CampaignSpec, settings: Settings, target: str) -> None:

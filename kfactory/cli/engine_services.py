@@ -1,0 +1,92 @@
+"""`kfactory engine run MODEL --services`: the engine campaign through the six services in this process (an
+embedded nats-server unless KFACTORY_BUS=memory or a NATS URL is configured), as `kfactory run` runs a kernel
+campaign; then the same record and best.json as the local campaign (kfactory/engines/pipeline.py)."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+from kfactory.bus.natsd import EmbeddedNats
+from kfactory.cli.run import _memory_ready, _wait_archived
+from kfactory.engines import pipeline
+from kfactory.engines.campaign import DesignResult
+from kfactory.engines.verify import TOLERANCE
+from kfactory.platform.app import start_services
+from kfactory.platform.config import Settings
+from kfactory.platform.service import Context
+from kfactory.services.planner.specs import validate
+from kfactory.targets import get_target
+from kfactory.v1 import events_pb2 as pb
+
+if TYPE_CHECKING:
+    from kfactory.services.memory.service import MemoryService
+    from kfactory.services.planner.service import PlannerService
+
+
+class ServicesFailed(RuntimeError):
+    """The services could not run the campaign (a service failed, the campaign failed); the message says why."""
+
+
+async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
+                       progress: Callable[[DesignResult], None] | None = None,
+                       embedded_nats: bool = True) -> dict[str, Any]:
+    """Submit the engine campaign `spec` to the planner of services started here (over a nats-server of their
+    own when `embedded_nats` and the bus is NATS, else over settings.nats_url), wait for its end and for memory
+    to archive it, and write the record from the archived events; return the record (its "campaign_state" is
+    the planner's final state: completed, cancelled, expired, failed)."""
+    from kfactory.models import load_model
+
+    # refused before any server starts, naming the field (as `kfactory run` does); SpecError to the caller
+    spec, _ = validate(spec, settings, Context.problem, lambda t: get_target(t, settings))
+    nats = None
+    if settings.bus == "nats" and embedded_nats:
+        nats = EmbeddedNats()
+        settings = settings.model_copy(update={"nats_url": nats.start()})
+    running = None
+    try:
+        running = await start_services(settings, grpc=False)
+        planner = cast("PlannerService", running.services["planner"])
+        memory = cast("MemoryService", running.services["memory"])
+        await _memory_ready(running)
+        cid = await planner.submit(spec)
+        st = planner.campaigns[cid]
+        shown: set[str] = set()
+        while st.finished is None and not running.stop.is_set():
+            await asyncio.sleep(0.5)
+            if (failure := running.failed()) is not None:
+                raise ServicesFailed(f"a service failed: {failure}") from failure
+            _show(memory, cid, Path(settings.data_dir), shown, progress)
+        await _wait_archived(memory, cid)
+        _show(memory, cid, Path(settings.data_dir), shown, progress)
+        events = memory.archive.events(campaign=cid)
+        record = pipeline.write(events, load_model(model).name, Path(settings.data_dir) / "engines" /
+                                load_model(model).name, Path(settings.data_dir), st.spec, TOLERANCE)
+        record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
+        record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
+        return record
+    finally:
+        if running:
+            await running.shutdown()
+        if nats:
+            nats.stop()
+
+
+def _show(memory: MemoryService, cid: str, data_dir: Path, shown: set[str],
+          progress: Callable[[DesignResult], None] | None) -> None:
+    """Report each design once, when its outcome is archived."""
+    if progress is None:
+        return
+    for res in pipeline.results_of(memory.archive.events(campaign=cid), data_dir):
+        if res.verdict != pipeline.UNFINISHED and res.design_id not in shown:
+            shown.add(res.design_id)
+            progress(res)
+
+
+def run(model: str, budget: int, max_threads: int, parallel: int = 0,
+        progress: Callable[[DesignResult], None] | None = None, nats_url: str | None = None) -> dict[str, Any]:
+    """The campaign through the services with this process's settings (see run_campaign): over the NATS server
+    at `nats_url`, else one started for the campaign."""
+    spec = pipeline.campaign_spec(model, budget, max_threads, parallel)
+    settings = Settings(nats_url=nats_url) if nats_url else Settings()
+    return asyncio.run(run_campaign(settings, model, spec, progress, embedded_nats=not nats_url))

@@ -1,0 +1,29 @@
+"""The order an engine campaign takes designs in: the default first, then by how many fields differ from it.
+
+Shared by the local campaign (kfactory/engines/campaign.py) and the engine problem the services search
+(kfactory/engines/problem.py), so both evaluate the same designs for the same budget.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from kfactory.engines.design import EngineDesign
+
+
+def distance(a: EngineDesign, b: EngineDesign) -> int:
+    """How many fields differ."""
+    return sum(getattr(a, f.name) != getattr(b, f.name) for f in fields(EngineDesign))
+
+
+def order(points: list[EngineDesign], default: EngineDesign | None = None) -> list[EngineDesign]:
+    """`points` by distance from the default design (stable: space order within a distance), so the first
+    points are the default and its one-field changes, field by field in EngineDesign's field order."""
+    default = default or EngineDesign()
+    names = [f.name for f in fields(EngineDesign)]
+
+    def key(item: tuple[int, EngineDesign]) -> tuple[int, int, int]:
+        i, d = item
+        changed = [k for k, n in enumerate(names) if getattr(d, n) != getattr(default, n)]
+        return (len(changed), changed[0] if changed else -1, i)
+
+    return [d for _, d in sorted(enumerate(points), key=key)]

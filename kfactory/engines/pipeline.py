@@ -1,0 +1,121 @@
+"""An engine campaign through the services: the spec the planner gets, and the campaign's record read back from
+its events, so `kfactory engine run MODEL --services` writes the same record and best.json as the local
+campaign (kfactory/engines/campaign.py) and `kfactory generate` / `kfactory export` work after either.
+
+The problem is `engine:<model>` (kfactory/engines/problem.py): its one family's points are the designs of
+`space()`, the default first; the grid strategy takes them in that order, so a budget of N evaluates the same N
+designs as the local campaign's `order()`. Each candidate goes coder -> compiler -> verifier -> benchmarker
+(kfactory/engines/stages) and every outcome is an event; `results_of` folds them into one DesignResult per
+proposed design:
+
+    point_proposed                       the design (verdict "unfinished" until an outcome arrives)
+    rejected by the coder                codegen_failed (or duplicate)
+    compile_failed                       build_failed, with the compiler's log
+    rejected by the verifier             rejected, the first failing check named
+    rejected by the benchmarker          bench_failed
+    measured                             verified: decode and prefill tok/s from its two timings
+    dead_letter                          harness_error (the harness failed, not the design)
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from kfactory.bus import events as ev
+from kfactory.engines.campaign import (CONTEXT, DECODE_TOKENS, REPEATS, VERIFIED, DesignResult, write_record)
+from kfactory.engines.design import EngineDesign
+from kfactory.engines.problem import PREFIX
+from kfactory.v1 import events_pb2 as pb
+
+#: a design's verdict while no outcome of it has arrived (the campaign ended first: cancelled, expired)
+UNFINISHED = "unfinished"
+#: the rejecting stage -> the verdict a design gets (the local campaign's words)
+STAGE_VERDICTS = {"coder": "codegen_failed", "verifier": "rejected", "benchmarker": "bench_failed"}
+
+
+def campaign_spec(model: str, budget: int, max_threads: int, parallel: int = 0, seed: int = 0) -> pb.CampaignSpec:
+    """The planner's spec of an engine campaign over `budget` designs of `model` with 1..max_threads threads:
+    the grid strategy in the designs' order (the default first), a cold start (another campaign's timings of
+    the same designs would be re-proposed first, not new designs)."""
+    return pb.CampaignSpec(problem=PREFIX + model, target="cpu", budget_candidates=budget, strategy="grid",
+                           threads=max_threads, parallel=parallel, seed=seed or secrets.randbits(32),
+                           warm_start=0)
+
+
+def results_of(events: list[pb.Event], data_dir: Path) -> list[DesignResult]:
+    """One DesignResult per proposed design, in proposal order, from a campaign's events (see the module
+    docstring). `library` is the verified object as the verifier ran it (<data_dir>/engines/artifacts/)."""
+    by_point: dict[str, DesignResult] = {}
+    point_of: dict[str, str] = {}     # candidate id -> point id
+    for e in events:
+        kind = e.WhichOneof("body")
+        if kind == "point_proposed":
+            pp = e.point_proposed
+            if not pp.HasField("manual") and pp.point_id not in by_point:
+                d = EngineDesign.from_dict(json.loads(pp.params_json))
+                by_point[pp.point_id] = DesignResult(d.as_dict(), d.design_id(), UNFINISHED,
+                                                     reason="no outcome before the campaign ended")
+            continue
+        if kind == "dead_letter":
+            _dead_letter(e.dead_letter, by_point, point_of)
+            continue
+        cand = ev.candidate_of(e)
+        if cand is not None and cand.id and cand.point_id:
+            point_of[cand.id] = cand.point_id
+        res = by_point.get(cand.point_id if cand is not None and cand.point_id else
+                           e.rejected.point_id if kind == "rejected" else "")
+        if res is not None:
+            _fold(kind, e, res, data_dir)
+    return list(by_point.values())
+
+
+def _fold(kind: str | None, e: pb.Event, res: DesignResult, data_dir: Path) -> None:
+    """One event's outcome into its design's result."""
+    if kind == "compiled":
+        res.build_s = e.compiled.report.seconds
+    elif kind == "compile_failed":
+        res.verdict, res.reason, res.build_s = "build_failed", e.compile_failed.message, \
+            e.compile_failed.report.seconds
+    elif kind == "verified":
+        res.verify_s = e.verified.seconds
+        res.library = str(Path(data_dir) / "engines" / "artifacts" / f"{e.verified.artifact_digest}.so")
+    elif kind == "rejected":
+        rej = e.rejected
+        res.verdict = "duplicate" if rej.reason == pb.DUPLICATE else STAGE_VERDICTS.get(rej.stage, rej.stage)
+        res.reason = rej.message
+        res.failed_check = next((c.shape for c in rej.checks if not c.passed), None) \
+            if rej.stage == "verifier" else None
+        res.verify_s = rej.figures.get("verify_seconds", res.verify_s)
+    elif kind == "measured" and not e.measured.screened_out:
+        m = e.measured
+        decode, prefill = 1.0 / m.timings[0].median_s, 1.0 / m.timings[1].median_s
+        res.verdict, res.reason, res.bench_s = VERIFIED, "", m.seconds
+        res.decode_tok_s, res.prefill_tok_s, res.timings = decode, prefill, [[decode, prefill]]
+
+
+def _dead_letter(dl: pb.DeadLetter, by_point: dict[str, DesignResult], point_of: dict[str, str]) -> None:
+    """Work the harness could not do (its payload's candidate names the design): harness_error, not a verdict."""
+    try:
+        cand = ev.candidate_of(pb.Event.FromString(dl.payload))
+    except DecodeError:   # a payload cut to fit the dead letter: the design is not known, the campaign says why
+        return
+    res = by_point.get(point_of.get(cand.id, cand.point_id) if cand is not None else "")
+    if res is not None and res.verdict == UNFINISHED:
+        res.verdict, res.reason = "harness_error", f"{dl.stage}: {dl.reason}"
+
+
+def write(events: list[pb.Event], model_name: str, out_dir: Path, data_dir: Path, spec: pb.CampaignSpec,
+          tolerance: float, started: str | None = None) -> dict[str, Any]:
+    """The campaign's record and best.json under out_dir (kfactory.engines.campaign.write_record), from its
+    events; returns the record."""
+    head = {"model": model_name, "target": spec.target, "started": started or time.strftime("%Y%m%dT%H%M%SZ",
+                                                                                             time.gmtime()),
+            "budget": spec.budget_candidates, "max_threads": spec.threads, "rounds": 1,
+            "bench": {"context": CONTEXT, "decode_tokens": DECODE_TOKENS, "repeats": REPEATS},
+            "tolerance": tolerance, "campaign_id": events[0].campaign_id if events else "", "services": True}
+    return write_record(out_dir, head, results_of(events, data_dir), {}, None)
