@@ -191,9 +191,9 @@ static void attend(const kf_engine *e, int l, int head, const float *q, int pos,
 #endif
 
 #if KF_ATTEND_BLOCK
-/* attend() for prefill: the same function, with the scores of 4 keys at a time (4 independent FMA chains
- * instead of one 8-step chain per key, whose latency bounded the scores) and the weighted sum of V held in 8
- * registers. Decode keeps attend(). */
+/* attend() with the scores of 4 keys at a time (4 independent FMA chains instead of one 8-step chain per key,
+ * whose latency bounded the scores) and the weighted sum of V held in 8 registers: prefill and decode (after
+ * 128 tokens, decode measured x1.03 tok/s against attend(), after 1024 x1.12). */
 static void attend_block(const kf_engine *e, int l, int head, const float *q, int pos, float *out, float *s) {
   int kvh = KF_KV_OF(head);
   const float scale = 1.0f / sqrtf((float)KF_HEAD_DIM);
@@ -250,7 +250,8 @@ static void attention(kf_engine *e, int l, int n, int pos0) {
     const float *q = e->qkv + (size_t)t * KF_QKV + head * KF_HEAD_DIM;
     float *out = e->att + (size_t)t * KF_QDIM + head * KF_HEAD_DIM, *s = e->scores + (size_t)tid * e->ctx;
 #if KF_ATTEND_BLOCK
-    if (n > 1) { attend_block(e, l, head, q, pos0 + t, out, s); continue; }
+    attend_block(e, l, head, q, pos0 + t, out, s);
+    continue;
 #endif
     attend(e, l, head, q, pos0 + t, out, s);
   }
