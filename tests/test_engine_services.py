@@ -42,7 +42,7 @@ def _kinds(events: list[pb.Event]) -> dict[str, list]:
     return out
 
 
-def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_settings, monkeypatch):
+def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_settings, monkeypatch, tmp_path):
     record, events = _run(bus_settings, 2)
     assert record["campaign_state"] == "completed", record["campaign_reason"]
     kinds = _kinds(events)
@@ -76,6 +76,14 @@ def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_s
     ids = model.tokenizer.encode("hello there")
     want = Reference.from_model(model).generate(ids, 12, stop=[model.tokenizer.eos_id]).tokens
     assert list(greedy_tokens("tiny-llama", ids, 12, bus_settings.data_dir)) == want
+    # `kfactory export` takes the verified source from beside the object in the build cache, and verifies again
+    library = record["best"]["library"]
+    assert library.startswith(str(bus_settings.data_dir / "engines")) and library.endswith(".so")
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(bus_settings.data_dir))
+    assert main(["export", "tiny-llama", "--format", "c", "--name", "tl", "--out", str(tmp_path / "tl")]) == 0
+    manifest = json.loads((tmp_path / "tl" / "manifest.json").read_text())
+    assert manifest["design_id"] == best["design_id"]
+    assert manifest["verification"]["passed"] and manifest["verification"]["same_object_as_campaign"]
 
 
 def test_designs_that_fail_are_typed_results(bus_settings, monkeypatch):

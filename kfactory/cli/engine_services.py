@@ -7,7 +7,10 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+from kfactory.bus.base import Bus
+from kfactory.bus.errors import ArtifactMissing
 from kfactory.bus.natsd import EmbeddedNats
+from kfactory.engines.build import build
 from kfactory.cli.run import _memory_ready, _wait_archived
 from kfactory.engines import pipeline
 from kfactory.engines.campaign import DesignResult
@@ -60,8 +63,10 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
         await _wait_archived(memory, cid)
         _show(memory, cid, Path(settings.data_dir), shown, progress)
         events = memory.archive.events(campaign=cid)
-        record = pipeline.write(events, load_model(model).name, Path(settings.data_dir) / "engines" /
-                                load_model(model).name, Path(settings.data_dir), st.spec, TOLERANCE)
+        name, data_dir = load_model(model).name, Path(settings.data_dir)
+        libraries = await _libraries(running.ctx.bus, events, data_dir)
+        record = pipeline.write(events, name, data_dir / "engines" / name, data_dir, st.spec, TOLERANCE,
+                                libraries=libraries)
         record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
         record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
         return record
@@ -70,6 +75,21 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
             await running.shutdown()
         if nats:
             nats.stop()
+
+
+async def _libraries(bus: Bus, events: list[pb.Event], data_dir: Path) -> dict[str, str]:
+    """design id -> each verified design's object in this data dir's build cache, its source beside it: the
+    candidate's source artifact built again, a cache lookup where the compiler service built it here."""
+    out = {}
+    for design_id, digest in pipeline.verified_sources(events).items():
+        try:
+            source = (await bus.get_artifact(digest)).decode()
+        except ArtifactMissing:   # the record keeps the object the verifier ran (no source beside it)
+            continue
+        lib = await asyncio.to_thread(build, source, data_dir / "engines")
+        if lib.ok and lib.path is not None:
+            out[design_id] = str(lib.path)
+    return out
 
 
 def _show(memory: MemoryService, cid: str, data_dir: Path, shown: set[str],

@@ -109,13 +109,27 @@ def _dead_letter(dl: pb.DeadLetter, by_point: dict[str, DesignResult], point_of:
         res.verdict, res.reason = "harness_error", f"{dl.stage}: {dl.reason}"
 
 
+def verified_sources(events: list[pb.Event]) -> dict[str, str]:
+    """design id -> the source artifact's digest of each verified candidate (what its library is built from)."""
+    digests = {e.candidate_created.candidate.id: e.candidate_created.candidate.source_digest
+               for e in events if e.HasField("candidate_created")}
+    return {EngineDesign.from_dict(json.loads(e.verified.candidate.params_json)).design_id():
+            digests[e.verified.candidate.id]
+            for e in events if e.HasField("verified") and e.verified.candidate.id in digests}
+
+
 def write(events: list[pb.Event], model_name: str, out_dir: Path, data_dir: Path, spec: pb.CampaignSpec,
-          tolerance: float, started: str | None = None) -> dict[str, Any]:
+          tolerance: float, started: str | None = None, libraries: dict[str, str] | None = None) -> dict[str, Any]:
     """The campaign's record and best.json under out_dir (kfactory.engines.campaign.write_record), from its
-    events; returns the record."""
+    events; returns the record. `libraries` (design id -> path) names each verified design's object in the build
+    cache, where its source is kept beside it (`kfactory export` takes the verified source from there)."""
+    results = results_of(events, data_dir)
+    for r in results:
+        if r.design_id in (libraries or {}):
+            r.library = (libraries or {})[r.design_id]
     head = {"model": model_name, "target": spec.target, "started": started or time.strftime("%Y%m%dT%H%M%SZ",
                                                                                              time.gmtime()),
             "budget": spec.budget_candidates, "max_threads": spec.threads, "rounds": 1,
             "bench": {"context": CONTEXT, "decode_tokens": DECODE_TOKENS, "repeats": REPEATS},
             "tolerance": tolerance, "campaign_id": events[0].campaign_id if events else "", "services": True}
-    return write_record(out_dir, head, results_of(events, data_dir), {}, None)
+    return write_record(out_dir, head, results, {}, None)
