@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 
 import pytest
 
@@ -126,3 +127,22 @@ def test_the_cli_refuses_what_the_planner_would_refuse(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert "problem: engine: no model 'no-such-model'" in err and "Traceback" not in err
     assert not (tmp_path / "archive.sqlite").exists()
+
+
+def test_engine_run_services_prints_the_report_and_writes_the_record(tmp_path, host_ceilings, monkeypatch, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(host_ceilings, data / "ceilings.json")   # the host's bandwidth, measured once per session
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(data))
+    monkeypatch.setenv("KFACTORY_REPORT_DIR", str(tmp_path / "reports"))
+    out_json = tmp_path / "record.json"
+    assert main(["engine", "run", "tiny-llama", "--services", "--budget", "1", "--threads", "1",
+                 "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    default = EngineDesign().design_id()
+    assert f"[1/1] {default}: verified, decode " in out and f"winner: {default}" in out
+    assert "noise: not measured (through the services each design is timed once)" in out
+    record = json.loads(out_json.read_text())
+    assert record["services"] and record["campaign_state"] == "completed" and record["max_threads"] == 1
+    assert load_best("tiny-llama", data)["campaign"] == record["path"]
+    assert f"campaign {record['campaign_id']}: completed" in out
