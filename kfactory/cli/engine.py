@@ -56,6 +56,9 @@ def add_parser(sub) -> None:
                         "memory) in this process, as `kfactory run` does: every design a candidate with its "
                         "events, archived by memory; one timing round, the engine's own kernels")
     r.add_argument("--nats-url", help="with --services: the NATS server (default: one started for the campaign)")
+    r.add_argument("--parallel", type=int, default=0,
+                   help="with --services: designs in flight at once (default: the planner's, one per core plus "
+                        "two; 1 keeps compiles off the cores while an engine is timed)")
 
     g = sub.add_parser("generate", help="generate text with the best verified engine of a model (greedy, "
                                         "streamed)")
@@ -122,6 +125,9 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
         raise EngineCommandError(f"--threads must lie in 1..{MAX_THREADS}, not {threads}", EXIT_USAGE)
     if args.budget < 1:
         raise EngineCommandError(f"--budget must be at least 1 design, not {args.budget}", EXIT_USAGE)
+    if args.parallel < 0:
+        raise EngineCommandError(f"--parallel must be at least 1 (0: the planner's default), not {args.parallel}",
+                                 EXIT_USAGE)
     print(f"engine campaign {args.model} through the services: budget {args.budget}, threads 1..{threads}; "
           "one timing round, the engine's own kernels", flush=True)
     n = 0
@@ -132,7 +138,7 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
         print(f"[{n}/{args.budget}] {res.line()}", flush=True)
 
     try:
-        record = engine_services.run(args.model, args.budget, threads, progress=progress, nats_url=args.nats_url)
+        record = engine_services.run(args.model, args.budget, threads, args.parallel, progress, args.nats_url)
     except SpecError as e:
         raise EngineCommandError(f"the planner refuses the campaign: {e}", EXIT_USAGE) from e
     except engine_services.ServicesFailed as e:
