@@ -146,3 +146,5 @@ def test_engine_run_services_prints_the_report_and_writes_the_record(tmp_path, h
     assert record["services"] and record["campaign_state"] == "completed" and record["max_threads"] == 1
     assert load_best("tiny-llama", data)["campaign"] == record["path"]
     assert f"campaign {record['campaign_id']}: completed" in out
+    report = (tmp_path / "reports" / record["campaign_id"] / "report.md").read_text()   # memory's, as `run` writes
+    assert "engine_tiny_llama" in report and "| decode_after_1 | engine |" in report

@@ -146,7 +146,7 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
     print(report_text(record))
     print(f"campaign {record['campaign_id']}: {record['campaign_state']}"
           + (f" ({record['campaign_reason']})" if record["campaign_reason"] else ""))
-    print(f"record: {record['path']}")
+    print(f"record: {record['path']}; report: {record['report']}")
     if args.json_out:
         args.json_out.write_text(json.dumps(record, indent=1))
     return 0 if record["best"] is not None else EXIT_FAILED

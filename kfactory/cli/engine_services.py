@@ -67,6 +67,7 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
         libraries = await _libraries(running.ctx.bus, events, data_dir)
         record = pipeline.write(events, name, data_dir / "engines" / name, data_dir, st.spec, TOLERANCE,
                                 libraries=libraries)
+        record["report"] = _write_report(settings, memory, cid)
         record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
         record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
         return record
@@ -75,6 +76,20 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
             await running.shutdown()
         if nats:
             nats.stop()
+
+
+def _write_report(settings: Settings, memory: MemoryService, cid: str) -> str:
+    """Memory's report of the campaign (every candidate, the best's checks, the plot) under the report dir and
+    in the workspace beside the archive, as `kfactory run` writes it; its path."""
+    from kfactory.evidence.workspace import Workspace
+
+    md, png = memory.report(cid)
+    out = Path(settings.report_dir) / cid
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(md)
+    (out / "plot.png").write_bytes(png)
+    Workspace.of(settings).write_report(cid, md, png)
+    return str(out / "report.md")
 
 
 async def _libraries(bus: Bus, events: list[pb.Event], data_dir: Path) -> dict[str, str]:
