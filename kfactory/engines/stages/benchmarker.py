@@ -14,8 +14,7 @@ from kfactory.engines.problem import EngineProblem
 from kfactory.engines.runner import EngineFault, EngineRunner
 from kfactory.engines.stages import library_path
 from kfactory.engines.stages.verifier import FAULT_REASONS
-from kfactory.models import load_model
-from kfactory.problems import ProblemError
+from kfactory.models import ModelError, load_model
 from kfactory.sandbox.parent import HarnessError
 from kfactory.v1 import events_pb2 as pb
 
@@ -36,7 +35,7 @@ def measure_engine(problem: EngineProblem, cand: pb.Candidate, artifact: bytes, 
     second the prefill per token, or a benchmarker Rejected when the engine faults while timed."""
     try:
         design = problem.family().design(json.loads(cand.params_json or "{}"))
-    except ProblemError as e:   # not a design of the problem (a candidate from elsewhere): typed, never run
+    except ValueError as e:   # no design of the problem (bad JSON, a candidate from elsewhere): typed, never run
         return pb.Rejected(stage="benchmarker", reason=pb.INVALID_POINT, message=str(e), point_id=cand.point_id,
                            params_json=cand.params_json)
     so = library_path(data_dir, artifact)
@@ -50,6 +49,8 @@ def measure_engine(problem: EngineProblem, cand: pb.Candidate, artifact: bytes, 
                            point_id=cand.point_id, params_json=cand.params_json)
     except engine_runner.HarnessError as e:
         raise HarnessError(f"engine benchmarker: {e}", e.traceback) from e
+    except ModelError as e:   # the model's files, not the engine: no verdict on the candidate
+        raise HarnessError(f"engine benchmarker: the model does not open: {e}") from e
     decode = timing(str(CONTEXT), fig.step_s)
     prefill = timing(PREFILL_SHAPE, [s / CONTEXT for s in fig.prefill_s])
     return pb.Measured(device=device, timings=[decode, prefill], score_s=decode.median_s)

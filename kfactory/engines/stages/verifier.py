@@ -13,7 +13,6 @@ from kfactory.engines.stages import library_path
 from kfactory.engines.verify import CheckResult, Verdict as EngineVerdict, Verifier
 from kfactory.judge.verify import Verdict
 from kfactory.models import ModelError
-from kfactory.problems import ProblemError
 from kfactory.sandbox.parent import HarnessError
 from kfactory.v1 import events_pb2 as pb
 
@@ -62,7 +61,7 @@ def verify_engine(problem: EngineProblem, cand: pb.Candidate, artifact: bytes, d
     harness's own failures raise kfactory.sandbox.parent.HarnessError (the service dead-letters the work)."""
     try:
         design = problem.family().design(json.loads(cand.params_json or "{}"))
-    except ProblemError as e:   # not a design of the problem (a candidate from elsewhere): typed, never run
+    except ValueError as e:   # no design of the problem (bad JSON, a candidate from elsewhere): typed, never run
         return Verdict(False, pb.INVALID_POINT, str(e))
     try:
         verifier, lock = verifier_for(problem.model, data_dir)
