@@ -248,6 +248,13 @@ def test_ceilings_measured_on_a_busy_host_are_measured_again_when_it_is_quiet(tm
     assert {k: entry()[k] for k in CPU_CEILINGS} == got and entry()["load_per_core"] == 0.1
     cached(1e6, busy)                                          # a higher cached figure is kept
     assert ceilings(target, "host/1", 1, load=0.1) == dict.fromkeys(CPU_CEILINGS, 1e6)
+    # no load recorded (an entry cached before it was kept): read as it is on a busy host, probed again once
+    # on a quiet one, after which the entry carries its load and is read as it is
+    (tmp_path / "ceilings.json").write_text(json.dumps({key: dict.fromkeys(CPU_CEILINGS, 1e-3)}))
+    assert ceilings(target, "host/1", 1, load=busy) == dict.fromkeys(CPU_CEILINGS, 1e-3)
+    got = ceilings(target, "host/1", 1, load=0.1)
+    assert all(v > 1e-3 for v in got.values()) and entry()["load_per_core"] == 0.1, got
+    assert ceilings(target, "host/1", 1, load=0.1) == got
 
 
 @pytest.mark.parametrize("source,needle", [

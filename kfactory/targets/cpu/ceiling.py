@@ -147,22 +147,24 @@ def load_per_core() -> float:
 def ceilings(target, device_id: str, threads: int, load: float | None = None) -> dict[str, float]:
     """{"mem_bandwidth_gbps" (copy), "read_bandwidth_gbps", "peak_gflops"} from the cache or measured now (0.0
     where they cannot be). A cached entry measured on a busy host (BUSY_LOAD_PER_CORE) is measured again when
-    the host is now much quieter, keeping the larger of each figure. `load`: this host's load a core now
+    the host is now much quieter, keeping the larger of each figure; so is one whose load was not recorded
+    (cached before the load was kept), once, when the host is not busy now. `load`: this host's load a core now
     (default: load_per_core())."""
     key = cache_key(device_id)
     entry = _read(Path(target.settings.data_dir) / "ceilings.json").get(key, {})
-    found, then = _figures(entry, CPU_CEILINGS), entry.get("load_per_core", 0.0)
+    found, then = _figures(entry, CPU_CEILINGS), entry.get("load_per_core")
     now = load_per_core() if load is None else load
-    if found is not None and not (then > BUSY_LOAD_PER_CORE and now < then / 2):
+    stale = now <= BUSY_LOAD_PER_CORE if then is None else then > BUSY_LOAD_PER_CORE and now < then / 2
+    if found is not None and not stale:
         return found
     figures = _measure(target, device_id, threads)
     if figures is None:
         return found or dict.fromkeys(CPU_CEILINGS, 0.0)
     if found is not None:
         log.info("measured the host's ceilings again: the cached ones were measured at a load of "
-                 f"{then:.2f} a core, now {now:.2f}", device=device_id)
+                 f"{'an unrecorded' if then is None else f'{then:.2f}'} a core, now {now:.2f}", device=device_id)
         figures = {k: max(v, found[k]) for k, v in figures.items()}
-        now = min(now, then)
+        now = now if then is None else min(now, then)
     write_cached(target.settings.data_dir, key, figures, threads=threads, load_per_core=round(now, 3))
     log.info("measured host ceilings", device=device_id, **{k: round(v, 1) for k, v in figures.items()})
     return figures
