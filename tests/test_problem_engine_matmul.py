@@ -1,5 +1,6 @@
-"""The engine's remaining product problems (issue 26): matvec_f32 (decode, fp32 weights), matmul_f32 and
-matmul_q4_1 (prefill: n tokens at once, fp32 weights or GGUF Q4_1 blocks dequantised inside the kernel).
+"""The engine's remaining product problems (issue 26): matvec_f32 (decode, fp32 weights), matmul_f32,
+matmul_q4_1 and matmul_q8_0 (n tokens at once: prefill, all-logits heads; fp32 weights or GGUF blocks
+dequantised inside the kernel).
 
 The references against independent computations (exact fsum loops, gguf's own dequantisation, the matvec
 problems' references token by token); the tolerances against honest fp32 sums and dishonest shortcuts; the
@@ -29,22 +30,26 @@ from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
 
 PROBLEMS = Path(__file__).resolve().parent.parent / "kfactory" / "problems"
-NAMES = ("matvec_f32", "matmul_f32", "matmul_q4_1")
+NAMES = ("matvec_f32", "matmul_f32", "matmul_q4_1", "matmul_q8_0")
 #: one small optimisation shape per problem (the real ones are timed, not needed to judge correctness), with
 #: SmolLM2's longest sum (1536 = 48 blocks) so that the tolerance is tested where errors are largest
 SMALL = {"matvec_f32": {"rows": 96, "cols": 1536}, "matmul_f32": {"n": 16, "rows": 96, "cols": 1536},
-         "matmul_q4_1": {"n": 16, "rows": 96, "blocks": 48}}
+         "matmul_q4_1": {"n": 16, "rows": 96, "blocks": 48}, "matmul_q8_0": {"n": 16, "rows": 96, "blocks": 48}}
+GGUF_TYPE = {"matmul_q4_1": gq.GGMLQuantizationType.Q4_1, "matmul_q8_0": gq.GGMLQuantizationType.Q8_0}
+MATVEC = {"matmul_q4_1": "matvec_q4_1", "matmul_q8_0": "matvec_q8_0"}
 
 
 # -- the packages and their references ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", NAMES)
 def test_package_checks_and_states_smollm2_shapes(name):
-    """`problems check` finds nothing, and the score's shape is SmolLM2-135M's gate/up projection."""
+    """`problems check` finds nothing, and the score's shape is SmolLM2-135M's gate/up projection (the LM head
+    over 16 tokens for Q8_0, the embedding's format)."""
     problem = load_problem(name)
     assert problems_of(problem) == []
     first = problem.shapes("optimize")[0]
-    assert first["rows"] == 1536 and first.get("cols", 32 * first.get("blocks", 0)) == 576
+    assert first["rows"] == (49152 if name == "matmul_q8_0" else 1536)
+    assert first.get("cols", 32 * first.get("blocks", 0)) == 576
 
 
 def test_matvec_f32_covers_every_decode_projection_and_the_lm_head():
@@ -52,10 +57,10 @@ def test_matvec_f32_covers_every_decode_projection_and_the_lm_head():
     assert shapes == {(1536, 576), (576, 576), (192, 576), (960, 576), (3072, 576), (576, 1536), (49152, 576)}
 
 
-@pytest.mark.parametrize("name", ["matmul_f32", "matmul_q4_1"])
+@pytest.mark.parametrize("name", ["matmul_f32", "matmul_q4_1", "matmul_q8_0"])
 def test_matmul_shapes_are_prefills_of_128_and_512_tokens(name):
     shapes = load_problem(name).shapes("optimize")
-    assert {s["n"] for s in shapes} == {128, 512}
+    assert {s["n"] for s in shapes} == ({16, 128} if name == "matmul_q8_0" else {128, 512})
     for s in load_problem(name).shapes("verify"):   # a transposed y would go unnoticed at n == rows
         assert s["n"] != s["rows"]
 
@@ -83,15 +88,16 @@ def test_matmul_f32_reference_is_the_exact_sum_per_token(dist):
         np.testing.assert_allclose(y[t], _fsum_products(x["w"], x["x"][t]), rtol=1e-12, atol=1e-300)
 
 
-def test_matmul_q4_1_reference_agrees_with_gguf_and_with_matvec_per_token():
+@pytest.mark.parametrize("name", sorted(GGUF_TYPE))
+def test_matmul_reference_agrees_with_gguf_and_with_matvec_per_token(name):
     """gguf.quants' dequantisation (float32, exact for these blocks: test_problem_matvec_q) times x in float64,
-    across the reference's chunk boundary (4096 rows); and each token's row is matvec_q4_1's reference."""
-    problem, matvec = load_problem("matmul_q4_1"), load_problem("matvec_q4_1")
+    across the reference's chunk boundary (4096 rows); and each token's row is the matvec problem's reference."""
+    problem, matvec = load_problem(name), load_problem(MATVEC[name])
     for shape in ({"n": 3, "rows": 4099, "blocks": 2}, {"n": 5, "rows": 7, "blocks": 48}):
         for dist in problem.spec.distributions:
             x = draw(problem, shape, dist, seed=5)
             y = problem.reference.reference(x)["y"]
-            vals = gq.dequantize(x["w"].reshape(shape["rows"], -1), gq.GGMLQuantizationType.Q4_1)
+            vals = gq.dequantize(x["w"].reshape(shape["rows"], -1), GGUF_TYPE[name])
             want = x["x"].reshape(shape["n"], -1).astype(np.float64) @ vals.astype(np.float64).T
             np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-300, err_msg=dist)
             for t in (0, shape["n"] - 1):
@@ -124,6 +130,8 @@ def test_drawn_inputs_hold_what_the_distributions_claim():
      4 * 1536 * 576 + 4 * 128 * 576 + 4 * 128 * 1536, 2 * 128 * 1536 * 576),
     ("matmul_q4_1", {"n": 128, "rows": 1536, "blocks": 18},
      20 * 1536 * 18 + 4 * 128 * 576 + 4 * 128 * 1536, 2 * 128 * 1536 * 576 + 2 * 1536 * 576),
+    ("matmul_q8_0", {"n": 16, "rows": 49152, "blocks": 18},
+     34 * 49152 * 18 + 4 * 16 * 576 + 4 * 16 * 49152, 2 * 16 * 49152 * 576 + 49152 * 576),
 ])
 def test_cost_counts_each_operand_once(name, shape, nbytes, flops):
     assert load_problem(name).cost(shape) == (nbytes, flops)
@@ -237,6 +245,12 @@ WRONG = [
      "(float)(blk[4 + j] & 15) + m) * xb[j]", "(float)(blk[4 + j] >> 4) + m) * xb[j]"),
     ("matmul_q4_1", "the offset m dropped", "d * (float)(blk[4 + j] & 15) + m", "d * (float)(blk[4 + j] & 15)"),
     ("matmul_q4_1", "y written transposed (y[r, t])", "y[t * rows + r] = s;", "y[r * n + t] = s;"),
+    ("matmul_q8_0", "codes read as unsigned bytes", "const int8_t *q = (const int8_t *)(blk + 2);",
+     "const uint8_t *q = blk + 2;"),
+    ("matmul_q8_0", "the scale read in the wrong byte order", "(uint32_t)p[0] | (uint32_t)p[1] << 8",
+     "(uint32_t)p[1] | (uint32_t)p[0] << 8"),
+    ("matmul_q8_0", "x read with a token stride of blocks floats, not 32 blocks",
+     "const float *xt = x + t * blocks * 32;", "const float *xt = x + t * blocks;"),
 ]
 
 
@@ -284,6 +298,8 @@ TAILS = [
     ("matmul_q4_1", {"isa": "avx2", "dequant": "panel", "form": "bcast", "tile_rows": 16, "tile_tokens": 6,
                      "threads": 1}, "for (int64_t r = panels * TR; r < rows; r++)",
      "for (int64_t r = panels * TR; r < panels * TR; r++)"),
+    ("matmul_q8_0", {"isa": "avx2", "dequant": "inline", "form": "dot", "tile_rows": 2, "tile_tokens": 4,
+                     "threads": 1}, "for (; t < n; t++) dqi_2_1(", "for (; t < 0; t++) dqi_2_1("),
 ]
 
 
