@@ -104,3 +104,19 @@ def test_generate_refuses_without_a_campaign(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))
     assert main(["generate", "tiny-llama", "hi"]) == 1
     assert "kfactory engine run tiny-llama" in capsys.readouterr().err
+
+
+def test_engine_run_local_runs_the_campaign_in_this_process(tmp_path, monkeypatch, capsys):
+    """`--local` keeps the in-process path (the services are the default): no events, no archive."""
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))
+    out_json = tmp_path / "record.json"
+    assert main(["engine", "run", "tiny-llama", "--local", "--budget", "1", "--threads", "1", "--rounds", "1",
+                 "--kernels", "builtin", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    default = EngineDesign().design_id()
+    assert "engine campaign tiny-llama: 1 designs (budget 1, threads 1..1, 1 timing round)" in out
+    assert f"[1/1] {default}: verified" in out and f"winner: {default}" in out
+    record = json.loads(out_json.read_text())
+    assert "services" not in record and record["results"][0]["decode_tok_s"] > 0
+    assert load_best("tiny-llama", tmp_path)["campaign"] == record["path"]
+    assert not (tmp_path / "archive.sqlite").exists()

@@ -8,31 +8,84 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
+import yaml
+
+import kfactory.problems
 
 from kfactory.cli import engine_services
+from kfactory.cli.run import _memory_ready, _wait_archived
 from kfactory.cli.engine import greedy_tokens
 from kfactory.cli.main import main
 from kfactory.engines import pipeline
 from kfactory.engines.campaign import VERIFIED, load_best
 from kfactory.engines.codegen import CodegenError, generate
 from kfactory.engines.design import EngineDesign
+from kfactory.engines.ops import build_engine, from_memory
+from kfactory.engines.stages.bundle import unpack
+from kfactory.evidence.workspace import Workspace
 from kfactory.engines.stages import coder as engine_coder
 from kfactory.models import Reference, load_model
+from kfactory.platform.app import start_services
 from kfactory.services.memory.archive import Archive
 from kfactory.v1 import events_pb2 as pb
+from tests.test_engine_ops import Q4_1
+
+if TYPE_CHECKING:
+    from kfactory.services.planner.service import PlannerService
 
 #: NeoX-style RoPE halves instead of GGUF's adjacent pairs (tests/test_engine.py's broken variant)
 ROPE_OLD = "#define KF_PAIR(i) (2 * (i))\n#define KF_MATE(i) (2 * (i) + 1)"
 ROPE_NEW = "#define KF_PAIR(i) (i)\n#define KF_MATE(i) ((i) + KF_HEAD_DIM / 2)"
 
 
-def _run(settings, budget: int) -> tuple[dict, list[pb.Event]]:
-    spec = pipeline.campaign_spec("tiny-llama", budget, max_threads=1, parallel=2, seed=5)
-    record = asyncio.run(engine_services.run_campaign(settings, "tiny-llama", spec, embedded_nats=False))
+def _run(settings, budget: int, rounds: int = 1, kernel_ids: dict | None = None) -> tuple[dict, list[pb.Event]]:
+    spec = pipeline.campaign_spec("tiny-llama", budget, max_threads=1, parallel=2, seed=5, kernel_ids=kernel_ids)
+    record = asyncio.run(engine_services.run_campaign(settings, "tiny-llama", spec, embedded_nats=False,
+                                                      rounds=rounds))
     events = Archive(settings.archive()).events(campaign=record["campaign_id"])
     return record, events
+
+
+def _source(settings, digest: str) -> str:
+    """A candidate's source artifact as memory mirrored it into the workspace."""
+    data = Workspace.of(settings).get(digest)
+    assert data is not None, f"source {digest[:12]} is not in the workspace"
+    return data.decode()
+
+
+def _tiny_matvec_q4_1(root) -> str:
+    """The matvec_q4_1 package with one small optimisation shape (its verify shapes, distributions and tolerance
+    as built in): a kernel campaign on it takes seconds, not the minutes of the model's six shapes."""
+    pkg = root / "matvec_q4_1"
+    shutil.copytree(Path(kfactory.problems.__file__).parent / "matvec_q4_1", pkg)
+    spec = yaml.safe_load((pkg / "problem.yaml").read_text())
+    spec["shapes"]["optimize"] = [{"rows": 96, "blocks": 4}]
+    (pkg / "problem.yaml").write_text(yaml.safe_dump(spec))
+    return str(pkg)
+
+
+async def _kernel_campaign(settings, problem: str, source: str) -> str:
+    """A real matvec_q4_1 campaign through the services: `source` entered as a hand-written kernel, judged like
+    any candidate; its campaign id."""
+    running = await start_services(settings, grpc=False)
+    try:
+        planner = cast("PlannerService", running.services["planner"])
+        memory = running.services["memory"]
+        await _memory_ready(running)
+        cid = await planner.submit(pb.CampaignSpec(
+            problem=problem, target="cpu", budget_candidates=1, strategy="grid", threads=1, warm_start=0,
+            seed=3, manual_sources=[pb.ManualSource(name="plain", source=source, compile_flags="-O2")]))
+        while planner.campaigns[cid].finished is None:
+            assert running.failed() is None
+            await asyncio.sleep(0.2)
+        await _wait_archived(memory, cid)
+        return cid
+    finally:
+        await running.shutdown()
 
 
 def _kinds(events: list[pb.Event]) -> dict[str, list]:
@@ -51,7 +104,10 @@ def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_s
     proposed = [EngineDesign.from_dict(json.loads(p.params_json)) for p in kinds["point_proposed"]]
     assert proposed == [default, second]
     assert len(kinds["candidate_created"]) == len(kinds["compiled"]) == len(kinds["verified"]) == 2
-    assert len(kinds["measured"]) == 2 and "rejected" not in kinds and "compile_failed" not in kinds
+    # each design measured once, then the first timed again for the noise figure (one timing round: round 2)
+    assert [m.round for m in kinds["measured"]] == [0, 0, 2]
+    assert "rejected" not in kinds and "compile_failed" not in kinds
+    assert record["noise"]["design_id"] == default.design_id() and record["noise"]["decode_ratio"] > 0
     for m in kinds["measured"]:
         decode, prefill = m.timings
         assert decode.shape == "128" and prefill.shape == "prefill_128"
@@ -62,12 +118,12 @@ def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_s
         assert all(c.passed and 0 <= c.norm_rel_err < 1e-4 for c in v.checks)
     # memory archived them like any candidate: its leaderboard ranks the two by seconds per token
     board = Archive(bus_settings.archive()).leaderboard(record["campaign_id"])
-    assert sorted(m.score_s for m, _ in board) == sorted(m.score_s for m in kinds["measured"])
+    assert len(board) == 2 and {m.candidate.id for m, _ in board} == {m.candidate.id for m in kinds["measured"]}
     # the record and best.json, as the local campaign writes them
     results = record["results"]
     assert [r["design_id"] for r in results] == [default.design_id(), second.design_id()]
     assert [r["verdict"] for r in results] == [VERIFIED, VERIFIED]
-    fastest = min(kinds["measured"], key=lambda m: m.score_s)
+    fastest = min((m for m in kinds["measured"] if m.round == 0), key=lambda m: m.score_s)
     assert record["best"]["decode_tok_s"] == pytest.approx(1 / fastest.score_s)
     best = load_best("tiny-llama", bus_settings.data_dir)
     assert best is not None and best["design_id"] == record["best"]["design_id"]
@@ -136,15 +192,81 @@ def test_engine_run_services_prints_the_report_and_writes_the_record(tmp_path, h
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(data))
     monkeypatch.setenv("KFACTORY_REPORT_DIR", str(tmp_path / "reports"))
     out_json = tmp_path / "record.json"
-    assert main(["engine", "run", "tiny-llama", "--services", "--budget", "1", "--threads", "1",
+    # through the services by default; no kernel campaign ran here, so memory has none to link in
+    assert main(["engine", "run", "tiny-llama", "--budget", "1", "--threads", "1", "--rounds", "2",
                  "--json", str(out_json)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     default = EngineDesign().design_id()
+    assert "through the services: budget 1, threads 1..1, 2 timing rounds; engine's own matvec kernels" in out
+    assert "no measured matvec_q4_1 kernel in memory" in captured.err
     assert f"[1/1] {default}: verified, decode " in out and f"winner: {default}" in out
-    assert "noise: not measured (through the services each design is timed once)" in out
+    assert "noise: not measured (fewer than two designs were timed)" in out
     record = json.loads(out_json.read_text())
     assert record["services"] and record["campaign_state"] == "completed" and record["max_threads"] == 1
+    assert record["rounds"] == 2 and len(record["results"][0]["timings"]) == 2
     assert load_best("tiny-llama", data)["campaign"] == record["path"]
     assert f"campaign {record['campaign_id']}: completed" in out
     report = (tmp_path / "reports" / record["campaign_id"] / "report.md").read_text()   # memory's, as `run` writes
     assert "engine_tiny_llama" in report and "| decode_after_1 | engine |" in report
+    # `kfactory best` of the engine problem says how an engine is taken away: by its model, not a candidate id
+    assert main(["best", "engine_tiny_llama"]) == 0
+    out = capsys.readouterr().out
+    assert "kfactory export tiny-llama --format c|python" in out and "--format c|python|torch" not in out
+
+
+def test_kernel_commands_point_an_engine_problem_to_the_engine_commands(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))
+    assert main(["run", "engine:tiny-llama", "--budget", "1"]) == 2
+    assert "run its campaign with `kfactory engine run tiny-llama`" in capsys.readouterr().err
+    assert not (tmp_path / "archive.sqlite").exists()
+    assert main(["problems", "check", "engine:tiny-llama"]) == 0
+    out = capsys.readouterr().out
+    assert "engine_tiny_llama: the model package loads" in out and "kfactory engine run tiny-llama" in out
+    assert "reference runs on every distribution" not in out
+
+
+def test_a_searched_kernel_in_memory_is_linked_and_every_round_is_a_measurement(bus_settings, tmp_path):
+    # a verified matvec_q4_1 kernel in memory, as a kernel campaign leaves one (no fake of memory or the judge)
+    settings = bus_settings.model_copy(update={"memory_addr": ""})   # the CLI's queries read the workspace
+    kcid = asyncio.run(_kernel_campaign(settings, _tiny_matvec_q4_1(tmp_path), Q4_1))
+    kernel = from_memory(settings, "matvec_q4_1", 1)   # what `kfactory engine run` takes (--kernels memory)
+    verified = {e.verified.candidate.id for e in Archive(settings.archive()).events(campaign=kcid)
+                if e.HasField("verified")}
+    assert kernel.candidate_id in verified and "void kernel" in kernel.source
+    record, events = _run(settings, 2, rounds=2, kernel_ids={"matvec_q4_1": kernel.candidate_id})
+    assert record["campaign_state"] == "completed", record["campaign_reason"]
+    kinds = _kinds(events)
+    default, linked = EngineDesign(), EngineDesign(matvec_q4_1=kernel.candidate_id)
+    # the local path's chain: the default, then the default with the searched kernel
+    assert [EngineDesign.from_dict(json.loads(p.params_json)) for p in kinds["point_proposed"]] == [default, linked]
+    assert [r["verdict"] for r in record["results"]] == [VERIFIED, VERIFIED]
+    # the candidate's source is the bundle: the engine's C and the kernel as memory verified it
+    created = {EngineDesign.from_dict(json.loads(c.candidate.params_json)): c.candidate
+               for c in kinds["candidate_created"]}
+    assert unpack(_source(settings, created[linked].source_digest)).kernels == {"matvec_q4_1": kernel}
+    assert unpack(_source(settings, created[default].source_digest)).kernels == {}
+    # rounds = 2: two Measured events per verified design (rounds 0 and 2), then the default's noise timing
+    rounds: dict[str, list[int]] = {}
+    for m in kinds["measured"]:
+        rounds.setdefault(m.candidate.id, []).append(m.round)
+    assert rounds == {created[default].id: [0, 2, 3], created[linked].id: [0, 2]}
+    by_id = {r["design_id"]: r for r in record["results"]}
+    for design in (default, linked):
+        res = by_id[design.design_id()]
+        ms = [m for m in kinds["measured"] if m.candidate.id == created[design].id and m.round <= 2]
+        assert [t[0] for t in res["timings"]] == pytest.approx([1 / m.score_s for m in ms])
+        assert res["decode_tok_s"] == pytest.approx((1 / ms[0].score_s + 1 / ms[1].score_s) / 2)
+    noise = record["noise"]
+    (last,) = [m for m in kinds["measured"] if m.round == 3]
+    assert noise["design_id"] == default.design_id()
+    assert noise["decode_ratio"] == pytest.approx((1 / last.score_s) / by_id[default.design_id()]["timings"][0][0])
+    # the record keeps the kernel, and the linked design's library is the object the local path builds
+    assert record["kernels"]["matvec_q4_1"]["source"] == kernel.source and record["rounds"] == 2
+    config = load_model("tiny-llama").open(settings.data_dir / "models").config
+    local = build_engine(linked, config, {"matvec_q4_1": kernel}, settings.data_dir / "engines")
+    assert local.cached and by_id[linked.design_id()]["library"] == str(local.path)
+    # submitted to a running factory, an engine problem's default strategy is the grid: the default design first
+    from kfactory.cli.main import _spec, build_parser
+    assert _spec(build_parser().parse_args(["submit", "engine:tiny-llama"])).strategy == "grid"
+    assert _spec(build_parser().parse_args(["submit", "softmax"])).strategy == "default"

@@ -352,8 +352,22 @@ async def _best(args, settings, as_json: bool) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"{r.candidate_id} {r.score_s * 1e3:.3f} ms on {r.device} ({r.origin} {format_params(r.params_json)}; "
-          f"campaign {r.campaign_id})\nkernel: {len(c.source)} bytes of {c.candidate.language or 'source'}, "
-          f"flags {c.candidate.compile_flags or '-'} (kfactory best --candidate {r.candidate_id[:12]} shows it; "
-          f"kfactory export {r.candidate_id[:12]} --format c|python|torch takes it away)\nverification:\n"
+          f"campaign {r.campaign_id})\n{_takeaway(c, r.candidate_id)}\nverification:\n"
           + "\n".join(verification_table(r.checks)))
     return 0
+
+
+def _takeaway(c: spb.CandidateEvidence, candidate_id: str) -> str:
+    """What the best candidate is and how to take it away: a kernel is exported by its id; an engine (a problem
+    `engine:MODEL`, kfactory/engines/problem.py) by its model, from the best.json its campaign wrote."""
+    from kfactory.engines.problem import PREFIX, parse_locator
+
+    shows = f"kfactory best --candidate {candidate_id[:12]} shows it"
+    if c.candidate.problem.startswith(PREFIX):
+        model = parse_locator(c.candidate.problem)[0]
+        return (f"engine: {len(c.source)} bytes of source bundle (the generated C and its searched kernels; "
+                f"score: seconds per decoded token) ({shows}; kfactory export {model} --format c|python takes the "
+                "model's best verified engine away)")
+    return (f"kernel: {len(c.source)} bytes of {c.candidate.language or 'source'}, flags "
+            f"{c.candidate.compile_flags or '-'} ({shows}; kfactory export {candidate_id[:12]} --format "
+            "c|python|torch takes it away)")

@@ -1,5 +1,6 @@
-"""`kfactory engine run MODEL` (an engine campaign: kfactory/engines/campaign.py) and `kfactory generate MODEL
-"prompt"` (greedy generation with the best verified engine, streamed).
+"""`kfactory engine run MODEL` (an engine campaign: through the services by default, kfactory/cli/engine_services.py;
+in this process with --local, kfactory/engines/campaign.py) and `kfactory generate MODEL "prompt"` (greedy
+generation with the best verified engine, streamed).
 
 The engine always runs in its child process (kfactory.engines.runner.EngineRunner): this process only tokenises,
 picks the argmax of the logits the child sends back and prints text.
@@ -34,8 +35,8 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("engine", help="inference engines: run an engine campaign (docs/engines.md)",
                        description="An engine campaign: design points generated, built, verified against the "
-                                   "float64 reference and timed; the best verified one is what `kfactory "
-                                   "generate` runs.")
+                                   "float64 reference and timed, through the services (as `kfactory run`) "
+                                   "unless --local; the best verified one is what `kfactory generate` runs.")
     esub = p.add_subparsers(dest="engine_cmd", required=True)
     r = esub.add_parser("run", help="evaluate up to --budget engine designs of a model")
     r.add_argument("model", help="smollm2-135m, tiny-llama or a model package directory")
@@ -51,14 +52,20 @@ def add_parser(sub) -> None:
                         "holds for the engine's ops (matvec_q4_1, matvec_q8_0: search them with `kfactory run "
                         "matvec_q4_1 --target cpu`); builtin: the engine's own kernels only")
     r.add_argument("--json", dest="json_out", type=Path, help="also write the campaign's record to this file")
-    r.add_argument("--services", action="store_true",
-                   help="run the campaign through the services (planner, coder, compiler, verifier, benchmarker, "
-                        "memory) in this process, as `kfactory run` does: every design a candidate with its "
-                        "events, archived by memory; one timing round, the engine's own kernels")
-    r.add_argument("--nats-url", help="with --services: the NATS server (default: one started for the campaign)")
+    how = r.add_mutually_exclusive_group()
+    how.add_argument("--services", dest="local", action="store_false",
+                     help="(the default) run the campaign through the services (planner, coder, compiler, verifier, "
+                          "benchmarker, memory) in this process, as `kfactory run` does: every design a candidate "
+                          "with its events, archived by memory, every timing round a measurement of its own")
+    how.add_argument("--local", dest="local", action="store_true",
+                     help="run the campaign in this process without the services (kfactory/engines/campaign.py): "
+                          "the same designs, verification and timings, no events and no archive")
+    r.set_defaults(local=False)   # two flags share the destination: the default stated once, here
+    r.add_argument("--nats-url", help="through the services: the NATS server (default: one started for the "
+                                      "campaign, or none with KFACTORY_BUS=memory)")
     r.add_argument("--parallel", type=int, default=0,
-                   help="with --services: designs in flight at once (default: the planner's, one per core plus "
-                        "two; 1 keeps compiles off the cores while an engine is timed)")
+                   help="through the services: designs in flight at once (default: the planner's, one per core "
+                        "plus two; 1 keeps compiles off the cores while an engine is timed)")
 
     g = sub.add_parser("generate", help="generate text with the best verified engine of a model (greedy, "
                                         "streamed)")
@@ -89,12 +96,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """`kfactory engine run`: progress per design, then the report; 0 when a design verified, else 1."""
+    """`kfactory engine run`: through the services unless --local; progress per design, then the report; 0 when a
+    design verified, else 1."""
     from kfactory.engines.campaign import Campaign, DesignResult, report_text
     from kfactory.engines.design import MAX_THREADS
 
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
-    if args.services:
+    if not args.local:
         return services_command(args, threads)
     kernels = searched_kernels(threads) if args.kernels == "memory" else {}
     campaign = Campaign(args.model, args.budget, max_threads=threads, target=args.target, rounds=args.rounds,
@@ -114,11 +122,13 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def services_command(args: argparse.Namespace, threads: int) -> int:
-    """`kfactory engine run --services`: the campaign through the services; progress per design as its outcome
-    is archived, then the report; 0 when a design verified, 1 when none did, 2 for a spec the planner refuses."""
+    """`kfactory engine run` (the default; --services says so): the campaign through the services; progress per
+    design as its outcome is archived, then the report; 0 when a design verified, 1 when none did, 2 for a spec
+    the planner refuses."""
     from kfactory.cli import engine_services
     from kfactory.engines.campaign import DesignResult, report_text
     from kfactory.engines.design import MAX_THREADS
+    from kfactory.engines.ops import describe
     from kfactory.services.planner.specs import SpecError
 
     if not 1 <= threads <= MAX_THREADS:
@@ -128,8 +138,11 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
     if args.parallel < 0:
         raise EngineCommandError(f"--parallel must be at least 1 (0: the planner's default), not {args.parallel}",
                                  EXIT_USAGE)
-    print(f"engine campaign {args.model} through the services: budget {args.budget}, threads 1..{threads}; "
-          "one timing round, the engine's own kernels", flush=True)
+    if args.rounds < 1:
+        raise EngineCommandError(f"--rounds must be at least 1, not {args.rounds}", EXIT_USAGE)
+    kernels = searched_kernels(threads) if args.kernels == "memory" else {}
+    print(f"engine campaign {args.model} through the services: budget {args.budget}, threads 1..{threads}, "
+          f"{args.rounds} timing round{'s' if args.rounds != 1 else ''}; {describe(kernels)}", flush=True)
     n = 0
 
     def progress(res: DesignResult) -> None:
@@ -138,7 +151,8 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
         print(f"[{n}/{args.budget}] {res.line()}", flush=True)
 
     try:
-        record = engine_services.run(args.model, args.budget, threads, args.parallel, progress, args.nats_url)
+        record = engine_services.run(args.model, args.budget, threads, args.parallel, progress, args.nats_url,
+                                     args.rounds, {p: k.candidate_id for p, k in kernels.items()})
     except SpecError as e:
         raise EngineCommandError(f"the planner refuses the campaign: {e}", EXIT_USAGE) from e
     except engine_services.ServicesFailed as e:

@@ -11,9 +11,12 @@ from kfactory.bus.base import Bus
 from kfactory.bus.errors import ArtifactMissing
 from kfactory.bus.natsd import EmbeddedNats
 from kfactory.engines.build import build
+from kfactory.cli.engine_rounds import RetimeFailed, retime
 from kfactory.cli.run import _memory_ready, _wait_archived
 from kfactory.engines import pipeline
 from kfactory.engines.campaign import DesignResult
+from kfactory.engines.ops import OpKernel
+from kfactory.engines.stages.bundle import unpack
 from kfactory.engines.verify import TOLERANCE
 from kfactory.platform.app import start_services
 from kfactory.platform.config import Settings
@@ -28,16 +31,20 @@ if TYPE_CHECKING:
 
 
 class ServicesFailed(RuntimeError):
-    """The services could not run the campaign (a service failed, the campaign failed); the message says why."""
+    """The services could not run the campaign (a service failed, a re-timing got no answer); the message says
+    why."""
 
 
 async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
                        progress: Callable[[DesignResult], None] | None = None,
-                       embedded_nats: bool = True) -> dict[str, Any]:
+                       embedded_nats: bool = True, rounds: int = 1) -> dict[str, Any]:
     """Submit the engine campaign `spec` to the planner of services started here (over a nats-server of their
     own when `embedded_nats` and the bus is NATS, else over settings.nats_url), wait for its end and for memory
-    to archive it, and write the record from the archived events; return the record (its "campaign_state" is
-    the planner's final state: completed, cancelled, expired, failed)."""
+    to archive it, time the verified designs again in `rounds` - 1 more rounds and once for the noise figure
+    (the benchmarker's work: `retime`), and write the record from the archived events; return the record (its
+    "campaign_state" is the planner's final state: completed, cancelled, expired, failed)."""
+    if rounds < 1:
+        raise ValueError(f"timing rounds must be at least 1, not {rounds}")
     from kfactory.models import load_model
 
     # refused before any server starts, naming the field (as `kfactory run` does); SpecError to the caller
@@ -62,11 +69,16 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
             _show(memory, cid, Path(settings.data_dir), shown, progress)
         await _wait_archived(memory, cid)
         _show(memory, cid, Path(settings.data_dir), shown, progress)
+        if st.finished is not None and st.finished.state == "completed":
+            try:
+                await retime(planner, memory, running, cid, rounds)
+            except RetimeFailed as e:
+                raise ServicesFailed(str(e)) from e
         events = memory.archive.events(campaign=cid)
         name, data_dir = load_model(model).name, Path(settings.data_dir)
-        libraries = await _libraries(running.ctx.bus, events, data_dir)
+        libraries, kernels = await _libraries(running.ctx.bus, events, data_dir)
         record = pipeline.write(events, name, data_dir / "engines" / name, data_dir, st.spec, TOLERANCE,
-                                libraries=libraries)
+                                libraries=libraries, rounds=rounds, kernels=kernels)
         record["report"] = _write_report(settings, memory, cid)
         record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
         record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
@@ -92,19 +104,24 @@ def _write_report(settings: Settings, memory: MemoryService, cid: str) -> str:
     return str(out / "report.md")
 
 
-async def _libraries(bus: Bus, events: list[pb.Event], data_dir: Path) -> dict[str, str]:
-    """design id -> each verified design's object in this data dir's build cache, its source beside it: the
-    candidate's source artifact built again, a cache lookup where the compiler service built it here."""
-    out = {}
+async def _libraries(bus: Bus, events: list[pb.Event], data_dir: Path) -> tuple[dict[str, str], dict[str, OpKernel]]:
+    """(design id -> each verified design's object in this data dir's build cache, its source beside it; the
+    searched kernels they link, by op problem): the candidate's source bundle built again, a cache lookup where
+    the compiler service built it here."""
+    out: dict[str, str] = {}
+    kernels: dict[str, OpKernel] = {}
     for design_id, digest in pipeline.verified_sources(events).items():
         try:
-            source = (await bus.get_artifact(digest)).decode()
+            src = unpack((await bus.get_artifact(digest)).decode())
         except ArtifactMissing:   # the record keeps the object the verifier ran (no source beside it)
             continue
-        lib = await asyncio.to_thread(build, source, data_dir / "engines")
+        kernels.update(src.kernels)
+        # units in op-problem order, as ops.units_for gives them to the compiler: the same build-cache key
+        lib = await asyncio.to_thread(build, src.engine, data_dir / "engines",
+                                      units=tuple(k.unit() for _, k in sorted(src.kernels.items())))
         if lib.ok and lib.path is not None:
             out[design_id] = str(lib.path)
-    return out
+    return out, kernels
 
 
 def _show(memory: MemoryService, cid: str, data_dir: Path, shown: set[str],
@@ -119,9 +136,11 @@ def _show(memory: MemoryService, cid: str, data_dir: Path, shown: set[str],
 
 
 def run(model: str, budget: int, max_threads: int, parallel: int = 0,
-        progress: Callable[[DesignResult], None] | None = None, nats_url: str | None = None) -> dict[str, Any]:
+        progress: Callable[[DesignResult], None] | None = None, nats_url: str | None = None, rounds: int = 1,
+        kernel_ids: dict[str, str] | None = None) -> dict[str, Any]:
     """The campaign through the services with this process's settings (see run_campaign): over the NATS server
-    at `nats_url`, else one started for the campaign."""
-    spec = pipeline.campaign_spec(model, budget, max_threads, parallel)
+    at `nats_url`, else one started for the campaign; `kernel_ids` ({op problem: candidate id}) the searched
+    kernels its designs may link."""
+    spec = pipeline.campaign_spec(model, budget, max_threads, parallel, kernel_ids=kernel_ids)
     settings = Settings(nats_url=nats_url) if nats_url else Settings()
-    return asyncio.run(run_campaign(settings, model, spec, progress, embedded_nats=not nats_url))
+    return asyncio.run(run_campaign(settings, model, spec, progress, embedded_nats=not nats_url, rounds=rounds))

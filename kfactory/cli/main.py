@@ -82,10 +82,15 @@ def _spec(args):
     from kfactory.v1 import events_pb2 as pb
 
     # a replay target carries its own problem (the recorded space): PROBLEM is then only a label
+    from kfactory.engines.problem import PREFIX as ENGINE_PREFIX
+
     problem = args.target if args.target.startswith("replay:") else args.problem
+    strategy = args.strategy
+    if problem.startswith(ENGINE_PREFIX) and strategy == "default":
+        strategy = "grid"   # an engine's designs in campaign order, the default design first (engines/order.py)
     spec = pb.CampaignSpec(problem=problem, target=args.target, budget_candidates=args.budget,
                            budget_seconds=args.seconds, budget_device_seconds=args.device_seconds,
-                           strategy=args.strategy, threads=args.threads or 0,
+                           strategy=strategy, threads=args.threads or 0,
                            seed=args.seed, families=args.family, parallel=args.parallel, warm_start=args.warm,
                            coders=[c for c in args.coders.split(",") if c],
                            personas=[p for p in args.personas.split(",") if p], token_budget=args.token_budget or 0)
@@ -342,6 +347,14 @@ def _dispatch(args) -> int:
     try:
         if args.cmd == "run":
             from kfactory.cli.run import run_campaign
+            from kfactory.engines.problem import PREFIX as ENGINE_PREFIX
+
+            if args.problem.startswith(ENGINE_PREFIX):   # the engine's record and best.json come from that command
+                print(f"kfactory run: {args.problem} is an engine: run its campaign with `kfactory engine run "
+                      f"{args.problem[len(ENGINE_PREFIX):]}` (the default design first, timing rounds, the engine "
+                      "record and the best.json that `kfactory generate` and `kfactory export` read)",
+                      file=sys.stderr)
+                return 2
 
             return asyncio.run(run_campaign(_settings(args), _spec(args), args))
         if args.cmd == "dead-letters":

@@ -33,7 +33,7 @@ from kfactory.engines.build import build
 from kfactory.engines.codegen import CodegenError, generate
 from kfactory.engines.design import EngineDesign, space
 from kfactory.engines.ops import OpKernel, OpKernelError, units_for
-from kfactory.engines.order import distance, order  # noqa: F401 (distance: re-exported, its old home)
+from kfactory.engines.order import distance, order, with_kernels  # noqa: F401 (distance: re-exported, its old home)
 from kfactory.engines.runner import EngineFault, EngineRunner
 from kfactory.engines.verify import Verdict, Verifier
 from kfactory.models.gguf_model import LlamaConfig
@@ -164,8 +164,6 @@ def report_text(record: dict[str, Any]) -> str:
         lines.append(f"noise: {noise['design_id']} timed again at the end measured decode "
                      f"x{noise['decode_ratio']:.3f}, prefill x{noise['prefill_ratio']:.3f} of its first timing: "
                      "an effect within that much of x1 is not told apart from the host's load")
-    elif record.get("services"):
-        lines.append("noise: not measured (through the services each design is timed once)")
     else:
         lines.append("noise: not measured (fewer than two designs were timed)")
     return "\n".join(lines)
@@ -215,12 +213,7 @@ class Campaign:
         added one op at a time (each design differs from the one before only in one op's kernel, so every
         kernel's effect is measured against the engine's own), then the rest of `order()`."""
         points = order(space(self.max_threads))
-        if self.kernels:
-            chain = [points[0]]
-            for problem, k in sorted(self.kernels.items()):
-                chain.append(EngineDesign.from_dict({**chain[-1].as_dict(), problem: k.candidate_id}))
-            points = [*chain, *points[1:]]
-        return points[:self.budget]
+        return with_kernels(points, {p: k.candidate_id for p, k in self.kernels.items()})[:self.budget]
 
     def run(self, progress: Callable[[int, int, DesignResult], None] | None = None) -> dict[str, Any]:
         """Evaluate every design of the budget; write the record (and best.json); return the record."""

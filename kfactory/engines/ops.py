@@ -130,6 +130,31 @@ def from_memory(settings, problem: str, max_threads: int, shape: str = "") -> Op
     return OpKernel(problem, cand.id, found.source, cand.compile_flags, cand.entry or "kernel")
 
 
+def by_id(settings, problem: str, candidate_id: str) -> OpKernel:
+    """The verified c kernel of op `problem` that memory holds as candidate `candidate_id` (the services' coder
+    takes a design's kernels this way: the design names them by id), from the memory service when one is
+    configured, else the local workspace. Raises OpKernelError naming what is wrong: no such candidate, another
+    problem's, not verified, not c."""
+    from kfactory.cli.client import ClientError, candidate_evidence
+    from kfactory.export.evidence import NotVerified, judged
+
+    if problem not in SYMBOLS:
+        raise OpKernelError(f"{problem!r} is not an op an engine links in; ops: {', '.join(SYMBOLS)}")
+    try:
+        found = judged(candidate_evidence(settings, candidate_id))
+    except ClientError as exc:
+        raise OpKernelError(f"{problem} kernel {candidate_id[:12]} is not in memory: {exc}") from exc
+    except NotVerified as exc:
+        raise OpKernelError(f"{problem} kernel {candidate_id[:12]} was never verified: {exc}") from exc
+    cand = found.candidate
+    if Path(cand.problem.rstrip("/")).name != problem:   # a built-in name or a package directory named so
+        raise OpKernelError(f"candidate {candidate_id[:12]} is a kernel of {cand.problem!r}, not of {problem}")
+    if cand.language != "c":
+        raise OpKernelError(f"{problem} kernel {candidate_id[:12]} is {cand.language!r}, not c: an engine links "
+                            "c kernels only")
+    return OpKernel(problem, cand.id, found.source, cand.compile_flags, cand.entry or "kernel")
+
+
 def _usable(settings, candidate_id: str, max_threads: int):
     """The judged evidence (kfactory.export.evidence.Judged) of a verified c kernel of at most max_threads
     threads, or None."""

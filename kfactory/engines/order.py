@@ -27,3 +27,17 @@ def order(points: list[EngineDesign], default: EngineDesign | None = None) -> li
         return (len(changed), changed[0] if changed else -1, i)
 
     return [d for _, d in sorted(enumerate(points), key=key)]
+
+
+def with_kernels(points: list[EngineDesign], kernel_ids: dict[str, str]) -> list[EngineDesign]:
+    """`points` (in campaign order, the default first) with the searched kernels `kernel_ids` ({op problem:
+    candidate id}) chained in right after the default: the default with the first kernel, then with the first
+    two, ... (op problems in name order), so each design differs from the one before only in one op's kernel and
+    every kernel's effect is measured against the engine's own. Shared by the local campaign and the problem
+    the services search, so both take the same designs for the same budget."""
+    if not kernel_ids or not points:
+        return list(points)
+    chain = [points[0]]
+    for problem, cid in sorted(kernel_ids.items()):
+        chain.append(EngineDesign.from_dict({**chain[-1].as_dict(), problem: cid}))
+    return [*chain, *points[1:]]

@@ -14,12 +14,21 @@ proposed design:
     rejected by the verifier             rejected, the first failing check named
     rejected by the benchmarker          bench_failed
     measured                             verified: decode and prefill tok/s from its two timings
+    measured, round 2..R                 a later timing round: the figures become the medians of the rounds
+    rejected by the benchmarker, round r bench_failed (as a local retime's fault); after round R: no noise figure
     dead_letter                          harness_error (the harness failed, not the design)
+
+Timing rounds (`--rounds R`) are the benchmarker's work too: after the planner's campaign ends, each verified
+candidate is sent to the benchmarker again (`Verified.round` = 2..R, all designs in turn per round, as the local
+campaign's `retime`), each timing its own Measured event (`Measured.round`) archived by memory; then the first
+verified design once more (round R + 1) when two or more verified: its ratio to its first timing is the noise
+figure, as the local campaign's `noise()`.
 """
 from __future__ import annotations
 
 import json
 import secrets
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +38,8 @@ from google.protobuf.message import DecodeError
 from kfactory.bus import events as ev
 from kfactory.engines.campaign import (CONTEXT, DECODE_TOKENS, REPEATS, VERIFIED, DesignResult, write_record)
 from kfactory.engines.design import EngineDesign
-from kfactory.engines.problem import PREFIX
+from kfactory.engines.ops import OpKernel
+from kfactory.engines.problem import locator
 from kfactory.v1 import events_pb2 as pb
 
 #: a design's verdict while no outcome of it has arrived (the campaign ended first: cancelled, expired)
@@ -38,18 +48,22 @@ UNFINISHED = "unfinished"
 STAGE_VERDICTS = {"coder": "codegen_failed", "verifier": "rejected", "benchmarker": "bench_failed"}
 
 
-def campaign_spec(model: str, budget: int, max_threads: int, parallel: int = 0, seed: int = 0) -> pb.CampaignSpec:
-    """The planner's spec of an engine campaign over `budget` designs of `model` with 1..max_threads threads:
-    the grid strategy in the designs' order (the default first), a cold start (another campaign's timings of
-    the same designs would be re-proposed first, not new designs)."""
-    return pb.CampaignSpec(problem=PREFIX + model, target="cpu", budget_candidates=budget, strategy="grid",
+def campaign_spec(model: str, budget: int, max_threads: int, parallel: int = 0, seed: int = 0,
+                  kernel_ids: dict[str, str] | None = None) -> pb.CampaignSpec:
+    """The planner's spec of an engine campaign over `budget` designs of `model` with 1..max_threads threads,
+    with the searched kernels `kernel_ids` ({op problem: candidate id}) chained in after the default: the grid
+    strategy in the designs' order (the default first), a cold start (another campaign's timings of the same
+    designs would be re-proposed first, not new designs)."""
+    return pb.CampaignSpec(problem=locator(model, kernel_ids), target="cpu", budget_candidates=budget,
+                           strategy="grid",
                            threads=max_threads, parallel=parallel, seed=seed or secrets.randbits(32),
                            warm_start=0)
 
 
-def results_of(events: list[pb.Event], data_dir: Path) -> list[DesignResult]:
+def results_of(events: list[pb.Event], data_dir: Path, rounds: int = 1) -> list[DesignResult]:
     """One DesignResult per proposed design, in proposal order, from a campaign's events (see the module
-    docstring). `library` is the verified object as the verifier ran it (<data_dir>/engines/artifacts/)."""
+    docstring): timings of rounds 1..`rounds` kept, their medians the figures. `library` is the verified object
+    as the verifier ran it (<data_dir>/engines/artifacts/)."""
     by_point: dict[str, DesignResult] = {}
     point_of: dict[str, str] = {}     # candidate id -> point id
     for e in events:
@@ -70,11 +84,11 @@ def results_of(events: list[pb.Event], data_dir: Path) -> list[DesignResult]:
         res = by_point.get(cand.point_id if cand is not None and cand.point_id else
                            e.rejected.point_id if kind == "rejected" else "")
         if res is not None:
-            _fold(kind, e, res, data_dir)
+            _fold(kind, e, res, data_dir, rounds)
     return list(by_point.values())
 
 
-def _fold(kind: str | None, e: pb.Event, res: DesignResult, data_dir: Path) -> None:
+def _fold(kind: str | None, e: pb.Event, res: DesignResult, data_dir: Path, rounds: int) -> None:
     """One event's outcome into its design's result."""
     if kind == "compiled":
         res.build_s = e.compiled.report.seconds
@@ -86,16 +100,45 @@ def _fold(kind: str | None, e: pb.Event, res: DesignResult, data_dir: Path) -> N
         res.library = str(Path(data_dir) / "engines" / "artifacts" / f"{e.verified.artifact_digest}.so")
     elif kind == "rejected":
         rej = e.rejected
+        if rej.figures.get("round", 0) > rounds:   # the noise timing faulted: no noise figure, no verdict
+            return
         res.verdict = "duplicate" if rej.reason == pb.DUPLICATE else STAGE_VERDICTS.get(rej.stage, rej.stage)
         res.reason = rej.message
         res.failed_check = next((c.shape for c in rej.checks if not c.passed), None) \
             if rej.stage == "verifier" else None
         res.verify_s = rej.figures.get("verify_seconds", res.verify_s)
-    elif kind == "measured" and not e.measured.screened_out:
-        m = e.measured
-        decode, prefill = 1.0 / m.timings[0].median_s, 1.0 / m.timings[1].median_s
-        res.verdict, res.reason, res.bench_s = VERIFIED, "", m.seconds
-        res.decode_tok_s, res.prefill_tok_s, res.timings = decode, prefill, [[decode, prefill]]
+        res.decode_tok_s = res.prefill_tok_s = None   # a fault in a later round undoes the earlier figures
+    elif kind == "measured" and not e.measured.screened_out and e.measured.round <= rounds:
+        if res.verdict not in (UNFINISHED, VERIFIED):   # a later round after a fault: the design stays failed
+            return
+        decode, prefill = tok_s(e.measured)
+        res.verdict, res.reason, res.bench_s = VERIFIED, "", res.bench_s + e.measured.seconds
+        res.timings.append([decode, prefill])
+        res.decode_tok_s = statistics.median(t[0] for t in res.timings)
+        res.prefill_tok_s = statistics.median(t[1] for t in res.timings)
+
+
+def tok_s(m: pb.Measured) -> tuple[float, float]:
+    """(decode tok/s, prefill tok/s) of an engine's measurement (its two timings, seconds per token)."""
+    return 1.0 / m.timings[0].median_s, 1.0 / m.timings[1].median_s
+
+
+def noise_of(events: list[pb.Event], results: list[DesignResult], rounds: int) -> dict[str, Any] | None:
+    """The first verified design's timing after every round (Measured.round == rounds + 1) as a ratio to its
+    first timing, as the local campaign's noise(); None when it was not timed so (fewer than two verified, or
+    it faulted)."""
+    first = next((r for r in results if r.verified and r.timings), None)
+    if first is None:
+        return None
+    for e in events:
+        m = e.measured if e.HasField("measured") else None
+        if m is None or m.round != rounds + 1 or m.screened_out:
+            continue
+        if EngineDesign.from_dict(json.loads(m.candidate.params_json)).design_id() == first.design_id:
+            decode, prefill = tok_s(m)
+            return {"design_id": first.design_id, "decode_ratio": decode / first.timings[0][0],
+                    "prefill_ratio": prefill / first.timings[0][1]}
+    return None
 
 
 def _dead_letter(dl: pb.DeadLetter, by_point: dict[str, DesignResult], point_of: dict[str, str]) -> None:
@@ -119,17 +162,20 @@ def verified_sources(events: list[pb.Event]) -> dict[str, str]:
 
 
 def write(events: list[pb.Event], model_name: str, out_dir: Path, data_dir: Path, spec: pb.CampaignSpec,
-          tolerance: float, started: str | None = None, libraries: dict[str, str] | None = None) -> dict[str, Any]:
+          tolerance: float, started: str | None = None, libraries: dict[str, str] | None = None,
+          rounds: int = 1, kernels: dict[str, OpKernel] | None = None) -> dict[str, Any]:
     """The campaign's record and best.json under out_dir (kfactory.engines.campaign.write_record), from its
     events; returns the record. `libraries` (design id -> path) names each verified design's object in the build
-    cache, where its source is kept beside it (`kfactory export` takes the verified source from there)."""
-    results = results_of(events, data_dir)
+    cache, where its source is kept beside it (`kfactory export` takes the verified source from there); `rounds`
+    the timing rounds asked for (a round R + 1 of the first design is the noise timing); `kernels` the searched
+    kernels the designs link (from their source bundles), kept in the record and best.json to rebuild them."""
+    results = results_of(events, data_dir, rounds)
     for r in results:
         if r.design_id in (libraries or {}):
             r.library = (libraries or {})[r.design_id]
     head = {"model": model_name, "target": spec.target, "started": started or time.strftime("%Y%m%dT%H%M%SZ",
                                                                                              time.gmtime()),
-            "budget": spec.budget_candidates, "max_threads": spec.threads, "rounds": 1,
+            "budget": spec.budget_candidates, "max_threads": spec.threads, "rounds": rounds,
             "bench": {"context": CONTEXT, "decode_tokens": DECODE_TOKENS, "repeats": REPEATS},
             "tolerance": tolerance, "campaign_id": events[0].campaign_id if events else "", "services": True}
-    return write_record(out_dir, head, results, {}, None)
+    return write_record(out_dir, head, results, kernels or {}, noise_of(events, results, rounds))

@@ -7,6 +7,11 @@ designs (their fields as params, the default design first: `campaign.order`), an
 compiler, verifier and benchmarker hand such a candidate to `kfactory.engines.stages` instead of the kernel
 judge. Its spec describes the engine for the parts of the platform that read one (names, the ABI, the
 optimisation shape: decode at context 128); nothing draws inputs from it or runs a kernel reference on it.
+
+Searched op kernels (kfactory/engines/ops.py) join through the locator: `engine:<model>?matvec_q4_1=<candidate
+id>&matvec_q8_0=<candidate id>` adds the designs that link them, chained in right after the default as the
+local campaign does (`order.with_kernels`). The problem's name stays `engine_<model>` (memory ranks every engine
+of a model together); the coder takes each kernel's verified source from memory by its candidate id.
 """
 from __future__ import annotations
 
@@ -16,8 +21,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from kfactory.engines.design import DesignError, EngineDesign, space
-from kfactory.engines.order import order
+from kfactory.engines.design import KERNEL_FIELDS, DesignError, EngineDesign, space
+from kfactory.engines.order import order, with_kernels
 from kfactory.problems.package import Family, Problem, ProblemError
 from kfactory.problems.spec import FamilySpec, ProblemSpec
 
@@ -83,9 +88,12 @@ class EngineProblem(Problem):
     """The engine of one model as a problem (see the module docstring); `model` is the locator after the prefix."""
     kind = "engine"
 
-    def __init__(self, spec: ProblemSpec, directory: Path, model: str, family: EngineFamily):
+    def __init__(self, spec: ProblemSpec, directory: Path, model: str, family: EngineFamily,
+                 kernel_ids: dict[str, str] | None = None):
         super().__init__(spec, directory, {FAMILY: family})
         self.model = model
+        #: {op problem: candidate id} of the searched kernels the locator names (their designs are in the family)
+        self.kernel_ids = dict(kernel_ids or {})
 
     @cached_property
     def reference(self) -> Any:
@@ -126,19 +134,44 @@ def _spec(name: str, model_name: str, params: dict[str, list]) -> ProblemSpec:
         "families": [FAMILY]})
 
 
-def load_engine_problem(locator: str) -> EngineProblem:
-    """`engine:<model>` (a built-in model name or a model package directory) -> its engine problem; ProblemError
-    naming what to fix when the model does not load."""
-    from kfactory.models import ModelError, load_model
+def locator(model: str, kernel_ids: dict[str, str] | None = None) -> str:
+    """The problem locator of a model's engine, with the searched kernels ({op problem: candidate id}) its
+    campaign links in: `engine:tiny-llama`, `engine:tiny-llama?matvec_q4_1=<id>`."""
+    query = "&".join(f"{p}={cid}" for p, cid in sorted((kernel_ids or {}).items()))
+    return PREFIX + model + (f"?{query}" if query else "")
 
-    model = locator[len(PREFIX):] if locator.startswith(PREFIX) else locator
+
+def parse_locator(text: str) -> tuple[str, dict[str, str]]:
+    """(model, {op problem: candidate id}) of a locator made by `locator`; ProblemError naming the fault."""
+    body = text[len(PREFIX):] if text.startswith(PREFIX) else text
+    model, _, query = body.partition("?")
     if not model:
         raise ProblemError("engine: name a model, as engine:smollm2-135m (or engine:<model package directory>)")
+    kernel_ids: dict[str, str] = {}
+    for item in filter(None, query.split("&")):
+        name, eq, cid = item.partition("=")
+        if not eq or name not in KERNEL_FIELDS or name in kernel_ids:
+            raise ProblemError(f"engine: {item!r} in {text!r} is not one searched kernel as <op>=<candidate id>; "
+                               f"ops: {', '.join(KERNEL_FIELDS)}")
+        kernel_ids[name] = cid
+    return model, kernel_ids
+
+
+def load_engine_problem(text: str) -> EngineProblem:
+    """`engine:<model>[?<op>=<candidate id>&...]` (a built-in model name or a model package directory, and the
+    searched kernels its designs may link) -> its engine problem; ProblemError naming what to fix when the model
+    does not load or a kernel id is no candidate id."""
+    from kfactory.models import ModelError, load_model
+
+    model, kernel_ids = parse_locator(text)
     try:
         package = load_model(model)
     except ModelError as e:
         raise ProblemError(f"engine: {e}") from e
-    designs = order(space())
+    try:
+        designs = with_kernels(order(space()), kernel_ids)
+    except DesignError as e:
+        raise ProblemError(f"engine: {e}") from e
     params: dict[str, list] = {}
     for d in designs:
         for k, v in d.as_dict().items():
@@ -148,4 +181,4 @@ def load_engine_problem(locator: str) -> EngineProblem:
                        entry=ENTRY, params=params)
     name = problem_name(package.name)
     return EngineProblem(_spec(name, package.name, params), Path(package.directory), model,
-                         EngineFamily(fspec, Path(package.directory), designs))
+                         EngineFamily(fspec, Path(package.directory), designs), kernel_ids)

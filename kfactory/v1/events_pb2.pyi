@@ -430,16 +430,18 @@ class CompileFailed(_message.Message):
     def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., reason: _Optional[_Union[RejectReason, str]] = ..., report: _Optional[_Union[CompileReport, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Verified(_message.Message):
-    __slots__ = ("candidate", "artifact_digest", "checks", "seconds")
+    __slots__ = ("candidate", "artifact_digest", "checks", "seconds", "round")
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     candidate: Candidate
     artifact_digest: str
     checks: _containers.RepeatedCompositeFieldContainer[Check]
     seconds: float
-    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., artifact_digest: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ..., seconds: _Optional[float] = ...) -> None: ...
+    round: int
+    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., artifact_digest: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ..., seconds: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
 
 class Rejected(_message.Message):
     __slots__ = ("candidate", "stage", "reason", "message", "checks", "figures", "point_id", "params_json", "agent")
@@ -471,7 +473,7 @@ class Rejected(_message.Message):
     def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., stage: _Optional[str] = ..., reason: _Optional[_Union[RejectReason, str]] = ..., message: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ..., figures: _Optional[_Mapping[str, float]] = ..., point_id: _Optional[str] = ..., params_json: _Optional[str] = ..., agent: _Optional[_Union[AgentInfo, _Mapping]] = ...) -> None: ...
 
 class Measured(_message.Message):
-    __slots__ = ("candidate", "device", "timings", "score_s", "cached", "replayed", "seconds", "screened_out")
+    __slots__ = ("candidate", "device", "timings", "score_s", "cached", "replayed", "seconds", "screened_out", "round")
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
@@ -480,6 +482,7 @@ class Measured(_message.Message):
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     SCREENED_OUT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     candidate: Candidate
     device: DeviceInfo
     timings: _containers.RepeatedCompositeFieldContainer[ShapeTiming]
@@ -488,7 +491,8 @@ class Measured(_message.Message):
     replayed: bool
     seconds: float
     screened_out: bool
-    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[ShapeTiming, _Mapping]]] = ..., score_s: _Optional[float] = ..., cached: _Optional[bool] = ..., replayed: _Optional[bool] = ..., seconds: _Optional[float] = ..., screened_out: _Optional[bool] = ...) -> None: ...
+    round: int
+    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[ShapeTiming, _Mapping]]] = ..., score_s: _Optional[float] = ..., cached: _Optional[bool] = ..., replayed: _Optional[bool] = ..., seconds: _Optional[float] = ..., screened_out: _Optional[bool] = ..., round: _Optional[int] = ...) -> None: ...
 
 class ComparisonEntry(_message.Message):
     __slots__ = ("name", "candidate_id", "timing")

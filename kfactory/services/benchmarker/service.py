@@ -30,10 +30,13 @@ class BenchmarkerService(RunnerService):
         target = self.ctx.target(cand.target)
         device = await self.ctx.device(cand.target)
         cache_key = f"result:{cand.id}:{device.model}"
+        # a later timing round (Verified.round >= 2: an engine campaign's --rounds) times the candidate again:
+        # never answered from the result cache, never stored there, its own event beside the first measurement's
+        retime = v.round >= 2
         async with self.stage_lock(d, cand.id) as lock:
             if lock is None:
                 return self.busy()
-            cached = await self.claims.cache_get(cache_key)
+            cached = None if retime else await self.claims.cache_get(cache_key)
             if cached is not None:
                 m = pb.Measured.FromString(cached)
                 m.cached = True
@@ -44,14 +47,18 @@ class BenchmarkerService(RunnerService):
                     return Term(f"artifact {v.artifact_digest} of candidate {cand.id} is missing")
                 m = await self._measure(cand, artifact, target, device)
                 if isinstance(m, pb.Rejected):
-                    return await self._reject(d, cand, m, lock)
-                if not m.screened_out:  # a screening timing is this campaign's evidence, not a measurement
+                    if retime:   # which round faulted: a later round's fault is told apart from the first's
+                        m.figures["round"] = v.round
+                    return await self._reject(d, cand, m, lock, f"{cand.id}:round{v.round}" if retime else None)
+                if not m.screened_out and not retime:  # a screening timing is this campaign's evidence only
                     await self.claims.cache_put(cache_key, m.SerializeToString(), ttl_s=30 * 86400)
             if not await self.still_ours(lock):
                 return Leave()  # a newer holder of this candidate's lock writes the result (and acks)
             cand.fence = lock.fence
             m.candidate.CopyFrom(cand)
-            await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, cand.id, measured=m))
+            m.round = v.round if retime else 0
+            key = f"{cand.id}:round{v.round}" if retime else cand.id
+            await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, key, measured=m))
             return Ack()
 
     async def _screen_first(self, d: Delivery) -> Outcome:
@@ -109,12 +116,13 @@ class BenchmarkerService(RunnerService):
         return pb.Measured(device=device, timings=[t], score_s=t.median_s, seconds=held.seconds,
                            screened_out=screened_out(t.median_s, best_s, self.settings.screen_factor))
 
-    async def _reject(self, d: Delivery, cand: pb.Candidate, rej: pb.Rejected, lock) -> Outcome:
+    async def _reject(self, d: Delivery, cand: pb.Candidate, rej: pb.Rejected, lock,
+                      key: str | None = None) -> Outcome:
         if not await self.still_ours(lock):
             return Leave()
         cand.fence = lock.fence
         rej.candidate.CopyFrom(cand)
-        await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, cand.id, rejected=rej))
+        await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, key or cand.id, rejected=rej))
         return Ack()
 
     async def _measure(self, cand, artifact: bytes, target, device) -> pb.Measured | pb.Rejected:

@@ -47,7 +47,17 @@ class CoderService(Service):
             # there) it is handled here too: the coder's NATS user may not send work to the persona subjects
             return await self.agents.handle(pp.agent.persona, d)
         try:
-            source, language, flags, entry, threads, launch_json = self._render(pp)
+            problem = self.ctx.problem(pp.problem)
+            if is_engine(problem) and not pp.HasField("manual"):
+                # a whole engine's design (kfactory/engines/stages): it reads its searched kernels from memory,
+                # off the event loop
+                settings = self.settings   # memory as the CLI's queries reach it; this process's own when it serves
+                if self.ctx.memory_addr:
+                    settings = settings.model_copy(update={"memory_addr": self.ctx.memory_addr})
+                rendered = await asyncio.to_thread(engine_coder.render, problem, pp.params_json, settings)
+            else:
+                rendered = self._render(pp)
+            source, language, flags, entry, threads, launch_json = rendered
         except (ProblemError, KeyError, ValueError) as e:
             # clipped: the message quotes the point, whose whole params are in params_json beside it
             rej = pb.Rejected(stage="coder", reason=pb.INVALID_POINT, message=clip(str(e)), point_id=pp.point_id,
@@ -96,8 +106,6 @@ class CoderService(Service):
     def _render(self, pp: pb.PointProposed) -> tuple[str, str, str, str, int, str]:
         """(source, language, flags, entry, threads, launch rule as canonical JSON or "")."""
         problem = self.ctx.problem(pp.problem)
-        if is_engine(problem) and not pp.HasField("manual"):  # a whole engine's design (kfactory/engines/stages)
-            return engine_coder.render(problem, pp.params_json, self.settings.data_dir)
         if pp.HasField("manual"):
             m = pp.manual
             return m.source, m.language or "c", m.compile_flags, "kernel", m.threads or 1, m.launch_json

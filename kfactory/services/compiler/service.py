@@ -37,7 +37,7 @@ class CompilerService(Service):
             target, problem = self.ctx.target(cand.target), self.ctx.problem(cand.problem)
             engine = is_engine(problem)  # a whole engine is built by kfactory/engines/stages/compiler.py
             if engine:
-                res = await self.work(compile_engine, source, self.settings.data_dir, part="compile")
+                res = await self.work(compile_engine, source, cand.params_json, self.settings.data_dir, part="compile")
             else:
                 res = await self.work(target.compile, source, cand.language, cand.compile_flags, cand.entry)
             if not await self.still_ours(lock):
