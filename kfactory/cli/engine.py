@@ -125,6 +125,7 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
     """`kfactory engine run` (the default; --services says so): the campaign through the services; progress per
     design as its outcome is archived, then the report; 0 when a design verified, 1 when none did, 2 for a spec
     the planner refuses."""
+    from kfactory.bus.natsd import NatsServerError
     from kfactory.cli import engine_services
     from kfactory.engines.campaign import DesignResult, report_text
     from kfactory.engines.design import MAX_THREADS
@@ -157,6 +158,9 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
         raise EngineCommandError(f"the planner refuses the campaign: {e}", EXIT_USAGE) from e
     except engine_services.ServicesFailed as e:
         raise EngineCommandError(str(e)) from e
+    except NatsServerError as e:   # the default path needs a bus: say how to run without this one
+        raise EngineCommandError(f"{e} (KFACTORY_BUS=memory runs the services without NATS; --local runs the "
+                                 "campaign without the services)") from e
     print(report_text(record))
     print(f"campaign {record['campaign_id']}: {record['campaign_state']}"
           + (f" ({record['campaign_reason']})" if record["campaign_reason"] else ""))
