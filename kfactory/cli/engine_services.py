@@ -43,9 +43,10 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
     to archive it, time the verified designs again in `rounds` - 1 more rounds and once for the noise figure
     (the benchmarker's work: `retime`), and write the record from the archived events; return the record (its
     "campaign_state" is the planner's final state: completed, cancelled, expired, failed)."""
+    from kfactory.models import load_model
+
     if rounds < 1:
         raise ValueError(f"timing rounds must be at least 1, not {rounds}")
-    from kfactory.models import load_model
 
     # refused before any server starts, naming the field (as `kfactory run` does); SpecError to the caller
     spec, _ = validate(spec, settings, Context.problem, lambda t: get_target(t, settings))
