@@ -117,8 +117,9 @@ def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_s
         assert names[:2] == ["prefill_1", "decode_after_1"] and names[-1] == "greedy_2"
         assert all(c.passed and 0 <= c.norm_rel_err < 1e-4 for c in v.checks)
     # memory archived them like any candidate: its leaderboard ranks the two by seconds per token
+    # (by their first measurements: a later round, the noise timing here, is archived as its event only)
     board = Archive(bus_settings.archive()).leaderboard(record["campaign_id"])
-    assert len(board) == 2 and {m.candidate.id for m, _ in board} == {m.candidate.id for m in kinds["measured"]}
+    assert sorted(m.score_s for m, _ in board) == sorted(m.score_s for m in kinds["measured"] if m.round == 0)
     # the record and best.json, as the local campaign writes them
     results = record["results"]
     assert [r["design_id"] for r in results] == [default.design_id(), second.design_id()]
