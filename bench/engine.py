@@ -84,8 +84,7 @@ def build_design(design, config, kernels: dict):
 
 def with_threads(fields: dict, threads: int):
     from kfactory.engines.design import EngineDesign
-    return EngineDesign.from_dict({**fields, "threads": threads,
-                                   "spin": bool(fields.get("spin", False)) and threads > 1})
+    return EngineDesign.from_dict(fields).at_threads(threads)
 
 
 def engine_formats(design, model) -> Formats:

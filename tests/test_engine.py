@@ -162,7 +162,23 @@ def test_design_values_and_space():
         EngineDesign(threads=0)
     with pytest.raises(DesignError, match="spin applies to threads > 1"):
         EngineDesign(spin=True)
+    with pytest.raises(DesignError, match="passive, bounded"):
+        EngineDesign(threads=2, wait="busy")
+    with pytest.raises(DesignError, match="applies to threads > 1 without spin"):
+        EngineDesign(wait="bounded")
+    with pytest.raises(DesignError, match="applies to threads > 1 without spin"):
+        EngineDesign(threads=2, spin=True, wait="bounded")
     points = space(2)
-    # weights x 3 fusions x kv layouts x prepack, times (1 thread, 2 sleeping, 2 spinning)
-    assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * 3
+    # weights x 3 fusions x kv layouts x prepack, times (1 thread, 2 sleeping, 2 spinning, 2 spinning bounded)
+    assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * 4
     assert len({p.design_id() for p in points}) == len(points)
+    # the wait at its default stays out of the id: designs keep the ids they had before the field existed
+    assert EngineDesign(threads=2).design_id() == "q4_1-fqgn-t2-head-pp-a42bba545e"
+    bounded = EngineDesign(threads=2, wait="bounded")
+    assert bounded.design_id().startswith("q4_1-fqgn-t2b-head-pp-")
+    # what the engine's child runs under: libgomp's bounded spin, set explicitly; sleeping; spinning
+    assert bounded.omp_env() == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "300000"}
+    assert EngineDesign(threads=2).omp_env() == {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": None}
+    assert EngineDesign(threads=2, spin=True).omp_env()["OMP_WAIT_POLICY"] == "active"
+    # a design moved to one thread keeps nothing that waits; back on two it is the design it names
+    assert bounded.at_threads(1) == EngineDesign() and bounded.at_threads(2) == bounded

@@ -89,10 +89,9 @@ def cmd_bench(args) -> int:
 
 def _bench(args, verifier: Verifier, fresh: Settings | None) -> int:
     fields = _design_fields(args.design)
-    base = EngineDesign.from_dict({**fields, "threads": 1, "spin": False})
+    base = EngineDesign.from_dict(fields).at_threads(1)
     for threads in args.threads:
-        design = EngineDesign.from_dict({**fields, "threads": threads,
-                                         "spin": bool(fields.get("spin", False)) and threads > 1})
+        design = EngineDesign.from_dict(fields).at_threads(threads)
         path = _built(design, verifier)
         with EngineRunner(str(verifier.package.directory), design, path, args.context + args.decode + 8) as runner:
             fig = runner.bench(args.context, args.decode, args.repeats)

@@ -285,7 +285,9 @@ def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen
     ids = tok.encode(chat["prefix"] + prompt + chat["suffix"] if chat else prompt)
     values = {"NAME": name, "MODEL": package.name, "DESIGN_ID": design.design_id(),
               "DESIGN": export_c.c_comment(design.as_dict()), "THREADS": str(design.threads),
-              "WAIT": "active" if design.spin else "passive", "VOCAB": str(c.vocab),
+              "WAIT": design.omp_env()["OMP_WAIT_POLICY"] or "", "SPINS": design.omp_env()["GOMP_SPINCOUNT"] or "",
+              "OMPENV": " ".join(f"{k}={v}" for k, v in design.omp_env().items() if v is not None),
+              "VOCAB": str(c.vocab),
               "CONTEXT": str(c.context_length), "EOS": str(tok.eos_id if tok.eos_id is not None else -1),
               "VERDICT": export_c.c_comment(verdict.summary().splitlines()[0]),
               "BUILD": export_c.c_comment(" && ".join(" ".join(s) for s in steps))}
@@ -309,6 +311,7 @@ def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen
         "model_file": {"path": str(model.path), "sha256": sha256_of(model.path)},
         "design_id": design.design_id(), "design": design.as_dict(), "abi_version": ABI_VERSION,
         "config": c.as_dict(), "threads": design.threads, "omp_wait_policy": values["WAIT"],
+        "omp_env": {k: v for k, v in design.omp_env().items() if v is not None},
         "build": {"cc": compiler(), "flags": list(FLAGS), "link": list(LINK), "argv": argv, "steps": steps,
                   "artifact": f"lib{name}.so"},
         "weights": {"file": f"{name}.weights", "bytes": weights_bytes, "tensors": len(tensors),

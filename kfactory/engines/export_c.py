@@ -23,8 +23,9 @@ HEADER = r"""/* @NAME@.h: an inference engine exported by kfactory (ABI version 
  * to @NAME@_engine_new with the file's config, then prefill and decode. Tensors' data is read in place and must
  * outlive the engine. Return codes: 0 ok, -1 bad arguments, -2 a token id outside [0, vocab), -3 the context
  * capacity would be exceeded (nothing runs then); @NAME@_last_error() says why a call failed. Threads: pass
- * @NAME@_THREADS (the design's); OpenMP reads OMP_WAIT_POLICY when the library loads: set it to
- * @NAME@_OMP_WAIT_POLICY in the environment (the design was verified and timed so).
+ * @NAME@_THREADS (the design's); OpenMP reads its environment when the library loads: set OMP_WAIT_POLICY to
+ * @NAME@_OMP_WAIT_POLICY and GOMP_SPINCOUNT to @NAME@_GOMP_SPINCOUNT where they are not empty, and leave them
+ * unset where they are (the design was verified and timed so).
  */
 #ifndef @GUARD@
 #define @GUARD@
@@ -39,6 +40,7 @@ extern "C" {
 #define @NAME@_DESIGN_ID "@DESIGN_ID@"
 #define @NAME@_THREADS @THREADS@
 #define @NAME@_OMP_WAIT_POLICY "@WAIT@"
+#define @NAME@_GOMP_SPINCOUNT "@SPINS@"
 #define @NAME@_VOCAB @VOCAB@
 #define @NAME@_CONTEXT_LENGTH @CONTEXT@
 #define @NAME@_EOS_ID @EOS@
@@ -164,7 +166,7 @@ all: lib@NAME@.so @NAME@_example
 \t$(CC) -O2 -o $@ @NAME@_example.c -L. -l@NAME@ -Wl,-rpath,'$$ORIGIN'
 
 run: @NAME@_example
-\tOMP_WAIT_POLICY=@WAIT@ ./@NAME@_example @NAME@.weights $(N) $(IDS)
+\tenv -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT @OMPENV@ ./@NAME@_example @NAME@.weights $(N) $(IDS)
 
 clean:
 \trm -f lib@NAME@.so @NAME@_example@OBJECTS@

@@ -113,8 +113,9 @@ class Engine:
     """The exported engine over its weights: `prefill`, `decode_step`, `reset`, `generate`.
 
     `directory` is the export's (default: where this file is); `ctx` the KV cache's capacity in positions
-    (default: the model's context, at most 4096); `threads` defaults to the design's. OMP_WAIT_POLICY is set to
-    the design's (passive unless it spins) when the environment does not set it: libgomp reads it once."""
+    (default: the model's context, at most 4096); `threads` defaults to the design's. The design's OpenMP
+    environment (OMP_WAIT_POLICY, GOMP_SPINCOUNT: the manifest's omp_env) is set where the environment does not
+    set it: libgomp reads it once."""
 
     def __init__(self, directory: Path | str = HERE, ctx: int | None = None, threads: int | None = None):
         self.directory = Path(directory)
@@ -123,7 +124,8 @@ class Engine:
         lib_path = self.directory / m["build"]["artifact"]
         if not lib_path.is_file():
             lib_path = build_library(self.directory, m)
-        os.environ.setdefault("OMP_WAIT_POLICY", m["omp_wait_policy"])
+        for name, value in m.get("omp_env", {"OMP_WAIT_POLICY": m["omp_wait_policy"]}).items():
+            os.environ.setdefault(name, value)
         self._lib = ctypes.CDLL(str(lib_path))
         self._bind()
         self._weights, design_id, config, entries = read_weights(self.directory / m["weights"]["file"])

@@ -120,8 +120,12 @@ class EngineRunner:
         c2p_r, c2p_w = os.pipe()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KFACTORY_", "NATS", "REDIS"))}
         env["OMP_NUM_THREADS"] = str(self.threads)
-        # read by libgomp when the engine library loads it, so it is set here (the design's `spin`)
-        env["OMP_WAIT_POLICY"] = "active" if self.design.spin else "passive"
+        # read by libgomp when the engine library loads it, so it is set here (the design's `spin` and `wait`)
+        for name, value in self.design.omp_env().items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
         prefix = network_isolation_prefix() if self.isolate_network else ()
         cmd = [*prefix, sys.executable, "-m", "kfactory.engines.child", str(p2c_r), str(c2p_w), str(self.mem_mb)]
         self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL,
