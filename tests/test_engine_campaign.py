@@ -28,8 +28,11 @@ def record(root, verifier):
 def test_order_covers_fields_early():
     points = order(space(2))
     assert points[0] == EngineDesign()
-    ones = [d for d in points if distance(d, EngineDesign()) == 1]
-    assert points[1:1 + len(ones)] == ones          # every one-field change before any two-field change
+    # more threads are one step however their idle threads wait (spin and wait apply to threads > 1 only)
+    threads = [EngineDesign(threads=2), EngineDesign(threads=2, spin=True), EngineDesign(threads=2, wait="bounded")]
+    ones = [d for d in points if distance(d, EngineDesign()) == 1 or d in threads]
+    assert points[1:1 + len(ones)] == ones          # every one-step change before any two-step change
+    assert len(ones) == 7 + 2 and points[5:8] == threads
     assert points[1].weights == "f32" and not points[2].fuse_qkv
     assert sorted(points, key=lambda d: d.design_id()) == sorted(space(2), key=lambda d: d.design_id())
 
