@@ -19,15 +19,14 @@ import numpy as np
 import pytest
 import yaml
 
-from kfactory.judge.checks import InputPool
 from kfactory.judge.inputs import draw
 from kfactory.judge.numerics import compare
-from kfactory.judge.verify import verify
 from kfactory.platform.config import Settings
 from kfactory.problems import load_problem
 from kfactory.problems.check import problems_of
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
+from test_problem_matvec_q import _verdict  # the matvec tests' compile-and-verify-a-C-kernel helper
 
 PROBLEMS = Path(__file__).resolve().parent.parent / "kfactory" / "problems"
 NAMES = ("matvec_f32", "matmul_f32", "matmul_q4_1", "matmul_q8_0")
@@ -201,17 +200,6 @@ def small(tmp_path_factory) -> dict:
     distribution in about a second."""
     root = tmp_path_factory.mktemp("small")
     return {name: load_problem(_package(root, name, SMALL[name])) for name in NAMES}
-
-
-def _verdict(target, problem, source: str, flags: str = "-O2 -fopenmp"):
-    res = target.compile(source, "c", flags, "kernel")
-    assert res.ok, res.message
-    session = target.session(problem, 1)
-    try:
-        session.load_artifact("k", res.artifact, "kernel")
-        return verify(session, "k", problem, InputPool(problem, 1))
-    finally:
-        session.close()
 
 
 def _reference_c(name: str) -> str:
