@@ -40,8 +40,8 @@ PREFILLS = ("gemm", "tiled")
 #: at once (OMP_WAIT_POLICY=passive); "bounded" spins GOMP_SPINCOUNT iterations first, then sleeps (libgomp's
 #: own default, which it cuts to a few spins when a team has more threads than the process has cpus). A decode
 #: step opens ~150 regions back to back: on an idle host, 2 threads measured 176 tok/s bounded against 137
-#: passive (x1.28, smollm2-135m), while a bounded spin still yields the core within a fraction of a
-#: millisecond on a host whose other jobs need it.
+#: passive (x1.28 in one process, smollm2-135m), and a bounded spin yields the core after a while to a host's
+#: other jobs, where an active one never does; a campaign measures which wait wins on its host.
 WAITS = ("passive", "bounded")
 #: libgomp's spin count of a "bounded" wait (its default with OMP_WAIT_POLICY unset), set explicitly so that the
 #: environment a design was measured in does not decide it
