@@ -73,6 +73,18 @@ class DesignResult:
     def verified(self) -> bool:
         return self.verdict == VERIFIED and self.decode_tok_s is not None
 
+    def add_timing(self, decode_tok_s: float, prefill_tok_s: float) -> None:
+        """One more timing round: its figures join the rounds, and the design's figures become their medians."""
+        self.timings.append([decode_tok_s, prefill_tok_s])
+        self.decode_tok_s = statistics.median(t[0] for t in self.timings)
+        self.prefill_tok_s = statistics.median(t[1] for t in self.timings)
+
+    def noise(self, decode_tok_s: float, prefill_tok_s: float) -> dict[str, Any]:
+        """The noise record of this design timed again at `decode_tok_s`, `prefill_tok_s`: ratios to its first
+        timing."""
+        return {"design_id": self.design_id, "decode_ratio": decode_tok_s / self.timings[0][0],
+                "prefill_ratio": prefill_tok_s / self.timings[0][1]}
+
     def line(self) -> str:
         """One progress line: id, verdict, figures or reason."""
         if self.verified:
@@ -268,14 +280,13 @@ class Campaign:
         assert res.library is not None
         t0 = time.perf_counter()
         try:
-            res.timings.append(list(self.bench(EngineDesign.from_dict(res.design), res.library)))
+            decode, prefill = self.bench(EngineDesign.from_dict(res.design), res.library)
         except EngineFault as e:
             res.verdict, res.reason = "bench_failed", f"engine fault while timing ({e.kind}): {e}"
             res.decode_tok_s = res.prefill_tok_s = None
             return
         res.bench_s += time.perf_counter() - t0
-        res.decode_tok_s = statistics.median(t[0] for t in res.timings)
-        res.prefill_tok_s = statistics.median(t[1] for t in res.timings)
+        res.add_timing(decode, prefill)
 
     def bench(self, design: EngineDesign, so_path: Path | str) -> tuple[float, float]:
         """(decode tok/s at CONTEXT, prefill tok/s), timed in the engine's child."""
@@ -296,8 +307,7 @@ class Campaign:
             decode, prefill = self.bench(EngineDesign.from_dict(first.design), first.library)
         except EngineFault:   # it passed before: a fault now is recorded as no estimate, not a verdict
             return None
-        return {"design_id": first.design_id, "decode_ratio": decode / first.timings[0][0],
-                "prefill_ratio": prefill / first.timings[0][1]}
+        return first.noise(decode, prefill)
 
     def write(self, started: str, noise: dict[str, Any] | None = None) -> dict[str, Any]:
         """The record as JSON under out_dir, and best.json when a design verified."""

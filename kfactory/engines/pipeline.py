@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -111,11 +110,8 @@ def _fold(kind: str | None, e: pb.Event, res: DesignResult, data_dir: Path, roun
     elif kind == "measured" and not e.measured.screened_out and e.measured.round <= rounds:
         if res.verdict not in (UNFINISHED, VERIFIED):   # a later round after a fault: the design stays failed
             return
-        decode, prefill = tok_s(e.measured)
         res.verdict, res.reason, res.bench_s = VERIFIED, "", res.bench_s + e.measured.seconds
-        res.timings.append([decode, prefill])
-        res.decode_tok_s = statistics.median(t[0] for t in res.timings)
-        res.prefill_tok_s = statistics.median(t[1] for t in res.timings)
+        res.add_timing(*tok_s(e.measured))
 
 
 def tok_s(m: pb.Measured) -> tuple[float, float]:
@@ -135,9 +131,7 @@ def noise_of(events: list[pb.Event], results: list[DesignResult], rounds: int) -
         if m is None or m.round != rounds + 1 or m.screened_out:
             continue
         if EngineDesign.from_dict(json.loads(m.candidate.params_json)).design_id() == first.design_id:
-            decode, prefill = tok_s(m)
-            return {"design_id": first.design_id, "decode_ratio": decode / first.timings[0][0],
-                    "prefill_ratio": prefill / first.timings[0][1]}
+            return first.noise(*tok_s(m))
     return None
 
 
