@@ -34,7 +34,8 @@ BUILTIN = "builtin"
 KERNEL_FIELDS = ("matvec_q4_1", "matvec_q8_0")
 #: how prefill (a product over many tokens) runs: "gemm" dequantises a panel of rows once into floats and runs a
 #: register-blocked micro-kernel over every token of the chunk; "tiled" runs the decode kernels over tiles of 4
-#: tokens, unpacking each block once per tile. Decode (one token) is the same in both.
+#: tokens, unpacking each block once per tile. Decode (one token) runs the same matvecs in both; its attention
+#: takes the 4-keys kernel with "gemm" (attend_block, c/forward.c), the one-key kernel with "tiled".
 PREFILLS = ("gemm", "tiled")
 #: how an idle OpenMP thread of a design that does not spin waits for the next parallel region: "passive" sleeps
 #: at once (OMP_WAIT_POLICY=passive); "bounded" spins GOMP_SPINCOUNT iterations first, then sleeps (libgomp's

@@ -167,7 +167,8 @@ static void rope(float *v, int heads, const float *c, const float *s) {
 }
 
 /* out = softmax(q . K[0..pos] / sqrt(d)) V for query head `head` of layer l; s: scratch of pos + 1 floats */
-static void attend(const kf_engine *e, int l, int head, const float *q, int pos, float *out, float *s) {
+static __attribute__((unused)) void attend(const kf_engine *e, int l, int head, const float *q, int pos,
+                                           float *out, float *s) {
   int kvh = KF_KV_OF(head);
   const float scale = 1.0f / sqrtf((float)KF_HEAD_DIM);
   float mx = -INFINITY;
@@ -346,9 +347,9 @@ static void attention(kf_engine *e, int l, int n, int pos0) {
     float *out = e->att + (size_t)t * KF_QDIM + head * KF_HEAD_DIM, *s = e->scores + (size_t)tid * e->ctx;
 #if KF_ATTEND_BLOCK
     attend_block(e, l, head, q, pos0 + t, out, s);
-    continue;
-#endif
+#else
     attend(e, l, head, q, pos0 + t, out, s);
+#endif
   }
 }
 
