@@ -283,10 +283,12 @@ def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen
     argv = steps[-1]
     prompt = package.spec.prompts[0] if package.spec.prompts else "Hello"
     ids = tok.encode(chat["prefix"] + prompt + chat["suffix"] if chat else prompt)
+    omp = design.omp_env()
+    omp_set = {k: v for k, v in omp.items() if v is not None}
     values = {"NAME": name, "MODEL": package.name, "DESIGN_ID": design.design_id(),
               "DESIGN": export_c.c_comment(design.as_dict()), "THREADS": str(design.threads),
-              "WAIT": design.omp_env()["OMP_WAIT_POLICY"] or "", "SPINS": design.omp_env()["GOMP_SPINCOUNT"] or "",
-              "OMPENV": " ".join(f"{k}={v}" for k, v in design.omp_env().items() if v is not None),
+              "WAIT": omp["OMP_WAIT_POLICY"] or "", "SPINS": omp["GOMP_SPINCOUNT"] or "",
+              "OMPENV": " ".join(f"{k}={v}" for k, v in omp_set.items()),
               "VOCAB": str(c.vocab),
               "CONTEXT": str(c.context_length), "EOS": str(tok.eos_id if tok.eos_id is not None else -1),
               "VERDICT": export_c.c_comment(verdict.summary().splitlines()[0]),
@@ -311,7 +313,7 @@ def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen
         "model_file": {"path": str(model.path), "sha256": sha256_of(model.path)},
         "design_id": design.design_id(), "design": design.as_dict(), "abi_version": ABI_VERSION,
         "config": c.as_dict(), "threads": design.threads, "omp_wait_policy": values["WAIT"],
-        "omp_env": {k: v for k, v in design.omp_env().items() if v is not None},
+        "omp_env": omp_set,
         "build": {"cc": compiler(), "flags": list(FLAGS), "link": list(LINK), "argv": argv, "steps": steps,
                   "artifact": f"lib{name}.so"},
         "weights": {"file": f"{name}.weights", "bytes": weights_bytes, "tensors": len(tensors),

@@ -124,7 +124,7 @@ class Engine:
         lib_path = self.directory / m["build"]["artifact"]
         if not lib_path.is_file():
             lib_path = build_library(self.directory, m)
-        for name, value in m.get("omp_env", {"OMP_WAIT_POLICY": m["omp_wait_policy"]}).items():
+        for name, value in m["omp_env"].items():   # this file ships with its manifest: the same export's
             os.environ.setdefault(name, value)
         self._lib = ctypes.CDLL(str(lib_path))
         self._bind()
