@@ -12,7 +12,7 @@ from kfactory.bus.errors import ArtifactMissing
 from kfactory.bus.natsd import EmbeddedNats
 from kfactory.engines.build import build
 from kfactory.cli.engine_rounds import RetimeFailed, retime
-from kfactory.cli.run import _memory_ready, _wait_archived
+from kfactory.cli.run import _memory_ready, _wait_archived, write_report
 from kfactory.engines import pipeline
 from kfactory.engines.campaign import DesignResult
 from kfactory.engines.ops import OpKernel
@@ -80,7 +80,7 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
         libraries, kernels = await _libraries(running.ctx.bus, events, data_dir)
         record = pipeline.write(events, name, data_dir / "engines" / name, data_dir, st.spec, TOLERANCE,
                                 libraries=libraries, rounds=rounds, kernels=kernels)
-        record["report"] = _write_report(settings, memory, cid)
+        record["report"] = str(write_report(settings, memory, cid))
         record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
         record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
         return record
@@ -89,20 +89,6 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
             await running.shutdown()
         if nats:
             nats.stop()
-
-
-def _write_report(settings: Settings, memory: MemoryService, cid: str) -> str:
-    """Memory's report of the campaign (every candidate, the best's checks, the plot) under the report dir and
-    in the workspace beside the archive, as `kfactory run` writes it; its path."""
-    from kfactory.evidence.workspace import Workspace
-
-    md, png = memory.report(cid)
-    out = Path(settings.report_dir) / cid
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(md)
-    (out / "plot.png").write_bytes(png)
-    Workspace.of(settings).write_report(cid, md, png)
-    return str(out / "report.md")
 
 
 async def _libraries(bus: Bus, events: list[pb.Event], data_dir: Path) -> tuple[dict[str, str], dict[str, OpKernel]]:

@@ -169,18 +169,25 @@ def agent_lines(summary: dict) -> list[str]:
     return out
 
 
-def _finish(settings, st, running, memory, args, console: Console) -> int:
-    summary = json.loads(st.finished.summary_json)
-    out_dir = Path(settings.report_dir) / st.id
+def write_report(settings, memory, cid: str) -> Path:
+    """Memory's report of campaign `cid` (report.md, plot.png) under the report dir, and a copy in the
+    workspace beside the archive and the sources, which outlive this run's nats-server; the report.md path."""
+    from kfactory.evidence.workspace import Workspace
+
+    out_dir = Path(settings.report_dir) / cid
     out_dir.mkdir(parents=True, exist_ok=True)
-    md, png = memory.report(st.id)
+    md, png = memory.report(cid)
     (out_dir / "report.md").write_text(md)
     (out_dir / "plot.png").write_bytes(png)
-    # and a copy in the workspace, beside the archive and the sources, which outlive this run's nats-server
-    from kfactory.evidence.workspace import Workspace
-    Workspace.of(settings).write_report(st.id, md, png)
+    Workspace.of(settings).write_report(cid, md, png)
+    return out_dir / "report.md"
+
+
+def _finish(settings, st, running, memory, args, console: Console) -> int:
+    summary = json.loads(st.finished.summary_json)
+    report = write_report(settings, memory, st.id)
     summary["state"] = st.finished.state
-    summary["report"] = str(out_dir / "report.md")
+    summary["report"] = str(report)
     summary["services"] = {name: svc.handled for name, svc in running.services.items()}
     rows = [m for m, _ in memory.archive.leaderboard(st.id, 10)]
     console.print(leaderboard_table(summary, rows))
