@@ -9,16 +9,14 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 from kfactory.bus.base import Bus
 from kfactory.bus.errors import ArtifactMissing
-from kfactory.bus.natsd import EmbeddedNats
 from kfactory.engines.build import build
 from kfactory.cli.engine_rounds import RetimeFailed, retime
-from kfactory.cli.run import _memory_ready, _wait_archived, write_report
+from kfactory.cli.run import _wait_archived, local_services, write_report
 from kfactory.engines import pipeline
 from kfactory.engines.campaign import DesignResult
 from kfactory.engines.ops import OpKernel
 from kfactory.engines.stages.bundle import unpack
 from kfactory.engines.verify import TOLERANCE
-from kfactory.platform.app import start_services
 from kfactory.platform.config import Settings
 from kfactory.platform.service import Context
 from kfactory.services.planner.specs import validate
@@ -50,16 +48,9 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
 
     # refused before any server starts, naming the field (as `kfactory run` does); SpecError to the caller
     spec, _ = validate(spec, settings, Context.problem, lambda t: get_target(t, settings))
-    nats = None
-    if settings.bus == "nats" and embedded_nats:
-        nats = EmbeddedNats()
-        settings = settings.model_copy(update={"nats_url": nats.start()})
-    running = None
-    try:
-        running = await start_services(settings, grpc=False)
+    async with local_services(settings, embedded_nats) as running:
         planner = cast("PlannerService", running.services["planner"])
         memory = cast("MemoryService", running.services["memory"])
-        await _memory_ready(running)
         cid = await planner.submit(spec)
         st = planner.campaigns[cid]
         shown: set[str] = set()
@@ -84,11 +75,6 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
         record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
         record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
         return record
-    finally:
-        if running:
-            await running.shutdown()
-        if nats:
-            nats.stop()
 
 
 async def _libraries(bus: Bus, events: list[pb.Event], data_dir: Path) -> tuple[dict[str, str], dict[str, OpKernel]]:

@@ -62,15 +62,8 @@ async def run_campaign(settings, spec, args) -> int:
         return 2
     if note:
         print(f"kfactory run: {note}", file=sys.stderr)
-    nats = None
-    if not args.nats_url and settings.bus == "nats":  # KFACTORY_BUS=memory: no server at all
-        nats = EmbeddedNats()
-        settings = settings.model_copy(update={"nats_url": nats.start()})
-    running = None
-    try:
-        running = await start_services(settings, grpc=False)
+    async with local_services(settings, embedded_nats=not args.nats_url) as running:
         planner, memory = cast("PlannerService", running.services["planner"]), running.services["memory"]
-        await _memory_ready(running)
         cid = await planner.submit(spec)
         st = planner.campaigns[cid]
         with _interrupt_cancels(planner, cid) as interrupted:
@@ -84,6 +77,22 @@ async def run_campaign(settings, spec, args) -> int:
                   "Ctrl-C", file=sys.stderr)
             return EXIT_INTERRUPTED
         return code
+
+
+@contextlib.asynccontextmanager
+async def local_services(settings, embedded_nats: bool = True):
+    """The six services started in this process, memory answering, shut down on leaving; over a nats-server
+    started for them when `embedded_nats` and the bus is NATS (KFACTORY_BUS=memory: no server at all), else
+    over settings.nats_url."""
+    nats = None
+    if embedded_nats and settings.bus == "nats":
+        nats = EmbeddedNats()
+        settings = settings.model_copy(update={"nats_url": nats.start()})
+    running = None
+    try:
+        running = await start_services(settings, grpc=False)
+        await _memory_ready(running)
+        yield running
     finally:
         if running:
             await running.shutdown()
