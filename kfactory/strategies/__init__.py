@@ -19,7 +19,7 @@ from typing import Any
 from kfactory.strategies.base import Point, Space, Strategy
 from kfactory.strategies.options import BadStrategyOption, Option, describe, parse_one
 
-KNOWN = ("random", "grid", "evolutionary", "surrogate", "tpe", "cma", "portfolio", "default")
+KNOWN = ("random", "grid", "evolutionary", "surrogate", "tpe", "cma", "portfolio", "default", "descent")
 
 
 class UnknownStrategy(ValueError):

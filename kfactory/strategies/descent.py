@@ -1,0 +1,128 @@
+"""Coordinate descent from the space's first point: measure it, then every one-parameter change of it, then move
+to the best point measured so far and try its changes, restarting from the next best once the best is done.
+
+The first point of a space is its default (an engine's default design, a family's first valid point), so a small
+budget measures the default, each single change of it, and then combinations of the changes that won (two
+spinning threads together with unfused gate/up), where a grid in the space's order would still be measuring
+single changes. Deterministic for a given space and sequence of results; the seed is not used.
+
+A centre's neighbourhood: for each parameter of its family (the family's order) and each other value of it (the
+listed order), the valid points with that value that differ from the centre in the fewest parameters, all of
+those tied, in the space's order. A value a constraint ties to another parameter (spinning needs more than one
+thread) is reached through the closest valid points that take it. The next centre is the best told point whose
+neighbourhood was not expanded yet (failures and points in flight are never centres); when none is left with an
+unseen neighbour, the rest of the space follows in its order, so a budget is always spent.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+import numpy as np
+
+from kfactory.strategies.base import Point, Space, Strategy
+from kfactory.strategies.encoding import SpaceIndex, index_of
+from kfactory.strategies.options import Option
+
+OPTIONS: dict[str, Option] = {}
+
+
+class Descent(Strategy):
+    """Best-improvement coordinate descent with restarts from the next best told point (module docstring)."""
+
+    def __init__(self, space: Space, seed: int):
+        super().__init__(space, seed)
+        self.idx: SpaceIndex = index_of(space)
+        #: the points whose neighbourhoods were expanded, in order (the first is the space's first point)
+        self.centres: list[Point] = []
+        self._queue: deque[Point] = deque()
+        self._done: set[int] = set()          # rows expanded, or whose whole neighbourhood was seen before
+        self._ranked: list[tuple[float, int]] = []   # heap of (score, row) of told successes; stale ones skipped
+        self._near: dict[int, list[Point]] = {}
+        self._rest = 0                          # the fallback's position in the space's order
+
+    def tell(self, point: Point, score: float | None) -> None:
+        super().tell(point, score)
+        row = self.idx.pos.get(point)
+        if score is not None and row is not None:
+            # ties go to the point earlier in the space's order: the same sequence of results, the same course
+            heapq.heappush(self._ranked, (score, row))
+
+    def _next(self) -> Point | None:
+        if not self.centres and len(self.idx):
+            self._expand(0, first=True)
+        while True:
+            while self._queue:
+                point = self._queue.popleft()
+                if point not in self.seen:
+                    return point
+            row = self._next_centre()
+            if row is None:
+                return self._fallback()
+            self._expand(row)
+
+    def _expand(self, row: int, first: bool = False) -> None:
+        """Make point `row` the centre: its unseen neighbours (and, for the start, itself) are proposed next."""
+        centre = self.idx.points[row]
+        self.centres.append(centre)
+        self._done.add(row)
+        if first:
+            self._queue.append(centre)
+        self._queue.extend(self.neighbours(row))
+
+    def _next_centre(self) -> int | None:
+        """The best told success not yet expanded that has an unseen neighbour; None when there is none. Each
+        told point is looked at once: its neighbourhood was all seen (the seen set only grows), or it is
+        expanded now."""
+        while self._ranked:
+            score, row = self._ranked[0]
+            point = self.idx.points[row]
+            if row in self._done or self.results.get(point) != score:  # expanded, or told again since
+                heapq.heappop(self._ranked)
+                continue
+            if any(p not in self.seen for p in self.neighbours(row)):
+                heapq.heappop(self._ranked)
+                return row
+            self._done.add(row)
+            heapq.heappop(self._ranked)
+        return None
+
+    def _fallback(self) -> Point | None:
+        """The next unseen point in the space's order; None once every point was seen."""
+        points = self.idx.points
+        while self._rest < len(points):
+            point = points[self._rest]
+            self._rest += 1
+            if point not in self.seen:
+                return point
+        return None
+
+    def neighbours(self, row: int) -> list[Point]:
+        """Point `row`'s neighbourhood (module docstring), seen or not, in proposal order; computed once."""
+        near = self._near.get(row)
+        if near is None:
+            near = self._near[row] = [self.idx.points[i] for i in self._neighbour_rows(row)]
+        return near
+
+    def _neighbour_rows(self, row: int) -> list[int]:
+        codes = self.idx.codes
+        here = codes[row]
+        distance = self.idx.hamming(row)
+        spec = self.space.families[self.idx.points[row].family].spec
+        # the centre family's columns, in its parameter order: the other families' points have code -1 there
+        columns = np.flatnonzero(here >= 0)
+        out: dict[int, None] = {}   # an ordered set: a point reached by two changes is proposed at the first
+        for col, values in zip(columns, spec.params.values()):
+            for value in range(len(values)):
+                if value == here[col]:
+                    continue
+                rows = np.flatnonzero(codes[:, col] == value)
+                if len(rows):
+                    d = distance[rows]
+                    out.update(dict.fromkeys(rows[d == d.min()].tolist()))
+        return list(out)
+
+
+def make(space: Space, seed: int, **options) -> Strategy:
+    """Coordinate descent from the space's first point (no options)."""
+    return Descent(space, seed)
