@@ -15,12 +15,12 @@ from kfactory.engines.runner import EngineCrashed, EngineRunner, EngineTimeout
 from kfactory.engines.verify import TOLERANCE, Verifier
 
 #: together: q4_1 and f32 weights, fused and separate matvecs and norms, 1 and 2 threads, both KV layouts,
-#: prepacked and GGUF-ordered weights
+#: prepacked and GGUF-ordered weights, and every op on one thread of two (op_threads) as well as on both
 DESIGNS = [
     EngineDesign(),
     EngineDesign(weights="q4_1", fuse_qkv=False, fuse_gate_up=False, fuse_norm=False, threads=2,
-                 kv_layout="token_major", prepack=False),
-    EngineDesign(weights="f32", threads=2, prepack=False),
+                 kv_layout="token_major", prepack=False, op_threads="qkv=1,attn=1"),
+    EngineDesign(weights="f32", threads=2, prepack=False, op_threads="o=1,gate_up=1,down=1,head=1"),
     EngineDesign(weights="f32", fuse_qkv=False, fuse_gate_up=False, fuse_norm=False, kv_layout="token_major"),
 ]
 
@@ -168,9 +168,24 @@ def test_design_values_and_space():
         EngineDesign(wait="bounded")
     with pytest.raises(DesignError, match="applies to threads > 1 without spin"):
         EngineDesign(threads=2, spin=True, wait="bounded")
+    with pytest.raises(DesignError, match="op_threads applies to threads > 1"):
+        EngineDesign(op_threads="attn=1")
+    with pytest.raises(DesignError, match="write it as 'attn=1,o=1'"):
+        EngineDesign(threads=2, op_threads="o=1,attn=1")
+    with pytest.raises(DesignError, match=r"N must lie in 1\.\.1"):
+        EngineDesign(threads=2, op_threads="attn=2")
+    with pytest.raises(DesignError, match="op one of qkv, attn, o, gate_up, down, head"):
+        EngineDesign(threads=2, op_threads="mlp=1")
+    with pytest.raises(DesignError, match="names 'o' twice"):
+        EngineDesign(threads=2, op_threads="o=1,o=1")
+    split = EngineDesign(threads=4, op_threads="attn=1,head=2")
+    assert split.op_thread_map() == {"attn": 1, "head": 2} and "-opa1h2-" in split.design_id()
+    # moved to fewer threads, an entry at or above the new count goes: the op then runs on all of them
+    assert split.at_threads(2).op_threads == "attn=1" and split.at_threads(1) == EngineDesign()
     points = space(2)
-    # weights x 3 fusions x kv layouts x prepack, times (1 thread, 2 sleeping, 2 spinning, 2 spinning bounded)
-    assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * 4
+    # weights x 3 fusions x kv layouts x prepack, times (1 thread, and 2 threads sleeping, spinning or spinning
+    # bounded, each with every op on both threads or one of the 7 op_threads choices)
+    assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * (1 + 3 * 8)
     assert len({p.design_id() for p in points}) == len(points)
     # the wait at its default stays out of the id: designs keep the ids they had before the field existed
     assert EngineDesign(threads=2).design_id() == "q4_1-fqgn-t2-head-pp-a42bba545e"

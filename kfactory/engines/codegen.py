@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kfactory.engines.design import BUILTIN, EngineDesign
+from kfactory.engines.design import BUILTIN, OPS, EngineDesign
 from kfactory.models.gguf_model import LlamaConfig
 
 C_DIR = Path(__file__).parent / "c"
@@ -76,6 +76,8 @@ def defines(design: EngineDesign, config: LlamaConfig) -> dict[str, str]:
         # a searched kernel is its own translation unit (kfactory/engines/ops.py), linked in under this name
         "KF_OP_MATVEC_Q4_1": flag[design.matvec_q4_1 != BUILTIN],
         "KF_OP_MATVEC_Q8_0": flag[design.matvec_q8_0 != BUILTIN],
+        # threads of single ops (op_threads), 0 where the op takes the engine's
+        **{f"KF_T_{op.upper()}": str(design.op_thread_map().get(op, 0)) for op in OPS},
     }
 
 

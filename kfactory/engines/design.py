@@ -47,6 +47,13 @@ WAITS = ("passive", "bounded")
 #: libgomp's spin count of a "bounded" wait (its default with OMP_WAIT_POLICY unset), set explicitly so that the
 #: environment a design was measured in does not decide it
 BOUNDED_SPINS = 300000
+#: the ops whose threads a design may set apart from `threads` (op_threads): the Q, K, V matvec(s), the
+#: attention, the output projection, the gate/up matvec(s), the down projection and the LM head
+OPS = ("qkv", "attn", "o", "gate_up", "down", "head")
+#: the op_threads values space() offers a multi-thread design: each op alone on one thread, and the three small
+#: ops of a block (qkv, attn, o) together; a small op's parallel region can cost more in waking and joining
+#: threads than it saves
+OP_THREAD_CHOICES = ("", *(f"{op}=1" for op in OPS), "qkv=1,attn=1,o=1")
 _CANDIDATE_ID = re.compile(r"^[0-9a-f]{12,64}$")
 
 
@@ -65,7 +72,8 @@ class EngineDesign:
     fuse_gate_up: one matvec over the gate and up rows concatenated, instead of two.
     fuse_norm:    the residual add and the next RMSNorm in one pass (the sum of squares is taken while adding),
                   instead of an add pass and a norm pass.
-    threads:      OpenMP threads of the matrix and attention kernels (1 runs without entering OpenMP).
+    threads:      OpenMP threads of the matrix and attention kernels (1 runs without entering OpenMP);
+                  op_threads may run single ops on fewer.
     kv_layout:    "head_major" or "token_major"; see KV_LAYOUTS.
     prepack:      weights repacked at load for the kernels: rows interleaved in groups of 4 (a decode step's
                   load of x feeds 4 rows), the 4 rows' scales side by side, and Q4_1's nibbles reordered so
@@ -77,6 +85,10 @@ class EngineDesign:
                   needs and a step can take 50x longer, so sleeping is the default.
     wait:         with threads > 1 and no spin, how an idle thread waits: "passive" (sleeps at once) or
                   "bounded" (spins BOUNDED_SPINS iterations, then sleeps); see WAITS.
+    op_threads:   threads of single ops apart from `threads`: "" (every op on `threads`), or "op=N" entries
+                  joined by commas, ops from OPS in that order, each 1 <= N < threads (e.g. "attn=1,o=1":
+                  the attention and the output projection on one thread). An engine created with fewer
+                  threads than an entry's N runs that op on all of its threads.
     matvec_q4_1:  "builtin", or the candidate id of a verified `matvec_q4_1` kernel (kfactory/engines/ops.py):
                   that kernel then runs every decode step's matvec over Q4_1 blocks. It reads the GGUF
                   layout, so it needs weights "q4_1", and the Q4_1 matrices stay in rows whatever prepack says
@@ -98,6 +110,7 @@ class EngineDesign:
     matvec_q8_0: str = BUILTIN
     prefill: str = PREFILLS[0]
     wait: str = WAITS[0]
+    op_threads: str = ""
 
     def __post_init__(self):
         if self.weights not in WEIGHTS:
@@ -119,8 +132,34 @@ class EngineDesign:
         if self.wait != WAITS[0] and (self.threads == 1 or self.spin):
             raise DesignError(f"wait {self.wait!r} applies to threads > 1 without spin (one thread never waits; a "
                               "spinning one never sleeps)")
+        self.op_thread_map()
         for name in KERNEL_FIELDS:
             self._check_kernel(name, getattr(self, name))
+
+    def op_thread_map(self) -> dict[str, int]:
+        """{op: threads} of op_threads; DesignError naming the entry and the valid form when it is not one."""
+        if not isinstance(self.op_threads, str):
+            raise DesignError(f"op_threads must be a string of op=N entries, not {self.op_threads!r}")
+        if not self.op_threads:
+            return {}
+        if self.threads == 1:
+            raise DesignError("op_threads applies to threads > 1 (one thread runs every op)")
+        out: dict[str, int] = {}
+        for entry in self.op_threads.split(","):
+            op, sep, n = entry.partition("=")
+            if not sep or op not in OPS or not n.isdigit():
+                raise DesignError(f"op_threads entry {entry!r} is not op=N with op one of {', '.join(OPS)}")
+            if not 1 <= int(n) < self.threads:
+                raise DesignError(f"op_threads entry {entry!r}: N must lie in 1..{self.threads - 1} (below the "
+                                  f"design's threads, {self.threads}; an op on all of them needs no entry)")
+            if op in out:
+                raise DesignError(f"op_threads names {op!r} twice")
+            out[op] = int(n)
+        canonical = ",".join(f"{op}={out[op]}" for op in OPS if op in out)
+        if canonical != self.op_threads:
+            raise DesignError(f"op_threads {self.op_threads!r}: write it as {canonical!r} (ops in the order "
+                              f"{', '.join(OPS)})")
+        return out
 
     def _check_kernel(self, name: str, value: object) -> None:
         if value == BUILTIN:
@@ -139,9 +178,11 @@ class EngineDesign:
         return "pack4" if self.prepack and not searched else "rows"
 
     def at_threads(self, threads: int) -> "EngineDesign":
-        """This design on `threads` threads: spin and a bounded wait kept only where a thread can wait."""
+        """This design on `threads` threads: spin, a bounded wait and the op_threads entries kept only where
+        they still apply (a thread can wait; an op's N below the new count)."""
+        ops = ",".join(f"{op}={n}" for op, n in self.op_thread_map().items() if n < threads)
         return replace(self, threads=threads, spin=self.spin and threads > 1,
-                       wait=self.wait if threads > 1 else WAITS[0])
+                       wait=self.wait if threads > 1 else WAITS[0], op_threads=ops)
 
     def omp_env(self) -> dict[str, str | None]:
         """The OpenMP environment this design runs in (libgomp reads it once, when the library loads): each
@@ -179,12 +220,16 @@ class EngineDesign:
             del named["prefill"]
         if self.wait == WAITS[0]:
             del named["wait"]
+        if not self.op_threads:
+            del named["op_threads"]
         digest = hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:10]
         fused = "".join(tag for tag, on in (("q", self.fuse_qkv), ("g", self.fuse_gate_up), ("n", self.fuse_norm))
                         if on) or "none"
         searched = "".join(f"-{tag}" for tag, name in (("m4", "matvec_q4_1"), ("m8", "matvec_q8_0"))
                            if getattr(self, name) != BUILTIN)
         tiled = "" if self.prefill == PREFILLS[0] else f"-{self.prefill}"
+        # each op's initial and its threads: qkv=1,attn=1 -> -opq1a1
+        tiled += "-op" + "".join(f"{op[0]}{n}" for op, n in self.op_thread_map().items()) if self.op_threads else ""
         waits = "s" if self.spin else "b" if self.wait == "bounded" else ""
         return (f"{self.weights}-f{fused}-t{self.threads}{waits}-"
                 f"{self.kv_layout.split('_')[0]}{'-pp' if self.prepack else ''}{searched}{tiled}-{digest}")
@@ -198,8 +243,8 @@ def space(max_threads: int | None = None) -> list[EngineDesign]:
         raise DesignError(f"max_threads must lie in 1..{MAX_THREADS}, not {top}")
     # how idle threads wait: sleeping, spinning, or a bounded spin (threads > 1 only)
     waits = ((False, WAITS[0]), (True, WAITS[0]), (False, "bounded"))
-    return [EngineDesign(w, q, g, n, t, kv, pp, spin, wait=wait)
-            for w, q, g, n, t, kv, pp, (spin, wait) in itertools.product(
+    return [EngineDesign(w, q, g, n, t, kv, pp, spin, wait=wait, op_threads=ops)
+            for w, q, g, n, t, kv, pp, (spin, wait), ops in itertools.product(
                 WEIGHTS, (False, True), (False, True), (False, True), range(1, top + 1), KV_LAYOUTS, (False, True),
-                waits)
-            if t > 1 or (not spin and wait == WAITS[0])]
+                waits, OP_THREAD_CHOICES)
+            if t > 1 or (not spin and wait == WAITS[0] and not ops)]

@@ -320,9 +320,8 @@ static void attend_group(const kf_engine *e, int l, int kvh, int pos, float *s) 
 #define KF_ATTEND_GROUP 0
 #endif
 
-static void attention(kf_engine *e, int l, int n, int pos0) {
-  int th = e->threads, par = th > 1 && (double)n * KF_HEADS * (pos0 + n) * KF_HEAD_DIM * 2 >= KF_PAR_MIN;
-  (void)th;
+static void attention(kf_engine *e, int l, int n, int pos0, int th) {
+  int par = th > 1 && (double)n * KF_HEADS * (pos0 + n) * KF_HEAD_DIM * 2 >= KF_PAR_MIN;
   (void)par;
 #if KF_ATTEND_GROUP
   if (n == 1) {
@@ -368,18 +367,24 @@ static void add_norm(kf_engine *e, const float *add, const kf_tensor *w, int n) 
 }
 
 /* n <= KF_CHUNK tokens at positions e->pos..; logits: NULL (none), the last token's, or all n (all) */
+/* an op's threads: the design's op_threads entry (KF_T_*) where it is below the engine's count, else all */
+#define KF_OP_THREADS(n, th) ((n) > 0 && (n) < (th) ? (n) : (th))
+
 static void forward(kf_engine *e, const int32_t *tok, int n, float *logits, int all) {
   int pos0 = e->pos, th = e->threads;
+  int t_qkv = KF_OP_THREADS(KF_T_QKV, th), t_attn = KF_OP_THREADS(KF_T_ATTN, th), t_o = KF_OP_THREADS(KF_T_O, th);
+  int t_gu = KF_OP_THREADS(KF_T_GATE_UP, th), t_down = KF_OP_THREADS(KF_T_DOWN, th);
+  int t_head = KF_OP_THREADS(KF_T_HEAD, th);
   for (int t = 0; t < n; t++) get_row(e->embd, tok[t], e->x + (size_t)t * KF_HIDDEN);
   add_norm(e, NULL, e->layer[0].attn_norm, n);
   for (int l = 0; l < KF_BLOCKS; l++) {
     const kf_layer *L = &e->layer[l];
 #if KF_FUSE_QKV
-    matmul(L->qkv, e->h, KF_HIDDEN, n, e->qkv, KF_QKV, e->xs, th);
+    matmul(L->qkv, e->h, KF_HIDDEN, n, e->qkv, KF_QKV, e->xs, t_qkv);
 #else
-    matmul(L->q, e->h, KF_HIDDEN, n, e->qkv, KF_QKV, e->xs, th);
-    matmul(L->k, e->h, KF_HIDDEN, n, e->qkv + KF_QDIM, KF_QKV, e->xs, th);
-    matmul(L->v, e->h, KF_HIDDEN, n, e->qkv + KF_QDIM + KF_KVDIM, KF_QKV, e->xs, th);
+    matmul(L->q, e->h, KF_HIDDEN, n, e->qkv, KF_QKV, e->xs, t_qkv);
+    matmul(L->k, e->h, KF_HIDDEN, n, e->qkv + KF_QDIM, KF_QKV, e->xs, t_qkv);
+    matmul(L->v, e->h, KF_HIDDEN, n, e->qkv + KF_QDIM + KF_KVDIM, KF_QKV, e->xs, t_qkv);
 #endif
     for (int t = 0; t < n; t++) {
       float *q = e->qkv + (size_t)t * KF_QKV, *k = q + KF_QDIM, *v = k + KF_KVDIM;
@@ -391,22 +396,22 @@ static void forward(kf_engine *e, const int32_t *tok, int n, float *logits, int 
         memcpy(KV_AT(e->vc, e, l, kvh, pos0 + t), v + kvh * KF_HEAD_DIM, KF_HEAD_DIM * 4);
       }
     }
-    attention(e, l, n, pos0);
-    matmul(L->o, e->att, KF_QDIM, n, e->h, KF_HIDDEN, e->xs, th);
+    attention(e, l, n, pos0, t_attn);
+    matmul(L->o, e->att, KF_QDIM, n, e->h, KF_HIDDEN, e->xs, t_o);
     add_norm(e, e->h, L->ffn_norm, n);
 #if KF_FUSE_GATE_UP
-    matmul(L->gate_up, e->h, KF_HIDDEN, n, e->gu, 2 * KF_FFN, e->xs, th);
+    matmul(L->gate_up, e->h, KF_HIDDEN, n, e->gu, 2 * KF_FFN, e->xs, t_gu);
 #else
-    matmul(L->gate, e->h, KF_HIDDEN, n, e->gu, 2 * KF_FFN, e->xs, th);
-    matmul(L->up, e->h, KF_HIDDEN, n, e->gu + KF_FFN, 2 * KF_FFN, e->xs, th);
+    matmul(L->gate, e->h, KF_HIDDEN, n, e->gu, 2 * KF_FFN, e->xs, t_gu);
+    matmul(L->up, e->h, KF_HIDDEN, n, e->gu + KF_FFN, 2 * KF_FFN, e->xs, t_gu);
 #endif
     for (int t = 0; t < n; t++) silu_mul(e->gu + (size_t)t * 2 * KF_FFN, e->gu + (size_t)t * 2 * KF_FFN + KF_FFN, KF_FFN);
-    matmul(L->down, e->gu, 2 * KF_FFN, n, e->h, KF_HIDDEN, e->xs, th);
+    matmul(L->down, e->gu, 2 * KF_FFN, n, e->h, KF_HIDDEN, e->xs, t_down);
     add_norm(e, e->h, l + 1 < KF_BLOCKS ? e->layer[l + 1].attn_norm : e->out_norm, n);
   }
   e->pos = pos0 + n;
-  if (logits && all) matmul(e->embd, e->h, KF_HIDDEN, n, logits, KF_VOCAB, e->xs, th);
-  else if (logits) matmul(e->embd, e->h + (size_t)(n - 1) * KF_HIDDEN, KF_HIDDEN, 1, logits, KF_VOCAB, e->xs, th);
+  if (logits && all) matmul(e->embd, e->h, KF_HIDDEN, n, logits, KF_VOCAB, e->xs, t_head);
+  else if (logits) matmul(e->embd, e->h + (size_t)(n - 1) * KF_HIDDEN, KF_HIDDEN, 1, logits, KF_VOCAB, e->xs, t_head);
 }
 
 int kf_prefill(void *p, const int32_t *tokens, int n, float *logits, int all_logits) {
