@@ -117,7 +117,7 @@ def test_engine_run_local_runs_the_campaign_in_this_process(tmp_path, monkeypatc
                  "--kernels", "builtin", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     default = EngineDesign().design_id()
-    assert "engine campaign tiny-llama: 1 designs (budget 1, threads 1..1, 1 timing round)" in out
+    assert "engine campaign tiny-llama: 1 of 64 designs, by descent (budget 1, threads 1..1, 1 timing round)" in out
     assert f"[1/1] {default}: verified" in out and f"winner: {default}" in out
     record = json.loads(out_json.read_text())
     assert "services" not in record and record["results"][0]["decode_tok_s"] > 0

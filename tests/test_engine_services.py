@@ -100,7 +100,7 @@ def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_s
     record, events = _run(bus_settings, 2)
     assert record["campaign_state"] == "completed", record["campaign_reason"]
     kinds = _kinds(events)
-    default, second = EngineDesign(), EngineDesign(weights="f32")     # the grid takes space() in campaign order
+    default, second = EngineDesign(), EngineDesign(weights="f32")     # descent: the default, then its neighbours
     proposed = [EngineDesign.from_dict(json.loads(p.params_json)) for p in kinds["point_proposed"]]
     assert proposed == [default, second]
     assert len(kinds["candidate_created"]) == len(kinds["compiled"]) == len(kinds["verified"]) == 2
@@ -267,7 +267,7 @@ def test_a_searched_kernel_in_memory_is_linked_and_every_round_is_a_measurement(
     config = load_model("tiny-llama").open(settings.data_dir / "models").config
     local = build_engine(linked, config, {"matvec_q4_1": kernel}, settings.data_dir / "engines")
     assert local.cached and by_id[linked.design_id()]["library"] == str(local.path)
-    # submitted to a running factory, an engine problem's default strategy is the grid: the default design first
+    # submitted to a running factory, an engine problem's default strategy is descent: the default design first
     from kfactory.cli.main import _spec, build_parser
-    assert _spec(build_parser().parse_args(["submit", "engine:tiny-llama"])).strategy == "grid"
+    assert _spec(build_parser().parse_args(["submit", "engine:tiny-llama"])).strategy == "descent"
     assert _spec(build_parser().parse_args(["submit", "softmax"])).strategy == "default"

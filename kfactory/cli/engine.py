@@ -100,6 +100,7 @@ def run_command(args: argparse.Namespace) -> int:
     design verified, else 1."""
     from kfactory.engines.campaign import Campaign, DesignResult, report_text
     from kfactory.engines.design import MAX_THREADS
+    from kfactory.engines.order import STRATEGY
 
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
     if not args.local:
@@ -107,7 +108,9 @@ def run_command(args: argparse.Namespace) -> int:
     kernels = searched_kernels(threads) if args.kernels == "memory" else {}
     campaign = Campaign(args.model, args.budget, max_threads=threads, target=args.target, rounds=args.rounds,
                         kernels=kernels)
-    print(f"engine campaign {args.model}: {len(campaign.designs())} designs (budget {args.budget}, threads "
+    pool = len(campaign.designs())
+    print(f"engine campaign {args.model}: {min(args.budget, pool)} of {pool} designs, by {STRATEGY} (budget "
+          f"{args.budget}, threads "
           f"1..{threads}, {args.rounds} timing round{'s' if args.rounds != 1 else ''})", flush=True)
 
     def progress(i: int, n: int, res: DesignResult) -> None:

@@ -63,8 +63,9 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                    help="device time the campaign's verifications, screens and measurements may hold (0: the "
                         "planner's KFACTORY_DEVICE_SECONDS, else none); the summary reports device seconds per "
                         "candidate")
-    p.add_argument("--strategy", default="default", help="default (a portfolio of surrogate, tpe and evolutionary), "
-                   "surrogate, tpe, cma, evolutionary, portfolio, random or grid (kfactory strategies list)")
+    p.add_argument("--strategy", default="default", help="default (a portfolio of surrogate, tpe and evolutionary; "
+                   "descent for an engine problem), surrogate, tpe, cma, evolutionary, portfolio, random, grid or "
+                   "descent (kfactory strategies list)")
     p.add_argument("--strategy-option", action="append", default=[], metavar="NAME=VALUE",
                    help="an option of the strategy (repeatable; a portfolio member's as MEMBER.NAME=VALUE): "
                         "kfactory strategies describe STRATEGY lists them")
@@ -81,13 +82,14 @@ def _spec(args):
     from kfactory.cli.client import ClientError
     from kfactory.v1 import events_pb2 as pb
 
-    # a replay target carries its own problem (the recorded space): PROBLEM is then only a label
+    from kfactory.engines.order import STRATEGY as ENGINE_STRATEGY
     from kfactory.engines.problem import PREFIX as ENGINE_PREFIX
 
+    # a replay target carries its own problem (the recorded space): PROBLEM is then only a label
     problem = args.target if args.target.startswith("replay:") else args.problem
     strategy = args.strategy
     if problem.startswith(ENGINE_PREFIX) and strategy == "default":
-        strategy = "grid"   # an engine's designs in campaign order, the default design first (engines/order.py)
+        strategy = ENGINE_STRATEGY   # descent from the default design (engines/order.py)
     spec = pb.CampaignSpec(problem=problem, target=args.target, budget_candidates=args.budget,
                            budget_seconds=args.seconds, budget_device_seconds=args.device_seconds,
                            strategy=strategy, threads=args.threads or 0,

@@ -1,8 +1,11 @@
 """An engine campaign on the cpu: design points generated, built, verified and measured, every result kept.
 
-`Campaign(model, budget).run()` takes up to `budget` points of `space()` in `order()` (the default design first,
-then the designs one field away from it, then two fields away, ...: with a small budget each field's values are
-tried early, and the early points pair with the default, which is what the effects below need). Each point is
+`Campaign(model, budget).run()` takes up to `budget` points of `space()` as the descent strategy asks for them
+(kfactory/strategies/descent.py, the services' campaign uses it too): the default design first, then every
+design one field away from it (the closest valid one for a field that needs another: 2 spinning threads from
+the default's 1), then the same around the fastest design measured so far, and so on down the ranking. So a
+small budget tries each field's values early, the early points pair with the default (what the effects below
+need), and later points combine the changes that won (2 spinning threads with an op on one thread). Each point is
 
     generated   codegen.generate (a CodegenError is the result `codegen_failed`)
     built       build.build (a compile failure is the result `build_failed`, with the compiler's log)
@@ -33,10 +36,13 @@ from kfactory.engines.build import build
 from kfactory.engines.codegen import CodegenError, generate
 from kfactory.engines.design import EngineDesign, space
 from kfactory.engines.ops import OpKernel, OpKernelError, units_for
-from kfactory.engines.order import distance, order, with_kernels  # noqa: F401 (distance: re-exported, its old home)
+from kfactory.engines.order import STRATEGY, order, with_kernels
+from kfactory.engines.order import distance  # noqa: F401 (re-exported, its old home)
+from kfactory.engines.problem import engine_family
 from kfactory.engines.runner import EngineFault, EngineRunner
 from kfactory.engines.verify import Verdict, Verifier
 from kfactory.models.gguf_model import LlamaConfig
+from kfactory.strategies import Space, make_strategy
 
 #: the bench of every design: decode steps after a prefill of CONTEXT tokens (the issue's context 128)
 CONTEXT, DECODE_TOKENS, REPEATS = 128, 32, 3
@@ -221,21 +227,30 @@ class Campaign:
         return self.data_dir / "engines" / self.verifier.package.name
 
     def designs(self) -> list[EngineDesign]:
-        """The budget's designs: the default, then (with searched kernels) the default with the searched kernels
-        added one op at a time (each design differs from the one before only in one op's kernel, so every
-        kernel's effect is measured against the engine's own), then the rest of `order()`."""
+        """Every design the campaign may take, in campaign order: the default, then (with searched kernels) the
+        default with the searched kernels added one op at a time (each design differs from the one before only
+        in one op's kernel, so every kernel's effect is measured against the engine's own), then the rest of
+        `order()`. The search (`run`) takes `budget` of them."""
         points = order(space(self.max_threads))
-        return with_kernels(points, {p: k.candidate_id for p, k in self.kernels.items()})[:self.budget]
+        return with_kernels(points, {p: k.candidate_id for p, k in self.kernels.items()})
 
     def run(self, progress: Callable[[int, int, DesignResult], None] | None = None) -> dict[str, Any]:
-        """Evaluate every design of the budget; write the record (and best.json); return the record."""
+        """Evaluate `budget` designs in the order the search asks for them, each told its seconds per token
+        (a design that fails is told a failure); write the record (and best.json); return the record."""
+        assert self.verifier is not None
         started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         designs = self.designs()
-        for i, design in enumerate(designs):
-            result = self.evaluate(design)
+        search = make_strategy(STRATEGY, Space([engine_family(designs, Path(self.verifier.package.directory))]), 0)
+        n = min(self.budget, len(designs))
+        for i in range(n):
+            point = search.ask()
+            if point is None:
+                break
+            result = self.evaluate(EngineDesign.from_dict(point.params))
             self.results.append(result)
+            search.tell(point, 1.0 / result.decode_tok_s if result.verified and result.decode_tok_s else None)
             if progress is not None:
-                progress(i + 1, len(designs), result)
+                progress(i + 1, n, result)
         for _ in range(1, self.rounds):
             for result in [r for r in self.results if r.verified]:
                 self.retime(result)

@@ -1,13 +1,21 @@
-"""The order an engine campaign takes designs in: the default first, then by how many fields differ from it.
+"""The order of an engine campaign's designs: the default first, then by how many fields differ from it; and
+the strategy that searches them.
 
 Shared by the local campaign (kfactory/engines/campaign.py) and the engine problem the services search
-(kfactory/engines/problem.py), so both evaluate the same designs for the same budget.
+(kfactory/engines/problem.py): the order is the space's (the search's first point, and the rest of the space
+once the search runs out of neighbourhoods), and both take designs as the STRATEGY asks for them, so both
+evaluate the same designs for the same budget wherever their timings rank the designs alike.
 """
 from __future__ import annotations
 
 from dataclasses import fields
 
 from kfactory.engines.design import EngineDesign
+
+#: the strategy an engine campaign searches with (kfactory/strategies/descent.py): the default's one-field
+#: changes, then those of the fastest design so far, so a budget beyond the first neighbourhood combines the
+#: changes that won (a fixed order would spend it on two-field changes of the default, most of them slow)
+STRATEGY = "descent"
 
 
 def distance(a: EngineDesign, b: EngineDesign) -> int:

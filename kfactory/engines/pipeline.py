@@ -3,10 +3,10 @@ its events, so `kfactory engine run MODEL --services` writes the same record and
 campaign (kfactory/engines/campaign.py) and `kfactory generate` / `kfactory export` work after either.
 
 The problem is `engine:<model>` (kfactory/engines/problem.py): its one family's points are the designs of
-`space()`, the default first; the grid strategy takes them in that order, so a budget of N evaluates the same N
-designs as the local campaign's `order()`. Each candidate goes coder -> compiler -> verifier -> benchmarker
-(kfactory/engines/stages) and every outcome is an event; `results_of` folds them into one DesignResult per
-proposed design:
+`space()`, the default first; the descent strategy takes them (engines/order.STRATEGY) as the local campaign
+does, so a budget of N evaluates the same N designs wherever the timings rank them alike. Each candidate goes
+coder -> compiler -> verifier -> benchmarker (kfactory/engines/stages) and every outcome is an event;
+`results_of` folds them into one DesignResult per proposed design:
 
     point_proposed                       the design (verdict "unfinished" until an outcome arrives)
     rejected by the coder                codegen_failed (or duplicate)
@@ -38,6 +38,7 @@ from kfactory.bus import events as ev
 from kfactory.engines.campaign import (CONTEXT, DECODE_TOKENS, REPEATS, VERIFIED, DesignResult, write_record)
 from kfactory.engines.design import EngineDesign
 from kfactory.engines.ops import OpKernel
+from kfactory.engines.order import STRATEGY
 from kfactory.engines.problem import locator
 from kfactory.v1 import events_pb2 as pb
 
@@ -50,11 +51,11 @@ STAGE_VERDICTS = {"coder": "codegen_failed", "verifier": "rejected", "benchmarke
 def campaign_spec(model: str, budget: int, max_threads: int, parallel: int = 0, seed: int = 0,
                   kernel_ids: dict[str, str] | None = None) -> pb.CampaignSpec:
     """The planner's spec of an engine campaign over `budget` designs of `model` with 1..max_threads threads,
-    with the searched kernels `kernel_ids` ({op problem: candidate id}) chained in after the default: the grid
-    strategy in the designs' order (the default first), a cold start (another campaign's timings of the same
-    designs would be re-proposed first, not new designs)."""
+    with the searched kernels `kernel_ids` ({op problem: candidate id}) tried first: the descent strategy from
+    the default design (engines/order.STRATEGY), a cold start (another campaign's timings of the same designs
+    would be re-proposed first, not new designs)."""
     return pb.CampaignSpec(problem=locator(model, kernel_ids), target="cpu", budget_candidates=budget,
-                           strategy="grid",
+                           strategy=STRATEGY,
                            threads=max_threads, parallel=parallel, seed=seed or secrets.randbits(32),
                            warm_start=0)
 

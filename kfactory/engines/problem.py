@@ -172,13 +172,21 @@ def load_engine_problem(text: str) -> EngineProblem:
         designs = with_kernels(order(space()), kernel_ids)
     except DesignError as e:
         raise ProblemError(f"engine: {e}") from e
-    params: dict[str, list] = {}
+    family = engine_family(designs, Path(package.directory))
+    name = problem_name(package.name)
+    return EngineProblem(_spec(name, package.name, family.spec.params), Path(package.directory), model, family,
+                         kernel_ids)
+
+
+def engine_family(designs: list[EngineDesign], directory: Path) -> EngineFamily:
+    """The family whose points are `designs` (in that order), for the services' problem and the local campaign
+    alike. Its params list the searched-kernel fields first: a strategy that walks the params in order (descent)
+    then tries each searched kernel against the engine's own right after the default."""
+    params: dict[str, list] = {k: [] for k in KERNEL_FIELDS}
     for d in designs:
         for k, v in d.as_dict().items():
             if v not in params.setdefault(k, []):
                 params[k].append(v)
     fspec = FamilySpec(name=FAMILY, target="cpu", language="c", template="(generated: kfactory.engines.codegen)",
                        entry=ENTRY, params=params)
-    name = problem_name(package.name)
-    return EngineProblem(_spec(name, package.name, params), Path(package.directory), model,
-                         EngineFamily(fspec, Path(package.directory), designs), kernel_ids)
+    return EngineFamily(fspec, directory, designs)
