@@ -1,5 +1,5 @@
 """The descent strategy: the first point, then its neighbourhood (reaching a value a constraint ties to another
-parameter through the closest valid points), then the neighbourhoods of the best told points, failures and points
+parameter through the closest valid point), then the neighbourhoods of the best told points, failures and points
 in flight never centres, the whole space once, and the same asks for the same results."""
 from __future__ import annotations
 
@@ -54,28 +54,29 @@ def _asks(strategy, n: int, score=None) -> list:
 def test_the_first_ask_is_the_first_point_then_exactly_its_neighbourhood(toy):
     space, pts = toy
     s = make_strategy("descent", space, seed=0)
-    asked = _asks(s, 7)
+    asked = _asks(s, 6)
     start = dict(threads=1, spin=False, fuse="fused", kv="a")
     assert asked[0] == pts[0] and pts[0].params == start
-    # threads 2 and 4 one change away; spin only at the closest valid points (two changes: threads 2 and 4 too,
-    # tied, in the space's order); then fuse and kv
+    # threads 2 and 4 one change away; spin only at the closest valid point (two changes: threads 2 and 4 tie,
+    # the first in the space's order, 2, is taken); then fuse and kv
     assert [p.params for p in asked[1:]] == [
-        {**start, "threads": 2}, {**start, "threads": 4},
-        {**start, "threads": 2, "spin": True}, {**start, "threads": 4, "spin": True},
+        {**start, "threads": 2}, {**start, "threads": 4}, {**start, "threads": 2, "spin": True},
         {**start, "fuse": "unfused"}, {**start, "kv": "b"}]
-    assert s.centres == [pts[0]]
+    assert s.centres == [pts[0]] and len(s.neighbours(0)) == 5
 
 
 def test_the_best_neighbour_becomes_the_centre_and_reaches_a_combination_grid_does_not(toy):
     space, pts = toy
     s = make_strategy("descent", space, seed=0)
-    first = _asks(s, 7, _toy_score)
+    first = _asks(s, 6, _toy_score)
     spin2 = pts[_row(pts, threads=2, spin=True, fuse="fused", kv="a")]
     assert min(first, key=_toy_score) == spin2
-    # spin2's neighbours: threads 1 (back to the start, seen), 4 (seen), no spin (seen), then the two unseen
-    nxt = _asks(s, 2, _toy_score)
+    # spin2's neighbours: threads 1 (back to the start, seen), spinning on 4 (unseen), no spin (seen), unfused,
+    # kv b
+    nxt = _asks(s, 3, _toy_score)
     combo = pts[_row(pts, threads=2, spin=True, fuse="unfused", kv="a")]
-    assert nxt == [combo, pts[_row(pts, threads=2, spin=True, fuse="fused", kv="b")]]
+    assert nxt == [pts[_row(pts, threads=4, spin=True, fuse="fused", kv="a")], combo,
+                   pts[_row(pts, threads=2, spin=True, fuse="fused", kv="b")]]
     assert s.centres == [pts[0], spin2]
     grid = _asks(make_strategy("grid", space, seed=0), 9)
     assert combo not in grid
@@ -90,37 +91,40 @@ def test_a_failure_is_never_a_centre(toy):
     space, pts = toy
     s = make_strategy("descent", space, seed=0)
     spin2 = pts[_row(pts, threads=2, spin=True, fuse="fused", kv="a")]
-    _asks(s, 7, lambda p: None if p == spin2 else _toy_score(p))
-    # the failed point would have been the best (7.0); the next best told is spinning on 4 threads (7.5)
-    spin4 = pts[_row(pts, threads=4, spin=True, fuse="fused", kv="a")]
-    assert [p.params for p in _asks(s, 2, _toy_score)] == [
-        dict(threads=4, spin=True, fuse="unfused", kv="a"), dict(threads=4, spin=True, fuse="fused", kv="b")]
-    assert s.centres == [pts[0], spin4] and spin2 not in s.centres
+    _asks(s, 6, lambda p: None if p == spin2 else _toy_score(p))
+    # the failed point would have been the best (7.0); the next best told is gate/up unfused on 1 thread (8.5)
+    unfused = pts[_row(pts, threads=1, spin=False, fuse="unfused", kv="a")]
+    assert [p.params for p in _asks(s, 3, _toy_score)] == [
+        dict(threads=2, spin=False, fuse="unfused", kv="a"), dict(threads=4, spin=False, fuse="unfused", kv="a"),
+        dict(threads=2, spin=True, fuse="unfused", kv="a")]
+    assert s.centres == [pts[0], unfused] and spin2 not in s.centres
 
 
 def test_a_point_in_flight_is_not_a_centre_until_it_is_told(toy):
     space, pts = toy
     s = make_strategy("descent", space, seed=0)
-    first = _asks(s, 7)
+    first = _asks(s, 6)
     spin2 = pts[_row(pts, threads=2, spin=True, fuse="fused", kv="a")]
     for p in first:
         if p != spin2:
             s.tell(p, _toy_score(p))
     assert s.pending() == 1
-    spin4 = pts[_row(pts, threads=4, spin=True, fuse="fused", kv="a")]
+    unfused = pts[_row(pts, threads=1, spin=False, fuse="unfused", kv="a")]
     assert [p.params for p in _asks(s, 2)] == [
-        dict(threads=4, spin=True, fuse="unfused", kv="a"), dict(threads=4, spin=True, fuse="fused", kv="b")]
-    assert s.centres == [pts[0], spin4]
-    s.tell(spin2, _toy_score(spin2))  # told now, and the best: the next centre
+        dict(threads=2, spin=False, fuse="unfused", kv="a"), dict(threads=4, spin=False, fuse="unfused", kv="a")]
+    assert s.centres == [pts[0], unfused]
+    s.tell(spin2, _toy_score(spin2))  # told now, and the best: the next centre once unfused's neighbours are asked
     assert [p.params for p in _asks(s, 2)] == [
-        dict(threads=2, spin=True, fuse="unfused", kv="a"), dict(threads=2, spin=True, fuse="fused", kv="b")]
+        dict(threads=2, spin=True, fuse="unfused", kv="a"), dict(threads=1, spin=False, fuse="unfused", kv="b")]
+    assert [p.params for p in _asks(s, 2)] == [
+        dict(threads=4, spin=True, fuse="fused", kv="a"), dict(threads=2, spin=True, fuse="fused", kv="b")]
     assert s.centres[-1] == spin2
 
 
 def test_nothing_told_yet_falls_back_to_the_space_order(toy):
     space, pts = toy
     s = make_strategy("descent", space, seed=0)
-    asked = _asks(s, 7)
+    asked = _asks(s, 6)
     # every point in flight: no centre; the unseen points follow in the space's order, a budget is still spent
     rest = [p for p in pts if p not in asked]
     assert _asks(s, 3) == rest[:3] and s.centres == [pts[0]]
@@ -167,19 +171,12 @@ def test_the_same_results_give_the_same_asks_whatever_the_seed():
 
 
 def _engine_space() -> Space:
-    """The engine campaign's own design space (4 threads), as kfactory.engines.problem builds its family."""
+    """The engine campaign's own design space (4 threads), with the family the engine campaigns search."""
     from kfactory.engines.design import space as designs_of
     from kfactory.engines.order import order
-    from kfactory.engines.problem import ENTRY, FAMILY, EngineFamily
+    from kfactory.engines.problem import engine_family
 
-    designs = order(designs_of(4))
-    params: dict[str, list] = {}
-    for d in designs:
-        for k, v in d.as_dict().items():
-            if v not in params.setdefault(k, []):
-                params[k].append(v)
-    spec = FamilySpec(name=FAMILY, target="cpu", language="c", template="-", entry=ENTRY, params=params)
-    return Space([EngineFamily(spec, Path("."), designs)])
+    return Space([engine_family(order(designs_of(4)), Path("."))])
 
 
 def test_on_the_engine_space_spinning_threads_and_unfused_gate_up_are_measured_together_before_grid_does():
@@ -200,11 +197,12 @@ def test_on_the_engine_space_spinning_threads_and_unfused_gate_up_are_measured_t
     hood = len(s.neighbours(0))
     asked = _asks(s, hood + 1, score)
     assert asked[0].params == default and not any(combination(p) for p in asked)
-    spin_changes = [{k for k in p.params if p.params[k] != default[k]} for p in asked if p.params["spin"]]
-    assert spin_changes == [{"spin", "threads"}] * 3   # threads 2, 3, 4: the closest valid points spinning
-    # the best neighbour (spinning on 4 threads) is the centre; its 3rd neighbour (weights, fuse_qkv, then
+    spin_changes = [{k: p.params[k] for k in p.params if p.params[k] != default[k]} for p in asked
+                    if p.params["spin"]]
+    assert spin_changes == [{"spin": True, "threads": 2}]   # the first of the closest valid points spinning
+    # the best neighbour (spinning on 2 threads) is the centre; its 3rd neighbour (weights, fuse_qkv, then
     # fuse_gate_up in the design's field order) unfuses gate/up
     more = _asks(s, 3, score)
     assert [combination(p) for p in more] == [False, False, True]
-    assert s.centres[1].params == {**default, "threads": 4, "spin": True}
+    assert s.centres[1].params == {**default, "threads": 2, "spin": True}
     assert not any(combination(p) for p in _asks(make_strategy("grid", space, seed=0), hood + 4))

@@ -229,10 +229,10 @@ class EngineDesign:
                            if getattr(self, name) != BUILTIN)
         tiled = "" if self.prefill == PREFILLS[0] else f"-{self.prefill}"
         # each op's initial and its threads: qkv=1,attn=1 -> -opq1a1
-        tiled += "-op" + "".join(f"{op[0]}{n}" for op, n in self.op_thread_map().items()) if self.op_threads else ""
+        ops = "-op" + "".join(f"{op[0]}{n}" for op, n in self.op_thread_map().items()) if self.op_threads else ""
         waits = "s" if self.spin else "b" if self.wait == "bounded" else ""
         return (f"{self.weights}-f{fused}-t{self.threads}{waits}-"
-                f"{self.kv_layout.split('_')[0]}{'-pp' if self.prepack else ''}{searched}{tiled}-{digest}")
+                f"{self.kv_layout.split('_')[0]}{'-pp' if self.prepack else ''}{searched}{tiled}{ops}-{digest}")
 
 
 def space(max_threads: int | None = None) -> list[EngineDesign]:
