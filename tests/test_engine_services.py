@@ -210,6 +210,9 @@ def test_engine_run_services_prints_the_report_and_writes_the_record(tmp_path, h
     assert f"campaign {record['campaign_id']}: completed" in out
     report = (tmp_path / "reports" / record["campaign_id"] / "report.md").read_text()   # memory's, as `run` writes
     assert "engine_tiny_llama" in report and "| decode_after_1 | engine |" in report
+    # the verification is described as the engine's (fixed prompts against the model's reference), not as draws
+    assert "every step's logits compared with the model's float64 reference" in report
+    assert "fresh seeds" not in report
     # `kfactory best` of the engine problem says how an engine is taken away: by its model, not a candidate id
     assert main(["best", "engine_tiny_llama"]) == 0
     out = capsys.readouterr().out

@@ -37,9 +37,11 @@ def _markdown(events: list[pb.Event], noise_bound: float | None) -> tuple[str, s
     spec = started.spec if started else pb.CampaignSpec()
     summary = json.loads(finished.summary_json) if finished and finished.summary_json else {}
     measured = [e.measured for e in events if e.HasField("measured")]
+    from kfactory.engines.problem import PREFIX as ENGINE_PREFIX
     from kfactory.problems.loader import problem_name  # here: the query clients import this module too
 
     name = problem_name(spec.problem) if spec.problem else "?"
+    engine = spec.problem.startswith(ENGINE_PREFIX)
     lines = [f"# Campaign {cid}: {name} on {spec.target}", ""]
     if name != spec.problem:  # a package directory or a recorded space: say where the problem came from
         lines += [f"- problem: {name}, from `{spec.problem}`"]
@@ -50,7 +52,7 @@ def _markdown(events: list[pb.Event], noise_bound: float | None) -> tuple[str, s
               + (f" ({finished.reason})" if finished and finished.reason else ""),
               f"- counts: {format_params(summary.get('counts', {}))}", ""]
     lines += noise_warning(events, default_noise_bound() if noise_bound is None else noise_bound)
-    lines += _best_section(summary, events)
+    lines += _best_section(summary, events, engine)
     lines += warm_sources.report_lines(summary)
     lines += _leaderboard(measured)
     lines += _failures(events)
@@ -135,7 +137,7 @@ def _value(v) -> str:
     return json.dumps(v, separators=(",", ":"))
 
 
-def _best_section(summary: dict, events: list[pb.Event]) -> list[str]:
+def _best_section(summary: dict, events: list[pb.Event], engine: bool = False) -> list[str]:
     best = summary.get("best")
     if not best:
         return ["No candidate was measured.", ""]
@@ -159,7 +161,7 @@ def _best_section(summary: dict, events: list[pb.Event]) -> list[str]:
                        f"{_ms(t.ci_low_s)} - {_ms(t.ci_high_s)} | {t.samples} | {t.gbps:.1f} | "
                        f"{t.sol_fraction:.0%} | " + (f"{sp:.2f}x |" if sp else "- |"))
         out.append("")
-    return out + _verification(best["candidate_id"], events)
+    return out + _verification(best["candidate_id"], events, engine)
 
 
 def verification_table(checks) -> list[str]:
@@ -173,14 +175,19 @@ def verification_table(checks) -> list[str]:
     return out
 
 
-def _verification(best_id: str, events: list[pb.Event]) -> list[str]:
+def _verification(best_id: str, events: list[pb.Event], engine: bool = False) -> list[str]:
     checks = next((e.verified.checks for e in events if e.HasField("verified")
                    and e.verified.candidate.id == best_id), None)
     if checks is None:
         return []
-    return ["## Verification of the best candidate", "",
-            f"{len(checks)} checks, every output element compared with a float64 reference; inputs drawn "
-            "with fresh seeds (re-draw any row from its seed).", "", *verification_table(checks), ""]
+    # an engine's checks are the engine verification's (kfactory/engines/verify.py): fixed prompts, no draws
+    how = ("every step's logits compared with the model's float64 reference on the same dequantised weights: "
+           "prompts of several lengths, decode steps after each, a step after a long context and greedy "
+           "generations (docs/engines.md)" if engine else
+           "every output element compared with a float64 reference; inputs drawn with fresh seeds (re-draw any "
+           "row from its seed)")
+    return ["## Verification of the best candidate", "", f"{len(checks)} checks, {how}.", "",
+            *verification_table(checks), ""]
 
 
 def _leaderboard(measured: list[pb.Measured], limit: int = 10) -> list[str]:
