@@ -144,11 +144,15 @@ def test_a_kernel_that_dequantises_wrongly_fails_the_engine(root, verifier):
 
 def test_a_campaign_pairs_searched_kernels_with_the_engines_own_and_best_json_rebuilds(root, verifier):
     campaign = Campaign("tiny-llama", 3, data_dir=root, verifier=verifier, kernels=kernels())
-    assert campaign.designs()[:3] == [EngineDesign(), EngineDesign(matvec_q4_1=ID4),
-                                      EngineDesign(matvec_q4_1=ID4, matvec_q8_0=ID8)]
+    pool = campaign.designs()
+    # every q4_1 design with each set of the kernels; an f32 design links none (a kernel reads Q4_1/Q8_0 blocks)
+    assert EngineDesign(prepack=False, fuse_norm=False, matvec_q8_0=ID8) in pool
+    assert EngineDesign(kv_layout="token_major", matvec_q4_1=ID4, matvec_q8_0=ID8) in pool
+    assert not any(d.searched_kernels() for d in pool if d.weights == "f32")
     record = campaign.run()
-    # the search tries the searched kernels first, one op at a time, against the engine's own
-    assert [EngineDesign.from_dict(r["design"]) for r in record["results"]] == campaign.designs()[:3]
+    # the search tries each searched kernel first, alone, against the engine's own
+    assert [EngineDesign.from_dict(r["design"]) for r in record["results"]] == [
+        EngineDesign(), EngineDesign(matvec_q4_1=ID4), EngineDesign(matvec_q8_0=ID8)]
     assert [r["verdict"] for r in record["results"]] == ["verified"] * 3
     assert record["kernels"]["matvec_q4_1"]["source"] == Q4_1
     # each kernel's effect rests on a pair that differs in that kernel only

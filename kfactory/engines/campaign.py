@@ -201,8 +201,8 @@ class Campaign:
     #: timing rounds: round 1 right after each design's verification, later rounds over the verified designs
     #: in turn (so each pair is also timed close together: on a shared host the load drifts within minutes)
     rounds: int = 1
-    #: kernels searched for the engine's ops (kfactory/engines/ops.py), by problem: designs that link them in
-    #: join the campaign right after the default, beside the same design with the engine's own kernels
+    #: kernels searched for the engine's ops (kfactory/engines/ops.py), by problem: every q4_1 design may link
+    #: each set of them (order.with_kernels); the search tries each alone on the default right after it
     kernels: dict[str, OpKernel] = field(default_factory=dict)
     results: list[DesignResult] = field(default_factory=list)
 
@@ -227,10 +227,9 @@ class Campaign:
         return self.data_dir / "engines" / self.verifier.package.name
 
     def designs(self) -> list[EngineDesign]:
-        """Every design the campaign may take, in campaign order: the default, then (with searched kernels) the
-        default with the searched kernels added one op at a time (each design differs from the one before only
-        in one op's kernel, so every kernel's effect is measured against the engine's own), then the rest of
-        `order()`. The search (`run`) takes `budget` of them."""
+        """Every design the campaign may take, in campaign order (`order()`, the default first): `space()` and,
+        with searched kernels, every q4_1 design with each set of them (`with_kernels`). The search (`run`)
+        takes `budget` of them, each searched kernel alone on the default right after it."""
         points = order(space(self.max_threads))
         return with_kernels(points, {p: k.candidate_id for p, k in self.kernels.items()})
 

@@ -8,6 +8,7 @@ evaluate the same designs for the same budget wherever their timings rank the de
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import fields
 
 from kfactory.engines.design import EngineDesign
@@ -47,14 +48,20 @@ def order(points: list[EngineDesign], default: EngineDesign | None = None) -> li
 
 
 def with_kernels(points: list[EngineDesign], kernel_ids: dict[str, str]) -> list[EngineDesign]:
-    """`points` (in campaign order, the default first) with the searched kernels `kernel_ids` ({op problem:
-    candidate id}) chained in right after the default: the default with the first kernel, then with the first
-    two, ... (op problems in name order), so each design differs from the one before only in one op's kernel and
-    every kernel's effect is measured against the engine's own. Shared by the local campaign and the problem
-    the services search, so both take the same designs for the same budget."""
+    """`points` and, for every point that can link a searched kernel (weights "q4_1"), the same design with each
+    non-empty set of the searched kernels `kernel_ids` ({op problem: candidate id}) in place of the engine's
+    own, all in campaign order (`order()`, the default first). So each kernel alone on the default is one field
+    away from it, a kernel can join whichever design wins (the search's later neighbourhoods try it there), and
+    a kernel that loses is never forced onto another kernel's measurement. Shared by the local campaign and the
+    problem the services search, so both hold the same designs."""
     if not kernel_ids or not points:
         return list(points)
-    chain = [points[0]]
-    for problem, cid in sorted(kernel_ids.items()):
-        chain.append(EngineDesign.from_dict({**chain[-1].as_dict(), problem: cid}))
-    return [*chain, *points[1:]]
+    ops = sorted(kernel_ids)
+    subsets = [c for n in range(1, len(ops) + 1) for c in itertools.combinations(ops, n)]
+    out = []
+    for d in points:
+        out.append(d)
+        if d.weights == "q4_1":
+            out += [EngineDesign.from_dict({**d.as_dict(), **{op: kernel_ids[op] for op in subset}})
+                    for subset in subsets]
+    return order(out, points[0])

@@ -9,8 +9,8 @@ judge. Its spec describes the engine for the parts of the platform that read one
 optimisation shape: decode at context 128); nothing draws inputs from it or runs a kernel reference on it.
 
 Searched op kernels (kfactory/engines/ops.py) join through the locator: `engine:<model>?matvec_q4_1=<candidate
-id>&matvec_q8_0=<candidate id>` adds the designs that link them, chained in right after the default as the
-local campaign does (`order.with_kernels`). The problem's name stays `engine_<model>` (memory ranks every engine
+id>&matvec_q8_0=<candidate id>` adds every design that can link them with each set of them, as the local
+campaign does (`order.with_kernels`). The problem's name stays `engine_<model>` (memory ranks every engine
 of a model together); the coder takes each kernel's verified source from memory by its candidate id.
 """
 from __future__ import annotations
