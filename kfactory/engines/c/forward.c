@@ -366,10 +366,10 @@ static void add_norm(kf_engine *e, const float *add, const kf_tensor *w, int n) 
   }
 }
 
-/* n <= KF_CHUNK tokens at positions e->pos..; logits: NULL (none), the last token's, or all n (all) */
 /* an op's threads: the design's op_threads entry (KF_T_*) where it is below the engine's count, else all */
 #define KF_OP_THREADS(n, th) ((n) > 0 && (n) < (th) ? (n) : (th))
 
+/* n <= KF_CHUNK tokens at positions e->pos..; logits: NULL (none), the last token's, or all n (all) */
 static void forward(kf_engine *e, const int32_t *tok, int n, float *logits, int all) {
   int pos0 = e->pos, th = e->threads;
   int t_qkv = KF_OP_THREADS(KF_T_QKV, th), t_attn = KF_OP_THREADS(KF_T_ATTN, th), t_o = KF_OP_THREADS(KF_T_O, th);
