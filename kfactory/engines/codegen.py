@@ -63,6 +63,7 @@ def check_config(config: LlamaConfig) -> None:
 def defines(design: EngineDesign, config: LlamaConfig) -> dict[str, str]:
     """The constants the C files are generated with, by name."""
     flag = {True: "1", False: "0"}
+    op_threads = design.op_thread_map()
     return {
         "KF_BLOCKS": str(config.blocks), "KF_HIDDEN": str(config.hidden), "KF_HEADS": str(config.heads),
         "KF_KV_HEADS": str(config.kv_heads), "KF_HEAD_DIM": str(config.head_dim), "KF_FFN": str(config.ffn),
@@ -77,7 +78,7 @@ def defines(design: EngineDesign, config: LlamaConfig) -> dict[str, str]:
         "KF_OP_MATVEC_Q4_1": flag[design.matvec_q4_1 != BUILTIN],
         "KF_OP_MATVEC_Q8_0": flag[design.matvec_q8_0 != BUILTIN],
         # threads of single ops (op_threads), 0 where the op takes the engine's
-        **{f"KF_T_{op.upper()}": str(design.op_thread_map().get(op, 0)) for op in OPS},
+        **{f"KF_T_{op.upper()}": str(op_threads.get(op, 0)) for op in OPS},
     }
 
 
