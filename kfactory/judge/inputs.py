@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import secrets
 
-import ml_dtypes
 import numpy as np
 
 from kfactory.problems import Problem
 from kfactory.problems.spec import GGML_BLOCK_BYTES
-
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)  # importing ml_dtypes also makes np.dtype("bfloat16") work
 
 
 def fresh_seed() -> int:
@@ -28,8 +25,8 @@ def draw(problem: Problem, shape: dict[str, int], dist_name: str, seed: int) -> 
         dtype = np.dtype(t.dtype)
         if d.kind in GGML_BLOCK_BYTES:
             a = ggml_blocks(rng, d, tshape)
-        elif dtype == BFLOAT16:   # drawn in float32, rounded to nearest bf16
-            a = _draw(rng, d, tshape, np.dtype(np.float32)).astype(BFLOAT16)
+        elif t.dtype == "bfloat16":   # drawn in float32, rounded to nearest bf16 (the spec registered the dtype)
+            a = _draw(rng, d, tshape, np.dtype(np.float32)).astype(dtype)
         else:
             a = _draw(rng, d, tshape, dtype)
         if d.neg_inf_fraction > 0:

@@ -24,10 +24,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def register_bfloat16() -> None:
+    """Make np.dtype("bfloat16") work: importing ml_dtypes registers it with numpy. Done where a bfloat16
+    tensor is declared (TensorSpec), not at import, because the import costs about a second of cpu time (x0.7
+    host: 1.1 s) that every command and service start paid whether or not any problem held a bfloat16."""
+    import ml_dtypes  # noqa: F401  (imported for its registration)
+
+
 class TensorSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     dtype: Literal["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8"]
     shape: list[str | int] = Field(min_length=1)
+
+    @field_validator("dtype")
+    @classmethod
+    def _bfloat16_registered(cls, v: str) -> str:
+        # every array of a bfloat16 tensor is made for a spec that declares it, after this ran
+        if v == "bfloat16":
+            register_bfloat16()
+        return v
 
 
 class Distribution(_Strict):
