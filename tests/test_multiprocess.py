@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kfactory.platform.app import SERVICE_NAMES
 from kfactory.services.memory.archive import Archive
+from kfactory.v1 import services_pb2 as spb
+from kfactory.v1 import services_pb2_grpc as sgrpc
 
 
 def _free_port() -> int:
@@ -25,10 +28,14 @@ def _free_port() -> int:
 
 
 class Factory:
-    """Six `kfactory serve` processes sharing NATS and Redis."""
+    """Six `kfactory serve` processes sharing NATS and Redis. `ceilings`: the session's measured host ceilings,
+    copied into the data directory so that the services do not measure them again (14 s of probes a test
+    beside the other test worker; tests/test_cpu_target.py tests the measuring)."""
 
-    def __init__(self, tmp: Path, nats_url: str, redis_url: str, cc: str = "cc"):
+    def __init__(self, tmp: Path, nats_url: str, redis_url: str, ceilings: Path, cc: str = "cc"):
         self.tmp = tmp
+        (tmp / "data").mkdir(exist_ok=True)
+        shutil.copy(ceilings, tmp / "data" / "ceilings.json")
         self.env = {**os.environ, "KFACTORY_NATS_URL": nats_url, "KFACTORY_REDIS_URL": redis_url,
                     "KFACTORY_PLANNER_ADDR": f"127.0.0.1:{_free_port()}",
                     "KFACTORY_MEMORY_ADDR": f"127.0.0.1:{_free_port()}",
@@ -74,14 +81,20 @@ class Factory:
         return res
 
     def wait_finished(self, cid: str, timeout: float = 300) -> dict:
+        """The campaign's `kfactory status --json` once it has ended. The wait polls the planner over gRPC: a
+        `kfactory status` process a poll would take a second of cpu from the campaign it waits on."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            status = json.loads(self.cli("status", cid, "--json").stdout)
-            if status["state"] != "running":
-                return status
+            try:
+                with grpc.insecure_channel(self.env["KFACTORY_PLANNER_ADDR"]) as ch:
+                    state = sgrpc.CampaignsStub(ch).Get(spb.GetCampaignRequest(id=cid), timeout=5).state
+            except grpc.RpcError:
+                state = "running"   # the planner is being restarted by the test
+            if state != "running":
+                return json.loads(self.cli("status", cid, "--json").stdout)
             for name, p in self.procs.items():
                 assert p.poll() is None, f"{name} died; see {self.tmp}/{name}.log"
-            time.sleep(0.5)
+            time.sleep(0.3)
         raise AssertionError(f"campaign {cid} did not finish; logs in {self.tmp}")
 
     def stop(self) -> None:
@@ -96,8 +109,8 @@ class Factory:
 
 
 @pytest.fixture
-def factory_env(tmp_path, nats_url, redis_url_session):
-    return tmp_path, nats_url, redis_url_session
+def factory_env(tmp_path, nats_url, redis_url_session, host_ceilings):
+    return tmp_path, nats_url, redis_url_session, host_ceilings
 
 
 def _archive_check(tmp: Path, cid: str, proposed: int) -> None:
@@ -116,8 +129,8 @@ def _archive_check(tmp: Path, cid: str, proposed: int) -> None:
 
 
 def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_softmax):
-    tmp, nats_url, redis_url = factory_env
-    f = Factory(tmp, nats_url, redis_url)
+    tmp, nats_url, redis_url, ceilings = factory_env
+    f = Factory(tmp, nats_url, redis_url, ceilings)
     try:
         for name in SERVICE_NAMES:
             f.start(name)
@@ -164,12 +177,12 @@ def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_so
 
 
 def test_killing_the_compiler_mid_campaign_loses_nothing(factory_env, small_softmax):
-    tmp, nats_url, redis_url = factory_env
+    tmp, nats_url, redis_url, ceilings = factory_env
     marker = tmp / "compiling"
     slow_cc = tmp / "slow-cc"
     slow_cc.write_text(f"#!/bin/sh\ntouch {marker}\nsleep 1.5\nexec cc \"$@\"\n")
     slow_cc.chmod(0o755)
-    f = Factory(tmp, nats_url, redis_url, cc=str(slow_cc))
+    f = Factory(tmp, nats_url, redis_url, ceilings, cc=str(slow_cc))
     try:
         for name in SERVICE_NAMES:
             f.start(name)

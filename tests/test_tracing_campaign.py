@@ -32,8 +32,8 @@ METRIC_LINE = re.compile(r'^(\w+)(?:\{(.*)\})? (\S+)$')
 class ObservedFactory(Factory):
     """Six service processes, each with its own NATS user, spans file, metrics port and health port."""
 
-    def __init__(self, tmp: Path, nats: SecuredNats, redis_url: str):
-        super().__init__(tmp, nats.url, redis_url)
+    def __init__(self, tmp: Path, nats: SecuredNats, redis_url: str, ceilings: Path):
+        super().__init__(tmp, nats.url, redis_url, ceilings)
         self.nats = nats
         self.env["KFACTORY_METRICS_POLL_S"] = "0.3"
         self.metrics = {n: _free_port() for n in SERVICE_NAMES}
@@ -75,10 +75,10 @@ def read_spans(files: list[Path]) -> list[dict]:
 
 
 @pytest.fixture
-def observed(tmp_path):
+def observed(tmp_path, host_ceilings):
     nats = SecuredNats(tmp_path)
     with redis_server(password=secrets.token_hex(8)) as redis_url:
-        factory = ObservedFactory(tmp_path, nats, redis_url)
+        factory = ObservedFactory(tmp_path, nats, redis_url, host_ceilings)
         try:
             yield factory
         finally:
