@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import ml_dtypes
 import numpy as np
 import pytest
-from simpleeval import EvalWithCompoundTypes
 
 from kfactory.judge.numerics import compare
 from kfactory.judge.screening import prune
 from kfactory.judge.inputs import draw, empty_outputs
+from kfactory.platform.expressions import evaluate
 from kfactory.problems import load_problem
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -28,9 +28,9 @@ def _family(problem: str, family: str):
 
 
 def _launch(expr: str, names: dict) -> int | tuple:
-    """The launch-rule evaluation the cuda target documents: simpleeval over params + shape, with cdiv."""
-    funcs = {"min": min, "max": max, "abs": abs, "ceil": math.ceil, "cdiv": lambda a, b: -(-a // b)}
-    return EvalWithCompoundTypes(names=names, functions=funcs).eval(expr)
+    """The launch-rule evaluation the cuda target documents: simpleeval over params + shape, with cdiv (the
+    target's own evaluator, kfactory.platform.expressions)."""
+    return evaluate(expr, names)
 
 
 @pytest.mark.parametrize("problem,family", CUDA_FAMILIES)

@@ -10,11 +10,11 @@ import random
 import ml_dtypes
 import numpy as np
 import pytest
-from simpleeval import EvalWithCompoundTypes
 
 from kfactory.cli.main import main
 from kfactory.judge.numerics import compare
 from kfactory.judge.inputs import draw
+from kfactory.platform.expressions import evaluate
 from kfactory.problems import list_problems, load_problem
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -31,8 +31,9 @@ def _fam():
 
 
 def _launch(expr: str, names: dict) -> int | tuple:
-    funcs = {"min": min, "max": max, "abs": abs, "ceil": math.ceil, "cdiv": lambda a, b: -(-a // b)}
-    return EvalWithCompoundTypes(names=names, functions=funcs).eval(expr)
+    """The launch-rule evaluation the cuda target documents: simpleeval over params + shape, with cdiv (the
+    target's own evaluator, kfactory.platform.expressions)."""
+    return evaluate(expr, names)
 
 
 def test_the_package_loads_and_describes_itself(capsys):

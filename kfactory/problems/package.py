@@ -9,9 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import itertools
-import math
 import random
-import threading
 import traceback
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,8 +19,9 @@ from typing import Any, ClassVar
 
 import jinja2
 import jinja2.meta
-from simpleeval import EvalWithCompoundTypes, InvalidExpression, SimpleEval
+from simpleeval import InvalidExpression
 
+from kfactory.platform.expressions import evaluate
 from kfactory.problems.spec import FamilySpec, ProblemSpec
 
 #: a source file's language from its suffix
@@ -39,43 +38,11 @@ class ProblemError(ValueError):
     """A problem package is missing, malformed or inconsistent; the message says what to fix."""
 
 
-def cdiv(a, b):
-    """Ceiling division: the number of blocks of size b that cover a."""
-    if isinstance(a, int) and isinstance(b, int):
-        return -(-a // b)
-    return math.ceil(a / b)
-
-
-#: the functions a spec expression may call; a cuda launch rule's are the same (kfactory.targets.cuda.launch)
-FUNCTIONS = {"min": min, "max": max, "abs": abs, "ceil": math.ceil, "cdiv": cdiv}
-
-
-@functools.lru_cache(maxsize=4096)
-def _parsed(expr: str) -> Any:  # simpleeval's parsed node
-    # a family's constraints are evaluated at every point of its space (86,000 evaluations to list softmax's);
-    # parsing each expression once, not at each evaluation, took listing it from 6.8 s to under 2
-    return SimpleEval.parse(expr)
-
-
-_evaluators = threading.local()
-
-
-def _evaluator() -> EvalWithCompoundTypes:
-    """This thread's evaluator (building one costs as much as evaluating a constraint, so each thread keeps its
-    own and sets its names for each expression)."""
-    ev = getattr(_evaluators, "ev", None)
-    if ev is None:
-        ev = _evaluators.ev = EvalWithCompoundTypes(functions=dict(FUNCTIONS))
-    return ev
-
-
 def safe_eval(expr: str, names: dict) -> Any:  # what the expression computes: a number, a bool, a tuple
     """The value of a spec expression (a constraint, a cost, a launch rule's threads) over `names`: arithmetic,
     comparisons and FUNCTIONS only; ProblemError names the expression when it cannot be evaluated."""
     try:
-        ev = _evaluator()
-        ev.names = names
-        return ev.eval(expr, _parsed(expr))
+        return evaluate(expr, names)
     except (InvalidExpression, SyntaxError, TypeError, ZeroDivisionError) as e:
         raise ProblemError(f"cannot evaluate {expr!r} with {names}: {e}") from e
 

@@ -12,26 +12,18 @@ A hand-written .cu or .ptx file carries its rule in a comment header (see parse_
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
-from simpleeval import EvalWithCompoundTypes, InvalidExpression
+from simpleeval import InvalidExpression
+
+from kfactory.platform.expressions import evaluate
 
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_BLOCK = (1024, 1024, 64)
 MAX_THREADS = 1024
 RULE_KEYS = ("grid", "block", "smem")
 
-
-def cdiv(a, b):
-    """Ceiling division: the number of blocks of size b that cover a."""
-    if isinstance(a, int) and isinstance(b, int):
-        return -(-a // b)
-    return math.ceil(a / b)
-
-
-FUNCTIONS = {"min": min, "max": max, "abs": abs, "ceil": math.ceil, "cdiv": cdiv}
 
 
 @dataclass(frozen=True)
@@ -57,7 +49,7 @@ def _eval(what: str, expr, names: dict):
     if not isinstance(expr, str):  # a literal from YAML (128, [4, 2]) is taken as it is
         return expr
     try:
-        return EvalWithCompoundTypes(names=names, functions=FUNCTIONS).eval(expr)
+        return evaluate(expr, names)
     except (InvalidExpression, SyntaxError, TypeError, ZeroDivisionError, ValueError, OverflowError) as e:
         raise ValueError(f"launch rule: {what}={expr!r} cannot be evaluated with {names}: "
                          f"{type(e).__name__}: {e}") from e
