@@ -12,10 +12,11 @@ install:
 demo: install
 	kfactory run softmax --target cpu --budget $(BUDGET) --json out.json
 
-# the tests marked `serial` judge kernels by their timing, so they run alone, after the rest
+# the tests marked `serial` judge kernels by their timing, so they run alone, after the rest; each phase prints
+# its slowest tests, to keep CI within its 20 minutes
 test: install
-	$(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not serial"
-	$(PYTHON) -m pytest -q -m "serial and not slow"
+	$(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not serial" --durations=15
+	$(PYTHON) -m pytest -q -m "serial and not slow" --durations=10
 
 # every check runs even when an earlier one fails, so one run shows all that is left; the exit status is 1 if any failed
 LINT_PATHS ?= kfactory tests bench scripts deploy
