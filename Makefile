@@ -4,7 +4,7 @@ BUDGET ?= 40
 # test workers: most tests wait on servers and child processes, so two workers fill a 2-core machine
 WORKERS ?= 2
 
-.PHONY: install demo test lint proto bench clean image
+.PHONY: install demo test test-only lint proto bench clean image
 
 install:
 	$(PYTHON) -m pip install -q -e ".[dev]"
@@ -12,9 +12,12 @@ install:
 demo: install
 	kfactory run softmax --target cpu --budget $(BUDGET) --json out.json
 
-# the tests marked `serial` judge kernels by their timing, so they run alone, after the rest; each phase prints
-# its slowest tests, to keep CI within its 20 minutes
-test: install
+test: install test-only
+
+# the tests without installing first (.ci/run has installed for its lint: a second install costs 15 s). The tests
+# marked `serial` judge kernels by their timing, so they run alone, after the rest; each phase prints its slowest
+# tests, to keep CI within its 20 minutes
+test-only:
 	$(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not serial" --durations=15
 	$(PYTHON) -m pytest -q -m "serial and not slow" --durations=10
 
