@@ -26,8 +26,8 @@ class _Strict(BaseModel):
 
 def register_bfloat16() -> None:
     """Make np.dtype("bfloat16") work: importing ml_dtypes registers it with numpy. Done where a bfloat16
-    tensor is declared (TensorSpec), not at import, because the import costs about a second of cpu time (x0.7
-    host: 1.1 s) that every command and service start paid whether or not any problem held a bfloat16."""
+    tensor is declared (TensorSpec), not at import: the import costs about a second of cpu (1.1 s on the
+    project's host) that every command and service start paid whether or not any problem held a bfloat16."""
     import ml_dtypes  # noqa: F401  (imported for its registration)
 
 

@@ -25,7 +25,6 @@ MAX_THREADS = 1024
 RULE_KEYS = ("grid", "block", "smem")
 
 
-
 @dataclass(frozen=True)
 class Launch:
     """One launch configuration: grid and block as (x, y, z), dynamic shared memory in bytes."""
