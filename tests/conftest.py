@@ -24,23 +24,6 @@ from redis_server import redis_server  # noqa: E402
 
 KERNELS = Path(__file__).parent / "kernels"
 
-#: the files that take longest under `make test`'s two workers (seconds summed over their tests, 2026-12-02,
-#: from `pytest -n 2 --dist loadfile --durations=0`), heaviest first. --dist loadfile hands out whole files in
-#: collection order, so a heavy file collected late (alphabetically) leaves one worker alone at the end; run
-#: first, the heavy files overlap and the light ones fill in around them. A file missing here only runs later.
-HEAVY_FILES = ("test_multiprocess.py", "test_faults.py", "test_run_cli.py", "test_softmax_bf16.py",
-               "test_workspace.py", "test_faults_dead_letters.py", "test_problem_engine_matmul.py",
-               "test_cuda_families.py", "test_kda.py", "test_strategy_options.py", "test_engine_ops.py",
-               "test_cpu_target.py", "test_engine_services.py", "test_tracing_campaign.py", "test_deadletters.py",
-               "test_campaign.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    """The heavy files first (HEAVY_FILES' order), every other file after them in its usual order; within a
-    file the order is kept."""
-    rank = {name: i for i, name in enumerate(HEAVY_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort
-
 
 @pytest.fixture
 def nats_url(tmp_path):
