@@ -29,12 +29,6 @@ def _family(problem: str, family: str):
     return load_problem(problem).families[family]
 
 
-def _launch(expr: str, names: dict) -> int | tuple:
-    """The launch-rule evaluation the cuda target documents: simpleeval over params + shape, with cdiv (the
-    target's own evaluator, kfactory.platform.expressions)."""
-    return evaluate(expr, names)
-
-
 @pytest.mark.parametrize("problem,family", CUDA_FAMILIES)
 def test_every_point_renders_to_a_distinct_kernel(problem, family):
     fam = _family(problem, family)
@@ -57,8 +51,8 @@ def test_launch_rules_cover_every_row(problem, family):
     for p in fam.points():
         for shape in prob.shapes("all") + [dict(zip(prob.spec.symbols, (3, 12000)))]:
             names = {**p, **shape}
-            grid, block = _launch(fam.spec.launch["grid"], names), _launch(fam.spec.launch["block"], names)
-            smem = _launch(fam.spec.launch.get("smem", "0"), names)
+            grid, block = evaluate(fam.spec.launch["grid"], names), evaluate(fam.spec.launch["block"], names)
+            smem = evaluate(fam.spec.launch.get("smem", "0"), names)
             assert isinstance(grid, int) and isinstance(block, int) and isinstance(smem, int)
             assert 32 <= block <= 1024 and block % 32 == 0 and 0 <= smem <= 32 * 1024
             rows_per_block = block // 32 if p.get("mapping", "warp") == "warp" else 1

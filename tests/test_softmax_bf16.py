@@ -32,12 +32,6 @@ def _fam():
     return _prob().families["cuda_cu"]
 
 
-def _launch(expr: str, names: dict) -> int | tuple:
-    """The launch-rule evaluation the cuda target documents: simpleeval over params + shape, with cdiv (the
-    target's own evaluator, kfactory.platform.expressions)."""
-    return evaluate(expr, names)
-
-
 def test_the_package_loads_and_describes_itself(capsys):
     assert NAME in list_problems()
     prob = _prob()
@@ -70,8 +64,8 @@ def test_launch_rules_cover_every_row():
     for p in fam.points():
         for shape in prob.shapes("all") + [{"rows": 3, "cols": 12000}, {"rows": 5, "cols": 16383}]:
             names = {**p, **shape}
-            grid, block = _launch(fam.spec.launch["grid"], names), _launch(fam.spec.launch["block"], names)
-            smem = _launch(fam.spec.launch.get("smem", "0"), names)
+            grid, block = evaluate(fam.spec.launch["grid"], names), evaluate(fam.spec.launch["block"], names)
+            smem = evaluate(fam.spec.launch.get("smem", "0"), names)
             assert isinstance(grid, int) and isinstance(block, int) and isinstance(smem, int)
             assert 32 <= block <= 1024 and block % 32 == 0 and 0 <= smem <= 32 * 1024
             rows_per_block = block // 32 if p["mapping"] == "warp" else 1
