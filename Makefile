@@ -12,7 +12,9 @@ install:
 demo: install
 	kfactory run softmax --target cpu --budget $(BUDGET) --json out.json
 
-test: install test-only
+# the install first, then the tests (a recipe, not a second prerequisite: `make -j test` would run them at once)
+test: install
+	$(MAKE) test-only
 
 # the tests without installing first (.ci/run has installed for its lint: a second install costs 15 s). The tests
 # marked `serial` judge kernels by their timing, so they run alone, after the rest; each phase prints its slowest
