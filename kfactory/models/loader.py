@@ -91,13 +91,13 @@ class ModelPackage:
 
     def open(self, cache_dir: Path | None = None) -> GGUFModel:
         """The weights file as a GGUFModel, after checking its sha256 (where declared) and that its metadata
-        yields the declared architecture."""
+        yields the declared architecture; its tensor index is kept in `cache_dir` (default <data_dir>/models)."""
         path = self.weights_path(cache_dir)
         want = getattr(self.spec.weights, "sha256", None)
         if want and sha256_of(path) != want:
             raise ModelError(f"{path}: sha256 differs from the one {self.name}'s model.yaml declares; "
                              "another file under this model's name would change the reference's truth")
-        model = GGUFModel(path)
+        model = GGUFModel(path, index_dir=Path(cache_dir) if cache_dir is not None else _default_cache_dir())
         check_declared(self.declared, model.config, self.name)
         return model
 

@@ -66,6 +66,20 @@ class Tokenizer:
         return cls(hf, meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id"),
                    bool(meta.get("tokenizer.ggml.add_bos_token", False)), meta.get("tokenizer.chat_template"))
 
+    def to_json(self) -> dict:
+        """Everything from_json needs to rebuild this tokenizer without the GGUF metadata."""
+        return {"hf": self.hf.to_str(), "bos_id": self.bos_id, "eos_id": self.eos_id, "add_bos": self.add_bos,
+                "chat_template": self.chat_template}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Tokenizer":
+        """The tokenizer to_json described (KeyError, TypeError or ValueError where `doc` is not one)."""
+        try:
+            hf = HFTokenizer.from_str(doc["hf"])
+        except Exception as e:   # the tokenizers binding raises its own untyped error on bad JSON
+            raise ValueError(f"not a serialised tokenizer: {e}") from e
+        return cls(hf, doc["bos_id"], doc["eos_id"], bool(doc["add_bos"]), doc["chat_template"])
+
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special tokens written in the text (e.g. "<|im_start|>") are recognised."""
         ids = self.hf.encode(text, add_special_tokens=False).ids
