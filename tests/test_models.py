@@ -299,6 +299,10 @@ def test_a_reopened_file_is_read_from_its_index_as_the_parse_read_it(tmp_path, t
     index.write_text('{"version": 1, "tensors": [')             # a torn index is parsed around and rewritten
     assert "reader" in GGUFModel(path, index_dir=cache).__dict__
     assert "reader" not in GGUFModel(path, index_dir=cache).__dict__
+    gguf_index.save(cache, path, {**first.config.as_dict(), "a_later_field": 1},   # another version's config
+                    [gguf_index.Entry("x", "F32", (1,), 0, "<f4", (1,))])
+    assert "reader" in (parsed := GGUFModel(path, index_dir=cache)).__dict__ and parsed.config == first.config
+    assert parsed.tensor_names == first.tensor_names
     (tmp_path / "not-a-dir").write_text("")                     # an unwritable cache: the file opens without one
     assert GGUFModel(path, index_dir=tmp_path / "not-a-dir").config == first.config
     (tmp_path / "bad.gguf").write_bytes(b"GGUF" + bytes(60))

@@ -97,6 +97,27 @@ def _entry(t) -> gguf_index.Entry:
                             int(t.data_offset), t.data.dtype.str, tuple(int(n) for n in t.data.shape))
 
 
+def _indexed(index_dir: Path | None, path: Path) -> tuple[LlamaConfig, list[gguf_index.Entry]] | None:
+    """The architecture and tensor table indexed for `path`, or None (no index_dir, no index, or one whose
+    architecture fields are not this version's LlamaConfig)."""
+    found = gguf_index.load(index_dir, path) if index_dir is not None else None
+    if found is None:
+        return None
+    try:
+        return LlamaConfig(**found[0]), found[1]
+    except TypeError:
+        return None
+
+
+def _kept_tokenizer(doc: dict):
+    """The tokenizer kept in an index, or None where what was kept is not one (it is then built again)."""
+    from kfactory.models.tokenizer import Tokenizer
+    try:
+        return Tokenizer.from_json(doc)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _field_value(field):
     """A metadata field as a Python value (string, number, bool, or a list of them)."""
     if field.types and field.types[0] == GGUFValueType.ARRAY:
@@ -116,12 +137,10 @@ class GGUFModel:
         self.index_dir = index_dir
         if not self.path.is_file():
             raise ModelError(f"{self.path}: no such GGUF file")
-        indexed = gguf_index.load(index_dir, self.path) if index_dir is not None else None
-        if indexed is not None:
-            config, entries = indexed
-            self.__dict__["config"] = LlamaConfig(**config)
-        else:
-            entries = [_entry(t) for t in self.reader.tensors]
+        indexed = _indexed(index_dir, self.path)
+        #: the architecture as indexed (None: read from the metadata when first asked for)
+        self._indexed_config = indexed[0] if indexed is not None else None
+        entries = indexed[1] if indexed is not None else [_entry(t) for t in self.reader.tensors]
         self._table = {e.name: e for e in entries}
         if indexed is None and index_dir is not None:
             gguf_index.save(index_dir, self.path, self.config.as_dict(), entries)   # after config: a valid file
@@ -150,7 +169,7 @@ class GGUFModel:
 
     @cached_property
     def config(self) -> LlamaConfig:
-        return config_from_metadata(self.metadata, self.shapes)
+        return self._indexed_config or config_from_metadata(self.metadata, self.shapes)
 
     @property
     def tensor_names(self) -> list[str]:
@@ -183,12 +202,9 @@ class GGUFModel:
         index from an earlier open."""
         from kfactory.models.tokenizer import Tokenizer
         kept = gguf_index.load_tokenizer(self.index_dir, self.path) if self.index_dir is not None else None
-        if kept is not None:
-            try:
-                return Tokenizer.from_json(kept)
-            except (KeyError, TypeError, ValueError):
-                pass   # not one: built from the metadata below, and kept again
-        tok = Tokenizer.from_metadata(self.metadata)
-        if self.index_dir is not None:
-            gguf_index.save_tokenizer(self.index_dir, self.path, tok.to_json())
+        tok = _kept_tokenizer(kept) if kept is not None else None
+        if tok is None:
+            tok = Tokenizer.from_metadata(self.metadata)
+            if self.index_dir is not None:
+                gguf_index.save_tokenizer(self.index_dir, self.path, tok.to_json())
         return tok
