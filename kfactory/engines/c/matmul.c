@@ -202,7 +202,7 @@ static inline __attribute__((always_inline)) void q4group1(const uint8_t *grp, i
 }
 
 /* x scaled for q4group1: segment k of every block times 16^-k (powers of two: exact, unless x is below 2^-114
- * and turns subnormal, far below any activation a forward produces) */
+ * and turns subnormal, far below any activation a forward produces); unused where AVX-512 takes decode */
 static __attribute__((unused)) void decode_scaled_x(const float *x, int cols, float *xk) {
   static const float scale[4] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
   for (int c = 0; c < cols; c++) xk[c] = x[c] * scale[(c / 8) % 4];
@@ -216,7 +216,7 @@ static __attribute__((unused)) void decode_scaled_x(const float *x, int cols, fl
  * nibbles' in another; no mask and no conversion. x comes permuted to meet them (decode_lut_x). Per row and
  * block that is 7 vector instructions, 3 of them on the shuffle port, against q4group1's 14 on 256 bits; the
  * table's d and m are broadcast from memory (a load, not a shuffle: GCC otherwise broadcasts from a register on
- * the shuffle port, and the kernel measured x0.9 of q4group1 instead of x1.2-1.4). */
+ * the shuffle port, and the kernel measured x0.84-0.93 of q4group1 instead of x1.17-1.39). */
 static inline __attribute__((always_inline)) void q4group1_lut(const uint8_t *grp, int nb, const float *xp,
                                                                float *y, int valid) {
   __m512 a[8];
@@ -255,9 +255,7 @@ static void decode_lut_x(const float *x, int cols, float *xp) {
       xp[32 * b + 16 + j] = x[32 * b + lo + 8];
     }
 }
-#endif
 
-#ifdef __AVX512F__
 /* Decode against a Q8_0 PACK4 group with 512-bit vectors: a row's block is two widenings and conversions of 16
  * codes, a multiply and two FMAs (7 instructions against q8group1's 13); d broadcast from memory as in
  * q4group1_lut. */
@@ -402,13 +400,10 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
 #ifdef __AVX512F__
       if (T == 1 && fmt == KF_Q4_1) q4group1_lut(base + (r / 4) * gb, nb, xk + (size_t)(t0 - n + n % KF_TT) * cols,
                                                  yt + r, valid);
+      else if (T == 1) q8group1_512(base + (r / 4) * gb, nb, xt, yt + r, valid);
 #else
       if (T == 1 && fmt == KF_Q4_1) q4group1(base + (r / 4) * gb, nb, xk + (size_t)(t0 - n + n % KF_TT) * cols, xst,
                                              yt + r, valid);
-#endif
-#ifdef __AVX512F__
-      else if (T == 1) q8group1_512(base + (r / 4) * gb, nb, xt, yt + r, valid);
-#else
       else if (T == 1) q8group1(base + (r / 4) * gb, nb, xt, yt + r, valid);
 #endif
       else qgroup_rows(base + (r / 4) * gb, fmt, nb, xt, ldx, xst, yt + r, ldy, valid);
