@@ -424,7 +424,11 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
  * by 16 tokens' values: 6 rows x 2 vectors = 12 accumulators, 12 FMAs per column against 2 loads and 6
  * broadcasts, no horizontal sum. A tile's last tokens are zeros (a tail of at most 8 tokens takes the 1-vector
  * kernel); a panel past the last row is zeros and is not stored. Rows of panels are split over threads. */
+#ifdef __AVX512F__
+#define KF_GR 12         /* rows per panel: 12 accumulators of 16 tokens, so one load of a tile's column serves 12 FMAs */
+#else
 #define KF_GR 6          /* rows per panel (6 x 2 accumulators + 2 token vectors + 1 broadcast = 15 registers) */
+#endif
 #define KF_GT 16         /* tokens per packed tile (2 vectors) */
 /* tokens from which a product takes the GEMM; fewer run the tiled kernels (decode among them): at 8 tokens a
  * panel's dequantisation serves too few tokens and the tiled kernels measured 1.2x faster, at 12 the GEMM 1.1x */
@@ -487,39 +491,27 @@ static void gemm_panel(const kf_tensor *w, int r0, float *panel, const float *ro
 }
 
 #ifdef __AVX512F__
-/* gemm_kernel for a tile of more than 8 tokens (NV = 2) with 512-bit vectors: the tile's 16 tokens are one vector, and
- * even and odd columns go to two sets of KF_GR accumulators (summed at the end), so that 12 FMAs are in flight
- * as in the 256-bit kernel, each on 16 tokens instead of 8. */
+/* KF_GR (12) rows x 16 tokens of one packed tile with 512-bit vectors: the tile's 16 tokens are one vector, each
+ * row an accumulator; per column one load of the tokens and 12 FMAs, each broadcasting a weight from the panel.
+ * (6 rows, as the 256-bit kernel has, measured prefill x1.13 at 1 thread: each load of the tokens then fed 6
+ * FMAs, and the tiles stream from L2 or beyond for every panel.) */
 static inline __attribute__((always_inline)) void gemm_kernel16(const float *const rowp[KF_GR], const float *xt,
                                                                 int cols, float *out) {
-  __m512 a[KF_GR][2];
-  for (int j = 0; j < KF_GR; j++) { a[j][0] = _mm512_setzero_ps(); a[j][1] = _mm512_setzero_ps(); }
-  const float *p0 = rowp[0], *p1 = rowp[1], *p2 = rowp[2], *p3 = rowp[3], *p4 = rowp[4], *p5 = rowp[5];
-  int c = 0;
-  for (; c + 2 <= cols; c += 2) {
-    __m512 x0 = _mm512_load_ps(xt + (size_t)KF_GT * c), x1 = _mm512_load_ps(xt + (size_t)KF_GT * (c + 1));
-#define GROW(j, p) do {                                                                  \
-      a[j][0] = _mm512_fmadd_ps(_mm512_set1_ps((p)[c]), x0, a[j][0]);                  \
-      a[j][1] = _mm512_fmadd_ps(_mm512_set1_ps((p)[c + 1]), x1, a[j][1]); } while (0)
-    GROW(0, p0); GROW(1, p1); GROW(2, p2); GROW(3, p3); GROW(4, p4); GROW(5, p5);
-#undef GROW
-  }
-  for (; c < cols; c++) {
+  __m512 a[KF_GR];
+  for (int j = 0; j < KF_GR; j++) a[j] = _mm512_setzero_ps();
+  for (int c = 0; c < cols; c++) {
     __m512 x0 = _mm512_load_ps(xt + (size_t)KF_GT * c);
-    for (int j = 0; j < KF_GR; j++) a[j][0] = _mm512_fmadd_ps(_mm512_set1_ps(rowp[j][c]), x0, a[j][0]);
+    for (int j = 0; j < KF_GR; j++) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(rowp[j][c]), x0, a[j]);
   }
-  for (int j = 0; j < KF_GR; j++) _mm512_storeu_ps(out + j * KF_GT, _mm512_add_ps(a[j][0], a[j][1]));
+  for (int j = 0; j < KF_GR; j++) _mm512_storeu_ps(out + j * KF_GT, a[j]);
 }
 #endif
 
-/* KF_GR rows x (8 * NV) tokens of one packed tile over all columns; out[j * KF_GT + i] = Y[token i][row j]. */
-static inline __attribute__((always_inline)) void gemm_kernel(const float *const rowp[KF_GR], const float *xt,
+/* 6 rows x (8 * NV) tokens of one packed tile over all columns; out[j * KF_GT + i] = Y[token i][row j]. */
+static inline __attribute__((always_inline)) void gemm_kernel6(const float *const *rowp, const float *xt,
                                                               int cols, int NV, float *out) {
-#ifdef __AVX512F__
-  if (NV > 1) { gemm_kernel16(rowp, xt, cols, out); return; }
-#endif
-  __m256 a[KF_GR][2];
-  for (int j = 0; j < KF_GR; j++) { a[j][0] = _mm256_setzero_ps(); a[j][1] = _mm256_setzero_ps(); }
+  __m256 a[6][2];
+  for (int j = 0; j < 6; j++) { a[j][0] = _mm256_setzero_ps(); a[j][1] = _mm256_setzero_ps(); }
   const float *p0 = rowp[0], *p1 = rowp[1], *p2 = rowp[2], *p3 = rowp[3], *p4 = rowp[4], *p5 = rowp[5];
   for (int c = 0; c < cols; c++) {
     __m256 x0 = _mm256_load_ps(xt + (size_t)KF_GT * c), x1 = x0;
@@ -530,12 +522,23 @@ static inline __attribute__((always_inline)) void gemm_kernel(const float *const
     GROW(0, p0); GROW(1, p1); GROW(2, p2); GROW(3, p3); GROW(4, p4); GROW(5, p5);
 #undef GROW
   }
-  for (int j = 0; j < KF_GR; j++) {
+  for (int j = 0; j < 6; j++) {
     _mm256_storeu_ps(out + j * KF_GT, a[j][0]);
     if (NV > 1) _mm256_storeu_ps(out + j * KF_GT + 8, a[j][1]);
   }
 }
 
+/* KF_GR rows x (8 * NV) tokens of one packed tile over all columns; out[j * KF_GT + i] = Y[token i][row j]. */
+static inline __attribute__((always_inline)) void gemm_kernel(const float *const rowp[KF_GR], const float *xt,
+                                                              int cols, int NV, float *out) {
+#ifdef __AVX512F__
+  if (NV > 1) { gemm_kernel16(rowp, xt, cols, out); return; }
+  gemm_kernel6(rowp, xt, cols, NV, out);                  /* 8 tokens or fewer: two halves of 6 rows */
+  gemm_kernel6(rowp + 6, xt, cols, NV, out + 6 * KF_GT);
+#else
+  gemm_kernel6(rowp, xt, cols, NV, out);
+#endif
+}
 
 /* y = W x over n >= KF_GEMM_MIN tokens; scratch: matmul_scratch_floats(n, threads) floats */
 static void gemm(const kf_tensor *w, const float *x, int ldx, int n, float *y, int ldy, float *scratch,
