@@ -208,6 +208,16 @@ static __attribute__((unused)) void decode_scaled_x(const float *x, int cols, fl
   for (int c = 0; c < cols; c++) xk[c] = x[c] * scale[(c / 8) % 4];
 }
 
+/* Block b of a Q8_0 PACK4 group for the decode kernels: its address, with the bytes KF_PREFETCH ahead asked for
+ * and the 4 rows' scales d as floats. */
+static inline __attribute__((always_inline)) const uint8_t *q8_block(const uint8_t *grp, int b, float d[4]) {
+  const uint8_t *blk = grp + (size_t)b * 136;
+  _mm_prefetch((const char *)blk + KF_PREFETCH, _MM_HINT_T0);
+  _mm_prefetch((const char *)blk + KF_PREFETCH + 64, _MM_HINT_T0);
+  _mm_storeu_ps(d, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk)));
+  return blk;
+}
+
 #ifdef __AVX512F__
 /* Decode against a Q4_1 PACK4 group with 512-bit vectors (where -march=native has AVX-512): each 4-bit code
  * indexes a 16-entry table of the row's dequantised values, d*j + m for j = 0..15 (one FMA a row and block,
@@ -264,11 +274,8 @@ static inline __attribute__((always_inline)) void q8group1_512(const uint8_t *gr
   __m512 a[4];
   for (int i = 0; i < 4; i++) a[i] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b++) {
-    const uint8_t *blk = grp + (size_t)b * 136;
-    _mm_prefetch((const char *)blk + KF_PREFETCH, _MM_HINT_T0);
-    _mm_prefetch((const char *)blk + KF_PREFETCH + 64, _MM_HINT_T0);
     float d[4];
-    _mm_storeu_ps(d, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk)));
+    const uint8_t *blk = q8_block(grp, b, d);
     __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
 #define ROW(r) do {                                                                                       \
     const uint8_t *q_ = blk + 8 + 32 * (r);                                                              \
@@ -288,11 +295,8 @@ static inline __attribute__((always_inline)) void q8group1(const uint8_t *grp, i
                                                            int valid) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int b = 0; b < nb; b++) {
-    const uint8_t *blk = grp + (size_t)b * 136;
-    _mm_prefetch((const char *)blk + KF_PREFETCH, _MM_HINT_T0);
-    _mm_prefetch((const char *)blk + KF_PREFETCH + 64, _MM_HINT_T0);
     float d[4];
-    _mm_storeu_ps(d, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk)));
+    const uint8_t *blk = q8_block(grp, b, d);
     const float *xb = x + 32 * b;
     __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
     __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
