@@ -264,14 +264,18 @@ def test_a_file_unlike_its_declaration_is_refused(tmp_path, tiny):
         load_model(spec_dir)
 
 
-def test_a_reopened_file_is_read_from_its_index_as_the_parse_read_it(tmp_path, tiny):
+@pytest.fixture
+def indexed(tmp_path, tiny):
+    """(a copy of the tiny file, its index directory, the model opened first: parsed, and its index written)."""
     path = tmp_path / "m.gguf"
     shutil.copyfile(tiny[0].path, path)
     cache = tmp_path / "cache"
-    first = GGUFModel(path, index_dir=cache)
+    return path, cache, GGUFModel(path, index_dir=cache)
+
+
+def test_a_reopened_file_is_read_from_its_index_as_the_parse_read_it(indexed):
+    path, cache, first = indexed
     assert "reader" in first.__dict__ and gguf_index.index_path(cache, path).is_file()
-    text = "<|im_start|>user\nhello, 123 wörld<|im_end|>"
-    ids = first.tokenizer.encode(text)                          # built from the metadata, and kept
     again = GGUFModel(path, index_dir=cache)
     assert (again.config, again.shapes, again.formats()) == (first.config, first.shapes, first.formats())
     assert set(again.formats().values()) == {"F32", "Q4_1", "Q8_0"}
@@ -279,12 +283,20 @@ def test_a_reopened_file_is_read_from_its_index_as_the_parse_read_it(tmp_path, t
         a, b = first.tensor(name), again.tensor(name)
         assert (a.qtype, a.shape, a.raw.dtype, a.raw.shape) == (b.qtype, b.shape, b.raw.dtype, b.raw.shape)
         assert np.array_equal(a.raw, b.raw) and not b.raw.flags.writeable
+    assert "reader" not in again.__dict__                       # the metadata was not parsed
+    assert again.metadata == first.metadata and "reader" in again.__dict__   # parsed when asked for
+
+
+def test_the_tokenizer_is_kept_once_built_and_built_again_when_what_was_kept_is_not_one(indexed):
+    path, cache, first = indexed
+    text = "<|im_start|>user\nhello, 123 wörld<|im_end|>"
+    ids = first.tokenizer.encode(text)                          # built from the metadata, and kept
+    again = GGUFModel(path, index_dir=cache)
     tok = again.tokenizer
     assert (tok.encode(text), tok.decode(ids), tok.bos_id, tok.eos_id, tok.chat_template) == \
         (ids, first.tokenizer.decode(ids), first.tokenizer.bos_id, first.tokenizer.eos_id,
          first.tokenizer.chat_template)
-    assert "reader" not in again.__dict__                       # the metadata was not parsed
-    assert again.metadata == first.metadata and "reader" in again.__dict__   # parsed when asked for
+    assert "reader" not in again.__dict__                       # no metadata parse for the tokenizer either
     gguf_index.index_path(cache, path, "tokenizer").write_text('{"version": 1, "file": 0}')
     assert GGUFModel(path, index_dir=cache).tokenizer.encode(text) == ids   # a stale one is built again
     gguf_index.save_tokenizer(cache, path, {"hf": "{not a tokenizer", "bos_id": 1, "eos_id": 2, "add_bos": False,
@@ -292,6 +304,9 @@ def test_a_reopened_file_is_read_from_its_index_as_the_parse_read_it(tmp_path, t
     assert GGUFModel(path, index_dir=cache).tokenizer.encode(text) == ids   # so is a broken one
     assert gguf_index.load_tokenizer(cache, path)["hf"] == first.tokenizer.to_json()["hf"]
 
+
+def test_a_stale_torn_or_foreign_index_is_parsed_around_and_no_cache_is_no_error(tmp_path, indexed):
+    path, cache, first = indexed
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))   # rewritten in place: the index is stale
     assert "reader" in GGUFModel(path, index_dir=cache).__dict__
