@@ -46,7 +46,10 @@ def _identity(gguf: Path) -> dict:
 def index_path(cache_dir: Path, gguf: Path, part: str = "tensors") -> Path:
     """Where `part` of the index of `gguf` lives under `cache_dir` (a name that changes with the file's identity):
     "tensors" (the table and architecture) or "tokenizer" (kfactory.models.tokenizer.Tokenizer.to_json)."""
-    ident = _identity(gguf)
+    return _path(cache_dir, gguf, part, _identity(gguf))
+
+
+def _path(cache_dir: Path, gguf: Path, part: str, ident: dict) -> Path:
     key = hashlib.sha256(json.dumps([VERSION, ident], sort_keys=True).encode()).hexdigest()[:16]
     return Path(cache_dir) / "gguf-index" / f"{gguf.stem}-{key}.{part}.json"
 
@@ -54,11 +57,12 @@ def index_path(cache_dir: Path, gguf: Path, part: str = "tensors") -> Path:
 def _read(cache_dir: Path, gguf: Path, part: str) -> dict | None:
     """The payload of `part`, or None: no index, one that cannot be read, or one that does not match the file
     as it is now (the caller parses the file and writes it again)."""
+    ident = _identity(gguf)
     try:
-        doc = json.loads(index_path(cache_dir, gguf, part).read_text())
+        doc = json.loads(_path(cache_dir, gguf, part, ident).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):   # none yet, or torn: parsed and written again
         return None
-    if not isinstance(doc, dict) or doc.get("version") != VERSION or doc.get("file") != _identity(gguf):
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or doc.get("file") != ident:
         return None
     payload = doc.get(part)
     return payload if isinstance(payload, dict) else None
@@ -67,12 +71,13 @@ def _read(cache_dir: Path, gguf: Path, part: str) -> dict | None:
 def _write(cache_dir: Path, gguf: Path, part: str, payload: dict) -> Path | None:
     """Write `part` atomically (a concurrent reader finds a whole index or none); its path, or None where the
     cache directory cannot be written: the index only saves time, so the model opens without it."""
-    path = index_path(cache_dir, gguf, part)
+    ident = _identity(gguf)
+    path = _path(cache_dir, gguf, part, ident)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".index-", dir=path.parent)
         with os.fdopen(fd, "w") as f:
-            json.dump({"version": VERSION, "file": _identity(gguf), part: payload}, f)
+            json.dump({"version": VERSION, "file": ident, part: payload}, f)
         os.replace(tmp, path)
     except OSError:
         return None
