@@ -250,7 +250,11 @@ static inline __attribute__((always_inline)) void q4group1_lut(const uint8_t *gr
     ROW(0); ROW(1); ROW(2); ROW(3);
 #undef ROW
   }
-  for (int r = 0; r < valid; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a[2 * r], a[2 * r + 1]));
+  /* reduced at constant indices first: a loop to `valid` over a[] kept the accumulators in memory, stored on
+   * every block (8 stores of 64 bytes a group, which halved the kernel's rate) */
+  float s[4];
+  for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(_mm512_add_ps(a[2 * r], a[2 * r + 1]));
+  for (int r = 0; r < valid; r++) y[r] = s[r];
 }
 
 /* x permuted for q4group1_lut, block by block: byte j of a row's codes (PACK4: u16 lane i holds elements
@@ -287,7 +291,9 @@ static inline __attribute__((always_inline)) void q8group1_512(const uint8_t *gr
     ROW(0); ROW(1); ROW(2); ROW(3);
 #undef ROW
   }
-  for (int r = 0; r < valid; r++) y[r] = _mm512_reduce_add_ps(a[r]);
+  float s[4];   /* constant indices first, as in q4group1_lut */
+  for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(a[r]);
+  for (int r = 0; r < valid; r++) y[r] = s[r];
 }
 #endif
 
