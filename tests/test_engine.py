@@ -33,6 +33,17 @@ BROKEN = {
     "head_grouping": ("#define KF_KV_OF(h) ((h) / KF_GROUP)", "#define KF_KV_OF(h) ((h) % KF_KV_HEADS)"),
 }
 
+#: 3 threads over tiny-llama's 2 key/value heads: a decode step's attention splits each head's context in 3 parts
+#: and merges them (forward.c's attention). Tiny-llama's products all fall below the bound for running in
+#: parallel, so the variants lower it to 0; "split_unnormalised" also leaves out the merge's division by the
+#: parts' rescaled sums of exp.
+SPLIT_DESIGN = EngineDesign(threads=3, wait="bounded")
+SPLIT = {
+    "split": [("#define KF_PAR_MIN 32768.0", "#define KF_PAR_MIN 0.0")],
+    "split_unnormalised": [("#define KF_PAR_MIN 32768.0", "#define KF_PAR_MIN 0.0"),
+                           ("    out[d] = o / l;", "    out[d] = o;")],
+}
+
 #: an engine library of the right ABI whose calls fault: a segfault in prefill, an endless decode step
 FAULTY = r"""
 #include <stdint.h>
@@ -69,6 +80,12 @@ def libs(verifier, tmp_path_factory):
         src = generate(DESIGNS[0], config)
         assert src.count(old) == 1, f"the {name} variant's anchor is not in the generated source"
         sources[name] = src.replace(old, new)
+    for name, edits in SPLIT.items():
+        src = generate(SPLIT_DESIGN, config)
+        for old, new in edits:
+            assert src.count(old) == 1, f"the {name} variant's anchor {old!r} is not in the generated source"
+            src = src.replace(old, new)
+        sources[name] = src
     sources["faulty"] = FAULTY
     flags = {key: () for key in sources}
     # the portable path: the first design compiled without AVX2, FMA and F16C (no intrinsics at all)
@@ -123,6 +140,24 @@ def test_wrong_head_grouping_fails(verifier, libs):
     assert first is not None and (first.name, first.first_failing_step) == ("prefill_1", 0)
     assert first.max_err > 100 * TOLERANCE
     assert not any(verdict.check(f"greedy_{i}").passed for i in range(3))
+
+
+def test_split_decode_attention_passes(verifier, libs):
+    verdict = verifier.verify(SPLIT_DESIGN, libs["split"])
+    assert verdict.passed, verdict.summary()
+    assert max(c.max_err for c in verdict.checks) < TOLERANCE / 4
+
+
+def test_split_attention_without_its_normaliser_fails(verifier, libs):
+    verdict = verifier.verify(SPLIT_DESIGN, libs["split_unnormalised"])
+    assert not verdict.passed and verdict.fault is None
+    # prefill attends without splitting and decode splits from 64 positions (KF_SPLIT_MIN): the steps after 1
+    # and 7 tokens pass, and the first step after 100 is wrong
+    assert all(verdict.check(name).passed for name in ("prefill_1", "decode_after_1", "prefill_7", "decode_after_7",
+                                                       "prefill_100"))
+    first = verdict.first_failure
+    assert first is not None and (first.name, first.first_failing_step) == ("decode_after_100", 0)
+    assert first.max_err > 100 * TOLERANCE
 
 
 def test_segfault_is_a_typed_fault_and_the_parent_survives(verifier, libs):
