@@ -19,7 +19,7 @@ from kfactory.engines.stages.bundle import unpack
 from kfactory.engines.verify import TOLERANCE
 from kfactory.platform.config import Settings
 from kfactory.platform.service import Context
-from kfactory.services.planner.specs import validate
+from kfactory.services.planner.specs import StartNotPublished, validate
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
 
@@ -51,7 +51,10 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
     async with local_services(settings, embedded_nats) as running:
         planner = cast("PlannerService", running.services["planner"])
         memory = cast("MemoryService", running.services["memory"])
-        cid = await planner.submit(spec)
+        try:
+            cid = await planner.submit(spec)
+        except StartNotPublished as e:
+            raise ServicesFailed(str(e)) from e
         st = planner.campaigns[cid]
         shown: set[str] = set()
         while st.finished is None and not running.stop.is_set():

@@ -19,7 +19,7 @@ from kfactory.bus.natsd import EmbeddedNats
 from kfactory.problems import ProblemError
 from kfactory.evidence.report import format_params
 from kfactory.platform.service import Context
-from kfactory.services.planner.specs import SpecError, validate
+from kfactory.services.planner.specs import SpecError, StartNotPublished, validate
 from kfactory.targets import get_target
 
 if TYPE_CHECKING:
@@ -64,7 +64,11 @@ async def run_campaign(settings, spec, args) -> int:
         print(f"kfactory run: {note}", file=sys.stderr)
     async with local_services(settings, embedded_nats=not args.nats_url) as running:
         planner, memory = cast("PlannerService", running.services["planner"]), running.services["memory"]
-        cid = await planner.submit(spec)
+        try:
+            cid = await planner.submit(spec)
+        except StartNotPublished as e:   # NATS stopped answering: one line, nothing started
+            print(f"kfactory run: {e}", file=sys.stderr)
+            return 1
         st = planner.campaigns[cid]
         with _interrupt_cancels(planner, cid) as interrupted:
             await _follow(st, running, console, args.quiet)

@@ -9,7 +9,7 @@ import grpc
 from kfactory.bus import events as ev
 from kfactory.bus.base import Bus
 from kfactory.services.planner.campaign import CampaignState
-from kfactory.services.planner.specs import SpecError
+from kfactory.services.planner.specs import SpecError, StartNotPublished
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
@@ -38,6 +38,8 @@ class CampaignsApi(sgrpc.CampaignsServicer):
             cid = await self.p.submit(request.spec)
         except SpecError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except StartNotPublished as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return self.p.status(self.p.campaigns[cid])
 
     async def _get(self, cid: str, context) -> CampaignState:

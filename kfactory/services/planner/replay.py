@@ -36,6 +36,9 @@ class StreamReplay:
         self.new_state, self.refuse = new_state, refuse
         #: set once the stream has been folded up to its end as it was at start-up
         self.caught_up = asyncio.Event()
+        #: campaigns whose start this planner could not confirm to their client, by id: the reason they fail
+        #: with should their start reach the stream after all
+        self.abandoned: dict[str, str] = {}
 
     async def follow(self, stop: asyncio.Event) -> None:
         """Fold the events stream from its beginning until `stop`."""
@@ -76,6 +79,8 @@ class StreamReplay:
                 self.refuse(event, why)
                 return
             self.campaigns[cid] = self.new_state(cid, event.campaign_started.spec)
+            if cid in self.abandoned:
+                self.campaigns[cid].broken = self.abandoned[cid]
             if self.campaigns[cid].broken:
                 self.fail_broken(self.campaigns[cid])
         st = self.campaigns.get(cid)
@@ -86,6 +91,12 @@ class StreamReplay:
             self.resends.strays.add((cid, event.resend_requested.dlq_seq))
         elif event.HasField("resend_answered"):
             self.resends.strays.discard((cid, event.resend_answered.dlq_seq))
+
+    def abandon(self, cid: str, reason: str) -> None:
+        """Forget a campaign this planner submitted but could not publish the start of; should the start reach
+        the stream after all, its campaign is failed with `reason` instead of left unfinished and undriven."""
+        self.campaigns.pop(cid, None)
+        self.abandoned[cid] = reason
 
     def fail_broken(self, st: CampaignState) -> None:
         """Fail an unfinished campaign that cannot run (st.broken), once this planner has caught up: during

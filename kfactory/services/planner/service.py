@@ -13,6 +13,7 @@ import asyncio
 import secrets
 
 from kfactory.bus import events as ev
+from kfactory.bus.errors import TRANSIENT
 from kfactory.observability import tracing as telemetry
 from kfactory.platform.grpcserver import start_server
 from kfactory.platform.service import Service
@@ -25,6 +26,7 @@ from kfactory.services.planner.priors import warm_priors
 from kfactory.services.planner.replay import StreamReplay
 from kfactory.services.planner.resends import ResendDesk
 from kfactory.services.planner.specs import SpecError  # noqa: F401 (the API answers it; tests import it here)
+from kfactory.services.planner.specs import StartNotPublished
 from kfactory.strategies import Space
 from kfactory.targets.cuda.nvml import NvmlUnavailable
 from kfactory.v1 import events_pb2 as pb
@@ -102,7 +104,8 @@ class PlannerService(Service):
         return spec
 
     async def submit(self, spec: pb.CampaignSpec) -> str:
-        """Validate, publish CampaignStarted and start driving the campaign; returns its id."""
+        """Validate, publish CampaignStarted and start driving the campaign; returns its id. Raises SpecError
+        for a spec that cannot run, StartNotPublished when the event bus does not take the start."""
         # in a thread: validating runs the problem's own reference and renders its templates (problems.check),
         # which must not stall the planner's event loop (its fold, its heartbeats, its consumers)
         spec = await asyncio.to_thread(self.validate, spec)
@@ -116,8 +119,16 @@ class PlannerService(Service):
         self.replay.apply(started)
         st = self.campaigns[cid]
         st.driven = True
-        with telemetry.root_span(f"{self.name} start", **{"kf.campaign": cid}):
-            await self.bus.publish(started)
+        try:
+            with telemetry.root_span(f"{self.name} start", **{"kf.campaign": cid}):
+                await self.bus.publish(started)
+        except TRANSIENT as e:
+            # NATS stayed unreachable through the publish's retries: the start may or may not be on the stream.
+            # The campaign leaves this planner's state (it would stay "running", never driven) and the client
+            # hears that nothing started; should the start have landed after all, the fold fails the campaign.
+            reason = f"the event bus did not confirm the start ({type(e).__name__}); nothing was started"
+            self.replay.abandon(cid, f"submitted while NATS was unreachable and refused to its client: {reason}")
+            raise StartNotPublished(f"campaign {cid}: {reason}; submit it again once NATS answers") from e
         self.driver.launch(st, self.driver.drive(st))
         return cid
 

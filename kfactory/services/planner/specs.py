@@ -26,6 +26,11 @@ class SpecError(ValueError):
     """A campaign spec that cannot run; the message says what to fix."""
 
 
+class StartNotPublished(RuntimeError):
+    """A valid campaign whose start the event bus did not take (NATS unreachable through the publish's
+    retries): nothing was started, and the client may submit it again (the Campaigns API answers UNAVAILABLE)."""
+
+
 def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[str], Problem],
              target_of: Callable[[str], Target]) -> tuple[pb.CampaignSpec, str]:
     """(the spec with its defaults filled in, a note on agents that are off though asked for, or ""); raises

@@ -1,0 +1,98 @@
+"""A campaign submitted while NATS is down, against a real nats-server stopped and started again: the client hears
+UNAVAILABLE with what to do, the planner holds no campaign that would stay "running" undriven, it keeps
+answering and takes the next submission once NATS is back, and a start that reached the stream after its
+client was refused is failed with the reason, not left unfinished."""
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kfactory.bus import events as ev
+from kfactory.bus import jetstream
+from kfactory.bus.jetstream import NatsBus
+from kfactory.bus.natsd import EmbeddedNats
+from kfactory.platform.app import start_services
+from kfactory.v1 import events_pb2 as pb
+from kfactory.v1 import services_pb2 as spb
+from kfactory.v1 import services_pb2_grpc as sgrpc
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tuning_synth import write_spaces  # noqa: E402
+
+
+def _spec(space: Path) -> pb.CampaignSpec:
+    return pb.CampaignSpec(problem=f"replay:{space}", target=f"replay:{space}", strategy="random",
+                           budget_candidates=2, parallel=1, seed=3, warm_start=0)
+
+
+async def _until(check, timeout_s: float, what: str):
+    """Poll `check` (an async callable returning a value or None) until it returns a value."""
+    async with asyncio.timeout(timeout_s):
+        while (value := await check()) is None:
+            await asyncio.sleep(0.2)
+    assert value is not None, what
+    return value
+
+
+async def test_a_submit_while_nats_is_down_is_refused_cleanly_and_the_planner_carries_on(settings, tmp_path,
+                                                                                      monkeypatch):
+    # the publish gives up after 1 s of retries instead of a minute (the behaviour is the same, only sooner)
+    monkeypatch.setattr(jetstream, "PUBLISH_RETRY_S", 1.0)
+    space = write_spaces(tmp_path / "spaces", devices=("GPU0",))[0]
+    server = EmbeddedNats(tmp_path / "nats")
+    url = server.start()
+    port = int(url.rsplit(":", 1)[1])
+    running = await start_services(settings.model_copy(update={"nats_url": url}), names=("planner",))
+    planner = running.services["planner"]
+    try:
+        async with asyncio.timeout(20):
+            while not planner.grpc_port or not planner.caught_up.is_set():
+                await asyncio.sleep(0.05)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
+            campaigns = sgrpc.CampaignsStub(ch)
+            server.stop()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await campaigns.Submit(spb.SubmitRequest(spec=_spec(space)), timeout=60)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
+            text = err.value.details()
+            assert "nothing was started" in text and "submit it again once NATS answers" in text, text
+            refused = re.match(r"campaign (c[0-9a-f]+): ", text)
+            assert refused, text
+            listed = await campaigns.List(spb.ListCampaignsRequest())
+            assert list(listed.campaigns) == [] and planner.campaigns == {}
+
+            # NATS back on the same port: the planner reconnects and takes the same campaign again
+            server = EmbeddedNats(tmp_path / "nats", port=port)
+            server.start()
+
+            async def submitted():
+                try:
+                    return await campaigns.Submit(spb.SubmitRequest(spec=_spec(space)), timeout=60)
+                except grpc.aio.AioRpcError as e:
+                    assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+                    return None
+            status = await _until(submitted, 60, "a submission once NATS is back")
+            assert status.id != refused.group(1) and status.id in planner.campaigns
+
+            # the refused start reaching the stream after all: failed with the reason, never left running
+            bus = await NatsBus.connect(url, "test")
+            try:
+                late = pb.CampaignStarted(spec=_spec(space))
+                await bus.publish(ev.make_event(refused.group(1), "planner", "start", campaign_started=late))
+            finally:
+                await bus.close()
+
+            async def failed():
+                st = planner.campaigns.get(refused.group(1))
+                return st if st is not None and st.finished is not None else None
+            st = await _until(failed, 30, "the late start failed")
+            assert st.finished.state == "failed", st.finished
+            assert "refused to its client" in st.finished.reason, st.finished.reason
+    finally:
+        await running.shutdown()
+        server.stop()
