@@ -200,9 +200,12 @@ def test_on_the_engine_space_spinning_threads_and_unfused_gate_up_are_measured_t
     spin_changes = [{k: p.params[k] for k in p.params if p.params[k] != default[k]} for p in asked
                     if p.params["spin"]]
     assert spin_changes == [{"spin": True, "threads": 2}]   # the first of the closest valid points spinning
-    # the best neighbour (spinning on 2 threads) is the centre; its 3rd neighbour (weights, fuse_qkv, then
-    # fuse_gate_up in the design's field order) unfuses gate/up
-    more = _asks(s, 3, score)
-    assert [combination(p) for p in more] == [False, False, True]
+    # the threads and how they wait come first (engine_family's SEARCH_FIRST), then the rest in field order
+    changed = [sorted(k for k in p.params if p.params[k] != default[k]) for p in asked[1:7]]
+    assert changed == [["threads"]] * 3 + [["threads", "wait"], ["spin", "threads"], ["weights"]]
+    # the best neighbour (spinning on 2 threads) is the centre; its unseen neighbours: spinning on 3 and 4
+    # threads, then weights, fuse_qkv and fuse_gate_up in the design's field order, which unfuses gate/up
+    more = _asks(s, 5, score)
+    assert [combination(p) for p in more] == [False, False, False, False, True]
     assert s.centres[1].params == {**default, "threads": 2, "spin": True}
     assert not any(combination(p) for p in _asks(make_strategy("grid", space, seed=0), hood + 4))
