@@ -252,9 +252,9 @@ static void attend_block(const kf_engine *e, int l, int head, const float *q, in
  * value is loaded once for all the group's heads instead of once a head. s: scratch of KF_GROUP x e->ctx floats.
  * parts 1: the softmax-weighted sum goes to e->att. Else [p0, p1) is part c of a split context: each head's
  * sum of exp(score - max) V, unnormalised, and its max and sum of exp go to the head's slot c of e->part and
- * e->part_ml (merge_parts combines the parts). Measured against attend_block per head (smollm2-135m, old and new libraries
- * alternated): 1 thread x1.02 after 128 tokens, x1.05 after 1024; 2 threads x1.02 and x1.39 (the key/value
- * heads split over the threads: each head's keys are read by one core only). */
+ * e->part_ml (merge_parts combines the parts). Measured against attend_block per head (smollm2-135m, old and
+ * new libraries alternated): 1 thread x1.02 after 128 tokens, x1.05 after 1024; 2 threads x1.02 and x1.39
+ * (the key/value heads split over the threads: each head's keys are read by one core only). */
 static void attend_group(kf_engine *e, int l, int kvh, int p0, int p1, float *s, int parts, int c) {
   const float scale = 1.0f / sqrtf((float)KF_HEAD_DIM);
   const float *q[KF_GROUP];
