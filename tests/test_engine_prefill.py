@@ -28,8 +28,10 @@ TILED = EngineDesign(prefill="tiled")
 #: the one-vector kernel); 203: three chunks of 64 and a last chunk of 11 on the tiled kernels
 TAIL_LENGTHS = (11, 12, 25, 101, 203)
 #: a test-only variant: every tile through the one-vector kernel, so a tile's tokens 8..15 are never computed
-BROKEN_SECOND_VECTOR = ("if (nt > 8) gemm_kernel(rowp, xt, cols, 2, out);",
-                        "if (nt > 8) gemm_kernel(rowp, xt, cols, 1, out);")
+#: (a pair of full tiles, on AVX-512, is computed, then cleared and overwritten by the broken kernel's first tile)
+BROKEN_SECOND_VECTOR = ("if (!pair) gemm_kernel(panel, xt, cols, nt > 8 ? 2 : 1, out[0]);",
+                        "pair = 0;\n        memset(out[0], 0, sizeof out[0]);\n"
+                        "        gemm_kernel(panel, xt, cols, 1, out[0]);")
 #: a test-only variant: the matmul scratch filled with NaN at creation (fresh memory may hold any bits), which a
 #: kernel that reads scratch it did not write turns into NaN logits
 POISON_ANCHOR = "  e->xs = (float *)malloc(matmul_scratch_floats(KF_CHUNK, threads) * 4);\n"

@@ -100,9 +100,11 @@ def judged(small_softmax, judge_settings) -> dict[str, spb.CandidateEvidence]:
 #: run in a fresh interpreter: every way to find kfactory is removed (the repository on sys.path, and the
 #: editable install's meta-path finder that its .pth installed) before the exported module is imported
 ISOLATED = textwrap.dedent("""
-    import importlib.util, sys
+    import importlib.util, os, sys
     repo, out_dir, name = sys.argv[1:4]
-    sys.path[:] = [p for p in sys.path if repo not in p]
+    # the checkout's own paths only: a venv beside it (/tmp/ci and /tmp/civenv) shares its name's start
+    inside = os.path.realpath(repo) + os.sep
+    sys.path[:] = [p for p in sys.path if not (os.path.realpath(p) + os.sep).startswith(inside)]
     sys.meta_path[:] = [f for f in sys.meta_path
                         if type(f).__module__.startswith("_frozen_importlib") or not hasattr(f, "find_spec")
                         or f.find_spec("kfactory", None) is None]
