@@ -10,7 +10,8 @@ import pytest
 
 from kfactory.cli.engine import greedy_tokens
 from kfactory.cli.main import main
-from kfactory.engines.campaign import NOT_MEASURED, Campaign, distance, load_best, order, report_text
+from kfactory.engines.campaign import (NOT_MEASURED, SPIN_MARGIN, Campaign, DesignResult, distance, load_best, order,
+                                       report_text, write_record)
 from kfactory.engines.codegen import generate
 from kfactory.engines.design import EngineDesign, space
 from kfactory.models import Reference
@@ -62,6 +63,36 @@ def test_budget_3_verifies_measures_and_names_the_best(root, record):
     text = report_text(record)
     assert f"winner: {best['design_id']}" in text and "fuse_norm     (only true tried): not measured" in text
     assert "noise: " + EngineDesign().design_id() in text
+
+
+def _timed(design: EngineDesign, decode: float) -> DesignResult:
+    r = DesignResult(design.as_dict(), design.design_id(), "verified")
+    r.add_timing(decode, 500.0)
+    return r
+
+
+@pytest.mark.parametrize("lead, spinning_wins", [(1.05, False), (SPIN_MARGIN - 0.01, False), (1.20, True)])
+def test_a_spinning_design_wins_only_by_more_than_the_margin(tmp_path, lead, spinning_wins):
+    calm = EngineDesign(threads=2, wait="bounded")
+    spin = EngineDesign(threads=2, spin=True)
+    results = [_timed(EngineDesign(), 100.0), _timed(calm, 180.0), _timed(spin, 180.0 * lead)]
+    record = write_record(tmp_path, {"model": "m", "target": "cpu", "started": "t"}, results, {})
+    want = spin if spinning_wins else calm
+    assert record["best"]["design_id"] == want.design_id() == load_best_id(tmp_path)
+    assert record["fastest"]["design_id"] == spin.design_id()
+    text = report_text({**record, "effects": {}})
+    assert ("passed over: " + spin.design_id()) in text if not spinning_wins else "passed over" not in text
+
+
+def test_a_spinning_design_wins_when_nothing_else_verified(tmp_path):
+    spin = EngineDesign(threads=2, spin=True)
+    rejected = DesignResult(EngineDesign().as_dict(), EngineDesign().design_id(), "rejected")
+    record = write_record(tmp_path, {"model": "m", "target": "cpu", "started": "t"}, [rejected, _timed(spin, 90.0)], {})
+    assert record["best"]["design_id"] == spin.design_id() == load_best_id(tmp_path)
+
+
+def load_best_id(out) -> str:
+    return json.loads((out / "best.json").read_text())["design_id"]
 
 
 def test_broken_designs_are_rejected_with_reasons(tmp_path, verifier):
