@@ -1,7 +1,8 @@
 """A campaign submitted while NATS is down, against a real nats-server stopped and started again: the client hears
 UNAVAILABLE with what to do, the planner holds no campaign that would stay "running" undriven, it keeps
 answering and takes the next submission once NATS is back, and a start that reached the stream after its
-client was refused is failed with the reason, not left unfinished."""
+client was refused is failed with the reason, not left unfinished; a start whose acknowledgement alone was lost
+runs its campaign."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import grpc
+import nats.errors
 import pytest
 
 from kfactory.bus import events as ev
@@ -96,3 +98,34 @@ async def test_a_submit_while_nats_is_down_is_refused_cleanly_and_the_planner_ca
     finally:
         await running.shutdown()
         server.stop()
+
+
+async def test_a_start_whose_acknowledgement_was_lost_runs_its_campaign(settings, tmp_path):
+    """The publish reached the stream but its acknowledgement did not come back (a NATS timeout after the
+    message landed): the planner has read the start back, so the campaign runs and the client gets its id."""
+    space = write_spaces(tmp_path / "spaces", devices=("GPU0",))[0]
+    with EmbeddedNats(tmp_path / "nats") as server:
+        running = await start_services(settings.model_copy(update={"nats_url": server.url}), names=("planner",))
+        planner = running.services["planner"]
+        real_publish = planner.bus.publish
+
+        async def lost_ack(event: pb.Event) -> None:
+            await real_publish(event)
+            if event.HasField("campaign_started"):
+                async with asyncio.timeout(20):   # the planner's own fold reads it back
+                    while event.campaign_id not in planner.replay.landed:
+                        await asyncio.sleep(0.05)
+                raise nats.errors.TimeoutError
+
+        try:
+            async with asyncio.timeout(20):
+                while not planner.grpc_port or not planner.caught_up.is_set():
+                    await asyncio.sleep(0.05)
+            planner.bus.publish = lost_ack
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
+                status = await sgrpc.CampaignsStub(ch).Submit(spb.SubmitRequest(spec=_spec(space)), timeout=60)
+            assert status.id in planner.campaigns and status.id in planner.loops
+            assert status.state == "running" and status.id not in planner.replay.abandoned
+        finally:
+            planner.bus.publish = real_publish
+            await running.shutdown()

@@ -39,6 +39,9 @@ class StreamReplay:
         #: campaigns whose start this planner could not confirm to their client, by id: the reason they fail
         #: with should their start reach the stream after all
         self.abandoned: dict[str, str] = {}
+        #: campaigns whose CampaignStarted this planner has read back from the stream (a start whose publish
+        #: timed out may still have landed: then the campaign runs, see PlannerService.submit)
+        self.landed: set[str] = set()
 
     async def follow(self, stop: asyncio.Event) -> None:
         """Fold the events stream from its beginning until `stop`."""
@@ -49,6 +52,8 @@ class StreamReplay:
         async for event, msg in svc.bus.follow(None, stop=stop):
             t0 = time.perf_counter()
             with telemetry.consumer_span(svc.name, msg.subject, msg.headers, event):
+                if event.HasField("campaign_started"):
+                    self.landed.add(event.campaign_id)
                 self.fold(event)
             if self.caught_up.is_set() and event.HasField("resend_requested"):
                 self.resends.answer_later(event.campaign_id, event.resend_requested.dlq_seq)
