@@ -11,6 +11,7 @@ from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
 from kfactory.sandbox.parent import RunnerCrashed, RunnerTimeout
 from kfactory.targets import UnknownTarget, get_target
+from kfactory.targets.cpu.target import cpu_identity
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -308,3 +309,21 @@ def test_the_fma_probe_keeps_its_chains_in_registers(target):
     lanes = 16 if "avx512f" in flags else 8 if "avx" in flags else 4
     _, y = _run_probe(target, 1, "cpu_fma.c", "-O3 -march=native -fopenmp", 1000, 16)
     assert y[1] == 1.0 and y[2] == float(lanes)
+
+
+def _cpuinfo_text(family: str, model: str, flags: str) -> str:
+    """/proc/cpuinfo of a 2-cpu virtual machine that names its processor only "AMD EPYC"."""
+    one = (f"processor\t: {{n}}\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+           f"model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu sse sse2 {flags}\n\n")
+    return one.format(n=0) + one.format(n=1)
+
+
+def test_two_processor_generations_under_one_model_name_are_two_devices():
+    zen3 = _cpuinfo_text("25", "1", "avx avx2 fma f16c")
+    zen4 = _cpuinfo_text("25", "17", "avx avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx512_bf16")
+    assert cpu_identity(zen3) == "cpu family=25;model=1;stepping=1;vendor_id=AuthenticAMD|avx,avx2,fma,f16c"
+    assert cpu_identity(zen4).endswith("|avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512_vnni,avx512_bf16")
+    assert cpu_identity(zen3) != cpu_identity(zen4)
+    # the same processor with a flag the kernels do not use (a newer kernel's name for a feature) is the same
+    assert cpu_identity(zen3.replace("fpu sse", "fpu newflag sse")) == cpu_identity(zen3)
+    assert cpu_identity("") == "|"

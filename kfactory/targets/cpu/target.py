@@ -29,14 +29,44 @@ NULL_KERNEL = "void kernel(void) {}\n"
 LANG_FLAG = {"c": "c", "cpp": "c++"}
 
 
-def _cpu_model() -> str:
+#: instruction-set flags that decide which kernels a cpu can run, and so its speed: part of a host's identity
+ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2")
+#: /proc/cpuinfo fields that tell one processor generation from another (x86, then Arm)
+_GENERATION = ("vendor_id", "cpu family", "model", "stepping", "CPU implementer", "CPU part", "CPU variant")
+
+
+def _cpuinfo() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux, or /proc hidden: the model falls back to platform's, the identity to ""
+        return ""
+
+
+def _cpu_model(cpuinfo: str) -> str:
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def cpu_identity(cpuinfo: str) -> str:
+    """What tells a processor apart beyond its model name, from /proc/cpuinfo's text: the first processor's
+    vendor, family, model and stepping (or Arm's implementer, part and variant) and which ISA_FLAGS it has. A
+    virtual machine may name every generation of a vendor's processors alike ("AMD EPYC" for a Zen 3 without
+    AVX-512 and a Zen 4 with it, both seen here), and the name alone made them one device: one ceilings entry,
+    one device in the evidence that warm starts trust."""
+    fields: dict[str, str] = {}
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in _GENERATION:
+            fields.setdefault(key, value.strip())
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    generation = ";".join(f"{k}={v}" for k, v in sorted(fields.items()))
+    return generation + "|" + ",".join(f for f in ISA_FLAGS if f in flags)
 
 
 def _llc_bytes() -> int:
@@ -61,10 +91,11 @@ class CpuTarget(Target):
         """This host, with its measured ceilings (copy and read bandwidth, peak fp32; measured once per host and
         thread count, cached: kfactory.targets.cpu.ceiling)."""
         if self._device is None:
-            model = _cpu_model()
-            host = platform.node()
+            info = _cpuinfo()
+            model, host = _cpu_model(info), platform.node()
+            identity = f"{host}|{model}|{cpu_identity(info)}"
             dev = pb.DeviceInfo(target="cpu", model=f"{model} ({self.settings.threads} threads)",
-                                device_id="cpu-" + hashlib.sha256(f"{host}|{model}".encode()).hexdigest()[:16],
+                                device_id="cpu-" + hashlib.sha256(identity.encode()).hexdigest()[:16],
                                 threads=self.settings.threads)
             figures = ceilings(self, f"{dev.device_id}/{dev.threads}", dev.threads)
             dev.mem_bandwidth_gbps, dev.peak_gflops = figures["mem_bandwidth_gbps"], figures["peak_gflops"]
