@@ -151,7 +151,7 @@ def rejection_reason(verdict: Verdict) -> str:
 #: how much faster in decode a spinning design must be than the fastest verified design whose threads sleep for
 #: the campaign to choose it: a spinning engine's idle threads hold their cores between calls too
 #: (OMP_WAIT_POLICY=active), a cost tok/s does not show (an exported engine in a server that waits for requests
-#: keeps its cores busy); smollm2 on the 2-core Xeon measured spinning and a bounded wait within x0.9-1.1 of
+#: keeps its cores busy); smollm2 on a 2-core Zen 4 EPYC measured spinning and a bounded wait within x0.9-1.1 of
 #: each other from campaign to campaign, inside the host's noise
 SPIN_MARGIN = 1.10
 
