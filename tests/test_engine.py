@@ -76,12 +76,10 @@ def libs(verifier, tmp_path_factory):
     out = tmp_path_factory.mktemp("so")
     config = verifier.model.config
     sources = {d.design_id(): generate(d, config) for d in DESIGNS}
-    for name, (old, new) in BROKEN.items():
-        src = generate(DESIGNS[0], config)
-        assert src.count(old) == 1, f"the {name} variant's anchor is not in the generated source"
-        sources[name] = src.replace(old, new)
-    for name, edits in SPLIT.items():
-        src = generate(SPLIT_DESIGN, config)
+    variants = {**{name: (DESIGNS[0], [edit]) for name, edit in BROKEN.items()},
+                **{name: (SPLIT_DESIGN, edits) for name, edits in SPLIT.items()}}
+    for name, (design, edits) in variants.items():
+        src = generate(design, config)
         for old, new in edits:
             assert src.count(old) == 1, f"the {name} variant's anchor {old!r} is not in the generated source"
             src = src.replace(old, new)

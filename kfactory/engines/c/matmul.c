@@ -608,8 +608,8 @@ static void gemm(const kf_tensor *w, const float *x, int ldx, int n, float *y, i
         if (pair) gemm_kernel16x2(panel, xt, xt + (size_t)KF_GT * cols, cols, out[0], out[1]);
 #endif
         if (!pair) gemm_kernel(panel, xt, cols, nt > 8 ? 2 : 1, out[0]);
-        for (int k = 0; k <= pair; k++)
-          for (int i = 0; i < (k ? KF_GT : nt); i++)
+        for (int k = 0; k <= pair; k++)   /* a pair's tiles are full: nt is KF_GT for both */
+          for (int i = 0; i < nt; i++)
             for (int j = 0; j < nr; j++) y[(size_t)(t0 + k * KF_GT + i) * ldy + r0 + j] = out[k][j * KF_GT + i];
         tt += 1 + pair;
       }
