@@ -5,6 +5,7 @@ parent carries on."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 
@@ -22,6 +23,8 @@ DESIGNS = [
                  kv_layout="token_major", prepack=False, op_threads="qkv=1,attn=1"),
     EngineDesign(weights="f32", threads=2, prepack=False, op_threads="o=1,gate_up=1,down=1,head=1"),
     EngineDesign(weights="f32", fuse_qkv=False, fuse_gate_up=False, fuse_norm=False, kv_layout="token_major"),
+    # the table decode of Q4_1 (with AVX-512; elsewhere the same 256-bit kernel as the default's)
+    EngineDesign(q4_decode="table"),
 ]
 
 #: test-only variants: a text replacement in the generated source, which must match exactly once
@@ -218,11 +221,22 @@ def test_design_values_and_space():
     assert split.op_thread_map() == {"attn": 1, "head": 2} and "-opa1h2-" in split.design_id()
     # moved to fewer threads, an entry at or above the new count goes: the op then runs on all of them
     assert split.at_threads(2).op_threads == "attn=1" and split.at_threads(1) == EngineDesign()
-    points = space(2)
+    points = space(2, avx512=False)
     # weights x 3 fusions x kv layouts x prepack, times (1 thread, and 2 threads sleeping, spinning or spinning
     # bounded, each with every op on both threads or one of the 7 op_threads choices)
     assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * (1 + 3 * 8)
     assert len({p.design_id() for p in points}) == len(points)
+    # with AVX-512 the prepacked Q4_1 quarter of them also comes with the table decode
+    wide = space(2, avx512=True)
+    assert len(wide) == len(set(wide)) == len(points) * 5 // 4 and set(points) < set(wide)
+    assert {p for p in wide if p.q4_decode == "table"} == {replace(p, q4_decode="table") for p in points
+                                                          if p.weights == "q4_1" and p.prepack}
+    assert EngineDesign(q4_decode="table").design_id() == "q4_1-fqgn-t1-head-pp-table-0b40cc978e"
+    with pytest.raises(DesignError, match="convert, table"):
+        EngineDesign(q4_decode="lut")
+    for unpacked in ({"weights": "f32"}, {"prepack": False}, {"matvec_q4_1": "ab" * 8}):
+        with pytest.raises(DesignError, match="q4_decode 'table' applies to weights 'q4_1' prepacked"):
+            EngineDesign(q4_decode="table", **unpacked)
     # the wait at its default stays out of the id: designs keep the ids they had before the field existed
     assert EngineDesign(threads=2).design_id() == "q4_1-fqgn-t2-head-pp-a42bba545e"
     bounded = EngineDesign(threads=2, wait="bounded")

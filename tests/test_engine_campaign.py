@@ -15,6 +15,7 @@ from kfactory.engines.campaign import (NOT_MEASURED, SPIN_MARGIN, Campaign, Desi
 from kfactory.engines.codegen import generate
 from kfactory.engines.design import EngineDesign, space
 from kfactory.models import Reference
+from kfactory.targets.cpu.cpuinfo import host_has
 
 #: NeoX-style RoPE halves instead of GGUF's adjacent pairs (as tests/test_engine.py's broken variant)
 ROPE_OLD = "#define KF_PAIR(i) (2 * (i))\n#define KF_MATE(i) (2 * (i) + 1)"
@@ -27,7 +28,7 @@ def record(root, verifier):
 
 
 def test_order_covers_fields_early():
-    points = order(space(2))
+    points = order(space(2, avx512=False))
     assert points[0] == EngineDesign()
     # more threads are one step however their idle threads wait (spin and wait apply to threads > 1 only)
     threads = [EngineDesign(threads=2), EngineDesign(threads=2, spin=True), EngineDesign(threads=2, wait="bounded")]
@@ -35,7 +36,10 @@ def test_order_covers_fields_early():
     assert points[1:1 + len(ones)] == ones          # every one-step change before any two-step change
     assert len(ones) == 7 + 2 and points[5:8] == threads
     assert points[1].weights == "f32" and not points[2].fuse_qkv
-    assert sorted(points, key=lambda d: d.design_id()) == sorted(space(2), key=lambda d: d.design_id())
+    assert sorted(points, key=lambda d: d.design_id()) == sorted(space(2, avx512=False), key=lambda d: d.design_id())
+    # with AVX-512 the table decode is one more one-step change, the last (q4_decode is the last field)
+    wide = order(space(2, avx512=True))
+    assert wide[:len(ones) + 2] == [*points[:len(ones) + 1], EngineDesign(q4_decode="table")]
 
 
 def test_budget_3_verifies_measures_and_names_the_best(root, record):
@@ -148,7 +152,10 @@ def test_engine_run_local_runs_the_campaign_in_this_process(tmp_path, monkeypatc
                  "--kernels", "builtin", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     default = EngineDesign().design_id()
-    assert "engine campaign tiny-llama: 1 of 64 designs, by descent (budget 1, threads 1..1, 1 timing round)" in out
+    # the one-thread space: 64 designs, and the table decode of the 16 prepacked Q4_1 ones where AVX-512 is
+    assert len(space(1)) == (80 if host_has("avx512f") else 64)
+    assert (f"engine campaign tiny-llama: 1 of {len(space(1))} designs, by descent (budget 1, threads 1..1, 1 timing "
+            "round)") in out
     assert f"[1/1] {default}: verified" in out and f"winner: {default}" in out
     record = json.loads(out_json.read_text())
     assert "services" not in record and record["results"][0]["decode_tok_s"] > 0

@@ -74,6 +74,8 @@ def defines(design: EngineDesign, config: LlamaConfig) -> dict[str, str]:
         "KF_PREPACK": flag[design.prepack], "KF_DESIGN_ID": f'"{design.design_id()}"',
         # prefill (12+ tokens) as a GEMM over dequantised panels, or the decode kernels over tiles of 4 tokens
         "KF_PREFILL_GEMM": flag[design.prefill == "gemm"],
+        # with AVX-512, a decode step's Q4_1 matvec by lookup table (q4group1_lut) or by conversion (q4group1_512)
+        "KF_Q4_TABLE": flag[design.q4_decode == "table"],
         # a searched kernel is its own translation unit (kfactory/engines/ops.py), linked in under this name
         "KF_OP_MATVEC_Q4_1": flag[design.matvec_q4_1 != BUILTIN],
         "KF_OP_MATVEC_Q8_0": flag[design.matvec_q8_0 != BUILTIN],

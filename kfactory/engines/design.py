@@ -16,6 +16,8 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from kfactory.targets.cpu.cpuinfo import host_has
+
 #: weight formats the matrix kernels read. "q4_1": the GGUF blocks as stored (the embedding/LM head keeps its
 #: Q8_0 blocks), dequantised inside the matvec; "f32": every matrix dequantised to float32 at load (4x-6x the
 #: bytes per token, no unpacking). A "q8_0" repack of the Q4_1 matrices is not offered: Q8_0 cannot hold every
@@ -37,6 +39,14 @@ KERNEL_FIELDS = ("matvec_q4_1", "matvec_q8_0")
 #: tokens, unpacking each block once per tile. Decode (one token) runs the same matvecs in both; its attention
 #: takes the 4-keys kernel with "gemm" (attend_block, c/forward.c), the one-key kernel with "tiled".
 PREFILLS = ("gemm", "tiled")
+#: how a decode step's matvec turns Q4_1 codes into products where the engine is built with AVX-512 (prepacked
+#: Q4_1 weights, the engine's own kernel): "convert" masks each code in place and converts it to a float, two
+#: rows to a 512-bit vector, and applies the block's scale to the sum (4 shuffles a block of 4 rows); "table"
+#: looks each code up in a 16-entry table of the row's dequantised values by permutes (12 shuffles, fewer
+#: instructions in all). Which wins depends on the processor's shuffle port: on a Zen 4 (512-bit shuffles
+#: double-pumped) "convert" measured 1.22x decode tok/s; an Intel core with a full-width shuffle port may favour
+#: the table. Without AVX-512 both run the 256-bit conversion kernel (space() then offers "convert" only).
+Q4_DECODES = ("convert", "table")
 #: how an idle OpenMP thread of a design that does not spin waits for the next parallel region: "passive" sleeps
 #: at once (OMP_WAIT_POLICY=passive); "bounded" spins GOMP_SPINCOUNT iterations first, then sleeps (libgomp's
 #: own default, which it cuts to a few spins when a team has more threads than the process has cpus). A decode
@@ -94,6 +104,8 @@ class EngineDesign:
                   layout, so it needs weights "q4_1", and the Q4_1 matrices stay in rows whatever prepack says
                   (layout_of).
     matvec_q8_0:  the same for the Q8_0 matvec (the tied LM head) with a verified `matvec_q8_0` kernel.
+    q4_decode:    "convert" or "table": how a decode step's 512-bit matvec unpacks Q4_1 codes; see Q4_DECODES.
+                  It applies to prepacked "q4_1" weights with the engine's own Q4_1 kernel.
     prefill:      "gemm" or "tiled": the kernels of a product over 12 tokens or more; see PREFILLS. Without
                   AVX2 both run the portable kernels. `space()` holds "gemm" only: it measured 1.9x the tiled
                   prefill on SmolLM2 (docs/engines.md), so "tiled" is there to compare against, not to search.
@@ -111,6 +123,7 @@ class EngineDesign:
     prefill: str = PREFILLS[0]
     wait: str = WAITS[0]
     op_threads: str = ""
+    q4_decode: str = Q4_DECODES[0]
 
     def __post_init__(self):
         if self.weights not in WEIGHTS:
@@ -132,9 +145,18 @@ class EngineDesign:
         if self.wait != WAITS[0] and (self.threads == 1 or self.spin):
             raise DesignError(f"wait {self.wait!r} applies to threads > 1 without spin (one thread never waits; a "
                               "spinning one never sleeps)")
+        if self.q4_decode not in Q4_DECODES:
+            raise DesignError(f"q4_decode {self.q4_decode!r} is not one of {', '.join(Q4_DECODES)}")
+        if self.q4_decode != Q4_DECODES[0] and not self.q4_decode_applies():
+            raise DesignError(f"q4_decode {self.q4_decode!r} applies to weights 'q4_1' prepacked, with the engine's "
+                              "own matvec_q4_1 (the kernel that unpacks them)")
         self.op_thread_map()
         for name in KERNEL_FIELDS:
             self._check_kernel(name, getattr(self, name))
+
+    def q4_decode_applies(self) -> bool:
+        """Whether q4_decode picks a kernel: Q4_1 blocks kept, prepacked, read by the engine's own matvec."""
+        return self.weights == "q4_1" and self.prepack and self.matvec_q4_1 == BUILTIN
 
     def op_thread_map(self) -> dict[str, int]:
         """{op: threads} of op_threads; DesignError naming the entry and the valid form when it is not one."""
@@ -222,12 +244,15 @@ class EngineDesign:
             del named["wait"]
         if not self.op_threads:
             del named["op_threads"]
+        if self.q4_decode == Q4_DECODES[0]:
+            del named["q4_decode"]
         digest = hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:10]
         fused = "".join(tag for tag, on in (("q", self.fuse_qkv), ("g", self.fuse_gate_up), ("n", self.fuse_norm))
                         if on) or "none"
         searched = "".join(f"-{tag}" for tag, name in (("m4", "matvec_q4_1"), ("m8", "matvec_q8_0"))
                            if getattr(self, name) != BUILTIN)
         tiled = "" if self.prefill == PREFILLS[0] else f"-{self.prefill}"
+        tiled += "" if self.q4_decode == Q4_DECODES[0] else f"-{self.q4_decode}"
         # each op's initial and its threads: qkv=1,attn=1 -> -opq1a1
         ops = "-op" + "".join(f"{op[0]}{n}" for op, n in self.op_thread_map().items()) if self.op_threads else ""
         waits = "s" if self.spin else "b" if self.wait == "bounded" else ""
@@ -235,16 +260,22 @@ class EngineDesign:
                 f"{self.kv_layout.split('_')[0]}{'-pp' if self.prepack else ''}{searched}{tiled}{ops}-{digest}")
 
 
-def space(max_threads: int | None = None) -> list[EngineDesign]:
+def space(max_threads: int | None = None, avx512: bool | None = None) -> list[EngineDesign]:
     """Every valid design point with 1..max_threads threads (default: this host's cores), in a fixed order,
-    with the engine's own matvec kernels (searched ones join in the campaign, kfactory/engines/ops.py)."""
+    with the engine's own matvec kernels (searched ones join in the campaign, kfactory/engines/ops.py). Where
+    the engine is built without AVX-512 (`avx512`; default: whether this host's processor has it), q4_decode
+    changes no instruction, so only its default is offered."""
     top = max_threads if max_threads is not None else (os.cpu_count() or 1)
     if not 1 <= top <= MAX_THREADS:
         raise DesignError(f"max_threads must lie in 1..{MAX_THREADS}, not {top}")
+    if avx512 is None:
+        avx512 = host_has("avx512f")
     # how idle threads wait: sleeping, spinning, or a bounded spin (threads > 1 only)
     waits = ((False, WAITS[0]), (True, WAITS[0]), (False, "bounded"))
-    return [EngineDesign(w, q, g, n, t, kv, pp, spin, wait=wait, op_threads=ops)
-            for w, q, g, n, t, kv, pp, (spin, wait), ops in itertools.product(
+    decodes = Q4_DECODES if avx512 else Q4_DECODES[:1]
+    return [EngineDesign(w, q, g, n, t, kv, pp, spin, wait=wait, op_threads=ops, q4_decode=dec)
+            for w, q, g, n, t, kv, pp, (spin, wait), ops, dec in itertools.product(
                 WEIGHTS, (False, True), (False, True), (False, True), range(1, top + 1), KV_LAYOUTS, (False, True),
-                waits, OP_THREAD_CHOICES)
-            if t > 1 or (not spin and wait == WAITS[0] and not ops)]
+                waits, OP_THREAD_CHOICES, decodes)
+            if (t > 1 or (not spin and wait == WAITS[0] and not ops))
+            and (dec == Q4_DECODES[0] or (w == "q4_1" and pp))]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import fields
 
-from kfactory.engines.design import EngineDesign
+from kfactory.engines.design import Q4_DECODES, EngineDesign
 
 #: the strategy an engine campaign searches with (kfactory/strategies/descent.py): the default's one-field
 #: changes, then those of the fastest design so far, so a budget beyond the first neighbourhood combines the
@@ -62,6 +62,7 @@ def with_kernels(points: list[EngineDesign], kernel_ids: dict[str, str]) -> list
     for d in points:
         out.append(d)
         if d.weights == "q4_1":
+            # a searched Q4_1 kernel replaces the one q4_decode picks: it joins the design at its default only
             out += [EngineDesign.from_dict({**d.as_dict(), **{op: kernel_ids[op] for op in subset}})
-                    for subset in subsets]
+                    for subset in subsets if d.q4_decode == Q4_DECODES[0] or "matvec_q4_1" not in subset]
     return order(out, points[0])

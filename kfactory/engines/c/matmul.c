@@ -207,6 +207,13 @@ static __attribute__((unused)) void decode_scaled_x(const float *x, int cols, fl
   static const float scale[4] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
   for (int c = 0; c < cols; c++) xk[c] = x[c] * scale[(c / 8) % 4];
 }
+/* x scaled as for q4group1 and laid out for q4group1_512: block b's segment k (times 16^-k) twice over, at
+ * xk[64b + 16k .. 64b + 16k + 15], so one 512-bit load gives a pair of rows the segment in both halves (a
+ * broadcast load of 8 floats takes a vector port on Zen 4, a plain load does not: x1.1 blocks a second) */
+static __attribute__((unused)) void decode_dup_x(const float *x, int cols, float *xk) {
+  static const float scale[4] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
+  for (int c = 0; c < 2 * cols; c++) xk[c] = x[(c / 64) * 32 + ((c / 16) % 4) * 8 + c % 8] * scale[(c / 16) % 4];
+}
 
 /* Block b of a Q8_0 PACK4 group for the decode kernels: its address, with the bytes KF_PREFETCH ahead asked for
  * and the 4 rows' scales d as floats. */
@@ -219,7 +226,8 @@ static inline __attribute__((always_inline)) const uint8_t *q8_block(const uint8
 }
 
 #ifdef __AVX512F__
-/* Decode against a Q4_1 PACK4 group with 512-bit vectors (where -march=native has AVX-512): each 4-bit code
+/* Decode against a Q4_1 PACK4 group with 512-bit vectors (where -march=native has AVX-512; design q4_decode
+ * "table"; "convert" takes q4group1_512 below): each 4-bit code
  * indexes a 16-entry table of the row's dequantised values, d*j + m for j = 0..15 (one FMA a row and block,
  * one rounding: the f32 design's weights), by vpermps, which reads only the low 4 bits of each index: so a row's
  * 16 code bytes widened to 16 lanes give the low nibbles' weights in one permute and, shifted by 4, the high
@@ -255,6 +263,50 @@ static inline __attribute__((always_inline)) void q4group1_lut(const uint8_t *gr
   float s[4];
   for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(_mm512_add_ps(a[2 * r], a[2 * r + 1]));
   for (int r = 0; r < valid; r++) y[r] = s[r];
+}
+
+/* Decode against a Q4_1 PACK4 group with 512-bit vectors, two rows to a vector (design q4_decode "convert"):
+ * rows r and r+1's 16 code bytes widened from u16 to u32 lanes (lanes 0-7 row r, 8-15 row r+1) and masked in
+ * place as in q4group1 (nibble k converts to q * 16^k against x's segment k times 16^-k: decode_dup_x), the
+ * pair's scales d put in the halves by one permute, and the mins added as m times the block's sum of x. A block
+ * costs 4 shuffles (2 widenings, 2 permutes) and ~30 vector instructions against q4group1_lut's 12 shuffles
+ * (8 of them 512-bit permutes): on a Zen 4, whose 512-bit shuffles take a port twice as long, 1.3x the blocks a
+ * second from cache and 1.22x decode tok/s end to end (docs/engines.md). */
+static inline __attribute__((always_inline)) void q4group1_512(const uint8_t *grp, int nb, const float *xk,
+                                                               const float *xs, float *y, int valid) {
+  __m512 a01 = _mm512_setzero_ps(), a23 = a01;
+  __m128 macc = _mm_setzero_ps();
+  const __m512i m0 = _mm512_set1_epi32(0xF), m1 = _mm512_set1_epi32(0xF0);
+  const __m512i m2 = _mm512_set1_epi32(0xF00), m3 = _mm512_set1_epi32(0xF000);
+  const __m512i lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i hi = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *blk = grp + (size_t)b * 80;
+    _mm_prefetch((const char *)blk + KF_PREFETCH, _MM_HINT_T0);
+    __m512 d = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk)));
+    macc = _mm_fmadd_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(blk + 8))), _mm_set1_ps(xs[b]), macc);
+    const float *xb = xk + 64 * b;
+    __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+    __m512 x2 = _mm512_loadu_ps(xb + 32), x3 = _mm512_loadu_ps(xb + 48);
+#define Q(v, m) _mm512_cvtepi32_ps(_mm512_and_si512(v, m))
+#define PAIR(r, acc, idx) do {                                                                              \
+    __m512i v_ = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * (r))));         \
+    __m512 s_ = _mm512_mul_ps(Q(v_, m0), x0);                                                                \
+    s_ = _mm512_fmadd_ps(Q(v_, m1), x1, s_);                                                                 \
+    s_ = _mm512_fmadd_ps(Q(v_, m2), x2, s_);                                                                 \
+    s_ = _mm512_fmadd_ps(Q(v_, m3), x3, s_);                                                                 \
+    acc = _mm512_fmadd_ps(s_, _mm512_permutexvar_ps(idx, d), acc); } while (0)
+    PAIR(0, a01, lo); PAIR(2, a23, hi);
+#undef PAIR
+#undef Q
+  }
+  float m[4], s[4];
+  _mm_storeu_ps(m, macc);
+  s[0] = hsum8(_mm512_castps512_ps256(a01));
+  s[1] = hsum8(_mm512_extractf32x8_ps(a01, 1));
+  s[2] = hsum8(_mm512_castps512_ps256(a23));
+  s[3] = hsum8(_mm512_extractf32x8_ps(a23, 1));
+  for (int r = 0; r < valid; r++) y[r] = s[r] + m[r];
 }
 
 /* x permuted for q4group1_lut, block by block: byte j of a row's codes (PACK4: u16 lane i holds elements
@@ -408,8 +460,13 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
       TILE(CALL, T);
 #else
 #ifdef __AVX512F__
+#if !KF_Q4_TABLE
+      if (T == 1 && fmt == KF_Q4_1) q4group1_512(base + (r / 4) * gb, nb, xk + (size_t)(t0 - n + n % KF_TT) * 2 * cols,
+                                                 xst, yt + r, valid);
+#else
       if (T == 1 && fmt == KF_Q4_1) q4group1_lut(base + (r / 4) * gb, nb, xk + (size_t)(t0 - n + n % KF_TT) * cols,
                                                  yt + r, valid);
+#endif
       else if (T == 1) q8group1_512(base + (r / 4) * gb, nb, xt, yt + r, valid);
 #else
       if (T == 1 && fmt == KF_Q4_1) q4group1(base + (r / 4) * gb, nb, xk + (size_t)(t0 - n + n % KF_TT) * cols, xst,
@@ -447,8 +504,9 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
 /* scratch floats a call of matmul needs for up to max_n tokens on `threads` threads: Q4_1 block sums (tiled
  * path) or the packed tokens and one panel per thread (GEMM), plus room to align to 64 bytes */
 static size_t matmul_scratch_floats(int max_n, int threads) {
-  /* block sums of every token, then x scaled for q4group1 for the tokens that take it (decode_tokens) */
-  size_t sums = (size_t)max_n * (KF_MAXCOLS / 32 + 1) + (size_t)(KF_TT - 1) * KF_MAXCOLS;
+  /* block sums of every token, then x scaled for q4group1 for the tokens that take it (decode_tokens), twice
+   * over for q4group1_512 (decode_dup_x) */
+  size_t sums = (size_t)max_n * (KF_MAXCOLS / 32 + 1) + (size_t)(KF_TT - 1) * 2 * KF_MAXCOLS;
 #if KF_PREFILL_GEMM && defined(__AVX2__)
   size_t gemm = (size_t)((max_n + KF_GT - 1) / KF_GT) * KF_GT * KF_MAXCOLS + (size_t)threads * KF_GR * KF_MAXCOLS;
   if (gemm > sums) sums = gemm;
@@ -655,7 +713,9 @@ static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y,
 #if defined(__AVX2__) && !KF_WEIGHTS_F32
   if (w->format == KF_Q4_1 && w->layout == KF_PACK4)
     for (int t = n - n % KF_TT; t < n; t++)
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && !KF_Q4_TABLE
+      decode_dup_x(x + (size_t)t * ldx, w->cols, xk + (size_t)(t - n + n % KF_TT) * 2 * w->cols);
+#elif defined(__AVX512F__)
       decode_lut_x(x + (size_t)t * ldx, w->cols, xk + (size_t)(t - n + n % KF_TT) * w->cols);
 #else
       decode_scaled_x(x + (size_t)t * ldx, w->cols, xk + (size_t)(t - n + n % KF_TT) * w->cols);

@@ -17,6 +17,7 @@ from kfactory.sandbox.parent import Runner
 from kfactory.sandbox.shm import ArenaRing, ShmBuffers
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Load
 from kfactory.targets.cpu.ceiling import ceilings
+from kfactory.targets.cpu.cpuinfo import cpu_flags, read_cpuinfo
 from kfactory.targets.cpu.rules import check_imports, check_source
 from kfactory.targets.flags import FlagRefused, check_flags
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
@@ -36,13 +37,6 @@ ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "a
 _GENERATION = ("vendor_id", "cpu family", "model", "stepping", "CPU implementer", "CPU part", "CPU variant")
 
 
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux, or /proc hidden: the model falls back to platform's, the identity to ""
-        return ""
-
-
 def _cpu_model(cpuinfo: str) -> str:
     for line in cpuinfo.splitlines():
         if line.startswith("model name"):
@@ -57,14 +51,11 @@ def cpu_identity(cpuinfo: str) -> str:
     AVX-512 and a Zen 4 with it, both seen here), and the name alone made them one device: one ceilings entry,
     one device in the evidence that warm starts trust."""
     fields: dict[str, str] = {}
-    flags: set[str] = set()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        key = key.strip()
-        if key in _GENERATION:
-            fields.setdefault(key, value.strip())
-        elif key in ("flags", "Features") and not flags:
-            flags = set(value.split())
+        if key.strip() in _GENERATION:
+            fields.setdefault(key.strip(), value.strip())
+    flags = cpu_flags(cpuinfo)
     generation = ";".join(f"{k}={v}" for k, v in sorted(fields.items()))
     return generation + "|" + ",".join(f for f in ISA_FLAGS if f in flags)
 
@@ -91,7 +82,7 @@ class CpuTarget(Target):
         """This host, with its measured ceilings (copy and read bandwidth, peak fp32; measured once per host and
         thread count, cached: kfactory.targets.cpu.ceiling)."""
         if self._device is None:
-            info = _cpuinfo()
+            info = read_cpuinfo()
             model, host = _cpu_model(info), platform.node()
             identity = f"{host}|{model}|{cpu_identity(info)}"
             dev = pb.DeviceInfo(target="cpu", model=f"{model} ({self.settings.threads} threads)",
