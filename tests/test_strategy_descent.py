@@ -176,7 +176,8 @@ def _engine_space() -> Space:
     from kfactory.engines.order import order
     from kfactory.engines.problem import engine_family
 
-    return Space([engine_family(order(designs_of(4)), Path("."))])
+    # with AVX-512's q4_decode choice, whatever this host has
+    return Space([engine_family(order(designs_of(4, avx512=True)), Path("."))])
 
 
 def test_on_the_engine_space_spinning_threads_and_unfused_gate_up_are_measured_together_before_grid_does():
@@ -200,12 +201,14 @@ def test_on_the_engine_space_spinning_threads_and_unfused_gate_up_are_measured_t
     spin_changes = [{k: p.params[k] for k in p.params if p.params[k] != default[k]} for p in asked
                     if p.params["spin"]]
     assert spin_changes == [{"spin": True, "threads": 2}]   # the first of the closest valid points spinning
-    # the threads and how they wait come first (engine_family's SEARCH_FIRST), then the rest in field order
-    changed = [sorted(k for k in p.params if p.params[k] != default[k]) for p in asked[1:7]]
-    assert changed == [["threads"]] * 3 + [["threads", "wait"], ["spin", "threads"], ["weights"]]
+    # the threads, how they wait and the Q4_1 decode kernel come first (engine_family's SEARCH_FIRST), then the
+    # rest in field order
+    changed = [sorted(k for k in p.params if p.params[k] != default[k]) for p in asked[1:8]]
+    assert changed == [["threads"]] * 3 + [["threads", "wait"], ["spin", "threads"], ["q4_decode"], ["weights"]]
     # the best neighbour (spinning on 2 threads) is the centre; its unseen neighbours: spinning on 3 and 4
-    # threads, then weights, fuse_qkv and fuse_gate_up in the design's field order, which unfuses gate/up
-    more = _asks(s, 5, score)
-    assert [combination(p) for p in more] == [False, False, False, False, True]
+    # threads, its table decode, then weights, fuse_qkv and fuse_gate_up in the design's field order, which
+    # unfuses gate/up
+    more = _asks(s, 6, score)
+    assert [combination(p) for p in more] == [False] * 5 + [True]
     assert s.centres[1].params == {**default, "threads": 2, "spin": True}
     assert not any(combination(p) for p in _asks(make_strategy("grid", space, seed=0), hood + 4))
