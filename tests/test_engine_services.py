@@ -31,6 +31,7 @@ from kfactory.engines.stages import coder as engine_coder
 from kfactory.models import Reference, load_model
 from kfactory.platform.app import start_services
 from kfactory.services.memory.archive import Archive
+from kfactory.targets.cpu.cpuinfo import host_has
 from kfactory.v1 import events_pb2 as pb
 from tests.test_engine_ops import Q4_1
 
@@ -100,7 +101,9 @@ def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_s
     record, events = _run(bus_settings, 2)
     assert record["campaign_state"] == "completed", record["campaign_reason"]
     kinds = _kinds(events)
-    default, second = EngineDesign(), EngineDesign(weights="f32")     # descent: the default, then its neighbours
+    # descent: the default, then its neighbours (where the host has AVX-512 the table decode comes first)
+    default = EngineDesign()
+    second = EngineDesign(q4_decode="table") if host_has("avx512f") else EngineDesign(weights="f32")
     proposed = [EngineDesign.from_dict(json.loads(p.params_json)) for p in kinds["point_proposed"]]
     assert proposed == [default, second]
     assert len(kinds["candidate_created"]) == len(kinds["compiled"]) == len(kinds["verified"]) == 2
@@ -152,13 +155,14 @@ def test_designs_that_fail_are_typed_results(bus_settings, monkeypatch):
             src = generate(design, config)
             assert src.count(ROPE_OLD) == 1
             return src.replace(ROPE_OLD, ROPE_NEW)
-        if not design.fuse_gate_up:
+        if not design.fuse_gate_up or design.q4_decode == "table":
             raise CodegenError("this design cannot be served (test)")
         return generate(design, config)
 
-    # the engine's source as the coder renders it, broken for three designs: everything after it is real
+    # the engine's source as the coder renders it, broken for three designs (four where the host has AVX-512
+    # and the table decode is searched first): everything after it is real
     monkeypatch.setattr(engine_coder, "generate", broken)
-    record, events = _run(bus_settings, 4)
+    record, events = _run(bus_settings, 4 + host_has("avx512f"))
     assert record["campaign_state"] == "completed", record["campaign_reason"]
     kinds = _kinds(events)
     (failed,) = kinds["compile_failed"]

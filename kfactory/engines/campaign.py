@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from kfactory.engines.build import build
 from kfactory.engines.codegen import CodegenError, generate
-from kfactory.engines.design import EngineDesign, space
+from kfactory.engines.design import SPIN_MARGIN, EngineDesign, space
 from kfactory.engines.ops import OpKernel, OpKernelError, units_for
 from kfactory.engines.order import STRATEGY, order, with_kernels
 from kfactory.engines.order import distance  # noqa: F401 (re-exported, its old home)
@@ -146,14 +146,6 @@ def rejection_reason(verdict: Verdict) -> str:
     return (f"verification failed: {name}{step}{err}"
             + (f"; {first.detail}" if first and first.detail else "")
             + (f"; engine fault ({verdict.fault_kind}): {verdict.fault}" if verdict.fault else ""))
-
-
-#: how much faster in decode a spinning design must be than the fastest verified design whose threads sleep for
-#: the campaign to choose it: a spinning engine's idle threads hold their cores between calls too
-#: (OMP_WAIT_POLICY=active), a cost tok/s does not show (an exported engine in a server that waits for requests
-#: keeps its cores busy); smollm2 on a 2-core Zen 4 EPYC measured spinning and a bounded wait within x0.9-1.1 of
-#: each other from campaign to campaign, inside the host's noise
-SPIN_MARGIN = 1.10
 
 
 def _spins(r: DesignResult) -> bool:

@@ -54,6 +54,13 @@ Q4_DECODES = ("convert", "table")
 #: passive (x1.28 in one process, smollm2-135m), and a bounded spin yields the core after a while to a host's
 #: other jobs, where an active one never does; a campaign measures which wait wins on its host.
 WAITS = ("passive", "bounded")
+#: how much faster in decode a spinning design must be than the fastest verified design whose threads sleep for
+#: a campaign to choose it (kfactory.engines.campaign.best_of, EngineProblem.winner through the services): a
+#: spinning engine's idle threads hold their cores between calls too (OMP_WAIT_POLICY=active), a cost tok/s does
+#: not show (an exported engine in a server that waits for requests keeps its cores busy); smollm2 on a 2-core
+#: Zen 4 EPYC measured spinning and a bounded wait within x0.9-1.1 of each other from campaign to campaign,
+#: inside the host's noise
+SPIN_MARGIN = 1.10
 #: libgomp's spin count of a "bounded" wait (its default with OMP_WAIT_POLICY unset), set explicitly so that the
 #: environment a design was measured in does not decide it
 BOUNDED_SPINS = 300000

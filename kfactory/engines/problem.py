@@ -15,13 +15,14 @@ of a model together); the coder takes each kernel's verified source from memory 
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from kfactory.engines.design import KERNEL_FIELDS, DesignError, EngineDesign, space
+from kfactory.engines.design import KERNEL_FIELDS, SPIN_MARGIN, DesignError, EngineDesign, space
 from kfactory.engines.order import order, with_kernels
 from kfactory.problems.package import Family, Problem, ProblemError
 from kfactory.problems.spec import FamilySpec, ProblemSpec
@@ -109,10 +110,29 @@ class EngineProblem(Problem):
         reference to run, no template to render."""
         return []
 
+    def winner(self, measured: list) -> Any:
+        """The fastest design, unless it spins and a measured design that does not decodes within SPIN_MARGIN
+        of it (its score, seconds a token, at most SPIN_MARGIN times the fastest's); then the fastest of those:
+        the rule of the local campaign's best_of, so the services name the winner best.json names."""
+        fastest = min(measured, key=lambda m: m.score_s)
+        calm = [m for m in measured if not _spins(m)]
+        if not _spins(fastest) or not calm:
+            return fastest
+        best_calm = min(calm, key=lambda m: m.score_s)
+        return best_calm if best_calm.score_s <= fastest.score_s * SPIN_MARGIN else fastest
+
     def family(self) -> EngineFamily:
         fam = self.families[FAMILY]
         assert isinstance(fam, EngineFamily)
         return fam
+
+
+def _spins(measured: Any) -> bool:
+    """Whether a Measured event's candidate is a design whose idle threads spin (params_json's `spin`)."""
+    try:
+        return bool(json.loads(measured.candidate.params_json or "{}").get("spin"))
+    except (ValueError, AttributeError):   # not a JSON object: no design, so nothing that spins
+        return False
 
 
 def problem_name(model_name: str) -> str:

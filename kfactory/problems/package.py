@@ -217,6 +217,11 @@ class Problem:
     def name(self) -> str:
         return self.spec.name
 
+    def winner(self, measured: list) -> Any:
+        """The campaign's result among `measured` (kfactory.v1 Measured events, non-empty, each measured in
+        full): the lowest score. A problem kind may weigh more than the score (an engine: whether it spins)."""
+        return min(measured, key=lambda m: m.score_s)
+
     @property
     def params(self) -> dict[str, float | int]:
         """The problem's scalar parameters, name -> the spec's value (kfactory.problems.params: the reference

@@ -90,6 +90,9 @@ class CampaignState:
     driven: bool = False
     #: device-seconds its verifications, screens and measurements held the device (kfactory.judge.order.device_seconds)
     device_s: float = 0.0
+    #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
+    #: problem loads; None: the fastest
+    winner: Callable[[list[pb.Measured]], pb.Measured] | None = None
 
     def __post_init__(self):
         self.strategy = None
@@ -315,10 +318,13 @@ class CampaignState:
         return [m.candidate.id for m in sorted(full, key=lambda m: m.score_s)[:k]]
 
     def best(self) -> pb.Measured | None:
-        """The fastest candidate measured in full that is not the reference kernel (a screened-out timing is no
-        result: it may never have been verified)."""
+        """The campaign's result: of the candidates measured in full that are not the reference kernel (a
+        screened-out timing is no result: it may never have been verified), the one `winner` picks (the
+        problem's rule, Problem.winner; the fastest where none is set)."""
         mine = [m for cid, m in self.measured.items() if cid != self.reference_id and not m.screened_out]
-        return min(mine, key=lambda m: m.score_s) if mine else None
+        if not mine:
+            return None
+        return self.winner(mine) if self.winner else min(mine, key=lambda m: m.score_s)
 
     def reported(self) -> tuple[pb.Counts, pb.Measured | None]:
         """(counts, best) as the campaign reports them: live while it runs, and once it has finished, what it
