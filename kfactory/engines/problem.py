@@ -204,13 +204,12 @@ def load_engine_problem(text: str) -> EngineProblem:
 
 def engine_family(designs: list[EngineDesign], directory: Path) -> EngineFamily:
     """The family whose points are `designs` (in that order), for the services' problem and the local campaign
-    alike. Its params list the searched-kernel fields first, then the threads, how idle threads wait and the
-    Q4_1 decode kernel (SEARCH_FIRST): a
-    strategy that walks the params in order (descent) then tries each searched kernel against the engine's own
-    right after the default, and then more threads, sleeping, spinning a while and spinning (on a multi-core
-    host the largest change: 2 threads with a bounded wait measured decode x1.8 and prefill x1.8 against the
-    default's one thread on smollm2, while with the field order a budget under 10 never tried a waiting policy
-    other than sleeping, which measured x0.76 of one thread there)."""
+    alike. Its params list the searched-kernel fields first, then SEARCH_FIRST: a strategy that walks the params
+    in order (descent) then tries each searched kernel against the engine's own right after the default, then
+    more threads, sleeping, spinning a while and spinning (on a multi-core host the largest change: 2 threads
+    with a bounded wait measured decode x1.8 and prefill x1.8 against the default's one thread on smollm2, while
+    with the field order a budget under 10 never tried a waiting policy other than sleeping, which measured x0.76
+    of one thread there), then the other Q4_1 decode kernel where the host has AVX-512."""
     params: dict[str, list] = {k: [] for k in (*KERNEL_FIELDS, *SEARCH_FIRST)}
     for d in designs:
         for k, v in d.as_dict().items():

@@ -270,8 +270,8 @@ static inline __attribute__((always_inline)) void q4group1_lut(const uint8_t *gr
  * place as in q4group1 (nibble k converts to q * 16^k against x's segment k times 16^-k: decode_dup_x), the
  * pair's scales d put in the halves by one permute, and the mins added as m times the block's sum of x. A block
  * costs 4 shuffles (2 widenings, 2 permutes) and ~30 vector instructions against q4group1_lut's 12 shuffles
- * (8 of them 512-bit permutes): on a Zen 4, whose 512-bit shuffles take a port twice as long, 1.3x the blocks a
- * second from cache and 1.22x decode tok/s end to end (docs/engines.md). */
+ * (8 of them 512-bit permutes): on a Zen 4 (whose 512-bit shuffles, by these rates, hold their port for two
+ * cycles) 1.3x the blocks a second from cache and 1.22x decode tok/s end to end (docs/engines.md). */
 static inline __attribute__((always_inline)) void q4group1_512(const uint8_t *grp, int nb, const float *xk,
                                                                const float *xs, float *y, int valid) {
   __m512 a01 = _mm512_setzero_ps(), a23 = a01;
