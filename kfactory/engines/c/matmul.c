@@ -302,10 +302,13 @@ static inline __attribute__((always_inline)) void q4group1_512(const uint8_t *gr
   }
   float m[4], s[4];
   _mm_storeu_ps(m, macc);
+  /* the upper halves through a 64-bit extract: AVX512F's own (extractf32x8 needs AVX512DQ) */
+#define UPPER(a) _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))
   s[0] = hsum8(_mm512_castps512_ps256(a01));
-  s[1] = hsum8(_mm512_extractf32x8_ps(a01, 1));
+  s[1] = hsum8(UPPER(a01));
   s[2] = hsum8(_mm512_castps512_ps256(a23));
-  s[3] = hsum8(_mm512_extractf32x8_ps(a23, 1));
+  s[3] = hsum8(UPPER(a23));
+#undef UPPER
   for (int r = 0; r < valid; r++) y[r] = s[r] + m[r];
 }
 
