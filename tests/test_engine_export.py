@@ -245,3 +245,25 @@ def test_a_library_exporting_more_than_the_abi_is_refused(exported, tmp_path):
     (tmp_path / f"{NAME}.c").write_text(source + "\nint leaked_table[4] = {1, 2, 3, 4};\n")
     with pytest.raises(ExportError, match="leaked_table"):
         check_library(tmp_path, [argv], NAME)
+
+
+def test_exporting_a_spinning_design_says_its_threads_hold_their_cores(verifier, tmp_path):
+    """A spinning winner (here the only verified design) is exported as it was measured, and the export says
+    what its idle threads cost and how to make them wait; a design that waits bounded says nothing of it."""
+    from kfactory.engines.export import export_engine
+
+    said = {}
+    for design in (EngineDesign(threads=2, spin=True), EngineDesign(threads=2, wait="bounded")):
+        data = tmp_path / design.design_id()
+        campaign = Campaign("tiny-llama", 1, data_dir=data, verifier=verifier)
+        campaign.results.append(campaign.evaluate(design))
+        assert campaign.write("t")["best"]["design_id"] == design.design_id()
+        notes: list[str] = []
+        export_engine("tiny-llama", "python", NAME, data / "out", data, verifier=verifier, progress=notes.append)
+        said[design.spin] = [n for n in notes if n.startswith("note: ")]
+        manifest = json.loads((data / "out" / "manifest.json").read_text())
+        assert manifest["omp_wait_policy"] == ("active" if design.spin else "")
+    (note,) = said[True]
+    assert "spins" in note and "GOMP_SPINCOUNT=300000" in note and "OMP_WAIT_POLICY=passive" in note
+    assert said[False] == []
+

@@ -37,7 +37,7 @@ import numpy as np
 from kfactory.engines import export_c
 from kfactory.engines.build import FLAGS, LINK, Unit, build, compiler
 from kfactory.engines.campaign import VERIFIED, load_best
-from kfactory.engines.design import DesignError, EngineDesign
+from kfactory.engines.design import BOUNDED_SPINS, DesignError, EngineDesign
 from kfactory.engines.ops import OpKernelError, kernels_of, units_for
 from kfactory.engines.prepare import FORMATS as TENSOR_FORMATS, LAYOUTS, Prepared, prepare
 from kfactory.engines.verify import Verdict, Verifier
@@ -239,6 +239,15 @@ def _claim_out(out: Path, name: str) -> None:
                               "--out")
 
 
+def spin_note(design: EngineDesign) -> str:
+    """What a user of an exported spinning design should know: its idle threads hold their cores between calls
+    too, and how to make them wait instead (the export sets its OpenMP environment only where it is unset)."""
+    return (f"note: {design.design_id()} spins (OMP_WAIT_POLICY=active): its {design.threads} threads hold their "
+            "cores between calls too, not only within a step; where the engine waits for requests beside other "
+            f"work, set GOMP_SPINCOUNT={BOUNDED_SPINS} (libgomp's bounded spin, which then sleeps) or "
+            "OMP_WAIT_POLICY=passive in its environment before it loads, at some cost in tokens/s")
+
+
 def export_engine(model: str, fmt: str, name: str, out_dir: Path | str, data_dir: Path | str,
                   verifier: Verifier | None = None, progress: Callable[[str], None] | None = None) -> list[Path]:
     """Export `model`'s best verified engine into out_dir (see the module docstring); the paths written.
@@ -252,6 +261,8 @@ def export_engine(model: str, fmt: str, name: str, out_dir: Path | str, data_dir
     package = load_model(model)
     chosen = chosen_engine(package, data_dir)
     if progress is not None:
+        if chosen.design.spin:
+            progress(spin_note(chosen.design))
         progress(f"verifying {chosen.design.design_id()} of {package.name} again (the manifest records every "
                  "check's figures)")
     verifier = verifier or Verifier(model, cache_dir=data_dir / "models",
