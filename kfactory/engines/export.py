@@ -241,7 +241,8 @@ def _claim_out(out: Path, name: str) -> None:
 
 def spin_note(design: EngineDesign) -> str:
     """What a user of an exported spinning design should know: its idle threads hold their cores between calls
-    too, and how to make them wait instead (the export sets its OpenMP environment only where it is unset)."""
+    too, and how to make them wait instead (the Python module sets the manifest's OpenMP variables only where
+    they are unset; a C program sets them itself, NAME.h)."""
     return (f"note: {design.design_id()} spins (OMP_WAIT_POLICY=active): its {design.threads} threads hold their "
             "cores between calls too, not only within a step; where the engine waits for requests beside other "
             f"work, set GOMP_SPINCOUNT={BOUNDED_SPINS} (libgomp's bounded spin, which then sleeps) or "
