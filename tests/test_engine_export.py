@@ -266,4 +266,3 @@ def test_exporting_a_spinning_design_says_its_threads_hold_their_cores(verifier,
     (note,) = said[True]
     assert "spins" in note and "GOMP_SPINCOUNT=300000" in note and "OMP_WAIT_POLICY=passive" in note
     assert said[False] == []
-

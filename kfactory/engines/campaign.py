@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from kfactory.engines.build import build
 from kfactory.engines.codegen import CodegenError, generate
-from kfactory.engines.design import SPIN_MARGIN, EngineDesign, space
+from kfactory.engines.design import SPIN_MARGIN, EngineDesign, prefer_calm, space
 from kfactory.engines.ops import OpKernel, OpKernelError, units_for
 from kfactory.engines.order import STRATEGY, order, with_kernels
 from kfactory.engines.order import distance  # noqa: F401 (re-exported, its old home)
@@ -152,22 +152,21 @@ def _spins(r: DesignResult) -> bool:
     return bool(r.design.get("spin"))
 
 
+def _rate(r: DesignResult) -> tuple[float, float]:
+    return (r.decode_tok_s or 0.0, r.prefill_tok_s or 0.0)
+
+
 def fastest_of(results: list[DesignResult]) -> DesignResult | None:
     """The verified design with the highest decode tok/s (prefill breaks a tie)."""
     verified = [r for r in results if r.verified]
-    return max(verified, key=lambda r: (r.decode_tok_s, r.prefill_tok_s)) if verified else None
+    return max(verified, key=_rate) if verified else None
 
 
 def best_of(results: list[DesignResult]) -> DesignResult | None:
-    """The campaign's winner: the fastest verified design, unless it spins and a verified design that does not
-    spin decodes within SPIN_MARGIN of it; then the fastest of those."""
-    fastest = fastest_of(results)
-    if fastest is None or not _spins(fastest):
-        return fastest
-    calm = fastest_of([r for r in results if not _spins(r)])
-    if calm is not None and (calm.decode_tok_s or 0.0) * SPIN_MARGIN >= (fastest.decode_tok_s or 0.0):
-        return calm
-    return fastest
+    """The campaign's winner among the verified designs (prefer_calm: the fastest, unless it spins and one that
+    does not decodes within SPIN_MARGIN of it)."""
+    verified = [r for r in results if r.verified]
+    return prefer_calm(verified, _rate, _spins) if verified else None
 
 
 def report_text(record: dict[str, Any]) -> str:

@@ -14,9 +14,11 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from kfactory.targets.cpu.cpuinfo import host_has
+
+T = TypeVar("T")
 
 #: weight formats the matrix kernels read. "q4_1": the GGUF blocks as stored (the embedding/LM head keeps its
 #: Q8_0 blocks), dequantised inside the matvec; "f32": every matrix dequantised to float32 at load (4x-6x the
@@ -61,6 +63,19 @@ WAITS = ("passive", "bounded")
 #: Zen 4 EPYC measured spinning and a bounded wait within x0.9-1.1 of each other from campaign to campaign,
 #: inside the host's noise
 SPIN_MARGIN = 1.10
+
+
+def prefer_calm(items: list[T], rate: Callable[[T], tuple[float, ...]], spins: Callable[[T], bool]) -> T:
+    """The campaign's winner among `items` (non-empty) by SPIN_MARGIN's rule: the fastest by `rate` (decode tok/s
+    first, the rest breaking ties), unless it spins and one that does not decodes within SPIN_MARGIN of it; then
+    the fastest of those. One rule for the local campaign's records (DesignResult) and the planner's result
+    (Measured events): kfactory.engines.campaign.best_of, EngineProblem.winner."""
+    fastest = max(items, key=rate)
+    calm = [i for i in items if not spins(i)]
+    if not spins(fastest) or not calm:
+        return fastest
+    best_calm = max(calm, key=rate)
+    return best_calm if rate(best_calm)[0] * SPIN_MARGIN >= rate(fastest)[0] else fastest
 #: libgomp's spin count of a "bounded" wait (its default with OMP_WAIT_POLICY unset), set explicitly so that the
 #: environment a design was measured in does not decide it
 BOUNDED_SPINS = 300000

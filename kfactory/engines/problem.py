@@ -16,13 +16,14 @@ of a model together); the coder takes each kernel's verified source from memory 
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from kfactory.engines.design import KERNEL_FIELDS, SPIN_MARGIN, DesignError, EngineDesign, space
+from kfactory.engines.design import KERNEL_FIELDS, DesignError, EngineDesign, prefer_calm, space
 from kfactory.engines.order import order, with_kernels
 from kfactory.problems.package import Family, Problem, ProblemError
 from kfactory.problems.spec import FamilySpec, ProblemSpec
@@ -111,20 +112,20 @@ class EngineProblem(Problem):
         return []
 
     def winner(self, measured: list) -> Any:
-        """The fastest design, unless it spins and a measured design that does not decodes within SPIN_MARGIN
-        of it (its score, seconds a token, at most SPIN_MARGIN times the fastest's); then the fastest of those:
-        the rule of the local campaign's best_of, so the services name the winner best.json names."""
-        fastest = min(measured, key=lambda m: m.score_s)
-        calm = [m for m in measured if not _spins(m)]
-        if not _spins(fastest) or not calm:
-            return fastest
-        best_calm = min(calm, key=lambda m: m.score_s)
-        return best_calm if best_calm.score_s <= fastest.score_s * SPIN_MARGIN else fastest
+        """The local campaign's rule (prefer_calm, as its best_of), on tok/s from the scores (seconds a decoded
+        token), so the services name the winner best.json names."""
+        return prefer_calm(measured, _rate, _spins)
 
     def family(self) -> EngineFamily:
         fam = self.families[FAMILY]
         assert isinstance(fam, EngineFamily)
         return fam
+
+
+def _rate(measured: Any) -> tuple[float]:
+    """A Measured event's decode tok/s (its score is seconds a token; a zero score ranks first, as the lowest
+    score does everywhere else)."""
+    return (1.0 / measured.score_s if measured.score_s > 0 else math.inf,)
 
 
 def _spins(measured: Any) -> bool:

@@ -53,8 +53,8 @@ def cpu_identity(cpuinfo: str) -> str:
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in _GENERATION:
-            fields.setdefault(key.strip(), value.strip())
+        if (key := key.strip()) in _GENERATION:
+            fields.setdefault(key, value.strip())
     flags = cpu_flags(cpuinfo)
     generation = ";".join(f"{k}={v}" for k, v in sorted(fields.items()))
     return generation + "|" + ",".join(f for f in ISA_FLAGS if f in flags)
