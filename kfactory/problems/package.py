@@ -198,6 +198,11 @@ class Family:
         return {**rule, "params": params} if rule else None
 
 
+def lowest_score(measured: list) -> Any:
+    """The Measured event of `measured` (non-empty) with the lowest score: a kernel campaign's result."""
+    return min(measured, key=lambda m: m.score_s)
+
+
 @dataclass
 class Problem:
     """A loaded problem package."""
@@ -219,8 +224,9 @@ class Problem:
 
     def winner(self, measured: list) -> Any:
         """The campaign's result among `measured` (kfactory.v1 Measured events, non-empty, each measured in
-        full): the lowest score. A problem kind may weigh more than the score (an engine: whether it spins)."""
-        return min(measured, key=lambda m: m.score_s)
+        full): the lowest score (lowest_score). A problem kind may weigh more than the score (an engine: whether
+        it spins)."""
+        return lowest_score(measured)
 
     @property
     def params(self) -> dict[str, float | int]:

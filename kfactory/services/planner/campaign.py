@@ -9,6 +9,7 @@ from typing import Any, Callable
 from kfactory.bus import events as ev
 from kfactory.bus.origins import SEARCHED, STRATEGY, Origin, is_kind
 from kfactory.judge.order import device_seconds
+from kfactory.problems.package import lowest_score
 from kfactory.services.planner.coders import CoderLedger
 from kfactory.services.planner.refusals import refusal
 from kfactory.strategies import Point, Space, make_strategy
@@ -91,8 +92,8 @@ class CampaignState:
     #: device-seconds its verifications, screens and measurements held the device (kfactory.judge.order.device_seconds)
     device_s: float = 0.0
     #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
-    #: problem loads; None: the fastest
-    winner: Callable[[list[pb.Measured]], pb.Measured] | None = None
+    #: problem loads; else the lowest score
+    winner: Callable[[list[pb.Measured]], pb.Measured] = lowest_score
 
     def __post_init__(self):
         self.strategy = None
@@ -320,11 +321,9 @@ class CampaignState:
     def best(self) -> pb.Measured | None:
         """The campaign's result: of the candidates measured in full that are not the reference kernel (a
         screened-out timing is no result: it may never have been verified), the one `winner` picks (the
-        problem's rule, Problem.winner; the fastest where none is set)."""
+        problem's rule, Problem.winner; the lowest score where none is set)."""
         mine = [m for cid, m in self.measured.items() if cid != self.reference_id and not m.screened_out]
-        if not mine:
-            return None
-        return self.winner(mine) if self.winner else min(mine, key=lambda m: m.score_s)
+        return self.winner(mine) if mine else None
 
     def reported(self) -> tuple[pb.Counts, pb.Measured | None]:
         """(counts, best) as the campaign reports them: live while it runs, and once it has finished, what it

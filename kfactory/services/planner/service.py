@@ -82,10 +82,11 @@ class PlannerService(Service):
         it was submitted, or a name no planner knows) is `broken`: it is failed with the reason, not driven."""
         try:
             space, broken = self._space(spec), ""
-            winner = self.ctx.problem(spec.problem).winner
         except ProblemError as e:
-            space, broken, winner = None, f"its problem cannot be loaded: {e}", None
-        st = CampaignState(cid, spec, pb.DeviceInfo(), space, broken=broken, winner=winner)
+            space, broken = None, f"its problem cannot be loaded: {e}"
+        st = CampaignState(cid, spec, pb.DeviceInfo(), space, broken=broken)
+        if not broken:   # the problem's rule for its result (a broken campaign keeps the lowest score)
+            st.winner = self.ctx.problem(spec.problem).winner
         st.agent_note = coders.agent_note(spec, self.settings)
         st.token_seconds = self.settings.llm_token_seconds
         return st
