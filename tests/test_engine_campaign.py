@@ -5,6 +5,7 @@ and one that computes the wrong function are kept as rejected results with their
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -14,6 +15,7 @@ from kfactory.engines.campaign import (NOT_MEASURED, SPIN_MARGIN, Campaign, Desi
                                        report_text, write_record)
 from kfactory.engines.codegen import generate
 from kfactory.engines.design import EngineDesign, space
+from kfactory.engines.showdown import Rule
 from kfactory.models import Reference
 from kfactory.targets.cpu.cpuinfo import host_has
 
@@ -24,7 +26,9 @@ ROPE_NEW = "#define KF_PAIR(i) (i)\n#define KF_MATE(i) ((i) + KF_HEAD_DIM / 2)"
 
 @pytest.fixture(scope="module")
 def record(root, verifier):
-    return Campaign("tiny-llama", 3, data_dir=root, verifier=verifier, rounds=2).run()
+    # a margin that lets every verified design contend: the showdown runs whatever the timings
+    return Campaign("tiny-llama", 3, data_dir=root, verifier=verifier, rounds=2,
+                    showdown=Rule(rounds=2, margin=1000.0)).run()
 
 
 def test_order_covers_fields_early():
@@ -46,10 +50,21 @@ def test_budget_3_verifies_measures_and_names_the_best(root, record):
     results = record["results"]
     assert [r["verdict"] for r in results] == ["verified"] * 3
     assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in results)
-    assert all(len(r["timings"]) == 2 for r in results)          # two rounds; the figures are their medians
-    assert results[0]["decode_tok_s"] == pytest.approx(sum(t[0] for t in results[0]["timings"]) / 2)
-    best = max(results, key=lambda r: r["decode_tok_s"])
-    assert record["best"]["design_id"] == best["design_id"]
+    # two rounds, then two showdown rounds among all three; the figures are the medians of the four
+    assert all(len(r["timings"]) == 4 for r in results)
+    decodes = sorted(t[0] for t in results[0]["timings"])
+    assert results[0]["decode_tok_s"] == pytest.approx((decodes[1] + decodes[2]) / 2)
+    sd = record["showdown"]
+    ids = [r["design_id"] for r in sorted(results, key=lambda r: -r["timings"][1][0] - r["timings"][0][0])]
+    assert sd["contenders"] == ids and sd["rounds"] == 2 and sd["faulted"] == [] and sd["reference"] == ids[0]
+    by_id = {r["design_id"]: r for r in results}
+    for i in ids:   # the showdown's timings are each design's last two, its ratios per round to the reference's
+        assert sd["timings"][i] == by_id[i]["timings"][2:]
+        want = sum(t[0] / r[0] for t, r in zip(sd["timings"][i], sd["timings"][ids[0]])) / 2
+        assert sd["ratios"][i]["decode_ratio"] == pytest.approx(want) and sd["ratios"][i]["rounds"] == 2
+    # no design spins here: the winner is the highest ratio, whatever the medians say
+    best = by_id[max(ids, key=lambda i: (sd["ratios"][i]["decode_ratio"], sd["ratios"][i]["prefill_ratio"]))]
+    assert record["best"]["design_id"] == best["design_id"] == sd["winner"]
     on_disk = load_best("tiny-llama", root)
     assert on_disk is not None and on_disk["design_id"] == best["design_id"]
     saved = json.loads(open(record["path"]).read())
@@ -69,6 +84,7 @@ def test_budget_3_verifies_measures_and_names_the_best(root, record):
     text = report_text(record)
     assert f"winner: {best['design_id']}" in text and "fuse_norm     (only true tried): not measured" in text
     assert "noise: " + EngineDesign().design_id() in text
+    assert "showdown: 3 closest designs timed alternately in 2 rounds" in text
 
 
 def _timed(design: EngineDesign, decode: float) -> DesignResult:
@@ -179,9 +195,39 @@ def test_engine_run_local_runs_the_campaign_in_this_process(tmp_path, monkeypatc
     # the one-thread space: 64 designs, and the table decode of the 16 prepacked Q4_1 ones where AVX-512 is
     assert len(space(1)) == (80 if host_has("avx512f") else 64)
     assert (f"engine campaign tiny-llama: 1 of {len(space(1))} designs, by descent (budget 1, threads 1..1, 1 timing "
-            "round)") in out
+            "round, a showdown of 5 rounds within x1.15)") in out
     assert f"[1/1] {default}: verified" in out and f"winner: {default}" in out
     record = json.loads(out_json.read_text())
     assert "services" not in record and record["results"][0]["decode_tok_s"] > 0
+    assert record["showdown"] is None    # one design: nothing to decide
+    assert record["showdown_rule"] == {"rounds": 5, "size": 3, "margin": 1.15}
     assert load_best("tiny-llama", tmp_path)["campaign"] == record["path"]
     assert not (tmp_path / "archive.sqlite").exists()
+
+
+@pytest.mark.parametrize("flags", [["--showdown", "-1"], ["--showdown-margin", "0.5"]])
+@pytest.mark.parametrize("where", [["--local"], []])
+def test_a_showdown_flag_out_of_range_is_a_usage_error(tmp_path, monkeypatch, capsys, flags, where):
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))
+    assert main(["engine", "run", "tiny-llama", *where, "--budget", "1", *flags]) == 2
+    err = capsys.readouterr().err
+    assert "--showdown/--showdown-margin: " in err and ("rounds" in err or "margin" in err)
+    assert not (tmp_path / "engines").exists()
+
+
+def test_a_contender_that_faults_in_the_showdown_is_out(root, verifier, tmp_path):
+    """A design whose library is gone by the showdown (a real load failure in its child) is bench_failed and out;
+    the other is timed in every round and wins."""
+    campaign = Campaign("tiny-llama", 2, data_dir=root, verifier=verifier, showdown=Rule(rounds=2, margin=1000.0))
+    campaign.results = [campaign.evaluate(EngineDesign()), campaign.evaluate(EngineDesign(weights="f32"))]
+    stays, gone = campaign.results
+    assert stays.verified and gone.verified
+    copy = tmp_path / "gone.so"
+    shutil.copy(gone.library, copy)
+    gone.library = str(copy)
+    copy.unlink()
+    sd = campaign.run_showdown(None)
+    assert sd is not None and sd["faulted"] == [gone.design_id] and sd["winner"] == sd["reference"] == stays.design_id
+    assert sd["timings"][gone.design_id] == [None, None] and all(t is not None for t in sd["timings"][stays.design_id])
+    assert gone.verdict == "bench_failed" and "load_failed" in gone.reason and gone.decode_tok_s is None
+    assert len(stays.timings) == 3 and stays.verified

@@ -25,6 +25,7 @@ from kfactory.engines.campaign import VERIFIED, load_best
 from kfactory.engines.codegen import CodegenError, generate
 from kfactory.engines.design import EngineDesign
 from kfactory.engines.ops import build_engine, from_memory
+from kfactory.engines.showdown import Rule
 from kfactory.engines.stages.bundle import unpack
 from kfactory.evidence.workspace import Workspace
 from kfactory.engines.stages import coder as engine_coder
@@ -43,10 +44,11 @@ ROPE_OLD = "#define KF_PAIR(i) (2 * (i))\n#define KF_MATE(i) (2 * (i) + 1)"
 ROPE_NEW = "#define KF_PAIR(i) (i)\n#define KF_MATE(i) ((i) + KF_HEAD_DIM / 2)"
 
 
-def _run(settings, budget: int, rounds: int = 1, kernel_ids: dict | None = None) -> tuple[dict, list[pb.Event]]:
+def _run(settings, budget: int, rounds: int = 1, kernel_ids: dict | None = None,
+         showdown: Rule | None = None) -> tuple[dict, list[pb.Event]]:
     spec = pipeline.campaign_spec("tiny-llama", budget, max_threads=1, parallel=2, seed=5, kernel_ids=kernel_ids)
     record = asyncio.run(engine_services.run_campaign(settings, "tiny-llama", spec, embedded_nats=False,
-                                                      rounds=rounds))
+                                                      rounds=rounds, showdown=showdown))
     events = Archive(settings.archive()).events(campaign=record["campaign_id"])
     return record, events
 
@@ -98,7 +100,8 @@ def _kinds(events: list[pb.Event]) -> dict[str, list]:
 
 
 def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_settings, monkeypatch, tmp_path):
-    record, events = _run(bus_settings, 2)
+    # a margin that lets both designs contend: the showdown runs whatever the timings
+    record, events = _run(bus_settings, 2, showdown=Rule(rounds=2, margin=1000.0))
     assert record["campaign_state"] == "completed", record["campaign_reason"]
     kinds = _kinds(events)
     # descent: the default, then its neighbours (where the host has AVX-512 the table decode comes first)
@@ -107,8 +110,12 @@ def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_s
     proposed = [EngineDesign.from_dict(json.loads(p.params_json)) for p in kinds["point_proposed"]]
     assert proposed == [default, second]
     assert len(kinds["candidate_created"]) == len(kinds["compiled"]) == len(kinds["verified"]) == 2
-    # each design measured once, then the first timed again for the noise figure (one timing round: round 2)
-    assert [m.round for m in kinds["measured"]] == [0, 0, 2]
+    # each design measured once, then the first timed again for the noise figure (one timing round: round 2),
+    # then the showdown's two rounds (3 and 4), the fastest first in round 3 and second in round 4
+    assert [m.round for m in kinds["measured"]] == [0, 0, 2, 3, 3, 4, 4]
+    first = {m.candidate.id: m for m in kinds["measured"] if m.round == 0}
+    lead, other = sorted(first, key=lambda c: first[c].score_s)
+    assert [m.candidate.id for m in kinds["measured"] if m.round >= 3] == [lead, other, other, lead]
     assert "rejected" not in kinds and "compile_failed" not in kinds
     assert record["noise"]["design_id"] == default.design_id() and record["noise"]["decode_ratio"] > 0
     for m in kinds["measured"]:
@@ -127,8 +134,18 @@ def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_s
     results = record["results"]
     assert [r["design_id"] for r in results] == [default.design_id(), second.design_id()]
     assert [r["verdict"] for r in results] == [VERIFIED, VERIFIED]
-    fastest = min((m for m in kinds["measured"] if m.round == 0), key=lambda m: m.score_s)
-    assert record["best"]["decode_tok_s"] == pytest.approx(1 / fastest.score_s)
+    # the showdown: each design's per-round ratio to the lead's, from the Measured events; the winner the higher
+    sd = record["showdown"]
+    design_of = {c.candidate.id: EngineDesign.from_dict(json.loads(c.candidate.params_json)).design_id()
+                 for c in kinds["candidate_created"]}
+    assert sd["contenders"] == [design_of[lead], design_of[other]] and sd["faulted"] == []
+    tok = {(m.candidate.id, m.round): 1 / m.score_s for m in kinds["measured"]}
+    ratio = sum(tok[other, r] / tok[lead, r] for r in (3, 4)) / 2
+    assert sd["ratios"][design_of[other]]["decode_ratio"] == pytest.approx(ratio)
+    winner = other if ratio > 1 else lead
+    assert record["best"]["design_id"] == sd["winner"] == design_of[winner]
+    # the showdown's timings join the rounds: the winner's figure is the median of its three
+    assert record["best"]["decode_tok_s"] == pytest.approx(sorted(tok[winner, r] for r in (0, 3, 4))[1])
     best = load_best("tiny-llama", bus_settings.data_dir)
     assert best is not None and best["design_id"] == record["best"]["design_id"]
     assert best["campaign"] == record["path"]
@@ -203,7 +220,8 @@ def test_engine_run_services_prints_the_report_and_writes_the_record(tmp_path, h
     captured = capsys.readouterr()
     out = captured.out
     default = EngineDesign().design_id()
-    assert "through the services: budget 1, threads 1..1, 2 timing rounds; engine's own matvec kernels" in out
+    assert ("through the services: budget 1, threads 1..1, 2 timing rounds, a showdown of 5 rounds within x1.15; "
+            "engine's own matvec kernels") in out
     assert "no measured matvec_q4_1 kernel in memory" in captured.err
     assert f"[1/1] {default}: verified, decode " in out and f"winner: {default}" in out
     assert "noise: not measured (fewer than two designs were timed)" in out

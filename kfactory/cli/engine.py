@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
+    from kfactory.engines.showdown import Rule
     from kfactory.models import GGUFModel
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -32,6 +33,7 @@ class EngineCommandError(Exception):
 def add_parser(sub) -> None:
     """The `engine` command group and `generate`."""
     from kfactory.engines.design import MAX_THREADS
+    from kfactory.engines.showdown import MARGIN, ROUNDS
 
     p = sub.add_parser("engine", help="inference engines: run an engine campaign (docs/engines.md)",
                        description="An engine campaign: design points generated, built, verified against the "
@@ -47,6 +49,13 @@ def add_parser(sub) -> None:
     r.add_argument("--rounds", type=int, default=2, help="timing rounds per verified design (default 2): the "
                    "first after its verification, the others over all verified designs in turn; figures are "
                    "medians, effects compare designs round by round")
+    r.add_argument("--showdown", type=int, default=ROUNDS,
+                   help=f"showdown rounds (default {ROUNDS}; 0: none): after the timing rounds, the designs within "
+                        "--showdown-margin of the fastest are timed alternately and the winner decided by their "
+                        "per-round ratios (kfactory/engines/showdown.py)")
+    r.add_argument("--showdown-margin", type=float, default=MARGIN,
+                   help=f"a design contends in the showdown when the fastest decodes at most this many times as "
+                        f"fast (default {MARGIN}; the campaign's noise figure widens it)")
     r.add_argument("--kernels", choices=("memory", "builtin"), default="memory",
                    help="memory (default): also try designs that link in the fastest verified kernels memory "
                         "holds for the engine's ops (matvec_q4_1, matvec_q8_0: search them with `kfactory run "
@@ -105,13 +114,15 @@ def run_command(args: argparse.Namespace) -> int:
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
     if not args.local:
         return services_command(args, threads)
+    showdown = showdown_rule(args)
     kernels = searched_kernels(threads) if args.kernels == "memory" else {}
     campaign = Campaign(args.model, args.budget, max_threads=threads, target=args.target, rounds=args.rounds,
-                        kernels=kernels)
+                        showdown=showdown, kernels=kernels)
     pool = len(campaign.designs())
     print(f"engine campaign {args.model}: {min(args.budget, pool)} of {pool} designs, by {STRATEGY} (budget "
           f"{args.budget}, threads "
-          f"1..{threads}, {args.rounds} timing round{'s' if args.rounds != 1 else ''})", flush=True)
+          f"1..{threads}, {args.rounds} timing round{'s' if args.rounds != 1 else ''}, "
+          f"{_showdown_words(showdown)})", flush=True)
 
     def progress(i: int, n: int, res: DesignResult) -> None:
         print(f"[{i}/{n}] {res.line()}", flush=True)
@@ -144,9 +155,11 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
                                  EXIT_USAGE)
     if args.rounds < 1:
         raise EngineCommandError(f"--rounds must be at least 1, not {args.rounds}", EXIT_USAGE)
+    showdown = showdown_rule(args)
     kernels = searched_kernels(threads) if args.kernels == "memory" else {}
     print(f"engine campaign {args.model} through the services: budget {args.budget}, threads 1..{threads}, "
-          f"{args.rounds} timing round{'s' if args.rounds != 1 else ''}; {describe(kernels)}", flush=True)
+          f"{args.rounds} timing round{'s' if args.rounds != 1 else ''}, {_showdown_words(showdown)}; "
+          f"{describe(kernels)}", flush=True)
     n = 0
 
     def progress(res: DesignResult) -> None:
@@ -156,7 +169,8 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
 
     try:
         record = engine_services.run(args.model, args.budget, threads, args.parallel, progress, args.nats_url,
-                                     args.rounds, {p: k.candidate_id for p, k in kernels.items()})
+                                     args.rounds, {p: k.candidate_id for p, k in kernels.items()},
+                                     showdown=showdown)
     except SpecError as e:
         raise EngineCommandError(f"the planner refuses the campaign: {e}", EXIT_USAGE) from e
     except engine_services.ServicesFailed as e:
@@ -171,6 +185,21 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
     if args.json_out:
         args.json_out.write_text(json.dumps(record, indent=1))
     return 0 if record["best"] is not None else EXIT_FAILED
+
+
+def showdown_rule(args: argparse.Namespace) -> Rule:
+    """The showdown's rule from --showdown and --showdown-margin; a usage error naming the flag when invalid."""
+    from kfactory.engines.showdown import Rule
+
+    try:
+        return Rule(rounds=args.showdown, margin=args.showdown_margin)
+    except ValueError as e:
+        raise EngineCommandError(f"--showdown/--showdown-margin: {e}", EXIT_USAGE) from e
+
+
+def _showdown_words(rule: Rule) -> str:
+    return (f"a showdown of {rule.rounds} round{'s' if rule.rounds != 1 else ''} within x{rule.margin:g}"
+            if rule.rounds else "no showdown")
 
 
 def searched_kernels(max_threads: int) -> dict:

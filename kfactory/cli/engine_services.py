@@ -15,6 +15,7 @@ from kfactory.cli.run import _wait_archived, local_services, write_report
 from kfactory.engines import pipeline
 from kfactory.engines.campaign import DesignResult
 from kfactory.engines.ops import OpKernel
+from kfactory.engines.showdown import Rule
 from kfactory.engines.stages.bundle import unpack
 from kfactory.engines.verify import TOLERANCE
 from kfactory.platform.config import Settings
@@ -35,12 +36,14 @@ class ServicesFailed(RuntimeError):
 
 async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
                        progress: Callable[[DesignResult], None] | None = None,
-                       embedded_nats: bool = True, rounds: int = 1) -> dict[str, Any]:
+                       embedded_nats: bool = True, rounds: int = 1,
+                       showdown: Rule | None = None) -> dict[str, Any]:
     """Submit the engine campaign `spec` to the planner of services started here (over a nats-server of their
     own when `embedded_nats` and the bus is NATS, else over settings.nats_url), wait for its end and for memory
-    to archive it, time the verified designs again in `rounds` - 1 more rounds and once for the noise figure
-    (the benchmarker's work: `retime`), and write the record from the archived events; return the record (its
-    "campaign_state" is the planner's final state: completed, cancelled, expired, failed)."""
+    to archive it, time the verified designs again in `rounds` - 1 more rounds and once for the noise figure,
+    then the contenders of the showdown's rule `showdown` (default: none), all the benchmarker's work
+    (`retime`), and write the record from the archived events; return the record (its "campaign_state" is the
+    planner's final state: completed, cancelled, expired, failed)."""
     from kfactory.models import load_model
 
     if rounds < 1:
@@ -66,14 +69,14 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
         _show(memory, cid, Path(settings.data_dir), shown, progress)
         if st.finished is not None and st.finished.state == "completed":
             try:
-                await retime(planner, memory, running, cid, rounds)
+                await retime(planner, memory, running, cid, rounds, showdown)
             except RetimeFailed as e:
                 raise ServicesFailed(str(e)) from e
         events = memory.archive.events(campaign=cid)
         name, data_dir = load_model(model).name, Path(settings.data_dir)
         libraries, kernels = await _libraries(running.ctx.bus, events, data_dir)
         record = pipeline.write(events, name, data_dir / "engines" / name, data_dir, st.spec, TOLERANCE,
-                                libraries=libraries, rounds=rounds, kernels=kernels)
+                                libraries=libraries, rounds=rounds, kernels=kernels, showdown=showdown)
         record["report"] = str(write_report(settings, memory, cid))
         record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
         record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
@@ -113,10 +116,11 @@ def _show(memory: MemoryService, cid: str, data_dir: Path, shown: set[str],
 
 def run(model: str, budget: int, max_threads: int, parallel: int = 0,
         progress: Callable[[DesignResult], None] | None = None, nats_url: str | None = None, rounds: int = 1,
-        kernel_ids: dict[str, str] | None = None) -> dict[str, Any]:
+        kernel_ids: dict[str, str] | None = None, showdown: Rule | None = None) -> dict[str, Any]:
     """The campaign through the services with this process's settings (see run_campaign): over the NATS server
     at `nats_url`, else one started for the campaign; `kernel_ids` ({op problem: candidate id}) the searched
     kernels its designs may link."""
     spec = pipeline.campaign_spec(model, budget, max_threads, parallel, kernel_ids=kernel_ids)
     settings = Settings(nats_url=nats_url) if nats_url else Settings()
-    return asyncio.run(run_campaign(settings, model, spec, progress, embedded_nats=not nats_url, rounds=rounds))
+    return asyncio.run(run_campaign(settings, model, spec, progress, embedded_nats=not nats_url, rounds=rounds,
+                                    showdown=showdown))

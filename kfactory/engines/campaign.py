@@ -13,7 +13,11 @@ need), and later points combine the changes that won (2 spinning threads with an
     measured    EngineRunner.bench in the engine's child: decode tok/s at context 128, prefill tok/s of those
                 128 tokens (a fault while timing is `bench_failed`)
 
-The record (every result, the winner, the effects) is written to
+Then the showdown (kfactory/engines/showdown.py): the few designs within reach of the fastest are timed
+alternately in `showdown` more rounds, and the winner is decided by their per-round ratios, not by figures
+taken minutes apart.
+
+The record (every result, the showdown, the winner, the effects) is written to
 <data_dir>/engines/<model>/campaign-<timestamp>.json, and <data_dir>/engines/<model>/best.json names the best
 verified design (the highest decode tok/s) of the latest campaign that verified one: `kfactory generate` runs it.
 
@@ -40,6 +44,7 @@ from kfactory.engines.order import STRATEGY, order, with_kernels
 from kfactory.engines.order import distance  # noqa: F401 (re-exported, its old home)
 from kfactory.engines.problem import engine_family
 from kfactory.engines.runner import EngineFault, EngineRunner
+from kfactory.engines.showdown import Rule, Showdown, report_lines, schedule, spins_of
 from kfactory.engines.verify import Verdict, Verifier
 from kfactory.models.gguf_model import LlamaConfig
 from kfactory.strategies import Space, make_strategy
@@ -156,17 +161,29 @@ def _rate(r: DesignResult) -> tuple[float, float]:
     return (r.decode_tok_s or 0.0, r.prefill_tok_s or 0.0)
 
 
-def fastest_of(results: list[DesignResult]) -> DesignResult | None:
-    """The verified design with the highest decode tok/s (prefill breaks a tie)."""
+def fastest_of(results: list[DesignResult], showdown: dict[str, Any] | None = None) -> DesignResult | None:
+    """The verified design with the highest decode tok/s (prefill breaks a tie); after a showdown, its fastest
+    (the highest median per-round ratio)."""
+    return _decided(results, showdown, "fastest") or _max_rate(results)
+
+
+def best_of(results: list[DesignResult], showdown: dict[str, Any] | None = None) -> DesignResult | None:
+    """The campaign's winner among the verified designs (prefer_calm: the fastest, unless it spins and one that
+    does not decodes within SPIN_MARGIN of it); after a showdown, its winner (the same rule on its ratios)."""
+    verified = [r for r in results if r.verified]
+    return _decided(results, showdown, "winner") or (prefer_calm(verified, _rate, _spins) if verified else None)
+
+
+def _max_rate(results: list[DesignResult]) -> DesignResult | None:
     verified = [r for r in results if r.verified]
     return max(verified, key=_rate) if verified else None
 
 
-def best_of(results: list[DesignResult]) -> DesignResult | None:
-    """The campaign's winner among the verified designs (prefer_calm: the fastest, unless it spins and one that
-    does not decodes within SPIN_MARGIN of it)."""
-    verified = [r for r in results if r.verified]
-    return prefer_calm(verified, _rate, _spins) if verified else None
+def _decided(results: list[DesignResult], showdown: dict[str, Any] | None, key: str) -> DesignResult | None:
+    """The verified design the showdown named under `key` (winner, fastest), or None (no showdown, or it
+    named none)."""
+    name = (showdown or {}).get(key)
+    return next((r for r in results if r.verified and r.design_id == name), None)
 
 
 def report_text(record: dict[str, Any]) -> str:
@@ -182,7 +199,9 @@ def report_text(record: dict[str, Any]) -> str:
                      f"{CONTEXT}, prefill {best['prefill_tok_s']:.1f} tok/s")
         lines.append(f"  design: {json.dumps(best['design'], sort_keys=True)}")
         if (fast := record.get("fastest")) and fast["design_id"] != best["design_id"]:
-            ratio = fast["decode_tok_s"] / best["decode_tok_s"]
+            sd = record.get("showdown")
+            ratio = (sd["ratios"][fast["design_id"]]["decode_ratio"] / sd["ratios"][best["design_id"]]["decode_ratio"]
+                     if sd and sd.get("winner") else fast["decode_tok_s"] / best["decode_tok_s"])
             lines.append(f"  passed over: {fast['design_id']} decodes x{ratio:.3f} faster but spins, holding its "
                          f"cores while the engine is idle; a spinning design wins only by more than "
                          f"x{SPIN_MARGIN:.2f}")
@@ -197,6 +216,8 @@ def report_text(record: dict[str, Any]) -> str:
             lines.append(f"  {what:<36} " + (NOT_MEASURED if e == NOT_MEASURED else
                          f"decode x{e['decode_ratio']:.3f}, prefill x{e['prefill_ratio']:.3f} "
                          f"({e['pairs']} pair{'s' if e['pairs'] != 1 else ''})"))
+    if record.get("showdown"):
+        lines.extend(report_lines(record["showdown"]))
     noise = record.get("noise")
     if noise:
         lines.append(f"noise: {noise['design_id']} timed again at the end measured decode "
@@ -221,6 +242,9 @@ class Campaign:
     #: timing rounds: round 1 right after each design's verification, later rounds over the verified designs
     #: in turn (so each pair is also timed close together: on a shared host the load drifts within minutes)
     rounds: int = 1
+    #: the showdown among the designs that can still be the fastest, after the timing rounds (default: none;
+    #: `kfactory engine run` asks for showdown.ROUNDS rounds)
+    showdown: Rule = field(default_factory=Rule)
     #: kernels searched for the engine's ops (kfactory/engines/ops.py), by problem: every q4_1 design may link
     #: each set of them (order.with_kernels); the search tries each alone on the default right after it
     kernels: dict[str, OpKernel] = field(default_factory=dict)
@@ -273,7 +297,8 @@ class Campaign:
         for _ in range(1, self.rounds):
             for result in [r for r in self.results if r.verified]:
                 self.retime(result)
-        return self.write(started, self.noise())
+        noise = self.noise()
+        return self.write(started, noise, self.run_showdown(noise))
 
     def evaluate(self, design: EngineDesign) -> DesignResult:
         """Generate, build, verify and measure one design; every failure is a result, never an exception
@@ -307,6 +332,25 @@ class Campaign:
         res.library = str(lib.path)
         self.retime(res)
         return res
+
+    def run_showdown(self, noise: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Time the showdown rule's contenders alternately in its rounds, each timing a round of its design too;
+        the showdown's record, or None when there is none (fewer than two contenders, or no rounds asked for)."""
+        near = self.showdown.contenders(self.results, noise)
+        if not near:
+            return None
+        by_id = {r.design_id: r for r in near}
+        sd = Showdown([r.design_id for r in near], self.showdown.rounds)
+        for k, design_id in schedule(sd.ids, sd.rounds):
+            res = by_id[design_id]
+            if design_id in sd.faulted:
+                continue
+            self.retime(res)
+            if res.verified:
+                sd.add(design_id, k, *res.timings[-1])
+            else:
+                sd.fault(design_id)
+        return sd.as_dict(spins_of(self.results))
 
     def retime(self, res: DesignResult) -> None:
         """One more timing round of a verified design: its figures become the medians of its rounds; a fault
@@ -343,22 +387,24 @@ class Campaign:
             return None
         return first.noise(decode, prefill)
 
-    def write(self, started: str, noise: dict[str, Any] | None = None) -> dict[str, Any]:
+    def write(self, started: str, noise: dict[str, Any] | None = None,
+              showdown: dict[str, Any] | None = None) -> dict[str, Any]:
         """The record as JSON under out_dir, and best.json when a design verified."""
         assert self.verifier is not None
         return write_record(self.out_dir, {
             "model": self.verifier.package.name, "target": self.target, "started": started,
             "budget": self.budget, "max_threads": self.max_threads, "rounds": self.rounds,
+            "showdown_rule": self.showdown.as_dict(),
             "bench": {"context": CONTEXT, "decode_tokens": DECODE_TOKENS, "repeats": REPEATS},
-            "tolerance": self.verifier.tolerance}, self.results, self.kernels, noise)
+            "tolerance": self.verifier.tolerance}, self.results, self.kernels, noise, showdown)
 
 
 def write_record(out: Path, head: dict[str, Any], results: list[DesignResult], kernels: dict[str, OpKernel],
-                 noise: dict[str, Any] | None = None) -> dict[str, Any]:
+                 noise: dict[str, Any] | None = None, showdown: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write a campaign's record (`head`: model, target, started, budget, ...; then the kernels, every result,
-    the best, the effects, the noise) as out/campaign-<started>.json, and out/best.json when a design verified;
-    return the record. Shared by the local campaign and the one through the services."""
-    best = best_of(results)
+    the best, the effects, the noise, the showdown) as out/campaign-<started>.json, and out/best.json when a
+    design verified; return the record. Shared by the local campaign and the one through the services."""
+    best = best_of(results, showdown)
     out.mkdir(parents=True, exist_ok=True)
     started = head["started"]
     path = out / f"campaign-{started}.json"
@@ -371,9 +417,10 @@ def write_record(out: Path, head: dict[str, Any], results: list[DesignResult], k
         "kernels": {p: k.as_dict() for p, k in sorted(kernels.items())},
         "results": [asdict(r) for r in results],
         "best": asdict(best) if best else None,
-        "fastest": asdict(fastest) if (fastest := fastest_of(results)) else None,
+        "fastest": asdict(fastest) if (fastest := fastest_of(results, showdown)) else None,
         "effects": field_effects(results),
         "noise": noise,
+        "showdown": showdown,
         "path": str(path)}
     path.write_text(json.dumps(record, indent=1))
     if best is not None:

@@ -22,7 +22,10 @@ Timing rounds (`--rounds R`) are the benchmarker's work too: after the planner's
 candidate is sent to the benchmarker again (`Verified.round` = 2..R, all designs in turn per round, as the local
 campaign's `retime`), each timing its own Measured event (`Measured.round`) archived by memory; then the first
 verified design once more (round R + 1) when two or more verified: its ratio to its first timing is the noise
-figure, as the local campaign's `noise()`.
+figure, as the local campaign's `noise()`. Then the showdown (kfactory/engines/showdown.py): the contenders,
+chosen from the figures of rounds 1..R and the noise figure as the local campaign chooses them, are timed again
+in rounds R + 2 .. R + 1 + S (`--showdown S`, the schedule of showdown.schedule); those timings join their
+designs' rounds, a fault in one makes its design bench_failed, and the showdown's ratios decide the winner.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from kfactory.engines.design import EngineDesign
 from kfactory.engines.ops import OpKernel
 from kfactory.engines.order import STRATEGY
 from kfactory.engines.problem import locator
+from kfactory.engines.showdown import Rule, Showdown, spins_of
 from kfactory.v1 import events_pb2 as pb
 
 #: a design's verdict while no outcome of it has arrived (the campaign ended first: cancelled, expired)
@@ -60,10 +64,12 @@ def campaign_spec(model: str, budget: int, max_threads: int, parallel: int = 0, 
                            warm_start=0)
 
 
-def results_of(events: list[pb.Event], data_dir: Path, rounds: int = 1) -> list[DesignResult]:
+def results_of(events: list[pb.Event], data_dir: Path | None, rounds: int = 1,
+               showdown: bool = True) -> list[DesignResult]:
     """One DesignResult per proposed design, in proposal order, from a campaign's events (see the module
-    docstring): timings of rounds 1..`rounds` kept, their medians the figures. `library` is the verified object
-    as the verifier ran it (<data_dir>/engines/artifacts/)."""
+    docstring): timings of rounds 1..`rounds` kept, and with `showdown` those of the showdown's rounds (R + 2 on),
+    their medians the figures. `library` is the verified object as the verifier ran it
+    (<data_dir>/engines/artifacts/; None without a data_dir)."""
     by_point: dict[str, DesignResult] = {}
     point_of: dict[str, str] = {}     # candidate id -> point id
     for e in events:
@@ -84,11 +90,18 @@ def results_of(events: list[pb.Event], data_dir: Path, rounds: int = 1) -> list[
         res = by_point.get(cand.point_id if cand is not None and cand.point_id else
                            e.rejected.point_id if kind == "rejected" else "")
         if res is not None:
-            _fold(kind, e, res, data_dir, rounds)
+            _fold(kind, e, res, data_dir, rounds, showdown)
     return list(by_point.values())
 
 
-def _fold(kind: str | None, e: pb.Event, res: DesignResult, data_dir: Path, rounds: int) -> None:
+def _counts(round_: int, rounds: int, showdown: bool) -> bool:
+    """Whether a timing of round `round_` (0: the first measurement) joins its design's figures: rounds 1..R,
+    and with `showdown` the showdown's (R + 2 on); never the noise timing (R + 1)."""
+    return round_ <= rounds or (showdown and round_ >= rounds + 2)
+
+
+def _fold(kind: str | None, e: pb.Event, res: DesignResult, data_dir: Path | None, rounds: int,
+          showdown: bool) -> None:
     """One event's outcome into its design's result."""
     if kind == "compiled":
         res.build_s = e.compiled.report.seconds
@@ -97,10 +110,11 @@ def _fold(kind: str | None, e: pb.Event, res: DesignResult, data_dir: Path, roun
             e.compile_failed.report.seconds
     elif kind == "verified":
         res.verify_s = e.verified.seconds
-        res.library = str(Path(data_dir) / "engines" / "artifacts" / f"{e.verified.artifact_digest}.so")
+        if data_dir is not None:
+            res.library = str(Path(data_dir) / "engines" / "artifacts" / f"{e.verified.artifact_digest}.so")
     elif kind == "rejected":
         rej = e.rejected
-        if rej.figures.get("round", 0) > rounds:   # the noise timing faulted: no noise figure, no verdict
+        if not _counts(int(rej.figures.get("round", 0)), rounds, showdown):   # the noise timing: no verdict
             return
         res.verdict = "duplicate" if rej.reason == pb.DUPLICATE else STAGE_VERDICTS.get(rej.stage, rej.stage)
         res.reason = rej.message
@@ -108,7 +122,7 @@ def _fold(kind: str | None, e: pb.Event, res: DesignResult, data_dir: Path, roun
             if rej.stage == "verifier" else None
         res.verify_s = rej.figures.get("verify_seconds", res.verify_s)
         res.decode_tok_s = res.prefill_tok_s = None   # a fault in a later round undoes the earlier figures
-    elif kind == "measured" and not e.measured.screened_out and e.measured.round <= rounds:
+    elif kind == "measured" and not e.measured.screened_out and _counts(e.measured.round, rounds, showdown):
         if res.verdict not in (UNFINISHED, VERIFIED):   # a later round after a fault: the design stays failed
             return
         res.verdict, res.reason, res.bench_s = VERIFIED, "", res.bench_s + e.measured.seconds
@@ -136,6 +150,36 @@ def noise_of(events: list[pb.Event], results: list[DesignResult], rounds: int) -
     return None
 
 
+def showdown_ids(before: list[DesignResult], events: list[pb.Event], rounds: int, rule: Rule) -> list[str]:
+    """The showdown's contenders (design ids, the fastest first), chosen by `rule` from `before` (the results of
+    rounds 1..R: results_of(..., showdown=False)) and the noise figure, as the local campaign chooses them."""
+    return [r.design_id for r in rule.contenders(before, noise_of(events, before, rounds))]
+
+
+def showdown_of(events: list[pb.Event], before: list[DesignResult], rounds: int, rule: Rule) -> dict[str, Any] | None:
+    """The showdown's record from its Measured and Rejected events (rounds R + 2 .. R + 1 + rule.rounds); None
+    when it had no contenders or no rounds."""
+    ids = showdown_ids(before, events, rounds, rule)
+    if not ids:
+        return None
+    sd = Showdown(ids, rule.rounds)
+    for e in events:
+        kind = e.WhichOneof("body")
+        cand = ev.candidate_of(e)
+        if kind not in ("measured", "rejected") or cand is None or not cand.params_json:
+            continue
+        design_id = EngineDesign.from_dict(json.loads(cand.params_json)).design_id()
+        if design_id not in sd.timings:
+            continue
+        if kind == "measured" and not e.measured.screened_out and e.measured.round >= rounds + 2:
+            k = e.measured.round - rounds - 2
+            if k < rule.rounds:
+                sd.add(design_id, k, *tok_s(e.measured))
+        elif kind == "rejected" and e.rejected.figures.get("round", 0) >= rounds + 2:
+            sd.fault(design_id)
+    return sd.as_dict(spins_of(before))
+
+
 def _dead_letter(dl: pb.DeadLetter, by_point: dict[str, DesignResult], point_of: dict[str, str]) -> None:
     """Work the harness could not do (its payload's candidate names the design): harness_error, not a verdict."""
     try:
@@ -158,19 +202,26 @@ def verified_sources(events: list[pb.Event]) -> dict[str, str]:
 
 def write(events: list[pb.Event], model_name: str, out_dir: Path, data_dir: Path, spec: pb.CampaignSpec,
           tolerance: float, started: str | None = None, libraries: dict[str, str] | None = None,
-          rounds: int = 1, kernels: dict[str, OpKernel] | None = None) -> dict[str, Any]:
+          rounds: int = 1, kernels: dict[str, OpKernel] | None = None,
+          showdown: Rule | None = None) -> dict[str, Any]:
     """The campaign's record and best.json under out_dir (kfactory.engines.campaign.write_record), from its
     events; returns the record. `libraries` (design id -> path) names each verified design's object in the build
     cache, where its source is kept beside it (`kfactory export` takes the verified source from there); `rounds`
     the timing rounds asked for (a round R + 1 of the first design is the noise timing); `kernels` the searched
-    kernels the designs link (from their source bundles), kept in the record and best.json to rebuild them."""
-    results = results_of(events, data_dir, rounds)
+    kernels the designs link (from their source bundles), kept in the record and best.json to rebuild them;
+    `showdown` the showdown's rule (default: none)."""
+    rule = showdown or Rule()
+    before = results_of(events, data_dir, rounds, showdown=False)
+    noise = noise_of(events, before, rounds)
+    sd = showdown_of(events, before, rounds, rule)
+    results = results_of(events, data_dir, rounds) if sd else before
     for r in results:
         if r.design_id in (libraries or {}):
             r.library = (libraries or {})[r.design_id]
     head = {"model": model_name, "target": spec.target, "started": started or time.strftime("%Y%m%dT%H%M%SZ",
                                                                                              time.gmtime()),
             "budget": spec.budget_candidates, "max_threads": spec.threads, "rounds": rounds,
+            "showdown_rule": rule.as_dict(),
             "bench": {"context": CONTEXT, "decode_tokens": DECODE_TOKENS, "repeats": REPEATS},
             "tolerance": tolerance, "campaign_id": events[0].campaign_id if events else "", "services": True}
-    return write_record(out_dir, head, results, kernels or {}, noise_of(events, results, rounds))
+    return write_record(out_dir, head, results, kernels or {}, noise, sd)
