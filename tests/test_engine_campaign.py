@@ -231,3 +231,13 @@ def test_a_contender_that_faults_in_the_showdown_is_out(root, verifier, tmp_path
     assert sd["timings"][gone.design_id] == [None, None] and all(t is not None for t in sd["timings"][stays.design_id])
     assert gone.verdict == "bench_failed" and "load_failed" in gone.reason and gone.decode_tok_s is None
     assert len(stays.timings) == 3 and stays.verified
+
+
+def test_a_campaign_takes_the_median_prefill_repeat_as_the_benchmarker_does():
+    from kfactory.engines.runner import BenchFigures
+    from kfactory.engines.stages.benchmarker import timing
+
+    fig = BenchFigures(128, [1.0, 0.5, 2.0], [0.01, 0.02, 0.03])
+    assert fig.prefill_median_tok_s == 128.0 and fig.prefill_tok_s == 256.0 and fig.decode_tok_s == 50.0
+    # the services' figure: 1 / the median per-token seconds of the benchmarker's prefill timing
+    assert 1.0 / timing("prefill_128", [s / 128 for s in fig.prefill_s]).median_s == pytest.approx(128.0)

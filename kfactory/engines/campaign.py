@@ -367,12 +367,13 @@ class Campaign:
         res.add_timing(decode, prefill)
 
     def bench(self, design: EngineDesign, so_path: Path | str) -> tuple[float, float]:
-        """(decode tok/s at CONTEXT, prefill tok/s), timed in the engine's child."""
+        """(decode tok/s at CONTEXT from the median step, prefill tok/s from the median repeat), timed in the
+        engine's child, as the services' benchmarker takes them (kfactory/engines/stages/benchmarker.py)."""
         assert self.verifier is not None and self.data_dir is not None
         with EngineRunner(str(self.verifier.package.directory), design, so_path, CONTEXT + DECODE_TOKENS + 8,
                           cache_dir=self.data_dir / "models") as runner:
             fig = runner.bench(CONTEXT, DECODE_TOKENS, REPEATS)
-        return fig.decode_tok_s, fig.prefill_tok_s
+        return fig.decode_tok_s, fig.prefill_median_tok_s
 
     def noise(self) -> dict[str, Any] | None:
         """The first verified design timed again after the others, as a ratio to its first timing: how far a

@@ -77,7 +77,14 @@ class BenchFigures:
 
     @property
     def prefill_tok_s(self) -> float:
+        """Prefill tokens per second from the fastest repeat (the benches' figure, as their baselines')."""
         return self.context / min(self.prefill_s)
+
+    @property
+    def prefill_median_tok_s(self) -> float:
+        """Prefill tokens per second from the median repeat (a campaign's figure, local or through the
+        services: the benchmarker's timing is the median too)."""
+        return self.context / float(np.median(self.prefill_s))
 
     @property
     def decode_tok_s(self) -> float:
