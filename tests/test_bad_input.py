@@ -86,10 +86,15 @@ async def test_bad_work_messages_are_dead_lettered_with_what_to_fix(bus_settings
             "cnobody", "test", cand.id, measured=pb.Measured(candidate=cand, score_s=1e-9)).SerializeToString())
         finished = await _until_finished(running, cid)
         assert finished.state == "completed"
-        reasons = [d.reason for d in await _dead_letters(running.ctx.bus, "*", 6)]
+        letters = await _dead_letters(running.ctx.bus, "*", 6)
+        reasons = [d.reason for d in letters]
         for expected in ("malformed protobuf", "no body: set one of the fields", "over the 4096-byte limit",
                          "names another campaign", "unknown campaign 'cnobody'", "launch_json is not JSON"):
             assert sum(expected in r for r in reasons) == 1, (expected, reasons)
+        # each with its cause: bytes no stage can read, and a campaign with no start on the events stream
+        assert sorted(d.cause for d in letters) == sorted([pb.UNDECODABLE] * 5 + [pb.UNKNOWN_CAMPAIGN]), \
+            [(d.reason[:60], d.cause) for d in letters]
+        assert [d.cause for d in letters if "unknown campaign 'cnobody'" in d.reason] == [pb.UNKNOWN_CAMPAIGN]
         assert running.failed() is None  # nothing crashed
         assert finished.counts.proposed == 6 and finished.counts.measured >= 3  # nothing lost
         assert "cnobody" not in planner.campaigns  # a result for no campaign starts nothing

@@ -76,7 +76,7 @@ def test_an_undecodable_entry_on_the_dlq_stream_is_listed_and_every_dead_letter_
         bus = await NatsBus.connect(nats_url, "test")
         async def letter(cid: str) -> None:
             await bus.dead_letter("compiler", ev.work_subject("compiler", cid), work(cid, "p1").SerializeToString(),
-                                  "handler error: boom", 5, cid)
+                                  "handler error: boom", 5, cid, cause=pb.DELIVERIES_EXHAUSTED)
         await letter("camp-a")
         # between two dead letters: bytes that are no protobuf, and an event that is no dead letter
         await bus.js.publish(f"{ev.DLQ_PREFIX}.coder.camp-a", b"\xff\xfe not protobuf")
@@ -95,12 +95,21 @@ def test_an_undecodable_entry_on_the_dlq_stream_is_listed_and_every_dead_letter_
     assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed
     lines = listed.stdout.splitlines()
     assert lines[0] == "4 dead letter(s)", listed.stdout
-    assert "#1 compiler camp-a after 5 deliveries: handler error: boom" in lines[1]
+    assert "#1 compiler camp-a deliveries_exhausted after 5 deliveries: handler error: boom" in lines[1]
     assert "#2 undecodable entry on kf.v1.dlq.coder.camp-a (15 bytes): not a serialized kfactory.v1.Event" in lines[2]
     assert "#3 undecodable entry on kf.v1.dlq.coder.camp-b" in lines[3] and "without a dead_letter body" in lines[3]
-    assert "#4 compiler camp-b after 5 deliveries: handler error: boom" in lines[4]
+    assert "#4 compiler camp-b deliveries_exhausted after 5 deliveries: handler error: boom" in lines[4]
     only_b = _cli("dead-letters", "--nats-url", nats_url, "--campaign", "camp-b")
     assert only_b.returncode == 0 and only_b.stdout.startswith("2 dead letter(s) in campaign camp-b"), only_b
+    # by cause: the entries that are no dead letter are listed as undecodable, the letters by theirs
+    undecodable = _cli("dead-letters", "--nats-url", nats_url, "--cause", "undecodable").stdout.splitlines()
+    assert undecodable[0] == "2 dead letter(s) caused undecodable" and "#2 undecodable entry" in undecodable[1]
+    assert "#3 undecodable entry" in undecodable[2] and len(undecodable) == 3
+    exhausted = _cli("dead-letters", "--nats-url", nats_url, "--campaign", "camp-a", "--cause", "deliveries_exhausted")
+    assert exhausted.stdout.splitlines()[0] == "1 dead letter(s) in campaign camp-a caused deliveries_exhausted"
+    bad = _cli("dead-letters", "--nats-url", nats_url, "--cause", "bug")
+    assert bad.returncode == 2 and "argument --cause: invalid choice: 'bug'" in bad.stderr
+    assert "harness_failed" in bad.stderr     # the valid causes are named
 
 
 # -- 8b: a filter that is no campaign id ------------------------------------------------------------------------

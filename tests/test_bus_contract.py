@@ -86,6 +86,7 @@ async def test_nak_waits_its_delay_then_dead_letters_at_max_deliver(connect_bus)
     assert all(b - a >= 0.25 for a, b in zip(times, times[1:]))  # not before the nak's delay
     assert len(dead) == 1 and dead[0].stage == "compiler" and dead[0].deliveries == 3
     assert dead[0].reason == "waiting for the device lease after 3 deliveries (max_deliver)"
+    assert dead[0].cause == pb.DELIVERIES_EXHAUSTED
 
 
 async def test_term_dead_letters_with_the_reason_and_the_dlq_keeps_it(connect_bus):
@@ -95,11 +96,11 @@ async def test_term_dead_letters_with_the_reason_and_the_dlq_keeps_it(connect_bu
 
     async def handler(d):
         calls.append(1)
-        return Term("can never succeed: unknown campaign")
+        return Term("can never succeed: unknown campaign", pb.UNKNOWN_CAMPAIGN)
 
     await _run(bus, "verifier", handler, lambda: calls)
     dead = await _dead_letters(bus, "c4")
-    assert [d.reason for d in dead] == ["can never succeed: unknown campaign"]
+    assert [(d.reason, d.cause) for d in dead] == [("can never succeed: unknown campaign", pb.UNKNOWN_CAMPAIGN)]
     assert pb.Event.FromString(dead[0].payload).point_proposed.point_id == "poison"
     stored = await bus.stored(DLQ_STREAM, f"{ev.DLQ_PREFIX}.*.c4")
     assert len(stored) == 1 and stored[0].subject == f"{ev.DLQ_PREFIX}.verifier.c4"
@@ -252,7 +253,7 @@ async def test_a_stuck_handler_is_cancelled_named_and_retried_and_the_worker_goe
     assert dead[0].reason.startswith("handler stuck: it ran past 1 s (KFACTORY_HANDLER_TIMEOUT_S) and was "
                                      "cancelled while awaiting ")
     assert " > _never_returns (" in dead[0].reason and " > Event.wait (" in dead[0].reason
-    assert dead[0].reason.endswith("(after 2 deliveries)")
+    assert dead[0].reason.endswith("(after 2 deliveries)") and dead[0].cause == pb.DELIVERIES_EXHAUSTED
 
 
 async def test_artifacts_by_digest(connect_bus):

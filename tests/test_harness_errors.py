@@ -1,6 +1,6 @@
 """Only the candidate's own faults become verdicts (issue 25): a failure of the harness's own code, in the runner
 child or at the protocol, is a HarnessError (not a RunnerFault) that propagates out of the judge, and the service
-dead-letters the work with an INTERNAL reason and records no verdict; a crashing kernel is still CRASHED.
+dead-letters the work (cause HARNESS_FAILED) and records no verdict; a crashing kernel is still CRASHED.
 
 The harness bugs are injected where they would really happen: a request the child cannot serve, sent through the
 real parent/child pipe, or the parent's encoder corrupting what it sends."""
@@ -18,7 +18,6 @@ from kfactory.bus import events as ev
 from kfactory.judge.checks import InputPool
 from kfactory.judge.verify import verify
 from kfactory.platform.app import start_services
-from kfactory.platform.service import INTERNAL
 from kfactory.problems import load_problem
 from kfactory.sandbox import protocol
 from kfactory.sandbox.parent import HarnessError, Runner, RunnerFault
@@ -159,7 +158,8 @@ async def test_a_harness_bug_is_an_internal_dead_letter_and_no_verdict(bus_setti
     events = await _judged_by_the_service(bus_settings, small_softmax, source, stage)
     assert _kinds(events, STAGES[stage][1]) == ["dead_letter"], _kinds(events, STAGES[stage][1])
     [letter] = [e.dead_letter for e in events if e.HasField("dead_letter")]
-    assert letter.reason.startswith(f"{INTERNAL}: {stage}: ") and "no_such_dtype" in letter.reason, letter.reason
+    assert letter.cause == pb.HARNESS_FAILED and "no_such_dtype" in letter.reason, letter.reason
+    assert letter.reason.startswith(f"harness error in {stage}: "), letter.reason
     assert letter.stage == stage and letter.deliveries == 1  # dead-lettered at once, not retried
 
 

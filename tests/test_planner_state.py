@@ -124,7 +124,8 @@ def test_the_report_says_which_dead_letters_were_sent_back_and_how_they_ended():
     from kfactory.evidence import report
     st = _state()
     p1, p2 = _proposed(st, "p1"), _proposed(st, "p2")
-    dl1 = pb.DeadLetter(stage="coder", reason="redis down\nmore", deliveries=5, payload=p1.SerializeToString())
+    dl1 = pb.DeadLetter(stage="coder", reason="redis down\nmore", deliveries=5, payload=p1.SerializeToString(),
+                        cause=pb.DELIVERIES_EXHAUSTED)
     dl2 = pb.DeadLetter(stage="coder", reason="late", deliveries=5, payload=p2.SerializeToString())
     events = [p1, p2, *_measured("p2", "k2", 0.5), ev.make_event("c1", "coder", "dl1", dead_letter=dl1),
               ev.make_event("c1", "coder", "dl2", dead_letter=dl2), *_measured("p1", "k1", 0.25)]
@@ -137,11 +138,12 @@ def test_the_report_says_which_dead_letters_were_sent_back_and_how_they_ended():
                ev.make_event("c1", "planner", "4", resend_answered=pb.ResendAnswered(
                    dlq_seq=4, point_id="p4", accepted=True))]
     section = report._dead_letters(events)
-    assert section[4:8] == ["| coder | 5 | redis down | sent back: measured |",  # its outcome came after it
-                            "| coder | 5 | late |  |",  # the outcome came first: this one was never sent back
-                            "| coder | 5 | boom | refused: dead letter 3: campaign c1 is ending (cancelled: by a "
-                            "user) |",
-                            "| coder | 5 | boom | sent back, no outcome yet |"]
+    assert section[2] == "| stage | cause | deliveries | reason | then |"
+    assert section[4:8] == ["| coder | deliveries_exhausted | 5 | redis down | sent back: measured |",  # came after
+                            "| coder | unspecified | 5 | late |  |",  # the outcome came first: never sent back
+                            "| coder | unspecified | 5 | boom | refused: dead letter 3: campaign c1 is ending "
+                            "(cancelled: by a user) |",
+                            "| coder | unspecified | 5 | boom | sent back, no outcome yet |"]
 
 
 def test_duplicates_of_a_dead_lettered_candidate_learn_its_result_when_it_is_sent_back():

@@ -178,15 +178,17 @@ class Bus(ABC):
 
     # -- dead letters -------------------------------------------------------------------------------
     async def dead_letter(self, stage: str, subject: str, data: bytes, reason: str, deliveries: int,
-                          campaign_id: str, work_seq: int = 0) -> None:
-        """Record a message that can never succeed: on the DLQ stream and as an event memory archives.
+                          campaign_id: str, work_seq: int = 0,
+                          cause: pb.DeadLetterCause = pb.DEAD_LETTER_CAUSE_UNSPECIFIED) -> None:
+        """Record a message that can never succeed: on the DLQ stream and as an event memory archives, with its
+        reason (words) and `cause` (a DeadLetterCause).
         `work_seq` is the message's sequence on the work stream: work sent back from the dead letters is a new
         message with the same bytes, and if it dies again that is a second dead letter, not a duplicate of the
         first (a redelivery of the same message, as after a crash between here and its term, still is)."""
         if len(data) > DLQ_PAYLOAD_MAX:  # a dead letter must itself fit in a message
             reason += f" (payload cut to its first {DLQ_PAYLOAD_MAX} of {len(data)} bytes)"
         dl = pb.DeadLetter(stage=stage, subject=subject, reason=reason, deliveries=deliveries,
-                           payload=data[:DLQ_PAYLOAD_MAX], payload_bytes=len(data))
+                           payload=data[:DLQ_PAYLOAD_MAX], payload_bytes=len(data), cause=cause)
         key = ev.sha256_hex(f"{subject}:{work_seq}:".encode() + data)[:24]
         event = ev.make_event(campaign_id or "unknown", self.name, key, dead_letter=dl)
         await self._publish(f"{ev.DLQ_PREFIX}.{stage}.{campaign_id or 'unknown'}", event.SerializeToString(),

@@ -34,7 +34,7 @@ async def handle(bus: Bus, stage: str, msg: Message, handler: Handler) -> None:
         event = ev.decode_event(msg.data, msg.subject, bus.max_event_bytes)
     except ev.BadEvent as e:  # can never succeed: no retry, the reason goes with it
         await bus.dead_letter(stage, msg.subject, msg.data, str(e), deliveries, campaign,
-                              msg.metadata.sequence.stream)
+                              msg.metadata.sequence.stream, pb.UNDECODABLE)
         await msg.term()
         return
     t0 = asyncio.get_running_loop().time()
@@ -61,10 +61,10 @@ async def _handle_event(bus: Bus, stage: str, msg: Message, event: pb.Event, del
         raise
     except PublishNotPermitted as e:  # the same on every delivery, until the deployment's roles change
         log.error("handler may not publish its result", stage=stage, subject=msg.subject, error=str(e))
-        outcome = Term(str(e))
+        outcome = Term(str(e), pb.PUBLISH_NOT_PERMITTED)
     except PayloadTooLarge as e:  # the same bytes on every delivery: retrying cannot make them fit
         log.error("handler's result is too large to publish", stage=stage, subject=msg.subject, error=str(e))
-        outcome = Term(f"{stage}: {e}")
+        outcome = Term(f"{stage}: {e}", pb.RESULT_TOO_LARGE)
     except HandlerStuck as e:  # logged where it was cancelled, with where it waited
         outcome = retry_later(bus, f"handler stuck: {e}", deliveries)
     except Exception as e:  # noqa: BLE001 (a bug or an outage in our own code: retried, then dead-lettered)
@@ -84,7 +84,7 @@ async def _handle_event(bus: Bus, stage: str, msg: Message, event: pb.Event, del
 def retry_later(bus: Bus, reason: str, deliveries: int) -> Outcome:
     """A failed delivery's fate: again after a doubling delay, or its dead letter on the last delivery."""
     if deliveries >= bus.max_deliver:
-        return Term(f"{reason} (after {deliveries} deliveries)")
+        return Term(f"{reason} (after {deliveries} deliveries)", pb.DELIVERIES_EXHAUSTED)
     return Nak(min(30.0, 0.5 * 2 ** deliveries), reason)
 
 
@@ -98,10 +98,12 @@ async def settle(bus: Bus, stage: str, msg: Message, event: pb.Event, outcome: O
     if isinstance(outcome, Nak) and deliveries < bus.max_deliver:
         await msg.nak(delay=outcome.delay_s)
         return
-    reason = (f"{outcome.reason} after {deliveries} deliveries (max_deliver)" if isinstance(outcome, Nak)
-              else outcome.reason)
+    if isinstance(outcome, Nak):
+        reason, cause = f"{outcome.reason} after {deliveries} deliveries (max_deliver)", pb.DELIVERIES_EXHAUSTED
+    else:
+        reason, cause = outcome.reason, outcome.cause
     await bus.dead_letter(stage, msg.subject, msg.data, reason, deliveries, event.campaign_id,
-                          msg.metadata.sequence.stream)
+                          msg.metadata.sequence.stream, cause)
     await msg.term()
 
 

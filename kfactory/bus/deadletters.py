@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 
 from kfactory.bus import events as ev
 from kfactory.bus.base import DLQ_PAYLOAD_MAX, Bus, Stored
+from kfactory.bus.causes import cause_name
 from kfactory.bus.topology import DLQ_STREAM, EVENTS_STREAM
 from kfactory.observability.log import get_logger
 from kfactory.v1 import events_pb2 as pb
@@ -70,7 +71,7 @@ class DeadLetterRecord:
         tokens = subject.split(".")
         stage, campaign = (tokens[-2], tokens[-1]) if len(tokens) >= 2 else ("?", "?")
         letter = pb.DeadLetter(stage=stage, subject=subject, reason=f"undecodable entry: {why}",
-                               payload=data[:DLQ_PAYLOAD_MAX], payload_bytes=len(data))
+                               payload=data[:DLQ_PAYLOAD_MAX], payload_bytes=len(data), cause=pb.UNDECODABLE)
         return cls(seq, campaign, letter, undecodable=why)
 
 
@@ -79,11 +80,13 @@ def _filter(stage: str | None, campaign: str | None) -> str:
 
 
 async def list_dead_letters(bus: Bus, stage: str | None = None, campaign: str | None = None,
-                            ) -> list[DeadLetterRecord]:
-    """Every dead letter still on the DLQ stream (of one stage and/or campaign), oldest first."""
+                            cause: pb.DeadLetterCause | None = None) -> list[DeadLetterRecord]:
+    """Every dead letter still on the DLQ stream (of one stage, campaign and/or cause), oldest first."""
     await bus.ensure()
     stored = await bus.stored(DLQ_STREAM, _filter(stage, campaign))
-    return [DeadLetterRecord.of(m.seq, m.data, m.subject) for m in stored]
+    records = [DeadLetterRecord.of(m.seq, m.data, m.subject) for m in stored]
+    return [r for r in records if cause is None or r.letter.cause == cause]
+
 
 
 async def fetch(bus: Bus, seq: int) -> DeadLetterRecord | None:
@@ -199,12 +202,14 @@ def _line(record: DeadLetterRecord) -> str:
                 f"({record.letter.payload_bytes} bytes): {record.undecodable[:160]}")
     letter = record.letter
     reason = letter.reason.splitlines()[0][:160] if letter.reason else ""
-    return f"  #{record.seq} {letter.stage} {record.campaign_id} after {letter.deliveries} deliveries: {reason}"
+    return (f"  #{record.seq} {letter.stage} {record.campaign_id} {cause_name(letter.cause)} after "
+            f"{letter.deliveries} deliveries: {reason}")
 
 
 async def command(settings, stage: str | None, campaign: str | None, resend: bool, out,
-                  wait_s: float = ANSWER_WAIT_S) -> int:
-    """`kfactory dead-letters`: print the dead letters (and with resend, ask for each to be sent back, waiting up
+                  wait_s: float = ANSWER_WAIT_S, cause: pb.DeadLetterCause | None = None) -> int:
+    """`kfactory dead-letters`: print the dead letters (of `stage`, `campaign` and `cause` where given; and with
+    resend, ask for each to be sent back, waiting up
     to `wait_s` in all for the planners' answers); the exit status is 1 when a dead letter was not sent back,
     else 0. Needs a NATS user that may read the DLQ stream and publish a request event: none of the services'
     users may, so in the secure profile use the admin user."""
@@ -215,9 +220,10 @@ async def command(settings, stage: str | None, campaign: str | None, resend: boo
                                 password=password)
     failed = 0
     try:
-        records = await list_dead_letters(bus, stage, campaign)
+        records = await list_dead_letters(bus, stage, campaign, cause)
         print(f"{len(records)} dead letter(s)" + (f" of stage {stage}" if stage else "")
-              + (f" in campaign {campaign}" if campaign else ""), file=out)
+              + (f" in campaign {campaign}" if campaign else "")
+              + (f" caused {cause_name(cause)}" if cause is not None else ""), file=out)
         deadline = asyncio.get_running_loop().time() + wait_s
         asked, answered = ({}, {}) if resend else \
             (await _by_seq(bus, "resend_requested", campaign), await _by_seq(bus, "resend_answered", campaign))

@@ -1,4 +1,4 @@
-"""A work message's fate, made explicit: a handler returns Ack, Nak(delay), Term(reason) or Leave.
+"""A work message's fate, made explicit: a handler returns Ack, Nak(delay), Term(reason, cause) or Leave.
 
 The consuming machinery (kfactory/bus/consume.py) turns the outcome into the message's ack, nak with delay, or term
 after publishing a dead letter with the reason; an exception in a handler is retried with backoff and dead-lettered
@@ -31,8 +31,10 @@ class Nak:
 
 @dataclass(frozen=True)
 class Term:
-    """Can never succeed: dead-letter with this reason and stop redelivering."""
+    """Can never succeed: dead-letter with this reason (words, for people) and cause (a DeadLetterCause, for
+    tools: `kfactory dead-letters --cause`) and stop redelivering."""
     reason: str
+    cause: pb.DeadLetterCause
 
 
 @dataclass(frozen=True)

@@ -232,9 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--json", dest="json_out", help="write the verdict as JSON to this file ('-': stdout)")
 
+    from kfactory.bus.causes import CAUSES
+
     p = sub.add_parser("dead-letters", help="list the work the services gave up on; --replay sends it back")
     p.add_argument("--stage", help="only this stage's (coder, compiler, verifier, benchmarker, ...)")
     p.add_argument("--campaign", help="only this campaign's")
+    p.add_argument("--cause", choices=CAUSES,
+                   help="only those with this cause (harness_failed: the harness's own failure, sent back once it "
+                        "is fixed; input_missing, unknown_campaign, undecodable, publish_not_permitted, "
+                        "result_too_large, deliveries_exhausted; unspecified: written before causes were recorded)")
     p.add_argument("--replay", action="store_true",
                    help="ask each campaign's planner to send its dead letters back to their stages (after fixing "
                         "what failed them); it does while the campaign runs, and takes them off the list")
@@ -388,6 +394,7 @@ def _dead_letters(args) -> int:
     from kfactory.platform.app import WiringError
     from kfactory.bus.errors import BusUnavailable
     from kfactory.cli.client import check_campaign_id, check_stage
+    from kfactory.bus.causes import cause_of
     from kfactory.bus.deadletters import command
 
     if args.campaign is not None:
@@ -396,7 +403,7 @@ def _dead_letters(args) -> int:
         check_stage(args.stage)
     try:
         return asyncio.run(command(_settings(args), args.stage, args.campaign, args.replay, sys.stdout,
-                                   args.answer_timeout))
+                                   args.answer_timeout, cause_of(args.cause) if args.cause else None))
     except BusUnavailable as e:
         raise WiringError(str(e)) from e
 

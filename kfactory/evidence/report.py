@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 from kfactory.bus import events as ev
+from kfactory.bus.causes import cause_name
 from kfactory.bus.origins import Origin
 from kfactory.evidence import plots
 from kfactory.evidence import warm_sources
@@ -212,20 +213,21 @@ def _dead_letters(events: list[pb.Event]) -> list[str]:
         kind = ev.kind_of(e)
         if kind == "dead_letter":
             d = e.dead_letter
-            rows.append([d.stage, str(d.deliveries), d.reason.splitlines()[0][:200] if d.reason else "", ""])
+            rows.append([d.stage, cause_name(d.cause), str(d.deliveries),
+                         d.reason.splitlines()[0][:200] if d.reason else "", ""])
             if (work := ev.dead_work(d)) is not None:
                 waiting.setdefault(work[0], []).append(rows[-1])
         elif kind == "resend_answered":
             a = e.resend_answered
             for row in waiting.get(a.point_id, []):
-                row[3] = "sent back, no outcome yet" if a.accepted else f"refused: {a.reason.splitlines()[0][:200]}"
+                row[4] = "sent back, no outcome yet" if a.accepted else f"refused: {a.reason.splitlines()[0][:200]}"
         elif kind in ("measured", "rejected", "compile_failed"):
             body = getattr(e, kind)
             for row in waiting.pop(ev.outcome_point(body), []):
-                row[3] = "sent back: " + ("measured" if kind == "measured" else pb.RejectReason.Name(body.reason))
+                row[4] = "sent back: " + ("measured" if kind == "measured" else pb.RejectReason.Name(body.reason))
     if not rows:
         return []
-    out = ["## Dead letters", "", "| stage | deliveries | reason | then |", "|---|---|---|---|"]
+    out = ["## Dead letters", "", "| stage | cause | deliveries | reason | then |", "|---|---|---|---|---|"]
     return out + [f"| {' | '.join(r)} |" for r in rows] + [""]
 
 

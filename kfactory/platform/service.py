@@ -59,10 +59,6 @@ def _problem(name: str) -> Problem:
     return load_problem(name)
 
 
-#: how a dead letter's reason begins when the work failed in the harness's own code, not in the candidate's
-INTERNAL = "INTERNAL"
-
-
 @dataclass
 class Held:
     """The device time one piece of work used: seconds its device lease was held (set when the lease ends). The
@@ -101,7 +97,7 @@ class Service:
             try:
                 if not await self.bus.campaign_started(d.event.campaign_id):
                     return Term(f"unknown campaign {d.event.campaign_id!r}: the events stream has no start of it; "
-                                "submit campaigns through the planner")
+                                "submit campaigns through the planner", pb.UNKNOWN_CAMPAIGN)
                 outcome = await self.handle(d)
             except HarnessError as e:
                 outcome = self.internal_error(e)
@@ -113,11 +109,11 @@ class Service:
 
     def internal_error(self, e: HarnessError) -> Term:
         """The harness failed (a bug in the runner or the judge, not the candidate): logged with its traceback (and
-        the runner child's), and the work dead-lettered with an INTERNAL reason at once, publishing no verdict for
+        the runner child's), and the work dead-lettered at once (cause HARNESS_FAILED), publishing no verdict for
         the candidate. Retrying would run the same code again; the dead letter can be sent back once it is fixed."""
         self.log.exception("harness error: the work is dead-lettered, no verdict is recorded", error=str(e),
                            child_traceback=e.traceback)
-        return Term(f"{INTERNAL}: {self.name}: {e}")
+        return Term(f"harness error in {self.name}: {e}", pb.HARNESS_FAILED)
 
     async def handle(self, d: Delivery) -> Outcome:
         raise TypeError(f"service {self.name} consumes {self.stage} but does not handle messages")

@@ -79,7 +79,7 @@ FAULT_ERRORS: dict[FaultKind, tuple[type[RunnerFault], str]] = {
 
 class HarnessError(Exception):
     """The runner's own code failed (a bug, or an environment it cannot work in), not the candidate: not a
-    RunnerFault, so it propagates out of verify and measure and the service dead-letters the work as INTERNAL.
+    RunnerFault, so it propagates out of verify and measure and the service dead-letters the work (HARNESS_FAILED).
     `traceback` is the child's, when the failure was in the child."""
 
     def __init__(self, message: str, traceback: str = ""):

@@ -35,6 +35,17 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AGENT_BAD_RESPONSE: _ClassVar[RejectReason]
     AGENT_NOT_CONFIGURED: _ClassVar[RejectReason]
     PROBLEM_ERROR: _ClassVar[RejectReason]
+
+class DeadLetterCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEAD_LETTER_CAUSE_UNSPECIFIED: _ClassVar[DeadLetterCause]
+    UNDECODABLE: _ClassVar[DeadLetterCause]
+    HARNESS_FAILED: _ClassVar[DeadLetterCause]
+    INPUT_MISSING: _ClassVar[DeadLetterCause]
+    UNKNOWN_CAMPAIGN: _ClassVar[DeadLetterCause]
+    PUBLISH_NOT_PERMITTED: _ClassVar[DeadLetterCause]
+    RESULT_TOO_LARGE: _ClassVar[DeadLetterCause]
+    DELIVERIES_EXHAUSTED: _ClassVar[DeadLetterCause]
 REJECT_REASON_UNSPECIFIED: RejectReason
 COMPILE_ERROR: RejectReason
 RESOURCE_LIMIT: RejectReason
@@ -61,6 +72,14 @@ AGENT_UNAVAILABLE: RejectReason
 AGENT_BAD_RESPONSE: RejectReason
 AGENT_NOT_CONFIGURED: RejectReason
 PROBLEM_ERROR: RejectReason
+DEAD_LETTER_CAUSE_UNSPECIFIED: DeadLetterCause
+UNDECODABLE: DeadLetterCause
+HARNESS_FAILED: DeadLetterCause
+INPUT_MISSING: DeadLetterCause
+UNKNOWN_CAMPAIGN: DeadLetterCause
+PUBLISH_NOT_PERMITTED: DeadLetterCause
+RESULT_TOO_LARGE: DeadLetterCause
+DELIVERIES_EXHAUSTED: DeadLetterCause
 
 class DeviceInfo(_message.Message):
     __slots__ = ("target", "model", "device_id", "threads", "mem_bandwidth_gbps", "peak_gflops", "uuid", "arch", "peak_bf16_gflops", "l2_bytes", "sm_count", "read_bandwidth_gbps")
@@ -560,20 +579,22 @@ class Finding(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., problem: _Optional[str] = ..., shape: _Optional[str] = ..., device: _Optional[str] = ..., candidate_id: _Optional[str] = ..., value: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
-    __slots__ = ("stage", "subject", "reason", "deliveries", "payload", "payload_bytes")
+    __slots__ = ("stage", "subject", "reason", "deliveries", "payload", "payload_bytes", "cause")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
     stage: str
     subject: str
     reason: str
     deliveries: int
     payload: bytes
     payload_bytes: int
-    def __init__(self, stage: _Optional[str] = ..., subject: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., payload: _Optional[bytes] = ..., payload_bytes: _Optional[int] = ...) -> None: ...
+    cause: DeadLetterCause
+    def __init__(self, stage: _Optional[str] = ..., subject: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., payload: _Optional[bytes] = ..., payload_bytes: _Optional[int] = ..., cause: _Optional[_Union[DeadLetterCause, str]] = ...) -> None: ...
 
 class ResendRequested(_message.Message):
     __slots__ = ("dlq_seq", "requested_by")

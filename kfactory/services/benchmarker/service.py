@@ -44,7 +44,7 @@ class BenchmarkerService(RunnerService):
                 try:
                     artifact = await self.bus.get_artifact(v.artifact_digest)
                 except ArtifactMissing:
-                    return Term(f"artifact {v.artifact_digest} of candidate {cand.id} is missing")
+                    return Term(f"artifact {v.artifact_digest} of candidate {cand.id} is missing", pb.INPUT_MISSING)
                 m = await self._measure(cand, artifact, target, device)
                 if isinstance(m, pb.Rejected):
                     if retime:   # which round faulted: a later round's fault is told apart from the first's
@@ -78,7 +78,8 @@ class BenchmarkerService(RunnerService):
                 try:
                     artifact = await self.bus.get_artifact(comp.artifact_digest)
                 except ArtifactMissing:
-                    return Term(f"artifact {comp.artifact_digest} of candidate {cand.id} is not in the artifact store")
+                    return Term(f"artifact {comp.artifact_digest} of candidate {cand.id} is not in the artifact store",
+                                pb.INPUT_MISSING)
                 m = await self._screen_timing(cand, artifact, float(raw))
                 if isinstance(m, pb.Rejected):  # it crashed or hung: a result like any other
                     return await self._reject(d, cand, m, lock)
@@ -218,7 +219,7 @@ class BenchmarkerService(RunnerService):
             for c, digest in ((cand, req.candidate_artifact), (ref, req.reference_artifact)):
                 session.load_artifact(c.id, await self.bus.get_artifact(digest), c.entry, ev.launch_of(c))
         except ArtifactMissing as e:
-            return Term(f"comparison needs an artifact that is missing: {e}")
+            return Term(f"comparison needs an artifact that is missing: {e}", pb.INPUT_MISSING)
         keys["reference"] = ref.id
         for b in req.baselines:
             session.load_baseline(f"baseline:{b}", b)

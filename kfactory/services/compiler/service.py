@@ -30,7 +30,8 @@ class CompilerService(Service):
         try:
             source = (await self.bus.get_artifact(cand.source_digest)).decode()
         except ArtifactMissing:
-            return Term(f"source {cand.source_digest} of candidate {cand.id} is not in the artifact store")
+            return Term(f"source {cand.source_digest} of candidate {cand.id} is not in the artifact store",
+                        pb.INPUT_MISSING)
         async with self.stage_lock(d, cand.id) as lock:
             if lock is None:
                 return self.busy()

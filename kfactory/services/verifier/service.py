@@ -23,7 +23,8 @@ class VerifierService(RunnerService):
         try:
             artifact = await self.bus.get_artifact(comp.artifact_digest)
         except ArtifactMissing:
-            return Term(f"artifact {comp.artifact_digest} of candidate {cand.id} is not in the artifact store")
+            return Term(f"artifact {comp.artifact_digest} of candidate {cand.id} is not in the artifact store",
+                        pb.INPUT_MISSING)
         async with self.stage_lock(d, cand.id) as lock:
             if lock is None:
                 return self.busy()
