@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
-
 import sys
 from pathlib import Path
+
+import pytest
 
 from kfactory.bus import events as ev
 from kfactory.bus.deadletters import DeadLetterRecord
@@ -247,3 +248,27 @@ def test_the_planner_refuses_a_resend_whose_outcome_could_not_count():
     st.apply(ev.make_event("c1", "planner", "finish", campaign_finished=pb.CampaignFinished(state="completed")))
     done = judge(st, 7, record, "", MAX)
     assert not done.accepted and done.reason.startswith("dead letter 7: campaign c1 has finished (completed)")
+
+
+def test_later_timing_rounds_change_no_measurement_count_or_result():
+    """An engine campaign's timing rounds and showdown (Measured.round >= 2, and a benchmarker's Rejected of one)
+    come after its search: kept apart, they leave the campaign's measurements, counts, search and best as they
+    were, while their device time still counts."""
+    st = _state()
+    p1, p2 = _proposed(st, "p1"), _proposed(st, "p2")
+    _apply_all(st, [p1, p2, *_measured("p1", "k1", 0.5), *_measured("p2", "k2", 0.25)])
+    counts = pb.Counts()
+    counts.CopyFrom(st.counts)
+    first = st.measured["k2"]
+    device_s = st.device_s
+    again = pb.Measured()
+    again.CopyFrom(first)
+    again.round, again.score_s, again.seconds = 3, 0.125, 2.0
+    again.timings[0].median_s = 0.125
+    fault = pb.Rejected(stage="benchmarker", reason=pb.CRASHED, message="bench failed", figures={"round": 4},
+                        candidate=st.measured["k1"].candidate)
+    _apply_all(st, [ev.make_event("c1", "benchmarker", "k2:round3", measured=again),
+                    ev.make_event("c1", "benchmarker", "k1:round4", rejected=fault)])
+    assert st.counts == counts and st.measured["k2"] is first and st.best() is first
+    assert st.retimings == {("k2", 3): again, ("k1", 4): fault}
+    assert st.device_s == pytest.approx(device_s + 2.0)

@@ -91,6 +91,11 @@ class CampaignState:
     driven: bool = False
     #: device-seconds its verifications, screens and measurements held the device (kfactory.judge.order.device_seconds)
     device_s: float = 0.0
+    #: later timing rounds of measured candidates (an engine campaign's rounds and showdown, kfactory/cli/
+    #: engine_rounds.py: Measured.round >= 2, and the benchmarker's Rejected of one, figures["round"]), by
+    #: (candidate id, round): kept apart, since they come after the search and would otherwise change its
+    #: measurements, counts and result after the fact (their device time still counts)
+    retimings: dict[tuple[str, int], pb.Measured | pb.Rejected] = field(default_factory=dict)
     #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
     #: problem loads; else the lowest score
     winner: Callable[[list[pb.Measured]], pb.Measured] = lowest_score
@@ -190,6 +195,9 @@ class CampaignState:
         self.coders.on_verified(m)
 
     def _on_rejected(self, m: pb.Rejected) -> None:
+        if m.stage == "benchmarker" and (r := int(m.figures.get("round", 0))) >= 2:
+            self.retimings[(m.candidate.id, r)] = m
+            return
         self.counts.rejected += 1
         self.coders.on_rejected(m)
         if m.reason == pb.PROBLEM_ERROR and not self.broken:
@@ -206,6 +214,9 @@ class CampaignState:
         self._tell_awaiting(m.candidate.id, None)
 
     def _on_measured(self, m: pb.Measured) -> None:
+        if m.round >= 2:
+            self.retimings[(m.candidate.id, m.round)] = m
+            return
         self.counts.measured += 1
         self.coders.on_measured(m)
         self.measured[m.candidate.id] = m
