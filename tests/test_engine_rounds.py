@@ -1,0 +1,93 @@
+"""Through the services an engine campaign's re-timings are planned from its archived events and folded back from
+them (kfactory/cli/engine_rounds.py, kfactory/engines/pipeline.py): the noise timing, then the showdown's
+requests among the designs within reach, each contender first in turn; a contender whose showdown timing is
+rejected is out, and the winner is decided by the per-round ratios. Events as the services publish them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kfactory.bus import events as ev
+from kfactory.cli.engine_rounds import requests, showdown_requests
+from kfactory.engines import pipeline
+from kfactory.engines.design import EngineDesign
+from kfactory.engines.showdown import Rule
+from kfactory.v1 import events_pb2 as pb
+
+import evidence_chain
+
+CID = "c1"
+FAST, NEAR, FAR = EngineDesign(threads=2, wait="bounded"), EngineDesign(threads=2, spin=True), EngineDesign()
+
+
+def _cand(design: EngineDesign) -> pb.Candidate:
+    return pb.Candidate(id=design.design_id(), point_id="p-" + design.design_id(), campaign_id=CID,
+                        params_json=json.dumps(design.as_dict()))
+
+
+def _measured(design: EngineDesign, decode: float, round_: int = 0) -> pb.Event:
+    """The benchmarker's Measured of `design` at `decode` tok/s (prefill 500 tok/s), in timing round `round_`."""
+    m = pb.Measured(candidate=_cand(design), score_s=1 / decode, round=round_,
+                    timings=[evidence_chain.timing(1 / decode, "128"), evidence_chain.timing(1 / 500, "prefill_128")])
+    key = design.design_id() + (f":round{round_}" if round_ else "")
+    return ev.make_event(CID, "benchmarker", key, measured=m)
+
+
+def _campaign() -> list[pb.Event]:
+    """Three designs proposed, verified and measured once: FAST 200 tok/s, NEAR 190, FAR 100."""
+    events = []
+    for design, decode in ((FAR, 100.0), (FAST, 200.0), (NEAR, 190.0)):
+        events.append(ev.make_event(CID, "planner", design.design_id(), point_proposed=pb.PointProposed(
+            point_id="p-" + design.design_id(), params_json=json.dumps(design.as_dict()))))
+        events += evidence_chain.links(CID, _cand(design)) + [_measured(design, decode)]
+    return events
+
+
+def test_the_showdown_is_planned_from_the_archived_rounds():
+    events = _campaign()
+    # one timing round: the noise timing of the first design proposed, round 2
+    assert [(r.candidate.id, r.round) for r in requests(events, 1)] == [(FAR.design_id(), 2)]
+    events.append(_measured(FAR, 100.0, 2))
+    # the two within x1.15 of the fastest, the fastest first, each first in turn over rounds 3..5
+    plan = showdown_requests(events, 1, Rule(rounds=3, margin=1.15))
+    assert [(d, r.round) for d, r in plan] == [(FAST.design_id(), 3), (NEAR.design_id(), 3),
+                                               (NEAR.design_id(), 4), (FAST.design_id(), 4),
+                                               (FAST.design_id(), 5), (NEAR.design_id(), 5)]
+    assert all(r.candidate.id == d and r.artifact_digest == "a" * 64 for d, r in plan)
+    assert showdown_requests(events, 1, Rule(rounds=0)) == []
+    # a noise timing that moved x0.5 widens the margin to x2: FAR contends too (at most 3)
+    events[-1] = _measured(FAR, 50.0, 2)
+    assert {d for d, _ in showdown_requests(events, 1, Rule(rounds=1, margin=1.15))} == \
+        {FAST.design_id(), NEAR.design_id(), FAR.design_id()}
+
+
+def test_the_showdown_is_folded_back_and_decides(tmp_path):
+    events = [*_campaign(), _measured(FAR, 100.0, 2)]
+    # NEAR beats FAST x1.05 in every round although its first timing was slower; it spins, and x1.05 is within
+    # SPIN_MARGIN, so the calm FAST wins; then the same with FAST faulting in round 4: out, NEAR wins
+    for r, (fast, near) in enumerate(((150.0, 157.5), (160.0, 168.0), (170.0, 178.5)), 3):
+        events += [_measured(FAST, fast, r), _measured(NEAR, near, r)]
+    rule = Rule(rounds=3, margin=1.15)
+    before = pipeline.results_of(events, None, 1, showdown=False)
+    sd = pipeline.showdown_of(events, before, 1, rule)
+    assert sd["contenders"] == [FAST.design_id(), NEAR.design_id()] and sd["faulted"] == []
+    assert sd["ratios"][NEAR.design_id()]["decode_ratio"] == pytest.approx(1.05)
+    assert (sd["fastest"], sd["winner"]) == (NEAR.design_id(), FAST.design_id())
+    record = pipeline.write(events, "m", tmp_path, tmp_path, pb.CampaignSpec(target="cpu", budget_candidates=3),
+                            1e-4, started="t", rounds=1, showdown=rule)
+    assert record["best"]["design_id"] == FAST.design_id() and record["showdown_rule"] == rule.as_dict()
+    by_id = {r["design_id"]: r for r in record["results"]}
+    assert [t[0] for t in by_id[FAST.design_id()]["timings"]] == pytest.approx([200.0, 150.0, 160.0, 170.0])
+    assert len(by_id[FAR.design_id()]["timings"]) == 1     # its noise timing is not one of its rounds
+    fault = pb.Rejected(stage="benchmarker", reason=pb.CRASHED, message="bench failed: engine fault",
+                        candidate=_cand(FAST), figures={"round": 4})
+    faulted = [e for e in events if not (e.HasField("measured") and e.measured.round >= 4
+                                         and e.measured.candidate.id == FAST.design_id())]
+    faulted.append(ev.make_event(CID, "benchmarker", FAST.design_id() + ":round4", rejected=fault))
+    record = pipeline.write(faulted, "m", tmp_path, tmp_path, pb.CampaignSpec(target="cpu", budget_candidates=3),
+                            1e-4, started="t2", rounds=1, showdown=rule)
+    sd = record["showdown"]
+    assert sd["faulted"] == [FAST.design_id()] and sd["reference"] == sd["winner"] == NEAR.design_id()
+    assert {r["design_id"]: r["verdict"] for r in record["results"]}[FAST.design_id()] == "bench_failed"
+    assert record["best"]["design_id"] == NEAR.design_id()
