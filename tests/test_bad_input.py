@@ -139,6 +139,13 @@ async def test_submit_refuses_malformed_specs_naming_the_field(bus_settings, spa
             # each source under the limit, all of them together over what one event may carry
             "manual_sources: the spec is": _spec(
                 space, manual_sources=[pb.ManualSource(name=f"s{i}", source="x" * 1000) for i in range(600)]),
+            # timing rounds and the showdown after the search are an engine campaign's alone
+            "timing_rounds, showdown_rounds: problem softmax is a kernel problem": _spec(
+                space, target="cpu", problem="softmax", showdown_rounds=3),
+            "showdown_rounds (--showdown): -1 is out of range": _spec(space, showdown_rounds=-1),
+            "showdown_margin (--showdown-margin): 0.5 is below 1": _spec(
+                space, target="cpu", problem="engine:tiny-llama", strategy="descent", showdown_rounds=3,
+                showdown_margin=0.5),
         }
         for why, spec in cases.items():
             with pytest.raises(SpecError) as err:

@@ -28,7 +28,7 @@ ROPE_NEW = "#define KF_PAIR(i) (i)\n#define KF_MATE(i) ((i) + KF_HEAD_DIM / 2)"
 def record(root, verifier):
     # a margin that lets every verified design contend: the showdown runs whatever the timings
     return Campaign("tiny-llama", 3, data_dir=root, verifier=verifier, rounds=2,
-                    showdown=Rule(rounds=2, margin=1000.0)).run()
+                    showdown=Rule(rounds=2, margin=100.0)).run()
 
 
 def test_order_covers_fields_early():
@@ -218,7 +218,7 @@ def test_a_showdown_flag_out_of_range_is_a_usage_error(tmp_path, monkeypatch, ca
 def test_a_contender_that_faults_in_the_showdown_is_out(root, verifier, tmp_path):
     """A design whose library is gone by the showdown (a real load failure in its child) is bench_failed and out;
     the other is timed in every round and wins."""
-    campaign = Campaign("tiny-llama", 2, data_dir=root, verifier=verifier, showdown=Rule(rounds=2, margin=1000.0))
+    campaign = Campaign("tiny-llama", 2, data_dir=root, verifier=verifier, showdown=Rule(rounds=2, margin=100.0))
     campaign.results = [campaign.evaluate(EngineDesign()), campaign.evaluate(EngineDesign(weights="f32"))]
     stays, gone = campaign.results
     assert stays.verified and gone.verified

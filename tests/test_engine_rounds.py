@@ -1,7 +1,8 @@
-"""Through the services an engine campaign's re-timings are planned from its archived events and folded back from
-them (kfactory/cli/engine_rounds.py, kfactory/engines/pipeline.py): the noise timing, then the showdown's
-requests among the designs within reach, each contender first in turn; a contender whose showdown timing is
-rejected is out, and the winner is decided by the per-round ratios. Events as the services publish them."""
+"""Through the services an engine campaign's re-timings are planned by the planner from the campaign's events and
+folded back from them (kfactory/engines/finale.py, kfactory/engines/pipeline.py): the noise timing, then the
+showdown's requests among the designs within reach, each contender first in turn; a contender whose showdown
+timing is rejected (or dead-lettered) is out, and the winner is decided by the per-round ratios. Events as the
+services publish them."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import json
 import pytest
 
 from kfactory.bus import events as ev
-from kfactory.cli.engine_rounds import requests, showdown_requests
+from kfactory.engines.finale import EngineFinale, requests, showdown_requests
 from kfactory.engines import pipeline
 from kfactory.engines.design import EngineDesign
 from kfactory.engines.showdown import Rule
@@ -91,3 +92,47 @@ def test_the_showdown_is_folded_back_and_decides(tmp_path):
     assert sd["faulted"] == [FAST.design_id()] and sd["reference"] == sd["winner"] == NEAR.design_id()
     assert {r["design_id"]: r["verdict"] for r in record["results"]}[FAST.design_id()] == "bench_failed"
     assert record["best"]["design_id"] == NEAR.design_id()
+
+
+def _answered_noise() -> list[pb.Event]:
+    return [*_campaign(), _measured(FAR, 100.0, 2)]
+
+
+def test_the_finale_asks_for_the_first_request_still_unanswered():
+    """The planner's finale is a function of the events it folded: a planner restarted mid-finale folds them
+    from the stream again and goes on with the first request no answer has come for."""
+    fin = EngineFinale(1, Rule(rounds=2, margin=1.15))
+    for e in _campaign():
+        fin.fold(e)
+    assert (fin.next().candidate.id, fin.next().round) == (FAR.design_id(), 2)   # the noise timing first
+    assert fin.winner() is None                                                  # no showdown timing yet
+    fin.fold(_measured(FAR, 100.0, 2))
+    assert (fin.next().candidate.id, fin.next().round) == (FAST.design_id(), 3)
+    # a restarted planner, folding the same events and the answers so far, asks for the same next request
+    fin.fold(_measured(FAST, 150.0, 3))
+    again = EngineFinale(1, Rule(rounds=2, margin=1.15))
+    for e in [*_answered_noise(), _measured(FAST, 150.0, 3)]:
+        again.fold(e)
+    assert (again.next().candidate.id, again.next().round) == (NEAR.design_id(), 3)
+    # the request's dead letter answers it too (nothing more will come of it); a contender rejected in the
+    # showdown is asked no more
+    req = again.next()
+    dead = ev.make_event(CID, "benchmarker", "dl", dead_letter=pb.DeadLetter(
+        stage="benchmarker", payload=ev.make_event(CID, "planner", "r", verified=req).SerializeToString(),
+        cause=pb.HARNESS_FAILED))
+    again.fold(dead)
+    assert (NEAR.design_id(), 3) in again.answered and NEAR.design_id() in again.faulted
+    assert (again.next().candidate.id, again.next().round) == (FAST.design_id(), 4)
+    again.fold(_measured(FAST, 160.0, 4))
+    assert again.next() is None and again.winner() == FAST.design_id()
+    # the other, answered throughout: NEAR x1.05 of FAST in both rounds, but it spins and FAST is within x1.10
+    for e in (_measured(NEAR, 157.5, 3), _measured(NEAR, 168.0, 4), _measured(FAST, 160.0, 4)):
+        fin.fold(e)
+    assert fin.next() is None and fin.winner() == FAST.design_id()
+
+
+def test_without_showdown_rounds_the_finale_times_the_noise_and_decides_nothing():
+    fin = EngineFinale(0, Rule(rounds=0))
+    for e in _answered_noise():
+        fin.fold(e)
+    assert fin.rounds == 1 and fin.next() is None and fin.winner() is None

@@ -16,6 +16,7 @@ import yaml
 
 import kfactory.problems
 
+from kfactory.bus import events as ev
 from kfactory.cli import engine_services
 from kfactory.cli.run import _memory_ready, _wait_archived
 from kfactory.cli.engine import greedy_tokens
@@ -46,9 +47,9 @@ ROPE_NEW = "#define KF_PAIR(i) (i)\n#define KF_MATE(i) ((i) + KF_HEAD_DIM / 2)"
 
 def _run(settings, budget: int, rounds: int = 1, kernel_ids: dict | None = None,
          showdown: Rule | None = None) -> tuple[dict, list[pb.Event]]:
-    spec = pipeline.campaign_spec("tiny-llama", budget, max_threads=1, parallel=2, seed=5, kernel_ids=kernel_ids)
-    record = asyncio.run(engine_services.run_campaign(settings, "tiny-llama", spec, embedded_nats=False,
-                                                      rounds=rounds, showdown=showdown))
+    spec = pipeline.campaign_spec("tiny-llama", budget, max_threads=1, parallel=2, seed=5, kernel_ids=kernel_ids,
+                                  rounds=rounds, showdown=showdown)
+    record = asyncio.run(engine_services.run_campaign(settings, "tiny-llama", spec, embedded_nats=False))
     events = Archive(settings.archive()).events(campaign=record["campaign_id"])
     return record, events
 
@@ -101,7 +102,7 @@ def _kinds(events: list[pb.Event]) -> dict[str, list]:
 
 def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_settings, monkeypatch, tmp_path):
     # a margin that lets both designs contend: the showdown runs whatever the timings
-    record, events = _run(bus_settings, 2, showdown=Rule(rounds=2, margin=1000.0))
+    record, events = _run(bus_settings, 2, showdown=Rule(rounds=2, margin=100.0))
     assert record["campaign_state"] == "completed", record["campaign_reason"]
     kinds = _kinds(events)
     # descent: the default, then its neighbours (where the host has AVX-512 the table decode comes first)
@@ -144,6 +145,11 @@ def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_s
     assert sd["ratios"][design_of[other]]["decode_ratio"] == pytest.approx(ratio)
     winner = other if ratio > 1 else lead
     assert record["best"]["design_id"] == sd["winner"] == design_of[winner]
+    # the planner asked for the rounds before the campaign's end, and its result is the showdown's winner
+    (finished,) = kinds["campaign_finished"]
+    assert finished.best_candidate_id == winner and finished.counts.measured == 2
+    kinds_in_order = [ev.kind_of(e) for e in events]
+    assert len(kinds_in_order) - 1 - kinds_in_order[::-1].index("measured") < kinds_in_order.index("campaign_finished")
     # the showdown's timings join the rounds: the winner's figure is the median of its three
     assert record["best"]["decode_tok_s"] == pytest.approx(sorted(tok[winner, r] for r in (0, 3, 4))[1])
     best = load_best("tiny-llama", bus_settings.data_dir)
@@ -294,5 +300,11 @@ def test_a_searched_kernel_in_memory_is_linked_and_every_round_is_a_measurement(
     assert local.cached and by_id[linked.design_id()]["library"] == str(local.path)
     # submitted to a running factory, an engine problem's default strategy is descent: the default design first
     from kfactory.cli.main import _spec, build_parser
-    assert _spec(build_parser().parse_args(["submit", "engine:tiny-llama"])).strategy == "descent"
-    assert _spec(build_parser().parse_args(["submit", "softmax"])).strategy == "default"
+    engine = _spec(build_parser().parse_args(["submit", "engine:tiny-llama"]))
+    assert engine.strategy == "descent"
+    # and the timing rounds and showdown of `kfactory engine run`, which the planner asks for after the search
+    assert (engine.timing_rounds, engine.showdown_rounds, engine.showdown_margin) == (2, 5, 1.15)
+    asked = _spec(build_parser().parse_args(["submit", "engine:tiny-llama", "--rounds", "3", "--showdown", "0"]))
+    assert (asked.timing_rounds, asked.showdown_rounds) == (3, 0)
+    kernel = _spec(build_parser().parse_args(["submit", "softmax"]))
+    assert kernel.strategy == "default" and (kernel.timing_rounds, kernel.showdown_rounds) == (0, 0)

@@ -33,7 +33,7 @@ class EngineCommandError(Exception):
 def add_parser(sub) -> None:
     """The `engine` command group and `generate`."""
     from kfactory.engines.design import MAX_THREADS
-    from kfactory.engines.showdown import MARGIN, ROUNDS
+    from kfactory.engines.showdown import MARGIN, ROUNDS, TIMING_ROUNDS
 
     p = sub.add_parser("engine", help="inference engines: run an engine campaign (docs/engines.md)",
                        description="An engine campaign: design points generated, built, verified against the "
@@ -46,9 +46,10 @@ def add_parser(sub) -> None:
     r.add_argument("--budget", type=int, default=8, help="design points to evaluate (default 8)")
     r.add_argument("--threads", type=int, default=None,
                    help=f"the most threads a design may use (1..{MAX_THREADS}; default: this host's cores)")
-    r.add_argument("--rounds", type=int, default=2, help="timing rounds per verified design (default 2): the "
-                   "first after its verification, the others over all verified designs in turn; figures are "
-                   "medians, effects compare designs round by round")
+    r.add_argument("--rounds", type=int, default=TIMING_ROUNDS,
+                   help=f"timing rounds per verified design (default {TIMING_ROUNDS}): the first after its "
+                        "verification, the others over all verified designs in turn; figures are medians, effects "
+                        "compare designs round by round")
     r.add_argument("--showdown", type=int, default=ROUNDS,
                    help=f"showdown rounds (default {ROUNDS}; 0: none): after the timing rounds, the designs within "
                         "--showdown-margin of the fastest are timed alternately and the winner decided by their "

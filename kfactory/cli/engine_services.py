@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 from kfactory.bus.base import Bus
 from kfactory.bus.errors import ArtifactMissing
 from kfactory.engines.build import build
-from kfactory.cli.engine_rounds import RetimeFailed, retime
 from kfactory.cli.run import _wait_archived, local_services, write_report
 from kfactory.engines import pipeline
 from kfactory.engines.campaign import DesignResult
 from kfactory.engines.ops import OpKernel
+from kfactory.engines.finale import finale_of
 from kfactory.engines.showdown import Rule
 from kfactory.engines.stages.bundle import unpack
 from kfactory.engines.verify import TOLERANCE
@@ -30,24 +30,20 @@ if TYPE_CHECKING:
 
 
 class ServicesFailed(RuntimeError):
-    """The services could not run the campaign (a service failed, a re-timing got no answer); the message says
+    """The services could not run the campaign (a service failed, or did not take its start); the message says
     why."""
 
 
 async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
                        progress: Callable[[DesignResult], None] | None = None,
-                       embedded_nats: bool = True, rounds: int = 1,
-                       showdown: Rule | None = None) -> dict[str, Any]:
+                       embedded_nats: bool = True) -> dict[str, Any]:
     """Submit the engine campaign `spec` to the planner of services started here (over a nats-server of their
-    own when `embedded_nats` and the bus is NATS, else over settings.nats_url), wait for its end and for memory
-    to archive it, time the verified designs again in `rounds` - 1 more rounds and once for the noise figure,
-    then the contenders of the showdown's rule `showdown` (default: none), all the benchmarker's work
-    (`retime`), and write the record from the archived events; return the record (its "campaign_state" is the
-    planner's final state: completed, cancelled, expired, failed)."""
+    own when `embedded_nats` and the bus is NATS, else over settings.nats_url), wait for its end (the planner
+    times the verified designs again after the search: the spec's timing rounds, the noise timing and the
+    showdown, kfactory/engines/finale.py) and for memory to archive it, and write the record from the archived
+    events; return the record (its "campaign_state" is the planner's final state: completed, cancelled,
+    expired, failed)."""
     from kfactory.models import load_model
-
-    if rounds < 1:
-        raise ValueError(f"timing rounds must be at least 1, not {rounds}")
 
     # refused before any server starts, naming the field (as `kfactory run` does); SpecError to the caller
     spec, _ = validate(spec, settings, Context.problem, lambda t: get_target(t, settings))
@@ -67,16 +63,12 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
             _show(memory, cid, Path(settings.data_dir), shown, progress)
         await _wait_archived(memory, cid)
         _show(memory, cid, Path(settings.data_dir), shown, progress)
-        if st.finished is not None and st.finished.state == "completed":
-            try:
-                await retime(planner, memory, running, cid, rounds, showdown)
-            except RetimeFailed as e:
-                raise ServicesFailed(str(e)) from e
         events = memory.archive.events(campaign=cid)
+        fin = finale_of(st.spec)
         name, data_dir = load_model(model).name, Path(settings.data_dir)
         libraries, kernels = await _libraries(running.ctx.bus, events, data_dir)
         record = pipeline.write(events, name, data_dir / "engines" / name, data_dir, st.spec, TOLERANCE,
-                                libraries=libraries, rounds=rounds, kernels=kernels, showdown=showdown)
+                                libraries=libraries, rounds=fin.rounds, kernels=kernels, showdown=fin.rule)
         record["report"] = str(write_report(settings, memory, cid))
         record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
         record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
@@ -119,8 +111,9 @@ def run(model: str, budget: int, max_threads: int, parallel: int = 0,
         kernel_ids: dict[str, str] | None = None, showdown: Rule | None = None) -> dict[str, Any]:
     """The campaign through the services with this process's settings (see run_campaign): over the NATS server
     at `nats_url`, else one started for the campaign; `kernel_ids` ({op problem: candidate id}) the searched
-    kernels its designs may link."""
-    spec = pipeline.campaign_spec(model, budget, max_threads, parallel, kernel_ids=kernel_ids)
+    kernels its designs may link; `rounds` timing rounds and the showdown by its rule `showdown` (default:
+    none) after the search."""
+    spec = pipeline.campaign_spec(model, budget, max_threads, parallel, kernel_ids=kernel_ids, rounds=rounds,
+                                  showdown=showdown)
     settings = Settings(nats_url=nats_url) if nats_url else Settings()
-    return asyncio.run(run_campaign(settings, model, spec, progress, embedded_nats=not nats_url, rounds=rounds,
-                                    showdown=showdown))
+    return asyncio.run(run_campaign(settings, model, spec, progress, embedded_nats=not nats_url))

@@ -75,6 +75,14 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
     p.add_argument("--manual", action="append", default=[], metavar="NAME=FILE[:FLAGS]",
                    help="add a hand-written kernel as a candidate (repeatable)")
+    p.add_argument("--rounds", type=cli_type("timing_rounds"), default=None,
+                   help="an engine problem only: timing rounds per verified design after the search (default 2, "
+                        "as `kfactory engine run`; docs/engines.md)")
+    p.add_argument("--showdown", type=cli_type("showdown_rounds"), default=None,
+                   help="an engine problem only: showdown rounds among the designs within --showdown-margin of "
+                        "the fastest (default 5; 0: none)")
+    p.add_argument("--showdown-margin", type=cli_type("showdown_margin", float), default=None,
+                   help="an engine problem only: the showdown's margin (default 1.15)")
     _agent_args(p)
 
 
@@ -97,6 +105,7 @@ def _spec(args):
                            coders=[c for c in args.coders.split(",") if c],
                            personas=[p for p in args.personas.split(",") if p], token_budget=args.token_budget or 0)
     spec.strategy_options.update(_strategy_options(args.strategy_option))
+    _finale_args(spec, args, engine=problem.startswith(ENGINE_PREFIX))
     for m in args.manual:
         name, _, rest = m.partition("=")
         path, _, flags = rest.partition(":")
@@ -110,6 +119,17 @@ def _spec(args):
         spec.manual_sources.append(pb.ManualSource(name=name, source=source,
                                                    compile_flags=flags or "-O2 -fopenmp", threads=1))
     return spec
+
+
+def _finale_args(spec, args, engine: bool) -> None:
+    """--rounds, --showdown and --showdown-margin into the spec: an engine problem's defaults are `kfactory
+    engine run`'s where not given (a kernel problem's spec that asks for them is refused by the planner)."""
+    from kfactory.engines.showdown import MARGIN, ROUNDS, TIMING_ROUNDS
+
+    rounds, showdown, margin = (getattr(args, k, None) for k in ("rounds", "showdown", "showdown_margin"))
+    spec.timing_rounds = rounds if rounds is not None else (TIMING_ROUNDS if engine else 0)
+    spec.showdown_rounds = showdown if showdown is not None else (ROUNDS if engine else 0)
+    spec.showdown_margin = margin if margin is not None else (MARGIN if engine else 0.0)
 
 
 def _strategy_options(given: list[str]) -> dict[str, str]:

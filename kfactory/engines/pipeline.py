@@ -18,14 +18,15 @@ coder -> compiler -> verifier -> benchmarker (kfactory/engines/stages) and every
     rejected by the benchmarker, round r bench_failed (as a local retime's fault); after round R: no noise figure
     dead_letter                          harness_error (the harness failed, not the design)
 
-Timing rounds (`--rounds R`) are the benchmarker's work too: after the planner's campaign ends, each verified
-candidate is sent to the benchmarker again (`Verified.round` = 2..R, all designs in turn per round, as the local
-campaign's `retime`), each timing its own Measured event (`Measured.round`) archived by memory; then the first
-verified design once more (round R + 1) when two or more verified: its ratio to its first timing is the noise
-figure, as the local campaign's `noise()`. Then the showdown (kfactory/engines/showdown.py): the contenders,
-chosen from the figures of rounds 1..R and the noise figure as the local campaign chooses them, are timed again
-in rounds R + 2 .. R + 1 + S (`--showdown S`, the schedule of showdown.schedule); those timings join their
-designs' rounds, a fault in one makes its design bench_failed, and the showdown's ratios decide the winner.
+Timing rounds (`--rounds R`) and the showdown (`--showdown S`) are the planner's last requests to the
+benchmarker, after the search and before the campaign's end (kfactory/engines/finale.py): each verified
+candidate timed again (`Verified.round` = 2..R, all designs in turn per round, as the local campaign's
+`retime`), each timing its own Measured event (`Measured.round`) archived by memory; then the first verified
+design once more (round R + 1) when two or more verified: its ratio to its first timing is the noise figure, as
+the local campaign's `noise()`. Then the showdown's contenders (kfactory/engines/showdown.py), chosen from the
+figures of rounds 1..R and the noise figure as the local campaign chooses them, in rounds R + 2 .. R + 1 + S;
+those timings join their designs' rounds, a fault in one makes its design bench_failed, and the showdown's
+ratios decide the winner, which the planner's CampaignFinished names too.
 """
 from __future__ import annotations
 
@@ -53,15 +54,19 @@ STAGE_VERDICTS = {"coder": "codegen_failed", "verifier": "rejected", "benchmarke
 
 
 def campaign_spec(model: str, budget: int, max_threads: int, parallel: int = 0, seed: int = 0,
-                  kernel_ids: dict[str, str] | None = None) -> pb.CampaignSpec:
+                  kernel_ids: dict[str, str] | None = None, rounds: int = 1,
+                  showdown: Rule | None = None) -> pb.CampaignSpec:
     """The planner's spec of an engine campaign over `budget` designs of `model` with 1..max_threads threads,
     with the searched kernels `kernel_ids` ({op problem: candidate id}) tried first: the descent strategy from
     the default design (engines/order.STRATEGY), a cold start (another campaign's timings of the same designs
-    would be re-proposed first, not new designs)."""
+    would be re-proposed first, not new designs); then `rounds` timing rounds and the showdown by its rule
+    `showdown` (default: none), which the planner asks for after the search (kfactory/engines/finale.py)."""
+    rule = showdown or Rule()
     return pb.CampaignSpec(problem=locator(model, kernel_ids), target="cpu", budget_candidates=budget,
                            strategy=STRATEGY,
                            threads=max_threads, parallel=parallel, seed=seed or secrets.randbits(32),
-                           warm_start=0)
+                           warm_start=0, timing_rounds=rounds, showdown_rounds=rule.rounds,
+                           showdown_margin=rule.margin)
 
 
 def results_of(events: list[pb.Event], data_dir: Path | None, rounds: int = 1,

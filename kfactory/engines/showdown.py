@@ -18,7 +18,7 @@ to the showdown's ratios. Each showdown timing also joins its design's rounds (i
 all its timings); a contender that faults is bench_failed, as in any later round.
 
 The local campaign runs it in its process (kfactory/engines/campaign.py); through the services each timing is a
-re-timing request to the benchmarker (kfactory/cli/engine_rounds.py) and this module folds the Measured events
+re-timing request to the benchmarker (kfactory/engines/finale.py) and this module folds the Measured events
 back (kfactory/engines/pipeline.py).
 """
 from __future__ import annotations
@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 #: showdown rounds by default (`kfactory engine run --showdown N`); the most contenders; a design contends when
 #: the fastest's decode tok/s is at most MARGIN times its own (or the campaign's noise figure, when larger)
 ROUNDS, CONTENDERS, MARGIN = 5, 3, 1.15
+#: the timing rounds before it that `kfactory engine run` (and `kfactory submit engine:MODEL`) asks for by default:
+#: the measurement after each design's verification and one more over all verified designs in turn
+TIMING_ROUNDS = 2
 
 
 @dataclass(frozen=True)

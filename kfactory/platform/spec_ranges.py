@@ -32,6 +32,9 @@ RANGES: dict[str, Range] = {
     "parallel": Range(0, 100_000, "--parallel", "0: the default, 2"),
     "warm_start": Range(0, 10_000, "--warm", "0: a cold start"),
     "token_budget": Range(0, 2**62, "--token-budget", "0: the configured default"),
+    "timing_rounds": Range(0, 100, "--rounds", "0: the first timing only"),
+    "showdown_rounds": Range(0, 100, "--showdown", "0: no showdown"),
+    "showdown_margin": Range(0, 100, "--showdown-margin", "0: the default, 1.15; else at least 1"),
 }
 #: `kfactory priors --limit` and PriorsRequest.limit (0: the default, 8)
 PRIORS_LIMIT = Range(0, 100_000, "--limit", "0: the default, 8")

@@ -261,7 +261,7 @@ class Archive:
             self.db.executemany("INSERT OR IGNORE INTO parents VALUES (?,?)", [(cand.id, p) for p in cand.parents])
         elif kind == "measured":
             m = event.measured
-            if m.round >= 2:   # a later timing round (kfactory/cli/engine_rounds.py) is archived as its event only:
+            if m.round >= 2:   # a later timing round (kfactory/engines/finale.py) is archived as its event only:
                 return         # every candidate is ranked by its first measurement, which every candidate has
             self.db.execute("INSERT OR REPLACE INTO measurements VALUES (?,?,?,?,?,?,?)",
                             (c, cand.id, self.problem_name(cand.problem), m.device.model, m.score_s, t,

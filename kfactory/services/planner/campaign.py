@@ -91,14 +91,19 @@ class CampaignState:
     driven: bool = False
     #: device-seconds its verifications, screens and measurements held the device (kfactory.judge.order.device_seconds)
     device_s: float = 0.0
-    #: later timing rounds of measured candidates (an engine campaign's rounds and showdown, kfactory/cli/
-    #: engine_rounds.py: Measured.round >= 2, and the benchmarker's Rejected of one, figures["round"]), by
-    #: (candidate id, round): kept apart, since they come after the search and would otherwise change its
-    #: measurements, counts and result after the fact (their device time still counts)
+    #: later timing rounds of measured candidates (an engine campaign's rounds and showdown, `finale` below:
+    #: Measured.round >= 2, and the benchmarker's Rejected of one, figures["round"]), by (candidate id, round):
+    #: kept apart from the search's measurements, counts and tallies, which they would otherwise change after
+    #: the fact (their device time still counts)
     retimings: dict[tuple[str, int], pb.Measured | pb.Rejected] = field(default_factory=dict)
     #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
     #: problem loads; else the lowest score
     winner: Callable[[list[pb.Measured]], pb.Measured] = lowest_score
+    #: what the planner times after the search, where the problem has it (an engine's timing rounds and
+    #: showdown: kfactory/engines/finale.py EngineFinale, set by the planner service); it folds every event of
+    #: the campaign (`fold`), names the next re-timing request (`next`), and the winner it decides (`winner`) is
+    #: the campaign's result
+    finale: Any = None
 
     def __post_init__(self):
         self.strategy = None
@@ -146,6 +151,8 @@ class CampaignState:
             self.finished_wall = event.time_unix_ns / 1e9 or time.time()
         if handle is not None:
             handle(self, getattr(event, kind))
+        if self.finale is not None:
+            self.finale.fold(event)
         self.changed.set()
         return ""
 
@@ -331,8 +338,11 @@ class CampaignState:
 
     def best(self) -> pb.Measured | None:
         """The campaign's result: of the candidates measured in full that are not the reference kernel (a
-        screened-out timing is no result: it may never have been verified), the one `winner` picks (the
-        problem's rule, Problem.winner; the lowest score where none is set)."""
+        screened-out timing is no result: it may never have been verified), the one the finale decided (an
+        engine's showdown), else the one `winner` picks (the problem's rule, Problem.winner; the lowest score
+        where none is set)."""
+        if self.finale is not None and (decided := self.finale.winner()) in self.measured:
+            return self.measured[decided]
         mine = [m for cid, m in self.measured.items() if cid != self.reference_id and not m.screened_out]
         return self.winner(mine) if mine else None
 

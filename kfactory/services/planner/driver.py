@@ -1,5 +1,6 @@
 """Driving a campaign: propose the fixed kernels, hand out design work until the budget is spent, wait for the
-work in flight, time the best against the reference, and finish.
+work in flight, ask for the problem's timings after the search (an engine's rounds and showdown), time the best
+against the reference, and finish.
 
 Every step reads the campaign's state (CampaignState, a fold over its events) and publishes events; the state
 changes only when those events are folded in, so a planner restarted mid-campaign drives on from the stream.
@@ -30,6 +31,9 @@ from kfactory.v1 import events_pb2 as pb
 
 COMPARE_WAIT_S = 300.0
 GRACE_S = 60.0
+#: how long one re-timing of the finale may take before the campaign finishes without the rest (an engine's
+#: bench is seconds; the benchmarker may wait for the device lease meanwhile)
+FINALE_WAIT_S = 600.0
 
 
 class CampaignDriver:
@@ -58,6 +62,7 @@ class CampaignDriver:
             await self._search(st)
             if not (st.broken or st.strategy_error):
                 await self._wait_in_flight(st)
+                await self._finale(st)
                 await self._compare(st)
                 while st.in_flight() and not st.finishing():  # work sent back from its dead letter meanwhile
                     await self._wait_in_flight(st)
@@ -186,6 +191,31 @@ class CampaignDriver:
                 self.log.warning("giving up on in-flight points", campaign=st.id, in_flight=st.in_flight())
                 return
             await self._wait_change(st)
+
+    async def _finale(self, st: CampaignState) -> None:
+        """The problem's timings after the search (CampaignState.finale: kfactory/engines/finale.py), one request at
+        a time on the benchmarker's work subject, each after the answer to the one before is folded in (its
+        Measured or Rejected event, or its dead letter). From the campaign's state alone: a restarted planner
+        goes on with the first request still unanswered. A request unanswered for FINALE_WAIT_S ends the finale
+        (logged); the campaign finishes with what it has."""
+        fin = st.finale
+        loop = asyncio.get_running_loop()
+        while fin is not None and not (st.cancelled or st.broken or st.expired()):
+            req = fin.next()
+            if req is None:
+                return
+            key = (req.candidate.id, req.round)
+            event = ev.make_event(st.id, self.svc.name, f"{req.candidate.id}:round{req.round}", verified=req)
+            with telemetry.root_span(f"{self.svc.name} retime", **{"kf.campaign": st.id,
+                                                                   "kf.candidate": req.candidate.id}):
+                await self.bus.send_work(Stage.BENCHMARKER, event)
+            deadline = loop.time() + FINALE_WAIT_S
+            while key not in fin.answered and not (st.cancelled or st.broken):
+                if loop.time() > deadline:
+                    self.log.warning("a re-timing got no answer: the campaign finishes without the rest",
+                                     campaign=st.id, candidate=req.candidate.id, round=req.round)
+                    return
+                await self._wait_change(st)
 
     async def _compare(self, st: CampaignState) -> None:
         best = st.best()

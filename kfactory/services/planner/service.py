@@ -14,6 +14,8 @@ import secrets
 
 from kfactory.bus import events as ev
 from kfactory.bus.errors import TRANSIENT
+from kfactory.engines.finale import finale_of
+from kfactory.engines.stages import is_engine
 from kfactory.observability import tracing as telemetry
 from kfactory.platform.grpcserver import start_server
 from kfactory.platform.service import Service
@@ -86,7 +88,10 @@ class PlannerService(Service):
             space, broken = None, f"its problem cannot be loaded: {e}"
         st = CampaignState(cid, spec, pb.DeviceInfo(), space, broken=broken)
         if not broken:   # the problem's rule for its result (a broken campaign keeps the lowest score)
-            st.winner = self.ctx.problem(spec.problem).winner
+            problem = self.ctx.problem(spec.problem)
+            st.winner = problem.winner
+            # an engine's timing rounds and showdown after the search (kfactory/engines/finale.py)
+            st.finale = finale_of(spec) if is_engine(problem) else None
         st.agent_note = coders.agent_note(spec, self.settings)
         st.token_seconds = self.settings.llm_token_seconds
         return st

@@ -97,9 +97,16 @@ def _budget_note(spec: pb.CampaignSpec, problem: Problem, agents: bool) -> str:
 
 def _check_engine(spec: pb.CampaignSpec, problem: Problem) -> None:
     """An engine campaign's candidates are the designs of its one family (kfactory/engines/problem.py), which
-    the template coder renders; a hand-written source or an agent's kernel is not an engine design."""
+    the template coder renders; a hand-written source or an agent's kernel is not an engine design. Timing
+    rounds and the showdown (kfactory/engines/finale.py) are an engine campaign's alone."""
     if problem.kind != "engine":
+        if spec.timing_rounds > 1 or spec.showdown_rounds:
+            raise SpecError(f"timing_rounds, showdown_rounds: problem {problem.name} is a kernel problem; timing "
+                            "rounds and the showdown after the search are an engine campaign's")
         return
+    if 0 < spec.showdown_margin < 1:
+        raise SpecError(f"showdown_margin (--showdown-margin): {spec.showdown_margin:g} is below 1; give a ratio "
+                        "of at least 1 (1.15: designs within 15% of the fastest contend), or 0 for the default")
     if spec.manual_sources:
         raise SpecError(f"manual_sources: problem {problem.name} is an engine; its candidates are the designs of "
                         "kfactory.engines.design.space(), not hand-written sources")
