@@ -63,7 +63,8 @@ def test_the_showdown_is_planned_from_the_archived_rounds():
         {FAST.design_id(), NEAR.design_id(), FAR.design_id()}
 
 
-def test_the_showdown_is_folded_back_and_decides(tmp_path):
+@pytest.mark.parametrize("fault", ["rejected", "dead_letter"])
+def test_the_showdown_is_folded_back_and_decides(tmp_path, fault):
     events = [*_campaign(), _measured(FAR, 100.0, 2)]
     # NEAR beats FAST x1.05 in every round although its first timing was slower; it spins, and x1.05 is within
     # SPIN_MARGIN, so the calm FAST wins; then the same with FAST faulting in round 4: out, NEAR wins
@@ -81,16 +82,25 @@ def test_the_showdown_is_folded_back_and_decides(tmp_path):
     by_id = {r["design_id"]: r for r in record["results"]}
     assert [t[0] for t in by_id[FAST.design_id()]["timings"]] == pytest.approx([200.0, 150.0, 160.0, 170.0])
     assert len(by_id[FAR.design_id()]["timings"]) == 1     # its noise timing is not one of its rounds
-    fault = pb.Rejected(stage="benchmarker", reason=pb.CRASHED, message="bench failed: engine fault",
-                        candidate=_cand(FAST), figures={"round": 4})
+    # FAST's round-4 timing faults (the benchmarker's Rejected), or its request is dead-lettered
     faulted = [e for e in events if not (e.HasField("measured") and e.measured.round >= 4
                                          and e.measured.candidate.id == FAST.design_id())]
-    faulted.append(ev.make_event(CID, "benchmarker", FAST.design_id() + ":round4", rejected=fault))
+    if fault == "rejected":
+        faulted.append(ev.make_event(CID, "benchmarker", FAST.design_id() + ":round4", rejected=pb.Rejected(
+            stage="benchmarker", reason=pb.CRASHED, message="bench failed: engine fault", candidate=_cand(FAST),
+            figures={"round": 4})))
+    else:
+        request = pb.Verified(candidate=_cand(FAST), artifact_digest="a" * 64, round=4)
+        faulted.append(ev.make_event(CID, "benchmarker", "dl", dead_letter=pb.DeadLetter(
+            stage="benchmarker", cause=pb.HARNESS_FAILED, payload=ev.make_event(
+                CID, "planner", FAST.design_id() + ":round4", verified=request).SerializeToString())))
     record = pipeline.write(faulted, "m", tmp_path, tmp_path, pb.CampaignSpec(target="cpu", budget_candidates=3),
                             1e-4, started="t2", rounds=1, showdown=rule)
     sd = record["showdown"]
     assert sd["faulted"] == [FAST.design_id()] and sd["reference"] == sd["winner"] == NEAR.design_id()
-    assert {r["design_id"]: r["verdict"] for r in record["results"]}[FAST.design_id()] == "bench_failed"
+    # a fault is the design's verdict (a dead letter is the harness's failure: the design keeps its timings)
+    verdict = {r["design_id"]: r["verdict"] for r in record["results"]}[FAST.design_id()]
+    assert verdict == ("bench_failed" if fault == "rejected" else "verified")
     assert record["best"]["design_id"] == NEAR.design_id()
 
 

@@ -18,8 +18,9 @@ alternately in `showdown` more rounds, and the winner is decided by their per-ro
 taken minutes apart.
 
 The record (every result, the showdown, the winner, the effects) is written to
-<data_dir>/engines/<model>/campaign-<timestamp>.json, and <data_dir>/engines/<model>/best.json names the best
-verified design (the highest decode tok/s) of the latest campaign that verified one: `kfactory generate` runs it.
+<data_dir>/engines/<model>/campaign-<timestamp>.json, and <data_dir>/engines/<model>/best.json names the winner
+(the showdown's, else the highest decode tok/s, a spinning design only by more than SPIN_MARGIN) of the latest
+campaign that verified a design: `kfactory generate` runs it.
 
 The effect of a field's value is the median, over pairs of verified designs that differ only in that field
 (one with the default's value, one with this value), of the ratio of their tok/s: the evidence that a choice

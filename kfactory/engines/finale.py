@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 
-from google.protobuf.message import DecodeError
-
 from kfactory.bus import events as ev
 from kfactory.engines import pipeline
 from kfactory.engines.design import EngineDesign
@@ -87,28 +85,14 @@ class EngineFinale:
 
     def fold(self, event: pb.Event) -> None:
         """Keep what the finale reads of one event of the campaign."""
-        kind = ev.kind_of(event)
-        if kind not in KEPT:
+        if ev.kind_of(event) not in KEPT:
             return
         self.events.append(event)
-        answer = self._answer(event, kind)
-        if answer is not None:
-            self.answered.add(answer)
-            if answer[1] >= self.rounds + 2 and kind != "measured":
-                self.faulted.add(answer[0])
-
-    def _answer(self, event: pb.Event, kind: str) -> tuple[str, int] | None:
-        """(candidate id, round) when `event` answers a re-timing request."""
-        if kind == "measured" and event.measured.round >= 2:
-            return event.measured.candidate.id, event.measured.round
-        if kind == "rejected" and event.rejected.stage == "benchmarker" \
-                and (r := int(event.rejected.figures.get("round", 0))) >= 2:
-            return event.rejected.candidate.id, r
-        if kind == "dead_letter":   # the request itself could not be handled: nothing more will come of it
-            payload = _payload(event.dead_letter)
-            if payload is not None and payload.HasField("verified") and payload.verified.round >= 2:
-                return payload.verified.candidate.id, payload.verified.round
-        return None
+        if (answer := pipeline.retiming_answer(event)) is not None:
+            cand, round_, measured = answer
+            self.answered.add((cand.id, round_))
+            if measured is None and round_ >= self.rounds + 2:
+                self.faulted.add(cand.id)
 
     def next(self) -> pb.Verified | None:
         """The first request not answered yet: the timing rounds and the noise timing, then the showdown's (a
@@ -129,13 +113,6 @@ class EngineFinale:
             return None
         by_design = {_design_id(v.candidate): v.candidate.id for v in _measured(self.events)}
         return by_design.get(sd["winner"])
-
-
-def _payload(dl: pb.DeadLetter) -> pb.Event | None:
-    try:
-        return pb.Event.FromString(dl.payload)
-    except DecodeError:   # a payload cut to fit the dead letter: not known
-        return None
 
 
 def finale_of(spec: pb.CampaignSpec) -> EngineFinale:

@@ -162,27 +162,45 @@ def showdown_ids(before: list[DesignResult], events: list[pb.Event], rounds: int
 
 
 def showdown_of(events: list[pb.Event], before: list[DesignResult], rounds: int, rule: Rule) -> dict[str, Any] | None:
-    """The showdown's record from its Measured and Rejected events (rounds R + 2 .. R + 1 + rule.rounds); None
-    when it had no contenders or no rounds."""
+    """The showdown's record from the answers to its requests (rounds R + 2 .. R + 1 + rule.rounds): a
+    contender whose request was rejected or dead-lettered is out (as the planner's finale takes it); None when
+    it had no contenders or no rounds."""
     ids = showdown_ids(before, events, rounds, rule)
     if not ids:
         return None
     sd = Showdown(ids, rule.rounds)
     for e in events:
-        kind = e.WhichOneof("body")
-        cand = ev.candidate_of(e)
-        if kind not in ("measured", "rejected") or cand is None or not cand.params_json:
+        answer = retiming_answer(e)
+        if answer is None or answer[1] < rounds + 2:
             continue
+        cand, round_, measured = answer
         design_id = EngineDesign.from_dict(json.loads(cand.params_json)).design_id()
         if design_id not in sd.timings:
             continue
-        if kind == "measured" and not e.measured.screened_out and e.measured.round >= rounds + 2:
-            k = e.measured.round - rounds - 2
-            if k < rule.rounds:
-                sd.add(design_id, k, *tok_s(e.measured))
-        elif kind == "rejected" and e.rejected.figures.get("round", 0) >= rounds + 2:
+        if measured is None:
             sd.fault(design_id)
+        elif round_ - rounds - 2 < rule.rounds:
+            sd.add(design_id, round_ - rounds - 2, *tok_s(measured))
     return sd.as_dict(spins_of(before))
+
+
+def retiming_answer(e: pb.Event) -> tuple[pb.Candidate, int, pb.Measured | None] | None:
+    """What event `e` answers of a re-timing request (Verified.round >= 2): (the candidate, the round, its
+    Measured, or None for a fault: the benchmarker's Rejected, or the request's own dead letter); None for an
+    event that answers none."""
+    kind = e.WhichOneof("body")
+    if kind == "measured" and e.measured.round >= 2 and not e.measured.screened_out:
+        return e.measured.candidate, e.measured.round, e.measured
+    if kind == "rejected" and e.rejected.stage == "benchmarker" and (r := int(e.rejected.figures.get("round", 0))) >= 2:
+        return e.rejected.candidate, r, None
+    if kind == "dead_letter":
+        try:
+            work = pb.Event.FromString(e.dead_letter.payload)
+        except DecodeError:   # a payload cut to fit the dead letter: not known
+            return None
+        if work.HasField("verified") and work.verified.round >= 2:
+            return work.verified.candidate, work.verified.round, None
+    return None
 
 
 def _dead_letter(dl: pb.DeadLetter, by_point: dict[str, DesignResult], point_of: dict[str, str]) -> None:
