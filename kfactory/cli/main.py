@@ -75,14 +75,16 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
     p.add_argument("--manual", action="append", default=[], metavar="NAME=FILE[:FLAGS]",
                    help="add a hand-written kernel as a candidate (repeatable)")
+    from kfactory.engines.showdown import MARGIN, ROUNDS, TIMING_ROUNDS
+
     p.add_argument("--rounds", type=cli_type("timing_rounds"), default=None,
-                   help="an engine problem only: timing rounds per verified design after the search (default 2, "
-                        "as `kfactory engine run`; docs/engines.md)")
+                   help=f"an engine problem only: timing rounds per verified design after the search (default "
+                        f"{TIMING_ROUNDS}, as `kfactory engine run`; docs/engines.md)")
     p.add_argument("--showdown", type=cli_type("showdown_rounds"), default=None,
-                   help="an engine problem only: showdown rounds among the designs within --showdown-margin of "
-                        "the fastest (default 5; 0: none)")
+                   help=f"an engine problem only: showdown rounds among the designs within --showdown-margin of "
+                        f"the fastest (default {ROUNDS}; 0: none)")
     p.add_argument("--showdown-margin", type=cli_type("showdown_margin", float), default=None,
-                   help="an engine problem only: the showdown's margin (default 1.15)")
+                   help=f"an engine problem only: the showdown's margin (default {MARGIN})")
     _agent_args(p)
 
 
