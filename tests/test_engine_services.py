@@ -170,6 +170,19 @@ def test_a_campaign_through_the_services_measures_archives_and_writes_best(bus_s
     assert manifest["verification"]["passed"] and manifest["verification"]["same_object_as_campaign"]
 
 
+def test_a_device_time_budget_bounds_the_timing_rounds_too(bus_settings):
+    """Under a device-time budget the planner's timing rounds and showdown stop where its search stops: here the
+    first design's verification and timing spend a 1 ms budget, so nothing more is proposed or re-timed."""
+    spec = pipeline.campaign_spec("tiny-llama", 3, max_threads=1, parallel=1, seed=5, rounds=3,
+                                  showdown=Rule(rounds=3, margin=100.0))
+    spec.budget_device_seconds = 0.001
+    record = asyncio.run(engine_services.run_campaign(bus_settings, "tiny-llama", spec, embedded_nats=False))
+    assert record["campaign_state"] == "completed", record["campaign_reason"]
+    events = Archive(bus_settings.archive()).events(campaign=record["campaign_id"])
+    assert [e.measured.round for e in events if e.HasField("measured")] == [0]
+    assert record["showdown"] is None and record["noise"] is None and record["best"] is not None
+
+
 def test_designs_that_fail_are_typed_results(bus_settings, monkeypatch):
     def broken(design, config):
         if design.weights == "f32":

@@ -197,10 +197,16 @@ class CampaignDriver:
         a time on the benchmarker's work subject, each after the answer to the one before is folded in (its
         Measured or Rejected event, or its dead letter). From the campaign's state alone: a restarted planner
         goes on with the first request still unanswered. A request unanswered for FINALE_WAIT_S ends the finale
-        (logged); the campaign finishes with what it has."""
+        (logged); so does the campaign's device-time budget, where the search would stop (device_budget_spent);
+        the campaign finishes with what it has."""
         fin = st.finale
         loop = asyncio.get_running_loop()
+        budget = device_budget(st.spec, self.settings.device_seconds)
         while fin is not None and not (st.cancelled or st.broken or st.expired()):
+            if device_budget_spent(st, budget):
+                self.log.info("the device-time budget is spent: the campaign finishes without the rest of its "
+                              "timing rounds", campaign=st.id, device_s=round(st.device_s, 3), budget_s=budget)
+                return
             req = fin.next()
             if req is None:
                 return
