@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from operator import attrgetter
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -80,6 +81,16 @@ class DesignResult:
     library: str | None = None
     #: [decode tok/s, prefill tok/s] of each timing round (the figures above are their medians)
     timings: list[list[float]] = field(default_factory=list)
+
+    @property
+    def rate(self) -> tuple[float, float]:
+        """(decode tok/s, prefill tok/s), 0 where not measured: how designs rank (decode first)."""
+        return (self.decode_tok_s or 0.0, self.prefill_tok_s or 0.0)
+
+    @property
+    def spins(self) -> bool:
+        """Whether the design's threads spin (hold their cores between regions and calls)."""
+        return bool(self.design.get("spin"))
 
     @property
     def verified(self) -> bool:
@@ -154,30 +165,21 @@ def rejection_reason(verdict: Verdict) -> str:
             + (f"; engine fault ({verdict.fault_kind}): {verdict.fault}" if verdict.fault else ""))
 
 
-def _spins(r: DesignResult) -> bool:
-    return bool(r.design.get("spin"))
-
-
-def _rate(r: DesignResult) -> tuple[float, float]:
-    return (r.decode_tok_s or 0.0, r.prefill_tok_s or 0.0)
+_RATE, _SPINS = attrgetter("rate"), attrgetter("spins")
 
 
 def fastest_of(results: list[DesignResult], showdown: dict[str, Any] | None = None) -> DesignResult | None:
     """The verified design with the highest decode tok/s (prefill breaks a tie); after a showdown, its fastest
     (the highest median per-round ratio)."""
-    return _decided(results, showdown, "fastest") or _max_rate(results)
+    return _decided(results, showdown, "fastest") or max((r for r in results if r.verified), key=_RATE,
+                                                         default=None)
 
 
 def best_of(results: list[DesignResult], showdown: dict[str, Any] | None = None) -> DesignResult | None:
     """The campaign's winner among the verified designs (prefer_calm: the fastest, unless it spins and one that
     does not decodes within SPIN_MARGIN of it); after a showdown, its winner (the same rule on its ratios)."""
     verified = [r for r in results if r.verified]
-    return _decided(results, showdown, "winner") or (prefer_calm(verified, _rate, _spins) if verified else None)
-
-
-def _max_rate(results: list[DesignResult]) -> DesignResult | None:
-    verified = [r for r in results if r.verified]
-    return max(verified, key=_rate) if verified else None
+    return _decided(results, showdown, "winner") or (prefer_calm(verified, _RATE, _SPINS) if verified else None)
 
 
 def _decided(results: list[DesignResult], showdown: dict[str, Any] | None, key: str) -> DesignResult | None:

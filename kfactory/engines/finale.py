@@ -20,11 +20,8 @@ kfactory/engines/pipeline.py folds the same events into the campaign's record.
 """
 from __future__ import annotations
 
-import json
-
 from kfactory.bus import events as ev
 from kfactory.engines import pipeline
-from kfactory.engines.design import EngineDesign
 from kfactory.engines.showdown import Rule, schedule
 from kfactory.v1 import events_pb2 as pb
 
@@ -48,7 +45,7 @@ def showdown_requests(events: list[pb.Event], rounds: int, rule: Rule) -> list[t
     the contenders `rule` chooses from the events of rounds 1..R and the noise timing; [] when there are none."""
     before = pipeline.results_of(events, None, rounds, showdown=False)
     ids = pipeline.showdown_ids(before, events, rounds, rule)
-    verified = {_design_id(v.candidate): v for v in _measured(events)}
+    verified = {pipeline.design_id_of(v.candidate): v for v in _measured(events)}
     return [(i, _request(verified[i], rounds + 2 + k)) for k, i in schedule(ids, rule.rounds) if i in verified]
 
 
@@ -64,10 +61,6 @@ def _request(v: pb.Verified, round_: int) -> pb.Verified:
     req.CopyFrom(v)
     req.round = round_
     return req
-
-
-def _design_id(cand: pb.Candidate) -> str:
-    return EngineDesign.from_dict(json.loads(cand.params_json)).design_id()
 
 
 class EngineFinale:
@@ -111,7 +104,7 @@ class EngineFinale:
         sd = pipeline.showdown_of(self.events, before, self.rounds, self.rule)
         if sd is None or not sd["winner"] or not sd["ratios"]:
             return None
-        by_design = {_design_id(v.candidate): v.candidate.id for v in _measured(self.events)}
+        by_design = {pipeline.design_id_of(v.candidate): v.candidate.id for v in _measured(self.events)}
         return by_design.get(sd["winner"])
 
 

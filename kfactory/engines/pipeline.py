@@ -150,9 +150,14 @@ def noise_of(events: list[pb.Event], results: list[DesignResult], rounds: int) -
         m = e.measured if e.HasField("measured") else None
         if m is None or m.round != rounds + 1 or m.screened_out:
             continue
-        if EngineDesign.from_dict(json.loads(m.candidate.params_json)).design_id() == first.design_id:
+        if design_id_of(m.candidate) == first.design_id:
             return first.noise(*tok_s(m))
     return None
+
+
+def design_id_of(cand: pb.Candidate) -> str:
+    """The id of the engine design a candidate is (its params_json)."""
+    return EngineDesign.from_dict(json.loads(cand.params_json)).design_id()
 
 
 def showdown_ids(before: list[DesignResult], events: list[pb.Event], rounds: int, rule: Rule) -> list[str]:
@@ -174,7 +179,7 @@ def showdown_of(events: list[pb.Event], before: list[DesignResult], rounds: int,
         if answer is None or answer[1] < rounds + 2:
             continue
         cand, round_, measured = answer
-        design_id = EngineDesign.from_dict(json.loads(cand.params_json)).design_id()
+        design_id = design_id_of(cand)
         if design_id not in sd.timings:
             continue
         if measured is None:
@@ -218,8 +223,7 @@ def verified_sources(events: list[pb.Event]) -> dict[str, str]:
     """design id -> the source artifact's digest of each verified candidate (what its library is built from)."""
     digests = {e.candidate_created.candidate.id: e.candidate_created.candidate.source_digest
                for e in events if e.HasField("candidate_created")}
-    return {EngineDesign.from_dict(json.loads(e.verified.candidate.params_json)).design_id():
-            digests[e.verified.candidate.id]
+    return {design_id_of(e.verified.candidate): digests[e.verified.candidate.id]
             for e in events if e.HasField("verified") and e.verified.candidate.id in digests}
 
 

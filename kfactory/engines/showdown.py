@@ -65,12 +65,11 @@ class Rule:
     def contenders(self, results: list[DesignResult], noise: dict[str, Any] | None = None) -> list[DesignResult]:
         """The verified designs that can still be the fastest (see the module docstring), the fastest first; []
         when fewer than two, or no rounds are asked for."""
-        verified = sorted((r for r in results if r.verified),
-                          key=lambda r: (r.decode_tok_s or 0.0, r.prefill_tok_s or 0.0), reverse=True)
+        verified = sorted((r for r in results if r.verified), key=lambda r: r.rate, reverse=True)
         if len(verified) < 2 or self.rounds < 1:
             return []
-        top, m = verified[0].decode_tok_s or 0.0, self.margin_of(noise)
-        near = [r for r in verified if (r.decode_tok_s or 0.0) * m >= top][:self.size]
+        top, m = verified[0].rate[0], self.margin_of(noise)
+        near = [r for r in verified if r.rate[0] * m >= top][:self.size]
         return near if len(near) >= 2 else []
 
     def as_dict(self) -> dict[str, Any]:
@@ -148,7 +147,7 @@ class Showdown:
 
 def spins_of(results: list[DesignResult]) -> dict[str, bool]:
     """design id -> whether the design spins (its threads hold their cores between regions)."""
-    return {r.design_id: bool(r.design.get("spin")) for r in results}
+    return {r.design_id: r.spins for r in results}
 
 
 def report_lines(showdown: dict[str, Any]) -> list[str]:
