@@ -7,13 +7,19 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from kfactory.engines.build import build
 from kfactory.engines.codegen import generate
-from kfactory.engines.design import DesignError, EngineDesign, space
+from kfactory.engines.design import Q4_DECODE_NEEDS, DesignError, EngineDesign, space
+from kfactory.engines.prepare import pack16
 from kfactory.engines.runner import EngineCrashed, EngineRunner, EngineTimeout
 from kfactory.engines.verify import TOLERANCE, Verifier
+from kfactory.models.quant import blocks
+from kfactory.targets.cpu.cpuinfo import host_has
+
+VNNI = all(host_has(flag) for flag in Q4_DECODE_NEEDS["vnni"])
 
 #: together: q4_1 and f32 weights, fused and separate matvecs and norms, 1 and 2 threads, both KV layouts,
 #: prepacked and GGUF-ordered weights, and every op on one thread of two (op_threads) as well as on both
@@ -25,6 +31,8 @@ DESIGNS = [
     EngineDesign(weights="f32", fuse_qkv=False, fuse_gate_up=False, fuse_norm=False, kv_layout="token_major"),
     # the table decode of Q4_1 (with AVX-512; elsewhere the same 256-bit kernel as the default's)
     EngineDesign(q4_decode="table"),
+    # the integer decode over PACK16 (AVX512-VNNI only: its build refuses other processors), on 2 threads
+    *([EngineDesign(q4_decode="vnni", threads=2, fuse_qkv=False)] if VNNI else []),
 ]
 
 #: test-only variants: a text replacement in the generated source, which must match exactly once
@@ -187,6 +195,38 @@ def test_compile_failure_is_a_result(tmp_path):
     assert not res.ok and res.path is None and "error" in res.log
 
 
+def test_vnni_design_refuses_to_build_without_vnni(verifier, tmp_path):
+    """The integer decode's build names what the processor lacks instead of running another kernel."""
+    res = build(generate(EngineDesign(q4_decode="vnni"), verifier.model.config), tmp_path, ("-mno-avx512vnni",))
+    assert not res.ok and "q4_decode vnni needs AVX512-VNNI" in res.log
+
+
+def test_pack16_holds_the_rows_blocks():
+    """PACK16's bytes (prepare.pack16) read back by the layout's rule give every Q4_1 row's codes, scales and
+    mins in place, the padding rows zeros."""
+    rng = np.random.default_rng(5)
+    rows, nb = 37, 3
+    raw = rng.integers(0, 256, size=(rows, nb * 20), dtype=np.uint8)
+    halves = rng.standard_normal((rows, nb, 2)).astype(np.float16)
+    raw.reshape(rows, nb, 20)[..., :4] = halves.view(np.uint8).reshape(rows, nb, 4)
+    packed = pack16(raw)
+    assert packed.shape == (3, nb, 320)
+    want = blocks(raw, "Q4_1")
+    q = np.concatenate([want["qs"] & 15, want["qs"] >> 4], axis=-1)      # (rows, nb, 32) codes
+    for r in range(48):
+        g, i = divmod(r, 16)
+        for b in range(nb):
+            blk = packed[g, b]
+            d, m = blk[:32].view(np.float16)[i], blk[32:64].view(np.float16)[i]
+            lanes = blk[64:].reshape(4, 16, 4)[:, i, :]                     # [c][k]
+            codes = np.stack([lanes & 15, lanes >> 4], axis=1).reshape(32)   # element 8c + 4 half + k
+            if r >= rows:
+                assert d == m == 0 and not codes.any()
+                continue
+            assert (d, m) == (want["d"][r, b], want["m"][r, b])
+            assert (codes == q[r, b]).all()
+
+
 def test_design_values_and_space():
     d = EngineDesign(threads=2, kv_layout="token_major")
     assert EngineDesign.from_dict(d.as_dict()) == d and d.design_id() == EngineDesign.from_dict(d.as_dict()).design_id()
@@ -227,16 +267,30 @@ def test_design_values_and_space():
     assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * (1 + 3 * 8)
     assert len({p.design_id() for p in points}) == len(points)
     # with AVX-512 the prepacked Q4_1 quarter of them also comes with the table decode
-    wide = space(2, avx512=True)
+    wide = space(2, avx512=True, vnni=False)
     assert len(wide) == len(set(wide)) == len(points) * 5 // 4 and set(points) < set(wide)
     assert {p for p in wide if p.q4_decode == "table"} == {replace(p, q4_decode="table") for p in points
                                                           if p.weights == "q4_1" and p.prepack}
     assert EngineDesign(q4_decode="table").design_id() == "q4_1-fqgn-t1-head-pp-table-0b40cc978e"
-    with pytest.raises(DesignError, match="convert, table"):
+    # and with AVX512-VNNI, the integer decode too; without AVX-512 neither, whatever vnni says
+    widest = space(2, avx512=True, vnni=True)
+    assert len(widest) == len(set(widest)) == len(points) * 6 // 4 and set(wide) < set(widest)
+    assert {p for p in widest if p.q4_decode == "vnni"} == {replace(p, q4_decode="vnni") for p in points
+                                                           if p.weights == "q4_1" and p.prepack}
+    assert space(2, avx512=False, vnni=True) == points
+    assert EngineDesign(q4_decode="vnni").design_id().startswith("q4_1-fqgn-t1-head-pp-vnni-")
+    with pytest.raises(DesignError, match="convert, table, vnni"):
         EngineDesign(q4_decode="lut")
     for unpacked in ({"weights": "f32"}, {"prepack": False}, {"matvec_q4_1": "ab" * 8}):
-        with pytest.raises(DesignError, match="q4_decode 'table' applies to weights 'q4_1' prepacked"):
-            EngineDesign(q4_decode="table", **unpacked)
+        for dec in ("table", "vnni"):
+            with pytest.raises(DesignError, match=f"q4_decode '{dec}' applies to weights 'q4_1' prepacked"):
+                EngineDesign(q4_decode=dec, **unpacked)
+    with pytest.raises(DesignError, match="q4_decode 'vnni' needs prefill 'gemm', not 'tiled'"):
+        EngineDesign(q4_decode="vnni", prefill="tiled")
+    # the integer decode's Q4_1 matrices are PACK16; the LM head's Q8_0 stays PACK4
+    vnni = EngineDesign(q4_decode="vnni")
+    assert (vnni.layout_of("Q4_1"), vnni.layout_of("Q8_0"), EngineDesign().layout_of("Q4_1")) == \
+        ("pack16", "pack4", "pack4")
     # the wait at its default stays out of the id: designs keep the ids they had before the field existed
     assert EngineDesign(threads=2).design_id() == "q4_1-fqgn-t2-head-pp-a42bba545e"
     bounded = EngineDesign(threads=2, wait="bounded")

@@ -14,10 +14,9 @@ from kfactory.cli.main import main
 from kfactory.engines.campaign import (NOT_MEASURED, SPIN_MARGIN, Campaign, DesignResult, distance, load_best, order,
                                        report_text, write_record)
 from kfactory.engines.codegen import generate
-from kfactory.engines.design import EngineDesign, space
+from kfactory.engines.design import EngineDesign, q4_decodes_offered, space
 from kfactory.engines.showdown import Rule
 from kfactory.models import Reference
-from kfactory.targets.cpu.cpuinfo import host_has
 
 #: NeoX-style RoPE halves instead of GGUF's adjacent pairs (as tests/test_engine.py's broken variant)
 ROPE_OLD = "#define KF_PAIR(i) (2 * (i))\n#define KF_MATE(i) (2 * (i) + 1)"
@@ -41,9 +40,12 @@ def test_order_covers_fields_early():
     assert len(ones) == 7 + 2 and points[5:8] == threads
     assert points[1].weights == "f32" and not points[2].fuse_qkv
     assert sorted(points, key=lambda d: d.design_id()) == sorted(space(2, avx512=False), key=lambda d: d.design_id())
-    # with AVX-512 the table decode is one more one-step change, the last (q4_decode is the last field)
-    wide = order(space(2, avx512=True))
+    # with AVX-512 the table decode is one more one-step change, the last (q4_decode is the last field), and with
+    # AVX512-VNNI the integer decode after it
+    wide = order(space(2, avx512=True, vnni=False))
     assert wide[:len(ones) + 2] == [*points[:len(ones) + 1], EngineDesign(q4_decode="table")]
+    widest = order(space(2, avx512=True, vnni=True))
+    assert widest[:len(ones) + 3] == [*wide[:len(ones) + 2], EngineDesign(q4_decode="vnni")]
 
 
 def test_budget_3_verifies_measures_and_names_the_best(root, record):
@@ -71,12 +73,18 @@ def test_budget_3_verifies_measures_and_names_the_best(root, record):
     assert saved["path"].startswith(str(root / "engines" / "tiny-llama" / "campaign-"))
     assert len(saved["results"]) == 3
     eff = record["effects"]
-    # default, weights=f32, fuse_qkv=False (with AVX-512: the table decode, then weights=f32): one pair each for
-    # the two fields, the rest unmeasured
-    measured = ("q4_decode", "weights") if host_has("avx512f") else ("weights", "fuse_qkv")
-    for name in measured:
-        (value,) = eff[name]["values"].values()
-        assert value["pairs"] == 1 and value["decode_ratio"] > 0 and value["prefill_ratio"] > 0
+    # the default and its first two neighbours: weights=f32, fuse_qkv=False; with AVX-512 the Q4_1 decodes come
+    # first (the table, then with AVX512-VNNI the integer one, else weights=f32): one pair for each value tried,
+    # the rest unmeasured
+    tried = {"weights": ["f32"], "fuse_qkv": [False]}
+    if len(q4_decodes_offered()) > 1:
+        tried = {"q4_decode": list(q4_decodes_offered()[1:3])}
+        tried.update({"weights": ["f32"]} if len(tried["q4_decode"]) == 1 else {})
+    measured = tuple(tried)
+    for name, values in tried.items():
+        assert len(eff[name]["values"]) == len(values)
+        for value in eff[name]["values"].values():
+            assert value["pairs"] == 1 and value["decode_ratio"] > 0 and value["prefill_ratio"] > 0
     for name in {"fuse_qkv", "fuse_gate_up", "fuse_norm", "threads", "kv_layout", "prepack", "spin"} - set(measured):
         assert eff[name]["values"] == NOT_MEASURED
     # the default timed again at the end: how far the host's load alone moves a figure
@@ -139,17 +147,18 @@ def load_best_id(out) -> str:
 
 def test_broken_designs_are_rejected_with_reasons(tmp_path, verifier):
     def source_for(design, config):
-        # every design but the default broken: f32 weights and the table decode (AVX-512 hosts search it before
-        # the weights) do not build, the rest compute RoPE on the wrong pairs
+        # every design but the default broken: f32 weights and the Q4_1 decodes (AVX-512 hosts search them
+        # before the weights) do not build, the rest compute RoPE on the wrong pairs
         src = generate(design, config)
         if design == EngineDesign():
             return src
-        if design.weights == "f32" or design.q4_decode == "table":
+        if design.weights == "f32" or design.q4_decode != "convert":
             return src + "\n#error broken on purpose\n"
         assert src.count(ROPE_OLD) == 1
         return src.replace(ROPE_OLD, ROPE_NEW)
 
-    rec = Campaign("tiny-llama", 4, data_dir=tmp_path, verifier=verifier, source_for=source_for).run()
+    rec = Campaign("tiny-llama", 3 + len(q4_decodes_offered()), data_dir=tmp_path, verifier=verifier,
+                   source_for=source_for).run()
     by_verdict = {r["verdict"]: r for r in rec["results"]}
     assert set(by_verdict) == {"verified", "build_failed", "rejected"}
     assert "broken on purpose" in by_verdict["build_failed"]["reason"]
@@ -192,8 +201,8 @@ def test_engine_run_local_runs_the_campaign_in_this_process(tmp_path, monkeypatc
                  "--kernels", "builtin", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     default = EngineDesign().design_id()
-    # the one-thread space: 64 designs, and the table decode of the 16 prepacked Q4_1 ones where AVX-512 is
-    assert len(space(1)) == (80 if host_has("avx512f") else 64)
+    # the one-thread space: 64 designs, and the other Q4_1 decodes of the 16 prepacked Q4_1 ones where AVX-512 is
+    assert len(space(1)) == 64 + 16 * (len(q4_decodes_offered()) - 1)
     assert (f"engine campaign tiny-llama: 1 of {len(space(1))} designs, by descent (budget 1, threads 1..1, 1 timing "
             "round, a showdown of 5 rounds within x1.15)") in out
     assert f"[1/1] {default}: verified" in out and f"winner: {default}" in out

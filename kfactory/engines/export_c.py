@@ -45,7 +45,7 @@ extern "C" {
 #define @NAME@_CONTEXT_LENGTH @CONTEXT@
 #define @NAME@_EOS_ID @EOS@
 
-/* format: 0 F32, 1 Q4_1, 2 Q8_0; layout: 0 ROWS, 1 PACK4 (docs/engines.md) */
+/* format: 0 F32, 1 Q4_1, 2 Q8_0; layout: 0 ROWS, 1 PACK4, 2 PACK16 (docs/engines.md) */
 typedef struct { const char *name; int32_t format, layout, rows, cols; const void *data; } @NAME@_tensor;
 typedef struct { int32_t blocks, hidden, heads, kv_heads, head_dim, ffn, vocab; float rope_base, rms_eps; }
     @NAME@_config;

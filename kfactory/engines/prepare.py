@@ -1,7 +1,7 @@
 """The tensors an engine design reads, prepared from a GGUF model (in the engine's child process).
 
 Each `Prepared` is one kf_tensor of the ABI (kfactory/engines/codegen.py): a name, a format (F32, Q4_1, Q8_0),
-a layout (ROWS or PACK4), its logical rows and columns, and a contiguous numpy array holding the bytes the C
+a layout (ROWS, PACK4 or PACK16), its logical rows and columns, and a contiguous numpy array holding the bytes the C
 code reads. Quantised matrices in the ROWS layout are the file's blocks, not copied (memory-mapped); fused
 matrices concatenate rows (Q|K|V, gate|up), which a row-wise format allows exactly; PACK4 interleaves rows in
 groups of 4 (rows padded with zeros to a multiple of 4):
@@ -11,6 +11,11 @@ groups of 4 (rows padded with zeros to a multiple of 4):
                                         one widening and shifts give 8 consecutive elements per 32-bit lane)
     Q8_0 per (group, block), 136 bytes: f16 d[4] | i8 qs[4][32]
     F32  per (group, 8 columns):        float v[4][8]
+
+PACK16 (Q4_1 only, design q4_decode "vnni") interleaves groups of 16 rows (rows padded to a multiple of 16):
+
+    Q4_1 per (group, block), 320 bytes: f16 d[16] | f16 m[16] | u8 q[4][16][4]   (byte [c][i][k]: row i's
+                                        element 8c+k in the low nibble, 8c+4+k in the high one)
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from kfactory.models.gguf_model import GGUFModel, LlamaConfig
 from kfactory.models.quant import BLOCK_DTYPES, QuantTensor, blocks
 
 FORMATS = {"F32": 0, "Q4_1": 1, "Q8_0": 2}
-LAYOUTS = {"rows": 0, "pack4": 1}
+LAYOUTS = {"rows": 0, "pack4": 1, "pack16": 2}
 
 
 class PrepareError(ValueError):
@@ -75,6 +80,24 @@ def pack4(data: np.ndarray, fmt: str) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(parts, axis=-1))
 
 
+def pack16(data: np.ndarray) -> np.ndarray:
+    """The PACK16 bytes of a ROWS Q4_1 matrix (raw uint8 blocks, (rows, cols/32 * 20)); see the module
+    docstring for the layout."""
+    b = _pad_rows(blocks(np.ascontiguousarray(data), "Q4_1"), 16)  # (rows16, nb) structured
+    g, nb = b.shape[0] // 16, b.shape[1]
+
+    def by_group(field: str) -> np.ndarray:   # (g, nb, 16 halves) as bytes
+        v = b[field].reshape(g, 16, nb).swapaxes(1, 2)
+        return np.ascontiguousarray(v).view(np.uint8).reshape(g, nb, -1)
+
+    qs = b["qs"]                                                         # byte j: element j low, j + 16 high
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)                    # (rows16, nb, 32) elements
+    q = q.reshape(g, 16, nb, 4, 2, 4)                                    # [c][half][k]: element 8c + 4 half + k
+    codes = (q[..., 0, :] | q[..., 1, :] << 4).astype(np.uint8)          # (g, 16, nb, 4, 4): [i][b][c][k]
+    codes = np.ascontiguousarray(codes.transpose(0, 2, 3, 1, 4)).reshape(g, nb, 256)
+    return np.ascontiguousarray(np.concatenate([by_group("d"), by_group("m"), codes], axis=-1))
+
+
 def _matrix(name: str, parts: list[QuantTensor], design: EngineDesign) -> Prepared:
     """One matrix (several concatenated by rows when fused) in the design's format and layout."""
     cols = parts[0].shape[1]
@@ -88,6 +111,8 @@ def _matrix(name: str, parts: list[QuantTensor], design: EngineDesign) -> Prepar
                                f"stores {', '.join(sorted(formats))}")
         fmt, mats = formats.pop(), [np.asarray(p.raw) for p in parts]
     data = mats[0] if len(mats) == 1 else np.concatenate(mats)
+    if design.layout_of(fmt) == "pack16":
+        return Prepared(name, fmt, "pack16", rows, cols, pack16(data))
     if design.layout_of(fmt) == "pack4":
         return Prepared(name, fmt, "pack4", rows, cols, pack4(data, fmt))
     return Prepared(name, fmt, "rows", rows, cols, np.ascontiguousarray(data))

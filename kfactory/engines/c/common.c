@@ -16,13 +16,16 @@
 
 /* tensor formats and layouts (kf_tensor.format, kf_tensor.layout) */
 enum { KF_F32 = 0, KF_Q4_1 = 1, KF_Q8_0 = 2 };
-enum { KF_ROWS = 0, KF_PACK4 = 1 };
+enum { KF_ROWS = 0, KF_PACK4 = 1, KF_PACK16 = 2 };
 
 /* One tensor handed to the engine. ROWS layout: F32 (rows, cols) row-major; Q4_1/Q8_0 each row cols/32 GGUF
  * blocks (20/34 bytes). PACK4 layout: rows padded to a multiple of 4, each group of 4 rows stored block by
  * block: Q4_1 {f16 d[4]; f16 m[4]; u16 q[4][8]} (80 bytes; lane i of a row holds element 8k+i
  * in bits 4k..4k+3), Q8_0 {f16 d[4]; i8 qs[4][32]} (136 bytes),
- * F32 per 8 columns {float v[4][8]}. `data` must outlive the engine (it is read, never copied). */
+ * F32 per 8 columns {float v[4][8]}. PACK16 layout (Q4_1 only, design q4_decode "vnni"): rows padded to a multiple
+ * of 16, each group of 16 rows stored block by block: {f16 d[16]; f16 m[16]; u8 q[4][16][4]} (320 bytes; byte
+ * [c][i][k] holds row i's element 8c+k in its low nibble and 8c+4+k in its high one, so that row i's codes
+ * for 4 consecutive elements fill 32-bit lane i). `data` must outlive the engine (it is read, never copied). */
 typedef struct {
   const char *name;
   int32_t format;

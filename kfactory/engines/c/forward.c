@@ -30,13 +30,16 @@ typedef struct {
 } kf_engine;
 
 /* the layout a matrix of `format` must have: rows where a searched kernel reads it at decode (it reads the GGUF
- * blocks as stored), else the design's (PACK4 when prepacked) */
+ * blocks as stored), else the design's (PACK4 when prepacked; Q4_1 in PACK16 for the VNNI decode) */
 static int want_layout(int format) {
 #if KF_OP_MATVEC_Q4_1
   if (format == KF_Q4_1) return KF_ROWS;
 #endif
 #if KF_OP_MATVEC_Q8_0
   if (format == KF_Q8_0) return KF_ROWS;
+#endif
+#if KF_Q4_VNNI
+  if (format == KF_Q4_1) return KF_PACK16;
 #endif
   (void)format;
   return KF_PREPACK ? KF_PACK4 : KF_ROWS;

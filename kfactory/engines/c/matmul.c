@@ -28,6 +28,18 @@ static void dequant_block(const kf_tensor *w, int r, int b, float out[32]) {
     for (int k = 0; k < 4; k++) memcpy(out + 8 * k, g + (size_t)(4 * b + k) * 32 + (r % 4) * 8, 32);
     return;
   }
+  if (w->layout == KF_PACK16) {  /* Q4_1 only: row r%16 of the group, codes by 4-element lanes */
+    const uint8_t *blk = base + ((size_t)(r / 16) * nb + b) * 320;
+    int i = r % 16;
+    float d16 = f16(rd16(blk + 2 * i)), m16 = f16(rd16(blk + 32 + 2 * i));
+    for (int c = 0; c < 4; c++)
+      for (int k = 0; k < 4; k++) {
+        unsigned q = blk[64 + 64 * c + 4 * i + k];
+        out[8 * c + k] = fmaf(d16, (float)(q & 15), m16);
+        out[8 * c + 4 + k] = fmaf(d16, (float)(q >> 4), m16);
+      }
+    return;
+  }
   float d, m = 0.0f;
   const uint8_t *qs;
   if (w->layout == KF_ROWS) {
@@ -409,6 +421,107 @@ static inline __attribute__((always_inline)) void fgroup(const float *grp, int c
 }
 #endif
 
+#if KF_Q4_VNNI
+#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+#error "design q4_decode vnni needs AVX512-VNNI and AVX512BW (-march=native on this processor has not)"
+#endif
+#if !KF_PREFILL_GEMM
+#error "design q4_decode vnni needs prefill gemm (the VNNI rows path takes fewer than KF_GEMM_MIN tokens)"
+#endif
+/* floats of one token's digits for q4group16_vnni: 4 x 32 bytes a block (32 floats) and the block's scale */
+#define KF_VNNI_FLOATS(nb) (33 * (nb))
+
+/* x as q4group16_vnni reads it (design q4_decode "vnni"): block b's 32 values as integers v = round(x / s_b) on
+ * the block's own power-of-two grid, s_b = 2^(e-28) with max|x_b| < 2^e, so |v| <= 2^28 (29 bits: the rounding
+ * is at most s_b/2 = 2^-29 of 2^e, below fp32's half ulp of the block's largest value, 2^-25 of 2^e; three
+ * digits, 22 bits, measured decode logits 5x further from the reference than fp32's on tiny-llama); v split into
+ * signed byte digits v = A 2^21 + B 2^14 + C 2^7 + D, A in -128..127, B, C and D in 0..127, stored A[32] B[32]
+ * C[32] D[32] at 128 bytes a block, then the scales s_b as floats. A block of zeros has s_b 0; a non-finite
+ * value gives s_b NaN, so the products are NaN as an fp32 dot product's would be. */
+static void vnni_digits(const float *x, int cols, float *xq) {
+  int nb = cols / 32;
+  int8_t *dg = (int8_t *)xq;
+  float *sc = xq + 32 * nb;
+  const __m512i top = _mm512_set1_epi32((1 << 28) - 1), bottom = _mm512_set1_epi32(-(1 << 28));
+  const __m512i low7 = _mm512_set1_epi32(127);
+  for (int b = 0; b < nb; b++) {
+    __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    uint32_t bits;
+    memcpy(&bits, &mx, 4);
+    int ex = (int)(bits >> 23);
+    if (mx == 0.0f || ex == 0xFF) {
+      sc[b] = ex == 0xFF ? NAN : 0.0f;
+      memset(dg + 128 * b, 0, 128);
+      continue;
+    }
+    /* mx < 2^e; e >= -98 keeps 2^(28-e) and 2^(e-28) normal floats (smaller blocks round on that grid) */
+    int e = ex - 126 < -98 ? -98 : ex - 126;
+    uint32_t inv_bits = (uint32_t)(155 - e) << 23, sc_bits = (uint32_t)(e + 99) << 23;
+    float inv, s;
+    memcpy(&inv, &inv_bits, 4);
+    memcpy(&s, &sc_bits, 4);
+    sc[b] = s;
+    __m512 iv = _mm512_set1_ps(inv);
+    for (int h = 0; h < 2; h++) {
+      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(h ? v1 : v0, iv));   /* exact product, rounded to nearest */
+      q = _mm512_max_epi32(_mm512_min_epi32(q, top), bottom);
+      int8_t *o = dg + 128 * b + 16 * h;
+      _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 21)));
+      for (int k = 1; k < 4; k++)
+        _mm_storeu_si128((__m128i *)(o + 32 * k),
+                         _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srli_epi32(q, 21 - 7 * k), low7)));
+    }
+  }
+}
+
+static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+/* Decode against a Q4_1 PACK16 group (design q4_decode "vnni"): 32-bit lane i is row i. A 64-byte chunk of
+ * codes holds 16 rows x 4 bytes; masked, its low nibbles are the rows' codes for elements 8c..8c+3 and its high
+ * ones for 8c+4..8c+7, and vpdpbusd adds each lane's 4 code x digit products to the lane's integer sum (the
+ * digits of 4 elements broadcast to every lane). Four digit sums per block, combined in pairs exactly in 32 bits
+ * (each pair below 2^24) and the pairs in one FMA, are q . v; the block's scale d_r s_b (a power of two apart
+ * from d_r) applies once per row and block, and the mins as m_r times the block's sum of x. Per block of 16
+ * rows: 4 loads, 12 mask/shift instructions, 32 vpdpbusd and ~12 more, against q4group1_512's ~60 vector
+ * instructions for 16 rows: the kernel outruns a core's memory stream (docs/engines.md). The integer sums are
+ * exact, so the only rounding besides fp32's is the digits', below fp32's own (vnni_digits). */
+static inline __attribute__((always_inline)) void q4group16_vnni(const uint8_t *grp, int nb, const float *xq,
+                                                                 const float *xs, float *y, int valid) {
+  const int8_t *dg = (const int8_t *)xq;
+  const float *sc = xq + 32 * nb;
+  __m512 acc = _mm512_setzero_ps(), macc = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *blk = grp + (size_t)b * 320;
+    for (int l = 0; l < 320; l += 64) _mm_prefetch((const char *)blk + KF_PREFETCH + l, _MM_HINT_T0);
+    const int8_t *xa = dg + 128 * b, *xb = xa + 32, *xc = xa + 64, *xd = xa + 96;
+    __m512i ia = _mm512_setzero_si512(), ib = ia, ic = ia, id = ia;
+    for (int c = 0; c < 4; c++) {
+      __m512i v = _mm512_loadu_si512((const void *)(blk + 64 + 64 * c));
+      __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      ia = _mm512_dpbusd_epi32(ia, lo, _mm512_set1_epi32(load_i32(xa + 8 * c)));
+      ia = _mm512_dpbusd_epi32(ia, hi, _mm512_set1_epi32(load_i32(xa + 8 * c + 4)));
+      ib = _mm512_dpbusd_epi32(ib, lo, _mm512_set1_epi32(load_i32(xb + 8 * c)));
+      ib = _mm512_dpbusd_epi32(ib, hi, _mm512_set1_epi32(load_i32(xb + 8 * c + 4)));
+      ic = _mm512_dpbusd_epi32(ic, lo, _mm512_set1_epi32(load_i32(xc + 8 * c)));
+      ic = _mm512_dpbusd_epi32(ic, hi, _mm512_set1_epi32(load_i32(xc + 8 * c + 4)));
+      id = _mm512_dpbusd_epi32(id, lo, _mm512_set1_epi32(load_i32(xd + 8 * c)));
+      id = _mm512_dpbusd_epi32(id, hi, _mm512_set1_epi32(load_i32(xd + 8 * c + 4)));
+    }
+    __m512 hi2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ia, 7), ib));
+    __m512 q = _mm512_fmadd_ps(hi2, _mm512_set1_ps(16384.0f), _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ic, 7), id)));
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+    __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+    acc = _mm512_fmadd_ps(q, _mm512_mul_ps(d, _mm512_set1_ps(sc[b])), acc);
+    macc = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[b]), macc);
+  }
+  float out[16];
+  _mm512_storeu_ps(out, _mm512_add_ps(acc, macc));
+  for (int r = 0; r < valid; r++) y[r] = out[r];
+}
+#endif
+
 /* tile dispatch: the kernels above with T a compile-time constant; a full tile, else one token at a time
  * (two instances per kernel keep the build short) */
 #define TILE(call_with_T, T) do { if ((T) == 1) { call_with_T(1); } else { call_with_T(FULL); } } while (0)
@@ -444,6 +557,15 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
   }
   return;
   }
+#if KF_Q4_VNNI
+  if (w->layout == KF_PACK16) {   /* one token at a time: the digits of each are made in matmul */
+    for (int t = 0; t < n; t++)
+      for (int r = r0; r < r1; r += 16)
+        q4group16_vnni(base + (size_t)(r / 16) * nb * 320, nb, xk + (size_t)t * KF_VNNI_FLOATS(nb), xs + (size_t)t * nb,
+                       y + (size_t)t * ldy + r, w->rows - r < 16 ? w->rows - r : 16);
+    return;
+  }
+#endif
   size_t gb = fmt == KF_F32 ? (size_t)cols * 16 : (size_t)nb * pack_bytes(fmt);
   for (int t0 = 0; t0 < n;) {
 #if KF_WEIGHTS_F32
@@ -510,6 +632,10 @@ static size_t matmul_scratch_floats(int max_n, int threads) {
   /* block sums of every token, then x scaled for q4group1 for the tokens that take it (decode_tokens), twice
    * over for q4group1_512 (decode_dup_x) */
   size_t sums = (size_t)max_n * (KF_MAXCOLS / 32 + 1) + (size_t)(KF_TT - 1) * 2 * KF_MAXCOLS;
+#if KF_Q4_VNNI
+  /* or the digits of every token the rows path takes (fewer than KF_GEMM_MIN: more go to the GEMM) */
+  sums = (size_t)max_n * (KF_MAXCOLS / 32 + 1) + (size_t)KF_GEMM_MIN * KF_VNNI_FLOATS(KF_MAXCOLS / 32);
+#endif
 #if KF_PREFILL_GEMM && defined(__AVX2__)
   size_t gemm = (size_t)((max_n + KF_GT - 1) / KF_GT) * KF_GT * KF_MAXCOLS + (size_t)threads * KF_GR * KF_MAXCOLS;
   if (gemm > sums) sums = gemm;
@@ -523,7 +649,23 @@ static size_t matmul_scratch_floats(int max_n, int threads) {
 static inline void gemm_dequant_block(const kf_tensor *w, int r, int b, int nb, float *out) {
   const uint8_t *base = (const uint8_t *)w->data;
   __m256 w0, w1, w2, w3, dv, mv = _mm256_setzero_ps();
-  if (w->layout == KF_ROWS) {
+  if (w->layout == KF_PACK16) {
+    /* row r%16's 4-byte lane of each chunk c: bytes [c][k], elements 8c+k (low nibbles) and 8c+4+k (high) */
+    const uint8_t *blk = base + ((size_t)(r / 16) * nb + b) * 320;
+    int i = r % 16;
+    dv = _mm256_set1_ps(f16(rd16(blk + 2 * i)));
+    mv = _mm256_set1_ps(f16(rd16(blk + 32 + 2 * i)));
+    int32_t lane[4];
+    for (int c = 0; c < 4; c++) memcpy(lane + c, blk + 64 + 64 * c + 4 * i, 4);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m128i raw = _mm_loadu_si128((const __m128i *)lane);
+    __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+    __m128i e0 = _mm_unpacklo_epi32(lo, hi), e1 = _mm_unpackhi_epi32(lo, hi);   /* elements 0..15, 16..31 */
+    w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e0));
+    w1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e0, 8)));
+    w2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e1));
+    w3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e1, 8)));
+  } else if (w->layout == KF_ROWS) {
     const uint8_t *blk = base + ((size_t)r * nb + b) * block_bytes(w->format);
     dv = _mm256_set1_ps(f16(rd16(blk)));
     if (w->format == KF_Q4_1) { mv = _mm256_set1_ps(f16(rd16(blk + 2))); Q4_UNPACK(blk + 4, w0, w1, w2, w3); }
@@ -713,6 +855,10 @@ static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y,
   /* the tokens the PACK4 loop takes one at a time (decode's one token, a tile's leftovers) read x scaled for
    * q4group1, made once here for all the rows */
   float *xk = xs + (size_t)n * nb;
+#if KF_Q4_VNNI
+  if (w->format == KF_Q4_1 && w->layout == KF_PACK16)
+    for (int t = 0; t < n; t++) vnni_digits(x + (size_t)t * ldx, w->cols, xk + (size_t)t * KF_VNNI_FLOATS(nb));
+#endif
 #if defined(__AVX2__) && !KF_WEIGHTS_F32
   if (w->format == KF_Q4_1 && w->layout == KF_PACK4)
     for (int t = n - n % KF_TT; t < n; t++)
