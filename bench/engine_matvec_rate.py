@@ -4,11 +4,12 @@ the last-level cache), beside the cpu target's read probe on the same core. The 
 the third says what bounds a decode step: the kernel's vector ports, or memory.
 
     python bench/engine_matvec_rate.py [--format q4_1|q8_0] [--rows 1536] [--blocks 18] [--design JSON]
+    python bench/engine_matvec_rate.py --design '{"q4_decode": "vnni"}'   # the integer decode (PACK16)
 
 The harness is the engine's generated C (kfactory.engines.codegen, the design's defines) with a `main` appended
-that builds a PACK4 matrix of random blocks (scales set to small normal halves) and times the engine's
-`matmul` over one token on one thread; it is compiled with the engine's flags and run as its own process.
-GB/s counts the blocks' bytes (Q4_1: 20 per 32 weights, Q8_0: 34).
+that builds a PACK4 matrix (PACK16 for a design with q4_decode "vnni") of random blocks (scales set to small
+normal halves) and times the engine's `matmul` over one token on one thread; it is compiled with the engine's
+flags and run as its own process. GB/s counts the blocks' bytes (Q4_1: 20 per 32 weights, Q8_0: 34).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from kfactory.engines.build import FLAGS, LINK, compiler
 from kfactory.engines.codegen import generate
 from kfactory.engines.design import EngineDesign
+from kfactory.engines.prepare import LAYOUTS
 from kfactory.models import load_model
 from kfactory.platform.config import Settings
 from kfactory.targets import get_target
@@ -35,19 +37,20 @@ static double kf_now(void) {
   return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 int main(int argc, char **argv) {
-  int format = atoi(argv[1]), rows = atoi(argv[2]), nb = atoi(argv[3]), cols = 32 * nb;
-  size_t pb = format == KF_Q4_1 ? 80 : 136, bytes = (size_t)rows / 4 * nb * pb;
+  int format = atoi(argv[1]), rows = atoi(argv[2]), nb = atoi(argv[3]), layout = atoi(argv[4]), cols = 32 * nb;
+  int group = layout == KF_PACK16 ? 16 : 4, halves = layout == KF_PACK16 ? 32 : format == KF_Q4_1 ? 8 : 4;
+  size_t pb = layout == KF_PACK16 ? 320 : format == KF_Q4_1 ? 80 : 136, bytes = (size_t)rows / group * nb * pb;
   size_t nmat = (size_t)(512e6 / bytes) + 1;   /* the streamed pool: 512 MB, far past any last-level cache */
   uint8_t *pool = aligned_alloc(64, bytes * nmat);
   for (size_t i = 0; i < bytes * nmat; i++) pool[i] = (uint8_t)((i * 2654435761u) >> 13);
-  for (size_t g = 0; g < (size_t)rows / 4 * nb * nmat; g++) {   /* every scale (and Q4_1 min) a small normal half */
+  for (size_t g = 0; g < (size_t)rows / group * nb * nmat; g++) {   /* every scale (and Q4_1 min) a small normal half */
     uint16_t *h = (uint16_t *)(pool + g * pb);
-    for (int j = 0; j < (format == KF_Q4_1 ? 8 : 4); j++) h[j] = 0x2000;
+    for (int j = 0; j < halves; j++) h[j] = 0x2000;
   }
   float *x = malloc(sizeof(float) * cols), *y = malloc(sizeof(float) * rows);
   float *xs = aligned_alloc(64, sizeof(float) * ((matmul_scratch_floats(1, 1) + 15) / 16 * 16));
   for (int i = 0; i < cols; i++) x[i] = (float)(i % 7) * 0.1f - 0.3f;
-  kf_tensor w = {"w", format, KF_PACK4, rows, cols, pool};
+  kf_tensor w = {"w", format, layout, rows, cols, pool};
   for (int pass = 0; pass < 2; pass++) {             /* 0: one matrix again and again (cache); 1: streamed */
     double best = 1e30;
     for (int rep = 0; rep < 5; rep++) {
@@ -70,14 +73,19 @@ int main(int argc, char **argv) {
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--format", choices=("q4_1", "q8_0"), default="q4_1")
-    ap.add_argument("--rows", type=int, default=1536, help="a multiple of 4 (PACK4 groups)")
+    ap.add_argument("--rows", type=int, default=1536, help="a multiple of 16 (PACK4 and PACK16 groups)")
     ap.add_argument("--blocks", type=int, default=18, help="blocks of 32 per row (SmolLM2: 18 or 48)")
-    ap.add_argument("--design", default="{}", help="EngineDesign fields as JSON (its defines; threads ignored)")
+    ap.add_argument("--design", default="{}", help="EngineDesign fields as JSON (its defines and the layout it "
+                    "keeps the format in; threads ignored), e.g. '{\"q4_decode\": \"vnni\"}'")
     args = ap.parse_args(argv)
-    if args.rows % 4 or args.rows < 4 or args.blocks < 1:
-        ap.error("--rows must be a positive multiple of 4 and --blocks positive")
+    if args.rows % 16 or args.rows < 16 or args.blocks < 1:
+        ap.error("--rows must be a positive multiple of 16 and --blocks positive")
     settings = Settings()
     design = EngineDesign.from_dict(json.loads(args.design))
+    layout = design.layout_of(args.format.upper())
+    if layout == "rows":
+        ap.error(f"--design keeps {args.format.upper()} in rows (not prepacked, or a searched kernel): this bench "
+                 "times the engine's own kernels over prepacked blocks")
     source = generate(design, load_model("smollm2-135m").open(Path(settings.data_dir) / "models").config) + MAIN
     flags = [f for f in FLAGS if f not in ("-shared", "-fPIC")]
     with tempfile.TemporaryDirectory(prefix="kf-matvec-rate-") as tmp:
@@ -88,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
             print(build.stderr[-3000:], file=sys.stderr)
             return 2
         fmt = {"q4_1": 1, "q8_0": 2}[args.format]
-        run = subprocess.run([str(exe), str(fmt), str(args.rows), str(args.blocks)], env={"OMP_NUM_THREADS": "1"},
+        run = subprocess.run([str(exe), str(fmt), str(args.rows), str(args.blocks), str(LAYOUTS[layout])],
+                             env={"OMP_NUM_THREADS": "1"},
                              capture_output=True, text=True, timeout=600, check=True)
     rates = {k: float(v) for k, v in (line.split() for line in run.stdout.splitlines())}
     read = measure_read_bandwidth(get_target("cpu", Settings(threads=1)), 1)
-    print(f"{args.format} {args.rows}x{args.blocks} blocks, engine decode matvec on 1 thread: from cache "
+    print(f"{args.format} {args.rows}x{args.blocks} blocks ({layout}, {design.design_id()}), engine decode matvec "
+          f"on 1 thread: from cache "
           f"{rates['cache']:.2f} GB/s, streamed {rates['streamed']:.2f} GB/s; the read probe {read:.2f} GB/s "
           f"(cache/read {rates['cache'] / read:.2f}, streamed/read {rates['streamed'] / read:.2f})")
     return 0

@@ -52,9 +52,10 @@ PREFILLS = ("gemm", "tiled")
 #: keeps the Q4_1 matrices in PACK16 (16 rows interleaved, one 32-bit lane a row) and takes each block's dot
 #: products in integers: x is rounded per block of 32 to 29-bit integers on a power-of-two grid (finer than fp32's
 #: own rounding of the block's largest value) and split into four byte digits, and vpdpbusd adds 4 code x digit
-#: products a lane; the sums are exact, the block's scale applies once per row. A Zen 4 core took 2.3x the
-#: blocks a second from cache of "convert" (29 GB/s against 12.7), more than its memory stream gives. It needs
-#: prefill "gemm" (its rows path takes the few tokens below the GEMM's minimum one at a time).
+#: products a lane; the sums are exact, the block's scale applies once per row. On a Zen 4 core it took 2.0x the
+#: blocks a second of "convert" from cache (27.5 GB/s against 13.6) and 1.8x streamed (23.0 against 12.9, the
+#: read probe 26): memory bounds it. It needs prefill "gemm" (its rows path takes the few tokens below the
+#: GEMM's minimum one at a time).
 Q4_DECODES = ("convert", "table", "vnni")
 #: the processor flags (/proc/cpuinfo) a q4_decode's kernel needs beyond AVX-512F
 Q4_DECODE_NEEDS = {"vnni": ("avx512_vnni", "avx512bw")}
