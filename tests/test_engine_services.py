@@ -25,6 +25,7 @@ from kfactory.engines import pipeline
 from kfactory.engines.campaign import VERIFIED, load_best
 from kfactory.engines.codegen import CodegenError, generate
 from kfactory.engines.design import EngineDesign, q4_decodes_offered
+from kfactory.engines.order import JUMP
 from kfactory.engines.ops import build_engine, from_memory
 from kfactory.engines.showdown import Rule
 from kfactory.engines.stages.bundle import unpack
@@ -314,6 +315,11 @@ def test_a_searched_kernel_in_memory_is_linked_and_every_round_is_a_measurement(
     from kfactory.cli.main import _spec, build_parser
     engine = _spec(build_parser().parse_args(["submit", "engine:tiny-llama"]))
     assert engine.strategy == "descent"
+    # jumping to a clear win as `kfactory engine run` does, unless the submitter says otherwise
+    assert dict(engine.strategy_options) == {"jump": repr(JUMP)} == \
+        dict(pipeline.campaign_spec("tiny-llama", 1, 1).strategy_options)
+    told = _spec(build_parser().parse_args(["submit", "engine:tiny-llama", "--strategy-option", "jump=0"]))
+    assert dict(told.strategy_options) == {"jump": "0"}
     # and the timing rounds and showdown of `kfactory engine run`, which the planner asks for after the search
     assert (engine.timing_rounds, engine.showdown_rounds, engine.showdown_margin) == (2, 5, 1.15)
     asked = _spec(build_parser().parse_args(["submit", "engine:tiny-llama", "--rounds", "3", "--showdown", "0"]))

@@ -212,3 +212,32 @@ def test_on_the_engine_space_spinning_threads_and_unfused_gate_up_are_measured_t
     assert [combination(p) for p in more] == [False] * 5 + [True]
     assert s.centres[1].params == {**default, "threads": 2, "spin": True}
     assert not any(combination(p) for p in _asks(make_strategy("grid", space, seed=0), hood + 4))
+
+
+def test_jump_moves_to_a_clear_win_before_the_rest_of_the_neighbourhood():
+    """With `jump`, a neighbour that beats the centre by more than the factor becomes the centre when it is told:
+    its unseen neighbours come next, and the old neighbourhood's rest follows, none of it lost. A win below the
+    factor, or no jump at all, keeps best-improvement's order."""
+    space = _engine_space()
+    default = space.all_points()[0].params
+
+    def score(point) -> float:   # two spinning threads: x1.25 the default; nothing else matters
+        return 0.8 if point.params["spin"] else 1.0
+
+    plain = make_strategy("descent", space, seed=0)
+    hood = plain.neighbours(0)
+    plain_asks = _asks(plain, len(hood) + 1, score)
+    assert plain_asks == [space.all_points()[0], *hood]          # the whole neighbourhood first
+    assert [p.params for p in _asks(make_strategy("descent", space, seed=0, jump=30.0), 8, score)] == \
+        [p.params for p in plain_asks[:8]]                         # 25% faster does not clear 30%
+
+    s = make_strategy("descent", space, seed=0, jump=20.0)
+    asked = _asks(s, 3 * len(hood), score)
+    spin_at = next(i for i, p in enumerate(asked) if p.params["spin"])
+    assert asked[:spin_at + 1] == plain_asks[:spin_at + 1]
+    assert s.centres[1].params == {**default, "threads": 2, "spin": True}
+    centre_row = s.idx.pos[s.centres[1]]
+    fresh = [p for p in s.neighbours(centre_row) if p not in plain_asks[:spin_at + 1]]
+    assert asked[spin_at + 1:spin_at + 1 + len(fresh)] == fresh   # the new centre's neighbours at once
+    rest = asked[spin_at + 1 + len(fresh):]
+    assert set(hood) - set(asked[:spin_at + 1 + len(fresh)]) <= set(rest[:len(hood)])   # the default's rest next

@@ -42,7 +42,7 @@ from kfactory.engines.build import build
 from kfactory.engines.codegen import CodegenError, generate
 from kfactory.engines.design import SPIN_MARGIN, EngineDesign, prefer_calm, space
 from kfactory.engines.ops import OpKernel, OpKernelError, units_for
-from kfactory.engines.order import STRATEGY, order, with_kernels
+from kfactory.engines.order import JUMP, STRATEGY, order, with_kernels
 from kfactory.engines.order import distance  # noqa: F401 (re-exported, its old home)
 from kfactory.engines.problem import engine_family
 from kfactory.engines.runner import EngineFault, EngineRunner
@@ -251,6 +251,8 @@ class Campaign:
     #: kernels searched for the engine's ops (kfactory/engines/ops.py), by problem: every q4_1 design may link
     #: each set of them (order.with_kernels); the search tries each alone on the default right after it
     kernels: dict[str, OpKernel] = field(default_factory=dict)
+    #: the descent's jump, in percent (order.JUMP; 0 keeps best-improvement's order)
+    jump: float = JUMP
     results: list[DesignResult] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -286,7 +288,8 @@ class Campaign:
         assert self.verifier is not None
         started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         designs = self.designs()
-        search = make_strategy(STRATEGY, Space([engine_family(designs, Path(self.verifier.package.directory))]), 0)
+        search = make_strategy(STRATEGY, Space([engine_family(designs, Path(self.verifier.package.directory))]), 0,
+                               jump=self.jump)
         n = min(self.budget, len(designs))
         for i in range(n):
             point = search.ask()

@@ -17,6 +17,13 @@ from kfactory.engines.design import Q4_DECODES, EngineDesign
 #: changes, then those of the fastest design so far, so a budget beyond the first neighbourhood combines the
 #: changes that won (a fixed order would spend it on two-field changes of the default, most of them slow)
 STRATEGY = "descent"
+#: its `jump` option (percent): a design that decodes more than 40% faster than the current centre becomes the
+#: centre at once. With AVX512-VNNI the 1-thread default on 2 cores has 19 neighbours, 7 of them op_threads
+#: choices on sleeping threads (66-104 tok/s against the default's 105-131 on a Zen 4), so a budget of 16 ended
+#: inside that neighbourhood and never tried 2 threads with the integer decode (x1.25 at 1 thread); 2 threads
+#: waiting bounded or spinning decoded x1.44-2.26 the default there, past the host's noise (the default timed
+#: twice minutes apart: x0.96-1.31)
+JUMP = 40.0
 
 
 def distance(a: EngineDesign, b: EngineDesign) -> int:

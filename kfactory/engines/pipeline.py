@@ -42,7 +42,7 @@ from kfactory.bus import events as ev
 from kfactory.engines.campaign import (CONTEXT, DECODE_TOKENS, REPEATS, VERIFIED, DesignResult, write_record)
 from kfactory.engines.design import EngineDesign
 from kfactory.engines.ops import OpKernel
-from kfactory.engines.order import STRATEGY
+from kfactory.engines.order import JUMP, STRATEGY
 from kfactory.engines.problem import locator
 from kfactory.engines.showdown import Rule, Showdown, spins_of
 from kfactory.v1 import events_pb2 as pb
@@ -58,12 +58,13 @@ def campaign_spec(model: str, budget: int, max_threads: int, parallel: int = 0, 
                   showdown: Rule | None = None) -> pb.CampaignSpec:
     """The planner's spec of an engine campaign over `budget` designs of `model` with 1..max_threads threads,
     with the searched kernels `kernel_ids` ({op problem: candidate id}) tried first: the descent strategy from
-    the default design (engines/order.STRATEGY), a cold start (another campaign's timings of the same designs
-    would be re-proposed first, not new designs); then `rounds` timing rounds and the showdown by its rule
-    `showdown` (default: none), which the planner asks for after the search (kfactory/engines/finale.py)."""
+    the default design (engines/order.STRATEGY, moving on at once from a clear win: JUMP), a cold start (another
+    campaign's timings of the same designs would be re-proposed first, not new designs); then `rounds` timing
+    rounds and the showdown by its rule `showdown` (default: none), which the planner asks for after the search
+    (kfactory/engines/finale.py)."""
     rule = showdown or Rule()
     return pb.CampaignSpec(problem=locator(model, kernel_ids), target="cpu", budget_candidates=budget,
-                           strategy=STRATEGY,
+                           strategy=STRATEGY, strategy_options={"jump": repr(JUMP)},
                            threads=max_threads, parallel=parallel, seed=seed or secrets.randbits(32),
                            warm_start=0, timing_rounds=rounds, showdown_rounds=rule.rounds,
                            showdown_margin=rule.margin)
