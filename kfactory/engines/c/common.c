@@ -1,4 +1,5 @@
 /* ---- common.c: the ABI's types, float16, a vector exp, small vector helpers ---------------------------- */
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>

@@ -446,12 +446,15 @@ static void vnni_digits(const float *x, int cols, float *xq) {
   const __m512i low7 = _mm512_set1_epi32(127);
   for (int b = 0; b < nb; b++) {
     __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
-    float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1), big = _mm512_set1_ps(FLT_MAX);
+    /* an infinity or a NaN (a max would drop a NaN): not <= FLT_MAX, unordered counting as true */
+    int bad = (_mm512_cmp_ps_mask(a0, big, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, big, _CMP_NLE_UQ)) != 0;
+    float mx = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
     uint32_t bits;
     memcpy(&bits, &mx, 4);
     int ex = (int)(bits >> 23);
-    if (mx == 0.0f || ex == 0xFF) {
-      sc[b] = ex == 0xFF ? NAN : 0.0f;
+    if (mx == 0.0f || bad) {
+      sc[b] = bad ? NAN : 0.0f;
       memset(dg + 128 * b, 0, 128);
       continue;
     }
@@ -510,7 +513,8 @@ static inline __attribute__((always_inline)) void q4group16_vnni(const uint8_t *
       id = _mm512_dpbusd_epi32(id, hi, _mm512_set1_epi32(load_i32(xd + 8 * c + 4)));
     }
     __m512 hi2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ia, 7), ib));
-    __m512 q = _mm512_fmadd_ps(hi2, _mm512_set1_ps(16384.0f), _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ic, 7), id)));
+    __m512 lo2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ic, 7), id));
+    __m512 q = _mm512_fmadd_ps(hi2, _mm512_set1_ps(16384.0f), lo2);
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
     __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
     acc = _mm512_fmadd_ps(q, _mm512_mul_ps(d, _mm512_set1_ps(sc[b])), acc);
@@ -561,8 +565,8 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
   if (w->layout == KF_PACK16) {   /* one token at a time: the digits of each are made in matmul */
     for (int t = 0; t < n; t++)
       for (int r = r0; r < r1; r += 16)
-        q4group16_vnni(base + (size_t)(r / 16) * nb * 320, nb, xk + (size_t)t * KF_VNNI_FLOATS(nb), xs + (size_t)t * nb,
-                       y + (size_t)t * ldy + r, w->rows - r < 16 ? w->rows - r : 16);
+        q4group16_vnni(base + (size_t)(r / 16) * nb * 320, nb, xk + (size_t)t * KF_VNNI_FLOATS(nb),
+                       xs + (size_t)t * nb, y + (size_t)t * ldy + r, w->rows - r < 16 ? w->rows - r : 16);
     return;
   }
 #endif
