@@ -13,7 +13,7 @@ import pytest
 from kfactory.engines.build import build
 from kfactory.engines.codegen import generate
 from kfactory.engines.design import Q4_DECODE_NEEDS, DesignError, EngineDesign, space
-from kfactory.engines.prepare import pack16
+from kfactory.engines.prepare import arena, pack16, prepare
 from kfactory.engines.runner import EngineCrashed, EngineRunner, EngineTimeout
 from kfactory.engines.verify import TOLERANCE, Verifier
 from kfactory.models.quant import blocks
@@ -301,3 +301,24 @@ def test_design_values_and_space():
     assert EngineDesign(threads=2, spin=True).omp_env()["OMP_WAIT_POLICY"] == "active"
     # a design moved to one thread keeps nothing that waits; back on two it is the design it names
     assert bounded.at_threads(1) == EngineDesign() and bounded.at_threads(2) == bounded
+
+
+@pytest.mark.parametrize("design", [EngineDesign(), EngineDesign(weights="f32", fuse_qkv=False, prepack=False)],
+                         ids=["q4_1-pack", "f32-rows"])
+def test_arena_holds_every_tensor_in_the_order_a_step_reads_them(verifier, design):
+    """prepare.arena: the same tensors as prepare's (names, formats, layouts, bytes), one after another in one
+    buffer at 64-byte boundaries, in the forward's order: each block's norm, attention matrices, norm and feed-forward
+    matrices, then the final norm and the LM head."""
+    model = verifier.model
+    separate, packed = prepare(model, design), arena(model, design)
+    assert [(t.name, t.format, t.layout, t.rows, t.cols) for t in packed] == \
+        [(t.name, t.format, t.layout, t.rows, t.cols) for t in separate]
+    assert all(np.array_equal(a.data.view(np.uint8), b.data.view(np.uint8)) for a, b in zip(packed, separate))
+    starts = [t.data.ctypes.data for t in packed]
+    assert all(s % 64 == 0 for s in starts) and starts == sorted(starts)
+    assert all(b - a == -(-t.data.nbytes // 64) * 64 for a, b, t in zip(starts, starts[1:], packed))
+    names = [t.name for t in packed]
+    first = "blk.0.attn_q.weight" if not design.fuse_qkv else "blk.0.attn_qkv.weight"
+    assert names[:3] == ["blk.0.attn_norm.weight", first, "blk.0.attn_k.weight" if not design.fuse_qkv
+                         else "blk.0.attn_output.weight"]
+    assert names[-2:] == ["output_norm.weight", "token_embd.weight"]

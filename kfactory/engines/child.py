@@ -28,7 +28,7 @@ import numpy as np
 
 from kfactory.engines.abi import AbiError, Engine
 from kfactory.engines.design import EngineDesign
-from kfactory.engines.prepare import prepare
+from kfactory.engines.prepare import arena
 from kfactory.models import load_model
 
 
@@ -60,7 +60,7 @@ class Server:
         model = load_model(req["model"]).open(req.get("cache_dir"))
         design = EngineDesign.from_dict(req["design"])
         t1 = time.perf_counter()
-        tensors = prepare(model, design)
+        tensors = arena(model, design)   # one buffer in the order a step reads it (prepare.arena)
         t2 = time.perf_counter()
         try:
             self.engine = Engine(req["so"], tensors, model.config, int(req["ctx"]), int(req["threads"]))

@@ -19,6 +19,7 @@ PACK16 (Q4_1 only, design q4_decode "vnni") interleaves groups of 16 rows (rows 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,25 +123,58 @@ def _norm(t: QuantTensor) -> Prepared:
     return Prepared(t.name, "F32", "rows", 1, t.shape[0], np.ascontiguousarray(t.dequantize(), dtype=np.float32))
 
 
-def prepare(model: GGUFModel, design: EngineDesign) -> list[Prepared]:
-    """Every tensor the generated engine for `design` binds, by its ABI name."""
+def tensors_in_order(model: GGUFModel, design: EngineDesign) -> Iterator[Prepared]:
+    """Every tensor the generated engine for `design` binds, by its ABI name, one at a time in the order a step
+    reads them: each block's norms and matrices as the forward takes them, then the final norm and the tied LM
+    head (the embedding). The engine finds its tensors by name; the order is for `arena`."""
     config: LlamaConfig = model.config
     if not config.tied_embeddings:
         raise PrepareError("the engine reads the tied LM head (token_embd.weight); this model has output.weight")
-    out = [_matrix("token_embd.weight", [model.tensor("token_embd.weight")], design),
-           _norm(model.tensor("output_norm.weight"))]
     for i in range(config.blocks):
         def t(kind: str) -> QuantTensor:
             return model.tensor(f"blk.{i}.{kind}.weight")
-        out += [_norm(t("attn_norm")), _norm(t("ffn_norm")), _matrix(f"blk.{i}.attn_output.weight",
-                                                                      [t("attn_output")], design),
-                _matrix(f"blk.{i}.ffn_down.weight", [t("ffn_down")], design)]
+        yield _norm(t("attn_norm"))
         if design.fuse_qkv:
-            out.append(_matrix(f"blk.{i}.attn_qkv.weight", [t("attn_q"), t("attn_k"), t("attn_v")], design))
+            yield _matrix(f"blk.{i}.attn_qkv.weight", [t("attn_q"), t("attn_k"), t("attn_v")], design)
         else:
-            out += [_matrix(f"blk.{i}.attn_{k}.weight", [t(f"attn_{k}")], design) for k in "qkv"]
+            for k in "qkv":
+                yield _matrix(f"blk.{i}.attn_{k}.weight", [t(f"attn_{k}")], design)
+        yield _matrix(f"blk.{i}.attn_output.weight", [t("attn_output")], design)
+        yield _norm(t("ffn_norm"))
         if design.fuse_gate_up:
-            out.append(_matrix(f"blk.{i}.ffn_gate_up.weight", [t("ffn_gate"), t("ffn_up")], design))
+            yield _matrix(f"blk.{i}.ffn_gate_up.weight", [t("ffn_gate"), t("ffn_up")], design)
         else:
-            out += [_matrix(f"blk.{i}.ffn_{k}.weight", [t(f"ffn_{k}")], design) for k in ("gate", "up")]
+            for k in ("gate", "up"):
+                yield _matrix(f"blk.{i}.ffn_{k}.weight", [t(f"ffn_{k}")], design)
+        yield _matrix(f"blk.{i}.ffn_down.weight", [t("ffn_down")], design)
+    yield _norm(model.tensor("output_norm.weight"))
+    yield _matrix("token_embd.weight", [model.tensor("token_embd.weight")], design)
+
+
+def prepare(model: GGUFModel, design: EngineDesign) -> list[Prepared]:
+    """Every tensor the generated engine for `design` binds (tensors_in_order), each its own array."""
+    return list(tensors_in_order(model, design))
+
+
+def arena(model: GGUFModel, design: EngineDesign) -> list[Prepared]:
+    """The tensors of `prepare`, copied one after another into one buffer in the order a step reads them (each
+    at a 64-byte boundary), each tensor's own array dropped once copied, so the peak is the buffer and one
+    tensor. A decode step then streams one run of memory: a kernel's prefetch past the end of one matrix already
+    reads the next, and the pages run in order. On smollm2-135m (the integer decode, 1 thread, a Zen 4) decode
+    measured x1.17-1.40 the separate arrays' in alternated rounds. The buffer is reserved at an upper bound
+    (float32 weights, rows padded to 16) and only the pages written are ever resident."""
+    config: LlamaConfig = model.config
+    bound = sum(4 * (-(-shape[0] // 16) * 16) * int(np.prod(shape[1:], dtype=np.int64)) + 64
+                for shape in model.shapes.values())
+    buf = np.empty(bound + 64, dtype=np.uint8)
+    off = (-buf.ctypes.data) % 64
+    out = []
+    for t in tensors_in_order(model, design):
+        n = t.data.nbytes
+        if off + n > buf.nbytes:
+            raise PrepareError(f"{t.name}: {n} bytes past the arena's bound of {bound} ({config.blocks} blocks)")
+        view = buf[off:off + n].view(t.data.dtype).reshape(t.data.shape)
+        view[...] = t.data
+        out.append(Prepared(t.name, t.format, t.layout, t.rows, t.cols, view))
+        off += -(-n // 64) * 64
     return out
