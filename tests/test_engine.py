@@ -12,14 +12,13 @@ import pytest
 
 from kfactory.engines.build import build
 from kfactory.engines.codegen import generate
-from kfactory.engines.design import Q4_DECODE_NEEDS, DesignError, EngineDesign, space
+from kfactory.engines.design import DesignError, EngineDesign, q4_decodes_offered, space
 from kfactory.engines.prepare import arena, pack16, prepare
 from kfactory.engines.runner import EngineCrashed, EngineRunner, EngineTimeout
 from kfactory.engines.verify import TOLERANCE, Verifier
 from kfactory.models.quant import blocks
-from kfactory.targets.cpu.cpuinfo import host_has
 
-VNNI = all(host_has(flag) for flag in Q4_DECODE_NEEDS["vnni"])
+VNNI = "vnni" in q4_decodes_offered()
 
 #: together: q4_1 and f32 weights, fused and separate matvecs and norms, 1 and 2 threads, both KV layouts,
 #: prepacked and GGUF-ordered weights, and every op on one thread of two (op_threads) as well as on both

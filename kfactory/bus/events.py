@@ -53,6 +53,17 @@ def outcome_point(body) -> str:
     return getattr(body, "point_id", "") or body.candidate.point_id
 
 
+def timing_round(body) -> int:
+    """The timing round an outcome reports: a Measured's `round`, or the round a benchmarker's Rejected of a
+    re-timing carries in figures["round"] (the benchmarker sets it); 0 for a first timing and any other outcome.
+    Rounds 2 and on are re-timings (Verified.round)."""
+    if isinstance(body, pb.Measured):
+        return body.round
+    if isinstance(body, pb.Rejected) and body.stage == "benchmarker":
+        return int(body.figures.get("round", 0))
+    return 0
+
+
 def dead_work(letter: pb.DeadLetter) -> tuple[str, pb.Candidate | None] | None:
     """(point id, candidate or None) of the work a dead letter gave up on; None when its payload is no event
     (it was dead-lettered for that) or is about no point."""

@@ -92,7 +92,7 @@ def _spec(args):
     from kfactory.cli.client import ClientError
     from kfactory.v1 import events_pb2 as pb
 
-    from kfactory.engines.order import JUMP as ENGINE_JUMP, STRATEGY as ENGINE_STRATEGY
+    from kfactory.engines.order import STRATEGY as ENGINE_STRATEGY, STRATEGY_OPTIONS as ENGINE_OPTIONS
     from kfactory.engines.problem import PREFIX as ENGINE_PREFIX
 
     # a replay target carries its own problem (the recorded space): PROBLEM is then only a label
@@ -107,7 +107,7 @@ def _spec(args):
                            coders=[c for c in args.coders.split(",") if c],
                            personas=[p for p in args.personas.split(",") if p], token_budget=args.token_budget or 0)
     if problem.startswith(ENGINE_PREFIX) and strategy == ENGINE_STRATEGY:
-        spec.strategy_options["jump"] = repr(ENGINE_JUMP)   # as `kfactory engine run` searches (engines/order.py)
+        spec.strategy_options.update(ENGINE_OPTIONS)   # as `kfactory engine run` searches (engines/order.py)
     spec.strategy_options.update(_strategy_options(args.strategy_option))
     _finale_args(spec, args, engine=problem.startswith(ENGINE_PREFIX))
     for m in args.manual:

@@ -24,6 +24,8 @@ STRATEGY = "descent"
 #: waiting bounded or spinning decoded x1.44-2.26 the default there, past the host's noise (the default timed
 #: twice minutes apart: x0.96-1.31)
 JUMP = 40.0
+#: the options an engine campaign's spec gives STRATEGY (`kfactory engine run`, `kfactory submit engine:MODEL`)
+STRATEGY_OPTIONS = {"jump": repr(JUMP)}
 
 
 def distance(a: EngineDesign, b: EngineDesign) -> int:

@@ -42,7 +42,7 @@ from kfactory.bus import events as ev
 from kfactory.engines.campaign import (CONTEXT, DECODE_TOKENS, REPEATS, VERIFIED, DesignResult, write_record)
 from kfactory.engines.design import EngineDesign
 from kfactory.engines.ops import OpKernel
-from kfactory.engines.order import JUMP, STRATEGY
+from kfactory.engines.order import STRATEGY, STRATEGY_OPTIONS
 from kfactory.engines.problem import locator
 from kfactory.engines.showdown import Rule, Showdown, spins_of
 from kfactory.v1 import events_pb2 as pb
@@ -64,7 +64,7 @@ def campaign_spec(model: str, budget: int, max_threads: int, parallel: int = 0, 
     (kfactory/engines/finale.py)."""
     rule = showdown or Rule()
     return pb.CampaignSpec(problem=locator(model, kernel_ids), target="cpu", budget_candidates=budget,
-                           strategy=STRATEGY, strategy_options={"jump": repr(JUMP)},
+                           strategy=STRATEGY, strategy_options=STRATEGY_OPTIONS,
                            threads=max_threads, parallel=parallel, seed=seed or secrets.randbits(32),
                            warm_start=0, timing_rounds=rounds, showdown_rounds=rule.rounds,
                            showdown_margin=rule.margin)
@@ -120,7 +120,7 @@ def _fold(kind: str | None, e: pb.Event, res: DesignResult, data_dir: Path | Non
             res.library = str(Path(data_dir) / "engines" / "artifacts" / f"{e.verified.artifact_digest}.so")
     elif kind == "rejected":
         rej = e.rejected
-        if not _counts(int(rej.figures.get("round", 0)), rounds, showdown):   # the noise timing: no verdict
+        if not _counts(ev.timing_round(rej), rounds, showdown):   # the noise timing: no verdict
             return
         res.verdict = "duplicate" if rej.reason == pb.DUPLICATE else STAGE_VERDICTS.get(rej.stage, rej.stage)
         res.reason = rej.message
@@ -195,9 +195,9 @@ def retiming_answer(e: pb.Event) -> tuple[pb.Candidate, int, pb.Measured | None]
     Measured, or None for a fault: the benchmarker's Rejected, or the request's own dead letter); None for an
     event that answers none."""
     kind = e.WhichOneof("body")
-    if kind == "measured" and e.measured.round >= 2 and not e.measured.screened_out:
-        return e.measured.candidate, e.measured.round, e.measured
-    if kind == "rejected" and e.rejected.stage == "benchmarker" and (r := int(e.rejected.figures.get("round", 0))) >= 2:
+    if kind == "measured" and (r := ev.timing_round(e.measured)) >= 2 and not e.measured.screened_out:
+        return e.measured.candidate, r, e.measured
+    if kind == "rejected" and (r := ev.timing_round(e.rejected)) >= 2:
         return e.rejected.candidate, r, None
     if kind == "dead_letter":
         try:

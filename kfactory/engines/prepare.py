@@ -163,7 +163,6 @@ def arena(model: GGUFModel, design: EngineDesign) -> list[Prepared]:
     reads the next, and the pages run in order. On smollm2-135m (the integer decode, 1 thread, a Zen 4) decode
     measured x1.17-1.40 the separate arrays' in alternated rounds. The buffer is reserved at an upper bound
     (float32 weights, rows padded to 16) and only the pages written are ever resident."""
-    config: LlamaConfig = model.config
     bound = sum(4 * (-(-shape[0] // 16) * 16) * int(np.prod(shape[1:], dtype=np.int64)) + 64
                 for shape in model.shapes.values())
     buf = np.empty(bound + 64, dtype=np.uint8)
@@ -172,7 +171,7 @@ def arena(model: GGUFModel, design: EngineDesign) -> list[Prepared]:
     for t in tensors_in_order(model, design):
         n = t.data.nbytes
         if off + n > buf.nbytes:
-            raise PrepareError(f"{t.name}: {n} bytes past the arena's bound of {bound} ({config.blocks} blocks)")
+            raise PrepareError(f"{t.name}: {n} bytes past the arena's bound of {bound}")
         view = buf[off:off + n].view(t.data.dtype).reshape(t.data.shape)
         view[...] = t.data
         out.append(Prepared(t.name, t.format, t.layout, t.rows, t.cols, view))

@@ -202,7 +202,7 @@ class CampaignState:
         self.coders.on_verified(m)
 
     def _on_rejected(self, m: pb.Rejected) -> None:
-        if m.stage == "benchmarker" and (r := int(m.figures.get("round", 0))) >= 2:
+        if (r := ev.timing_round(m)) >= 2:
             self.retimings[(m.candidate.id, r)] = m
             return
         self.counts.rejected += 1
@@ -221,8 +221,8 @@ class CampaignState:
         self._tell_awaiting(m.candidate.id, None)
 
     def _on_measured(self, m: pb.Measured) -> None:
-        if m.round >= 2:
-            self.retimings[(m.candidate.id, m.round)] = m
+        if (r := ev.timing_round(m)) >= 2:
+            self.retimings[(m.candidate.id, r)] = m
             return
         self.counts.measured += 1
         self.coders.on_measured(m)
