@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from kfactory.cli.run import EXIT_INTERRUPTED  # kfactory run after Ctrl-C (its summary holds what finished)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
@@ -48,40 +51,69 @@ def package(name: str, work: Path) -> Path:
 #: services' start, the points still in flight when the search stops, the baselines' timings and the summary, so
 #: that a campaign ends with its summary instead of being killed at its limit
 SEARCH_SHARE = 0.55
+#: seconds before its time limit at which a campaign still running is interrupted (at most a fifth of the limit)
+INTERRUPT_GRACE_S = 20.0
 
 
 def campaign(name: str, pkg: Path, budget: int, env: dict, timeout_s: float,
-             families: tuple[str, ...] = ()) -> dict | None:
-    """The campaign's JSON summary (None when it failed or ran past timeout_s); `families` restricts it. The
-    search stops at `budget` candidates or after SEARCH_SHARE of timeout_s, whichever comes first."""
+             families: tuple[str, ...] = (), target: str = "cuda") -> dict | None:
+    """The campaign's JSON summary (None when it failed); `families` restricts it. The search stops at `budget`
+    candidates or after SEARCH_SHARE of timeout_s, whichever comes first; a campaign still running near
+    timeout_s is interrupted and its summary holds what finished ("state": "cancelled"). Its output goes to
+    $OUT/<name>.log in every case."""
     out = (OUT or pkg.parent) / f"{name}.json"
-    cmd = [sys.executable, "-m", "kfactory.cli.main", "run", str(pkg), "--target", "cuda", "--budget", str(budget),
+    cmd = [sys.executable, "-m", "kfactory.cli.main", "run", str(pkg), "--target", target, "--budget", str(budget),
            "--seconds", f"{max(10.0, SEARCH_SHARE * timeout_s):.0f}",
            "--strategy", os.environ.get("KF_GPU_STRATEGY", "evolutionary"), "--seed", "11", "--json", str(out)]
     for family in families:
         cmd += ["--family", family]
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
+    grace = min(INTERRUPT_GRACE_S, 0.2 * timeout_s)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc = subprocess.run(cmd, env=env, timeout=timeout_s, capture_output=True, text=True)
-    except subprocess.TimeoutExpired as e:
-        print(f"{name}: ran past {timeout_s:.0f}s", (e.stdout or b"")[-3000:] if e.stdout else "")
-        return None
-    log = proc.stdout[-6000:] + proc.stderr[-6000:]
+        stdout, stderr = proc.communicate(timeout=timeout_s - grace)
+    except subprocess.TimeoutExpired:
+        # as Ctrl-C: kfactory run cancels the campaign and writes the summary of what finished (exit 130)
+        print(f"{name}: interrupted at {timeout_s - grace:.0f}s", flush=True)
+        proc.send_signal(signal.SIGINT)
+        try:
+            stdout, stderr = proc.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            print(f"{name}: killed at {timeout_s:.0f}s", flush=True)
     if OUT:
-        (OUT / f"{name}.log").write_text(proc.stdout + proc.stderr)
+        (OUT / f"{name}.log").write_text(stdout + stderr)
     print(f"{name}: exit {proc.returncode} after {time.time() - t0:.0f}s")
-    if proc.returncode != 0 or not out.exists():
-        print(log)
+    if proc.returncode not in (0, EXIT_INTERRUPTED) or not out.exists():
+        print(stdout[-6000:] + stderr[-6000:])
         return None
-    print(proc.stdout[-2500:])
-    return json.loads(out.read_text())
+    print(stdout[-2500:])
+    summary = json.loads(out.read_text())
+    print(f"{name}: {stage_line(summary)}", flush=True)
+    return summary
+
+
+def stage_line(summary: dict, top: int = 10) -> str:
+    """The services' seconds per proposed candidate by part of their work (the summary's stage_seconds), the
+    largest first: where a GPU campaign's time goes, for the next run to cut."""
+    n = max(1, summary["counts"].get("proposed", 0))
+    parts = sorted(summary.get("stage_seconds", {}).items(), key=lambda kv: -kv[1][0])[:top]
+    return f"{summary.get('device_seconds_per_candidate')} device-s a candidate; s a candidate: " + ", ".join(
+        f"{path} {sec / n:.2f}" for path, (sec, _) in parts)
 
 
 def workspace(work: Path) -> str:
     """The campaigns' data directory: gpu_check.sh's KF_DATA, shared by every stage (the committed evidence is
     imported there, the GPU's ceilings are measured there once, and the evidence bundle is exported from it)."""
     return os.environ.get("KF_DATA") or str(work / "data")
+
+
+def reports(work: Path) -> str:
+    """Where the campaigns write their reports: under $OUT when set (gpu_check.sh's logs.tar.gz brings them
+    back), else under `work`."""
+    return str((OUT or work) / "reports")
 
 
 def save_evidence(env: dict) -> None:
@@ -122,7 +154,7 @@ def main() -> int:
     budget = int(os.environ.get("KF_GPU_BUDGET", "40"))  # the time share binds first on a GPU
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="kf-gpu-"))
-    env = dict(os.environ, KFACTORY_DATA_DIR=workspace(work), KFACTORY_REPORT_DIR=str(work / "reports"),
+    env = dict(os.environ, KFACTORY_DATA_DIR=workspace(work), KFACTORY_REPORT_DIR=reports(work),
                KFACTORY_INPUT_REUSE="64", KFACTORY_COMPARE_MAX_S=os.environ.get("KF_GPU_COMPARE_S", "1.0"),
                KFACTORY_MEASURE_MAX_S="0.3", KFACTORY_RUNNER_TIMEOUT_S="60", PYTHONUNBUFFERED="1")
     results = {}

@@ -18,6 +18,7 @@ from kfactory.platform.app import start_services
 from kfactory.bus.natsd import EmbeddedNats
 from kfactory.problems import ProblemError
 from kfactory.evidence.report import format_params
+from kfactory.observability import stagetime
 from kfactory.platform.service import Context
 from kfactory.services.planner.specs import SpecError, StartNotPublished, validate
 from kfactory.targets import get_target
@@ -62,6 +63,7 @@ async def run_campaign(settings, spec, args) -> int:
         return 2
     if note:
         print(f"kfactory run: {note}", file=sys.stderr)
+    before = stagetime.snapshot()
     async with local_services(settings, embedded_nats=not args.nats_url) as running:
         planner, memory = cast("PlannerService", running.services["planner"]), running.services["memory"]
         try:
@@ -75,7 +77,7 @@ async def run_campaign(settings, spec, args) -> int:
         if (failure := running.failed()) is not None:
             raise failure
         await _wait_archived(memory, cid)
-        code = _finish(settings, st, running, memory, args, console)
+        code = _finish(settings, st, running, memory, args, console, stagetime.since(before))
         if interrupted.is_set():
             print(f"interrupted: campaign {cid} was cancelled; the report and summary hold what finished before "
                   "Ctrl-C", file=sys.stderr)
@@ -196,8 +198,11 @@ def write_report(settings, memory, cid: str) -> Path:
     return out_dir / "report.md"
 
 
-def _finish(settings, st, running, memory, args, console: Console) -> int:
+def _finish(settings, st, running, memory, args, console: Console, ledger: dict) -> int:
     summary = json.loads(st.finished.summary_json)
+    # where the services' time went in this process (kfactory.observability.stagetime): compile, verify/drawing,
+    # verify/references, measure/runner/kernel, lease wait, ... as {path: [seconds, times]}
+    summary["stage_seconds"] = {path: [round(sec, 4), n] for path, (sec, n) in sorted(ledger.items())}
     report = write_report(settings, memory, st.id)
     summary["state"] = st.finished.state
     summary["report"] = str(report)
