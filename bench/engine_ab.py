@@ -5,7 +5,8 @@ bit-identical.
     python bench/engine_ab.py --base REV [--model smollm2-135m] [--design JSON] [--context 128] [--rounds 8]
         [--steps 32] [--json OUT]
 
-Each version runs in its own engine child (kfactory.engines.runner), both open at once; a round times one
+Each version runs in its own engine child (kfactory.engines.runner), both open at once (a spinning design's
+children one at a time: started for each request and closed after it, as their threads spin); a round times one
 `bench` request (a prefill of --context tokens, then --steps decode steps) in each, in turn, so that the load
 of a shared host falls on both alike (each goes first in every other round). Decode tok/s per round is the
 median step's; the ratio new/base is taken per round and its median, min and max printed (a single round's
@@ -58,6 +59,24 @@ def logits(runner: EngineRunner, steps: int, vocab: int) -> np.ndarray:
     return np.stack(rows)
 
 
+def _alone(runner: EngineRunner, alone: bool, work):
+    """work() on `runner`; when `alone`, in a child started for it and closed after it (no other engine open)."""
+    if not alone:
+        return work()
+    runner.start()
+    try:
+        return work()
+    finally:
+        runner.close()
+
+
+def _warm_bench(runner: EngineRunner, fresh: bool, context: int, steps: int):
+    """One bench request; a fresh child first runs a short one (its first steps take the page faults)."""
+    if fresh:
+        runner.bench(context, 4, 1)
+    return runner.bench(context, steps, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="git revision whose kfactory/engines/c/ files are the base")
@@ -85,15 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     decode: dict[str, list[float]] = {k: [] for k in libs}
     prefill: dict[str, list[float]] = {k: [] for k in libs}
     runners = {k: EngineRunner(args.model, design, p, ctx, cache_dir=data / "models") for k, p in libs.items()}
+    # a spinning design's threads spin between requests too: two such engines open at once would take each
+    # other's cores (on 2 cores, base and new measured 0.01x to 104x of each other), so each runs alone
+    alone = design.spin
     try:
-        for r in runners.values():
-            r.start()
-        base_logits, new_logits = (logits(r, args.steps, model.config.vocab) for r in runners.values())
+        if not alone:
+            for r in runners.values():
+                r.start()
+        base_logits, new_logits = (_alone(r, alone, lambda r=r: logits(r, args.steps, model.config.vocab))
+                                   for r in runners.values())
         same = np.array_equal(base_logits, new_logits)
         for i in range(args.rounds):
             # each goes first in every other round: a host whose load drifts within a round favours neither
             for name, r in (runners.items() if i % 2 == 0 else reversed(runners.items())):
-                fig = r.bench(args.context, args.steps, 1)
+                fig = _alone(r, alone, lambda r=r: _warm_bench(r, alone, args.context, args.steps))
                 decode[name].append(fig.decode_tok_s)
                 prefill[name].append(fig.prefill_tok_s)
     finally:

@@ -4,19 +4,28 @@
 # with both carried: it installs what the host lacks from .whl/ (nothing can be downloaded there), imports the
 # committed evidence (evidence/*.json.gz: the campaigns start warm from what earlier GPU runs measured), serves
 # the precompiled cubins instead of compiling them (once a test load shows this driver takes them), runs the GPU
-# tests when KF_GPU_TESTS=1, then softmax and RMSNorm campaigns on the cuda target through the real services
-# (each until KF_GPU_BUDGET candidates, default 40, or its time share of KF_GPU_CAMPAIGN_S, default 130 s) and
+# tests (KF_GPU_TESTS=0 skips them), then softmax and RMSNorm campaigns on the cuda target through the real services
+# (each until KF_GPU_BUDGET candidates, default 40, or its time share of KF_GPU_CAMPAIGN_S) and
 # prints the table, then the KDA step.
 #
 # Every stage shares one workspace (KF_DATA), and after every stage $OUT gets (the device returns 8 files at most):
 # evidence.json.gz (`kfactory evidence export` of that workspace: commit it under evidence/), table.txt,
-# gpu_check.json, kda_check.json, gpu_tests.log, and logs.tar.gz holding every other file the stages wrote.
+# gpu_check.json, kda_check.json, gpu_tests.log, and logs.tar.gz holding every other file the stages wrote (each
+# campaign's log, summary with its stage-time ledger, and report).
 # A run cut short still leaves everything it measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 PY=${PYTHON:-python3}
 SITE=${KF_SITE:-/tmp/kf-site}
+# The device-time plan: about 8 minutes in all (the first H200 runs, 2026-12-04: 399 s and 363 s, one warm from the
+# other, inside a 15-minute loan), each stage's limit overridable: the GPU tests (38 s there), softmax and RMSNorm
+# (a campaign each, its search stopping at 55% of KF_GPU_CAMPAIGN_S), then KDA (the baselines' JIT warm-up, the
+# recurrent and chunked campaigns, the public shapes until KF_GPU_KDA_S less 30 s). Run it again at once on the
+# still-warm machine and it goes on from the same workspace (KF_DATA): its campaigns start warm from the first's.
+export KF_GPU_TESTS=${KF_GPU_TESTS:-1} KF_GPU_TEST_S=${KF_GPU_TEST_S:-60} KF_GPU_CHECK_S=${KF_GPU_CHECK_S:-230} \
+  KF_GPU_CAMPAIGN_S=${KF_GPU_CAMPAIGN_S:-110} KF_GPU_KDA_S=${KF_GPU_KDA_S:-170} KF_KDA_WARM_S=${KF_KDA_WARM_S:-40} \
+  KF_KDA_CAMPAIGN_S=${KF_KDA_CAMPAIGN_S:-50} KF_KDA_CHUNKED_S=${KF_KDA_CHUNKED_S:-30}
 if [ -d .whl ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 fi
@@ -56,19 +65,18 @@ print(load_check(os.environ["KFACTORY_PRECOMPILED"], resolve_arch("")))' 2>&1 | 
   else echo "precompiled cubins: $(ls -d "$REPO"/.precompiled/*/ | xargs -n1 basename | tr '\n' ' ')"; fi
 fi
 publish
-if [ "${KF_GPU_TESTS:-0}" = 1 ]; then
-  timeout "${KF_GPU_TEST_S:-150}" $PY -m pytest -q -p no:cacheprovider -x --timeout 120 -m gpu \
+if [ "$KF_GPU_TESTS" = 1 ]; then
+  timeout "$KF_GPU_TEST_S" $PY -m pytest -q -p no:cacheprovider -x --timeout 120 -m gpu \
     "$REPO/tests/test_cuda_runtime.py" 2>&1 | tail -25 | tee "$SCRATCH/gpu_tests.log"
   publish
 fi
-# the defaults keep the whole script under one 10-minute device command: 330 s here, 220 s for KDA below
-OUT="$SCRATCH" timeout "${KF_GPU_CHECK_S:-330}" $PY "$REPO/scripts/gpu_check.py"; rc=$?
+OUT="$SCRATCH" timeout "$KF_GPU_CHECK_S" $PY "$REPO/scripts/gpu_check.py"; rc=$?
 publish
 # KDA (KF_GPU_KDA=0 skips it, e.g. when the device time left does not cover both): a campaign of the recurrent
 # family on GPU-sized shapes and one of the chunked family on a prefill, the chunked point verified against
 # float64, then both against FLA at the public shapes (gpu_check_kda.py keeps inside KF_GPU_KDA_S itself)
 if [ "${KF_GPU_KDA:-1}" = 1 ]; then
-  OUT="$SCRATCH" timeout "${KF_GPU_KDA_S:-220}" $PY "$REPO/scripts/gpu_check_kda.py" || rc=1
+  OUT="$SCRATCH" timeout "$KF_GPU_KDA_S" $PY "$REPO/scripts/gpu_check_kda.py" || rc=1
   publish
 fi
 echo "evidence: $(tail -1 "$SCRATCH/evidence.log")"

@@ -17,20 +17,22 @@
    (relative RMS error <= 0.005, FLA's own bar). The chunked kernel's figure of merit is its speedup over
    fla_chunk, the recurrent one's over fla_recurrent.
 
-The whole step must end inside gpu_check.sh's `timeout ${KF_GPU_KDA_S:-220}`: the campaigns have their own
+The whole step must end inside gpu_check.sh's `timeout $KF_GPU_KDA_S`: the campaigns have their own
 time limits, public shapes not started by KF_GPU_KDA_S - PUBLIC_MARGIN_S seconds are skipped (recorded as
 such), and $OUT/kda_check.json is rewritten after every stage, so a kill leaves what was done.
 Results go to $OUT/kda_check.json (the campaigns' own JSON to $OUT/kda.json and $OUT/kda_chunked.json) when
-OUT is set. Environment: KF_GPU_BUDGET (candidates of the recurrent campaign, default 12), KF_KDA_CAMPAIGN_S
-(its time limit, default 75), KF_KDA_CHUNKED_BUDGET (default 6), KF_KDA_CHUNKED_S (default 50), KF_GPU_KDA_S
-(the step's allowance, default 220, as in gpu_check.sh), KF_KDA_PUBLIC (comma-separated shape names to keep,
-default all).
+OUT is set. Environment (gpu_check.sh sets the limits; these defaults are for a run of this script alone):
+KF_GPU_BUDGET (candidates of the recurrent campaign, default 12), KF_KDA_CAMPAIGN_S (its time limit, default 75),
+KF_KDA_WARM_S (the baselines' JIT warm-up before the campaigns, default 60), KF_KDA_CHUNKED_BUDGET (default 6),
+KF_KDA_CHUNKED_S (default 50), KF_GPU_KDA_S (the step's allowance, default 220), KF_KDA_PUBLIC (comma-separated
+shape names to keep, default all).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,6 +83,22 @@ def package(work: Path, name: str = "kda_bf16", shapes: list[dict] = CAMPAIGN_SH
         spec["distributions"] = {k: v for k, v in spec["distributions"].items() if k in distributions}
     (dst / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return dst
+
+
+def warm_baselines(pkg: Path, env: dict, timeout_s: float) -> dict:
+    """FLA's kernels compiled before the campaigns (scripts/gpu_warm_baselines.py, in a child process: Triton's
+    JIT, cached on disk, then costs the campaigns nothing): what it warmed, or why it did not."""
+    out = Path(tempfile.mkdtemp(prefix="kf-warm-")) / "warm.json"
+    cmd = [sys.executable, str(Path(__file__).resolve().parent / "gpu_warm_baselines.py"), str(pkg), "--skip", "torch",
+           "--json", str(out)]
+    for shape in CAMPAIGN_SHAPES + CHUNKED_SHAPES:
+        cmd += ["--shape", json.dumps(shape)]
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=timeout_s, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"ran past {timeout_s:.0f} s (the campaigns compile the rest)"}
+    print(proc.stdout[-2000:] + proc.stderr[-2000:], flush=True)
+    return json.loads(out.read_text()) if out.exists() else {"skipped": f"exit {proc.returncode}"}
 
 
 def rel_rms(out: np.ndarray, ref: np.ndarray) -> float:
@@ -252,6 +270,8 @@ def main() -> int:
             (OUT / "kda_check.json").write_text(json.dumps(result, indent=1))
 
     pkg = package(work)
+    save(baseline_warmup=warm_baselines(pkg, env, float(os.environ.get("KF_KDA_WARM_S", "60"))))
+    print(f"baselines warmed {time.time() - t0:.0f}s", flush=True)
     summary = campaign("kda", pkg, budget, env, timeout_s=float(os.environ.get("KF_KDA_CAMPAIGN_S", "75")),
                        families=("cuda_recurrent",))
     print(f"campaign elapsed {time.time() - t0:.0f}s", flush=True)

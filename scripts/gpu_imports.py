@@ -1,7 +1,8 @@
 """The dry run's import check (scripts/gpu_wheels.sh --dry-run): with only the carried wheels and kfactory
 (SITE) and the packages the device image has (IMAGE) on the path, import everything scripts/gpu_check.sh
-imports: every kfactory module, scripts/gpu_check.py and gpu_check_kda.py, and the GPU tests as pytest collects
-them (with its plugins and gpu_check.sh's flags). Run with `python3.12 -S` (no site-packages of this machine).
+imports: every kfactory module, scripts/gpu_check.py, gpu_check_kda.py and gpu_warm_baselines.py, and the GPU
+tests as pytest collects them (with its plugins and gpu_check.sh's flags). Run with `python3.12 -S` (no
+site-packages of this machine).
 
 Usage: python3.12 -S scripts/gpu_imports.py SITE IMAGE ROOT   (ROOT holds copies of scripts/, tests/ and
 pyproject.toml). Exit 1 when a module is missing that neither the wheels nor the image provide.
@@ -37,7 +38,7 @@ def main() -> int:
     assert kfactory.__path__[0].startswith(site), f"kfactory imported from {kfactory.__path__}, not {site}"
     modules = ["kfactory"] + [m.name for m in pkgutil.walk_packages(kfactory.__path__, "kfactory.",
                                                                     onerror=lambda n: missing.append(n))]
-    for name in modules + ["gpu_check", "gpu_check_kda"]:
+    for name in modules + ["gpu_check", "gpu_check_kda", "gpu_warm_baselines"]:
         attempt(name)
     for dist in ("fla-core",):  # the KDA baselines: installed, imported on the device (they need torch)
         try:
