@@ -56,9 +56,10 @@ INTERRUPT_GRACE_S = 20.0
 
 
 def campaign(name: str, pkg: Path, budget: int, env: dict, timeout_s: float,
-             families: tuple[str, ...] = (), target: str = "cuda") -> dict | None:
+             families: tuple[str, ...] = (), target: str = "cuda", goal: float = 0.0) -> dict | None:
     """The campaign's JSON summary (None when it failed); `families` restricts it. The search stops at `budget`
-    candidates or after SEARCH_SHARE of timeout_s, whichever comes first; a campaign still running near
+    candidates, after SEARCH_SHARE of timeout_s, or once a candidate reaches `goal` of the measured copy bandwidth
+    at every shape (0: no goal), whichever comes first; a campaign still running near
     timeout_s is interrupted and its summary holds what finished ("state": "cancelled"). Its output goes to
     $OUT/<name>.log in every case."""
     out = (OUT or pkg.parent) / f"{name}.json"
@@ -67,6 +68,8 @@ def campaign(name: str, pkg: Path, budget: int, env: dict, timeout_s: float,
            "--strategy", os.environ.get("KF_GPU_STRATEGY", "evolutionary"), "--seed", "11", "--json", str(out)]
     for family in families:
         cmd += ["--family", family]
+    if goal:
+        cmd += ["--goal", str(goal)]
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
     grace = min(INTERRUPT_GRACE_S, 0.2 * timeout_s)
@@ -160,7 +163,7 @@ def main() -> int:
     results = {}
     for name in SHAPES:
         results[name] = campaign(name, package(name, work), budget, env, timeout_s=float(os.environ.get(
-            "KF_GPU_CAMPAIGN_S", "130")))
+            "KF_GPU_CAMPAIGN_S", "130")), goal=float(os.environ.get("KF_GPU_GOAL", "0.9")))
         save_evidence(env)
         print(f"elapsed {time.time() - t0:.0f}s", flush=True)
     rows = table(results)

@@ -63,6 +63,10 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                    help="device time the campaign's verifications, screens and measurements may hold (0: the "
                         "planner's KFACTORY_DEVICE_SECONDS, else none); the summary reports device seconds per "
                         "candidate")
+    p.add_argument("--goal", type=cli_type("goal_fraction", float), default=0.0, metavar="FRACTION",
+                   help="stop the search once a candidate reaches this fraction of the device's measured ceiling "
+                        "(the copy bandwidth for a kernel that moves bytes) at every shape it was timed at, e.g. "
+                        "0.9 (0: no goal; the budgets still apply)")
     p.add_argument("--strategy", default="default", help="default (a portfolio of surrogate, tpe and evolutionary; "
                    "descent for an engine problem), surrogate, tpe, cma, evolutionary, portfolio, random, grid or "
                    "descent (kfactory strategies list)")
@@ -102,6 +106,7 @@ def _spec(args):
         strategy = ENGINE_STRATEGY   # descent from the default design (engines/order.py)
     spec = pb.CampaignSpec(problem=problem, target=args.target, budget_candidates=args.budget,
                            budget_seconds=args.seconds, budget_device_seconds=args.device_seconds,
+                           goal_fraction=args.goal,
                            strategy=strategy, threads=args.threads or 0,
                            seed=args.seed, families=args.family, parallel=args.parallel, warm_start=args.warm,
                            coders=[c for c in args.coders.split(",") if c],

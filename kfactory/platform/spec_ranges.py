@@ -35,6 +35,7 @@ RANGES: dict[str, Range] = {
     "timing_rounds": Range(0, 100, "--rounds", "0: the first timing only"),
     "showdown_rounds": Range(0, 100, "--showdown", "0: no showdown"),
     "showdown_margin": Range(0, 100, "--showdown-margin", "0: the default, 1.15; else at least 1"),
+    "goal_fraction": Range(0, 1, "--goal", "0: no goal"),
 }
 #: `kfactory priors --limit` and PriorsRequest.limit (0: the default, 8)
 PRIORS_LIMIT = Range(0, 100_000, "--limit", "0: the default, 8")

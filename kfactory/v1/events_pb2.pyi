@@ -126,7 +126,7 @@ class ManualSource(_message.Message):
     def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., compile_flags: _Optional[str] = ..., threads: _Optional[int] = ..., language: _Optional[str] = ..., launch_json: _Optional[str] = ...) -> None: ...
 
 class CampaignSpec(_message.Message):
-    __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel", "warm_start", "coders", "token_budget", "personas", "strategy_options", "budget_device_seconds", "timing_rounds", "showdown_rounds", "showdown_margin")
+    __slots__ = ("problem", "target", "budget_candidates", "budget_seconds", "strategy", "threads", "seed", "families", "manual_sources", "parallel", "warm_start", "coders", "token_budget", "personas", "strategy_options", "budget_device_seconds", "timing_rounds", "showdown_rounds", "showdown_margin", "goal_fraction")
     class StrategyOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class CampaignSpec(_message.Message):
     TIMING_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     SHOWDOWN_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     SHOWDOWN_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    GOAL_FRACTION_FIELD_NUMBER: _ClassVar[int]
     problem: str
     target: str
     budget_candidates: int
@@ -172,7 +173,8 @@ class CampaignSpec(_message.Message):
     timing_rounds: int
     showdown_rounds: int
     showdown_margin: float
-    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ..., warm_start: _Optional[int] = ..., coders: _Optional[_Iterable[str]] = ..., token_budget: _Optional[int] = ..., personas: _Optional[_Iterable[str]] = ..., strategy_options: _Optional[_Mapping[str, str]] = ..., budget_device_seconds: _Optional[float] = ..., timing_rounds: _Optional[int] = ..., showdown_rounds: _Optional[int] = ..., showdown_margin: _Optional[float] = ...) -> None: ...
+    goal_fraction: float
+    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., budget_candidates: _Optional[int] = ..., budget_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., threads: _Optional[int] = ..., seed: _Optional[int] = ..., families: _Optional[_Iterable[str]] = ..., manual_sources: _Optional[_Iterable[_Union[ManualSource, _Mapping]]] = ..., parallel: _Optional[int] = ..., warm_start: _Optional[int] = ..., coders: _Optional[_Iterable[str]] = ..., token_budget: _Optional[int] = ..., personas: _Optional[_Iterable[str]] = ..., strategy_options: _Optional[_Mapping[str, str]] = ..., budget_device_seconds: _Optional[float] = ..., timing_rounds: _Optional[int] = ..., showdown_rounds: _Optional[int] = ..., showdown_margin: _Optional[float] = ..., goal_fraction: _Optional[float] = ...) -> None: ...
 
 class Prior(_message.Message):
     __slots__ = ("family", "params_json", "score_s", "relative", "device", "campaign_id", "candidate_id")

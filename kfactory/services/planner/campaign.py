@@ -354,6 +354,16 @@ class CampaignState:
             return self.counts, self.best()
         return self.finished.counts, self.measured.get(self.finished.best_candidate_id)
 
+    def goal_reached(self) -> pb.Measured | None:
+        """The first candidate measured in full (not the reference kernel, not screened out) whose every timing
+        reached spec.goal_fraction of the device's measured ceiling (sol_fraction); None without a goal."""
+        goal = self.spec.goal_fraction
+        if goal <= 0:
+            return None
+        return next((m for cid, m in self.measured.items()
+                     if cid != self.reference_id and not m.screened_out and m.timings
+                     and all(t.sol_fraction >= goal for t in m.timings)), None)
+
     def elapsed(self) -> float:
         """Seconds since the campaign started (its CampaignStarted's time, so a restarted planner keeps its
         clock), up to when it finished."""

@@ -79,7 +79,7 @@ class CampaignDriver:
             await self.finish(st, state="failed", reason=f"planner error: {type(e).__name__}: {e}")
 
     def _budget_left(self, st: CampaignState) -> bool:
-        if st.cancelled or st.broken or st.expired():
+        if st.cancelled or st.broken or st.expired() or st.goal_reached() is not None:
             return False
         if device_budget_spent(st, device_budget(st.spec, self.settings.device_seconds)):
             return False

@@ -54,6 +54,9 @@ def campaign_summary(st: CampaignState, problem) -> dict:
     out.update(coder_summary(st))
     if st.priors.points:  # a warm start: each source, how far it was trusted, and what it ended with
         out["warm_start"] = warm_sources.campaign_section(st.source_trust(), st.priors, st.source_devices)
+    if st.spec.goal_fraction > 0:  # `--goal`: whether a candidate reached it (and which), which ended the search
+        reached = st.goal_reached()
+        out["goal"] = {"fraction": st.spec.goal_fraction, "reached_by": reached.candidate.id if reached else None}
     if best is not None:
         out["best"] = _best_section(st, best, problem)
     return out
