@@ -151,6 +151,44 @@ def test_fake_device_fault_and_refused_launch_are_typed(fake_session, fake_cuda)
     assert not isinstance(ei.value, LaunchFailed) and "CUDA_ERROR_NOT_FOUND" in str(ei.value)
 
 
+def _files(session) -> set[str]:
+    """Every shared-memory file the session's ring holds now."""
+    return {str(f) for a in session.ring.arenas for f in a.dir.iterdir()}
+
+
+def test_fake_requests_take_the_rings_arenas_which_the_child_keeps_mapped(fake_session):
+    fake_session.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    shape = {"rows": 5, "cols": 33}
+    for s in range(5):   # more requests than the ring has arenas: it comes round
+        res = fake_session.call("k", shape, _x(5, 33, s))
+        np.testing.assert_allclose(res.outputs["y"], _ref(_x(5, 33, s)), rtol=1e-5)
+    ring, child = fake_session.ring, fake_session.runner.child
+    assert len(ring.arenas) == ring.count == 3 and set(child.kept) == set(ring.paths())
+    assert _files(fake_session) == set(ring.paths())   # one file an arena: no fresh buffers beside them
+    kept = dict(child.kept)
+    sets = [_x(5, 33, s) for s in (7, 8)]
+    res = fake_session.bench(["k"], shape, sets, min_samples=3, min_s=0.0, max_s=0.05, noise=1.0, warmup_s=0.0,
+                             mode="events")
+    for x, outs in zip(sets, res.outputs["k"]):
+        np.testing.assert_allclose(outs["y"], _ref(x), rtol=1e-5)
+    assert all(child.kept[p] is m for p, m in kept.items())   # mapped once, not again per request
+    fake_session.close()
+    assert not ring.arenas
+
+
+def test_fake_a_request_over_the_arena_size_takes_fresh_buffers(fake_cuda, settings):
+    from kfactory.targets.cuda import child as cuda_child
+    from kfactory.targets.cuda import target as cuda
+
+    sess = _bare_session(cuda, settings.model_copy(update={"cuda_arena_mb": 0}))
+    sess.runner = _InProcessRunner(cuda_child.CudaChild(1))
+    sess.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    for s in range(2):
+        res = sess.call("k", {"rows": 3, "cols": 9}, _x(3, 9, s))
+        np.testing.assert_allclose(res.outputs["y"], _ref(_x(3, 9, s)), rtol=1e-5)
+    assert not sess.ring.arenas and not sess.runner.child.kept
+
+
 @pytest.mark.parametrize("mode", ["events", "graph", None])
 def test_fake_bench_interleaves_and_returns_every_sets_output(fake_session, fake_cuda, mode):
     fake_session.load_artifact("a", b"cubin-a", "kernel", {"grid": "rows", "block": "256"})

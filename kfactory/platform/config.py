@@ -52,8 +52,11 @@ class Settings(BaseSettings):
     input_reuse: int = Field(8, ge=1, description="candidates that share one draw of a large input set")
     compare_one_pass: bool = Field(True, description="outputs are compared with the reference by kfactory's one-pass "
                                    "C helper where it builds (kfactory/judge/numerics.py); false: numpy only")
-    runner_arenas: bool = Field(True, description="cpu runners reuse a ring of shared-memory arenas they keep "
-                                "mapped, instead of fresh files for every call (kfactory.sandbox.shm.ArenaRing)")
+    runner_arenas: bool = Field(True, description="runners reuse a ring of shared-memory arenas they keep mapped, "
+                                "instead of fresh files for every call (kfactory.sandbox.shm.ArenaRing)")
+    cuda_arena_mb: int = Field(2048, ge=0, description="the largest request a cuda session's ring of arenas takes "
+                               "(three arenas at most that size stay allocated in /dev/shm for the session's "
+                               "life); a larger one gets fresh buffers")
 
     measure_min_samples: int = 10
     measure_min_s: float = 0.2

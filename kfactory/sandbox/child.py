@@ -101,16 +101,21 @@ class Child:
         outs = {a["name"]: arrays[a["name"]] for a in argset if a.get("role") == "out"}
         return raising_as_kernel(lambda: fn(ins, outs, self.threads)), arrays
 
-    def _view(self, a: Arg) -> np.ndarray:
-        """An array at an offset of a shared file; each file is mapped once per command."""
-        path = a["path"]
+    def _mapping(self, path: str) -> np.memmap:
+        """Shared file `path`, mapped once per command, or once for as long as the parent keeps it (an arena it
+        names in a command's "keep")."""
         mm = self.maps.get(path)
         if mm is None:
             mm = self.kept.get(path)
         if mm is None:
             mm = np.memmap(path, dtype=np.uint8, mode="r+")
             (self.kept if path in self.keep else self.maps)[path] = mm
-        return np.ndarray(tuple(a["shape"]), dtype=a["dtype"], buffer=mm, offset=a.get("offset", 0))
+        return mm
+
+    def _view(self, a: Arg) -> np.ndarray:
+        """An array at an offset of a shared file (`_mapping`)."""
+        return np.ndarray(tuple(a["shape"]), dtype=a["dtype"], buffer=self._mapping(a["path"]),
+                          offset=a.get("offset", 0))
 
     def op_call(self, req: Call) -> Reply:
         """Run once; then once per step on the same buffers, each step first saving the previous outputs to its

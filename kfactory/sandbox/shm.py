@@ -2,6 +2,7 @@
 guard bands around a checked tensor), and the ring of arenas a cpu session takes its requests' buffers from."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import uuid
@@ -133,3 +134,18 @@ class ArenaRing:
         for a in self.arenas:
             a.close()
         self.arenas.clear()
+
+
+@contextlib.contextmanager
+def request_buffers(ring: ArenaRing | None, nbytes: int, reserve: bool):
+    """(buffers for one runner request, the request's keep): the ring's next arena, with every arena of the ring
+    named for the runner to keep mapped, or fresh buffers deleted after the request (no ring, or a request too
+    large for one) and None; `reserve`: fresh buffers in one file rather than one per tensor."""
+    arena = ring.take(nbytes) if ring is not None else None
+    if ring is not None and arena is not None:
+        yield arena, ring.paths()
+        return
+    with ShmBuffers() as bufs:
+        if reserve:
+            bufs.reserve(nbytes)
+        yield bufs, None

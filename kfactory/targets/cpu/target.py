@@ -1,7 +1,6 @@
 """The cpu target: C/C++ compiled by the system compiler into a shared object, run in a runner child."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import platform
 import subprocess
@@ -14,7 +13,7 @@ import numpy as np
 from kfactory.observability.stagetime import span
 from kfactory.problems.params import abi_argtypes
 from kfactory.sandbox.parent import Runner
-from kfactory.sandbox.shm import ArenaRing, ShmBuffers
+from kfactory.sandbox.shm import ArenaRing, ShmBuffers, request_buffers
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Load
 from kfactory.targets.cpu.ceiling import ceilings
 from kfactory.targets.cpu.cpuinfo import cpu_flags, read_cpuinfo
@@ -185,7 +184,7 @@ class CpuSession(Session):
         """Run the kernel once per step on the SAME buffers (fresh ones, with guard bands, for the first step):
         before each step the runner writes that step's inputs into them and poisons the outputs."""
         self.runner.ensure_loaded(self.loads[key])
-        with self._buffers(call_bytes(self.problem, shape, len(steps)), reserve=False) as (bufs, keep):
+        with request_buffers(self.ring, call_bytes(self.problem, shape, len(steps)), reserve=False) as (bufs, keep):
             guards: list = []
             with span("buffers"):
                 argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0], guards)
@@ -197,25 +196,11 @@ class CpuSession(Session):
                 # in an arena, the outputs are read where the kernel wrote them (valid until the ring comes round)
                 return sequence_results(self.problem, steps, staged, views, reply.seconds, oob, copy=keep is None)
 
-    @contextlib.contextmanager
-    def _buffers(self, nbytes: int, reserve: bool):
-        """(buffers for one request, the request's keep): the ring's next arena, with every arena of the ring
-        named for the runner to keep mapped, or fresh buffers deleted after the request (no ring, or a request too
-        large for one) and None; `reserve`: fresh buffers in one file rather than one per tensor."""
-        ring = self.ring
-        arena = ring.take(nbytes) if ring is not None else None
-        if ring is not None and arena is not None:
-            yield arena, ring.paths()
-            return
-        with ShmBuffers() as bufs:
-            if reserve:
-                bufs.reserve(nbytes)
-            yield bufs, None
-
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s) -> BenchResult:
         for k in keys:
             self.runner.ensure_loaded(self.loads[k])
-        with self._buffers(bench_bytes(self.problem, shape, len(keys), len(input_sets)), reserve=True) as (bufs, keep):
+        with request_buffers(self.ring, bench_bytes(self.problem, shape, len(keys), len(input_sets)),
+                             reserve=True) as (bufs, keep):
             with span("buffers"):
                 per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
                            for k in keys}

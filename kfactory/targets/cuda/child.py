@@ -61,11 +61,10 @@ class CudaChild(Child):
         return KernelFault(FaultKind.LAUNCH_FAILED, str(e))
 
     def _raw(self, a: Arg) -> np.ndarray:
-        """The bytes of a shared-memory tensor descriptor (mapped once per command)."""
-        mm = self.maps.get(a["path"])
-        if mm is None:
-            mm = self.maps[a["path"]] = np.memmap(a["path"], dtype=np.uint8, mode="r+")
-        return np.ndarray((_nbytes(a),), dtype=np.uint8, buffer=mm, offset=int(a.get("offset", 0)))
+        """The bytes of a shared-memory tensor descriptor (its file mapped as Child._mapping maps it: once per
+        command, or for good when it is an arena the parent keeps)."""
+        return np.ndarray((_nbytes(a),), dtype=np.uint8, buffer=self._mapping(a["path"]),
+                          offset=int(a.get("offset", 0)))
 
     def op_load(self, req: Load) -> Reply:
         """kind "cubin": path, entry, argtypes, launch_rule; kind "baseline": module, name: the problem's

@@ -19,12 +19,12 @@ import numpy as np
 from kfactory.observability.log import get_logger
 from kfactory.problems.params import abi_argtypes
 from kfactory.sandbox.parent import Runner, RunnerFault
-from kfactory.sandbox.shm import ShmBuffers
+from kfactory.sandbox.shm import ArenaRing, request_buffers
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Ceilings, DeviceQuery, Load
 from kfactory.targets.cuda import nvml
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
 from kfactory.targets.cpu.ceiling import read_cached, write_cached
-from kfactory.sandbox.shm_args import build_argset, sequence_results, set_bytes, stage_steps
+from kfactory.sandbox.shm_args import bench_bytes, build_argset, call_bytes, sequence_results, stage_steps
 from kfactory.v1 import events_pb2 as pb
 
 log = get_logger("cuda")
@@ -147,6 +147,11 @@ class CudaSession(Session):
         self.target, self.problem = target, problem
         self.uuid, self.model = target.gpu()
         self.runner = _runner(target.settings, self.uuid)
+        # requests' buffers come from a ring of arenas the runner keeps mapped (kfactory.sandbox.shm.ArenaRing): a
+        # GPU-sized input set is hundreds of MB, and a fresh tmpfs file for each request paid its page faults and
+        # its freeing every time
+        s = target.settings
+        self.ring = ArenaRing(s.cuda_arena_mb << 20) if s.runner_arenas else None
         self.loads: dict[str, Load] = {}
         # the cuda ABI; a problem without one is called with its cpu argument order (pointers, then int64s)
         kind = "cuda" if "cuda" in problem.spec.abi else "cpu"
@@ -196,12 +201,14 @@ class CudaSession(Session):
         before each later step the runner saves the outputs, uploads that step's inputs and poisons the
         outputs. Out-of-bounds writes are seen in the device-side guard bands (any step)."""
         self._ensure(key)
-        with ShmBuffers() as bufs:
+        with request_buffers(self.ring, call_bytes(self.problem, shape, len(steps)), reserve=False) as (bufs, keep):
             argset, views = build_argset(self.problem, self.abi_args, bufs, shape, steps[0])
             staged, step_cmds = stage_steps(self.problem, bufs, shape, steps)
-            req = Call(key, argset, steps=step_cmds, shape=dict(shape))
+            req = Call(key, argset, steps=step_cmds, shape=dict(shape), keep=keep)
             reply = self._request(req, timeout_s=self.runner.timeout_s * len(steps))
-            return sequence_results(self.problem, steps, staged, views, reply.seconds, list(reply.out_of_bounds))
+            # in an arena, the outputs are read where the runner wrote them (valid until the ring comes round)
+            return sequence_results(self.problem, steps, staged, views, reply.seconds, list(reply.out_of_bounds),
+                                    copy=keep is None)
 
     def _pick_mode(self, base: Bench) -> str:
         """graph when a quick events-mode probe (first input set only) puts some kernel under GRAPH_BELOW_S."""
@@ -217,12 +224,12 @@ class CudaSession(Session):
         probe. NVML is read before and after (the result's telemetry); a throttled measurement is retried once."""
         for k in keys:
             self._ensure(k)
-        with ShmBuffers() as bufs:
-            bufs.reserve(len(keys) * len(input_sets) * (set_bytes(self.problem, shape) + 8 * ShmBuffers.ALIGN))
+        nbytes = bench_bytes(self.problem, shape, len(keys), len(input_sets))
+        with request_buffers(self.ring, nbytes, reserve=True) as (bufs, keep):
             per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
                        for k in keys}
             base = Bench([BenchKernel(k, [a for a, _ in per_key[k]]) for k in keys], min_samples=min_samples,
-                         min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, shape=dict(shape))
+                         min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, shape=dict(shape), keep=keep)
             if mode is None:
                 mode = self._pick_mode(base)
             req = dataclasses.replace(base, mode=mode)
@@ -238,7 +245,8 @@ class CudaSession(Session):
                 retries += 1
                 log.info("measurement throttled; retrying once", reasons=list(tel.throttle_reasons))
             tel.retries = retries
-            outs = {k: [{t.name: np.array(views[t.name]) for t in self.problem.spec.outputs}
+            copy = np.array if keep is None else (lambda v: v)   # an arena's views stay valid, as call_sequence's
+            outs = {k: [{t.name: copy(views[t.name]) for t in self.problem.spec.outputs}
                         for _, views in per_key[k]] for k in keys}
         telemetry = {}
         for k in keys:
@@ -248,6 +256,8 @@ class CudaSession(Session):
 
     def close(self) -> None:
         self.runner.stop()
+        if self.ring is not None:
+            self.ring.close()
 
 
 def make(option: str, settings) -> CudaTarget:
