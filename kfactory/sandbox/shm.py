@@ -1,5 +1,6 @@
 """Shared memory between a runner parent and its child: arrays in /dev/shm files that both map (ShmBuffers, with
-guard bands around a checked tensor), and the ring of arenas a cpu session takes its requests' buffers from."""
+guard bands around a checked tensor), and the ring of arenas a session (cpu or cuda) takes its requests' buffers
+from."""
 from __future__ import annotations
 
 import contextlib
