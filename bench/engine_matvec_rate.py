@@ -7,9 +7,9 @@ the third says what bounds a decode step: the kernel's vector ports, or memory.
     python bench/engine_matvec_rate.py --design '{"q4_decode": "vnni"}'   # the integer decode (PACK16)
 
 The harness is the engine's generated C (kfactory.engines.codegen, the design's defines) with a `main` appended
-that builds a PACK4 matrix (PACK16 for a design with q4_decode "vnni") of random blocks (scales set to small
-normal halves) and times the engine's `matmul` over one token on one thread; it is compiled with the engine's
-flags and run as its own process. GB/s counts the blocks' bytes (Q4_1: 20 per 32 weights, Q8_0: 34).
+that builds a PACK4 matrix (PACK16, Q4_1 or Q8_0, for a design with q4_decode "vnni") of random blocks (scales
+set to small normal halves) and times the engine's `matmul` over one token on one thread; it is compiled with the
+engine's flags and run as its own process. GB/s counts the blocks' bytes (Q4_1: 20 per 32 weights, Q8_0: 34).
 """
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ static double kf_now(void) {
 }
 int main(int argc, char **argv) {
   int format = atoi(argv[1]), rows = atoi(argv[2]), nb = atoi(argv[3]), layout = atoi(argv[4]), cols = 32 * nb;
-  int group = layout == KF_PACK16 ? 16 : 4, halves = layout == KF_PACK16 ? 32 : format == KF_Q4_1 ? 8 : 4;
-  size_t pb = layout == KF_PACK16 ? 320 : format == KF_Q4_1 ? 80 : 136, bytes = (size_t)rows / group * nb * pb;
+  int q4 = format == KF_Q4_1, group = layout == KF_PACK16 ? 16 : 4;
+  int halves = layout == KF_PACK16 ? (q4 ? 32 : 16) : q4 ? 8 : 4;
+  size_t pb = layout == KF_PACK16 ? (q4 ? 320 : 544) : q4 ? 80 : 136, bytes = (size_t)rows / group * nb * pb;
   size_t nmat = (size_t)(512e6 / bytes) + 1;   /* the streamed pool: 512 MB, far past any last-level cache */
   uint8_t *pool = aligned_alloc(64, bytes * nmat);
   for (size_t i = 0; i < bytes * nmat; i++) pool[i] = (uint8_t)((i * 2654435761u) >> 13);

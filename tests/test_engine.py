@@ -200,6 +200,29 @@ def test_vnni_design_refuses_to_build_without_vnni(verifier, tmp_path):
     assert not res.ok and "q4_decode vnni needs AVX512-VNNI" in res.log
 
 
+def test_pack16_holds_the_q8_0_rows_blocks():
+    """PACK16's Q8_0 bytes read back by the layout's rule give every row's scale and codes (stored + 128) in
+    place, the padding rows zeros (scale 0, codes 128: a zero weight)."""
+    rng = np.random.default_rng(6)
+    rows, nb = 21, 2
+    raw = rng.integers(0, 256, size=(rows, nb * 34), dtype=np.uint8)
+    halves = rng.standard_normal((rows, nb)).astype(np.float16)
+    raw.reshape(rows, nb, 34)[..., :2] = halves.view(np.uint8).reshape(rows, nb, 2)
+    packed = pack16(raw, "Q8_0")
+    assert packed.shape == (2, nb, 544)
+    want = blocks(raw, "Q8_0")
+    for r in range(32):
+        g, i = divmod(r, 16)
+        for b in range(nb):
+            blk = packed[g, b]
+            d = blk[:32].view(np.float16)[i]
+            codes = blk[32:].reshape(8, 16, 4)[:, i, :].reshape(32).astype(np.int16) - 128   # element 4c + k
+            if r >= rows:
+                assert d == 0 and not codes.any()
+                continue
+            assert d == want["d"][r, b] and (codes == want["qs"][r, b]).all()
+
+
 def test_pack16_holds_the_rows_blocks():
     """PACK16's bytes (prepare.pack16) read back by the layout's rule give every Q4_1 row's codes, scales and
     mins in place, the padding rows zeros."""
@@ -286,10 +309,11 @@ def test_design_values_and_space():
                 EngineDesign(q4_decode=dec, **unpacked)
     with pytest.raises(DesignError, match="q4_decode 'vnni' needs prefill 'gemm', not 'tiled'"):
         EngineDesign(q4_decode="vnni", prefill="tiled")
-    # the integer decode's Q4_1 matrices are PACK16; the LM head's Q8_0 stays PACK4
+    # the integer decode's matrices are PACK16, the LM head's Q8_0 too, unless a searched kernel reads them
     vnni = EngineDesign(q4_decode="vnni")
-    assert (vnni.layout_of("Q4_1"), vnni.layout_of("Q8_0"), EngineDesign().layout_of("Q4_1")) == \
-        ("pack16", "pack4", "pack4")
+    assert (vnni.layout_of("Q4_1"), vnni.layout_of("Q8_0"), EngineDesign().layout_of("Q8_0")) == \
+        ("pack16", "pack16", "pack4")
+    assert replace(vnni, matvec_q8_0="ab" * 6).layout_of("Q8_0") == "rows"
     # the wait at its default stays out of the id: designs keep the ids they had before the field existed
     assert EngineDesign(threads=2).design_id() == "q4_1-fqgn-t2-head-pp-a42bba545e"
     bounded = EngineDesign(threads=2, wait="bounded")

@@ -9,7 +9,7 @@ The ABI (version 1; docs/engines.md says the same, with the tensor layouts):
 
     typedef struct { const char *name; int32_t format, layout, rows, cols; const void *data; } kf_tensor;
         format: 0 F32, 1 Q4_1, 2 Q8_0; layout: 0 ROWS (GGUF row order and blocks), 1 PACK4 (4 rows
-        interleaved), 2 PACK16 (Q4_1 only: 16 rows interleaved)
+        interleaved), 2 PACK16 (Q4_1 and Q8_0 under the integer decode: 16 rows interleaved)
     typedef struct { int32_t blocks, hidden, heads, kv_heads, head_dim, ffn, vocab; float rope_base, rms_eps; }
         kf_config;
     void *kf_engine_new(const kf_tensor *tensors, int n_tensors, const kf_config *cfg, int ctx_capacity,
@@ -77,7 +77,7 @@ def defines(design: EngineDesign, config: LlamaConfig) -> dict[str, str]:
         "KF_PREFILL_GEMM": flag[design.prefill == "gemm"],
         # with AVX-512, a decode step's Q4_1 matvec by lookup table (q4group1_lut) or by conversion (q4group1_512)
         "KF_Q4_TABLE": flag[design.q4_decode == "table"],
-        # or in integers over PACK16 with AVX512-VNNI (q4group16_vnni)
+        # or in integers over PACK16 with AVX512-VNNI (q4group16_vnni; the Q8_0 head too, q8group16_vnni)
         "KF_Q4_VNNI": flag[design.q4_decode == "vnni"],
         # a searched kernel is its own translation unit (kfactory/engines/ops.py), linked in under this name
         "KF_OP_MATVEC_Q4_1": flag[design.matvec_q4_1 != BUILTIN],

@@ -54,8 +54,9 @@ PREFILLS = ("gemm", "tiled")
 #: own rounding of the block's largest value) and split into four byte digits, and vpdpbusd adds 4 code x digit
 #: products a lane; the sums are exact, the block's scale applies once per row. On a Zen 4 core it took 2.0x the
 #: blocks a second of "convert" from cache (27.5 GB/s against 13.6) and 1.8x streamed (23.0 against 12.9, the
-#: read probe 26): memory bounds it. It needs prefill "gemm" (its rows path takes the few tokens below the
-#: GEMM's minimum one at a time).
+#: read probe 26): memory bounds it. The Q8_0 matrices (the tied head) go the same way, over PACK16 with codes
+#: stored + 128 (q8group16_vnni: 1.30x the conversion kernel streamed; decode x1.09-1.13 at 1 thread). It needs
+#: prefill "gemm" (its rows path takes the few tokens below the GEMM's minimum one at a time).
 Q4_DECODES = ("convert", "table", "vnni")
 #: the processor flags (/proc/cpuinfo) a q4_decode's kernel needs beyond AVX-512F
 Q4_DECODE_NEEDS = {"vnni": ("avx512_vnni", "avx512bw")}
@@ -138,7 +139,8 @@ class EngineDesign:
     matvec_q8_0:  the same for the Q8_0 matvec (the tied LM head) with a verified `matvec_q8_0` kernel.
     q4_decode:    "convert", "table" or "vnni": how a decode step's 512-bit matvec unpacks Q4_1 codes; see
                   Q4_DECODES. It applies to prepacked "q4_1" weights with the engine's own Q4_1 kernel;
-                  "vnni" also needs prefill "gemm" and stores the Q4_1 matrices in PACK16 (layout_of).
+                  "vnni" also needs prefill "gemm", stores the Q4_1 matrices in PACK16 (layout_of) and takes
+                  the Q8_0 ones (the head) in integers too, over PACK16 (unless matvec_q8_0 is searched).
     prefill:      "gemm" or "tiled": the kernels of a product over 12 tokens or more; see PREFILLS. Without
                   AVX2 both run the portable kernels. `space()` holds "gemm" only: it measured 1.9x the tiled
                   prefill on SmolLM2 (docs/engines.md), so "tiled" is there to compare against, not to search.
@@ -232,11 +234,11 @@ class EngineDesign:
     def layout_of(self, fmt: str) -> str:
         """The layout of the matrices stored in block format `fmt` ("Q4_1", "Q8_0", "F32"): "rows" where a
         searched kernel reads them (the GGUF blocks as stored), else "pack4" when prepacked ("pack16" for Q4_1
-        under q4_decode "vnni"), else "rows"."""
+        and Q8_0 under q4_decode "vnni"), else "rows"."""
         searched = {"Q4_1": self.matvec_q4_1, "Q8_0": self.matvec_q8_0}.get(fmt, BUILTIN) != BUILTIN
         if not self.prepack or searched:
             return "rows"
-        return "pack16" if fmt == "Q4_1" and self.q4_decode == "vnni" else "pack4"
+        return "pack16" if fmt in ("Q4_1", "Q8_0") and self.q4_decode == "vnni" else "pack4"
 
     def at_threads(self, threads: int) -> "EngineDesign":
         """This design on `threads` threads: spin, a bounded wait and the op_threads entries kept only where

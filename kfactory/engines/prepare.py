@@ -12,10 +12,13 @@ groups of 4 (rows padded with zeros to a multiple of 4):
     Q8_0 per (group, block), 136 bytes: f16 d[4] | i8 qs[4][32]
     F32  per (group, 8 columns):        float v[4][8]
 
-PACK16 (Q4_1 only, design q4_decode "vnni") interleaves groups of 16 rows (rows padded to a multiple of 16):
+PACK16 (design q4_decode "vnni": the integer decode's matrices) interleaves groups of 16 rows (rows padded to a
+multiple of 16):
 
     Q4_1 per (group, block), 320 bytes: f16 d[16] | f16 m[16] | u8 q[4][16][4]   (byte [c][i][k]: row i's
                                         element 8c+k in the low nibble, 8c+4+k in the high one)
+    Q8_0 per (group, block), 544 bytes: f16 d[16] | u8 q[8][16][4]   (byte [c][i][k]: row i's element 4c+k
+                                        plus 128, so that vpdpbusd's unsigned operand holds the weights)
 """
 from __future__ import annotations
 
@@ -81,15 +84,20 @@ def pack4(data: np.ndarray, fmt: str) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(parts, axis=-1))
 
 
-def pack16(data: np.ndarray) -> np.ndarray:
-    """The PACK16 bytes of a ROWS Q4_1 matrix (raw uint8 blocks, (rows, cols/32 * 20)); see the module
-    docstring for the layout."""
-    b = _pad_rows(blocks(np.ascontiguousarray(data), "Q4_1"), 16)  # (rows16, nb) structured
+def pack16(data: np.ndarray, fmt: str = "Q4_1") -> np.ndarray:
+    """The PACK16 bytes of a ROWS Q4_1 or Q8_0 matrix (raw uint8 blocks, (rows, cols/32 * block bytes)); see
+    the module docstring for the layout."""
+    b = _pad_rows(blocks(np.ascontiguousarray(data), fmt), 16)  # (rows16, nb) structured
     g, nb = b.shape[0] // 16, b.shape[1]
 
     def by_group(field: str) -> np.ndarray:   # (g, nb, 16 halves) as bytes
         v = b[field].reshape(g, 16, nb).swapaxes(1, 2)
         return np.ascontiguousarray(v).view(np.uint8).reshape(g, nb, -1)
+
+    if fmt == "Q8_0":
+        q = (np.ascontiguousarray(b["qs"]).view(np.uint8) ^ 0x80).reshape(g, 16, nb, 8, 4)  # code + 128: [i][b][c][k]
+        codes = np.ascontiguousarray(q.transpose(0, 2, 3, 1, 4)).reshape(g, nb, 512)
+        return np.ascontiguousarray(np.concatenate([by_group("d"), codes], axis=-1))
 
     qs = b["qs"]                                                         # byte j: element j low, j + 16 high
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)                    # (rows16, nb, 32) elements
@@ -113,7 +121,7 @@ def _matrix(name: str, parts: list[QuantTensor], design: EngineDesign) -> Prepar
         fmt, mats = formats.pop(), [np.asarray(p.raw) for p in parts]
     data = mats[0] if len(mats) == 1 else np.concatenate(mats)
     if design.layout_of(fmt) == "pack16":
-        return Prepared(name, fmt, "pack16", rows, cols, pack16(data))
+        return Prepared(name, fmt, "pack16", rows, cols, pack16(data, fmt))
     if design.layout_of(fmt) == "pack4":
         return Prepared(name, fmt, "pack4", rows, cols, pack4(data, fmt))
     return Prepared(name, fmt, "rows", rows, cols, np.ascontiguousarray(data))

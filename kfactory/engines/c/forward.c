@@ -39,7 +39,7 @@ static int want_layout(int format) {
   if (format == KF_Q8_0) return KF_ROWS;
 #endif
 #if KF_Q4_VNNI
-  if (format == KF_Q4_1) return KF_PACK16;
+  if (format == KF_Q4_1 || format == KF_Q8_0) return KF_PACK16;
 #endif
   (void)format;
   return KF_PREPACK ? KF_PACK4 : KF_ROWS;

@@ -28,7 +28,15 @@ static void dequant_block(const kf_tensor *w, int r, int b, float out[32]) {
     for (int k = 0; k < 4; k++) memcpy(out + 8 * k, g + (size_t)(4 * b + k) * 32 + (r % 4) * 8, 32);
     return;
   }
-  if (w->layout == KF_PACK16) {  /* Q4_1 only: row r%16 of the group, codes by 4-element lanes */
+  if (w->layout == KF_PACK16 && w->format == KF_Q8_0) {  /* row r%16 of the group: codes + 128 by 4-element lanes */
+    const uint8_t *blk = base + ((size_t)(r / 16) * nb + b) * 544;
+    int i = r % 16;
+    float d16 = f16(rd16(blk + 2 * i));
+    for (int c = 0; c < 8; c++)
+      for (int k = 0; k < 4; k++) out[4 * c + k] = d16 * (float)((int)blk[32 + 64 * c + 4 * i + k] - 128);
+    return;
+  }
+  if (w->layout == KF_PACK16) {  /* Q4_1: row r%16 of the group, codes by 4-element lanes */
     const uint8_t *blk = base + ((size_t)(r / 16) * nb + b) * 320;
     int i = r % 16;
     float d16 = f16(rd16(blk + 2 * i)), m16 = f16(rd16(blk + 32 + 2 * i));
@@ -428,20 +436,23 @@ static inline __attribute__((always_inline)) void fgroup(const float *grp, int c
 #if !KF_PREFILL_GEMM
 #error "design q4_decode vnni needs prefill gemm (the VNNI rows path takes fewer than KF_GEMM_MIN tokens)"
 #endif
-/* floats of one token's digits for q4group16_vnni: 4 x 32 bytes a block (32 floats) and the block's scale */
-#define KF_VNNI_FLOATS(nb) (33 * (nb))
+/* floats of one token's digits for the vnni kernels: 4 x 32 bytes a block (32 floats), the block's scale, and
+ * the block's four digit sums (int32, for q8group16_vnni) */
+#define KF_VNNI_FLOATS(nb) (37 * (nb))
 
 /* x as q4group16_vnni reads it (design q4_decode "vnni"): block b's 32 values as integers v = round(x / s_b) on
  * the block's own power-of-two grid, s_b = 2^(e-28) with max|x_b| < 2^e, so |v| <= 2^28 (29 bits: the rounding
  * is at most s_b/2 = 2^-29 of 2^e, below fp32's half ulp of the block's largest value, 2^-25 of 2^e; three
  * digits, 22 bits, measured decode logits 6x further from the reference than fp32's on tiny-llama); v split into
  * signed byte digits v = A 2^21 + B 2^14 + C 2^7 + D, A in -128..127, B, C and D in 0..127, stored A[32] B[32]
- * C[32] D[32] at 128 bytes a block, then the scales s_b as floats. A block of zeros has s_b 0; a non-finite
- * value gives s_b NaN, so the products are NaN as an fp32 dot product's would be. */
+ * C[32] D[32] at 128 bytes a block, then the scales s_b as floats, then each block's sums of its A, B, C and D
+ * digits as int32 (q8group16_vnni takes its codes' +128 back out with them). A block of zeros has s_b 0; a
+ * non-finite value gives s_b NaN, so the products are NaN as an fp32 dot product's would be. */
 static void vnni_digits(const float *x, int cols, float *xq) {
   int nb = cols / 32;
   int8_t *dg = (int8_t *)xq;
   float *sc = xq + 32 * nb;
+  int32_t *ts = (int32_t *)(xq + 33 * nb);
   const __m512i top = _mm512_set1_epi32((1 << 28) - 1), bottom = _mm512_set1_epi32(-(1 << 28));
   const __m512i low7 = _mm512_set1_epi32(127);
   for (int b = 0; b < nb; b++) {
@@ -456,6 +467,7 @@ static void vnni_digits(const float *x, int cols, float *xq) {
     if (mx == 0.0f || bad) {
       sc[b] = bad ? NAN : 0.0f;
       memset(dg + 128 * b, 0, 128);
+      memset(ts + 4 * b, 0, 16);
       continue;
     }
     /* mx < 2^e; e >= -98 keeps 2^(28-e) and 2^(e-28) normal floats (smaller blocks round on that grid) */
@@ -466,15 +478,21 @@ static void vnni_digits(const float *x, int cols, float *xq) {
     memcpy(&s, &sc_bits, 4);
     sc[b] = s;
     __m512 iv = _mm512_set1_ps(inv);
+    __m512i sum[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int h = 0; h < 2; h++) {
       __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(h ? v1 : v0, iv));   /* exact product, rounded to nearest */
       q = _mm512_max_epi32(_mm512_min_epi32(q, top), bottom);
       int8_t *o = dg + 128 * b + 16 * h;
-      _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 21)));
-      for (int k = 1; k < 4; k++)
-        _mm_storeu_si128((__m128i *)(o + 32 * k),
-                         _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srli_epi32(q, 21 - 7 * k), low7)));
+      __m512i a = _mm512_srai_epi32(q, 21);
+      sum[0] = _mm512_add_epi32(sum[0], a);
+      _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(a));
+      for (int k = 1; k < 4; k++) {
+        __m512i d = _mm512_and_si512(_mm512_srli_epi32(q, 21 - 7 * k), low7);
+        sum[k] = _mm512_add_epi32(sum[k], d);
+        _mm_storeu_si128((__m128i *)(o + 32 * k), _mm512_cvtepi32_epi8(d));
+      }
     }
+    for (int k = 0; k < 4; k++) ts[4 * b + k] = _mm512_reduce_add_epi32(sum[k]);
   }
 }
 
@@ -524,6 +542,46 @@ static inline __attribute__((always_inline)) void q4group16_vnni(const uint8_t *
   _mm512_storeu_ps(out, _mm512_add_ps(acc, macc));
   for (int r = 0; r < valid; r++) y[r] = out[r];
 }
+
+/* Decode against a Q8_0 PACK16 group (the head, design q4_decode "vnni"): lane i is row i; each 64-byte chunk holds
+ * 16 rows x 4 codes stored + 128 (unsigned, as vpdpbusd's first operand wants them), and the digits of the same 4
+ * elements are the signed operand. S_k = sum (w + 128) d_k less 128 x the block's digit sum T_k is sum w d_k,
+ * exact in 32 bits; the pairs meet in one FMA (rounded once, as fp32) and the block's scale d_r s_b applies once.
+ * 32 vpdpbusd a block of 16 rows (544 bytes), against the conversion kernel's two converts and FMAs a row:
+ * bench/engine_q8_vnni_probe.c streamed the head 1.30x faster on one core. */
+static inline __attribute__((always_inline)) void q8group16_vnni(const uint8_t *grp, int nb, const float *xq, float *y,
+                                                                 int valid) {
+  const int8_t *dg = (const int8_t *)xq;
+  const float *sc = xq + 32 * nb;
+  const int32_t *ts = (const int32_t *)(xq + 33 * nb);
+  __m512 acc = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *blk = grp + (size_t)b * 544;
+    for (int l = 0; l < 544; l += 64) _mm_prefetch((const char *)blk + KF_PREFETCH + l, _MM_HINT_T0);
+    const int8_t *xa = dg + 128 * b, *xb = xa + 32, *xc = xa + 64, *xd = xa + 96;
+    __m512i ia = _mm512_setzero_si512(), ib = ia, ic = ia, id = ia;
+    for (int c = 0; c < 8; c++) {
+      __m512i v = _mm512_loadu_si512((const void *)(blk + 32 + 64 * c));
+      ia = _mm512_dpbusd_epi32(ia, v, _mm512_set1_epi32(load_i32(xa + 4 * c)));
+      ib = _mm512_dpbusd_epi32(ib, v, _mm512_set1_epi32(load_i32(xb + 4 * c)));
+      ic = _mm512_dpbusd_epi32(ic, v, _mm512_set1_epi32(load_i32(xc + 4 * c)));
+      id = _mm512_dpbusd_epi32(id, v, _mm512_set1_epi32(load_i32(xd + 4 * c)));
+    }
+    const int32_t *t = ts + 4 * b;
+    ia = _mm512_sub_epi32(ia, _mm512_set1_epi32(128 * t[0]));
+    ib = _mm512_sub_epi32(ib, _mm512_set1_epi32(128 * t[1]));
+    ic = _mm512_sub_epi32(ic, _mm512_set1_epi32(128 * t[2]));
+    id = _mm512_sub_epi32(id, _mm512_set1_epi32(128 * t[3]));
+    __m512 hi2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ia, 7), ib));
+    __m512 lo2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ic, 7), id));
+    __m512 q = _mm512_fmadd_ps(hi2, _mm512_set1_ps(16384.0f), lo2);
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+    acc = _mm512_fmadd_ps(q, _mm512_mul_ps(d, _mm512_set1_ps(sc[b])), acc);
+  }
+  float out[16];
+  _mm512_storeu_ps(out, acc);
+  for (int r = 0; r < valid; r++) y[r] = out[r];
+}
 #endif
 
 /* tile dispatch: the kernels above with T a compile-time constant; a full tile, else one token at a time
@@ -564,9 +622,15 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
 #if KF_Q4_VNNI
   if (w->layout == KF_PACK16) {   /* one token at a time: the digits of each are made in matmul */
     for (int t = 0; t < n; t++)
-      for (int r = r0; r < r1; r += 16)
-        q4group16_vnni(base + (size_t)(r / 16) * nb * 320, nb, xk + (size_t)t * KF_VNNI_FLOATS(nb),
-                       xs + (size_t)t * nb, y + (size_t)t * ldy + r, w->rows - r < 16 ? w->rows - r : 16);
+      for (int r = r0; r < r1; r += 16) {
+        const float *xq = xk + (size_t)t * KF_VNNI_FLOATS(nb);
+        int valid = w->rows - r < 16 ? w->rows - r : 16;
+        if (fmt == KF_Q8_0)
+          q8group16_vnni(base + (size_t)(r / 16) * nb * 544, nb, xq, y + (size_t)t * ldy + r, valid);
+        else
+          q4group16_vnni(base + (size_t)(r / 16) * nb * 320, nb, xq, xs + (size_t)t * nb, y + (size_t)t * ldy + r,
+                         valid);
+      }
     return;
   }
 #endif
@@ -653,7 +717,20 @@ static size_t matmul_scratch_floats(int max_n, int threads) {
 static inline void gemm_dequant_block(const kf_tensor *w, int r, int b, int nb, float *out) {
   const uint8_t *base = (const uint8_t *)w->data;
   __m256 w0, w1, w2, w3, dv, mv = _mm256_setzero_ps();
-  if (w->layout == KF_PACK16) {
+  if (w->layout == KF_PACK16 && w->format == KF_Q8_0) {
+    /* row r%16's 4-byte lane of each of the 8 chunks: elements 4c..4c+3, stored + 128 */
+    const uint8_t *blk = base + ((size_t)(r / 16) * nb + b) * 544;
+    int i = r % 16;
+    dv = _mm256_set1_ps(f16(rd16(blk + 2 * i)));
+    int32_t lane[8];
+    for (int c = 0; c < 8; c++) memcpy(lane + c, blk + 32 + 64 * c + 4 * i, 4);
+    __m128i lo = _mm_xor_si128(_mm_loadu_si128((const __m128i *)lane), _mm_set1_epi8((char)0x80));  /* back to int8 */
+    __m128i hi = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(lane + 4)), _mm_set1_epi8((char)0x80));
+    w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+  } else if (w->layout == KF_PACK16) {
     /* row r%16's 4-byte lane of each chunk c: bytes [c][k], elements 8c+k (low nibbles) and 8c+4+k (high) */
     const uint8_t *blk = base + ((size_t)(r / 16) * nb + b) * 320;
     int i = r % 16;
@@ -860,7 +937,7 @@ static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y,
    * q4group1, made once here for all the rows */
   float *xk = xs + (size_t)n * nb;
 #if KF_Q4_VNNI
-  if (w->format == KF_Q4_1 && w->layout == KF_PACK16)
+  if (w->layout == KF_PACK16)
     for (int t = 0; t < n; t++) vnni_digits(x + (size_t)t * ldx, w->cols, xk + (size_t)t * KF_VNNI_FLOATS(nb));
 #endif
 #if defined(__AVX2__) && !KF_WEIGHTS_F32
