@@ -55,7 +55,7 @@ PREFILLS = ("gemm", "tiled")
 #: products a lane; the sums are exact, the block's scale applies once per row. On a Zen 4 core it took 2.0x the
 #: blocks a second of "convert" from cache (27.5 GB/s against 13.6) and 1.8x streamed (23.0 against 12.9, the
 #: read probe 26): memory bounds it. The Q8_0 matrices (the tied head) go the same way, over PACK16 with codes
-#: stored + 128 (q8group16_vnni: 1.30x the conversion kernel streamed; decode x1.09-1.13 at 1 thread). It needs
+#: stored + 128 (q8group16_vnni: 1.19x the conversion kernel streamed; decode x1.09-1.13 at 1 thread). It needs
 #: prefill "gemm" (its rows path takes the few tokens below the GEMM's minimum one at a time).
 Q4_DECODES = ("convert", "table", "vnni")
 #: the processor flags (/proc/cpuinfo) a q4_decode's kernel needs beyond AVX-512F
