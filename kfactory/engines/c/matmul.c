@@ -498,6 +498,14 @@ static void vnni_digits(const float *x, int cols, float *xq) {
 
 static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
 
+/* A block's four digit sums, lane by lane, as one float: (A 2^7 + B) 2^14 + (C 2^7 + D), each pair in 32-bit
+ * integers and the pairs in one FMA */
+static inline __attribute__((always_inline)) __m512 digit_sums(__m512i ia, __m512i ib, __m512i ic, __m512i id) {
+  __m512 hi2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ia, 7), ib));
+  __m512 lo2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ic, 7), id));
+  return _mm512_fmadd_ps(hi2, _mm512_set1_ps(16384.0f), lo2);
+}
+
 /* Decode against a Q4_1 PACK16 group (design q4_decode "vnni"): 32-bit lane i is row i. A 64-byte chunk of
  * codes holds 16 rows x 4 bytes; masked, its low nibbles are the rows' codes for elements 8c..8c+3 and its high
  * ones for 8c+4..8c+7, and vpdpbusd adds each lane's 4 code x digit products to the lane's integer sum (the
@@ -530,9 +538,7 @@ static inline __attribute__((always_inline)) void q4group16_vnni(const uint8_t *
       id = _mm512_dpbusd_epi32(id, lo, _mm512_set1_epi32(load_i32(xd + 8 * c)));
       id = _mm512_dpbusd_epi32(id, hi, _mm512_set1_epi32(load_i32(xd + 8 * c + 4)));
     }
-    __m512 hi2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ia, 7), ib));
-    __m512 lo2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ic, 7), id));
-    __m512 q = _mm512_fmadd_ps(hi2, _mm512_set1_ps(16384.0f), lo2);
+    __m512 q = digit_sums(ia, ib, ic, id);
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
     __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
     acc = _mm512_fmadd_ps(q, _mm512_mul_ps(d, _mm512_set1_ps(sc[b])), acc);
@@ -572,9 +578,7 @@ static inline __attribute__((always_inline)) void q8group16_vnni(const uint8_t *
     ib = _mm512_sub_epi32(ib, _mm512_set1_epi32(128 * t[1]));
     ic = _mm512_sub_epi32(ic, _mm512_set1_epi32(128 * t[2]));
     id = _mm512_sub_epi32(id, _mm512_set1_epi32(128 * t[3]));
-    __m512 hi2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ia, 7), ib));
-    __m512 lo2 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ic, 7), id));
-    __m512 q = _mm512_fmadd_ps(hi2, _mm512_set1_ps(16384.0f), lo2);
+    __m512 q = digit_sums(ia, ib, ic, id);
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
     acc = _mm512_fmadd_ps(q, _mm512_mul_ps(d, _mm512_set1_ps(sc[b])), acc);
   }
