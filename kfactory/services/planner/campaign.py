@@ -54,6 +54,9 @@ class CampaignState:
     candidates: dict[str, pb.Candidate] = field(default_factory=dict)
     comparisons: dict[str, pb.Comparison] = field(default_factory=dict)
     reference_id: str = ""
+    #: the first candidate measured in full whose every timing reached spec.goal_fraction ("" until one does, or
+    #: without a goal): kept as the measurements are folded, since the planner asks before every proposal
+    goal_by: str = ""
     finished: pb.CampaignFinished | None = None
     cancelled: str = ""
     seen_events: set[str] = field(default_factory=set)
@@ -227,6 +230,8 @@ class CampaignState:
         self.counts.measured += 1
         self.coders.on_measured(m)
         self.measured[m.candidate.id] = m
+        if not self.goal_by and self._reaches_goal(m):
+            self.goal_by = m.candidate.id
         self._finish_point(m.candidate.point_id, m.score_s)
         self._tell_awaiting(m.candidate.id, m.score_s)
 
@@ -357,12 +362,12 @@ class CampaignState:
     def goal_reached(self) -> pb.Measured | None:
         """The first candidate measured in full (not the reference kernel, not screened out) whose every timing
         reached spec.goal_fraction of the device's measured ceiling (sol_fraction); None without a goal."""
+        return self.measured.get(self.goal_by) if self.goal_by else None
+
+    def _reaches_goal(self, m: pb.Measured) -> bool:
         goal = self.spec.goal_fraction
-        if goal <= 0:
-            return None
-        return next((m for cid, m in self.measured.items()
-                     if cid != self.reference_id and not m.screened_out and m.timings
-                     and all(t.sol_fraction >= goal for t in m.timings)), None)
+        return (goal > 0 and m.candidate.id != self.reference_id and not m.screened_out and bool(m.timings)
+                and all(t.sol_fraction >= goal for t in m.timings))
 
     def elapsed(self) -> float:
         """Seconds since the campaign started (its CampaignStarted's time, so a restarted planner keeps its
