@@ -92,8 +92,8 @@ class Descent(Strategy):
         self._done.add(row)
         if first:
             self._queue.append(centre)
-        if front:
-            self._queue.extendleft(reversed([p for p in self.neighbours(row) if p not in self.seen]))
+        if front:   # the points seen already are skipped when they come up (_next)
+            self._queue.extendleft(reversed(self.neighbours(row)))
         else:
             self._queue.extend(self.neighbours(row))
 
