@@ -17,6 +17,12 @@
 
 static inline int block_bytes(int format) { return format == KF_Q4_1 ? 20 : 34; }
 static inline int pack_bytes(int format) { return format == KF_Q4_1 ? 80 : format == KF_Q8_0 ? 136 : 128; }
+/* bytes of a PACK16 group's block (16 rows): Q4_1 320, Q8_0 544 (common.c's layout comment), and where block b of
+ * row r's group starts */
+static inline int pack16_bytes(int format) { return format == KF_Q4_1 ? 320 : 544; }
+static inline const uint8_t *pack16_block(const kf_tensor *w, int r, int b) {
+  return (const uint8_t *)w->data + ((size_t)(r / 16) * (w->cols / 32) + b) * pack16_bytes(w->format);
+}
 
 /* Element values of block b of row r (any format and layout): the scalar path, and the embedding lookup. */
 static void dequant_block(const kf_tensor *w, int r, int b, float out[32]) {
@@ -29,7 +35,7 @@ static void dequant_block(const kf_tensor *w, int r, int b, float out[32]) {
     return;
   }
   if (w->layout == KF_PACK16 && w->format == KF_Q8_0) {  /* row r%16 of the group: codes + 128 by 4-element lanes */
-    const uint8_t *blk = base + ((size_t)(r / 16) * nb + b) * 544;
+    const uint8_t *blk = pack16_block(w, r, b);
     int i = r % 16;
     float d16 = f16(rd16(blk + 2 * i));
     for (int c = 0; c < 8; c++)
@@ -37,7 +43,7 @@ static void dequant_block(const kf_tensor *w, int r, int b, float out[32]) {
     return;
   }
   if (w->layout == KF_PACK16) {  /* Q4_1: row r%16 of the group, codes by 4-element lanes */
-    const uint8_t *blk = base + ((size_t)(r / 16) * nb + b) * 320;
+    const uint8_t *blk = pack16_block(w, r, b);
     int i = r % 16;
     float d16 = f16(rd16(blk + 2 * i)), m16 = f16(rd16(blk + 32 + 2 * i));
     for (int c = 0; c < 4; c++)
@@ -628,12 +634,12 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
     for (int t = 0; t < n; t++)
       for (int r = r0; r < r1; r += 16) {
         const float *xq = xk + (size_t)t * KF_VNNI_FLOATS(nb);
+        const uint8_t *grp = pack16_block(w, r, 0);
         int valid = w->rows - r < 16 ? w->rows - r : 16;
         if (fmt == KF_Q8_0)
-          q8group16_vnni(base + (size_t)(r / 16) * nb * 544, nb, xq, y + (size_t)t * ldy + r, valid);
+          q8group16_vnni(grp, nb, xq, y + (size_t)t * ldy + r, valid);
         else
-          q4group16_vnni(base + (size_t)(r / 16) * nb * 320, nb, xq, xs + (size_t)t * nb, y + (size_t)t * ldy + r,
-                         valid);
+          q4group16_vnni(grp, nb, xq, xs + (size_t)t * nb, y + (size_t)t * ldy + r, valid);
       }
     return;
   }
@@ -723,7 +729,7 @@ static inline void gemm_dequant_block(const kf_tensor *w, int r, int b, int nb, 
   __m256 w0, w1, w2, w3, dv, mv = _mm256_setzero_ps();
   if (w->layout == KF_PACK16 && w->format == KF_Q8_0) {
     /* row r%16's 4-byte lane of each of the 8 chunks: elements 4c..4c+3, stored + 128 */
-    const uint8_t *blk = base + ((size_t)(r / 16) * nb + b) * 544;
+    const uint8_t *blk = pack16_block(w, r, b);
     int i = r % 16;
     dv = _mm256_set1_ps(f16(rd16(blk + 2 * i)));
     int32_t lane[8];
@@ -736,7 +742,7 @@ static inline void gemm_dequant_block(const kf_tensor *w, int r, int b, int nb, 
     w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
   } else if (w->layout == KF_PACK16) {
     /* row r%16's 4-byte lane of each chunk c: bytes [c][k], elements 8c+k (low nibbles) and 8c+4+k (high) */
-    const uint8_t *blk = base + ((size_t)(r / 16) * nb + b) * 320;
+    const uint8_t *blk = pack16_block(w, r, b);
     int i = r % 16;
     dv = _mm256_set1_ps(f16(rd16(blk + 2 * i)));
     mv = _mm256_set1_ps(f16(rd16(blk + 32 + 2 * i)));
