@@ -51,13 +51,13 @@ def warm(package: Path, shapes: list[dict], skip: set[str]) -> dict:
     todo = {name: f for name, f in found.items() if name in problem.spec.baselines and name not in skip}
     if not todo:
         return {"skipped": "no cuda baseline can run here (no GPU, or none importable)"}
+    bad = [t.dtype for t in problem.spec.inputs + problem.spec.outputs if t.dtype not in TORCH_DTYPES]
+    if bad:
+        return {"skipped": f"dtypes {bad} are not made here"}
     import torch
 
     done: dict = {"warmed": [], "failed": []}
     for shape in shapes:
-        bad = [t.dtype for t in problem.spec.inputs + problem.spec.outputs if t.dtype not in TORCH_DTYPES]
-        if bad:
-            return {"skipped": f"dtypes {bad} are not made here"}
         ins, outs = _inputs(torch, problem, shape)
         for name, call in todo.items():
             t0 = time.time()
