@@ -113,10 +113,13 @@ def workspace(work: Path) -> str:
     return os.environ.get("KF_DATA") or str(work / "data")
 
 
-def reports(work: Path) -> str:
-    """Where the campaigns write their reports: under $OUT when set (gpu_check.sh's logs.tar.gz brings them
-    back), else under `work`."""
-    return str((OUT or work) / "reports")
+def campaign_env(work: Path) -> dict:
+    """The environment of the check's campaigns: the shared workspace, reports under $OUT when set (gpu_check.sh's
+    logs.tar.gz brings them back; else under `work`), GPU-sized inputs drawn once for 64 candidates, and short
+    comparisons and measurements."""
+    return dict(os.environ, KFACTORY_DATA_DIR=workspace(work), KFACTORY_REPORT_DIR=str((OUT or work) / "reports"),
+                KFACTORY_INPUT_REUSE="64", KFACTORY_COMPARE_MAX_S=os.environ.get("KF_GPU_COMPARE_S", "1.0"),
+                KFACTORY_MEASURE_MAX_S="0.3", KFACTORY_RUNNER_TIMEOUT_S="60", PYTHONUNBUFFERED="1")
 
 
 def save_evidence(env: dict) -> None:
@@ -157,9 +160,7 @@ def main() -> int:
     budget = int(os.environ.get("KF_GPU_BUDGET", "40"))  # the time share binds first on a GPU
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="kf-gpu-"))
-    env = dict(os.environ, KFACTORY_DATA_DIR=workspace(work), KFACTORY_REPORT_DIR=reports(work),
-               KFACTORY_INPUT_REUSE="64", KFACTORY_COMPARE_MAX_S=os.environ.get("KF_GPU_COMPARE_S", "1.0"),
-               KFACTORY_MEASURE_MAX_S="0.3", KFACTORY_RUNNER_TIMEOUT_S="60", PYTHONUNBUFFERED="1")
+    env = campaign_env(work)
     results = {}
     for name in SHAPES:
         results[name] = campaign(name, package(name, work), budget, env, timeout_s=float(os.environ.get(

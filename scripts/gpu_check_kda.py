@@ -42,7 +42,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import OUT, campaign, reports, save_evidence, workspace  # noqa: E402  (same runner, $OUT, workspace)
+from gpu_check import OUT, campaign, campaign_env, save_evidence, workspace  # noqa: E402  (same runner, $OUT, env)
 
 CAMPAIGN_SHAPES = [dict(B=64, T=1, H=32, HV=32, K=128, V=128), dict(B=1, T=1024, H=32, HV=32, K=128, V=128)]
 #: the chunked campaign's optimisation shape: a prefill with 32 (batch x head) pairs (128 blocks at bv = 32),
@@ -259,9 +259,7 @@ def main() -> int:
     deadline = t0 + float(os.environ.get("KF_GPU_KDA_S", "220")) - PUBLIC_MARGIN_S
     budget = int(os.environ.get("KF_GPU_BUDGET", "12"))
     work = Path(tempfile.mkdtemp(prefix="kf-kda-"))
-    env = dict(os.environ, KFACTORY_DATA_DIR=workspace(work), KFACTORY_REPORT_DIR=reports(work),
-               KFACTORY_INPUT_REUSE="64", KFACTORY_COMPARE_MAX_S=os.environ.get("KF_GPU_COMPARE_S", "1.0"),
-               KFACTORY_MEASURE_MAX_S="0.3", KFACTORY_RUNNER_TIMEOUT_S="60", PYTHONUNBUFFERED="1")
+    env = campaign_env(work)
     result: dict = {}
 
     def save(**stage):
