@@ -90,10 +90,12 @@ def with_threads(fields: dict, threads: int):
 def engine_formats(design, model) -> Formats:
     """The formats kfactory's engine reads (kfactory/engines/prepare.py): "q4_1" keeps the file's blocks (the
     embedding, which is the tied LM head, in its own format), "f32" dequantises every tensor at load; norms and
-    the KV cache are float32 either way."""
+    the KV cache are float32 either way. An integer decode (`q4_decode: vnni`) takes the blocks' products in int8
+    against x's byte digits, which the roofline sets against the host's int8 peak."""
     if design.weights == "f32":
         return Formats.uniform("f32")
-    return Formats.from_gguf(model.formats(), model.config, kv_cache="f32")
+    return Formats.from_gguf(model.formats(), model.config, kv_cache="f32",
+                             decode_int8=design.decode_int8())
 
 
 def _vm(pid: int, key: str) -> float | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kfactory.engines.baselines import BASELINES, CONTEXTS, PREFILL_TOKENS, run_baseline
 from kfactory.engines.baselines.report import table
-from kfactory.engines.baselines.roofline import COPY_GBPS, PEAK_GFLOPS, READ_GBPS, host_ceilings
+from kfactory.engines.baselines.roofline import COPY_GBPS, PEAK_GFLOPS, PEAK_INT8_GOPS, READ_GBPS, host_ceilings
 from kfactory.platform.config import Settings
 
 
@@ -87,7 +87,8 @@ def roofline_lines(results: list[dict], ceilings: dict[str, dict]) -> list[str]:
     "roof (read)" (the table's roof columns: a forward reads and hardly writes) and "roof (copy)" (the copy probe's
     read + write figure, which flatters an engine where a read stream is faster)."""
     lines = [f"ceilings at {t} threads: read {c.get(READ_GBPS, 0.0):.1f} GB/s, copy {c.get(COPY_GBPS, 0.0):.1f} "
-             f"GB/s, peak {c.get(PEAK_GFLOPS, 0.0):.1f} GFLOP/s" for t, c in ceilings.items()]
+             f"GB/s, peak {c.get(PEAK_GFLOPS, 0.0):.1f} GFLOP/s, int8 {c.get(PEAK_INT8_GOPS, 0.0):.1f} GOP/s"
+             for t, c in ceilings.items()]
     for r in results:
         per = r.get("roofline", {}).get("per_token", {})
         if per:

@@ -314,6 +314,9 @@ def test_design_values_and_space():
     assert (vnni.layout_of("Q4_1"), vnni.layout_of("Q8_0"), EngineDesign().layout_of("Q8_0")) == \
         ("pack16", "pack16", "pack4")
     assert replace(vnni, matvec_q8_0="ab" * 6).layout_of("Q8_0") == "rows"
+    # and the roofline counts integer work for exactly the formats in PACK16 (4 byte digits of x a weight)
+    assert vnni.decode_int8() == {"q4_1": 4, "q8_0": 4} and EngineDesign().decode_int8() == {}
+    assert replace(vnni, matvec_q8_0="ab" * 6).decode_int8() == {"q4_1": 4}
     # the wait at its default stays out of the id: designs keep the ids they had before the field existed
     assert EngineDesign(threads=2).design_id() == "q4_1-fqgn-t2-head-pp-a42bba545e"
     bounded = EngineDesign(threads=2, wait="bounded")

@@ -87,6 +87,50 @@ def test_mixed_matrix_formats_by_hand():
     assert decode_cost(TINY, mixed, 10).flops == 45268 - 2048
 
 
+#: GGUF_LIKE under an integer decode (`q4_decode: vnni`): Q4_1 and Q8_0 products against 4 byte digits of x
+INT_DECODE = Formats("q4_1", "q8_0", "q8_0", "f32", "f32", decode_int8={"q4_1": 4, "q8_0": 4})
+
+
+def test_integer_decode_cost_by_hand():
+    """An integer decode does no fp32 products or dequantisation on its quantised matrices: each weight is 4 byte
+    products (8 int8 ops) and each row's block leaves 3 (Q4_1) or 1 (Q8_0) fp32 flops of scales; the bytes and
+    the rest of the flops are the fp32 decode's. Its prefill is costed in fp32."""
+    cost = decode_cost(TINY, INT_DECODE, 10)
+    # int8: (9216 + 2048) weights * 4 digits * 2 = 90112; scales: 9216/32 * 3 + 2048/32 * 1 = 928
+    assert cost.int8_ops == 90112 and cost.parts["flops_int_scales"] == 928
+    # fp32 left: the embedding row's dequant (32), attention 1380, element-wise 848
+    assert cost.flops == 928 + 32 + 1380 + 848 and cost.parts["flops_matmul"] == 0
+    assert cost.bytes == decode_cost(TINY, GGUF_LIKE, 10).bytes
+    assert prefill_cost(TINY, INT_DECODE, 4) == prefill_cost(TINY, GGUF_LIKE, 4)
+    # only the formats named go integer: Q8_0 (the head) kept fp32 when a searched kernel reads it
+    q4_only = decode_cost(TINY, Formats("q4_1", "q8_0", "q8_0", "f32", "f32", decode_int8={"q4_1": 4}), 10)
+    assert q4_only.int8_ops == 9216 * 8 and q4_only.parts["flops_matmul"] == 2 * 2048
+    assert Formats(**INT_DECODE.as_dict()) == INT_DECODE                          # survives the result's JSON
+    with pytest.raises(ValueError, match="decode_int8 maps"):
+        Formats.uniform("f32").__class__("f32", "f32", "f32", "f32", "f32", decode_int8={"f32": 4})
+
+
+def test_integer_decode_roofline_sets_int8_work_against_the_int8_peak():
+    """The int8 ops bound against the int8 peak ("compute_int8"), the fp32 flops against the fp32 peak; an
+    integer design's roofline needs the int8 peak (none measured: no roofline), a float design's does not."""
+    cost = decode_cost(TINY, INT_DECODE, 10)
+    slow_int8 = {"read_bandwidth_gbps": 1e3, "mem_bandwidth_gbps": 1e3, "peak_gflops": 1e3, "peak_int8_gops": 1.0}
+    step = token_roofline(cost, slow_int8, 1e-4)
+    assert step["bound"] == "compute_int8" and step["compute_int8_s"] == pytest.approx(90112e-9)
+    assert step["fraction"] == pytest.approx(90112e-9 / 1e-4) and step["int8_ops"] == 90112
+    fast_int8 = {**slow_int8, "peak_int8_gops": 1e6, "read_bandwidth_gbps": 1e-3}
+    assert token_roofline(cost, fast_int8, 1e-4)["bound"] == "memory"
+    no_int8 = {**slow_int8, "peak_int8_gops": 0.0}
+    assert token_roofline(cost, no_int8, 1e-4)["fraction"] is None
+    assert token_roofline(decode_cost(TINY, GGUF_LIKE, 10), no_int8, 1e-4)["fraction"] is not None
+    # the table names the bound by its letter
+    result = {"available": True, "name": "kfactory", "threads": 1, "weights_format": "q4_1",
+              "config": TINY.as_dict(), "formats": INT_DECODE.as_dict(), "decode_steps": 3,
+              "decode_tokens_per_s": {"8": 1e4}, "prefill_tokens": None, "prefill_tokens_per_s": None}
+    add_roofline(result, slow_int8)
+    assert result["roofline"]["per_token"]["8"]["bound"] == "compute_int8" and " i" in table([result])
+
+
 def test_add_roofline_costs_the_mean_attended_positions():
     result = {"available": True, "config": TINY.as_dict(), "formats": GGUF_LIKE.as_dict(), "decode_steps": 3,
               "decode_tokens_per_s": {"8": 1e4}, "prefill_tokens": 4, "prefill_tokens_per_s": 2e4}
@@ -122,14 +166,15 @@ def test_decode_roofline_uses_the_read_figure_and_reports_the_copy_figure():
     assert old["fraction_copy"] == pytest.approx(nbytes / 1e9 / 1e-4)
 
 
-def test_host_ceilings_are_the_cpu_targets_three_figures(settings):
-    """The engine bench's ceilings are the cpu target's (one probe, one cache): read, copy and peak, as cached
-    by the session's measurement (tests/conftest.py host_ceilings, at 2 threads)."""
+def test_host_ceilings_are_the_cpu_targets_four_figures(settings):
+    """The engine bench's ceilings are the cpu target's (one probe, one cache): read, copy, fp32 and int8 peaks,
+    as cached by the session's measurement (tests/conftest.py host_ceilings, at 2 threads)."""
     import json
 
+    from test_cpu_target import measured_here
     got = target_ceilings(2, settings)
-    assert set(got) == {"read_bandwidth_gbps", "mem_bandwidth_gbps", "peak_gflops"}
-    assert all(v > 0 for v in got.values())
+    assert set(got) == {"read_bandwidth_gbps", "mem_bandwidth_gbps", "peak_gflops", "peak_int8_gops"}
+    assert all(v > 0 for v in measured_here(got).values())
     cached = [v for v in json.loads((settings.data_dir / "ceilings.json").read_text()).values()
               if v.get("threads") == 2]
     assert len(cached) == 1 and {k: cached[0][k] for k in got} == got

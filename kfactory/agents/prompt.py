@@ -88,7 +88,7 @@ def _family(family) -> dict | None:
 def _device(d: pb.DeviceInfo) -> dict:
     return {"model": d.model, "arch": d.arch, "threads": d.threads, "bandwidth_gbps": d.mem_bandwidth_gbps,
             "read_bandwidth_gbps": d.read_bandwidth_gbps, "peak_gflops": d.peak_gflops,
-            "peak_bf16_gflops": d.peak_bf16_gflops, "l2_bytes": d.l2_bytes,
+            "peak_int8_gops": d.peak_int8_gops, "peak_bf16_gflops": d.peak_bf16_gflops, "l2_bytes": d.l2_bytes,
             "sm_count": d.sm_count}
 
 

@@ -58,6 +58,9 @@ PREFILLS = ("gemm", "tiled")
 #: stored + 128 (q8group16_vnni: 1.19x the conversion kernel streamed; decode x1.09-1.13 at 1 thread). It needs
 #: prefill "gemm" (its rows path takes the few tokens below the GEMM's minimum one at a time).
 Q4_DECODES = ("convert", "table", "vnni")
+#: the byte digits of x that "vnni" multiplies each quantised weight by (matmul.c's vnni_digits: A 2^21 + B 2^14 +
+#: C 2^7 + D); the roofline counts a decode step's integer work by it (roofline.Formats.decode_int8_digits)
+VNNI_DIGITS = 4
 #: the processor flags (/proc/cpuinfo) a q4_decode's kernel needs beyond AVX-512F
 Q4_DECODE_NEEDS = {"vnni": ("avx512_vnni", "avx512bw")}
 #: how an idle OpenMP thread of a design that does not spin waits for the next parallel region: "passive" sleeps
@@ -195,6 +198,12 @@ class EngineDesign:
     def q4_decode_applies(self) -> bool:
         """Whether q4_decode picks a kernel: Q4_1 blocks kept, prepacked, read by the engine's own matvec."""
         return self.weights == "q4_1" and self.prepack and self.matvec_q4_1 == BUILTIN
+
+    def decode_int8(self) -> dict[str, int]:
+        """{block format ("q4_1", "q8_0"): the byte digits of x each of its weights is multiplied by} for the
+        matrices a decode step multiplies in integers (those in PACK16: VNNI_DIGITS under q4_decode "vnni");
+        empty where every product is fp32."""
+        return {fmt.lower(): VNNI_DIGITS for fmt in ("Q4_1", "Q8_0") if self.layout_of(fmt) == "pack16"}
 
     def op_thread_map(self) -> dict[str, int]:
         """{op: threads} of op_threads; DesignError naming the entry and the valid form when it is not one."""

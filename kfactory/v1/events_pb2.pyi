@@ -82,7 +82,7 @@ RESULT_TOO_LARGE: DeadLetterCause
 DELIVERIES_EXHAUSTED: DeadLetterCause
 
 class DeviceInfo(_message.Message):
-    __slots__ = ("target", "model", "device_id", "threads", "mem_bandwidth_gbps", "peak_gflops", "uuid", "arch", "peak_bf16_gflops", "l2_bytes", "sm_count", "read_bandwidth_gbps")
+    __slots__ = ("target", "model", "device_id", "threads", "mem_bandwidth_gbps", "peak_gflops", "uuid", "arch", "peak_bf16_gflops", "l2_bytes", "sm_count", "read_bandwidth_gbps", "peak_int8_gops")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class DeviceInfo(_message.Message):
     L2_BYTES_FIELD_NUMBER: _ClassVar[int]
     SM_COUNT_FIELD_NUMBER: _ClassVar[int]
     READ_BANDWIDTH_GBPS_FIELD_NUMBER: _ClassVar[int]
+    PEAK_INT8_GOPS_FIELD_NUMBER: _ClassVar[int]
     target: str
     model: str
     device_id: str
@@ -107,7 +108,8 @@ class DeviceInfo(_message.Message):
     l2_bytes: int
     sm_count: int
     read_bandwidth_gbps: float
-    def __init__(self, target: _Optional[str] = ..., model: _Optional[str] = ..., device_id: _Optional[str] = ..., threads: _Optional[int] = ..., mem_bandwidth_gbps: _Optional[float] = ..., peak_gflops: _Optional[float] = ..., uuid: _Optional[str] = ..., arch: _Optional[str] = ..., peak_bf16_gflops: _Optional[float] = ..., l2_bytes: _Optional[int] = ..., sm_count: _Optional[int] = ..., read_bandwidth_gbps: _Optional[float] = ...) -> None: ...
+    peak_int8_gops: float
+    def __init__(self, target: _Optional[str] = ..., model: _Optional[str] = ..., device_id: _Optional[str] = ..., threads: _Optional[int] = ..., mem_bandwidth_gbps: _Optional[float] = ..., peak_gflops: _Optional[float] = ..., uuid: _Optional[str] = ..., arch: _Optional[str] = ..., peak_bf16_gflops: _Optional[float] = ..., l2_bytes: _Optional[int] = ..., sm_count: _Optional[int] = ..., read_bandwidth_gbps: _Optional[float] = ..., peak_int8_gops: _Optional[float] = ...) -> None: ...
 
 class ManualSource(_message.Message):
     __slots__ = ("name", "source", "compile_flags", "threads", "language", "launch_json")

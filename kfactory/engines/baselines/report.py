@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import Iterable
 
 
+#: the table's letter for the bound that sets a roofline fraction (roofline.token_roofline's "bound")
+BOUND_LETTERS = {"memory": "m", "compute": "c", "compute_int8": "i"}
+
+
 def _num(x: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if x is None else fmt.format(x)
 
@@ -15,8 +19,8 @@ def _pct(x: float | None) -> str:
 
 def table(results: Iterable[dict]) -> str:
     """A plain-text table: decode tokens/s per context, prefill tokens/s, peak RSS, roofline fractions (each
-    followed by the bound that sets it: m for memory, c for compute); an engine that did not run shows its status
-    and reason instead."""
+    followed by the bound that sets it: m for memory, c for fp32 compute, i for int8 compute); an engine that
+    did not run shows its status and reason instead."""
     rows = list(results)
     contexts = sorted({c for r in rows for c in r.get("decode_tokens_per_s", {})}, key=int)
     prefills = sorted({k for r in rows for k in r.get("roofline_fraction", {}) if k.startswith("prefill_")})
@@ -34,7 +38,7 @@ def table(results: Iterable[dict]) -> str:
 
         def frac(key: str) -> str:
             bound = (per.get(key) or {}).get("bound")
-            return _pct(roof.get(key)) + (f" {bound[0]}" if bound and roof.get(key) is not None else "")
+            return _pct(roof.get(key)) + (f" {BOUND_LETTERS[bound]}" if bound and roof.get(key) is not None else "")
 
         lines.append([r["name"], str(r["threads"]), str(r.get("weights_format"))]
                      + [_num(decode.get(c)) for c in contexts]

@@ -6,6 +6,10 @@
   read-for-ownership of the lines stored, so it is the ceiling of what only reads: an LLM decode step's roofline
   uses it (kfactory.engines.baselines.roofline), the copy figure reported beside it.
 - peak_gflops: FMA chains in registers (cpu_fma.c).
+- peak_int8_gops: chains of int8 dot products in registers (cpu_int8.c: vpdpbusd, AVX512-VNNI or AVX-VNNI),
+  each byte product counted 2 ops (multiply + add, as an FMA counts 2 flops); 0 on a host without such an
+  instruction. The roofline of an engine whose decode takes its products in integers (`q4_decode: vnni`) sets
+  that work against it, not against the fp32 peak.
 
 The speed-of-light floor (kfactory.judge.measure.sol_floor_s) is bytes over a bandwidth, halved (SOL_SLACK), and
 must never call an honest kernel too fast. Its bandwidth is weighted by the share of the problem's tensor bytes
@@ -33,11 +37,12 @@ HERE = Path(__file__).parent
 ELEMENTS = 1 << 25  # 128 MB per array: far beyond any last-level cache
 FMA_ITERS = 1 << 22
 FMA_CHAINS = 8  # independent FMA chains per thread in cpu_fma.c (its lanes per chain it reports itself)
+INT8_CHAINS = 12  # independent vpdpbusd chains per thread in cpu_int8.c (its products per instruction it reports)
 #: what the cached figures were measured with: version 2's FMA probe keeps its chains in registers (version 1's
 #: spilled on AVX2 hosts and reported a peak 10-20x low); version 3 added the read-only stream, version 4 reads it
-#: as eight streams a thread (3's single stream read ~1.4x low). Figures cached by an older version are measured
-#: again.
-PROBES_VERSION = 4
+#: as eight streams a thread (3's single stream read ~1.4x low), version 5 added the int8 dot-product peak.
+#: Figures cached by an older version are measured again.
+PROBES_VERSION = 5
 #: a cached measurement taken at more than this load a core (the 1-minute load average over the cores) is
 #: measured again when a later start finds the host at under half that load, and the best of both is kept: a
 #: probe beside other work reads low (5.1-5.7 GB/s read at load 7 on the project's 2-core host, against 14-15 at
@@ -104,6 +109,14 @@ def measure_peak_gflops(target, threads: int) -> float:
     return threads_ran * FMA_ITERS * FMA_CHAINS * lanes * 2 / med / 1e9  # multiply + add per lane
 
 
+def measure_peak_int8_gops(target, threads: int) -> float:
+    """int8 GOP/s (a byte product and its add counted 2) of independent vpdpbusd chains in vector registers on
+    every thread; 0.0 where the host has no int8 dot-product instruction."""
+    med, y = _run_probe(target, threads, "cpu_int8.c", NATIVE, FMA_ITERS, 16)
+    threads_ran, products = float(y[1]), float(y[2])
+    return threads_ran * FMA_ITERS * INT8_CHAINS * products * 2 / med / 1e9
+
+
 def _read(cache: Path) -> dict:
     try:
         return json.loads(cache.read_text()) if cache.exists() else {}
@@ -131,7 +144,7 @@ def write_cached(data_dir, key: str, figures: dict[str, float], **extra) -> None
     tmp.rename(cache)
 
 
-CPU_CEILINGS = ("mem_bandwidth_gbps", "read_bandwidth_gbps", "peak_gflops")
+CPU_CEILINGS = ("mem_bandwidth_gbps", "read_bandwidth_gbps", "peak_gflops", "peak_int8_gops")
 
 
 def cache_key(device_id: str) -> str:
@@ -145,11 +158,11 @@ def load_per_core() -> float:
 
 
 def ceilings(target, device_id: str, threads: int, load: float | None = None) -> dict[str, float]:
-    """{"mem_bandwidth_gbps" (copy), "read_bandwidth_gbps", "peak_gflops"} from the cache or measured now (0.0
-    where they cannot be). A cached entry measured on a busy host (BUSY_LOAD_PER_CORE) is measured again when
-    the host is now much quieter, keeping the larger of each figure; so is one whose load was not recorded
-    (cached before the load was kept), once, when the host is not busy now. `load`: this host's load a core now
-    (default: load_per_core())."""
+    """{"mem_bandwidth_gbps" (copy), "read_bandwidth_gbps", "peak_gflops", "peak_int8_gops"} from the cache or
+    measured now (0.0 where they cannot be). A cached entry measured on a busy host (BUSY_LOAD_PER_CORE) is
+    measured again when the host is now much quieter, keeping the larger of each figure; so is one whose load was
+    not recorded (cached before the load was kept), once, when the host is not busy now. `load`: this host's load
+    a core now (default: load_per_core())."""
     key = cache_key(device_id)
     entry = _read(Path(target.settings.data_dir) / "ceilings.json").get(key, {})
     found, then = _figures(entry, CPU_CEILINGS), entry.get("load_per_core")
@@ -182,4 +195,11 @@ def _measure(target, device_id: str, threads: int) -> dict[str, float] | None:
         log.warning("could not measure the host's ceilings; floors and roofline fractions will be 0", error=str(e),
                     device=device_id)
         return None
+    try:
+        figures["peak_int8_gops"] = max(measure_peak_int8_gops(target, t) for t in counts)
+    except (RunnerFault, RuntimeError, OSError) as e:
+        # only integer kernels' rooflines need it; a compiler without the intrinsics must not cost the rest
+        log.warning("could not measure the host's int8 peak; integer designs' rooflines will have no compute "
+                    "side", error=str(e), device=device_id)
+        figures["peak_int8_gops"] = 0.0
     return figures

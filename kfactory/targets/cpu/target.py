@@ -78,8 +78,8 @@ class CpuTarget(Target):
         self._device: pb.DeviceInfo | None = None
 
     def device(self) -> pb.DeviceInfo:
-        """This host, with its measured ceilings (copy and read bandwidth, peak fp32; measured once per host and
-        thread count, cached: kfactory.targets.cpu.ceiling)."""
+        """This host, with its measured ceilings (copy and read bandwidth, peak fp32 and int8; measured once per host
+        and thread count, cached: kfactory.targets.cpu.ceiling)."""
         if self._device is None:
             info = read_cpuinfo()
             model, host = _cpu_model(info), platform.node()
@@ -90,6 +90,7 @@ class CpuTarget(Target):
             figures = ceilings(self, f"{dev.device_id}/{dev.threads}", dev.threads)
             dev.mem_bandwidth_gbps, dev.peak_gflops = figures["mem_bandwidth_gbps"], figures["peak_gflops"]
             dev.read_bandwidth_gbps = figures["read_bandwidth_gbps"]
+            dev.peak_int8_gops = figures["peak_int8_gops"]
             self._device = dev
         return self._device
 
