@@ -281,6 +281,14 @@ class Problem:
         ref = self.spec.reference_kernel[target]
         return source, flags, language_of(ref.source, target), {**ref.launch, "params": {}} if ref.launch else None
 
+    def reference_f64(self, target: str) -> tuple[str, str, dict[str, str]] | None:
+        """(source, flags, launch) of the problem's float64 reference kernel on a target (spec `reference_f64`;
+        entry `reference_f64`), or None where the package has none (the judge's host reference serves)."""
+        ref = self.spec.reference_f64.get(target)
+        if ref is None:
+            return None
+        return (self.directory / ref.source).read_text(), ref.flags, dict(ref.launch)
+
     def describe(self) -> str:
         """Human-readable summary: shapes, distributions, tolerances, the ABI per target, families."""
         s = self.spec

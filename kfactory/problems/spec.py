@@ -193,6 +193,10 @@ class ProblemSpec(_Strict):
     baselines: list[str] = []
     abi: dict[str, Abi]
     reference_kernel: dict[str, RefKernel] = {}
+    #: the float64 reference as a device kernel, per target (cuda): entry `reference_f64(inputs..., double
+    #: *outputs..., long long symbols..., double params...)` in the spec's order, so that the judge computes its
+    #: truth where the outputs are and compares there (kfactory.problems.package.ProblemPackage.reference_f64)
+    reference_f64: dict[str, RefKernel] = {}
     families: list[str] = []
     #: scalar parameters (kfactory.problems.params says how each reaches the reference, kernel and templates)
     params: dict[str, ParamSpec] = {}
