@@ -3,8 +3,11 @@ are Python functions; and the sessions built over it (in this process, through t
 from __future__ import annotations
 
 import ctypes
+import struct
+import subprocess
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 from kfactory.problems import load_problem
@@ -111,15 +114,16 @@ class _Fake:
         nargs, body = self.kernels[fn]
         ptrs = (ctypes.c_void_p * nargs).from_address(params)
         raw = [ctypes.c_uint64.from_address(ptrs[i]).value for i in range(nargs)]
-        call = lambda: self._run(body, raw)  # noqa: E731 - the parameters were copied at launch, as CUDA does
+        call = lambda: self._run(body, raw, (gx, gy, gz))  # noqa: E731 - the parameters were copied at launch
         if self.capturing is not None:
             self.capturing.append(call)
         else:
             call()
         return self._r()
 
-    def _run(self, body, raw):
+    def _run(self, body, raw, grid):
         self.launches += 1
+        self.grid = grid   # what a kernel that writes one result a block (kf_compare) needs to know
         if body(raw) == "fault":
             self.sticky = int(self.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)
 
@@ -156,6 +160,51 @@ class _Fake:
 
 def _as_i64(v: int) -> int:
     return ctypes.c_int64(v).value
+
+
+def _as_i32(v: int) -> int:
+    return ctypes.c_int32(v & 0xFFFFFFFF).value   # a 4-byte parameter read as 8: the high half is not its
+
+
+def _as_f64(v: int) -> float:
+    return struct.unpack("<d", struct.pack("<Q", v))[0]
+
+
+def host_build(source: str, so: Path) -> ctypes.CDLL:
+    """Device source built for this host with the system compiler, as its tests' twin: the element and row
+    functions in the #else branch's loops, no fused multiply-adds (the device builds with --fmad=false)."""
+    subprocess.run(["cc", "-x", "c", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(so), "-", "-lm"],
+                   input=source, text=True, check=True, capture_output=True)
+    return ctypes.CDLL(str(so))
+
+
+def judge_host(so: Path) -> ctypes.CDLL:
+    """The judge's kernels (kfactory/targets/cuda/judge/kf_judge.cu) built for this host, typed."""
+    from kfactory.targets.cuda import judge_kernels
+    lib = host_build(judge_kernels.source(), so)
+    c = ctypes
+    lib.kf_draw_host.argtypes = [c.c_void_p, c.c_int, c.c_longlong, c.c_longlong, c.c_ulonglong, c.c_uint, c.c_int,
+                                 c.c_double, c.c_double, c.c_double]
+    lib.kf_compare_host.argtypes = [c.c_void_p, c.c_int, c.c_void_p, c.c_longlong, c.c_double, c.c_double, c.c_int,
+                                    c.c_void_p]
+    return lib
+
+
+def judge_kernels(fake: "_Fake", judge: ctypes.CDLL, softmax_ref: ctypes.CDLL) -> dict:
+    """kf_draw, kf_compare and softmax's reference_f64 for the fake driver, each run by its host build on the
+    launch's parameters (kf_compare's partials one per block of the launch's grid)."""
+    def draw(raw):
+        judge.kf_draw_host(raw[0], _as_i32(raw[1]), _as_i64(raw[2]), _as_i64(raw[3]), raw[4], raw[5] & 0xFFFFFFFF,
+                           _as_i32(raw[6]), _as_f64(raw[7]), _as_f64(raw[8]), _as_f64(raw[9]))
+
+    def compare(raw):
+        judge.kf_compare_host(raw[0], _as_i32(raw[1]), raw[2], _as_i64(raw[3]), _as_f64(raw[4]), _as_f64(raw[5]),
+                              fake.grid[0], raw[6])
+
+    def reference(raw):
+        softmax_ref.reference_f64_host(ctypes.c_void_p(raw[0]), ctypes.c_void_p(raw[1]),
+                                       ctypes.c_longlong(_as_i64(raw[2])), ctypes.c_longlong(_as_i64(raw[3])))
+    return {"kf_draw": (10, draw), "kf_compare": (7, compare), "reference_f64": (4, reference)}
 
 
 def _softmax_kernel(raw):

@@ -8,10 +8,10 @@ Hopper and Blackwell. tests/test_cuda_runtime.py runs the same kernels on a GPU 
 from __future__ import annotations
 
 import ctypes
-import subprocess
 
 import numpy as np
 import pytest
+from cuda_fake import host_build, judge_host
 
 from kfactory.judge import counter_rng as twin
 from kfactory.judge import numerics
@@ -28,18 +28,8 @@ KAT = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
 
 @pytest.fixture(scope="module")
 def host_lib(tmp_path_factory) -> ctypes.CDLL:
-    """kf_judge.cu built for this host, as the tests' twin of the device build: -ffp-contract=off for the device's
-    --fmad=false (no fused multiply-adds)."""
-    so = tmp_path_factory.mktemp("judge") / "kf_judge.so"
-    subprocess.run(["cc", "-x", "c", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(so), "-", "-lm"],
-                   input=jk.source(), text=True, check=True, capture_output=True)
-    lib = ctypes.CDLL(str(so))
-    lib.kf_draw_host.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
-                                 ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_int, ctypes.c_double, ctypes.c_double,
-                                 ctypes.c_double]
-    lib.kf_compare_host.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong,
-                                    ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_void_p]
-    return lib
+    """kf_judge.cu built for this host, as the tests' twin of the device build."""
+    return judge_host(tmp_path_factory.mktemp("judge") / "kf_judge.so")
 
 
 def test_philox_known_answers():
@@ -174,10 +164,7 @@ def test_problem_f64_reference_kernels_match_their_numpy_reference(tmp_path, nam
     scale; -inf inputs give exactly 0."""
     problem = load_problem(name)
     source, _, _ = problem.reference_f64("cuda")
-    so = tmp_path / "ref.so"
-    subprocess.run(["cc", "-x", "c", "-O2", "-shared", "-fPIC", "-o", str(so), "-", "-lm"], input=source, text=True,
-                   check=True, capture_output=True)
-    fn = ctypes.CDLL(str(so)).reference_f64_host
+    fn = host_build(source, tmp_path / "ref.so").reference_f64_host
     for shape in problem.shapes("verify"):
         for dist in problem.spec.distributions:
             inputs = twin.draw(problem, shape, dist, 17)

@@ -12,7 +12,8 @@ import types
 
 import numpy as np
 import pytest
-from cuda_fake import _as_i64, _bare_session, _Fake, _InProcessRunner, _ref, _softmax_kernel, _x
+from cuda_fake import (_as_i64, _bare_session, _Fake, _InProcessRunner, _ref, _softmax_kernel, _x, host_build,
+                       judge_host, judge_kernels)
 
 from kfactory.problems import load_problem
 from kfactory.sandbox.parent import LoadFailed, Runner, RunnerCrashed
@@ -210,6 +211,74 @@ def test_fake_bench_interleaves_and_returns_every_sets_output(fake_session, fake
     if fake_session.runner.child.mem.scratch:
         leftover.discard(fake_session.runner.child.mem.scratch[0])
     assert not leftover  # every bench buffer was freed
+
+
+def _judge_round_trip(arch: str):
+    """The device judge on the current driver: softmax inputs drawn on the device (every distribution, -inf
+    masks too) equal the host twin's bit for bit; the device's float64 reference matches reference.py; the
+    device's comparison of an output with it gives the host judge's figures (a clean output passes, one with a
+    wrong element fails at that element)."""
+    from kfactory.judge import counter_rng, numerics
+    from kfactory.targets.cuda import driver
+    from kfactory.targets.cuda.allocator import Allocator
+    from kfactory.targets.cuda.device import CudaDevice
+    from kfactory.targets.cuda.driver import check, dptr
+    from kfactory.targets.cuda.judge_device import DeviceJudge
+
+    dev = CudaDevice()
+    dev.start()
+    mem = Allocator(None)
+    modules: list = []
+    judge = DeviceJudge(dev, mem, modules, arch)
+    problem = load_problem("softmax")
+    tol = problem.spec.tolerance["float32"]
+    for shape in ({"rows": 65, "cols": 4099}, {"rows": 1, "cols": 1}):
+        n = shape["rows"] * shape["cols"]
+        for dist in problem.spec.distributions:
+            seed = 1234567 + n
+            x, y, out = mem.alloc(4 * n), mem.alloc(8 * n), mem.alloc(4 * n)
+            try:
+                judge.draw(x, "float32", n, shape["cols"], seed, 0, problem.spec.distributions[dist]["x"])
+                got = np.empty((shape["rows"], shape["cols"]), dtype=np.float32)
+                check("cuMemcpyDtoH", driver.cu.cuMemcpyDtoH(got.ctypes.data, dptr(x), got.nbytes))
+                want = counter_rng.draw(problem, shape, dist, seed)["x"]
+                assert got.tobytes() == want.tobytes(), (shape, dist)
+                judge.reference(problem, shape, {"x": x}, {"y": y})
+                ref = np.empty(got.shape)
+                check("cuMemcpyDtoH", driver.cu.cuMemcpyDtoH(ref.ctypes.data, dptr(y), ref.nbytes))
+                np.testing.assert_allclose(ref, problem.reference.reference({"x": want})["y"], rtol=1e-12, atol=0)
+                for wrong in (False, True):
+                    o = ref.astype(np.float32)
+                    if wrong:
+                        o.flat[n // 2] += 0.5
+                    check("cuMemcpyHtoD", driver.cu.cuMemcpyHtoD(dptr(out), o.ctypes.data, o.nbytes))
+                    figures = judge.compare(out, "float32", y, n, tol.atol, tol.rtol)
+                    host = numerics.compare(o, ref, tol.atol, tol.rtol, tol.norm_rel)
+                    assert (figures["worst_excess"] <= 0) == host.passed == (not wrong), (shape, dist, wrong)
+                    assert figures["max_abs"] == host.max_abs_err and figures["worst"] == host.worst_index
+            finally:
+                mem.free([x, y, out])
+
+
+def test_fake_device_judge_matches_the_host_judge(fake_cuda, tmp_path):
+    """The device judge's launches (parameters, grids, partials, copies) through the fake driver, whose judge
+    kernels are the same C sources built for this host (tests/cuda_fake.py judge_kernels)."""
+    from kfactory.targets.cuda.toolchain import CudaToolchainMissing
+    softmax_ref = host_build(load_problem("softmax").reference_f64("cuda")[0], tmp_path / "ref.so")
+    fake_cuda.kernels.update(judge_kernels(fake_cuda, judge_host(tmp_path / "judge.so"), softmax_ref))
+    try:
+        _judge_round_trip("sm_90a")
+    except CudaToolchainMissing as e:
+        pytest.skip(f"no CUDA toolchain wheels: {e}")
+
+
+@gpu
+@needs_gpu
+def test_gpu_device_judge_matches_the_host_judge():
+    """On the GPU itself (in this process): the device's draws equal the host twin's bit for bit, its float64
+    reference and its comparison the host's (issue 23's device-side drawing and comparison)."""
+    from kfactory.targets.cuda.arch import resolve_arch
+    _judge_round_trip(resolve_arch(""))
 
 
 def test_fake_device_and_ceilings(fake_cuda, monkeypatch):
