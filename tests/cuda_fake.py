@@ -187,12 +187,13 @@ def judge_host(so: Path) -> ctypes.CDLL:
                                  c.c_double, c.c_double, c.c_double]
     lib.kf_compare_host.argtypes = [c.c_void_p, c.c_int, c.c_void_p, c.c_longlong, c.c_double, c.c_double, c.c_int,
                                     c.c_void_p]
+    lib.kf_count_diff_host.argtypes = [c.c_void_p, c.c_void_p, c.c_longlong, c.c_void_p]
     return lib
 
 
 def judge_kernels(fake: "_Fake", judge: ctypes.CDLL, softmax_ref: ctypes.CDLL) -> dict:
-    """kf_draw, kf_compare and softmax's reference_f64 for the fake driver, each run by its host build on the
-    launch's parameters (kf_compare's partials one per block of the launch's grid)."""
+    """kf_draw, kf_compare, kf_count_diff and softmax's reference_f64 for the fake driver, each run by its host
+    build on the launch's parameters (kf_compare's partials one per block of the launch's grid)."""
     def draw(raw):
         judge.kf_draw_host(raw[0], _as_i32(raw[1]), _as_i64(raw[2]), _as_i64(raw[3]), raw[4], raw[5] & 0xFFFFFFFF,
                            _as_i32(raw[6]), _as_f64(raw[7]), _as_f64(raw[8]), _as_f64(raw[9]))
@@ -204,7 +205,11 @@ def judge_kernels(fake: "_Fake", judge: ctypes.CDLL, softmax_ref: ctypes.CDLL) -
     def reference(raw):
         softmax_ref.reference_f64_host(ctypes.c_void_p(raw[0]), ctypes.c_void_p(raw[1]),
                                        ctypes.c_longlong(_as_i64(raw[2])), ctypes.c_longlong(_as_i64(raw[3])))
-    return {"kf_draw": (10, draw), "kf_compare": (7, compare), "reference_f64": (4, reference)}
+    def count_diff(raw):
+        judge.kf_count_diff_host(raw[0], raw[1], _as_i64(raw[2]), raw[3])
+
+    return {"kf_draw": (10, draw), "kf_compare": (7, compare), "kf_count_diff": (4, count_diff),
+            "reference_f64": (4, reference)}
 
 
 def _softmax_kernel(raw):

@@ -98,6 +98,39 @@ def test_a_row_is_reproduced_alone():
     assert np.array_equal(twin.draw(problem, shape, "masked", 99, rows=slice(5, 6))["x"], whole[5:6])
 
 
+def test_a_device_label_draws_with_the_twin_everywhere():
+    """A check judged on a GPU is labelled device:DIST; the host's draw of that label (a regression input's
+    replay on any target) is the twin's, not numpy's generator's."""
+    from kfactory.judge import inputs
+    problem = load_problem("softmax")
+    shape = {"rows": 3, "cols": 1000}
+    via_label = inputs.draw(problem, shape, twin.PREFIX + "uniform", 42)["x"]
+    assert np.array_equal(via_label, twin.draw(problem, shape, "uniform", 42)["x"])
+    assert not np.array_equal(via_label, inputs.draw(problem, shape, "uniform", 42)["x"])
+
+
+def test_memory_keeps_a_device_drawn_failure_as_a_regression_input(tmp_path):
+    """A kernel that passed before, found wrong on a GPU-drawn set: memory keeps the input under its device:DIST
+    label (the verifier's replay draws it with the twin); a memoisation probe's label stays out."""
+    from evidence_chain import links
+
+    from kfactory.bus import events as ev
+    from kfactory.services.memory.archive import Archive
+    from kfactory.v1 import events_pb2 as pb
+    archive = Archive(tmp_path / "archive.sqlite")
+    cand = pb.Candidate(id="d" * 64, problem="softmax", target="cuda", family="cuda_cu", origin="template:cuda_cu",
+                        params_json='{"vec": 4}', point_id="p1")
+    for event in links("c1", cand):
+        archive.record(event)
+    for cid, label in (("c2", "memo:first"), ("c3", twin.PREFIX + "normal")):
+        check = pb.Check(shape="4096x4096", distribution=label, seed=99, max_abs_err=1.0, passed=False)
+        archive.record(ev.make_event(cid, "verifier", cand.id, rejected=pb.Rejected(
+            candidate=cand, stage="verifier", reason=pb.WRONG_RESULT, message="wrong", checks=[check])))
+    kept = archive.regressions("softmax")
+    assert [(r.distribution, r.seed, r.campaign_id) for r in kept] == [(twin.PREFIX + "normal", 99, "c3")]
+    archive.close()
+
+
 def test_which_distributions_the_device_draws():
     for name in ("softmax", "rmsnorm"):
         p = load_problem(name)

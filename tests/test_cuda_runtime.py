@@ -272,6 +272,82 @@ def test_fake_device_judge_matches_the_host_judge(fake_cuda, tmp_path):
         pytest.skip(f"no CUDA toolchain wheels: {e}")
 
 
+def _small_softmax(tmp_path):
+    """softmax with one large shape (just over the judge's LARGE_ELEMENTS, so it is judged on the device) and
+    its small verify shapes (judged on the host)."""
+    import shutil
+
+    import yaml
+    src = load_problem("softmax").directory
+    dst = tmp_path / "softmax_small"
+    shutil.copytree(src, dst)
+    spec = yaml.safe_load((dst / "problem.yaml").read_text())
+    spec["shapes"]["optimize"] = [{"rows": 1025, "cols": 1024}]
+    (dst / "problem.yaml").write_text(yaml.safe_dump(spec))
+    return load_problem(dst)
+
+
+def test_fake_verify_judges_large_sets_on_the_device(fake_cuda, settings, tmp_path):
+    """verify() with the device judge on: the large shape's checks are drawn, referenced and compared by the
+    device (labelled device:DIST, two runs each), the small shapes' on the host; a kernel wrong only on large
+    sets is rejected by the device's figures, and the host twin draws the failing row again from the seed."""
+    from kfactory.judge import counter_rng
+    from kfactory.judge.checks import InputPool
+    from kfactory.judge.verify import verify
+    from kfactory.targets.cuda import child as cuda_child
+    from kfactory.targets.cuda import target as cuda
+    from kfactory.targets.cuda.toolchain import CudaToolchainMissing
+    problem = _small_softmax(tmp_path)
+    softmax_ref = host_build(problem.reference_f64("cuda")[0], tmp_path / "ref.so")
+    fake_cuda.kernels.update(judge_kernels(fake_cuda, judge_host(tmp_path / "judge.so"), softmax_ref))
+    sess = _bare_session(cuda, settings.model_copy(update={"device_judge": True}), problem)
+    sess.runner = _InProcessRunner(cuda_child.CudaChild(1))
+    sess.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    large = {"rows": 1025, "cols": 1024}
+    assert sess.device_check_unavailable(large, "masked") is None
+    try:
+        verdict = verify(sess, "k", problem, InputPool(problem, reuse=1))
+    except CudaToolchainMissing as e:
+        pytest.skip(f"no CUDA toolchain wheels: {e}")
+    assert verdict.passed, verdict.message
+    on_device = [c for c in verdict.checks if c.distribution.startswith(counter_rng.PREFIX)]
+    assert len(on_device) == 2 * len(problem.spec.distributions) and all(c.shape == "1025x1024" for c in on_device)
+    assert any(c.shape == "65x4099" and c.distribution == "normal" for c in verdict.checks)
+
+    def wrong_when_large(raw):
+        _softmax_kernel(raw)
+        rows, cols = _as_i64(raw[2]), _as_i64(raw[3])
+        if rows * cols > 1 << 20:
+            y = np.ctypeslib.as_array((ctypes.c_float * (rows * cols)).from_address(raw[1]))
+            y[777 * cols + 5] += 0.01
+    fake_cuda.kernels["kernel"] = (4, wrong_when_large)
+    verdict = verify(sess, "k", problem, InputPool(problem, reuse=1))
+    assert not verdict.passed and verdict.reason == pb.WRONG_RESULT
+    failing, first = verdict.checks[-1], next(iter(problem.spec.distributions))
+    assert failing.distribution == counter_rng.PREFIX + first and failing.worst_index == 777 * 1024 + 5
+    row = counter_rng.draw(problem, large, first, failing.seed, rows=slice(777, 778))["x"]
+    assert row.shape == (1, 1024) and np.isfinite(row).all()
+
+    def writes_its_input_when_large(raw):
+        _softmax_kernel(raw)
+        if _as_i64(raw[2]) * _as_i64(raw[3]) > 1 << 20:
+            ctypes.c_float.from_address(raw[0] + 4 * 1000).value = 0.0
+    calls = []
+
+    def differs_between_runs_when_large(raw):
+        _softmax_kernel(raw)
+        if _as_i64(raw[2]) * _as_i64(raw[3]) > 1 << 20:
+            calls.append(1)
+            y = ctypes.c_float.from_address(raw[1] + 4 * 3)
+            y.value = y.value * (1 + 1e-6 * len(calls))   # within tolerance, not the same twice
+    for body, reason in ((writes_its_input_when_large, pb.INPUT_MUTATED),
+                         (differs_between_runs_when_large, pb.NOT_DETERMINISTIC)):
+        fake_cuda.kernels["kernel"] = (4, body)
+        verdict = verify(sess, "k", problem, InputPool(problem, reuse=1))
+        assert not verdict.passed and verdict.reason == reason, (body.__name__, verdict.message)
+        assert "1025x1024" in verdict.message
+
+
 @gpu
 @needs_gpu
 def test_gpu_device_judge_matches_the_host_judge():

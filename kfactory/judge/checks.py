@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kfactory.judge import inputs as inp
-from kfactory.judge.numerics import compare
+from kfactory.judge.numerics import check_from_figures, compare
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
 from kfactory.problems.check import run_reference
@@ -119,9 +119,25 @@ def _compared(problem: Problem, outputs: dict, ref: dict, shape: str, dist: str,
         if outputs[t.name].dtype != np.dtype(t.dtype):
             return pb.Check(shape=shape, distribution=dist, seed=seed, note=f"{t.name} has the wrong dtype")
         checks.append(compare(outputs[t.name], ref[t.name], tol.atol, tol.rtol, tol.norm_rel))
+    return worst_check(checks, shape, dist, seed, seconds)
+
+
+def worst_check(checks: list[pb.Check], shape: str, dist: str, seed: int, seconds: float) -> pb.Check:
+    """The check that stands for a call: the first failing output's, else the largest norm-relative error's,
+    labelled with the call's shape, distribution, seed and time."""
     worst = min(checks, key=lambda c: (c.passed, -c.norm_rel_err))
     worst.shape, worst.distribution, worst.seed, worst.seconds = shape, dist, seed, seconds
     return worst
+
+
+def device_checks(problem: Problem, figures: dict[str, dict], shape: str, dist: str, seed: int,
+                  seconds: float) -> pb.Check:
+    """The check of one run a device judged (Session.device_check's figures per output)."""
+    checks = []
+    for t in problem.spec.outputs:
+        tol = problem.spec.tolerance[t.dtype]
+        checks.append(check_from_figures(figures[t.name], tol.atol, tol.rtol, tol.norm_rel))
+    return worst_check(checks, shape, dist, seed, seconds)
 
 
 class Rejection(Exception):

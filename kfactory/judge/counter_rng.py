@@ -18,6 +18,10 @@ import numpy as np
 from kfactory.problems import Problem
 from kfactory.problems.spec import register_bfloat16
 
+#: a check's distribution label for inputs this generator drew ("device:normal"): the label a regression input
+#: keeps, so that the input is drawn again by this twin, not by numpy's generator (kfactory.judge.inputs.draw)
+PREFIX = "device:"
+
 #: distribution kinds and output dtypes as kf_draw.h numbers them
 KINDS = {"normal": 0, "uniform": 1, "constant": 2}
 DTYPES = {"float32": 0, "bfloat16": 1}

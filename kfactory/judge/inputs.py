@@ -5,6 +5,7 @@ import secrets
 
 import numpy as np
 
+from kfactory.judge import counter_rng
 from kfactory.problems import Problem
 from kfactory.problems.spec import GGML_BLOCK_BYTES
 
@@ -15,7 +16,10 @@ def fresh_seed() -> int:
 
 
 def draw(problem: Problem, shape: dict[str, int], dist_name: str, seed: int) -> dict[str, np.ndarray]:
-    """Every input of the problem at a shape, drawn from the named distribution."""
+    """Every input of the problem at a shape, drawn from the named distribution ("device:NAME": as a GPU drew it
+    with the judge's counter-based generator, kfactory.judge.counter_rng)."""
+    if dist_name.startswith(counter_rng.PREFIX):
+        return counter_rng.draw(problem, shape, dist_name.removeprefix(counter_rng.PREFIX), seed)
     rng = np.random.default_rng(seed)
     dist = problem.spec.distributions[dist_name]
     out = {}

@@ -13,6 +13,7 @@ import hashlib
 import os
 import subprocess
 import tempfile
+import types
 from pathlib import Path
 
 import numpy as np
@@ -184,8 +185,15 @@ def _fast(out: np.ndarray, ref: np.ndarray):
     return run
 
 
-def _from_stats(st: _Stats, out: np.ndarray, atol: float, rtol: float, norm_rel: float) -> pb.Check:
-    """The Check the numpy path would build, from the helper's figures."""
+def check_from_figures(figures: dict, atol: float, rtol: float, norm_rel: float) -> pb.Check:
+    """The Check the numpy path would build, from figures computed elsewhere (a device's comparison:
+    kfactory.targets.cuda.judge_kernels.merge), the output itself not at hand."""
+    return _from_stats(types.SimpleNamespace(**figures), None, atol, rtol, norm_rel)
+
+
+def _from_stats(st, out: np.ndarray | None, atol: float, rtol: float, norm_rel: float) -> pb.Check:
+    """The Check the numpy path would build, from the helper's figures (`out` for the first non-finite value's
+    note, where the output is at hand)."""
     check = pb.Check()
     if st.pattern_bad:
         check.note = "NaN/Inf pattern differs from the reference"
@@ -195,8 +203,8 @@ def _from_stats(st: _Stats, out: np.ndarray, atol: float, rtol: float, norm_rel:
         idx = int(st.out_bad_first)
         check.max_abs_err = check.max_rel_err = check.norm_rel_err = float("inf")
         check.worst_index = idx
-        check.note = (f"{int(st.out_bad)} non-finite outputs where the reference is finite (first at {idx}: "
-                      f"{out.reshape(-1)[idx]!r})")
+        value = "" if out is None else f": {out.reshape(-1)[idx]!r}"
+        check.note = f"{int(st.out_bad)} non-finite outputs where the reference is finite (first at {idx}{value})"
         return check
     if st.finite == 0:
         check.passed = True

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kfactory.judge import inputs as inp
-from kfactory.judge.checks import (LARGE_ELEMENTS, InputPool, Rejection, check_outputs, fault_reason,
+from kfactory.judge import counter_rng
+from kfactory.judge.checks import (LARGE_ELEMENTS, InputPool, Rejection, check_outputs, device_checks, fault_reason,
                                    reject_tampering)
 from kfactory.judge.numerics import same_bytes
 from kfactory.observability.stagetime import span
@@ -20,6 +21,7 @@ from kfactory.problems import Problem
 from kfactory.problems.check import ReferenceFailed, run_reference
 from kfactory.sandbox.parent import RunnerFault
 from kfactory.targets import Session
+from kfactory.targets.base import CallResult
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -41,12 +43,15 @@ def verify(session: Session, key: str, problem: Problem, pool: InputPool) -> Ver
         for shape in problem.shapes("all"):
             first = None
             for dist in problem.spec.distributions:
+                if _on_device(session, problem, shape, dist):
+                    _device_checked(session, key, problem, shape, dist, verdict.checks)
+                    continue
                 x, ref, seed = pool.get(shape, dist)
                 outs = _checked_call(session, key, problem, shape, x, ref, dist, seed, verdict.checks)
                 # a copy: the outputs may be the session's shared buffers, written over by the calls between
                 first = first or (x, {name: np.array(v) for name, v in outs.items()})
-            assert first is not None, "a problem declares at least one distribution (kfactory.problems.spec)"
-            _same_twice(session, key, problem, shape, *first)
+            if first is not None:   # else every check of the shape ran twice on its device (_device_checked)
+                _same_twice(session, key, problem, shape, *first)
         for reg in pool.regressions:
             shape = problem.parse_shape(reg.shape)
             x, ref, _ = pool.drawn(shape, reg.distribution, reg.seed)
@@ -73,6 +78,37 @@ def _checked_call(session, key, problem, shape, x, ref, dist, seed, checks: list
     if not check.passed:
         raise Rejection(pb.WRONG_RESULT, f"{sname}/{dist}: {check.note}")
     return res.outputs
+
+
+def _on_device(session, problem: Problem, shape: dict[str, int], dist: str) -> bool:
+    """Whether this check is judged where the kernel runs: a large set (where drawing it and computing its float64
+    reference on the host cost most) that the session's device can draw, reference and compare itself."""
+    return math.prod(shape.values()) > LARGE_ELEMENTS and session.device_check_unavailable(shape, dist) is None
+
+
+def _device_checked(session, key, problem: Problem, shape: dict[str, int], dist: str, checks: list) -> None:
+    """One check judged on the device from a fresh seed: two runs on the same inputs, each compared with the
+    float64 reference there, then compared with each other bit for bit; the inputs drawn again and compared
+    with what the kernel left; guard bands checked. The check is labelled "device:DIST" so that a failing input
+    is drawn again on any host by the generator's twin (kfactory.judge.counter_rng)."""
+    sname, label, seed = problem.shape_str(shape), counter_rng.PREFIX + dist, inp.fresh_seed()
+    try:
+        res = session.device_check(key, shape, dist, seed, runs=2)
+    except RunnerFault as e:
+        checks.append(pb.Check(shape=sname, distribution=label, seed=seed, note=str(e)))
+        raise Rejection(fault_reason(e), f"{sname}/{label}: {e}") from e
+    written = sorted(name for name, count in res.mutated.items() if count)
+    reject_tampering(CallResult({}, 0.0, written, res.out_of_bounds), sname, label)
+    for run, figures in enumerate(res.figures):
+        check = device_checks(problem, figures, sname, label, seed, res.seconds[run])
+        checks.append(check)
+        if not check.passed:
+            raise Rejection(pb.WRONG_RESULT, f"{sname}/{label}{' second run' if run else ''}: {check.note}")
+    for later in res.differ:
+        for name, count in later.items():
+            if count:
+                raise Rejection(pb.NOT_DETERMINISTIC,
+                                f"{sname}: two runs on the same inputs differ in {count} bytes of {name}")
 
 
 def _same_twice(session, key, problem, shape, x, outs) -> None:

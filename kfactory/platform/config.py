@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     cuda_arena_mb: int = Field(2048, ge=0, description="the largest request a cuda session's ring of arenas takes "
                                "(three arenas at most that size stay allocated in /dev/shm for the session's "
                                "life); a larger one gets fresh buffers")
+    device_judge: bool = Field(False, description="cuda: verification checks of shapes over the judge's large-set "
+                               "size draw their inputs, compute the float64 reference and compare the outputs on "
+                               "the GPU (kfactory.targets.cuda.judge_device), where the problem ships a "
+                               "reference_f64 kernel and its distributions can be drawn there; off until measured "
+                               "on a GPU")
 
     measure_min_samples: int = 10
     measure_min_s: float = 0.2

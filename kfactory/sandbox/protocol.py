@@ -186,7 +186,27 @@ class Ceilings(Request):
     matmul_n: int = 8192
 
 
-REQUESTS: dict[str, type[Request]] = {r.op: r for r in (Ping, Exit, Load, Call, Bench, DeviceQuery, Ceilings)}
+@dataclass(frozen=True)
+class DeviceCheck(Request):
+    """Verify kernel `key` where its outputs are (cuda): `args` in the ABI's order, but a tensor carries no
+    shared-memory path: an input carries "draw" {"seed", "tensor", "kind", "a", "b", "neg_inf", "cols"} and is
+    drawn in place by the judge's counter-based generator (kfactory.judge.counter_rng is its host twin), an output
+    carries "compare" {"atol", "rtol"}. The problem's float64 reference kernel (`reference`: {"path" of its
+    cubin, "launch" rule, "symbols", "params"}) runs on the drawn inputs; the kernel then runs `runs` times on
+    the same buffers, outputs poisoned before each run and compared with the reference on the device.
+    Reply.info: {"figures": [{output: figures} per run] (kfactory.targets.cuda.judge_kernels.merge's keys),
+    "differ": [{output: bytes differing from the first run's} per later run], "mutated": {input: bytes that
+    differ from a fresh draw}}; out_of_bounds and seconds as a call's."""
+    op: ClassVar[str] = "device_check"
+    key: str
+    args: list[Arg]
+    reference: dict
+    shape: dict[str, int] = field(default_factory=dict)
+    runs: int = 2
+
+
+REQUESTS: dict[str, type[Request]] = {r.op: r for r in (Ping, Exit, Load, Call, Bench, DeviceQuery, Ceilings,
+                                                         DeviceCheck)}
 
 
 # -- the reply --------------------------------------------------------------------------------------------

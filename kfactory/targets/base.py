@@ -42,6 +42,19 @@ class BenchResult:
     telemetry: dict[str, pb.GpuTelemetry] = field(default_factory=dict)
 
 
+@dataclass
+class DeviceChecked:
+    """A verification call judged where the outputs are (Session.device_check): per run, the comparison figures
+    of each output against the float64 reference (kfactory.targets.cuda.judge_kernels.merge's keys); per later
+    run, the bytes in which each output differs from the first run's; per input, the bytes in which it differs
+    from a fresh draw of the same seed (what the kernel wrote into it); the tensors whose guard bands changed."""
+    seconds: list[float]
+    figures: list[dict[str, dict]]
+    differ: list[dict[str, int]]
+    mutated: dict[str, int]
+    out_of_bounds: list[str]
+
+
 class Session(ABC):
     """Runs kernels of one problem on one device, always in a runner process, never in the caller's."""
 
@@ -67,6 +80,17 @@ class Session(ABC):
     def bench(self, keys: list[str], shape: dict[str, int], input_sets: list[dict[str, np.ndarray]],
               *, min_samples: int, min_s: float, max_s: float, noise: float, warmup_s: float) -> BenchResult:
         """Time the kernels interleaved (A B A B ...) over a rotating pool of input sets."""
+
+    def device_check_unavailable(self, shape: dict[str, int], dist: str) -> str | None:
+        """None when device_check can judge this shape and distribution; else why not (by default the target
+        has no judge of its own and the host judges)."""
+        return f"the {type(self).__name__} judges on the host"
+
+    def device_check(self, key: str, shape: dict[str, int], dist: str, seed: int, runs: int = 2) -> DeviceChecked:
+        """Inputs of `dist` drawn from `seed` where the kernel runs (kfactory.judge.counter_rng is the host twin
+        of the draw), the float64 reference computed and each output compared there, `runs` runs on the same
+        buffers; only where device_check_unavailable says None."""
+        raise NotImplementedError(self.device_check_unavailable(shape, dist))
 
     def call_overhead_s(self) -> float:
         """Seconds a timed call costs when the kernel does nothing (0 where timing sees the kernel alone, as

@@ -13,6 +13,7 @@ from pathlib import Path
 from kfactory.bus import events as ev
 from kfactory.bus.origins import STRATEGY, Origin, sql_match
 from kfactory.evidence import trust
+from kfactory.judge import counter_rng
 from kfactory.v1 import events_pb2 as pb
 
 #: failures that mean "this kernel computes the wrong thing": the input that showed it is worth keeping
@@ -292,7 +293,9 @@ class Archive:
         if failing is None:
             return
         dist = failing.distribution.removeprefix("regression:")
-        if ":" in dist or dist == "timed":
+        # a declared distribution, or one a GPU drew by the judge's counter-based generator ("device:normal"),
+        # which kfactory.judge.inputs.draw draws again on any host
+        if ":" in dist.removeprefix(counter_rng.PREFIX) or dist == "timed":
             return
         self.db.execute("INSERT OR IGNORE INTO regressions VALUES (?,?,?,?,?,?,?,?,?)",
                         (self.problem_name(cand.problem), failing.shape, dist, str(failing.seed), cand.id,

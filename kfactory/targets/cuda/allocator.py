@@ -101,6 +101,17 @@ class Allocator:
                 self.h2d(t, host)
         return into
 
+    def fresh(self, a: dict, guard: bool) -> DevTensor:
+        """A fresh device buffer for tensor descriptor `a` with no shared-memory bytes behind it (a tensor the
+        device itself fills: an input drawn in place, an output compared in place), guard bands around it."""
+        g = GUARD if guard else 0
+        nbytes = _nbytes(a)
+        base = self.alloc(nbytes + 2 * g)
+        if g:
+            check("cuMemsetD8", driver.cu.cuMemsetD8(dptr(base), GUARD_BYTE, nbytes + 2 * g))
+        return DevTensor(a["name"], a.get("role", "in"), a["dtype"], tuple(a["shape"]), nbytes, base, base + g, g,
+                         np.empty(0, dtype=np.uint8))
+
     def guards_intact(self, t: DevTensor) -> bool:
         if not t.guard:
             return True

@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 
 from kfactory.sandbox.child import Child, KernelFault, _baseline, main, sample_interleaved
-from kfactory.sandbox.protocol import Arg, Bench, Call, Ceilings, DeviceQuery, FaultKind, Load, Ping, Reply
+from kfactory.sandbox.protocol import (Arg, Bench, Call, Ceilings, DeviceCheck, DeviceQuery, FaultKind, Load, Ping,
+                                       Reply)
 from kfactory.targets.cuda import driver, probes
-from kfactory.targets.cuda.allocator import Allocator, DevTensor, _nbytes
+from kfactory.targets.cuda.allocator import ITEMSIZE, Allocator, DevTensor, _nbytes
 from kfactory.targets.cuda.device import CudaDevice, arch_of, cpu_usage  # noqa: F401 - arch_of: callers' name
-from kfactory.targets.cuda.driver import CudaError, CudaUnavailable, check, classify  # noqa: F401 - classify: ditto
+from kfactory.targets.cuda.driver import CudaError, CudaUnavailable, check, classify, dptr  # noqa: F401 - classify: ditto
 from kfactory.targets.cuda.launch import Launch
 from kfactory.targets.cuda.program import enqueue_baseline, load_program
 from kfactory.targets.cuda.sampling import sampler, warm_up_device
@@ -45,6 +46,7 @@ class CudaChild(Child):
         self.mem = Allocator(self._raw)
         self.modules: list = []               # every module loaded, kept for the life of the context
         self.prev_allocs: list[int] = []      # the previous call's buffers, freed after the next call's exist
+        self.judge: Any = None                # the judge's own kernels (judge_device.DeviceJudge), once asked for
 
     def op_ping(self, req: Ping) -> Reply:
         """Also starts CUDA, so its cost (seconds on a GPU without persistence mode) falls in the start-up
@@ -129,6 +131,35 @@ class CudaChild(Child):
             self.mem.free_or_fatal([t.base for t in tensors.values()])
             raise
         return Reply(seconds=seconds, out_of_bounds=oob, **cpu_usage())
+
+    def op_device_check(self, req: DeviceCheck) -> Reply:
+        """Inputs drawn in place, the float64 reference computed and the outputs compared on the device
+        (protocol.DeviceCheck); nothing but figures comes back."""
+        from kfactory.targets.cuda.judge_device import DeviceJudge
+        self.device.start()
+        if self.kinds.get(req.key) != "cubin":
+            raise ValueError(f"device_check runs cubins, not {self.kinds.get(req.key)!r} {req.key!r}")
+        try:
+            launch = self._launch_for(req.key, req.shape)
+        except ValueError as e:
+            raise self._refused(e) from e
+        if self.judge is None:
+            with open(req.reference["judge"], "rb") as f:
+                self.judge = DeviceJudge(self.device, self.mem, self.modules, "", image=f.read())
+        tensors: dict[str, DevTensor] = {}
+        scratch: dict[str, int] = {}
+        try:
+            for a in req.args:
+                if "draw" in a or "compare" in a:
+                    tensors[a["name"]] = self.mem.fresh(a, guard=True)
+            info = _device_checked(self, req, launch, tensors, scratch)
+            check("cuCtxSynchronize", driver.cu.cuCtxSynchronize())
+            oob = sorted(n for n, t in tensors.items() if not self.mem.guards_intact(t))
+        except CudaError as e:
+            raise e.fatal() from e
+        finally:
+            self.mem.free_or_fatal([t.base for t in tensors.values()] + list(scratch.values()))
+        return Reply(seconds=info.pop("seconds"), out_of_bounds=oob, info=info, **cpu_usage())
 
     def op_bench(self, req: Bench) -> Reply:
         """Interleaved timing (A B A B ...) as the cpu child's op_bench, on device buffers made once per
@@ -218,6 +249,54 @@ class CudaChild(Child):
         except Exception as e:  # noqa: BLE001
             out["notes"].append(f"bf16 probe: {type(e).__name__}: {e}")
         return Reply(info=out)
+
+
+def _device_checked(child: CudaChild, req: DeviceCheck, launch: Launch, tensors: dict[str, DevTensor],
+                    scratch: dict[str, int]) -> dict:
+    """The body of op_device_check over buffers already made (`scratch` collects the others it makes, for the
+    caller to free): draw, reference, `runs` timed runs each compared, the inputs drawn again and compared."""
+    judge, mem, stream = child.judge, child.mem, child.device.stream0
+    draws = [a for a in req.args if "draw" in a]
+    outs = [a for a in req.args if "compare" in a]
+
+    def draw(a: dict, into: int) -> None:
+        d, t = a["draw"], tensors[a["name"]]
+        judge.draw_raw(into, t.dtype, t.nbytes // ITEMSIZE[t.dtype], d["cols"], d["seed"], d["tensor"], d["kind"],
+                       d["a"], d["b"], d["neg_inf"])
+
+    for a in draws:
+        draw(a, tensors[a["name"]].ptr)
+    for a in outs:
+        scratch["ref:" + a["name"]] = mem.alloc(8 * (tensors[a["name"]].nbytes // ITEMSIZE[a["dtype"]]))
+    ref = req.reference
+    loaded = judge.load_reference(ref["path"], ref["launch"])
+    pointers = [tensors[n].ptr for n in ref["inputs"]] + [scratch["ref:" + n] for n in ref["outputs"]]
+    judge.run_reference(loaded, req.shape, pointers, ref["symbols"], ref["params"])
+    run = child._enqueue(req.key, req.args, tensors, launch, stream)
+    seconds, figures, differ = [], [], []
+    for r in range(max(1, req.runs)):
+        for a in outs:
+            mem.poison(tensors[a["name"]])
+        seconds.append(child.device.time(stream, run))
+        figures.append({a["name"]: judge.compare(tensors[a["name"]].ptr, a["dtype"], scratch["ref:" + a["name"]],
+                                                 tensors[a["name"]].nbytes // ITEMSIZE[a["dtype"]],
+                                                 a["compare"]["atol"], a["compare"]["rtol"]) for a in outs})
+        for a in outs:
+            t = tensors[a["name"]]
+            if r == 0:
+                scratch["first:" + t.name] = mem.alloc(t.nbytes)
+                check("cuMemcpyDtoDAsync", driver.cu.cuMemcpyDtoDAsync(dptr(scratch["first:" + t.name]),
+                                                                       dptr(t.ptr), t.nbytes, stream))
+        if r:
+            differ.append({a["name"]: judge.count_diff(tensors[a["name"]].ptr, scratch["first:" + a["name"]],
+                                                       tensors[a["name"]].nbytes) for a in outs})
+    mutated = {}
+    for a in draws:
+        t = tensors[a["name"]]
+        scratch["again:" + t.name] = mem.alloc(t.nbytes)
+        draw(a, scratch["again:" + t.name])
+        mutated[t.name] = judge.count_diff(scratch["again:" + t.name], t.ptr, t.nbytes)
+    return {"seconds": seconds, "figures": figures, "differ": differ, "mutated": mutated}
 
 
 def __getattr__(name: str):

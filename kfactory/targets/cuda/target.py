@@ -20,9 +20,9 @@ from kfactory.observability.log import get_logger
 from kfactory.problems.params import abi_argtypes
 from kfactory.sandbox.parent import Runner, RunnerFault
 from kfactory.sandbox.shm import ArenaRing, request_buffers
-from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Ceilings, DeviceQuery, Load
-from kfactory.targets.cuda import nvml
-from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
+from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Ceilings, DeviceCheck, DeviceQuery, Load
+from kfactory.targets.cuda import judge_device, judge_kernels, nvml
+from kfactory.targets.base import BenchResult, CallResult, CompileResult, DeviceChecked, Session, Target
 from kfactory.targets.cpu.ceiling import read_cached, write_cached
 from kfactory.sandbox.shm_args import bench_bytes, build_argset, call_bytes, sequence_results, stage_steps
 from kfactory.v1 import events_pb2 as pb
@@ -153,6 +153,7 @@ class CudaSession(Session):
         s = target.settings
         self.ring = ArenaRing(s.cuda_arena_mb << 20) if s.runner_arenas else None
         self.loads: dict[str, Load] = {}
+        self.judge_paths: tuple[str, str] | None = None   # the judge's and the reference's cubins, once built
         # the cuda ABI; a problem without one is called with its cpu argument order (pointers, then int64s)
         kind = "cuda" if "cuda" in problem.spec.abi else "cpu"
         self.abi_args = list(problem.spec.abi[kind].args)
@@ -170,14 +171,19 @@ class CudaSession(Session):
                              "(a family's launch section, or a '// kfactory: grid=... block=...' header)")
         if not isinstance(launch, dict) or not launch.get("grid") or not launch.get("block"):
             raise ValueError(f"kernel {key!r}: the launch rule must give grid and block, got {launch!r}")
+        path = self._cubin_file(artifact)
+        self.loads[key] = Load(key, "cubin", path=str(path), entry=entry, argtypes=list(self.argtypes),
+                               launch_rule={"grid": launch["grid"], "block": launch["block"],
+                                            "smem": launch.get("smem", "0"), "params": launch.get("params") or {}})
+
+    def _cubin_file(self, artifact: bytes) -> Path:
+        """The file the runner loads a cubin from (content-addressed in the target's cubin directory)."""
         path = self.target.cubin_dir / f"{hashlib.sha256(artifact).hexdigest()}.cubin"
         if not path.exists():
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(artifact)
             tmp.rename(path)
-        self.loads[key] = Load(key, "cubin", path=str(path), entry=entry, argtypes=list(self.argtypes),
-                               launch_rule={"grid": launch["grid"], "block": launch["block"],
-                                            "smem": launch.get("smem", "0"), "params": launch.get("params") or {}})
+        return path
 
     def load_baseline(self, key: str, name: str) -> None:
         """Baseline `name` of the problem's reference.py cuda_baselines() (torch on the GPU)."""
@@ -209,6 +215,36 @@ class CudaSession(Session):
             # in an arena, the outputs are read where the runner wrote them (valid until the ring comes round)
             return sequence_results(self.problem, steps, staged, views, reply.seconds, list(reply.out_of_bounds),
                                     copy=keep is None)
+
+    def device_check_unavailable(self, shape: dict[str, int], dist: str) -> str | None:
+        """None where the GPU judges this check itself (Settings.device_judge, and judge_device.unavailable)."""
+        if not self.target.settings.device_judge:
+            return "the device judge is off (Settings.device_judge)"
+        return judge_device.unavailable(self.problem, shape, dist)
+
+    def device_check(self, key: str, shape: dict[str, int], dist: str, seed: int, runs: int = 2) -> DeviceChecked:
+        """Session.device_check on the GPU (protocol.DeviceCheck): the judge's kernels and the problem's float64
+        reference compiled here once, for the runner to load."""
+        why = self.device_check_unavailable(shape, dist)
+        if why is not None:
+            raise ValueError(f"{self.problem.name} {dist}: {why}")
+        self._ensure(key)
+        if self.judge_paths is None:
+            source, flags, _ = self.problem.reference_f64("cuda")
+            self.judge_paths = (self._judge_cubin(judge_kernels.source(), judge_kernels.FLAGS, judge_kernels.DRAW),
+                                self._judge_cubin(source, flags, "reference_f64"))
+        req = DeviceCheck(key, judge_device.device_argset(self.problem, self.abi_args, shape, dist, seed),
+                          judge_device.reference_request(self.problem, shape, *self.judge_paths), dict(shape), runs)
+        reply = self._request(req, timeout_s=self.runner.timeout_s * (runs + 2))
+        info = reply.info
+        return DeviceChecked(list(reply.seconds), info["figures"], info["differ"], info["mutated"],
+                             list(reply.out_of_bounds))
+
+    def _judge_cubin(self, source: str, flags: str, entry: str) -> str:
+        res = self.target.compile(source, "cuda", flags, entry)
+        if not res.ok:
+            raise judge_device.DeviceJudgeError(f"the judge's {entry} did not build: {res.message} {res.log[-800:]}")
+        return str(self._cubin_file(res.artifact))
 
     def _pick_mode(self, base: Bench) -> str:
         """graph when a quick events-mode probe (first input set only) puts some kernel under GRAPH_BELOW_S."""

@@ -33,12 +33,26 @@ extern "C" __global__ void kf_compare(const void *out, int dtype, const double *
   if (threadIdx.x == 0) partials[blockIdx.x] = part[0];
 }
 
+/* how many of n bytes differ between a and b, added to *count (an input against its redrawn self: what the
+ * kernel wrote into it; one run's output against another's: bit-for-bit determinism) */
+extern "C" __global__ void kf_count_diff(const unsigned char *a, const unsigned char *b, long long n,
+                                         unsigned long long *count) {
+  unsigned long long local = 0;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    local += a[i] != b[i];
+  if (local) atomicAdd(count, local);
+}
+
 #else
 
 /* the host's twin loops over the same element functions (tests; a GPU-less fake driver) */
 void kf_draw_host(void *out, int dtype, long long n, long long cols, unsigned long long seed, unsigned int tensor,
                   int kind, double a, double b, double neg_inf) {
   for (long long i = 0; i < n; i++) kf_draw_one(out, dtype, (kf_u64)i, (kf_u64)cols, seed, tensor, kind, a, b, neg_inf);
+}
+
+void kf_count_diff_host(const unsigned char *a, const unsigned char *b, long long n, unsigned long long *count) {
+  for (long long i = 0; i < n; i++) *count += a[i] != b[i];
 }
 
 /* kf_compare's partials as a grid of `blocks` x KF_COMPARE_THREADS threads would leave them (each thread's
