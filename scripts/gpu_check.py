@@ -167,7 +167,8 @@ def main() -> int:
             "KF_GPU_CAMPAIGN_S", "130")), goal=float(os.environ.get("KF_GPU_GOAL", "0.9")))
         save_evidence(env)
         print(f"elapsed {time.time() - t0:.0f}s", flush=True)
-    rows = table(results)
+    judged = os.environ.get("KFACTORY_DEVICE_JUDGE", "0").lower() in ("1", "true", "yes", "on")
+    rows = [f"device judge (issue 23): {'on' if judged else 'off'}"] + table(results)
     if OUT:
         (OUT / "gpu_check.json").write_text(json.dumps(results, indent=1))
         (OUT / "table.txt").write_text("\n".join(rows) + "\n")

@@ -350,6 +350,28 @@ def test_fake_verify_judges_large_sets_on_the_device(fake_cuda, settings, tmp_pa
 
 @gpu
 @needs_gpu
+def test_gpu_verify_judges_large_sets_on_the_device(settings, tmp_path):
+    """The whole verification of softmax's cuda reference kernel on the GPU with the device judge on: the large
+    shape's checks judged there (device:DIST, two runs each) and passed, the small shapes' on the host."""
+    from kfactory.judge import counter_rng
+    from kfactory.judge.checks import InputPool
+    from kfactory.judge.verify import verify
+    problem = _small_softmax(tmp_path)
+    target = get_target("cuda", settings.model_copy(update={"runner_timeout_s": 60.0, "device_judge": True}))
+    sess = target.session(problem, 1)
+    try:
+        src, _ = problem.reference_source("cuda")
+        sess.load_artifact("ref", _compile(target, src), "kernel", {"grid": "rows", "block": "256", "smem": "0"})
+        verdict = verify(sess, "ref", problem, InputPool(problem, reuse=1))
+    finally:
+        sess.close()
+    assert verdict.passed, verdict.message
+    on_device = [c for c in verdict.checks if c.distribution.startswith(counter_rng.PREFIX)]
+    assert len(on_device) == 2 * len(problem.spec.distributions) and all(c.seconds > 0 for c in on_device)
+
+
+@gpu
+@needs_gpu
 def test_gpu_device_judge_matches_the_host_judge():
     """On the GPU itself (in this process): the device's draws equal the host twin's bit for bit, its float64
     reference and its comparison the host's (issue 23's device-side drawing and comparison)."""
