@@ -96,6 +96,9 @@ def test_a_row_is_reproduced_alone():
     whole = twin.draw(problem, shape, "masked", 99)["x"]
     assert whole.shape == (7, 33) and np.isneginf(whole).any()
     assert np.array_equal(twin.draw(problem, shape, "masked", 99, rows=slice(5, 6))["x"], whole[5:6])
+    rms = load_problem("rmsnorm")   # a row of x comes with the whole weight vector it is normalised by
+    full, row = (twin.draw(rms, {"rows": 7, "hidden": 33}, "normal", 3, rows=r) for r in (None, slice(4, 5)))
+    assert np.array_equal(row["x"], full["x"][4:5]) and np.array_equal(row["w"], full["w"])
 
 
 def test_a_device_label_draws_with_the_twin_everywhere():

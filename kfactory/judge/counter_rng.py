@@ -159,7 +159,9 @@ def device_drawable(problem: Problem, dist_name: str) -> str | None:
 def draw(problem: Problem, shape: dict[str, int], dist_name: str, seed: int,
          rows: slice | None = None) -> dict[str, np.ndarray]:
     """Every input of the problem at a shape as the device draws it from `seed` (tensor index = the input's place
-    in the spec); `rows`: only those rows of each tensor's last-axis rows (a failing row reproduced)."""
+    in the spec); `rows`: only those rows (along the last axis) of each tensor that has more than one, as
+    (len, cols) arrays, and a one-row tensor (a weight vector) whole (a failing row reproduced with what it
+    needs)."""
     why = device_drawable(problem, dist_name)
     if why is not None:
         raise ValueError(f"{problem.name} {dist_name}: {why}")
@@ -169,8 +171,9 @@ def draw(problem: Problem, shape: dict[str, int], dist_name: str, seed: int,
         tshape = problem.tensor_shape(t, shape)
         cols = int(tshape[-1]) if tshape else 1
         n = int(np.prod(tshape, dtype=np.int64))
-        lo, hi = (0, n // max(cols, 1)) if rows is None else (rows.start or 0, rows.stop)
+        whole = rows is None or n <= cols
+        lo, hi = (0, n // max(cols, 1)) if whole else (rows.start or 0, rows.stop)
         index = np.arange(lo * cols, min(hi * cols, n), dtype=np.uint64)
         a = elements(dist[t.name], t.dtype, cols, k, seed, index)
-        out[t.name] = a.reshape(tshape) if rows is None else a.reshape(-1, cols)
+        out[t.name] = a.reshape(tshape) if whole else a.reshape(-1, cols)
     return out
