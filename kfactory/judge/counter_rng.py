@@ -172,7 +172,7 @@ def draw(problem: Problem, shape: dict[str, int], dist_name: str, seed: int,
         cols = int(tshape[-1]) if tshape else 1
         n = int(np.prod(tshape, dtype=np.int64))
         whole = rows is None or n <= cols
-        lo, hi = (0, n // max(cols, 1)) if whole else (rows.start or 0, rows.stop)
+        lo, hi = (0, n // max(cols, 1)) if rows is None or whole else (rows.start or 0, rows.stop)
         index = np.arange(lo * cols, min(hi * cols, n), dtype=np.uint64)
         a = elements(dist[t.name], t.dtype, cols, k, seed, index)
         out[t.name] = a.reshape(tshape) if whole else a.reshape(-1, cols)
