@@ -97,6 +97,10 @@ class _Fake:
         assert isinstance(image, int)
         return self._r(7)
 
+    def cuModuleUnload(self, mod):
+        self.unloaded = getattr(self, "unloaded", 0) + 1
+        return self._r()
+
     def cuModuleGetFunction(self, mod, name):
         assert isinstance(name, bytes)
         if name.decode() not in self.kernels:
@@ -248,6 +252,12 @@ class _InProcessRunner:
         if load.key not in self.loaded:
             self.request(load)
             self.loaded.add(load.key)
+
+    def unload(self, key):
+        from kfactory.sandbox.protocol import Unload
+        held = key in self.loaded
+        self.loaded.discard(key)
+        return self.request(Unload(key)) if held else None
 
     def kill(self):
         self.killed += 1

@@ -76,6 +76,22 @@ def test_reference_kernel_passes_every_check(target, session, problem):
         "memo:first", "memo:same-buffers", "memo:near-duplicate"}
 
 
+def test_an_unloaded_kernel_is_dropped_by_the_runner_and_loads_again(target, session, problem):
+    """A candidate done with is unloaded: the same warm runner drops it (the child answers), forgets it, and a
+    later load of the same key runs again in that runner."""
+    _load(target, session, "ref", *problem.reference_source("cpu"))
+    shape = {"rows": 3, "cols": 1000}
+    x = {"x": np.random.default_rng(0).standard_normal((3, 1000)).astype(np.float32)}
+    first = session.call("ref", shape, x).outputs["y"].copy()
+    pid = session.runner.proc.pid
+    session.unload("ref")
+    assert "ref" not in session.runner.loaded and "ref" not in session.loads
+    with pytest.raises(KeyError):
+        session.call("ref", shape, x)
+    _load(target, session, "ref", *problem.reference_source("cpu"))
+    assert np.array_equal(session.call("ref", shape, x).outputs["y"], first) and session.runner.proc.pid == pid
+
+
 @pytest.mark.parametrize("name,reason", [("segfault", pb.CRASHED), ("hang", pb.TIMEOUT),
                                          ("wrong", pb.WRONG_RESULT), ("partial", pb.WRONG_RESULT),
                                          ("mutates_input", pb.INPUT_MUTATED)])

@@ -157,6 +157,27 @@ def _files(session) -> set[str]:
     return {str(f) for a in session.ring.arenas for f in a.dir.iterdir()}
 
 
+def test_fake_unload_frees_the_module_and_the_buffers_and_finds_a_leak(fake_session, fake_cuda):
+    """A candidate done with is unloaded: its module goes, the last call's buffers are freed, the runner no
+    longer counts it loaded, and the child reports no device memory held; memory it still holds is a leak, for
+    which the session replaces the runner."""
+    fake_session.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    fake_session.call("k", {"rows": 4, "cols": 64}, _x(4, 64))
+    child = fake_session.runner.child
+    assert child.prev_allocs and "k" in fake_session.runner.loaded
+    reply = fake_session.runner.unload("k")
+    assert reply.info["live_bytes"] == 0 and reply.info["free_bytes"] > 0
+    assert getattr(fake_cuda, "unloaded", 0) == 1 and "k" not in child.kernels and not child.prev_allocs
+    assert "k" not in fake_session.runner.loaded and fake_session.runner.unload("k") is None   # nothing to drop
+    fake_session.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    fake_session.call("k", {"rows": 4, "cols": 64}, _x(4, 64))   # loaded again on its next use
+    child.mem.alloc(1 << 20)                                     # a buffer nobody frees: a leak
+    stopped = []
+    fake_session.runner.stop = lambda: stopped.append(True)
+    fake_session.unload("k")
+    assert stopped == [True] and "k" not in fake_session.loads
+
+
 def test_fake_requests_take_the_rings_arenas_which_the_child_keeps_mapped(fake_session):
     fake_session.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
     shape = {"rows": 5, "cols": 33}

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kfactory.sandbox import protocol
-from kfactory.sandbox.protocol import Arg, Bench, Call, Fault, FaultKind, Load, Ping, Reply, Request
+from kfactory.sandbox.protocol import Arg, Bench, Call, Fault, FaultKind, Load, Ping, Reply, Request, Unload
 
 
 #: the kernel's argument types: tensors, shape symbols and int parameters (int64), float parameters as the
@@ -87,6 +87,12 @@ class Child:
         else:
             raise ValueError(f"unknown kind {req.kind!r} for the cpu runner (so or baseline)")
         self.kinds[req.key] = req.kind
+        return Reply()
+
+    def op_unload(self, req: Unload) -> Reply:
+        """Drop kernel `key` (protocol.Unload); a key never loaded is no error (the parent's view may be older)."""
+        self.kernels.pop(req.key, None)
+        self.kinds.pop(req.key, None)
         return Reply()
 
     def _bind(self, key: str, argset: list[Arg]):

@@ -19,7 +19,7 @@ import time
 from kfactory.observability.log import get_logger
 from kfactory.observability import stagetime
 from kfactory.sandbox import protocol
-from kfactory.sandbox.protocol import Exit, Fault, FaultKind, Load, Ping, Reply, Request
+from kfactory.sandbox.protocol import Exit, Fault, FaultKind, Load, Ping, Reply, Request, Unload
 
 log = get_logger("runner")
 
@@ -229,6 +229,21 @@ class Runner:
         if load.key not in self.loaded or self.proc is None or self.proc.poll() is not None:
             self.request(load)
             self.loaded.add(load.key)
+
+    def unload(self, key: str) -> Reply | None:
+        """Have the child drop `key` (protocol.Unload): its reply, or None when no live child holds it. The
+        candidate is done with, so a child that fails here is replaced, never a reason to lose its result."""
+        alive = self.proc is not None and self.proc.poll() is None
+        held = key in self.loaded
+        self.loaded.discard(key)
+        if not (alive and held):
+            return None
+        try:
+            return self.request(Unload(key))
+        except (RunnerFault, HarnessError) as e:
+            log.warning("the runner failed to unload a kernel; replacing it", key=key, error=str(e))
+            self.stop()
+            return None
 
     def _reset(self) -> None:
         self.restarts += 1

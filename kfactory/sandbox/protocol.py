@@ -187,6 +187,17 @@ class Ceilings(Request):
 
 
 @dataclass(frozen=True)
+class Unload(Request):
+    """Forget kernel `key`, a candidate the parent is done with: a runner kept warm across candidates does not
+    hold every module it ever loaded. cuda: the module is unloaded and the reply's info says what device memory
+    the child still holds ({"live_bytes": its allocator's buffers besides its own scratch, "free_bytes": the
+    driver's free memory}), which the parent checks for leaks; cpu: the kernel is dropped (its library stays
+    mapped: a loaded shared object cannot be closed safely while ctypes may hold its symbols)."""
+    op: ClassVar[str] = "unload"
+    key: str
+
+
+@dataclass(frozen=True)
 class DeviceCheck(Request):
     """Verify kernel `key` where its outputs are (cuda): `args` in the ABI's order, but a tensor carries no
     shared-memory path: an input carries "draw" {"seed", "tensor", "kind", "a", "b", "neg_inf", "cols"} and is
@@ -206,7 +217,7 @@ class DeviceCheck(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {r.op: r for r in (Ping, Exit, Load, Call, Bench, DeviceQuery, Ceilings,
-                                                         DeviceCheck)}
+                                                         DeviceCheck, Unload)}
 
 
 # -- the reply --------------------------------------------------------------------------------------------

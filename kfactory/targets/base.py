@@ -81,6 +81,10 @@ class Session(ABC):
               *, min_samples: int, min_s: float, max_s: float, noise: float, warmup_s: float) -> BenchResult:
         """Time the kernels interleaved (A B A B ...) over a rotating pool of input sets."""
 
+    def unload(self, key: str) -> None:
+        """Forget kernel `key` (a candidate this session is done with): its runner drops it, a later call needs
+        load_artifact again. The default holds nothing to forget."""
+
     def device_check_unavailable(self, shape: dict[str, int], dist: str) -> str | None:
         """None when device_check can judge this shape and distribution; else why not (by default the target
         has no judge of its own and the host judges)."""

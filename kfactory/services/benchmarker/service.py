@@ -108,6 +108,7 @@ class BenchmarkerService(RunnerService):
         async with self.device(device.device_id) as held:
             res = await self.work(screen, session, cand.id, problem, problem.shapes("optimize")[0],
                                   self.pool(cand.problem), target.cache_bytes(), self.settings, best_s, part="screen")
+            await self.work(session.unload, cand.id, part="unload")   # loaded again when it is measured
         if res.reason:
             rej = pb.Rejected(stage="benchmarker", reason=res.reason, message=res.message, point_id=cand.point_id,
                               params_json=cand.params_json)
@@ -145,6 +146,7 @@ class BenchmarkerService(RunnerService):
         screened_before = float(raw) if raw is not None and self.settings.judge_order == "screen_first" else None
         async with self.device(device.device_id) as held:
             out = await self._time_in_full(cand, session, problem, target, device, m, screened_before is not None)
+            await self.work(session.unload, cand.id, part="unload")
         seconds = held.seconds + (screened_before or 0.0)
         if isinstance(out, pb.Rejected):
             out.figures["device_seconds"] = seconds

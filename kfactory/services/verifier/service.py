@@ -40,6 +40,8 @@ class VerifierService(RunnerService):
                 pool = await self.verification_pool(cand.problem)
                 async with self.device(device.device_id) as held:
                     verdict = await self.work(verify, session, cand.id, problem, pool)
+                    # a warm runner keeps no module of a candidate it is done with (issue 23)
+                    await self.work(session.unload, cand.id, part="unload")
             if not await self.still_ours(lock):
                 return Leave()  # a newer holder of this candidate's lock writes the result (and acks)
             cand.fence = lock.fence

@@ -181,6 +181,11 @@ class CpuSession(Session):
         self.loads[key] = Load(key, "baseline", module=str(self.problem.directory / "reference.py"), name=name,
                                params=dict(self.problem.params))
 
+    def unload(self, key: str) -> None:
+        """The runner drops `key` (its library stays mapped: protocol.Unload)."""
+        self.loads.pop(key, None)
+        self.runner.unload(key)
+
     def call_sequence(self, key: str, shape: dict[str, int], steps: list[dict[str, np.ndarray]]) -> list[CallResult]:
         """Run the kernel once per step on the SAME buffers (fresh ones, with guard bands, for the first step):
         before each step the runner writes that step's inputs into them and poisons the outputs."""

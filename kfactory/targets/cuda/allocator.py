@@ -44,14 +44,23 @@ class Allocator:
         self.host_bytes = host_bytes
         self.scratch: tuple[int, int] | None = None   # (base, bytes) of the L2 flush buffer, made on first use
         self.flush_value = 0
+        self.live: dict[int, int] = {}   # every buffer allocated and not yet freed: base -> bytes
 
     def alloc(self, nbytes: int) -> int:
         """A fresh device buffer of `nbytes` (at least 1); its address."""
-        return int(check("cuMemAlloc", driver.cu.cuMemAlloc(max(1, nbytes))))
+        base = int(check("cuMemAlloc", driver.cu.cuMemAlloc(max(1, nbytes))))
+        self.live[base] = max(1, nbytes)
+        return base
 
     def free(self, bases: list[int]) -> None:
         for b in bases:
             check("cuMemFree", driver.cu.cuMemFree(dptr(b)))
+            self.live.pop(b, None)
+
+    def live_bytes(self) -> int:
+        """Bytes of device buffers held now besides the L2 flush scratch (which lives as long as the child)."""
+        keep = self.scratch[0] if self.scratch else None
+        return sum(n for b, n in self.live.items() if b != keep)
 
     def free_or_fatal(self, bases: list[int]) -> None:
         """free() on the way out of a failed request: a CUDA error here means the context is gone (fatal)."""

@@ -7,10 +7,10 @@ in the same process shares. It speaks the typed protocol of kfactory.sandbox.pro
 argument descriptors as the cpu child; the tensors live in shared-memory files and are copied to fresh
 device buffers here.
 
-Ops: load, call, bench, device, ceilings (see each op_*). A CUDA error during a call or a bench (a fault
-of the kernel, a refused launch) ends this process after one reply whose fault is DEVICE_FAULT, LAUNCH_FAILED
-or CUDA_ERROR with the CUresult code and exiting set: a faulting kernel poisons the context, so the parent
-replaces the runner. An invalid launch rule (kfactory.targets.cuda.launch) is a LAUNCH_FAILED fault that does
+Ops: load, call, bench, device, ceilings, device_check, unload (see each op_*). A CUDA error during a call or a
+bench (a fault of the kernel, a refused launch) ends this process after one reply whose fault is DEVICE_FAULT,
+LAUNCH_FAILED or CUDA_ERROR with the CUresult code and exiting set: a faulting kernel poisons the context, so the
+parent replaces the runner. An invalid launch rule (kfactory.targets.cuda.launch) is a LAUNCH_FAILED fault that does
 not end the process (nothing ran). Any other exception is the runner's own (HARNESS, kfactory.sandbox.child.serve).
 
 The parts, split the way tinygrad's runtime/ops_cuda.py splits a backend: driver.py (the driver API, errors
@@ -26,7 +26,7 @@ import numpy as np
 
 from kfactory.sandbox.child import Child, KernelFault, _baseline, main, sample_interleaved
 from kfactory.sandbox.protocol import (Arg, Bench, Call, Ceilings, DeviceCheck, DeviceQuery, FaultKind, Load, Ping,
-                                       Reply)
+                                       Reply, Unload)
 from kfactory.targets.cuda import driver, probes
 from kfactory.targets.cuda.allocator import ITEMSIZE, Allocator, DevTensor, _nbytes
 from kfactory.targets.cuda.device import CudaDevice, arch_of, cpu_usage  # noqa: F401 - arch_of: callers' name
@@ -131,6 +131,23 @@ class CudaChild(Child):
             self.mem.free_or_fatal([t.base for t in tensors.values()])
             raise
         return Reply(seconds=seconds, out_of_bounds=oob, **cpu_usage())
+
+    def op_unload(self, req: Unload) -> Reply:
+        """The module of cubin `key` unloaded and the last call's buffers freed (protocol.Unload); info says
+        what device memory is still held, for the parent's leak check."""
+        self.device.start()
+        program = self.kernels.pop(req.key, None)
+        kind = self.kinds.pop(req.key, None)
+        try:
+            if kind == "cubin" and program.module is not None:
+                check("cuModuleUnload", driver.cu.cuModuleUnload(program.module))
+                self.modules = [m for m in self.modules if m is not program.module]
+            old, self.prev_allocs = self.prev_allocs, []
+            self.mem.free(old)
+            free, _total = check("cuMemGetInfo", driver.cu.cuMemGetInfo())
+        except CudaError as e:
+            raise e.fatal() from e
+        return Reply(info={"live_bytes": self.mem.live_bytes(), "free_bytes": int(free)}, **cpu_usage())
 
     def op_device_check(self, req: DeviceCheck) -> Reply:
         """Inputs drawn in place, the float64 reference computed and the outputs compared on the device

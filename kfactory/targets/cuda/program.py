@@ -34,6 +34,8 @@ class Program:
     argtypes: list[str]
     rule: dict
     smem_set: int = STATIC_SMEM_LIMIT
+    #: the module the function lives in (what an unload unloads)
+    module: object = None
 
     def launch_for(self, shape: dict, smem_optin: int) -> Launch:
         """The launch configuration at `shape` (ValueError when the rule gives none this device can run)."""
@@ -90,7 +92,7 @@ def load_program(path: str, entry: str, argtypes: list[str], rule, modules: list
         if e.kind == "device_fault":
             raise e.fatal() from e
         raise KernelFault(FaultKind.LOAD_FAILED, f"cannot load {entry!r} from the cubin: {e}", code=e.code) from e
-    return Program(fn, argtypes, rule)
+    return Program(fn, argtypes, rule, module=mod)
 
 
 def pack(values: list) -> tuple[int, list]:

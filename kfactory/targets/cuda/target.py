@@ -216,6 +216,17 @@ class CudaSession(Session):
             return sequence_results(self.problem, steps, staged, views, reply.seconds, list(reply.out_of_bounds),
                                     copy=keep is None)
 
+    def unload(self, key: str) -> None:
+        """The runner unloads `key`'s module and frees the last call's buffers; a child that then still holds
+        device buffers besides its scratch leaked them (the harness's fault, never a candidate's: kernels cannot
+        allocate through our allocator) and is replaced, which frees its context."""
+        self.loads.pop(key, None)
+        reply = self.runner.unload(key)
+        if reply is not None and reply.info.get("live_bytes"):
+            log.warning("the cuda runner holds device memory after a candidate was unloaded; replacing it",
+                        key=key, live_bytes=reply.info["live_bytes"])
+            self.runner.stop()
+
     def device_check_unavailable(self, shape: dict[str, int], dist: str) -> str | None:
         """None where the GPU judges this check itself (Settings.device_judge, and judge_device.unavailable)."""
         if not self.target.settings.device_judge:
