@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -293,19 +294,70 @@ def test_fake_device_judge_matches_the_host_judge(fake_cuda, tmp_path):
         pytest.skip(f"no CUDA toolchain wheels: {e}")
 
 
-def _small_softmax(tmp_path):
-    """softmax with one large shape (just over the judge's LARGE_ELEMENTS, so it is judged on the device) and
+def _small_problem(tmp_path, name: str = "softmax"):
+    """A problem with one large shape (just over the judge's LARGE_ELEMENTS, so it is judged on the device) and
     its small verify shapes (judged on the host)."""
     import shutil
 
     import yaml
-    src = load_problem("softmax").directory
-    dst = tmp_path / "softmax_small"
+    src = load_problem(name).directory
+    dst = tmp_path / f"{name}_small"
     shutil.copytree(src, dst)
     spec = yaml.safe_load((dst / "problem.yaml").read_text())
-    spec["shapes"]["optimize"] = [{"rows": 1025, "cols": 1024}]
+    spec["shapes"]["optimize"] = [dict(zip(spec["symbols"], (1025, 1024)))]
     (dst / "problem.yaml").write_text(yaml.safe_dump(spec))
     return load_problem(dst)
+
+
+def _bf16_f64(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _rmsnorm_kernel(raw):
+    """rmsnorm in numpy on bf16 bits (x, w, y, rows, hidden, eps as a 4-byte float), rounded to nearest even."""
+    rows, hidden = _as_i64(raw[3]), _as_i64(raw[4])
+    eps = struct.unpack("<f", struct.pack("<I", raw[5] & 0xFFFFFFFF))[0]
+    x = np.ctypeslib.as_array((ctypes.c_uint16 * (rows * hidden)).from_address(raw[0])).reshape(rows, hidden)
+    w = np.ctypeslib.as_array((ctypes.c_uint16 * hidden).from_address(raw[1]))
+    y = np.ctypeslib.as_array((ctypes.c_uint16 * (rows * hidden)).from_address(raw[2])).reshape(rows, hidden)
+    xf = _bf16_f64(x)
+    out = (xf / np.sqrt((xf * xf).mean(axis=1, keepdims=True) + eps) * _bf16_f64(w)).astype(np.float32)
+    u = out.view(np.uint32)
+    y[...] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def test_fake_verify_judges_rmsnorms_bf16_and_its_eps_on_the_device(fake_cuda, settings, tmp_path):
+    """rmsnorm through the device judge: bf16 inputs drawn there, a float parameter (eps) passed to both the
+    kernel and the float64 reference, bf16 outputs compared; a kernel that ignores eps fails on the tiny set."""
+    from kfactory.judge import counter_rng
+    from kfactory.judge.checks import InputPool
+    from kfactory.judge.verify import verify
+    from kfactory.targets.cuda import child as cuda_child
+    from kfactory.targets.cuda import target as cuda
+    from kfactory.targets.cuda.toolchain import CudaToolchainMissing
+    problem = _small_problem(tmp_path, "rmsnorm")
+    ref = host_build(problem.reference_f64("cuda")[0], tmp_path / "ref.so")
+    fake_cuda.kernels.update(judge_kernels(fake_cuda, judge_host(tmp_path / "judge.so"), ref))
+    fake_cuda.kernels["reference_f64"] = (6, lambda raw: ref.reference_f64_host(
+        ctypes.c_void_p(raw[0]), ctypes.c_void_p(raw[1]), ctypes.c_void_p(raw[2]), ctypes.c_longlong(_as_i64(raw[3])),
+        ctypes.c_longlong(_as_i64(raw[4])), ctypes.c_double(struct.unpack("<d", struct.pack("<Q", raw[5]))[0])))
+    fake_cuda.kernels["kernel"] = (6, _rmsnorm_kernel)
+    sess = _bare_session(cuda, settings.model_copy(update={"device_judge": True}), problem)
+    sess.runner = _InProcessRunner(cuda_child.CudaChild(1))
+    sess.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    try:
+        verdict = verify(sess, "k", problem, InputPool(problem, reuse=1))
+    except CudaToolchainMissing as e:
+        pytest.skip(f"no CUDA toolchain wheels: {e}")
+    assert verdict.passed, verdict.message
+    on_device = [c for c in verdict.checks if c.distribution.startswith(counter_rng.PREFIX)]
+    assert len(on_device) == 2 * len(problem.spec.distributions)
+
+    def no_eps(raw):   # eps 0: right wherever mean(x^2) >> eps, wrong on the tiny set
+        _rmsnorm_kernel(raw[:5] + [0])
+    fake_cuda.kernels["kernel"] = (6, no_eps)
+    verdict = verify(sess, "k", problem, InputPool(problem, reuse=1))
+    assert not verdict.passed and verdict.reason == pb.WRONG_RESULT and "tiny" in verdict.checks[-1].distribution
 
 
 def test_fake_verify_judges_large_sets_on_the_device(fake_cuda, settings, tmp_path):
@@ -318,7 +370,7 @@ def test_fake_verify_judges_large_sets_on_the_device(fake_cuda, settings, tmp_pa
     from kfactory.targets.cuda import child as cuda_child
     from kfactory.targets.cuda import target as cuda
     from kfactory.targets.cuda.toolchain import CudaToolchainMissing
-    problem = _small_softmax(tmp_path)
+    problem = _small_problem(tmp_path)
     softmax_ref = host_build(problem.reference_f64("cuda")[0], tmp_path / "ref.so")
     fake_cuda.kernels.update(judge_kernels(fake_cuda, judge_host(tmp_path / "judge.so"), softmax_ref))
     sess = _bare_session(cuda, settings.model_copy(update={"device_judge": True}), problem)
@@ -371,18 +423,19 @@ def test_fake_verify_judges_large_sets_on_the_device(fake_cuda, settings, tmp_pa
 
 @gpu
 @needs_gpu
-def test_gpu_verify_judges_large_sets_on_the_device(settings, tmp_path):
-    """The whole verification of softmax's cuda reference kernel on the GPU with the device judge on: the large
-    shape's checks judged there (device:DIST, two runs each) and passed, the small shapes' on the host."""
+@pytest.mark.parametrize("name", ["softmax", "rmsnorm"])
+def test_gpu_verify_judges_large_sets_on_the_device(settings, tmp_path, name):
+    """The whole verification of the problem's cuda reference kernel on the GPU with the device judge on: the
+    large shape's checks judged there (device:DIST, two runs each) and passed, the small shapes' on the host."""
     from kfactory.judge import counter_rng
     from kfactory.judge.checks import InputPool
     from kfactory.judge.verify import verify
-    problem = _small_softmax(tmp_path)
+    problem = _small_problem(tmp_path, name)
     target = get_target("cuda", settings.model_copy(update={"runner_timeout_s": 60.0, "device_judge": True}))
     sess = target.session(problem, 1)
     try:
         src, _ = problem.reference_source("cuda")
-        sess.load_artifact("ref", _compile(target, src), "kernel", {"grid": "rows", "block": "256", "smem": "0"})
+        sess.load_artifact("ref", _compile(target, src), "kernel", problem.spec.reference_kernel["cuda"].launch)
         verdict = verify(sess, "ref", problem, InputPool(problem, reuse=1))
     finally:
         sess.close()
