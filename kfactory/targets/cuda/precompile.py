@@ -86,7 +86,8 @@ def points_of(problem, limit: int | None = None, families: tuple[str, ...] = (),
               seed: int = 0) -> list[Point]:
     """The reference kernel, then `first` ((family, params) pairs: the best points evidence knows, which a warm
     start proposes first), then the families' other points in a random order (fixed seed), one family after
-    another in turn so that a --limit samples every family; at most `limit` in all (None: every point)."""
+    another in turn so that a --limit samples every family; at most `limit` in all (None: every point). Then,
+    unless `families` picks some, the device judge's kernels (judge_points)."""
     out: list[Point] = []
     if "cuda" in problem.spec.reference_kernel and not families:
         source, flags, language, rule = problem.reference_kernel("cuda")
@@ -105,7 +106,23 @@ def points_of(problem, limit: int | None = None, families: tuple[str, ...] = (),
         seen.add(key)
         source, flags, _ = fam.render(params)
         out.append(Point(fam.name, params, source, fam.spec.language, flags, fam.spec.entry, fam.launch_rule(params)))
-    return out
+    return out + judge_points(problem) if not families else out
+
+
+#: the bundle's families of the device judge's own kernels (judge_points), beside the problem's
+JUDGE_FAMILIES = ("reference_f64", "judge")
+
+
+def judge_points(problem) -> list[Point]:
+    """The device judge's kernels (kfactory.targets.cuda.judge_device), which a session compiles once: the
+    problem's float64 reference kernel and the judge's draw and compare kernels; none without a reference_f64.
+    Outside a --limit, which samples the problem's own kernels."""
+    f64 = problem.reference_f64("cuda")
+    if f64 is None:
+        return []
+    from kfactory.targets.cuda import judge_kernels
+    return [Point("reference_f64", {}, f64[0], "cuda", f64[1], "reference_f64", {**f64[2], "params": {}}),
+            Point("judge", {}, judge_kernels.source(), "cuda", judge_kernels.FLAGS, judge_kernels.DRAW, None)]
 
 
 #: a family with at most this many parameter combinations is enumerated (its constraints evaluated on each, which
