@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kfactory.judge import counter_rng
 from kfactory.judge import inputs as inp
-from kfactory.judge.checks import (InputPool, RegressionInput, Rejection, check_outputs, fault_reason,
-                                   reject_tampering, timing_dist)
+from kfactory.judge.checks import (LARGE_ELEMENTS, InputPool, RegressionInput, Rejection, check_outputs,
+                                   device_checks, fault_reason, n_sets, reject_tampering, timing_dist)
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
 from kfactory.problems.check import ReferenceFailed
@@ -79,20 +80,27 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
     once more, on fresh inputs, after more calls than the timing made (probe_after_timing): that check does
     not depend on how many calls a loaded host let the timing make. A session that runs nothing (replay) has
     no kernel to probe."""
-    try:
-        sets, refs, seeds = pool.timing_sets(shape, cache_bytes)
-    except ReferenceFailed as e:
-        return Timing(reason=pb.PROBLEM_ERROR, message=str(e))
+    drawn = _drawn_timing(session, problem, shape, cache_bytes)
+    sets: list = []
+    refs: list = []
+    if drawn is None:
+        try:
+            sets, refs, seeds = pool.timing_sets(shape, cache_bytes)
+        except ReferenceFailed as e:
+            return Timing(reason=pb.PROBLEM_ERROR, message=str(e))
+    else:
+        seeds = drawn[1]
     sname = problem.shape_str(shape)
     probed = list(keys if probe is None else probe) if _runs_kernels(session) else []
     # the timing, the speed-of-light overhead (a load and a bench), the loads after a replacement, and per
     # probed key its repeat benches and its checked call: all in one runner child, whose kernels' state (a
     # call counter) is what the probe is about
     _hold_runner(session, 3 + len(keys) + len(probed) * (REPEAT_BENCHES + 1))
+    timing = dict(min_samples=settings.measure_min_samples, min_s=settings.measure_min_s,
+                  max_s=max_s or settings.measure_max_s, noise=settings.measure_noise, warmup_s=0.05)
     try:
-        res = session.bench(keys, shape, sets, min_samples=settings.measure_min_samples,
-                            min_s=settings.measure_min_s, max_s=max_s or settings.measure_max_s,
-                            noise=settings.measure_noise, warmup_s=0.05)
+        res = (session.bench(keys, shape, sets, **timing) if drawn is None else
+               session.bench_drawn(keys, shape, drawn[0], seeds, **timing))
     except RunnerFault as e:
         return Timing(reason=fault_reason(e), message=f"{sname} timing: {e}")
     nbytes, _ = problem.cost(shape)
@@ -114,12 +122,9 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
                           message=f"{sname}: median {t.median_s * 1e6:.1f} us less {overhead * 1e6:.1f} us for an "
                                   f"empty call is under the speed-of-light floor {floor * 1e6:.1f} us "
                                   f"(bytes/bandwidth, flops/peak over {SOL_SLACK:g})")
-        for i, outs in enumerate(res.outputs[k]):
-            check = check_outputs(problem, outs, refs[i], sname, "timed", seeds[i], 0.0)
-            if not check.passed:
-                return Timing(reason=pb.WRONG_RESULT, failed_key=k,
-                              failed_input=RegressionInput(sname, timing_dist(problem), seeds[i]),
-                              message=f"{sname}: output of the timed calls (set {i}) is wrong: {check.note}")
+        wrong = _timed_outputs(problem, res, k, sname, refs, seeds, None if drawn is None else drawn[0])
+        if wrong is not None:
+            return wrong
         t.output_checked = True
         t.mode = res.mode
         if k in res.telemetry:
@@ -130,6 +135,33 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
         if failed is not None:
             return failed
     return out
+
+
+def _drawn_timing(session: Session, problem: Problem, shape: dict[str, int],
+                  cache_bytes: int) -> tuple[str, list[int]] | None:
+    """(distribution, a fresh seed per timing set) when the session's device draws and checks the timing sets
+    itself (a large set its device judge can draw, reference and compare: kfactory.judge.verify._on_device's
+    rule), else None: the pool's sets, drawn and referenced on the host."""
+    dist = timing_dist(problem)
+    if math.prod(shape.values()) <= LARGE_ELEMENTS or session.device_check_unavailable(shape, dist) is not None:
+        return None
+    return dist, [inp.fresh_seed() for _ in range(n_sets(problem, shape, cache_bytes))]
+
+
+def _timed_outputs(problem: Problem, res, key: str, sname: str, refs: list, seeds: list[int],
+                   drawn: str | None) -> Timing | None:
+    """A WRONG_RESULT Timing when an output the timed calls of `key` left in some set is wrong (against its host
+    reference, or by the figures its device compared when the sets were drawn there from distribution
+    `drawn`), naming the set's seed as a regression input; None when all are right."""
+    per_set = res.outputs[key] if drawn is None else res.figures[key]
+    label = timing_dist(problem) if drawn is None else counter_rng.PREFIX + drawn
+    for i, outs in enumerate(per_set):
+        check = (check_outputs(problem, outs, refs[i], sname, "timed", seeds[i], 0.0) if drawn is None
+                 else device_checks(problem, outs, sname, label, seeds[i], 0.0))
+        if not check.passed:
+            return Timing(reason=pb.WRONG_RESULT, failed_key=key, failed_input=RegressionInput(sname, label, seeds[i]),
+                          message=f"{sname}: output of the timed calls (set {i}) is wrong: {check.note}")
+    return None
 
 
 #: repeat benches a probe may need before its calls are made (each one twice as long as the one before)

@@ -152,7 +152,10 @@ class BenchKernel:
 @dataclass(frozen=True)
 class Bench(Request):
     """Interleaved timing (A B A B ...) of `kernels` until `max_s`, or `min_samples` and `min_s` with every
-    kernel's noise under `noise`; warm-up first. `mode` (cuda): "events" or "graph"."""
+    kernel's noise under `noise`; warm-up first. `mode` (cuda): "events" or "graph". cuda: an argument set's
+    tensors may be drawn and compared on the device as DeviceCheck's are ("draw" and "compare" descriptors, and
+    `reference` as DeviceCheck.reference): then the reply's info holds {"figures": {key: [{output: figures}
+    per set]}} instead of outputs copied back."""
     op: ClassVar[str] = "bench"
     kernels: list[BenchKernel]
     min_samples: int
@@ -163,6 +166,7 @@ class Bench(Request):
     mode: str = "events"
     shape: dict[str, int] = field(default_factory=dict)
     keep: list[str] | None = None
+    reference: dict | None = None
 
     def __post_init__(self):
         # decoded from JSON the kernels are dicts: make them BenchKernels (frozen, hence object.__setattr__)

@@ -40,6 +40,9 @@ class BenchResult:
     mode: str = "wall"
     #: per key, NVML readings around the measurement (GPU targets)
     telemetry: dict[str, pb.GpuTelemetry] = field(default_factory=dict)
+    #: sets drawn and compared on the device (Session.bench_drawn): per key, per set, {output: figures}, where
+    #: `outputs` is then empty
+    figures: dict[str, list[dict]] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,6 +97,13 @@ class Session(ABC):
         """Inputs of `dist` drawn from `seed` where the kernel runs (kfactory.judge.counter_rng is the host twin
         of the draw), the float64 reference computed and each output compared there, `runs` runs on the same
         buffers; only where device_check_unavailable says None."""
+        raise NotImplementedError(self.device_check_unavailable(shape, dist))
+
+    def bench_drawn(self, keys: list[str], shape: dict[str, int], dist: str, seeds: list[int], *, min_samples: int,
+                    min_s: float, max_s: float, noise: float, warmup_s: float) -> BenchResult:
+        """bench() on input sets drawn where the kernels run, one per seed (as device_check draws them), each
+        set's outputs compared there with its float64 reference: the result's `figures`, not its outputs; only
+        where device_check_unavailable says None."""
         raise NotImplementedError(self.device_check_unavailable(shape, dist))
 
     def call_overhead_s(self) -> float:

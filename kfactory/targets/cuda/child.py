@@ -152,7 +152,6 @@ class CudaChild(Child):
     def op_device_check(self, req: DeviceCheck) -> Reply:
         """Inputs drawn in place, the float64 reference computed and the outputs compared on the device
         (protocol.DeviceCheck); nothing but figures comes back."""
-        from kfactory.targets.cuda.judge_device import DeviceJudge
         self.device.start()
         if self.kinds.get(req.key) != "cubin":
             raise ValueError(f"device_check runs cubins, not {self.kinds.get(req.key)!r} {req.key!r}")
@@ -160,9 +159,7 @@ class CudaChild(Child):
             launch = self._launch_for(req.key, req.shape)
         except ValueError as e:
             raise self._refused(e) from e
-        if self.judge is None:
-            with open(req.reference["judge"], "rb") as f:
-                self.judge = DeviceJudge(self.device, self.mem, self.modules, "", image=f.read())
+        self._device_judge(req.reference["judge"])
         tensors: dict[str, DevTensor] = {}
         scratch: dict[str, int] = {}
         try:
@@ -194,14 +191,20 @@ class CudaChild(Child):
                 launches[k] = self._launch_for(k, req.shape) if self.kinds[k] == "cubin" else None
             except ValueError as e:
                 raise self._refused(e) from e
+        if req.reference is not None:
+            self._device_judge(req.reference["judge"])
         sets: dict[str, list] = {k: [] for k in keys}
         graphs: list = []
+        info: dict = {}
         try:
             for kern in req.kernels:
                 for argset in kern.argsets:
                     tensors: dict[str, DevTensor] = {}
                     sets[kern.key].append((argset, tensors))
-                    self.mem.upload(argset, tensors, guard=False)
+                    if any("draw" in a for a in argset):
+                        self._drawn_set(argset, tensors)
+                    else:
+                        self.mem.upload(argset, tensors, guard=False)
             pool = sum(t.nbytes for v in sets.values() for _, ts in v for t in ts.values())
             flush_bytes = 2 * self.device.l2 if pool < 2 * self.device.l2 else 0
             samplers, per_sample, enqueues = {}, {}, {}
@@ -220,10 +223,13 @@ class CudaChild(Child):
                 for enq in enqueues[k]:
                     enq()
             check("cuCtxSynchronize", driver.cu.cuCtxSynchronize())
+            if req.reference is not None:   # drawn sets: compared here, nothing copied back
+                info["figures"] = {k: [self._compared_set(req.reference, req.shape, argset, tensors)
+                                       for argset, tensors in v] for k, v in sets.items()}
             for v in sets.values():
                 for _, tensors in v:
                     for t in tensors.values():
-                        if t.role == "out":
+                        if t.role == "out" and t.host.size:
                             self.mem.d2h(t, t.host)
             for graph, exe in graphs:
                 check("cuGraphExecDestroy", driver.cu.cuGraphExecDestroy(exe))
@@ -236,7 +242,44 @@ class CudaChild(Child):
             self.mem.free_or_fatal([t.base for v in sets.values() for _, ts in v for t in ts.values()])
             raise
         return Reply(samples=samples, mode=mode, launches_per_sample=per_sample, flushed=bool(flush_bytes),
-                     **cpu_usage())
+                     info=info, **cpu_usage())
+
+    def _device_judge(self, judge_path: str):
+        """The judge's kernels (judge_device.DeviceJudge), loaded from the parent's cubin the first time."""
+        from kfactory.targets.cuda.judge_device import DeviceJudge
+        if self.judge is None:
+            with open(judge_path, "rb") as f:
+                self.judge = DeviceJudge(self.device, self.mem, self.modules, "", image=f.read())
+        return self.judge
+
+    def _drawn_set(self, argset: list[Arg], tensors: dict[str, DevTensor]) -> None:
+        """A bench's argument set made on the device: inputs drawn in place, outputs poisoned (no guard bands,
+        as the bench's uploaded sets have none)."""
+        for a in argset:
+            if "draw" in a or "compare" in a:
+                t = tensors[a["name"]] = self.mem.fresh(a, guard=False)
+                if "draw" in a:
+                    d = a["draw"]
+                    self.judge.draw_raw(t.ptr, t.dtype, t.nbytes // ITEMSIZE[t.dtype], d["cols"], d["seed"],
+                                        d["tensor"], d["kind"], d["a"], d["b"], d["neg_inf"])
+                else:
+                    self.mem.poison(t)
+
+    def _compared_set(self, ref: dict, shape: dict, argset: list[Arg], tensors: dict[str, DevTensor]) -> dict:
+        """{output: figures} of a drawn set's outputs against its float64 reference (`ref` as
+        DeviceCheck.reference), computed here."""
+        judge = self.judge
+        outs = [a for a in argset if "compare" in a]
+        refs = {a["name"]: self.mem.alloc(8 * (tensors[a["name"]].nbytes // ITEMSIZE[a["dtype"]])) for a in outs}
+        try:
+            loaded = judge.load_reference(ref["path"], ref["launch"])
+            judge.run_reference(loaded, shape, [tensors[n].ptr for n in ref["inputs"]] +
+                                [refs[n] for n in ref["outputs"]], ref["symbols"], ref["params"])
+            return {a["name"]: judge.compare(tensors[a["name"]].ptr, a["dtype"], refs[a["name"]],
+                                             tensors[a["name"]].nbytes // ITEMSIZE[a["dtype"]], a["compare"]["atol"],
+                                             a["compare"]["rtol"]) for a in outs}
+        finally:
+            self.mem.free(list(refs.values()))
 
     #: kept here, where the tests of the warm-up find it
     _warm_up_device = staticmethod(warm_up_device)

@@ -240,16 +240,20 @@ class CudaSession(Session):
         if why is not None:
             raise ValueError(f"{self.problem.name} {dist}: {why}")
         self._ensure(key)
-        if self.judge_paths is None:
-            source, flags, _ = self.problem.reference_f64("cuda")
-            self.judge_paths = (self._judge_cubin(judge_kernels.source(), judge_kernels.FLAGS, judge_kernels.DRAW),
-                                self._judge_cubin(source, flags, "reference_f64"))
         req = DeviceCheck(key, judge_device.device_argset(self.problem, self.abi_args, shape, dist, seed),
-                          judge_device.reference_request(self.problem, shape, *self.judge_paths), dict(shape), runs)
+                          judge_device.reference_request(self.problem, shape, *self._judge_paths()), dict(shape), runs)
         reply = self._request(req, timeout_s=self.runner.timeout_s * (runs + 2))
         info = reply.info
         return DeviceChecked(list(reply.seconds), info["figures"], info["differ"], info["mutated"],
                              list(reply.out_of_bounds))
+
+    def _judge_paths(self) -> tuple[str, str]:
+        """The judge's and the problem's float64 reference cubins, built (or served from a bundle) once."""
+        if self.judge_paths is None:
+            source, flags, _ = self.problem.reference_f64("cuda")
+            self.judge_paths = (self._judge_cubin(judge_kernels.source(), judge_kernels.FLAGS, judge_kernels.DRAW),
+                                self._judge_cubin(source, flags, "reference_f64"))
+        return self.judge_paths
 
     def _judge_cubin(self, source: str, flags: str, entry: str) -> str:
         res = self.target.compile(source, "cuda", flags, entry)
@@ -265,6 +269,20 @@ class CudaSession(Session):
         fastest = min(statistics.median(s) for s in reply.samples.values())
         return "graph" if fastest < GRAPH_BELOW_S else "events"
 
+    def bench_drawn(self, keys, shape, dist, seeds, *, min_samples, min_s, max_s, noise, warmup_s,
+                    mode: str | None = None) -> BenchResult:
+        """Session.bench_drawn on the GPU: each key's sets drawn in place from `seeds`, compared there after the
+        timing (protocol.Bench with "draw" descriptors and a reference)."""
+        why = self.device_check_unavailable(shape, dist)
+        if why is not None:
+            raise ValueError(f"{self.problem.name} {dist}: {why}")
+        argsets = [judge_device.device_argset(self.problem, self.abi_args, shape, dist, s) for s in seeds]
+        base = Bench([BenchKernel(k, argsets) for k in keys], min_samples=min_samples, min_s=min_s, max_s=max_s,
+                     noise=noise, warmup_s=warmup_s, shape=dict(shape),
+                     reference=judge_device.reference_request(self.problem, shape, *self._judge_paths()))
+        return self._timed(keys, base, mode, lambda reply, tel: BenchResult(
+            reply.samples, {}, telemetry=tel, figures=reply.info["figures"]))
+
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
               mode: str | None = None) -> BenchResult:
         """Interleaved timing on the GPU (see cuda_child.op_bench); `mode` events, graph, or None to pick by a
@@ -277,29 +295,39 @@ class CudaSession(Session):
                        for k in keys}
             base = Bench([BenchKernel(k, [a for a, _ in per_key[k]]) for k in keys], min_samples=min_samples,
                          min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, shape=dict(shape), keep=keep)
-            if mode is None:
-                mode = self._pick_mode(base)
-            req = dataclasses.replace(base, mode=mode)
-            timeout = max_s + 10 * warmup_s + self.runner.timeout_s + 30  # + graph capture and uploads
-            retries = 0
-            while True:
-                before = nvml.read(self.uuid)
-                reply = self._request(req, timeout_s=timeout)
-                after = nvml.read(self.uuid)
-                tel = nvml.telemetry(before, after, self.model, self.uuid)
-                if not tel.throttled or retries >= 1:
-                    break
-                retries += 1
-                log.info("measurement throttled; retrying once", reasons=list(tel.throttle_reasons))
-            tel.retries = retries
             copy = np.array if keep is None else (lambda v: v)   # an arena's views stay valid, as call_sequence's
-            outs = {k: [{t.name: copy(views[t.name]) for t in self.problem.spec.outputs}
-                        for _, views in per_key[k]] for k in keys}
+            outputs = [t.name for t in self.problem.spec.outputs]
+            return self._timed(keys, base, mode, lambda reply, tel: BenchResult(
+                reply.samples, {k: [{n: copy(views[n]) for n in outputs} for _, views in per_key[k]] for k in keys},
+                telemetry=tel))
+
+    def _timed(self, keys, base: Bench, mode: str | None, result) -> BenchResult:
+        """Bench request `base` at `mode` (None: picked by a probe), NVML read around it and a throttled one
+        retried once; `result(reply, telemetry per key)` makes the BenchResult."""
+        for k in keys:
+            self._ensure(k)
+        if mode is None:
+            mode = self._pick_mode(base)
+        req = dataclasses.replace(base, mode=mode)
+        timeout = base.max_s + 10 * base.warmup_s + self.runner.timeout_s + 30  # + graph capture and uploads
+        retries = 0
+        while True:
+            before = nvml.read(self.uuid)
+            reply = self._request(req, timeout_s=timeout)
+            after = nvml.read(self.uuid)
+            tel = nvml.telemetry(before, after, self.model, self.uuid)
+            if not tel.throttled or retries >= 1:
+                break
+            retries += 1
+            log.info("measurement throttled; retrying once", reasons=list(tel.throttle_reasons))
+        tel.retries = retries
         telemetry = {}
         for k in keys:
             telemetry[k] = pb.GpuTelemetry()
             telemetry[k].CopyFrom(tel)
-        return BenchResult(reply.samples, outs, mode=reply.mode or mode, telemetry=telemetry)
+        out = result(reply, telemetry)
+        out.mode = reply.mode or mode
+        return out
 
     def close(self) -> None:
         self.runner.stop()
