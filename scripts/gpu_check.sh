@@ -21,7 +21,7 @@ PY=${PYTHON:-python3}
 SITE=${KF_SITE:-/tmp/kf-site}
 # The device-time plan: about 8.5 minutes in all (the first H200 runs, 2026-12-04: 399 s and 363 s, one warm from the
 # other, inside a 15-minute loan), each stage's limit overridable: the GPU tests (7 took 38 s there; the device
-# judge's 3 since, each starting a runner and verifying a 1025x1024 shape, are given 40 s more), softmax and RMSNorm
+# judge's 4 since, most starting a runner and judging a 1025x1024 shape, are given 40 s more), softmax and RMSNorm
 # (a campaign each, its search stopping at 55% of KF_GPU_CAMPAIGN_S), then KDA (the baselines' JIT warm-up, the
 # recurrent and chunked campaigns, the public shapes until KF_GPU_KDA_S less 30 s). Run it again at once on the
 # still-warm machine and it goes on from the same workspace (KF_DATA): its campaigns start warm from the first's.
