@@ -326,29 +326,42 @@ def _rmsnorm_kernel(raw):
     y[...] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+def _judged_session(fake_cuda, settings, tmp_path, problem, **update):
+    """A cuda session over the fake driver with the device judge on (and `update`'s settings), whose judge
+    kernels and float64 reference are the same C sources built for this host, kernel "k" loaded; the problem's
+    reference library comes back too, for a test that wires its own reference call."""
+    from kfactory.targets.cuda import child as cuda_child
+    from kfactory.targets.cuda import target as cuda
+    ref = host_build(problem.reference_f64("cuda")[0], tmp_path / "ref.so")
+    fake_cuda.kernels.update(judge_kernels(fake_cuda, judge_host(tmp_path / "judge.so"), ref))
+    sess = _bare_session(cuda, settings.model_copy(update={"device_judge": True, **update}), problem)
+    sess.runner = _InProcessRunner(cuda_child.CudaChild(1))
+    sess.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    return sess, ref
+
+
+def _verified(sess, problem):
+    """verify() of kernel "k"; skipped where NVRTC (which builds the judge's cubins) is not installed."""
+    from kfactory.judge.checks import InputPool
+    from kfactory.judge.verify import verify
+    from kfactory.targets.cuda.toolchain import CudaToolchainMissing
+    try:
+        return verify(sess, "k", problem, InputPool(problem, reuse=1))
+    except CudaToolchainMissing as e:
+        pytest.skip(f"no CUDA toolchain wheels: {e}")
+
+
 def test_fake_verify_judges_rmsnorms_bf16_and_its_eps_on_the_device(fake_cuda, settings, tmp_path):
     """rmsnorm through the device judge: bf16 inputs drawn there, a float parameter (eps) passed to both the
     kernel and the float64 reference, bf16 outputs compared; a kernel that ignores eps fails on the tiny set."""
     from kfactory.judge import counter_rng
-    from kfactory.judge.checks import InputPool
-    from kfactory.judge.verify import verify
-    from kfactory.targets.cuda import child as cuda_child
-    from kfactory.targets.cuda import target as cuda
-    from kfactory.targets.cuda.toolchain import CudaToolchainMissing
     problem = _small_problem(tmp_path, "rmsnorm")
-    ref = host_build(problem.reference_f64("cuda")[0], tmp_path / "ref.so")
-    fake_cuda.kernels.update(judge_kernels(fake_cuda, judge_host(tmp_path / "judge.so"), ref))
+    sess, ref = _judged_session(fake_cuda, settings, tmp_path, problem)
     fake_cuda.kernels["reference_f64"] = (6, lambda raw: ref.reference_f64_host(
         ctypes.c_void_p(raw[0]), ctypes.c_void_p(raw[1]), ctypes.c_void_p(raw[2]), ctypes.c_longlong(_as_i64(raw[3])),
         ctypes.c_longlong(_as_i64(raw[4])), ctypes.c_double(struct.unpack("<d", struct.pack("<Q", raw[5]))[0])))
     fake_cuda.kernels["kernel"] = (6, _rmsnorm_kernel)
-    sess = _bare_session(cuda, settings.model_copy(update={"device_judge": True}), problem)
-    sess.runner = _InProcessRunner(cuda_child.CudaChild(1))
-    sess.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
-    try:
-        verdict = verify(sess, "k", problem, InputPool(problem, reuse=1))
-    except CudaToolchainMissing as e:
-        pytest.skip(f"no CUDA toolchain wheels: {e}")
+    verdict = _verified(sess, problem)
     assert verdict.passed, verdict.message
     on_device = [c for c in verdict.checks if c.distribution.startswith(counter_rng.PREFIX)]
     assert len(on_device) == 2 * len(problem.spec.distributions)
@@ -356,7 +369,7 @@ def test_fake_verify_judges_rmsnorms_bf16_and_its_eps_on_the_device(fake_cuda, s
     def no_eps(raw):   # eps 0: right wherever mean(x^2) >> eps, wrong on the tiny set
         _rmsnorm_kernel(raw[:5] + [0])
     fake_cuda.kernels["kernel"] = (6, no_eps)
-    verdict = verify(sess, "k", problem, InputPool(problem, reuse=1))
+    verdict = _verified(sess, problem)
     assert not verdict.passed and verdict.reason == pb.WRONG_RESULT and "tiny" in verdict.checks[-1].distribution
 
 
@@ -367,15 +380,9 @@ def test_fake_measure_draws_and_checks_large_timing_sets_on_the_device(fake_cuda
     from kfactory.judge import counter_rng
     from kfactory.judge.checks import InputPool, timing_dist
     from kfactory.judge.measure import measure
-    from kfactory.targets.cuda import child as cuda_child
-    from kfactory.targets.cuda import target as cuda
     problem = _small_problem(tmp_path)
-    softmax_ref = host_build(problem.reference_f64("cuda")[0], tmp_path / "ref.so")
-    fake_cuda.kernels.update(judge_kernels(fake_cuda, judge_host(tmp_path / "judge.so"), softmax_ref))
-    s = settings.model_copy(update={"device_judge": True, "measure_min_s": 0.01, "measure_max_s": 0.05})
-    sess = _bare_session(cuda, s, problem)
-    sess.runner = _InProcessRunner(cuda_child.CudaChild(1))
-    sess.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    sess, _ = _judged_session(fake_cuda, settings, tmp_path, problem, measure_min_s=0.01, measure_max_s=0.05)
+    s = sess.target.settings
     large = {"rows": 1025, "cols": 1024}
     got = measure(sess, ["k"], problem, large, InputPool(problem, reuse=1), 2 << 20, s)
     assert not got.reason, got.message
@@ -398,23 +405,11 @@ def test_fake_verify_judges_large_sets_on_the_device(fake_cuda, settings, tmp_pa
     device (labelled device:DIST, two runs each), the small shapes' on the host; a kernel wrong only on large
     sets is rejected by the device's figures, and the host twin draws the failing row again from the seed."""
     from kfactory.judge import counter_rng
-    from kfactory.judge.checks import InputPool
-    from kfactory.judge.verify import verify
-    from kfactory.targets.cuda import child as cuda_child
-    from kfactory.targets.cuda import target as cuda
-    from kfactory.targets.cuda.toolchain import CudaToolchainMissing
     problem = _small_problem(tmp_path)
-    softmax_ref = host_build(problem.reference_f64("cuda")[0], tmp_path / "ref.so")
-    fake_cuda.kernels.update(judge_kernels(fake_cuda, judge_host(tmp_path / "judge.so"), softmax_ref))
-    sess = _bare_session(cuda, settings.model_copy(update={"device_judge": True}), problem)
-    sess.runner = _InProcessRunner(cuda_child.CudaChild(1))
-    sess.load_artifact("k", b"cubin", "kernel", {"grid": "rows", "block": "256"})
+    sess, _ = _judged_session(fake_cuda, settings, tmp_path, problem)
     large = {"rows": 1025, "cols": 1024}
     assert sess.device_check_unavailable(large, "masked") is None
-    try:
-        verdict = verify(sess, "k", problem, InputPool(problem, reuse=1))
-    except CudaToolchainMissing as e:
-        pytest.skip(f"no CUDA toolchain wheels: {e}")
+    verdict = _verified(sess, problem)
     assert verdict.passed, verdict.message
     on_device = [c for c in verdict.checks if c.distribution.startswith(counter_rng.PREFIX)]
     assert len(on_device) == 2 * len(problem.spec.distributions) and all(c.shape == "1025x1024" for c in on_device)
@@ -427,7 +422,7 @@ def test_fake_verify_judges_large_sets_on_the_device(fake_cuda, settings, tmp_pa
             y = np.ctypeslib.as_array((ctypes.c_float * (rows * cols)).from_address(raw[1]))
             y[777 * cols + 5] += 0.01
     fake_cuda.kernels["kernel"] = (4, wrong_when_large)
-    verdict = verify(sess, "k", problem, InputPool(problem, reuse=1))
+    verdict = _verified(sess, problem)
     assert not verdict.passed and verdict.reason == pb.WRONG_RESULT
     failing, first = verdict.checks[-1], next(iter(problem.spec.distributions))
     assert failing.distribution == counter_rng.PREFIX + first and failing.worst_index == 777 * 1024 + 5
@@ -449,7 +444,7 @@ def test_fake_verify_judges_large_sets_on_the_device(fake_cuda, settings, tmp_pa
     for body, reason in ((writes_its_input_when_large, pb.INPUT_MUTATED),
                          (differs_between_runs_when_large, pb.NOT_DETERMINISTIC)):
         fake_cuda.kernels["kernel"] = (4, body)
-        verdict = verify(sess, "k", problem, InputPool(problem, reuse=1))
+        verdict = _verified(sess, problem)
         assert not verdict.passed and verdict.reason == reason, (body.__name__, verdict.message)
         assert "1025x1024" in verdict.message
 
