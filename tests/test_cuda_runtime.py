@@ -400,6 +400,24 @@ def test_fake_measure_draws_and_checks_large_timing_sets_on_the_device(fake_cuda
     assert x.shape == (1, 1024) and np.isfinite(x).all()
 
 
+def test_a_session_without_a_device_judge_refuses_device_checks_with_its_reason(fake_session, settings):
+    """The judge asks device_check_unavailable first; asked anyway, a session that cannot judge there refuses
+    with a typed error carrying the reason: the cpu target (no judge of its own), a cuda one with the judge off."""
+    from kfactory.targets.base import DeviceCheckUnavailable
+    large = {"rows": 1025, "cols": 1024}
+    cpu = get_target("cpu", settings).session(load_problem("softmax"), 1)
+    try:
+        with pytest.raises(DeviceCheckUnavailable, match="judges on the host"):
+            cpu.device_check("k", large, "normal", 1)
+        with pytest.raises(DeviceCheckUnavailable, match="judges on the host"):
+            cpu.bench_drawn(["k"], large, "normal", [1], min_samples=1, min_s=0, max_s=0, noise=1, warmup_s=0)
+    finally:
+        cpu.close()
+    assert fake_session.device_check_unavailable(large, "normal") == "the device judge is off (Settings.device_judge)"
+    with pytest.raises(DeviceCheckUnavailable, match="device judge is off"):
+        fake_session.device_check("k", large, "normal", 1)
+
+
 def test_fake_verify_judges_large_sets_on_the_device(fake_cuda, settings, tmp_path):
     """verify() with the device judge on: the large shape's checks are drawn, referenced and compared by the
     device (labelled device:DIST, two runs each), the small shapes' on the host; a kernel wrong only on large

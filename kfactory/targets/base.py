@@ -45,6 +45,11 @@ class BenchResult:
     figures: dict[str, list[dict]] = field(default_factory=dict)
 
 
+class DeviceCheckUnavailable(RuntimeError):
+    """device_check or bench_drawn asked of a session that cannot judge that check on its device; the message is
+    device_check_unavailable's reason. The judge asks device_check_unavailable first and takes the host path."""
+
+
 @dataclass
 class DeviceChecked:
     """A verification call judged where the outputs are (Session.device_check): per run, the comparison figures
@@ -96,15 +101,16 @@ class Session(ABC):
     def device_check(self, key: str, shape: dict[str, int], dist: str, seed: int, runs: int = 2) -> DeviceChecked:
         """Inputs of `dist` drawn from `seed` where the kernel runs (kfactory.judge.counter_rng is the host twin
         of the draw), the float64 reference computed and each output compared there, `runs` runs on the same
-        buffers; only where device_check_unavailable says None."""
-        raise NotImplementedError(self.device_check_unavailable(shape, dist))
+        buffers; only where device_check_unavailable says None, else DeviceCheckUnavailable. By default a target
+        has no judge of its own."""
+        raise DeviceCheckUnavailable(self.device_check_unavailable(shape, dist) or "no device judge")
 
     def bench_drawn(self, keys: list[str], shape: dict[str, int], dist: str, seeds: list[int], *, min_samples: int,
                     min_s: float, max_s: float, noise: float, warmup_s: float) -> BenchResult:
         """bench() on input sets drawn where the kernels run, one per seed (as device_check draws them), each
         set's outputs compared there with its float64 reference: the result's `figures`, not its outputs; only
-        where device_check_unavailable says None."""
-        raise NotImplementedError(self.device_check_unavailable(shape, dist))
+        where device_check_unavailable says None, else DeviceCheckUnavailable."""
+        raise DeviceCheckUnavailable(self.device_check_unavailable(shape, dist) or "no device judge")
 
     def call_overhead_s(self) -> float:
         """Seconds a timed call costs when the kernel does nothing (0 where timing sees the kernel alone, as

@@ -22,7 +22,8 @@ from kfactory.sandbox.parent import Runner, RunnerFault
 from kfactory.sandbox.shm import ArenaRing, request_buffers
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Ceilings, DeviceCheck, DeviceQuery, Load
 from kfactory.targets.cuda import judge_device, judge_kernels, nvml
-from kfactory.targets.base import BenchResult, CallResult, CompileResult, DeviceChecked, Session, Target
+from kfactory.targets.base import (BenchResult, CallResult, CompileResult, DeviceChecked, DeviceCheckUnavailable,
+                                   Session, Target)
 from kfactory.targets.cpu.ceiling import read_cached, write_cached
 from kfactory.sandbox.shm_args import bench_bytes, build_argset, call_bytes, sequence_results, stage_steps
 from kfactory.v1 import events_pb2 as pb
@@ -238,7 +239,7 @@ class CudaSession(Session):
         reference compiled here once, for the runner to load."""
         why = self.device_check_unavailable(shape, dist)
         if why is not None:
-            raise ValueError(f"{self.problem.name} {dist}: {why}")
+            raise DeviceCheckUnavailable(f"{self.problem.name} {dist}: {why}")
         self._ensure(key)
         req = DeviceCheck(key, judge_device.device_argset(self.problem, self.abi_args, shape, dist, seed),
                           judge_device.reference_request(self.problem, shape, *self._judge_paths()), dict(shape), runs)
@@ -275,7 +276,7 @@ class CudaSession(Session):
         timing (protocol.Bench with "draw" descriptors and a reference)."""
         why = self.device_check_unavailable(shape, dist)
         if why is not None:
-            raise ValueError(f"{self.problem.name} {dist}: {why}")
+            raise DeviceCheckUnavailable(f"{self.problem.name} {dist}: {why}")
         argsets = [judge_device.device_argset(self.problem, self.abi_args, shape, dist, s) for s in seeds]
         base = Bench([BenchKernel(k, argsets) for k in keys], min_samples=min_samples, min_s=min_s, max_s=max_s,
                      noise=noise, warmup_s=warmup_s, shape=dict(shape),
