@@ -235,24 +235,33 @@ def test_fake_bench_interleaves_and_returns_every_sets_output(fake_session, fake
     assert not leftover  # every bench buffer was freed
 
 
-def _judge_round_trip(arch: str):
+def _judge_round_trip(arch: str, tmp_path):
     """The device judge on the current driver: softmax inputs drawn on the device (every distribution, -inf
     masks too) equal the host twin's bit for bit; the device's float64 reference matches reference.py; the
     device's comparison of an output with it gives the host judge's figures (a clean output passes, one with a
-    wrong element fails at that element)."""
+    wrong element fails at that element). The cubins are built here, as a session builds them for its runner."""
     from kfactory.judge import counter_rng, numerics
     from kfactory.targets.cuda import driver
+    from kfactory.targets.cuda import judge_kernels as jk
     from kfactory.targets.cuda.allocator import Allocator
+    from kfactory.targets.cuda.compile import compile_cuda
     from kfactory.targets.cuda.device import CudaDevice
     from kfactory.targets.cuda.driver import check, dptr
-    from kfactory.targets.cuda.judge_device import DeviceJudge
+    from kfactory.targets.cuda.judge_device import DeviceJudge, draw_spec, reference_request
 
+    problem = load_problem("softmax")
+    found = problem.reference_f64("cuda")
+    assert found is not None
+    source, flags, _ = found
+    built = [compile_cuda(jk.source(), "cuda", jk.FLAGS, jk.DRAW, arch, None),
+             compile_cuda(source, "cuda", flags, "reference_f64", arch, None)]
+    assert all(r.ok for r in built), [r.log[-2000:] for r in built]
+    (tmp_path / "judge.cubin").write_bytes(built[0].artifact)
+    (tmp_path / "ref.cubin").write_bytes(built[1].artifact)
     dev = CudaDevice()
     dev.start()
     mem = Allocator(None)
-    modules: list = []
-    judge = DeviceJudge(dev, mem, modules, arch)
-    problem = load_problem("softmax")
+    judge = DeviceJudge(dev, mem, [], built[0].artifact)
     tol = problem.spec.tolerance["float32"]
     for shape in ({"rows": 65, "cols": 4099}, {"rows": 1, "cols": 1}):
         n = shape["rows"] * shape["cols"]
@@ -260,12 +269,13 @@ def _judge_round_trip(arch: str):
             seed = 1234567 + n
             x, y, out = mem.alloc(4 * n), mem.alloc(8 * n), mem.alloc(4 * n)
             try:
-                judge.draw(x, "float32", n, shape["cols"], seed, 0, problem.spec.distributions[dist]["x"])
+                judge.draw(x, "float32", n, draw_spec(problem.spec.distributions[dist]["x"], seed, 0, shape["cols"]))
                 got = np.empty((shape["rows"], shape["cols"]), dtype=np.float32)
                 check("cuMemcpyDtoH", driver.cu.cuMemcpyDtoH(got.ctypes.data, dptr(x), got.nbytes))
                 want = counter_rng.draw(problem, shape, dist, seed)["x"]
                 assert got.tobytes() == want.tobytes(), (shape, dist)
-                judge.reference(problem, shape, {"x": x}, {"y": y})
+                ref_req = reference_request(problem, shape, str(tmp_path / "judge.cubin"), str(tmp_path / "ref.cubin"))
+                judge.reference(ref_req, shape, {"x": x}, {"y": y})
                 ref = np.empty(got.shape)
                 check("cuMemcpyDtoH", driver.cu.cuMemcpyDtoH(ref.ctypes.data, dptr(y), ref.nbytes))
                 np.testing.assert_allclose(ref, problem.reference.reference({"x": want})["y"], rtol=1e-12, atol=0)
@@ -289,7 +299,7 @@ def test_fake_device_judge_matches_the_host_judge(fake_cuda, tmp_path):
     softmax_ref = host_build(load_problem("softmax").reference_f64("cuda")[0], tmp_path / "ref.so")
     fake_cuda.kernels.update(judge_kernels(fake_cuda, judge_host(tmp_path / "judge.so"), softmax_ref))
     try:
-        _judge_round_trip("sm_90a")
+        _judge_round_trip("sm_90a", tmp_path)
     except CudaToolchainMissing as e:
         pytest.skip(f"no CUDA toolchain wheels: {e}")
 
@@ -512,11 +522,11 @@ def test_gpu_measure_draws_and_checks_large_timing_sets_on_the_device(settings, 
 
 @gpu
 @needs_gpu
-def test_gpu_device_judge_matches_the_host_judge():
+def test_gpu_device_judge_matches_the_host_judge(tmp_path):
     """On the GPU itself (in this process): the device's draws equal the host twin's bit for bit, its float64
     reference and its comparison the host's (issue 23's device-side drawing and comparison)."""
     from kfactory.targets.cuda.arch import resolve_arch
-    _judge_round_trip(resolve_arch(""))
+    _judge_round_trip(resolve_arch(""), tmp_path)
 
 
 def test_fake_device_and_ceilings(fake_cuda, monkeypatch):

@@ -130,6 +130,13 @@ def worst_check(checks: list[pb.Check], shape: str, dist: str, seed: int, second
     return worst
 
 
+def judged_on_device(session, shape: dict[str, int], dist: str) -> bool:
+    """Whether a check (or timing set) of `shape` drawn from `dist` is judged where the kernel runs: a large set
+    (where drawing it and computing its float64 reference on the host cost most) that the session's device can
+    draw, reference and compare itself (Session.device_check_unavailable)."""
+    return math.prod(shape.values()) > LARGE_ELEMENTS and session.device_check_unavailable(shape, dist) is None
+
+
 def device_checks(problem: Problem, figures: dict[str, dict], shape: str, dist: str, seed: int,
                   seconds: float) -> pb.Check:
     """The check of one run a device judged (Session.device_check's figures per output)."""

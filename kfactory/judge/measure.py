@@ -14,8 +14,8 @@ import numpy as np
 
 from kfactory.judge import counter_rng
 from kfactory.judge import inputs as inp
-from kfactory.judge.checks import (LARGE_ELEMENTS, InputPool, RegressionInput, Rejection, check_outputs,
-                                   device_checks, fault_reason, n_sets, reject_tampering, timing_dist)
+from kfactory.judge.checks import (InputPool, RegressionInput, Rejection, check_outputs, device_checks, fault_reason,
+                                   judged_on_device, n_sets, reject_tampering, timing_dist)
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
 from kfactory.problems.check import ReferenceFailed
@@ -140,10 +140,10 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
 def _drawn_timing(session: Session, problem: Problem, shape: dict[str, int],
                   cache_bytes: int) -> tuple[str, list[int]] | None:
     """(distribution, a fresh seed per timing set) when the session's device draws and checks the timing sets
-    itself (a large set its device judge can draw, reference and compare: kfactory.judge.verify._on_device's
-    rule), else None: the pool's sets, drawn and referenced on the host."""
+    itself (checks.judged_on_device, verification's rule too), else None: the pool's sets, drawn and referenced
+    on the host."""
     dist = timing_dist(problem)
-    if math.prod(shape.values()) <= LARGE_ELEMENTS or session.device_check_unavailable(shape, dist) is not None:
+    if not judged_on_device(session, shape, dist):
         return None
     return dist, [inp.fresh_seed() for _ in range(n_sets(problem, shape, cache_bytes))]
 

@@ -14,7 +14,7 @@ import numpy as np
 from kfactory.judge import inputs as inp
 from kfactory.judge import counter_rng
 from kfactory.judge.checks import (LARGE_ELEMENTS, InputPool, Rejection, check_outputs, device_checks, fault_reason,
-                                   reject_tampering)
+                                   judged_on_device, reject_tampering)
 from kfactory.judge.numerics import same_bytes
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
@@ -43,7 +43,7 @@ def verify(session: Session, key: str, problem: Problem, pool: InputPool) -> Ver
         for shape in problem.shapes("all"):
             first = None
             for dist in problem.spec.distributions:
-                if _on_device(session, problem, shape, dist):
+                if judged_on_device(session, shape, dist):
                     _device_checked(session, key, problem, shape, dist, verdict.checks)
                     continue
                 x, ref, seed = pool.get(shape, dist)
@@ -78,12 +78,6 @@ def _checked_call(session, key, problem, shape, x, ref, dist, seed, checks: list
     if not check.passed:
         raise Rejection(pb.WRONG_RESULT, f"{sname}/{dist}: {check.note}")
     return res.outputs
-
-
-def _on_device(session, problem: Problem, shape: dict[str, int], dist: str) -> bool:
-    """Whether this check is judged where the kernel runs: a large set (where drawing it and computing its float64
-    reference on the host cost most) that the session's device can draw, reference and compare itself."""
-    return math.prod(shape.values()) > LARGE_ELEMENTS and session.device_check_unavailable(shape, dist) is None
 
 
 def _device_checked(session, key, problem: Problem, shape: dict[str, int], dist: str, checks: list) -> None:

@@ -35,6 +35,11 @@ class DevTensor:
     guard: int
     host: np.ndarray  # the shared-memory bytes of the tensor (uint8)
 
+    @property
+    def elements(self) -> int:
+        """Elements of its dtype the tensor holds."""
+        return self.nbytes // ITEMSIZE[self.dtype]
+
 
 class Allocator:
     """Allocates, fills, checks and frees device buffers; `host_bytes(descriptor)` is the uint8 view of a tensor's

@@ -28,7 +28,7 @@ from kfactory.sandbox.child import Child, KernelFault, _baseline, main, sample_i
 from kfactory.sandbox.protocol import (Arg, Bench, Call, Ceilings, DeviceCheck, DeviceQuery, FaultKind, Load, Ping,
                                        Reply, Unload)
 from kfactory.targets.cuda import driver, probes
-from kfactory.targets.cuda.allocator import ITEMSIZE, Allocator, DevTensor, _nbytes
+from kfactory.targets.cuda.allocator import Allocator, DevTensor, _nbytes
 from kfactory.targets.cuda.device import CudaDevice, arch_of, cpu_usage  # noqa: F401 - arch_of: callers' name
 from kfactory.targets.cuda.driver import CudaError, CudaUnavailable, check, classify, dptr  # noqa: F401 - classify: ditto
 from kfactory.targets.cuda.launch import Launch
@@ -249,7 +249,7 @@ class CudaChild(Child):
         from kfactory.targets.cuda.judge_device import DeviceJudge
         if self.judge is None:
             with open(judge_path, "rb") as f:
-                self.judge = DeviceJudge(self.device, self.mem, self.modules, "", image=f.read())
+                self.judge = DeviceJudge(self.device, self.mem, self.modules, f.read())
         return self.judge
 
     def _drawn_set(self, argset: list[Arg], tensors: dict[str, DevTensor]) -> None:
@@ -259,25 +259,17 @@ class CudaChild(Child):
             if "draw" in a or "compare" in a:
                 t = tensors[a["name"]] = self.mem.fresh(a, guard=False)
                 if "draw" in a:
-                    d = a["draw"]
-                    self.judge.draw_raw(t.ptr, t.dtype, t.nbytes // ITEMSIZE[t.dtype], d["cols"], d["seed"],
-                                        d["tensor"], d["kind"], d["a"], d["b"], d["neg_inf"])
+                    self.judge.draw(t.ptr, t.dtype, t.elements, a["draw"])
                 else:
                     self.mem.poison(t)
 
     def _compared_set(self, ref: dict, shape: dict, argset: list[Arg], tensors: dict[str, DevTensor]) -> dict:
         """{output: figures} of a drawn set's outputs against its float64 reference (`ref` as
         DeviceCheck.reference), computed here."""
-        judge = self.judge
         outs = [a for a in argset if "compare" in a]
-        refs = {a["name"]: self.mem.alloc(8 * (tensors[a["name"]].nbytes // ITEMSIZE[a["dtype"]])) for a in outs}
+        refs = _reference_buffers(self, ref, shape, tensors, outs)
         try:
-            loaded = judge.load_reference(ref["path"], ref["launch"])
-            judge.run_reference(loaded, shape, [tensors[n].ptr for n in ref["inputs"]] +
-                                [refs[n] for n in ref["outputs"]], ref["symbols"], ref["params"])
-            return {a["name"]: judge.compare(tensors[a["name"]].ptr, a["dtype"], refs[a["name"]],
-                                             tensors[a["name"]].nbytes // ITEMSIZE[a["dtype"]], a["compare"]["atol"],
-                                             a["compare"]["rtol"]) for a in outs}
+            return _figures(self.judge, outs, tensors, refs)
         finally:
             self.mem.free(list(refs.values()))
 
@@ -311,6 +303,25 @@ class CudaChild(Child):
         return Reply(info=out)
 
 
+def _reference_buffers(child: CudaChild, ref: dict, shape: dict, tensors: dict[str, DevTensor],
+                      outs: list[Arg]) -> dict[str, int]:
+    """A float64 buffer per compared output, holding the problem's reference on the drawn inputs (DeviceCheck's
+    `ref`), computed on the device; the caller frees them."""
+    refs = {a["name"]: child.mem.alloc(8 * tensors[a["name"]].elements) for a in outs}
+    try:
+        child.judge.reference(ref, shape, {n: tensors[n].ptr for n in ref["inputs"]}, refs)
+    except BaseException:
+        child.mem.free_or_fatal(list(refs.values()))
+        raise
+    return refs
+
+
+def _figures(judge, outs: list[Arg], tensors: dict[str, DevTensor], refs: dict[str, int]) -> dict[str, dict]:
+    """{output: figures} of each compared output against its reference buffer, at its "compare" tolerance."""
+    return {a["name"]: judge.compare(tensors[a["name"]].ptr, a["dtype"], refs[a["name"]], tensors[a["name"]].elements,
+                                     a["compare"]["atol"], a["compare"]["rtol"]) for a in outs}
+
+
 def _device_checked(child: CudaChild, req: DeviceCheck, launch: Launch, tensors: dict[str, DevTensor],
                     scratch: dict[str, int]) -> dict:
     """The body of op_device_check over buffers already made (`scratch` collects the others it makes, for the
@@ -318,44 +329,34 @@ def _device_checked(child: CudaChild, req: DeviceCheck, launch: Launch, tensors:
     judge, mem, stream = child.judge, child.mem, child.device.stream0
     draws = [a for a in req.args if "draw" in a]
     outs = [a for a in req.args if "compare" in a]
-
-    def draw(a: dict, into: int) -> None:
-        d, t = a["draw"], tensors[a["name"]]
-        judge.draw_raw(into, t.dtype, t.nbytes // ITEMSIZE[t.dtype], d["cols"], d["seed"], d["tensor"], d["kind"],
-                       d["a"], d["b"], d["neg_inf"])
-
     for a in draws:
-        draw(a, tensors[a["name"]].ptr)
-    for a in outs:
-        scratch["ref:" + a["name"]] = mem.alloc(8 * (tensors[a["name"]].nbytes // ITEMSIZE[a["dtype"]]))
-    ref = req.reference
-    loaded = judge.load_reference(ref["path"], ref["launch"])
-    pointers = [tensors[n].ptr for n in ref["inputs"]] + [scratch["ref:" + n] for n in ref["outputs"]]
-    judge.run_reference(loaded, req.shape, pointers, ref["symbols"], ref["params"])
+        t = tensors[a["name"]]
+        judge.draw(t.ptr, t.dtype, t.elements, a["draw"])
+    refs = _reference_buffers(child, req.reference, req.shape, tensors, outs)
+    scratch.update({"ref:" + n: b for n, b in refs.items()})
     run = child._enqueue(req.key, req.args, tensors, launch, stream)
     seconds, figures, differ = [], [], []
+    first: dict[str, int] = {}
     for r in range(max(1, req.runs)):
         for a in outs:
             mem.poison(tensors[a["name"]])
         seconds.append(child.device.time(stream, run))
-        figures.append({a["name"]: judge.compare(tensors[a["name"]].ptr, a["dtype"], scratch["ref:" + a["name"]],
-                                                 tensors[a["name"]].nbytes // ITEMSIZE[a["dtype"]],
-                                                 a["compare"]["atol"], a["compare"]["rtol"]) for a in outs})
+        figures.append(_figures(judge, outs, tensors, refs))
         for a in outs:
             t = tensors[a["name"]]
-            if r == 0:
-                scratch["first:" + t.name] = mem.alloc(t.nbytes)
-                check("cuMemcpyDtoDAsync", driver.cu.cuMemcpyDtoDAsync(dptr(scratch["first:" + t.name]),
-                                                                       dptr(t.ptr), t.nbytes, stream))
+            if r == 0:   # the first run's outputs, which every later run must equal byte for byte
+                first[t.name] = scratch["first:" + t.name] = mem.alloc(t.nbytes)
+                check("cuMemcpyDtoDAsync", driver.cu.cuMemcpyDtoDAsync(dptr(first[t.name]), dptr(t.ptr), t.nbytes,
+                                                                       stream))
         if r:
-            differ.append({a["name"]: judge.count_diff(tensors[a["name"]].ptr, scratch["first:" + a["name"]],
+            differ.append({a["name"]: judge.count_diff(tensors[a["name"]].ptr, first[a["name"]],
                                                        tensors[a["name"]].nbytes) for a in outs})
     mutated = {}
     for a in draws:
         t = tensors[a["name"]]
-        scratch["again:" + t.name] = mem.alloc(t.nbytes)
-        draw(a, scratch["again:" + t.name])
-        mutated[t.name] = judge.count_diff(scratch["again:" + t.name], t.ptr, t.nbytes)
+        again = scratch["again:" + t.name] = mem.alloc(t.nbytes)
+        judge.draw(again, t.dtype, t.elements, a["draw"])
+        mutated[t.name] = judge.count_diff(again, t.ptr, t.nbytes)
     return {"seconds": seconds, "figures": figures, "differ": differ, "mutated": mutated}
 
 

@@ -23,32 +23,19 @@ MAX_BLOCKS = 4096
 
 
 class DeviceJudgeError(RuntimeError):
-    """A judge kernel could not be built or a problem has no device reference: the judge takes the host path."""
-
-
-def _cubin(source: str, flags: str, entry: str, arch: str, cache_dir) -> bytes:
-    from kfactory.targets.cuda.compile import compile_cuda
-    res = compile_cuda(source, "cuda", flags, entry, arch, cache_dir)
-    if not res.ok:
-        raise DeviceJudgeError(f"the judge's {entry} did not build for {arch}: {res.message} {res.log[-800:]}")
-    return res.artifact
+    """The judge's kernels or a problem's float64 reference kernel did not build for the device."""
 
 
 class DeviceJudge:
-    """The judge's kernels in the current CUDA context (the child's; `device` started). Modules are appended to
-    `modules`, which the child unloads with its own."""
+    """The judge's kernels in the current CUDA context (the child's; `device` started), from their cubin `image`
+    (judge_kernels.source() as the parent built it). Modules are appended to `modules`, kept with the child's."""
 
-    def __init__(self, device, mem, modules: list, arch: str, cache_dir=None, image: bytes | None = None):
-        """`image`: the judge kernels' cubin as the parent built it (judge_kernels.source()); None builds it here."""
-        self.device, self.mem, self.modules, self.arch, self.cache_dir = device, mem, modules, arch, cache_dir
-        if image is None:
-            image = _cubin(judge_kernels.source(), judge_kernels.FLAGS, judge_kernels.DRAW, arch, cache_dir)
+    def __init__(self, device, mem, modules: list, image: bytes):
+        self.device, self.mem, self.modules = device, mem, modules
         mod = self._load(image)
-        self.draw_fn = check("cuModuleGetFunction", driver.cu.cuModuleGetFunction(mod, judge_kernels.DRAW.encode()))
-        self.compare_fn = check("cuModuleGetFunction",
-                                driver.cu.cuModuleGetFunction(mod, judge_kernels.COMPARE.encode()))
-        self.diff_fn = check("cuModuleGetFunction",
-                             driver.cu.cuModuleGetFunction(mod, judge_kernels.COUNT_DIFF.encode()))
+        self.draw_fn, self.compare_fn, self.diff_fn = (
+            check("cuModuleGetFunction", driver.cu.cuModuleGetFunction(mod, name.encode()))
+            for name in (judge_kernels.DRAW, judge_kernels.COMPARE, judge_kernels.COUNT_DIFF))
         self.references: dict[str, Any] = {}
 
     def _load(self, image: bytes):
@@ -63,20 +50,15 @@ class DeviceJudge:
                                                          params, 0))
         del keep   # the driver copies the parameters at launch
 
-    def draw(self, addr: int, dtype: str, n: int, cols: int, seed: int, tensor: int, dist) -> None:
-        """Fill the device buffer at `addr` (n elements of `dtype`, rows of `cols`) with input tensor number
-        `tensor` of a set drawn from `seed` by distribution `dist` (counter_rng.elements on the host)."""
-        kind, a, b = counter_rng.params(dist)
-        self.draw_raw(addr, dtype, n, cols, seed, tensor, kind, a, b, float(dist.neg_inf_fraction))
-
-    def draw_raw(self, addr: int, dtype: str, n: int, cols: int, seed: int, tensor: int, kind: str, a: float,
-                 b: float, neg_inf: float) -> None:
-        """draw() from the distribution's numbers (counter_rng.params) as a request carries them."""
+    def draw(self, addr: int, dtype: str, n: int, spec: dict) -> None:
+        """Fill the device buffer at `addr` (n elements of `dtype`) with the input a request's "draw" descriptor
+        names (draw_spec: seed, tensor index, distribution, rows of `cols`); counter_rng.elements on the host."""
         blocks = max(1, min(MAX_BLOCKS, -(-n // DRAW_THREADS)))
         self._launch(self.draw_fn, blocks, DRAW_THREADS, [
             ctypes.c_uint64(addr), ctypes.c_int(counter_rng.DTYPES[dtype]), ctypes.c_longlong(n),
-            ctypes.c_longlong(max(1, cols)), ctypes.c_uint64(seed), ctypes.c_uint(tensor),
-            ctypes.c_int(counter_rng.KINDS[kind]), ctypes.c_double(a), ctypes.c_double(b), ctypes.c_double(neg_inf)])
+            ctypes.c_longlong(max(1, spec["cols"])), ctypes.c_uint64(spec["seed"]), ctypes.c_uint(spec["tensor"]),
+            ctypes.c_int(counter_rng.KINDS[spec["kind"]]), ctypes.c_double(spec["a"]), ctypes.c_double(spec["b"]),
+            ctypes.c_double(spec["neg_inf"])])
 
     def count_diff(self, a: int, b: int, nbytes: int) -> int:
         """How many of `nbytes` bytes differ between device buffers a and b."""
@@ -92,43 +74,22 @@ class DeviceJudge:
             self.mem.free([dev])
         return int(count[0])
 
-    def reference(self, problem, shape: dict[str, int], inputs: dict[str, int], outputs: dict[str, int]) -> None:
-        """Run the problem's float64 reference kernel on device inputs (name -> address) into float64 output
-        buffers (name -> address), at `shape`, with the problem's params."""
-        if problem.name not in self.references:
-            found = problem.reference_f64("cuda")
-            if found is None:
-                raise DeviceJudgeError(f"problem {problem.name} has no float64 device reference (reference_f64)")
-            source, flags, launch = found
-            self.references[problem.name] = self._reference_fn(
-                _cubin(source, flags, "reference_f64", self.arch, self.cache_dir), launch)
-        pointers = [inputs[t.name] for t in problem.spec.inputs] + [outputs[t.name] for t in problem.spec.outputs]
-        self.run_reference(self.references[problem.name], shape, pointers, [shape[s] for s in problem.spec.symbols],
-                           list(problem.params.values()))
-
-    def load_reference(self, path: str, launch: dict):
-        """A problem's float64 reference kernel from its cubin at `path` (compiled by the parent), loaded once."""
-        if path not in self.references:
-            with open(path, "rb") as f:
-                self.references[path] = self._reference_fn(f.read(), launch)
-        return self.references[path]
-
-    def _reference_fn(self, image: bytes, launch: dict):
-        mod = self._load(image)
-        return check("cuModuleGetFunction", driver.cu.cuModuleGetFunction(mod, b"reference_f64")), \
-            {**launch, "params": {}}
-
-    def run_reference(self, loaded, shape: dict[str, int], pointers: list[int], symbols: list[int],
-                      params: list[float]) -> None:
-        """Launch a loaded reference kernel: its tensors (inputs, then float64 outputs, in the spec's order), the
-        shape symbols, the problem's params."""
-        fn, rule = loaded
-        launch = evaluate_launch(rule, shape)
-        values: list = [ctypes.c_uint64(p) for p in pointers]
-        values += [ctypes.c_longlong(int(v)) for v in symbols] + [ctypes.c_double(float(v)) for v in params]
-        params_buf, keep = pack(values)
-        check("cuLaunchKernel", driver.cu.cuLaunchKernel(fn, *launch.grid, *launch.block, launch.smem,
-                                                         self.device.stream0, params_buf, 0))
+    def reference(self, ref: dict, shape: dict[str, int], inputs: dict[str, int], outputs: dict[str, int]) -> None:
+        """Run the problem's float64 reference kernel (`ref`: reference_request's dict; its cubin loaded once) on
+        device inputs (name -> address) into float64 output buffers (name -> address) at `shape`."""
+        if ref["path"] not in self.references:
+            with open(ref["path"], "rb") as f:
+                mod = self._load(f.read())
+            self.references[ref["path"]] = check("cuModuleGetFunction",
+                                                 driver.cu.cuModuleGetFunction(mod, b"reference_f64"))
+        launch = evaluate_launch({**ref["launch"], "params": {}}, shape)
+        values: list = [ctypes.c_uint64(inputs[n]) for n in ref["inputs"]]
+        values += [ctypes.c_uint64(outputs[n]) for n in ref["outputs"]]
+        values += [ctypes.c_longlong(int(v)) for v in ref["symbols"]]
+        values += [ctypes.c_double(float(v)) for v in ref["params"]]
+        params, keep = pack(values)
+        check("cuLaunchKernel", driver.cu.cuLaunchKernel(self.references[ref["path"]], *launch.grid, *launch.block,
+                                                         launch.smem, self.device.stream0, params, 0))
         del keep
 
     def compare(self, out: int, dtype: str, ref: int, n: int, atol: float, rtol: float) -> dict:
@@ -163,6 +124,14 @@ def unavailable(problem, shape: dict[str, int], dist: str) -> str | None:
     return None
 
 
+def draw_spec(dist, seed: int, tensor: int, cols: int) -> dict:
+    """A request's "draw" descriptor of input tensor number `tensor` (its place in the spec, as counter_rng.draw
+    numbers them) drawn from `seed` by distribution `dist`, in rows of `cols` (DeviceJudge.draw)."""
+    kind, a, b = counter_rng.params(dist)
+    return {"seed": int(seed), "tensor": tensor, "kind": kind, "a": a, "b": b,
+            "neg_inf": float(dist.neg_inf_fraction), "cols": cols}
+
+
 def device_argset(problem, abi_args: list[str], shape: dict[str, int], dist: str, seed: int) -> list[dict]:
     """The DeviceCheck request's arguments: the ABI's order (then tensors outside it), inputs with the numbers
     of their draw (tensor index = the input's place in the spec, as counter_rng.draw numbers them), outputs with
@@ -172,11 +141,8 @@ def device_argset(problem, abi_args: list[str], shape: dict[str, int], dist: str
     distribution = spec.distributions[dist]
     for k, t in enumerate(spec.inputs):
         tshape = problem.tensor_shape(t, shape)
-        kind, a, b = counter_rng.params(distribution[t.name])
         out[t.name] = {"name": t.name, "role": "in", "dtype": t.dtype, "shape": list(tshape),
-                       "draw": {"seed": int(seed), "tensor": k, "kind": kind, "a": a, "b": b,
-                                "neg_inf": float(distribution[t.name].neg_inf_fraction),
-                                "cols": int(tshape[-1]) if tshape else 1}}
+                       "draw": draw_spec(distribution[t.name], seed, k, int(tshape[-1]) if tshape else 1)}
     for t in spec.outputs:
         tol = spec.tolerance[t.dtype]
         out[t.name] = {"name": t.name, "role": "out", "dtype": t.dtype, "shape": list(problem.tensor_shape(t, shape)),
@@ -187,7 +153,7 @@ def device_argset(problem, abi_args: list[str], shape: dict[str, int], dist: str
 
 def reference_request(problem, shape: dict[str, int], judge_path: str, reference_path: str) -> dict:
     """DeviceCheck.reference: the judge's and the problem's reference cubins, the reference's launch rule and
-    arguments."""
+    arguments (DeviceJudge.reference)."""
     _, _, launch = problem.reference_f64("cuda")
     return {"judge": judge_path, "path": reference_path, "launch": launch,
             "inputs": [t.name for t in problem.spec.inputs], "outputs": [t.name for t in problem.spec.outputs],
