@@ -237,9 +237,7 @@ class CudaSession(Session):
     def device_check(self, key: str, shape: dict[str, int], dist: str, seed: int, runs: int = 2) -> DeviceChecked:
         """Session.device_check on the GPU (protocol.DeviceCheck): the judge's kernels and the problem's float64
         reference compiled here once, for the runner to load."""
-        why = self.device_check_unavailable(shape, dist)
-        if why is not None:
-            raise DeviceCheckUnavailable(f"{self.problem.name} {dist}: {why}")
+        self._require_judge(shape, dist)
         self._ensure(key)
         req = DeviceCheck(key, judge_device.device_argset(self.problem, self.abi_args, shape, dist, seed),
                           judge_device.reference_request(self.problem, shape, *self._judge_paths()), dict(shape), runs)
@@ -247,6 +245,12 @@ class CudaSession(Session):
         info = reply.info
         return DeviceChecked(list(reply.seconds), info["figures"], info["differ"], info["mutated"],
                              list(reply.out_of_bounds))
+
+    def _require_judge(self, shape: dict[str, int], dist: str) -> None:
+        """DeviceCheckUnavailable, with the reason, unless the GPU can judge this shape and distribution."""
+        why = self.device_check_unavailable(shape, dist)
+        if why is not None:
+            raise DeviceCheckUnavailable(f"{self.problem.name} {dist}: {why}")
 
     def _judge_paths(self) -> tuple[str, str]:
         """The judge's and the problem's float64 reference cubins, built (or served from a bundle) once."""
@@ -274,9 +278,7 @@ class CudaSession(Session):
                     mode: str | None = None) -> BenchResult:
         """Session.bench_drawn on the GPU: each key's sets drawn in place from `seeds`, compared there after the
         timing (protocol.Bench with "draw" descriptors and a reference)."""
-        why = self.device_check_unavailable(shape, dist)
-        if why is not None:
-            raise DeviceCheckUnavailable(f"{self.problem.name} {dist}: {why}")
+        self._require_judge(shape, dist)
         argsets = [judge_device.device_argset(self.problem, self.abi_args, shape, dist, s) for s in seeds]
         base = Bench([BenchKernel(k, argsets) for k in keys], min_samples=min_samples, min_s=min_s, max_s=max_s,
                      noise=noise, warmup_s=warmup_s, shape=dict(shape),
@@ -288,8 +290,6 @@ class CudaSession(Session):
               mode: str | None = None) -> BenchResult:
         """Interleaved timing on the GPU (see cuda_child.op_bench); `mode` events, graph, or None to pick by a
         probe. NVML is read before and after (the result's telemetry); a throttled measurement is retried once."""
-        for k in keys:
-            self._ensure(k)
         nbytes = bench_bytes(self.problem, shape, len(keys), len(input_sets))
         with request_buffers(self.ring, nbytes, reserve=True) as (bufs, keep):
             per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
