@@ -53,51 +53,38 @@ KF_HD double kf_unit(kf_u32 a, kf_u32 b) {
   return ((double)(a >> 5) * 67108864.0 + (double)(b >> 6)) * (1.0 / 9007199254740992.0);
 }
 
+/* c[0] z^(n-1) + ... + c[n-1] by Horner's rule, one multiply and one add a step (counter_rng._horner) */
+KF_HD double kf_horner(const double *c, int n, double z) {
+  double p = c[0];
+  for (int k = 1; k < n; k++) p = p * z + c[k];
+  return p;
+}
+
 /* log(u) for u in (0, 1]: u = m 2^e with m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(s), s = (m-1)/(m+1),
  * |s| <= 0.1716, by its series through s^23 (truncation below 1e-17 of the result) */
 KF_HD double kf_log(double u) {
+  const double c[12] = {0.043478260869565216, 0.047619047619047616, 0.05263157894736842, 0.058823529411764705,
+                        0.06666666666666667, 0.07692307692307693, 0.09090909090909091, 0.1111111111111111,
+                        0.14285714285714285, 0.2, 0.3333333333333333, 1.0};
   int e;
   double m = frexp(u, &e);
   if (m < 0.7071067811865476) { m = m * 2.0; e = e - 1; }
-  double s = (m - 1.0) / (m + 1.0), z = s * s;
-  double p = 0.043478260869565216;
-  p = p * z + 0.047619047619047616;
-  p = p * z + 0.05263157894736842;
-  p = p * z + 0.058823529411764705;
-  p = p * z + 0.06666666666666667;
-  p = p * z + 0.07692307692307693;
-  p = p * z + 0.09090909090909091;
-  p = p * z + 0.1111111111111111;
-  p = p * z + 0.14285714285714285;
-  p = p * z + 0.2;
-  p = p * z + 0.3333333333333333;
-  p = p * z + 1.0;
-  return (double)e * 0.6931471805599453 + 2.0 * s * p;
+  double s = (m - 1.0) / (m + 1.0);
+  return (double)e * 0.6931471805599453 + 2.0 * s * kf_horner(c, 12, s * s);
 }
 
 /* cos(a) and sin(a) for a in [0, pi/4] by their Taylor series through a^16 and a^17 */
 KF_HD double kf_cos_small(double a2) {
-  double p = 4.779477332387385e-14;
-  p = p * a2 + -1.1470745597729725e-11;
-  p = p * a2 + 2.08767569878681e-09;
-  p = p * a2 + -2.755731922398589e-07;
-  p = p * a2 + 2.48015873015873e-05;
-  p = p * a2 + -0.001388888888888889;
-  p = p * a2 + 0.041666666666666664;
-  p = p * a2 + -0.5;
-  return p * a2 + 1.0;
+  const double c[9] = {4.779477332387385e-14, -1.1470745597729725e-11, 2.08767569878681e-09, -2.755731922398589e-07,
+                       2.48015873015873e-05, -0.001388888888888889, 0.041666666666666664, -0.5, 1.0};
+  return kf_horner(c, 9, a2);
 }
 
 KF_HD double kf_sin_small(double a, double a2) {
-  double p = 2.8114572543455206e-15;
-  p = p * a2 + -7.647163731819816e-13;
-  p = p * a2 + 1.6059043836821613e-10;
-  p = p * a2 + -2.505210838544172e-08;
-  p = p * a2 + 2.7557319223985893e-06;
-  p = p * a2 + -0.0001984126984126984;
-  p = p * a2 + 0.008333333333333333;
-  p = p * a2 + -0.16666666666666666;
-  return (p * a2 + 1.0) * a;
+  const double c[9] = {2.8114572543455206e-15, -7.647163731819816e-13, 1.6059043836821613e-10,
+                       -2.505210838544172e-08, 2.7557319223985893e-06, -0.0001984126984126984,
+                       0.008333333333333333, -0.16666666666666666, 1.0};
+  return kf_horner(c, 9, a2) * a;
 }
 
 /* cos(2 pi u) for u in [0, 1): quadrant q of 4u, theta = f pi/2 for its fraction f, folded to [0, pi/4] */
