@@ -6,19 +6,19 @@ or any other exception propagates to the service, which records it as its own er
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kfactory.judge import inputs as inp
 from kfactory.judge import counter_rng
-from kfactory.judge.checks import (LARGE_ELEMENTS, InputPool, Rejection, check_outputs, device_checks, fault_reason,
+from kfactory.judge.memo import memo_probe
+from kfactory.judge.checks import (InputPool, Rejection, check_outputs, device_checks, fault_reason,
                                    judged_on_device, reject_tampering)
 from kfactory.judge.numerics import same_bytes
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
-from kfactory.problems.check import ReferenceFailed, run_reference
+from kfactory.problems.check import ReferenceFailed
 from kfactory.sandbox.parent import RunnerFault
 from kfactory.targets import Session
 from kfactory.targets.base import CallResult
@@ -57,7 +57,7 @@ def verify(session: Session, key: str, problem: Problem, pool: InputPool) -> Ver
             x, ref, _ = pool.drawn(shape, reg.distribution, reg.seed)
             _checked_call(session, key, problem, shape, x, ref, f"regression:{reg.distribution}", reg.seed,
                           verdict.checks)
-        _memo_probe(session, key, problem, pool, verdict.checks)
+        memo_probe(session, key, problem, pool, verdict.checks)
     except Rejection as r:
         return Verdict(False, r.reason, r.message, verdict.checks)
     except ReferenceFailed as e:
@@ -124,54 +124,3 @@ def _agree(sname: str, outs: dict, again: dict) -> None:
             diff = int(np.count_nonzero(out != again[name]))
             raise Rejection(pb.NOT_DETERMINISTIC,
                             f"{sname}: two runs on the same inputs differ in {diff} elements of {name}")
-
-
-def _near_duplicate(problem: Problem, x: dict, shape: dict, dist: str) -> dict:
-    """x with about 1/64 of each input's elements (all in its second half) redrawn: a cache keyed by a
-    sample of the values, or by the first ones, sees the same key."""
-    with span("drawing"):
-        return _redrawn(problem, x, shape, dist)
-
-
-def _redrawn(problem: Problem, x: dict, shape: dict, dist: str) -> dict:
-    other = inp.draw(problem, shape, dist, inp.fresh_seed())
-    rng = np.random.default_rng(inp.fresh_seed())
-    out = {}
-    for name, a in x.items():
-        flat = a.copy().reshape(-1)
-        half = flat.size // 2
-        idx = rng.choice(np.arange(half, flat.size), size=max(1, flat.size // 64), replace=False)
-        flat[idx] = other[name].reshape(-1)[idx]
-        out[name] = flat.reshape(a.shape)
-    return out
-
-
-def _memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) -> None:
-    """Three calls on the same buffers: inputs A, then unrelated B, then A with a few values changed. A
-    kernel that was right on fresh buffers and is wrong here answers from memory of an earlier call."""
-    shape = max((s for s in problem.shapes("all") if math.prod(s.values()) <= LARGE_ELEMENTS and
-                 math.prod(s.values()) >= 64), key=lambda s: math.prod(s.values()), default=None)
-    if shape is None:
-        return
-    dist = next(iter(problem.spec.distributions))
-    a, ref_a, seed_a = pool.drawn(shape, dist, inp.fresh_seed())
-    b, ref_b, seed_b = pool.drawn(shape, dist, inp.fresh_seed())
-    a2 = _near_duplicate(problem, a, shape, dist)
-    with span("references"):
-        ref_a2 = run_reference(problem, a2, shape, "memo:near-duplicate")
-    steps = [(a, ref_a, seed_a, "memo:first"), (b, ref_b, seed_b, "memo:same-buffers"),
-             (a2, ref_a2, seed_a, "memo:near-duplicate")]
-    sname = problem.shape_str(shape)
-    try:
-        results = session.call_sequence(key, shape, [s[0] for s in steps])
-    except RunnerFault as e:
-        raise Rejection(fault_reason(e), f"{sname}/memo probe: {e}") from e
-    for (x, ref, seed, label), res in zip(steps, results):
-        reject_tampering(res, sname, label)
-        check = check_outputs(problem, res.outputs, ref, sname, label, seed, res.seconds)
-        checks.append(check)
-        if not check.passed and label == "memo:first":
-            raise Rejection(pb.WRONG_RESULT, f"{sname}/{label}: {check.note}")
-        if not check.passed:
-            raise Rejection(pb.MEMOISED, f"{sname}/{label}: right on fresh buffers, wrong on reused ones "
-                                         f"({check.note})")
