@@ -410,6 +410,59 @@ def test_fake_measure_draws_and_checks_large_timing_sets_on_the_device(fake_cuda
     assert x.shape == (1, 1024) and np.isfinite(x).all()
 
 
+def test_fake_probe_after_timing_draws_and_checks_on_the_device(fake_cuda, settings, tmp_path):
+    """The check after a large shape's timing is a device check too: a fresh seed drawn there into fresh,
+    poisoned buffers and compared there. A kernel that stops writing large outputs once it has made 64 calls
+    (here: at the small shape, where the probe makes its calls after the timing) is caught by it, WRONG_RESULT;
+    the host draws no probe set."""
+    from kfactory.judge.checks import InputPool
+    from kfactory.judge.measure import measure
+    problem = _small_problem(tmp_path)
+    sess, _ = _judged_session(fake_cuda, settings, tmp_path, problem, measure_min_s=0.01, measure_max_s=0.05)
+    large, cache = {"rows": 1025, "cols": 1024}, 2 << 20
+    small_calls = [0]
+
+    def stops_writing(raw):
+        if _as_i64(raw[2]) * _as_i64(raw[3]) <= 1 << 20:
+            small_calls[0] += 1
+            _softmax_kernel(raw)
+        elif small_calls[0] < 64:
+            _softmax_kernel(raw)
+    fake_cuda.kernels["kernel"] = (4, stops_writing)
+    pool = InputPool(problem, reuse=1)
+    got = measure(sess, ["k"], problem, large, pool, cache, sess.target.settings)
+    assert got.reason == pb.WRONG_RESULT and "after" in got.message and small_calls[0] >= 128, got.message
+    assert got.failed_input is None   # the call count exposed it, not an input memory could replay
+    assert not any(kind == "probe" for _, kind in pool._sets)
+
+
+def test_fake_screen_draws_its_sets_on_the_device(fake_cuda, settings, tmp_path):
+    """A screening timing of a large shape with the device judge on: its sets drawn there from the pool's
+    screening seeds (the same for every screen), nothing drawn on the host, nothing compared; a kernel far
+    slower than the campaign's best is screened out on that timing."""
+    import time
+
+    from kfactory.judge.checks import InputPool
+    from kfactory.judge.screening import screen, screened_out
+    problem = _small_problem(tmp_path)
+    sess, _ = _judged_session(fake_cuda, settings, tmp_path, problem)
+    large, cache, s = {"rows": 1025, "cols": 1024}, 2 << 20, sess.target.settings
+    pool = InputPool(problem, reuse=1)
+    first = screen(sess, "k", problem, large, pool, cache, s, best_s=1.0)
+    assert not first.reason, first.message
+    seeds = pool.screen_seeds(large, cache)
+    assert first.timings["k"].samples >= s.screen_min_samples and first.timings["k"].median_s > 0
+    assert not any(kind == "screen" for _, kind in pool._sets)
+
+    def slow(raw):
+        time.sleep(0.02)
+        _softmax_kernel(raw)
+    fake_cuda.kernels["kernel"] = (4, slow)
+    second = screen(sess, "k", problem, large, pool, cache, s, best_s=first.timings["k"].median_s / 10)
+    assert not second.reason and pool.screen_seeds(large, cache) == seeds
+    assert screened_out(second.timings["k"].median_s, first.timings["k"].median_s / 10, s.screen_factor)
+
+
 def test_a_session_without_a_device_judge_refuses_device_checks_with_its_reason(fake_session, settings):
     """The judge asks device_check_unavailable first; asked anyway, a session that cannot judge there refuses
     with a typed error carrying the reason: the cpu target (no judge of its own), a cuda one with the judge off."""

@@ -103,6 +103,14 @@ class InputPool:
                                     for _ in range(n_sets(self.problem, shape, cache_bytes))], 0]
         return self._sets[key][0]
 
+    def screen_seeds(self, shape: dict[str, int], cache_bytes: int) -> list[int]:
+        """The seeds of the screening sets a device draws itself (Session.bench_drawn), chosen once and shared by
+        every screen as screen_sets' sets are."""
+        key = (self.problem.shape_str(shape), "screen-seeds")
+        if key not in self._sets:
+            self._sets[key] = [[inp.fresh_seed() for _ in range(n_sets(self.problem, shape, cache_bytes))], 0]
+        return self._sets[key][0]
+
 
 def check_outputs(problem: Problem, outputs: dict, ref: dict, shape: str, dist: str, seed: int,
                   seconds: float) -> pb.Check:

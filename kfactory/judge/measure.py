@@ -22,6 +22,7 @@ from kfactory.problems.check import ReferenceFailed
 from kfactory.sandbox.parent import RunnerFault
 from kfactory.judge.stats import summarize
 from kfactory.targets import Session
+from kfactory.targets.base import CallResult
 from kfactory.v1 import events_pb2 as pb
 
 #: a time under (bytes / bandwidth or flops / peak, whichever is larger) / SOL_SLACK is not believed: the
@@ -212,8 +213,7 @@ def probe_after_timing(session: Session, key: str, problem: Problem, shape: dict
                           message=f"{sname}: after the timing the kernel made only {made} of {calls} calls at "
                                   f"{problem.shape_str(smallest)} in the time given (its timing's median was "
                                   f"{median_s * 1e6:.1f} us a call)")
-        x, ref, seed = pool.probe_set(shape)
-        res = session.call(key, shape, x)
+        res, check = _probe_call(session, key, problem, shape, pool)
     except RunnerFault as e:
         return Timing(reason=fault_reason(e), failed_key=key, message=f"{sname} after the timing: {e}")
     label = f"after {timed_calls} timed and {made} further calls"
@@ -221,12 +221,30 @@ def probe_after_timing(session: Session, key: str, problem: Problem, shape: dict
         reject_tampering(res, sname, label)
     except Rejection as r:
         return Timing(reason=r.reason, failed_key=key, message=r.message)
-    check = check_outputs(problem, res.outputs, ref, sname, "after-timing", seed, res.seconds)
     if not check.passed:
+        # no regression input: the kernel's call count exposed it, not an input another kernel would get wrong
         return Timing(reason=pb.WRONG_RESULT, failed_key=key,
                       message=f"{sname}: the output {label} (fresh inputs, outputs poisoned) is wrong: "
                               f"{check.note}")
     return None
+
+
+def _probe_call(session: Session, key: str, problem: Problem, shape: dict[str, int],
+                pool: InputPool) -> tuple[CallResult, pb.Check]:
+    """The probe's checked call: (its result for the tampering checks, its check). Where the session's device
+    judges the shape (checks.judged_on_device), the inputs are drawn there from a fresh seed into fresh buffers
+    and compared there (labelled "device:DIST"); else the pool's probe set, checked on the host."""
+    sname, dist = problem.shape_str(shape), timing_dist(problem)
+    if judged_on_device(session, shape, dist):
+        seed = inp.fresh_seed()
+        got = session.device_check(key, shape, dist, seed, runs=1)
+        label = counter_rng.PREFIX + dist
+        written = sorted(name for name, count in got.mutated.items() if count)
+        check = device_checks(problem, got.figures[0], sname, label, seed, got.seconds[0])
+        return CallResult({}, got.seconds[0], written, got.out_of_bounds), check
+    x, ref, seed = pool.probe_set(shape)
+    res = session.call(key, shape, x)
+    return res, check_outputs(problem, res.outputs, ref, sname, "after-timing", seed, res.seconds)
 
 
 def _unchecked_sets(problem: Problem, shape: dict[str, int]) -> list[dict]:

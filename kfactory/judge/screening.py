@@ -3,7 +3,7 @@ or will spill before they reach a GPU; a short screening timing keeps the full m
 that might beat the campaign's best."""
 from __future__ import annotations
 
-from kfactory.judge.checks import fault_reason
+from kfactory.judge.checks import fault_reason, judged_on_device, timing_dist
 from kfactory.judge.measure import NO_NOISE_BOUND, Timing
 from kfactory.sandbox.parent import RunnerFault
 from kfactory.judge.stats import summarize
@@ -56,13 +56,19 @@ def screen(session, key: str, problem, shape: dict[str, int], pool, cache_bytes:
     kernel is far slower than anything that can rank. Nothing is checked and nothing else is run, since the
     only use of a screen is to spare a candidate that cannot rank its verification and measurement: one that
     passes is verified and measured in full; one that does not is screened out, which is never a result. A
-    fault of the kernel (a crash, a hang) is a typed failure, as in any measurement."""
-    sname = problem.shape_str(shape)
-    sets = pool.screen_sets(shape, cache_bytes)
+    fault of the kernel (a crash, a hang) is a typed failure, as in any measurement. Where the session's
+    device judges the shape (checks.judged_on_device), the sets are drawn there from the pool's screening
+    seeds and not compared."""
+    sname, dist = problem.shape_str(shape), timing_dist(problem)
     max_s = max(settings.screen_max_s, settings.screen_min_samples * settings.screen_factor * best_s)
+    timing = dict(min_samples=settings.screen_min_samples, min_s=0.0, max_s=max_s, noise=NO_NOISE_BOUND,
+                  warmup_s=SCREEN_WARMUP_S)
     try:
-        res = session.bench([key], shape, sets, min_samples=settings.screen_min_samples, min_s=0.0, max_s=max_s,
-                            noise=NO_NOISE_BOUND, warmup_s=SCREEN_WARMUP_S)
+        if judged_on_device(session, shape, dist):   # drawn where the kernel runs: nothing drawn or sent here
+            res = session.bench_drawn([key], shape, dist, pool.screen_seeds(shape, cache_bytes), compare=False,
+                                      **timing)
+        else:
+            res = session.bench([key], shape, pool.screen_sets(shape, cache_bytes), **timing)
     except RunnerFault as e:
         return Timing(reason=fault_reason(e), failed_key=key, message=f"{sname} screening: {e}")
     t = summarize(res.samples[key], sname, problem.cost(shape)[0])

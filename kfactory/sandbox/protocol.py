@@ -155,7 +155,7 @@ class Bench(Request):
     kernel's noise under `noise`; warm-up first. `mode` (cuda): "events" or "graph". cuda: an argument set's
     tensors may be drawn and compared on the device as DeviceCheck's are ("draw" and "compare" descriptors, and
     `reference` as DeviceCheck.reference): then the reply's info holds {"figures": {key: [{output: figures}
-    per set]}} instead of outputs copied back."""
+    per set]}} instead of outputs copied back, or nothing with `reference["compare"]` False (a screen's sets)."""
     op: ClassVar[str] = "bench"
     kernels: list[BenchKernel]
     min_samples: int

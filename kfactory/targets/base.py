@@ -106,10 +106,11 @@ class Session(ABC):
         raise DeviceCheckUnavailable(self.device_check_unavailable(shape, dist) or "no device judge")
 
     def bench_drawn(self, keys: list[str], shape: dict[str, int], dist: str, seeds: list[int], *, min_samples: int,
-                    min_s: float, max_s: float, noise: float, warmup_s: float) -> BenchResult:
+                    min_s: float, max_s: float, noise: float, warmup_s: float, compare: bool = True) -> BenchResult:
         """bench() on input sets drawn where the kernels run, one per seed (as device_check draws them), each
-        set's outputs compared there with its float64 reference: the result's `figures`, not its outputs; only
-        where device_check_unavailable says None, else DeviceCheckUnavailable."""
+        set's outputs compared there with its float64 reference: the result's `figures`, not its outputs (with
+        compare=False, as a screen needs, neither: no reference is computed); only where
+        device_check_unavailable says None, else DeviceCheckUnavailable."""
         raise DeviceCheckUnavailable(self.device_check_unavailable(shape, dist) or "no device judge")
 
     def call_overhead_s(self) -> float:

@@ -275,16 +275,16 @@ class CudaSession(Session):
         return "graph" if fastest < GRAPH_BELOW_S else "events"
 
     def bench_drawn(self, keys, shape, dist, seeds, *, min_samples, min_s, max_s, noise, warmup_s,
-                    mode: str | None = None) -> BenchResult:
+                    compare: bool = True, mode: str | None = None) -> BenchResult:
         """Session.bench_drawn on the GPU: each key's sets drawn in place from `seeds`, compared there after the
-        timing (protocol.Bench with "draw" descriptors and a reference)."""
+        timing unless compare is False (protocol.Bench with "draw" descriptors and a reference)."""
         self._require_judge(shape, dist)
         argsets = [judge_device.device_argset(self.problem, self.abi_args, shape, dist, s) for s in seeds]
+        reference = judge_device.reference_request(self.problem, shape, *self._judge_paths())
         base = Bench([BenchKernel(k, argsets) for k in keys], min_samples=min_samples, min_s=min_s, max_s=max_s,
-                     noise=noise, warmup_s=warmup_s, shape=dict(shape),
-                     reference=judge_device.reference_request(self.problem, shape, *self._judge_paths()))
+                     noise=noise, warmup_s=warmup_s, shape=dict(shape), reference={**reference, "compare": compare})
         return self._timed(keys, base, mode, lambda reply, tel: BenchResult(
-            reply.samples, {}, telemetry=tel, figures=reply.info["figures"]))
+            reply.samples, {}, telemetry=tel, figures=reply.info.get("figures", {})))
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
               mode: str | None = None) -> BenchResult:
