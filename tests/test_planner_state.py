@@ -270,5 +270,4 @@ def test_later_timing_rounds_change_no_measurement_count_or_result():
     _apply_all(st, [ev.make_event("c1", "benchmarker", "k2:round3", measured=again),
                     ev.make_event("c1", "benchmarker", "k1:round4", rejected=fault)])
     assert st.counts == counts and st.measured["k2"] is first and st.best() is first
-    assert st.retimings == {("k2", 3): again, ("k1", 4): fault}
     assert st.device_s == pytest.approx(device_s + 2.0)

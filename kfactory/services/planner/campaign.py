@@ -94,11 +94,6 @@ class CampaignState:
     driven: bool = False
     #: device-seconds its verifications, screens and measurements held the device (kfactory.judge.order.device_seconds)
     device_s: float = 0.0
-    #: later timing rounds of measured candidates (an engine campaign's rounds and showdown, `finale` below:
-    #: Measured.round >= 2, and the benchmarker's Rejected of one, figures["round"]), by (candidate id, round):
-    #: kept apart from the search's measurements, counts and tallies, which they would otherwise change after
-    #: the fact (their device time still counts)
-    retimings: dict[tuple[str, int], pb.Measured | pb.Rejected] = field(default_factory=dict)
     #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
     #: problem loads; else the lowest score
     winner: Callable[[list[pb.Measured]], pb.Measured] = lowest_score
@@ -205,8 +200,7 @@ class CampaignState:
         self.coders.on_verified(m)
 
     def _on_rejected(self, m: pb.Rejected) -> None:
-        if (r := ev.timing_round(m)) >= 2:
-            self.retimings[(m.candidate.id, r)] = m
+        if ev.timing_round(m) >= 2:   # a later timing round (the finale's, which folds it): not the search's
             return
         self.counts.rejected += 1
         self.coders.on_rejected(m)
@@ -224,8 +218,7 @@ class CampaignState:
         self._tell_awaiting(m.candidate.id, None)
 
     def _on_measured(self, m: pb.Measured) -> None:
-        if (r := ev.timing_round(m)) >= 2:
-            self.retimings[(m.candidate.id, r)] = m
+        if ev.timing_round(m) >= 2:   # a later timing round (the finale's, which folds it): not the search's
             return
         self.counts.measured += 1
         self.coders.on_measured(m)
