@@ -35,7 +35,7 @@ def memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) ->
              (a2, ref_a2, seed_a, "memo:near-duplicate")]
     sname = problem.shape_str(shape)
     results = _sequence(session, key, shape, steps, sname)
-    for i, ((_, ref, seed, label), res) in enumerate(zip(steps, results)):
+    for i, ((x, ref, seed, label), res) in enumerate(zip(steps, results)):
         reject_tampering(res, sname, label)
         check = check_outputs(problem, res.outputs, ref, sname, label, seed, res.seconds)
         checks.append(check)
@@ -45,45 +45,77 @@ def memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) ->
             raise Rejection(pb.WRONG_RESULT, f"{sname}/{label}: {check.note}")
         wrong = {name: np.array(v) for name, v in res.outputs.items()}  # a copy: the rerun may reuse the buffers
         earlier = [(s[1], r.outputs) for s, r in zip(steps[:i], results[:i])]
-        if _answers_earlier_call(problem, wrong, earlier, sname):
+        if _answers_earlier_call(problem, wrong, ref, earlier):
             raise Rejection(pb.MEMOISED, f"{sname}/{label}: right on fresh buffers; on reused ones it gave an "
-                                         f"earlier call's answer ({check.note})")
-        again = _sequence(session, key, shape, steps[:i + 1], sname)[i]
+                                         f"earlier call's answer where it was wrong ({check.note})")
+        raise _wrong_on_reuse(session, key, problem, shape, steps[:i + 1], wrong, check, checks)
+
+
+def _wrong_on_reuse(session, key, problem: Problem, shape, steps: list, wrong: dict, check: pb.Check,
+                    checks: list) -> Rejection:
+    """The reason for the last of `steps` wrong on reused buffers with an answer of its own. The same calls run
+    again: a different answer is NOT_DETERMINISTIC (a race that first showed here). Then the step's inputs
+    alone on fresh buffers: wrong there too is WRONG_RESULT; right there, its answer depends on the calls
+    before it, which is MEMOISED (a cache or state kept between calls, though it repeats no earlier answer)."""
+    x, ref, seed, label = steps[-1]
+    sname, note = problem.shape_str(shape), check.note
+    try:
+        again = _sequence(session, key, shape, steps, sname)[-1]
         reject_tampering(again, sname, label + ":again")
         checks.append(check_outputs(problem, again.outputs, ref, sname, label + ":again", seed, again.seconds))
-        raise wrong_on_reuse(sname, label, check.note, wrong, again.outputs)
+        with span("comparison"):
+            differ = {name: _differing(out, again.outputs[name]) for name, out in wrong.items()}
+        if any(differ.values()):
+            name = max(differ, key=lambda n: differ[n])
+            return Rejection(pb.NOT_DETERMINISTIC, f"{sname}/{label}: wrong ({note}), and the same calls run "
+                                                   f"again differ in {differ[name]} elements of {name}")
+        fresh = session.call(key, shape, x)
+    except RunnerFault as e:
+        checks.append(pb.Check(shape=sname, distribution=label + ":again", seed=seed, note=str(e)))
+        return Rejection(fault_reason(e), f"{sname}/{label}: wrong ({note}); run again: {e}")
+    reject_tampering(fresh, sname, label + ":fresh")
+    alone = check_outputs(problem, fresh.outputs, ref, sname, label + ":fresh", seed, fresh.seconds)
+    checks.append(alone)
+    if not alone.passed:
+        return Rejection(pb.WRONG_RESULT, f"{sname}/{label}: {note}; wrong on fresh buffers too ({alone.note})")
+    return Rejection(pb.MEMOISED, f"{sname}/{label}: right on fresh buffers, wrong after the calls before it, "
+                                  f"with the same answer when they are run again ({note})")
 
 
-def wrong_on_reuse(sname: str, label: str, note: str, wrong: dict, again: dict) -> Rejection:
-    """The reason for a step wrong on reused buffers with an answer of its own, from the same sequence run
-    again: a different answer means the kernel is not deterministic (a race shows so), the same wrong answer
-    means it is wrong on such inputs whatever the buffers held."""
+def _answers_earlier_call(problem: Problem, outputs: dict, ref: dict, earlier: list) -> bool:
+    """Whether, where the outputs are wrong (outside tolerance of their own reference `ref`; everywhere when
+    only the norm failed), they are an earlier call's answer bit for bit or right for that call's inputs: the
+    mark of a cache keyed by the buffers or by a sample of the values, whole or in part (a row's cache)."""
+    specs = problem.spec.outputs
     with span("comparison"):
-        differ = {name: _differing(out, again[name]) for name, out in wrong.items()}
-    if any(differ.values()):
-        name = max(differ, key=lambda n: differ[n])
-        return Rejection(pb.NOT_DETERMINISTIC, f"{sname}/{label}: wrong ({note}), and the same calls run again "
-                                               f"differ in {differ[name]} elements of {name}")
-    return Rejection(pb.WRONG_RESULT, f"{sname}/{label}: {note} (the same answer when run again)")
+        where = {t.name: _outside(outputs[t.name], ref[t.name], problem.spec.tolerance[t.dtype]) for t in specs}
+        if not any(m.any() for m in where.values()):
+            where = {name: np.ones(m.shape, bool) for name, m in where.items()}
+        return any(all(_same_or_right(outputs[t.name], given[t.name], ref_j[t.name], where[t.name],
+                                      problem.spec.tolerance[t.dtype]) for t in specs)
+                   for ref_j, given in earlier)
 
 
-def _answers_earlier_call(problem: Problem, outputs: dict, earlier: list, sname: str) -> bool:
-    """Whether the outputs are the right answer to one of the earlier calls' inputs, or that call's own
-    answer bit for bit: the mark of a cache keyed by the buffers or by a sample of the values."""
-    with span("comparison"):
-        for ref, given in earlier:
-            if all(same_bits(out, given[name]) for name, out in outputs.items()):
-                return True
-            if check_outputs(problem, outputs, ref, sname, "memo:earlier", 0, 0.0).passed:
-                return True
-    return False
+def _same_or_right(out: np.ndarray, given: np.ndarray, ref: np.ndarray, where: np.ndarray, tol) -> bool:
+    """Whether `out`, at the elements `where`, equals `given` bit for bit or is within tolerance of `ref`."""
+    def at(a):
+        return np.asarray(a).reshape(-1)[where]
+    return same_bits(at(out), at(given)) or not _outside(at(out), at(ref), tol).any()
+
+
+def _outside(out: np.ndarray, ref: np.ndarray, tol) -> np.ndarray:
+    """Per element, outside atol + rtol |ref| (a NaN or an infinity is inside only where the reference has it)."""
+    o, r = np.asarray(out, dtype=np.float64).reshape(-1), np.asarray(ref, dtype=np.float64).reshape(-1)
+    with np.errstate(invalid="ignore"):
+        inside = (o == r) | (np.isnan(o) & np.isnan(r)) | (np.abs(o - r) <= tol.atol + tol.rtol * np.abs(r))
+    return ~inside
 
 
 def _differing(a: np.ndarray, b: np.ndarray) -> int:
-    """How many elements differ bit for bit (any dtype: compared as unsigned words of the element's size)."""
-    size = a.dtype.itemsize
-    a8, b8 = (np.ascontiguousarray(v).reshape(-1).view(np.uint8).reshape(-1, size) for v in (a, b))
-    return int(np.count_nonzero((a8 != b8).any(axis=1)))
+    """How many elements differ in value, as verification's second-run check counts them (a NaN equals a NaN,
+    -0 equals 0; any dtype the outputs have, bfloat16 included)."""
+    x, y = np.asarray(a, dtype=np.float64).reshape(-1), np.asarray(b, dtype=np.float64).reshape(-1)
+    return int(np.count_nonzero(~((x == y) | (np.isnan(x) & np.isnan(y)))))
 
 
 def _sequence(session, key, shape, steps: list, sname: str) -> list:

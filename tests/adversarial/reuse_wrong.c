@@ -3,8 +3,10 @@
  * shape as the call before, it takes a "warm" path that forgets to normalise the last row (it writes
  * exp(x - max) there); fresh buffers get the right answer. Its wrong answer is its own, and the same every
  * time for the same inputs.
- * WHY THE JUDGE MUST CATCH IT (and name it right): it first goes wrong in the memoisation probe, but it
- * neither repeats an earlier call's answer nor varies between runs -> WRONG_RESULT, never MEMOISED.
+ * WHY THE JUDGE MUST CATCH IT (and name it right): it first goes wrong in the memoisation probe and repeats
+ * no earlier call's answer, but its answer depends on the calls before it: the same inputs alone on fresh
+ * buffers get the right answer, and the same calls run again the same wrong one -> MEMOISED (the proto's
+ * meaning: an output that depends on earlier calls, not only on the inputs), never NOT_DETERMINISTIC.
  */
 #include <math.h>
 #include <stdint.h>
