@@ -350,13 +350,14 @@ def _judged_session(fake_cuda, settings, tmp_path, problem, **update):
     return sess, ref
 
 
-def _verified(sess, problem):
-    """verify() of kernel "k"; skipped where NVRTC (which builds the judge's cubins) is not installed."""
+def _verified(sess, problem, pool=None):
+    """verify() of kernel "k" (with `pool`, default a fresh one); skipped where NVRTC (which builds the judge's
+    cubins) is not installed."""
     from kfactory.judge.checks import InputPool
     from kfactory.judge.verify import verify
     from kfactory.targets.cuda.toolchain import CudaToolchainMissing
     try:
-        return verify(sess, "k", problem, InputPool(problem, reuse=1))
+        return verify(sess, "k", problem, pool or InputPool(problem, reuse=1))
     except CudaToolchainMissing as e:
         pytest.skip(f"no CUDA toolchain wheels: {e}")
 
@@ -434,6 +435,55 @@ def test_fake_probe_after_timing_draws_and_checks_on_the_device(fake_cuda, setti
     assert got.reason == pb.WRONG_RESULT and "after" in got.message and small_calls[0] >= 128, got.message
     assert got.failed_input is None   # the call count exposed it, not an input memory could replay
     assert not any(kind == "probe" for _, kind in pool._sets)
+
+
+def test_fake_timed_sets_drawn_on_the_device_catch_a_kernel_that_writes_its_inputs(fake_cuda, settings, tmp_path):
+    """Sets drawn on the device are drawn again after the timing: a kernel honest on its first two calls on a
+    set that then zeroes the set's input and answers without reading it (right for the zeroed input, so a
+    reference computed from what the kernel left would agree) is INPUT_MUTATED, as on the host."""
+    from kfactory.judge.checks import InputPool
+    from kfactory.judge.measure import measure
+    problem = _small_problem(tmp_path)
+    sess, _ = _judged_session(fake_cuda, settings, tmp_path, problem, measure_min_s=0.01, measure_max_s=0.05)
+    calls: dict[int, int] = {}
+
+    def zeroes_its_input(raw):
+        rows, cols = _as_i64(raw[2]), _as_i64(raw[3])
+        calls[raw[0]] = calls.get(raw[0], 0) + 1
+        if rows * cols <= 1 << 20 or calls[raw[0]] <= 2:
+            return _softmax_kernel(raw)
+        ctypes.memset(raw[0], 0, 4 * rows * cols)
+        np.ctypeslib.as_array((ctypes.c_float * (rows * cols)).from_address(raw[1]))[:] = np.float32(1 / cols)
+    fake_cuda.kernels["kernel"] = (4, zeroes_its_input)
+    got = measure(sess, ["k"], problem, {"rows": 1025, "cols": 1024}, InputPool(problem, reuse=1), 2 << 20,
+                  sess.target.settings)
+    assert got.reason == pb.INPUT_MUTATED and "input x" in got.message, got.message
+
+
+def test_fake_regression_inputs_drawn_on_a_device_are_replayed_there(fake_cuda, settings, tmp_path):
+    """A regression input memory keeps from a device check (labelled device:DIST) is drawn again on the device
+    where it can judge the shape (two runs, like any device check), not by the host twin; a kernel wrong on it
+    is rejected at that input."""
+    from kfactory.judge import counter_rng
+    from kfactory.judge.checks import InputPool, RegressionInput
+    problem = _small_problem(tmp_path)
+    sess, _ = _judged_session(fake_cuda, settings, tmp_path, problem)
+    large, seed = {"rows": 1025, "cols": 1024}, 12345
+    reg = RegressionInput("1025x1024", counter_rng.PREFIX + "normal", seed)
+    verdict = _verified(sess, problem, InputPool(problem, reuse=1, regressions=[reg]))
+    assert verdict.passed, verdict.message
+    replayed = [c for c in verdict.checks if c.distribution == "regression:device:normal"]
+    assert len(replayed) == 2 and all(c.seed == seed and c.passed for c in replayed)
+    first = counter_rng.draw(problem, large, "normal", seed, rows=slice(0, 1))["x"][0, :4].copy()
+
+    def wrong_on_that_input(raw):
+        _softmax_kernel(raw)
+        if np.array_equal(np.ctypeslib.as_array((ctypes.c_float * 4).from_address(raw[0])), first):
+            ctypes.c_float.from_address(raw[1] + 4 * 99).value += 0.01
+    fake_cuda.kernels["kernel"] = (4, wrong_on_that_input)
+    verdict = _verified(sess, problem, InputPool(problem, reuse=1, regressions=[reg]))
+    assert not verdict.passed and verdict.reason == pb.WRONG_RESULT
+    assert verdict.checks[-1].distribution == "regression:device:normal" and verdict.checks[-1].worst_index == 99
 
 
 def test_fake_screen_draws_its_sets_on_the_device(fake_cuda, settings, tmp_path):

@@ -153,9 +153,15 @@ def _timed_outputs(problem: Problem, res, key: str, sname: str, refs: list, seed
                    drawn: str | None) -> Timing | None:
     """A WRONG_RESULT Timing when an output the timed calls of `key` left in some set is wrong (against its host
     reference, or by the figures its device compared when the sets were drawn there from distribution
-    `drawn`), naming the set's seed as a regression input; None when all are right."""
+    `drawn`), naming the set's seed as a regression input; INPUT_MUTATED when they wrote into a set the device
+    drew; None when all are right."""
     per_set = res.outputs[key] if drawn is None else res.figures[key]
     label = timing_dist(problem) if drawn is None else counter_rng.PREFIX + drawn
+    for i, written in enumerate(res.mutated.get(key, []) if drawn is not None else []):
+        if any(written.values()):   # (on the host, a written input shows as a wrong output against its reference)
+            names = sorted(n for n, count in written.items() if count)
+            return Timing(reason=pb.INPUT_MUTATED, failed_key=key,
+                          message=f"{sname}: the timed calls wrote into input {', '.join(names)} (set {i})")
     for i, outs in enumerate(per_set):
         check = (check_outputs(problem, outs, refs[i], sname, "timed", seeds[i], 0.0) if drawn is None
                  else device_checks(problem, outs, sname, label, seeds[i], 0.0))
@@ -185,8 +191,9 @@ def probe_after_timing(session: Session, key: str, problem: Problem, shape: dict
                        timed_calls: int, median_s: float) -> Timing | None:
     """The check after a timing of `timed_calls` calls of kernel `key` at `shape`: probe_calls(timed_calls)
     unchecked calls at the problem's smallest shape, then one call at `shape` on fresh inputs (pool.probe_set,
-    never a timing set) into fresh buffers with the outputs poisoned, checked in full against the float64
-    reference as verify checks. None when it passed.
+    never a timing set; drawn on the device from a fresh seed where it judges the shape, _probe_call) into
+    fresh buffers with the outputs poisoned, checked in full against the float64 reference as verify checks.
+    None when it passed.
 
     Why: the timed calls' own outputs cannot show a kernel that stops writing, since the buffers of a timing
     set still hold the right answer of an earlier honest call on the same inputs; and how many calls the

@@ -54,6 +54,13 @@ def verify(session: Session, key: str, problem: Problem, pool: InputPool) -> Ver
                 _same_twice(session, key, problem, shape, *first)
         for reg in pool.regressions:
             shape = problem.parse_shape(reg.shape)
+            drawn_on = reg.distribution.removeprefix(counter_rng.PREFIX)
+            if drawn_on != reg.distribution and judged_on_device(session, shape, drawn_on):
+                # drawn on a device: drawn there again, bit for bit, instead of by the host twin (and a large
+                # shape's float64 reference on the host)
+                _device_checked(session, key, problem, shape, drawn_on, verdict.checks, reg.seed,
+                                f"regression:{reg.distribution}")
+                continue
             x, ref, _ = pool.drawn(shape, reg.distribution, reg.seed)
             _checked_call(session, key, problem, shape, x, ref, f"regression:{reg.distribution}", reg.seed,
                           verdict.checks)
@@ -80,12 +87,16 @@ def _checked_call(session, key, problem, shape, x, ref, dist, seed, checks: list
     return res.outputs
 
 
-def _device_checked(session, key, problem: Problem, shape: dict[str, int], dist: str, checks: list) -> None:
-    """One check judged on the device from a fresh seed: two runs on the same inputs, each compared with the
-    float64 reference there, then compared with each other bit for bit; the inputs drawn again and compared
-    with what the kernel left; guard bands checked. The check is labelled "device:DIST" so that a failing input
-    is drawn again on any host by the generator's twin (kfactory.judge.counter_rng)."""
-    sname, label, seed = problem.shape_str(shape), counter_rng.PREFIX + dist, inp.fresh_seed()
+def _device_checked(session, key, problem: Problem, shape: dict[str, int], dist: str, checks: list,
+                    seed: int | None = None, label: str | None = None) -> None:
+    """One check judged on the device from `seed` (default: a fresh one): two runs on the same inputs, each
+    compared with the float64 reference there, then compared with each other bit for bit; the inputs drawn
+    again and compared with what the kernel left; guard bands checked. The check is labelled "device:DIST"
+    (default) so that a failing input is drawn again on any host by the generator's twin
+    (kfactory.judge.counter_rng)."""
+    sname = problem.shape_str(shape)
+    label = label or counter_rng.PREFIX + dist
+    seed = inp.fresh_seed() if seed is None else seed
     try:
         res = session.device_check(key, shape, dist, seed, runs=2)
     except RunnerFault as e:

@@ -43,6 +43,8 @@ class BenchResult:
     #: sets drawn and compared on the device (Session.bench_drawn): per key, per set, {output: figures}, where
     #: `outputs` is then empty
     figures: dict[str, list[dict]] = field(default_factory=dict)
+    #: with `figures`: per key, per set, {input: bytes the timed calls wrote into it} (against a fresh draw)
+    mutated: dict[str, list[dict[str, int]]] = field(default_factory=dict)
 
 
 class DeviceCheckUnavailable(RuntimeError):

@@ -205,6 +205,8 @@ class CudaChild(Child):
                         self._drawn_set(argset, tensors)
                     else:
                         self.mem.upload(argset, tensors, guard=False)
+            # the draws and poison went to the legacy stream; a graph runs on a non-blocking one
+            check("cuCtxSynchronize", driver.cu.cuCtxSynchronize())
             pool = sum(t.nbytes for v in sets.values() for _, ts in v for t in ts.values())
             flush_bytes = 2 * self.device.l2 if pool < 2 * self.device.l2 else 0
             samplers, per_sample, enqueues = {}, {}, {}
@@ -224,8 +226,10 @@ class CudaChild(Child):
                     enq()
             check("cuCtxSynchronize", driver.cu.cuCtxSynchronize())
             if req.reference is not None and req.reference.get("compare", True):   # drawn sets: compared here
-                info["figures"] = {k: [self._compared_set(req.reference, req.shape, argset, tensors)
-                                       for argset, tensors in v] for k, v in sets.items()}
+                compared = {k: [self._compared_set(req.reference, req.shape, argset, tensors)
+                                for argset, tensors in v] for k, v in sets.items()}
+                info["figures"] = {k: [fig for fig, _ in v] for k, v in compared.items()}
+                info["mutated"] = {k: [written for _, written in v] for k, v in compared.items()}
             for v in sets.values():
                 for _, tensors in v:
                     for t in tensors.values():
@@ -263,15 +267,20 @@ class CudaChild(Child):
                 else:
                     self.mem.poison(t)
 
-    def _compared_set(self, ref: dict, shape: dict, argset: list[Arg], tensors: dict[str, DevTensor]) -> dict:
-        """{output: figures} of a drawn set's outputs against its float64 reference (`ref` as
-        DeviceCheck.reference), computed here."""
+    def _compared_set(self, ref: dict, shape: dict, argset: list[Arg],
+                      tensors: dict[str, DevTensor]) -> tuple[dict, dict[str, int]]:
+        """({output: figures}, {input: bytes the kernel wrote}) of a drawn set after its timed calls: its inputs
+        drawn again, compared with what the calls left, and the float64 reference (`ref` as
+        DeviceCheck.reference) computed from the fresh draw, not from inputs the kernel could have written."""
         outs = [a for a in argset if "compare" in a]
-        refs = _reference_buffers(self, ref, shape, tensors, outs)
+        scratch: dict[str, int] = {}
         try:
-            return _figures(self.judge, outs, tensors, refs)
+            again, written = _drawn_again(self, [a for a in argset if "draw" in a], tensors, scratch)
+            refs = _reference_buffers(self, ref, shape, again, tensors, outs)
+            scratch.update({"ref:" + n: b for n, b in refs.items()})
+            return _figures(self.judge, outs, {a["name"]: tensors[a["name"]].ptr for a in outs}, tensors, refs), written
         finally:
-            self.mem.free(list(refs.values()))
+            self.mem.free(list(scratch.values()))
 
     #: kept here, where the tests of the warm-up find it
     _warm_up_device = staticmethod(warm_up_device)
@@ -303,60 +312,72 @@ class CudaChild(Child):
         return Reply(info=out)
 
 
-def _reference_buffers(child: CudaChild, ref: dict, shape: dict, tensors: dict[str, DevTensor],
-                      outs: list[Arg]) -> dict[str, int]:
-    """A float64 buffer per compared output, holding the problem's reference on the drawn inputs (DeviceCheck's
-    `ref`), computed on the device; the caller frees them."""
+def _reference_buffers(child: CudaChild, ref: dict, shape: dict, inputs: dict[str, int],
+                      tensors: dict[str, DevTensor], outs: list[Arg]) -> dict[str, int]:
+    """A float64 buffer per compared output, holding the problem's reference (DeviceCheck's `ref`) on the inputs
+    at `inputs` (name -> device address: a fresh draw), computed on the device; the caller frees them."""
     refs = {a["name"]: child.mem.alloc(8 * tensors[a["name"]].elements) for a in outs}
     try:
-        child.judge.reference(ref, shape, {n: tensors[n].ptr for n in ref["inputs"]}, refs)
+        child.judge.reference(ref, shape, {n: inputs[n] for n in ref["inputs"]}, refs)
     except BaseException:
         child.mem.free_or_fatal(list(refs.values()))
         raise
     return refs
 
 
-def _figures(judge, outs: list[Arg], tensors: dict[str, DevTensor], refs: dict[str, int]) -> dict[str, dict]:
-    """{output: figures} of each compared output against its reference buffer, at its "compare" tolerance."""
-    return {a["name"]: judge.compare(tensors[a["name"]].ptr, a["dtype"], refs[a["name"]], tensors[a["name"]].elements,
+def _drawn_again(child: CudaChild, draws: list[Arg], tensors: dict[str, DevTensor],
+                 scratch: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """Each drawn input drawn again from its descriptor into a new buffer (kept in `scratch` for the caller to
+    free): ({input: the new buffer}, {input: bytes in which the kernel's buffer differs from it})."""
+    again, written = {}, {}
+    for a in draws:
+        t = tensors[a["name"]]
+        again[t.name] = scratch["again:" + t.name] = child.mem.alloc(t.nbytes)
+        child.judge.draw(again[t.name], t.dtype, t.elements, a["draw"])
+        written[t.name] = child.judge.count_diff(again[t.name], t.ptr, t.nbytes)
+    return again, written
+
+
+def _figures(judge, outs: list[Arg], at: dict[str, int], tensors: dict[str, DevTensor],
+             refs: dict[str, int]) -> dict[str, dict]:
+    """{output: figures} of each compared output (its values at device address `at[name]`) against its
+    reference buffer, at its "compare" tolerance."""
+    return {a["name"]: judge.compare(at[a["name"]], a["dtype"], refs[a["name"]], tensors[a["name"]].elements,
                                      a["compare"]["atol"], a["compare"]["rtol"]) for a in outs}
 
 
 def _device_checked(child: CudaChild, req: DeviceCheck, launch: Launch, tensors: dict[str, DevTensor],
                     scratch: dict[str, int]) -> dict:
     """The body of op_device_check over buffers already made (`scratch` collects the others it makes, for the
-    caller to free): draw, reference, `runs` timed runs each compared, the inputs drawn again and compared."""
+    caller to free): draw, `runs` timed runs (outputs poisoned before each, each run's outputs copied aside),
+    then the inputs drawn again and compared with what the kernel left, the float64 reference computed from
+    that fresh draw (after the candidate's last run, so it cannot reach it), and each run compared with it and
+    every later run with the first byte for byte."""
     judge, mem, stream = child.judge, child.mem, child.device.stream0
     draws = [a for a in req.args if "draw" in a]
     outs = [a for a in req.args if "compare" in a]
     for a in draws:
         t = tensors[a["name"]]
         judge.draw(t.ptr, t.dtype, t.elements, a["draw"])
-    refs = _reference_buffers(child, req.reference, req.shape, tensors, outs)
-    scratch.update({"ref:" + n: b for n, b in refs.items()})
     run = child._enqueue(req.key, req.args, tensors, launch, stream)
-    seconds, figures, differ = [], [], []
-    first: dict[str, int] = {}
+    seconds: list[float] = []
+    kept: list[dict[str, int]] = []
     for r in range(max(1, req.runs)):
         for a in outs:
             mem.poison(tensors[a["name"]])
         seconds.append(child.device.time(stream, run))
-        figures.append(_figures(judge, outs, tensors, refs))
+        kept.append({})
         for a in outs:
             t = tensors[a["name"]]
-            if r == 0:   # the first run's outputs, which every later run must equal byte for byte
-                first[t.name] = scratch["first:" + t.name] = mem.alloc(t.nbytes)
-                check("cuMemcpyDtoDAsync", driver.cu.cuMemcpyDtoDAsync(dptr(first[t.name]), dptr(t.ptr), t.nbytes,
-                                                                       stream))
-        if r:
-            differ.append({a["name"]: judge.count_diff(tensors[a["name"]].ptr, first[a["name"]],
-                                                       tensors[a["name"]].nbytes) for a in outs})
-    mutated = {}
-    for a in draws:
-        t = tensors[a["name"]]
-        again = scratch["again:" + t.name] = mem.alloc(t.nbytes)
-        judge.draw(again, t.dtype, t.elements, a["draw"])
-        mutated[t.name] = judge.count_diff(again, t.ptr, t.nbytes)
+            kept[r][t.name] = scratch[f"run{r}:{t.name}"] = mem.alloc(t.nbytes)
+            check("cuMemcpyDtoDAsync", driver.cu.cuMemcpyDtoDAsync(dptr(kept[r][t.name]), dptr(t.ptr), t.nbytes,
+                                                                   stream))
+    again, mutated = _drawn_again(child, draws, tensors, scratch)
+    refs = _reference_buffers(child, req.reference, req.shape, again, tensors, outs)
+    scratch.update({"ref:" + n: b for n, b in refs.items()})
+    figures = [_figures(judge, outs, at, tensors, refs) for at in kept]
+    differ = [{a["name"]: judge.count_diff(at[a["name"]], kept[0][a["name"]], tensors[a["name"]].nbytes)
+               for a in outs} for at in kept[1:]]
     return {"seconds": seconds, "figures": figures, "differ": differ, "mutated": mutated}
 
 

@@ -269,7 +269,8 @@ class CudaSession(Session):
     def _pick_mode(self, base: Bench) -> str:
         """graph when a quick events-mode probe (first input set only) puts some kernel under GRAPH_BELOW_S."""
         probe = dataclasses.replace(base, mode="events", min_samples=5, min_s=0.0, max_s=0.05, noise=1.0,
-                                    warmup_s=0.005, kernels=[BenchKernel(k.key, k.argsets[:1]) for k in base.kernels])
+                                    warmup_s=0.005, kernels=[BenchKernel(k.key, k.argsets[:1]) for k in base.kernels],
+                                    reference=base.reference and {**base.reference, "compare": False})
         reply = self._request(probe, timeout_s=self.runner.timeout_s + 5)
         fastest = min(statistics.median(s) for s in reply.samples.values())
         return "graph" if fastest < GRAPH_BELOW_S else "events"
@@ -284,7 +285,8 @@ class CudaSession(Session):
         base = Bench([BenchKernel(k, argsets) for k in keys], min_samples=min_samples, min_s=min_s, max_s=max_s,
                      noise=noise, warmup_s=warmup_s, shape=dict(shape), reference={**reference, "compare": compare})
         return self._timed(keys, base, mode, lambda reply, tel: BenchResult(
-            reply.samples, {}, telemetry=tel, figures=reply.info.get("figures", {})))
+            reply.samples, {}, telemetry=tel, figures=reply.info.get("figures", {}),
+            mutated=reply.info.get("mutated", {})))
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
               mode: str | None = None) -> BenchResult:
