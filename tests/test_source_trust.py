@@ -167,3 +167,46 @@ def test_evidence_that_stops_finding_better_points_hands_its_share_back(devices)
     s.seen.add(points[0])
     s.tell(points[0], records[0].time_ms)  # the optimum, evidence-led: a new best
     assert s.led_stale == 0 and s._say() == pytest.approx(s.trust().evidence)
+
+
+def test_a_source_flat_at_the_top_is_left_out():
+    """A source most of whose points are within 5% of its best (dedispersion on an A100: 76-89% of a campaign's)
+    cannot single out its best: none of its points is proposed first, it has no prior mean and no say, while a
+    peaked source's points still come first; the campaign's summary and `kfactory priors` say which source was
+    left out."""
+    from kfactory.evidence.warm_sources import campaign_section, priors_text, priors_view, report_lines, sources_of
+    from kfactory.v1 import events_pb2 as pb
+    pts = [Point.of("f", {"x": i}) for i in range(20)]
+    plateau = [Evidence(p, 1.0 + 0.001 * i if i < 10 else 2.0 + i, "plateau") for i, p in enumerate(pts)]
+    peaked = [Evidence(p, 1.0 + abs(i - 15), "peaked") for i, p in enumerate(pts[10:], 10)]
+
+    alone = WarmPriors(plateau, 8)
+    assert alone.flat == ["plateau"] and alone.next(None, set().__contains__) is None
+    assert alone.proposed == 0 and "flat at the top (plateau" in alone.stopped
+
+    both = WarmPriors(plateau + peaked, 8)
+    taken: set = set()
+    first = [both.next(None, taken.__contains__) for _ in range(3)]
+    assert both.flat == ["plateau"] and first[0] == pts[15] and all(p in pts[10:] for p in first)
+
+    section = campaign_section(None, both, {"plateau": "A100", "peaked": "MI250X"})
+    assert {s["source"]: s["flat_at_top"] for s in section["sources"]} == {"peaked": False, "plateau": True}
+    assert {s["source"]: s["weight"] for s in section["sources"]} == {"peaked": 1.0, "plateau": 0.0}
+    assert "plateau left out, flat at the top" in "\n".join(report_lines({"warm_start": section}))
+    priors = [pb.Prior(family="f", params_json=e.point.params_json, relative=e.relative, score_s=e.relative,
+                       campaign_id=e.source, device="d") for e in plateau + peaked]
+    text = priors_text(priors_view(sources_of(priors), None))
+    assert "plateau on d: 20 points" in text and text.count("flat at the top: left out") == 1
+
+
+def test_a_warm_start_from_a_flat_source_alone_is_the_cold_start(devices, cold):
+    """Evidence whose best half is within 5% of its best leads nowhere: the warm start asks exactly what the
+    cold start asks, seed for seed, and judges no source."""
+    rs = devices["agreeing"]
+    best = rs.optimum_ms()
+    ranked = sorted(rs.records.values(), key=lambda r: r.time_ms)
+    flat = [Evidence(Point.of(rs.family().name, r.params), 1.0 + 0.01 * i / len(ranked) if i < len(ranked) // 2
+                     else r.time_ms / best, "flat") for i, r in enumerate(ranked)]
+    runs = [_search(devices, flat, seed) for seed in SEEDS]
+    assert [hit for hit, _, _ in runs] == cold
+    assert all(s.trust() is None and priors.proposed == 0 for _, s, priors in runs)
