@@ -35,11 +35,11 @@ def campaign_section(trust, priors, devices: dict[str, str]) -> dict:
     names = sorted(priors.points)
     by_name = {s.source: s for s in trust.sources} if trust is not None else {}
     sources = []
+    led = [n for n in names if n not in priors.flat]
     for name in names:
         row = {"source": name, "device": devices.get(name, ""), "points": priors.points[name],
                "flat_at_top": name in priors.flat}
         s = by_name.get(name)
-        led = [n for n in names if n not in priors.flat]
         if s is not None:
             row.update({k: v for k, v in s.as_dict().items() if k != "source"})
         else:   # not judged: a source left out (flat at the top), or every source counted the same

@@ -1,7 +1,8 @@
 """The memoisation probe: one kernel called on the SAME buffers with inputs A, then unrelated B, then A with a
-few values changed. A kernel right on fresh buffers and wrong here either answers from memory of an earlier
-call (MEMOISED), gives a different answer each time (NOT_DETERMINISTIC: a race that first showed here), or is
-wrong in a repeatable way of its own (WRONG_RESULT); the probe tells the three apart before it names one."""
+few values changed. A kernel right on fresh buffers and wrong here answers, where it is wrong, with an earlier
+call's answer (MEMOISED); or gives a different answer when the same calls run again (NOT_DETERMINISTIC: a race
+that first showed here); or is wrong on the same inputs on fresh buffers too (WRONG_RESULT); or else depends on
+the calls before it (MEMOISED). The probe tells these apart before it names one."""
 from __future__ import annotations
 
 import math
@@ -20,7 +21,7 @@ from kfactory.v1 import events_pb2 as pb
 
 def memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) -> None:
     """Run the probe's three calls and judge each against its own float64 reference; raise a Rejection with
-    the reason the failing step's evidence supports (see wrong_on_reuse)."""
+    the reason the failing step's evidence supports (the module docstring)."""
     shape = max((s for s in problem.shapes("all") if math.prod(s.values()) <= LARGE_ELEMENTS and
                  math.prod(s.values()) >= 64), key=lambda s: math.prod(s.values()), default=None)
     if shape is None:
@@ -35,7 +36,7 @@ def memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) ->
              (a2, ref_a2, seed_a, "memo:near-duplicate")]
     sname = problem.shape_str(shape)
     results = _sequence(session, key, shape, steps, sname)
-    for i, ((x, ref, seed, label), res) in enumerate(zip(steps, results)):
+    for i, ((_, ref, seed, label), res) in enumerate(zip(steps, results)):
         reject_tampering(res, sname, label)
         check = check_outputs(problem, res.outputs, ref, sname, label, seed, res.seconds)
         checks.append(check)

@@ -12,9 +12,9 @@ import numpy as np
 
 from kfactory.judge import inputs as inp
 from kfactory.judge import counter_rng
-from kfactory.judge.memo import memo_probe
 from kfactory.judge.checks import (InputPool, Rejection, check_outputs, device_checks, fault_reason,
                                    judged_on_device, reject_tampering)
+from kfactory.judge.memo import memo_probe
 from kfactory.judge.numerics import same_bytes
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
