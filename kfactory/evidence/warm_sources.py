@@ -10,13 +10,6 @@ campaign would learn from, how far it would trust each at its start, and what ea
 from __future__ import annotations
 
 import json
-import math
-
-from kfactory.strategies.transfer import FLAT_SHARE, FLAT_WITHIN, flat_at_top
-
-#: what makes a source flat at the top (transfer.flat_sources), said wherever that is shown
-FLAT = (f"more than {FLAT_SHARE:.0%} of its measured points within {FLAT_WITHIN - 1:.0%} of its best: it cannot "
-        "single out its best points")
 
 #: what a campaign's trust in its sources rests on, said wherever the weights are shown
 HOW = ("agreement is Kendall's tau between a source's predictions and the campaign's measurements (1: same order, "
@@ -35,16 +28,13 @@ def campaign_section(trust, priors, devices: dict[str, str]) -> dict:
     names = sorted(priors.points)
     by_name = {s.source: s for s in trust.sources} if trust is not None else {}
     sources = []
-    led = [n for n in names if n not in priors.flat]
     for name in names:
-        row = {"source": name, "device": devices.get(name, ""), "points": priors.points[name],
-               "flat_at_top": name in priors.flat}
+        row = {"source": name, "device": devices.get(name, ""), "points": priors.points[name]}
         s = by_name.get(name)
         if s is not None:
             row.update({k: v for k, v in s.as_dict().items() if k != "source"})
-        else:   # not judged: a source left out (flat at the top), or every source counted the same
-            row.update({"agreement": None, "interval_90": [None, None],
-                        "weight": 0.0 if name in priors.flat else round(1.0 / len(led), 3)})
+        else:
+            row.update({"agreement": None, "interval_90": [None, None], "weight": round(1.0 / len(names), 3)})
         sources.append(row)
     out = {"measured": trust is not None, "results_judged": trust.results if trust is not None else 0,
            "evidence_say": round(trust.evidence, 3) if trust is not None else 1.0,
@@ -86,9 +76,7 @@ def report_lines(summary: dict) -> list[str]:
     lines += [f"| {s['source']} | {s['device'] or '?'} | {s['points']} | {_tau(s['agreement'])}"
               f"{_interval(s['interval_90'])} | {s['weight']:.2f} |" for s in w["sources"]]
     stop = f" ({w['priors_stopped']})" if w.get("priors_stopped") else ""
-    flat = [s["source"] for s in w["sources"] if s.get("flat_at_top")]
-    none_from = f"; {', '.join(flat)} left out, flat at the top ({FLAT})" if flat else ""
-    lines += ["", f"Points of the evidence proposed first: {w['priors_proposed']}{stop}{none_from}.", ""]
+    lines += ["", f"Points of the evidence proposed first: {w['priors_proposed']}{stop}.", ""]
     return lines
 
 
@@ -97,16 +85,11 @@ def sources_of(priors) -> list[dict]:
     """The sources a new campaign would learn from, one per earlier campaign in memory's every-source priors:
     its device, how many of its points it would learn from, and its best time."""
     out: dict[str, dict] = {}
-    logs: dict[str, list[float]] = {}
     for p in priors:
         s = out.setdefault(p.campaign_id, {"source": p.campaign_id, "device": p.device, "points": 0,
                                            "best_seconds": p.score_s})
         s["points"] += 1
         s["best_seconds"] = min(s["best_seconds"], p.score_s)
-        if p.relative > 0 and math.isfinite(p.relative):
-            logs.setdefault(p.campaign_id, []).append(math.log(p.relative))
-    for name, s in out.items():
-        s["flat_at_top"] = flat_at_top(logs.get(name, []))
     return sorted(out.values(), key=lambda s: s["source"])
 
 
@@ -138,8 +121,7 @@ def priors_view(sources: list[dict], history: list[dict] | None) -> dict:
     start = round(1.0 / len(sources), 3) if sources else 0.0
     why = ("a new campaign has no result of its own to judge the sources by, so each starts with the same weight; "
            "after each result, " + HOW + "; a source that misorders the new campaign's results loses its say, and "
-           "the evidence's points are proposed first only while the sources keep at least half of it; a source "
-           f"flat at the top ({FLAT}) is left out")
+           "the evidence's points are proposed first only while the sources keep at least half of it")
     return {"sources": [{**s, "start_weight": start} for s in sources], "why": why,
             "measured_before": history if history is not None else None}
 
@@ -150,9 +132,7 @@ def priors_text(view: dict) -> str:
         return "no sources: a new campaign of this problem would start cold"
     lines = [f"a new campaign would learn from {len(view['sources'])} source(s), trusting each the same at first:"]
     lines += [f"  {s['source']} on {s['device'] or 'an unknown device'}: {s['points']} points, best "
-              f"{s['best_seconds'] * 1e3:.3f} ms, start weight {s['start_weight']:.2f}"
-              + (", flat at the top: left out" if s.get("flat_at_top") else "")
-              for s in view["sources"]]
+              f"{s['best_seconds'] * 1e3:.3f} ms, start weight {s['start_weight']:.2f}" for s in view["sources"]]
     lines.append(f"why: {view['why']}.")
     history = view.get("measured_before")
     if history:

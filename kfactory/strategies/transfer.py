@@ -42,14 +42,9 @@ class PriorMean:
             if i is not None and e.relative > 0 and math.isfinite(e.relative):
                 by_source.setdefault(e.source, []).append((i, math.log(e.relative)))
         self.sources: list[str] = []
-        #: the sources left out because they are flat at the top (flat_sources)
-        self.flat: list[str] = []
         preds = []
         for source, rows in sorted(by_source.items()):
             if len(rows) < 3:
-                continue
-            if flat_at_top([v for _, v in rows]):
-                self.flat.append(source)
                 continue
             preds.append(_fit_predict(idx, rows, gp_factory))
             self.sources.append(source)
@@ -106,36 +101,6 @@ def rank_points(evidence: list[Evidence], k: int) -> list[Point]:
     return [p for _, p in ranked[:k]]
 
 
-#: a source with more than this share of its measured points within FLAT_WITHIN of its best is flat at the top
-FLAT_SHARE = 0.25
-FLAT_WITHIN = 1.05
-#: a source is judged flat only on at least this many measured points
-FLAT_MIN_POINTS = 8
-
-
-def flat_sources(scores: dict[Point, dict[str, float]]) -> list[str]:
-    """The sources flat at the top: more than FLAT_SHARE of the points each measured (at least FLAT_MIN_POINTS)
-    are within FLAT_WITHIN of its best. Such a source cannot single out its best points: the order among them is
-    a few per cent, a timing's noise on another device, so it cannot lead a search to this device's best, and a
-    warm start leaves it out (neither its points first, nor a prior mean, nor a say). Dedispersion on an A100:
-    76-89% of a 100-evaluation campaign's points within 5% of its best, where a convolution campaign has 1-9%;
-    warmed from it, dedispersion on an MI250X needed the cold evaluations plus the 8 priors it proposed
-    (warm/cold 1.22 over 30 seeds), and 1.09-1.11 with the priors alone left out (the evidence-led member
-    still spent 2-10 asks on it)."""
-    by_source: dict[str, list[float]] = {}
-    for by in scores.values():
-        for source, v in by.items():
-            by_source.setdefault(source, []).append(v)
-    return [source for source, values in sorted(by_source.items()) if flat_at_top(values)]
-
-
-def flat_at_top(log_scores: list[float]) -> bool:
-    """Whether one source's measured log(relative score)s are flat at the top (see flat_sources)."""
-    v = np.asarray(log_scores, dtype=float)
-    near = int(np.count_nonzero(v <= v.min() + math.log(FLAT_WITHIN))) if len(v) else 0
-    return len(v) >= FLAT_MIN_POINTS and near > FLAT_SHARE * len(v)
-
-
 class WarmPriors:
     """The warm start's points, proposed before the strategy's own (the planner's `--warm N`): at most `k` of
     the evidence's points, each the one the sources rate best together at that moment, the sources weighted by
@@ -143,29 +108,20 @@ class WarmPriors:
     say in the choice; while none has any, they count the same). They stop early once every source orders this
     campaign's results against it, confidently (the upper end of its agreement's 90% interval below 0, judged on
     at least PRIORS_JUDGED results): its best points are then this device's slow ones. Without a trust (a
-    strategy that does not measure one) every source counts the same, and all k are proposed. A source flat at
-    the top (flat_sources) proposes none."""
+    strategy that does not measure one) every source counts the same, and all k are proposed."""
 
     def __init__(self, evidence: list[Evidence], k: int):
-        scores = _log_scores(evidence)
+        self.scores = _log_scores(evidence)
         self.left = max(0, k)
         #: how many points each source measured (of those with a finite score), by source
         self.points: dict[str, int] = {}
-        for by in scores.values():
+        for by in self.scores.values():
             for source in by:
                 self.points[source] = self.points.get(source, 0) + 1
-        #: the sources flat at the top (flat_sources), whose points are never proposed first
-        self.flat = flat_sources(scores)
-        self.scores = {p: kept for p, by in scores.items()
-                       if (kept := {s: v for s, v in by.items() if s not in self.flat})}
         #: how many of the evidence's points were proposed
         self.proposed = 0
         #: why the proposals ended early ("" while they go on, or when all k were proposed)
         self.stopped = ""
-        if self.left and self.flat and not self.scores:
-            self.left = 0
-            self.stopped = (f"every source is flat at the top ({', '.join(self.flat)}: more than "
-                            f"{FLAT_SHARE:.0%} of its points within {FLAT_WITHIN - 1:.0%} of its best)")
 
     def next(self, trust: Trust | None, taken) -> Point | None:
         """The next point to propose (None: no more); `taken(point)` says whether it was proposed already."""
