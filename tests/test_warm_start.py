@@ -117,3 +117,34 @@ async def test_a_warm_strategy_learns_each_source_and_says_how_far_it_trusted_it
 def _started(running, cid):
     events = running.services["memory"].archive.events(campaign=cid)
     return next(e.campaign_started for e in events if e.HasField("campaign_started"))
+
+
+def test_memory_shares_a_warm_starts_evidence_among_its_source_campaigns(tmp_path):
+    """Every source's priors, capped: each campaign's best point first, then each one's second, and so on, so a
+    campaign whose points are all near its best (a flat space) cannot crowd the others out of the cap, as one
+    ranking of every campaign's points by closeness to its own best did."""
+    from evidence_chain import chain
+    from kfactory.bus import events as ev
+    from kfactory.services.memory.archive import Archive
+
+    archive = Archive(tmp_path / "archive.sqlite")
+    relative = {"flat": [1.0 + 0.001 * i for i in range(10)], "peaked": [1.0, 1.5, 2.0, 3.0], "slow": [1.0, 4.0]}
+    try:
+        for cid, scores in relative.items():
+            spec = pb.CampaignSpec(problem="softmax", target="cpu")
+            archive.record(ev.make_event(cid, "planner", "start", campaign_started=pb.CampaignStarted(spec=spec)))
+            for i, r in enumerate(scores):
+                cand = pb.Candidate(id=f"{cid}-{i}", problem="softmax", target="cpu", origin="template:cpu_c",
+                                    family="cpu_c", params_json=json.dumps({"unroll": i}))
+                for e in chain(cid, cand, 0.001 * r, device=pb.DeviceInfo(model=cid)):
+                    assert archive.record(e)
+        capped = archive.priors("softmax", limit=6, every_source=True)
+        whole = archive.priors("softmax", limit=100, every_source=True)
+        one = archive.priors("softmax", limit=3)
+    finally:
+        archive.close()
+    assert [(p.campaign_id, round(p.relative, 3)) for p in capped] == [
+        ("flat", 1.0), ("peaked", 1.0), ("slow", 1.0), ("flat", 1.001), ("peaked", 1.5), ("slow", 4.0)]
+    assert len(whole) == 16 and {p.campaign_id for p in whole[:3]} == {"flat", "peaked", "slow"}
+    # one entry per point across campaigns (not every_source): the closest first, as before
+    assert [round(p.relative, 3) for p in one] == [1.0, 1.001, 1.002]

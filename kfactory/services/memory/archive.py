@@ -355,7 +355,9 @@ class Archive:
         """The best design points of a problem's families in other campaigns, ranked by how close each came
         to the best of its own campaign (so campaigns on devices of different speed compare); one entry per
         distinct point (per campaign and point with every_source), searched and warm-started points only (not
-        the reference or hand-written kernels)."""
+        the reference or hand-written kernels). With every_source the limit is shared among the campaigns: each
+        one's best point, then each one's second best, and so on (each round in order of closeness), so a
+        campaign with many points near its best (a flat space) cannot crowd the others' out of a warm start."""
         rows = self.q("SELECT m.campaign, m.candidate, m.device, m.score_s, m.payload, c.family, c.params_json "
                       "FROM measurements m JOIN candidates c ON c.campaign=m.campaign AND c.id=m.candidate "
                       f"WHERE m.problem=? AND m.campaign!=? AND {sql_match('c.origin', STRATEGY)}",
@@ -369,17 +371,22 @@ class Archive:
             kept.append((campaign, cand, device, score, family, params))
         ranked = sorted((score / best[cp], family, params, score, device, cp, cand)
                         for cp, cand, device, score, family, params in kept)
-        out, seen = [], set()
-        for relative, family, params, score, device, campaign, cand in ranked:
-            key = (campaign if every_source else "", family, params)
-            if key in seen:
-                continue
-            seen.add(key)
-            out.append(pb.Prior(family=family, params_json=params, score_s=score, relative=relative, device=device,
-                                campaign_id=campaign, candidate_id=cand))
-            if len(out) >= limit:
-                break
-        return out
+        distinct, seen = [], set()
+        for entry in ranked:
+            key = (entry[5] if every_source else "", entry[1], entry[2])
+            if key not in seen:
+                seen.add(key)
+                distinct.append(entry)
+        if every_source:
+            place: dict[str, int] = {}
+            rounds = []
+            for entry in distinct:
+                place[entry[5]] = place.get(entry[5], -1) + 1
+                rounds.append(place[entry[5]])
+            distinct = [e for _, e in sorted(zip(rounds, distinct), key=lambda r: r[0])]  # stable in each round
+        return [pb.Prior(family=family, params_json=params, score_s=score, relative=relative, device=device,
+                         campaign_id=campaign, candidate_id=cand)
+                for relative, family, params, score, device, campaign, cand in distinct[:limit]]
 
     def lineage(self, candidate: str) -> list[str]:
         out, frontier = list[str](), [candidate]
