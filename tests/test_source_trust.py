@@ -167,3 +167,19 @@ def test_evidence_that_stops_finding_better_points_hands_its_share_back(devices)
     s.seen.add(points[0])
     s.tell(points[0], records[0].time_ms)  # the optimum, evidence-led: a new best
     assert s.led_stale == 0 and s._say() == pytest.approx(s.trust().evidence)
+
+
+def test_a_source_the_strategy_could_not_judge_is_shown_with_no_weight():
+    """The summary's sources: a source the strategy judged carries its agreement and weight; one it could not
+    (too few of its points in this space to predict from) had no say and shows weight 0, not an equal share;
+    without a strategy's trust every source counted the same."""
+    from kfactory.evidence.warm_sources import campaign_section
+    pts = [Point.of("f", {"x": i}) for i in range(6)]
+    evidence = [Evidence(p, 1.0 + i, "judged") for i, p in enumerate(pts)] + [Evidence(pts[0], 1.0, "sparse")]
+    priors = WarmPriors(evidence, 2)
+    trust = Trust(6, (SourceAgreement("judged", 0.6, 0.2, 0.9, 0.7),), 0.3)
+    rows = {r["source"]: r for r in campaign_section(trust, priors, {})["sources"]}
+    assert rows["judged"]["weight"] == 0.7 and rows["judged"]["agreement"] == 0.6
+    assert rows["sparse"]["weight"] == 0.0 and rows["sparse"]["agreement"] is None
+    rows = {r["source"]: r for r in campaign_section(None, priors, {})["sources"]}
+    assert rows["judged"]["weight"] == rows["sparse"]["weight"] == 0.5

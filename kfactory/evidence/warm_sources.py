@@ -33,8 +33,10 @@ def campaign_section(trust, priors, devices: dict[str, str]) -> dict:
         s = by_name.get(name)
         if s is not None:
             row.update({k: v for k, v in s.as_dict().items() if k != "source"})
-        else:
-            row.update({"agreement": None, "interval_90": [None, None], "weight": round(1.0 / len(names), 3)})
+        else:   # a strategy that weighs no sources counts each the same; one that does had none from this one
+            # (too few of its points in this campaign's space to predict from: transfer.PriorMean)
+            row.update({"agreement": None, "interval_90": [None, None],
+                        "weight": round(1.0 / len(names), 3) if trust is None else 0.0})
         sources.append(row)
     out = {"measured": trust is not None, "results_judged": trust.results if trust is not None else 0,
            "evidence_say": round(trust.evidence, 3) if trust is not None else 1.0,
