@@ -11,6 +11,7 @@ import numpy as np
 
 from kfactory.judge import inputs as inp
 from kfactory.judge.checks import LARGE_ELEMENTS, InputPool, Rejection, check_outputs, fault_reason, reject_tampering
+from kfactory.judge.numerics import differing_elements, outside_tolerance
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
 from kfactory.problems.check import run_reference
@@ -65,7 +66,7 @@ def _wrong_on_reuse(session, key, problem: Problem, shape, steps: list, wrong: d
         reject_tampering(again, sname, label + ":again")
         checks.append(check_outputs(problem, again.outputs, ref, sname, label + ":again", seed, again.seconds))
         with span("comparison"):
-            differ = {name: _differing(out, again.outputs[name]) for name, out in wrong.items()}
+            differ = {name: differing_elements(out, again.outputs[name]) for name, out in wrong.items()}
         if any(differ.values()):
             name = max(differ, key=lambda n: differ[n])
             return Rejection(pb.NOT_DETERMINISTIC, f"{sname}/{label}: wrong ({note}), and the same calls run "
@@ -87,13 +88,12 @@ def _answers_earlier_call(problem: Problem, outputs: dict, ref: dict, earlier: l
     """Whether, where the outputs are wrong (outside tolerance of their own reference `ref`; everywhere when
     only the norm failed), they are an earlier call's answer bit for bit or right for that call's inputs: the
     mark of a cache keyed by the buffers or by a sample of the values, whole or in part (a row's cache)."""
-    specs = problem.spec.outputs
     with span("comparison"):
-        where = {t.name: _outside(outputs[t.name], ref[t.name], problem.spec.tolerance[t.dtype]) for t in specs}
+        tols = {t.name: problem.spec.tolerance[t.dtype] for t in problem.spec.outputs}
+        where = {n: outside_tolerance(outputs[n], ref[n], tol.atol, tol.rtol) for n, tol in tols.items()}
         if not any(m.any() for m in where.values()):
             where = {name: np.ones(m.shape, bool) for name, m in where.items()}
-        return any(all(_same_or_right(outputs[t.name], given[t.name], ref_j[t.name], where[t.name],
-                                      problem.spec.tolerance[t.dtype]) for t in specs)
+        return any(all(_same_or_right(outputs[n], given[n], ref_j[n], where[n], tol) for n, tol in tols.items())
                    for ref_j, given in earlier)
 
 
@@ -101,22 +101,7 @@ def _same_or_right(out: np.ndarray, given: np.ndarray, ref: np.ndarray, where: n
     """Whether `out`, at the elements `where`, equals `given` bit for bit or is within tolerance of `ref`."""
     def at(a):
         return np.asarray(a).reshape(-1)[where]
-    return same_bits(at(out), at(given)) or not _outside(at(out), at(ref), tol).any()
-
-
-def _outside(out: np.ndarray, ref: np.ndarray, tol) -> np.ndarray:
-    """Per element, outside atol + rtol |ref| (a NaN or an infinity is inside only where the reference has it)."""
-    o, r = np.asarray(out, dtype=np.float64).reshape(-1), np.asarray(ref, dtype=np.float64).reshape(-1)
-    with np.errstate(invalid="ignore"):
-        inside = (o == r) | (np.isnan(o) & np.isnan(r)) | (np.abs(o - r) <= tol.atol + tol.rtol * np.abs(r))
-    return ~inside
-
-
-def _differing(a: np.ndarray, b: np.ndarray) -> int:
-    """How many elements differ in value, as verification's second-run check counts them (a NaN equals a NaN,
-    -0 equals 0; any dtype the outputs have, bfloat16 included)."""
-    x, y = np.asarray(a, dtype=np.float64).reshape(-1), np.asarray(b, dtype=np.float64).reshape(-1)
-    return int(np.count_nonzero(~((x == y) | (np.isnan(x) & np.isnan(y)))))
+    return same_bits(at(out), at(given)) or not outside_tolerance(at(out), at(ref), tol.atol, tol.rtol).any()
 
 
 def _sequence(session, key, shape, steps: list, sname: str) -> list:

@@ -15,7 +15,7 @@ from kfactory.judge import counter_rng
 from kfactory.judge.checks import (InputPool, Rejection, check_outputs, device_checks, fault_reason,
                                    judged_on_device, reject_tampering)
 from kfactory.judge.memo import memo_probe
-from kfactory.judge.numerics import same_bytes
+from kfactory.judge.numerics import differing_elements, same_bytes
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
 from kfactory.problems.check import ReferenceFailed
@@ -131,7 +131,7 @@ def _agree(sname: str, outs: dict, again: dict) -> None:
     for name, out in outs.items():
         if same_bytes(out, again[name]):  # bit for bit (a memcmp); else numpy decides, NaN payloads aside
             continue
-        if not np.array_equal(out, again[name], equal_nan=True):
-            diff = int(np.count_nonzero(out != again[name]))
+        diff = differing_elements(out, again[name])
+        if diff:
             raise Rejection(pb.NOT_DETERMINISTIC,
                             f"{sname}: two runs on the same inputs differ in {diff} elements of {name}")

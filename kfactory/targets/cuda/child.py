@@ -275,10 +275,9 @@ class CudaChild(Child):
         outs = [a for a in argset if "compare" in a]
         scratch: dict[str, int] = {}
         try:
-            again, written = _drawn_again(self, [a for a in argset if "draw" in a], tensors, scratch)
-            refs = _reference_buffers(self, ref, shape, again, tensors, outs)
-            scratch.update({"ref:" + n: b for n, b in refs.items()})
-            return _figures(self.judge, outs, {a["name"]: tensors[a["name"]].ptr for a in outs}, tensors, refs), written
+            (figures,), written = _against_fresh_draw(self, ref, shape, argset, tensors, scratch,
+                                                      [{a["name"]: tensors[a["name"]].ptr for a in outs}])
+            return figures, written
         finally:
             self.mem.free(list(scratch.values()))
 
@@ -325,17 +324,23 @@ def _reference_buffers(child: CudaChild, ref: dict, shape: dict, inputs: dict[st
     return refs
 
 
-def _drawn_again(child: CudaChild, draws: list[Arg], tensors: dict[str, DevTensor],
-                 scratch: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-    """Each drawn input drawn again from its descriptor into a new buffer (kept in `scratch` for the caller to
-    free): ({input: the new buffer}, {input: bytes in which the kernel's buffer differs from it})."""
+def _against_fresh_draw(child: CudaChild, ref: dict, shape: dict, args: list[Arg], tensors: dict[str, DevTensor],
+                        scratch: dict[str, int], outputs: list[dict[str, int]]) -> tuple[list[dict], dict[str, int]]:
+    """The judgement after the candidate's last run: each drawn input of `args` drawn again from its descriptor
+    into a new buffer and compared with what the kernel left, the float64 reference (`ref`, DeviceCheck's)
+    computed from that fresh draw, and each of `outputs` (per run: output -> device address of its values)
+    compared with it. ([{output: figures} per run], {input: bytes the kernel wrote}); the new buffers are kept
+    in `scratch` for the caller to free."""
     again, written = {}, {}
-    for a in draws:
+    for a in (a for a in args if "draw" in a):
         t = tensors[a["name"]]
         again[t.name] = scratch["again:" + t.name] = child.mem.alloc(t.nbytes)
         child.judge.draw(again[t.name], t.dtype, t.elements, a["draw"])
         written[t.name] = child.judge.count_diff(again[t.name], t.ptr, t.nbytes)
-    return again, written
+    outs = [a for a in args if "compare" in a]
+    refs = _reference_buffers(child, ref, shape, again, tensors, outs)
+    scratch.update({"ref:" + n: b for n, b in refs.items()})
+    return [_figures(child.judge, outs, at, tensors, refs) for at in outputs], written
 
 
 def _figures(judge, outs: list[Arg], at: dict[str, int], tensors: dict[str, DevTensor],
@@ -372,10 +377,7 @@ def _device_checked(child: CudaChild, req: DeviceCheck, launch: Launch, tensors:
             kept[r][t.name] = scratch[f"run{r}:{t.name}"] = mem.alloc(t.nbytes)
             check("cuMemcpyDtoDAsync", driver.cu.cuMemcpyDtoDAsync(dptr(kept[r][t.name]), dptr(t.ptr), t.nbytes,
                                                                    stream))
-    again, mutated = _drawn_again(child, draws, tensors, scratch)
-    refs = _reference_buffers(child, req.reference, req.shape, again, tensors, outs)
-    scratch.update({"ref:" + n: b for n, b in refs.items()})
-    figures = [_figures(judge, outs, at, tensors, refs) for at in kept]
+    figures, mutated = _against_fresh_draw(child, req.reference, req.shape, req.args, tensors, scratch, kept)
     differ = [{a["name"]: judge.count_diff(at[a["name"]], kept[0][a["name"]], tensors[a["name"]].nbytes)
                for a in outs} for at in kept[1:]]
     return {"seconds": seconds, "figures": figures, "differ": differ, "mutated": mutated}
