@@ -371,22 +371,21 @@ class Archive:
             kept.append((campaign, cand, device, score, family, params))
         ranked = sorted((score / best[cp], family, params, score, device, cp, cand)
                         for cp, cand, device, score, family, params in kept)
-        distinct, seen = [], set()
-        for entry in ranked:
-            key = (entry[5] if every_source else "", entry[1], entry[2])
-            if key not in seen:
-                seen.add(key)
-                distinct.append(entry)
-        if every_source:
-            place: dict[str, int] = {}
-            rounds = []
-            for entry in distinct:
-                place[entry[5]] = place.get(entry[5], -1) + 1
-                rounds.append(place[entry[5]])
-            distinct = [e for _, e in sorted(zip(rounds, distinct), key=lambda r: r[0])]  # stable in each round
-        return [pb.Prior(family=family, params_json=params, score_s=score, relative=relative, device=device,
-                         campaign_id=campaign, candidate_id=cand)
-                for relative, family, params, score, device, campaign, cand in distinct[:limit]]
+        out: list[tuple[int, pb.Prior]] = []
+        seen, place = set(), dict[str, int]()
+        for relative, family, params, score, device, campaign, cand in ranked:
+            key = (campaign if every_source else "", family, params)
+            if key in seen:
+                continue
+            seen.add(key)
+            place[campaign] = place.get(campaign, -1) + 1   # this campaign's how-manieth point
+            out.append((place[campaign] if every_source else 0,
+                        pb.Prior(family=family, params_json=params, score_s=score, relative=relative, device=device,
+                                 campaign_id=campaign, candidate_id=cand)))
+            if not every_source and len(out) >= limit:
+                break
+        out.sort(key=lambda r: r[0])   # stable: each round in order of closeness
+        return [p for _, p in out[:limit]]
 
     def lineage(self, candidate: str) -> list[str]:
         out, frontier = list[str](), [candidate]
