@@ -192,11 +192,12 @@ def judge_host(so: Path) -> ctypes.CDLL:
     lib.kf_compare_host.argtypes = [c.c_void_p, c.c_int, c.c_void_p, c.c_longlong, c.c_double, c.c_double, c.c_int,
                                     c.c_void_p]
     lib.kf_count_diff_host.argtypes = [c.c_void_p, c.c_void_p, c.c_longlong, c.c_void_p]
+    lib.kf_count_unequal_host.argtypes = [c.c_void_p, c.c_void_p, c.c_int, c.c_longlong, c.c_void_p]
     return lib
 
 
 def judge_kernels(fake: "_Fake", judge: ctypes.CDLL, softmax_ref: ctypes.CDLL) -> dict:
-    """kf_draw, kf_compare, kf_count_diff and softmax's reference_f64 for the fake driver, each run by its host
+    """kf_draw, kf_compare, kf_count_diff, kf_count_unequal and softmax's reference_f64 for the fake driver, each run by its host
     build on the launch's parameters (kf_compare's partials one per block of the launch's grid)."""
     def draw(raw):
         judge.kf_draw_host(raw[0], _as_i32(raw[1]), _as_i64(raw[2]), _as_i64(raw[3]), raw[4], raw[5] & 0xFFFFFFFF,
@@ -212,8 +213,11 @@ def judge_kernels(fake: "_Fake", judge: ctypes.CDLL, softmax_ref: ctypes.CDLL) -
     def count_diff(raw):
         judge.kf_count_diff_host(raw[0], raw[1], _as_i64(raw[2]), raw[3])
 
+    def count_unequal(raw):
+        judge.kf_count_unequal_host(raw[0], raw[1], _as_i32(raw[2]), _as_i64(raw[3]), raw[4])
+
     return {"kf_draw": (10, draw), "kf_compare": (7, compare), "kf_count_diff": (4, count_diff),
-            "reference_f64": (4, reference)}
+            "kf_count_unequal": (5, count_unequal), "reference_f64": (4, reference)}
 
 
 def _softmax_kernel(raw):

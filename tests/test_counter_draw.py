@@ -181,6 +181,24 @@ def test_compare_partials_merge_to_the_judges_figures(host_lib, dtype):
             assert got["ref_sq"] == pytest.approx(want["ref_sq"], rel=1e-12)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_two_runs_are_compared_by_value_as_the_host_compares_them(host_lib, dtype):
+    """kf_count_unequal (the device's same-answer-twice count) equals numerics.differing_elements: a NaN equals a
+    NaN whatever its payload, -0 equals 0, and any other change of value counts once."""
+    register_bfloat16()
+    a = np.random.default_rng(5).standard_normal(10_003).astype(np.dtype(dtype))
+    a[[3, 4]] = [np.nan, 0.0]
+    b = a.copy()
+    bits = b.view(np.uint32 if dtype == "float32" else np.uint16)
+    bits[3] |= 1                                  # another NaN
+    b[4] = -0.0                                   # the same value, another sign bit
+    b[[100, 9_000]] = b[[100, 9_000]] * 2 + 1     # two real differences
+    count = np.zeros(1, dtype=np.uint64)
+    host_lib.kf_count_unequal_host(a.ctypes.data, b.ctypes.data, twin.DTYPES[dtype], a.size, count.ctypes.data)
+    assert int(count[0]) == numerics.differing_elements(a, b) == 2
+    assert np.count_nonzero(a.view(np.uint8) != b.view(np.uint8)) > 2   # byte for byte they differ more
+
+
 def test_the_judges_kernels_build_for_hopper_and_blackwell(tmp_path):
     from kfactory.targets.cuda.compile import compile_cuda
     from kfactory.targets.cuda.toolchain import CudaToolchainMissing

@@ -113,7 +113,7 @@ def _device_checked(session, key, problem: Problem, shape: dict[str, int], dist:
         for name, count in later.items():
             if count:
                 raise Rejection(pb.NOT_DETERMINISTIC,
-                                f"{sname}: two runs on the same inputs differ in {count} bytes of {name}")
+                                f"{sname}: two runs on the same inputs differ in {count} elements of {name}")
 
 
 def _same_twice(session, key, problem, shape, x, outs) -> None:

@@ -210,7 +210,7 @@ class DeviceCheck(Request):
     cubin, "launch" rule, "symbols", "params"}) runs on the drawn inputs; the kernel then runs `runs` times on
     the same buffers, outputs poisoned before each run and compared with the reference on the device.
     Reply.info: {"figures": [{output: figures} per run] (kfactory.targets.cuda.judge_kernels.merge's keys),
-    "differ": [{output: bytes differing from the first run's} per later run], "mutated": {input: bytes that
+    "differ": [{output: elements differing in value from the first run's} per later run], "mutated": {input: bytes that
     differ from a fresh draw}}; out_of_bounds and seconds as a call's."""
     op: ClassVar[str] = "device_check"
     key: str

@@ -357,7 +357,7 @@ def _device_checked(child: CudaChild, req: DeviceCheck, launch: Launch, tensors:
     caller to free): draw, `runs` timed runs (outputs poisoned before each, each run's outputs copied aside),
     then the inputs drawn again and compared with what the kernel left, the float64 reference computed from
     that fresh draw (after the candidate's last run, so it cannot reach it), and each run compared with it and
-    every later run with the first byte for byte."""
+    every later run with the first by value (as the host compares two runs)."""
     judge, mem, stream = child.judge, child.mem, child.device.stream0
     draws = [a for a in req.args if "draw" in a]
     outs = [a for a in req.args if "compare" in a]
@@ -378,8 +378,8 @@ def _device_checked(child: CudaChild, req: DeviceCheck, launch: Launch, tensors:
             check("cuMemcpyDtoDAsync", driver.cu.cuMemcpyDtoDAsync(dptr(kept[r][t.name]), dptr(t.ptr), t.nbytes,
                                                                    stream))
     figures, mutated = _against_fresh_draw(child, req.reference, req.shape, req.args, tensors, scratch, kept)
-    differ = [{a["name"]: judge.count_diff(at[a["name"]], kept[0][a["name"]], tensors[a["name"]].nbytes)
-               for a in outs} for at in kept[1:]]
+    differ = [{a["name"]: judge.count_unequal(at[a["name"]], kept[0][a["name"]], tensors[a["name"]].dtype,
+                                              tensors[a["name"]].elements) for a in outs} for at in kept[1:]]
     return {"seconds": seconds, "figures": figures, "differ": differ, "mutated": mutated}
 
 

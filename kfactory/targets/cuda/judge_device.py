@@ -33,9 +33,10 @@ class DeviceJudge:
     def __init__(self, device, mem, modules: list, image: bytes):
         self.device, self.mem, self.modules = device, mem, modules
         mod = self._load(image)
-        self.draw_fn, self.compare_fn, self.diff_fn = (
+        self.draw_fn, self.compare_fn, self.diff_fn, self.unequal_fn = (
             check("cuModuleGetFunction", driver.cu.cuModuleGetFunction(mod, name.encode()))
-            for name in (judge_kernels.DRAW, judge_kernels.COMPARE, judge_kernels.COUNT_DIFF))
+            for name in (judge_kernels.DRAW, judge_kernels.COMPARE, judge_kernels.COUNT_DIFF,
+                         judge_kernels.COUNT_UNEQUAL))
         self.references: dict[str, Any] = {}
 
     def _load(self, image: bytes):
@@ -61,13 +62,23 @@ class DeviceJudge:
             ctypes.c_double(spec["neg_inf"])])
 
     def count_diff(self, a: int, b: int, nbytes: int) -> int:
-        """How many of `nbytes` bytes differ between device buffers a and b."""
+        """How many of `nbytes` bytes differ between device buffers a and b (what a kernel wrote into an input)."""
+        return self._count(self.diff_fn, nbytes, lambda dev: [ctypes.c_uint64(a), ctypes.c_uint64(b),
+                                                                ctypes.c_longlong(nbytes), ctypes.c_uint64(dev)])
+
+    def count_unequal(self, a: int, b: int, dtype: str, n: int) -> int:
+        """How many of n elements of `dtype` differ in value between device buffers a and b (two runs' outputs:
+        a NaN equals a NaN, -0 equals 0, as the host counts them: numerics.differing_elements)."""
+        return self._count(self.unequal_fn, n, lambda dev: [
+            ctypes.c_uint64(a), ctypes.c_uint64(b), ctypes.c_int(counter_rng.DTYPES[dtype]), ctypes.c_longlong(n),
+            ctypes.c_uint64(dev)])
+
+    def _count(self, fn, n: int, params) -> int:
+        """Run a counting kernel over n items into a zeroed device counter (`params(counter)`: its parameters)."""
         dev = self.mem.alloc(8)
         try:
             check("cuMemsetD8", driver.cu.cuMemsetD8(dptr(dev), 0, 8))
-            blocks = max(1, min(MAX_BLOCKS, -(-nbytes // DRAW_THREADS)))
-            self._launch(self.diff_fn, blocks, DRAW_THREADS, [ctypes.c_uint64(a), ctypes.c_uint64(b),
-                                                               ctypes.c_longlong(nbytes), ctypes.c_uint64(dev)])
+            self._launch(fn, max(1, min(MAX_BLOCKS, -(-n // DRAW_THREADS))), DRAW_THREADS, params(dev))
             count = np.zeros(1, dtype=np.uint64)
             check("cuMemcpyDtoH", driver.cu.cuMemcpyDtoH(count.ctypes.data, dptr(dev), 8))
         finally:

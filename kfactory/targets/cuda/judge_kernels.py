@@ -1,7 +1,8 @@
 """The judge's own device kernels (kfactory/targets/cuda/judge/): kf_draw fills a verification input in place from
 its recorded seed (the counter-based generator; kfactory.judge.counter_rng is its host twin), kf_compare reduces an
 output against its float64 reference to one partial kf_stats a block, which `merge` folds into the figures
-kfactory.judge.numerics builds a Check from, and kf_count_diff counts the bytes in which two buffers differ. Their
+kfactory.judge.numerics builds a Check from, kf_count_diff counts the bytes in which two buffers differ (what a
+kernel wrote into an input) and kf_count_unequal the elements in which two outputs differ in value. Their
 source is one NVRTC unit (the headers inlined: NVRTC has no include path of ours), built with --fmad=false so that
 the device rounds as the twin does.
 """
@@ -16,7 +17,7 @@ HERE = Path(__file__).with_name("judge")
 #: NVRTC options the judge's kernels need besides the target's defaults (no fused multiply-add: kf_draw.h)
 FLAGS = "--fmad=false"
 #: the kernels' entry points, and kf_compare's threads a block (kf_judge.cu KF_COMPARE_THREADS)
-DRAW, COMPARE, COUNT_DIFF = "kf_draw", "kf_compare", "kf_count_diff"
+DRAW, COMPARE, COUNT_DIFF, COUNT_UNEQUAL = "kf_draw", "kf_compare", "kf_count_diff", "kf_count_unequal"
 COMPARE_THREADS = 256
 #: kf_stats, field for field (kf_compare.h)
 STATS = np.dtype([(n, "<f8") for n in ("diff_sq", "ref_sq", "max_abs", "max_rel", "worst_excess")]

@@ -8,6 +8,13 @@
 /* threads per block of kf_compare: its shared-memory tree needs a power of two */
 #define KF_COMPARE_THREADS 256
 
+/* whether element i of two outputs differs in value: a NaN equals a NaN and -0 equals 0, as the host's
+ * same-answer-twice checks count (kfactory.judge.numerics.differing_elements) */
+KF_HD int kf_unequal(const void *a, const void *b, int dtype, long long i) {
+  double x = kf_load(a, dtype, i), y = kf_load(b, dtype, i);
+  return !(x == y || (x != x && y != y));
+}
+
 #ifdef __CUDACC__
 
 extern "C" __global__ void kf_draw(void *out, int dtype, long long n, long long cols, unsigned long long seed,
@@ -33,8 +40,18 @@ extern "C" __global__ void kf_compare(const void *out, int dtype, const double *
   if (threadIdx.x == 0) partials[blockIdx.x] = part[0];
 }
 
+/* how many of n elements of `dtype` differ in value between a and b, added to *count (one run's output against
+ * another's: the same answer twice) */
+extern "C" __global__ void kf_count_unequal(const void *a, const void *b, int dtype, long long n,
+                                            unsigned long long *count) {
+  unsigned long long local = 0;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    local += kf_unequal(a, b, dtype, i);
+  if (local) atomicAdd(count, local);
+}
+
 /* how many of n bytes differ between a and b, added to *count (an input against its redrawn self: what the
- * kernel wrote into it; one run's output against another's: bit-for-bit determinism) */
+ * kernel wrote into it, whatever the value) */
 extern "C" __global__ void kf_count_diff(const unsigned char *a, const unsigned char *b, long long n,
                                          unsigned long long *count) {
   unsigned long long local = 0;
@@ -53,6 +70,10 @@ void kf_draw_host(void *out, int dtype, long long n, long long cols, unsigned lo
 
 void kf_count_diff_host(const unsigned char *a, const unsigned char *b, long long n, unsigned long long *count) {
   for (long long i = 0; i < n; i++) *count += a[i] != b[i];
+}
+
+void kf_count_unequal_host(const void *a, const void *b, int dtype, long long n, unsigned long long *count) {
+  for (long long i = 0; i < n; i++) *count += kf_unequal(a, b, dtype, i);
 }
 
 /* kf_compare's partials as a grid of `blocks` x KF_COMPARE_THREADS threads would leave them (each thread's
