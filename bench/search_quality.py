@@ -71,7 +71,8 @@ from kfactory.strategies import Space  # noqa: E402
 from search_quality_kt import _READ_MEMO, _kt_seed, _memoize_kt_cache_reads, kt_available, prepare_kt  # noqa: E402
 from search_quality_kt import memo_last_read  # noqa: E402,F401 (tests/test_search_quality_bench.py reads it here)
 from search_quality_warm import (  # noqa: E402
-    _warm_seed, evidence_rank, median_ratio_interval, print_warm, source_campaign, trust_summary, warm_run)
+    _warm_seed, evidence_rank, median_ratio_interval, paired_difference, print_warm, source_campaign, trust_summary,
+    warm_run)
 
 DEFAULT_BUDGETS = (25, 50, 100, 200)
 DEFAULT_KF = ("default", "surrogate", "tpe", "evolutionary", "random")
@@ -177,6 +178,8 @@ def warm_start_section(files: list[Path], strategy: str, seeds: list[int], k: in
                         "ratio": float(np.median(warm)) / cold_median,
                         # how far the seeds alone can move that ratio (bootstrap over seeds)
                         "ratio_interval_90": median_ratio_interval(warm, cold),
+                        # each seed's warm minus cold evaluations: a steady cost the seeds' spread hides above
+                        "paired_difference": paired_difference(warm, cold),
                         "cold": cold, "warm": warm,
                         # where the evidence alone ranks this space's first point within 5% (evidence_rank)
                         "evidence_rank_median": float(np.median(ranks)), "evidence_rank": ranks,

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "search_quality.py"
 PARAMS = {"block_size_x": [16, 32, 64, 128], "tile": [1, 2, 3, 4], "flag": [0, 1]}
 POINTS = [(b, t, f) for b in PARAMS["block_size_x"] for t in PARAMS["tile"] for f in PARAMS["flag"]]
@@ -103,7 +105,9 @@ def test_warm_only_compares_the_named_targets_warmed_from_every_other_device(tmp
     assert all(0.0 <= t["weight"] <= 1.0 and -1.0 <= t["agreement"] <= 1.0 for t in w["source_trust"].values())
     assert 1 <= w["evidence_led_evals"] <= 10
     printed = capsys.readouterr().out
-    assert "k-A" in printed and "warm/cold" in printed and "informative spaces (not flat): " in printed
+    assert w["paired_difference"]["median"] == float(np.median(np.subtract(w["warm"], w["cold"])))
+    assert "k-A" in printed and "warm/cold" in printed and "warm-cold per seed" in printed
+    assert "informative spaces (not flat): " in printed
     assert "b=5 " not in printed  # the race's tables are not printed
     # a target that is not among the recordings is refused
     assert mod.main(["--data", str(tmp_path), "--warm-only", "--warm-targets", "k-Z", "--jobs", "1"]) == 2
@@ -120,6 +124,10 @@ def test_the_warm_over_cold_interval_is_as_wide_as_the_seeds_make_it():
     ratio = (197.5 + 100) / 197.5
     assert lo < 1.2 < ratio < 1.8 < hi  # the seeds alone leave a wide interval around it
     assert mod.median_ratio_interval(warm, cold) == [lo, hi]  # seeded: the same every run
+    # the same seeds paired: every seed pays 100 more, and the paired figure says so without doubt
+    assert mod.paired_difference(warm, cold) == {"median": 100.0, "interval_90": [100.0, 100.0]}
+    gains = mod.paired_difference([c - 1 - (i % 3) for i, c in enumerate(cold)], cold)
+    assert gains["median"] == -2.0 and -3.0 <= gains["interval_90"][0] <= -2.0 <= gains["interval_90"][1] <= -1.0
 
 
 def test_kernel_tuner_cache_reads_are_kept_for_the_last_file_only():
