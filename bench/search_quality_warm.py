@@ -128,35 +128,36 @@ def trust_summary(runs: list[WarmRun]) -> dict:
             "evidence_led_evals": float(np.median([r.led for r in runs]))}
 
 
-def median_ratio_interval(warm: list[float], cold: list[float], level: float = 0.9) -> list[float]:
-    """A `level` bootstrap interval (percentile method, fixed seed) of median(warm) / median(cold), resampling
-    each side's seeds: where a space needs hundreds of evaluations by one seed and a handful by another, 30
-    seeds leave the ratio uncertain, and this says by how much."""
+def median_ratio_interval(warm: list[float], cold: list[float]) -> list[float]:
+    """A 90% bootstrap interval (percentile method, fixed seed) of median(warm) / median(cold), resampling each
+    side's seeds: where a space needs hundreds of evaluations by one seed and a handful by another, 30 seeds
+    leave the ratio uncertain, and this says by how much. Fewer than two seeds on a side: no interval (NaN)."""
     def ratio(w, c, axis=-1):
         return np.median(w, axis=axis) / np.median(c, axis=axis)
 
-    if len(warm) < 2 or len(cold) < 2:  # nothing to resample
-        r = float(ratio(np.asarray(warm), np.asarray(cold)))
-        return [r, r]
+    if len(warm) < 2 or len(cold) < 2:  # one seed says nothing of the seeds' spread
+        return [math.nan, math.nan]
     ci = bootstrap((np.asarray(warm, float), np.asarray(cold, float)), ratio, paired=False, vectorized=True,
-                   n_resamples=2000, confidence_level=level, method="percentile", rng=np.random.default_rng(0))
+                   n_resamples=2000, confidence_level=0.9, method="percentile", rng=np.random.default_rng(0))
     return [float(ci.confidence_interval.low), float(ci.confidence_interval.high)]
 
 
-def paired_difference(warm: list[float], cold: list[float], level: float = 0.9) -> dict:
-    """The median over seeds of each seed's warm minus cold evaluations, with a `level` bootstrap interval
+def paired_difference(warm: list[float], cold: list[float]) -> dict:
+    """The median over seeds of each seed's warm minus cold evaluations, with a 90% bootstrap interval
     (percentile method, fixed seed) resampling the seeds in pairs. Both runs of a seed start from the same seed,
-    so this sees a steady cost or gain that the ratio of the two medians loses among the seeds' spread (a
-    warm start that costs every seed 8 evaluations shows +8 [+8, +8], where warm/cold may straddle 1). A run
-    that never came within the bar counts as max_evals + 1 on either side."""
+    so the median seed's difference shows a cost or gain that the ratio of the two medians can lose among the
+    seeds' spread (on convolution A100 seeds need 2 to 600 evaluations). It is the median seed's: a few seeds
+    that swing by hundreds move it little. A run that never came within the bar counts as max_evals + 1 on
+    either side (a seed capped on both sides differs by 0). Fewer than two seeds: no interval (NaN)."""
     d = np.asarray(warm, float) - np.asarray(cold, float)
-    if len(d) < 2 or np.ptp(d) == 0:
-        m = float(np.median(d)) if len(d) else math.nan
+    m = float(np.median(d)) if len(d) else math.nan
+    if len(d) < 2:
+        return {"median": m, "interval_90": [math.nan, math.nan]}
+    if np.ptp(d) == 0:  # every seed the same: nothing to resample
         return {"median": m, "interval_90": [m, m]}
-    ci = bootstrap((d,), np.median, vectorized=True, n_resamples=2000, confidence_level=level, method="percentile",
+    ci = bootstrap((d,), np.median, vectorized=True, n_resamples=2000, confidence_level=0.9, method="percentile",
                    rng=np.random.default_rng(0))
-    return {"median": float(np.median(d)),
-            "interval_90": [float(ci.confidence_interval.low), float(ci.confidence_interval.high)]}
+    return {"median": m, "interval_90": [float(ci.confidence_interval.low), float(ci.confidence_interval.high)]}
 
 
 def _warm_seed(job: tuple) -> tuple[WarmRun, WarmRun, int]:
@@ -185,12 +186,13 @@ def print_warm(warm: dict, args: argparse.Namespace, budgets: list[int]) -> None
     for n, w in warm.items():
         at = "  ".join(f"b={b}: {w['cold_mean_ratio'][str(b)]:.3f}->{w['warm_mean_ratio'][str(b)]:.3f}"
                        for b in budgets)
-        lo, hi = w["ratio_interval_90"]
+        lo, hi = (_bound(v, ".2f") for v in w["ratio_interval_90"])
         third = ("third held" if w["ratio"] <= 1 / 3 else "third MISSED") if w["third_applies"] else "third n/a"
         pd = w["paired_difference"]
         print(f"  {n:28s} {'' if w['informative'] else '(flat) '}cold {w['cold_median_evals']:6.1f}  "
-              f"warm {w['warm_median_evals']:6.1f}  warm/cold {w['ratio']:.2f} [{lo:.2f}, {hi:.2f}]  "
-              f"warm-cold per seed {pd['median']:+.1f} [{pd['interval_90'][0]:+.1f}, {pd['interval_90'][1]:+.1f}]  "
+              f"warm {w['warm_median_evals']:6.1f}  warm/cold {w['ratio']:.2f} [{lo}, {hi}]  "
+              f"warm-cold per seed {pd['median']:+.1f} [{_bound(pd['interval_90'][0], '+.1f')}, "
+              f"{_bound(pd['interval_90'][1], '+.1f')}]  "
               f"evidence rank {w['evidence_rank_median']:6.1f} (whole spaces {w['evidence_rank_whole']}; bar "
               f"{w['third_bar']:.1f}: {third})  {at}  (from {', '.join(w['from'])})")
         if w["evidence_say"] is not None:
@@ -216,6 +218,11 @@ def print_warm(warm: dict, args: argparse.Namespace, budgets: list[int]) -> None
           + f"; mean best/optimum at {b} warm <= cold on {len(not_worse)}"
           + (f" (not: {', '.join(sorted(set(informative) - set(not_worse)))})" if len(not_worse) < len(informative)
              else ""))
+
+
+def _bound(v: float, spec: str) -> str:
+    """An interval's bound as the table prints it; n/a where there is none (one seed)."""
+    return "n/a" if math.isnan(v) else format(v, spec)
 
 
 def _signed(v: float | None) -> str:

@@ -197,8 +197,8 @@ def judge_host(so: Path) -> ctypes.CDLL:
 
 
 def judge_kernels(fake: "_Fake", judge: ctypes.CDLL, softmax_ref: ctypes.CDLL) -> dict:
-    """kf_draw, kf_compare, kf_count_diff, kf_count_unequal and softmax's reference_f64 for the fake driver, each run by its host
-    build on the launch's parameters (kf_compare's partials one per block of the launch's grid)."""
+    """kf_draw, kf_compare, kf_count_diff, kf_count_unequal and softmax's reference_f64 for the fake driver, each
+    run by its host build on the launch's parameters (kf_compare's partials one per block of the launch's grid)."""
     def draw(raw):
         judge.kf_draw_host(raw[0], _as_i32(raw[1]), _as_i64(raw[2]), _as_i64(raw[3]), raw[4], raw[5] & 0xFFFFFFFF,
                            _as_i32(raw[6]), _as_f64(raw[7]), _as_f64(raw[8]), _as_f64(raw[9]))

@@ -239,7 +239,8 @@ def _judge_round_trip(arch: str, tmp_path):
     """The device judge on the current driver: softmax inputs drawn on the device (every distribution, -inf
     masks too) equal the host twin's bit for bit; the device's float64 reference matches reference.py; the
     device's comparison of an output with it gives the host judge's figures (a clean output passes, one with a
-    wrong element fails at that element). The cubins are built here, as a session builds them for its runner."""
+    wrong element fails at that element); two outputs are counted as differing where the host counts them. The
+    cubins are built here, as a session builds them for its runner."""
     from kfactory.judge import counter_rng, numerics
     from kfactory.targets.cuda import driver
     from kfactory.targets.cuda import judge_kernels as jk
@@ -288,6 +289,23 @@ def _judge_round_trip(arch: str, tmp_path):
                     host = numerics.compare(o, ref, tol.atol, tol.rtol, tol.norm_rel)
                     assert (figures["worst_excess"] <= 0) == host.passed == (not wrong), (shape, dist, wrong)
                     assert figures["max_abs"] == host.max_abs_err and figures["worst"] == host.worst_index
+                if n < 3:
+                    continue
+                # two runs' outputs counted by value as the host counts them: -0 for 0 and a NaN with another
+                # payload are the same answer; a changed value is not
+                a = ref.astype(np.float32)
+                a.flat[[0, n - 1]] = [0.0, np.nan]
+                b = a.copy()
+                b.flat[0] = -0.0
+                b.view(np.uint32).flat[n - 1] ^= 1
+                b.flat[n // 2] += 1.0
+                other = mem.alloc(4 * n)
+                try:
+                    for host_array, addr in ((a, out), (b, other)):
+                        check("cuMemcpyHtoD", driver.cu.cuMemcpyHtoD(dptr(addr), host_array.ctypes.data, a.nbytes))
+                    assert judge.count_unequal(out, other, "float32", n) == numerics.differing_elements(a, b) == 1
+                finally:
+                    mem.free([other])
             finally:
                 mem.free([x, y, out])
 

@@ -37,7 +37,8 @@ class Verdict:
 def verify(session: Session, key: str, problem: Problem, pool: InputPool) -> Verdict:
     """Every shape x every distribution plus memory's regression inputs, outputs poisoned and compared in
     full, guard bands around every tensor, inputs checked for writes, a second run on the same inputs that
-    must agree bit for bit, and a memoisation probe (same buffers, new values; near-duplicate values)."""
+    must give the same values (a NaN for a NaN, -0 for 0), and a memoisation probe (same buffers, new values;
+    near-duplicate values)."""
     verdict = Verdict(True)
     try:
         for shape in problem.shapes("all"):
@@ -90,7 +91,7 @@ def _checked_call(session, key, problem, shape, x, ref, dist, seed, checks: list
 def _device_checked(session, key, problem: Problem, shape: dict[str, int], dist: str, checks: list,
                     seed: int | None = None, label: str | None = None) -> None:
     """One check judged on the device from `seed` (default: a fresh one): two runs on the same inputs, each
-    compared with the float64 reference there, then compared with each other bit for bit; the inputs drawn
+    compared with the float64 reference there, then compared with each other by value; the inputs drawn
     again and compared with what the kernel left; guard bands checked. The check is labelled "device:DIST"
     (default) so that a failing input is drawn again on any host by the generator's twin
     (kfactory.judge.counter_rng)."""

@@ -56,7 +56,8 @@ class DeviceCheckUnavailable(RuntimeError):
 class DeviceChecked:
     """A verification call judged where the outputs are (Session.device_check): per run, the comparison figures
     of each output against the float64 reference (kfactory.targets.cuda.judge_kernels.merge's keys); per later
-    run, the bytes in which each output differs from the first run's; per input, the bytes in which it differs
+    run, how many elements of each output differ in value from the first run's (a NaN equals a NaN, -0 equals 0,
+    as the host counts two runs: numerics.differing_elements); per input, the bytes in which it differs
     from a fresh draw of the same seed (what the kernel wrote into it); the tensors whose guard bands changed."""
     seconds: list[float]
     figures: list[dict[str, dict]]
