@@ -218,6 +218,13 @@ def print_warm(warm: dict, args: argparse.Namespace, budgets: list[int]) -> None
           + f"; mean best/optimum at {b} warm <= cold on {len(not_worse)}"
           + (f" (not: {', '.join(sorted(set(informative) - set(not_worse)))})" if len(not_worse) < len(informative)
              else ""))
+    # what the design bounds: the cold members search as a cold start does, so a warm start's median seed pays at
+    # most the evaluations the evidence led where the evidence misses (the priors, and the evidence-led asks)
+    within = [n for n in informative
+              if warm[n]["paired_difference"]["median"] <= max(args.warm_priors, warm[n]["evidence_led_evals"])]
+    print(f"  warm minus cold per seed (median) at most the evidence-led evaluations on {len(within)} of "
+          f"{len(informative)}"
+          + (f" (not: {', '.join(sorted(set(informative) - set(within)))})" if len(within) < len(informative) else ""))
 
 
 def _bound(v: float, spec: str) -> str:

@@ -108,7 +108,7 @@ def test_warm_only_compares_the_named_targets_warmed_from_every_other_device(tmp
     printed = capsys.readouterr().out
     assert w["paired_difference"]["median"] == float(np.median(np.subtract(w["warm"], w["cold"])))
     assert "k-A" in printed and "warm/cold" in printed and "warm-cold per seed" in printed
-    assert "informative spaces (not flat): " in printed
+    assert "informative spaces (not flat): " in printed and "at most the evidence-led evaluations on " in printed
     assert "b=5 " not in printed  # the race's tables are not printed
     # a target that is not among the recordings is refused
     assert mod.main(["--data", str(tmp_path), "--warm-only", "--warm-targets", "k-Z", "--jobs", "1"]) == 2
