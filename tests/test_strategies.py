@@ -94,6 +94,26 @@ def test_transfer_finds_the_best_of_a_landscape_another_campaign_measured(space)
     assert min(firsts) <= 1.05 * opt
 
 
+def test_a_warm_surrogate_leaves_the_sources_best_region_when_it_fails_here(space):
+    """The sources rate wide vectors best, and on this device every wide-vector kernel fails (half the space):
+    the warm surrogate proposes the sources' best only for its first `init` asks, then draws as a cold start
+    does, instead of working through the failing region for ever (it has no two results to fit)."""
+    evidence = _evidence(space, lambda p: 1.0 + 1.0 / p.params["vec"] + 0.01 * p.params["unroll"],
+                         "wide-vectors-fast")
+    fails = [p.params["vec"] >= 8 for p in space.all_points()]
+    assert 0.3 < sum(fails) / len(fails) < 0.7
+    for seed in range(3):
+        s = make_strategy("surrogate", space, seed=seed)
+        s.warm(evidence)
+        for n in range(1, 61):
+            p = s.ask()
+            ok = p.params["vec"] < 8
+            s.tell(p, _score(p) if ok else None)
+            if ok:
+                break
+        assert ok and n <= s.init + 15, (seed, n)
+
+
 def test_a_misleading_source_loses_its_weight(space):
     """A source ranking the space upside down gets weight 0 once results disagree with it, and the prior mean
     it would give is flat: the search is a cold one again."""

@@ -209,8 +209,10 @@ class Surrogate(Strategy):
         if len(unseen) == 0:
             return None
         data = self._data() if len(self.results) >= (0 if self.prior else self.init) else None
-        if data is None and self.prior:
-            # no results yet: the point the other campaigns predict best
+        if data is None and self.prior and len(self.results) < self.init:
+            # no two results to fit yet: the point the other campaigns predict best; only for as many asks as a
+            # cold start draws at random, since where the sources' best region fails on this device every result
+            # is a failure and the fit would never come (then uniform draws, as cold)
             return self.idx.points[int(unseen[int(np.argmin(self.prior.M.mean(0)[unseen]))])]
         if data is None:
             return self.idx.points[int(self._np.choice(unseen))]
