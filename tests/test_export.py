@@ -23,7 +23,7 @@ from conftest import KERNELS
 from kfactory.cli.check import check
 from kfactory.cli.main import main
 from kfactory.platform.config import Settings
-from kfactory.export import NotVerified, export
+from kfactory.export import ExportError, NotVerified, export
 from kfactory.export.c import Build, _exports_only
 from kfactory.export.evidence import Judged
 from kfactory.export.params import best_per_device, params_header, slug
@@ -278,8 +278,10 @@ def test_cli_export_refuses_in_one_line(rejected, judged, monkeypatch, tmp_path,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "WRONG_RESULT" in err
     ref = judged["reference"].candidate.id
-    for bad in ("1abc", "int", "a-b", "x" * 65):
-        assert main(["export", ref, "--format", "c", "--name", bad, "--out", str(tmp_path)]) == 2
+    # not identifiers; a Python builtin (the module's function would replace it); a C library function (the
+    # export's symbol would replace it in a linked program); a C header's name (NAME.h would hide it)
+    for bad in ("1abc", "int", "a-b", "x" * 65, "len", "zip", "free", "memcpy", "exp", "stdlib"):
+        assert main(["export", ref, "--format", "c", "--name", bad, "--out", str(tmp_path)]) == 2, bad
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert main(["export", ref, "--format", "c", "--name", "kf_ok", "--out", str(tmp_path / "ok"), "--json"]) == 0
     files = json.loads(capsys.readouterr().out)["files"]
@@ -287,6 +289,25 @@ def test_cli_export_refuses_in_one_line(rejected, judged, monkeypatch, tmp_path,
     fam = judged["family"].candidate.id
     assert main(["export", fam[:16], "--format", "c", "--name", "kf_fam", "--out", str(tmp_path / "fam")]) == 0
     assert (tmp_path / "fam" / "kf_fam_params.h").is_file()
+
+
+def test_a_new_export_under_the_same_name_leaves_nothing_of_the_old_one(judged, small_softmax, tmp_path):
+    """A python export, then a c export of another kernel under the same name into the same directory: the old
+    module, parameters header and built library are gone (the module would build the new source and call it with
+    the old kernel's interface). An engine export's directory is refused."""
+    problem = load_problem(small_softmax)
+    out = tmp_path / "same"
+    export(judged["family"], problem, "python", "kf_same", out)
+    (out / "libkf_same.so").write_bytes(b"built from the family kernel")
+    assert {"kf_same.py", "kf_same_params.h"} <= {p.name for p in out.iterdir()}
+    written = export(judged["reference"], problem, "c", "kf_same", out)
+    assert {p.name for p in out.iterdir()} == {p.name for p in written} == {"kf_same.h", "kf_same.c", "build.sh"}
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "manifest.json").write_text('{"name": "kf_eng"}')
+    with pytest.raises(ExportError, match="engine export"):
+        export(judged["reference"], problem, "c", "kf_eng", engine)
+    assert sorted(p.name for p in engine.iterdir()) == ["manifest.json"]
 
 
 # -- torch --------------------------------------------------------------------------------------------------------

@@ -10,6 +10,9 @@ A kernel whose evidence does not show it passed verification is refused (NotVeri
 """
 from __future__ import annotations
 
+import builtins
+import ctypes
+import ctypes.util
 import keyword
 import sys
 from pathlib import Path
@@ -40,8 +43,10 @@ __all__ = ["FORMATS", "ExportError", "NotVerified", "check_name", "export"]
 def check_name(name: str) -> None:
     """ExportError unless `name` can name the exported C function, its files and a Python module: a C
     identifier (letters, digits, '_', not first a digit), no keyword of C, C++ or Python, at most 64
-    characters, not starting with '_kf_' (the exported module's own names), and no module an exported module
-    imports or the standard library has (NAME.py would shadow it)."""
+    characters, not starting with '_kf_' (the exported module's own names), no module an exported module
+    imports or the standard library has (NAME.py would shadow it), no standard C header's (NAME.h would hide
+    it), no function or object of the C library (the export's symbol would replace it) and no Python builtin
+    (the module's function would replace it inside the module)."""
     if not C_IDENTIFIER.fullmatch(name or ""):
         shown = repr(name) if len(name or "") <= 80 else f"{name[:80]!r}..."
         raise ExportError(f"--name {shown} is not a C identifier (letters, digits and '_', not starting with a digit)")
@@ -51,6 +56,29 @@ def check_name(name: str) -> None:
         raise ExportError(f"--name {name!r} is reserved in C, C++, CUDA or Python (or by the exporter)")
     if name in sys.stdlib_module_names or name in SHADOWED:
         raise ExportError(f"--name {name!r}: NAME.py would shadow the module {name}; choose another")
+    if name in C_HEADERS:
+        raise ExportError(f"--name {name!r}: NAME.h would hide the C library's <{name}.h> from a program built "
+                          "with the export's directory on its include path; choose another")
+    if _c_library_symbol(name):
+        raise ExportError(f"--name {name!r} is a function or object of the C library (libc or libm): the export's "
+                          "symbol would replace it in every program that links it; choose another")
+    if name in dir(builtins):
+        raise ExportError(f"--name {name!r} is a Python builtin: the exported module's function would replace it "
+                          "inside the module, which calls it; choose another")
+
+
+#: the C standard library's headers and the POSIX headers a C program commonly includes: NAME.h must not hide one
+C_HEADERS = frozenset("""assert complex ctype errno fenv float inttypes iso646 limits locale math setjmp signal stdalign
+stdarg stdatomic stdbool stddef stdint stdio stdlib stdnoreturn string tgmath threads time uchar wchar wctype
+unistd pthread fcntl dlfcn sched strings alloca malloc memory""".split())
+
+
+def _c_library_symbol(name: str) -> bool:
+    """Whether the C library (libc, or libm) this process runs on defines `name`."""
+    libs = [ctypes.CDLL(None)]
+    if (libm := ctypes.util.find_library("m")) is not None:
+        libs.append(ctypes.CDLL(libm))
+    return any(hasattr(lib, name) for lib in libs)
 
 
 def export(evidence: spb.CandidateEvidence, problem, fmt: str, name: str, out_dir: Path | str,

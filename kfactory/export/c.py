@@ -191,13 +191,30 @@ def build_cubin_script(j: Judged, name: str) -> str:
     return fill("_build_cubin.py", doc, config)
 
 
+#: what an export of NAME leaves in its directory, written by it or built from it (NAME.cubin, libNAME.so): an
+#: export into a directory that holds NAME's earlier export removes them first, so that no file of the earlier
+#: kernel (its module, its parameters, its built library) is left beside the new one
+PRODUCTS = ("{name}.h", "{name}.c", "{name}.cu", "{name}.py", "{name}_torch.py", "{name}_params.h", "lib{name}.so",
+            "{name}.cubin", "build_cubin.py", "build.sh")
+
+
 def check_owner(out_dir: Path, name: str) -> None:
     """Refuse to write into a directory holding another export: its build.sh would be overwritten and its
-    module would build this kernel."""
+    module would build this kernel; an engine export (its manifest.json) likewise."""
     existing = out_dir / "build.sh"
     if existing.is_file() and OWNER.format(name=name) not in existing.read_text(errors="replace").splitlines():
         raise ExportError(f"{out_dir} already holds another export (its build.sh): export each kernel into its "
                           "own directory")
+    if (out_dir / "manifest.json").is_file():
+        raise ExportError(f"{out_dir} holds an engine export (manifest.json); choose another --out")
+
+
+def clear_previous(out_dir: Path, name: str) -> None:
+    """Remove what an earlier export of NAME left in out_dir (PRODUCTS), once check_owner has passed."""
+    for pattern in PRODUCTS:
+        path = out_dir / pattern.format(name=name)
+        if path.is_file() or path.is_symlink():
+            path.unlink()
 
 
 def write_c(j: Judged, problem, name: str, out_dir: Path) -> list[Path]:
@@ -216,6 +233,7 @@ def write_c(j: Judged, problem, name: str, out_dir: Path) -> list[Path]:
         files[source_name(j, name)] = source
     files[f"{name}.h"] = header(j, problem, name, summary_lines(j, problem, name))
     out_dir.mkdir(parents=True, exist_ok=True)
+    clear_previous(out_dir, name)
     written = []
     for fname, text in files.items():
         path = out_dir / fname
