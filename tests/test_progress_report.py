@@ -197,6 +197,33 @@ def test_best_prints_parameters_as_key_value(tmp_path, monkeypatch, capsys):
     assert best.startswith("k4 0.200 ms") and "(template:cpu_c block=128 exp=poly unroll=8; campaign" in best, best
 
 
+def test_a_damaged_archive_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    """A file that is no archive, and an archive whose stored event no longer decodes: every local query
+    (best here, export alike) says which file in one line and exits 1, instead of an internal error."""
+    data = tmp_path / "data"
+    archive = Archive(data / "archive.sqlite")
+    for e in _campaign():
+        archive.record(e)
+    archive.close()
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(data))
+    for name in ("KFACTORY_MEMORY_ADDR", "KFACTORY_PLANNER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    import sqlite3
+    db = sqlite3.connect(data / "archive.sqlite")
+    db.execute("UPDATE events SET payload = X'0a05ffffffff' WHERE campaign = ?", (CID,))
+    db.commit()
+    db.close()
+    assert cli.main(["report", CID[:5], "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot read the archive" in err and "DecodeError" in err, err
+    (data / "archive.sqlite").write_bytes(b"junk" * 100)
+    for name in ("archive.sqlite-wal", "archive.sqlite-shm"):
+        (data / name).unlink(missing_ok=True)
+    assert cli.main(["best", "softmax"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot read the archive" in err and "DatabaseError" in err, err
+
+
 # -- the report ------------------------------------------------------------------------------------------------
 def test_the_report_is_titled_by_the_problems_name(tmp_path):
     pkg = tmp_path / "pkgs" / "a_copy"

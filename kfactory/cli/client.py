@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import DecodeError
 
 from kfactory.bus import events as ev
 from kfactory.platform import security
@@ -132,16 +133,24 @@ def _local(settings, ask: Callable[[qmod.Queries], object]):
     except FileNotFoundError:
         raise ClientError(f"no campaign has run here yet: no archive at {ws.archive_path} (KFACTORY_DATA_DIR "
                           "names the workspace; --memory or KFACTORY_MEMORY_ADDR a running factory)", 1) from None
+    except sqlite3.DatabaseError as e:  # opening reads its names table: a file that is no archive fails here
+        raise _unreadable(ws.archive_path, e) from e
     try:
         return ask(qmod.Queries(archive, ws.get))
     except qmod.NotFound as e:
         raise ClientError(str(e), 1) from e
     except qmod.InvalidRequest as e:
         raise ClientError(str(e), 2) from e
-    except sqlite3.DatabaseError as e:  # not an archive, or damaged: say which file, not a traceback
-        raise ClientError(f"cannot read the archive {ws.archive_path}: {type(e).__name__}: {e}", 1) from e
+    except (sqlite3.DatabaseError, DecodeError) as e:  # not an archive, or damaged: say which file, not a traceback
+        raise _unreadable(ws.archive_path, e) from e
     finally:
         archive.close()
+
+
+def _unreadable(path, e: Exception) -> ClientError:
+    """The one line for an archive that is not one, or whose rows do not decode (damaged on disk)."""
+    return ClientError(f"cannot read the archive {path}: {type(e).__name__}: {e} (a damaged or foreign file: "
+                       "restore it, or point KFACTORY_DATA_DIR at another workspace)", 1)
 
 
 async def _evidence(settings, method: str, request):
