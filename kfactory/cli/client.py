@@ -242,7 +242,7 @@ async def _dispatch(args, settings, spec_fn) -> int:
         _print(s, as_json, _status_line(s))
         return 0
     if args.cmd == "priors":
-        req = spb.PriorsRequest(problem=args.problem, families=args.family, limit=args.limit)
+        req = spb.PriorsRequest(problem=args.problem, families=_priors_families(args), limit=args.limit)
         r = await _evidence(settings, "Priors", req)
         trust = await _warm_trust(settings, args)  # which sources a new campaign would trust, and why
         if as_json:
@@ -321,14 +321,37 @@ async def _warm_trust(settings, args) -> dict:
     them), the weight each source starts with and why, and what finished campaigns measured of those sources
     (kfactory/evidence/warm_sources.py); that history is left out (None) where no campaign list can be read."""
     every = await _evidence(settings, "Priors", spb.PriorsRequest(
-        problem=args.problem, families=args.family, limit=max(args.limit, settings.warm_evidence), every_source=True))
+        problem=args.problem, families=_priors_families(args), limit=max(args.limit, settings.warm_evidence),
+        every_source=True))
     sources = warm_sources.sources_of(every.priors)
     try:
         statuses = (await _campaign_list(settings)).campaigns
     except ClientError:
         statuses = None
-    history = None if statuses is None else warm_sources.history_of(statuses, args.problem, sources)
+    # read locally, the archive also knows the names imported campaigns' problems had where they ran
+    resolve = None if planner_configured(settings) or statuses is None else \
+        _local(settings, lambda q: q.archive.problem_name)
+    history = None if statuses is None else warm_sources.history_of(statuses, args.problem, sources, resolve)
     return warm_sources.priors_view(sources, history)
+
+
+def _priors_families(args) -> list[str]:
+    """The families a new campaign would learn of: --family's, and with --target only the problem's families
+    for that target, as the planner asks memory for them (a campaign on another target has other families)."""
+    if not args.target:
+        return list(args.family)
+    from kfactory.problems import ProblemError, load_problem
+    try:
+        problem = load_problem(args.problem)
+    except ProblemError as e:
+        raise ClientError(f"--target needs the problem here to know its families: {e}", 2) from e
+    fams = [f.name for f in problem.families_for(args.target.split(":")[0])
+            if not args.family or f.name in args.family]
+    if not fams:
+        raise ClientError(f"problem {problem.name} has no family for target {args.target}"
+                          + (f" among {args.family}" if args.family else "")
+                          + ": a campaign there learns from no evidence (agents or hand-written kernels only)", 1)
+    return fams
 
 
 async def _best(args, settings, as_json: bool) -> int:

@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"What memory would seed a campaign of a problem with. {LOCAL_RULE}")
     p.add_argument("problem")
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
+    p.add_argument("--target", default="", help="the new campaign's target (cpu, cuda, cuda:sm_90a): only its "
+                   "families' evidence (default: every family's)")
     p.add_argument("--limit", type=cli_type("priors_limit"), default=8)
     _query_args(p)
 

@@ -87,24 +87,30 @@ def sources_of(priors) -> list[dict]:
     """The sources a new campaign would learn from, one per earlier campaign in memory's every-source priors:
     its device, how many of its points it would learn from, and its best time."""
     out: dict[str, dict] = {}
+    seen: dict[str, set] = {}
     for p in priors:
         s = out.setdefault(p.campaign_id, {"source": p.campaign_id, "device": p.device, "points": 0,
                                            "best_seconds": p.score_s})
-        s["points"] += 1
+        points = seen.setdefault(p.campaign_id, set())
+        if (p.family, p.params_json) not in points:  # a point counts once, as the campaign counts it
+            points.add((p.family, p.params_json))
+            s["points"] += 1
         s["best_seconds"] = min(s["best_seconds"], p.score_s)
     return sorted(out.values(), key=lambda s: s["source"])
 
 
-def history_of(statuses, problem: str, sources: list[dict]) -> list[dict]:
+def history_of(statuses, problem: str, sources: list[dict], resolve=None) -> list[dict]:
     """What finished campaigns of `problem` (among `statuses`, CampaignStatus messages) measured of these sources:
     one entry per campaign whose summary has a measured warm-start section that judged any of them, with each such
-    source's agreement and final weight there."""
+    source's agreement and final weight there. `resolve(locator)` names a spec's problem (default: as this
+    machine loads it; memory's Archive.problem_name also knows the names imported evidence brought)."""
     from kfactory.problems.loader import problem_name  # here: the query clients import the report, and so this
 
-    known, name = {s["source"] for s in sources}, problem_name(problem)
+    resolve = resolve or problem_name
+    known, name = {s["source"] for s in sources}, resolve(problem)
     out = []
     for st in statuses:
-        if not st.summary_json or not st.spec.problem or problem_name(st.spec.problem) != name:
+        if not st.summary_json or not st.spec.problem or resolve(st.spec.problem) != name:
             continue
         try:
             w = json.loads(st.summary_json).get("warm_start") or {}
@@ -120,19 +126,30 @@ def history_of(statuses, problem: str, sources: list[dict]) -> list[dict]:
 def priors_view(sources: list[dict], history: list[dict] | None) -> dict:
     """`kfactory priors`'s account of trust: which sources a new campaign would learn from, the weight each
     starts with, why, and (when known) what earlier campaigns measured of them."""
-    start = round(1.0 / len(sources), 3) if sources else 0.0
-    why = ("a new campaign has no result of its own to judge the sources by, so each starts with the same weight; "
-           "after each result, " + HOW + "; a source that misorders the new campaign's results loses its say, and "
-           "the evidence's points are proposed first only while the sources keep at least half of it")
-    return {"sources": [{**s, "start_weight": start} for s in sources], "why": why,
-            "measured_before": history if history is not None else None}
+    from kfactory.strategies.agreement import PRIORS_JUDGED  # here: the query clients import this module
+    from kfactory.strategies.transfer import MIN_POINTS
+
+    usable = [s for s in sources if s["points"] >= MIN_POINTS]
+    start = round(1.0 / len(usable), 3) if usable else 0.0
+    why = ("a new campaign has no result of its own to judge the sources by, so each starts with the same weight "
+           f"(a source with fewer than {MIN_POINTS} points has none: no landscape is fitted to so few, and its "
+           "points are not proposed); after each result, " + HOW + "; a source that misorders the new campaign's "
+           "results loses its say, and the evidence's points stop being proposed first once every source, judged "
+           f"on at least {PRIORS_JUDGED} results, orders them confidently against the campaign (its interval's "
+           "upper end below 0)")
+    return {"sources": [{**s, "start_weight": start if s["points"] >= MIN_POINTS else 0.0} for s in sources],
+            "why": why, "measured_before": history if history is not None else None}
 
 
 def priors_text(view: dict) -> str:
     """The text form of priors_view."""
     if not view["sources"]:
         return "no sources: a new campaign of this problem would start cold"
-    lines = [f"a new campaign would learn from {len(view['sources'])} source(s), trusting each the same at first:"]
+    usable = [s for s in view["sources"] if s["start_weight"] > 0]
+    if not usable:
+        return ("no source with enough points: a new campaign of this problem would start cold ("
+                + ", ".join(f"{s['source']}: {s['points']} point(s)" for s in view["sources"]) + ")")
+    lines = [f"a new campaign would learn from {len(usable)} source(s), trusting each the same at first:"]
     lines += [f"  {s['source']} on {s['device'] or 'an unknown device'}: {s['points']} points, best "
               f"{s['best_seconds'] * 1e3:.3f} ms, start weight {s['start_weight']:.2f}" for s in view["sources"]]
     lines.append(f"why: {view['why']}.")

@@ -29,6 +29,8 @@ SHRINK = 4.0
 DIRECT = 1500
 #: the most measurements of one source a GP is fitted to
 GP_ROWS = 160
+#: distinct points of this space a source must have measured to be learned from (fewer fit no landscape)
+MIN_POINTS = 3
 
 
 class PriorMean:
@@ -36,15 +38,17 @@ class PriorMean:
 
     def __init__(self, idx: SpaceIndex, evidence: list[Evidence], gp_factory):
         self.idx = idx
-        by_source: dict[str, list[tuple[int, float]]] = {}
+        by_source: dict[str, dict[int, list[float]]] = {}
         for e in evidence:
             i = idx.pos.get(e.point)
             if i is not None and e.relative > 0 and math.isfinite(e.relative):
-                by_source.setdefault(e.source, []).append((i, math.log(e.relative)))
+                by_source.setdefault(e.source, {}).setdefault(i, []).append(math.log(e.relative))
         self.sources: list[str] = []
         preds = []
-        for source, rows in sorted(by_source.items()):
-            if len(rows) < 3:
+        for source, at in sorted(by_source.items()):
+            # one value a point (a point a source reported twice is one point: the mean of its log scores)
+            rows = [(i, sum(v) / len(v)) for i, v in at.items()]
+            if len(rows) < MIN_POINTS:
                 continue
             preds.append(_fit_predict(idx, rows, gp_factory))
             self.sources.append(source)
