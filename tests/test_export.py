@@ -283,6 +283,9 @@ def test_cli_export_refuses_in_one_line(rejected, judged, monkeypatch, tmp_path,
     for bad in ("1abc", "int", "a-b", "x" * 65, "len", "zip", "free", "memcpy", "exp", "stdlib"):
         assert main(["export", ref, "--format", "c", "--name", bad, "--out", str(tmp_path)]) == 2, bad
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    # --shape chooses among a problem's kernels: with a candidate id it would be ignored, so it is refused
+    assert main(["export", ref, "--shape", "4x8", "--format", "c", "--name", "kf_s", "--out", str(tmp_path)]) == 2
+    assert "--shape" in capsys.readouterr().err and not (tmp_path / "kf_s.c").exists()
     assert main(["export", ref, "--format", "c", "--name", "kf_ok", "--out", str(tmp_path / "ok"), "--json"]) == 0
     files = json.loads(capsys.readouterr().out)["files"]
     assert {Path(f).name for f in files} == {"kf_ok.h", "kf_ok.c", "build.sh"}   # no family: no params header

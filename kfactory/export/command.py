@@ -45,6 +45,9 @@ def evidence_for(settings, kernel: str, shape: str, target: str) -> spb.Candidat
     if problem is not None:
         entry = client.best_entry(settings, kernel, shape, target or "cpu")
         return client.candidate_evidence(settings, entry.candidate_id)
+    if shape:  # a candidate is one kernel: no shape chooses among kernels, and one ignored would mislead
+        raise client.ClientError(f"--shape chooses a problem's fastest kernel at a shape; {kernel!r} names no "
+                                 "problem here (a candidate id names one kernel already): drop --shape", 2)
     return client.candidate_evidence(settings, kernel)
 
 
