@@ -194,8 +194,8 @@ def build_cubin_script(j: Judged, name: str) -> str:
 #: what an export of NAME leaves in its directory, written by it or built from it (NAME.cubin, libNAME.so): an
 #: export into a directory that holds NAME's earlier export removes them first, so that no file of the earlier
 #: kernel (its module, its parameters, its built library) is left beside the new one
-PRODUCTS = ("{name}.h", "{name}.c", "{name}.cu", "{name}.py", "{name}_torch.py", "{name}_params.h", "lib{name}.so",
-            "{name}.cubin", "build_cubin.py", "build.sh")
+PRODUCTS = ("{name}.h", "{name}.py", "{name}_torch.py", "{name}_params.h", "lib{name}.so", "{name}.cubin",
+            "build_cubin.py", "build.sh")
 
 
 def check_owner(out_dir: Path, name: str) -> None:
@@ -210,8 +210,9 @@ def check_owner(out_dir: Path, name: str) -> None:
 
 
 def clear_previous(out_dir: Path, name: str) -> None:
-    """Remove what an earlier export of NAME left in out_dir (PRODUCTS), once check_owner has passed."""
-    for pattern in PRODUCTS:
+    """Remove what an earlier export of NAME left in out_dir (PRODUCTS, and its source in any language: a c
+    export after a cuda one leaves no NAME.cu), once check_owner has passed."""
+    for pattern in PRODUCTS + tuple("{name}" + suffix for suffix in sorted(set(SUFFIX.values()))):
         path = out_dir / pattern.format(name=name)
         if path.is_file() or path.is_symlink():
             path.unlink()
