@@ -305,6 +305,11 @@ def test_a_new_export_under_the_same_name_leaves_nothing_of_the_old_one(judged, 
     assert {"kf_same.py", "kf_same_params.h"} <= {p.name for p in out.iterdir()}
     written = export(judged["reference"], problem, "c", "kf_same", out)
     assert {p.name for p in out.iterdir()} == {p.name for p in written} == {"kf_same.h", "kf_same.c", "build.sh"}
+    own = tmp_path / "own"   # a directory that holds no export: the user's files there stay
+    own.mkdir()
+    (own / "kf_own.py").write_text("# the user's own module\n")
+    export(judged["reference"], problem, "c", "kf_own", own)
+    assert (own / "kf_own.py").read_text() == "# the user's own module\n"
     engine = tmp_path / "engine"
     engine.mkdir()
     (engine / "manifest.json").write_text('{"name": "kf_eng"}')

@@ -211,7 +211,10 @@ def check_owner(out_dir: Path, name: str) -> None:
 
 def clear_previous(out_dir: Path, name: str) -> None:
     """Remove what an earlier export of NAME left in out_dir (PRODUCTS, and its source in any language: a c
-    export after a cuda one leaves no NAME.cu), once check_owner has passed."""
+    export after a cuda one leaves no NAME.cu), once check_owner has passed. Only where that export's build.sh
+    is there: a directory without one is not an export's, and a NAME.py in it is the user's own."""
+    if not (out_dir / "build.sh").is_file():
+        return
     for pattern in PRODUCTS + tuple("{name}" + suffix for suffix in sorted(set(SUFFIX.values()))):
         path = out_dir / pattern.format(name=name)
         if path.is_file() or path.is_symlink():
