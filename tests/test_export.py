@@ -312,10 +312,12 @@ def test_a_new_export_under_the_same_name_leaves_nothing_of_the_old_one(judged, 
     assert (own / "kf_own.py").read_text() == "# the user's own module\n"
     engine = tmp_path / "engine"
     engine.mkdir()
-    (engine / "manifest.json").write_text('{"name": "kf_eng"}')
+    (engine / "manifest.json").write_text('{"kind": "kfactory engine export", "name": "kf_eng"}')
     with pytest.raises(ExportError, match="engine export"):
         export(judged["reference"], problem, "c", "kf_eng", engine)
     assert sorted(p.name for p in engine.iterdir()) == ["manifest.json"]
+    (engine / "manifest.json").write_text('{"name": "some web project"}')   # another project's manifest
+    assert export(judged["reference"], problem, "c", "kf_eng", engine)
 
 
 # -- torch --------------------------------------------------------------------------------------------------------

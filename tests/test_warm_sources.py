@@ -39,8 +39,9 @@ def test_a_source_too_small_to_learn_from_has_no_start_weight():
     assert "would learn from 1 source(s)" in text and f"fewer than {MIN_POINTS} points" in text
     assert "at least 5 results" in text and "keep at least half" not in text
     view = warm_sources.priors_view(warm_sources.sources_of(priors[5:]), None)
-    assert warm_sources.priors_text(view).startswith("no source with enough points: a new campaign of this "
-                                                     "problem would start cold (small: 2 point(s))")
+    text = warm_sources.priors_text(view)
+    assert text.startswith("no source with enough points to learn a landscape from (small: 2 point(s))"), text
+    assert "propose their best points first" in text
 
 
 def test_a_source_repeating_one_point_is_not_learned_from():
@@ -61,6 +62,9 @@ def test_the_target_picks_the_families_a_campaign_there_would_learn_of():
         _priors_families(ns(problem="kda_bf16", target="cpu"))
     assert e.value.code == 1 and "no family for target cpu" in str(e.value)
     with pytest.raises(ClientError) as e:
+        _priors_families(ns(target="gpu"))
+    assert e.value.code == 2 and "choose one of cpu, cuda" in str(e.value)
+    with pytest.raises(ClientError) as e:
         _priors_families(ns(problem="/no/such/package", target="cpu"))
     assert e.value.code == 2 and "--target needs the problem here" in str(e.value)
 
@@ -77,3 +81,28 @@ def test_earlier_campaigns_are_found_under_the_name_imported_evidence_brought():
     aliases = {"/tmp/gone-machine/softmax": "softmax"}
     [seen] = warm_sources.history_of([status], "softmax", sources, lambda loc: aliases.get(loc, loc))
     assert seen["campaign"] == "c2" and seen["sources"][0]["weight"] == 0.4
+
+
+def test_kfactory_priors_asks_memory_for_the_targets_families(tmp_path, monkeypatch, capsys):
+    """The command end to end on a workspace whose one campaign measured cpu_c points: with --target cpu they are
+    a new campaign's evidence, with --target cuda there is none (the cuda families were never measured)."""
+    from kfactory.cli.main import main
+    from kfactory.services.memory.archive import Archive
+    from test_progress_report import _campaign
+
+    archive = Archive(tmp_path / "data" / "archive.sqlite")
+    for e in _campaign():
+        archive.record(e)
+    archive.close()
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path / "data"))
+    for name in ("KFACTORY_MEMORY_ADDR", "KFACTORY_PLANNER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["priors", "softmax", "--target", "cpu", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["priors"] and {p["family"] for p in got["priors"]} == {"cpu_c"}
+    assert [s["points"] for s in got["trust"]["sources"]] and got["trust"]["measured_before"] == []
+    assert main(["priors", "softmax", "--target", "cuda", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got.get("priors", []) == [] and got["trust"]["sources"] == []
+    assert main(["priors", "softmax", "--target", "gpu"]) == 2
+    assert "--target 'gpu'" in capsys.readouterr().err

@@ -328,9 +328,14 @@ async def _warm_trust(settings, args) -> dict:
         statuses = (await _campaign_list(settings)).campaigns
     except ClientError:
         statuses = None
-    # read locally, the archive also knows the names imported campaigns' problems had where they ran
-    resolve = None if planner_configured(settings) or statuses is None else \
-        _local(settings, lambda q: q.archive.problem_name)
+    resolve = None
+    if statuses is not None and not planner_configured(settings):
+        # read locally, the archive also knows the names imported campaigns' problems had where they ran
+        aliases = _local(settings, lambda q: dict(q.archive.aliases))
+
+        def resolve(locator: str) -> str:
+            name = qmod.problem_name(locator)
+            return name if name != locator else aliases.get(locator, locator)
     history = None if statuses is None else warm_sources.history_of(statuses, args.problem, sources, resolve)
     return warm_sources.priors_view(sources, history)
 
@@ -341,6 +346,10 @@ def _priors_families(args) -> list[str]:
     if not args.target:
         return list(args.family)
     from kfactory.problems import ProblemError, load_problem
+    from kfactory.targets import KNOWN
+    if args.target.split(":")[0] not in KNOWN:
+        raise ClientError(f"--target {args.target!r}: choose one of {', '.join(KNOWN)} (cuda:ARCH for one "
+                          "architecture)", 2)
     try:
         problem = load_problem(args.problem)
     except ProblemError as e:

@@ -133,10 +133,10 @@ def priors_view(sources: list[dict], history: list[dict] | None) -> dict:
     start = round(1.0 / len(usable), 3) if usable else 0.0
     why = ("a new campaign has no result of its own to judge the sources by, so each starts with the same weight "
            f"(a source with fewer than {MIN_POINTS} points has none: no landscape is fitted to so few, and its "
-           "points are not proposed); after each result, " + HOW + "; a source that misorders the new campaign's "
-           "results loses its say, and the evidence's points stop being proposed first once every source, judged "
-           f"on at least {PRIORS_JUDGED} results, orders them confidently against the campaign (its interval's "
-           "upper end below 0)")
+           "points are proposed first only when no source has more); after each result, " + HOW + "; a source "
+           "that misorders the new campaign's results loses its say, and the evidence's points stop being "
+           f"proposed first once every source, judged on at least {PRIORS_JUDGED} results, orders them confidently "
+           "against the campaign (its interval's upper end below 0)")
     return {"sources": [{**s, "start_weight": start if s["points"] >= MIN_POINTS else 0.0} for s in sources],
             "why": why, "measured_before": history if history is not None else None}
 
@@ -147,8 +147,10 @@ def priors_text(view: dict) -> str:
         return "no sources: a new campaign of this problem would start cold"
     usable = [s for s in view["sources"] if s["start_weight"] > 0]
     if not usable:
-        return ("no source with enough points: a new campaign of this problem would start cold ("
-                + ", ".join(f"{s['source']}: {s['points']} point(s)" for s in view["sources"]) + ")")
+        return ("no source with enough points to learn a landscape from ("
+                + ", ".join(f"{s['source']}: {s['points']} point(s)" for s in view["sources"])
+                + "): a new campaign would propose their best points first, all sources counting the same, and "
+                "then search as a cold start does")
     lines = [f"a new campaign would learn from {len(usable)} source(s), trusting each the same at first:"]
     lines += [f"  {s['source']} on {s['device'] or 'an unknown device'}: {s['points']} points, best "
               f"{s['best_seconds'] * 1e3:.3f} ms, start weight {s['start_weight']:.2f}" for s in view["sources"]]

@@ -74,11 +74,21 @@ unistd pthread fcntl dlfcn sched strings alloca malloc memory""".split())
 
 
 def _c_library_symbol(name: str) -> bool:
-    """Whether the C library (libc, or libm) this process runs on defines `name`."""
-    libs = [ctypes.CDLL(None)]
-    if (libm := ctypes.util.find_library("m")) is not None:
-        libs.append(ctypes.CDLL(libm))
-    return any(hasattr(lib, name) for lib in libs)
+    """Whether the C library (libc, or libm) defines `name`: looked up in those libraries themselves, not in the
+    process's global scope (which holds whatever else was loaded) nor among the ctypes object's attributes."""
+    found = False
+    for lib in ("c", "m"):
+        path = ctypes.util.find_library(lib)
+        try:
+            handle = ctypes.CDLL(path)  # path None: the process itself, where libc is
+        except (OSError, TypeError):    # no such library here (TypeError: CDLL(None) off POSIX)
+            continue
+        try:
+            handle[name]
+            found = True
+        except AttributeError:
+            pass  # not defined there: the answer for this library
+    return found
 
 
 def export(evidence: spb.CandidateEvidence, problem, fmt: str, name: str, out_dir: Path | str,

@@ -7,6 +7,7 @@ NAME_<symbol>, so two exported kernels never interpose each other's helpers); th
 where the toolchain is installed and its cubin must hold NAME."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -205,8 +206,17 @@ def check_owner(out_dir: Path, name: str) -> None:
     if existing.is_file() and OWNER.format(name=name) not in existing.read_text(errors="replace").splitlines():
         raise ExportError(f"{out_dir} already holds another export (its build.sh): export each kernel into its "
                           "own directory")
-    if (out_dir / "manifest.json").is_file():
+    if _engine_manifest(out_dir / "manifest.json"):
         raise ExportError(f"{out_dir} holds an engine export (manifest.json); choose another --out")
+
+
+def _engine_manifest(path: Path) -> bool:
+    """Whether `path` is an engine export's manifest (kfactory/engines/export.py writes its "kind"), not some
+    other project's manifest.json."""
+    try:
+        return json.loads(path.read_text()).get("kind") == "kfactory engine export"
+    except (OSError, ValueError, AttributeError):  # none, unreadable, not JSON, or JSON that is no object
+        return False
 
 
 def clear_previous(out_dir: Path, name: str) -> None:
