@@ -181,14 +181,22 @@ def test_parameters_print_as_compact_key_value():
     assert "parameters: `block=128 exp=poly unroll=8`" in md and '{"' not in md
 
 
-def test_best_prints_parameters_as_key_value(tmp_path, monkeypatch, capsys):
-    archive = Archive(tmp_path / "data" / "archive.sqlite")
+def local_workspace(tmp_path: Path, monkeypatch) -> Path:
+    """A workspace whose archive holds _campaign(), named by KFACTORY_DATA_DIR, with no factory configured: the
+    query commands answer from it."""
+    data = tmp_path / "data"
+    archive = Archive(data / "archive.sqlite")
     for e in _campaign():
         archive.record(e)
     archive.close()
-    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(data))
     for name in ("KFACTORY_MEMORY_ADDR", "KFACTORY_PLANNER_ADDR"):
         monkeypatch.delenv(name, raising=False)
+    return data
+
+
+def test_best_prints_parameters_as_key_value(tmp_path, monkeypatch, capsys):
+    local_workspace(tmp_path, monkeypatch)
     assert cli.main(["best", "--campaign", CID[:5]]) == 0
     board = capsys.readouterr().out
     assert "k4" in board and "block=128 exp=poly unroll=8" in board and '{"' not in board, board
@@ -200,14 +208,7 @@ def test_best_prints_parameters_as_key_value(tmp_path, monkeypatch, capsys):
 def test_a_damaged_archive_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
     """A file that is no archive, and an archive whose stored event no longer decodes: every local query
     (best here, export alike) says which file in one line and exits 1, instead of an internal error."""
-    data = tmp_path / "data"
-    archive = Archive(data / "archive.sqlite")
-    for e in _campaign():
-        archive.record(e)
-    archive.close()
-    monkeypatch.setenv("KFACTORY_DATA_DIR", str(data))
-    for name in ("KFACTORY_MEMORY_ADDR", "KFACTORY_PLANNER_ADDR"):
-        monkeypatch.delenv(name, raising=False)
+    data = local_workspace(tmp_path, monkeypatch)
     import sqlite3
     db = sqlite3.connect(data / "archive.sqlite")
     db.execute("UPDATE events SET payload = X'0a05ffffffff' WHERE campaign = ?", (CID,))
@@ -311,12 +312,7 @@ def test_an_unexpected_exception_is_reported_as_kfactorys_bug_with_its_log(tmp_p
 
 
 def test_a_file_that_cannot_be_written_is_not_called_a_bug(tmp_path, monkeypatch, capsys):
-    archive = Archive(tmp_path / "data" / "archive.sqlite")
-    for e in _campaign():
-        archive.record(e)
-    archive.close()
-    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.delenv("KFACTORY_MEMORY_ADDR", raising=False)
+    local_workspace(tmp_path, monkeypatch)
     (tmp_path / "a_file").write_text("")
     code = cli.main(["report", CID, "--out", str(tmp_path / "a_file" / "sub")])
     err = capsys.readouterr().err.strip().splitlines()

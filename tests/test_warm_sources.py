@@ -87,16 +87,9 @@ def test_kfactory_priors_asks_memory_for_the_targets_families(tmp_path, monkeypa
     """The command end to end on a workspace whose one campaign measured cpu_c points: with --target cpu they are
     a new campaign's evidence, with --target cuda there is none (the cuda families were never measured)."""
     from kfactory.cli.main import main
-    from kfactory.services.memory.archive import Archive
-    from test_progress_report import _campaign
+    from test_progress_report import local_workspace
 
-    archive = Archive(tmp_path / "data" / "archive.sqlite")
-    for e in _campaign():
-        archive.record(e)
-    archive.close()
-    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path / "data"))
-    for name in ("KFACTORY_MEMORY_ADDR", "KFACTORY_PLANNER_ADDR"):
-        monkeypatch.delenv(name, raising=False)
+    local_workspace(tmp_path, monkeypatch)
     assert main(["priors", "softmax", "--target", "cpu", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["priors"] and {p["family"] for p in got["priors"]} == {"cpu_c"}
