@@ -187,8 +187,10 @@ def _dead_letter_a_candidate(plant: Plant, nats_srv, redis_srv, space: Path) -> 
     cand, lock = asyncio.run(_lock_a_fresh_candidate(nats_srv.url, redis_srv.url, cid, "benchmarker"))
     plant.kill("planner", signal.SIGSTOP)
     try:
+        # the candidate is compiled and verified first, then nak'ed max_deliver times: about 20 s on an idle
+        # 2-core host, over 40 beside another heavy job (a fresh-clone CI run beside the search bench timed out)
         wait_for(lambda: any(d.stage == "benchmarker" for d in asyncio.run(_dead_letters(nats_srv.url, cid))),
-                  "the held candidate's dead letter", timeout=40)
+                  "the held candidate's dead letter", timeout=90)
     except BaseException:
         plant.kill("planner", signal.SIGCONT)
         raise
