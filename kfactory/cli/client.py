@@ -11,6 +11,7 @@ kfactory/platform/evidence_client.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import sqlite3
@@ -28,7 +29,7 @@ from kfactory.evidence import warm_sources
 from kfactory.platform.grpcserver import clip
 from kfactory.evidence.report import format_params, verification_table
 from kfactory.services.memory import queries as qmod
-from kfactory.services.memory.archive import Archive
+from kfactory.services.memory.archive import Archive, resolved_name
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
@@ -242,9 +243,10 @@ async def _dispatch(args, settings, spec_fn) -> int:
         _print(s, as_json, _status_line(s))
         return 0
     if args.cmd == "priors":
-        req = spb.PriorsRequest(problem=args.problem, families=_priors_families(args), limit=args.limit)
-        r = await _evidence(settings, "Priors", req)
-        trust = await _warm_trust(settings, args)  # which sources a new campaign would trust, and why
+        families = _priors_families(args)
+        r = await _evidence(settings, "Priors", spb.PriorsRequest(problem=args.problem, families=families,
+                                                                  limit=args.limit))
+        trust = await _warm_trust(settings, args, families)  # which sources a new campaign would trust, and why
         if as_json:
             print(json.dumps({**MessageToDict(r, preserving_proto_field_name=True,
                                               always_print_fields_with_no_presence=True), "trust": trust}, indent=2))
@@ -316,26 +318,22 @@ async def _campaign_list(settings) -> spb.ListCampaignsResponse:
                        settings)
 
 
-async def _warm_trust(settings, args) -> dict:
+async def _warm_trust(settings, args, families: list[str]) -> dict:
     """What a new campaign of the problem would learn from (every source's measurements, as the planner asks for
     them), the weight each source starts with and why, and what finished campaigns measured of those sources
     (kfactory/evidence/warm_sources.py); that history is left out (None) where no campaign list can be read."""
     every = await _evidence(settings, "Priors", spb.PriorsRequest(
-        problem=args.problem, families=_priors_families(args), limit=max(args.limit, settings.warm_evidence),
-        every_source=True))
+        problem=args.problem, families=families, limit=max(args.limit, settings.warm_evidence), every_source=True))
     sources = warm_sources.sources_of(every.priors)
     try:
         statuses = (await _campaign_list(settings)).campaigns
     except ClientError:
         statuses = None
-    resolve = None
+    resolve: Callable[[str], str] | None = None
     if statuses is not None and not planner_configured(settings):
         # read locally, the archive also knows the names imported campaigns' problems had where they ran
         aliases = _local(settings, lambda q: dict(q.archive.aliases))
-
-        def resolve(locator: str) -> str:
-            name = qmod.problem_name(locator)
-            return name if name != locator else aliases.get(locator, locator)
+        resolve = functools.partial(resolved_name, resolve=qmod.problem_name, aliases=aliases)
     history = None if statuses is None else warm_sources.history_of(statuses, args.problem, sources, resolve)
     return warm_sources.priors_view(sources, history)
 

@@ -66,6 +66,13 @@ def target_matches(have: str, want: str) -> bool:
     return not want or have == want or (":" not in want and have.split(":")[0] == want)
 
 
+def resolved_name(locator: str, resolve, aliases: dict[str, str]) -> str:
+    """A problem's name from its locator: `resolve(locator)` (as this machine loads it), else the name imported
+    evidence brought for it (`aliases`, locator -> name), else the locator as it is."""
+    name = resolve(locator)
+    return name if name != locator else aliases.get(locator, locator)
+
+
 class Archive:
     """Thread-safe access to the SQLite archive (one connection, serialised)."""
 
@@ -106,8 +113,7 @@ class Archive:
         """A problem's name from its locator: resolved here (a built-in name, a package path that exists), else
         the name the machine that ran the campaign resolved it to, when imported evidence said (a package path
         of another machine, or a temporary copy gone since), else the locator as it is."""
-        name = self._resolve(locator)
-        return name if name != locator else self.aliases.get(locator, locator)
+        return resolved_name(locator, self._resolve, self.aliases)
 
     def close(self) -> None:
         self.db.close()
