@@ -42,7 +42,7 @@ from kfactory.engines.ops import OpKernelError, kernels_of, units_for
 from kfactory.engines.prepare import FORMATS as TENSOR_FORMATS, LAYOUTS, Prepared, prepare
 from kfactory.engines.verify import Verdict, Verifier
 from kfactory.export import ExportError, check_name
-from kfactory.export.c import LINKER_SYMBOLS
+from kfactory.export.c import ENGINE_MANIFEST_KIND, LINKER_SYMBOLS
 from kfactory.export.rename import rename_symbols
 from kfactory.models import ModelPackage, load_model
 from kfactory.models.loader import list_models, sha256_of
@@ -321,7 +321,7 @@ def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen
     files = sorted(p.name for p in stage.iterdir())
     res, record = chosen.result, chosen.record
     manifest = {
-        "kind": "kfactory engine export", "name": name, "format": fmt, "model": package.name,
+        "kind": ENGINE_MANIFEST_KIND, "name": name, "format": fmt, "model": package.name,
         "model_file": {"path": str(model.path), "sha256": sha256_of(model.path)},
         "design_id": design.design_id(), "design": design.as_dict(), "abi_version": ABI_VERSION,
         "config": c.as_dict(), "threads": design.threads, "omp_wait_policy": values["WAIT"],

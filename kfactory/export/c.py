@@ -210,11 +210,14 @@ def check_owner(out_dir: Path, name: str) -> None:
         raise ExportError(f"{out_dir} holds an engine export (manifest.json); choose another --out")
 
 
+#: an engine export's manifest.json says what it is (kfactory/engines/export.py writes it)
+ENGINE_MANIFEST_KIND = "kfactory engine export"
+
+
 def _engine_manifest(path: Path) -> bool:
-    """Whether `path` is an engine export's manifest (kfactory/engines/export.py writes its "kind"), not some
-    other project's manifest.json."""
+    """Whether `path` is an engine export's manifest (its "kind"), not some other project's manifest.json."""
     try:
-        return json.loads(path.read_text()).get("kind") == "kfactory engine export"
+        return json.loads(path.read_text()).get("kind") == ENGINE_MANIFEST_KIND
     except (OSError, ValueError, AttributeError):  # none, unreadable, not JSON, or JSON that is no object
         return False
 
