@@ -5,12 +5,21 @@ reads), plus kfactory's greedy 64 tokens against the float64 reference on the mo
 
     python bench/engine.py [--threads 1,2] [--baseline-python PY] [--python NAME=PY] [--model smollm2-135m]
         [--only numpy-ref,torch-eager,llama-cpp] [--design JSON] [--no-greedy] [--fresh-ceilings]
-        [--json OUT]
+        [--paired-rounds N] [--json OUT]
 
 kfactory's engine is the design in <data_dir>/engines/<model>/best.json (the engine campaign's best verified
 design) when there is one, else the default EngineDesign (--design overrides both); its thread count is set to
 each --threads value. It runs in its own child (kfactory.engines.runner) and is timed there by the runner's
 `bench` request. The baselines run as in bench/engine_baselines.py (same arguments).
+
+The roofline's memory side rests on the read probe, and this host's read bandwidth moves by a third within a
+minute (36-51 GB/s at 2 threads on the project's host), so a fraction taken against a probe run once before the
+engine says as much about the moment as about the engine. --paired-rounds N (default 3) also times the engine's
+decode at the first context N times more, each run bracketed by the read probe (measured as the ceilings are:
+the best of 1 and the engine's thread count), with the engine's child closed while the probe runs (a spinning
+design's idle threads would hold a core); each round's fraction takes the larger of its two probes, the bound
+that favours the engine least, and the JSON keeps every round ("roofline_paired") and their median
+("roofline_fraction_paired" under "kfactory").
 
 The JSON holds the baselines' run (model, host, ceilings, results: kfactory's engine is one of the results, named
 "kfactory") and, under "kfactory", kfactory's figures at the first thread count: decode_tokens_per_s,
@@ -29,13 +38,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_baselines as eb  # noqa: E402  (bench/ is not a package)
 
 from kfactory.engines.baselines.report import table  # noqa: E402
 from kfactory.engines.baselines.result import FAILED, OK, add_roofline, empty  # noqa: E402
-from kfactory.engines.baselines.roofline import Formats, host_ceilings  # noqa: E402
+from kfactory.engines.baselines.roofline import (READ_GBPS, Formats, decode_cost, host_ceilings,  # noqa: E402
+                                                  token_roofline)
+from kfactory.models.gguf_model import LlamaConfig  # noqa: E402
 from kfactory.platform.config import Settings  # noqa: E402
 
 NAME = "kfactory"
@@ -43,6 +56,8 @@ NAME = "kfactory"
 #: prefill: the best repeat)
 DEFAULT_STEPS = 32
 REPEATS = 3
+#: decode runs bracketed by the read probe (--paired-rounds)
+PAIRED_ROUNDS = 3
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,6 +68,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=REPEATS, help="kfactory's timing repeats per figure")
     ap.add_argument("--design", help="kfactory's design as JSON (default: best.json's, else the default design)")
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy check against the reference")
+    ap.add_argument("--paired-rounds", type=int, default=PAIRED_ROUNDS,
+                    help="decode runs at the first context each bracketed by the read probe (0: none)")
     return ap.parse_args(argv)
 
 
@@ -152,6 +169,65 @@ def measure_kfactory(verifier, design, threads: int, contexts: list[int], prefil
                                                  "prefill": f"best of {repeats}"}}
 
 
+def read_now(threads: int, settings: Settings | None = None) -> float:
+    """The host's read bandwidth in GB/s measured now, as its cached ceiling is: the best of 1 and `threads`
+    threads (kfactory.targets.cpu.ceiling)."""
+    from kfactory.targets import get_target
+    from kfactory.targets.cpu.ceiling import measure_read_bandwidth
+    base = settings if settings is not None else Settings()
+    target = get_target("cpu", base.model_copy(update={"threads": threads}))
+    return max(measure_read_bandwidth(target, t) for t in sorted({1, threads}))
+
+
+def paired_fraction(result: dict, ceilings: dict[str, float], context: int, before: float, after: float,
+                    step_s: float) -> float | None:
+    """One round's roofline fraction of a decode step of `step_s` seconds after `context` tokens, against the
+    ceilings with the read bandwidth the larger of the probes run just before and just after it (the bound that
+    favours the engine least); the step is costed as add_roofline costs the result's timed steps."""
+    config = LlamaConfig(**result["config"])
+    cost = decode_cost(config, Formats(**result["formats"]), context + (result["decode_steps"] + 1) / 2)
+    return token_roofline(cost, {**ceilings, READ_GBPS: max(before, after)}, step_s)["fraction"]
+
+
+def measure_paired(verifier, design, result: dict, ceilings: dict[str, float], rounds: int,
+                   settings: Settings | None = None, kernels: dict | None = None) -> dict:
+    """`rounds` decode runs of kfactory's engine at the result's first context, each between two read probes
+    with the engine's child closed while they run: {"context", "rounds": [{"read_before_gbps",
+    "read_after_gbps", "decode_tokens_per_s", "fraction"}], "fraction_median", "fraction_min", "fraction_max"}
+    (fractions None where a ceiling is unknown)."""
+    from kfactory.engines.runner import EngineRunner
+    context = int(next(iter(result["decode_tokens_per_s"])))
+    steps, threads = result["decode_steps"], result["threads"]
+    lib = build_design(design, verifier.model.config, kernels or {})
+    out: list[dict] = []
+    for _ in range(rounds):
+        before = read_now(threads, settings)
+        with EngineRunner(str(verifier.package.directory), design, lib.path, context + steps + 8,
+                          cache_dir=verifier.cache_dir, timeout_s=120.0) as runner:
+            figures = runner.bench(context, steps, 1)
+        after = read_now(threads, settings)
+        step_s = 1.0 / figures.decode_tok_s
+        out.append({"read_before_gbps": before, "read_after_gbps": after, "decode_tokens_per_s": figures.decode_tok_s,
+                    "fraction": paired_fraction(result, ceilings, context, before, after, step_s)})
+    known = [r["fraction"] for r in out if r["fraction"] is not None]
+    return {"context": str(context), "rounds": out,
+            "fraction_median": float(np.median(known)) if known else None,
+            "fraction_min": min(known, default=None), "fraction_max": max(known, default=None)}
+
+
+def paired_line(result: dict) -> str | None:
+    """The paired rounds in one line, or None where none ran."""
+    p = result.get("roofline_paired")
+    if not p or not p["rounds"]:
+        return None
+    reads = [max(r["read_before_gbps"], r["read_after_gbps"]) for r in p["rounds"]]
+    fracs = ", ".join(eb._pct(r["fraction"]) for r in p["rounds"])
+    return (f"{NAME} ({result['threads']} threads): decode@{p['context']} between read probes: roof (read) {fracs} "
+            f"(median {eb._pct(p['fraction_median'])}; read {min(reads):.1f}-{max(reads):.1f} GB/s, "
+            f"{min(r['decode_tokens_per_s'] for r in p['rounds']):.1f}-"
+            f"{max(r['decode_tokens_per_s'] for r in p['rounds']):.1f} tok/s)")
+
+
 def greedy_check(verifier, design, kernels: dict | None = None) -> dict:
     """Greedy generation of the plan's tokens (64) from each of the model's prompts, kfactory's engine against
     the float64 reference (kfactory.engines.verify; the reference's answers come from its on-disk cache)."""
@@ -202,6 +278,9 @@ def run(args) -> dict:
         ours = measure_kfactory(verifier, design, threads, contexts, args.prefill, args.steps, args.repeats,
                                 kernels)
         ours = add_roofline(ours, ceilings[str(threads)])
+        if args.paired_rounds > 0 and ours["status"] == OK and contexts:
+            ours["roofline_paired"] = measure_paired(verifier, design, ours, ceilings[str(threads)],
+                                                     args.paired_rounds, fresh, kernels)
         ours["python"] = sys.executable
         print(f"  {NAME} {design.design_id()} ({threads} threads): {ours['status']} in "
               f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
@@ -224,6 +303,7 @@ def run(args) -> dict:
         "weights_format": ours.get("weights_format"),
         "decode_tokens_per_s": ours["decode_tokens_per_s"], "prefill_tokens_per_s": ours["prefill_tokens_per_s"],
         "peak_rss_mb": ours["peak_rss_mb"], "roofline_fraction": ours["roofline_fraction"],
+        "roofline_fraction_paired": ours.get("roofline_paired", {}).get("fraction_median"),
         "greedy_identical": None if greedy is None else greedy["identical"], "greedy": greedy,
         "speedup_context": first,
         "speedup_vs": speedups(ours, results, first) if first else {},
@@ -243,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("roofline", {}).get("warning"):
             print(f"{r['name']} ({r['threads']} threads): {r['roofline']['warning']}")
     print("\n".join(eb.roofline_lines(out["results"], out["ceilings"])))
+    for r in out["results"]:
+        line = paired_line(r) if r["name"] == NAME else None
+        if line:
+            print(line)
     print(f"kfactory's engine: {k['design_id']} from {k['design_source']}")
     g = k["greedy"]
     if g is not None:

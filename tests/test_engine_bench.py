@@ -27,7 +27,7 @@ def test_engine_bench_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "host_ceilings", lambda threads, settings=None: dict(CEILINGS))
     out_path = tmp_path / "bench.json"
     rc = bench.main(["--model", "tiny-llama", "--only", "numpy-ref", "--threads", "1", "--contexts", "8,16",
-                     "--prefill", "16", "--steps", "2", "--repeats", "1", "--design", "{}",
+                     "--prefill", "16", "--steps", "2", "--repeats", "1", "--design", "{}", "--paired-rounds", "0",
                      "--json", str(out_path)])
     assert rc == 0
     printed = capsys.readouterr().out
@@ -71,3 +71,31 @@ def test_engine_open_bench_times_both_arms(tmp_path):
     for arm in ("parse", "index"):
         fig = out[arm]
         assert fig["start_s"] > 0 and 0 <= fig["open_s"] + fig["prepare_s"] < fig["start_s"]
+
+
+def test_engine_bench_pairs_decode_with_the_read_probe(tmp_path, capsys):
+    """--paired-rounds: each decode run at the first context between two real read probes, its fraction against
+    the larger of them (the other ceilings the run's), and the median of the rounds in the summary."""
+    bench = _load()
+    out_path = tmp_path / "bench.json"
+    rc = bench.main(["--model", "tiny-llama", "--only", "", "--threads", "1", "--contexts", "8,16",
+                     "--prefill", "0", "--steps", "2", "--repeats", "1", "--design", "{}", "--no-greedy",
+                     "--paired-rounds", "2", "--fresh-ceilings", "--json", str(out_path)])
+    assert rc == 0
+    out = json.loads(out_path.read_text())
+    ours = out["results"][0]
+    paired = ours["roofline_paired"]
+    assert paired["context"] == "8" and len(paired["rounds"]) == 2
+    ceilings = out["ceilings"]["1"]
+    for r in paired["rounds"]:
+        assert r["read_before_gbps"] > 0 and r["read_after_gbps"] > 0 and r["decode_tokens_per_s"] > 0
+        read = max(r["read_before_gbps"], r["read_after_gbps"])
+        expected = bench.paired_fraction(ours, ceilings, 8, read, 0.0, 1 / r["decode_tokens_per_s"])
+        assert r["fraction"] == pytest.approx(expected)
+        # against a read bandwidth twice as high, the memory side halves; the fraction never grows
+        assert bench.paired_fraction(ours, ceilings, 8, 2 * read, 0.0, 1 / r["decode_tokens_per_s"]) <= expected
+    fracs = sorted(r["fraction"] for r in paired["rounds"])
+    assert paired["fraction_median"] == pytest.approx(sum(fracs) / 2)
+    assert (paired["fraction_min"], paired["fraction_max"]) == (fracs[0], fracs[-1])
+    assert out["kfactory"]["roofline_fraction_paired"] == paired["fraction_median"]
+    assert "decode@8 between read probes" in capsys.readouterr().out
