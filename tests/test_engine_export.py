@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -266,3 +267,32 @@ def test_exporting_a_spinning_design_says_its_threads_hold_their_cores(verifier,
     (note,) = said[True]
     assert "spins" in note and "GOMP_SPINCOUNT=300000" in note and "OMP_WAIT_POLICY=passive" in note
     assert said[False] == []
+
+
+def test_a_relative_out_and_an_export_again_into_the_same_directory(root, record, tmp_path, monkeypatch):
+    """--out relative to the working directory, and the module opened by a relative path (the docs' example):
+    the compiler runs inside the export, so both must be made absolute first. An export again into the same
+    directory removes the library the earlier one's module built (of the earlier design, it would refuse the new
+    weights) and keeps the user's own files; a library older than its source is built again."""
+    monkeypatch.chdir(tmp_path)
+    assert cli(root, "--format", "python", "--name", NAME, "--out", "rel/py") == 0
+    d = tmp_path / "rel" / "py"
+
+    def open_module() -> None:
+        proc = subprocess.run([sys.executable, "-I", "-c", CHILD, "py", PROMPT, "2", str(tmp_path / "l.npy")],
+                              cwd=tmp_path / "rel", capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+
+    open_module()
+    lib = d / f"lib{NAME}.so"
+    assert lib.is_file()
+    (d / "notes.txt").write_text("the user's")
+    assert cli(root, "--format", "python", "--name", NAME, "--out", "rel/py") == 0
+    assert not lib.exists() and (d / "notes.txt").read_text() == "the user's"
+    open_module()
+    built = lib.stat().st_mtime_ns
+    source = d / f"{NAME}.c"
+    later = built + 5_000_000_000
+    os.utime(source, ns=(later, later))
+    open_module()
+    assert lib.stat().st_mtime_ns > built

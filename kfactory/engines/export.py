@@ -202,6 +202,7 @@ def build_steps(name: str, units: tuple[Unit, ...]) -> list[list[str]]:
 def check_library(stage: Path, steps: list[list[str]], name: str) -> None:
     """Build libNAME.so in `stage` with the Makefile's commands and check that it exports exactly the ABI's
     functions under NAME_ (then remove it and the objects: the export ships the sources, built where it runs)."""
+    stage = stage.resolve()   # the compiler runs in `stage`: a relative path would be read from there
     out = stage / f"lib{name}.so"
     try:
         for argv in steps:
@@ -239,6 +240,21 @@ def _claim_out(out: Path, name: str) -> None:
                               "--out")
 
 
+def _clear_earlier(out: Path, name: str, files: list[str]) -> None:
+    """Remove what an earlier export under the same name left in `out` that this one does not replace: the files
+    its manifest lists, and the library its Python module or Makefile built there (libNAME.so: of the earlier
+    design, it would refuse the new weights), with that build's temporary files. Other files are the user's."""
+    try:
+        earlier = json.loads((out / "manifest.json").read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        earlier = {}   # none, or unreadable: _claim_out let it through only under this name
+    stale = {f for f in earlier if isinstance(f, str) and "/" not in f and f not in files}
+    stale |= {p.name for p in out.glob(f".lib{name}.so.*.tmp")} | {f"lib{name}.so", "manifest.json"}
+    stale |= {p.name for p in out.glob(f"{name}_op*.o")}
+    for fname in stale:
+        (out / fname).unlink(missing_ok=True)
+
+
 def spin_note(design: EngineDesign) -> str:
     """What a user of an exported spinning design should know: its idle threads hold their cores between calls
     too, and how to make them wait instead (the Python module sets the manifest's OpenMP variables only where
@@ -257,7 +273,8 @@ def export_engine(model: str, fmt: str, name: str, out_dir: Path | str, data_dir
     if fmt not in FORMATS:
         raise EngineUsageError(f"--format {fmt!r}: an engine exports as {' or '.join(FORMATS)}")
     check_name(name)
-    out, data_dir = Path(out_dir), Path(data_dir)
+    # absolute: the export's library is built with the compiler running inside the staging directory
+    out, data_dir = Path(out_dir).resolve(), Path(data_dir)
     _claim_out(out, name)
     package = load_model(model)
     chosen = chosen_engine(package, data_dir)
@@ -275,6 +292,7 @@ def export_engine(model: str, fmt: str, name: str, out_dir: Path | str, data_dir
     try:
         files = _stage_files(stage, name, fmt, package, chosen, verifier, verdict, same_object, source)
         out.mkdir(parents=True, exist_ok=True)
+        _clear_earlier(out, name, files)
         written = []
         for fname in files:
             (stage / fname).replace(out / fname)

@@ -73,7 +73,8 @@ def build_library(directory: Path, manifest: dict[str, Any]) -> Path:
     """Compile libNAME.so with the command the campaign built the engine with ($CC picks the compiler);
     written to a temporary name first, so a concurrent build never leaves half a library."""
     build = manifest["build"]
-    out = Path(directory) / build["artifact"]
+    directory = Path(directory).resolve()   # the compiler runs there: a relative path would be read from it
+    out = directory / build["artifact"]
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     cc = os.environ.get("CC") or build["cc"]
     # the linked op kernels' objects first (each compiled with its own flags), then the library
@@ -88,6 +89,19 @@ def build_library(directory: Path, manifest: dict[str, Any]) -> Path:
             raise EngineError(f"building {out.name} failed ({' '.join(argv)}):\n{proc.stderr[-4000:]}")
     os.replace(tmp, out)
     return out
+
+
+def _built_from(lib: Path, directory: Path, manifest: dict[str, Any]) -> bool:
+    """Whether `lib` exists and is newer than every source the library is built from (NAME.c and the linked op
+    kernels' NAME_opI.c): a source replaced since (an export again into the same directory) needs it built again."""
+    name = manifest["name"]
+    sources = [directory / f for f in manifest.get("files", {})
+               if f == f"{name}.c" or (f.startswith(f"{name}_op") and f.endswith(".c"))]
+    try:
+        built = lib.stat().st_mtime
+        return all(built >= s.stat().st_mtime for s in sources)
+    except OSError:
+        return False
 
 
 def read_weights(path: Path) -> tuple[np.memmap, str, tuple, list[tuple]]:
@@ -118,11 +132,11 @@ class Engine:
     set it: libgomp reads it once."""
 
     def __init__(self, directory: Path | str = HERE, ctx: int | None = None, threads: int | None = None):
-        self.directory = Path(directory)
+        self.directory = Path(directory).resolve()
         self.manifest = m = load_manifest(self.directory)
         self.name: str = m["name"]
         lib_path = self.directory / m["build"]["artifact"]
-        if not lib_path.is_file():
+        if not _built_from(lib_path, self.directory, m):
             lib_path = build_library(self.directory, m)
         for name, value in m["omp_env"].items():   # this file ships with its manifest: the same export's
             os.environ.setdefault(name, value)
