@@ -194,6 +194,29 @@ def test_generate_refuses_without_a_campaign(tmp_path, monkeypatch, capsys):
     assert "kfactory engine run tiny-llama" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty", "a list", "no design", "a bad design", "another id"])
+def test_a_damaged_best_json_is_named_with_what_to_run(root, record, tmp_path, monkeypatch, capsys, damage):
+    """best.json cut short, emptied or edited: generate and export say which file and what to run (exit 1), not
+    an internal error; the record's own best is untouched."""
+    data = tmp_path / "data"
+    shutil.copytree(root, data, ignore=shutil.ignore_patterns("*.npz"))
+    best = data / "engines" / "tiny-llama" / "best.json"
+    good = json.loads(best.read_text())
+    text = {"truncated": best.read_text()[:200], "empty": "", "a list": "[]",
+            "no design": json.dumps({k: v for k, v in good.items() if k != "design"}),
+            "a bad design": json.dumps({**good, "design": {**good["design"], "threads": 0}}),
+            "another id": json.dumps({**good, "design_id": "q4_1-other-0000000000"})}[damage]
+    best.write_text(text)
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(data))
+    assert main(["generate", "tiny-llama", "hi", "--max-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert str(best) in err and "kfactory engine run tiny-llama" in err and "internal error" not in err
+    assert main(["export", "tiny-llama", "--format", "c", "--name", "tl", "--out", str(tmp_path / "ex")]) == 1
+    err = capsys.readouterr().err
+    assert str(best) in err and "internal error" not in err
+    assert not (tmp_path / "ex").exists()
+
+
 def test_engine_run_local_runs_the_campaign_in_this_process(tmp_path, monkeypatch, capsys):
     """`--local` keeps the in-process path (the services are the default): no events, no archive."""
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))

@@ -227,7 +227,7 @@ def greedy_tokens(model: str, prompt_ids: list[int], max_tokens: int, data_dir: 
     model's eos (yielded, as Reference.generate keeps it) or after `max_tokens`. `stats` receives timings:
     start_s (the child opening the engine), prefill_s, decode_s, tokens. `opened`: the model already opened
     (opening checks the file's sha256: seconds on the real model)."""
-    from kfactory.engines.campaign import load_best
+    from kfactory.engines.campaign import BestFileError, load_best
     from kfactory.engines.design import EngineDesign
     from kfactory.engines.ops import OpKernelError, build_engine, kernels_of
     from kfactory.engines.runner import EngineRunner
@@ -236,7 +236,10 @@ def greedy_tokens(model: str, prompt_ids: list[int], max_tokens: int, data_dir: 
 
     data_dir = Path(data_dir) if data_dir is not None else Path(Settings().data_dir)
     package = load_model(model)
-    best = load_best(package.name, data_dir)
+    try:
+        best = load_best(package.name, data_dir)
+    except BestFileError as e:
+        raise EngineCommandError(str(e)) from e
     if best is None:
         raise EngineCommandError(f"no verified engine for {package.name} yet: run `kfactory engine run {model}` "
                                  "first (it writes best.json under the data dir)")

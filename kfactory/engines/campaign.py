@@ -31,6 +31,7 @@ timing (on a shared host a figure moves with the load; an effect within the nois
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from operator import attrgetter
 import time
@@ -40,7 +41,7 @@ from typing import Any, Callable
 
 from kfactory.engines.build import build
 from kfactory.engines.codegen import CodegenError, generate
-from kfactory.engines.design import SPIN_MARGIN, EngineDesign, prefer_calm, space
+from kfactory.engines.design import SPIN_MARGIN, DesignError, EngineDesign, prefer_calm, space
 from kfactory.engines.ops import OpKernel, OpKernelError, units_for
 from kfactory.engines.order import JUMP, STRATEGY, order, with_kernels
 from kfactory.engines.order import distance  # noqa: F401 (re-exported, its old home)
@@ -429,9 +430,9 @@ def write_record(out: Path, head: dict[str, Any], results: list[DesignResult], k
         "noise": noise,
         "showdown": showdown,
         "path": str(path)}
-    path.write_text(json.dumps(record, indent=1))
+    write_atomic(path, json.dumps(record, indent=1))
     if best is not None:
-        (out / "best.json").write_text(json.dumps(
+        write_atomic(out / "best.json", json.dumps(
             {"model": record["model"], "design": best.design, "design_id": best.design_id,
              "decode_tok_s": best.decode_tok_s, "prefill_tok_s": best.prefill_tok_s, "campaign": str(path),
              # only the kernels the winner links in: enough to rebuild it (ops.build_engine)
@@ -441,12 +442,41 @@ def write_record(out: Path, head: dict[str, Any], results: list[DesignResult], k
     return record
 
 
+class BestFileError(ValueError):
+    """best.json is there but does not hold a design (damaged, hand-edited, of another version): the message
+    names the file and what to run."""
+
+
 def load_best(model_name: str, data_dir: Path | None = None) -> dict[str, Any] | None:
-    """best.json of a model (its package name), or None when no campaign verified a design."""
+    """best.json of a model (its package name), or None when no campaign verified a design; BestFileError when
+    it cannot be read as one (its design must parse, and be the design its id names)."""
     if data_dir is None:
         from kfactory.platform.config import Settings
         data_dir = Path(Settings().data_dir)
     path = Path(data_dir) / "engines" / model_name / "best.json"
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    again = f"run `kfactory engine run {model_name}` again to write it afresh"
+    try:
+        best = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise BestFileError(f"{path} cannot be read ({e}): {again}") from e
+    if not isinstance(best, dict) or not isinstance(best.get("design"), dict) \
+            or not isinstance(best.get("design_id"), str) or not isinstance(best.get("kernels", {}), dict):
+        raise BestFileError(f"{path} is not a best-design record (a design, its design_id and kernels): {again}")
+    try:
+        design = EngineDesign.from_dict(best["design"])
+    except (DesignError, TypeError) as e:
+        raise BestFileError(f"{path}: its design cannot be read ({e}): {again}") from e
+    if design.design_id() != best["design_id"]:
+        raise BestFileError(f"{path}: its design is {design.design_id()}, not the {best['design_id']} it names: "
+                            f"{again}")
+    return best
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in its directory: a reader (generate, export, a second
+    campaign) finds the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

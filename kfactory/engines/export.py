@@ -36,7 +36,7 @@ import numpy as np
 
 from kfactory.engines import export_c
 from kfactory.engines.build import FLAGS, LINK, Unit, build, compiler
-from kfactory.engines.campaign import VERIFIED, load_best
+from kfactory.engines.campaign import VERIFIED, BestFileError, load_best
 from kfactory.engines.design import BOUNDED_SPINS, DesignError, EngineDesign
 from kfactory.engines.ops import OpKernelError, kernels_of, units_for
 from kfactory.engines.prepare import FORMATS as TENSOR_FORMATS, LAYOUTS, Prepared, prepare
@@ -92,7 +92,10 @@ def chosen_engine(package: ModelPackage, data_dir: Path) -> Chosen:
     it verified, or its source is gone."""
     name = package.name
     run_first = f"run `kfactory engine run {name}` first"
-    best = load_best(name, data_dir)
+    try:
+        best = load_best(name, data_dir)
+    except BestFileError as e:
+        raise NoVerifiedEngine(str(e)) from e
     if best is None:
         raise NoVerifiedEngine(f"no verified engine for {name} (no {data_dir / 'engines' / name / 'best.json'}): "
                                f"{run_first}")
@@ -100,8 +103,12 @@ def chosen_engine(package: ModelPackage, data_dir: Path) -> Chosen:
     if not record_path.is_file():
         raise NoVerifiedEngine(f"best.json of {name} names the campaign record {record_path}, which is gone: "
                                f"{run_first}")
-    record = json.loads(record_path.read_text())
-    result = record.get("best") or {}
+    try:
+        record = json.loads(record_path.read_text())
+        result = record.get("best") or {}
+    except (OSError, ValueError, AttributeError) as e:
+        raise NoVerifiedEngine(f"the campaign record {record_path} that best.json of {name} names cannot be read "
+                               f"({e}): {run_first}") from e
     if result.get("verdict") != VERIFIED or result.get("design_id") != best.get("design_id"):
         raise NoVerifiedEngine(f"the engine {best.get('design_id')} of {name} is not verified in its campaign "
                                f"record {record_path} (verdict {result.get('verdict')!r}): {run_first}")
