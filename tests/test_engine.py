@@ -194,6 +194,23 @@ def test_compile_failure_is_a_result(tmp_path):
     assert not res.ok and res.path is None and "error" in res.log
 
 
+def test_a_damaged_cached_object_is_built_again(tmp_path):
+    """The build cache serves an object only while it is the one built: cut short, or cached before its digest
+    was kept, it is compiled again (not loaded, where it would crash every engine that links it)."""
+    source = "int kf_answer(void) { return 42; }\n"
+    first = build(source, tmp_path)
+    assert first.ok and not first.cached
+    whole = first.path.read_bytes()
+    again = build(source, tmp_path)
+    assert again.cached and again.path == first.path
+    first.path.write_bytes(whole[:1000])
+    rebuilt = build(source, tmp_path)
+    assert rebuilt.ok and not rebuilt.cached and rebuilt.path.read_bytes() == whole
+    first.path.with_name(first.path.name + ".sha256").unlink()
+    assert not build(source, tmp_path).cached
+    assert build(source, tmp_path).cached
+
+
 def test_vnni_design_refuses_to_build_without_vnni(verifier, tmp_path):
     """The integer decode's build names what the processor lacks instead of running another kernel."""
     res = build(generate(EngineDesign(q4_decode="vnni"), verifier.model.config), tmp_path, ("-mno-avx512vnni",))

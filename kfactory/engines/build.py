@@ -2,7 +2,8 @@
 
 The system C compiler (`cc`, or $CC / Settings.cc) builds `-O3 -march=native -fPIC -shared -fopenmp` (the
 kernels' AVX2/FMA/F16C paths are chosen by -march=native; OpenMP runs the threads). The object lands in
-<data_dir>/engines/<sha256 of compiler, flags and source>.so: building the same source again is a lookup.
+<data_dir>/engines/<sha256 of compiler, flags and source>.so, its own sha256 beside it (.so.sha256): building the
+same source again is a lookup, and an object that is not the one built (damaged since) is built again.
 A compile failure is a `BuildResult` with ok False and the compiler's log, never an exception; only a
 missing compiler or an unwritable cache directory (the environment, not the source) raises.
 """
@@ -78,7 +79,7 @@ def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ..
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"{key}.so"
     cmd = [cc, "-x", "c", *flags, "-o", str(out), "-", "-x", "none", *LINK]
-    if out.is_file():
+    if _intact(out):
         return BuildResult(True, out, "", 0.0, True, " ".join(cmd))
     (cache / f"{key}.c").write_text(source)   # kept beside the object: what ran is readable afterwards
     for i, unit in enumerate(units):
@@ -93,9 +94,34 @@ def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ..
         result = _run(cmd, source)
         if not result.ok:
             return result
+        _seal(tmp_out, out)
         os.replace(tmp_out, out)   # atomic: a concurrent build of the same key finds a whole object or none
     cmd[cmd.index(str(tmp_out))] = str(out)
     return BuildResult(True, out, result.log, time.perf_counter() - t0, False, " ".join(cmd))
+
+
+def _digest_path(obj: Path) -> Path:
+    return obj.with_name(obj.name + ".sha256")
+
+
+def _seal(built: Path, out: Path) -> None:
+    """Record the sha256 of the object `built` that is about to become `out`, beside it (written first: a
+    digest without its object is a miss, an object without its digest too)."""
+    digest = _digest_path(out)
+    tmp = digest.with_name(f".{digest.name}.{os.getpid()}.tmp")
+    tmp.write_text(hashlib.sha256(built.read_bytes()).hexdigest())
+    os.replace(tmp, digest)
+
+
+def _intact(out: Path) -> bool:
+    """Whether the cached object `out` is the one its build wrote: its sha256 is the one recorded beside it. A
+    cut-short or damaged object (a full disk, a crash, a hand) would load as a crash in every engine that uses
+    it, a fault of the design's; it is built again instead. An object cached before digests were kept is built
+    again once."""
+    try:
+        return hashlib.sha256(out.read_bytes()).hexdigest() == _digest_path(out).read_text().strip()
+    except OSError:
+        return False
 
 
 def _run(cmd: list[str], source: str) -> BuildResult:
