@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 from conftest import kernel_source
+from kfactory.engines.build import build as engine_build
 from kfactory.judge.checks import InputPool
 from kfactory.judge.measure import measure
 from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
 from kfactory.sandbox.parent import RunnerCrashed, RunnerTimeout
 from kfactory.targets import UnknownTarget, get_target
+from kfactory.targets.base import CompilerInterrupted
 from kfactory.targets.cpu.target import cpu_identity
 from kfactory.v1 import events_pb2 as pb
 
@@ -50,6 +52,26 @@ def test_compile_error_is_typed_with_the_log(target):
     res = target.compile("void kernel( {", "c", "-O2", "kernel")
     assert not res.ok and res.reason == pb.COMPILE_ERROR
     assert "error" in res.log and res.report.compiler.startswith(target.settings.cc)
+
+
+@pytest.mark.parametrize("signal_name, interrupted", [("INT", True), ("TERM", True), ("SEGV", False)])
+def test_a_compiler_stopped_from_outside_is_no_verdict(settings, tmp_path, monkeypatch, signal_name, interrupted):
+    """A compiler a Ctrl-C or a shutdown stopped (its whole process group gets the signal) raises
+    CompilerInterrupted, so the compiler service's message is retried instead of answered with a compile error
+    of the candidate; a compiler that crashed by itself is still a typed compile failure. The engine build too."""
+    cc = tmp_path / "cc"
+    cc.write_text(f"#!/bin/sh\nkill -{signal_name} $$\n")
+    cc.chmod(0o755)
+    stopped = get_target("cpu", settings.model_copy(update={"cc": str(cc)}))
+    if interrupted:
+        with pytest.raises(CompilerInterrupted, match=f"stopped by SIG{signal_name}"):
+            stopped.compile("void kernel(void) {}", "c", "-O2", "kernel")
+        monkeypatch.setenv("CC", str(cc))
+        with pytest.raises(CompilerInterrupted):
+            engine_build("int kf_x(void) { return 1; }\n", tmp_path / "engines")
+    else:
+        res = stopped.compile("void kernel(void) {}", "c", "-O2", "kernel")
+        assert not res.ok and res.reason == pb.COMPILE_ERROR and "exited with -11" in res.message
 
 
 def test_unresolved_symbol_fails_at_compile_time(target):

@@ -45,22 +45,25 @@ def test_a_mistake_is_one_line_and_exit_2_before_anything_starts(tmp_path, host_
 
 
 def test_ctrl_c_cancels_the_campaign_and_writes_what_finished(tmp_path, host_ceilings):
+    """Ctrl-C as a terminal sends it: to the whole process group, the embedded nats-server and the compilers
+    too. The bus stays up until the campaign has said it was cancelled, and a compile the signal stopped is not a
+    compile failure of its candidate."""
     summary = tmp_path / "out.json"
     proc = subprocess.Popen([*KFACTORY, "run", "softmax", "--target", "cpu", "--budget", "40", "--warm", "0",
                              "--json", str(summary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(tmp_path, host_ceilings), cwd=tmp_path)
+                            env=_env(tmp_path, host_ceilings), cwd=tmp_path, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         for line in proc.stderr:  # progress lines: "  12s proposed 3 compiled 2 verified 1 ..."
             if " verified " in line and " verified 0 " not in line:
                 break
             assert time.monotonic() < deadline, "no candidate verified within 120 s"
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    assert "Traceback" not in err, err
+    assert "Traceback" not in err and "internal error" not in err, err
     note = [line for line in err.splitlines() if line.startswith("interrupted: campaign ")]
     assert len(note) == 1 and note[0].endswith("was cancelled; the report and summary hold what finished before "
                                                "Ctrl-C"), err

@@ -56,7 +56,12 @@ class EmbeddedNats:
         if self.user:
             args += ["--user", self.user, "--pass", self.password or ""]
         log = open(self.store_dir / "nats.log", "ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        # a process group of its own: a Ctrl-C reaches the terminal's whole group, and a server stopped by it
+        # at once would take the bus away while the campaign still publishes its cancellation and summary;
+        # this process stops it last (stop()). With setpriv at hand the kernel also stops it should this
+        # process die without stopping it (killed), as the shared group did before.
+        guard = [setpriv, "--pdeathsig", "TERM", "--"] if (setpriv := shutil.which("setpriv")) else []
+        self.proc = subprocess.Popen([*guard, *args], stdout=log, stderr=subprocess.STDOUT, process_group=0)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

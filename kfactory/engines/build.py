@@ -5,7 +5,8 @@ kernels' AVX2/FMA/F16C paths are chosen by -march=native; OpenMP runs the thread
 <data_dir>/engines/<sha256 of compiler, flags and source>.so, its own sha256 beside it (.so.sha256): building the
 same source again is a lookup, and an object that is not the one built (damaged since) is built again.
 A compile failure is a `BuildResult` with ok False and the compiler's log, never an exception; only a
-missing compiler or an unwritable cache directory (the environment, not the source) raises.
+missing compiler, an unwritable cache directory or a compiler stopped from outside (CompilerInterrupted: the
+environment, not the source) raises.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from kfactory.targets.base import check_not_interrupted
 
 #: flags of every engine build; -z defs makes an unresolved symbol a build failure, not a load failure
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp")
@@ -133,6 +136,7 @@ def _run(cmd: list[str], source: str) -> BuildResult:
         return BuildResult(False, None, f"the compiler ran past {COMPILE_TIMEOUT_S} s", COMPILE_TIMEOUT_S,
                            False, " ".join(cmd))
     seconds = time.perf_counter() - t0
+    check_not_interrupted(proc.returncode, cmd[0])
     if proc.returncode != 0:
         return BuildResult(False, None, proc.stderr[-20000:] or f"{cmd[0]} exited with {proc.returncode}",
                            seconds, False, " ".join(cmd))

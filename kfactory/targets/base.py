@@ -1,12 +1,30 @@
 """The target interface: compile a candidate, run it in a runner, time it, describe the device."""
 from __future__ import annotations
 
+import signal
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kfactory.v1 import events_pb2 as pb
+
+
+#: signals that stop a compiler from outside: a Ctrl-C reaches every process of the terminal's process group, a
+#: shutdown or a lost terminal ends the rest; a compiler stopped by one says nothing of the source it compiled
+INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+class CompilerInterrupted(RuntimeError):
+    """The compiler was stopped from outside before it finished (INTERRUPTS): no verdict on the source, the work
+    is to be done again (raised, so the compiler service's message is retried, not answered)."""
+
+
+def check_not_interrupted(returncode: int, command: str) -> None:
+    """Raise CompilerInterrupted when `returncode` (subprocess's: -N for a death by signal N) is one of
+    INTERRUPTS'."""
+    if returncode < 0 and -returncode in INTERRUPTS:
+        raise CompilerInterrupted(f"{command} was stopped by {signal.Signals(-returncode).name} before it finished")
 
 
 @dataclass

@@ -19,7 +19,7 @@ from kfactory.targets.cpu.ceiling import ceilings
 from kfactory.targets.cpu.cpuinfo import cpu_flags, read_cpuinfo
 from kfactory.targets.cpu.rules import check_imports, check_source
 from kfactory.targets.flags import FlagRefused, check_flags
-from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target
+from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target, check_not_interrupted
 from kfactory.sandbox.shm_args import bench_bytes, build_argset, call_bytes, sequence_results, stage_steps
 from kfactory.v1 import events_pb2 as pb
 
@@ -127,6 +127,7 @@ class CpuTarget(Target):
             log = proc.stderr[-20000:]
             report = pb.CompileReport(compiler=" ".join(cmd), seconds=time.perf_counter() - t0,
                                       log_excerpt=log[:2000], warnings=log.count("warning:"))
+            check_not_interrupted(proc.returncode, self.settings.cc)
             if proc.returncode != 0:
                 return CompileResult(False, report, log=log, reason=pb.COMPILE_ERROR,
                                      message=f"{self.settings.cc} exited with {proc.returncode}")
