@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -258,6 +263,37 @@ def test_engine_run_services_prints_the_report_and_writes_the_record(tmp_path, h
     assert main(["best", "engine_tiny_llama"]) == 0
     out = capsys.readouterr().out
     assert "kfactory export tiny-llama --format c|python" in out and "--format c|python|torch" not in out
+
+
+def test_ctrl_c_of_an_engine_campaign_cancels_it_and_exits_130(tmp_path, host_ceilings):
+    """Ctrl-C as a terminal sends it (to the whole process group): the campaign ends cancelled, in the archive
+    too, with its record; exit 130; no compile the signal stopped is a handler failure or a compile error."""
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(host_ceilings, data / "ceilings.json")
+    env = {**os.environ, "KFACTORY_DATA_DIR": str(data), "KFACTORY_REPORT_DIR": str(tmp_path / "reports")}
+    proc = subprocess.Popen([sys.executable, "-m", "kfactory.cli.main", "engine", "run", "tiny-llama", "--budget",
+                             "24", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        for line in proc.stdout:   # progress: "[1/24] <design>: verified, ..."
+            if line.startswith("[1/24]"):
+                break
+            assert time.monotonic() < deadline, "no design finished within 180 s"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "internal error" not in err and "handler failed" not in err, err
+    assert "interrupted: campaign " in err and ": cancelled (interrupted by Ctrl-C)" in out
+    status = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "status"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert " cancelled " in status.stdout and " running " not in status.stdout, status.stdout
+    events = Archive(data / "archive.sqlite").events()
+    failed = [e.compile_failed.message for e in events if e.HasField("compile_failed")]
+    assert not failed, failed
 
 
 def test_kernel_commands_point_an_engine_problem_to_the_engine_commands(tmp_path, monkeypatch, capsys):

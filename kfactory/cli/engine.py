@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from kfactory.models import GGUFModel
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
+#: Ctrl-C (128 + SIGINT), as `kfactory run` and shells give it
+EXIT_INTERRUPTED = 130
 
 
 class EngineCommandError(Exception):
@@ -185,6 +187,10 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
     print(f"record: {record['path']}; report: {record['report']}")
     if args.json_out:
         args.json_out.write_text(json.dumps(record, indent=1))
+    if record.get("interrupted"):
+        print(f"interrupted: campaign {record['campaign_id']} was cancelled; the record and report hold what "
+              "finished before Ctrl-C", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0 if record["best"] is not None else EXIT_FAILED
 
 

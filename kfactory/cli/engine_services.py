@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 from kfactory.bus.base import Bus
 from kfactory.bus.errors import ArtifactMissing
 from kfactory.engines.build import build
-from kfactory.cli.run import _wait_archived, local_services, write_report
+from kfactory.cli.run import _wait_archived, interrupt_cancels, local_services, write_report
 from kfactory.engines import pipeline
 from kfactory.engines.campaign import DesignResult
 from kfactory.engines.ops import OpKernel
@@ -42,7 +42,7 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
     times the verified designs again after the search: the spec's timing rounds, the noise timing and the
     showdown, kfactory/engines/finale.py) and for memory to archive it, and write the record from the archived
     events; return the record (its "campaign_state" is the planner's final state: completed, cancelled,
-    expired, failed)."""
+    expired, failed; "interrupted" whether a Ctrl-C cancelled it)."""
     from kfactory.models import load_model
 
     # refused before any server starts, naming the field (as `kfactory run` does); SpecError to the caller
@@ -56,11 +56,12 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
             raise ServicesFailed(str(e)) from e
         st = planner.campaigns[cid]
         shown: set[str] = set()
-        while st.finished is None and not running.stop.is_set():
-            await asyncio.sleep(0.5)
-            if (failure := running.failed()) is not None:
-                raise ServicesFailed(f"a service failed: {failure}") from failure
-            _show(memory, cid, Path(settings.data_dir), shown, progress)
+        with interrupt_cancels(planner, cid) as interrupted:   # Ctrl-C: the campaign ends cancelled, recorded
+            while st.finished is None and not running.stop.is_set():
+                await asyncio.sleep(0.5)
+                if (failure := running.failed()) is not None:
+                    raise ServicesFailed(f"a service failed: {failure}") from failure
+                _show(memory, cid, Path(settings.data_dir), shown, progress)
         await _wait_archived(memory, cid)
         _show(memory, cid, Path(settings.data_dir), shown, progress)
         events = memory.archive.events(campaign=cid)
@@ -72,6 +73,7 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
         record["report"] = str(write_report(settings, memory, cid))
         record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
         record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
+        record["interrupted"] = interrupted.is_set()
         return record
 
 

@@ -72,7 +72,7 @@ async def run_campaign(settings, spec, args) -> int:
             print(f"kfactory run: {e}", file=sys.stderr)
             return 1
         st = planner.campaigns[cid]
-        with _interrupt_cancels(planner, cid) as interrupted:
+        with interrupt_cancels(planner, cid) as interrupted:
             await _follow(st, running, console, args.quiet)
         if (failure := running.failed()) is not None:
             raise failure
@@ -107,7 +107,7 @@ async def local_services(settings, embedded_nats: bool = True):
 
 
 @contextlib.contextmanager
-def _interrupt_cancels(planner, cid: str):
+def interrupt_cancels(planner, cid: str):
     """While the campaign runs, the first Ctrl-C cancels it (the run then ends as a cancelled campaign, with its
     report); a second one interrupts at once, as Ctrl-C does by default."""
     loop = asyncio.get_running_loop()

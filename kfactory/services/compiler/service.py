@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kfactory.bus import events as ev
-from kfactory.bus.outcomes import Ack, Delivery, Leave, Outcome, Term
+from kfactory.bus.outcomes import Ack, Delivery, Leave, Nak, Outcome, Term
 from kfactory.bus.errors import ArtifactMissing
 from kfactory.bus.topology import Stage
 from kfactory.engines.stages import is_engine
@@ -10,7 +10,12 @@ from kfactory.engines.stages.compiler import compile_engine
 from kfactory.judge.screening import prune
 from kfactory.judge.order import compile_workers, first_judge_stage
 from kfactory.platform.service import Service
+from kfactory.targets.base import CompilerInterrupted
 from kfactory.v1 import events_pb2 as pb
+
+
+#: seconds before a compile a signal stopped is delivered again (a shutdown is usually over by then)
+INTERRUPTED_RETRY_S = 5.0
 
 
 class CompilerService(Service):
@@ -37,10 +42,15 @@ class CompilerService(Service):
                 return self.busy()
             target, problem = self.ctx.target(cand.target), self.ctx.problem(cand.problem)
             engine = is_engine(problem)  # a whole engine is built by kfactory/engines/stages/compiler.py
-            if engine:
-                res = await self.work(compile_engine, source, cand.params_json, self.settings.data_dir, part="compile")
-            else:
-                res = await self.work(target.compile, source, cand.language, cand.compile_flags, cand.entry)
+            try:
+                if engine:
+                    res = await self.work(compile_engine, source, cand.params_json, self.settings.data_dir,
+                                          part="compile")
+                else:
+                    res = await self.work(target.compile, source, cand.language, cand.compile_flags, cand.entry)
+            except CompilerInterrupted as e:   # a Ctrl-C or a shutdown, not the source: compiled again later
+                self.log.warning("compile interrupted; redelivered", candidate=cand.id, error=str(e))
+                return Nak(INTERRUPTED_RETRY_S, str(e))
             if not await self.still_ours(lock):
                 return Leave()  # a newer holder of this candidate's lock writes the result (and acks)
             cand.fence = lock.fence
