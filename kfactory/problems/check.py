@@ -1,7 +1,8 @@
 """`kfactory problems check`: what would break a campaign of a problem package, found before any service runs.
 
-The reference runs on the smallest verification shape with every declared input distribution, and its
-outputs are checked against the ABI (names, shapes, finite where the inputs are); every family is rendered at
+The reference runs on the smallest verification shapes with every declared input distribution, and its
+outputs are checked against the ABI (names, numeric arrays, shapes, finite where the inputs are, the same twice,
+its inputs left as they were); every family is rendered at
 one valid point, with its flags through the compile-flag whitelist. Each problem is one line that names the file
 (and the line, for a template). `kfactory run` and the planner's submit run the same checks first.
 """
@@ -37,34 +38,62 @@ def problems_of(problem: Problem) -> list[str]:
     return found
 
 
-def smallest_shape(problem: Problem) -> dict[str, int]:
-    """The verification shape with the fewest elements (the optimisation shapes when none is declared)."""
-    return min(problem.shapes("verify") or problem.shapes("optimize"), key=lambda s: math.prod(s.values()))
+#: verification shapes (the smallest first) the reference runs on before a campaign: one shape alone is often
+#: 1x1, where a transposed or broadcast answer still has the right shape
+CHECK_SHAPES = 2
 
 
 def check_reference(problem: Problem) -> None:
-    """Run the reference on the smallest verification shape, every distribution; raise ReferenceFailed with
-    the file and what went wrong."""
-    shape = smallest_shape(problem)
-    for dist in problem.spec.distributions:
-        run_reference(problem, inp.draw(problem, shape, dist, seed=1), shape, dist)
+    """Run the reference on the CHECK_SHAPES smallest verification shapes, every distribution, twice on the
+    smallest: its outputs as the ABI declares them, finite where every input is, the same answer for the same
+    inputs, its inputs untouched; raise ReferenceFailed with the file and what went wrong."""
+    shapes = sorted(problem.shapes("verify") or problem.shapes("optimize"), key=lambda s: math.prod(s.values()))
+    path = problem.directory / "reference.py"
+    for i, shape in enumerate(shapes[:CHECK_SHAPES]):
+        for dist in problem.spec.distributions:
+            x = inp.draw(problem, shape, dist, seed=1)
+            out = run_reference(problem, x, shape, dist)
+            where = f"(shape {problem.shape_str(shape)}, distribution {dist})"
+            finite_in = all(np.isfinite(v).all() for v in x.values() if np.asarray(v).dtype.kind == "f")
+            for t in problem.spec.outputs:
+                if finite_in and out[t.name].dtype.kind == "f" and not np.isfinite(out[t.name]).all():
+                    raise ReferenceFailed(f"{path}: reference() output {t.name!r} holds NaN or inf where every "
+                                          f"input is finite {where}; the judge would hold kernels to it")
+            if i == 0:
+                again = run_reference(problem, x, shape, dist)
+                if any(np.asarray(out[t.name]).tobytes() != np.asarray(again[t.name]).tobytes()
+                       for t in problem.spec.outputs):
+                    raise ReferenceFailed(f"{path}: reference() gave two answers for the same inputs {where}; the "
+                                          "truth a kernel is judged against must not change (a random draw or "
+                                          "global state inside it?)")
 
 
 def run_reference(problem: Problem, x: dict, shape: dict[str, int], dist: str) -> dict:
     """The problem's float64 reference outputs for inputs `x`; ReferenceFailed (the problem's fault, never a
     candidate's) when the user's reference.py raises or returns what the ABI does not declare."""
     path = problem.directory / "reference.py"
+    # the judge hands these same inputs to the kernels: they must come back as they went in (bytes: NaN too)
+    before = {k: (v, np.asarray(v).tobytes()) for k, v in x.items()}
     try:
         # the problem's scalar parameters as keyword arguments (kfactory.problems.params); none when it has none
         out = problem.reference.reference(x, **problem.params)
     except ProblemError:
         raise
+    except SystemExit as e:   # not an Exception: it would end the verifier (or the command) without a word
+        raise ReferenceFailed(f"{path}: reference() called sys.exit({e.code!r}) (shape {problem.shape_str(shape)}, "
+                              f"distribution {dist}); it must return its outputs") from e
     except Exception as e:  # noqa: BLE001 (the user's code: any error is this problem's, reported with its type)
         hint = ""
         if isinstance(e, TypeError) and problem.params and "argument" in str(e):
             hint = f"; it is called as reference(inputs, {', '.join(f'{k}=...' for k in problem.params)})"
         raise ReferenceFailed(f"{path}: reference() raised {type(e).__name__}: {e} (shape "
                               f"{problem.shape_str(shape)}, distribution {dist}){hint}") from e
+    for k, (array, data) in before.items():
+        if x.get(k) is not array or np.asarray(array).tobytes() != data:
+            # the kernels would be judged on other inputs than the reference's answer was computed from
+            raise ReferenceFailed(f"{path}: reference() wrote into its input {k!r} (shape {problem.shape_str(shape)}, "
+                                  f"distribution {dist}); copy an input before changing it (x = x.copy(), no "
+                                  "in-place operations on the inputs)")
     _check_outputs(problem, path, out, shape, dist)
     return out
 
@@ -77,11 +106,26 @@ def _check_outputs(problem: Problem, path: Path, out, shape: dict[str, int], dis
     for t in problem.spec.outputs:
         if t.name not in out:
             raise ReferenceFailed(f"{path}: reference() returned no {t.name!r} (it returned {sorted(out)}) {where}")
+        value = out[t.name]
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "fiub":
+            raise ReferenceFailed(f"{path}: reference() output {t.name!r} is {_kind(value)}, not a numpy array of "
+                                  f"numbers {where}")
+        if t.dtype in FLOAT_DTYPES and value.dtype.kind != "f":
+            raise ReferenceFailed(f"{path}: reference() output {t.name!r} is {value.dtype}, for a {t.dtype} output "
+                                  f"the reference computes in floating point (float64) {where}")
         want = problem.tensor_shape(t, shape)
-        got = np.shape(out[t.name])
+        got = np.shape(value)
         if tuple(got) != want:
             raise ReferenceFailed(f"{path}: reference() output {t.name!r} has shape {tuple(got)}, the ABI says "
                                   f"{want} {where}")
+
+
+#: the spec's floating dtypes: their reference outputs must be floating too
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def _kind(value) -> str:
+    return f"a numpy array of {value.dtype}" if isinstance(value, np.ndarray) else f"a {type(value).__name__}"
 
 
 def family_problem(family) -> str:

@@ -83,7 +83,11 @@ def import_file(name: str, path: Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ProblemError(f"{path}: cannot be imported as a Python module")
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)
+    except SystemExit as e:   # not an Exception: it would end the service (or the command) without a word
+        raise ProblemError(f"{path}: importing it called sys.exit({e.code!r}); a problem's file must define "
+                           "functions, not end the program") from e
     return mod
 
 
