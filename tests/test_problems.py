@@ -44,11 +44,48 @@ def test_every_template_point_renders_to_distinct_sources():
     (lambda s: s["distributions"]["normal"]["x"].update(std=-1), "distributions.normal.x.std"),
     (lambda s: s["abi"]["cpu"]["args"].append("z"), "abi.cpu.args: ['z']"),
     (lambda s: s.update(colour="blue"), "colour: Extra inputs are not permitted"),
+    # found by a probe of user packages: each passed the loader and failed in a campaign, or as an internal error
+    (lambda s: s["cost"].update(bytes="8 * rows * colz"), "cost.bytes: '8 * rows * colz' cannot be evaluated"),
+    (lambda s: s["cost"].update(bytes="rows - 2 * rows"), "cost.bytes: 'rows - 2 * rows' is -"),
+    (lambda s: s["cost"].update(flops="-rows"), "cost.flops: '-rows' is -"),
+    (lambda s: s["distributions"]["uniform"]["x"].update(low=8.0, high=-8.0), "high (-8.0) is below low (8.0)"),
+    (lambda s: s["outputs"][0].update(shape=["rows", -4]), "shape sizes [-4] must be >= 1"),
+    (lambda s: s["tolerance"]["float32"].update(atol=float("inf")), "tolerance.float32.atol: Input should be a "
+                                                                    "finite number"),
+    (lambda s: s["distributions"]["normal"]["x"].update(mean=float("nan")), "distributions.normal.x.mean"),
+    (lambda s: s["shapes"]["optimize"][0].update(rows=True), "Input should be a valid integer"),
 ])
 def test_bad_spec_names_the_field(tmp_path, edit, needle):
     with pytest.raises(ProblemError) as e:
         load_problem(_broken(tmp_path, edit))
     assert needle in str(e.value) and "problem.yaml" in str(e.value)
+
+
+def _family_edit(tmp_path, edit) -> str:
+    dst = tmp_path / "p"
+    shutil.copytree(BUILTIN_DIR / "softmax", dst)
+    fam = dst / "families" / "cpu_c" / "family.yaml"
+    spec = yaml.safe_load(fam.read_text())
+    edit(spec)
+    fam.write_text(yaml.safe_dump(spec))
+    return str(dst)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda f: f["constraints"].append("vec < 8 or widht > 0"), "constraints[{n}] of family cpu_c: 'vec < 8 or "
+                                                                "widht > 0' uses 'widht'"),
+    (lambda f: f["constraints"].append("vec * * unroll"), "constraints[{n}] of family cpu_c: 'vec * * unroll' is "
+                                                          "not an expression"),
+    (lambda f: f["launch"].update(threads="thredas"), "launch.threads of family cpu_c: 'thredas' uses 'thredas'"),
+])
+def test_a_family_expression_that_cannot_be_evaluated_is_refused_at_load(tmp_path, edit, needle):
+    """A misspelt name behind a short circuit used to pass `problems check` (only the first point is evaluated)
+    and end the campaign's strategy; the message now names family.yaml and the entry."""
+    n = len(yaml.safe_load((BUILTIN_DIR / "softmax" / "families" / "cpu_c" / "family.yaml").read_text())
+            .get("constraints", []))
+    with pytest.raises(ProblemError) as e:
+        load_problem(_family_edit(tmp_path, edit))
+    assert "family.yaml" in str(e.value) and needle.format(n=n) in str(e.value), str(e.value)
 
 
 def test_unknown_problem_lists_the_known_ones():

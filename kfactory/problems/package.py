@@ -6,6 +6,7 @@ so whatever builds a problem another way (the replay target's recorded spaces) c
 """
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.util
 import itertools
@@ -21,7 +22,7 @@ import jinja2
 import jinja2.meta
 from simpleeval import InvalidExpression
 
-from kfactory.platform.expressions import evaluate
+from kfactory.platform.expressions import FUNCTIONS, evaluate
 from kfactory.problems.spec import FamilySpec, ProblemSpec
 
 #: a source file's language from its suffix
@@ -45,6 +46,11 @@ def safe_eval(expr: str, names: dict) -> Any:  # what the expression computes: a
         return evaluate(expr, names)
     except (InvalidExpression, SyntaxError, TypeError, ZeroDivisionError) as e:
         raise ProblemError(f"cannot evaluate {expr!r} with {names}: {e}") from e
+
+
+def expression_names(expr: str) -> set[str]:
+    """The names a spec expression reads (SyntaxError when it is not one)."""
+    return {n.id for n in ast.walk(ast.parse(expr.strip(), mode="eval")) if isinstance(n, ast.Name)}
 
 
 def _where(e: jinja2.TemplateError, default: Path) -> str:
@@ -142,6 +148,20 @@ class Family:
         if unknown := sorted(used - known):
             raise ProblemError(f"{self.directory / 'family.yaml'}: compile_flags of family {self.name} uses "
                                f"{unknown[0]!r}, which is {self._neither()}")
+        # constraints and the threads rule see the point's parameters only; checked whole here, since evaluating
+        # them at points skips what short-circuits (`a or widht > 0`) and the first point may never reach it
+        exprs = [(f"constraints[{i}]", c) for i, c in enumerate(self.spec.constraints)]
+        exprs += [("launch.threads", self.spec.launch["threads"])] if "threads" in self.spec.launch else []
+        for where, expr in exprs:
+            try:
+                names = expression_names(expr)
+            except SyntaxError as e:
+                raise ProblemError(f"{self.directory / 'family.yaml'}: {where} of family {self.name}: {expr!r} is "
+                                   f"not an expression ({e.msg})") from e
+            if unknown := sorted(names - set(self.spec.params) - set(FUNCTIONS) - {"True", "False"}):
+                raise ProblemError(f"{self.directory / 'family.yaml'}: {where} of family {self.name}: {expr!r} "
+                                   f"uses {unknown[0]!r}, which is not a parameter of the family "
+                                   f"({', '.join(self.spec.params)})")
 
     def _neither(self) -> str:
         return (f"neither a parameter of the family ({', '.join(self.spec.params)}) nor a param of the problem "
@@ -153,7 +173,10 @@ class Family:
             return False
         if any(params[k] not in vals for k, vals in self.spec.params.items()):
             return False
-        return all(bool(safe_eval(c, params)) for c in self.spec.constraints)
+        try:
+            return all(bool(safe_eval(c, params)) for c in self.spec.constraints)
+        except ProblemError as e:
+            raise ProblemError(f"{self.directory / 'family.yaml'}: constraints of family {self.name}: {e}") from e
 
     def points(self) -> list[dict]:
         """Every valid design point, in a fixed order."""

@@ -6,7 +6,10 @@ import math
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from simpleeval import InvalidExpression
+
+from kfactory.platform.expressions import evaluate
 
 from kfactory.problems.params import JINJA_RESERVED, c_param_types, check_c_type
 
@@ -56,18 +59,20 @@ class Distribution(_Strict):
     scales); `special_fraction` of the blocks are edge cases instead (scale 0, every code at its largest or
     smallest value, a negative scale)."""
     kind: Literal["normal", "uniform", "constant", "ggml_q4_1", "ggml_q8_0"]
-    mean: float = 0.0
-    std: float = Field(1.0, gt=0)
-    low: float = -1.0
-    high: float = 1.0
+    mean: float = Field(0.0, allow_inf_nan=False)
+    std: float = Field(1.0, gt=0, allow_inf_nan=False)
+    low: float = Field(-1.0, allow_inf_nan=False)
+    high: float = Field(1.0, allow_inf_nan=False)
     value: float = 0.0
     neg_inf_fraction: float = Field(0.0, ge=0, lt=1)
     transform: Literal["none", "sigmoid", "logsigmoid"] = "none"
-    factor: float = 1.0
+    factor: float = Field(1.0, allow_inf_nan=False)
     special_fraction: float = Field(0.0, ge=0, le=1)
 
     @model_validator(mode="after")
     def _options_fit_the_kind(self) -> "Distribution":
+        if self.kind == "uniform" and self.high < self.low:
+            raise ValueError(f"uniform: high ({self.high}) is below low ({self.low})")
         ggml = self.kind in GGML_BLOCK_BYTES
         if ggml and (self.neg_inf_fraction or self.transform != "none" or self.factor != 1.0):
             raise ValueError(f"kind {self.kind} draws GGUF blocks: neg_inf_fraction, transform and factor do not "
@@ -78,14 +83,16 @@ class Distribution(_Strict):
 
 
 class Tolerance(_Strict):
-    atol: float = Field(ge=0)
-    rtol: float = Field(ge=0)
-    norm_rel: float = Field(gt=0)
+    # finite: an infinite tolerance passes any output, an empty one included
+    atol: float = Field(ge=0, allow_inf_nan=False)
+    rtol: float = Field(ge=0, allow_inf_nan=False)
+    norm_rel: float = Field(gt=0, allow_inf_nan=False)
 
 
 class Shapes(_Strict):
-    optimize: list[dict[str, int]] = Field(min_length=1)
-    verify: list[dict[str, int]] = []
+    # strict: YAML's `true` is no size
+    optimize: list[dict[str, StrictInt]] = Field(min_length=1)
+    verify: list[dict[str, StrictInt]] = []
 
 
 class Cost(_Strict):
@@ -222,6 +229,8 @@ class ProblemSpec(_Strict):
             bad = [d for d in t.shape if isinstance(d, str) and d not in syms]
             if bad:
                 raise ValueError(f"tensor {t.name!r}: shape uses {bad} which are not in symbols {self.symbols}")
+            if fixed := [d for d in t.shape if not isinstance(d, str) and d < 1]:
+                raise ValueError(f"tensor {t.name!r}: shape sizes {fixed} must be >= 1")
             if t.dtype == "uint8" and t in self.outputs:
                 # outputs are judged against a float64 reference within tolerances; bytes would need an exact
                 # rule, which the judge does not have
@@ -235,6 +244,7 @@ class ProblemSpec(_Strict):
             if any(v < 1 for v in shape.values()):
                 raise ValueError(f"shape {shape}: every size must be >= 1")
             self._fits(shape)
+            self._cost_at(shape)
         names = {t.name for t in self.inputs}
         for dname, d in self.distributions.items():
             if set(d) != names:
@@ -255,6 +265,20 @@ class ProblemSpec(_Strict):
                     if why := check_c_type(self.params[name].type, types.get(name), self.params[name]):
                         raise ValueError(f"abi.{target}.signature: param {name!r}: {why}")
         return self
+
+    def _cost_at(self, shape: dict[str, int]) -> None:
+        """cost.bytes and cost.flops at a declared shape: finite numbers of at least 0 (a campaign measures every
+        kernel's bandwidth and speed-of-light floor with them; 0 has none, as a recorded tuning space)."""
+        for field_name in ("bytes", "flops"):
+            expr = getattr(self.cost, field_name)
+            try:
+                value = evaluate(expr, dict(shape))
+            except (InvalidExpression, SyntaxError, TypeError, ZeroDivisionError) as e:
+                raise ValueError(f"cost.{field_name}: {expr!r} cannot be evaluated at shape {shape}: {e}") from e
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ValueError(f"cost.{field_name}: {expr!r} is {value!r} at shape {shape}; it must be a finite "
+                                 "number of at least 0")
 
     def _fits(self, shape: dict[str, int]) -> None:
         for t in self.inputs + self.outputs:
