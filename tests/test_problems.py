@@ -101,6 +101,28 @@ def test_describe_prints_the_abi(capsys):
     assert main(["problems", "describe"]) == 2
 
 
+def test_a_package_may_take_a_builtin_name_only_if_it_judges_as_the_builtin(tmp_path, monkeypatch, capsys):
+    """Records are filed by name: a package named softmax whose reference differs (an identity op, say) would be
+    `kfactory best softmax` and its export; it is refused. A copy that only measures elsewhere (other shapes) may
+    keep the name; a ./softmax directory never replaces the built-in for a bare `softmax`."""
+    ident = tmp_path / "ident"
+    shutil.copytree(BUILTIN_DIR / "softmax", ident)
+    (ident / "reference.py").write_text("def reference(inputs):\n    return {'y': inputs['x'].astype(float)}\n")
+    with pytest.raises(ProblemError, match=r"name 'softmax' is the built-in problem's, and this package judges "
+                                           r"differently \(reference.py\); give it a name of its own"):
+        load_problem(str(ident))
+    looser = _broken(tmp_path / "l", lambda s: s["tolerance"]["float32"].update(rtol=0.5))
+    with pytest.raises(ProblemError, match=r"judges differently \(tolerance\)"):
+        load_problem(looser)
+    smaller = _broken(tmp_path / "s", lambda s: s["shapes"].update(optimize=[{"rows": 8, "cols": 64}]))
+    assert load_problem(smaller).spec.shapes.optimize == [{"rows": 8, "cols": 64}]
+    shutil.copytree(ident, tmp_path / "cwd" / "softmax")
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert load_problem("softmax").directory == BUILTIN_DIR / "softmax"
+    assert main(["problems", "new", "softmax", "--out", str(tmp_path / "new")]) == 2
+    assert "'softmax' is a built-in problem's" in capsys.readouterr().err
+
+
 def test_a_stray_directory_named_like_a_builtin_problem_does_not_hide_it(tmp_path, monkeypatch):
     (tmp_path / "softmax").mkdir()
     monkeypatch.chdir(tmp_path)

@@ -13,12 +13,15 @@ from test_campaign import _campaign
 
 
 def _package(root, name: str, verify: list[dict]) -> str:
-    """A copy of softmax (same problem name) whose shapes are all multiples of 8 wide, plus `verify`."""
+    """A copy of softmax named softmax_wide (the same name for every copy: regression inputs are kept per problem
+    name) whose shapes are all multiples of 8 wide, plus `verify`, and two of its distributions (so it may not
+    take the built-in's name)."""
     dst = root / name
     shutil.copytree(BUILTIN_DIR / "softmax", dst)
     spec = yaml.safe_load((dst / "problem.yaml").read_text())
     spec["shapes"] = {"optimize": [{"rows": 32, "cols": 512}], "verify": [{"rows": 2, "cols": 24}, *verify]}
     spec["distributions"] = {k: v for k, v in spec["distributions"].items() if k in ("normal", "masked")}
+    spec["name"] = "softmax_wide"
     (dst / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return str(dst)
 
@@ -44,12 +47,12 @@ async def test_an_input_that_exposed_a_passed_kernel_is_checked_ever_after(memor
     # 1. every shape is a multiple of 8 wide: the flawed kernel passes and is measured
     st, running = await _campaign(memory_bus_settings, _manual(lenient, source))
     assert _outcome(running, st.id) == "measured"
-    assert running.services["memory"].archive.regressions("softmax") == []
+    assert running.services["memory"].archive.regressions("softmax_wide") == []
 
     # 2. a stricter package (one ragged shape) exposes it; memory keeps that input for the problem
     st, running = await _campaign(memory_bus_settings, _manual(strict, source))
     assert _outcome(running, st.id) == "WRONG_RESULT"
-    kept = running.services["memory"].archive.regressions("softmax")
+    kept = running.services["memory"].archive.regressions("softmax_wide")
     print(kept)
     assert len(kept) == 1 and kept[0].shape == "7x33" and kept[0].seed and kept[0].reason == "WRONG_RESULT"
 

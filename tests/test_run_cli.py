@@ -77,12 +77,14 @@ def test_ctrl_c_cancels_the_campaign_and_writes_what_finished(tmp_path, host_cei
 
 
 def _broken_softmax(tmp_path, reference: bool = False, template: bool = False):
-    """A copy of the softmax package whose reference raises, or whose cpu template has a syntax error at
-    line 25."""
+    """A copy of the softmax package, named softmax_broken, whose reference raises, or whose cpu template has a
+    syntax error at line 25."""
     from kfactory.problems import BUILTIN_DIR
 
     pkg = tmp_path / "pkg"
     shutil.copytree(BUILTIN_DIR / "softmax", pkg)
+    spec = pkg / "problem.yaml"
+    spec.write_text(spec.read_text().replace("name: softmax", "name: softmax_broken", 1))
     if reference:
         ref = pkg / "reference.py"
         ref.write_text(ref.read_text().replace("def reference(inputs", "def _unused(inputs", 1)

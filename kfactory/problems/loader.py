@@ -48,13 +48,17 @@ def load_problem(name_or_path: str | Path) -> Problem:
         from kfactory.engines.problem import load_engine_problem
         return load_engine_problem(str(name_or_path))
     path = Path(name_or_path)
-    # a directory holding a problem.yaml, else a built-in name (a stray directory named like a built-in
-    # problem, e.g. ./kda with no problem.yaml in it, must not hide the built-in one)
-    directory = path if _is_file(path / "problem.yaml") else BUILTIN / str(name_or_path)
+    # a built-in's name is the built-in, whatever directory of that name the working directory holds (./softmax
+    # would have replaced it for every command run there); any other directory holding a problem.yaml is a
+    # user's package
+    builtin = str(name_or_path) in list_problems()
+    directory = path if not builtin and _is_file(path / "problem.yaml") else BUILTIN / str(name_or_path)
     if not _is_file(directory / "problem.yaml"):
         raise ProblemError(f"no problem {str(name_or_path)[:200]!r}: not a directory with problem.yaml and not one of "
                            f"{list_problems()}")
     spec = _load_yaml(directory / "problem.yaml", ProblemSpec)
+    if not builtin:
+        _check_name(spec, directory)
     problem = Problem(spec, directory)
     for fname in spec.families:
         fdir = directory / "families" / fname
@@ -67,6 +71,36 @@ def load_problem(name_or_path: str | Path) -> Problem:
         fam.check_names()
         problem.families[fname] = fam
     return problem
+
+
+#: what a package may change and still be filed under a built-in's name: where it is measured and with which
+#: kernels, never what is judged (the reference, the inputs drawn, the tolerances, the ABI)
+SAME_NAME_MAY_DIFFER = frozenset({"shapes", "families", "description", "baselines", "reference_kernel"})
+
+
+def _check_name(spec: ProblemSpec, directory: Path) -> None:
+    """A user's package named like a built-in must judge as it does (records are filed by name: its kernels
+    would be the built-in's best, export and priors): the same reference.py and the same spec but for
+    SAME_NAME_MAY_DIFFER; a package that differs there is refused with what to rename."""
+    if spec.name not in list_problems() or directory.resolve() == (BUILTIN / spec.name).resolve():
+        return
+    own = BUILTIN / spec.name
+    base = _load_yaml(own / "problem.yaml", ProblemSpec)
+    differ = sorted(k for k in ProblemSpec.model_fields if k not in SAME_NAME_MAY_DIFFER
+                    and getattr(spec, k) != getattr(base, k))
+    sources = ["reference.py", *(r.source for r in base.reference_f64.values())]
+    differ += [f for f in sources if _read(directory / f) != _read(own / f)]
+    if differ:
+        raise ProblemError(f"{directory / 'problem.yaml'}: name {spec.name!r} is the built-in problem's, and this "
+                           f"package judges differently ({', '.join(differ)}); give it a name of its own (its "
+                           "results would be filed as the built-in's)")
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 @functools.lru_cache(maxsize=64)

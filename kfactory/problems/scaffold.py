@@ -22,6 +22,9 @@ def new_problem(name: str, like: str, out_dir: Path) -> Path:
                            "letter (it names the package and the archive's records)")
     if like not in list_problems():
         raise ProblemError(f"--like {like[:80]!r}: not a built-in problem; one of {list_problems()}")
+    if name in list_problems():
+        raise ProblemError(f"problem name {name!r} is a built-in problem's: choose another (a package's records "
+                           "are filed by its name)")
     target = out_dir / name
     if target.exists():
         raise ProblemError(f"{target} exists already: choose another name or --out directory")
