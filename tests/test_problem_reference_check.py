@@ -66,3 +66,11 @@ def test_problems_check_says_so_and_exits_1_where_it_exited_0_silently(tmp_path)
 def test_the_built_in_references_pass(tmp_path):
     for name in ("softmax", "rmsnorm", "rope"):
         assert problems_of(load_problem(name)) == [], name
+
+
+def test_a_reference_kernel_file_that_is_missing_is_named(tmp_path):
+    pkg = _package(tmp_path, SOFTMAX + "return {'y': y}\n")
+    spec = yaml.safe_load(open(f"{pkg}/problem.yaml"))
+    (tmp_path / "mine" / spec["reference_kernel"]["cpu"]["source"]).unlink()
+    found = problems_of(load_problem(pkg))
+    assert len(found) == 1 and "problem.yaml: reference_kernel.cpu.source: cannot read" in found[0], found

@@ -54,6 +54,14 @@ def test_every_template_point_renders_to_distinct_sources():
                                                                     "finite number"),
     (lambda s: s["distributions"]["normal"]["x"].update(mean=float("nan")), "distributions.normal.x.mean"),
     (lambda s: s["shapes"]["optimize"][0].update(rows=True), "Input should be a valid integer"),
+    (lambda s: s["symbols"].append("rows"), "name one symbol twice"),
+    (lambda s: s["abi"]["cpu"]["args"].remove("cols"), "abi.cpu: args ['x', 'y', 'rows'] must name the "
+                                                       "signature's parameters in its order"),
+    (lambda s: s["abi"]["cpu"].update(args=["y", "x", "rows", "cols"]), "must name the signature's parameters"),
+    (lambda s: s["abi"]["cpu"].update(signature="void kernel(const double *x, float *y, int64_t rows, "
+                                                "int64_t cols)"), "tensor 'x' is float32: pass it as float *"),
+    (lambda s: s["abi"]["cpu"].update(signature="void kernel(const float *x, const float *y, int64_t rows, "
+                                                "int64_t cols)"), "output 'y' is written: its pointer cannot be"),
 ])
 def test_bad_spec_names_the_field(tmp_path, edit, needle):
     with pytest.raises(ProblemError) as e:

@@ -35,6 +35,14 @@ def problems_of(problem: Problem) -> list[str]:
     for family in problem.families.values():
         if err := family_problem(family):
             found.append(err)
+    # the kernels problem.yaml names, read here: a missing one ended a campaign with a traceback
+    reads = [(problem.reference_source, t) for t in problem.spec.reference_kernel]
+    reads += [(problem.reference_f64, t) for t in problem.spec.reference_f64]
+    for read, target in reads:
+        try:
+            read(target)
+        except ProblemError as e:
+            found.append(str(e))
     return found
 
 

@@ -48,6 +48,15 @@ def safe_eval(expr: str, names: dict) -> Any:  # what the expression computes: a
         raise ProblemError(f"cannot evaluate {expr!r} with {names}: {e}") from e
 
 
+def _read_source(path: Path, field_name: str) -> str:
+    """A kernel source problem.yaml names; ProblemError naming the field when it cannot be read."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProblemError(f"{path.parent / 'problem.yaml'}: {field_name}: cannot read {path.name}: "
+                           f"{getattr(e, 'strerror', None) or e}") from e
+
+
 def expression_names(expr: str) -> set[str]:
     """The names a spec expression reads (SyntaxError when it is not one)."""
     return {n.id for n in ast.walk(ast.parse(expr.strip(), mode="eval")) if isinstance(n, ast.Name)}
@@ -300,7 +309,7 @@ class Problem:
         ref = self.spec.reference_kernel.get(target)
         if ref is None:
             raise ProblemError(f"problem {self.name} has no reference kernel for target {target}")
-        return (self.directory / ref.source).read_text(), ref.flags
+        return _read_source(self.directory / ref.source, f"reference_kernel.{target}.source"), ref.flags
 
     def reference_kernel(self, target: str) -> tuple[str, str, str, dict | None]:
         """(source, flags, language, launch rule or None) of the reference kernel, as a candidate takes them."""
@@ -314,7 +323,8 @@ class Problem:
         ref = self.spec.reference_f64.get(target)
         if ref is None:
             return None
-        return (self.directory / ref.source).read_text(), ref.flags, dict(ref.launch)
+        return _read_source(self.directory / ref.source, f"reference_f64.{target}.source"), ref.flags, \
+            dict(ref.launch)
 
     def describe(self) -> str:
         """Human-readable summary: shapes, distributions, tolerances, the ABI per target, families."""

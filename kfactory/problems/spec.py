@@ -11,7 +11,8 @@ from simpleeval import InvalidExpression
 
 from kfactory.platform.expressions import evaluate
 
-from kfactory.problems.params import JINJA_RESERVED, c_param_types, check_c_type
+from kfactory.problems.params import (JINJA_RESERVED, bare_type, c_param_types, check_c_type,
+                                      signature_params)
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
 #: GGUF block formats an input may be drawn as (Distribution.kind) -> bytes of one block of 32 elements: Q4_1 is
@@ -21,6 +22,11 @@ GGML_BLOCK_BYTES = {"ggml_q4_1": 20, "ggml_q8_0": 34}
 #: several input draws and poisoned outputs at once; a larger shape would exhaust a runner's memory, so it is
 #: refused at the boundary instead
 MAX_TENSOR_ELEMENTS = 1 << 28
+
+
+#: the start of a C function declaration, up to its parameter list: a return type and a name (extern "C" and
+#: __global__ allowed); a signature that does not start so is prose (an engine's ABI, a replay's), not checked
+C_DECLARATION = re.compile(r'^\s*(?:extern\s+"C"\s+)?[A-Za-z_][\w\s*]*\b[A-Za-z_]\w*\s*\(')
 
 
 class _Strict(BaseModel):
@@ -225,6 +231,10 @@ class ProblemSpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "ProblemSpec":
         syms = set(self.symbols)
+        if len(syms) != len(self.symbols):
+            raise ValueError(f"symbols {self.symbols} name one symbol twice")
+        if len({t.name for t in self.inputs + self.outputs}) != len(self.inputs + self.outputs):
+            raise ValueError("inputs and outputs name one tensor twice")
         for t in self.inputs + self.outputs:
             bad = [d for d in t.shape if isinstance(d, str) and d not in syms]
             if bad:
@@ -259,12 +269,45 @@ class ProblemSpec(_Strict):
             known = tensors | syms | set(self.params)
             if unknown := [a for a in abi.args if a not in known]:
                 raise ValueError(f"abi.{target}.args: {unknown} are neither tensors, symbols nor params")
+            if target in ("cpu", "cuda") and (why := self._signature_misfit(abi)):   # replay's runs nothing
+                raise ValueError(f"abi.{target}: {why}")
             if passed := [a for a in abi.args if a in self.params]:
                 types = c_param_types(abi.signature)
                 for name in passed:
                     if why := check_c_type(self.params[name].type, types.get(name), self.params[name]):
                         raise ValueError(f"abi.{target}.signature: param {name!r}: {why}")
         return self
+
+    def _signature_misfit(self, abi: "Abi") -> str:
+        """Why abi.args cannot be the signature's parameters ('' when they can, or when the signature cannot be
+        read: a replay problem's is prose): the same names in the same order, tensors as pointers (outputs not
+        const, float32 as float and float64 as double), shape symbols as scalars. A kernel is called with
+        abi.args in that order, so a mismatch rejected every correct kernel for a reason of its own."""
+        if not C_DECLARATION.match(abi.signature):
+            return ""
+        try:
+            params = signature_params(abi.signature)
+        except ValueError:
+            return ""
+        names = [n for _, n in params]
+        if names != abi.args:
+            return f"args {abi.args} must name the signature's parameters in its order, {names}"
+        tensors = {t.name: t for t in self.inputs + self.outputs}
+        outputs = {t.name for t in self.outputs}
+        for c_type, name in params:
+            pointer = "*" in c_type
+            if name in tensors:
+                pointee = bare_type(c_type.replace("*", " "))
+                want = {"float32": "float", "float64": "double"}.get(tensors[name].dtype)
+                if not pointer:
+                    return f"tensor {name!r} must be passed as a pointer, not {c_type!r}"
+                if name in outputs and "const" in c_type.split("*")[0].split():
+                    return f"output {name!r} is written: its pointer cannot be const ({c_type!r})"
+                if want is not None and pointee != want:
+                    return f"tensor {name!r} is {tensors[name].dtype}: pass it as {want} *, not {c_type!r}"
+            elif name in self.symbols and pointer:
+                return f"shape symbol {name!r} is passed by value, not as {c_type!r}"
+        return ""
 
     def _cost_at(self, shape: dict[str, int]) -> None:
         """cost.bytes and cost.flops at a declared shape: finite numbers of at least 0 (a campaign measures every
