@@ -40,6 +40,17 @@ def test_a_broken_kernel_is_rejected_with_its_reason(small_softmax, tmp_path, na
     assert v["verdict"]["reason"] == reason and v["measurement"] is None
 
 
+def test_a_kernel_that_does_not_compile_shows_the_compilers_words_about_its_file(small_softmax, tmp_path,
+                                                                                  capsys):
+    src = tmp_path / "mine.c"
+    src.write_text("#include <stdint.h>\nvoid kernel(const float *x, float *y, int64_t rows, int64_t cols) {\n"
+                   "  y[0] = x[0] +;\n}\n")
+    assert main(["check", small_softmax, "--source", str(src)]) == 1
+    err = capsys.readouterr().err
+    assert f"{src}:3:" in err and "error" in err and "kf-cc-" not in err, err
+    assert err.rstrip().splitlines()[-1].endswith("rejected: COMPILE_ERROR: cc exited with 1"), err
+
+
 def test_static_check_and_compile_only(small_softmax, tmp_path):
     bad = tmp_path / "bad.c"
     bad.write_text("#include <stdio.h>\nvoid kernel(void){}\n")

@@ -5,7 +5,10 @@ and one that computes the wrong function are kept as rejected results with their
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -188,6 +191,20 @@ def test_generate_streams_the_reference_greedy_tokens(root, record, verifier, mo
     assert "tokens/s" in out.err
 
 
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+def test_generate_says_when_its_tokens_cannot_be_written(root, record, stdout):
+    """A full disk (/dev/full) or a standard output closed before it started (`>&-`): one line and exit 1, not
+    an internal error (the closed one let the engine child's pipe take fd 1)."""
+    env = {**os.environ, "KFACTORY_DATA_DIR": str(root)}
+    argv = [sys.executable, "-m", "kfactory.cli.main", "generate", "tiny-llama", "hi", "--max-tokens", "4"]
+    with open("/dev/full", "w") as full:
+        out = subprocess.run(argv, env=env, stderr=subprocess.PIPE, text=True, timeout=300,
+                             **({"stdout": full} if stdout == "full" else {"preexec_fn": lambda: os.close(1)}))
+    said = {"full": "cannot write the tokens to standard output: No space left on device",
+            "closed": "standard output is closed"}[stdout]
+    assert out.returncode == 1 and said in out.stderr and "internal error" not in out.stderr, out.stderr
+
+
 def test_generate_refuses_without_a_campaign(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))
     assert main(["generate", "tiny-llama", "hi"]) == 1
@@ -217,6 +234,15 @@ def test_a_damaged_best_json_is_named_with_what_to_run(root, record, tmp_path, m
     assert not (tmp_path / "ex").exists()
 
 
+@pytest.mark.parametrize("local", [True, False], ids=["local", "services"])
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_campaign(tmp_path, monkeypatch, capsys, local):
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path / "data"))
+    argv = ["engine", "run", "tiny-llama", "--budget", "1", "--json", str(tmp_path)] + (["--local"] if local else [])
+    assert main(argv) == 2
+    assert f"--json {tmp_path}: is a directory; name a file" in capsys.readouterr().err
+    assert not (tmp_path / "data" / "engines").exists()
+
+
 def test_engine_run_local_runs_the_campaign_in_this_process(tmp_path, monkeypatch, capsys):
     """`--local` keeps the in-process path (the services are the default): no events, no archive."""
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))
@@ -238,7 +264,8 @@ def test_engine_run_local_runs_the_campaign_in_this_process(tmp_path, monkeypatc
     assert not (tmp_path / "archive.sqlite").exists()
 
 
-@pytest.mark.parametrize("flags", [["--showdown", "-1"], ["--showdown-margin", "0.5"]])
+@pytest.mark.parametrize("flags", [["--showdown", "-1"], ["--showdown-margin", "0.5"], ["--showdown-margin", "nan"],
+                                   ["--showdown-margin", "inf"]])
 @pytest.mark.parametrize("where", [["--local"], []])
 def test_a_showdown_flag_out_of_range_is_a_usage_error(tmp_path, monkeypatch, capsys, flags, where):
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))

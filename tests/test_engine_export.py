@@ -296,3 +296,14 @@ def test_a_relative_out_and_an_export_again_into_the_same_directory(root, record
     os.utime(source, ns=(later, later))
     open_module()
     assert lib.stat().st_mtime_ns > built
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_an_out_that_is_a_file_is_refused_before_the_verification(root, record, tmp_path, capsys, under):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    out = afile / under if under else afile
+    assert cli(root, "--format", "c", "--name", NAME, "--out", str(out)) == 1
+    err = capsys.readouterr().err
+    assert f"{afile} is a file, not a directory" in err and "verifying" not in err, err
+    assert afile.read_text() == "mine"

@@ -33,6 +33,9 @@ def _env(tmp_path, host_ceilings) -> dict[str, str]:
     (["--family", "nope"], "kfactory run: families: ['nope'] not in problem softmax"),
     (["--manual", "mine=/no/such/kernel.c"], "kfactory: --manual mine: cannot read '/no/such/kernel.c'"),
     (["--manual", "mine"], "kfactory: --manual 'mine': expected NAME=FILE[:FLAGS]"),
+    (["--json", "."], "kfactory run: --json .: is a directory; name a file"),
+    (["--json", "no/such/dir/out.json"], "kfactory run: --json no/such/dir/out.json: the directory no/such/dir does "
+                                         "not exist"),
 ])
 def test_a_mistake_is_one_line_and_exit_2_before_anything_starts(tmp_path, host_ceilings, args, says):
     t0 = time.monotonic()
@@ -168,3 +171,17 @@ def test_a_reference_that_raises_during_the_campaign_fails_it(tmp_path, host_cei
         open(data["report"]).read()
     assert "state: failed (the problem's reference failed: " in report and "MemoryError: my reference cannot " \
         "hold this shape" in report, report[:2000]
+
+
+def test_run_keeps_a_package_directory_as_an_absolute_path(tmp_path, monkeypatch):
+    """The campaign's records keep the package's locator: a relative one failed export, best and report from any
+    other working directory ("no problem 'v/famok'")."""
+    from kfactory.cli.main import _package_locator
+    from kfactory.problems import BUILTIN_DIR
+
+    shutil.copytree(BUILTIN_DIR / "rope", tmp_path / "v" / "mine")
+    monkeypatch.chdir(tmp_path)
+    assert _package_locator("v/mine") == str(tmp_path / "v" / "mine")
+    assert _package_locator("softmax") == "softmax"
+    assert _package_locator("engine:tiny-llama") == "engine:tiny-llama"
+    assert _package_locator("v/nothing") == "v/nothing"

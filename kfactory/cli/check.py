@@ -7,6 +7,7 @@ problem's reference kernel and baselines.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -129,6 +130,10 @@ def _measure(out: dict, session, target, problem, settings) -> None:
     out["speedup_vs_reference"] = speedups[primary].get("reference")
 
 
+#: where the cpu target compiles a copy of a source (kfactory.targets.cpu.target: a kf-cc-* scratch directory)
+COPY_PATH = re.compile(r"/\S*kf-cc-[^/\s]+/k\.(?:c|cpp)\b")
+
+
 def command(args, settings) -> int:
     """`kfactory check`: exit 0 when the kernel passed, 1 when it was rejected, 2 on a usage error."""
     from kfactory.problems.loader import language_of
@@ -154,6 +159,9 @@ def command(args, settings) -> int:
     elif args.json_out:
         Path(args.json_out).write_text(text)
     verdict = out["verdict"]
+    if not out["compiled"] and (out["compile"] or {}).get("log"):
+        # the compiler's own words, about the user's file (it compiled a copy in a scratch directory)
+        print(COPY_PATH.sub(str(args.source), out["compile"]["log"]).rstrip(), file=sys.stderr)
     if verdict is None:
         print(f"{out['candidate_id'][:12]}: compiled" if out["compiled"] else "did not compile", file=sys.stderr)
         return 0 if out["compiled"] else 1

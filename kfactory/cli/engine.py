@@ -110,11 +110,14 @@ def run(args: argparse.Namespace) -> int:
 def run_command(args: argparse.Namespace) -> int:
     """`kfactory engine run`: through the services unless --local; progress per design, then the report; 0 when a
     design verified, else 1."""
+    from kfactory.cli.run import output_misfit
     from kfactory.engines.campaign import Campaign, DesignResult, report_text
     from kfactory.engines.design import MAX_THREADS
     from kfactory.engines.order import STRATEGY
 
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
+    if why := output_misfit(args.json_out):
+        raise EngineCommandError(why, EXIT_USAGE)
     if not args.local:
         return services_command(args, threads)
     showdown = showdown_rule(args)
@@ -279,6 +282,16 @@ def greedy_tokens(model: str, prompt_ids: list[int], max_tokens: int, data_dir: 
             logits = runner.decode(token)
 
 
+def _emit(text: str) -> None:
+    """Tokens to standard output at once; a full disk or a closed pipe is said as such (not the engine's fault,
+    nor kfactory's)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        raise EngineCommandError(f"cannot write the tokens to standard output: {e.strerror or e}") from e
+
+
 def generate_command(model: str, prompt: str, max_tokens: int) -> int:
     """`kfactory generate`: the chat template applied, tokens streamed to stdout, tokens/s on stderr."""
     from kfactory.models import load_model
@@ -286,6 +299,8 @@ def generate_command(model: str, prompt: str, max_tokens: int) -> int:
 
     if max_tokens < 1:
         raise EngineCommandError("--max-tokens must be at least 1", EXIT_USAGE)
+    if sys.stdout is None:   # closed before Python started (`>&-`)
+        raise EngineCommandError("standard output is closed: the tokens have nowhere to go")
     data_dir = Path(Settings().data_dir)
     opened = load_model(model).open(data_dir / "models")
     tok = opened.tokenizer
@@ -299,12 +314,10 @@ def generate_command(model: str, prompt: str, max_tokens: int) -> int:
         # a character split across tokens decodes to U+FFFD until its last byte arrives: hold it back
         if text.endswith("\ufffd"):
             continue
-        sys.stdout.write(text[len(shown):])
-        sys.stdout.flush()
+        _emit(text[len(shown):])
         shown = text
     text = tok.decode(out, skip_special=True)
-    sys.stdout.write(text[len(shown):] + "\n")
-    sys.stdout.flush()
+    _emit(text[len(shown):] + "\n")
     n, dec = stats.get("tokens", 0), stats.get("decode_s", 0.0)
     # the first token comes from the prefill; the decode rate counts the steps after it
     rate = (n - 1) / dec if n > 1 and dec > 0 else float("nan")

@@ -92,6 +92,20 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     _agent_args(p)
 
 
+def _package_locator(problem: str) -> str:
+    """A package directory given to `kfactory run` as an absolute path: the campaign's records keep it, and
+    export, best and report must find the package from any working directory (a built-in name, a replay or
+    engine problem, or a path that is no package, stays as given)."""
+    from kfactory.problems import list_problems
+
+    path = Path(problem)
+    try:
+        package = problem not in list_problems() and (path / "problem.yaml").is_file()
+    except (OSError, ValueError):
+        package = False
+    return str(path.resolve()) if package else problem
+
+
 def _spec(args):
     from kfactory.cli.client import ClientError
     from kfactory.v1 import events_pb2 as pb
@@ -101,6 +115,8 @@ def _spec(args):
 
     # a replay target carries its own problem (the recorded space): PROBLEM is then only a label
     problem = args.target if args.target.startswith("replay:") else args.problem
+    if args.cmd == "run":
+        problem = _package_locator(problem)
     strategy = args.strategy
     if problem.startswith(ENGINE_PREFIX) and strategy == "default":
         strategy = ENGINE_STRATEGY   # descent from the default design (engines/order.py)
@@ -385,7 +401,7 @@ def _dispatch(args) -> int:
         return check_command(args, _settings(args))
     try:
         if args.cmd == "run":
-            from kfactory.cli.run import run_campaign
+            from kfactory.cli.run import output_misfit, run_campaign
             from kfactory.engines.problem import PREFIX as ENGINE_PREFIX
 
             if args.problem.startswith(ENGINE_PREFIX):   # the engine's record and best.json come from that command
@@ -395,6 +411,9 @@ def _dispatch(args) -> int:
                       file=sys.stderr)
                 return 2
 
+            if why := output_misfit(args.json_out):
+                print(f"kfactory run: {why}", file=sys.stderr)
+                return 2
             return asyncio.run(run_campaign(_settings(args), _spec(args), args))
         if args.cmd == "dead-letters":
             return _dead_letters(args)

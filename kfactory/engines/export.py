@@ -282,6 +282,9 @@ def export_engine(model: str, fmt: str, name: str, out_dir: Path | str, data_dir
     check_name(name)
     # absolute: the export's library is built with the compiler running inside the staging directory
     out, data_dir = Path(out_dir).resolve(), Path(data_dir)
+    # before the verification (a minute on a real model), not after it
+    if blocker := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None):
+        raise ExportError(f"--out {out_dir}: {blocker} is a file, not a directory; name a directory")
     _claim_out(out, name)
     package = load_model(model)
     chosen = chosen_engine(package, data_dir)

@@ -53,7 +53,7 @@ class Rule:
             raise ValueError(f"showdown rounds must be 0 (none) or more, not {self.rounds}")
         if self.size < 2:
             raise ValueError(f"a showdown needs at least 2 contenders, not {self.size}")
-        if self.margin < 1.0:
+        if not self.margin >= 1.0 or self.margin == float("inf"):   # NaN compares false: refused here too
             raise ValueError(f"the showdown margin is a ratio of at least 1 (1.15: within 15%), not {self.margin}")
 
     def margin_of(self, noise: dict[str, Any] | None) -> float:
