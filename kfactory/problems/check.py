@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -36,7 +37,8 @@ def problems_of(problem: Problem) -> list[str]:
         if err := family_problem(family):
             found.append(err)
     # the kernels problem.yaml names, read here: a missing one ended a campaign with a traceback
-    reads = [(problem.reference_source, t) for t in problem.spec.reference_kernel]
+    reads: list[tuple[Callable[[str], object], str]] = [
+        (problem.reference_source, t) for t in problem.spec.reference_kernel]
     reads += [(problem.reference_f64, t) for t in problem.spec.reference_f64]
     for read, target in reads:
         try:
