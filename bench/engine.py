@@ -206,7 +206,7 @@ def measure_paired(verifier, design, result: dict, ceilings: dict[str, float], r
                           cache_dir=verifier.cache_dir, timeout_s=120.0) as runner:
             figures = runner.bench(context, steps, 1)
         after = read_now(threads, settings)
-        step_s = 1.0 / figures.decode_tok_s
+        step_s = 1.0 / figures.decode_tok_s if figures.decode_tok_s > 0 else float("inf")
         out.append({"read_before_gbps": before, "read_after_gbps": after, "decode_tokens_per_s": figures.decode_tok_s,
                     "fraction": paired_fraction(result, ceilings, context, before, after, step_s)})
     known = [r["fraction"] for r in out if r["fraction"] is not None]

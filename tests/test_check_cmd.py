@@ -28,7 +28,7 @@ def test_an_honest_kernel_passes_and_is_measured(small_softmax, tmp_path):
     assert main(["check", small_softmax, "--source", str(src), "--flags", "-O3 -fopenmp", "--json", str(out)]) == 0
     v = json.loads(out.read_text())
     assert v["compiled"] and v["verdict"]["passed"] and v["verdict"]["reason"] is None
-    assert len(v["verdict"]["checks"]) == 5 * 5 + 3  # shapes x distributions, then the memoisation probe
+    assert len(v["verdict"]["checks"]) == 8 * 5 + 3  # shapes x distributions, then the memoisation probe
     assert v["speedup_vs_reference"] > 0 and "numpy" in v["measurement"]["speedups"]["64x1000"]
 
 

@@ -149,7 +149,7 @@ def test_python_export_runs_without_kfactory(judged, small_softmax, tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = eval(proc.stdout.strip().splitlines()[-1])  # noqa: S307 - our own script's dict
-    assert result["err"] <= 1e-5 and result["checks"] == 5 * 3 and result["leaked"] == []
+    assert result["err"] <= 1e-5 and result["checks"] == 5 * 6 and result["leaked"] == []
     assert "'x'" in result["contiguity"] and "C-contiguous" in result["contiguity"]
     assert "'x'" in result["dtype"] and "float32" in result["dtype"]
     assert (out_dir / "libkf_softmax.so").is_file()

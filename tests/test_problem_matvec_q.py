@@ -105,10 +105,12 @@ def test_the_exported_selftest_draws_the_same_bytes(kind, size):
 # -- the spec's refusals ----------------------------------------------------------------------------------------
 
 def _package(tmp_path: Path, name: str, edit) -> Path:
-    """A copy of the built-in package `name` with problem.yaml changed by `edit(spec_dict)`."""
+    """A copy of the built-in package `name`, named `name`_copy (it judges differently: a built-in's name is for
+    packages that judge as it does), with problem.yaml changed by `edit(spec_dict)`."""
     root = tmp_path / name
     shutil.copytree(PROBLEMS / name, root, ignore=shutil.ignore_patterns("__pycache__"))
     spec = yaml.safe_load((root / "problem.yaml").read_text())
+    spec["name"] = f"{name}_copy"
     edit(spec)
     (root / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return root

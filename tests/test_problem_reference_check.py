@@ -1,7 +1,7 @@
 """What a user's own reference.py can get wrong, caught before a campaign (`kfactory problems check`, the checks
 `kfactory run` runs first) and, where it can only show later, by the verifier: a reference that ends the program,
 returns a list or integers for a float output, writes into its inputs (the judge hands those same inputs to the
-kernels), answers NaN on finite inputs, answers differently twice, or transposes its answer (right at 1x1)."""
+kernels: they are read-only while it runs), answers differently twice, or transposes its answer (right at 1x1)."""
 from __future__ import annotations
 
 import shutil
@@ -38,13 +38,13 @@ def _package(tmp_path, body: str, top: str = "") -> str:
     ("import sys\nsys.exit(0)\n", "reference() called sys.exit(0)"),
     (SOFTMAX + "return {'y': y.tolist()}\n", "output 'y' is a list, not a numpy array of numbers"),
     (SOFTMAX + "return {'y': (y * 100).astype(np.int64)}\n", "output 'y' is int64, for a float32 output"),
-    (SOFTMAX + "inputs['x'][...] = 0\nreturn {'y': y}\n", "reference() wrote into its input 'x'"),
-    ("inputs['x'] = inputs['x'] * 2\n" + SOFTMAX + "return {'y': y}\n", "reference() wrote into its input 'x'"),
-    (SOFTMAX + "y[0, 0] = np.nan\nreturn {'y': y}\n", "output 'y' holds NaN or inf where every input is finite"),
+    (SOFTMAX + "inputs['x'][...] = 0\nreturn {'y': y}\n", "its inputs are read-only while it runs"),
+    ("x = inputs['x']\nx -= x.max()\n" + SOFTMAX + "return {'y': y}\n", "its inputs are read-only while it runs"),
+    ("inputs['x'] = inputs['x'] * 2\n" + SOFTMAX + "return {'y': y}\n", "reference() wrote into its inputs"),
     (SOFTMAX + "return {'y': y * np.random.uniform(0.5, 1.5)}\n", "gave two answers for the same inputs"),
     (SOFTMAX + "return {'y': np.ascontiguousarray(y.T).reshape(y.shape) if y.shape[0] == y.shape[1] else y.T}\n",
      "output 'y' has shape"),
-], ids=["sys.exit", "list", "integers", "writes x", "replaces x", "nan", "random", "transposed"])
+], ids=["sys.exit", "list", "integers", "writes x", "in place", "replaces x", "random", "transposed"])
 def test_a_reference_that_cannot_be_the_truth_is_named(tmp_path, body, says):
     found = problems_of(load_problem(_package(tmp_path, body)))
     assert len(found) == 1 and says in found[0] and "reference.py" in found[0], found
@@ -74,3 +74,15 @@ def test_a_reference_kernel_file_that_is_missing_is_named(tmp_path):
     (tmp_path / "mine" / spec["reference_kernel"]["cpu"]["source"]).unlink()
     found = problems_of(load_problem(pkg))
     assert len(found) == 1 and "problem.yaml: reference_kernel.cpu.source: cannot read" in found[0], found
+
+
+def test_the_inputs_are_writable_again_after_the_reference(tmp_path):
+    """Read-only only while the reference runs: the judge copies and poisons around them afterwards."""
+    from kfactory.judge import inputs as inp
+    from kfactory.problems.check import run_reference
+
+    problem = load_problem("softmax")
+    shape = {"rows": 3, "cols": 17}
+    x = inp.draw(problem, shape, "normal", seed=1)
+    run_reference(problem, x, shape, "normal")
+    assert all(a.flags.writeable for a in x.values())

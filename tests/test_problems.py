@@ -62,6 +62,8 @@ def test_every_template_point_renders_to_distinct_sources():
                                                 "int64_t cols)"), "tensor 'x' is float32: pass it as float *"),
     (lambda s: s["abi"]["cpu"].update(signature="void kernel(const float *x, const float *y, int64_t rows, "
                                                 "int64_t cols)"), "output 'y' is written: its pointer cannot be"),
+    (lambda s: s["abi"]["cpu"].update(signature="void kernel(const float *x, float *y, float rows, int64_t cols)"),
+     "shape symbol 'rows': an int parameter is passed as a C integer type"),
 ])
 def test_bad_spec_names_the_field(tmp_path, edit, needle):
     with pytest.raises(ProblemError) as e:
@@ -96,6 +98,12 @@ def test_a_family_expression_that_cannot_be_evaluated_is_refused_at_load(tmp_pat
     assert "family.yaml" in str(e.value) and needle.format(n=n) in str(e.value), str(e.value)
 
 
+def test_an_array_parameter_is_a_pointer(tmp_path):
+    spec = "void kernel(const float x[], float y[], int64_t rows, int64_t cols)"
+    assert load_problem(_broken(tmp_path, lambda s: (s["abi"]["cpu"].update(signature=spec),
+                                                     s.update(name="softmax_arrays")))).name == "softmax_arrays"
+
+
 def test_unknown_problem_lists_the_known_ones():
     with pytest.raises(ProblemError, match="softmax"):
         load_problem("no_such_problem")
@@ -124,6 +132,9 @@ def test_a_package_may_take_a_builtin_name_only_if_it_judges_as_the_builtin(tmp_
         load_problem(looser)
     smaller = _broken(tmp_path / "s", lambda s: s["shapes"].update(optimize=[{"rows": 8, "cols": 64}]))
     assert load_problem(smaller).spec.shapes.optimize == [{"rows": 8, "cols": 64}]
+    fewer = _broken(tmp_path / "f", lambda s: s["shapes"].update(verify=[{"rows": 1, "cols": 1}]))
+    with pytest.raises(ProblemError, match=r"judges differently \(shapes.verify leaves out 3x1000, 7x33, 65x4099\)"):
+        load_problem(fewer)
     shutil.copytree(ident, tmp_path / "cwd" / "softmax")
     monkeypatch.chdir(tmp_path / "cwd")
     assert load_problem("softmax").directory == BUILTIN_DIR / "softmax"

@@ -41,7 +41,8 @@ class EmbeddedNats:
         self.url = ""
 
     def start(self, timeout_s: float = 15.0) -> str:
-        """Start the server and wait for its ports file; returns the client URL."""
+        """Start the server and wait for its ports file; returns the client URL. Call it from a thread that
+        outlives the server (the server is stopped when that thread ends, where setpriv exists)."""
         ports_dir = self.store_dir / "ports"
         ports_dir.mkdir(parents=True, exist_ok=True)
         for stale in ports_dir.glob("*.ports"):  # a killed server leaves its file: never read an old port
@@ -58,8 +59,10 @@ class EmbeddedNats:
         log = open(self.store_dir / "nats.log", "ab")
         # a process group of its own: a Ctrl-C reaches the terminal's whole group, and a server stopped by it
         # at once would take the bus away while the campaign still publishes its cancellation and summary;
-        # this process stops it last (stop()). With setpriv at hand the kernel also stops it should this
-        # process die without stopping it (killed), as the shared group did before.
+        # this process stops it last (stop()). With setpriv at hand the kernel also stops it when the thread
+        # that started it ends (PR_SET_PDEATHSIG follows the thread): killed, this process takes it along, as
+        # the shared group did; so start() must run on a thread that lives as long as the server (the event
+        # loop's, as kfactory run's), not a worker's. Without setpriv, a killed parent leaves it running.
         guard = [setpriv, "--pdeathsig", "TERM", "--"] if (setpriv := shutil.which("setpriv")) else []
         self.proc = subprocess.Popen([*guard, *args], stdout=log, stderr=subprocess.STDOUT, process_group=0)
         deadline = time.monotonic() + timeout_s

@@ -153,15 +153,16 @@ def command(args, settings) -> int:
     except ValueError as e:  # ProblemError, UnknownTarget, a bad target option: the message says what to fix
         print(f"kfactory check: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if not out["compiled"] and (out["compile"] or {}).get("log"):
+        out["compile"]["log"] = COPY_PATH.sub(str(args.source), out["compile"]["log"])
     text = json.dumps(out, indent=2)
     if args.json_out == "-":
         print(text)
     elif args.json_out:
         Path(args.json_out).write_text(text)
     verdict = out["verdict"]
-    if not out["compiled"] and (out["compile"] or {}).get("log"):
-        # the compiler's own words, about the user's file (it compiled a copy in a scratch directory)
-        print(COPY_PATH.sub(str(args.source), out["compile"]["log"]).rstrip(), file=sys.stderr)
+    if not out["compiled"] and (out["compile"] or {}).get("log"):   # the compiler's own words, about the file
+        print(out["compile"]["log"].rstrip(), file=sys.stderr)
     if verdict is None:
         print(f"{out['candidate_id'][:12]}: compiled" if out["compiled"] else "did not compile", file=sys.stderr)
         return 0 if out["compiled"] else 1

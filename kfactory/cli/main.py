@@ -93,7 +93,7 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
 
 
 def _package_locator(problem: str) -> str:
-    """A package directory given to `kfactory run` as an absolute path: the campaign's records keep it, and
+    """A package directory given to `kfactory run` or `submit` as an absolute path: the campaign's records keep it, and
     export, best and report must find the package from any working directory (a built-in name, a replay or
     engine problem, or a path that is no package, stays as given)."""
     from kfactory.problems import list_problems
@@ -115,7 +115,7 @@ def _spec(args):
 
     # a replay target carries its own problem (the recorded space): PROBLEM is then only a label
     problem = args.target if args.target.startswith("replay:") else args.problem
-    if args.cmd == "run":
+    if args.cmd in ("run", "submit"):   # submit: a factory on this machine reads the same path
         problem = _package_locator(problem)
     strategy = args.strategy
     if problem.startswith(ENGINE_PREFIX) and strategy == "default":

@@ -11,7 +11,7 @@ EXIT_USAGE = 2
 def add_parser(sub) -> None:
     """The `problems` command group."""
     p = sub.add_parser("problems", help="list problems, describe one, or check a package before a campaign (its "
-                       "reference on the smallest verification shape, every family rendered at one point)")
+                       "reference on the two smallest verification shapes, every family rendered at one point)")
     p.add_argument("action", choices=("list", "describe", "check", "new"))
     p.add_argument("name", nargs="?")
     p.add_argument("--like", default="softmax", help="new: the built-in problem to copy (default softmax)")

@@ -111,9 +111,14 @@ def _seal(built: Path, out: Path) -> None:
     """Record the sha256 of the object `built` that is about to become `out`, beside it (written first: a
     digest without its object is a miss, an object without its digest too)."""
     digest = _digest_path(out)
-    tmp = digest.with_name(f".{digest.name}.{os.getpid()}.tmp")
-    tmp.write_text(hashlib.sha256(built.read_bytes()).hexdigest())
-    os.replace(tmp, digest)
+    fd, tmp = tempfile.mkstemp(prefix=f".{digest.name}.", suffix=".tmp", dir=digest.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(hashlib.sha256(built.read_bytes()).hexdigest())
+        os.replace(tmp, digest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _intact(out: Path) -> bool:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import tempfile
 from operator import attrgetter
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -462,8 +463,10 @@ def load_best(model_name: str, data_dir: Path | None = None) -> dict[str, Any] |
     except (OSError, ValueError) as e:
         raise BestFileError(f"{path} cannot be read ({e}): {again}") from e
     if not isinstance(best, dict) or not isinstance(best.get("design"), dict) \
-            or not isinstance(best.get("design_id"), str) or not isinstance(best.get("kernels", {}), dict):
-        raise BestFileError(f"{path} is not a best-design record (a design, its design_id and kernels): {again}")
+            or not isinstance(best.get("design_id"), str) or not isinstance(best.get("kernels", {}), dict) \
+            or not isinstance(best.get("campaign"), str):
+        raise BestFileError(f"{path} is not a best-design record (a design, its design_id, its campaign record "
+                            f"and kernels): {again}")
     try:
         design = EngineDesign.from_dict(best["design"])
     except (DesignError, TypeError) as e:
@@ -477,6 +480,11 @@ def load_best(model_name: str, data_dir: Path | None = None) -> dict[str, Any] |
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file in its directory: a reader (generate, export, a second
     campaign) finds the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -106,6 +106,8 @@ def chosen_engine(package: ModelPackage, data_dir: Path) -> Chosen:
     try:
         record = json.loads(record_path.read_text())
         result = record.get("best") or {}
+        if not isinstance(result, dict):
+            raise ValueError(f"its best is {type(result).__name__}, not a design's result")
     except (OSError, ValueError, AttributeError) as e:
         raise NoVerifiedEngine(f"the campaign record {record_path} that best.json of {name} names cannot be read "
                                f"({e}): {run_first}") from e
@@ -256,7 +258,8 @@ def _clear_earlier(out: Path, name: str, files: list[str]) -> None:
     except (OSError, ValueError, AttributeError):
         earlier = {}   # none, or unreadable: _claim_out let it through only under this name
     stale = {f for f in earlier if isinstance(f, str) and "/" not in f and f not in files}
-    stale |= {p.name for p in out.glob(f".lib{name}.so.*.tmp")} | {f"lib{name}.so", "manifest.json"}
+    stale |= {p.name for p in out.glob(f".lib{name}.so.*.tmp")}
+    stale |= {f"lib{name}.so", f"lib{name}.so.sources", "manifest.json"}
     stale |= {p.name for p in out.glob(f"{name}_op*.o")}
     for fname in stale:
         (out / fname).unlink(missing_ok=True)

@@ -6,7 +6,7 @@ to know (its name, the build command, the tokenizer's special ids and chat templ
 next to it, so the file itself is the same for every export. It must never import kfactory.
 
     from NAME import Engine
-    engine = Engine()                                   # builds libNAME.so on first use if it is missing
+    engine = Engine()                                   # builds libNAME.so on first use, again if NAME.c changed
     for piece in engine.generate("What is the capital of France?", max_tokens=64):
         print(piece, end="", flush=True)
     logits = engine.prefill([1, 2, 3])                  # (vocab,) float32 of the last token
@@ -23,6 +23,7 @@ from the memory map.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import struct
@@ -88,20 +89,42 @@ def build_library(directory: Path, manifest: dict[str, Any]) -> Path:
             tmp.unlink(missing_ok=True)
             raise EngineError(f"building {out.name} failed ({' '.join(argv)}):\n{proc.stderr[-4000:]}")
     os.replace(tmp, out)
+    try:
+        _stamp(out).write_text(_sources_digest(directory, manifest))
+    except OSError as e:   # the library is whole; without a stamp the next open builds it again
+        raise EngineError(f"cannot record what {out.name} was built from beside it: {e}") from e
     return out
 
 
-def _built_from(lib: Path, directory: Path, manifest: dict[str, Any]) -> bool:
-    """Whether `lib` exists and is newer than every source the library is built from (NAME.c and the linked op
-    kernels' NAME_opI.c): a source replaced since (an export again into the same directory) needs it built again."""
+def _sources(directory: Path, manifest: dict[str, Any]) -> list[Path]:
+    """The files the library is built from: NAME.c and the linked op kernels' NAME_opI.c."""
     name = manifest["name"]
-    sources = [directory / f for f in manifest.get("files", {})
-               if f == f"{name}.c" or (f.startswith(f"{name}_op") and f.endswith(".c"))]
-    try:
-        built = lib.stat().st_mtime
-        return all(built >= s.stat().st_mtime for s in sources)
-    except OSError:
+    return [directory / f for f in sorted(manifest.get("files", {}))
+            if f == f"{name}.c" or (f.startswith(f"{name}_op") and f.endswith(".c"))]
+
+
+def _sources_digest(directory: Path, manifest: dict[str, Any]) -> str:
+    h = hashlib.sha256()
+    for path in _sources(directory, manifest):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _stamp(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".sources")
+
+
+def _built_from(lib: Path, directory: Path, manifest: dict[str, Any]) -> bool:
+    """Whether `lib` was built from the sources now beside it: the sha256 of those sources is the one its build
+    stamped (an export again into the same directory, or an edited source, needs it built again; mtimes would
+    rebuild on every open after a clock skew). A library without a stamp is used where the directory cannot be
+    written (an install of a copied export), and built again, once, where it can."""
+    if not lib.is_file():
         return False
+    try:
+        return _stamp(lib).read_text().strip() == _sources_digest(directory, manifest)
+    except FileNotFoundError:
+        return not os.access(directory, os.W_OK)
 
 
 def read_weights(path: Path) -> tuple[np.memmap, str, tuple, list[tuple]]:

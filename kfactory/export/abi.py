@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kfactory.export.errors import ExportError
-from kfactory.problems.params import signature_params
+from kfactory.problems.params import abi_misfit, signature_params
 
 #: C spellings of scalar types -> the exported wrapper's names for them (ctypes and struct know each)
 SCALAR_TYPES = {
@@ -59,21 +59,18 @@ def abi_args(problem, target: str) -> list[Arg]:
     if abi is None:
         raise AbiError(f"problem {problem.name} has no ABI for target {kind}")
     params = parse_args(abi.signature)
-    names = [n for _, n in params]
-    if names != list(abi.args):
-        raise AbiError(f"the ABI signature names its arguments {names}, abi.args says {list(abi.args)}")
-    tensors = {t.name for t in problem.spec.inputs + problem.spec.outputs}
+    spec = problem.spec
+    dtypes = {t.name: t.dtype for t in spec.inputs + spec.outputs}
+    if why := abi_misfit(abi.signature, abi.args, dtypes, {t.name for t in spec.outputs}, spec.symbols):
+        raise AbiError(f"the ABI of {problem.name} on {kind}: {why}")
     out = []
     for c_type, name in params:
-        pointer = "*" in c_type
-        if name in tensors:
-            if not pointer:
-                raise AbiError(f"argument {name!r} is a tensor but the signature passes it as {c_type!r}")
+        if name in dtypes:
             out.append(Arg(name, True, c_type=c_type))
-        elif name in problem.spec.symbols or name in problem.spec.params:
-            if pointer:
+        elif name in spec.symbols or name in spec.params:
+            if "*" in c_type:
                 raise AbiError(f"argument {name!r} is a scalar but the signature passes a pointer")
-            out.append(Arg(name, False, _scalar_type(c_type), c_type, param=name in problem.spec.params))
+            out.append(Arg(name, False, _scalar_type(c_type), c_type, param=name in spec.params))
         else:
             raise AbiError(f"argument {name!r} is neither a tensor, a shape symbol nor a param of {problem.name}")
     return out

@@ -73,15 +73,17 @@ def load_problem(name_or_path: str | Path) -> Problem:
     return problem
 
 
-#: what a package may change and still be filed under a built-in's name: where it is measured and with which
-#: kernels, never what is judged (the reference, the inputs drawn, the tolerances, the ABI)
+#: what a package may change and still be filed under a built-in's name: where it is timed and with which
+#: kernels, never what is judged (the reference, the inputs drawn, the tolerances, the ABI); its shapes are
+#: compared apart: it may time other shapes, and verify on more, never on fewer
 SAME_NAME_MAY_DIFFER = frozenset({"shapes", "families", "description", "baselines", "reference_kernel"})
 
 
 def _check_name(spec: ProblemSpec, directory: Path) -> None:
     """A user's package named like a built-in must judge as it does (records are filed by name: its kernels
     would be the built-in's best, export and priors): the same reference.py and the same spec but for
-    SAME_NAME_MAY_DIFFER; a package that differs there is refused with what to rename."""
+    SAME_NAME_MAY_DIFFER, and every verification shape of the built-in's; a package that differs there is
+    refused with what to rename."""
     if spec.name not in list_problems() or directory.resolve() == (BUILTIN / spec.name).resolve():
         return
     own = BUILTIN / spec.name
@@ -90,6 +92,8 @@ def _check_name(spec: ProblemSpec, directory: Path) -> None:
                     and getattr(spec, k) != getattr(base, k))
     sources = ["reference.py", *(r.source for r in base.reference_f64.values())]
     differ += [f for f in sources if _read(directory / f) != _read(own / f)]
+    if missing := [s for s in base.shapes.verify if s not in spec.shapes.verify]:
+        differ.append(f"shapes.verify leaves out {', '.join(shape_str(s, base.symbols) for s in missing)}")
     if differ:
         raise ProblemError(f"{directory / 'problem.yaml'}: name {spec.name!r} is the built-in problem's, and this "
                            f"package judges differently ({', '.join(differ)}); give it a name of its own (its "

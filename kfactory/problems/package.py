@@ -44,7 +44,7 @@ def safe_eval(expr: str, names: dict) -> Any:  # what the expression computes: a
     comparisons and FUNCTIONS only; ProblemError names the expression when it cannot be evaluated."""
     try:
         return evaluate(expr, names)
-    except (InvalidExpression, SyntaxError, TypeError, ZeroDivisionError) as e:
+    except (InvalidExpression, SyntaxError, TypeError, ArithmeticError, ValueError) as e:
         raise ProblemError(f"cannot evaluate {expr!r} with {names}: {e}") from e
 
 

@@ -19,7 +19,7 @@ JINJA_RESERVED = frozenset({"range", "dict", "lipsum", "cycler", "joiner", "name
                             "true", "false", "none", "True", "False", "None"})
 
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
-_PARAM = re.compile(r"^(?P<type>.*?)(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*(?:\[\s*\])?\s*$", re.DOTALL)
+_PARAM = re.compile(r"^(?P<type>.*?)(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<array>\[\s*\])?\s*$", re.DOTALL)
 
 #: C types a float parameter may be passed as, and the runner's argument type for each
 FLOAT_ARGTYPES = {"float": "f32", "double": "f64"}
@@ -50,8 +50,34 @@ def signature_params(signature: str) -> list[tuple[str, str]]:
         m = _PARAM.match(part.strip())
         if m is None or not m.group("type").strip():
             raise ValueError(f"cannot read the parameter {part.strip()!r} of the ABI signature {signature!r}")
-        out.append((" ".join(m.group("type").split()), m.group("name")))
+        c_type = " ".join(m.group("type").split())
+        out.append((f"{c_type} *" if m.group("array") else c_type, m.group("name")))   # `float x[]` is a pointer
     return out
+
+
+def abi_misfit(signature: str, args: list[str], tensors: dict[str, str], outputs: set[str],
+               symbols: list[str]) -> str:
+    """Why `args` cannot be the parameters of C `signature` ('' when they can): the same names in the same
+    order; a tensor (`tensors`: name -> dtype) a pointer, an output's not const, float32 as float and float64 as
+    double; a shape symbol an integer by value. A kernel is called with its args in that order, so a mismatch
+    rejects every correct kernel for a reason of its own. ValueError when the signature cannot be read."""
+    params = signature_params(signature)
+    names = [n for _, n in params]
+    if names != list(args):
+        return f"args {list(args)} must name the signature's parameters in its order, {names}"
+    for c_type, name in params:
+        if name in tensors:
+            head = c_type.split("*")[0].split()
+            want = {"float32": "float", "float64": "double"}.get(tensors[name])
+            if "*" not in c_type:
+                return f"tensor {name!r} must be passed as a pointer, not {c_type!r}"
+            if name in outputs and "const" in head:
+                return f"output {name!r} is written: its pointer cannot be const ({c_type!r})"
+            if want is not None and bare_type(" ".join(head)) != want:
+                return f"tensor {name!r} is {tensors[name]}: pass it as {want} *, not {c_type!r}"
+        elif name in symbols and (why := check_c_type("int", c_type)):
+            return f"shape symbol {name!r}: {why}"
+    return ""
 
 
 def bare_type(c_type: str) -> str:

@@ -11,8 +11,7 @@ from simpleeval import InvalidExpression
 
 from kfactory.platform.expressions import evaluate
 
-from kfactory.problems.params import (JINJA_RESERVED, bare_type, c_param_types, check_c_type,
-                                      signature_params)
+from kfactory.problems.params import JINJA_RESERVED, abi_misfit, c_param_types, check_c_type
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
 #: GGUF block formats an input may be drawn as (Distribution.kind) -> bytes of one block of 32 elements: Q4_1 is
@@ -279,35 +278,15 @@ class ProblemSpec(_Strict):
         return self
 
     def _signature_misfit(self, abi: "Abi") -> str:
-        """Why abi.args cannot be the signature's parameters ('' when they can, or when the signature cannot be
-        read: a replay problem's is prose): the same names in the same order, tensors as pointers (outputs not
-        const, float32 as float and float64 as double), shape symbols as scalars. A kernel is called with
-        abi.args in that order, so a mismatch rejected every correct kernel for a reason of its own."""
+        """kfactory.problems.params.abi_misfit for this spec ('' too when the signature is prose, as a replay
+        problem's or an engine's)."""
         if not C_DECLARATION.match(abi.signature):
             return ""
         try:
-            params = signature_params(abi.signature)
+            return abi_misfit(abi.signature, abi.args, {t.name: t.dtype for t in self.inputs + self.outputs},
+                              {t.name for t in self.outputs}, self.symbols)
         except ValueError:
             return ""
-        names = [n for _, n in params]
-        if names != abi.args:
-            return f"args {abi.args} must name the signature's parameters in its order, {names}"
-        tensors = {t.name: t for t in self.inputs + self.outputs}
-        outputs = {t.name for t in self.outputs}
-        for c_type, name in params:
-            pointer = "*" in c_type
-            if name in tensors:
-                pointee = bare_type(c_type.replace("*", " "))
-                want = {"float32": "float", "float64": "double"}.get(tensors[name].dtype)
-                if not pointer:
-                    return f"tensor {name!r} must be passed as a pointer, not {c_type!r}"
-                if name in outputs and "const" in c_type.split("*")[0].split():
-                    return f"output {name!r} is written: its pointer cannot be const ({c_type!r})"
-                if want is not None and pointee != want:
-                    return f"tensor {name!r} is {tensors[name].dtype}: pass it as {want} *, not {c_type!r}"
-            elif name in self.symbols and pointer:
-                return f"shape symbol {name!r} is passed by value, not as {c_type!r}"
-        return ""
 
     def _cost_at(self, shape: dict[str, int]) -> None:
         """cost.bytes and cost.flops at a declared shape: finite numbers of at least 0 (a campaign measures every
@@ -316,10 +295,10 @@ class ProblemSpec(_Strict):
             expr = getattr(self.cost, field_name)
             try:
                 value = evaluate(expr, dict(shape))
-            except (InvalidExpression, SyntaxError, TypeError, ZeroDivisionError) as e:
+                finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            except (InvalidExpression, SyntaxError, TypeError, ArithmeticError, ValueError) as e:
                 raise ValueError(f"cost.{field_name}: {expr!r} cannot be evaluated at shape {shape}: {e}") from e
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
+            if not finite or value < 0:
                 raise ValueError(f"cost.{field_name}: {expr!r} is {value!r} at shape {shape}; it must be a finite "
                                  "number of at least 0")
 
