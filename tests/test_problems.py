@@ -48,6 +48,8 @@ def test_every_template_point_renders_to_distinct_sources():
     (lambda s: s["cost"].update(bytes="8 * rows * colz"), "cost.bytes: '8 * rows * colz' cannot be evaluated"),
     (lambda s: s["cost"].update(bytes="rows - 2 * rows"), "cost.bytes: 'rows - 2 * rows' is -"),
     (lambda s: s["cost"].update(flops="-rows"), "cost.flops: '-rows' is -"),
+    (lambda s: s["cost"].update(bytes="10.0 ** 400"), "cost.bytes: '10.0 ** 400' cannot be evaluated"),
+    (lambda s: s["cost"].update(bytes="2 ** 5000"), "cost.bytes: '2 ** 5000'"),
     (lambda s: s["distributions"]["uniform"]["x"].update(low=8.0, high=-8.0), "high (-8.0) is below low (8.0)"),
     (lambda s: s["outputs"][0].update(shape=["rows", -4]), "shape sizes [-4] must be >= 1"),
     (lambda s: s["tolerance"]["float32"].update(atol=float("inf")), "tolerance.float32.atol: Input should be a "
