@@ -3,8 +3,12 @@ package."""
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +129,29 @@ def small_softmax(tmp_path_factory) -> str:
                       "verify": [{"rows": 3, "cols": 17}, {"rows": 5, "cols": 1027}, *spec["shapes"]["verify"]]}
     (dst / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return str(dst)
+
+
+def ctrl_c_when(argv: list[str], ready, within_s: float, **popen) -> tuple[int, str, str]:
+    """Run `argv` in a session of its own and, once a line of its stdout (of its stderr with ready_on="stderr")
+    makes `ready(line)` true, send SIGINT to its whole process group, as a terminal's Ctrl-C does: (exit status,
+    stdout, stderr). Fails the test when no such line comes within `within_s` seconds."""
+    stream = popen.pop("ready_on", "stdout")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **popen)
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + within_s
+        for line in getattr(proc, stream):
+            seen.append(line)
+            if ready(line):
+                break
+            assert time.monotonic() < deadline, f"nothing ready within {within_s} s"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    before = "".join(seen)
+    return proc.returncode, (before + out) if stream == "stdout" else out, (before + err) if stream == "stderr" else err
 
 
 def kernel_source(name: str) -> str:

@@ -9,15 +9,15 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import pytest
 import yaml
+
+from conftest import ctrl_c_when
 
 import kfactory.problems
 
@@ -272,20 +272,10 @@ def test_ctrl_c_of_an_engine_campaign_cancels_it_and_exits_130(tmp_path, host_ce
     data.mkdir()
     shutil.copy(host_ceilings, data / "ceilings.json")
     env = {**os.environ, "KFACTORY_DATA_DIR": str(data), "KFACTORY_REPORT_DIR": str(tmp_path / "reports")}
-    proc = subprocess.Popen([sys.executable, "-m", "kfactory.cli.main", "engine", "run", "tiny-llama", "--budget",
-                             "24", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=tmp_path, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        for line in proc.stdout:   # progress: "[1/24] <design>: verified, ..."
-            if line.startswith("[1/24]"):
-                break
-            assert time.monotonic() < deadline, "no design finished within 180 s"
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err
+    code, out, err = ctrl_c_when([sys.executable, "-m", "kfactory.cli.main", "engine", "run", "tiny-llama",
+                                  "--budget", "24", "--threads", "1"], lambda line: line.startswith("[1/24]"), 180,
+                                 env=env, cwd=tmp_path)
+    assert code == 130, err
     assert "internal error" not in err and "handler failed" not in err, err
     assert "interrupted: campaign " in err and ": cancelled (interrupted by Ctrl-C)" in out
     status = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "status"], env=env, capture_output=True,

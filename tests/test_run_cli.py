@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+from conftest import ctrl_c_when
 
 KFACTORY = [sys.executable, "-m", "kfactory.cli.main"]
 
@@ -52,20 +53,12 @@ def test_ctrl_c_cancels_the_campaign_and_writes_what_finished(tmp_path, host_cei
     too. The bus stays up until the campaign has said it was cancelled, and a compile the signal stopped is not a
     compile failure of its candidate."""
     summary = tmp_path / "out.json"
-    proc = subprocess.Popen([*KFACTORY, "run", "softmax", "--target", "cpu", "--budget", "40", "--warm", "0",
-                             "--json", str(summary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(tmp_path, host_ceilings), cwd=tmp_path, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        for line in proc.stderr:  # progress lines: "  12s proposed 3 compiled 2 verified 1 ..."
-            if " verified " in line and " verified 0 " not in line:
-                break
-            assert time.monotonic() < deadline, "no candidate verified within 120 s"
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err
+    # progress lines: "  12s proposed 3 compiled 2 verified 1 ..."
+    code, _, err = ctrl_c_when([*KFACTORY, "run", "softmax", "--target", "cpu", "--budget", "40", "--warm", "0",
+                                "--json", str(summary)],
+                               lambda line: " verified " in line and " verified 0 " not in line, 120,
+                               ready_on="stderr", env=_env(tmp_path, host_ceilings), cwd=tmp_path)
+    assert code == 130, err
     assert "Traceback" not in err and "internal error" not in err and "handler failed" not in err, err
     note = [line for line in err.splitlines() if line.startswith("interrupted: campaign ")]
     assert len(note) == 1 and note[0].endswith("was cancelled; the report and summary hold what finished before "

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kfactory.platform.fsutil import atomic_write
 from kfactory.targets.base import check_not_interrupted
 
 #: flags of every engine build; -z defs makes an unresolved symbol a build failure, not a load failure
@@ -110,15 +111,7 @@ def _digest_path(obj: Path) -> Path:
 def _seal(built: Path, out: Path) -> None:
     """Record the sha256 of the object `built` that is about to become `out`, beside it (written first: a
     digest without its object is a miss, an object without its digest too)."""
-    digest = _digest_path(out)
-    fd, tmp = tempfile.mkstemp(prefix=f".{digest.name}.", suffix=".tmp", dir=digest.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(hashlib.sha256(built.read_bytes()).hexdigest())
-        os.replace(tmp, digest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(_digest_path(out), hashlib.sha256(built.read_bytes()).hexdigest().encode())
 
 
 def _intact(out: Path) -> bool:

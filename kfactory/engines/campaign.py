@@ -31,9 +31,7 @@ timing (on a shared host a figure moves with the load; an effect within the nois
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 from operator import attrgetter
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -51,6 +49,7 @@ from kfactory.engines.runner import EngineFault, EngineRunner
 from kfactory.engines.showdown import Rule, Showdown, report_lines, schedule, spins_of
 from kfactory.engines.verify import Verdict, Verifier
 from kfactory.models.gguf_model import LlamaConfig
+from kfactory.platform.fsutil import atomic_write
 from kfactory.strategies import Space, make_strategy
 
 #: the bench of every design: decode steps after a prefill of CONTEXT tokens (the issue's context 128)
@@ -431,15 +430,15 @@ def write_record(out: Path, head: dict[str, Any], results: list[DesignResult], k
         "noise": noise,
         "showdown": showdown,
         "path": str(path)}
-    write_atomic(path, json.dumps(record, indent=1))
+    atomic_write(path, json.dumps(record, indent=1).encode())
     if best is not None:
-        write_atomic(out / "best.json", json.dumps(
+        atomic_write(out / "best.json", json.dumps(
             {"model": record["model"], "design": best.design, "design_id": best.design_id,
              "decode_tok_s": best.decode_tok_s, "prefill_tok_s": best.prefill_tok_s, "campaign": str(path),
              # only the kernels the winner links in: enough to rebuild it (ops.build_engine)
              "kernels": {p: kernels[p].as_dict()
                          for p in EngineDesign.from_dict(best.design).searched_kernels()}},
-            indent=1))
+            indent=1).encode())
     return record
 
 
@@ -475,16 +474,3 @@ def load_best(model_name: str, data_dir: Path | None = None) -> dict[str, Any] |
         raise BestFileError(f"{path}: its design is {design.design_id()}, not the {best['design_id']} it names: "
                             f"{again}")
     return best
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in its directory: a reader (generate, export, a second
-    campaign) finds the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
