@@ -1,8 +1,8 @@
 """`kfactory problems check`: what would break a campaign of a problem package, found before any service runs.
 
-The reference runs on the smallest verification shapes with every declared input distribution, and its
-outputs are checked against the ABI (names, numeric arrays, shapes, finite where the inputs are, the same twice,
-its inputs left as they were); every family is rendered at
+The reference runs on the two smallest verification shapes with every declared input distribution (its inputs
+read-only, as in every verification), and its outputs are checked against the ABI (names, numeric arrays,
+shapes) and against a second run (the same answer twice); every family is rendered at
 one valid point, with its flags through the compile-flag whitelist. Each problem is one line that names the file
 (and the line, for a template). `kfactory run` and the planner's submit run the same checks first.
 """
