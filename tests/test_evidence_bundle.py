@@ -256,3 +256,53 @@ async def test_a_memory_service_imports_and_exports_the_bundle_and_answers_best_
         assert running.failed() is None
     finally:
         await running.shutdown()
+
+
+def _small_bundle(tmp_path) -> dict:
+    """A bundle of one softmax campaign c1 (a candidate verified and measured), from an archive of its own."""
+    src = Archive(tmp_path / "src" / "archive.sqlite")
+    cand = pb.Candidate(id="f" * 64, problem="softmax", target="cpu", family="cpu_c", origin="template:cpu_c",
+                        params_json='{"vec": 4}', point_id="p1")
+    for event in [_start("c1"), *links("c1", cand)]:
+        src.record(event)
+    bundle = eb.export_bundle(src, Workspace(tmp_path / "src").get, "softmax", "cpu")
+    src.close()
+    return bundle
+
+
+def test_a_bundle_may_not_rename_a_problem_name_nor_bring_ids_no_command_can_name(tmp_path):
+    """Found by a probe of the services: problem_names {'softmax': 'other'} went in with exit 0 and hid every
+    softmax campaign here from best, priors and lessons for good (and refused genuine bundles after); campaign ids
+    such as '../../x' went in and no command could name them. Both refuse the bundle whole; an archive a bundle
+    renamed a name in before reads the name as itself again."""
+    bundle = _small_bundle(tmp_path)
+    ws = Workspace(tmp_path / "dst")
+    dst = Archive(ws.archive_path)
+    renamed = {**bundle, "problem_names": {"softmax": "other"}}
+    result = eb.import_bundle(dst, ws, eb.loads(eb.dumps(renamed)))
+    assert result.events_added == 0 and any("'softmax' is a problem's name; the bundle names it 'other'" in r
+                                             for r in result.refused), result
+    odd = json.loads(json.dumps(bundle).replace('"c1', '"../../x'))
+    result = eb.import_bundle(dst, ws, eb.loads(eb.dumps(odd)))
+    assert result.events_added == 0 and any("its campaign id '../../x' is not one" in r for r in result.refused)
+    assert dst.q("SELECT COUNT(*) FROM events") == [(0,)]
+    dst.db.execute("INSERT INTO problem_names VALUES ('softmax', 'other')")   # as the import once let in
+    dst.close()
+    healed = Archive(ws.archive_path)
+    assert healed.problem_name("softmax") == "softmax"
+    assert not eb.import_bundle(healed, ws, eb.loads(eb.dumps(bundle))).refused
+    healed.close()
+
+
+@pytest.mark.parametrize("out", ["dir", ""])
+def test_export_to_a_directory_is_refused_and_leaves_nothing(tmp_path, monkeypatch, capsys, out):
+    """`--out DIR` left the whole bundle in .DIR.tmp (and `--out /tmp` in /.tmp.tmp); `--out ""` was an internal
+    error."""
+    bundle = _small_bundle(tmp_path)
+    ws = Workspace(tmp_path / "ws")
+    eb.import_bundle(Archive(ws.archive_path), ws, eb.loads(eb.dumps(bundle)))
+    (tmp_path / "dir").mkdir()
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = _cli(monkeypatch, capsys, tmp_path / "ws", "evidence", "export", "--out", out)
+    assert rc == 2 and "a directory; name the bundle file to write" in err and "internal error" not in err, err
+    assert not list(tmp_path.glob(".*tmp")) and not list((tmp_path / "dir").iterdir())

@@ -55,7 +55,12 @@ def run(args: argparse.Namespace, settings) -> int:
 
 def _export(args, settings, remote: bool) -> int:
     from kfactory.evidence import bundle as eb
+    from kfactory.platform.fsutil import atomic_write
 
+    if args.out.is_dir():   # `--out ""` is the working directory too
+        print(f"kfactory evidence: --out {str(args.out) if str(args.out) != '.' else repr('')}: a directory; name "
+              "the bundle file to write (e.g. evidence/softmax.json.gz)", file=sys.stderr)
+        return 2
     if remote:
         data = asyncio.run(_remote_export(settings, args.problem, args.target))
         bundle = eb.loads(data)
@@ -63,9 +68,7 @@ def _export(args, settings, remote: bool) -> int:
         bundle = local_export(settings, args.problem, args.target)
         data = eb.dumps(bundle)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(args.out)
+    atomic_write(args.out, data)   # a temporary file beside it, removed if the write fails
     n, events = len(bundle["campaigns"]), len(bundle["events"])
     if args.as_json:
         print(json.dumps({"file": str(args.out), "bytes": len(data), "campaigns": n, "events": events,

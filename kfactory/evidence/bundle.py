@@ -29,6 +29,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
+from kfactory.platform.fsutil import atomic_write
 from kfactory.services.memory.archive import Archive, target_matches
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -152,9 +153,7 @@ def write(path: Path | str, bundle: dict) -> Path:
     """Write a bundle (see dumps) atomically enough for a script cut mid-write: a temporary file, then a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(dumps(bundle))
-    tmp.replace(path)
+    atomic_write(path, dumps(bundle))
     return path
 
 

@@ -28,6 +28,10 @@ MAX_TENSOR_ELEMENTS = 1 << 28
 C_DECLARATION = re.compile(r'^\s*(?:extern\s+"C"\s+)?[A-Za-z_][\w\s*]*\b[A-Za-z_]\w*\s*\(')
 
 
+#: a problem's (and a family's) name: what the archive files its records under
+PROBLEM_NAME = r"^[a-z][a-z0-9_]*$"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -193,7 +197,7 @@ def _bound(v, default: str) -> str:
 
 class ProblemSpec(_Strict):
     """problem.yaml."""
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    name: str = Field(pattern=PROBLEM_NAME)
     description: str
     symbols: list[str] = Field(min_length=1)
     inputs: list[TensorSpec] = Field(min_length=1)
@@ -339,7 +343,7 @@ def _kind_misfit(t: TensorSpec, d: Distribution) -> str:
 
 class FamilySpec(_Strict):
     """families/<name>/family.yaml."""
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    name: str = Field(pattern=PROBLEM_NAME)
     target: Literal["cpu", "cuda", "replay"]
     language: Literal["c", "cuda", "ptx", "replay"]
     template: str

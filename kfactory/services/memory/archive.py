@@ -5,6 +5,7 @@ the file and replaying the stream rebuilds it.
 """
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 import time
@@ -14,6 +15,7 @@ from kfactory.bus import events as ev
 from kfactory.bus.origins import STRATEGY, Origin, sql_match
 from kfactory.evidence import trust
 from kfactory.judge import counter_rng
+from kfactory.problems.spec import PROBLEM_NAME
 from kfactory.v1 import events_pb2 as pb
 
 #: failures that mean "this kernel computes the wrong thing": the input that showed it is worth keeping
@@ -60,6 +62,11 @@ AWAITS = {"measured": "verified", "comparison": "measured"}
 _TOP = "\U0010ffff"
 
 
+_IS_NAME = re.compile(PROBLEM_NAME)
+#: how long a write waits for another process's transaction on the archive to end
+BUSY_WAIT_S = 120.0
+
+
 def target_matches(have: str, want: str) -> bool:
     """Whether a candidate's target is the one asked for: any when `want` is empty; a bare name (`cuda`) matches
     each of its variants (`cuda:sm_90a`), a full one only itself."""
@@ -81,7 +88,11 @@ class Archive:
         self._resolve = problem_name
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        # IMMEDIATE transactions and a long busy wait: another process writing this archive (an import beside
+        # a campaign, two imports) is waited for; a deferred one that read first failed at once ("database is
+        # locked") when the other had written meanwhile
+        self.db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None,
+                                  timeout=BUSY_WAIT_S)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
         self.lock = threading.Lock()
@@ -103,11 +114,13 @@ class Archive:
         return self
 
     def _aliases(self) -> dict[str, str]:
-        """The problem names imported evidence brought for locators (kfactory/evidence/bundle.py)."""
+        """The problem names imported evidence brought for locators (kfactory/evidence/bundle.py); one that
+        renames a locator which is a name already (which an import once let in) is not one."""
         try:
-            return dict(self.db.execute("SELECT locator, name FROM problem_names").fetchall())
+            rows = self.db.execute("SELECT locator, name FROM problem_names").fetchall()
         except sqlite3.OperationalError:  # an archive written before the table existed, opened read-only
             return {}
+        return {loc: name for loc, name in rows if loc == name or not _IS_NAME.match(loc)}
 
     def problem_name(self, locator: str) -> str:
         """A problem's name from its locator: resolved here (a built-in name, a package path that exists), else
@@ -124,7 +137,7 @@ class Archive:
         is `held` until it is (memory's order can differ from the stream's after a restart), and only then
         becomes evidence."""
         with self.lock:
-            self.db.execute("BEGIN")
+            self.db.execute("BEGIN IMMEDIATE")
             try:
                 added = self._record(event)
                 self.db.execute("COMMIT")
@@ -183,7 +196,7 @@ class Archive:
         or a locator is named otherwise here. Returns (added, already here, held back for their chain, regression
         inputs added, reasons)."""
         with self.lock:
-            self.db.execute("BEGIN")
+            self.db.execute("BEGIN IMMEDIATE")
             kept_aliases = self.aliases
             try:
                 if why := self._merge_conflicts(events, aliases):
@@ -211,9 +224,16 @@ class Archive:
         """Why a merge must be refused (empty when it may go in); the lock is held."""
         why = [f"problem locator {loc[:200]!r} is {self.aliases[loc]!r} here, {name!r} in the bundle"
                for loc, name in aliases.items() if self.aliases.get(loc, name) != name]
+        # a locator that is a name already (a built-in's) names itself: under another name, every campaign of it
+        # here would vanish from best, priors and lessons for good
+        why += [f"problem locator {loc[:200]!r} is a problem's name; the bundle names it {name[:200]!r}"
+                for loc, name in aliases.items() if loc != name and _IS_NAME.match(loc)]
         started = {e.campaign_id for e in events if e.HasField("campaign_started")}
         for e in events:
-            if flaw := trust.body_flaw(e):
+            if e.campaign_id and not ev.CAMPAIGN_ID.fullmatch(e.campaign_id):
+                # a campaign no command could name (`report`, `best --campaign` refuse such an id)
+                why.append(f"event {e.id[:120]}: its campaign id {e.campaign_id[:64]!r} is not one")
+            elif flaw := trust.body_flaw(e):
                 why.append(f"event {e.id[:120]}: not believed: {flaw}")
             elif e.campaign_id not in started and not e.HasField("dead_letter") and not self.db.execute(
                     "SELECT 1 FROM campaigns WHERE id=?", (e.campaign_id,)).fetchone():
