@@ -168,7 +168,8 @@ def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_so
         # and the list (status without an id) holds both with their states
         other = json.loads(f.cli("submit", small_softmax, "--budget", "400", "--strategy", "random",
                                  "--json").stdout)["id"]
-        assert json.loads(f.cli("cancel", other, "--json").stdout)["id"] == other
+        # by a unique prefix, as status takes one (cancel and watch took full ids only)
+        assert json.loads(f.cli("cancel", other[:8], "--json").stdout)["id"] == other
         assert f.wait_finished(other)["state"] == "cancelled"
         listed = {s["id"]: s["state"] for s in json.loads(f.cli("status", "--json").stdout)["campaigns"]}
         assert listed == {cid: "completed", other: "cancelled"}

@@ -236,10 +236,12 @@ async def _dispatch(args, settings, spec_fn) -> int:
             _print(r, as_json, "\n".join(_status_line(s) for s in r.campaigns) or "no campaigns")
         return 0
     if args.cmd == "watch":
-        await _call(plan, lambda ch: _watch(ch, args.id))
+        cid = (await _campaign_status(settings, args.id)).id   # a unique prefix, as status takes it
+        await _call(plan, lambda ch: _watch(ch, cid))
         return 0
     if args.cmd == "cancel":
-        s = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Cancel(spb.CancelRequest(id=args.id)))
+        cid = (await _campaign_status(settings, args.id)).id
+        s = await _call(plan, lambda ch: sgrpc.CampaignsStub(ch).Cancel(spb.CancelRequest(id=cid)))
         _print(s, as_json, _status_line(s))
         return 0
     if args.cmd == "priors":

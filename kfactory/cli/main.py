@@ -423,12 +423,18 @@ def _dispatch(args) -> int:
             return export_command(args, _settings(args))
         if args.cmd == "serve":
             from kfactory.platform.app import serve
+            from kfactory.platform.grpcserver import GrpcBindError
 
             settings = _settings(args)
             if args.grpc_addr:
                 key = "planner_addr" if args.service == "planner" else "memory_addr"
                 settings = settings.model_copy(update={key: args.grpc_addr})
-            asyncio.run(serve(args.service, settings))
+            try:
+                asyncio.run(serve(args.service, settings))
+            except GrpcBindError as e:   # the address the flag or the environment gave: fix it, or stop the other
+                print(f"kfactory serve: {e} (--grpc-addr, KFACTORY_PLANNER_ADDR or KFACTORY_MEMORY_ADDR)",
+                      file=sys.stderr)
+                return EXIT_USAGE
             return 0
         return client.dispatch(args, _settings(args), _spec if args.cmd == "submit" else None)
     except WiringError as e:

@@ -34,7 +34,9 @@ async def start_server(addr: str, add_servicer, service_full_name: str, servicer
     creds = security.server_credentials(settings) if settings is not None else None
     # the clipping interceptor last: innermost, it sees the servicer's own aborts and exceptions
     interceptors = (security.server_interceptors(settings) if settings is not None else []) + [ClipDetails()]
-    server = grpc.aio.server(interceptors=interceptors)
+    # no SO_REUSEPORT: a second planner (or memory) on the same address must fail to start, not share its port
+    # with the first and split the clients between two services that each believe they are the one
+    server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
     add_servicer(servicer, server)
     hs = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)

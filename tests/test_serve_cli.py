@@ -1,0 +1,44 @@
+"""`kfactory serve` started with an address it cannot listen on: one line naming the setting, exit 2, never an
+internal error; and a second planner on a planner's address is that case (no SO_REUSEPORT: the two would have
+split the clients between them)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+KFACTORY = [sys.executable, "-m", "kfactory.cli.main"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_address_that_cannot_be_listened_on_is_a_usage_error(tmp_path, nats_url):
+    env = {**os.environ, "KFACTORY_NATS_URL": nats_url, "KFACTORY_DATA_DIR": str(tmp_path / "data")}
+    out = subprocess.run([*KFACTORY, "serve", "planner", "--grpc-addr", "garbage"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and "kfactory serve: cannot listen on garbage" in out.stderr, out.stderr
+    assert "internal error" not in out.stderr
+    addr = f"127.0.0.1:{_free_port()}"
+    first = subprocess.Popen([*KFACTORY, "serve", "planner", "--grpc-addr", addr], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:   # until the first planner listens
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", int(addr.split(":")[1]))) == 0:
+                    break
+            assert first.poll() is None and time.monotonic() < deadline, "the first planner did not start"
+            time.sleep(0.2)
+        second = subprocess.run([*KFACTORY, "serve", "planner", "--grpc-addr", addr], env=env, capture_output=True,
+                                text=True, timeout=120)
+        assert second.returncode == 2 and f"cannot listen on {addr}" in second.stderr, second.stderr
+        assert first.poll() is None   # the first one serves on
+    finally:
+        first.terminate()
+        first.wait(30)
