@@ -306,3 +306,17 @@ def test_export_to_a_directory_is_refused_and_leaves_nothing(tmp_path, monkeypat
     rc, _, err = _cli(monkeypatch, capsys, tmp_path / "ws", "evidence", "export", "--out", out)
     assert rc == 2 and "a directory; name the bundle file to write" in err and "internal error" not in err, err
     assert not list(tmp_path.glob(".*tmp")) and not list((tmp_path / "dir").iterdir())
+
+
+def test_a_bad_file_among_several_is_named_and_the_others_still_go_in(tmp_path, monkeypatch, capsys):
+    """`evidence import good bad more`: the bad one's reason came without its name, and `more` was skipped."""
+    bundle = _small_bundle(tmp_path)
+    good, bad, more = tmp_path / "good.json.gz", tmp_path / "bad.json.gz", tmp_path / "more.json.gz"
+    eb.write(good, bundle)
+    bad.write_bytes(eb.dumps(bundle)[:40])
+    eb.write(more, {**bundle, "regressions": []})
+    rc, out, err = _cli(monkeypatch, capsys, tmp_path / "ws", "evidence", "import", str(good), str(bad), str(more),
+                        str(tmp_path / "gone.json.gz"))
+    assert rc == 2 and f"kfactory evidence: {bad}: not gzip-compressed JSON" in err, err
+    assert f"kfactory evidence: {tmp_path / 'gone.json.gz'}: cannot read it: No such file" in err, err
+    assert f"{good}: " in out and f"{more}: " in out, out   # both read: the second one added nothing new

@@ -121,23 +121,34 @@ def _import(args, settings, remote: bool) -> int:
     from kfactory.evidence import bundle as eb
 
     rc = 0
-    for path in args.file:
-        if remote:
-            try:
-                data = path.read_bytes()
-            except OSError as e:
-                raise eb.BundleError(f"cannot read {path}: {e.strerror or e}") from None
-            eb.loads(data)  # a file that is no bundle is told here, before it travels
-            result = asyncio.run(_remote_import(settings, data))
-        else:
-            result = local_import(settings, eb.read(path))
+    for path in args.file:   # each file on its own: one that is no bundle is named, and the rest still go in
+        try:
+            result = _import_one(path, settings, remote)
+        except eb.BundleError as e:
+            print(f"kfactory evidence: {path}: {e}", file=sys.stderr)
+            rc = max(rc, 2)
+            continue
         if args.as_json:
             print(json.dumps({"file": str(path), **MessageToDict(result, preserving_proto_field_name=True,
                                                                   always_print_fields_with_no_presence=True)}))
         else:
             print(f"{path}: {eb.summary(result)}", file=sys.stderr if result.refused else sys.stdout)
-        rc = rc or (1 if result.refused else 0)
+        rc = max(rc, 1 if result.refused else 0)
     return rc
+
+
+def _import_one(path, settings, remote: bool):
+    """One bundle file merged (into the memory service when `remote`); BundleError when it is no bundle."""
+    from kfactory.evidence import bundle as eb
+
+    if not remote:
+        return local_import(settings, eb.read(path))
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise eb.BundleError(f"cannot read it: {e.strerror or e}") from None
+    eb.loads(data)  # a file that is no bundle is told here, before it travels
+    return asyncio.run(_remote_import(settings, data))
 
 
 async def _remote_export(settings, problem: str, target: str) -> bytes:

@@ -146,7 +146,7 @@ def read(path: Path | str) -> dict:
     try:
         return loads(Path(path).read_bytes())
     except OSError as e:
-        raise BundleError(f"cannot read {path}: {e.strerror or e}") from None
+        raise BundleError(f"cannot read it: {e.strerror or e}") from None
 
 
 def write(path: Path | str, bundle: dict) -> Path:
