@@ -12,7 +12,7 @@ import math
 import threading
 from typing import Any
 
-from simpleeval import EvalWithCompoundTypes, SimpleEval
+from simpleeval import EvalWithCompoundTypes, InvalidExpression, SimpleEval
 
 
 def cdiv(a, b):
@@ -46,9 +46,14 @@ def _evaluator() -> EvalWithCompoundTypes:
     return ev
 
 
+#: what evaluating an expression raises when the expression (not kfactory) is at fault: simpleeval's refusals,
+#: a syntax error, a wrong type, a division by zero or an overflow (10.0 ** 400), a math domain error
+ERRORS = (InvalidExpression, SyntaxError, TypeError, ArithmeticError, ValueError)
+
+
 def evaluate(expr: str, names: dict) -> Any:  # what the expression computes: a number, a bool, a tuple
-    """The value of `expr` over `names`, raising what simpleeval raises (InvalidExpression and its kinds,
-    SyntaxError, TypeError, ZeroDivisionError, ...); callers say which expression of theirs failed."""
+    """The value of `expr` over `names`, raising one of ERRORS when the expression cannot be evaluated; callers
+    say which expression of theirs failed."""
     ev = _evaluator()
     ev.names = names
     return ev.eval(expr, _parsed(expr))

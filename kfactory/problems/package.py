@@ -20,9 +20,8 @@ from typing import Any, ClassVar
 
 import jinja2
 import jinja2.meta
-from simpleeval import InvalidExpression
 
-from kfactory.platform.expressions import FUNCTIONS, evaluate
+from kfactory.platform.expressions import ERRORS as EXPRESSION_ERRORS, FUNCTIONS, evaluate
 from kfactory.problems.spec import FamilySpec, ProblemSpec
 
 #: a source file's language from its suffix
@@ -44,7 +43,7 @@ def safe_eval(expr: str, names: dict) -> Any:  # what the expression computes: a
     comparisons and FUNCTIONS only; ProblemError names the expression when it cannot be evaluated."""
     try:
         return evaluate(expr, names)
-    except (InvalidExpression, SyntaxError, TypeError, ArithmeticError, ValueError) as e:
+    except EXPRESSION_ERRORS as e:
         raise ProblemError(f"cannot evaluate {expr!r} with {names}: {e}") from e
 
 

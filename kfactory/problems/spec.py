@@ -7,9 +7,8 @@ import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
-from simpleeval import InvalidExpression
 
-from kfactory.platform.expressions import evaluate
+from kfactory.platform.expressions import ERRORS as EXPRESSION_ERRORS, evaluate
 
 from kfactory.problems.params import JINJA_RESERVED, abi_misfit, c_param_types, check_c_type
 
@@ -300,7 +299,7 @@ class ProblemSpec(_Strict):
             try:
                 value = evaluate(expr, dict(shape))
                 finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            except (InvalidExpression, SyntaxError, TypeError, ArithmeticError, ValueError) as e:
+            except EXPRESSION_ERRORS as e:
                 raise ValueError(f"cost.{field_name}: {expr!r} cannot be evaluated at shape {shape}: {e}") from e
             if not finite or value < 0:
                 raise ValueError(f"cost.{field_name}: {expr!r} is {value!r} at shape {shape}; it must be a finite "

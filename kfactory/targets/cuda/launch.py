@@ -15,9 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from simpleeval import InvalidExpression
 
-from kfactory.platform.expressions import evaluate
+from kfactory.platform.expressions import ERRORS as EXPRESSION_ERRORS, evaluate
 
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_BLOCK = (1024, 1024, 64)
@@ -49,7 +48,7 @@ def _eval(what: str, expr, names: dict):
         return expr
     try:
         return evaluate(expr, names)
-    except (InvalidExpression, SyntaxError, TypeError, ZeroDivisionError, ValueError, OverflowError) as e:
+    except EXPRESSION_ERRORS as e:
         raise ValueError(f"launch rule: {what}={expr!r} cannot be evaluated with {names}: "
                          f"{type(e).__name__}: {e}") from e
 
