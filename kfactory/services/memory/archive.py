@@ -63,6 +63,12 @@ _TOP = "\U0010ffff"
 
 
 _IS_NAME = re.compile(PROBLEM_NAME)
+
+
+def renames_a_name(locator: str, name: str) -> bool:
+    """Whether an alias gives a locator that is a problem's name already (a built-in's) another name: every
+    campaign of it would vanish from best, priors and lessons; no archive takes one."""
+    return locator != name and _IS_NAME.match(locator) is not None
 #: how long a write waits for another process's transaction on the archive to end
 BUSY_WAIT_S = 120.0
 
@@ -120,7 +126,7 @@ class Archive:
             rows = self.db.execute("SELECT locator, name FROM problem_names").fetchall()
         except sqlite3.OperationalError:  # an archive written before the table existed, opened read-only
             return {}
-        return {loc: name for loc, name in rows if loc == name or not _IS_NAME.match(loc)}
+        return {loc: name for loc, name in rows if not renames_a_name(loc, name)}
 
     def problem_name(self, locator: str) -> str:
         """A problem's name from its locator: resolved here (a built-in name, a package path that exists), else
@@ -224,10 +230,8 @@ class Archive:
         """Why a merge must be refused (empty when it may go in); the lock is held."""
         why = [f"problem locator {loc[:200]!r} is {self.aliases[loc]!r} here, {name!r} in the bundle"
                for loc, name in aliases.items() if self.aliases.get(loc, name) != name]
-        # a locator that is a name already (a built-in's) names itself: under another name, every campaign of it
-        # here would vanish from best, priors and lessons for good
         why += [f"problem locator {loc[:200]!r} is a problem's name; the bundle names it {name[:200]!r}"
-                for loc, name in aliases.items() if loc != name and _IS_NAME.match(loc)]
+                for loc, name in aliases.items() if renames_a_name(loc, name)]
         started = {e.campaign_id for e in events if e.HasField("campaign_started")}
         for e in events:
             if e.campaign_id and not ev.CAMPAIGN_ID.fullmatch(e.campaign_id):
