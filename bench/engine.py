@@ -45,10 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_baselines as eb  # noqa: E402  (bench/ is not a package)
 
 from kfactory.engines.baselines.report import table  # noqa: E402
-from kfactory.engines.baselines.result import FAILED, OK, add_roofline, empty  # noqa: E402
-from kfactory.engines.baselines.roofline import (READ_GBPS, Formats, decode_cost, host_ceilings,  # noqa: E402
-                                                  token_roofline)
-from kfactory.models.gguf_model import LlamaConfig  # noqa: E402
+from kfactory.engines.baselines.result import FAILED, OK, add_roofline, decode_step_cost, empty  # noqa: E402
+from kfactory.engines.baselines.roofline import READ_GBPS, Formats, host_ceilings, token_roofline  # noqa: E402
 from kfactory.platform.config import Settings  # noqa: E402
 
 NAME = "kfactory"
@@ -183,10 +181,9 @@ def paired_fraction(result: dict, ceilings: dict[str, float], context: int, befo
                     step_s: float) -> float | None:
     """One round's roofline fraction of a decode step of `step_s` seconds after `context` tokens, against the
     ceilings with the read bandwidth the larger of the probes run just before and just after it (the bound that
-    favours the engine least); the step is costed as add_roofline costs the result's timed steps."""
-    config = LlamaConfig(**result["config"])
-    cost = decode_cost(config, Formats(**result["formats"]), context + (result["decode_steps"] + 1) / 2)
-    return token_roofline(cost, {**ceilings, READ_GBPS: max(before, after)}, step_s)["fraction"]
+    favours the engine least); the step is costed as add_roofline costs the result's timed steps (decode_step_cost)."""
+    return token_roofline(decode_step_cost(result, context), {**ceilings, READ_GBPS: max(before, after)},
+                          step_s)["fraction"]
 
 
 def measure_paired(verifier, design, result: dict, ceilings: dict[str, float], rounds: int,

@@ -74,6 +74,13 @@ def reset_peak_rss() -> bool:
         return False
 
 
+def decode_step_cost(result: dict, context: int) -> Cost:
+    """The cost of one of the result's timed decode steps after `context` tokens: its timed steps attend to
+    context + 1 .. context + steps positions, costed at their mean."""
+    return decode_cost(LlamaConfig(**result["config"]), Formats(**result["formats"]),
+                       context + (result["decode_steps"] + 1) / 2)
+
+
 def add_roofline(result: dict, ceilings: dict[str, float]) -> dict:
     """Fill result["roofline_fraction"] (per decode context and for the prefill) from its measurements and the
     host's ceilings (roofline.token_roofline: the read bandwidth's; result["roofline"]["per_token"] also holds the
@@ -82,7 +89,6 @@ def add_roofline(result: dict, ceilings: dict[str, float]) -> dict:
         return result
     config = LlamaConfig(**result["config"])
     formats = Formats(**result["formats"])
-    steps = result["decode_steps"]
     out: dict[str, float | None] = {}
     detail: dict[str, dict] = {}
 
@@ -91,8 +97,7 @@ def add_roofline(result: dict, ceilings: dict[str, float]) -> dict:
         out[key] = detail[key]["fraction"]
 
     for ctx, rate in result["decode_tokens_per_s"].items():
-        # the timed steps attend to ctx + 1 .. ctx + steps positions
-        place(ctx, decode_cost(config, formats, int(ctx) + (steps + 1) / 2), rate)
+        place(ctx, decode_step_cost(result, int(ctx)), rate)
     n = result.get("prefill_tokens")
     if n and result.get("prefill_tokens_per_s"):
         place(f"prefill_{n}", prefill_cost(config, formats, n), result["prefill_tokens_per_s"])
