@@ -1,9 +1,11 @@
 """Two versions of the engine's C code side by side: decode and prefill tok/s of the same design built from the C
 files at a git revision and from the working tree, timed alternately in one run, and whether their logits are
-bit-identical.
+bit-identical. With --against instead of --base, two designs of the working tree: --design is the base and
+--against the new (their logits then differ by design; the print says by how much).
 
     python bench/engine_ab.py --base REV [--model smollm2-135m] [--design JSON] [--context 128] [--rounds 8]
         [--steps 32] [--json OUT]
+    python bench/engine_ab.py --design JSON --against JSON [...]
 
 Each version runs in its own engine child (kfactory.engines.runner), both open at once (a spinning design's
 children one at a time: started for each request and closed after it, as their threads spin); a round times one
@@ -79,7 +81,9 @@ def _warm_bench(runner: EngineRunner, fresh: bool, context: int, steps: int):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", required=True, help="git revision whose kfactory/engines/c/ files are the base")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--base", help="git revision whose kfactory/engines/c/ files are the base")
+    which.add_argument("--against", help="a second design (EngineDesign fields as JSON): the new, --design the base")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--design", default="{}", help="EngineDesign fields as JSON (default: the default design)")
     ap.add_argument("--context", type=int, default=128)
@@ -88,10 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     design = EngineDesign.from_dict(json.loads(args.design))
+    designs = {"base": design, "new": EngineDesign.from_dict(json.loads(args.against)) if args.against else design}
     data = Path(Settings().data_dir)
     model = load_model(args.model).open(data / "models")
-    new = generate(design, model.config)
-    sources = {"base": base_source(new, args.base), "new": new}
+    new = generate(designs["new"], model.config)
+    sources = {"base": base_source(new, args.base) if args.base else generate(design, model.config), "new": new}
     if sources["base"] == new:
         print(f"note: kfactory/engines/c/ is the same at {args.base} and in the working tree", file=sys.stderr)
     libs = {}
@@ -103,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     ctx = max(args.context, 7) + args.steps + 8
     decode: dict[str, list[float]] = {k: [] for k in libs}
     prefill: dict[str, list[float]] = {k: [] for k in libs}
-    runners = {k: EngineRunner(args.model, design, p, ctx, cache_dir=data / "models") for k, p in libs.items()}
+    runners = {k: EngineRunner(args.model, designs[k], p, ctx, cache_dir=data / "models") for k, p in libs.items()}
     # a spinning design's threads spin between requests too: two such engines open at once would take each
     # other's cores (on 2 cores, base and new measured 0.01x to 104x of each other), so each runs alone
-    alone = design.spin
+    alone = any(d.spin for d in designs.values())
     try:
         if not alone:
             for r in runners.values():
@@ -124,16 +129,17 @@ def main(argv: list[str] | None = None) -> int:
         for r in runners.values():
             r.close()
     ratios = [n / b for n, b in zip(decode["new"], decode["base"])]
-    out = {"base": args.base, "design_id": design.design_id(), "context": args.context, "rounds": args.rounds,
+    out = {"base": args.base or design.design_id(), "design_id": designs["new"].design_id(),
+           "context": args.context, "rounds": args.rounds,
            "decode_tok_s": {k: statistics.median(v) for k, v in decode.items()},
            "prefill_tok_s": {k: statistics.median(v) for k, v in prefill.items()},
            "decode_ratio": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
-           "bit_identical": bool(same)}
-    print(f"{design.design_id()} after {args.context} tokens, {args.rounds} rounds: decode base "
+           "bit_identical": bool(same), "max_abs_logit_difference": float(np.max(np.abs(new_logits - base_logits)))}
+    print(f"{out['base']} -> {out['design_id']} after {args.context} tokens, {args.rounds} rounds: decode base "
           f"{out['decode_tok_s']['base']:.1f} new {out['decode_tok_s']['new']:.1f} tok/s, new/base median "
           f"x{out['decode_ratio']['median']:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); prefill base "
           f"{out['prefill_tok_s']['base']:.1f} new {out['prefill_tok_s']['new']:.1f} tok/s; "
-          f"bit-identical: {out['bit_identical']}")
+          f"bit-identical: {out['bit_identical']} (largest logit difference {out['max_abs_logit_difference']:.3g})")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

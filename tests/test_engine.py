@@ -30,8 +30,11 @@ DESIGNS = [
     EngineDesign(weights="f32", fuse_qkv=False, fuse_gate_up=False, fuse_norm=False, kv_layout="token_major"),
     # the table decode of Q4_1 (with AVX-512; elsewhere the same 256-bit kernel as the default's)
     EngineDesign(q4_decode="table"),
-    # the integer decode over PACK16 (AVX512-VNNI only: its build refuses other processors), on 2 threads
-    *([EngineDesign(q4_decode="vnni", threads=2, fuse_qkv=False)] if VNNI else []),
+    # the integer decodes over PACK16 (AVX512-VNNI only: their build refuses other processors), on 2 threads;
+    # vnni24's 3 threads split its two-stream groups three ways (its products fall below KF_PAR_MIN on tiny-llama,
+    # test_vnni24_groups_split_over_threads lowers it)
+    *([EngineDesign(q4_decode="vnni", threads=2, fuse_qkv=False),
+       EngineDesign(q4_decode="vnni24", threads=2, wait="bounded", fuse_gate_up=False)] if VNNI else []),
 ]
 
 #: test-only variants: a text replacement in the generated source, which must match exactly once
@@ -53,6 +56,11 @@ SPLIT = {
     "split_unnormalised": [("#define KF_PAR_MIN 32768.0", "#define KF_PAR_MIN 0.0"),
                            ("    out[d] = o / l;", "    out[d] = o;")],
 }
+
+#: vnni24 on 3 threads with every product in parallel: each thread's share of a matrix's 16-row groups in two
+#: streams, shares of odd length (an odd group alone) and the head's last group partial (tiny-llama's 300 rows)
+VNNI24_SPLIT_DESIGN = EngineDesign(q4_decode="vnni24", threads=3, wait="bounded")
+VNNI24_SPLIT = {"vnni24_split": [("#define KF_PAR_MIN 32768.0", "#define KF_PAR_MIN 0.0")]} if VNNI else {}
 
 #: an engine library of the right ABI whose calls fault: a segfault in prefill, an endless decode step
 FAULTY = r"""
@@ -87,7 +95,8 @@ def libs(verifier, tmp_path_factory):
     config = verifier.model.config
     sources = {d.design_id(): generate(d, config) for d in DESIGNS}
     variants = {**{name: (DESIGNS[0], [edit]) for name, edit in BROKEN.items()},
-                **{name: (SPLIT_DESIGN, edits) for name, edits in SPLIT.items()}}
+                **{name: (SPLIT_DESIGN, edits) for name, edits in SPLIT.items()},
+                **{name: (VNNI24_SPLIT_DESIGN, edits) for name, edits in VNNI24_SPLIT.items()}}
     for name, (design, edits) in variants.items():
         src = generate(design, config)
         for old, new in edits:
@@ -154,6 +163,14 @@ def test_split_decode_attention_passes(verifier, libs):
     verdict = verifier.verify(SPLIT_DESIGN, libs["split"])
     assert verdict.passed, verdict.summary()
     assert max(c.max_err for c in verdict.checks) < TOLERANCE / 4
+
+
+@pytest.mark.skipif(not VNNI, reason="the integer decode needs AVX512-VNNI")
+def test_vnni24_groups_split_over_threads(verifier, libs):
+    verdict = verifier.verify(VNNI24_SPLIT_DESIGN, libs["vnni24_split"])
+    assert verdict.passed, verdict.summary()
+    assert max(c.max_err for c in verdict.checks) < TOLERANCE / 4
+    assert all(verdict.check(f"greedy_{i}").detail == "64 tokens identical" for i in range(3))
 
 
 def test_split_attention_without_its_normaliser_fails(verifier, libs):
@@ -311,21 +328,23 @@ def test_design_values_and_space():
     assert {p for p in wide if p.q4_decode == "table"} == {replace(p, q4_decode="table") for p in points
                                                           if p.weights == "q4_1" and p.prepack}
     assert EngineDesign(q4_decode="table").design_id() == "q4_1-fqgn-t1-head-pp-table-0b40cc978e"
-    # and with AVX512-VNNI, the integer decode too; without AVX-512 neither, whatever vnni says
+    # and with AVX512-VNNI, the integer decodes too; without AVX-512 neither, whatever vnni says
     widest = space(2, avx512=True, vnni=True)
-    assert len(widest) == len(set(widest)) == len(points) * 6 // 4 and set(wide) < set(widest)
-    assert {p for p in widest if p.q4_decode == "vnni"} == {replace(p, q4_decode="vnni") for p in points
-                                                           if p.weights == "q4_1" and p.prepack}
+    assert len(widest) == len(set(widest)) == len(points) * 7 // 4 and set(wide) < set(widest)
+    for dec in ("vnni", "vnni24"):
+        assert {p for p in widest if p.q4_decode == dec} == {replace(p, q4_decode=dec) for p in points
+                                                            if p.weights == "q4_1" and p.prepack}
     assert space(2, avx512=False, vnni=True) == points
     assert EngineDesign(q4_decode="vnni").design_id().startswith("q4_1-fqgn-t1-head-pp-vnni-")
-    with pytest.raises(DesignError, match="convert, table, vnni"):
+    with pytest.raises(DesignError, match="convert, table, vnni, vnni24"):
         EngineDesign(q4_decode="lut")
     for unpacked in ({"weights": "f32"}, {"prepack": False}, {"matvec_q4_1": "ab" * 8}):
-        for dec in ("table", "vnni"):
+        for dec in ("table", "vnni", "vnni24"):
             with pytest.raises(DesignError, match=f"q4_decode '{dec}' applies to weights 'q4_1' prepacked"):
                 EngineDesign(q4_decode=dec, **unpacked)
-    with pytest.raises(DesignError, match="q4_decode 'vnni' needs prefill 'gemm', not 'tiled'"):
-        EngineDesign(q4_decode="vnni", prefill="tiled")
+    for dec in ("vnni", "vnni24"):
+        with pytest.raises(DesignError, match=f"q4_decode '{dec}' needs prefill 'gemm', not 'tiled'"):
+            EngineDesign(q4_decode=dec, prefill="tiled")
     # the integer decode's matrices are PACK16, the LM head's Q8_0 too, unless a searched kernel reads them
     vnni = EngineDesign(q4_decode="vnni")
     assert (vnni.layout_of("Q4_1"), vnni.layout_of("Q8_0"), EngineDesign().layout_of("Q8_0")) == \
@@ -334,6 +353,10 @@ def test_design_values_and_space():
     # and the roofline counts integer work for exactly the formats in PACK16 (4 byte digits of x a weight)
     assert vnni.decode_int8() == {"q4_1": 4, "q8_0": 4} and EngineDesign().decode_int8() == {}
     assert replace(vnni, matvec_q8_0="ab" * 6).decode_int8() == {"q4_1": 4}
+    # vnni24: the same layouts, 3 digits
+    vnni24 = replace(vnni, q4_decode="vnni24")
+    assert (vnni24.layout_of("Q4_1"), vnni24.layout_of("Q8_0")) == ("pack16", "pack16")
+    assert vnni24.decode_int8() == {"q4_1": 3, "q8_0": 3}
     # the wait at its default stays out of the id: designs keep the ids they had before the field existed
     assert EngineDesign(threads=2).design_id() == "q4_1-fqgn-t2-head-pp-a42bba545e"
     bounded = EngineDesign(threads=2, wait="bounded")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kfactory.engines.design import BUILTIN, OPS, EngineDesign
+from kfactory.engines.design import BUILTIN, OPS, VNNI_DIGITS, EngineDesign
 from kfactory.models.gguf_model import LlamaConfig
 
 C_DIR = Path(__file__).parent / "c"
@@ -78,7 +78,9 @@ def defines(design: EngineDesign, config: LlamaConfig) -> dict[str, str]:
         # with AVX-512, a decode step's Q4_1 matvec by lookup table (q4group1_lut) or by conversion (q4group1_512)
         "KF_Q4_TABLE": flag[design.q4_decode == "table"],
         # or in integers over PACK16 with AVX512-VNNI (q4group16_vnni; the Q8_0 head too, q8group16_vnni)
-        "KF_Q4_VNNI": flag[design.q4_decode == "vnni"],
+        "KF_Q4_VNNI": flag[design.q4_decode in VNNI_DIGITS],
+        # x's byte digits in the integer products: 4 (vnni, 29 bits) or 3 (vnni24, 24 bits)
+        "KF_VNNI_DIGITS": str(VNNI_DIGITS.get(design.q4_decode, 4)),
         # a searched kernel is its own translation unit (kfactory/engines/ops.py), linked in under this name
         "KF_OP_MATVEC_Q4_1": flag[design.matvec_q4_1 != BUILTIN],
         "KF_OP_MATVEC_Q8_0": flag[design.matvec_q8_0 != BUILTIN],

@@ -57,12 +57,16 @@ PREFILLS = ("gemm", "tiled")
 #: read probe 26): memory bounds it. The Q8_0 matrices (the tied head) go the same way, over PACK16 with codes
 #: stored + 128 (q8group16_vnni: 1.19x the conversion kernel streamed; decode x1.09-1.13 at 1 thread). It needs
 #: prefill "gemm" (its rows path takes the few tokens below the GEMM's minimum one at a time).
-Q4_DECODES = ("convert", "table", "vnni")
-#: the byte digits of x that "vnni" multiplies each quantised weight by (matmul.c's vnni_digits: A 2^21 + B 2^14 +
-#: C 2^7 + D); the roofline counts a decode step's integer work by it (roofline.Formats.decode_int8_digits)
-VNNI_DIGITS = 4
+#: "vnni24" is "vnni" with x rounded per block to 24-bit integers (the grid fp32 rounds the block's largest value
+#: on, at most one ulp of it) in three byte digits, the lower two unsigned (8 bits each, as vpdpbusd's unsigned
+#: operand against the codes taken as signed): a quarter fewer vpdpbusd than vnni's four digits (29 bits).
+Q4_DECODES = ("convert", "table", "vnni", "vnni24")
+#: {integer q4_decode: the byte digits of x it multiplies each quantised weight by} (matmul.c's vnni_digits: vnni
+#: A 2^21 + B 2^14 + C 2^7 + D, vnni24 A 2^16 + B 2^8 + C); the roofline counts a decode step's integer work by
+#: it (roofline.Formats.decode_int8)
+VNNI_DIGITS = {"vnni": 4, "vnni24": 3}
 #: the processor flags (/proc/cpuinfo) a q4_decode's kernel needs beyond AVX-512F
-Q4_DECODE_NEEDS = {"vnni": ("avx512_vnni", "avx512bw")}
+Q4_DECODE_NEEDS = {dec: ("avx512_vnni", "avx512bw") for dec in VNNI_DIGITS}
 #: how an idle OpenMP thread of a design that does not spin waits for the next parallel region: "passive" sleeps
 #: at once (OMP_WAIT_POLICY=passive); "bounded" spins GOMP_SPINCOUNT iterations first, then sleeps (libgomp's
 #: own default, which it cuts to a few spins when a team has more threads than the process has cpus). A decode
@@ -140,10 +144,11 @@ class EngineDesign:
                   layout, so it needs weights "q4_1", and the Q4_1 matrices stay in rows whatever prepack says
                   (layout_of).
     matvec_q8_0:  the same for the Q8_0 matvec (the tied LM head) with a verified `matvec_q8_0` kernel.
-    q4_decode:    "convert", "table" or "vnni": how a decode step's 512-bit matvec unpacks Q4_1 codes; see
-                  Q4_DECODES. It applies to prepacked "q4_1" weights with the engine's own Q4_1 kernel;
-                  "vnni" also needs prefill "gemm", stores the Q4_1 matrices in PACK16 (layout_of) and takes
-                  the Q8_0 ones (the head) in integers too, over PACK16 (unless matvec_q8_0 is searched).
+    q4_decode:    "convert", "table", "vnni" or "vnni24": how a decode step's 512-bit matvec unpacks Q4_1
+                  codes; see Q4_DECODES. It applies to prepacked "q4_1" weights with the engine's own Q4_1
+                  kernel; the integer ones ("vnni", "vnni24") also need prefill "gemm", store the Q4_1 matrices
+                  in PACK16 (layout_of) and take the Q8_0 ones (the head) in integers too, over PACK16
+                  (unless matvec_q8_0 is searched).
     prefill:      "gemm" or "tiled": the kernels of a product over 12 tokens or more; see PREFILLS. Without
                   AVX2 both run the portable kernels. `space()` holds "gemm" only: it measured 1.9x the tiled
                   prefill on SmolLM2 (docs/engines.md), so "tiled" is there to compare against, not to search.
@@ -188,8 +193,9 @@ class EngineDesign:
         if self.q4_decode != Q4_DECODES[0] and not self.q4_decode_applies():
             raise DesignError(f"q4_decode {self.q4_decode!r} applies to weights 'q4_1' prepacked, with the engine's "
                               "own matvec_q4_1 (the kernel that unpacks them)")
-        if self.q4_decode == "vnni" and self.prefill != "gemm":
-            raise DesignError(f"q4_decode 'vnni' needs prefill 'gemm', not {self.prefill!r} (its rows path takes "
+        if self.q4_decode in VNNI_DIGITS and self.prefill != "gemm":
+            raise DesignError(f"q4_decode {self.q4_decode!r} needs prefill 'gemm', not {self.prefill!r} (its rows "
+                              "path takes "
                               "only the few tokens below the GEMM's minimum)")
         self.op_thread_map()
         for name in KERNEL_FIELDS:
@@ -201,9 +207,10 @@ class EngineDesign:
 
     def decode_int8(self) -> dict[str, int]:
         """{block format ("q4_1", "q8_0"): the byte digits of x each of its weights is multiplied by} for the
-        matrices a decode step multiplies in integers (those in PACK16: VNNI_DIGITS under q4_decode "vnni");
+        matrices a decode step multiplies in integers (those in PACK16: VNNI_DIGITS of an integer q4_decode);
         empty where every product is fp32."""
-        return {fmt.lower(): VNNI_DIGITS for fmt in ("Q4_1", "Q8_0") if self.layout_of(fmt) == "pack16"}
+        return {fmt.lower(): VNNI_DIGITS[self.q4_decode] for fmt in ("Q4_1", "Q8_0")
+                if self.layout_of(fmt) == "pack16"}
 
     def op_thread_map(self) -> dict[str, int]:
         """{op: threads} of op_threads; DesignError naming the entry and the valid form when it is not one."""
@@ -243,11 +250,11 @@ class EngineDesign:
     def layout_of(self, fmt: str) -> str:
         """The layout of the matrices stored in block format `fmt` ("Q4_1", "Q8_0", "F32"): "rows" where a
         searched kernel reads them (the GGUF blocks as stored), else "pack4" when prepacked ("pack16" for Q4_1
-        and Q8_0 under q4_decode "vnni"), else "rows"."""
+        and Q8_0 under an integer q4_decode, VNNI_DIGITS), else "rows"."""
         searched = {"Q4_1": self.matvec_q4_1, "Q8_0": self.matvec_q8_0}.get(fmt, BUILTIN) != BUILTIN
         if not self.prepack or searched:
             return "rows"
-        return "pack16" if fmt in ("Q4_1", "Q8_0") and self.q4_decode == "vnni" else "pack4"
+        return "pack16" if fmt in ("Q4_1", "Q8_0") and self.q4_decode in VNNI_DIGITS else "pack4"
 
     def at_threads(self, threads: int) -> "EngineDesign":
         """This design on `threads` threads: spin, a bounded wait and the op_threads entries kept only where
@@ -312,13 +319,13 @@ class EngineDesign:
 
 def q4_decodes_offered(avx512: bool | None = None, vnni: bool | None = None) -> tuple[str, ...]:
     """The q4_decode values space() offers: every one with AVX-512 (`avx512`; default: whether this host's
-    processor has it), but "vnni" only with `vnni` too (default: whether it has Q4_DECODE_NEEDS["vnni"]); the
-    default alone without AVX-512."""
+    processor has it), but the integer ones (VNNI_DIGITS) only with `vnni` too (default: whether it has their
+    Q4_DECODE_NEEDS); the default alone without AVX-512."""
     if avx512 is None:
         avx512 = host_has("avx512f")
     if vnni is None:
         vnni = all(host_has(flag) for flag in Q4_DECODE_NEEDS["vnni"])
-    return tuple(d for d in Q4_DECODES if d != "vnni" or vnni) if avx512 else Q4_DECODES[:1]
+    return tuple(d for d in Q4_DECODES if d not in VNNI_DIGITS or vnni) if avx512 else Q4_DECODES[:1]
 
 
 def space(max_threads: int | None = None, avx512: bool | None = None,

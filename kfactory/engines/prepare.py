@@ -12,8 +12,8 @@ groups of 4 (rows padded with zeros to a multiple of 4):
     Q8_0 per (group, block), 136 bytes: f16 d[4] | i8 qs[4][32]
     F32  per (group, 8 columns):        float v[4][8]
 
-PACK16 (design q4_decode "vnni": the integer decode's matrices) interleaves groups of 16 rows (rows padded to a
-multiple of 16):
+PACK16 (design q4_decode "vnni" or "vnni24": the integer decodes' matrices) interleaves groups of 16 rows (rows
+padded to a multiple of 16):
 
     Q4_1 per (group, block), 320 bytes: f16 d[16] | f16 m[16] | u8 q[4][16][4]   (byte [c][i][k]: row i's
                                         element 8c+k in the low nibble, 8c+4+k in the high one)

@@ -444,7 +444,13 @@ static inline __attribute__((always_inline)) void fgroup(const float *grp, int c
 #endif
 /* floats of one token's digits for the vnni kernels: 4 x 32 bytes a block (32 floats), the block's scale, and
  * the block's four digit sums (int32, for q8group16_vnni) */
-#define KF_VNNI_FLOATS(nb) (37 * (nb))
+#ifndef KF_VNNI_DIGITS
+#define KF_VNNI_DIGITS 4
+#endif
+#if KF_VNNI_DIGITS != 3 && KF_VNNI_DIGITS != 4
+#error "KF_VNNI_DIGITS is 3 (q4_decode vnni24) or 4 (vnni)"
+#endif
+#define KF_VNNI_FLOATS(nb) ((8 * KF_VNNI_DIGITS + 5) * (nb))
 
 /* x as q4group16_vnni reads it (design q4_decode "vnni"): block b's 32 values as integers v = round(x / s_b) on
  * the block's own power-of-two grid, s_b = 2^(e-28) with max|x_b| < 2^e, so |v| <= 2^28 (29 bits: the rounding
@@ -454,6 +460,59 @@ static inline __attribute__((always_inline)) void fgroup(const float *grp, int c
  * C[32] D[32] at 128 bytes a block, then the scales s_b as floats, then each block's sums of its A, B, C and D
  * digits as int32 (q8group16_vnni takes its codes' +128 back out with them). A block of zeros has s_b 0; a
  * non-finite value gives s_b NaN, so the products are NaN as an fp32 dot product's would be. */
+#if KF_VNNI_DIGITS == 3
+/* x as the vnni24 kernels read it (design q4_decode "vnni24"): block b's 32 values as integers v = round(x / s_b)
+ * on the block's power-of-two grid s_b = 2^(e-23), max|x_b| < 2^e, so |v| <= 2^23: the block rounded to 24 bits,
+ * as fp32 rounds its largest value (at most one fp32 ulp of it, 2^-24 of 2^e). v = A 2^16 + B 2^8 + C with A
+ * signed (-128..127) and B, C unsigned bytes (0..255): the kernels multiply A as vpdpbusd's signed operand against
+ * the codes, and B and C as its unsigned one against the codes taken as signed (Q4_1's 0..15 as they are, Q8_0's
+ * with their +128 flipped off), so each byte carries 8 bits and three digits do the work of vnni's four. Stored
+ * A[32] B[32] C[32] at 96 bytes a block, then the scales s_b as floats, then each block's sum of its A digits
+ * (int32, for q8group16_vnni) in a slot of 4. Zeros and non-finite blocks as vnni_digits below. */
+static void vnni_digits(const float *x, int cols, float *xq) {
+  int nb = cols / 32;
+  int8_t *dg = (int8_t *)xq;
+  float *sc = xq + 24 * nb;
+  int32_t *ts = (int32_t *)(xq + 25 * nb);
+  const __m512i top = _mm512_set1_epi32((1 << 23) - 1), bottom = _mm512_set1_epi32(-(1 << 23));
+  const __m512i low8 = _mm512_set1_epi32(255);
+  for (int b = 0; b < nb; b++) {
+    __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1), big = _mm512_set1_ps(FLT_MAX);
+    int bad = (_mm512_cmp_ps_mask(a0, big, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, big, _CMP_NLE_UQ)) != 0;
+    float mx = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+    uint32_t bits;
+    memcpy(&bits, &mx, 4);
+    int ex = (int)(bits >> 23);
+    memset(ts + 4 * b, 0, 16);
+    if (mx == 0.0f || bad) {
+      sc[b] = bad ? NAN : 0.0f;
+      memset(dg + 96 * b, 0, 96);
+      continue;
+    }
+    /* mx < 2^e; e >= -98 keeps 2^(23-e) and 2^(e-23) normal floats */
+    int e = ex - 126 < -98 ? -98 : ex - 126;
+    uint32_t inv_bits = (uint32_t)(150 - e) << 23, sc_bits = (uint32_t)(e + 104) << 23;
+    float inv, s;
+    memcpy(&inv, &inv_bits, 4);
+    memcpy(&s, &sc_bits, 4);
+    sc[b] = s;
+    __m512 iv = _mm512_set1_ps(inv);
+    __m512i sum = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(h ? v1 : v0, iv));   /* exact product, rounded to nearest */
+      q = _mm512_max_epi32(_mm512_min_epi32(q, top), bottom);
+      int8_t *o = dg + 96 * b + 16 * h;
+      __m512i a = _mm512_srai_epi32(q, 16);
+      sum = _mm512_add_epi32(sum, a);
+      _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(a));
+      _mm_storeu_si128((__m128i *)(o + 32), _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srli_epi32(q, 8), low8)));
+      _mm_storeu_si128((__m128i *)(o + 64), _mm512_cvtepi32_epi8(_mm512_and_si512(q, low8)));
+    }
+    ts[4 * b] = _mm512_reduce_add_epi32(sum);
+  }
+}
+#else
 static void vnni_digits(const float *x, int cols, float *xq) {
   int nb = cols / 32;
   int8_t *dg = (int8_t *)xq;
@@ -502,8 +561,131 @@ static void vnni_digits(const float *x, int cols, float *xq) {
   }
 }
 
+#endif
+
 static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
 
+#if KF_VNNI_DIGITS == 3
+/* The vnni24 kernels take S groups of 16 rows side by side (S = 1 or 2, a constant where they are inlined), each
+ * group its own stream of memory, all of them multiplied by the same broadcasts of x's digits. Two streams read
+ * faster than one: a Zen 4 core streamed a Q4_1 matrix at 23.3-24.9 GB/s over two or four groups a pass against
+ * 19.6-21.6 over one, where its read probe reads ~25 (bench/engine_matvec_rate.py), with no software prefetch
+ * (which cost the two streams that gain: 20.5-21.3 at 1 KB ahead, 19.8-20.4 at 8 KB). */
+#define KF_MAX_STREAMS 2
+
+/* q4group16_vnni over vnni24's digits (vnni_digits above) for S groups g[s], rows to y[s] (valid[s] of them): per
+ * chunk the codes, 0..15, are vpdpbusd's unsigned operand against A and its signed one against B and C.
+ * |sum q A| <= 15 128 32 < 2^16 and sum q B < 2^17, so (sum q A) 2^8 + sum q B is exact in 32 bits and below 2^24
+ * (exact as a float); that and sum q C meet in one FMA. Per block of 16 rows: 24 vpdpbusd against vnni's 32. */
+static inline __attribute__((always_inline)) void q4groups_vnni(const uint8_t *const *g, int S, int nb,
+                                                                const float *xq, const float *xs, float *const *y,
+                                                                const int *valid) {
+  const int8_t *dg = (const int8_t *)xq;
+  const float *sc = xq + 24 * nb;
+  __m512 acc[KF_MAX_STREAMS], macc[KF_MAX_STREAMS];
+  for (int s = 0; s < S; s++) acc[s] = macc[s] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int b = 0; b < nb; b++) {
+    const int8_t *xa = dg + 96 * b, *xb = xa + 32, *xc = xa + 64;
+    __m512i ia[KF_MAX_STREAMS], ib[KF_MAX_STREAMS], ic[KF_MAX_STREAMS];
+    for (int s = 0; s < S; s++) ia[s] = ib[s] = ic[s] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++) {
+      __m512i a0 = _mm512_set1_epi32(load_i32(xa + 8 * c)), a1 = _mm512_set1_epi32(load_i32(xa + 8 * c + 4));
+      __m512i b0 = _mm512_set1_epi32(load_i32(xb + 8 * c)), b1 = _mm512_set1_epi32(load_i32(xb + 8 * c + 4));
+      __m512i c0 = _mm512_set1_epi32(load_i32(xc + 8 * c)), c1 = _mm512_set1_epi32(load_i32(xc + 8 * c + 4));
+      for (int s = 0; s < S; s++) {
+        __m512i v = _mm512_loadu_si512((const void *)(g[s] + (size_t)b * 320 + 64 + 64 * c));
+        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        ia[s] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[s], lo, a0), hi, a1);
+        ib[s] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ib[s], b0, lo), b1, hi);
+        ic[s] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ic[s], c0, lo), c1, hi);
+      }
+    }
+    __m512 sb = _mm512_set1_ps(sc[b]), xsb = _mm512_set1_ps(xs[b]);
+    for (int s = 0; s < S; s++) {
+      const uint8_t *blk = g[s] + (size_t)b * 320;
+      __m512 q = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ia[s], 8), ib[s])),
+                                 _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(ic[s]));
+      __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+      __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+      acc[s] = _mm512_fmadd_ps(q, _mm512_mul_ps(d, sb), acc[s]);
+      macc[s] = _mm512_fmadd_ps(m, xsb, macc[s]);
+    }
+  }
+  for (int s = 0; s < S; s++) {
+    float out[16];
+    _mm512_storeu_ps(out, _mm512_add_ps(acc[s], macc[s]));
+    for (int r = 0; r < valid[s]; r++) y[s][r] = out[r];
+  }
+}
+
+/* q8group16_vnni over vnni24's digits for S groups: the codes are stored + 128, vpdpbusd's unsigned operand
+ * against A (less 128 x the block's sum of A, as vnni's), and, their top bit flipped back to the signed codes,
+ * its signed operand against B and C. (sum w A) 2^8 + sum w B is exact in 32 bits (|.| < 2^28) and rounds once
+ * to a float, then meets sum w C in one FMA. Per block of 16 rows: 24 vpdpbusd and 8 xors against vnni's 32
+ * vpdpbusd. */
+static inline __attribute__((always_inline)) void q8groups_vnni(const uint8_t *const *g, int S, int nb,
+                                                                const float *xq, float *const *y, const int *valid) {
+  const int8_t *dg = (const int8_t *)xq;
+  const float *sc = xq + 24 * nb;
+  const int32_t *ts = (const int32_t *)(xq + 25 * nb);
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  __m512 acc[KF_MAX_STREAMS];
+  for (int s = 0; s < S; s++) acc[s] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    const int8_t *xa = dg + 96 * b, *xb = xa + 32, *xc = xa + 64;
+    __m512i ia[KF_MAX_STREAMS], ib[KF_MAX_STREAMS], ic[KF_MAX_STREAMS];
+    for (int s = 0; s < S; s++) ia[s] = ib[s] = ic[s] = _mm512_setzero_si512();
+    for (int c = 0; c < 8; c++) {
+      __m512i a = _mm512_set1_epi32(load_i32(xa + 4 * c)), bd = _mm512_set1_epi32(load_i32(xb + 4 * c));
+      __m512i cd = _mm512_set1_epi32(load_i32(xc + 4 * c));
+      for (int s = 0; s < S; s++) {
+        __m512i v = _mm512_loadu_si512((const void *)(g[s] + (size_t)b * 544 + 32 + 64 * c));
+        __m512i w = _mm512_xor_si512(v, flip);
+        ia[s] = _mm512_dpbusd_epi32(ia[s], v, a);
+        ib[s] = _mm512_dpbusd_epi32(ib[s], bd, w);
+        ic[s] = _mm512_dpbusd_epi32(ic[s], cd, w);
+      }
+    }
+    __m512 sb = _mm512_set1_ps(sc[b]);
+    __m512i fix = _mm512_set1_epi32(128 * ts[4 * b]);
+    for (int s = 0; s < S; s++) {
+      __m512i top = _mm512_sub_epi32(ia[s], fix);
+      __m512 q = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(top, 8), ib[s])),
+                                 _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(ic[s]));
+      __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g[s] + (size_t)b * 544)));
+      acc[s] = _mm512_fmadd_ps(q, _mm512_mul_ps(d, sb), acc[s]);
+    }
+  }
+  for (int s = 0; s < S; s++) {
+    float out[16];
+    _mm512_storeu_ps(out, acc[s]);
+    for (int r = 0; r < valid[s]; r++) y[s][r] = out[r];
+  }
+}
+
+/* One token's product over the PACK16 groups of rows r0..r1 (r0 a multiple of 16): the first half's groups
+ * beside the second half's, two streams (an odd group last, alone). */
+static void pack16_rows_vnni(const kf_tensor *w, int r0, int r1, const float *xq, const float *xs, float *y) {
+  int nb = w->cols / 32, groups = (r1 - r0 + 15) / 16, half = groups / 2;
+  for (int i = 0; i < groups - half; i++) {
+    int two = i < half, rs[2] = {r0 + 16 * i, r0 + 16 * (i + half)}, valid[2];
+    const uint8_t *g[2];
+    float *ys[2];
+    for (int s = 0; s < 2; s++) {
+      int r = two ? rs[s] : r0 + 16 * (groups - 1);
+      g[s] = pack16_block(w, r, 0);
+      ys[s] = y + r;
+      valid[s] = w->rows - r < 16 ? w->rows - r : 16;
+    }
+    if (w->format == KF_Q8_0) {
+      if (two) q8groups_vnni(g, 2, nb, xq, ys, valid); else q8groups_vnni(g, 1, nb, xq, ys, valid);
+    } else {
+      if (two) q4groups_vnni(g, 2, nb, xq, xs, ys, valid); else q4groups_vnni(g, 1, nb, xq, xs, ys, valid);
+    }
+  }
+}
+#else
 /* A block's four digit sums, lane by lane, as one float: (A 2^7 + B) 2^14 + (C 2^7 + D), each pair in 32-bit
  * integers and the pairs in one FMA */
 static inline __attribute__((always_inline)) __m512 digit_sums(__m512i ia, __m512i ib, __m512i ic, __m512i id) {
@@ -593,6 +775,7 @@ static inline __attribute__((always_inline)) void q8group16_vnni(const uint8_t *
   for (int r = 0; r < valid; r++) y[r] = out[r];
 }
 #endif
+#endif
 
 /* tile dispatch: the kernels above with T a compile-time constant; a full tile, else one token at a time
  * (two instances per kernel keep the build short) */
@@ -629,7 +812,7 @@ static void rows_avx2(const kf_tensor *w, int r0, int r1, const float *x, int ld
   }
   return;
   }
-#if KF_Q4_VNNI
+#if KF_Q4_VNNI && KF_VNNI_DIGITS == 4   /* (vnni24's groups are split in matmul: pack16_rows_vnni) */
   if (w->layout == KF_PACK16) {   /* one token at a time: the digits of each are made in matmul */
     for (int t = 0; t < n; t++)
       for (int r = r0; r < r1; r += 16) {
@@ -965,6 +1148,21 @@ static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y,
   int par = threads > 1 && (double)rows * w->cols * n >= KF_PAR_MIN;
   (void)threads;
   (void)par;
+#if KF_Q4_VNNI && KF_VNNI_DIGITS == 3
+  if (w->layout == KF_PACK16) {   /* each thread its contiguous share of the groups, in two streams */
+    int groups = (rows + 15) / 16;
+#pragma omp parallel num_threads(threads) if (par)
+    {
+      int nt = omp_get_num_threads(), id = omp_get_thread_num();
+      int g0 = (int)((long)groups * id / nt), g1 = (int)((long)groups * (id + 1) / nt);
+      int r1 = 16 * g1 < rows ? 16 * g1 : rows;
+      for (int t = 0; t < n && g0 < g1; t++)
+        pack16_rows_vnni(w, 16 * g0, r1, xk + (size_t)t * KF_VNNI_FLOATS(nb), xs + (size_t)t * nb,
+                         y + (size_t)t * ldy);
+    }
+    return;
+  }
+#endif
 #pragma omp parallel for schedule(static) num_threads(threads) if (par)
   for (int c = 0; c < chunks; c++) {
     int r0 = c * KF_RCHUNK, r1 = r0 + KF_RCHUNK < rows ? r0 + KF_RCHUNK : rows;
