@@ -571,7 +571,10 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
  * faster than one: a Zen 4 core streamed a Q4_1 matrix at 23.3-24.9 GB/s over two or four groups a pass against
  * 19.6-21.6 over one, where its read probe reads ~25 (bench/engine_matvec_rate.py), with no software prefetch
  * (which cost the two streams that gain: 20.5-21.3 at 1 KB ahead, 19.8-20.4 at 8 KB). */
-#define KF_MAX_STREAMS 2
+#ifndef KF_VNNI_STREAMS
+#define KF_VNNI_STREAMS 2
+#endif
+#define KF_MAX_STREAMS KF_VNNI_STREAMS
 
 /* q4group16_vnni over vnni24's digits (vnni_digits above) for S groups g[s], rows to y[s] (valid[s] of them): per
  * chunk the codes, 0..15, are vpdpbusd's unsigned operand against A and its signed one against B and C.
@@ -664,24 +667,27 @@ static inline __attribute__((always_inline)) void q8groups_vnni(const uint8_t *c
   }
 }
 
-/* One token's product over the PACK16 groups of rows r0..r1 (r0 a multiple of 16): the first half's groups
- * beside the second half's, two streams (an odd group last, alone). */
+/* One token's product over the PACK16 groups of rows r0..r1 (r0 a multiple of 16) in KF_VNNI_STREAMS streams:
+ * the range cut in that many runs of groups, their i-th groups side by side (the groups left over, one at a
+ * time, last). */
 static void pack16_rows_vnni(const kf_tensor *w, int r0, int r1, const float *xq, const float *xs, float *y) {
-  int nb = w->cols / 32, groups = (r1 - r0 + 15) / 16, half = groups / 2;
-  for (int i = 0; i < groups - half; i++) {
-    int two = i < half, rs[2] = {r0 + 16 * i, r0 + 16 * (i + half)}, valid[2];
-    const uint8_t *g[2];
-    float *ys[2];
-    for (int s = 0; s < 2; s++) {
-      int r = two ? rs[s] : r0 + 16 * (groups - 1);
+  enum { S = KF_VNNI_STREAMS };
+  int nb = w->cols / 32, groups = (r1 - r0 + 15) / 16, per = groups / S;
+  const uint8_t *g[KF_MAX_STREAMS];
+  float *ys[KF_MAX_STREAMS];
+  int valid[KF_MAX_STREAMS];
+  for (int i = 0; i < per + groups % S; i++) {
+    int lone = i >= per, n = lone ? 1 : S;
+    for (int s = 0; s < n; s++) {
+      int r = r0 + 16 * (lone ? S * per + (i - per) : i + s * per);
       g[s] = pack16_block(w, r, 0);
       ys[s] = y + r;
       valid[s] = w->rows - r < 16 ? w->rows - r : 16;
     }
     if (w->format == KF_Q8_0) {
-      if (two) q8groups_vnni(g, 2, nb, xq, ys, valid); else q8groups_vnni(g, 1, nb, xq, ys, valid);
+      if (lone) q8groups_vnni(g, 1, nb, xq, ys, valid); else q8groups_vnni(g, S, nb, xq, ys, valid);
     } else {
-      if (two) q4groups_vnni(g, 2, nb, xq, xs, ys, valid); else q4groups_vnni(g, 1, nb, xq, xs, ys, valid);
+      if (lone) q4groups_vnni(g, 1, nb, xq, xs, ys, valid); else q4groups_vnni(g, S, nb, xq, xs, ys, valid);
     }
   }
 }
