@@ -114,6 +114,58 @@ def test_run_refuses_a_problem_whose_reference_raises_before_anything_starts(tmp
                                                   "raised RuntimeError: my bug"), out.stderr
 
 
+def _reference_that(tmp_path, body: str):
+    """A copy of the softmax package, named softmax_broken, whose reference() runs `body` (Python lines)."""
+    pkg = _broken_softmax(tmp_path)
+    ref = pkg / "reference.py"
+    ref.write_text(ref.read_text().replace("def reference(inputs", "def _unused(inputs", 1)
+                   + "\n\ndef reference(inputs):\n" + "".join(f"    {line}\n" for line in body.splitlines()))
+    return pkg
+
+
+def test_a_reference_that_never_returns_is_stopped_and_named_not_waited_for(tmp_path, host_ceilings):
+    """`problems check` on a reference stuck in a loop hung for good (and `run` and the planner's submit with it):
+    each step of the check has a time limit (--timeout, KFACTORY_REFERENCE_CHECK_S), and the one that ran past it
+    is named with its shape, distribution and what to do."""
+    pkg = _reference_that(tmp_path, "while True:\n    pass")
+    t0 = time.monotonic()
+    out = subprocess.run([*KFACTORY, "problems", "check", str(pkg), "--timeout", "2"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out
+    assert time.monotonic() - t0 < 30
+    assert out.stderr.splitlines() == [
+        f"kfactory: {pkg / 'reference.py'}: the call of reference() at shape 1x1 (distribution normal) took longer "
+        "than 2 s (stopped): make it end (a loop that never ends? a wait on input?), or, if it is only slow, give "
+        "it longer with --timeout S (kfactory problems check) or KFACTORY_REFERENCE_CHECK_S"], out.stderr
+    # the setting is the default, and `run` checks the same before anything starts
+    env = {**_env(tmp_path, host_ceilings), "KFACTORY_REFERENCE_CHECK_S": "2"}
+    t0 = time.monotonic()
+    out = subprocess.run([*KFACTORY, "run", str(pkg), "--quiet"], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out
+    assert out.stderr.splitlines()[-1].startswith(f"kfactory run: problem: {pkg / 'reference.py'}: the call of "
+                                                  "reference() at shape 1x1 (distribution normal) took longer "
+                                                  "than 2 s (stopped)"), out.stderr
+    assert time.monotonic() - t0 < 30 and not list(tmp_path.glob("**/archive.sqlite")), "a service started"
+    # a reference.py whose import never ends is named so; one that ends the process says how, with its output
+    pkg.rename(tmp_path / "looping")
+    stuck = _reference_that(tmp_path, "return {}")
+    (stuck / "reference.py").write_text((stuck / "reference.py").read_text() + "\nimport time\ntime.sleep(600)\n")
+    out = subprocess.run([*KFACTORY, "problems", "check", str(stuck), "--timeout", "2"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1 and f"{stuck / 'reference.py'}: importing reference.py took longer than 2 s" \
+        in out.stderr, out
+    stuck.rename(tmp_path / "sleeping")
+    gone = _reference_that(tmp_path, "import os\nprint('leaving now', flush=True)\nos._exit(7)")
+    out = subprocess.run([*KFACTORY, "problems", "check", str(gone)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        f"kfactory: {gone / 'reference.py'}: the process checking the reference ended (exit status 7) during the "
+        "call of reference() at shape 1x1 (distribution normal), without an answer: leaving now"], out
+    bad = subprocess.run([*KFACTORY, "problems", "check", str(gone), "--timeout", "0"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "argument --timeout: '0': give a number of seconds above 0" in bad.stderr, bad
+
+
 def test_problems_new_scaffolds_a_package_that_checks(tmp_path):
     out = subprocess.run([*KFACTORY, "problems", "new", "myop", "--like", "rmsnorm", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)

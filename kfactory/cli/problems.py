@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from kfactory.platform.config import REFERENCE_CHECK_S
+
 EXIT_USAGE = 2
 
 
@@ -16,6 +18,24 @@ def add_parser(sub) -> None:
     p.add_argument("name", nargs="?")
     p.add_argument("--like", default="softmax", help="new: the built-in problem to copy (default softmax)")
     p.add_argument("--out", type=Path, default=Path("."), help="new: where the package directory goes (default .)")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+                   help="check: seconds importing reference.py, and each call of reference(), may take before the "
+                        "check fails naming that step (default KFACTORY_REFERENCE_CHECK_S, else "
+                        f"{REFERENCE_CHECK_S:g})")
+
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds (argparse names the flag when it is not one)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value
 
 
 def run(args) -> int:
@@ -36,7 +56,7 @@ def run(args) -> int:
             return _problem_new(args)
         problem = load_problem(args.name)
         if args.action == "check":
-            return _problem_check(problem)
+            return _problem_check(problem, args.timeout)
         print(problem.describe())
     except ProblemError as e:
         print(f"kfactory: {e}", file=sys.stderr)
@@ -57,11 +77,13 @@ def _problem_new(args) -> int:
     return 0
 
 
-def _problem_check(problem) -> int:
-    """Print every problem of a package, one line each; exit 1 when there is one."""
+def _problem_check(problem, timeout_s: float | None) -> int:
+    """Print every problem of a package, one line each; exit 1 when there is one. Each step of the reference's
+    check may take `timeout_s` (None: the setting KFACTORY_REFERENCE_CHECK_S)."""
+    from kfactory.platform.config import Settings
     from kfactory.problems.check import problems_of
 
-    found = problems_of(problem)
+    found = problems_of(problem, timeout_s if timeout_s is not None else Settings().reference_check_s)
     for line in found:
         print(f"kfactory: {line}", file=sys.stderr)
     if not found and problem.kind == "engine":   # no kernel reference, no template: its model is what must load

@@ -14,6 +14,10 @@ def _default_data_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kfactory"
 
 
+#: the default of reference_check_s, in seconds
+REFERENCE_CHECK_S = 60.0
+
+
 class Settings(BaseSettings):
     """Every knob of every service. Environment variables are KFACTORY_<FIELD> (e.g. KFACTORY_NATS_URL)."""
 
@@ -48,6 +52,10 @@ class Settings(BaseSettings):
     threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     runner_timeout_s: float = Field(20.0, gt=0)
     runner_max_runs: int = Field(500, ge=1)
+    reference_check_s: float = Field(REFERENCE_CHECK_S, gt=0, description="how long each step of a problem "
+                                     "package's check before a campaign (importing its reference.py, one call of "
+                                     "reference()) may take before the check fails naming the step (kfactory "
+                                     "problems check --timeout)")
     runner_mem_mb: int = Field(4096, ge=256)
     input_reuse: int = Field(8, ge=1, description="candidates that share one draw of a large input set")
     compare_one_pass: bool = Field(True, description="outputs are compared with the reference by kfactory's one-pass "

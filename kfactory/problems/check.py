@@ -16,7 +16,9 @@ from typing import Callable
 import numpy as np
 
 from kfactory.judge import inputs as inp
-from kfactory.problems.loader import Problem, ProblemError
+from kfactory.platform.config import REFERENCE_CHECK_S
+from kfactory.problems.loader import BUILTIN_DIR, Problem, ProblemError
+from kfactory.problems.refcheck import finding_apart
 from kfactory.targets.flags import FLAG_TARGETS, FlagRefused, check_flags
 
 
@@ -24,14 +26,15 @@ class ReferenceFailed(ProblemError):
     """The problem's reference.py raised, or returned what its ABI does not declare."""
 
 
-def problems_of(problem: Problem) -> list[str]:
-    """Every problem found, one line each (empty when the package is fit to run)."""
+def problems_of(problem: Problem, time_limit_s: float = REFERENCE_CHECK_S) -> list[str]:
+    """Every problem found, one line each (empty when the package is fit to run); each step of the reference's
+    check may take `time_limit_s`."""
     own = problem.checks_itself()
     if own is not None:
         return own
     found = []
     try:
-        check_reference(problem)
+        check_reference(problem, time_limit_s)
     except ProblemError as e:
         found.append(str(e))
     for family in problem.families.values():
@@ -54,21 +57,46 @@ def problems_of(problem: Problem) -> list[str]:
 CHECK_SHAPES = 2
 
 
-def check_reference(problem: Problem) -> None:
+def check_reference(problem: Problem, time_limit_s: float = REFERENCE_CHECK_S) -> None:
     """Run the reference on the CHECK_SHAPES smallest verification shapes, every distribution, twice on the
     smallest: its outputs as the ABI declares them, the same answer for the same inputs (as the judge compares
     two runs: NaN equals NaN, -0 equals 0), its inputs untouched; raise ReferenceFailed with the file and what
-    went wrong."""
+    went wrong. A user's package's reference.py (its author's code) is checked in a child process, where each
+    step (loading it, one call) may take `time_limit_s` (kfactory/problems/refcheck.py): one that never returns
+    is then a finding, not a hang. kfactory's own references (the built-in problems', a replay's) are checked in
+    this process: they are the project's tested code, and a child costs every campaign's submit ~0.5 s."""
+    if not problem.reference_in_package or _builtin(problem):
+        check_reference_here(problem)
+    elif finding := finding_apart(problem, time_limit_s):
+        raise ReferenceFailed(finding)
+
+
+def _builtin(problem: Problem) -> bool:
+    """Whether `problem` is one of the built-in packages kfactory ships (kfactory/problems/NAME)."""
+    return problem.directory.resolve().parent == BUILTIN_DIR.resolve()
+
+
+def check_reference_here(problem: Problem, step: Callable[[str], object] = lambda step: None) -> None:
+    """check_reference's checks, in this process; `step` is told each step before it is taken."""
     from kfactory.judge.numerics import differing_elements
 
     shapes = sorted(problem.shapes("verify") or problem.shapes("optimize"), key=lambda s: math.prod(s.values()))
     path = problem.directory / "reference.py"
+    step("importing reference.py")
+    try:
+        problem.reference
+    except ProblemError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the user's code: any error importing it is this problem's, with its type)
+        raise ReferenceFailed(f"{path}: importing it raised {type(e).__name__}: {e}") from e
     for shape in shapes[:CHECK_SHAPES]:
         for dist in problem.spec.distributions:
             x = inp.draw(problem, shape, dist, seed=1)
+            step(f"the call of reference() at shape {problem.shape_str(shape)} (distribution {dist})")
             out = run_reference(problem, x, shape, dist)
             if shape is not shapes[0]:
                 continue
+            step(f"the second call of reference() at shape {problem.shape_str(shape)} (distribution {dist})")
             again = run_reference(problem, x, shape, dist)
             if any(differing_elements(out[t.name], again[t.name]) for t in problem.spec.outputs):
                 raise ReferenceFailed(f"{path}: reference() gave two answers for the same inputs (shape "

@@ -247,6 +247,10 @@ class Problem:
     #: what a candidate of the problem is: "kernel" (judged by kfactory.judge), or "engine" (a whole inference
     #: engine, kfactory.engines.problem: the stages hand it to kfactory.engines.stages)
     kind: ClassVar[str] = "kernel"
+    #: whether reference() is the package's reference.py, its author's code: checked in a child process under a
+    #: time limit before a campaign (kfactory/problems/refcheck.py); a problem whose reference is kfactory's own
+    #: (a replayed space's) is checked in process
+    reference_in_package: ClassVar[bool] = True
 
     def checks_itself(self) -> list[str] | None:
         """Problems found by the problem's own rule ([] when fit to run), or None: the kernel checks apply

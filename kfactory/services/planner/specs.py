@@ -42,7 +42,7 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
     except ProblemError as e:
         raise SpecError(f"problem: {e}") from e
     # a reference that raises or a template that does not render would fail every candidate: found here first
-    if found := problems_of(problem):
+    if found := problems_of(problem, settings.reference_check_s):
         more = f" (and {len(found) - 1} more: kfactory problems check {spec.problem})" if len(found) > 1 else ""
         raise SpecError(f"problem: {found[0]}{more}")
     try:

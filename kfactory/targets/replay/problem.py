@@ -34,6 +34,7 @@ class _Reference:
 
 class ReplayProblem(Problem):
     """A Problem whose reference module is in memory (no reference.py) and which knows its recorded space."""
+    reference_in_package = False
 
     def __init__(self, spec: ProblemSpec, directory: Path, space: RecordedSpace):
         super().__init__(spec, directory, {FAMILY_NAME: space.family()})

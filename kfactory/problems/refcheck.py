@@ -1,0 +1,106 @@
+"""The reference check (kfactory.problems.check.check_reference) run in a child process, under a time limit.
+
+A package's reference.py is its author's code: one that never returns (a loop that does not end, a wait on
+something that never comes) would hang `kfactory problems check`, `kfactory run` and the planner's submit with
+it. `finding_apart` starts `python -m kfactory.problems.refcheck_child DIRECTORY`, which loads the package and runs
+the same check, telling this side each step before it takes it (importing reference.py, each call of reference()
+with its shape and distribution) as one JSON line on its stdout; the reference's own prints go to stderr. Each
+step may take `time_limit_s`: the child is killed once one takes longer, and the finding names that step. The
+child ends with one line: {"ok": true}, or {"problem": the check's one-line finding}.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+#: the child's module, run as `python -m CHILD DIRECTORY`
+CHILD = "kfactory.problems.refcheck_child"
+#: what the child's environment leaves out: the factory's settings and secrets (the reference needs none)
+PRIVATE_ENV = ("KFACTORY_", "NATS", "REDIS")
+#: how much of the child's stderr a finding quotes (its last characters)
+STDERR_TAIL = 2000
+
+
+class ReferenceTimedOut(Exception):
+    """A step of the reference check took longer than its time limit (the message names the step)."""
+
+
+class CheckBroken(RuntimeError):
+    """The check's own code failed in the child (not the reference: a bug of kfactory's); the message holds the
+    child's traceback."""
+
+
+def finding_apart(problem, time_limit_s: float) -> str | None:
+    """check_reference's checks of `problem` (a package whose reference.py is its author's code) run in a child
+    process: None when they pass, else the finding in one line (the check's own; or the step that did not end
+    within `time_limit_s`, and what to do about it; or how the child ended without an answer). CheckBroken when
+    the check's own code failed there."""
+    path = problem.directory / "reference.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PRIVATE_ENV)}
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", CHILD, str(problem.directory)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+        try:
+            answer, step = _follow(proc, time_limit_s)
+        except ReferenceTimedOut as e:
+            return (f"{path}: {e}: make it end (a loop that never ends? a wait on input?), or, if it is only slow, "
+                    "give it longer with --timeout S (kfactory problems check) or KFACTORY_REFERENCE_CHECK_S")
+        finally:
+            _kill(proc)
+        if answer is None:   # ended without a word: os._exit in the reference, a crash of numpy or the interpreter
+            err.seek(0)
+            tail = err.read().decode(errors="replace")[-STDERR_TAIL:].strip()
+            return (f"{path}: the process checking the reference ended (exit status {proc.returncode}) during "
+                    f"{step}, without an answer" + (f": {tail}" if tail else ""))
+    if "harness" in answer:
+        raise CheckBroken(f"the check of {path} failed in its own code (not the reference's):\n{answer['harness']}")
+    return str(answer["problem"]) if "problem" in answer else None
+
+
+def _follow(proc: subprocess.Popen, time_limit_s: float) -> tuple[dict | None, str]:
+    """(the child's last line, the step it was taking), following its steps: each may take `time_limit_s`;
+    ReferenceTimedOut naming the step that took longer. The last line is None when the child ended without one."""
+    assert proc.stdout is not None
+    fd, buf, step = proc.stdout.fileno(), b"", "the start of the check"
+    deadline = time.monotonic() + time_limit_s
+    while True:
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ReferenceTimedOut(f"{step} took longer than {time_limit_s:g} s (stopped)")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                proc.wait()
+                return None, step
+            buf += chunk
+        line, buf = buf.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except ValueError:   # not the child's: only its own lines go to this pipe
+            continue
+        if not isinstance(message, dict):
+            continue
+        if "step" not in message:
+            return message, step
+        step, deadline = str(message["step"]), time.monotonic() + time_limit_s
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """End the child and anything it started (its own session), and reap it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:   # it ended between the poll and the kill
+            pass
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
