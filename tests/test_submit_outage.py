@@ -1,8 +1,9 @@
 """A campaign submitted while NATS is down, against a real nats-server stopped and started again: the client hears
 UNAVAILABLE with what to do, the planner holds no campaign that would stay "running" undriven, it keeps
 answering and takes the next submission once NATS is back, and a start that reached the stream after its
-client was refused is failed with the reason, not left unfinished; a start whose acknowledgement alone was lost
-runs its campaign."""
+client was refused is recorded as cancelled, never run, with the reason its status shows (not left unfinished,
+nor failed: a failure its user was never told of); a start whose acknowledgement alone was lost runs its
+campaign."""
 from __future__ import annotations
 
 import asyncio
@@ -63,6 +64,7 @@ async def test_a_submit_while_nats_is_down_is_refused_cleanly_and_the_planner_ca
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
             text = err.value.details()
             assert "nothing was started" in text and "submit it again once NATS answers" in text, text
+            assert "lists the campaign as cancelled, never run" in text, text
             refused = re.match(r"campaign (c[0-9a-f]+): ", text)
             assert refused, text
             listed = await campaigns.List(spb.ListCampaignsRequest())
@@ -81,7 +83,7 @@ async def test_a_submit_while_nats_is_down_is_refused_cleanly_and_the_planner_ca
             status = await _until(submitted, 60, "a submission once NATS is back")
             assert status.id != refused.group(1) and status.id in planner.campaigns
 
-            # the refused start reaching the stream after all: failed with the reason, never left running
+            # the refused start reaching the stream after all: cancelled, never run, with the reason
             bus = await NatsBus.connect(url, "test")
             try:
                 late = pb.CampaignStarted(spec=_spec(space))
@@ -89,12 +91,16 @@ async def test_a_submit_while_nats_is_down_is_refused_cleanly_and_the_planner_ca
             finally:
                 await bus.close()
 
-            async def failed():
+            async def finished():
                 st = planner.campaigns.get(refused.group(1))
                 return st if st is not None and st.finished is not None else None
-            st = await _until(failed, 30, "the late start failed")
-            assert st.finished.state == "failed", st.finished
-            assert "refused to its client" in st.finished.reason, st.finished.reason
+            st = await _until(finished, 30, "the late start finished")
+            assert st.finished.state == "cancelled", st.finished
+            assert st.finished.reason.startswith("never run: its submission was refused while NATS was unreachable"), \
+                st.finished.reason
+            assert st.counts.proposed == 0 and refused.group(1) not in planner.replay.abandoned
+            status = await campaigns.Get(spb.GetCampaignRequest(id=refused.group(1)))   # what `kfactory status` prints
+            assert status.state == "cancelled" and status.reason == st.finished.reason, status
     finally:
         await running.shutdown()
         server.stop()

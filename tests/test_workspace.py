@@ -218,10 +218,11 @@ async def test_a_campaign_outlives_its_services_and_answers_the_same_with_or_wit
     mine = {s["id"]: s for s in json.loads(_ok(status_json))["campaigns"]}
     for theirs in by_planner["campaigns"]:
         ours = mine[theirs["id"]]
+        assert (ours["source"], theirs["source"]) == ("archive", "planner")   # where each was read
         assert ours["elapsed_s"] == pytest.approx(theirs["elapsed_s"], abs=1e-3)
-        assert {**ours, "elapsed_s": 0} == {**theirs, "elapsed_s": 0}
+        assert {**ours, "elapsed_s": 0, "source": ""} == {**theirs, "elapsed_s": 0, "source": ""}
     line = _ok(status_line).strip()
-    assert line == _ok(by_prefix).strip()
+    assert _ok(by_prefix).strip() == f"{line}  [planner]"   # marked: status read the archive beside the planner
     assert line.startswith(f"{cpu} {small_softmax}/cpu completed ") and f"best {winner[:12]} " in line, line
     written = tmp_path / "reports" / cpu / "report.md"  # named by the full id, not the prefix asked
     assert _ok(report).strip() == str(Path("reports") / cpu / "report.md") and written.is_file()

@@ -46,6 +46,11 @@ class ClientError(RuntimeError):
         self.status = status
 
 
+class NoWorkspace(ClientError):
+    """No campaign has run in the local workspace (it has no archive): nothing is found there, as a memory service
+    answers NOT_FOUND, and the message says where it looked."""
+
+
 def check_campaign_id(value: str, flag: str) -> None:
     """Raise ClientError (exit 2) unless `value` is a campaign id (events.CAMPAIGN_ID): anything else names no
     campaign, and in a NATS subject it would be a wildcard or several tokens."""
@@ -71,12 +76,25 @@ def _print(msg, as_json: bool, text: str) -> None:
                      indent=2) if as_json else text)
 
 
-def _status_line(s: spb.CampaignStatus) -> str:
+def _status_line(s: spb.CampaignStatus, source: str = "") -> str:
+    """One campaign's status, why it ended when it did not complete, and where it came from (`source`, when
+    status lists more than one)."""
     c = s.counts
     best = f"best {s.best_candidate_id[:12]} {s.best_score_s * 1e3:.3f} ms" if s.best_candidate_id else "no best yet"
+    why = f"; {s.state}: {s.reason}" if s.reason else ""
     return (f"{s.id} {s.spec.problem}/{s.spec.target} {s.state} {s.elapsed_s:.0f}s proposed {c.proposed} "
             f"compiled {c.compiled} verified {c.verified} rejected {c.rejected + c.compile_failed} "
-            f"measured {c.measured}; {best}")
+            f"measured {c.measured}; {best}{why}" + (f"  [{source}]" if source else ""))
+
+
+#: where `status` read a campaign: the planner (a running factory's campaigns), or the local archive (what ran
+#: here, and what `kfactory evidence import` brought), which best and report read when no memory is configured
+PLANNER, ARCHIVE = "planner", "archive"
+
+
+def _status_json(s: spb.CampaignStatus, source: str) -> dict:
+    return {**MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True),
+            "source": source}
 
 
 #: the settings client commands run with (TLS and token of the secure profile); set by dispatch()
@@ -132,16 +150,17 @@ def _local(settings, ask: Callable[[qmod.Queries], object]):
     try:
         archive = Archive.reader(ws.archive_path, qmod.problem_name)
     except FileNotFoundError:
-        raise ClientError(f"no campaign has run here yet: no archive at {ws.archive_path} (KFACTORY_DATA_DIR "
-                          "names the workspace; --memory or KFACTORY_MEMORY_ADDR a running factory)", 1) from None
+        raise NoWorkspace(f"no campaign has run here yet: no archive at {ws.archive_path} (KFACTORY_DATA_DIR "
+                          "names the workspace; --memory or KFACTORY_MEMORY_ADDR a running factory)", 1,
+                          grpc.StatusCode.NOT_FOUND) from None
     except sqlite3.DatabaseError as e:  # opening reads its names table: a file that is no archive fails here
         raise _unreadable(ws.archive_path, e) from e
     try:
         return ask(qmod.Queries(archive, ws.get))
-    except qmod.NotFound as e:
-        raise ClientError(str(e), 1) from e
+    except qmod.NotFound as e:   # with the status a memory service answers it with: callers tell them apart alike
+        raise ClientError(str(e), 1, grpc.StatusCode.NOT_FOUND) from e
     except qmod.InvalidRequest as e:
-        raise ClientError(str(e), 2) from e
+        raise ClientError(str(e), 2, grpc.StatusCode.INVALID_ARGUMENT) from e
     except (sqlite3.DatabaseError, DecodeError) as e:  # not an archive, or damaged: say which file, not a traceback
         raise _unreadable(ws.archive_path, e) from e
     finally:
@@ -228,12 +247,15 @@ async def _dispatch(args, settings, spec_fn) -> int:
             await _call(plan, lambda ch: _watch(ch, s.id))
         return 0
     if args.cmd == "status":
+        both = planner_configured(settings) and not memory_configured(settings)   # marked where they came from
         if args.id:
-            s = await _campaign_status(settings, args.id)
-            _print(s, as_json, _status_line(s))
+            s, source = await _status_of(settings, args.id)
+            print(json.dumps(_status_json(s, source), indent=2) if as_json else
+                  _status_line(s, source if both else ""))
         else:
-            r = await _campaign_list(settings)
-            _print(r, as_json, "\n".join(_status_line(s) for s in r.campaigns) or "no campaigns")
+            listed = await _status_list(settings)
+            print(json.dumps({"campaigns": [_status_json(s, source) for s, source in listed]}, indent=2) if as_json
+                  else "\n".join(_status_line(s, source if both else "") for s, source in listed) or "no campaigns")
         return 0
     if args.cmd == "watch":
         cid = (await _campaign_status(settings, args.id)).id   # a unique prefix, as status takes it
@@ -247,7 +269,8 @@ async def _dispatch(args, settings, spec_fn) -> int:
     if args.cmd == "priors":
         families = _priors_families(args)
         r = await _evidence(settings, "Priors", spb.PriorsRequest(problem=args.problem, families=families,
-                                                                  limit=args.limit))
+                                                                  limit=args.limit,
+                                                                  require_known=not loads_here(args.problem)))
         trust = await _warm_trust(settings, args, families)  # which sources a new campaign would trust, and why
         if as_json:
             print(json.dumps({**MessageToDict(r, preserving_proto_field_name=True,
@@ -262,7 +285,8 @@ async def _dispatch(args, settings, spec_fn) -> int:
     if args.cmd == "best":
         return await _best(args, settings, as_json)
     if args.cmd == "lessons":
-        req = spb.LessonsRequest(problem=args.problem, target=args.target, limit=args.limit)
+        req = spb.LessonsRequest(problem=args.problem, target=args.target, limit=args.limit,
+                                 require_known=not loads_here(args.problem))
         r = await _evidence(settings, "Lessons", req)
         _print(r, as_json, r.text or f"no lessons yet: no campaign of {args.problem} is in memory")
         return 0
@@ -277,6 +301,19 @@ async def _dispatch(args, settings, spec_fn) -> int:
         print(json.dumps({"campaign_id": cid, "report": str(out / "report.md")}) if as_json else out / "report.md")
         return 0
     raise ClientError(f"unknown command {args.cmd}", 2)
+
+
+def loads_here(problem: str) -> bool:
+    """Whether `problem` is a problem on this machine (a built-in's name, a package directory that loads, a replay
+    or engine locator). A query about one that is not asks the evidence to know it (require_known): a name no
+    archived campaign ran is then a usage error naming it, not an empty answer (a mistyped name)."""
+    from kfactory.problems import ProblemError, load_problem
+
+    try:
+        load_problem(problem)
+    except ProblemError:
+        return False
+    return True
 
 
 #: the first line of a report (kfactory/evidence/report.py's build) names the campaign in full
@@ -310,6 +347,53 @@ async def _campaign_status(settings, cid: str) -> spb.CampaignStatus:
             raise ClientError(str(qmod.Ambiguous("campaign", cid, [_status_line(s) for s in known[:qmod.MATCHES_SHOWN]],
                                                  len(known) > qmod.MATCHES_SHOWN)), 2) from None
         raise
+
+
+async def _status_list(settings) -> list[tuple[spb.CampaignStatus, str]]:
+    """What `status` lists, each campaign once with where it came from: the planner's campaigns when it is
+    configured, and then (unless a memory service is, which lists none) those only the local archive holds:
+    campaigns imported with `kfactory evidence import` or run here, which best and report find too."""
+    if not planner_configured(settings):
+        return [(s, ARCHIVE) for s in (await _campaign_list(settings)).campaigns]
+    listed = [(s, PLANNER) for s in (await _campaign_list(settings)).campaigns]
+    if memory_configured(settings):
+        return listed
+    known = {s.id for s, _ in listed}
+    return listed + [(s, ARCHIVE) for s in _archive_campaigns(settings) if s.id not in known]
+
+
+def _archive_campaigns(settings) -> list[spb.CampaignStatus]:
+    """The local archive's campaigns; none when no campaign has run here (no archive: nothing to add to a
+    planner's list, which is no error)."""
+    try:
+        return list(_local(settings, lambda q: q.campaigns(spb.ListCampaignsRequest())).campaigns)
+    except NoWorkspace:
+        return []
+
+
+async def _status_of(settings, cid: str) -> tuple[spb.CampaignStatus, str]:
+    """A campaign's status by id or unique prefix, and where it came from, among what `status` lists
+    (_status_list): the planner's answer for an id it knows, else the one campaign of the list the prefix names."""
+    if not planner_configured(settings) or memory_configured(settings):
+        return await _campaign_status(settings, cid), PLANNER if planner_configured(settings) else ARCHIVE
+    try:
+        s = await _call(settings.planner_addr,
+                        lambda ch: sgrpc.CampaignsStub(ch).Get(spb.GetCampaignRequest(id=cid)), settings)
+        return s, PLANNER
+    except ClientError as e:
+        if e.status != grpc.StatusCode.NOT_FOUND or not cid:
+            raise
+        not_found = e
+    listed = await _status_list(settings)
+    known = [(s, source) for s, source in listed if s.id == cid] or \
+        [(s, source) for s, source in listed if s.id.startswith(cid)]
+    if len(known) == 1:
+        return known[0]
+    if known:
+        raise ClientError(str(qmod.Ambiguous("campaign", cid, [_status_line(s, source)
+                                                                for s, source in known[:qmod.MATCHES_SHOWN]],
+                                             len(known) > qmod.MATCHES_SHOWN)), 2)
+    raise not_found
 
 
 async def _campaign_list(settings) -> spb.ListCampaignsResponse:
@@ -383,7 +467,8 @@ async def _best(args, settings, as_json: bool) -> int:
     if not args.problem:
         raise ClientError("kfactory best: name a problem, or give --campaign or --candidate", 2)
     r = await _evidence(settings, "Best", spb.BestRequest(problem=args.problem, shape=args.shape, device=args.device,
-                                                          target=getattr(args, "target", "")))
+                                                          target=getattr(args, "target", ""),
+                                                          require_known=not loads_here(args.problem)))
     # the winner's kernel itself, as the candidate holds it: what a user came for (kfactory export packages it)
     c = await _evidence(settings, "Candidate", spb.CandidateRequest(id=r.candidate_id))
     if as_json:

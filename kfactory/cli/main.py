@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kfactory.platform.config import Settings
+from kfactory.platform.fsutil import out_dir
 from kfactory.observability.log import configure
 from kfactory.platform.spec_ranges import cli_type
 
@@ -184,8 +185,9 @@ def _grpc_args(p: argparse.ArgumentParser) -> None:
 
 #: how the query commands choose where to answer from (their --help says it)
 LOCAL_RULE = ("Answers from the running factory whose address is given (--memory or KFACTORY_MEMORY_ADDR; for "
-              "status --planner or KFACTORY_PLANNER_ADDR), else from the local workspace under KFACTORY_DATA_DIR, "
-              "with no service running. An id may be a unique prefix of it.")
+              "status --planner or KFACTORY_PLANNER_ADDR, then the local archive's other campaigns, marked where "
+              "each came from), else from the local workspace under KFACTORY_DATA_DIR, with no service running. An "
+              "id may be a unique prefix of it.")
 
 
 def _query_args(p: argparse.ArgumentParser) -> None:
@@ -233,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("id", nargs="?" if name == "status" else None)
         (_query_args if query else _grpc_args)(p)
         if name == "report":
-            p.add_argument("--out", type=Path, default=None, help="directory (default ./reports/ID)")
+            p.add_argument("--out", type=out_dir, default=None, help="directory (default ./reports/ID)")
 
     p = sub.add_parser("best", help="the best kernel for a problem, or a campaign's leaderboard",
                        description=f"The best kernel for a problem, a campaign's leaderboard, or one candidate's "
@@ -306,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="", help="with a PROBLEM: on this target (default cpu)")
     p.add_argument("--format", dest="fmt", required=True, choices=("c", "python", "torch"))
     p.add_argument("--name", required=True, help="the exported function's name (a C identifier)")
-    p.add_argument("--out", type=Path, required=True, help="the directory to write into (one per kernel)")
+    p.add_argument("--out", type=out_dir, required=True, help="the directory to write into (one per kernel)")
     p.add_argument("--memory", help="Evidence service address (env KFACTORY_MEMORY_ADDR); unset: read the local "
                                     "workspace")
     p.add_argument("--json", dest="as_json", action="store_true", help="print the files written as JSON")

@@ -37,18 +37,36 @@ def _problem_or_none(text: str):
 
 
 def evidence_for(settings, kernel: str, shape: str, target: str) -> spb.CandidateEvidence:
-    """The evidence of the kernel the user named: a candidate id or prefix, or a problem's fastest kernel.
-    Raises kfactory.cli.client.ClientError (the CLI prints it) when there is none."""
+    """The evidence of the kernel the user named: a problem's fastest kernel (a problem here, a built-in's name
+    being the built-in; else a problem campaigns ran, by its name or its package's directory name, as `kfactory
+    best` takes it), else a candidate id or prefix. Raises kfactory.cli.client.ClientError (the CLI prints it)
+    when there is none."""
+    import grpc
+
     from kfactory.cli import client
 
-    problem = _problem_or_none(kernel)
-    if problem is not None:
+    if _problem_or_none(kernel) is not None:
         entry = client.best_entry(settings, kernel, shape, target or "cpu")
+        return client.candidate_evidence(settings, entry.candidate_id)
+    try:   # a problem campaigns ran whose package is not here by that name (`famok` for a run of ./famok)
+        entry = client.best_entry(settings, kernel, shape, target or "cpu")
+    except client.ClientError as e:
+        if e.status != grpc.StatusCode.NOT_FOUND:   # a directory name of several problems' packages: which one
+            raise
+    else:
         return client.candidate_evidence(settings, entry.candidate_id)
     if shape:  # a candidate is one kernel: no shape chooses among kernels, and one ignored would mislead
         raise client.ClientError(f"--shape chooses a problem's fastest kernel at a shape; {kernel!r} names no "
-                                 "problem here (a candidate id names one kernel already): drop --shape", 2)
-    return client.candidate_evidence(settings, kernel)
+                                 "problem measured there (a candidate id names one kernel already): drop --shape "
+                                 "or name the problem", 2)
+    try:
+        return client.candidate_evidence(settings, kernel)
+    except client.ClientError as e:
+        if e.status != grpc.StatusCode.NOT_FOUND or isinstance(e, client.NoWorkspace):   # that says where it looked
+            raise
+        raise client.ClientError(f"{kernel!r} names no candidate and no problem with a kernel measured on "
+                                 f"{target or 'cpu'}: give a candidate id (or a unique prefix), a problem's name, or "
+                                 "its package directory (kfactory status lists the campaigns)", 1) from e
 
 
 def family_priors(settings, problem: str, family: str) -> list[pb.Prior]:

@@ -16,3 +16,15 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def out_dir(text: str) -> Path:
+    """An argparse `type=` for the directory a command writes its files into: an empty path is refused (argparse
+    then names the flag and exits 2), since Path("") is the working directory, which nobody asked the files to go
+    into; `.` says that."""
+    import argparse
+
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path: name the directory to write into ('.' for the working "
+                                         "directory)")
+    return Path(text)

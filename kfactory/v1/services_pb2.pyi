@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class CampaignStatus(_message.Message):
-    __slots__ = ("id", "spec", "state", "counts", "best_candidate_id", "best_score_s", "elapsed_s", "summary_json", "device")
+    __slots__ = ("id", "spec", "state", "counts", "best_candidate_id", "best_score_s", "elapsed_s", "summary_json", "device", "reason")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class CampaignStatus(_message.Message):
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: _events_pb2.CampaignSpec
     state: str
@@ -27,7 +28,8 @@ class CampaignStatus(_message.Message):
     elapsed_s: float
     summary_json: str
     device: _events_pb2.DeviceInfo
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[_events_pb2.CampaignSpec, _Mapping]] = ..., state: _Optional[str] = ..., counts: _Optional[_Union[_events_pb2.Counts, _Mapping]] = ..., best_candidate_id: _Optional[str] = ..., best_score_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., summary_json: _Optional[str] = ..., device: _Optional[_Union[_events_pb2.DeviceInfo, _Mapping]] = ...) -> None: ...
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[_events_pb2.CampaignSpec, _Mapping]] = ..., state: _Optional[str] = ..., counts: _Optional[_Union[_events_pb2.Counts, _Mapping]] = ..., best_candidate_id: _Optional[str] = ..., best_score_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., summary_json: _Optional[str] = ..., device: _Optional[_Union[_events_pb2.DeviceInfo, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("spec",)
@@ -90,16 +92,18 @@ class LeaderboardEntry(_message.Message):
     def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[_events_pb2.Check, _Mapping]]] = ...) -> None: ...
 
 class BestRequest(_message.Message):
-    __slots__ = ("problem", "shape", "device", "target")
+    __slots__ = ("problem", "shape", "device", "target", "require_known")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_KNOWN_FIELD_NUMBER: _ClassVar[int]
     problem: str
     shape: str
     device: str
     target: str
-    def __init__(self, problem: _Optional[str] = ..., shape: _Optional[str] = ..., device: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+    require_known: bool
+    def __init__(self, problem: _Optional[str] = ..., shape: _Optional[str] = ..., device: _Optional[str] = ..., target: _Optional[str] = ..., require_known: _Optional[bool] = ...) -> None: ...
 
 class LeaderboardRequest(_message.Message):
     __slots__ = ("campaign_id", "limit")
@@ -128,18 +132,20 @@ class RegressionRequest(_message.Message):
     def __init__(self, problem: _Optional[str] = ...) -> None: ...
 
 class PriorsRequest(_message.Message):
-    __slots__ = ("problem", "families", "exclude_campaign", "limit", "every_source")
+    __slots__ = ("problem", "families", "exclude_campaign", "limit", "every_source", "require_known")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     FAMILIES_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_CAMPAIGN_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     EVERY_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_KNOWN_FIELD_NUMBER: _ClassVar[int]
     problem: str
     families: _containers.RepeatedScalarFieldContainer[str]
     exclude_campaign: str
     limit: int
     every_source: bool
-    def __init__(self, problem: _Optional[str] = ..., families: _Optional[_Iterable[str]] = ..., exclude_campaign: _Optional[str] = ..., limit: _Optional[int] = ..., every_source: _Optional[bool] = ...) -> None: ...
+    require_known: bool
+    def __init__(self, problem: _Optional[str] = ..., families: _Optional[_Iterable[str]] = ..., exclude_campaign: _Optional[str] = ..., limit: _Optional[int] = ..., every_source: _Optional[bool] = ..., require_known: _Optional[bool] = ...) -> None: ...
 
 class PriorsResponse(_message.Message):
     __slots__ = ("priors",)
@@ -172,14 +178,16 @@ class ReportRequest(_message.Message):
     def __init__(self, campaign_id: _Optional[str] = ...) -> None: ...
 
 class LessonsRequest(_message.Message):
-    __slots__ = ("problem", "target", "limit")
+    __slots__ = ("problem", "target", "limit", "require_known")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_KNOWN_FIELD_NUMBER: _ClassVar[int]
     problem: str
     target: str
     limit: int
-    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    require_known: bool
+    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., limit: _Optional[int] = ..., require_known: _Optional[bool] = ...) -> None: ...
 
 class Lesson(_message.Message):
     __slots__ = ("kind", "text", "value", "count")

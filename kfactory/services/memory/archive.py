@@ -9,7 +9,7 @@ import re
 import sqlite3
 import threading
 import time
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from kfactory.bus import events as ev
 from kfactory.bus.origins import STRATEGY, Origin, sql_match
@@ -342,6 +342,18 @@ class Archive:
     def q(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self.lock:
             return self.db.execute(sql, args).fetchall()
+
+    def problem_names(self) -> set[str]:
+        """The names of the problems the archived campaigns ran (each locator named as problem_name names it) and
+        measured: what best, priors and lessons can answer for."""
+        ran = {self.problem_name(loc) for (loc,) in self.q("SELECT DISTINCT problem FROM campaigns") if loc}
+        return ran | {name for (name,) in self.q("SELECT DISTINCT problem FROM measurements") if name}
+
+    def packages_called(self, dirname: str) -> dict[str, str]:
+        """The problem package directories archived campaigns ran (absolute paths: kfactory run and submit keep a
+        package's so) whose directory is called `dirname`, each with the name its problem is filed under."""
+        return {loc: self.problem_name(loc) for (loc,) in self.q("SELECT DISTINCT problem FROM campaigns")
+                if loc and PurePath(loc).is_absolute() and PurePath(loc).name == dirname}
 
     def events(self, campaign: str | None = None, candidate: str | None = None) -> list[pb.Event]:
         if candidate:

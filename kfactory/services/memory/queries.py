@@ -14,7 +14,7 @@ from functools import lru_cache
 from kfactory.bus import events as ev
 from kfactory.bus.origins import Origin
 from kfactory.evidence import report
-from kfactory.problems import ProblemError, load_problem
+from kfactory.problems import ProblemError, list_problems, load_problem
 from kfactory.platform.spec_ranges import PRIORS_LIMIT, range_error
 from kfactory.services.memory import lessons as lessons_mod
 from kfactory.services.memory.archive import Archive
@@ -38,6 +38,28 @@ class NotFound(QueryError, LookupError):
 
 class InvalidRequest(QueryError, ValueError):
     """The request itself is wrong (a field missing or out of range, an ambiguous id prefix)."""
+
+
+class UnknownProblem(InvalidRequest):
+    """A problem name that is no problem here (no built-in, no package that loads) and that no archived campaign
+    ran: a mistyped name, refused where the request says so (require_known) instead of answered as empty."""
+
+    def __init__(self, asked: str):
+        super().__init__(f"no problem {quoted(asked)}: it is no built-in problem (kfactory problems list), no "
+                         "problem package directory that loads, and no campaign in the archive ran a problem of "
+                         "that name (kfactory status lists the campaigns)")
+
+
+class PackageNameAmbiguous(InvalidRequest):
+    """A directory name that archived campaigns' problem packages of several problems have (`packages`: locator ->
+    problem name): the user must say which, by path or by problem name."""
+
+    def __init__(self, asked: str, packages: dict[str, str]):
+        self.packages = packages
+        listed = "\n".join(f"  {loc}  (problem {name})" for loc, name in sorted(packages.items())[:MATCHES_SHOWN])
+        more = "\n  ..." if len(packages) > MATCHES_SHOWN else ""
+        super().__init__(f"{quoted(asked)} is the directory of packages of {len(set(packages.values()))} problems "
+                         f"campaigns ran; name one by its problem's name or its package's path:\n{listed}{more}")
 
 
 class Ambiguous(InvalidRequest):
@@ -114,14 +136,34 @@ class Queries:
         problem, target, state = rows[0]
         return f"{cid}  {self.archive.problem_name(problem)}/{target} {state}"
 
+    def problem(self, asked: str, require_known: bool = False) -> str:
+        """The name a request's problem is filed under: a built-in's name is the built-in; a locator (a package
+        directory, a replay cache) is named as it loads here, or as imported evidence named it; a name some
+        archived campaign's problem has is that problem; else the directory name of the package campaigns ran
+        (`famok` for /home/u/famok), when those packages are of one problem (PackageNameAmbiguous when of
+        several). Anything else is answered as it is (nothing archived yet: a service asking for its own first
+        campaign's problem), or with `require_known` refused as UnknownProblem (a user's mistyped name)."""
+        if not asked:
+            raise InvalidRequest("name the problem")
+        name = self.archive.problem_name(asked)
+        if name != asked or asked in list_problems() or asked in self.archive.problem_names():
+            return name
+        packages = self.archive.packages_called(asked)
+        if len(set(packages.values())) == 1:
+            return next(iter(packages.values()))
+        if packages:
+            raise PackageNameAmbiguous(asked, packages)
+        if require_known:
+            raise UnknownProblem(asked)
+        return asked
+
     # -- the Evidence service ----------------------------------------------------------------------------------
     def best(self, request: spb.BestRequest, target: str = "") -> spb.LeaderboardEntry:
         """The fastest kernel of a problem (at a shape, on a device, for the request's target, else `target`),
         with its verdict's figures."""
-        if not request.problem:
-            raise InvalidRequest("name the problem")
+        name = self.problem(request.problem, request.require_known)
         target = request.target or target
-        found = self.archive.best(self.archive.problem_name(request.problem), request.shape, request.device, target)
+        found = self.archive.best(name, request.shape, request.device, target)
         if found is None:
             raise NotFound(f"no measurement of {quoted(request.problem)} "
                            f"{request.shape or ''} {request.device or ''} {target}".strip())
@@ -158,20 +200,16 @@ class Queries:
 
     def priors(self, request: spb.PriorsRequest) -> spb.PriorsResponse:
         """The best design points of the problem's families in other campaigns (a warm start's seeds)."""
-        if not request.problem:
-            raise InvalidRequest("name the problem")
+        name = self.problem(request.problem, request.require_known)
         if err := range_error("limit", request.limit, PRIORS_LIMIT):
             raise InvalidRequest(err)
-        name = self.archive.problem_name(request.problem)
         return spb.PriorsResponse(priors=self.archive.priors(name, list(request.families), request.exclude_campaign,
                                                              request.limit or 8, request.every_source))
 
     def lessons(self, request: spb.LessonsRequest) -> spb.LessonsResponse:
         """What helped and what failed for the problem on a target, and as the text agents are told."""
-        if not request.problem:
-            raise InvalidRequest("name the problem")
-        items = lessons_mod.lessons(self.archive, self.archive.problem_name(request.problem), request.target,
-                                    request.limit or 6)
+        items = lessons_mod.lessons(self.archive, self.problem(request.problem, request.require_known),
+                                    request.target, request.limit or 6)
         return spb.LessonsResponse(lessons=items, text=lessons_mod.as_text(items))
 
     # -- the Campaigns service's status, as the archive knows it ----------------------------------------------
@@ -196,7 +234,7 @@ class Queries:
         if finished:
             fin = finished.campaign_finished
             out.counts.CopyFrom(fin.counts)
-            out.summary_json = fin.summary_json
+            out.summary_json, out.reason = fin.summary_json, fin.reason
             # as the planner reports it: the best it finished with, when its measurement is known
             score = self.archive.q("SELECT score_s FROM measurements WHERE campaign=? AND candidate=?",
                                    (cid, fin.best_candidate_id))

@@ -36,8 +36,8 @@ class StreamReplay:
         self.new_state, self.refuse = new_state, refuse
         #: set once the stream has been folded up to its end as it was at start-up
         self.caught_up = asyncio.Event()
-        #: campaigns whose start this planner could not confirm to their client, by id: the reason they fail
-        #: with should their start reach the stream after all
+        #: campaigns whose start this planner could not confirm to their client, by id: the reason they are
+        #: cancelled with, never run, should their start reach the stream after all
         self.abandoned: dict[str, str] = {}
         #: campaigns whose CampaignStarted this planner has read back from the stream (a start whose publish
         #: timed out may still have landed: then the campaign runs, see PlannerService.submit)
@@ -85,8 +85,8 @@ class StreamReplay:
                 return
             self.campaigns[cid] = self.new_state(cid, event.campaign_started.spec)
             if cid in self.abandoned:
-                self.campaigns[cid].broken = self.abandoned[cid]
-            if self.campaigns[cid].broken:
+                self.cancel_abandoned(self.campaigns[cid], self.abandoned.pop(cid))
+            elif self.campaigns[cid].broken:
                 self.fail_broken(self.campaigns[cid])
         st = self.campaigns.get(cid)
         if st is not None:
@@ -99,9 +99,18 @@ class StreamReplay:
 
     def abandon(self, cid: str, reason: str) -> None:
         """Forget a campaign this planner submitted but could not publish the start of; should the start reach
-        the stream after all, its campaign is failed with `reason` instead of left unfinished and undriven."""
+        the stream after all, its campaign is cancelled with `reason`, never run, instead of left unfinished and
+        undriven."""
         self.campaigns.pop(cid, None)
         self.abandoned[cid] = reason
+
+    def cancel_abandoned(self, st: CampaignState, reason: str) -> None:
+        """Finish as cancelled, never run, a campaign whose start reached the stream after its client was told
+        that nothing started (it may have submitted it again): what it ran would be work nobody asked for, and
+        a failure would be one nobody was told of; `kfactory status` shows the reason."""
+        st.cancelled, st.driven = reason, True
+        self.svc.log.warning("a refused submission's start reached the stream: cancelled, not run", campaign=st.id)
+        self.driver.launch(st, self.driver.finish(st, state="cancelled", reason=reason))
 
     def fail_broken(self, st: CampaignState) -> None:
         """Fail an unfinished campaign that cannot run (st.broken), once this planner has caught up: during

@@ -133,11 +133,16 @@ class PlannerService(Service):
             # NATS stayed unreachable through the publish's retries: the start may or may not be on the stream.
             # Read back already (an acknowledgement lost, not the message): the campaign runs. Otherwise it
             # leaves this planner's state (it would stay "running", never driven) and the client hears that
-            # nothing started; should the start land after all, the fold fails the campaign with the reason.
+            # nothing started; should the start land after all (nats-py sends what it buffered once NATS is
+            # back), the fold records the campaign as cancelled, never run, with the reason status shows.
             if cid not in self.replay.landed:
-                reason = f"the event bus did not confirm the start ({type(e).__name__}); nothing was started"
-                self.replay.abandon(cid, f"submitted while NATS was unreachable and refused to its client: {reason}")
-                raise StartNotPublished(f"campaign {cid}: {reason}; submit it again once NATS answers") from e
+                reason = f"the event bus did not confirm the start ({type(e).__name__})"
+                self.replay.abandon(cid, f"never run: its submission was refused while NATS was unreachable (the "
+                                         f"start's publish: {type(e).__name__}), and the start reached the event bus "
+                                         "only later")
+                raise StartNotPublished(f"campaign {cid}: {reason}; nothing was started (should the start still "
+                                        "reach the event bus, `kfactory status` lists the campaign as cancelled, "
+                                        "never run); submit it again once NATS answers") from e
             self.log.warning("the start's publish timed out but the stream holds it: the campaign runs",
                              campaign=cid, error=repr(e))
         self.driver.launch(st, self.driver.drive(st))
@@ -169,4 +174,5 @@ class PlannerService(Service):
         return spb.CampaignStatus(id=st.id, spec=st.spec, state=st.state_name(), counts=counts,
                                   best_candidate_id=best.candidate.id if best else "",
                                   best_score_s=best.score_s if best else 0.0, elapsed_s=st.elapsed(),
-                                  summary_json=st.finished.summary_json if st.finished else "", device=st.device)
+                                  summary_json=st.finished.summary_json if st.finished else "", device=st.device,
+                                  reason=st.finished.reason if st.finished else "")

@@ -1,0 +1,265 @@
+"""How the query commands read what a person types, found by a probe of the CLI: a problem name that is nothing
+(no built-in, no package, no campaign of it) is a usage error naming it, where lessons and priors answered "no
+lessons" with exit 0; `export NAME` takes the bare directory name of a package a campaign ran (`kfactory run
+./famok`, then `kfactory export famok` from anywhere), and says which paths to pass when packages of several
+problems share it, while a built-in's name stays the built-in; an empty --out is refused, not the working
+directory; and `status` against a planner lists the local archive's campaigns too (imported or run here, what
+best and report find), each once, marked where it came from."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import cast
+
+import pytest
+import yaml
+
+from kfactory.bus import events as ev
+from kfactory.bus.natsd import EmbeddedNats
+from kfactory.cli.main import main
+from kfactory.cli.run import _memory_ready
+from kfactory.platform.app import start_services
+from kfactory.platform.config import Settings
+from kfactory.problems import BUILTIN_DIR
+from kfactory.services.memory.archive import Archive
+from kfactory.services.memory.queries import Queries, UnknownProblem, problem_name
+from kfactory.services.memory.service import MemoryService
+from kfactory.services.planner.service import PlannerService
+from kfactory.v1 import events_pb2 as pb
+from kfactory.v1 import services_pb2 as spb
+
+from tuning_synth import write_spaces  # tests/ is on the path (pytest inserts a test file's directory)
+
+KFACTORY = [sys.executable, "-m", "kfactory.cli.main"]
+SERVICE_ADDRS = ("KFACTORY_MEMORY_ADDR", "KFACTORY_PLANNER_ADDR")
+UNKNOWN = ("kfactory: no problem 'nosuch': it is no built-in problem (kfactory problems list), no problem package "
+           "directory that loads, and no campaign in the archive ran a problem of that name (kfactory status lists "
+           "the campaigns)")
+
+
+def _package(path: Path, name: str) -> Path:
+    """The built-in softmax package copied to `path` under the problem name `name`, timed at tiny shapes."""
+    shutil.copytree(BUILTIN_DIR / "softmax", path)
+    spec = yaml.safe_load((path / "problem.yaml").read_text())
+    spec["name"] = name
+    spec["shapes"] = {"optimize": [{"rows": 16, "cols": 256}],
+                      "verify": [{"rows": 3, "cols": 17}, *spec["shapes"]["verify"]]}
+    (path / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def famok(tmp_path_factory, host_ceilings) -> dict:
+    """A real campaign (budget 2, tiny shapes: seconds) of a user's package `famok` (the problem famok), run from
+    its directory as `kfactory run ./famok` records it (an absolute path): the workspace, the package, the id."""
+    root = tmp_path_factory.mktemp("famok-source")
+    pkg = _package(root / "famok", "famok")
+    data = root / "data"
+    data.mkdir()
+    shutil.copy(host_ceilings, data / "ceilings.json")
+    nats = EmbeddedNats(root / "nats")
+    settings = Settings(nats_url=nats.start(), data_dir=data, report_dir=root / "reports", threads=2,
+                        measure_min_s=0.02, measure_max_s=0.05, compare_max_s=0.1, screen_max_s=0.0,
+                        planner_addr="127.0.0.1:0", memory_addr="127.0.0.1:0")
+
+    async def campaign() -> str:
+        running = await start_services(settings)
+        try:
+            await _memory_ready(running)
+            cid = await cast(PlannerService, running.services["planner"]).submit(pb.CampaignSpec(
+                problem=str(pkg), target="cpu", budget_candidates=2, strategy="random", seed=5, warm_start=0))
+            archive = cast(MemoryService, running.services["memory"]).archive
+            async with asyncio.timeout(120):
+                while not archive.q("SELECT 1 FROM campaigns WHERE id=? AND finished_ns IS NOT NULL", (cid,)):
+                    assert running.failed() is None, running.failed()
+                    await asyncio.sleep(0.1)
+            return cid
+        finally:
+            await running.shutdown()
+
+    try:
+        cid = asyncio.run(campaign())
+    finally:
+        nats.stop()
+    return {"data": data, "pkg": pkg, "campaign": cid}
+
+
+def _workspace(famok: dict, where: Path) -> Path:
+    """A copy of the campaign's workspace (a test that adds to it leaves the module's as it was)."""
+    shutil.copytree(famok["data"], where)
+    return where
+
+
+def _env(data: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_ADDRS}
+    return {**env, "KFACTORY_DATA_DIR": str(data), **extra}
+
+
+def _cli(monkeypatch, capsys, data: Path, *argv: str) -> tuple[int, str, str]:
+    """`kfactory ARGV` in this process, on the workspace `data`, with no service configured."""
+    for name in SERVICE_ADDRS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(data))
+    capsys.readouterr()
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+async def _acli(env: dict[str, str], *argv: str, cwd: Path | None = None) -> tuple[int, str, str]:
+    """A fresh `kfactory` process (asynchronous: the services of this event loop keep answering)."""
+    proc = await asyncio.create_subprocess_exec(*KFACTORY, *argv, env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+# -- 1. a problem name that is nothing -------------------------------------------------------------------------
+def test_an_unknown_problem_is_a_usage_error_and_a_known_one_answers(famok, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)   # `famok` is no directory here: the archive alone knows it
+    data = famok["data"]
+    for command in ("lessons", "priors", "best"):
+        rc, out, err = _cli(monkeypatch, capsys, data, command, "nosuch")
+        assert (rc, out, err) == (2, "", UNKNOWN + "\n"), (command, rc, out, err)
+    # the package's problem by its name, though no package of it is here: its campaign's evidence
+    rc, out, err = _cli(monkeypatch, capsys, data, "lessons", "famok", "--target", "cpu")
+    assert rc == 0 and out.startswith("- best: fastest so far"), (rc, out, err)
+    rc, out, err = _cli(monkeypatch, capsys, data, "priors", "famok", "--json")
+    assert rc == 0 and len(json.loads(out)["priors"]) == 2, (rc, out, err)
+    # a built-in no campaign ran is a problem all the same: nothing learned of it yet
+    rc, out, err = _cli(monkeypatch, capsys, data, "lessons", "softmax")
+    assert (rc, out) == (0, "no lessons yet: no campaign of softmax is in memory\n"), (rc, out, err)
+    # a service asking for its own campaign's problem (the planner's warm start, an agent's lessons) does not ask
+    # for it to be known: the first campaign of a problem has nothing archived yet
+    archive = Archive.reader(data / "archive.sqlite", problem_name)
+    try:
+        q = Queries(archive)
+        assert not q.priors(spb.PriorsRequest(problem="nosuch")).priors
+        assert not q.lessons(spb.LessonsRequest(problem="nosuch")).lessons
+        with pytest.raises(UnknownProblem):
+            q.lessons(spb.LessonsRequest(problem="nosuch", require_known=True))
+    finally:
+        archive.close()
+
+
+# -- 2. an empty --out -----------------------------------------------------------------------------------------
+def test_an_empty_out_is_a_usage_error_not_the_working_directory(famok, tmp_path):
+    here = tmp_path / "cwd"
+    here.mkdir()
+    env = _env(famok["data"])
+    for argv in (["report", famok["campaign"], "--out", ""],
+                 ["export", str(famok["pkg"]), "--format", "c", "--name", "fam", "--out", ""]):
+        out = subprocess.run([*KFACTORY, *argv], capture_output=True, text=True, env=env, cwd=here, timeout=60)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out
+        assert out.stderr.splitlines()[-1].endswith("argument --out: an empty path: name the directory to write "
+                                                    "into ('.' for the working directory)"), out.stderr
+        assert not list(here.iterdir()), list(here.iterdir())
+    out = subprocess.run([*KFACTORY, "report", famok["campaign"][:6], "--out", "."], capture_output=True, text=True,
+                         env=env, cwd=here, timeout=60)
+    assert out.returncode == 0 and (here / "report.md").is_file(), out   # asked for in so many words
+
+
+# -- 3. export by the package's directory name -----------------------------------------------------------------
+def _ran(data: Path, cid: str, package: Path) -> None:
+    """Archive the start of a campaign of `package` (as memory records one from the stream)."""
+    archive = Archive(data / "archive.sqlite", problem_name)
+    try:
+        assert archive.record(ev.make_event(cid, "planner", "start", campaign_started=pb.CampaignStarted(
+            spec=pb.CampaignSpec(problem=str(package), target="cpu", budget_candidates=1))))
+    finally:
+        archive.close()
+
+
+def test_export_takes_a_packages_bare_directory_name_and_a_builtins_name_stays_the_builtin(famok, monkeypatch,
+                                                                                          capsys, tmp_path):
+    data = _workspace(famok, tmp_path / "data")
+    monkeypatch.chdir(tmp_path)   # no ./famok here
+
+    def export(name: str, *more: str) -> tuple[int, str, str]:
+        out = tmp_path / "out" / name
+        return _cli(monkeypatch, capsys, data, "export", name, *more, "--format", "c", "--name", "fam", "--out",
+                    str(out), "--json")
+
+    rc, out, err = export(str(famok["pkg"]))
+    assert rc == 0, (rc, out, err)
+    winner = json.loads(out)["candidate_id"]
+    rc, out, err = export("famok")   # "no candidate 'famok' in the archive", exit 1, before
+    assert rc == 0 and json.loads(out)["candidate_id"] == winner, (rc, out, err)
+    assert (tmp_path / "out" / "famok" / "fam.h").is_file()
+
+    # a package directory of another name, of the same problem: its directory name finds it
+    packages = tmp_path / "packages"
+    _ran(data, "cfamdir", _package(packages / "c" / "famdir", "famok"))
+    rc, out, err = export("famdir")
+    assert rc == 0 and json.loads(out)["candidate_id"] == winner, (rc, out, err)
+    # one directory name, packages of two problems: which paths (and problems) to pass instead
+    _ran(data, "ckern1", _package(packages / "a" / "kern", "famok"))
+    _ran(data, "ckern2", _package(packages / "b" / "kern", "kern_two"))
+    rc, out, err = export("kern")
+    assert rc == 2 and not out, (rc, out, err)
+    assert err == ("kfactory: 'kern' is the directory of packages of 2 problems campaigns ran; name one by its "
+                   f"problem's name or its package's path:\n  {packages / 'a' / 'kern'}  (problem famok)\n"
+                   f"  {packages / 'b' / 'kern'}  (problem kern_two)\n"), err
+    assert not (tmp_path / "out" / "kern").exists()
+    # a package in a directory called softmax: `softmax` is still the built-in, of which nothing was measured
+    _ran(data, "csoft", _package(packages / "d" / "softmax", "famok"))
+    rc, out, err = export("softmax")
+    assert (rc, out) == (1, "") and err.startswith("kfactory: no measurement of 'softmax'"), (rc, out, err)
+    # best reads a bare name the same way
+    rc, out, err = _cli(monkeypatch, capsys, data, "best", "famdir", "--json")
+    assert rc == 0 and json.loads(out)["candidate_id"] == winner, (rc, out, err)
+
+
+# -- 5. status against a planner, and a memory service's answer to an unknown problem ---------------------------
+async def test_status_lists_the_planners_and_the_local_archives_campaigns_once_each(famok, settings, tmp_path):
+    data = _workspace(famok, tmp_path / "ws")
+    space = write_spaces(tmp_path / "spaces", devices=("GPU0",))[0]
+    nats = EmbeddedNats(tmp_path / "nats")
+    on_bus = settings.model_copy(update={"nats_url": nats.start(), "data_dir": data})
+    try:
+        running = await start_services(on_bus, names=("planner", "memory"))
+        try:
+            await _memory_ready(running)
+            planner = cast(PlannerService, running.services["planner"])
+            memory = cast(MemoryService, running.services["memory"])
+            cid = await planner.submit(pb.CampaignSpec(problem=f"replay:{space}", target=f"replay:{space}",
+                                                       budget_candidates=2, strategy="random", seed=3, warm_start=0))
+            async with asyncio.timeout(30):   # in the archive too: listed once, as the planner has it
+                while not memory.archive.q("SELECT 1 FROM campaigns WHERE id=?", (cid,)):
+                    await asyncio.sleep(0.1)
+                while not planner.grpc_port or not memory.grpc_port:
+                    await asyncio.sleep(0.05)
+            env = _env(data, KFACTORY_PLANNER_ADDR=f"127.0.0.1:{planner.grpc_port}")
+            remote = _env(data, KFACTORY_MEMORY_ADDR=f"127.0.0.1:{memory.grpc_port}")
+            text, listed, one, ambiguous, *unknown = await asyncio.gather(
+                _acli(env, "status"), _acli(env, "status", "--json"), _acli(env, "status", famok["campaign"][:6]),
+                _acli(env, "status", "c"), *(_acli(remote, command, "nosuch") for command in ("lessons", "priors")))
+        finally:
+            await running.shutdown()
+    finally:
+        nats.stop()
+
+    rc, out, err = text
+    assert rc == 0, text
+    lines = out.splitlines()
+    assert len(lines) == 2, lines   # only the planner's, before
+    assert lines[0].startswith(f"{cid} replay:{space}/replay:{space} running ") and lines[0].endswith("  [planner]")
+    assert lines[1].startswith(f"{famok['campaign']} {famok['pkg']}/cpu completed ") and \
+        lines[1].endswith("  [archive]"), lines
+    rc, out, err = listed
+    assert rc == 0, listed
+    assert [(s["id"], s["source"]) for s in json.loads(out)["campaigns"]] == [(cid, "planner"),
+                                                                            (famok["campaign"], "archive")]
+    rc, out, err = one   # a prefix of the archive's campaign, which the planner does not know
+    assert rc == 0 and out.strip() == lines[1], one
+    rc, out, err = ambiguous
+    assert rc == 2 and "campaign prefix 'c' is ambiguous; it matches 2:" in err, ambiguous
+    for rc, out, err in unknown:   # a memory service says the same of a problem that is nothing
+        assert rc == 2 and not out and err.endswith(f"INVALID_ARGUMENT: {UNKNOWN.removeprefix('kfactory: ')}\n"), \
+            (rc, out, err)
