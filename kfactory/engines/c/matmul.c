@@ -442,8 +442,8 @@ static inline __attribute__((always_inline)) void fgroup(const float *grp, int c
 #if !KF_PREFILL_GEMM
 #error "design q4_decode vnni needs prefill gemm (the VNNI rows path takes fewer than KF_GEMM_MIN tokens)"
 #endif
-/* floats of one token's digits for the vnni kernels: 4 x 32 bytes a block (32 floats), the block's scale, and
- * the block's four digit sums (int32, for q8group16_vnni) */
+/* floats of one token's digits for the integer kernels: KF_VNNI_DIGITS x 32 bytes a block, the block's scale,
+ * and 4 int32 slots for its digit sums (q8group16_vnni's) */
 #ifndef KF_VNNI_DIGITS
 #define KF_VNNI_DIGITS 4
 #endif
@@ -452,14 +452,28 @@ static inline __attribute__((always_inline)) void fgroup(const float *grp, int c
 #endif
 #define KF_VNNI_FLOATS(nb) ((8 * KF_VNNI_DIGITS + 5) * (nb))
 
-/* x as q4group16_vnni reads it (design q4_decode "vnni"): block b's 32 values as integers v = round(x / s_b) on
- * the block's own power-of-two grid, s_b = 2^(e-28) with max|x_b| < 2^e, so |v| <= 2^28 (29 bits: the rounding
- * is at most s_b/2 = 2^-29 of 2^e, below fp32's half ulp of the block's largest value, 2^-25 of 2^e; three
- * digits, 22 bits, measured decode logits 6x further from the reference than fp32's on tiny-llama); v split into
- * signed byte digits v = A 2^21 + B 2^14 + C 2^7 + D, A in -128..127, B, C and D in 0..127, stored A[32] B[32]
- * C[32] D[32] at 128 bytes a block, then the scales s_b as floats, then each block's sums of its A, B, C and D
- * digits as int32 (q8group16_vnni takes its codes' +128 back out with them). A block of zeros has s_b 0; a
- * non-finite value gives s_b NaN, so the products are NaN as an fp32 dot product's would be. */
+/* The power-of-two grid a block of 32 values (v0, v1) is rounded to `bits` bits on: with max|x| < 2^e, the scale
+ * *s = 2^(e-bits) and *inv = 2^(bits-e), so |x * inv| <= 2^bits (e >= -98 keeps both normal floats; smaller
+ * blocks round on that grid). 0 for a block of zeros (*s 0) or one holding an infinity or a NaN (*s NaN: the
+ * products are then NaN as an fp32 dot product's would be), 1 otherwise. */
+static inline int block_grid(__m512 v0, __m512 v1, int bits, float *inv, float *s) {
+  __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1), big = _mm512_set1_ps(FLT_MAX);
+  /* an infinity or a NaN (a max would drop a NaN): not <= FLT_MAX, unordered counting as true */
+  int bad = (_mm512_cmp_ps_mask(a0, big, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, big, _CMP_NLE_UQ)) != 0;
+  float mx = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+  if (mx == 0.0f || bad) {
+    *s = bad ? NAN : 0.0f;
+    return 0;
+  }
+  uint32_t mx_bits;
+  memcpy(&mx_bits, &mx, 4);
+  int e = (int)(mx_bits >> 23) - 126 < -98 ? -98 : (int)(mx_bits >> 23) - 126;
+  uint32_t inv_bits = (uint32_t)(127 + bits - e) << 23, sc_bits = (uint32_t)(127 + e - bits) << 23;
+  memcpy(inv, &inv_bits, 4);
+  memcpy(s, &sc_bits, 4);
+  return 1;
+}
+
 #if KF_VNNI_DIGITS == 3
 /* x as the vnni24 kernels read it (design q4_decode "vnni24"): block b's 32 values as integers v = round(x / s_b)
  * on the block's power-of-two grid s_b = 2^(e-23), max|x_b| < 2^e, so |v| <= 2^23: the block rounded to 24 bits,
@@ -468,7 +482,7 @@ static inline __attribute__((always_inline)) void fgroup(const float *grp, int c
  * the codes, and B and C as its unsigned one against the codes taken as signed (Q4_1's 0..15 as they are, Q8_0's
  * with their +128 flipped off), so each byte carries 8 bits and three digits do the work of vnni's four. Stored
  * A[32] B[32] C[32] at 96 bytes a block, then the scales s_b as floats, then each block's sum of its A digits
- * (int32, for q8group16_vnni) in a slot of 4. Zeros and non-finite blocks as vnni_digits below. */
+ * (int32, for q8group16_vnni) in a slot of 4. Zeros and non-finite blocks: block_grid. */
 static void vnni_digits(const float *x, int cols, float *xq) {
   int nb = cols / 32;
   int8_t *dg = (int8_t *)xq;
@@ -478,25 +492,12 @@ static void vnni_digits(const float *x, int cols, float *xq) {
   const __m512i low8 = _mm512_set1_epi32(255);
   for (int b = 0; b < nb; b++) {
     __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
-    __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1), big = _mm512_set1_ps(FLT_MAX);
-    int bad = (_mm512_cmp_ps_mask(a0, big, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, big, _CMP_NLE_UQ)) != 0;
-    float mx = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-    uint32_t bits;
-    memcpy(&bits, &mx, 4);
-    int ex = (int)(bits >> 23);
+    float inv;
     memset(ts + 4 * b, 0, 16);
-    if (mx == 0.0f || bad) {
-      sc[b] = bad ? NAN : 0.0f;
+    if (!block_grid(v0, v1, 23, &inv, &sc[b])) {
       memset(dg + 96 * b, 0, 96);
       continue;
     }
-    /* mx < 2^e; e >= -98 keeps 2^(23-e) and 2^(e-23) normal floats */
-    int e = ex - 126 < -98 ? -98 : ex - 126;
-    uint32_t inv_bits = (uint32_t)(150 - e) << 23, sc_bits = (uint32_t)(e + 104) << 23;
-    float inv, s;
-    memcpy(&inv, &inv_bits, 4);
-    memcpy(&s, &sc_bits, 4);
-    sc[b] = s;
     __m512 iv = _mm512_set1_ps(inv);
     __m512i sum = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
@@ -513,6 +514,13 @@ static void vnni_digits(const float *x, int cols, float *xq) {
   }
 }
 #else
+/* x as q4group16_vnni reads it (design q4_decode "vnni"): block b's 32 values as integers v = round(x / s_b) on
+ * the block's own power-of-two grid, s_b = 2^(e-28) with max|x_b| < 2^e, so |v| <= 2^28 (29 bits: the rounding
+ * is at most s_b/2 = 2^-29 of 2^e, below fp32's half ulp of the block's largest value, 2^-25 of 2^e; three such
+ * digits, 22 bits, measured decode logits 6x further from the reference than fp32's on tiny-llama); v split into
+ * signed byte digits v = A 2^21 + B 2^14 + C 2^7 + D, A in -128..127, B, C and D in 0..127, stored A[32] B[32]
+ * C[32] D[32] at 128 bytes a block, then the scales s_b as floats, then each block's sums of its A, B, C and D
+ * digits as int32 (q8group16_vnni takes its codes' +128 back out with them). Zeros and non-finite blocks: block_grid. */
 static void vnni_digits(const float *x, int cols, float *xq) {
   int nb = cols / 32;
   int8_t *dg = (int8_t *)xq;
@@ -522,26 +530,12 @@ static void vnni_digits(const float *x, int cols, float *xq) {
   const __m512i low7 = _mm512_set1_epi32(127);
   for (int b = 0; b < nb; b++) {
     __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
-    __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1), big = _mm512_set1_ps(FLT_MAX);
-    /* an infinity or a NaN (a max would drop a NaN): not <= FLT_MAX, unordered counting as true */
-    int bad = (_mm512_cmp_ps_mask(a0, big, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, big, _CMP_NLE_UQ)) != 0;
-    float mx = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-    uint32_t bits;
-    memcpy(&bits, &mx, 4);
-    int ex = (int)(bits >> 23);
-    if (mx == 0.0f || bad) {
-      sc[b] = bad ? NAN : 0.0f;
+    float inv;
+    if (!block_grid(v0, v1, 28, &inv, &sc[b])) {
       memset(dg + 128 * b, 0, 128);
       memset(ts + 4 * b, 0, 16);
       continue;
     }
-    /* mx < 2^e; e >= -98 keeps 2^(28-e) and 2^(e-28) normal floats (smaller blocks round on that grid) */
-    int e = ex - 126 < -98 ? -98 : ex - 126;
-    uint32_t inv_bits = (uint32_t)(155 - e) << 23, sc_bits = (uint32_t)(e + 99) << 23;
-    float inv, s;
-    memcpy(&inv, &inv_bits, 4);
-    memcpy(&s, &sc_bits, 4);
-    sc[b] = s;
     __m512 iv = _mm512_set1_ps(inv);
     __m512i sum[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int h = 0; h < 2; h++) {
