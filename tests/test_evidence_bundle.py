@@ -7,33 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import sqlite3
 from pathlib import Path
-from typing import cast
 
 import grpc
 import pytest
-import yaml
 
 from kfactory.bus import events as ev
 from kfactory.evidence import bundle as eb
 from kfactory.platform.app import start_services
 from kfactory.cli.main import main
-from kfactory.platform.config import Settings
-from kfactory.bus.natsd import EmbeddedNats
-from kfactory.problems import BUILTIN_DIR
-from kfactory.cli.run import _memory_ready
 from kfactory.services.memory.archive import Archive
 from kfactory.services.memory.queries import Queries, problem_name
-from kfactory.services.memory.service import MemoryService
-from kfactory.services.planner.service import PlannerService
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
 from kfactory.evidence.workspace import Workspace
 
 from evidence_chain import links  # tests/ is on the path (pytest inserts a test file's directory)
+from tiny_campaign import run_campaign, tiny_package
 
 SERVICE_ADDRS = ("KFACTORY_MEMORY_ADDR", "KFACTORY_PLANNER_ADDR")
 
@@ -43,40 +35,7 @@ def source(tmp_path_factory, host_ceilings) -> dict:
     """A real softmax campaign on the cpu target (budget 2, tiny shapes, so it takes seconds) run from a package
     copied under a temporary directory: its workspace, the package's path, and the campaign's id."""
     root = tmp_path_factory.mktemp("evidence-source")
-    pkg = root / "softmax_tiny"
-    shutil.copytree(BUILTIN_DIR / "softmax", pkg)
-    spec = yaml.safe_load((pkg / "problem.yaml").read_text())
-    spec["shapes"] = {"optimize": [{"rows": 16, "cols": 256}],
-                      "verify": [{"rows": 3, "cols": 17}, *spec["shapes"]["verify"]]}   # the built-in's and more
-    (pkg / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    data = root / "data"
-    data.mkdir()
-    shutil.copy(host_ceilings, data / "ceilings.json")
-    nats = EmbeddedNats(root / "nats")
-    settings = Settings(nats_url=nats.start(), data_dir=data, report_dir=root / "reports", threads=2,
-                        measure_min_s=0.02, measure_max_s=0.05, compare_max_s=0.1, screen_max_s=0.0,
-                        planner_addr="127.0.0.1:0", memory_addr="127.0.0.1:0")
-
-    async def campaign() -> str:
-        running = await start_services(settings)
-        try:
-            await _memory_ready(running)
-            cid = await cast(PlannerService, running.services["planner"]).submit(pb.CampaignSpec(
-                problem=str(pkg), target="cpu", budget_candidates=2, strategy="random", seed=5, warm_start=0))
-            archive = cast(MemoryService, running.services["memory"]).archive
-            async with asyncio.timeout(120):
-                while not archive.q("SELECT 1 FROM campaigns WHERE id=? AND finished_ns IS NOT NULL", (cid,)):
-                    assert running.failed() is None, running.failed()
-                    await asyncio.sleep(0.1)
-            return cid
-        finally:
-            await running.shutdown()
-
-    try:
-        cid = asyncio.run(campaign())
-    finally:
-        nats.stop()
-    return {"data": data, "pkg": pkg, "campaign": cid}
+    return run_campaign(root, tiny_package(root / "softmax_tiny"), host_ceilings)
 
 
 def _cli(monkeypatch, capsys, data: Path, *argv: str, memory: str = "") -> tuple[int, str, str]:

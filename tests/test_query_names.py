@@ -17,15 +17,12 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-import yaml
 
 from kfactory.bus import events as ev
 from kfactory.bus.natsd import EmbeddedNats
 from kfactory.cli.main import main
 from kfactory.cli.run import _memory_ready
 from kfactory.platform.app import start_services
-from kfactory.platform.config import Settings
-from kfactory.problems import BUILTIN_DIR
 from kfactory.services.memory.archive import Archive
 from kfactory.services.memory.queries import Queries, UnknownProblem, problem_name
 from kfactory.services.memory.service import MemoryService
@@ -33,7 +30,8 @@ from kfactory.services.planner.service import PlannerService
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 
-from tuning_synth import write_spaces  # tests/ is on the path (pytest inserts a test file's directory)
+from tiny_campaign import run_campaign, tiny_package  # tests/ is on the path (pytest inserts a test file's directory)
+from tuning_synth import write_spaces
 
 KFACTORY = [sys.executable, "-m", "kfactory.cli.main"]
 SERVICE_ADDRS = ("KFACTORY_MEMORY_ADDR", "KFACTORY_PLANNER_ADDR")
@@ -42,51 +40,12 @@ UNKNOWN = ("kfactory: no problem 'nosuch': it is no built-in problem (kfactory p
            "the campaigns)")
 
 
-def _package(path: Path, name: str) -> Path:
-    """The built-in softmax package copied to `path` under the problem name `name`, timed at tiny shapes."""
-    shutil.copytree(BUILTIN_DIR / "softmax", path)
-    spec = yaml.safe_load((path / "problem.yaml").read_text())
-    spec["name"] = name
-    spec["shapes"] = {"optimize": [{"rows": 16, "cols": 256}],
-                      "verify": [{"rows": 3, "cols": 17}, *spec["shapes"]["verify"]]}
-    (path / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
-
-
 @pytest.fixture(scope="module")
 def famok(tmp_path_factory, host_ceilings) -> dict:
     """A real campaign (budget 2, tiny shapes: seconds) of a user's package `famok` (the problem famok), run from
     its directory as `kfactory run ./famok` records it (an absolute path): the workspace, the package, the id."""
     root = tmp_path_factory.mktemp("famok-source")
-    pkg = _package(root / "famok", "famok")
-    data = root / "data"
-    data.mkdir()
-    shutil.copy(host_ceilings, data / "ceilings.json")
-    nats = EmbeddedNats(root / "nats")
-    settings = Settings(nats_url=nats.start(), data_dir=data, report_dir=root / "reports", threads=2,
-                        measure_min_s=0.02, measure_max_s=0.05, compare_max_s=0.1, screen_max_s=0.0,
-                        planner_addr="127.0.0.1:0", memory_addr="127.0.0.1:0")
-
-    async def campaign() -> str:
-        running = await start_services(settings)
-        try:
-            await _memory_ready(running)
-            cid = await cast(PlannerService, running.services["planner"]).submit(pb.CampaignSpec(
-                problem=str(pkg), target="cpu", budget_candidates=2, strategy="random", seed=5, warm_start=0))
-            archive = cast(MemoryService, running.services["memory"]).archive
-            async with asyncio.timeout(120):
-                while not archive.q("SELECT 1 FROM campaigns WHERE id=? AND finished_ns IS NOT NULL", (cid,)):
-                    assert running.failed() is None, running.failed()
-                    await asyncio.sleep(0.1)
-            return cid
-        finally:
-            await running.shutdown()
-
-    try:
-        cid = asyncio.run(campaign())
-    finally:
-        nats.stop()
-    return {"data": data, "pkg": pkg, "campaign": cid}
+    return run_campaign(root, tiny_package(root / "famok", "famok"), host_ceilings)
 
 
 def _workspace(famok: dict, where: Path) -> Path:
@@ -195,12 +154,12 @@ def test_export_takes_a_packages_bare_directory_name_and_a_builtins_name_stays_t
 
     # a package directory of another name, of the same problem: its directory name finds it
     packages = tmp_path / "packages"
-    _ran(data, "cfamdir", _package(packages / "c" / "famdir", "famok"))
+    _ran(data, "cfamdir", tiny_package(packages / "c" / "famdir", "famok"))
     rc, out, err = export("famdir")
     assert rc == 0 and json.loads(out)["candidate_id"] == winner, (rc, out, err)
     # one directory name, packages of two problems: which paths (and problems) to pass instead
-    _ran(data, "ckern1", _package(packages / "a" / "kern", "famok"))
-    _ran(data, "ckern2", _package(packages / "b" / "kern", "kern_two"))
+    _ran(data, "ckern1", tiny_package(packages / "a" / "kern", "famok"))
+    _ran(data, "ckern2", tiny_package(packages / "b" / "kern", "kern_two"))
     rc, out, err = export("kern")
     assert rc == 2 and not out, (rc, out, err)
     assert err == ("kfactory: 'kern' is the directory of packages of 2 problems campaigns ran; name one by its "
@@ -208,7 +167,7 @@ def test_export_takes_a_packages_bare_directory_name_and_a_builtins_name_stays_t
                    f"  {packages / 'b' / 'kern'}  (problem kern_two)\n"), err
     assert not (tmp_path / "out" / "kern").exists()
     # a package in a directory called softmax: `softmax` is still the built-in, of which nothing was measured
-    _ran(data, "csoft", _package(packages / "d" / "softmax", "famok"))
+    _ran(data, "csoft", tiny_package(packages / "d" / "softmax", "famok"))
     rc, out, err = export("softmax")
     assert (rc, out) == (1, "") and err.startswith("kfactory: no measurement of 'softmax'"), (rc, out, err)
     # best reads a bare name the same way
