@@ -254,12 +254,12 @@ def test_engine_run_local_runs_the_campaign_in_this_process(tmp_path, monkeypatc
     # the one-thread space: 64 designs, and the other Q4_1 decodes of the 16 prepacked Q4_1 ones where AVX-512 is
     assert len(space(1)) == 64 + 16 * (len(q4_decodes_offered()) - 1)
     assert (f"engine campaign tiny-llama: 1 of {len(space(1))} designs, by descent (budget 1, threads 1..1, 1 timing "
-            "round, a showdown of 5 rounds within x1.15)") in out
+            "round, a showdown of 9 rounds within x1.15)") in out
     assert f"[1/1] {default}: verified" in out and f"winner: {default}" in out
     record = json.loads(out_json.read_text())
     assert "services" not in record and record["results"][0]["decode_tok_s"] > 0
     assert record["showdown"] is None    # one design: nothing to decide
-    assert record["showdown_rule"] == {"rounds": 5, "size": 3, "margin": 1.15}
+    assert record["showdown_rule"] == {"rounds": 9, "size": 3, "margin": 1.15}
     assert load_best("tiny-llama", tmp_path)["campaign"] == record["path"]
     assert not (tmp_path / "archive.sqlite").exists()
 

@@ -244,7 +244,7 @@ def test_engine_run_services_prints_the_report_and_writes_the_record(tmp_path, h
     captured = capsys.readouterr()
     out = captured.out
     default = EngineDesign().design_id()
-    assert ("through the services: budget 1, threads 1..1, 2 timing rounds, a showdown of 5 rounds within x1.15; "
+    assert ("through the services: budget 1, threads 1..1, 2 timing rounds, a showdown of 9 rounds within x1.15; "
             "engine's own matvec kernels") in out
     assert "no measured matvec_q4_1 kernel in memory" in captured.err
     assert f"[1/1] {default}: verified, decode " in out and f"winner: {default}" in out
@@ -347,7 +347,7 @@ def test_a_searched_kernel_in_memory_is_linked_and_every_round_is_a_measurement(
     told = _spec(build_parser().parse_args(["submit", "engine:tiny-llama", "--strategy-option", "jump=0"]))
     assert dict(told.strategy_options) == {"jump": "0"}
     # and the timing rounds and showdown of `kfactory engine run`, which the planner asks for after the search
-    assert (engine.timing_rounds, engine.showdown_rounds, engine.showdown_margin) == (2, 5, 1.15)
+    assert (engine.timing_rounds, engine.showdown_rounds, engine.showdown_margin) == (2, 9, 1.15)
     asked = _spec(build_parser().parse_args(["submit", "engine:tiny-llama", "--rounds", "3", "--showdown", "0"]))
     assert (asked.timing_rounds, asked.showdown_rounds) == (3, 0)
     kernel = _spec(build_parser().parse_args(["submit", "softmax"]))
