@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -164,6 +165,56 @@ def test_a_reference_that_never_returns_is_stopped_and_named_not_waited_for(tmp_
     bad = subprocess.run([*KFACTORY, "problems", "check", str(gone), "--timeout", "0"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "argument --timeout: '0': give a number of seconds above 0" in bad.stderr, bad
+    huge = subprocess.run([*KFACTORY, "problems", "check", str(gone), "--timeout", "1e10"], capture_output=True,
+                          text=True, timeout=60)   # a poll's timeout overflowed: an internal error
+    assert huge.returncode == 2 and "give a number of seconds above 0, at most 86400" in huge.stderr, huge
+
+
+def test_the_reference_check_checks_the_package_given_and_holds_its_limit_after_the_pipe_closes(tmp_path):
+    """Found by a review: `problems check ./softmax`, a user's package in a directory called softmax, sent the
+    child "softmax", which loaded the built-in and passed a broken reference; a reference that closes the
+    descriptors it inherited (as daemonising code does) and then blocks hung the check past its limit, and the
+    child ran on, orphaned, when the check was killed."""
+    broken = _reference_that(tmp_path, "raise RuntimeError('my broken reference')")
+    named = broken.rename(tmp_path / "softmax")
+    out = subprocess.run([*KFACTORY, "problems", "check", "./softmax"], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert out.returncode == 1 and "reference() raised RuntimeError: my broken reference" in out.stderr, out
+    named.rename(tmp_path / "broken")
+    closer = _reference_that(tmp_path, "import os, time\nos.closerange(3, 1024)\ntime.sleep(600)")
+    t0 = time.monotonic()
+    out = subprocess.run([*KFACTORY, "problems", "check", str(closer), "--timeout", "2"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1 and "took longer than 2 s (stopped)" in out.stderr, out
+    assert time.monotonic() - t0 < 30
+    # the check killed from outside: its child ends with it (PR_SET_PDEATHSIG), not orphaned
+    proc = subprocess.Popen([*KFACTORY, "problems", "check", str(closer), "--timeout", "600"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not _children_checking(closer) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _children_checking(closer), "the check's child never started"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _children_checking(closer) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _children_checking(closer), "the check's child outlived its killed parent"
+
+
+def _children_checking(pkg) -> list[int]:
+    """Pids of the processes checking the reference of `pkg` (kfactory.problems.refcheck_child PKG ...)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:   # ended while listed
+            continue
+        if b"kfactory.problems.refcheck_child" in argv and str(pkg).encode() in argv:
+            pids.append(int(entry.name))
+    return pids
 
 
 def test_problems_new_scaffolds_a_package_that_checks(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kfactory.platform.config import REFERENCE_CHECK_S
+from kfactory.platform.config import REFERENCE_CHECK_MAX_S, REFERENCE_CHECK_S
 
 EXIT_USAGE = 2
 
@@ -27,14 +27,14 @@ def add_parser(sub) -> None:
 def _seconds(text: str) -> float:
     """A positive number of seconds (argparse names the flag when it is not one)."""
     import argparse
-    import math
 
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    if not 0 < value <= REFERENCE_CHECK_MAX_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0, at most "
+                                         f"{REFERENCE_CHECK_MAX_S:g}")
     return value
 
 

@@ -14,8 +14,8 @@ def _default_data_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kfactory"
 
 
-#: the default of reference_check_s, in seconds
-REFERENCE_CHECK_S = 60.0
+#: the default of reference_check_s, in seconds, and the most it may be (a day: a step that long is a hang)
+REFERENCE_CHECK_S, REFERENCE_CHECK_MAX_S = 60.0, 86400.0
 
 
 class Settings(BaseSettings):
@@ -52,10 +52,10 @@ class Settings(BaseSettings):
     threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     runner_timeout_s: float = Field(20.0, gt=0)
     runner_max_runs: int = Field(500, ge=1)
-    reference_check_s: float = Field(REFERENCE_CHECK_S, gt=0, description="how long each step of a problem "
-                                     "package's check before a campaign (importing its reference.py, one call of "
-                                     "reference()) may take before the check fails naming the step (kfactory "
-                                     "problems check --timeout)")
+    reference_check_s: float = Field(REFERENCE_CHECK_S, gt=0, le=REFERENCE_CHECK_MAX_S,
+                                     description="how long each step of a problem package's check before a campaign "
+                                     "(importing its reference.py, one call of reference()) may take before the check "
+                                     "fails naming the step (kfactory problems check --timeout)")
     runner_mem_mb: int = Field(4096, ge=256)
     input_reuse: int = Field(8, ge=1, description="candidates that share one draw of a large input set")
     compare_one_pass: bool = Field(True, description="outputs are compared with the reference by kfactory's one-pass "

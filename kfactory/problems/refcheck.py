@@ -2,9 +2,10 @@
 
 A package's reference.py is its author's code: one that never returns (a loop that does not end, a wait on
 something that never comes) would hang `kfactory problems check`, `kfactory run` and the planner's submit with
-it. `finding_apart` starts `python -m kfactory.problems.refcheck_child DIRECTORY`, which loads the package and runs
-the same check, telling this side each step before it takes it (importing reference.py, each call of reference()
-with its shape and distribution) as one JSON line on its stdout; the reference's own prints go to stderr. Each
+it. `finding_apart` starts `python -m kfactory.problems.refcheck_child DIRECTORY PARENT_PID`, which loads the
+package and runs the same check, telling this side each step before it takes it (importing reference.py, each
+call of reference() with its shape and distribution) as one JSON line on its stdout; the reference's own prints go
+to stderr; it ends with this process (prctl). Each
 step may take `time_limit_s`: the child is killed once one takes longer, and the finding names that step. The
 child ends with one line: {"ok": true}, or {"problem": the check's one-line finding}.
 """
@@ -12,19 +13,26 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import selectors
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 #: the child's module, run as `python -m CHILD DIRECTORY`
 CHILD = "kfactory.problems.refcheck_child"
 #: what the child's environment leaves out: the factory's settings and secrets (the reference needs none)
 PRIVATE_ENV = ("KFACTORY_", "NATS", "REDIS")
-#: how much of the child's stderr a finding quotes (its last characters)
-STDERR_TAIL = 2000
+#: how much of the child's stderr a finding quotes (its last characters, on one line)
+STDERR_TAIL = 500
+#: the longest one wait for the child's next line lasts (a longer limit is waited out in such slices): a poll's
+#: timeout is bounded, and a day-long limit must not overflow it
+WAIT_SLICE_S = 60.0
+#: the step the child is in before it names one: loading the package, before any of its author's code runs (a
+#: child that ends there failed in kfactory's own code or its environment)
+START = "the start of the check"
 
 
 class ReferenceTimedOut(Exception):
@@ -41,11 +49,14 @@ def finding_apart(problem, time_limit_s: float) -> str | None:
     process: None when they pass, else the finding in one line (the check's own; or the step that did not end
     within `time_limit_s`, and what to do about it; or how the child ended without an answer). CheckBroken when
     the check's own code failed there."""
-    path = problem.directory / "reference.py"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(PRIVATE_ENV)}
+    directory = problem.directory.resolve()   # absolute: "./softmax" would load as the built-in softmax there
+    path = directory / "reference.py"
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", CHILD, str(problem.directory)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+        # -P: the working directory stays off the child's path (a json.py there would shadow the stdlib), so
+        # kfactory comes from where this process found it
+        proc = subprocess.Popen([sys.executable, "-P", "-m", CHILD, str(directory), str(os.getpid())],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=_child_env(),
+                                start_new_session=True)
         try:
             answer, step = _follow(proc, time_limit_s)
         except ReferenceTimedOut as e:
@@ -54,8 +65,10 @@ def finding_apart(problem, time_limit_s: float) -> str | None:
         finally:
             _kill(proc)
         if answer is None:   # ended without a word: os._exit in the reference, a crash of numpy or the interpreter
-            err.seek(0)
-            tail = err.read().decode(errors="replace")[-STDERR_TAIL:].strip()
+            tail = _tail(err)
+            if step == START:
+                raise CheckBroken(f"the check of {path} ended (exit status {proc.returncode}) before the package's "
+                                  f"own code ran: {tail or 'no output'}")
             return (f"{path}: the process checking the reference ended (exit status {proc.returncode}) during "
                     f"{step}, without an answer" + (f": {tail}" if tail else ""))
     if "harness" in answer:
@@ -67,31 +80,65 @@ def _follow(proc: subprocess.Popen, time_limit_s: float) -> tuple[dict | None, s
     """(the child's last line, the step it was taking), following its steps: each may take `time_limit_s`;
     ReferenceTimedOut naming the step that took longer. The last line is None when the child ended without one."""
     assert proc.stdout is not None
-    fd, buf, step = proc.stdout.fileno(), b"", "the start of the check"
+    fd, buf, step = proc.stdout.fileno(), b"", START
     deadline = time.monotonic() + time_limit_s
-    while True:
-        while b"\n" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ReferenceTimedOut(f"{step} took longer than {time_limit_s:g} s (stopped)")
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
+    with selectors.DefaultSelector() as sel:   # not select(): a long-lived planner's descriptors pass 1024
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            while b"\n" not in buf:
+                left = _left(deadline, step, time_limit_s)
+                if not sel.select(min(left, WAIT_SLICE_S)):
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:   # the pipe closed: the child ended, or closed it and goes on; the limit still holds
+                    _wait(proc, deadline, step, time_limit_s)
+                    return None, step
+                buf += chunk
+            line, buf = buf.split(b"\n", 1)
+            try:
+                message = json.loads(line)
+            except ValueError:   # not the child's: only its own lines go to this pipe
                 continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                proc.wait()
-                return None, step
-            buf += chunk
-        line, buf = buf.split(b"\n", 1)
+            if not isinstance(message, dict):
+                continue
+            if "step" not in message:
+                return message, step
+            step, deadline = str(message["step"]), time.monotonic() + time_limit_s
+
+
+def _left(deadline: float, step: str, time_limit_s: float) -> float:
+    """Seconds left to the step's deadline; ReferenceTimedOut naming the step once there are none."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise ReferenceTimedOut(f"{step} took longer than {time_limit_s:g} s (stopped)")
+    return left
+
+
+def _wait(proc: subprocess.Popen, deadline: float, step: str, time_limit_s: float) -> None:
+    """Wait for the child to end within the step's deadline (ReferenceTimedOut when it does not)."""
+    while True:
         try:
-            message = json.loads(line)
-        except ValueError:   # not the child's: only its own lines go to this pipe
+            proc.wait(timeout=min(_left(deadline, step, time_limit_s), WAIT_SLICE_S))
+            return
+        except subprocess.TimeoutExpired:
             continue
-        if not isinstance(message, dict):
-            continue
-        if "step" not in message:
-            return message, step
-        step, deadline = str(message["step"]), time.monotonic() + time_limit_s
+
+
+def _tail(err) -> str:
+    """The last STDERR_TAIL characters of the child's stderr (a file), on one line."""
+    size = err.seek(0, os.SEEK_END)
+    err.seek(max(0, size - 4 * STDERR_TAIL))
+    text = err.read().decode(errors="replace")[-STDERR_TAIL:]
+    return " / ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def _child_env() -> dict[str, str]:
+    """The child's environment: this one less the factory's settings and secrets, with kfactory's own directory
+    first on PYTHONPATH (the child imports kfactory from where this process did, whatever the working directory)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PRIVATE_ENV)}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 def _kill(proc: subprocess.Popen) -> None:
