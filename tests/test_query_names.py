@@ -196,9 +196,14 @@ async def test_status_lists_the_planners_and_the_local_archives_campaigns_once_e
                     await asyncio.sleep(0.05)
             env = _env(data, KFACTORY_PLANNER_ADDR=f"127.0.0.1:{planner.grpc_port}")
             remote = _env(data, KFACTORY_MEMORY_ADDR=f"127.0.0.1:{memory.grpc_port}")
-            text, listed, one, ambiguous, *unknown = await asyncio.gather(
+            junk = tmp_path / "junk"   # a workspace whose archive is no archive: the planner's list still answers
+            junk.mkdir()
+            (junk / "archive.sqlite").write_bytes(b"not a database" * 100)
+            damaged = {**env, "KFACTORY_DATA_DIR": str(junk)}
+            text, listed, one, ambiguous, planner_only, *unknown = await asyncio.gather(
                 _acli(env, "status"), _acli(env, "status", "--json"), _acli(env, "status", famok["campaign"][:6]),
-                _acli(env, "status", "c"), *(_acli(remote, command, "nosuch") for command in ("lessons", "priors")))
+                _acli(env, "status", "c"), _acli(damaged, "status"),
+                *(_acli(remote, command, "nosuch") for command in ("lessons", "priors")))
         finally:
             await running.shutdown()
     finally:
@@ -219,6 +224,30 @@ async def test_status_lists_the_planners_and_the_local_archives_campaigns_once_e
     assert rc == 0 and out.strip() == lines[1], one
     rc, out, err = ambiguous
     assert rc == 2 and "campaign prefix 'c' is ambiguous; it matches 2:" in err, ambiguous
+    rc, out, err = planner_only
+    assert rc == 0 and out.splitlines() == [lines[0]], planner_only
+    assert err.startswith(f"kfactory: warning: the planner's campaigns only: cannot read the archive "
+                          f"{tmp_path / 'junk' / 'archive.sqlite'}: DatabaseError"), planner_only
     for rc, out, err in unknown:   # a memory service says the same of a problem that is nothing
         assert rc == 2 and not out and err.endswith(f"INVALID_ARGUMENT: {UNKNOWN.removeprefix('kfactory: ')}\n"), \
             (rc, out, err)
+
+
+def test_a_package_gone_since_does_not_make_its_directory_name_ambiguous(tmp_path):
+    """Found by a review: two campaigns of one problem from packages in directories of one name, one package
+    removed since (a temporary copy), made the name 'ambiguous between 2 problems': the gone one resolved to its
+    own path. A gone package that left no measurement names nothing to answer for; the one still here answers."""
+    live = tiny_package(tmp_path / "a" / "famdir", "famok")
+    gone = tiny_package(tmp_path / "b" / "famdir", "famok")
+    path = tmp_path / "archive.sqlite"
+    archive = Archive(path, problem_name)
+    for cid, pkg in (("c000000000001", live), ("c000000000002", gone)):
+        archive.record(ev.make_event(cid, "planner", "start", campaign_started=pb.CampaignStarted(
+            spec=pb.CampaignSpec(problem=str(pkg), target="cpu", budget_candidates=1))))
+    archive.close()
+    assert Queries(Archive.reader(path, problem_name)).problem("famdir") == "famok"
+    shutil.rmtree(gone.parent)
+    problem_name.cache_clear()
+    reader = Archive.reader(path, problem_name)
+    assert reader.packages_called("famdir") == {str(live): "famok"}
+    assert Queries(reader).problem("famdir") == "famok"

@@ -15,6 +15,7 @@ import functools
 import json
 import re
 import sqlite3
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -167,10 +168,14 @@ def _local(settings, ask: Callable[[qmod.Queries], object]):
         archive.close()
 
 
+class ArchiveUnreadable(ClientError):
+    """The local archive is not one, or its rows do not decode (damaged on disk)."""
+
+
 def _unreadable(path, e: Exception) -> ClientError:
     """The one line for an archive that is not one, or whose rows do not decode (damaged on disk)."""
-    return ClientError(f"cannot read the archive {path}: {type(e).__name__}: {e} (a damaged or foreign file: "
-                       "restore it, or point KFACTORY_DATA_DIR at another workspace)", 1)
+    return ArchiveUnreadable(f"cannot read the archive {path}: {type(e).__name__}: {e} (a damaged or foreign file: "
+                             "restore it, or point KFACTORY_DATA_DIR at another workspace)", 1)
 
 
 async def _evidence(settings, method: str, request):
@@ -364,10 +369,14 @@ async def _status_list(settings) -> list[tuple[spb.CampaignStatus, str]]:
 
 def _archive_campaigns(settings) -> list[spb.CampaignStatus]:
     """The local archive's campaigns; none when no campaign has run here (no archive: nothing to add to a
-    planner's list, which is no error)."""
+    planner's list, which is no error), or when the archive cannot be read (said on stderr: the planner's list
+    still answers)."""
     try:
         return list(_local(settings, lambda q: q.campaigns(spb.ListCampaignsRequest())).campaigns)
     except NoWorkspace:
+        return []
+    except ArchiveUnreadable as e:
+        print(f"kfactory: warning: the planner's campaigns only: {e}", file=sys.stderr)
         return []
 
 

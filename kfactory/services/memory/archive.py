@@ -351,9 +351,21 @@ class Archive:
 
     def packages_called(self, dirname: str) -> dict[str, str]:
         """The problem package directories archived campaigns ran (absolute paths: kfactory run and submit keep a
-        package's so) whose directory is called `dirname`, each with the name its problem is filed under."""
-        return {loc: self.problem_name(loc) for (loc,) in self.q("SELECT DISTINCT problem FROM campaigns")
-                if loc and PurePath(loc).is_absolute() and PurePath(loc).name == dirname}
+        package's so) whose directory is called `dirname`, each with the name its problem is filed under: the
+        name its campaigns' measurements were filed under when they were recorded (a package gone since resolves
+        to its own path now), else its name as problem_name resolves it; a package gone that left no measurement
+        names nothing to answer for, and is left out."""
+        out = {}
+        for (loc,) in self.q("SELECT DISTINCT problem FROM campaigns"):
+            if not (loc and PurePath(loc).is_absolute() and PurePath(loc).name == dirname):
+                continue
+            filed = {name for (name,) in self.q("SELECT DISTINCT m.problem FROM measurements m JOIN campaigns c "
+                                                "ON m.campaign = c.id WHERE c.problem = ? AND m.problem IS NOT NULL",
+                                                (loc,))}
+            name = filed.pop() if len(filed) == 1 else self.problem_name(loc)
+            if name != loc:
+                out[loc] = name
+        return out
 
     def events(self, campaign: str | None = None, candidate: str | None = None) -> list[pb.Event]:
         if candidate:
