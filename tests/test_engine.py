@@ -30,9 +30,8 @@ DESIGNS = [
     EngineDesign(weights="f32", fuse_qkv=False, fuse_gate_up=False, fuse_norm=False, kv_layout="token_major"),
     # the table decode of Q4_1 (with AVX-512; elsewhere the same 256-bit kernel as the default's)
     EngineDesign(q4_decode="table"),
-    # the integer decodes over PACK16 (AVX512-VNNI only: their build refuses other processors), on 2 threads;
-    # vnni24's 3 threads split its two-stream groups three ways (its products fall below KF_PAR_MIN on tiny-llama,
-    # test_vnni24_groups_split_over_threads lowers it)
+    # the integer decodes over PACK16 (AVX512-VNNI only: their build refuses other processors), on 2 threads
+    # (tiny-llama's products fall below KF_PAR_MIN: test_vnni24_groups_split_over_threads lowers it, on 3)
     *([EngineDesign(q4_decode="vnni", threads=2, fuse_qkv=False),
        EngineDesign(q4_decode="vnni24", threads=2, wait="bounded", fuse_gate_up=False)] if VNNI else []),
 ]

@@ -453,8 +453,8 @@ static inline __attribute__((always_inline)) void fgroup(const float *grp, int c
 #define KF_VNNI_FLOATS(nb) ((8 * KF_VNNI_DIGITS + 5) * (nb))
 
 /* The power-of-two grid a block of 32 values (v0, v1) is rounded to `bits` bits on: with max|x| < 2^e, the scale
- * *s = 2^(e-bits) and *inv = 2^(bits-e), so |x * inv| <= 2^bits (e >= -98 keeps both normal floats; smaller
- * blocks round on that grid). 0 for a block of zeros (*s 0) or one holding an infinity or a NaN (*s NaN: the
+ * *s = 2^(e-bits) and *inv = 2^(bits-e), so |x * inv| <= 2^bits (e >= bits - 126 keeps both normal floats:
+ * -98 at 28 bits, -103 at 23; smaller blocks round on that grid). 0 for a block of zeros (*s 0) or one holding an infinity or a NaN (*s NaN: the
  * products are then NaN as an fp32 dot product's would be), 1 otherwise. */
 static inline int block_grid(__m512 v0, __m512 v1, int bits, float *inv, float *s) {
   __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1), big = _mm512_set1_ps(FLT_MAX);
@@ -467,7 +467,7 @@ static inline int block_grid(__m512 v0, __m512 v1, int bits, float *inv, float *
   }
   uint32_t mx_bits;
   memcpy(&mx_bits, &mx, 4);
-  int e = (int)(mx_bits >> 23) - 126 < -98 ? -98 : (int)(mx_bits >> 23) - 126;
+  int e = (int)(mx_bits >> 23) - 126 < bits - 126 ? bits - 126 : (int)(mx_bits >> 23) - 126;
   uint32_t inv_bits = (uint32_t)(127 + bits - e) << 23, sc_bits = (uint32_t)(127 + e - bits) << 23;
   memcpy(inv, &inv_bits, 4);
   memcpy(s, &sc_bits, 4);
