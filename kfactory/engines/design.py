@@ -195,8 +195,7 @@ class EngineDesign:
                               "own matvec_q4_1 (the kernel that unpacks them)")
         if self.q4_decode in VNNI_DIGITS and self.prefill != "gemm":
             raise DesignError(f"q4_decode {self.q4_decode!r} needs prefill 'gemm', not {self.prefill!r} (its rows "
-                              "path takes "
-                              "only the few tokens below the GEMM's minimum)")
+                              "path takes only the few tokens below the GEMM's minimum)")
         self.op_thread_map()
         for name in KERNEL_FIELDS:
             self._check_kernel(name, getattr(self, name))

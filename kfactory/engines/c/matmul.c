@@ -1149,7 +1149,7 @@ static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y,
   (void)threads;
   (void)par;
 #if KF_Q4_VNNI && KF_VNNI_DIGITS == 3
-  if (w->layout == KF_PACK16) {   /* each thread its contiguous share of the groups, in two streams */
+  if (w->layout == KF_PACK16) {   /* each thread its contiguous share of the groups, in KF_VNNI_STREAMS streams */
     int groups = (rows + 15) / 16;
 #pragma omp parallel num_threads(threads) if (par)
     {
