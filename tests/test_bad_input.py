@@ -51,6 +51,34 @@ async def _dead_letters(bus, campaign: str, want: int, timeout: float = 20) -> l
     return [r.letter for r in out]
 
 
+async def test_work_of_a_cancelled_campaign_is_not_done_and_says_why(bus_settings, space):
+    """Found by a probe of the services: a cancelled campaign's queued work went on (compiled, verified, measured)
+    and reached the leaderboard after its counts stopped. Work a stage takes up after the cancellation is
+    dead-lettered with the cancellation's reason (cause campaign_cancelled), and nothing of it is measured."""
+    running = await start_services(bus_settings, grpc=False)
+    try:
+        planner = running.services["planner"]
+        cid = await planner.submit(_spec(space, budget_candidates=200, parallel=1))
+        await planner.cancel(cid, "the user pressed Ctrl-C")
+        finished = await _until_finished(running, cid)
+        assert finished.state == "cancelled"
+        measured = memory_rows(running, f"SELECT COUNT(*) FROM measurements WHERE campaign='{cid}'")[0][0]
+        cand = pb.Candidate(id="c" * 64, campaign_id=cid, problem=f"replay:{space}", target=f"replay:{space}",
+                            family="recorded", point_id="late", language="replay", source_digest="0" * 64)
+        late = ev.make_event(cid, "test", cand.id, candidate_created=pb.CandidateCreated(candidate=cand))
+        await running.ctx.bus.js.publish(ev.work_subject("compiler", cid), late.SerializeToString(),
+                                         headers={"Nats-Msg-Id": "late:compiler"})
+        letters = [d for d in await _dead_letters(running.ctx.bus, cid, 1) if d.cause == pb.CAMPAIGN_CANCELLED]
+        assert len(letters) == 1 and letters[0].stage == "compiler", letters
+        assert letters[0].reason == (f"campaign {cid} was cancelled (the user pressed Ctrl-C): work of it not begun "
+                                     "is not done"), letters[0].reason
+        await asyncio.sleep(1.0)   # had the stages gone on, the late candidate would be measured by now
+        assert memory_rows(running, f"SELECT COUNT(*) FROM measurements WHERE campaign='{cid}'")[0][0] == measured
+        assert running.failed() is None
+    finally:
+        await running.shutdown()
+
+
 async def test_bad_work_messages_are_dead_lettered_with_what_to_fix(bus_settings, space):
     settings = bus_settings.model_copy(update={"max_event_bytes": 4096})
     running = await start_services(settings, grpc=False)

@@ -66,6 +66,8 @@ class Bus(ABC):
         #: the topology roles (services) this connection sends work for; None: unchecked (tests, tools)
         self.roles: tuple[str, ...] | None = None
         self._started: set[str] = set()
+        #: campaigns whose CampaignFinished this bus has read (a campaign finishes once: remembered)
+        self._finished: dict[str, pb.CampaignFinished] = {}
 
     # -- the transport: what an implementation supplies --------------------------------------------
     @property
@@ -218,8 +220,13 @@ class Bus(ABC):
 
     async def campaign_finished(self, campaign_id: str) -> pb.CampaignFinished | None:
         """The campaign's CampaignFinished from the events stream, or None while it has not finished."""
+        if campaign_id in self._finished:
+            return self._finished[campaign_id]
         event = await self._lifecycle(campaign_id, "campaign_finished")
-        return event.campaign_finished if event is not None else None
+        if event is None:
+            return None
+        self._finished[campaign_id] = event.campaign_finished
+        return event.campaign_finished
 
     async def _lifecycle(self, campaign_id: str, kind: str) -> pb.Event | None:
         """The first believable event of `kind` (the planner's start or end of the campaign) on its subject: a

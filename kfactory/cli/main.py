@@ -289,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cause", choices=CAUSES,
                    help="only those with this cause (harness_failed: the harness's own failure, sent back once it "
                         "is fixed; input_missing, unknown_campaign, undecodable, publish_not_permitted, "
-                        "result_too_large, deliveries_exhausted; unspecified: written before causes were recorded)")
+                        "result_too_large, deliveries_exhausted, campaign_cancelled; unspecified: written before "
+                        "causes were recorded)")
     p.add_argument("--replay", action="store_true",
                    help="ask each campaign's planner to send its dead letters back to their stages (after fixing "
                         "what failed them); it does while the campaign runs, and takes them off the list")

@@ -98,6 +98,8 @@ class Service:
                 if not await self.bus.campaign_started(d.event.campaign_id):
                     return Term(f"unknown campaign {d.event.campaign_id!r}: the events stream has no start of it; "
                                 "submit campaigns through the planner", pb.UNKNOWN_CAMPAIGN)
+                if cancelled := await self._cancelled(d.event.campaign_id):
+                    return cancelled
                 outcome = await self.handle(d)
             except HarnessError as e:
                 outcome = self.internal_error(e)
@@ -106,6 +108,15 @@ class Service:
         if isinstance(outcome, Ack):
             self.handled += 1
         return outcome
+
+    async def _cancelled(self, campaign_id: str) -> Term | None:
+        """The work's fate when its campaign was cancelled: not done (its user asked the campaign to stop, and
+        its counts stopped there; work begun before the cancellation still ends and is recorded), else None."""
+        finished = await self.bus.campaign_finished(campaign_id)
+        if finished is None or finished.state != "cancelled":
+            return None
+        return Term(f"campaign {campaign_id} was cancelled ({finished.reason or 'no reason given'}): work of it not "
+                    "begun is not done", pb.CAMPAIGN_CANCELLED)
 
     def internal_error(self, e: HarnessError) -> Term:
         """The harness failed (a bug in the runner or the judge, not the candidate): logged with its traceback (and

@@ -46,6 +46,7 @@ class DeadLetterCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PUBLISH_NOT_PERMITTED: _ClassVar[DeadLetterCause]
     RESULT_TOO_LARGE: _ClassVar[DeadLetterCause]
     DELIVERIES_EXHAUSTED: _ClassVar[DeadLetterCause]
+    CAMPAIGN_CANCELLED: _ClassVar[DeadLetterCause]
 REJECT_REASON_UNSPECIFIED: RejectReason
 COMPILE_ERROR: RejectReason
 RESOURCE_LIMIT: RejectReason
@@ -80,6 +81,7 @@ UNKNOWN_CAMPAIGN: DeadLetterCause
 PUBLISH_NOT_PERMITTED: DeadLetterCause
 RESULT_TOO_LARGE: DeadLetterCause
 DELIVERIES_EXHAUSTED: DeadLetterCause
+CAMPAIGN_CANCELLED: DeadLetterCause
 
 class DeviceInfo(_message.Message):
     __slots__ = ("target", "model", "device_id", "threads", "mem_bandwidth_gbps", "peak_gflops", "uuid", "arch", "peak_bf16_gflops", "l2_bytes", "sm_count", "read_bandwidth_gbps", "peak_int8_gops")
