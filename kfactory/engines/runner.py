@@ -30,7 +30,7 @@ from typing import IO, Any, Sequence
 import numpy as np
 
 from kfactory.engines.design import EngineDesign
-from kfactory.sandbox.parent import network_isolation_prefix
+from kfactory.sandbox.parent import child_env, kill_group, network_isolation_prefix
 
 #: default address-space limit of an engine child (the real model's tensors, prepared, are well under a GiB)
 MEM_MB = 8192
@@ -125,7 +125,7 @@ class EngineRunner:
         self.close()
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KFACTORY_", "NATS", "REDIS"))}
+        env = child_env()
         env["OMP_NUM_THREADS"] = str(self.threads)
         # read by libgomp when the engine library loads it, so it is set here (the design's `spin` and `wait`)
         for name, value in self.design.omp_env().items():
@@ -255,12 +255,8 @@ class EngineRunner:
         return EngineCrashed(f"engine child exited with status {rc}")
 
     def _kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+        if self.proc is not None:
+            kill_group(self.proc)
         self.proc = None
         if self._w is not None:
             try:

@@ -14,17 +14,16 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from kfactory.sandbox.parent import child_env, kill_group
+
 #: the child's module, run as `python -m CHILD DIRECTORY`
 CHILD = "kfactory.problems.refcheck_child"
-#: what the child's environment leaves out: the factory's settings and secrets (the reference needs none)
-PRIVATE_ENV = ("KFACTORY_", "NATS", "REDIS")
 #: how much of the child's stderr a finding quotes (its last characters, on one line)
 STDERR_TAIL = 500
 #: the longest one wait for the child's next line lasts (a longer limit is waited out in such slices): a poll's
@@ -133,21 +132,17 @@ def _tail(err) -> str:
 
 
 def _child_env() -> dict[str, str]:
-    """The child's environment: this one less the factory's settings and secrets, with kfactory's own directory
-    first on PYTHONPATH (the child imports kfactory from where this process did, whatever the working directory)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(PRIVATE_ENV)}
+    """The child's environment: this one less the factory's settings and secrets (child_env), with kfactory's own
+    directory first on PYTHONPATH (the child imports kfactory from where this process did, whatever the working
+    directory)."""
+    env = child_env()
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """End the child and anything it started (its own session), and reap it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:   # it ended between the poll and the kill
-            pass
-    proc.wait()
+    """End the child and anything it started (its own session), reap it and close its pipe."""
+    kill_group(proc)
     if proc.stdout is not None:
         proc.stdout.close()

@@ -95,6 +95,27 @@ def fault_error(fault: Fault) -> RunnerFault | HarnessError:
     return cls(prefix + fault.message, fault)
 
 
+#: what a child process's environment leaves out: the factory's settings and secrets (generated code, an engine
+#: and a package's reference need none of them)
+PRIVATE_ENV = ("KFACTORY_", "NATS", "REDIS")
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment less PRIVATE_ENV: what a child running code kfactory did not write gets."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(PRIVATE_ENV)}
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill a child started in a process group of its own, with everything it started (a kernel may have
+    forked), and reap it; nothing when it has ended."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:   # it ended between the poll and the kill
+            pass
+        proc.wait()
+
+
 @functools.lru_cache(maxsize=1)
 def network_isolation_prefix() -> tuple[str, ...]:
     """`unshare -n` (root) or `unshare -rn` (user namespaces) when it works here, else nothing."""
@@ -129,7 +150,7 @@ class Runner:
     def _start(self) -> None:
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KFACTORY_", "NATS", "REDIS"))}
+        env = child_env()
         env["OMP_NUM_THREADS"] = str(self.threads)
         env.update(self.extra_env)
         prefix = network_isolation_prefix() if self.isolate_network else ()
@@ -261,13 +282,8 @@ class Runner:
 
     def kill(self) -> None:
         """Kill the runner's whole process group (a kernel may have forked)."""
-        if self.proc and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
         if self.proc:
+            kill_group(self.proc)
             self._reset()
 
     def stop(self) -> None:
