@@ -17,7 +17,7 @@ import numpy as np
 
 from kfactory.judge import inputs as inp
 from kfactory.platform.config import REFERENCE_CHECK_S
-from kfactory.problems.loader import BUILTIN_DIR, Problem, ProblemError
+from kfactory.problems.loader import Problem, ProblemError
 from kfactory.problems.refcheck import finding_apart
 from kfactory.targets.flags import FLAG_TARGETS, FlagRefused, check_flags
 
@@ -61,19 +61,13 @@ def check_reference(problem: Problem, time_limit_s: float = REFERENCE_CHECK_S) -
     """Run the reference on the CHECK_SHAPES smallest verification shapes, every distribution, twice on the
     smallest: its outputs as the ABI declares them, the same answer for the same inputs (as the judge compares
     two runs: NaN equals NaN, -0 equals 0), its inputs untouched; raise ReferenceFailed with the file and what
-    went wrong. A user's package's reference.py (its author's code) is checked in a child process, where each
-    step (loading it, one call) may take `time_limit_s` (kfactory/problems/refcheck.py): one that never returns
-    is then a finding, not a hang. kfactory's own references (the built-in problems', a replay's) are checked in
-    this process: they are the project's tested code, and a child costs every campaign's submit ~0.5 s."""
-    if not problem.reference_in_package or _builtin(problem):
+    went wrong. A user's package's reference.py (its author's code: Problem.reference_in_package) is checked in a
+    child process, where each step (loading it, one call) may take `time_limit_s` (kfactory/problems/refcheck.py):
+    one that never returns is then a finding, not a hang; kfactory's own in this process."""
+    if not problem.reference_in_package:
         check_reference_here(problem)
     elif finding := finding_apart(problem, time_limit_s):
         raise ReferenceFailed(finding)
-
-
-def _builtin(problem: Problem) -> bool:
-    """Whether `problem` is one of the built-in packages kfactory ships (kfactory/problems/NAME)."""
-    return problem.directory.resolve().parent == BUILTIN_DIR.resolve()
 
 
 def check_reference_here(problem: Problem, step: Callable[[str], object] = lambda step: None) -> None:

@@ -12,15 +12,14 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from kfactory.problems.package import (LANGUAGES, Family, Problem, ProblemError, language_of, safe_eval,
+from kfactory.problems.package import (BUILTIN_DIR, LANGUAGES, Family, Problem, ProblemError, language_of, safe_eval,
                                        shape_str)
 from kfactory.problems.spec import FamilySpec, ProblemSpec
 
 __all__ = ["BUILTIN", "BUILTIN_DIR", "LANGUAGES", "Family", "Problem", "ProblemError", "language_of", "list_problems",
            "load_problem", "problem_name", "safe_eval", "shape_str"]
 
-BUILTIN = Path(__file__).parent
-BUILTIN_DIR = BUILTIN
+BUILTIN = BUILTIN_DIR
 
 
 def _load_yaml(path: Path, model):

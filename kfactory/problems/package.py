@@ -24,6 +24,9 @@ import jinja2.meta
 from kfactory.platform.expressions import ERRORS as EXPRESSION_ERRORS, FUNCTIONS, evaluate
 from kfactory.problems.spec import FamilySpec, ProblemSpec
 
+#: where the built-in problem packages are (kfactory/problems/NAME)
+BUILTIN_DIR = Path(__file__).parent
+
 #: a source file's language from its suffix
 LANGUAGES = {".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cu": "cuda", ".ptx": "ptx"}
 
@@ -247,10 +250,13 @@ class Problem:
     #: what a candidate of the problem is: "kernel" (judged by kfactory.judge), or "engine" (a whole inference
     #: engine, kfactory.engines.problem: the stages hand it to kfactory.engines.stages)
     kind: ClassVar[str] = "kernel"
-    #: whether reference() is the package's reference.py, its author's code: checked in a child process under a
-    #: time limit before a campaign (kfactory/problems/refcheck.py); a problem whose reference is kfactory's own
-    #: (a replayed space's) is checked in process
-    reference_in_package: ClassVar[bool] = True
+    @property
+    def reference_in_package(self) -> bool:
+        """Whether reference() is its author's code, a user's package's reference.py: checked in a child process
+        under a time limit before a campaign (kfactory/problems/refcheck.py). kfactory's own references (the
+        built-in packages', kfactory/problems/NAME; a replayed space's) are checked in this process: they are the
+        project's tested code, and a child costs every campaign's submit ~0.5 s."""
+        return self.directory.resolve().parent != BUILTIN_DIR.resolve()
 
     def checks_itself(self) -> list[str] | None:
         """Problems found by the problem's own rule ([] when fit to run), or None: the kernel checks apply

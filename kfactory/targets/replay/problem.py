@@ -34,7 +34,11 @@ class _Reference:
 
 class ReplayProblem(Problem):
     """A Problem whose reference module is in memory (no reference.py) and which knows its recorded space."""
-    reference_in_package = False
+
+    @property
+    def reference_in_package(self) -> bool:
+        """Never: the reference is kfactory's own (the recorded space's), checked in process."""
+        return False
 
     def __init__(self, spec: ProblemSpec, directory: Path, space: RecordedSpace):
         super().__init__(spec, directory, {FAMILY_NAME: space.family()})
