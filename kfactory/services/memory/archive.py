@@ -69,6 +69,8 @@ def renames_a_name(locator: str, name: str) -> bool:
     """Whether an alias gives a locator that is a problem's name already (a built-in's) another name: every
     campaign of it would vanish from best, priors and lessons; no archive takes one."""
     return locator != name and _IS_NAME.match(locator) is not None
+
+
 #: how long a write waits for another process's transaction on the archive to end
 BUSY_WAIT_S = 120.0
 
@@ -343,11 +345,14 @@ class Archive:
         with self.lock:
             return self.db.execute(sql, args).fetchall()
 
-    def problem_names(self) -> set[str]:
-        """The names of the problems the archived campaigns ran (each locator named as problem_name names it) and
-        measured: what best, priors and lessons can answer for."""
-        ran = {self.problem_name(loc) for (loc,) in self.q("SELECT DISTINCT problem FROM campaigns") if loc}
-        return ran | {name for (name,) in self.q("SELECT DISTINCT problem FROM measurements") if name}
+    def knows_problem(self, name: str) -> bool:
+        """Whether an archived campaign measured or ran a problem of this name (each locator named as problem_name
+        names it): what best, priors and lessons can answer for. The measurements are asked first, in SQL; the
+        campaigns' locators (each resolved loads its package) only for a name none measured."""
+        if self.q("SELECT 1 FROM measurements WHERE problem=? LIMIT 1", (name,)):
+            return True
+        return any(self.problem_name(loc) == name for (loc,) in self.q("SELECT DISTINCT problem FROM campaigns")
+                   if loc)
 
     def packages_called(self, dirname: str) -> dict[str, str]:
         """The problem package directories archived campaigns ran (absolute paths: kfactory run and submit keep a

@@ -146,7 +146,7 @@ class Queries:
         if not asked:
             raise InvalidRequest("name the problem")
         name = self.archive.problem_name(asked)
-        if name != asked or asked in list_problems() or asked in self.archive.problem_names():
+        if name != asked or asked in list_problems() or self.archive.knows_problem(asked):
             return name
         packages = self.archive.packages_called(asked)
         if len(set(packages.values())) == 1:
