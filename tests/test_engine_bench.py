@@ -99,3 +99,74 @@ def test_engine_bench_pairs_decode_with_the_read_probe(tmp_path, capsys):
     assert (paired["fraction_min"], paired["fraction_max"]) == (fracs[0], fracs[-1])
     assert out["kfactory"]["roofline_fraction_paired"] == paired["fraction_median"]
     assert "decode@8 between read probes" in capsys.readouterr().out
+
+
+def _bench_module(name: str):
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCH.parent / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_engine_ops_bench_times_every_op_inside_the_step(tmp_path):
+    """bench/engine_ops.py on the tiny config: the -DKF_PROFILE build times each op of a decode step, every op
+    runs once a layer (each slot above zero), the ops' sum lies within the step, and the GB/s of an op is its
+    bytes over its time."""
+    mod = _bench_module("engine_ops")
+    out_path = tmp_path / "ops.json"
+    assert mod.main(["--model", "tiny-llama", "--design", "{}", "--threads", "1", "--context", "8", "--steps", "4",
+                     "--rounds", "2", "--json", str(out_path)]) == 0
+    out = json.loads(out_path.read_text())
+    assert len(out["rounds"]) == 2
+    for r in out["rounds"]:
+        assert set(r["op_s"]) == set(mod.OPS) and all(v > 0 for v in r["op_s"].values()), r["op_s"]
+        assert sum(r["op_s"].values()) < r["step_s"] and r["read_gbps"] > 0
+        assert set(r["op_gbps"]) == {"qkv", "o", "gate_up", "down", "head", "attention"}
+
+
+def test_the_timed_build_computes_what_the_engine_does(tmp_path):
+    """-DKF_PROFILE adds timers and nothing else: the tiny engine's logits over a prefill and decode steps are
+    bit-identical to the plain build's."""
+    import numpy as np
+
+    from kfactory.engines.abi import Engine
+    from kfactory.engines.design import EngineDesign
+    from kfactory.engines.ops import build_engine
+    from kfactory.engines.prepare import arena
+    from kfactory.models import load_model
+    from kfactory.platform.config import Settings
+
+    design = EngineDesign()
+    model = load_model("tiny-llama").open(Path(Settings().data_dir) / "models")
+    tensors = arena(model, design)
+    runs = []
+    for flags in ((), ("-DKF_PROFILE",)):
+        lib = build_engine(design, model.config, {}, tmp_path, flags)
+        assert lib.ok, lib.log[-2000:]
+        eng = Engine(str(lib.path), tensors, model.config, 32, 1)
+        out = np.empty(model.config.vocab, np.float32)
+        rows = [eng.prefill([5, 9, 2, 7, 1]).copy()]
+        for t in (3, 8, 4):
+            eng.decode(t, out)
+            rows.append(out.copy())
+        eng.free()
+        runs.append(np.stack(rows))
+    assert np.array_equal(runs[0], runs[1])
+
+
+def test_engine_scaling_bench_sets_the_engine_against_the_probe_at_each_count(tmp_path):
+    """bench/engine_scaling.py on the tiny config, one round: the probes and both engines measured, each engine's
+    tok/s turned into GB/s by the step's bytes, and the N-thread figure set against the N-thread probe."""
+    mod = _bench_module("engine_scaling")
+    out_path = tmp_path / "scaling.json"
+    assert mod.main(["--model", "tiny-llama", "--design", "{}", "--threads", "2", "--context", "8", "--steps", "4",
+                     "--rounds", "1", "--json", str(out_path)]) == 0
+    out = json.loads(out_path.read_text())
+    (r,) = out["rounds"]
+    assert r["read_1_gbps"] > 0 and r["read_2_gbps"] > 0 and r["int8_2_gops"] >= 0
+    for n in (1, 2):
+        assert r[f"engine_{n}_gbps_equiv"] == pytest.approx(r[f"engine_{n}_tok_s"] * out["step_bytes"] / 1e9)
+    assert r["engine_over_read"] == pytest.approx(r["engine_2_gbps_equiv"] / r["read_2_gbps"])
+    assert out["summary"]["correlation_read_engine"] is None   # one round: no correlation to speak of

@@ -94,9 +94,10 @@ def units_for(design: EngineDesign, kernels: dict[str, OpKernel]) -> tuple[Unit,
 
 
 def build_engine(design: EngineDesign, config: LlamaConfig, kernels: dict[str, OpKernel] | None = None,
-                 cache_dir: Path | None = None) -> BuildResult:
-    """A design's engine library: generated, its searched kernels linked in, built (cached by content)."""
-    return build(generate(design, config), cache_dir, units=units_for(design, kernels or {}))
+                 cache_dir: Path | None = None, extra_flags: tuple[str, ...] = ()) -> BuildResult:
+    """A design's engine library: generated, its searched kernels linked in, built (cached by content);
+    extra_flags go to the engine's own source (-DKF_PROFILE: bench/engine_ops.py's per-op timers)."""
+    return build(generate(design, config), cache_dir, extra_flags, units=units_for(design, kernels or {}))
 
 
 def kernels_of(record: dict[str, Any]) -> dict[str, OpKernel]:

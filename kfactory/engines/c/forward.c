@@ -413,6 +413,32 @@ static void add_norm(kf_engine *e, const float *add, const kf_tensor *w, int n) 
   }
 }
 
+/* RoPE on the n tokens' queries and keys (at positions pos0..), and their keys and values into layer l's cache */
+static void rope_kv(kf_engine *e, int l, int n, int pos0) {
+  for (int t = 0; t < n; t++) {
+    float *q = e->qkv + (size_t)t * KF_QKV, *k = q + KF_QDIM, *v = k + KF_KVDIM;
+    const float *c = e->cosv + (size_t)(pos0 + t) * (KF_HEAD_DIM / 2), *s = e->sinv + (size_t)(pos0 + t) * (KF_HEAD_DIM / 2);
+    rope(q, KF_HEADS, c, s);
+    rope(k, KF_KV_HEADS, c, s);
+    for (int kvh = 0; kvh < KF_KV_HEADS; kvh++) {
+      memcpy(KV_AT(e->kc, e, l, kvh, pos0 + t), k + kvh * KF_HEAD_DIM, KF_HEAD_DIM * 4);
+      memcpy(KV_AT(e->vc, e, l, kvh, pos0 + t), v + kvh * KF_HEAD_DIM, KF_HEAD_DIM * 4);
+    }
+  }
+}
+
+/* A build with KF_PROFILE defined (bench/engine_ops.py) adds each op's wall time on the calling thread, summed
+ * over every forward, to the exported kf_profile[slot]; without it KF_OP(slot, stmt) is stmt, the same code. */
+#ifdef KF_PROFILE
+#include <time.h>
+enum { KF_P_QKV, KF_P_ROPE_KV, KF_P_ATTN, KF_P_O, KF_P_NORM, KF_P_GATE_UP, KF_P_SILU, KF_P_DOWN, KF_P_HEAD, KF_P_N };
+double kf_profile[KF_P_N];
+static double kf_clock(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+#define KF_OP(slot, ...) do { double t0_ = kf_clock(); __VA_ARGS__; kf_profile[KF_P_##slot] += kf_clock() - t0_; } while (0)
+#else
+#define KF_OP(slot, ...) __VA_ARGS__
+#endif
+
 /* an op's threads: the design's op_threads entry (KF_T_*) where it is below the engine's count, else all */
 #define KF_OP_THREADS(n, th) ((n) > 0 && (n) < (th) ? (n) : (th))
 
@@ -427,38 +453,30 @@ static void forward(kf_engine *e, const int32_t *tok, int n, float *logits, int 
   for (int l = 0; l < KF_BLOCKS; l++) {
     const kf_layer *L = &e->layer[l];
 #if KF_FUSE_QKV
-    matmul(L->qkv, e->h, KF_HIDDEN, n, e->qkv, KF_QKV, e->xs, t_qkv);
+    KF_OP(QKV, matmul(L->qkv, e->h, KF_HIDDEN, n, e->qkv, KF_QKV, e->xs, t_qkv));
 #else
-    matmul(L->q, e->h, KF_HIDDEN, n, e->qkv, KF_QKV, e->xs, t_qkv);
-    matmul(L->k, e->h, KF_HIDDEN, n, e->qkv + KF_QDIM, KF_QKV, e->xs, t_qkv);
-    matmul(L->v, e->h, KF_HIDDEN, n, e->qkv + KF_QDIM + KF_KVDIM, KF_QKV, e->xs, t_qkv);
+    KF_OP(QKV, matmul(L->q, e->h, KF_HIDDEN, n, e->qkv, KF_QKV, e->xs, t_qkv));
+    KF_OP(QKV, matmul(L->k, e->h, KF_HIDDEN, n, e->qkv + KF_QDIM, KF_QKV, e->xs, t_qkv));
+    KF_OP(QKV, matmul(L->v, e->h, KF_HIDDEN, n, e->qkv + KF_QDIM + KF_KVDIM, KF_QKV, e->xs, t_qkv));
 #endif
-    for (int t = 0; t < n; t++) {
-      float *q = e->qkv + (size_t)t * KF_QKV, *k = q + KF_QDIM, *v = k + KF_KVDIM;
-      const float *c = e->cosv + (size_t)(pos0 + t) * (KF_HEAD_DIM / 2), *s = e->sinv + (size_t)(pos0 + t) * (KF_HEAD_DIM / 2);
-      rope(q, KF_HEADS, c, s);
-      rope(k, KF_KV_HEADS, c, s);
-      for (int kvh = 0; kvh < KF_KV_HEADS; kvh++) {
-        memcpy(KV_AT(e->kc, e, l, kvh, pos0 + t), k + kvh * KF_HEAD_DIM, KF_HEAD_DIM * 4);
-        memcpy(KV_AT(e->vc, e, l, kvh, pos0 + t), v + kvh * KF_HEAD_DIM, KF_HEAD_DIM * 4);
-      }
-    }
-    attention(e, l, n, pos0, t_attn);
-    matmul(L->o, e->att, KF_QDIM, n, e->h, KF_HIDDEN, e->xs, t_o);
-    add_norm(e, e->h, L->ffn_norm, n);
+    KF_OP(ROPE_KV, rope_kv(e, l, n, pos0));
+    KF_OP(ATTN, attention(e, l, n, pos0, t_attn));
+    KF_OP(O, matmul(L->o, e->att, KF_QDIM, n, e->h, KF_HIDDEN, e->xs, t_o));
+    KF_OP(NORM, add_norm(e, e->h, L->ffn_norm, n));
 #if KF_FUSE_GATE_UP
-    matmul(L->gate_up, e->h, KF_HIDDEN, n, e->gu, 2 * KF_FFN, e->xs, t_gu);
+    KF_OP(GATE_UP, matmul(L->gate_up, e->h, KF_HIDDEN, n, e->gu, 2 * KF_FFN, e->xs, t_gu));
 #else
-    matmul(L->gate, e->h, KF_HIDDEN, n, e->gu, 2 * KF_FFN, e->xs, t_gu);
-    matmul(L->up, e->h, KF_HIDDEN, n, e->gu + KF_FFN, 2 * KF_FFN, e->xs, t_gu);
+    KF_OP(GATE_UP, matmul(L->gate, e->h, KF_HIDDEN, n, e->gu, 2 * KF_FFN, e->xs, t_gu));
+    KF_OP(GATE_UP, matmul(L->up, e->h, KF_HIDDEN, n, e->gu + KF_FFN, 2 * KF_FFN, e->xs, t_gu));
 #endif
-    for (int t = 0; t < n; t++) silu_mul(e->gu + (size_t)t * 2 * KF_FFN, e->gu + (size_t)t * 2 * KF_FFN + KF_FFN, KF_FFN);
-    matmul(L->down, e->gu, 2 * KF_FFN, n, e->h, KF_HIDDEN, e->xs, t_down);
-    add_norm(e, e->h, l + 1 < KF_BLOCKS ? e->layer[l + 1].attn_norm : e->out_norm, n);
+    KF_OP(SILU, for (int t = 0; t < n; t++)
+                  silu_mul(e->gu + (size_t)t * 2 * KF_FFN, e->gu + (size_t)t * 2 * KF_FFN + KF_FFN, KF_FFN));
+    KF_OP(DOWN, matmul(L->down, e->gu, 2 * KF_FFN, n, e->h, KF_HIDDEN, e->xs, t_down));
+    KF_OP(NORM, add_norm(e, e->h, l + 1 < KF_BLOCKS ? e->layer[l + 1].attn_norm : e->out_norm, n));
   }
   e->pos = pos0 + n;
-  if (logits && all) matmul(e->embd, e->h, KF_HIDDEN, n, logits, KF_VOCAB, e->xs, t_head);
-  else if (logits) matmul(e->embd, e->h + (size_t)(n - 1) * KF_HIDDEN, KF_HIDDEN, 1, logits, KF_VOCAB, e->xs, t_head);
+  if (logits && all) KF_OP(HEAD, matmul(e->embd, e->h, KF_HIDDEN, n, logits, KF_VOCAB, e->xs, t_head));
+  else if (logits) KF_OP(HEAD, matmul(e->embd, e->h + (size_t)(n - 1) * KF_HIDDEN, KF_HIDDEN, 1, logits, KF_VOCAB, e->xs, t_head));
 }
 
 int kf_prefill(void *p, const int32_t *tokens, int n, float *logits, int all_logits) {
