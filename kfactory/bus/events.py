@@ -40,6 +40,17 @@ def kind_of(event: pb.Event) -> str:
     return event.WhichOneof("body") or ""
 
 
+#: the kinds of event a campaign's Counts count, each to its field
+COUNTED_KINDS = {"point_proposed": "proposed", "compiled": "compiled", "compile_failed": "compile_failed",
+                 "verified": "verified", "rejected": "rejected", "measured": "measured"}
+
+
+def count_in(counts: pb.Counts, kind: str, n: int = 1) -> None:
+    """Add n events of `kind` to `counts` (nothing for a kind COUNTED_KINDS does not count)."""
+    if field := COUNTED_KINDS.get(kind):
+        setattr(counts, field, getattr(counts, field) + n)
+
+
 def candidate_of(event: pb.Event) -> pb.Candidate | None:
     """The candidate an event is about, for the kinds that carry one; None otherwise."""
     kind = kind_of(event)

@@ -83,9 +83,17 @@ def _status_line(s: spb.CampaignStatus, source: str = "") -> str:
     c = s.counts
     best = f"best {s.best_candidate_id[:12]} {s.best_score_s * 1e3:.3f} ms" if s.best_candidate_id else "no best yet"
     why = f"; {s.state}: {s.reason}" if s.reason else ""
+    late = _after_finish(s.after_finish)
     return (f"{s.id} {s.spec.problem}/{s.spec.target} {s.state} {s.elapsed_s:.0f}s proposed {c.proposed} "
             f"compiled {c.compiled} verified {c.verified} rejected {c.rejected + c.compile_failed} "
-            f"measured {c.measured}; {best}{why}" + (f"  [{source}]" if source else ""))
+            f"measured {c.measured}; {best}{why}{late}" + (f"  [{source}]" if source else ""))
+
+
+def _after_finish(c: pb.Counts) -> str:
+    """What reached a campaign after it finished, in a clause ("" for nothing): kept, but not in its counts."""
+    parts = [f"{n} {name}" for name, n in (("verified", c.verified), ("rejected", c.rejected + c.compile_failed),
+                                          ("measured", c.measured), ("compiled", c.compiled)) if n]
+    return f"; after it finished (not counted above): {', '.join(parts)}" if parts else ""
 
 
 #: where `status` read a campaign: the planner (a running factory's campaigns), or the local archive (what ran
@@ -470,7 +478,9 @@ async def _best(args, settings, as_json: bool) -> int:
         check_campaign_id(args.campaign, "--campaign")
         r = await _evidence(settings, "Leaderboard", spb.LeaderboardRequest(campaign_id=args.campaign))
         _print(r, as_json, "\n".join(f"{i:3d} {e.candidate_id[:12]} {e.score_s * 1e3:9.3f} ms {e.origin} "
-                                     f"{format_params(e.params_json)}" for i, e in enumerate(r.entries, 1))
+                                     f"{format_params(e.params_json)}"
+                                     + ("  (after the campaign finished)" if e.after_finish else "")
+                                     for i, e in enumerate(r.entries, 1))
                or "no measurements")
         return 0
     if not args.problem:

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class CampaignStatus(_message.Message):
-    __slots__ = ("id", "spec", "state", "counts", "best_candidate_id", "best_score_s", "elapsed_s", "summary_json", "device", "reason")
+    __slots__ = ("id", "spec", "state", "counts", "best_candidate_id", "best_score_s", "elapsed_s", "summary_json", "device", "reason", "after_finish")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class CampaignStatus(_message.Message):
     SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FINISH_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: _events_pb2.CampaignSpec
     state: str
@@ -29,7 +30,8 @@ class CampaignStatus(_message.Message):
     summary_json: str
     device: _events_pb2.DeviceInfo
     reason: str
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[_events_pb2.CampaignSpec, _Mapping]] = ..., state: _Optional[str] = ..., counts: _Optional[_Union[_events_pb2.Counts, _Mapping]] = ..., best_candidate_id: _Optional[str] = ..., best_score_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., summary_json: _Optional[str] = ..., device: _Optional[_Union[_events_pb2.DeviceInfo, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    after_finish: _events_pb2.Counts
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[_events_pb2.CampaignSpec, _Mapping]] = ..., state: _Optional[str] = ..., counts: _Optional[_Union[_events_pb2.Counts, _Mapping]] = ..., best_candidate_id: _Optional[str] = ..., best_score_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., summary_json: _Optional[str] = ..., device: _Optional[_Union[_events_pb2.DeviceInfo, _Mapping]] = ..., reason: _Optional[str] = ..., after_finish: _Optional[_Union[_events_pb2.Counts, _Mapping]] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("spec",)
@@ -68,7 +70,7 @@ class WatchRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class LeaderboardEntry(_message.Message):
-    __slots__ = ("candidate_id", "campaign_id", "problem", "family", "params_json", "origin", "score_s", "timings", "device", "checks")
+    __slots__ = ("candidate_id", "campaign_id", "problem", "family", "params_json", "origin", "score_s", "timings", "device", "checks", "after_finish")
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +81,7 @@ class LeaderboardEntry(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FINISH_FIELD_NUMBER: _ClassVar[int]
     candidate_id: str
     campaign_id: str
     problem: str
@@ -89,7 +92,8 @@ class LeaderboardEntry(_message.Message):
     timings: _containers.RepeatedCompositeFieldContainer[_events_pb2.ShapeTiming]
     device: str
     checks: _containers.RepeatedCompositeFieldContainer[_events_pb2.Check]
-    def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[_events_pb2.Check, _Mapping]]] = ...) -> None: ...
+    after_finish: bool
+    def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[_events_pb2.Check, _Mapping]]] = ..., after_finish: _Optional[bool] = ...) -> None: ...
 
 class BestRequest(_message.Message):
     __slots__ = ("problem", "shape", "device", "target", "require_known")

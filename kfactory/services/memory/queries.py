@@ -24,8 +24,6 @@ from kfactory.v1 import services_pb2 as spb
 #: how many matches an ambiguous prefix lists
 MATCHES_SHOWN = 10
 #: how a count of the planner's (pb.Counts) is told by an archived event's kind (a campaign still running)
-COUNTED_KINDS = {"point_proposed": "proposed", "compiled": "compiled", "compile_failed": "compile_failed",
-                 "verified": "verified", "rejected": "rejected", "measured": "measured"}
 
 
 class QueryError(Exception):
@@ -174,7 +172,10 @@ class Queries:
         """A campaign's measured candidates, fastest first."""
         cid = self.resolve_campaign(request.campaign_id)
         rows = self.archive.leaderboard(cid, request.limit or 20)
-        return spb.LeaderboardResponse(entries=[_entry(m, cid) for m, _ in rows])
+        entries = [_entry(m, cid) for m, _ in rows]
+        for entry, (_, extra) in zip(entries, rows):
+            entry.after_finish = bool(extra[3])
+        return spb.LeaderboardResponse(entries=entries)
 
     def candidate(self, request: spb.CandidateRequest) -> spb.CandidateEvidence:
         """One candidate's every archived event, lineage and source ("" when no store holds it)."""
@@ -231,6 +232,7 @@ class Queries:
         out = spb.CampaignStatus(id=cid, spec=spec, state=finished.campaign_finished.state if finished else "running",
                                  elapsed_s=end - started.time_unix_ns / 1e9 if started else 0.0,
                                  device=started.campaign_started.device if started else pb.DeviceInfo())
+        out.after_finish.SetInParent()   # present, as the planner's status has it, even when nothing came late
         if finished:
             fin = finished.campaign_finished
             out.counts.CopyFrom(fin.counts)
@@ -240,10 +242,11 @@ class Queries:
                                    (cid, fin.best_candidate_id))
             if score:
                 out.best_candidate_id, out.best_score_s = fin.best_candidate_id, score[0][0]
+            for kind, n in self.archive.after_finish(cid, finished.id):
+                ev.count_in(out.after_finish, kind, n)
             return out
         for kind, n in self.archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (cid,)):
-            if kind in COUNTED_KINDS:
-                setattr(out.counts, COUNTED_KINDS[kind], n)
+            ev.count_in(out.counts, kind, n)
         best = self.archive.q("SELECT m.candidate, m.score_s FROM measurements m JOIN candidates c ON "
                               "c.campaign=m.campaign AND c.id=m.candidate WHERE m.campaign=? AND c.origin!=? "
                               "ORDER BY m.score_s LIMIT 1", (cid, Origin.REFERENCE.of()))

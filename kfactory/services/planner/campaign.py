@@ -58,6 +58,8 @@ class CampaignState:
     #: without a goal): kept as the measurements are folded, since the planner asks before every proposal
     goal_by: str = ""
     finished: pb.CampaignFinished | None = None
+    #: events counted in Counts that reached the campaign after it finished (CampaignStatus.after_finish)
+    after_finish: pb.Counts = field(default_factory=pb.Counts)
     cancelled: str = ""
     seen_events: set[str] = field(default_factory=set)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -140,6 +142,8 @@ class CampaignState:
         if why := refusal(self, event, kind, own):
             return why
         self.seen_events.add(event.id)
+        if self.finished is not None:   # work begun before the end that ended after it: kept apart (reported())
+            ev.count_in(self.after_finish, kind)
         self.device_s += device_seconds(event)
         if kind == "point_proposed":
             self.proposals[event.point_proposed.point_id] = event
@@ -346,8 +350,9 @@ class CampaignState:
 
     def reported(self) -> tuple[pb.Counts, pb.Measured | None]:
         """(counts, best) as the campaign reports them: live while it runs, and once it has finished, what it
-        finished with. Events after that (an expired campaign's work still in flight, a dead letter sent back
-        just as the campaign ended) are kept in memory's archive but change no finished campaign."""
+        finished with. Events after that (an expired or cancelled campaign's work still in flight, a dead letter
+        sent back just as the campaign ended) are kept in memory's archive but change no finished campaign; they
+        are counted apart, in after_finish."""
         if self.finished is None:
             return self.counts, self.best()
         return self.finished.counts, self.measured.get(self.finished.best_candidate_id)

@@ -175,4 +175,4 @@ class PlannerService(Service):
                                   best_candidate_id=best.candidate.id if best else "",
                                   best_score_s=best.score_s if best else 0.0, elapsed_s=st.elapsed(),
                                   summary_json=st.finished.summary_json if st.finished else "", device=st.device,
-                                  reason=st.finished.reason if st.finished else "")
+                                  reason=st.finished.reason if st.finished else "", after_finish=st.after_finish)
