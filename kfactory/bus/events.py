@@ -51,6 +51,14 @@ def count_in(counts: pb.Counts, kind: str, n: int = 1) -> None:
         setattr(counts, field, getattr(counts, field) + n)
 
 
+def late_counts(now: pb.Counts, finished: pb.Counts) -> pb.Counts:
+    """Each count of `now` beyond what a campaign `finished` with (never below zero): CampaignStatus.after_finish."""
+    out = pb.Counts()
+    for fd in pb.Counts.DESCRIPTOR.fields:
+        setattr(out, fd.name, max(0, getattr(now, fd.name) - getattr(finished, fd.name)))
+    return out
+
+
 def candidate_of(event: pb.Event) -> pb.Candidate | None:
     """The candidate an event is about, for the kinds that carry one; None otherwise."""
     kind = kind_of(event)

@@ -91,8 +91,8 @@ def _status_line(s: spb.CampaignStatus, source: str = "") -> str:
 
 def _after_finish(c: pb.Counts) -> str:
     """What reached a campaign after it finished, in a clause ("" for nothing): kept, but not in its counts."""
-    parts = [f"{n} {name}" for name, n in (("verified", c.verified), ("rejected", c.rejected + c.compile_failed),
-                                          ("measured", c.measured), ("compiled", c.compiled)) if n]
+    parts = [f"{n} {name}" for name, n in (("compiled", c.compiled), ("verified", c.verified),
+                                          ("rejected", c.rejected + c.compile_failed), ("measured", c.measured)) if n]
     return f"; after it finished (not counted above): {', '.join(parts)}" if parts else ""
 
 

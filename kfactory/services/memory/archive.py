@@ -380,20 +380,20 @@ class Archive:
         return [pb.Event.FromString(r[0]) for r in rows]
 
     def leaderboard(self, campaign: str, limit: int = 20) -> list[tuple[pb.Measured, tuple]]:
-        """The campaign's measured candidates, fastest first: (measurement, (family, params_json, origin, late)),
-        late 1 where the candidate's first measurement was archived after the campaign's finish (in the order
-        events arrived, not by their producers' clocks)."""
-        rows = self.q("SELECT m.payload, c.family, c.params_json, c.origin, COALESCE((SELECT MIN(e.seq) FROM events e "
-                      "WHERE e.campaign=m.campaign AND e.candidate=m.candidate AND e.kind='measured') > (SELECT "
-                      "MIN(f.seq) FROM events f WHERE f.campaign=m.campaign AND f.kind='campaign_finished'), 0) "
-                      "FROM measurements m JOIN candidates c ON c.campaign=m.campaign AND c.id=m.candidate "
-                      "WHERE m.campaign=? ORDER BY m.score_s LIMIT ?", (campaign, limit))
+        """The campaign's measured candidates, fastest first: (measurement, (family, params_json, origin))."""
+        rows = self.q("SELECT m.payload, c.family, c.params_json, c.origin FROM measurements m JOIN candidates c "
+                      "ON c.campaign=m.campaign AND c.id=m.candidate WHERE m.campaign=? ORDER BY m.score_s LIMIT ?",
+                      (campaign, limit))
         return [(pb.Measured.FromString(r[0]), r[1:]) for r in rows]
 
-    def after_finish(self, campaign: str, finish_id: str) -> list[tuple[str, int]]:
-        """(kind, count) of the campaign's events archived after its finish event `finish_id`."""
-        return self.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? AND seq > (SELECT seq FROM events WHERE "
-                      "id=?) GROUP BY kind", (campaign, finish_id))
+    def last_measured(self, campaign: str, n: int, besides: str = "") -> set[str]:
+        """The n candidates of the campaign measured last (by their first measurement's place in the archive),
+        `besides` excepted."""
+        if n <= 0:
+            return set()
+        return {c for (c,) in self.q("SELECT candidate FROM events WHERE campaign=? AND kind='measured' AND "
+                                     "candidate!=? GROUP BY candidate ORDER BY MIN(seq) DESC LIMIT ?",
+                                     (campaign, besides, n))}
 
     def best(self, problem: str, shape: str = "", device: str = "", target: str = "") -> tuple[pb.Measured, str] | None:
         """The fastest measurement of a problem (at a shape, on a device whose model contains `device`, of a

@@ -23,7 +23,6 @@ from kfactory.v1 import services_pb2 as spb
 
 #: how many matches an ambiguous prefix lists
 MATCHES_SHOWN = 10
-#: how a count of the planner's (pb.Counts) is told by an archived event's kind (a campaign still running)
 
 
 class QueryError(Exception):
@@ -95,6 +94,8 @@ class Queries:
     def __init__(self, archive: Archive, source: Callable[[str], bytes | None] = _no_source):
         self.archive = archive
         self.source = source
+        #: a campaign's folded counts by its id, with the last archive seq they were folded up to
+        self._folds: dict[str, tuple[int, pb.Counts]] = {}
 
     # -- id prefixes -----------------------------------------------------------------------------------------
     def resolve_candidate(self, prefix: str) -> str:
@@ -169,12 +170,19 @@ class Queries:
         return _entry(measured, campaign, self.archive.checks(measured.candidate.id, campaign))
 
     def leaderboard(self, request: spb.LeaderboardRequest) -> spb.LeaderboardResponse:
-        """A campaign's measured candidates, fastest first."""
+        """A campaign's measured candidates, fastest first. Of a finished campaign, as many as its status counts
+        measured after the finish are marked after_finish: those measured last in the archive's order, never the
+        best it finished with (the finish says how many it counted, not which, so the marks are the likeliest
+        ones; the count itself is exact)."""
         cid = self.resolve_campaign(request.campaign_id)
         rows = self.archive.leaderboard(cid, request.limit or 20)
         entries = [_entry(m, cid) for m, _ in rows]
-        for entry, (_, extra) in zip(entries, rows):
-            entry.after_finish = bool(extra[3])
+        if (finished := self._lifecycle(cid, "campaign_finished")) is not None:
+            fin = finished.campaign_finished
+            late = self._after_finish(cid, fin).measured
+            marked = self.archive.last_measured(cid, late, besides=fin.best_candidate_id)
+            for entry in entries:
+                entry.after_finish = entry.candidate_id in marked
         return spb.LeaderboardResponse(entries=entries)
 
     def candidate(self, request: spb.CandidateRequest) -> spb.CandidateEvidence:
@@ -242,8 +250,7 @@ class Queries:
                                    (cid, fin.best_candidate_id))
             if score:
                 out.best_candidate_id, out.best_score_s = fin.best_candidate_id, score[0][0]
-            for kind, n in self.archive.after_finish(cid, finished.id):
-                ev.count_in(out.after_finish, kind, n)
+            out.after_finish.CopyFrom(self._after_finish(cid, fin))
             return out
         for kind, n in self.archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (cid,)):
             ev.count_in(out.counts, kind, n)
@@ -253,6 +260,35 @@ class Queries:
         if best:
             out.best_candidate_id, out.best_score_s = best[0]
         return out
+
+    def _after_finish(self, cid: str, fin: pb.CampaignFinished) -> pb.Counts:
+        """What a finished campaign's archived events count beyond what it finished with. Where its events, kind
+        by kind, number what it finished with and none is a dead letter (which the fold may count as rejected),
+        nothing came late and nothing is folded; otherwise the fold says."""
+        raw, letters = pb.Counts(), 0
+        for kind, n in self.archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (cid,)):
+            ev.count_in(raw, kind, n)
+            letters += n if kind == "dead_letter" else 0
+        if not letters and raw == fin.counts:
+            return pb.Counts()
+        return ev.late_counts(self._folded_counts(cid), fin.counts)
+
+    def _folded_counts(self, cid: str) -> pb.Counts:
+        """What a campaign's archived events count, folded as its planner folds them (its CampaignState, the
+        one definition of the counts), in the archive's order: a finished campaign's counts beyond what it
+        finished with are its results after the finish, whatever order they reached the archive in."""
+        from kfactory.services.planner.campaign import CampaignState   # the planner's fold; it needs no memory
+
+        last = self.archive.q("SELECT MAX(seq) FROM events WHERE campaign=?", (cid,))[0][0] or 0
+        if (cached := self._folds.get(cid)) is not None and cached[0] == last:
+            return cached[1]
+        started = self._lifecycle(cid, "campaign_started")
+        st = CampaignState(cid, started.campaign_started.spec if started else pb.CampaignSpec(), pb.DeviceInfo(),
+                           None)
+        for event in self.archive.events(campaign=cid):
+            st.apply(event)
+        self._folds[cid] = (last, st.counts)
+        return st.counts
 
     def _lifecycle(self, cid: str, kind: str) -> pb.Event | None:
         rows = self.archive.q("SELECT payload FROM events WHERE campaign=? AND kind=? ORDER BY seq LIMIT 1",

@@ -58,8 +58,6 @@ class CampaignState:
     #: without a goal): kept as the measurements are folded, since the planner asks before every proposal
     goal_by: str = ""
     finished: pb.CampaignFinished | None = None
-    #: events counted in Counts that reached the campaign after it finished (CampaignStatus.after_finish)
-    after_finish: pb.Counts = field(default_factory=pb.Counts)
     cancelled: str = ""
     seen_events: set[str] = field(default_factory=set)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -142,8 +140,6 @@ class CampaignState:
         if why := refusal(self, event, kind, own):
             return why
         self.seen_events.add(event.id)
-        if self.finished is not None:   # work begun before the end that ended after it: kept apart (reported())
-            ev.count_in(self.after_finish, kind)
         self.device_s += device_seconds(event)
         if kind == "point_proposed":
             self.proposals[event.point_proposed.point_id] = event
@@ -239,6 +235,8 @@ class CampaignState:
             return
         point_id, cand = work
         ps = self.points.get(point_id)
+        if m.cause == pb.CAMPAIGN_CANCELLED:   # work not begun when its campaign was cancelled: not done, as asked
+            return
         if ps is not None and not ps.done:
             self.counts.rejected += 1
             self._finish_point(point_id, None)
@@ -356,6 +354,14 @@ class CampaignState:
         if self.finished is None:
             return self.counts, self.best()
         return self.finished.counts, self.measured.get(self.finished.best_candidate_id)
+
+    @property
+    def after_finish(self) -> pb.Counts:
+        """What the fold counts beyond what the campaign finished with (CampaignStatus.after_finish): results
+        of work still out at its end. A difference of counts, not an order of arrival: a result the stream holds
+        before the finish but this planner folded after publishing it (the finish did not count it) is late, and
+        a restarted planner, which folds it before the finish, finds the same."""
+        return ev.late_counts(self.counts, self.finished.counts) if self.finished is not None else pb.Counts()
 
     def goal_reached(self) -> pb.Measured | None:
         """The first candidate measured in full (not the reference kernel, not screened out) whose every timing
