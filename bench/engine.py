@@ -86,15 +86,43 @@ def chosen_design(model: str, text: str | None) -> tuple[dict, str, dict]:
     return {}, "default design (no best.json: no campaign verified a design of this model)", {}
 
 
-def build_design(design, config, kernels: dict):
+def build_design(design, config, kernels: dict, extra_flags: tuple[str, ...] = ()):
     """The design's library (a lookup in the build cache after its campaign); a design whose searched kernels
     are not at hand is a failed BuildResult saying so."""
     from kfactory.engines.build import BuildResult
     from kfactory.engines.ops import OpKernelError, build_engine
     try:
-        return build_engine(design, config, kernels)
+        return build_engine(design, config, kernels, extra_flags=extra_flags)
     except OpKernelError as e:
         return BuildResult(False, None, str(e), 0.0, False, "")
+
+
+def checked_design(ap: argparse.ArgumentParser, args: argparse.Namespace):
+    """(design fields, where they came from, searched kernels, the opened model) for a bench's --design, --model,
+    --context, --steps, --threads and --json: a user's mistake (not JSON, unknown fields, an unknown model, a
+    context past the model's, a --json folder that is not there) exits through ap.error before anything runs;
+    more threads than cpus only warns."""
+    from kfactory.engines.design import EngineDesign
+    from kfactory.models import load_model
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        ap.error(f"--json {args.json}: its directory does not exist")
+    try:
+        fields, source, kernels = chosen_design(args.model, args.design)
+        if not isinstance(fields, dict):
+            raise ValueError(f"--design must be a JSON object of EngineDesign fields, not {type(fields).__name__}")
+        EngineDesign.from_dict(fields)
+        model = load_model(args.model).open(Path(Settings().data_dir) / "models")
+    except json.JSONDecodeError as e:
+        ap.error(f"--design is not JSON: {e}")
+    except ValueError as e:   # DesignError, ModelError
+        ap.error(str(e))
+    if args.context + args.steps > model.config.context_length:
+        ap.error(f"--context {args.context} + --steps {args.steps} exceeds {args.model}'s context "
+                 f"({model.config.context_length} tokens)")
+    if args.threads > (os.cpu_count() or 1):
+        print(f"warning: --threads {args.threads} is more than this host's {os.cpu_count()} CPUs: the threads "
+              "share cores and the figures say little", file=sys.stderr)
+    return fields, source, kernels, model
 
 
 def with_threads(fields: dict, threads: int):

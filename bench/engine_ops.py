@@ -32,11 +32,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import chosen_design  # noqa: E402  (bench/ is not a package)
+from engine import build_design, checked_design  # noqa: E402  (bench/ is not a package)
 
 from kfactory.engines.build import compiler  # noqa: E402
 from kfactory.engines.design import EngineDesign  # noqa: E402
-from kfactory.engines.ops import build_engine  # noqa: E402
 from kfactory.models import load_model  # noqa: E402
 from kfactory.platform.config import Settings  # noqa: E402
 
@@ -112,10 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if min(args.threads, args.context, args.steps, args.rounds) < 1:
         ap.error("--threads, --context, --steps and --rounds must be 1 or more")
-    fields, source, kernels = chosen_design(args.model, args.design)
+    fields, source, kernels, model = checked_design(ap, args)
     design = EngineDesign.from_dict(fields).at_threads(args.threads)
-    model = load_model(args.model).open(Path(Settings().data_dir) / "models")
-    lib = build_engine(design, model.config, kernels, extra_flags=("-DKF_PROFILE",))
+    lib = build_design(design, model.config, kernels, ("-DKF_PROFILE",))
     if not lib.ok or lib.path is None:
         raise SystemExit(f"the design does not build with its timers: {lib.log.strip()[-2000:]}")
     with tempfile.TemporaryDirectory(prefix="kf-ops-") as tmp:

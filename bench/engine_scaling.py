@@ -27,12 +27,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import build_design, chosen_design, engine_formats  # noqa: E402  (bench/ is no package)
+from engine import build_design, checked_design, engine_formats  # noqa: E402  (bench/ is no package)
 
 from kfactory.engines.baselines.roofline import decode_cost  # noqa: E402
 from kfactory.engines.design import EngineDesign  # noqa: E402
 from kfactory.engines.runner import EngineRunner  # noqa: E402
-from kfactory.models import load_model  # noqa: E402
 from kfactory.platform.config import Settings  # noqa: E402
 from kfactory.targets import get_target  # noqa: E402
 from kfactory.targets.cpu.ceiling import measure_peak_int8_gops, measure_read_bandwidth  # noqa: E402
@@ -74,9 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads < 2 or args.rounds < 1 or args.context < 1 or args.steps < 1:
         ap.error("--threads must be 2 or more; --rounds, --context and --steps 1 or more")
-    fields, source, kernels = chosen_design(args.model, args.design)
+    fields, source, kernels, model = checked_design(ap, args)
     data = Path(Settings().data_dir)
-    model = load_model(args.model).open(data / "models")
     designs = {n: EngineDesign.from_dict(fields).at_threads(n) for n in (1, args.threads)}
     libs = {}
     for n, d in designs.items():

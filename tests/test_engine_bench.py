@@ -170,3 +170,20 @@ def test_engine_scaling_bench_sets_the_engine_against_the_probe_at_each_count(tm
         assert r[f"engine_{n}_gbps_equiv"] == pytest.approx(r[f"engine_{n}_tok_s"] * out["step_bytes"] / 1e9)
     assert r["engine_over_read"] == pytest.approx(r["engine_2_gbps_equiv"] / r["read_2_gbps"])
     assert out["summary"]["correlation_read_engine"] is None   # one round: no correlation to speak of
+
+
+@pytest.mark.parametrize("bench", ["engine_ops", "engine_scaling"])
+@pytest.mark.parametrize("args, says", [
+    (["--design", "{bad"], "--design is not JSON"),
+    (["--design", "[]"], "must be a JSON object"),
+    (["--design", '{"nope": 1}'], "unknown design field(s) nope"),
+    (["--model", "nosuch"], "no model 'nosuch'"),
+    (["--context", "1000"], "exceeds tiny-llama's context (256 tokens)"),
+    (["--json", "/nonexistent/x.json"], "its directory does not exist"),
+])
+def test_the_engine_benches_refuse_a_users_mistake_before_running(bench, args, says, capsys):
+    mod = _bench_module(bench)
+    base = ["--model", "tiny-llama", "--design", "{}", "--threads", "2", "--rounds", "1"]
+    with pytest.raises(SystemExit) as exit_:
+        mod.main(base + args)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
