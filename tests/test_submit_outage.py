@@ -135,3 +135,55 @@ async def test_a_start_whose_acknowledgement_was_lost_runs_its_campaign(settings
         finally:
             planner.bus.publish = real_publish
             await running.shutdown()
+
+
+async def test_a_refused_start_that_lands_under_a_restarted_planner_is_cancelled_too(settings, tmp_path, monkeypatch,
+                                                                                      redis_url_session):
+    """The planner that refused the submission is gone (restarted) when the start reaches the stream: the new
+    planner finds the refusal in the claims store (a real Redis) and cancels the campaign, never runs it."""
+    monkeypatch.setattr(jetstream, "PUBLISH_RETRY_S", 1.0)
+    space = write_spaces(tmp_path / "spaces", devices=("GPU0",))[0]
+    server = EmbeddedNats(tmp_path / "nats")
+    url = server.start()
+    port = int(url.rsplit(":", 1)[1])
+    config = settings.model_copy(update={"nats_url": url, "redis_url": redis_url_session})
+    running = await start_services(config, names=("planner",))
+    try:
+        planner = running.services["planner"]
+        async with asyncio.timeout(20):
+            while not planner.grpc_port or not planner.caught_up.is_set():
+                await asyncio.sleep(0.05)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
+            server.stop()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await sgrpc.CampaignsStub(ch).Submit(spb.SubmitRequest(spec=_spec(space)), timeout=60)
+        refused = re.match(r"campaign (c[0-9a-f]+): ", err.value.details())
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and refused, err.value
+    finally:
+        async with asyncio.timeout(60):
+            await running.shutdown()   # the refusing planner goes, and its memory of the refusal with it
+    server = EmbeddedNats(tmp_path / "nats", port=port)
+    server.start()
+    running = await start_services(config, names=("planner",))
+    try:
+        planner = running.services["planner"]
+        async with asyncio.timeout(20):
+            while not planner.caught_up.is_set():
+                await asyncio.sleep(0.05)
+        assert refused.group(1) not in planner.replay.abandoned
+        bus = await NatsBus.connect(url, "test")
+        try:
+            await bus.publish(ev.make_event(refused.group(1), "planner", "start",
+                                            campaign_started=pb.CampaignStarted(spec=_spec(space))))
+        finally:
+            await bus.close()
+
+        async def finished():
+            st = planner.campaigns.get(refused.group(1))
+            return st if st is not None and st.finished is not None else None
+        st = await _until(finished, 30, "the late start finished")
+        assert st.finished.state == "cancelled" and st.counts.proposed == 0, st.finished
+        assert st.finished.reason.startswith("never run: its submission was refused while NATS was unreachable")
+    finally:
+        await running.shutdown()
+        server.stop()

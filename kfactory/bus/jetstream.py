@@ -99,7 +99,12 @@ class NatsBus(Bus):
                 await self.nc.flush(timeout=2)
             except (nats.errors.Error, asyncio.TimeoutError) as e:
                 log.warning("flush before close failed", error=repr(e))
-            await self.nc.close()
+            try:
+                await self.nc.close()
+            except (ConnectionError, nats.errors.Error) as e:
+                # the server went away (a service stopped during an outage): the connection is gone either way,
+                # and what the flush above could not send is lost with it
+                log.warning("closing the NATS connection failed: the server is unreachable", error=repr(e))
 
     async def _publish_raw(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
         """Publish, retrying through a NATS outage for up to PUBLISH_RETRY_S: the Nats-Msg-Id header makes a

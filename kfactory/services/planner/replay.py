@@ -16,6 +16,7 @@ from kfactory.bus import deadletters
 from kfactory.bus.origins import Origin, parse
 from kfactory.bus.outcomes import ack_quietly
 from kfactory.bus.topology import EVENTS_STREAM, Stage
+from kfactory.claims.base import ClaimsUnavailable
 from kfactory.evidence import trust
 from kfactory.observability import tracing as telemetry
 from kfactory.platform.service import Service
@@ -23,6 +24,11 @@ from kfactory.services.planner.campaign import CampaignState
 from kfactory.services.planner.driver import CampaignDriver
 from kfactory.services.planner.resends import ResendDesk
 from kfactory.v1 import events_pb2 as pb
+
+
+#: the claims-store key of a refused submission's reason (StreamReplay.abandoned), so that a restarted planner
+#: cancels its start too should it reach the stream: kept without expiry, as the stream keeps the start
+ABANDONED_KEY = "abandoned:{}"
 
 
 class StreamReplay:
@@ -54,6 +60,7 @@ class StreamReplay:
             with telemetry.consumer_span(svc.name, msg.subject, msg.headers, event):
                 if event.HasField("campaign_started"):
                     self.landed.add(event.campaign_id)
+                    await self._recall_abandoned(event.campaign_id)
                 self.fold(event)
             if self.caught_up.is_set() and event.HasField("resend_requested"):
                 self.resends.answer_later(event.campaign_id, event.resend_requested.dlq_seq)
@@ -103,6 +110,30 @@ class StreamReplay:
         undriven."""
         self.campaigns.pop(cid, None)
         self.abandoned[cid] = reason
+
+    async def remember_abandoned(self, cid: str, reason: str) -> None:
+        """Keep an abandoned campaign's reason in the claims store too: this planner's memory of it ends with
+        its process, and a start already on the stream (an acknowledgement lost with the rest) would run under
+        a restarted planner. Without the store, only this planner remembers (logged)."""
+        try:
+            await self.svc.claims.cache_put(ABANDONED_KEY.format(cid), reason.encode())
+        except ClaimsUnavailable as e:
+            self.svc.log.warning("the refused submission is remembered by this planner only: a restarted planner "
+                                 "would run its start should it reach the stream", campaign=cid, error=str(e))
+
+    async def _recall_abandoned(self, cid: str) -> None:
+        """Before a start of a campaign this planner does not know is folded: whether a planner refused its
+        submission (remember_abandoned), so that the fold cancels it, never runs it."""
+        if cid in self.campaigns or cid in self.abandoned:
+            return
+        try:
+            reason = await self.svc.claims.cache_get(ABANDONED_KEY.format(cid))
+        except ClaimsUnavailable as e:
+            self.svc.log.warning("cannot ask the claims store whether this campaign's submission was refused; "
+                                 "it runs", campaign=cid, error=str(e))
+            return
+        if reason is not None:
+            self.abandoned[cid] = reason.decode(errors="replace")
 
     def cancel_abandoned(self, st: CampaignState, reason: str) -> None:
         """Finish as cancelled, never run, a campaign whose start reached the stream after its client was told

@@ -137,9 +137,10 @@ class PlannerService(Service):
             # back), the fold records the campaign as cancelled, never run, with the reason status shows.
             if cid not in self.replay.landed:
                 reason = f"the event bus did not confirm the start ({type(e).__name__})"
-                self.replay.abandon(cid, f"never run: its submission was refused while NATS was unreachable (the "
-                                         f"start's publish: {type(e).__name__}), and the start reached the event bus "
-                                         "only later")
+                never_run = (f"never run: its submission was refused while NATS was unreachable (the start's "
+                             f"publish: {type(e).__name__}), and the start reached the event bus only later")
+                self.replay.abandon(cid, never_run)
+                await self.replay.remember_abandoned(cid, never_run)
                 raise StartNotPublished(f"campaign {cid}: {reason}; nothing was started (should the start still "
                                         "reach the event bus, `kfactory status` lists the campaign as cancelled, "
                                         "never run); submit it again once NATS answers") from e
