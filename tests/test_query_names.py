@@ -3,8 +3,9 @@
 lessons" with exit 0; `export NAME` takes the bare directory name of a package a campaign ran (`kfactory run
 ./famok`, then `kfactory export famok` from anywhere), and says which paths to pass when packages of several
 problems share it, while a built-in's name stays the built-in; an empty --out is refused, not the working
-directory; and `status` against a planner lists the local archive's campaigns too (imported or run here, what
-best and report find), each once, marked where it came from."""
+directory; and `status` against a planner lists the archive's campaigns too (the local one's, imported or run
+here, or a memory service's when one is configured: what best and report find), each once, marked where it came
+from."""
 from __future__ import annotations
 
 import asyncio
@@ -200,10 +201,13 @@ async def test_status_lists_the_planners_and_the_local_archives_campaigns_once_e
             junk.mkdir()
             (junk / "archive.sqlite").write_bytes(b"not a database" * 100)
             damaged = {**env, "KFACTORY_DATA_DIR": str(junk)}
-            text, listed, one, ambiguous, planner_only, *unknown = await asyncio.gather(
-                _acli(env, "status"), _acli(env, "status", "--json"), _acli(env, "status", famok["campaign"][:6]),
-                _acli(env, "status", "c"), _acli(damaged, "status"),
-                *(_acli(remote, command, "nosuch") for command in ("lessons", "priors")))
+            both = {**env, "KFACTORY_MEMORY_ADDR": f"127.0.0.1:{memory.grpc_port}"}
+            text, listed, one, ambiguous, planner_only, with_memory, memory_one, memory_only, *unknown = \
+                await asyncio.gather(
+                    _acli(env, "status"), _acli(env, "status", "--json"), _acli(env, "status", famok["campaign"][:6]),
+                    _acli(env, "status", "c"), _acli(damaged, "status"), _acli(both, "status"),
+                    _acli(both, "status", famok["campaign"][:6]), _acli(remote, "status", "--json"),
+                    *(_acli(remote, command, "nosuch") for command in ("lessons", "priors")))
         finally:
             await running.shutdown()
     finally:
@@ -228,6 +232,15 @@ async def test_status_lists_the_planners_and_the_local_archives_campaigns_once_e
     assert rc == 0 and out.splitlines() == [lines[0]], planner_only
     assert err.startswith(f"kfactory: warning: the planner's campaigns only: cannot read the archive "
                           f"{tmp_path / 'junk' / 'archive.sqlite'}: DatabaseError"), planner_only
+    # with a memory service too, the campaigns it holds that the planner does not list come from it, marked so
+    rc, out, err = with_memory
+    assert rc == 0 and out.splitlines() == [lines[0], lines[1].replace("  [archive]", "  [memory]")], with_memory
+    rc, out, err = memory_one
+    assert rc == 0 and out.strip() == lines[1].replace("  [archive]", "  [memory]"), memory_one
+    rc, out, err = memory_only   # a memory service and no planner: its archive's campaigns, the running one too
+    assert rc == 0, memory_only
+    assert sorted((s["id"], s["source"]) for s in json.loads(out)["campaigns"]) == sorted(
+        [(cid, "memory"), (famok["campaign"], "memory")]), memory_only
     for rc, out, err in unknown:   # a memory service says the same of a problem that is nothing
         assert rc == 2 and not out and err.endswith(f"INVALID_ARGUMENT: {UNKNOWN.removeprefix('kfactory: ')}\n"), \
             (rc, out, err)

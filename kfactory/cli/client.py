@@ -96,9 +96,10 @@ def _after_finish(c: pb.Counts) -> str:
     return f"; after it finished (not counted above): {', '.join(parts)}" if parts else ""
 
 
-#: where `status` read a campaign: the planner (a running factory's campaigns), or the local archive (what ran
-#: here, and what `kfactory evidence import` brought), which best and report read when no memory is configured
-PLANNER, ARCHIVE = "planner", "archive"
+#: where `status` read a campaign: the planner (a running factory's campaigns), the memory service (a factory's
+#: archive: what its planners ran, and what `kfactory evidence import` brought it), or the local archive (what
+#: ran here, and what was imported here), which best and report read when no memory is configured
+PLANNER, MEMORY, ARCHIVE = "planner", "memory", "archive"
 
 
 def _status_json(s: spb.CampaignStatus, source: str) -> dict:
@@ -149,7 +150,8 @@ def planner_configured(settings) -> bool:
 
 #: the local query that answers each Evidence RPC
 LOCAL_QUERY = {"Best": "best", "Leaderboard": "leaderboard", "Candidate": "candidate", "Report": "report",
-               "Priors": "priors", "Lessons": "lessons", "RegressionInputs": "regression_inputs"}
+               "Priors": "priors", "Lessons": "lessons", "RegressionInputs": "regression_inputs",
+               "Campaigns": "campaigns"}
 
 
 def _local(settings, ask: Callable[[qmod.Queries], object]):
@@ -260,7 +262,7 @@ async def _dispatch(args, settings, spec_fn) -> int:
             await _call(plan, lambda ch: _watch(ch, s.id))
         return 0
     if args.cmd == "status":
-        both = planner_configured(settings) and not memory_configured(settings)   # marked where they came from
+        both = planner_configured(settings)   # the planner's and an archive's: each marked where it came from
         if args.id:
             s, source = await _status_of(settings, args.id)
             print(json.dumps(_status_json(s, source), indent=2) if as_json else
@@ -364,14 +366,23 @@ async def _campaign_status(settings, cid: str) -> spb.CampaignStatus:
 
 async def _status_list(settings) -> list[tuple[spb.CampaignStatus, str]]:
     """What `status` lists, each campaign once with where it came from: the planner's campaigns when it is
-    configured, and then (unless a memory service is, which lists none) those only the local archive holds:
-    campaigns imported with `kfactory evidence import` or run here, which best and report find too."""
+    configured, and then those only the archive best and report read holds (the memory service's when one is
+    configured, else the local workspace's): campaigns imported with `kfactory evidence import`, run here, or
+    run by a planner that is gone."""
+    listed = [(s, PLANNER) for s in (await _campaign_list(settings)).campaigns] if planner_configured(settings) \
+        else []
+    known = {s.id for s, _ in listed}
+    if memory_configured(settings):
+        try:
+            held = (await _ask_memory(settings, "Campaigns", spb.ListCampaignsRequest())).campaigns
+        except ClientError as e:
+            if not planner_configured(settings):
+                raise
+            print(f"kfactory: warning: the planner's campaigns only: {e}", file=sys.stderr)
+            return listed
+        return listed + [(s, MEMORY) for s in held if s.id not in known]
     if not planner_configured(settings):
         return [(s, ARCHIVE) for s in (await _campaign_list(settings)).campaigns]
-    listed = [(s, PLANNER) for s in (await _campaign_list(settings)).campaigns]
-    if memory_configured(settings):
-        return listed
-    known = {s.id for s, _ in listed}
     return listed + [(s, ARCHIVE) for s in _archive_campaigns(settings) if s.id not in known]
 
 
@@ -391,16 +402,19 @@ def _archive_campaigns(settings) -> list[spb.CampaignStatus]:
 async def _status_of(settings, cid: str) -> tuple[spb.CampaignStatus, str]:
     """A campaign's status by id or unique prefix, and where it came from, among what `status` lists
     (_status_list): the planner's answer for an id it knows, else the one campaign of the list the prefix names."""
-    if not planner_configured(settings) or memory_configured(settings):
-        return await _campaign_status(settings, cid), PLANNER if planner_configured(settings) else ARCHIVE
-    try:
-        s = await _call(settings.planner_addr,
-                        lambda ch: sgrpc.CampaignsStub(ch).Get(spb.GetCampaignRequest(id=cid)), settings)
-        return s, PLANNER
-    except ClientError as e:
-        if e.status != grpc.StatusCode.NOT_FOUND or not cid:
-            raise
-        not_found = e
+    if not planner_configured(settings) and not memory_configured(settings):
+        return await _campaign_status(settings, cid), ARCHIVE
+    not_found = ClientError(f"no campaign {cid!r} (an id or a unique prefix of one) in the memory service at "
+                            f"{settings.memory_addr}", 1)
+    if planner_configured(settings):
+        try:
+            s = await _call(settings.planner_addr,
+                            lambda ch: sgrpc.CampaignsStub(ch).Get(spb.GetCampaignRequest(id=cid)), settings)
+            return s, PLANNER
+        except ClientError as e:
+            if e.status != grpc.StatusCode.NOT_FOUND or not cid:
+                raise
+            not_found = e
     listed = await _status_list(settings)
     known = [(s, source) for s, source in listed if s.id == cid] or \
         [(s, source) for s, source in listed if s.id.startswith(cid)]

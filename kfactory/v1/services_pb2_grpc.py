@@ -315,6 +315,11 @@ class EvidenceStub:
                 request_serializer=kfactory_dot_v1_dot_services__pb2.LessonsRequest.SerializeToString,
                 response_deserializer=kfactory_dot_v1_dot_services__pb2.LessonsResponse.FromString,
                 _registered_method=True)
+        self.Campaigns = channel.unary_unary(
+                '/kfactory.v1.Evidence/Campaigns',
+                request_serializer=kfactory_dot_v1_dot_services__pb2.ListCampaignsRequest.SerializeToString,
+                response_deserializer=kfactory_dot_v1_dot_services__pb2.ListCampaignsResponse.FromString,
+                _registered_method=True)
         self.ExportBundle = channel.unary_stream(
                 '/kfactory.v1.Evidence/ExportBundle',
                 request_serializer=kfactory_dot_v1_dot_services__pb2.ExportRequest.SerializeToString,
@@ -375,6 +380,14 @@ class EvidenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Campaigns(self, request, context):
+        """every archived campaign's status (what it finished with, or its archived results while it runs): the
+        campaigns memory holds that no planner lists (imported with `kfactory evidence import`, or a gone planner's)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ExportBundle(self, request, context):
         """the archive's evidence (every event of the matching campaigns, the sources they name, the regression inputs)
         as a portable bundle, in chunks
@@ -427,6 +440,11 @@ def add_EvidenceServicer_to_server(servicer, server):
                     servicer.Lessons,
                     request_deserializer=kfactory_dot_v1_dot_services__pb2.LessonsRequest.FromString,
                     response_serializer=kfactory_dot_v1_dot_services__pb2.LessonsResponse.SerializeToString,
+            ),
+            'Campaigns': grpc.unary_unary_rpc_method_handler(
+                    servicer.Campaigns,
+                    request_deserializer=kfactory_dot_v1_dot_services__pb2.ListCampaignsRequest.FromString,
+                    response_serializer=kfactory_dot_v1_dot_services__pb2.ListCampaignsResponse.SerializeToString,
             ),
             'ExportBundle': grpc.unary_stream_rpc_method_handler(
                     servicer.ExportBundle,
@@ -628,6 +646,33 @@ class Evidence:
             '/kfactory.v1.Evidence/Lessons',
             kfactory_dot_v1_dot_services__pb2.LessonsRequest.SerializeToString,
             kfactory_dot_v1_dot_services__pb2.LessonsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Campaigns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kfactory.v1.Evidence/Campaigns',
+            kfactory_dot_v1_dot_services__pb2.ListCampaignsRequest.SerializeToString,
+            kfactory_dot_v1_dot_services__pb2.ListCampaignsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -144,6 +144,9 @@ class EvidenceApi(sgrpc.EvidenceServicer):
     async def Leaderboard(self, request, context):
         return await self._answer(self.m.queries.leaderboard, request, context)
 
+    async def Campaigns(self, request, context):
+        return await self._answer(self.m.queries.campaigns, request, context)
+
     async def Candidate(self, request, context):
         found = await self._answer(self.m.queries.candidate, request, context)
         if not found.source and found.candidate.source_digest:  # not mirrored (yet): the bus may still hold it
