@@ -19,6 +19,7 @@ from kfactory.bus import events as ev
 from kfactory.bus import jetstream
 from kfactory.bus.jetstream import NatsBus
 from kfactory.bus.natsd import EmbeddedNats
+from kfactory.bus.topology import EVENTS_STREAM
 from kfactory.platform.app import start_services
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -140,8 +141,10 @@ async def test_a_start_whose_acknowledgement_was_lost_runs_its_campaign(settings
 async def test_a_refused_start_that_lands_under_a_restarted_planner_is_cancelled_too(settings, tmp_path, monkeypatch,
                                                                                       redis_url_session):
     """The planner that refused the submission is gone (restarted) when the start reaches the stream: the new
-    planner finds the refusal in the claims store (a real Redis) and cancels the campaign, never runs it."""
+    planner finds the refusal in the claims store (a real Redis) and cancels the campaign, never runs it; a planner
+    restarted after that replays the cancel and publishes no second one (a review found each restart did)."""
     monkeypatch.setattr(jetstream, "PUBLISH_RETRY_S", 1.0)
+    monkeypatch.setattr(jetstream, "DUPLICATE_WINDOW_S", 1.0)   # the stream would drop a second finish sooner
     space = write_spaces(tmp_path / "spaces", devices=("GPU0",))[0]
     server = EmbeddedNats(tmp_path / "nats")
     url = server.start()
@@ -184,6 +187,29 @@ async def test_a_refused_start_that_lands_under_a_restarted_planner_is_cancelled
         st = await _until(finished, 30, "the late start finished")
         assert st.finished.state == "cancelled" and st.counts.proposed == 0, st.finished
         assert st.finished.reason.startswith("never run: its submission was refused while NATS was unreachable")
+        ended = st.finished_wall
     finally:
         await running.shutdown()
+    # a later restart (past the stream's duplicate window) replays the finish: it cancels nothing again
+    try:
+        await asyncio.sleep(jetstream.DUPLICATE_WINDOW_S + 1.0)
+        running = await start_services(config, names=("planner",))
+        try:
+            planner = running.services["planner"]
+            async with asyncio.timeout(20):
+                while not planner.caught_up.is_set():
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)   # what a second cancel would publish
+            st = planner.campaigns[refused.group(1)]
+            assert st.finished.state == "cancelled" and st.finished_wall == ended
+            bus = await NatsBus.connect(url, "test")
+            try:
+                subject = ev.event_subject("campaign_finished", refused.group(1))
+                info = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=subject)
+                assert (info.state.subjects or {}).get(subject) == 1, info.state.subjects
+            finally:
+                await bus.close()
+        finally:
+            await running.shutdown()
+    finally:
         server.stop()

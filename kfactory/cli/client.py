@@ -376,8 +376,12 @@ async def _status_list(settings) -> list[tuple[spb.CampaignStatus, str]]:
         try:
             held = (await _ask_memory(settings, "Campaigns", spb.ListCampaignsRequest())).campaigns
         except ClientError as e:
+            if e.status == grpc.StatusCode.UNIMPLEMENTED:   # a memory service older than this client
+                e = ClientError(f"the memory service at {settings.memory_addr} predates the Campaigns query: "
+                                "upgrade it (or leave KFACTORY_MEMORY_ADDR unset to list this workspace's)", 1,
+                                e.status)
             if not planner_configured(settings):
-                raise
+                raise e from None
             print(f"kfactory: warning: the planner's campaigns only: {e}", file=sys.stderr)
             return listed
         return listed + [(s, MEMORY) for s in held if s.id not in known]
@@ -421,7 +425,8 @@ async def _status_of(settings, cid: str) -> tuple[spb.CampaignStatus, str]:
     if len(known) == 1:
         return known[0]
     if known:
-        raise ClientError(str(qmod.Ambiguous("campaign", cid, [_status_line(s, source)
+        marked = planner_configured(settings)   # as `status` lists them: marked only beside a planner's
+        raise ClientError(str(qmod.Ambiguous("campaign", cid, [_status_line(s, source if marked else "")
                                                                 for s, source in known[:qmod.MATCHES_SHOWN]],
                                              len(known) > qmod.MATCHES_SHOWN)), 2)
     raise not_found

@@ -16,7 +16,7 @@ from kfactory.bus import deadletters
 from kfactory.bus.origins import Origin, parse
 from kfactory.bus.outcomes import ack_quietly
 from kfactory.bus.topology import EVENTS_STREAM, Stage
-from kfactory.claims.base import ClaimsUnavailable
+from kfactory.claims.base import ClaimsError
 from kfactory.evidence import trust
 from kfactory.observability import tracing as telemetry
 from kfactory.platform.service import Service
@@ -60,7 +60,8 @@ class StreamReplay:
             with telemetry.consumer_span(svc.name, msg.subject, msg.headers, event):
                 if event.HasField("campaign_started"):
                     self.landed.add(event.campaign_id)
-                    await self._recall_abandoned(event.campaign_id)
+                    if self.caught_up.is_set():   # during the replay: asked at the catch-up, of unfinished ones only
+                        await self._recall_abandoned(event.campaign_id)
                 self.fold(event)
             if self.caught_up.is_set() and event.HasField("resend_requested"):
                 self.resends.answer_later(event.campaign_id, event.resend_requested.dlq_seq)
@@ -68,6 +69,7 @@ class StreamReplay:
             await ack_quietly(msg)
             svc.cost["handler"] += time.perf_counter() - t0
             if not self.caught_up.is_set() and msg.metadata.sequence.stream >= last:
+                await self._recall_unfinished()
                 self._catch_up()
 
     def fold(self, event: pb.Event) -> None:
@@ -117,23 +119,38 @@ class StreamReplay:
         a restarted planner. Without the store, only this planner remembers (logged)."""
         try:
             await self.svc.claims.cache_put(ABANDONED_KEY.format(cid), reason.encode())
-        except ClaimsUnavailable as e:
+        except ClaimsError as e:   # unreachable, or refused (READONLY, NOPERM, OOM): the client still hears why
             self.svc.log.warning("the refused submission is remembered by this planner only: a restarted planner "
                                  "would run its start should it reach the stream", campaign=cid, error=str(e))
 
     async def _recall_abandoned(self, cid: str) -> None:
-        """Before a start of a campaign this planner does not know is folded: whether a planner refused its
-        submission (remember_abandoned), so that the fold cancels it, never runs it."""
+        """Before a start of a campaign this planner does not know is folded (once caught up): whether a planner
+        refused its submission (remember_abandoned), so that the fold cancels it, never runs it."""
         if cid in self.campaigns or cid in self.abandoned:
             return
+        if (reason := await self._abandoned_reason(cid, "it runs")) is not None:
+            self.abandoned[cid] = reason
+
+    async def _recall_unfinished(self) -> None:
+        """At the catch-up: which of the campaigns the stream left unfinished and nobody drives a planner refused
+        (remember_abandoned), so that they are cancelled, never run, not resumed. Asked here, not at each replayed
+        start: a finished campaign needs no answer (nor one the replay would cancel again, publishing another
+        finish), and a replay costs no store round trip per campaign the stream ever held."""
+        for cid, st in list(self.campaigns.items()):
+            if st.finished is None and not st.driven and cid not in self.driver.loops:
+                if (reason := await self._abandoned_reason(cid, "it resumes")) is not None:
+                    self.cancel_abandoned(st, reason)
+
+    async def _abandoned_reason(self, cid: str, otherwise: str) -> str | None:
+        """The reason a planner refused campaign `cid`'s submission with, or None: none was refused, or the claims
+        store cannot say (logged, with what the campaign does `otherwise`: no store may stop the fold)."""
         try:
             reason = await self.svc.claims.cache_get(ABANDONED_KEY.format(cid))
-        except ClaimsUnavailable as e:
-            self.svc.log.warning("cannot ask the claims store whether this campaign's submission was refused; "
-                                 "it runs", campaign=cid, error=str(e))
-            return
-        if reason is not None:
-            self.abandoned[cid] = reason.decode(errors="replace")
+        except ClaimsError as e:   # unreachable, or refusing (READONLY, NOPERM)
+            self.svc.log.warning(f"cannot ask the claims store whether this campaign's submission was refused; "
+                                 f"{otherwise}", campaign=cid, error=str(e))
+            return None
+        return None if reason is None else reason.decode(errors="replace")
 
     def cancel_abandoned(self, st: CampaignState, reason: str) -> None:
         """Finish as cancelled, never run, a campaign whose start reached the stream after its client was told
