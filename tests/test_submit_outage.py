@@ -43,6 +43,36 @@ async def _until(check, timeout_s: float, what: str):
     return value
 
 
+async def _planner(config):
+    """A planner started on `config`, once it serves gRPC and has folded the stream: (the running app, it)."""
+    running = await start_services(config, names=("planner",))
+    planner = running.services["planner"]
+    try:
+        async with asyncio.timeout(20):
+            while not planner.grpc_port or not planner.caught_up.is_set():
+                await asyncio.sleep(0.05)
+    except BaseException:
+        await running.shutdown()
+        raise
+    return running, planner
+
+
+async def _late_start(url: str, cid: str, space: Path, planner):
+    """Publish campaign `cid`'s start (a refused submission's, reaching the stream after all) and wait until
+    `planner` has finished it; its state."""
+    bus = await NatsBus.connect(url, "test")
+    try:
+        start = pb.CampaignStarted(spec=_spec(space))
+        await bus.publish(ev.make_event(cid, "planner", "start", campaign_started=start))
+    finally:
+        await bus.close()
+
+    async def finished():
+        st = planner.campaigns.get(cid)
+        return st if st is not None and st.finished is not None else None
+    return await _until(finished, 30, "the late start finished")
+
+
 async def test_a_submit_while_nats_is_down_is_refused_cleanly_and_the_planner_carries_on(settings, tmp_path,
                                                                                       monkeypatch):
     # the publish gives up after 1 s of retries instead of a minute (the behaviour is the same, only sooner)
@@ -85,17 +115,7 @@ async def test_a_submit_while_nats_is_down_is_refused_cleanly_and_the_planner_ca
             assert status.id != refused.group(1) and status.id in planner.campaigns
 
             # the refused start reaching the stream after all: cancelled, never run, with the reason
-            bus = await NatsBus.connect(url, "test")
-            try:
-                late = pb.CampaignStarted(spec=_spec(space))
-                await bus.publish(ev.make_event(refused.group(1), "planner", "start", campaign_started=late))
-            finally:
-                await bus.close()
-
-            async def finished():
-                st = planner.campaigns.get(refused.group(1))
-                return st if st is not None and st.finished is not None else None
-            st = await _until(finished, 30, "the late start finished")
+            st = await _late_start(url, refused.group(1), space, planner)
             assert st.finished.state == "cancelled", st.finished
             assert st.finished.reason.startswith("never run: its submission was refused while NATS was unreachable"), \
                 st.finished.reason
@@ -150,12 +170,8 @@ async def test_a_refused_start_that_lands_under_a_restarted_planner_is_cancelled
     url = server.start()
     port = int(url.rsplit(":", 1)[1])
     config = settings.model_copy(update={"nats_url": url, "redis_url": redis_url_session})
-    running = await start_services(config, names=("planner",))
+    running, planner = await _planner(config)
     try:
-        planner = running.services["planner"]
-        async with asyncio.timeout(20):
-            while not planner.grpc_port or not planner.caught_up.is_set():
-                await asyncio.sleep(0.05)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
             server.stop()
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -167,24 +183,10 @@ async def test_a_refused_start_that_lands_under_a_restarted_planner_is_cancelled
             await running.shutdown()   # the refusing planner goes, and its memory of the refusal with it
     server = EmbeddedNats(tmp_path / "nats", port=port)
     server.start()
-    running = await start_services(config, names=("planner",))
+    running, planner = await _planner(config)
     try:
-        planner = running.services["planner"]
-        async with asyncio.timeout(20):
-            while not planner.caught_up.is_set():
-                await asyncio.sleep(0.05)
         assert refused.group(1) not in planner.replay.abandoned
-        bus = await NatsBus.connect(url, "test")
-        try:
-            await bus.publish(ev.make_event(refused.group(1), "planner", "start",
-                                            campaign_started=pb.CampaignStarted(spec=_spec(space))))
-        finally:
-            await bus.close()
-
-        async def finished():
-            st = planner.campaigns.get(refused.group(1))
-            return st if st is not None and st.finished is not None else None
-        st = await _until(finished, 30, "the late start finished")
+        st = await _late_start(url, refused.group(1), space, planner)
         assert st.finished.state == "cancelled" and st.counts.proposed == 0, st.finished
         assert st.finished.reason.startswith("never run: its submission was refused while NATS was unreachable")
         ended = st.finished_wall
@@ -193,12 +195,8 @@ async def test_a_refused_start_that_lands_under_a_restarted_planner_is_cancelled
     # a later restart (past the stream's duplicate window) replays the finish: it cancels nothing again
     try:
         await asyncio.sleep(jetstream.DUPLICATE_WINDOW_S + 1.0)
-        running = await start_services(config, names=("planner",))
+        running, planner = await _planner(config)
         try:
-            planner = running.services["planner"]
-            async with asyncio.timeout(20):
-                while not planner.caught_up.is_set():
-                    await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)   # what a second cancel would publish
             st = planner.campaigns[refused.group(1)]
             assert st.finished.state == "cancelled" and st.finished_wall == ended
