@@ -195,13 +195,18 @@ def measure_kfactory(verifier, design, threads: int, contexts: list[int], prefil
                                                  "prefill": f"best of {repeats}"}}
 
 
+def cpu_target(threads: int, settings: Settings | None = None):
+    """The cpu target at `threads` threads, on `settings` (default: the environment's), as the probes run on it."""
+    from kfactory.targets import get_target
+    base = settings if settings is not None else Settings()
+    return get_target("cpu", base.model_copy(update={"threads": threads}))
+
+
 def read_now(threads: int, settings: Settings | None = None) -> float:
     """The host's read bandwidth in GB/s measured now, as its cached ceiling is: the best of 1 and `threads`
     threads (kfactory.targets.cpu.ceiling)."""
-    from kfactory.targets import get_target
     from kfactory.targets.cpu.ceiling import measure_read_bandwidth
-    base = settings if settings is not None else Settings()
-    target = get_target("cpu", base.model_copy(update={"threads": threads}))
+    target = cpu_target(threads, settings)
     return max(measure_read_bandwidth(target, t) for t in sorted({1, threads}))
 
 

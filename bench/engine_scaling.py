@@ -27,26 +27,23 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import build_design, checked_design, engine_formats  # noqa: E402  (bench/ is no package)
+from engine import build_design, checked_design, cpu_target, engine_formats  # noqa: E402  (bench/ is no package)
 
 from kfactory.engines.baselines.roofline import decode_cost  # noqa: E402
 from kfactory.engines.design import EngineDesign  # noqa: E402
 from kfactory.engines.runner import EngineRunner  # noqa: E402
 from kfactory.platform.config import Settings  # noqa: E402
-from kfactory.targets import get_target  # noqa: E402
 from kfactory.targets.cpu.ceiling import measure_peak_int8_gops, measure_read_bandwidth  # noqa: E402
 
 
 def int8_now(threads: int) -> float:
     """The host's int8 dot-product peak in GOP/s at `threads` threads, measured now (0 without such an op)."""
-    base = Settings()
-    return measure_peak_int8_gops(get_target("cpu", base.model_copy(update={"threads": threads})), threads)
+    return measure_peak_int8_gops(cpu_target(threads), threads)
 
 
 def read_at(threads: int) -> float:
     """The read probe at exactly `threads` threads (read_now takes the best of 1 and the count)."""
-    base = Settings()
-    return measure_read_bandwidth(get_target("cpu", base.model_copy(update={"threads": threads})), threads)
+    return measure_read_bandwidth(cpu_target(threads), threads)
 
 
 def decode_rate(model: str, design: EngineDesign, lib: Path, context: int, steps: int, cache: Path) -> float:

@@ -231,12 +231,10 @@ class CampaignState:
     def _on_dead_letter(self, m: pb.DeadLetter) -> None:
         """Work that can never finish: its point is over (counted as rejected), or the campaign would wait."""
         work = ev.dead_work(m)
-        if work is None:
-            return
+        if work is None or m.cause == pb.CAMPAIGN_CANCELLED:   # the latter: not begun when the campaign was
+            return                                              # cancelled, so not done, as its user asked
         point_id, cand = work
         ps = self.points.get(point_id)
-        if m.cause == pb.CAMPAIGN_CANCELLED:   # work not begun when its campaign was cancelled: not done, as asked
-            return
         if ps is not None and not ps.done:
             self.counts.rejected += 1
             self._finish_point(point_id, None)
