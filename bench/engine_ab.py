@@ -45,6 +45,9 @@ def base_source(current: str, rev: str) -> str:
     out = current
     for name in C_FILES:
         rel = (C_DIR / name).relative_to(ROOT)
+        if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:{rel}"], capture_output=True).returncode:
+            out = out.replace((C_DIR / name).read_text(), "")   # a file that revision did not have yet
+            continue
         try:
             old = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], capture_output=True, text=True,
                                  check=True).stdout

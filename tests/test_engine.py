@@ -34,6 +34,10 @@ DESIGNS = [
     # (tiny-llama's products fall below KF_PAR_MIN: test_vnni24_groups_split_over_threads lowers it, on 3)
     *([EngineDesign(q4_decode="vnni", threads=2, fuse_qkv=False),
        EngineDesign(q4_decode="vnni24", threads=2, wait="bounded", fuse_gate_up=False)] if VNNI else []),
+    # a decode step in one parallel region (team "step"), separate matvecs and norms, one op on one thread
+    EngineDesign(fuse_qkv=False, fuse_gate_up=False, fuse_norm=False, threads=2, wait="bounded",
+                 kv_layout="token_major", op_threads="attn=1", team="step"),
+    *([EngineDesign(q4_decode="vnni24", threads=2, wait="bounded", team="step")] if VNNI else []),
 ]
 
 #: test-only variants: a text replacement in the generated source, which must match exactly once
@@ -318,8 +322,9 @@ def test_design_values_and_space():
     assert split.at_threads(2).op_threads == "attn=1" and split.at_threads(1) == EngineDesign()
     points = space(2, avx512=False)
     # weights x 3 fusions x kv layouts x prepack, times (1 thread, and 2 threads sleeping, spinning or spinning
-    # bounded, each with every op on both threads or one of the 7 op_threads choices)
-    assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * (1 + 3 * 8)
+    # bounded, each with every op on both threads or one of the 7 op_threads choices, in a region an op or one
+    # a step)
+    assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * (1 + 3 * 8 * 2)
     assert len({p.design_id() for p in points}) == len(points)
     # with AVX-512 the prepacked Q4_1 quarter of them also comes with the table decode
     wide = space(2, avx512=True, vnni=False)
@@ -366,6 +371,14 @@ def test_design_values_and_space():
     assert EngineDesign(threads=2, spin=True).omp_env()["OMP_WAIT_POLICY"] == "active"
     # a design moved to one thread keeps nothing that waits; back on two it is the design it names
     assert bounded.at_threads(1) == EngineDesign() and bounded.at_threads(2) == bounded
+    # a step in one region: threads > 1 only, named in the id, dropped on one thread
+    step = replace(bounded, team="step")
+    assert step.design_id().startswith("q4_1-fqgn-t2b-step-head-pp-") and step.at_threads(1) == EngineDesign()
+    assert step.at_threads(3).team == "step"
+    with pytest.raises(DesignError, match="team 'step' applies to threads > 1"):
+        EngineDesign(team="step")
+    with pytest.raises(DesignError, match="team 'steps' is not one of op, step"):
+        EngineDesign(threads=2, team="steps")
 
 
 @pytest.mark.parametrize("design", [EngineDesign(), EngineDesign(weights="f32", fuse_qkv=False, prepack=False)],

@@ -2,7 +2,7 @@
 
 The source is the design's and the architecture's constants (`#define`s: dimensions compiled in, so every loop
 bound is known to the compiler) followed by the engine's C files (kfactory/engines/c/: common.c, matmul.c,
-forward.c) in that order; the defines select the code each choice needs (the weight formats' kernels, fused or
+forward.c, team.c) in that order; the defines select the code each choice needs (the weight formats' kernels, fused or
 separate matvecs and norms, the KV cache's indexing). One self-contained file, compiled as is (build.py).
 
 The ABI (version 1; docs/engines.md says the same, with the tensor layouts):
@@ -39,7 +39,7 @@ from kfactory.models.gguf_model import LlamaConfig
 
 C_DIR = Path(__file__).parent / "c"
 #: the template files, in the order they are concatenated (each uses only what the earlier ones define)
-C_FILES = ("common.c", "matmul.c", "forward.c")
+C_FILES = ("common.c", "matmul.c", "forward.c", "team.c")
 ABI_VERSION = 1
 
 
@@ -86,6 +86,8 @@ def defines(design: EngineDesign, config: LlamaConfig) -> dict[str, str]:
         "KF_OP_MATVEC_Q8_0": flag[design.matvec_q8_0 != BUILTIN],
         # threads of single ops (op_threads), 0 where the op takes the engine's
         **{f"KF_T_{op.upper()}": str(op_threads.get(op, 0)) for op in OPS},
+        # a decode step in one parallel region, the threads meeting at barriers (team.c), or a region an op
+        "KF_TEAM_STEP": flag[design.team == "step"],
     }
 
 

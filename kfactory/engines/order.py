@@ -33,16 +33,18 @@ def distance(a: EngineDesign, b: EngineDesign) -> int:
     return sum(getattr(a, f.name) != getattr(b, f.name) for f in fields(EngineDesign))
 
 
-#: fields that apply only with more than one thread (how idle threads wait): with `threads` changed from the
-#: default's one thread, their values are variants of that change, not changes of their own
-THREAD_FIELDS = ("spin", "wait")
+#: fields that apply only with more than one thread (how idle threads wait, how they share a step): with
+#: `threads` changed from the default's one thread, their values are variants of that change, not changes of
+#: their own
+THREAD_FIELDS = ("spin", "wait", "team")
 
 
 def order(points: list[EngineDesign], default: EngineDesign | None = None) -> list[EngineDesign]:
     """`points` by distance from the default design (stable: space order within a distance), so the first
     points are the default and its one-field changes, field by field in EngineDesign's field order. A change of
     `threads` counts once with whatever THREAD_FIELDS it brings: more threads sleeping, spinning or spinning a
-    while are all one step from the default's one thread (each wait is measured in a small budget)."""
+    while, in a region an op or one a step, are all one step from the default's one thread (each is measured in
+    a small budget)."""
     default = default or EngineDesign()
     names = [f.name for f in fields(EngineDesign)]
 

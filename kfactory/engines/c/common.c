@@ -13,6 +13,22 @@
 #include <omp.h>
 #endif
 
+/* the calling thread's number in its OpenMP team, and the team's size (0 and 1 outside OpenMP) */
+static inline int kf_thread(void) {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+static inline int kf_threads(void) {
+#ifdef _OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
+}
+
 #define KF_ABI_VERSION 1
 
 /* tensor formats and layouts (kf_tensor.format, kf_tensor.layout) */

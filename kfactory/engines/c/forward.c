@@ -27,6 +27,7 @@ typedef struct {
   float *kc, *vc, *cosv, *sinv;
   float *x, *h, *qkv, *att, *gu, *xs, *scores;
   float *part, *part_ml;   /* a split decode attention's parts: per head, per part (attention) */
+  float *team;             /* decode_team's per-thread scratch (TEAM_FLOATS a thread), or NULL */
 } kf_engine;
 
 /* the layout a matrix of `format` must have: rows where a searched kernel reads it at decode (it reads the GGUF
@@ -104,11 +105,16 @@ static int bind(kf_engine *e) {
   return e->embd && e->out_norm;
 }
 
+/* decode_team's scratch a thread (floats): its own residual stream, normed activations, attention output and
+ * SiLU product, the forms of x its matvecs read (matmul_prep), rounded up to whole cache lines so that no two
+ * threads write one line */
+#define TEAM_FLOATS (((size_t)2 * KF_HIDDEN + KF_QDIM + KF_FFN + matmul_scratch_floats(1, 1) + 15) / 16 * 16)
+
 void kf_engine_free(void *p) {
   kf_engine *e = (kf_engine *)p;
   if (!e) return;
   float *bufs[] = {e->kc, e->vc, e->cosv, e->sinv, e->x, e->h, e->qkv, e->att, e->gu, e->xs, e->scores, e->part,
-                   e->part_ml};
+                   e->part_ml, e->team};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
   free(e->tensors);
   free(e);
@@ -145,8 +151,11 @@ void *kf_engine_new(const kf_tensor *tensors, int n_tensors, const kf_config *cf
   e->scores = (float *)malloc((size_t)threads * KF_GROUP * ctx_capacity * 4);
   e->part = (float *)malloc((size_t)KF_HEADS * threads * KF_HEAD_DIM * 4);
   e->part_ml = (float *)malloc((size_t)KF_HEADS * threads * 2 * 4);
+#if KF_TEAM_STEP
+  e->team = (float *)malloc((size_t)threads * TEAM_FLOATS * 4);
+#endif
   if (!e->tensors || !e->kc || !e->vc || !e->cosv || !e->sinv || !e->x || !e->h || !e->qkv || !e->att || !e->gu ||
-      !e->xs || !e->scores || !e->part || !e->part_ml) {
+      !e->xs || !e->scores || !e->part || !e->part_ml || (KF_TEAM_STEP && !e->team)) {
     set_error("kf_engine_new: out of memory (ctx %d, threads %d)", ctx_capacity, threads);
     kf_engine_free(e);
     return NULL;
@@ -164,13 +173,45 @@ void *kf_engine_new(const kf_tensor *tensors, int n_tensors, const kf_config *cf
   return e;
 }
 
-static void rope(float *v, int heads, const float *c, const float *s) {
-  for (int hd = 0; hd < heads; hd++, v += KF_HEAD_DIM)
-    for (int i = 0; i < KF_HEAD_DIM / 2; i++) {
-      float x0 = v[KF_PAIR(i)], x1 = v[KF_MATE(i)];
-      v[KF_PAIR(i)] = x0 * c[i] - x1 * s[i];
-      v[KF_MATE(i)] = x0 * s[i] + x1 * c[i];
-    }
+/* RoPE on rows [a, b) of one token's Q, K, V (qkv: KF_QKV floats; a and b even), at position pos, and the K and
+ * V rows among them into layer l's cache. By rows, not heads, so that a thread of decode_team takes the rows its
+ * own share of the QKV product made (forward() passes all of them); noinline: one machine code for both paths,
+ * so they round alike. */
+/* RoPE on pairs i0..i1 of the head at v */
+static inline __attribute__((always_inline)) void rope_pairs(float *restrict v, const float *restrict c,
+                                                             const float *restrict s, int i0, int i1) {
+  for (int i = i0; i < i1; i++) {
+    float x0 = v[KF_PAIR(i)], x1 = v[KF_MATE(i)];
+    v[KF_PAIR(i)] = x0 * c[i] - x1 * s[i];
+    v[KF_MATE(i)] = x0 * s[i] + x1 * c[i];
+  }
+}
+
+/* a thread of decode_team ropes the rows of its share, which may end inside a head: right where a pair is two
+ * adjacent rows, so that no share's bounds (even rows) cut one */
+#if KF_TEAM_STEP && (KF_PAIR(1) != 2 || KF_MATE(1) != 3)
+#error "design team step takes RoPE's pairs as adjacent rows (2i, 2i + 1)"
+#endif
+static __attribute__((noinline)) void rope_kv_rows(kf_engine *e, int l, float *qkv, int pos, int a, int b) {
+  const float *c = e->cosv + (size_t)pos * (KF_HEAD_DIM / 2), *s = e->sinv + (size_t)pos * (KF_HEAD_DIM / 2);
+  /* Q's and K's rows, a run within one head at a time (KF_QDIM is whole heads: K's heads start on a multiple
+   * of KF_HEAD_DIM too), its pairs i0..i1 by rope_pairs */
+  int qk = b < KF_QDIM + KF_KVDIM ? b : KF_QDIM + KF_KVDIM;
+  for (int r = a, run; r < qk; r += run) {
+    int d = r % KF_HEAD_DIM, i0 = d / 2, i1;
+    run = KF_HEAD_DIM - d < qk - r ? KF_HEAD_DIM - d : qk - r;
+    i1 = i0 + run / 2;
+    if (run == KF_HEAD_DIM) rope_pairs(qkv + r, c, s, 0, KF_HEAD_DIM / 2);   /* a whole head: constant bounds */
+    else rope_pairs(qkv + (r - d), c, s, i0, i1);
+  }
+  /* K's and V's rows, a run within one head at a time (a head's row in the cache is contiguous) */
+  for (int r = a > KF_QDIM ? a : KF_QDIM, run; r < b; r += run) {
+    int k = r - KF_QDIM, isv = k >= KF_KVDIM, kk = isv ? k - KF_KVDIM : k, d = kk % KF_HEAD_DIM;
+    run = KF_HEAD_DIM - d < b - r ? KF_HEAD_DIM - d : b - r;
+    float *to = KV_AT(isv ? e->vc : e->kc, e, l, kk / KF_HEAD_DIM, pos) + d;
+    if (run == KF_HEAD_DIM) memcpy(to, qkv + r, KF_HEAD_DIM * 4);   /* a whole head: a copy of constant size */
+    else memcpy(to, qkv + r, (size_t)run * 4);
+  }
 }
 
 /* out = softmax(q . K[0..pos] / sqrt(d)) V for query head `head` of layer l; s: scratch of pos + 1 floats */
@@ -337,14 +378,14 @@ static void attend_group(kf_engine *e, int l, int kvh, int p0, int p1, float *s,
   }
 }
 
-/* head h's output from the `parts` parts of its split context: each part's sum rescaled by exp(its max - the
- * overall max), over the rescaled sums of exp (the log-sum-exp merge; exact up to fp32 rounding) */
-static void merge_parts(kf_engine *e, int h, int parts) {
+/* head h's output (to out) from the `parts` parts of its split context: each part's sum rescaled by exp(its max
+ * - the overall max), over the rescaled sums of exp (the log-sum-exp merge; exact up to fp32 rounding).
+ * noinline: one machine code for attention() and decode_team, so they round alike. */
+static __attribute__((noinline)) void merge_parts(const kf_engine *e, int h, int parts, float *out) {
   const float *ml = e->part_ml + (size_t)h * 2 * parts, *acc = e->part + (size_t)h * parts * KF_HEAD_DIM;
   float m = -INFINITY, l = 0.0f, w[KF_MAX_PARTS];
   for (int c = 0; c < parts; c++) if (ml[2 * c] > m) m = ml[2 * c];
   for (int c = 0; c < parts; c++) { w[c] = expf(ml[2 * c] - m); l += w[c] * ml[2 * c + 1]; }
-  float *out = e->att + (size_t)h * KF_HEAD_DIM;
   for (int d = 0; d < KF_HEAD_DIM; d++) {
     float o = 0.0f;
     for (int c = 0; c < parts; c++) o += w[c] * acc[(size_t)c * KF_HEAD_DIM + d];
@@ -361,34 +402,65 @@ static void merge_parts(kf_engine *e, int h, int parts) {
  * decode after 1024 tokens measured x1.10 on 2 threads, after 128 x0.98 within the host's noise.) Contexts
  * shorter than KF_SPLIT_MIN are not split: a part of a few keys costs more to merge than it saves. */
 #define KF_SPLIT_MIN 64
+/* whether the attention of n tokens at positions pos0.. is worth th > 1 threads */
+static inline int attention_par(int n, int pos0, int th) {
+  return th > 1 && (double)n * KF_HEADS * (pos0 + n) * KF_HEAD_DIM * 2 >= KF_PAR_MIN;
+}
+
+/* A decode step's attention (at position pos, on th threads) in work items: KF_KV_HEADS x *parts of
+ * attend_group (parts 1 where the heads divide evenly among the threads or the context is short), or, without
+ * it, one head an item (*parts 0) */
+static int decode_items(int pos, int th, int *parts) {
+#if KF_ATTEND_GROUP
+  *parts = attention_par(1, pos, th) && KF_KV_HEADS % th != 0 && pos + 1 >= KF_SPLIT_MIN && th <= KF_MAX_PARTS
+           ? th : 1;
+  return KF_KV_HEADS * *parts;
+#else
+  (void)th;
+  (void)pos;
+  *parts = 0;
+  return KF_HEADS;
+#endif
+}
+
+/* item i of decode_items (q: the step's queries, after RoPE); s: the calling thread's scratch of
+ * KF_GROUP x e->ctx floats. Its output goes to e->att, or, for a split context, to the head's slots of e->part
+ * and e->part_ml (merge_parts combines them). */
+static void decode_item(kf_engine *e, int l, int pos, int i, int parts, float *s) {
+#if KF_ATTEND_GROUP
+  int kvh = i / parts, c = i % parts;
+  /* part c of the positions, its bounds on multiples of 4 (attend_group's 4-key blocks) */
+  int p0 = c == 0 ? 0 : ((pos + 1) * c / parts) & ~3;
+  int p1 = c + 1 == parts ? pos + 1 : ((pos + 1) * (c + 1) / parts) & ~3;
+  attend_group(e, l, kvh, p0, p1, s, parts, c);
+#else
+  (void)parts;
+  const float *q = e->qkv + (size_t)i * KF_HEAD_DIM;
+#if KF_ATTEND_BLOCK
+  attend_block(e, l, i, q, pos, e->att + (size_t)i * KF_HEAD_DIM, s);
+#else
+  attend(e, l, i, q, pos, e->att + (size_t)i * KF_HEAD_DIM, s);
+#endif
+#endif
+}
+
 static void attention(kf_engine *e, int l, int n, int pos0, int th) {
-  int par = th > 1 && (double)n * KF_HEADS * (pos0 + n) * KF_HEAD_DIM * 2 >= KF_PAR_MIN;
+  int par = attention_par(n, pos0, th);
   (void)par;
 #if KF_ATTEND_GROUP
   if (n == 1) {
-    int parts = par && KF_KV_HEADS % th != 0 && pos0 + 1 >= KF_SPLIT_MIN && th <= KF_MAX_PARTS ? th : 1;
+    int parts, items = decode_items(pos0, th, &parts);
 #pragma omp parallel for schedule(static) num_threads(th) if (par)
-    for (int i = 0; i < KF_KV_HEADS * parts; i++) {
-      int kvh = i / parts, c = i % parts, tid = 0;
-#ifdef _OPENMP
-      tid = omp_get_thread_num();
-#endif
-      /* part c of the positions, its bounds on multiples of 4 (attend_group's 4-key blocks) */
-      int p0 = c == 0 ? 0 : ((pos0 + 1) * c / parts) & ~3;
-      int p1 = c + 1 == parts ? pos0 + 1 : ((pos0 + 1) * (c + 1) / parts) & ~3;
-      attend_group(e, l, kvh, p0, p1, e->scores + (size_t)tid * KF_GROUP * e->ctx, parts, c);
-    }
+    for (int i = 0; i < items; i++)
+      decode_item(e, l, pos0, i, parts, e->scores + (size_t)kf_thread() * KF_GROUP * e->ctx);
     if (parts > 1)
-      for (int h = 0; h < KF_HEADS; h++) merge_parts(e, h, parts);
+      for (int h = 0; h < KF_HEADS; h++) merge_parts(e, h, parts, e->att + (size_t)h * KF_HEAD_DIM);
     return;
   }
 #endif
 #pragma omp parallel for schedule(dynamic, 1) num_threads(th) if (par)
   for (int i = 0; i < n * KF_HEADS; i++) {
-    int t = i / KF_HEADS, head = i % KF_HEADS, tid = 0;
-#ifdef _OPENMP
-    tid = omp_get_thread_num();
-#endif
+    int t = i / KF_HEADS, head = i % KF_HEADS, tid = kf_thread();
     const float *q = e->qkv + (size_t)t * KF_QKV + head * KF_HEAD_DIM;
     float *out = e->att + (size_t)t * KF_QDIM + head * KF_HEAD_DIM, *s = e->scores + (size_t)tid * e->ctx;
 #if KF_ATTEND_BLOCK
@@ -399,32 +471,26 @@ static void attention(kf_engine *e, int l, int n, int pos0, int th) {
   }
 }
 
-/* x += add (when add), then out = rmsnorm(x) * w, per token; fused into one pass over x, or two */
-static void add_norm(kf_engine *e, const float *add, const kf_tensor *w, int n) {
-  for (int t = 0; t < n; t++) {
-    float *x = e->x + (size_t)t * KF_HIDDEN;
-    const float *a = add ? add + (size_t)t * KF_HIDDEN : NULL;
+/* one token's x += add (when add), then out = rmsnorm(x) * w; fused into one pass over x, or two */
+static void add_norm1(const kf_engine *e, float *x, const float *add, const kf_tensor *w, float *out) {
 #if KF_FUSE_NORM
-    rms_norm(x, a, (const float *)w->data, e->eps, e->h + (size_t)t * KF_HIDDEN, KF_HIDDEN);
+  rms_norm(x, add, (const float *)w->data, e->eps, out, KF_HIDDEN);
 #else
-    if (a) for (int i = 0; i < KF_HIDDEN; i++) x[i] += a[i];
-    rms_norm(x, NULL, (const float *)w->data, e->eps, e->h + (size_t)t * KF_HIDDEN, KF_HIDDEN);
+  if (add) for (int i = 0; i < KF_HIDDEN; i++) x[i] += add[i];
+  rms_norm(x, NULL, (const float *)w->data, e->eps, out, KF_HIDDEN);
 #endif
-  }
+}
+
+/* add_norm1 over n tokens: e->x += add, e->h = the norm */
+static void add_norm(kf_engine *e, const float *add, const kf_tensor *w, int n) {
+  for (int t = 0; t < n; t++)
+    add_norm1(e, e->x + (size_t)t * KF_HIDDEN, add ? add + (size_t)t * KF_HIDDEN : NULL, w,
+              e->h + (size_t)t * KF_HIDDEN);
 }
 
 /* RoPE on the n tokens' queries and keys (at positions pos0..), and their keys and values into layer l's cache */
 static void rope_kv(kf_engine *e, int l, int n, int pos0) {
-  for (int t = 0; t < n; t++) {
-    float *q = e->qkv + (size_t)t * KF_QKV, *k = q + KF_QDIM, *v = k + KF_KVDIM;
-    const float *c = e->cosv + (size_t)(pos0 + t) * (KF_HEAD_DIM / 2), *s = e->sinv + (size_t)(pos0 + t) * (KF_HEAD_DIM / 2);
-    rope(q, KF_HEADS, c, s);
-    rope(k, KF_KV_HEADS, c, s);
-    for (int kvh = 0; kvh < KF_KV_HEADS; kvh++) {
-      memcpy(KV_AT(e->kc, e, l, kvh, pos0 + t), k + kvh * KF_HEAD_DIM, KF_HEAD_DIM * 4);
-      memcpy(KV_AT(e->vc, e, l, kvh, pos0 + t), v + kvh * KF_HEAD_DIM, KF_HEAD_DIM * 4);
-    }
-  }
+  for (int t = 0; t < n; t++) rope_kv_rows(e, l, e->qkv + (size_t)t * KF_QKV, pos0 + t, 0, KF_QKV);
 }
 
 /* A build with KF_PROFILE defined (bench/engine_ops.py) adds each op's wall time on the calling thread, summed
@@ -442,8 +508,15 @@ static double kf_clock(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC,
 /* an op's threads: the design's op_threads entry (KF_T_*) where it is below the engine's count, else all */
 #define KF_OP_THREADS(n, th) ((n) > 0 && (n) < (th) ? (n) : (th))
 
+#if KF_TEAM_STEP
+static void decode_team(kf_engine *e, int32_t tok, float *logits);   /* team.c */
+#endif
+
 /* n <= KF_CHUNK tokens at positions e->pos..; logits: NULL (none), the last token's, or all n (all) */
 static void forward(kf_engine *e, const int32_t *tok, int n, float *logits, int all) {
+#if KF_TEAM_STEP
+  if (n == 1 && e->threads > 1) { decode_team(e, tok[0], logits); return; }
+#endif
   int pos0 = e->pos, th = e->threads;
   int t_qkv = KF_OP_THREADS(KF_T_QKV, th), t_attn = KF_OP_THREADS(KF_T_ATTN, th), t_o = KF_OP_THREADS(KF_T_O, th);
   int t_gu = KF_OP_THREADS(KF_T_GATE_UP, th), t_down = KF_OP_THREADS(KF_T_DOWN, th);

@@ -1105,19 +1105,10 @@ __attribute__((visibility("hidden"))) void kf_op_matvec_q4_1(const uint8_t *w, c
 __attribute__((visibility("hidden"))) void kf_op_matvec_q8_0(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
 #endif
 
-/* y = W x over n tokens; xs: scratch of matmul_scratch_floats(n, threads) floats (the block sums Q4_1 needs, or
- * the GEMM's packed tokens and panels) */
-static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y, int ldy, float *xs, int threads) {
-  int nb = w->cols / 32, rows = w->rows;
-#if KF_OP_MATVEC_Q4_1
-  if (n == 1 && w->format == KF_Q4_1) { kf_op_matvec_q4_1((const uint8_t *)w->data, x, y, rows, nb); return; }
-#endif
-#if KF_OP_MATVEC_Q8_0
-  if (n == 1 && w->format == KF_Q8_0) { kf_op_matvec_q8_0((const uint8_t *)w->data, x, y, rows, nb); return; }
-#endif
-#if KF_PREFILL_GEMM && defined(__AVX2__)
-  if (n >= KF_GEMM_MIN) { gemm(w, x, ldx, n, y, ldy, xs, threads); return; }
-#endif
+/* The forms of x the n tokens' kernels read, made once for all the rows in xs (matmul_scratch_floats(n, 1)
+ * floats): Q4_1's block sums, then the integer decode's digits or x scaled for q4group1 (the returned pointer) */
+static float *matmul_prep(const kf_tensor *w, const float *x, int ldx, int n, float *xs) {
+  int nb = w->cols / 32;
   if (w->format == KF_Q4_1)
     for (int t = 0; t < n; t++)
       for (int b = 0; b < nb; b++) {
@@ -1144,34 +1135,89 @@ static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y,
       decode_scaled_x(x + (size_t)t * ldx, w->cols, xk + (size_t)(t - n + n % KF_TT) * w->cols);
 #endif
 #endif
-  int chunks = (rows + KF_RCHUNK - 1) / KF_RCHUNK;
-  int par = threads > 1 && (double)rows * w->cols * n >= KF_PAR_MIN;
-  (void)threads;
-  (void)par;
+  return xk;
+}
+
+/* [*a, *b): part id of `count` units cut in nt contiguous parts as even as whole units allow */
+static inline void share_of(int count, int id, int nt, int *a, int *b) {
+  *a = (int)((long)count * id / nt);
+  *b = (int)((long)count * (id + 1) / nt);
+}
+
+/* Thread id of nt's part of y = W x over n tokens, from matmul_prep's forms of x: a contiguous run of rows,
+ * 16-row units (PACK16 groups, or KF_RCHUNK chunks), so that a part's bounds are even rows (decode_team ropes
+ * the pairs of its own rows). Its rows [*r0, *r1) (empty when the part is). Each row's product is the same
+ * whichever thread takes it. */
+static void matmul_share(const kf_tensor *w, const float *x, int ldx, int n, float *y, int ldy, const float *xs,
+                         const float *xk, int id, int nt, int *r0, int *r1) {
+  int rows = w->rows, nb = w->cols / 32, c0, c1;
+  (void)nb;
 #if KF_Q4_VNNI && KF_VNNI_DIGITS == 3
   if (w->layout == KF_PACK16) {   /* each thread its contiguous share of the groups, in KF_VNNI_STREAMS streams */
-    int groups = (rows + 15) / 16;
-#pragma omp parallel num_threads(threads) if (par)
-    {
-      int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      int g0 = (int)((long)groups * id / nt), g1 = (int)((long)groups * (id + 1) / nt);
-      int r1 = 16 * g1 < rows ? 16 * g1 : rows;
-      for (int t = 0; t < n && g0 < g1; t++)
-        pack16_rows_vnni(w, 16 * g0, r1, xk + (size_t)t * KF_VNNI_FLOATS(nb), xs + (size_t)t * nb,
-                         y + (size_t)t * ldy);
-    }
+    share_of((rows + 15) / 16, id, nt, &c0, &c1);
+    *r0 = 16 * c0;
+    *r1 = 16 * c1 < rows ? 16 * c1 : rows;
+    for (int t = 0; t < n && c0 < c1; t++)
+      pack16_rows_vnni(w, *r0, *r1, xk + (size_t)t * KF_VNNI_FLOATS(nb), xs + (size_t)t * nb, y + (size_t)t * ldy);
     return;
   }
 #endif
-#pragma omp parallel for schedule(static) num_threads(threads) if (par)
-  for (int c = 0; c < chunks; c++) {
-    int r0 = c * KF_RCHUNK, r1 = r0 + KF_RCHUNK < rows ? r0 + KF_RCHUNK : rows;
+  share_of((rows + KF_RCHUNK - 1) / KF_RCHUNK, id, nt, &c0, &c1);
+  *r0 = c0 * KF_RCHUNK;
+  *r1 = c1 * KF_RCHUNK < rows ? c1 * KF_RCHUNK : rows;
+  for (int c = c0; c < c1; c++) {
+    int a = c * KF_RCHUNK, b = a + KF_RCHUNK < rows ? a + KF_RCHUNK : rows;
 #ifdef __AVX2__
-    rows_avx2(w, r0, r1, x, ldx, n, y, ldy, xs, xk);
+    rows_avx2(w, a, b, x, ldx, n, y, ldy, xs, xk);
 #else
     (void)xs;
     (void)xk;
-    rows_scalar(w, r0, r1, x, ldx, n, y, ldy);
+    rows_scalar(w, a, b, x, ldx, n, y, ldy);
 #endif
+  }
+}
+
+/* kernels searched by the kernel pipeline for the matvec problems (kfactory/engines/ops.py): each is its own
+ * translation unit, compiled with the flags it was verified with, its entry renamed to these names and
+ * hidden (the library exports the engine's ABI only); the problems' ABI: w the GGUF blocks [rows][blocks], x [blocks * 32], y [rows] */
+#if KF_OP_MATVEC_Q4_1
+__attribute__((visibility("hidden"))) void kf_op_matvec_q4_1(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
+#endif
+#if KF_OP_MATVEC_Q8_0
+__attribute__((visibility("hidden"))) void kf_op_matvec_q8_0(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
+#endif
+
+/* One token's product by a searched kernel where the design links one for w's format (the whole matrix, on the
+ * calling thread): 1 when it ran, else 0 */
+static int searched_matvec(const kf_tensor *w, const float *x, float *y) {
+#if KF_OP_MATVEC_Q4_1
+  if (w->format == KF_Q4_1) { kf_op_matvec_q4_1((const uint8_t *)w->data, x, y, w->rows, w->cols / 32); return 1; }
+#endif
+#if KF_OP_MATVEC_Q8_0
+  if (w->format == KF_Q8_0) { kf_op_matvec_q8_0((const uint8_t *)w->data, x, y, w->rows, w->cols / 32); return 1; }
+#endif
+  (void)w;
+  (void)x;
+  (void)y;
+  return 0;
+}
+
+/* whether a product of rows x cols over n tokens is worth more than one thread */
+static inline int matmul_par(const kf_tensor *w, int n, int threads) {
+  return threads > 1 && (double)w->rows * w->cols * n >= KF_PAR_MIN;
+}
+
+/* y = W x over n tokens; xs: scratch of matmul_scratch_floats(n, threads) floats (the block sums Q4_1 needs, or
+ * the GEMM's packed tokens and panels) */
+static void matmul(const kf_tensor *w, const float *x, int ldx, int n, float *y, int ldy, float *xs, int threads) {
+  if (n == 1 && searched_matvec(w, x, y)) return;
+#if KF_PREFILL_GEMM && defined(__AVX2__)
+  if (n >= KF_GEMM_MIN) { gemm(w, x, ldx, n, y, ldy, xs, threads); return; }
+#endif
+  float *xk = matmul_prep(w, x, ldx, n, xs);
+#pragma omp parallel num_threads(threads) if (matmul_par(w, n, threads))
+  {
+    int r0, r1;
+    matmul_share(w, x, ldx, n, y, ldy, xs, xk, kf_thread(), kf_threads(), &r0, &r1);
   }
 }
