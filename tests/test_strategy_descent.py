@@ -201,15 +201,16 @@ def test_on_the_engine_space_spinning_threads_and_unfused_gate_up_are_measured_t
     spin_changes = [{k: p.params[k] for k in p.params if p.params[k] != default[k]} for p in asked
                     if p.params["spin"]]
     assert spin_changes == [{"spin": True, "threads": 2}]   # the first of the closest valid points spinning
-    # the threads, how they wait and the Q4_1 decode kernel come first (engine_family's SEARCH_FIRST), then the
-    # rest in field order
-    changed = [sorted(k for k in p.params if p.params[k] != default[k]) for p in asked[1:8]]
-    assert changed == [["threads"]] * 3 + [["threads", "wait"], ["spin", "threads"], ["q4_decode"], ["weights"]]
+    # the threads, how they wait and share a step, and the Q4_1 decode kernel come first (engine_family's
+    # SEARCH_FIRST), then the rest in field order
+    changed = [sorted(k for k in p.params if p.params[k] != default[k]) for p in asked[1:9]]
+    assert changed == [["threads"]] * 3 + [["threads", "wait"], ["spin", "threads"], ["q4_decode"],
+                                           ["team", "threads"], ["weights"]]
     # the best neighbour (spinning on 2 threads) is the centre; its unseen neighbours: spinning on 3 and 4
-    # threads, its table decode, then weights, fuse_qkv and fuse_gate_up in the design's field order, which
-    # unfuses gate/up
-    more = _asks(s, 6, score)
-    assert [combination(p) for p in more] == [False] * 5 + [True]
+    # threads, its table decode, in one region a step, then weights, fuse_qkv and fuse_gate_up in the design's
+    # field order, which unfuses gate/up
+    more = _asks(s, 7, score)
+    assert [combination(p) for p in more] == [False] * 6 + [True]
     assert s.centres[1].params == {**default, "threads": 2, "spin": True}
     assert not any(combination(p) for p in _asks(make_strategy("grid", space, seed=0), hood + 4))
 
