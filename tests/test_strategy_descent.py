@@ -241,4 +241,33 @@ def test_jump_moves_to_a_clear_win_before_the_rest_of_the_neighbourhood():
     fresh = [p for p in s.neighbours(centre_row) if p not in plain_asks[:spin_at + 1]]
     assert asked[spin_at + 1:spin_at + 1 + len(fresh)] == fresh   # the new centre's neighbours at once
     rest = asked[spin_at + 1 + len(fresh):]
-    assert set(hood) - set(asked[:spin_at + 1 + len(fresh)]) <= set(rest[:len(hood)])   # the default's rest next
+    # the default's rest is set aside: the next centre (another spinning design) and its neighbours come first
+    assert set(hood) - set(asked[:spin_at + 1 + len(fresh)]) and s.centres[2].params["spin"]
+    seen = set(asked[:spin_at + 1 + len(fresh)])
+    third = [p for p in s.neighbours(s.idx.pos[s.centres[2]]) if p not in seen]
+    assert third and rest[:len(third)] == third
+
+
+def test_a_jump_sets_the_old_neighbourhood_aside_and_loses_none_of_it(toy):
+    """After a jump the old centre's unseen neighbours wait until no told point has an unseen neighbour, then
+    come before the rest of the space; every point is asked once."""
+    space, pts = toy
+    start = pts[0].params
+
+    def score(point) -> float:   # two threads win by far; spinning on them a little more; nothing else matters
+        p = point.params
+        return 10.0 - 5.0 * (p["threads"] == 2) - 1.0 * (p["threads"] == 2 and p["spin"])
+
+    s = make_strategy("descent", space, seed=0, jump=30.0)
+    asked = _asks(s, len(pts) + 1, score)
+    assert asked[-1] is None and sorted(asked[:-1], key=pts.index) == pts      # all of it, once each
+    two = pts[_row(pts, **{**start, "threads": 2})]
+    assert asked[:2] == [pts[0], two] and s.centres[:2] == [pts[0], two]      # the jump, at once
+    # two threads' unseen neighbours next, then (no jump: spinning is x1.25) the best told point's, spinning on
+    # two threads; the default's rest (unfused, kv b on one thread) was set aside and does not come between
+    hood2 = [p for p in s.neighbours(s.idx.pos[two]) if p not in asked[:2]]
+    assert asked[2:2 + len(hood2)] == hood2
+    spin2 = pts[_row(pts, **{**start, "threads": 2, "spin": True})]
+    assert s.centres[2] == spin2
+    hood3 = [p for p in s.neighbours(s.idx.pos[spin2]) if p not in asked[:2 + len(hood2)]]
+    assert hood3 and asked[2 + len(hood2):2 + len(hood2) + len(hood3)] == hood3

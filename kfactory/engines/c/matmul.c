@@ -1177,16 +1177,6 @@ static void matmul_share(const kf_tensor *w, const float *x, int ldx, int n, flo
   }
 }
 
-/* kernels searched by the kernel pipeline for the matvec problems (kfactory/engines/ops.py): each is its own
- * translation unit, compiled with the flags it was verified with, its entry renamed to these names and
- * hidden (the library exports the engine's ABI only); the problems' ABI: w the GGUF blocks [rows][blocks], x [blocks * 32], y [rows] */
-#if KF_OP_MATVEC_Q4_1
-__attribute__((visibility("hidden"))) void kf_op_matvec_q4_1(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
-#endif
-#if KF_OP_MATVEC_Q8_0
-__attribute__((visibility("hidden"))) void kf_op_matvec_q8_0(const uint8_t *w, const float *x, float *y, int64_t rows, int64_t blocks);
-#endif
-
 /* One token's product by a searched kernel where the design links one for w's format (the whole matrix, on the
  * calling thread): 1 when it ran, else 0 */
 static int searched_matvec(const kf_tensor *w, const float *x, float *y) {
