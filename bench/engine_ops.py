@@ -10,7 +10,9 @@ Each op's figure is its time per step (ms) and, for the products and the attenti
 prepared tensors' bytes (the weights as the design stores them) and the KV cache of the positions attended
 (float32 keys and values at the steps' mean position). The summary puts each op's median GB/s beside the
 probe's median: an op well below it loses time to something other than the host's bandwidth (its start, the
-threads' fork and join, its serial preparation, a short stream). The timers cost ~50 ns an op.
+threads' fork and join, its serial preparation, a short stream). The timers cost ~50 ns an op. A design with
+`team: step` (one parallel region a step, kfactory/engines/c/team.c) times thread 0's own part of each op: its
+waits at the barriers fall in no op, so they are in "the rest".
 
 Generated code runs in a child process of this script (started with --child), as in every other engine bench;
 the design is --design, else the engine campaign's best.json, else the default design (as bench/engine.py).

@@ -159,8 +159,8 @@ static float exp_shift_sum(float *x, int n, float shift) {
   return s;
 }
 
-/* g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u */
-static void silu_mul(float *g, const float *u, int n) {
+/* g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u (noinline: one machine code for forward() and decode_team) */
+static __attribute__((noinline)) void silu_mul(float *g, const float *u, int n) {
   int i = 0;
 #ifdef __AVX2__
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();

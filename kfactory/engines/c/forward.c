@@ -152,7 +152,7 @@ void *kf_engine_new(const kf_tensor *tensors, int n_tensors, const kf_config *cf
   e->part = (float *)malloc((size_t)KF_HEADS * threads * KF_HEAD_DIM * 4);
   e->part_ml = (float *)malloc((size_t)KF_HEADS * threads * 2 * 4);
 #if KF_TEAM_STEP
-  e->team = (float *)malloc((size_t)threads * TEAM_FLOATS * 4);
+  e->team = (float *)aligned_alloc(64, (size_t)threads * TEAM_FLOATS * 4);   /* whole lines a thread */
 #endif
   if (!e->tensors || !e->kc || !e->vc || !e->cosv || !e->sinv || !e->x || !e->h || !e->qkv || !e->att || !e->gu ||
       !e->xs || !e->scores || !e->part || !e->part_ml || (KF_TEAM_STEP && !e->team)) {
@@ -173,10 +173,6 @@ void *kf_engine_new(const kf_tensor *tensors, int n_tensors, const kf_config *cf
   return e;
 }
 
-/* RoPE on rows [a, b) of one token's Q, K, V (qkv: KF_QKV floats; a and b even), at position pos, and the K and
- * V rows among them into layer l's cache. By rows, not heads, so that a thread of decode_team takes the rows its
- * own share of the QKV product made (forward() passes all of them); noinline: one machine code for both paths,
- * so they round alike. */
 /* RoPE on pairs i0..i1 of the head at v */
 static inline __attribute__((always_inline)) void rope_pairs(float *restrict v, const float *restrict c,
                                                              const float *restrict s, int i0, int i1) {
@@ -192,6 +188,10 @@ static inline __attribute__((always_inline)) void rope_pairs(float *restrict v, 
 #if KF_TEAM_STEP && (KF_PAIR(1) != 2 || KF_MATE(1) != 3)
 #error "design team step takes RoPE's pairs as adjacent rows (2i, 2i + 1)"
 #endif
+/* RoPE on rows [a, b) of one token's Q, K, V (qkv: KF_QKV floats; a and b even), at position pos, and the K and
+ * V rows among them into layer l's cache. By rows, not heads, so that a thread of decode_team takes the rows its
+ * own share of the QKV product made (forward() passes all of them); noinline: one machine code for both paths,
+ * so they round alike. */
 static __attribute__((noinline)) void rope_kv_rows(kf_engine *e, int l, float *qkv, int pos, int a, int b) {
   const float *c = e->cosv + (size_t)pos * (KF_HEAD_DIM / 2), *s = e->sinv + (size_t)pos * (KF_HEAD_DIM / 2);
   /* Q's and K's rows, a run within one head at a time (KF_QDIM is whole heads: K's heads start on a multiple
@@ -471,8 +471,9 @@ static void attention(kf_engine *e, int l, int n, int pos0, int th) {
   }
 }
 
-/* one token's x += add (when add), then out = rmsnorm(x) * w; fused into one pass over x, or two */
-static void add_norm1(const kf_engine *e, float *x, const float *add, const kf_tensor *w, float *out) {
+/* one token's x += add (when add), then out = rmsnorm(x) * w; fused into one pass over x, or two (noinline: one
+ * machine code for forward() and decode_team, so they round alike) */
+static __attribute__((noinline)) void add_norm1(const kf_engine *e, float *x, const float *add, const kf_tensor *w, float *out) {
 #if KF_FUSE_NORM
   rms_norm(x, add, (const float *)w->data, e->eps, out, KF_HIDDEN);
 #else

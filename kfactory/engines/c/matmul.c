@@ -1106,8 +1106,9 @@ __attribute__((visibility("hidden"))) void kf_op_matvec_q8_0(const uint8_t *w, c
 #endif
 
 /* The forms of x the n tokens' kernels read, made once for all the rows in xs (matmul_scratch_floats(n, 1)
- * floats): Q4_1's block sums, then the integer decode's digits or x scaled for q4group1 (the returned pointer) */
-static float *matmul_prep(const kf_tensor *w, const float *x, int ldx, int n, float *xs) {
+ * floats): Q4_1's block sums, then the integer decode's digits or x scaled for q4group1 (the returned pointer).
+ * noinline, as matmul_share: one machine code for matmul and decode_team, so that both round alike. */
+static __attribute__((noinline)) float *matmul_prep(const kf_tensor *w, const float *x, int ldx, int n, float *xs) {
   int nb = w->cols / 32;
   if (w->format == KF_Q4_1)
     for (int t = 0; t < n; t++)
@@ -1148,7 +1149,7 @@ static inline void share_of(int count, int id, int nt, int *a, int *b) {
  * 16-row units (PACK16 groups, or KF_RCHUNK chunks), so that a part's bounds are even rows (decode_team ropes
  * the pairs of its own rows). Its rows [*r0, *r1) (empty when the part is). Each row's product is the same
  * whichever thread takes it. */
-static void matmul_share(const kf_tensor *w, const float *x, int ldx, int n, float *y, int ldy, const float *xs,
+static __attribute__((noinline)) void matmul_share(const kf_tensor *w, const float *x, int ldx, int n, float *y, int ldy, const float *xs,
                          const float *xk, int id, int nt, int *r0, int *r1) {
   int rows = w->rows, nb = w->cols / 32, c0, c1;
   (void)nb;
@@ -1177,8 +1178,13 @@ static void matmul_share(const kf_tensor *w, const float *x, int ldx, int n, flo
   }
 }
 
-/* One token's product by a searched kernel where the design links one for w's format (the whole matrix, on the
- * calling thread): 1 when it ran, else 0 */
+/* whether the design links a searched kernel for w's format (it then takes a decode step's whole product) */
+static inline int has_searched(const kf_tensor *w) {
+  return (KF_OP_MATVEC_Q4_1 && w->format == KF_Q4_1) || (KF_OP_MATVEC_Q8_0 && w->format == KF_Q8_0);
+}
+
+/* One token's product by a searched kernel where the design links one for w's format (has_searched: the whole
+ * matrix, on the calling thread): 1 when it ran, else 0 */
 static int searched_matvec(const kf_tensor *w, const float *x, float *y) {
 #if KF_OP_MATVEC_Q4_1
   if (w->format == KF_Q4_1) { kf_op_matvec_q4_1((const uint8_t *)w->data, x, y, w->rows, w->cols / 32); return 1; }

@@ -19,14 +19,17 @@
 #endif
 
 /* Thread id's part of y = W x for one token, on `op_nt` of the team's nt threads (KF_OP_THREADS; one where
- * matmul would not go parallel, or where a searched kernel takes the whole matrix, as matmul runs it); xs: the
- * thread's scratch for x's forms. Its rows [*r0, *r1) (empty when it has none). */
+ * matmul would not go parallel); a searched kernel takes the whole matrix on thread 0, as matmul runs it on the
+ * calling thread. xs: the thread's scratch for x's forms. Its rows [*r0, *r1) (empty when it has none). */
 static void team_matvec(const kf_tensor *w, const float *x, float *y, float *xs, int id, int nt, int op_nt,
                         int *r0, int *r1) {
   *r0 = *r1 = 0;
+  if (has_searched(w)) {
+    if (id == 0 && searched_matvec(w, x, y)) *r1 = w->rows;
+    return;
+  }
   int n_eff = matmul_par(w, 1, op_nt) ? (op_nt < nt ? op_nt : nt) : 1;
   if (id >= n_eff) return;
-  if (searched_matvec(w, x, y)) { *r1 = w->rows; return; }
   float *xk = matmul_prep(w, x, w->cols, 1, xs);
   matmul_share(w, x, w->cols, 1, y, 0, xs, xk, id, n_eff, r0, r1);
 }
@@ -50,9 +53,10 @@ static void decode_team(kf_engine *e, int32_t tok, float *logits) {
     int id = kf_thread(), nt = kf_threads();
     float *x = e->team + (size_t)id * TEAM_FLOATS, *h = x + KF_HIDDEN, *att = h + KF_HIDDEN, *g = att + KF_QDIM;
     float *xs = g + KF_FFN, *sc = e->scores + (size_t)id * KF_GROUP * e->ctx;
-    /* the attention's items: as attention() cuts them for its threads, each thread a contiguous run */
+    /* the attention's items as attention() cuts them for its t_attn threads (the same parts, so the same sums,
+     * even where OpenMP gave the team fewer threads), each thread a contiguous run of them */
     int a_nt = attention_par(1, pos, t_attn) ? (t_attn < nt ? t_attn : nt) : 1, parts, i0 = 0, i1 = 0;
-    int items = decode_items(pos, a_nt, &parts);
+    int items = decode_items(pos, t_attn, &parts);
     if (id < a_nt) share_of(items, id, a_nt, &i0, &i1);
     memcpy(x, e->x, KF_HIDDEN * sizeof *x);
     add_norm1(e, x, NULL, e->layer[0].attn_norm, h);
@@ -69,10 +73,14 @@ static void decode_team(kf_engine *e, int32_t tok, float *logits) {
       KF_TEAM_OP(id, ATTN, for (int i = i0; i < i1; i++) decode_item(e, l, pos, i, parts, sc));
 #pragma omp barrier
       const float *a = e->att;
+#if KF_ATTEND_GROUP   /* (split contexts only with attend_group: decode_items gives parts 0 without it) */
       if (parts > 1) {   /* every thread merges every head: its own copy of the attention's output */
         for (int hd = 0; hd < KF_HEADS; hd++) merge_parts(e, hd, parts, att + (size_t)hd * KF_HEAD_DIM);
         a = att;
       }
+#else
+      (void)att;
+#endif
       int r0, r1;
       KF_TEAM_OP(id, O, team_matvec(L->o, a, e->h, xs, id, nt, t_o, &r0, &r1));
 #pragma omp barrier
