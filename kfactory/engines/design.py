@@ -99,8 +99,9 @@ def prefer_calm(items: list[T], rate: Callable[[T], tuple[float, ...]], spins: C
 #: between them while the others wait); "step" opens one region a step, in which every thread computes the small
 #: element-wise ops itself on its own copy of the residual stream, takes its share of each matvec's rows, and
 #: meets the others at a barrier only where it needs what they wrote (c/team.c). Both compute every value with
-#: the same code, so their logits are bit-identical. On a 2-core Zen 4 (smollm2-135m, vnni24, one process,
-#: rounds alternated) "step" decoded x1.08-1.26 the tok/s of "op".
+#: the same code, so their logits are bit-identical. On a 2-core Zen 4 (smollm2-135m, vnni24, bench/engine_ab.py,
+#: rounds alternated) "step" decoded x1.222 the tok/s of "op" (median of 12 rounds, 1.138-1.265; x1.09 with
+#: spinning threads), the gain in the host's fast moments (its read bandwidth ~60 GB/s against ~40).
 TEAMS = ("op", "step")
 #: libgomp's spin count of a "bounded" wait (its default with OMP_WAIT_POLICY unset), set explicitly so that the
 #: environment a design was measured in does not decide it
