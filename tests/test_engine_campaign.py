@@ -37,13 +37,13 @@ def record(root, verifier):
 def test_order_covers_fields_early():
     points = order(space(2, avx512=False))
     assert points[0] == EngineDesign()
-    # more threads are one step however their idle threads wait and whether they share a step in one region
-    # (spin, wait and team apply to threads > 1 only)
-    threads = [EngineDesign(threads=2, spin=spin, wait=wait, team=team)
-               for spin, wait in ((False, "passive"), (True, "passive"), (False, "bounded")) for team in ("op", "step")]
+    # more threads are one step however their idle threads wait, sharing a step in one region (spin, wait and
+    # team apply to threads > 1 only)
+    threads = [EngineDesign(threads=2, spin=spin, wait=wait, team="step")
+               for spin, wait in ((False, "passive"), (True, "passive"), (False, "bounded"))]
     ones = [d for d in points if distance(d, EngineDesign()) == 1 or d in threads]
     assert points[1:1 + len(ones)] == ones          # every one-step change before any two-step change
-    assert len(ones) == 7 + 5 and points[5:11] == threads
+    assert len(ones) == 6 + 3 and points[5:8] == threads
     assert points[1].weights == "f32" and not points[2].fuse_qkv
     assert sorted(points, key=lambda d: d.design_id()) == sorted(space(2, avx512=False), key=lambda d: d.design_id())
     # with AVX-512 the table decode is one more one-step change, the last (q4_decode is the last field), and with

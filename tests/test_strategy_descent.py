@@ -200,18 +200,19 @@ def test_on_the_engine_space_spinning_threads_and_unfused_gate_up_are_measured_t
     assert asked[0].params == default and not any(combination(p) for p in asked)
     spin_changes = [{k: p.params[k] for k in p.params if p.params[k] != default[k]} for p in asked
                     if p.params["spin"]]
-    assert spin_changes == [{"spin": True, "threads": 2}]   # the first of the closest valid points spinning
+    # the first of the closest valid points spinning (more threads share a step in one region: team "step")
+    assert spin_changes == [{"spin": True, "team": "step", "threads": 2}]
     # the threads, how they wait and share a step, and the Q4_1 decode kernel come first (engine_family's
     # SEARCH_FIRST), then the rest in field order
-    changed = [sorted(k for k in p.params if p.params[k] != default[k]) for p in asked[1:9]]
-    assert changed == [["threads"]] * 3 + [["threads", "wait"], ["spin", "threads"], ["q4_decode"],
-                                           ["team", "threads"], ["weights"]]
+    changed = [sorted(k for k in p.params if p.params[k] != default[k]) for p in asked[1:8]]
+    assert changed == [["team", "threads"]] * 3 + [["team", "threads", "wait"], ["spin", "team", "threads"],
+                                                   ["q4_decode"], ["weights"]]
     # the best neighbour (spinning on 2 threads) is the centre; its unseen neighbours: spinning on 3 and 4
-    # threads, its table decode, in one region a step, then weights, fuse_qkv and fuse_gate_up in the design's
-    # field order, which unfuses gate/up
-    more = _asks(s, 7, score)
-    assert [combination(p) for p in more] == [False] * 6 + [True]
-    assert s.centres[1].params == {**default, "threads": 2, "spin": True}
+    # threads, its table decode, then weights, fuse_qkv and fuse_gate_up in the design's field order, which
+    # unfuses gate/up
+    more = _asks(s, 6, score)
+    assert [combination(p) for p in more] == [False] * 5 + [True]
+    assert s.centres[1].params == {**default, "threads": 2, "spin": True, "team": "step"}
     assert not any(combination(p) for p in _asks(make_strategy("grid", space, seed=0), hood + 4))
 
 
@@ -236,7 +237,7 @@ def test_jump_moves_to_a_clear_win_before_the_rest_of_the_neighbourhood():
     asked = _asks(s, 3 * len(hood), score)
     spin_at = next(i for i, p in enumerate(asked) if p.params["spin"])
     assert asked[:spin_at + 1] == plain_asks[:spin_at + 1]
-    assert s.centres[1].params == {**default, "threads": 2, "spin": True}
+    assert s.centres[1].params == {**default, "threads": 2, "spin": True, "team": "step"}
     centre_row = s.idx.pos[s.centres[1]]
     fresh = [p for p in s.neighbours(centre_row) if p not in plain_asks[:spin_at + 1]]
     assert asked[spin_at + 1:spin_at + 1 + len(fresh)] == fresh   # the new centre's neighbours at once

@@ -101,7 +101,11 @@ def prefer_calm(items: list[T], rate: Callable[[T], tuple[float, ...]], spins: C
 #: meets the others at a barrier only where it needs what they wrote (c/team.c). Both compute every value with
 #: the same code, so their logits are bit-identical. On a 2-core Zen 4 (smollm2-135m, vnni24, bench/engine_ab.py,
 #: rounds alternated) "step" decoded x1.222 the tok/s of "op" (median of 12 rounds, 1.138-1.265; x1.09 with
-#: spinning threads), the gain in the host's fast moments (its read bandwidth ~60 GB/s against ~40).
+#: spinning threads), the gain in the host's fast moments (its read bandwidth ~60 GB/s against ~40); in five
+#: campaigns that searched both, every effect line favoured it (x1.07-1.30), sleeping threads most (x1.20-1.45:
+#: 5 sleeps and wake-ups a block instead of 10). So space() offers "step" for every multi-thread design and "op"
+#: stays to compare against (bench/engine_ab.py), as prefill "tiled" does: searched beside it, a single timing on
+#: a noisy host could not tell them apart and the campaigns' winners stayed "op" designs.
 TEAMS = ("op", "step")
 #: libgomp's spin count of a "bounded" wait (its default with OMP_WAIT_POLICY unset), set explicitly so that the
 #: environment a design was measured in does not decide it
@@ -149,7 +153,8 @@ class EngineDesign:
                   the attention and the output projection on one thread). An engine created with fewer
                   threads than an entry's N runs that op on all of its threads.
     team:         with threads > 1, "op" (a parallel region for each op) or "step" (one a decode step, the
-                  threads meeting at barriers); see TEAMS. Prefill runs a region an op either way.
+                  threads meeting at barriers); see TEAMS. Prefill runs a region an op either way. `space()`
+                  holds "step" only: "op" is there to compare against.
     matvec_q4_1:  "builtin", or the candidate id of a verified `matvec_q4_1` kernel (kfactory/engines/ops.py):
                   that kernel then runs every decode step's matvec over Q4_1 blocks. It reads the GGUF
                   layout, so it needs weights "q4_1", and the Q4_1 matrices stay in rows whatever prepack says
@@ -352,17 +357,19 @@ def space(max_threads: int | None = None, avx512: bool | None = None,
     """Every valid design point with 1..max_threads threads (default: this host's cores), in a fixed order,
     with the engine's own matvec kernels (searched ones join in the campaign, kfactory/engines/ops.py). Where
     the engine is built without AVX-512, q4_decode changes no instruction, so only its default is offered;
-    q4_decodes_offered(avx512, vnni) says which."""
+    q4_decodes_offered(avx512, vnni) says which. Its multi-thread designs share a step in one region (team
+    "step"; TEAMS)."""
     top = max_threads if max_threads is not None else (os.cpu_count() or 1)
     if not 1 <= top <= MAX_THREADS:
         raise DesignError(f"max_threads must lie in 1..{MAX_THREADS}, not {top}")
-    # how idle threads wait (sleeping, spinning, or a bounded spin) and share a step (threads > 1 only)
-    waits = [(spin, wait, team) for spin, wait in ((False, WAITS[0]), (True, WAITS[0]), (False, "bounded"))
-             for team in TEAMS]
+    # how idle threads wait: sleeping, spinning, or a bounded spin (threads > 1 only); more than one thread
+    # shares a step in one region (TEAMS: "step" is searched, "op" compared against)
+    waits = ((False, WAITS[0]), (True, WAITS[0]), (False, "bounded"))
     decodes = q4_decodes_offered(avx512, vnni)
-    return [EngineDesign(w, q, g, n, t, kv, pp, spin, wait=wait, op_threads=ops, q4_decode=dec, team=team)
-            for w, q, g, n, t, kv, pp, (spin, wait, team), ops, dec in itertools.product(
+    return [EngineDesign(w, q, g, n, t, kv, pp, spin, wait=wait, op_threads=ops, q4_decode=dec,
+                         team=TEAMS[1] if t > 1 else TEAMS[0])
+            for w, q, g, n, t, kv, pp, (spin, wait), ops, dec in itertools.product(
                 WEIGHTS, (False, True), (False, True), (False, True), range(1, top + 1), KV_LAYOUTS, (False, True),
                 waits, OP_THREAD_CHOICES, decodes)
-            if (t > 1 or (not spin and wait == WAITS[0] and not ops and team == TEAMS[0]))
+            if (t > 1 or (not spin and wait == WAITS[0] and not ops))
             and (dec == Q4_DECODES[0] or (w == "q4_1" and pp))]

@@ -33,7 +33,7 @@ FAMILY = "engine"
 #: the design fields a search walks first after the searched kernels (engine_family): the threads and how they
 #: wait, then the Q4_1 decode kernel (x1.22 decode on a Zen 4; last in the field order, a budget of 16 did not
 #: reach it behind op_threads' 7 choices)
-SEARCH_FIRST = ("threads", "wait", "spin", "q4_decode", "team")
+SEARCH_FIRST = ("threads", "wait", "spin", "q4_decode")
 #: the benchmark's context (the campaign's CONTEXT): the optimisation shape every engine is scored at
 CONTEXT = 128
 #: the ABI's entry point a candidate names (docs/engines.md, "The ABI")
@@ -210,9 +210,7 @@ def engine_family(designs: list[EngineDesign], directory: Path) -> EngineFamily:
     more threads, sleeping, spinning a while and spinning (on a multi-core host the largest change: 2 threads
     with a bounded wait measured decode x1.8 and prefill x1.8 against the default's one thread on smollm2, while
     with the field order a budget under 10 never tried a waiting policy other than sleeping, which measured x0.76
-    of one thread there), then the other Q4_1 decode kernels where the host has AVX-512 (vnni24 decode x1.375 the
-    default's kernel on a Zen 4), then a step in one parallel region (team "step", decode x1.1-1.3 there: last in
-    the design's field order, a budget of 16 never reached it)."""
+    of one thread there), then the other Q4_1 decode kernel where the host has AVX-512."""
     params: dict[str, list] = {k: [] for k in (*KERNEL_FIELDS, *SEARCH_FIRST)}
     for d in designs:
         for k, v in d.as_dict().items():
