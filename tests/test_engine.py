@@ -325,7 +325,8 @@ def test_design_values_and_space():
     # bounded, each with every op on both threads or one of the 7 op_threads choices), every 2-thread design
     # sharing a step in one region ("op" is there to compare against, not searched)
     assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2 * 2 * (1 + 3 * 8)
-    assert {p.team for p in points if p.threads > 1} == {"step"} and {p.team for p in points if p.threads == 1} == {"op"}
+    assert {p.team for p in points if p.threads > 1} == {"step"}
+    assert {p.team for p in points if p.threads == 1} == {"op"}
     assert len({p.design_id() for p in points}) == len(points)
     # with AVX-512 the prepacked Q4_1 quarter of them also comes with the table decode
     wide = space(2, avx512=True, vnni=False)
