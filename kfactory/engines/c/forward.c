@@ -194,23 +194,22 @@ static inline __attribute__((always_inline)) void rope_pairs(float *restrict v, 
  * so they round alike. */
 static __attribute__((noinline)) void rope_kv_rows(kf_engine *e, int l, float *qkv, int pos, int a, int b) {
   const float *c = e->cosv + (size_t)pos * (KF_HEAD_DIM / 2), *s = e->sinv + (size_t)pos * (KF_HEAD_DIM / 2);
-  /* Q's and K's rows, a run within one head at a time (KF_QDIM is whole heads: K's heads start on a multiple
-   * of KF_HEAD_DIM too), its pairs i0..i1 by rope_pairs */
-  int qk = b < KF_QDIM + KF_KVDIM ? b : KF_QDIM + KF_KVDIM;
-  for (int r = a, run; r < qk; r += run) {
-    int d = r % KF_HEAD_DIM, i0 = d / 2, i1;
-    run = KF_HEAD_DIM - d < qk - r ? KF_HEAD_DIM - d : qk - r;
-    i1 = i0 + run / 2;
-    if (run == KF_HEAD_DIM) rope_pairs(qkv + r, c, s, 0, KF_HEAD_DIM / 2);   /* a whole head: constant bounds */
-    else rope_pairs(qkv + (r - d), c, s, i0, i1);
-  }
-  /* K's and V's rows, a run within one head at a time (a head's row in the cache is contiguous) */
-  for (int r = a > KF_QDIM ? a : KF_QDIM, run; r < b; r += run) {
-    int k = r - KF_QDIM, isv = k >= KF_KVDIM, kk = isv ? k - KF_KVDIM : k, d = kk % KF_HEAD_DIM;
+  /* a run within one head at a time (Q, K and V are whole heads, so every head starts on a multiple of
+   * KF_HEAD_DIM): Q's and K's runs roped (their pairs by rope_pairs), then K's and V's copied into the cache
+   * (a head's row there is contiguous); a whole head takes the constant bounds and size */
+  for (int r = a, run; r < b; r += run) {
+    int d = r % KF_HEAD_DIM;
     run = KF_HEAD_DIM - d < b - r ? KF_HEAD_DIM - d : b - r;
-    float *to = KV_AT(isv ? e->vc : e->kc, e, l, kk / KF_HEAD_DIM, pos) + d;
-    if (run == KF_HEAD_DIM) memcpy(to, qkv + r, KF_HEAD_DIM * 4);   /* a whole head: a copy of constant size */
-    else memcpy(to, qkv + r, (size_t)run * 4);
+    if (r < KF_QDIM + KF_KVDIM) {
+      if (run == KF_HEAD_DIM) rope_pairs(qkv + r, c, s, 0, KF_HEAD_DIM / 2);
+      else rope_pairs(qkv + (r - d), c, s, d / 2, (d + run) / 2);
+    }
+    if (r >= KF_QDIM) {
+      int k = r - KF_QDIM, isv = k >= KF_KVDIM, kk = isv ? k - KF_KVDIM : k;
+      float *to = KV_AT(isv ? e->vc : e->kc, e, l, kk / KF_HEAD_DIM, pos) + d;
+      if (run == KF_HEAD_DIM) memcpy(to, qkv + r, KF_HEAD_DIM * 4);
+      else memcpy(to, qkv + r, (size_t)run * 4);
+    }
   }
 }
 
@@ -285,6 +284,15 @@ static void attend_block(const kf_engine *e, int l, int head, const float *q, in
   for (int d = 0; d < KF_HEAD_DIM / 8; d++) _mm256_storeu_ps(out + 8 * d, _mm256_mul_ps(acc[d], _mm256_set1_ps(inv)));
 }
 #endif
+
+/* one query head's attention over positions 0..pos: attend_block where it is built, else attend */
+static void attend_head(const kf_engine *e, int l, int head, const float *q, int pos, float *out, float *s) {
+#if KF_ATTEND_BLOCK
+  attend_block(e, l, head, q, pos, out, s);
+#else
+  attend(e, l, head, q, pos, out, s);
+#endif
+}
 
 #define KF_MAX_PARTS 64   /* parts of a split decode attention at most (a design's threads stop there too) */
 /* vectors of V's dimensions summed per pass of attend_group: KF_GROUP x KF_GV accumulators stay in registers */
@@ -435,12 +443,7 @@ static void decode_item(kf_engine *e, int l, int pos, int i, int parts, float *s
   attend_group(e, l, kvh, p0, p1, s, parts, c);
 #else
   (void)parts;
-  const float *q = e->qkv + (size_t)i * KF_HEAD_DIM;
-#if KF_ATTEND_BLOCK
-  attend_block(e, l, i, q, pos, e->att + (size_t)i * KF_HEAD_DIM, s);
-#else
-  attend(e, l, i, q, pos, e->att + (size_t)i * KF_HEAD_DIM, s);
-#endif
+  attend_head(e, l, i, e->qkv + (size_t)i * KF_HEAD_DIM, pos, e->att + (size_t)i * KF_HEAD_DIM, s);
 #endif
 }
 
@@ -463,11 +466,7 @@ static void attention(kf_engine *e, int l, int n, int pos0, int th) {
     int t = i / KF_HEADS, head = i % KF_HEADS, tid = kf_thread();
     const float *q = e->qkv + (size_t)t * KF_QKV + head * KF_HEAD_DIM;
     float *out = e->att + (size_t)t * KF_QDIM + head * KF_HEAD_DIM, *s = e->scores + (size_t)tid * e->ctx;
-#if KF_ATTEND_BLOCK
-    attend_block(e, l, head, q, pos0 + t, out, s);
-#else
-    attend(e, l, head, q, pos0 + t, out, s);
-#endif
+    attend_head(e, l, head, q, pos0 + t, out, s);
   }
 }
 
