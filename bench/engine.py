@@ -5,21 +5,23 @@ reads), plus kfactory's greedy 64 tokens against the float64 reference on the mo
 
     python bench/engine.py [--threads 1,2] [--baseline-python PY] [--python NAME=PY] [--model smollm2-135m]
         [--only numpy-ref,torch-eager,llama-cpp] [--design JSON] [--no-greedy] [--fresh-ceilings]
-        [--paired-rounds N] [--json OUT]
+        [--paired-rounds N] [--paired-bursts B] [--json OUT]
 
 kfactory's engine is the design in <data_dir>/engines/<model>/best.json (the engine campaign's best verified
 design) when there is one, else the default EngineDesign (--design overrides both); its thread count is set to
 each --threads value. It runs in its own child (kfactory.engines.runner) and is timed there by the runner's
 `bench` request. The baselines run as in bench/engine_baselines.py (same arguments).
 
-The roofline's memory side rests on the read probe, and this host's read bandwidth moves by a third within a
-minute (36-51 GB/s at 2 threads on the project's host), so a fraction taken against a probe run once before the
+The roofline's memory side rests on the read probe, and this host's read bandwidth moves by half within a
+second (31-60 GB/s at 2 threads on the project's host), so a fraction taken against a probe run once before the
 engine says as much about the moment as about the engine. --paired-rounds N (default 3) also times the engine's
-decode at the first context N times more, each run bracketed by the read probe (measured as the ceilings are:
-the best of 1 and the engine's thread count), with the engine's child closed while the probe runs (a spinning
-design's idle threads would hold a core); each round's fraction takes the larger of its two probes, the bound
-that favours the engine least, and the JSON keeps every round ("roofline_paired") and their median
-("roofline_fraction_paired" under "kfactory").
+decode at the first context in N rounds of --paired-bursts bursts of its decode steps (--steps, 32 by default)
+each, with the cpu target's read probe run in the engine's own child (kfactory.engines.runner.EngineRunner.paired)
+before the first burst and after each, at 1 and the engine's thread count as the ceilings are measured: the engine
+and the bandwidth measured at the same moments, a burst and its probes some 0.1 s apart. A burst's fraction takes
+the larger of the probes on either side of it (of either thread count), the bound that favours the engine least,
+and its cost the positions its steps attend; a round's fraction is its bursts' median. The JSON keeps every round
+and burst ("roofline_paired") and the rounds' median ("roofline_fraction_paired" under "kfactory").
 
 The JSON holds the baselines' run (model, host, ceilings, results: kfactory's engine is one of the results, named
 "kfactory") and, under "kfactory", kfactory's figures at the first thread count: decode_tokens_per_s,
@@ -54,8 +56,9 @@ NAME = "kfactory"
 #: prefill: the best repeat)
 DEFAULT_STEPS = 32
 REPEATS = 3
-#: decode runs bracketed by the read probe (--paired-rounds)
+#: rounds of decode bursts interleaved with the read probe (--paired-rounds), and bursts a round (--paired-bursts)
 PAIRED_ROUNDS = 3
+PAIRED_BURSTS = 8
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,7 +70,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--design", help="kfactory's design as JSON (default: best.json's, else the default design)")
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy check against the reference")
     ap.add_argument("--paired-rounds", type=int, default=PAIRED_ROUNDS,
-                    help="decode runs at the first context each bracketed by the read probe (0: none)")
+                    help="rounds of decode bursts at the first context interleaved with the read probe (0: none)")
+    ap.add_argument("--paired-bursts", type=int, default=PAIRED_BURSTS,
+                    help="decode bursts (of --steps steps) a paired round, each between two read probes")
     return ap.parse_args(argv)
 
 
@@ -202,45 +207,51 @@ def cpu_target(threads: int, settings: Settings | None = None):
     return get_target("cpu", base.model_copy(update={"threads": threads}))
 
 
-def read_now(threads: int, settings: Settings | None = None) -> float:
-    """The host's read bandwidth in GB/s measured now, as its cached ceiling is: the best of 1 and `threads`
-    threads (kfactory.targets.cpu.ceiling)."""
-    from kfactory.targets.cpu.ceiling import measure_read_bandwidth
-    target = cpu_target(threads, settings)
-    return max(measure_read_bandwidth(target, t) for t in sorted({1, threads}))
-
-
-def paired_fraction(result: dict, ceilings: dict[str, float], context: int, before: float, after: float,
-                    step_s: float) -> float | None:
-    """One round's roofline fraction of a decode step of `step_s` seconds after `context` tokens, against the
-    ceilings with the read bandwidth the larger of the probes run just before and just after it (the bound that
-    favours the engine least); the step is costed as add_roofline costs the result's timed steps (decode_step_cost)."""
-    return token_roofline(decode_step_cost(result, context), {**ceilings, READ_GBPS: max(before, after)},
+def paired_fraction(result: dict, ceilings: dict[str, float], context: int, read_gbps: float, step_s: float,
+                    steps: int | None = None) -> float | None:
+    """The roofline fraction of decode steps of `step_s` seconds each after `context` tokens (`steps` of them,
+    default the result's timed steps, costed at the mean positions they attend: decode_step_cost), against the
+    ceilings with the read bandwidth `read_gbps`."""
+    return token_roofline(decode_step_cost(result, context, steps), {**ceilings, READ_GBPS: read_gbps},
                           step_s)["fraction"]
 
 
+def paired_round(result: dict, ceilings: dict[str, float], figures) -> dict:
+    """One round of EngineRunner.paired's figures as the JSON keeps it: each burst's read bandwidth (the larger
+    of its two probes), decode tok/s (its median step) and fraction, and the round's fraction (the bursts'
+    median; None where a ceiling is unknown)."""
+    bursts = []
+    for b in range(len(figures.step_s)):
+        read, rate = figures.read_around(b), figures.burst_tok_s(b)
+        bursts.append({"context": figures.burst_context(b), "read_gbps": read, "decode_tokens_per_s": rate,
+                       "fraction": paired_fraction(result, ceilings, figures.burst_context(b), read, 1.0 / rate,
+                                                   figures.burst_steps)})
+    known = [r["fraction"] for r in bursts if r["fraction"] is not None]
+    return {"reads_gbps": figures.reads_gbps, "bursts": bursts,
+            "fraction": float(np.median(known)) if known else None}
+
+
 def measure_paired(verifier, design, result: dict, ceilings: dict[str, float], rounds: int,
-                   settings: Settings | None = None, kernels: dict | None = None) -> dict:
-    """`rounds` decode runs of kfactory's engine at the result's first context, each between two read probes
-    with the engine's child closed while they run: {"context", "rounds": [{"read_before_gbps",
-    "read_after_gbps", "decode_tokens_per_s", "fraction"}], "fraction_median", "fraction_min", "fraction_max"}
-    (fractions None where a ceiling is unknown)."""
+                   settings: Settings | None = None, kernels: dict | None = None,
+                   bursts: int = PAIRED_BURSTS) -> dict:
+    """`rounds` rounds of kfactory's engine at the result's first context, each in a child of its own: `bursts`
+    bursts of the result's decode steps, the read probe in the same child before the first and after each
+    (EngineRunner.paired): {"context", "burst_steps", "rounds": [paired_round's], "fraction_median",
+    "fraction_min", "fraction_max"} over the rounds' fractions."""
     from kfactory.engines.runner import EngineRunner
+    from kfactory.targets.cpu.ceiling import ELEMENTS, probe_library
     context = int(next(iter(result["decode_tokens_per_s"])))
     steps, threads = result["decode_steps"], result["threads"]
     lib = build_design(design, verifier.model.config, kernels or {})
+    probe = probe_library(cpu_target(threads, settings))
     out: list[dict] = []
     for _ in range(rounds):
-        before = read_now(threads, settings)
-        with EngineRunner(str(verifier.package.directory), design, lib.path, context + steps + 8,
+        with EngineRunner(str(verifier.package.directory), design, lib.path, context + bursts * steps + 8,
                           cache_dir=verifier.cache_dir, timeout_s=120.0) as runner:
-            figures = runner.bench(context, steps, 1)
-        after = read_now(threads, settings)
-        step_s = 1.0 / figures.decode_tok_s if figures.decode_tok_s > 0 else float("inf")
-        out.append({"read_before_gbps": before, "read_after_gbps": after, "decode_tokens_per_s": figures.decode_tok_s,
-                    "fraction": paired_fraction(result, ceilings, context, before, after, step_s)})
+            figures = runner.paired(context, bursts, steps, probe, ELEMENTS, sorted({1, threads}))
+        out.append(paired_round(result, ceilings, figures))
     known = [r["fraction"] for r in out if r["fraction"] is not None]
-    return {"context": str(context), "rounds": out,
+    return {"context": str(context), "burst_steps": steps, "rounds": out,
             "fraction_median": float(np.median(known)) if known else None,
             "fraction_min": min(known, default=None), "fraction_max": max(known, default=None)}
 
@@ -250,12 +261,13 @@ def paired_line(result: dict) -> str | None:
     p = result.get("roofline_paired")
     if not p or not p["rounds"]:
         return None
-    reads = [max(r["read_before_gbps"], r["read_after_gbps"]) for r in p["rounds"]]
+    bursts = [b for r in p["rounds"] for b in r["bursts"]]
     fracs = ", ".join(eb._pct(r["fraction"]) for r in p["rounds"])
-    return (f"{NAME} ({result['threads']} threads): decode@{p['context']} between read probes: roof (read) {fracs} "
-            f"(median {eb._pct(p['fraction_median'])}; read {min(reads):.1f}-{max(reads):.1f} GB/s, "
-            f"{min(r['decode_tokens_per_s'] for r in p['rounds']):.1f}-"
-            f"{max(r['decode_tokens_per_s'] for r in p['rounds']):.1f} tok/s)")
+    return (f"{NAME} ({result['threads']} threads): decode@{p['context']} in bursts of {p['burst_steps']} steps "
+            f"between read probes: roof (read) {fracs} a round (median {eb._pct(p['fraction_median'])}; read "
+            f"{min(b['read_gbps'] for b in bursts):.1f}-{max(b['read_gbps'] for b in bursts):.1f} GB/s, "
+            f"{min(b['decode_tokens_per_s'] for b in bursts):.1f}-"
+            f"{max(b['decode_tokens_per_s'] for b in bursts):.1f} tok/s)")
 
 
 def greedy_check(verifier, design, kernels: dict | None = None) -> dict:
@@ -310,7 +322,7 @@ def run(args) -> dict:
         ours = add_roofline(ours, ceilings[str(threads)])
         if args.paired_rounds > 0 and ours["status"] == OK and contexts:
             ours["roofline_paired"] = measure_paired(verifier, design, ours, ceilings[str(threads)],
-                                                     args.paired_rounds, fresh, kernels)
+                                                     args.paired_rounds, fresh, kernels, args.paired_bursts)
         ours["python"] = sys.executable
         print(f"  {NAME} {design.design_id()} ({threads} threads): {ours['status']} in "
               f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)

@@ -42,7 +42,7 @@ def int8_now(threads: int) -> float:
 
 
 def read_at(threads: int) -> float:
-    """The read probe at exactly `threads` threads (read_now takes the best of 1 and the count)."""
+    """The read probe at exactly `threads` threads (the ceilings take the best of 1 and the count)."""
     return measure_read_bandwidth(cpu_target(threads), threads)
 
 

@@ -14,9 +14,12 @@ from kfactory.engines.build import build
 from kfactory.engines.codegen import generate
 from kfactory.engines.design import DesignError, EngineDesign, q4_decodes_offered, space
 from kfactory.engines.prepare import arena, pack16, prepare
-from kfactory.engines.runner import EngineCrashed, EngineRunner, EngineTimeout
+from kfactory.engines.runner import EngineCrashed, EngineRunner, EngineTimeout, HarnessError
 from kfactory.engines.verify import TOLERANCE, Verifier
 from kfactory.models.quant import blocks
+from kfactory.platform.config import Settings
+from kfactory.targets import get_target
+from kfactory.targets.cpu.ceiling import probe_library
 
 VNNI = "vnni" in q4_decodes_offered()
 
@@ -207,6 +210,31 @@ def test_hang_is_a_timeout(verifier, libs):
         with pytest.raises(EngineCrashed):
             runner.start()
             runner.prefill([1, 2])
+
+
+def test_paired_bursts_time_the_engine_between_read_probes(verifier, libs, tmp_path):
+    """EngineRunner.paired: the read probe (the cpu target's, compiled here) before and after every burst at each
+    thread count asked for, the bursts' steps timed, the engine left reset; what it cannot do is a HarnessError
+    that says why (the child closed, as after any harness error; started again, it serves)."""
+    probe = probe_library(get_target("cpu", Settings(data_dir=tmp_path, threads=2)))
+    design = DESIGNS[0]
+    with EngineRunner(str(verifier.package.directory), design, libs[design.design_id()], 16,
+                      cache_dir=verifier.cache_dir) as runner:
+        before = runner.prefill([1, 2, 3])
+        runner.reset()
+        figures = runner.paired(4, 3, 2, probe, 1 << 20, [1, 2])
+        assert len(figures.reads_gbps) == 4 and all(len(r) == 2 and min(r) > 0 for r in figures.reads_gbps)
+        assert [len(b) for b in figures.step_s] == [2, 2, 2] and min(min(b) for b in figures.step_s) > 0
+        assert figures.read_around(1) == max(*figures.reads_gbps[1], *figures.reads_gbps[2])
+        assert [figures.burst_context(b) for b in range(3)] == [4, 6, 8]
+        assert np.array_equal(runner.prefill([1, 2, 3]), before)
+        for args, says in [((8, 3, 4, probe, 1 << 20, [1]), "paired needs 20 positions; the engine holds 16"),
+                           ((4, 1, 2, tmp_path / "missing.so", 1 << 20, [1]), "read probe .*missing.so"),
+                           ((4, 0, 2, probe, 1 << 20, [1]), "at least 1 \\(got 4, 0, 2, \\[1\\]\\)")]:
+            with pytest.raises(HarnessError, match=says):
+                runner.paired(*args)
+            runner.start()
+            assert np.array_equal(runner.prefill([1, 2, 3]), before)
 
 
 def test_compile_failure_is_a_result(tmp_path):

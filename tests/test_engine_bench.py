@@ -74,31 +74,40 @@ def test_engine_open_bench_times_both_arms(tmp_path):
 
 
 def test_engine_bench_pairs_decode_with_the_read_probe(tmp_path, capsys):
-    """--paired-rounds: each decode run at the first context between two real read probes, its fraction against
-    the larger of them (the other ceilings the run's), and the median of the rounds in the summary."""
+    """--paired-rounds: each round's decode bursts at the first context between real read probes run in the
+    engine's child, each burst's fraction against the larger probe beside it (the other ceilings the run's) at
+    the positions its steps attend, a round's fraction its bursts' median, and the rounds' median in the
+    summary."""
     bench = _load()
     out_path = tmp_path / "bench.json"
     rc = bench.main(["--model", "tiny-llama", "--only", "", "--threads", "1", "--contexts", "8,16",
                      "--prefill", "0", "--steps", "2", "--repeats", "1", "--design", "{}", "--no-greedy",
-                     "--paired-rounds", "2", "--fresh-ceilings", "--json", str(out_path)])
+                     "--paired-rounds", "2", "--paired-bursts", "3", "--fresh-ceilings", "--json", str(out_path)])
     assert rc == 0
     out = json.loads(out_path.read_text())
     ours = out["results"][0]
     paired = ours["roofline_paired"]
-    assert paired["context"] == "8" and len(paired["rounds"]) == 2
+    assert paired["context"] == "8" and paired["burst_steps"] == 2 and len(paired["rounds"]) == 2
     ceilings = out["ceilings"]["1"]
     for r in paired["rounds"]:
-        assert r["read_before_gbps"] > 0 and r["read_after_gbps"] > 0 and r["decode_tokens_per_s"] > 0
-        read = max(r["read_before_gbps"], r["read_after_gbps"])
-        expected = bench.paired_fraction(ours, ceilings, 8, read, 0.0, 1 / r["decode_tokens_per_s"])
-        assert r["fraction"] == pytest.approx(expected)
-        # against a read bandwidth twice as high, the memory side halves; the fraction never grows
-        assert bench.paired_fraction(ours, ceilings, 8, 2 * read, 0.0, 1 / r["decode_tokens_per_s"]) <= expected
+        # 4 probes around 3 bursts, each at 1 thread (the engine's count), every figure a real pass
+        assert len(r["reads_gbps"]) == 4 and all(len(p) == 1 and p[0] > 0 for p in r["reads_gbps"])
+        assert [b["context"] for b in r["bursts"]] == [8, 10, 12]
+        for i, b in enumerate(r["bursts"]):
+            assert b["read_gbps"] == max(r["reads_gbps"][i][0], r["reads_gbps"][i + 1][0])
+            assert b["decode_tokens_per_s"] > 0
+            expected = bench.paired_fraction(ours, ceilings, b["context"], b["read_gbps"],
+                                             1 / b["decode_tokens_per_s"], 2)
+            assert b["fraction"] == pytest.approx(expected)
+            # against a read bandwidth twice as high, the memory side halves; the fraction never grows
+            assert bench.paired_fraction(ours, ceilings, b["context"], 2 * b["read_gbps"],
+                                         1 / b["decode_tokens_per_s"], 2) <= expected
+        assert r["fraction"] == sorted(b["fraction"] for b in r["bursts"])[1]
     fracs = sorted(r["fraction"] for r in paired["rounds"])
     assert paired["fraction_median"] == pytest.approx(sum(fracs) / 2)
     assert (paired["fraction_min"], paired["fraction_max"]) == (fracs[0], fracs[-1])
     assert out["kfactory"]["roofline_fraction_paired"] == paired["fraction_median"]
-    assert "decode@8 between read probes" in capsys.readouterr().out
+    assert "decode@8 in bursts of 2 steps between read probes" in capsys.readouterr().out
 
 
 def _bench_module(name: str):

@@ -9,13 +9,16 @@ stdout, which the generated code may write to). The wire format (parent and chil
              a reply with "nbytes" > 0 is followed by that many bytes: a float32 array of shape "shape"
 
 Ops: open {model, cache_dir, design, so, ctx, threads}; prefill {tokens, all}; decode {token}; reset;
-bench {context, decode_tokens, repeats}; exit. The host's bandwidth is not measured here: a roofline uses the cpu
-target's ceilings (kfactory.engines.baselines.roofline.host_ceilings). Failure kinds:
+bench {context, decode_tokens, repeats}; paired {context, bursts, burst_steps, probe_so, probe_elements,
+probe_threads}; exit. A roofline uses the cpu target's ceilings (kfactory.engines.baselines.roofline.host_ceilings);
+`paired` alone also reads the host's bandwidth here, with the cpu target's read probe between bursts of decode
+steps, so that both are measured at the same moments (bench/engine.py's paired rounds). Failure kinds:
 "load_failed" (the library could not be loaded or refused its tensors), "engine" (a call returned an error
 code), "harness" (this file's own code or the environment failed: not the engine's fault).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
@@ -47,6 +50,45 @@ class Failure(Exception):
 def bench_tokens(n: int, vocab: int) -> list[int]:
     """A fixed token sequence for timing (the values do not change the work done)."""
     return [(17 + 31 * i) % vocab for i in range(n)]
+
+
+class ReadProbe:
+    """The cpu target's read probe (kfactory.targets.cpu.ceiling.probe_library) loaded in this process, over a
+    buffer of `elements` ones: read(threads) is one pass at each thread count, in GB/s. The probe runs on the
+    calling thread's OpenMP thread count, set through the probe library's own OpenMP runtime (the engine's
+    parallel regions name their thread counts, so they are not changed by it)."""
+
+    def __init__(self, so_path: str, elements: int):
+        try:
+            self.lib = ctypes.CDLL(so_path)
+            self.kernel = self.lib.kernel
+            self._set = self.lib.omp_set_num_threads
+            self._get = self.lib.omp_get_max_threads
+        except (OSError, AttributeError) as e:
+            raise Failure("harness", f"read probe {so_path}: {e}") from e
+        self.kernel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self.kernel.restype = None
+        self._set.argtypes = [ctypes.c_int]
+        self.x = np.ones(elements, dtype=np.float32)
+        self.y = np.zeros(3, dtype=np.float32)
+
+    def read(self, threads: list[int]) -> list[float]:
+        """One pass of the probe at each of `threads`, in GB/s (bytes read over its time)."""
+        was, out = int(self._get()), []
+        try:
+            for t in threads:
+                self._set(t)
+                t0 = time.perf_counter()
+                self.kernel(self.x.ctypes.data, self.y.ctypes.data, self.x.size)
+                dt = time.perf_counter() - t0
+                # every element read (a sum of ones, exact this far in float32) on the threads asked for
+                if int(self.y[1]) != t or abs(float(self.y[0]) - self.x.size) > 1e-3 * self.x.size:
+                    raise Failure("harness", f"read probe summed {float(self.y[0])} on {int(self.y[1])} threads; "
+                                             f"expected {self.x.size} on {t}")
+                out.append(self.x.nbytes / dt / 1e9)
+        finally:
+            self._set(was)
+        return out
 
 
 class Server:
@@ -111,6 +153,37 @@ class Server:
                 step_s.append(time.perf_counter() - t0)
         e.reset()
         return {"prefill_s": prefill_s, "step_s": step_s, "context": context}, None
+
+
+    def op_paired(self, req: dict) -> tuple[dict, np.ndarray | None]:
+        """After a prefill of `context` tokens, `bursts` runs of `burst_steps` single decode steps (each timed),
+        each run between two passes of the read probe at every count in `probe_threads`: the host's read
+        bandwidth measured at the moments the engine runs, in the same process. Reply: "reads_gbps" (bursts + 1
+        probes, a figure per thread count), "step_s" (a list a burst) and "context"."""
+        e = self._engine()
+        context, bursts, n = int(req["context"]), int(req["bursts"]), int(req["burst_steps"])
+        threads = [int(t) for t in req["probe_threads"]]
+        if context < 1 or bursts < 1 or n < 1 or not threads or min(threads) < 1:
+            raise Failure("harness", f"paired needs context, bursts, burst_steps and probe threads of at least 1 "
+                                     f"(got {context}, {bursts}, {n}, {threads})")
+        if context + bursts * n > e.ctx:
+            raise Failure("harness", f"paired needs {context + bursts * n} positions; the engine holds {e.ctx}")
+        probe = ReadProbe(str(req["probe_so"]), int(req["probe_elements"]))
+        tokens = bench_tokens(context + bursts * n, e.config.vocab)
+        out = np.empty(e.config.vocab, dtype=np.float32)
+        e.reset()
+        self._call(lambda eng: eng.prefill(tokens[:context]))
+        reads, steps = [probe.read(threads)], []
+        for b in range(bursts):
+            burst = []
+            for tok in tokens[context + b * n:context + (b + 1) * n]:
+                t0 = time.perf_counter()
+                self._call(lambda eng: eng.decode(tok, out))
+                burst.append(time.perf_counter() - t0)
+            steps.append(burst)
+            reads.append(probe.read(threads))
+        e.reset()
+        return {"reads_gbps": reads, "step_s": steps, "context": context}, None
 
 
 def _limit(mem_mb: int) -> None:

@@ -92,6 +92,29 @@ class BenchFigures:
         return 1.0 / float(np.median(self.step_s))
 
 
+@dataclass(frozen=True)
+class PairedFigures:
+    """Decode steps in bursts after a prefill of `context` tokens, the read probe before the first burst and
+    after each (EngineRunner.paired): reads_gbps[i] the probe's figures at each thread count asked for, step_s[b]
+    burst b's steps, which attend context + b * burst_steps + 1 .. context + (b + 1) * burst_steps positions."""
+    context: int
+    burst_steps: int
+    reads_gbps: list[list[float]]
+    step_s: list[list[float]]
+
+    def read_around(self, b: int) -> float:
+        """The larger read bandwidth of the probes just before and just after burst b (any thread count)."""
+        return max(max(self.reads_gbps[b]), max(self.reads_gbps[b + 1]))
+
+    def burst_tok_s(self, b: int) -> float:
+        """Burst b's decode steps per second, from its median step."""
+        return 1.0 / float(np.median(self.step_s[b]))
+
+    def burst_context(self, b: int) -> int:
+        """The tokens in the cache before burst b's first step."""
+        return self.context + b * self.burst_steps
+
+
 class EngineRunner:
     """One engine (model, design, library) in one child process; a context manager.
 
@@ -169,6 +192,19 @@ class EngineRunner:
                                   "repeats": repeats},
                                  self.timeout_s * repeats * (2 + context / 64 + decode_tokens))
         return BenchFigures(context, list(reply["prefill_s"]), list(reply["step_s"]))
+
+    def paired(self, context: int, bursts: int, burst_steps: int, probe_so: Path | str, probe_elements: int,
+               probe_threads: list[int]) -> PairedFigures:
+        """Prefill `context` tokens, then `bursts` bursts of `burst_steps` timed decode steps, the cpu target's read
+        probe (kfactory.targets.cpu.ceiling.probe_library, over `probe_elements` floats) run in the child at each
+        of `probe_threads` before the first burst and after each: the engine and the host's read bandwidth
+        measured at the same moments."""
+        reply, _ = self._request({"op": "paired", "context": context, "bursts": bursts, "burst_steps": burst_steps,
+                                  "probe_so": str(probe_so), "probe_elements": probe_elements,
+                                  "probe_threads": list(probe_threads)},
+                                 self.timeout_s * (2 + context / 64 + bursts * (burst_steps + len(probe_threads))))
+        return PairedFigures(context, burst_steps, [list(r) for r in reply["reads_gbps"]],
+                             [list(b) for b in reply["step_s"]])
 
     def close(self) -> None:
         """Ask the child to exit, then kill its process group if it has not."""

@@ -74,11 +74,11 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def decode_step_cost(result: dict, context: int) -> Cost:
-    """The cost of one of the result's timed decode steps after `context` tokens: its timed steps attend to
-    context + 1 .. context + steps positions, costed at their mean."""
-    return decode_cost(LlamaConfig(**result["config"]), Formats(**result["formats"]),
-                       context + (result["decode_steps"] + 1) / 2)
+def decode_step_cost(result: dict, context: int, steps: int | None = None) -> Cost:
+    """The cost of one of `steps` (default: the result's timed decode steps) single steps after `context` tokens:
+    they attend to context + 1 .. context + steps positions, costed at their mean."""
+    steps = result["decode_steps"] if steps is None else steps
+    return decode_cost(LlamaConfig(**result["config"]), Formats(**result["formats"]), context + (steps + 1) / 2)
 
 
 def add_roofline(result: dict, ceilings: dict[str, float]) -> dict:

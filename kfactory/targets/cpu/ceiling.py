@@ -54,16 +54,25 @@ X_HEAD = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.999999, 1e-6)
 NATIVE = "-O3 -march=native -fopenmp"
 
 
-def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: int,
-               out_elements: int | None = None) -> tuple[float, np.ndarray]:
-    """(median seconds, y after the last run) of probe `source` run as kernel(x, y, n) in a runner; x holds
-    `elements` floats, y `out_elements` (default: as many)."""
-    out_elements = elements if out_elements is None else out_elements
+def probe_library(target, source: str = "cpu_read.c", flags: str = NATIVE) -> Path:
+    """Probe `source` (the read probe by default) compiled by `target` into its cache directory: the shared
+    library's path. Its entry is kernel(x, y, n) (n floats of x); the read probe's y[0] is the sum, y[1] the
+    threads that ran, and it runs on the calling thread's OpenMP thread count. RuntimeError where it does not
+    compile."""
     res = target.compile((HERE / source).read_text(), "c", flags, "kernel")
     if not res.ok:
         raise RuntimeError(f"probe {source} failed to compile: {res.log[-500:]}")
     so = target.cache_dir / f"{Path(source).stem}.so"
     so.write_bytes(res.artifact)
+    return so
+
+
+def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: int,
+               out_elements: int | None = None) -> tuple[float, np.ndarray]:
+    """(median seconds, y after the last run) of probe `source` run as kernel(x, y, n) in a runner; x holds
+    `elements` floats, y `out_elements` (default: as many)."""
+    out_elements = elements if out_elements is None else out_elements
+    so = probe_library(target, source, flags)
     runner = Runner(threads, timeout_s=60)
     try:
         with ShmBuffers() as bufs:
