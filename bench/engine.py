@@ -15,13 +15,17 @@ each --threads value. It runs in its own child (kfactory.engines.runner) and is 
 The roofline's memory side rests on the read probe, and this host's read bandwidth moves by half within a
 second (31-60 GB/s at 2 threads on the project's host), so a fraction taken against a probe run once before the
 engine says as much about the moment as about the engine. --paired-rounds N (default 3) also times the engine's
-decode at the first context in N rounds of --paired-bursts bursts of its decode steps (--steps, 32 by default)
+decode from the first context in N rounds of --paired-bursts bursts of its decode steps (--steps, 32 by default)
 each, with the cpu target's read probe run in the engine's own child (kfactory.engines.runner.EngineRunner.paired)
-before the first burst and after each, at 1 and the engine's thread count as the ceilings are measured: the engine
-and the bandwidth measured at the same moments, a burst and its probes some 0.1 s apart. A burst's fraction takes
-the larger of the probes on either side of it (of either thread count), the bound that favours the engine least,
-and its cost the positions its steps attend; a round's fraction is its bursts' median. The JSON keeps every round
-and burst ("roofline_paired") and the rounds' median ("roofline_fraction_paired" under "kfactory").
+before the first burst and after each, one pass at 1 and one at the engine's thread count (the counts the
+ceilings take the best of; they take each count's median of 10 or more passes): the engine and the bandwidth
+measured at the same moments, a burst and its probes some 0.1 s apart. A burst's fraction takes the largest of the
+passes on either side of it (up to four), the bound that favours the engine least, and its cost the positions its
+steps attend; a round's fraction is its bursts' median. Both lean against the engine: single passes scatter, and
+the largest of four is the high end of it; each burst's first step starts with the caches full of the probe's
+lines. (A spinning design's idle thread spins through the 1-thread pass; it reads no memory.) A round that fails
+(the engine faults, the harness fails) is kept with its error and no fraction. The JSON keeps every round and burst
+("roofline_paired") and the rounds' median ("roofline_fraction_paired" under "kfactory").
 
 The JSON holds the baselines' run (model, host, ceilings, results: kfactory's engine is one of the results, named
 "kfactory") and, under "kfactory", kfactory's figures at the first thread count: decode_tokens_per_s,
@@ -73,7 +77,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="rounds of decode bursts at the first context interleaved with the read probe (0: none)")
     ap.add_argument("--paired-bursts", type=int, default=PAIRED_BURSTS,
                     help="decode bursts (of --steps steps) a paired round, each between two read probes")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.paired_rounds < 0 or args.paired_bursts < 1:
+        ap.error(f"--paired-rounds {args.paired_rounds} and --paired-bursts {args.paired_bursts}: rounds are 0 "
+                 "(none) or more, bursts 1 or more")
+    return args
 
 
 def chosen_design(model: str, text: str | None) -> tuple[dict, str, dict]:
@@ -234,11 +242,11 @@ def paired_round(result: dict, ceilings: dict[str, float], figures) -> dict:
 def measure_paired(verifier, design, result: dict, ceilings: dict[str, float], rounds: int,
                    settings: Settings | None = None, kernels: dict | None = None,
                    bursts: int = PAIRED_BURSTS) -> dict:
-    """`rounds` rounds of kfactory's engine at the result's first context, each in a child of its own: `bursts`
+    """`rounds` rounds of kfactory's engine from the result's first context, each in a child of its own: `bursts`
     bursts of the result's decode steps, the read probe in the same child before the first and after each
-    (EngineRunner.paired): {"context", "burst_steps", "rounds": [paired_round's], "fraction_median",
-    "fraction_min", "fraction_max"} over the rounds' fractions."""
-    from kfactory.engines.runner import EngineRunner
+    (EngineRunner.paired): {"context", "burst_steps", "rounds": [paired_round's, or {"error", "fraction": None}
+    for a round that failed], "fraction_median", "fraction_min", "fraction_max"} over the rounds' fractions."""
+    from kfactory.engines.runner import EngineFault, EngineRunner, HarnessError
     from kfactory.targets.cpu.ceiling import ELEMENTS, probe_library
     context = int(next(iter(result["decode_tokens_per_s"])))
     steps, threads = result["decode_steps"], result["threads"]
@@ -246,9 +254,13 @@ def measure_paired(verifier, design, result: dict, ceilings: dict[str, float], r
     probe = probe_library(cpu_target(threads, settings))
     out: list[dict] = []
     for _ in range(rounds):
-        with EngineRunner(str(verifier.package.directory), design, lib.path, context + bursts * steps + 8,
-                          cache_dir=verifier.cache_dir, timeout_s=120.0) as runner:
-            figures = runner.paired(context, bursts, steps, probe, ELEMENTS, sorted({1, threads}))
+        try:
+            with EngineRunner(str(verifier.package.directory), design, lib.path, context + bursts * steps + 8,
+                              cache_dir=verifier.cache_dir, timeout_s=120.0) as runner:
+                figures = runner.paired(context, bursts, steps, probe, ELEMENTS, sorted({1, threads}))
+        except (EngineFault, HarnessError) as e:   # kept with the round: the other rounds and the bench go on
+            out.append({"error": f"{type(e).__name__}: {e}", "fraction": None})
+            continue
         out.append(paired_round(result, ceilings, figures))
     known = [r["fraction"] for r in out if r["fraction"] is not None]
     return {"context": str(context), "burst_steps": steps, "rounds": out,
@@ -261,13 +273,15 @@ def paired_line(result: dict) -> str | None:
     p = result.get("roofline_paired")
     if not p or not p["rounds"]:
         return None
-    bursts = [b for r in p["rounds"] for b in r["bursts"]]
-    fracs = ", ".join(eb._pct(r["fraction"]) for r in p["rounds"])
-    return (f"{NAME} ({result['threads']} threads): decode@{p['context']} in bursts of {p['burst_steps']} steps "
-            f"between read probes: roof (read) {fracs} a round (median {eb._pct(p['fraction_median'])}; read "
-            f"{min(b['read_gbps'] for b in bursts):.1f}-{max(b['read_gbps'] for b in bursts):.1f} GB/s, "
-            f"{min(b['decode_tokens_per_s'] for b in bursts):.1f}-"
-            f"{max(b['decode_tokens_per_s'] for b in bursts):.1f} tok/s)")
+    bursts = [b for r in p["rounds"] for b in r.get("bursts", [])]
+    fracs = ", ".join(eb._pct(r["fraction"]) if "error" not in r else "failed" for r in p["rounds"])
+    spans = (f"; read {min(b['read_gbps'] for b in bursts):.1f}-{max(b['read_gbps'] for b in bursts):.1f} GB/s, "
+             f"{min(b['decode_tokens_per_s'] for b in bursts):.1f}-"
+             f"{max(b['decode_tokens_per_s'] for b in bursts):.1f} tok/s") if bursts else ""
+    errors = "".join(f"\n  a round failed: {r['error']}" for r in p["rounds"] if "error" in r)
+    return (f"{NAME} ({result['threads']} threads): decode from {p['context']} tokens in bursts of "
+            f"{p['burst_steps']} steps between read probes: roof (read) {fracs} a round (median "
+            f"{eb._pct(p['fraction_median'])}{spans}){errors}")
 
 
 def greedy_check(verifier, design, kernels: dict | None = None) -> dict:
@@ -310,6 +324,10 @@ def run(args) -> dict:
     fields, source, kernels = chosen_design(args.model, args.design)
     print(f"kfactory's engine: {source}", file=sys.stderr, flush=True)
     verifier = Verifier(args.model)
+    limit = verifier.model.config.context_length
+    if args.paired_rounds and contexts and contexts[0] + args.paired_bursts * (args.steps or DEFAULT_STEPS) > limit:
+        sys.exit(f"error: --paired-bursts {args.paired_bursts} of {args.steps or DEFAULT_STEPS} steps after "
+                 f"{contexts[0]} tokens exceed {args.model}'s context ({limit} tokens): fewer bursts or steps")
     load_before = os.getloadavg()
     results, ceilings, ours_by_threads = [], {}, {}
     fresh = Settings(data_dir=Path(tempfile.mkdtemp(prefix="kf-ceilings-"))) if args.fresh_ceilings else None

@@ -14,7 +14,7 @@ import pytest
 
 from kfactory.engines.baselines import check_baseline, run_baseline
 from kfactory.engines.baselines.report import table
-from kfactory.engines.baselines.result import KEYS, add_roofline
+from kfactory.engines.baselines.result import KEYS, add_roofline, decode_step_cost
 from kfactory.engines.baselines.roofline import (MATRIX_KINDS, Formats, decode_cost, fraction, prefill_cost,
                                                  roofline_seconds_per_token, token_roofline)
 from kfactory.engines.baselines.roofline import host_ceilings as target_ceilings
@@ -143,6 +143,15 @@ def test_add_roofline_costs_the_mean_attended_positions():
     # ceilings measured far too low make an engine beat the speed of light: flagged, not hidden
     add_roofline(result, {"read_bandwidth_gbps": 1e-3, "mem_bandwidth_gbps": 1e-3, "peak_gflops": 1e-3})
     assert result["roofline_fraction"]["8"] > 1 and "ceiling is below" in result["roofline"]["warning"]
+
+
+def test_decode_step_cost_takes_the_steps_it_is_given():
+    """A burst of 5 steps after 8 tokens attends 9..13 positions (mean 11), the result's 3 steps 9..11 (mean 10):
+    one more position of f32 keys and values (1 block x 2 x 16 floats, 128 bytes)."""
+    result = {"config": TINY.as_dict(), "formats": GGUF_LIKE.as_dict(), "decode_steps": 3}
+    burst, timed = decode_step_cost(result, 8, 5), decode_step_cost(result, 8)
+    assert timed == decode_cost(TINY, GGUF_LIKE, 10) and burst == decode_cost(TINY, GGUF_LIKE, 11)
+    assert burst.bytes - timed.bytes == pytest.approx(128)
 
 
 def test_decode_roofline_uses_the_read_figure_and_reports_the_copy_figure():

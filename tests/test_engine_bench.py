@@ -107,7 +107,24 @@ def test_engine_bench_pairs_decode_with_the_read_probe(tmp_path, capsys):
     assert paired["fraction_median"] == pytest.approx(sum(fracs) / 2)
     assert (paired["fraction_min"], paired["fraction_max"]) == (fracs[0], fracs[-1])
     assert out["kfactory"]["roofline_fraction_paired"] == paired["fraction_median"]
-    assert "decode@8 in bursts of 2 steps between read probes" in capsys.readouterr().out
+    assert "decode from 8 tokens in bursts of 2 steps between read probes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, code, says", [
+    (["--paired-bursts", "0"], 2, "bursts 1 or more"),
+    (["--paired-rounds", "-1"], 2, "rounds are 0 (none) or more"),
+    (["--paired-bursts", "200", "--steps", "2", "--contexts", "8"], None,
+     "--paired-bursts 200 of 2 steps after 8 tokens exceed tiny-llama's context (256 tokens)"),
+])
+def test_the_engine_bench_refuses_paired_rounds_it_cannot_run(args, code, says, capsys):
+    """Paired flags that cannot run stop the bench before anything is timed, saying why."""
+    bench = _load()
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--model", "tiny-llama", "--only", "", "--design", "{}", "--no-greedy", *args])
+    if code is None:   # the check that needs the model's context: sys.exit with the message
+        assert says in str(exit_.value.code)
+    else:
+        assert exit_.value.code == code and says in capsys.readouterr().err
 
 
 def _bench_module(name: str):

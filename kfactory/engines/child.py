@@ -154,7 +154,6 @@ class Server:
         e.reset()
         return {"prefill_s": prefill_s, "step_s": step_s, "context": context}, None
 
-
     def op_paired(self, req: dict) -> tuple[dict, np.ndarray | None]:
         """After a prefill of `context` tokens, `bursts` runs of `burst_steps` single decode steps (each timed),
         each run between two passes of the read probe at every count in `probe_threads`: the host's read

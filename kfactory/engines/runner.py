@@ -202,7 +202,9 @@ class EngineRunner:
         reply, _ = self._request({"op": "paired", "context": context, "bursts": bursts, "burst_steps": burst_steps,
                                   "probe_so": str(probe_so), "probe_elements": probe_elements,
                                   "probe_threads": list(probe_threads)},
-                                 self.timeout_s * (2 + context / 64 + bursts * (burst_steps + len(probe_threads))))
+                                 # a tenth of the request limit a step or probe pass: far above either
+                                 self.timeout_s * (2 + context / 64 + (bursts * burst_steps
+                                                                       + (bursts + 1) * len(probe_threads)) / 10))
         return PairedFigures(context, burst_steps, [list(r) for r in reply["reads_gbps"]],
                              [list(b) for b in reply["step_s"]])
 

@@ -20,6 +20,7 @@ past the floor's slack.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -62,8 +63,13 @@ def probe_library(target, source: str = "cpu_read.c", flags: str = NATIVE) -> Pa
     res = target.compile((HERE / source).read_text(), "c", flags, "kernel")
     if not res.ok:
         raise RuntimeError(f"probe {source} failed to compile: {res.log[-500:]}")
-    so = target.cache_dir / f"{Path(source).stem}.so"
-    so.write_bytes(res.artifact)
+    # named by its bytes and written beside, then renamed: a process may hold the library mapped (an engine
+    # child runs the probe for a whole paired round), and a file rewritten in place under it crashes it
+    so = target.cache_dir / f"{Path(source).stem}-{hashlib.sha256(res.artifact).hexdigest()[:16]}.so"
+    if not so.exists():
+        tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(res.artifact)
+        os.replace(tmp, so)
     return so
 
 
