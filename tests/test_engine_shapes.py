@@ -16,7 +16,7 @@ import yaml
 
 from kfactory.engines.build import build
 from kfactory.engines.codegen import generate
-from kfactory.engines.design import EngineDesign, q4_decodes_offered
+from kfactory.engines.design import Q4_DECODES, EngineDesign, q4_decodes_offered
 from kfactory.engines.verify import Verifier
 from kfactory.models import load_model
 
@@ -33,7 +33,7 @@ _VNNI24 = "vnni24" in q4_decodes_offered()
 #: path on 2 threads with unfused products and the token-major cache; f32 weights with the tiled prefill
 DESIGNS = [
     EngineDesign(),
-    EngineDesign(threads=3, wait="bounded", team="step", **({"q4_decode": "vnni24"} if _VNNI24 else {})),
+    EngineDesign(threads=3, wait="bounded", team="step", q4_decode="vnni24" if _VNNI24 else Q4_DECODES[0]),
     EngineDesign(threads=2, team="op", fuse_qkv=False, fuse_gate_up=False, kv_layout="token_major"),
     EngineDesign(weights="f32", threads=2, team="step", prefill="tiled"),
 ]
