@@ -29,6 +29,7 @@ from kfactory.platform.evidence_client import EvidenceClient
 from kfactory.evidence import warm_sources
 from kfactory.platform.grpcserver import clip
 from kfactory.evidence.report import format_params, verification_table
+from kfactory.services import paging
 from kfactory.services.memory import queries as qmod
 from kfactory.services.memory.archive import Archive, resolved_name
 from kfactory.v1 import events_pb2 as pb
@@ -374,7 +375,7 @@ async def _status_list(settings) -> list[tuple[spb.CampaignStatus, str]]:
     known = {s.id for s, _ in listed}
     if memory_configured(settings):
         try:
-            held = (await _ask_memory(settings, "Campaigns", spb.ListCampaignsRequest())).campaigns
+            held = (await paging.every_page(lambda req: _ask_memory(settings, "Campaigns", req))).campaigns
         except ClientError as e:
             if e.status == grpc.StatusCode.UNIMPLEMENTED:   # a memory service older than this client
                 e = ClientError(f"the memory service at {settings.memory_addr} predates the Campaigns query: "
@@ -395,7 +396,7 @@ def _archive_campaigns(settings) -> list[spb.CampaignStatus]:
     planner's list, which is no error), or when the archive cannot be read (said on stderr: the planner's list
     still answers)."""
     try:
-        return list(_local(settings, lambda q: q.campaigns(spb.ListCampaignsRequest())).campaigns)
+        return list(_local_campaigns(settings).campaigns)
     except NoWorkspace:
         return []
     except ArchiveUnreadable as e:
@@ -433,11 +434,17 @@ async def _status_of(settings, cid: str) -> tuple[spb.CampaignStatus, str]:
 
 
 async def _campaign_list(settings) -> spb.ListCampaignsResponse:
-    """Every campaign's status: the planner's when it is configured, else the archive's."""
+    """Every campaign's status (every page: kfactory/services/paging.py): the planner's when it is configured,
+    else the archive's."""
     if not planner_configured(settings):
-        return _local(settings, lambda q: q.campaigns(spb.ListCampaignsRequest()))
-    return await _call(settings.planner_addr, lambda ch: sgrpc.CampaignsStub(ch).List(spb.ListCampaignsRequest()),
-                       settings)
+        return _local_campaigns(settings)
+    return await paging.every_page(
+        lambda req: _call(settings.planner_addr, lambda ch: sgrpc.CampaignsStub(ch).List(req), settings))
+
+
+def _local_campaigns(settings) -> spb.ListCampaignsResponse:
+    """Every campaign of the local archive, read a page at a time as the services answer."""
+    return paging.every_page_now(lambda req: _local(settings, lambda q: q.campaigns(req)))
 
 
 async def _warm_trust(settings, args, families: list[str]) -> dict:

@@ -46,14 +46,20 @@ class GetCampaignRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class ListCampaignsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListCampaignsResponse(_message.Message):
-    __slots__ = ("campaigns",)
+    __slots__ = ("campaigns", "next_page_token")
     CAMPAIGNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     campaigns: _containers.RepeatedCompositeFieldContainer[CampaignStatus]
-    def __init__(self, campaigns: _Optional[_Iterable[_Union[CampaignStatus, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, campaigns: _Optional[_Iterable[_Union[CampaignStatus, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("id", "reason")

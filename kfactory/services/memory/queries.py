@@ -17,6 +17,7 @@ from kfactory.evidence import report
 from kfactory.problems import ProblemError, list_problems, load_problem
 from kfactory.platform.spec_ranges import PRIORS_LIMIT, range_error
 from kfactory.services.memory import lessons as lessons_mod
+from kfactory.services import paging
 from kfactory.services.memory.archive import Archive
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -228,9 +229,22 @@ class Queries:
         return self._status(self.resolve_campaign(request.id))
 
     def campaigns(self, request: spb.ListCampaignsRequest | None = None) -> spb.ListCampaignsResponse:
-        """Every archived campaign's status, oldest first."""
-        ids = [c for (c,) in self.archive.q("SELECT id FROM campaigns ORDER BY started_ns, id")]
-        return spb.ListCampaignsResponse(campaigns=[self._status(c) for c in ids])
+        """The archived campaigns' statuses, oldest first, a page at a time (kfactory/services/paging.py: each
+        status costs a few queries of the archive, so a long-lived archive is not read whole for one answer)."""
+        request = request if request is not None else spb.ListCampaignsRequest()
+        try:
+            n, after = paging.page_size(request.page_size), paging.decode(request.page_token)
+        except paging.PageTokenError as e:
+            raise InvalidRequest(str(e)) from e
+        # a campaign archived before its start event has no start time: it sorts first, as 0
+        where, args = ("", ()) if after is None else \
+            ("WHERE COALESCE(started_ns, 0) > ? OR (COALESCE(started_ns, 0) = ? AND id > ?)",
+             (after[0], after[0], after[1]))
+        rows = self.archive.q(f"SELECT COALESCE(started_ns, 0), id FROM campaigns {where} "
+                              "ORDER BY COALESCE(started_ns, 0), id LIMIT ?", (*args, n + 1))
+        page = rows[:n]
+        return spb.ListCampaignsResponse(campaigns=[self._status(c) for _, c in page],
+                                         next_page_token=paging.encode(*page[-1]) if len(rows) > n else "")
 
     def _status(self, cid: str) -> spb.CampaignStatus:
         started = self._lifecycle(cid, "campaign_started")

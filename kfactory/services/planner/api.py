@@ -8,6 +8,7 @@ import grpc
 
 from kfactory.bus import events as ev
 from kfactory.bus.base import Bus
+from kfactory.services import paging
 from kfactory.services.planner.campaign import CampaignState
 from kfactory.services.planner.specs import SpecError, StartNotPublished
 from kfactory.v1 import events_pb2 as pb
@@ -53,7 +54,13 @@ class CampaignsApi(sgrpc.CampaignsServicer):
         return self.p.status(await self._get(request.id, context))
 
     async def List(self, request, context):
-        return spb.ListCampaignsResponse(campaigns=[self.p.status(s) for s in self.p.campaigns.values()])
+        """The planner's campaigns in the order they started, a page at a time (kfactory/services/paging.py)."""
+        try:
+            states, token = paging.page_of([(int(s.started_wall * 1e9), s.id, s) for s in self.p.campaigns.values()],
+                                           request)
+        except paging.PageTokenError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return spb.ListCampaignsResponse(campaigns=[self.p.status(s) for s in states], next_page_token=token)
 
     async def Cancel(self, request, context):
         st = await self._get(request.id, context)
