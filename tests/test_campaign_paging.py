@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import sys
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import grpc
 import pytest
 
 from kfactory.bus import events as ev
+from kfactory.cli.client import ClientError, _every_page, _local_campaigns
+from kfactory.evidence.workspace import Workspace
 from kfactory.services import paging
 from kfactory.services.memory.archive import Archive
 from kfactory.services.memory.queries import InvalidRequest, Queries
@@ -32,9 +35,9 @@ def _start(cid: str, ns: int) -> pb.Event:
 
 
 def _read_all(ask, size: int) -> list[str]:
-    """Every id the list gives, page by page at `size`, checking each page's length."""
+    """Every id the list gives, page by page at `size`, checking each page's length (and that it ends)."""
     ids, token = [], ""
-    while True:
+    for _ in range(100):
         page = ask(spb.ListCampaignsRequest(page_size=size, page_token=token))
         assert len(page.campaigns) <= size
         ids += [s.id for s in page.campaigns]
@@ -42,6 +45,7 @@ def _read_all(ask, size: int) -> list[str]:
         if not token:
             return ids
         assert len(page.campaigns) == size   # only the last page is short
+    raise AssertionError("the list did not end within 100 pages")
 
 
 def test_page_of_orders_by_start_then_id_and_takes_sizes_and_tokens():
@@ -57,9 +61,12 @@ def test_page_of_orders_by_start_then_id_and_takes_sizes_and_tokens():
     assert paging.page_size(0) == paging.PAGE_SIZE and paging.page_size(10**6) == paging.MAX_PAGE_SIZE
     with pytest.raises(paging.PageTokenError, match="page_size must be 0"):
         paging.page_size(-1)
-    for bad in ("garbage!", base64.urlsafe_b64encode(b'{"a": 1}').decode(), base64.urlsafe_b64encode(b"[1]").decode()):
+    odd = [{"a": 1}, [1], [2**63, "c1"], [-2**63 - 1, "c1"], [True, "c1"], [1, "\udfff"], [1, "c" * 300],
+           [1.5, "c1"]]
+    for bad in ["garbage!", *(base64.urlsafe_b64encode(json.dumps(o).encode()).decode() for o in odd)]:
         with pytest.raises(paging.PageTokenError, match="is not one this list gave: ask for the first page"):
             paging.decode(bad)
+    assert paging.decode(paging.encode(2**63 - 1, "c1")) == (2**63 - 1, "c1")
 
 
 def test_every_page_reads_the_whole_list_and_refuses_a_list_that_does_not_move_on():
@@ -77,6 +84,31 @@ def test_every_page_reads_the_whole_list_and_refuses_a_list_that_does_not_move_o
     stuck = spb.ListCampaignsResponse(campaigns=[spb.CampaignStatus(id="x")], next_page_token="same")
     with pytest.raises(paging.PageTokenError, match="twice: it does not move on"):
         paging.every_page_now(lambda req: stuck)
+
+    async def stuck_service(req):
+        return stuck
+    # the CLI says which list misbehaved, as a ClientError (its exit status), not an internal error
+    with pytest.raises(ClientError, match="the planner at here: the list gave page token 'same' twice"):
+        asyncio.run(_every_page(stuck_service, "the planner at here"))
+
+
+def test_the_cli_reads_every_page_of_the_local_archive(settings, monkeypatch):
+    archive = Archive(Workspace.of(settings).archive_path)
+    try:
+        for i in range(5):
+            assert archive.record(_start(f"c{i}", 100 - i))
+    finally:
+        archive.close()
+    asked = []
+    real = Queries.campaigns
+
+    def counted(self, request=None):
+        asked.append(request.page_size)
+        return real(self, request)
+    monkeypatch.setattr(paging, "CLIENT_PAGE_SIZE", 2)
+    monkeypatch.setattr(Queries, "campaigns", counted)
+    assert [s.id for s in _local_campaigns(settings).campaigns] == ["c4", "c3", "c2", "c1", "c0"]
+    assert asked == [2, 2, 2]
 
 
 def test_memorys_campaigns_come_a_page_at_a_time_in_start_order(tmp_path):
@@ -103,6 +135,10 @@ def test_memorys_campaigns_come_a_page_at_a_time_in_start_order(tmp_path):
         assert [s.id for s in third.campaigns] == ["c5", "c6", "c8"] and third.next_page_token == ""
         with pytest.raises(InvalidRequest, match="page_token 'nope' is not one this list gave"):
             q.campaigns(spb.ListCampaignsRequest(page_token="nope"))
+        # a token past what the archive's integers hold is refused as one, not an archive error
+        with pytest.raises(InvalidRequest, match="is not one this list gave"):
+            q.campaigns(spb.ListCampaignsRequest(page_token=base64.urlsafe_b64encode(b'[9223372036854775808, "c1"]')
+                                                 .decode()))
         with pytest.raises(InvalidRequest, match="page_size must be 0"):
             q.campaigns(spb.ListCampaignsRequest(page_size=-3))
     finally:
@@ -122,7 +158,8 @@ async def test_the_planners_list_comes_a_page_at_a_time(memory_bus_settings, tmp
         async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
             stub = sgrpc.CampaignsStub(ch)
             submitted = [(await stub.Submit(spb.SubmitRequest(spec=spec), timeout=30)).id for _ in range(5)]
-            by_start = [st.id for st in sorted(planner.campaigns.values(), key=lambda s: (s.started_wall, s.id))]
+            by_start = [st.id for st in sorted(planner.campaigns.values(), key=lambda s: (s.started_ns, s.id))]
+            assert all(st.started_ns > 0 for st in planner.campaigns.values())
             assert sorted(by_start) == sorted(submitted)
             pages = []
             token = ""

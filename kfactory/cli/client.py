@@ -375,7 +375,8 @@ async def _status_list(settings) -> list[tuple[spb.CampaignStatus, str]]:
     known = {s.id for s, _ in listed}
     if memory_configured(settings):
         try:
-            held = (await paging.every_page(lambda req: _ask_memory(settings, "Campaigns", req))).campaigns
+            held = (await _every_page(lambda req: _ask_memory(settings, "Campaigns", req),
+                                      f"the memory service at {settings.memory_addr}")).campaigns
         except ClientError as e:
             if e.status == grpc.StatusCode.UNIMPLEMENTED:   # a memory service older than this client
                 e = ClientError(f"the memory service at {settings.memory_addr} predates the Campaigns query: "
@@ -438,13 +439,25 @@ async def _campaign_list(settings) -> spb.ListCampaignsResponse:
     else the archive's."""
     if not planner_configured(settings):
         return _local_campaigns(settings)
-    return await paging.every_page(
-        lambda req: _call(settings.planner_addr, lambda ch: sgrpc.CampaignsStub(ch).List(req), settings))
+    return await _every_page(
+        lambda req: _call(settings.planner_addr, lambda ch: sgrpc.CampaignsStub(ch).List(req), settings),
+        f"the planner at {settings.planner_addr}")
+
+
+async def _every_page(fetch, source: str) -> spb.ListCampaignsResponse:
+    """paging.every_page, a list that does not move on a ClientError naming its source."""
+    try:
+        return await paging.every_page(fetch)
+    except paging.PageTokenError as e:
+        raise ClientError(f"{source}: {e}", 1) from e
 
 
 def _local_campaigns(settings) -> spb.ListCampaignsResponse:
     """Every campaign of the local archive, read a page at a time as the services answer."""
-    return paging.every_page_now(lambda req: _local(settings, lambda q: q.campaigns(req)))
+    try:
+        return paging.every_page_now(lambda req: _local(settings, lambda q: q.campaigns(req)))
+    except paging.PageTokenError as e:
+        raise ClientError(f"the archive at {Workspace.of(settings).archive_path}: {e}", 1) from e
 
 
 async def _warm_trust(settings, args, families: list[str]) -> dict:

@@ -4,8 +4,10 @@ page_token).
 Campaigns come in the order they started (their start time in ns, then their id), `page_size` of them a page
 (0: PAGE_SIZE; at most MAX_PAGE_SIZE), and a response's next_page_token names the last campaign of its page
 (opaque to the client; empty on the last page). A token holds a position, not an offset: a campaign that starts
-between two pages comes on a later page, and none already listed is listed again or skipped. A client reads the
-whole list with `every_page`.
+between two pages comes on a later page, and none is listed twice. (One archived between two pages with an
+earlier start, an imported campaign, lies before the position already passed: the next listing shows it.) A
+client reads the whole list with `every_page`. A client older than paging asks for one page, the oldest 100:
+upgrade the CLI with the services.
 """
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ from kfactory.v1 import services_pb2 as spb
 
 PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+#: the page a client reading the whole list asks for (every_page): the largest, the fewest round trips
+CLIENT_PAGE_SIZE = MAX_PAGE_SIZE
+#: the longest campaign id a token may name (ids are 14 hex digits; anything far longer was never given)
+MAX_ID = 256
 
 T = TypeVar("T")
 
@@ -51,10 +57,19 @@ def decode(token: str) -> tuple[int, str] | None:
         started_ns, campaign_id = json.loads(base64.urlsafe_b64decode(token.encode()))
     except (ValueError, TypeError):   # not base64, not JSON, not a pair (binascii.Error is a ValueError)
         started_ns = campaign_id = None
-    if isinstance(started_ns, int) and isinstance(campaign_id, str):
+    if type(started_ns) is int and -2**63 <= started_ns < 2**63 and isinstance(campaign_id, str) \
+            and len(campaign_id) <= MAX_ID and _utf8(campaign_id):   # what an archive's query can hold
         return started_ns, campaign_id
     raise PageTokenError(f"page_token {token[:40]!r} is not one this list gave: ask for the first page (no token) "
                          "and follow each response's next_page_token")
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:   # a lone surrogate
+        return False
+    return True
 
 
 def page_of(keyed: list[tuple[int, str, T]], request: PageRequest) -> tuple[list[T], str]:
@@ -93,7 +108,8 @@ class _Pages:
         self.seen: set[str] = set()
 
     def next_request(self) -> spb.ListCampaignsRequest | None:
-        return None if self.token is None else spb.ListCampaignsRequest(page_token=self.token)
+        return None if self.token is None else spb.ListCampaignsRequest(page_size=CLIENT_PAGE_SIZE,
+                                                                         page_token=self.token)
 
     def add(self, page: spb.ListCampaignsResponse) -> None:
         self.out.campaigns.extend(page.campaigns)

@@ -56,8 +56,7 @@ class CampaignsApi(sgrpc.CampaignsServicer):
     async def List(self, request, context):
         """The planner's campaigns in the order they started, a page at a time (kfactory/services/paging.py)."""
         try:
-            states, token = paging.page_of([(int(s.started_wall * 1e9), s.id, s) for s in self.p.campaigns.values()],
-                                           request)
+            states, token = paging.page_of([(s.started_ns, s.id, s) for s in self.p.campaigns.values()], request)
         except paging.PageTokenError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return spb.ListCampaignsResponse(campaigns=[self.p.status(s) for s in states], next_page_token=token)

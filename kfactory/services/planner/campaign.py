@@ -47,6 +47,9 @@ class CampaignState:
     device: pb.DeviceInfo
     space: Space | None
     started_wall: float = field(default_factory=time.time)
+    #: its CampaignStarted's time in ns (0 until folded, or where the event gave none): the key the Campaigns
+    #: list pages by, as memory's archive keeps it (kfactory/services/paging.py)
+    started_ns: int = 0
     points: dict[str, PointState] = field(default_factory=dict)
     counts: pb.Counts = field(default_factory=pb.Counts)
     measured: dict[str, pb.Measured] = field(default_factory=dict)
@@ -145,6 +148,7 @@ class CampaignState:
             self.proposals[event.point_proposed.point_id] = event
         elif kind == "campaign_started":
             self.started_wall = event.time_unix_ns / 1e9 or self.started_wall
+            self.started_ns = event.time_unix_ns
         elif kind == "campaign_finished":
             self.finished_wall = event.time_unix_ns / 1e9 or time.time()
         if handle is not None:
