@@ -75,13 +75,37 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy check against the reference")
     ap.add_argument("--paired-rounds", type=int, default=PAIRED_ROUNDS,
                     help="rounds of decode bursts at the first context interleaved with the read probe (0: none)")
-    ap.add_argument("--paired-bursts", type=int, default=PAIRED_BURSTS,
-                    help="decode bursts (of --steps steps) a paired round, each between two read probes")
+    ap.add_argument("--paired-bursts", type=int, default=None,
+                    help=f"decode bursts (of --steps steps) a paired round, each between two read probes (default "
+                         f"{PAIRED_BURSTS}, fewer where the model's context ends sooner)")
     args = ap.parse_args(argv)
-    if args.paired_rounds < 0 or args.paired_bursts < 1:
+    check(ap, args)
+    return args
+
+
+def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A user's mistake (a --json folder that is not there, a --design that is not JSON or names unknown fields, an
+    unknown model, contexts or paired bursts past the model's context, numbers that cannot be) exits through
+    ap.error before anything is timed; sets the default --paired-bursts that fits the model's context."""
+    try:
+        contexts = eb._ints(args.contexts)
+        eb._ints(args.threads)
+    except ValueError:
+        ap.error(f"--contexts {args.contexts!r} and --threads {args.threads!r}: comma-separated whole numbers")
+    if args.paired_rounds < 0 or (args.paired_bursts is not None and args.paired_bursts < 1):
         ap.error(f"--paired-rounds {args.paired_rounds} and --paired-bursts {args.paired_bursts}: rounds are 0 "
                  "(none) or more, bursts 1 or more")
-    return args
+    _, _, _, model = checked_fields(ap, args)
+    limit, steps = model.config.context_length, args.steps or DEFAULT_STEPS
+    if contexts and max(contexts) + steps > limit:
+        ap.error(f"--contexts up to {max(contexts)} + {steps} decode steps exceed {args.model}'s context ({limit} "
+                 "tokens)")
+    room = (limit - contexts[0]) // steps if contexts else PAIRED_BURSTS
+    if args.paired_bursts is None:
+        args.paired_bursts = max(1, min(PAIRED_BURSTS, room))
+    elif args.paired_rounds and args.paired_bursts > room:
+        ap.error(f"--paired-bursts {args.paired_bursts} of {steps} steps after {contexts[0]} tokens exceed "
+                 f"{args.model}'s context ({limit} tokens): {room} at most")
 
 
 def chosen_design(model: str, text: str | None) -> tuple[dict, str, dict]:
@@ -115,6 +139,19 @@ def checked_design(ap: argparse.ArgumentParser, args: argparse.Namespace):
     --context, --steps, --threads and --json: a user's mistake (not JSON, unknown fields, an unknown model, a
     context past the model's, a --json folder that is not there) exits through ap.error before anything runs;
     more threads than cpus only warns."""
+    fields, source, kernels, model = checked_fields(ap, args)
+    if args.context + args.steps > model.config.context_length:
+        ap.error(f"--context {args.context} + --steps {args.steps} exceeds {args.model}'s context "
+                 f"({model.config.context_length} tokens)")
+    if args.threads > (os.cpu_count() or 1):
+        print(f"warning: --threads {args.threads} is more than this host's {os.cpu_count()} CPUs: the threads "
+              "share cores and the figures say little", file=sys.stderr)
+    return fields, source, kernels, model
+
+
+def checked_fields(ap: argparse.ArgumentParser, args: argparse.Namespace):
+    """checked_design's part common to every bench: --json's folder, --design (JSON of known fields) and
+    --model (it opens), each a user's mistake through ap.error."""
     from kfactory.engines.design import EngineDesign
     from kfactory.models import load_model
     if args.json and not Path(args.json).resolve().parent.is_dir():
@@ -129,12 +166,6 @@ def checked_design(ap: argparse.ArgumentParser, args: argparse.Namespace):
         ap.error(f"--design is not JSON: {e}")
     except ValueError as e:   # DesignError, ModelError
         ap.error(str(e))
-    if args.context + args.steps > model.config.context_length:
-        ap.error(f"--context {args.context} + --steps {args.steps} exceeds {args.model}'s context "
-                 f"({model.config.context_length} tokens)")
-    if args.threads > (os.cpu_count() or 1):
-        print(f"warning: --threads {args.threads} is more than this host's {os.cpu_count()} CPUs: the threads "
-              "share cores and the figures say little", file=sys.stderr)
     return fields, source, kernels, model
 
 
@@ -324,10 +355,6 @@ def run(args) -> dict:
     fields, source, kernels = chosen_design(args.model, args.design)
     print(f"kfactory's engine: {source}", file=sys.stderr, flush=True)
     verifier = Verifier(args.model)
-    limit = verifier.model.config.context_length
-    if args.paired_rounds and contexts and contexts[0] + args.paired_bursts * (args.steps or DEFAULT_STEPS) > limit:
-        sys.exit(f"error: --paired-bursts {args.paired_bursts} of {args.steps or DEFAULT_STEPS} steps after "
-                 f"{contexts[0]} tokens exceed {args.model}'s context ({limit} tokens): fewer bursts or steps")
     load_before = os.getloadavg()
     results, ceilings, ours_by_threads = [], {}, {}
     fresh = Settings(data_dir=Path(tempfile.mkdtemp(prefix="kf-ceilings-"))) if args.fresh_ceilings else None

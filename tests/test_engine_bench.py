@@ -110,21 +110,32 @@ def test_engine_bench_pairs_decode_with_the_read_probe(tmp_path, capsys):
     assert "decode from 8 tokens in bursts of 2 steps between read probes" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args, code, says", [
-    (["--paired-bursts", "0"], 2, "bursts 1 or more"),
-    (["--paired-rounds", "-1"], 2, "rounds are 0 (none) or more"),
-    (["--paired-bursts", "200", "--steps", "2", "--contexts", "8"], None,
-     "--paired-bursts 200 of 2 steps after 8 tokens exceed tiny-llama's context (256 tokens)"),
+@pytest.mark.parametrize("args, says", [
+    (["--paired-bursts", "0"], "bursts 1 or more"),
+    (["--paired-rounds", "-1"], "rounds are 0 (none) or more"),
+    (["--paired-bursts", "200", "--steps", "2", "--contexts", "8"],
+     "--paired-bursts 200 of 2 steps after 8 tokens exceed tiny-llama's context (256 tokens): 124 at most"),
+    (["--contexts", "128,1024"], "--contexts up to 1024 + 32 decode steps exceed tiny-llama's context (256 tokens)"),
+    (["--contexts", "8,x"], "comma-separated whole numbers"),
+    (["--design", "{bad"], "--design is not JSON"),
+    (["--design", '{"nope": 1}'], "unknown design field(s) nope"),
+    (["--model", "nosuch"], "no model 'nosuch'"),
+    (["--json", "/nonexistent/x.json"], "its directory does not exist"),
 ])
-def test_the_engine_bench_refuses_paired_rounds_it_cannot_run(args, code, says, capsys):
-    """Paired flags that cannot run stop the bench before anything is timed, saying why."""
+def test_the_engine_bench_refuses_a_users_mistake_before_running(args, says, capsys):
+    """bench/engine.py's flags that cannot run stop it at parsing, before anything is timed, saying why."""
     bench = _load()
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--model", "tiny-llama", "--only", "", "--design", "{}", "--no-greedy", *args])
-    if code is None:   # the check that needs the model's context: sys.exit with the message
-        assert says in str(exit_.value.code)
-    else:
-        assert exit_.value.code == code and says in capsys.readouterr().err
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_engine_bench_fits_its_default_paired_bursts_to_the_models_context():
+    bench = _load()
+    base = ["--model", "tiny-llama", "--only", "", "--design", "{}"]
+    assert bench.parse(base + ["--contexts", "128"]).paired_bursts == 4          # (256 - 128) // 32
+    assert bench.parse(base + ["--contexts", "8", "--steps", "2"]).paired_bursts == bench.PAIRED_BURSTS
+    assert bench.parse(base + ["--contexts", "128", "--paired-bursts", "3"]).paired_bursts == 3
 
 
 def _bench_module(name: str):

@@ -22,7 +22,8 @@ PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 #: the page a client reading the whole list asks for (every_page): the largest, the fewest round trips
 CLIENT_PAGE_SIZE = MAX_PAGE_SIZE
-#: the longest campaign id a token may name (ids are 14 hex digits; anything far longer was never given)
+#: the longest campaign id a token may name (events.CAMPAIGN_ID allows 64 characters: anything far longer was
+#: never given)
 MAX_ID = 256
 
 T = TypeVar("T")
