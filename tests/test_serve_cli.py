@@ -1,6 +1,7 @@
 """`kfactory serve` started with an address it cannot listen on: one line naming the setting, exit 2, never an
 internal error; and a second planner on a planner's address is that case (no SO_REUSEPORT: the two would have
-split the clients between them)."""
+split the clients between them). A service started without a claims store says its claims hold in its process
+only."""
 from __future__ import annotations
 
 import os
@@ -19,14 +20,16 @@ def _free_port() -> int:
 
 
 def test_an_address_that_cannot_be_listened_on_is_a_usage_error(tmp_path, nats_url):
-    env = {**os.environ, "KFACTORY_NATS_URL": nats_url, "KFACTORY_DATA_DIR": str(tmp_path / "data")}
+    env = {**{k: v for k, v in os.environ.items() if k != "KFACTORY_REDIS_URL"}, "KFACTORY_NATS_URL": nats_url,
+           "KFACTORY_DATA_DIR": str(tmp_path / "data")}
     out = subprocess.run([*KFACTORY, "serve", "planner", "--grpc-addr", "garbage"], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and "kfactory serve: cannot listen on garbage" in out.stderr, out.stderr
     assert "internal error" not in out.stderr
     addr = f"127.0.0.1:{_free_port()}"
+    log = (tmp_path / "first.log").open("w")
     first = subprocess.Popen([*KFACTORY, "serve", "planner", "--grpc-addr", addr], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                             stderr=log)
     try:
         deadline = time.monotonic() + 60
         while True:   # until the first planner listens
@@ -42,3 +45,6 @@ def test_an_address_that_cannot_be_listened_on_is_a_usage_error(tmp_path, nats_u
     finally:
         first.terminate()
         first.wait(30)
+        log.close()
+    # no KFACTORY_REDIS_URL: the service says its claims hold in this process only, once, as it starts
+    assert (tmp_path / "first.log").read_text().count("claims are in-process (KFACTORY_REDIS_URL unset)") == 1

@@ -158,6 +158,13 @@ async def start_services(settings: Settings, names=SERVICE_NAMES, grpc: bool = T
     return running
 
 
+#: what `serve` warns of without a claims store: its replicas would each claim the same work (the planner's
+#: points, the benchmarker's device leases), and nothing else would say so
+IN_PROCESS_CLAIMS = ("claims are in-process (KFACTORY_REDIS_URL unset): deduplication, locks and device leases hold "
+                     "within this process only; run one replica of each service, or set KFACTORY_REDIS_URL to share "
+                     "them between replicas")
+
+
 async def serve(name: str, settings: Settings) -> None:
     """Run one service until SIGTERM or SIGINT."""
     if settings.bus != "nats":
@@ -174,6 +181,8 @@ async def serve(name: str, settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, running.stop.set)
     log.info("service started", service=name, nats=settings.nats_url, redis=bool(settings.redis_url))
+    if not settings.redis_url:
+        log.warning(IN_PROCESS_CLAIMS, service=name)
     await running.stop.wait()
     err = running.failed()
     if health is not None:
