@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from kfactory.observability.log import get_logger
+from kfactory.platform.fsutil import atomic_write
 from kfactory.sandbox.parent import Runner, RunnerFault
 from kfactory.sandbox.shm import ShmBuffers
 from kfactory.sandbox.protocol import Arg, Bench, BenchKernel, Load
@@ -63,13 +64,11 @@ def probe_library(target, source: str = "cpu_read.c", flags: str = NATIVE) -> Pa
     res = target.compile((HERE / source).read_text(), "c", flags, "kernel")
     if not res.ok:
         raise RuntimeError(f"probe {source} failed to compile: {res.log[-500:]}")
-    # named by its bytes and written beside, then renamed: a process may hold the library mapped (an engine
+    # named by its bytes and written whole (atomic_write): a process may hold the library mapped (an engine
     # child runs the probe for a whole paired round), and a file rewritten in place under it crashes it
     so = target.cache_dir / f"{Path(source).stem}-{hashlib.sha256(res.artifact).hexdigest()[:16]}.so"
     if not so.exists():
-        tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(res.artifact)
-        os.replace(tmp, so)
+        atomic_write(so, res.artifact)
     return so
 
 
@@ -154,9 +153,7 @@ def write_cached(data_dir, key: str, figures: dict[str, float], **extra) -> None
     cache = Path(data_dir) / "ceilings.json"
     data = _read(cache)
     data[key] = {**figures, **extra, "measured_at": time.time()}
-    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.rename(cache)
+    atomic_write(cache, json.dumps(data, indent=1).encode())
 
 
 CPU_CEILINGS = ("mem_bandwidth_gbps", "read_bandwidth_gbps", "peak_gflops", "peak_int8_gops")

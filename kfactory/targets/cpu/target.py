@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from kfactory.observability.stagetime import span
+from kfactory.platform.fsutil import atomic_write
 from kfactory.problems.params import abi_argtypes
 from kfactory.sandbox.parent import Runner
 from kfactory.sandbox.shm import ArenaRing, ShmBuffers, request_buffers
@@ -172,10 +173,8 @@ class CpuSession(Session):
 
     def load_artifact(self, key: str, artifact: bytes, entry: str, launch: dict | None = None) -> None:
         path = self.target.cache_dir / f"{hashlib.sha256(artifact).hexdigest()}.so"
-        if not path.exists():
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(artifact)
-            tmp.rename(path)
+        if not path.exists():   # a temporary file of its own (two sessions may store the same kernel at once)
+            atomic_write(path, artifact)
         self.loads[key] = Load(key, "so", path=str(path), entry=entry, argtypes=list(self.argtypes))
 
     def load_baseline(self, key: str, name: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from kfactory.observability.log import get_logger
+from kfactory.platform.fsutil import atomic_write
 from kfactory.problems.params import abi_argtypes
 from kfactory.sandbox.parent import Runner, RunnerFault
 from kfactory.sandbox.shm import ArenaRing, request_buffers
@@ -181,9 +182,7 @@ class CudaSession(Session):
         """The file the runner loads a cubin from (content-addressed in the target's cubin directory)."""
         path = self.target.cubin_dir / f"{hashlib.sha256(artifact).hexdigest()}.cubin"
         if not path.exists():
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(artifact)
-            tmp.rename(path)
+            atomic_write(path, artifact)
         return path
 
     def load_baseline(self, key: str, name: str) -> None:
