@@ -79,18 +79,21 @@ class Descent(Strategy):
         if not self.centres and len(self.idx):
             self._expand(0, first=True)
         while True:
-            while self._queue:
-                point = self._queue.popleft()
-                if point not in self.seen:
-                    return point
+            if (point := self._first_unseen(self._queue)) is not None:
+                return point
             row = self._next_centre()
             if row is None:
-                while self._set_aside:
-                    point = self._set_aside.popleft()
-                    if point not in self.seen:
-                        return point
-                return self._fallback()
+                point = self._first_unseen(self._set_aside)
+                return point if point is not None else self._fallback()
             self._expand(row)
+
+    def _first_unseen(self, points: deque[Point]) -> Point | None:
+        """The first of `points` not seen yet, taken off it with the seen ones before it; None when none is."""
+        while points:
+            point = points.popleft()
+            if point not in self.seen:
+                return point
+        return None
 
     def _expand(self, row: int, first: bool = False, front: bool = False) -> None:
         """Make point `row` the centre: its unseen neighbours (and, for the start, itself) are proposed next;
