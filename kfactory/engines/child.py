@@ -147,10 +147,7 @@ class Server:
             t0 = time.perf_counter()
             self._call(lambda eng: eng.prefill(tokens[:context]))
             prefill_s.append(time.perf_counter() - t0)
-            for tok in tokens[context:]:
-                t0 = time.perf_counter()
-                self._call(lambda eng: eng.decode(tok, out))
-                step_s.append(time.perf_counter() - t0)
+            step_s += self._steps(tokens[context:], out)
         e.reset()
         return {"prefill_s": prefill_s, "step_s": step_s, "context": context}, None
 
@@ -174,15 +171,19 @@ class Server:
         self._call(lambda eng: eng.prefill(tokens[:context]))
         reads, steps = [probe.read(threads)], []
         for b in range(bursts):
-            burst = []
-            for tok in tokens[context + b * n:context + (b + 1) * n]:
-                t0 = time.perf_counter()
-                self._call(lambda eng: eng.decode(tok, out))
-                burst.append(time.perf_counter() - t0)
-            steps.append(burst)
+            steps.append(self._steps(tokens[context + b * n:context + (b + 1) * n], out))
             reads.append(probe.read(threads))
         e.reset()
         return {"reads_gbps": reads, "step_s": steps, "context": context}, None
+
+    def _steps(self, tokens: list[int], out: np.ndarray) -> list[float]:
+        """One decode step a token, each timed: their seconds."""
+        seconds = []
+        for tok in tokens:
+            t0 = time.perf_counter()
+            self._call(lambda eng: eng.decode(tok, out))
+            seconds.append(time.perf_counter() - t0)
+        return seconds
 
 
 def _limit(mem_mb: int) -> None:
