@@ -1,4 +1,4 @@
-"""Helpers for tests that drive a bus (the in-memory one or NATS) directly."""
+"""Helpers for tests that drive a bus (the in-memory one or NATS) directly, or the services on it."""
 from __future__ import annotations
 
 import asyncio
@@ -38,3 +38,11 @@ async def events_until(bus: Bus, cid: str, done, timeout: float = 20.0) -> list[
             if done(out):
                 stop.set()
     return out
+
+
+async def planner_serving(planner, timeout: float = 20.0) -> None:
+    """Wait until a started planner service listens for gRPC and has caught up with the stream (or fail after
+    `timeout`)."""
+    async with asyncio.timeout(timeout):
+        while not planner.grpc_port or not planner.caught_up.is_set():
+            await asyncio.sleep(0.05)

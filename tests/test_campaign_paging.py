@@ -23,6 +23,7 @@ from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bus_helpers import planner_serving  # noqa: E402
 from tuning_synth import write_spaces  # noqa: E402
 
 SPEC = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=3, strategy="random", seed=1)
@@ -152,9 +153,7 @@ async def test_the_planners_list_comes_a_page_at_a_time(memory_bus_settings, tmp
     running = await start_services(memory_bus_settings, names=("planner",))
     planner = running.services["planner"]
     try:
-        async with asyncio.timeout(20):
-            while not planner.grpc_port or not planner.caught_up.is_set():
-                await asyncio.sleep(0.05)
+        await planner_serving(planner)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
             stub = sgrpc.CampaignsStub(ch)
             submitted = [(await stub.Submit(spb.SubmitRequest(spec=spec), timeout=30)).id for _ in range(5)]

@@ -26,6 +26,7 @@ from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bus_helpers import planner_serving  # noqa: E402
 from tuning_synth import write_spaces  # noqa: E402
 
 
@@ -48,9 +49,7 @@ async def _planner(config):
     running = await start_services(config, names=("planner",))
     planner = running.services["planner"]
     try:
-        async with asyncio.timeout(20):
-            while not planner.grpc_port or not planner.caught_up.is_set():
-                await asyncio.sleep(0.05)
+        await planner_serving(planner)
     except BaseException:
         await running.shutdown()
         raise
@@ -84,9 +83,7 @@ async def test_a_submit_while_nats_is_down_is_refused_cleanly_and_the_planner_ca
     running = await start_services(settings.model_copy(update={"nats_url": url}), names=("planner",))
     planner = running.services["planner"]
     try:
-        async with asyncio.timeout(20):
-            while not planner.grpc_port or not planner.caught_up.is_set():
-                await asyncio.sleep(0.05)
+        await planner_serving(planner)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
             campaigns = sgrpc.CampaignsStub(ch)
             server.stop()
@@ -145,9 +142,7 @@ async def test_a_start_whose_acknowledgement_was_lost_runs_its_campaign(settings
                 raise nats.errors.TimeoutError
 
         try:
-            async with asyncio.timeout(20):
-                while not planner.grpc_port or not planner.caught_up.is_set():
-                    await asyncio.sleep(0.05)
+            await planner_serving(planner)
             planner.bus.publish = lost_ack
             async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
                 status = await sgrpc.CampaignsStub(ch).Submit(spb.SubmitRequest(spec=_spec(space)), timeout=60)
