@@ -41,8 +41,9 @@ from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
 
 #: ledger parts reported per candidate, in this order; "final comparison" is reported once per campaign
-VERIFY_PARTS = ("drawing", "references", "comparison", "runner", "buffers", "kernel", "other")
-JUDGE_STAGES = ("screen", "verify", "measure")
+VERIFY_PARTS = ("drawing", "references", "comparison", "runner", "buffers", "kernel", "quiet", "other")
+#: the judge's stages, each split into VERIFY_PARTS; "ahead" is the inputs drawn before the device is held
+JUDGE_STAGES = ("ahead", "screen", "verify", "measure")
 
 
 def _baseline_settings() -> dict:
@@ -133,8 +134,8 @@ def account(ledger: dict, cost: dict, candidates: int, wall: float) -> dict:
     # what each service spent in its handlers that was neither the candidate's work nor a lease wait: bus round
     # trips, protobuf, claims, the archive; the planner's and memory's handling is all of this kind
     bus = sum(c["handler"] - c["work"] - c["wait"] for c in cost.values()) + secs.pop("planning", 0.0)
-    names = {"compile": "compile", "screen": "screening", "verify": "verify", "measure": "measuring",
-             "lease wait": "lease waits"}
+    names = {"compile": "compile", "ahead": "drawn ahead", "screen": "screening", "verify": "verify",
+             "measure": "measuring", "lease wait": "lease waits"}
     stages = {names[k]: secs.get(k, 0.0) for k in names}
     stages["bus and bookkeeping"] = max(0.0, bus)
     total = sum(stages.values())

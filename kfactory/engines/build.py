@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kfactory.judge import quiet
 from kfactory.platform.fsutil import atomic_write
 from kfactory.targets.base import check_not_interrupted
 
@@ -128,17 +129,17 @@ def _intact(out: Path) -> bool:
 def _run(cmd: list[str], source: str) -> BuildResult:
     """One compiler run over `source` on stdin: ok, or a failed BuildResult with the compiler's log."""
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    # stopped while a kernel or an engine is timed on this host (kfactory/judge/quiet.py)
+    returncode, stderr = quiet.run_compiler(cmd, COMPILE_TIMEOUT_S, stdin=source)
+    if returncode is None:
         return BuildResult(False, None, f"the compiler ran past {COMPILE_TIMEOUT_S} s", COMPILE_TIMEOUT_S,
                            False, " ".join(cmd))
     seconds = time.perf_counter() - t0
-    check_not_interrupted(proc.returncode, cmd[0])
-    if proc.returncode != 0:
-        return BuildResult(False, None, proc.stderr[-20000:] or f"{cmd[0]} exited with {proc.returncode}",
+    check_not_interrupted(returncode, cmd[0])
+    if returncode != 0:
+        return BuildResult(False, None, stderr[-20000:] or f"{cmd[0]} exited with {returncode}",
                            seconds, False, " ".join(cmd))
-    return BuildResult(True, None, proc.stderr[-20000:], seconds, False, " ".join(cmd))
+    return BuildResult(True, None, stderr[-20000:], seconds, False, " ".join(cmd))
 
 
 def _compile_units(cc: str, units: tuple[Unit, ...], tmp: Path) -> tuple[list[Path], BuildResult | None]:

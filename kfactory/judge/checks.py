@@ -3,12 +3,16 @@ its float64 references, the check of one call's outputs against them, tampering 
 input), the typed Rejection that ends a check early, and the reason of a candidate's fault."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from kfactory.judge import inputs as inp
+from kfactory.judge import quiet
 from kfactory.judge.numerics import check_from_figures, compare
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
@@ -45,26 +49,97 @@ class InputPool:
     uses before it is drawn again with a fresh seed, because drawing and computing the float64 reference of
     16M elements costs more than the kernel under test. Every draw's seed is recorded in the checks.
     `regressions` are inputs memory holds for the problem; every verification runs them too.
+
+    Sets can be drawn ahead (the `ahead_*` methods, then `serving`): before a candidate's work takes the device,
+    so that the device never waits for numpy. A small set drawn ahead is the candidate's own, used once like any
+    small set; a large one drawn ahead replaces a shared draw that is used up, and is shared from then on.
+    Methods may be called from several threads (a service's workers draw ahead while one of them holds the device).
     """
 
     def __init__(self, problem: Problem, reuse: int, regressions: list[RegressionInput] | None = None):
         self.problem, self.reuse = problem, reuse
         self.regressions = list(regressions or [])
-        self._sets: dict[tuple[str, str], list] = {}
+        self._sets: dict[tuple, list] = {}
+        self._lock = threading.Lock()
+        #: a view's sets drawn ahead, per key, each for one use (see serving)
+        self._ahead: dict[tuple, list] = {}
 
-    def _get(self, key: tuple[str, str], numel: int, make):
-        entry = self._sets.get(key)
-        if entry is None or entry[1] >= (self.reuse if numel > LARGE_ELEMENTS else 1):
-            entry = [make(), 0]
-            self._sets[key] = entry
-        entry[1] += 1
-        return entry[0]
+    def _limit(self, numel: int) -> int:
+        return self.reuse if numel > LARGE_ELEMENTS else 1
+
+    def _get(self, key: tuple, numel: int, make):
+        if self._ahead.get(key):
+            return self._ahead[key].pop()
+        with self._lock:
+            entry = self._sets.get(key)
+            if entry is not None and entry[1] < self._limit(numel):
+                entry[1] += 1
+                return entry[0]
+        value = make()  # outside the lock: another thread's use of the pool need not wait for this draw
+        with self._lock:
+            self._sets[key] = [value, 1]
+        return value
+
+    def _draw_ahead(self, ahead: dict, key: tuple, numel: int, make, paced: bool = False) -> None:
+        """Draw a set ahead as host work (kfactory.judge.quiet: never beside a timing on this host's cores, which it
+        would slow); `paced`: make() marks its own parts so."""
+        if numel <= LARGE_ELEMENTS:
+            value = make() if paced else quiet.as_host_work(make)
+            ahead.setdefault(key, []).append(value)
+            return
+        with self._lock:  # a shared draw: drawn again ahead only once it is used up
+            entry = self._sets.get(key)
+            if entry is not None and entry[1] < self.reuse:
+                return
+        value = make() if paced else quiet.as_host_work(make)
+        with self._lock:
+            entry = self._sets.get(key)
+            if entry is None or entry[1] >= self.reuse:
+                self._sets[key] = [value, 0]
+
+    def serving(self, ahead: dict) -> "InputPool":
+        """A view of this pool (the same shared draws, regressions and lock) that hands out `ahead`'s sets (filled
+        by the ahead_* methods) before drawing any; the view is the candidate's, and sets it did not use go with
+        it."""
+        view = copy.copy(self)
+        view._ahead = ahead
+        return view
+
+    def _check(self, shape: dict[str, int], dist: str):
+        return ((self.problem.shape_str(shape), dist), math.prod(shape.values()),
+                lambda: self.drawn(shape, dist, inp.fresh_seed()))
 
     def get(self, shape: dict[str, int], dist: str):
         """(inputs, float64 reference outputs, seed) for one verification check."""
-        def make():
-            return self.drawn(shape, dist, inp.fresh_seed())
-        return self._get((self.problem.shape_str(shape), dist), math.prod(shape.values()), make)
+        return self._get(*self._check(shape, dist))
+
+    def ahead_check(self, ahead: dict, shape: dict[str, int], dist: str) -> None:
+        """Draw get(shape, dist)'s set into `ahead` (see serving)."""
+        self._draw_ahead(ahead, *self._check(shape, dist))
+
+    def own(self, key: tuple, make):
+        """make()'s value for this use alone (sets no other use may see, such as the memoisation probe's), or the
+        one drawn ahead under `key` (ahead_own)."""
+        return self._ahead[key].pop() if self._ahead.get(key) else make()
+
+    def ahead_own(self, ahead: dict, key: tuple, make) -> None:
+        """Make own(key, make)'s value now, into `ahead`, as host work (see _draw_ahead)."""
+        value = quiet.as_host_work(make)
+        ahead.setdefault(key, []).append(value)
+
+    def _regression(self, reg: RegressionInput):
+        shape = self.problem.parse_shape(reg.shape)
+        return ((reg.shape, "regression", reg.distribution, reg.seed), math.prod(shape.values()),
+                lambda: self.drawn(shape, reg.distribution, reg.seed))
+
+    def regression_set(self, reg: RegressionInput):
+        """(inputs, float64 reference outputs, seed) of a regression input, drawn again from its seed (shared like
+        any set of its size: the same seed draws the same values)."""
+        return self._get(*self._regression(reg))
+
+    def ahead_regression(self, ahead: dict, reg: RegressionInput) -> None:
+        """Draw regression_set(reg) into `ahead`."""
+        self._draw_ahead(ahead, *self._regression(reg))
 
     def drawn(self, shape: dict[str, int], dist: str, seed: int):
         """(inputs, float64 reference outputs, seed) drawn with a given seed."""
@@ -73,23 +148,44 @@ class InputPool:
         with span("references"):
             return x, run_reference(self.problem, x, shape, dist), seed
 
+    def _probe(self, shape: dict[str, int]):
+        return ((self.problem.shape_str(shape), "probe"), math.prod(shape.values()),
+                lambda: self.drawn(shape, timing_dist(self.problem), inp.fresh_seed()))
+
     def probe_set(self, shape: dict[str, int]):
         """(inputs, float64 reference outputs, seed) for the check after a timing (see measure): drawn from the
         timing distribution but never one of the timing sets, shared like get()'s large sets."""
-        def make():
-            return self.drawn(shape, timing_dist(self.problem), inp.fresh_seed())
-        return self._get((self.problem.shape_str(shape), "probe"), math.prod(shape.values()), make)
+        return self._get(*self._probe(shape))
 
-    def timing_sets(self, shape: dict[str, int], cache_bytes: int):
-        """(rotating input sets larger than the cache, float64 reference outputs of every set, seeds)."""
+    def ahead_probe(self, ahead: dict, shape: dict[str, int]) -> None:
+        """Draw probe_set(shape)'s set into `ahead`."""
+        self._draw_ahead(ahead, *self._probe(shape))
+
+    def _timing(self, shape: dict[str, int], cache_bytes: int, paced: bool = False):
+        """(key, elements, make) of the timing sets; `paced`: each set drawn as host work of its own, as a set drawn
+        ahead is (kfactory.judge.quiet; a small shape's pool is hundreds of sets, which a timing should not wait
+        for all of)."""
         def make():
             seeds = [inp.fresh_seed() for _ in range(n_sets(self.problem, shape, cache_bytes))]
             dist = timing_dist(self.problem)
-            with span("drawing"):
-                sets = [inp.draw(self.problem, shape, dist, s) for s in seeds]
-            with span("references"):
-                return sets, [run_reference(self.problem, x, shape, dist) for x in sets], seeds
-        return self._get((self.problem.shape_str(shape), "timing"), math.prod(shape.values()), make)
+            sets, refs = [], []
+            for s in seeds:
+                with quiet.host_work() if paced else contextlib.nullcontext():
+                    with span("drawing"):
+                        sets.append(inp.draw(self.problem, shape, dist, s))
+                    with span("references"):
+                        refs.append(run_reference(self.problem, sets[-1], shape, dist))
+            return sets, refs, seeds
+        return (self.problem.shape_str(shape), "timing"), math.prod(shape.values()), make
+
+    def timing_sets(self, shape: dict[str, int], cache_bytes: int):
+        """(rotating input sets larger than the cache, float64 reference outputs of every set, seeds)."""
+        return self._get(*self._timing(shape, cache_bytes))
+
+    def ahead_timing(self, ahead: dict, shape: dict[str, int], cache_bytes: int) -> None:
+        """Draw timing_sets(shape)'s sets into `ahead`."""
+        key, numel, make = self._timing(shape, cache_bytes, paced=True)
+        self._draw_ahead(ahead, key, numel, make, paced=True)
 
     def screen_sets(self, shape: dict[str, int], cache_bytes: int) -> list[dict]:
         """Rotating input sets for screening timings (kfactory.judge.screening.screen): drawn once and shared by every

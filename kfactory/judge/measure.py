@@ -138,6 +138,21 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
     return out
 
 
+def drawn_ahead(session: Session, problem: Problem, shapes: list[dict[str, int]], pool: InputPool,
+                cache_bytes: int) -> InputPool:
+    """The pool a measurement at `shapes` on `session` takes its sets from, with the timing sets and the checked
+    call's set after the timing that it would draw on the host drawn now (InputPool.serving): called before the
+    device is held, so that drawing them and computing their float64 references never holds the device. Fresh
+    seeds as measure draws itself, recorded as before."""
+    ahead: dict = {}
+    for shape in shapes:
+        if not judged_on_device(session, shape, timing_dist(problem)):
+            pool.ahead_timing(ahead, shape, cache_bytes)
+            if _runs_kernels(session):
+                pool.ahead_probe(ahead, shape)
+    return pool.serving(ahead)
+
+
 def _drawn_timing(session: Session, problem: Problem, shape: dict[str, int],
                   cache_bytes: int) -> tuple[str, list[int]] | None:
     """(distribution, a fresh seed per timing set) when the session's device draws and checks the timing sets

@@ -20,21 +20,38 @@ from kfactory.sandbox.shm_args import same_bits
 from kfactory.v1 import events_pb2 as pb
 
 
-def memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) -> None:
-    """Run the probe's three calls and judge each against its own float64 reference; raise a Rejection with
-    the reason the failing step's evidence supports (the module docstring)."""
-    shape = max((s for s in problem.shapes("all") if math.prod(s.values()) <= LARGE_ELEMENTS and
-                 math.prod(s.values()) >= 64), key=lambda s: math.prod(s.values()), default=None)
-    if shape is None:
-        return
+def memo_shape(problem: Problem) -> dict[str, int] | None:
+    """The shape the probe runs at: the largest of the problem's shapes that is not large (checks.LARGE_ELEMENTS)
+    and has at least 64 elements; None when there is none."""
+    return max((s for s in problem.shapes("all") if math.prod(s.values()) <= LARGE_ELEMENTS and
+                math.prod(s.values()) >= 64), key=lambda s: math.prod(s.values()), default=None)
+
+
+def memo_key(problem: Problem, shape: dict[str, int]) -> tuple:
+    """The key of the probe's sets in an input pool (InputPool.own, ahead_own)."""
+    return problem.shape_str(shape), "memo"
+
+
+def memo_sets(problem: Problem, pool: InputPool, shape: dict[str, int]) -> list[tuple]:
+    """The probe's three steps (inputs, float64 reference, seed, label): A, an unrelated B, then A with a few
+    values changed (labelled with A's seed), drawn from the problem's first distribution."""
     dist = next(iter(problem.spec.distributions))
     a, ref_a, seed_a = pool.drawn(shape, dist, inp.fresh_seed())
     b, ref_b, seed_b = pool.drawn(shape, dist, inp.fresh_seed())
     a2 = _near_duplicate(problem, a, shape, dist)
     with span("references"):
         ref_a2 = run_reference(problem, a2, shape, "memo:near-duplicate")
-    steps = [(a, ref_a, seed_a, "memo:first"), (b, ref_b, seed_b, "memo:same-buffers"),
-             (a2, ref_a2, seed_a, "memo:near-duplicate")]
+    return [(a, ref_a, seed_a, "memo:first"), (b, ref_b, seed_b, "memo:same-buffers"),
+            (a2, ref_a2, seed_a, "memo:near-duplicate")]
+
+
+def memo_probe(session, key, problem: Problem, pool: InputPool, checks: list) -> None:
+    """Run the probe's three calls and judge each against its own float64 reference; raise a Rejection with
+    the reason the failing step's evidence supports (the module docstring)."""
+    shape = memo_shape(problem)
+    if shape is None:
+        return
+    steps = pool.own(memo_key(problem, shape), lambda: memo_sets(problem, pool, shape))
     sname = problem.shape_str(shape)
     results = _sequence(session, key, shape, steps, sname)
     for i, ((_, ref, seed, label), res) in enumerate(zip(steps, results)):

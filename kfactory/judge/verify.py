@@ -14,7 +14,7 @@ from kfactory.judge import inputs as inp
 from kfactory.judge import counter_rng
 from kfactory.judge.checks import (InputPool, Rejection, check_outputs, device_checks, fault_reason,
                                    judged_on_device, reject_tampering)
-from kfactory.judge.memo import memo_probe
+from kfactory.judge.memo import memo_key, memo_probe, memo_sets, memo_shape
 from kfactory.judge.numerics import differing_elements, same_bytes
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
@@ -55,14 +55,14 @@ def verify(session: Session, key: str, problem: Problem, pool: InputPool) -> Ver
                 _same_twice(session, key, problem, shape, *first)
         for reg in pool.regressions:
             shape = problem.parse_shape(reg.shape)
-            drawn_on = reg.distribution.removeprefix(counter_rng.PREFIX)
-            if drawn_on != reg.distribution and judged_on_device(session, shape, drawn_on):
+            if _regression_on_device(session, shape, reg):
+                drawn_on = reg.distribution.removeprefix(counter_rng.PREFIX)
                 # drawn on a device: drawn there again, bit for bit, instead of by the host twin (and a large
                 # shape's float64 reference on the host)
                 _device_checked(session, key, problem, shape, drawn_on, verdict.checks, reg.seed,
                                 f"regression:{reg.distribution}")
                 continue
-            x, ref, _ = pool.drawn(shape, reg.distribution, reg.seed)
+            x, ref, _ = pool.regression_set(reg)
             _checked_call(session, key, problem, shape, x, ref, f"regression:{reg.distribution}", reg.seed,
                           verdict.checks)
         memo_probe(session, key, problem, pool, verdict.checks)
@@ -71,6 +71,31 @@ def verify(session: Session, key: str, problem: Problem, pool: InputPool) -> Ver
     except ReferenceFailed as e:
         return Verdict(False, pb.PROBLEM_ERROR, str(e), verdict.checks)
     return verdict
+
+
+def drawn_ahead(session: Session, problem: Problem, pool: InputPool) -> InputPool:
+    """The pool a verification on `session` takes its sets from, with every set it would draw on the host drawn
+    now (InputPool.serving): called before the device is held, so that drawing inputs and computing their float64
+    references never holds the device. The sets are the same kind verify draws itself, with fresh seeds it
+    records in its checks as before."""
+    ahead: dict = {}
+    for shape in problem.shapes("all"):
+        for dist in problem.spec.distributions:
+            if not judged_on_device(session, shape, dist):
+                pool.ahead_check(ahead, shape, dist)
+    for reg in pool.regressions:
+        if not _regression_on_device(session, problem.parse_shape(reg.shape), reg):
+            pool.ahead_regression(ahead, reg)
+    if (memo_at := memo_shape(problem)) is not None:
+        pool.ahead_own(ahead, memo_key(problem, memo_at), lambda: memo_sets(problem, pool, memo_at))
+    return pool.serving(ahead)
+
+
+def _regression_on_device(session, shape: dict[str, int], reg) -> bool:
+    """Whether a regression input is drawn again where the kernel runs: one a device drew (labelled device:DIST),
+    where this session's device judges its shape."""
+    drawn_on = reg.distribution.removeprefix(counter_rng.PREFIX)
+    return drawn_on != reg.distribution and judged_on_device(session, shape, drawn_on)
 
 
 def _checked_call(session, key, problem, shape, x, ref, dist, seed, checks: list) -> dict:

@@ -62,6 +62,10 @@ class Settings(BaseSettings):
                                    "C helper where it builds (kfactory/judge/numerics.py); false: numpy only")
     runner_arenas: bool = Field(True, description="runners reuse a ring of shared-memory arenas they keep mapped, "
                                 "instead of fresh files for every call (kfactory.sandbox.shm.ArenaRing)")
+    draw_ahead: bool = Field(True, description="the verifier and the benchmarker draw a candidate's input sets and "
+                             "compute their float64 references before taking the device (kfactory.judge.checks."
+                             "InputPool.serving), so that the device never waits for them; false: drawn while the "
+                             "device is held")
     cuda_arena_mb: int = Field(2048, ge=0, description="the largest request a cuda session's ring of arenas takes "
                                "(three arenas at most that size stay allocated in /dev/shm for the session's "
                                "life); a larger one gets fresh buffers")

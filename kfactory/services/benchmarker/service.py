@@ -9,7 +9,9 @@ from kfactory.bus.topology import Stage
 from kfactory.engines.stages import is_engine
 from kfactory.engines.stages.benchmarker import measure_engine
 from kfactory.judge.screening import screen, screened_out
-from kfactory.judge.measure import measure
+from kfactory.judge import quiet
+from kfactory.judge.checks import InputPool
+from kfactory.judge.measure import drawn_ahead, measure
 from kfactory.judge.order import screen_key
 from kfactory.platform.service import RunnerService
 from kfactory.v1 import events_pb2 as pb
@@ -131,8 +133,9 @@ class BenchmarkerService(RunnerService):
         problem = self.ctx.problem(cand.problem)
         if is_engine(problem):  # a whole engine: kfactory/engines/stages/benchmarker.py, in the engine's child
             async with self.device(device.device_id) as held:
-                out = await self.work(measure_engine, problem, cand, artifact, self.settings.data_dir, device,
-                                      part="measure")
+                # timed in the engine's child on this host's cores: the process's compiles keep off them
+                out = await self.work(quiet.timed, measure_engine, problem, cand, artifact, self.settings.data_dir,
+                                      device, part="measure")
             if isinstance(out, pb.Rejected):
                 out.figures["device_seconds"] = held.seconds
             else:
@@ -144,8 +147,10 @@ class BenchmarkerService(RunnerService):
         # the device time of its screen before its verification, when it had one (kfactory/judge/order.py)
         raw = await self.claims.cache_get(screen_key(cand.campaign_id, cand.id))
         screened_before = float(raw) if raw is not None and self.settings.judge_order == "screen_first" else None
+        pool = await self._ahead(cand, session, problem, target)
         async with self.device(device.device_id) as held:
-            out = await self._time_in_full(cand, session, problem, target, device, m, screened_before is not None)
+            out = await self._time_in_full(cand, session, problem, target, device, m, screened_before is not None,
+                                           pool)
             await self.work(session.unload, cand.id, part="unload")
         seconds = held.seconds + (screened_before or 0.0)
         if isinstance(out, pb.Rejected):
@@ -160,16 +165,26 @@ class BenchmarkerService(RunnerService):
             await self._record_best(cand.campaign_id, m.score_s)
         return m
 
+    async def _ahead(self, cand, session, problem, target, part: str = "ahead") -> InputPool:
+        """The problem's input pool, with the sets a measurement at every optimisation shape draws on the host
+        drawn now, before the device is held (Settings.draw_ahead; else the pool itself); `part` names the work
+        in the stage-time ledger."""
+        pool = self.pool(cand.problem)
+        if not self.settings.draw_ahead:
+            return pool
+        return await self.work(drawn_ahead, session, problem, problem.shapes("optimize"), pool, target.cache_bytes(),
+                               part=part)
+
     async def _time_in_full(self, cand, session, problem, target, device, m: pb.Measured,
-                            screened_before: bool) -> pb.Measured | pb.Rejected:
+                            screened_before: bool, pool: InputPool) -> pb.Measured | pb.Rejected:
         """Under the lease: the screen (unless the candidate had one before its verification), then the timing
         at every optimisation shape; m, screened out or with every shape's timing, or a typed rejection."""
         if not screened_before and await self._screen(cand, session, problem, target, device, m):
             m.score_s, m.screened_out = m.timings[0].median_s, True
             return m
         for shape in problem.shapes("optimize"):
-            res = await self.work(measure, session, [cand.id], problem, shape, self.pool(cand.problem),
-                                  target.cache_bytes(), self.settings, None, device)
+            res = await self.work(measure, session, [cand.id], problem, shape, pool, target.cache_bytes(),
+                                  self.settings, None, device)
             if res.reason:
                 rej = pb.Rejected(stage="benchmarker", reason=res.reason, message=res.message,
                                   point_id=cand.point_id, params_json=cand.params_json)
@@ -226,12 +241,13 @@ class BenchmarkerService(RunnerService):
         for b in req.baselines:
             session.load_baseline(f"baseline:{b}", b)
             keys[b] = f"baseline:{b}"
+        pool = await self._ahead(cand, session, problem, target, part="compare")
         async with self.device(device.device_id):
             for shape in problem.shapes("optimize"):
                 # the comparison's timings are a measurement of the candidate too, so it is probed after them
                 # like any measurement (judge.probe_after_timing); the reference and the baselines are not
-                res = await self.work(measure, session, list(keys.values()), problem, shape,
-                                      self.pool(cand.problem), target.cache_bytes(), self.settings,
+                res = await self.work(measure, session, list(keys.values()), problem, shape, pool,
+                                      target.cache_bytes(), self.settings,
                                       self.settings.compare_max_s, device, [cand.id], part="compare")
                 sname = problem.shape_str(shape)
                 comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device)

@@ -7,7 +7,7 @@ from kfactory.bus.outcomes import Ack, Delivery, Leave, Outcome, Term
 from kfactory.bus.topology import Stage
 from kfactory.engines.stages import is_engine
 from kfactory.engines.stages.verifier import verify_engine
-from kfactory.judge.verify import verify
+from kfactory.judge.verify import drawn_ahead, verify
 from kfactory.platform.service import RunnerService
 from kfactory.v1 import events_pb2 as pb
 
@@ -38,6 +38,8 @@ class VerifierService(RunnerService):
                 session = self.session(cand)
                 session.load_artifact(cand.id, artifact, cand.entry, ev.launch_of(cand))
                 pool = await self.verification_pool(cand.problem)
+                if self.settings.draw_ahead:  # drawn and referenced before the device is held, not while
+                    pool = await self.work(drawn_ahead, session, problem, pool, part="ahead")
                 async with self.device(device.device_id) as held:
                     verdict = await self.work(verify, session, cand.id, problem, pool)
                     # a warm runner keeps no module of a candidate it is done with (issue 23)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kfactory.judge import quiet
 from kfactory.observability.stagetime import span
 from kfactory.platform.fsutil import atomic_write
 from kfactory.problems.params import abi_argtypes
@@ -120,18 +121,17 @@ class CpuTarget(Target):
             cmd = [self.settings.cc, "-x", LANG_FLAG[language], "-shared", "-fPIC", *words,
                    "-o", str(out), str(src), "-x", "none", "-Wl,-z,defs", "-lm"]
             t0 = time.perf_counter()
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
+            returncode, stderr = quiet.run_compiler(cmd, COMPILE_TIMEOUT_S)
+            if returncode is None:
                 return CompileResult(False, pb.CompileReport(compiler=" ".join(cmd)), reason=pb.COMPILE_ERROR,
                                      message=f"compiler ran past {COMPILE_TIMEOUT_S}s")
-            log = proc.stderr[-20000:]
+            log = stderr[-20000:]
             report = pb.CompileReport(compiler=" ".join(cmd), seconds=time.perf_counter() - t0,
                                       log_excerpt=log[:2000], warnings=log.count("warning:"))
-            check_not_interrupted(proc.returncode, self.settings.cc)
-            if proc.returncode != 0:
+            check_not_interrupted(returncode, self.settings.cc)
+            if returncode != 0:
                 return CompileResult(False, report, log=log, reason=pb.COMPILE_ERROR,
-                                     message=f"{self.settings.cc} exited with {proc.returncode}")
+                                     message=f"{self.settings.cc} exited with {returncode}")
             artifact = out.read_bytes()
             report.artifact_bytes = len(artifact)
             report.imports.extend(_undefined_symbols(out))
@@ -212,7 +212,9 @@ class CpuSession(Session):
                            for k in keys}
             req = Bench([BenchKernel(k, [a for a, _ in per_key[k]]) for k in keys], min_samples=min_samples,
                         min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, keep=keep)
-            reply = self.runner.request(req, timeout_s=max_s + 10 * warmup_s + self.runner.timeout_s)
+            # this host's cores are the device: the process's compiles and draws ahead keep off them meanwhile
+            with quiet.timing(on_host=True):
+                reply = self.runner.request(req, timeout_s=max_s + 10 * warmup_s + self.runner.timeout_s)
             # the output of every set the runner reached, as the last timed call on it left it: all are checked
             # (in an arena, read where the kernel wrote them)
             copy = np.array if keep is None else (lambda v: v)

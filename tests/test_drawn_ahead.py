@@ -1,0 +1,286 @@
+"""Inputs drawn ahead (kfactory.judge.checks.InputPool.serving, verify.drawn_ahead, measure.drawn_ahead): a candidate's
+input sets and their float64 references are made before its work takes the device, and the judge then draws
+nothing of its own while it holds the device, yet every set is as fresh as before and used as often as before."""
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kfactory.judge import checks, quiet
+from kfactory.judge import measure as measure_mod
+from kfactory.judge import verify as verify_mod
+from kfactory.judge.checks import InputPool, RegressionInput
+from kfactory.observability import stagetime
+from kfactory.observability.stagetime import span
+from kfactory.problems import load_problem
+from kfactory.targets import get_target
+from kfactory.sandbox.parent import Runner
+from kfactory.sandbox.protocol import Bench
+from test_campaign import _campaign
+from kfactory.v1 import events_pb2 as pb
+
+SMALL = {"rows": 3, "cols": 1000}
+ADVERSARIAL = Path(__file__).parent / "adversarial"
+
+
+@pytest.fixture(scope="module")
+def softmax():
+    return load_problem("softmax")
+
+
+def _drawing_in(fn):
+    """fn's result and the seconds of drawing and references recorded while it ran (under a span of its own)."""
+    before = stagetime.snapshot()
+    with span("probe-of-ahead"):
+        out = fn()
+    got = stagetime.since(before)
+    return out, {p.split("/")[-1] for p in got if p.startswith("probe-of-ahead/")}
+
+
+def test_a_small_set_drawn_ahead_is_handed_out_once_and_only_by_its_view(softmax):
+    pool = InputPool(softmax, reuse=8)
+    ahead: dict = {}
+    pool.ahead_check(ahead, SMALL, "normal")
+    view = pool.serving(ahead)
+    (x, ref, seed), drawn = _drawing_in(lambda: view.get(SMALL, "normal"))
+    assert drawn == set()  # nothing drawn or referenced under the device
+    assert np.array_equal(ref["y"], pool.drawn(SMALL, "normal", seed)[1]["y"])  # the set its seed draws
+    (_, _, again), drawn = _drawing_in(lambda: view.get(SMALL, "normal"))
+    assert again != seed and drawn == {"drawing", "references"}  # used once, as any small set: the next is new
+    # the pool itself, and another candidate's view, never see this candidate's sets
+    other: dict = {}
+    pool.ahead_check(other, SMALL, "normal")
+    assert pool.get(SMALL, "normal")[2] not in (seed, other[(softmax.shape_str(SMALL), "normal")][0][2])
+
+
+def test_a_large_set_drawn_ahead_is_the_next_shared_draw(softmax, monkeypatch):
+    monkeypatch.setattr(checks, "LARGE_ELEMENTS", 100)  # SMALL counts as large
+    pool = InputPool(softmax, reuse=2)
+    ahead: dict = {}
+    pool.ahead_check(ahead, SMALL, "normal")
+    assert ahead == {}  # shared, not the candidate's own
+    view = pool.serving(ahead)
+    (first, drawn) = _drawing_in(lambda: [view.get(SMALL, "normal")[2] for _ in range(2)])
+    assert first[0] == first[1] and drawn == set()  # shared by `reuse` uses, drawn before
+    pool.ahead_check(ahead, SMALL, "normal")  # used up: drawn again now
+    seeds, drawn = _drawing_in(lambda: [pool.get(SMALL, "normal")[2] for _ in range(2)])
+    assert seeds[0] == seeds[1] != first[0] and drawn == set()
+    pool.ahead_check(ahead, SMALL, "normal")  # used up again; this time one use is left after one get
+    pool.get(SMALL, "normal")
+    _, drawn = _drawing_in(lambda: pool.ahead_check(ahead, SMALL, "normal"))
+    assert drawn == set()  # a draw with a use left is not drawn again ahead
+
+
+def test_own_sets_and_regressions_drawn_ahead(softmax):
+    pool = InputPool(softmax, reuse=4)
+    ahead: dict = {}
+    calls = []
+
+    def make():
+        calls.append(1)
+        return pool.drawn(SMALL, "normal", len(calls))
+
+    for _ in range(2):
+        pool.ahead_own(ahead, ("k",), make)
+    reg = RegressionInput(softmax.shape_str(SMALL), "uniform", 12345)
+    pool.ahead_regression(ahead, reg)
+    view = pool.serving(ahead)
+    got, drawn = _drawing_in(lambda: [view.own(("k",), make)[2], view.own(("k",), make)[2],
+                                      view.regression_set(reg)])
+    assert drawn == set() and sorted(got[:2]) == [1, 2] and len(calls) == 2
+    x, _, seed = got[2]
+    assert seed == 12345 and np.array_equal(x["x"], pool.regression_set(reg)[0]["x"])  # its seed's values
+    assert view.own(("k",), make)[2] == 3  # the two made ahead are used: the third is made now
+
+
+def test_threads_never_get_one_small_set_twice(softmax):
+    pool = InputPool(softmax, reuse=8)
+    seeds: list[int] = []
+    lock = threading.Lock()
+
+    def use():
+        for _ in range(20):
+            s = pool.get({"rows": 1, "cols": 8}, "normal")[2]
+            with lock:
+                seeds.append(s)
+
+    threads = [threading.Thread(target=use) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seeds) == 80 and len(set(seeds)) == 80
+
+
+@pytest.fixture
+def honest_session(settings, small_softmax):
+    target = get_target("cpu", settings)
+    res = target.compile((ADVERSARIAL / "honest/fast.c").read_text(), "c", "-O2 -fopenmp", "kernel")
+    assert res.ok, res.message
+    session = target.session(load_problem(small_softmax), settings.threads)
+    session.load_artifact("k", res.artifact, "kernel")
+    yield session
+    session.close()
+
+
+def test_a_verification_drawn_ahead_draws_nothing_and_checks_as_much(honest_session, small_softmax):
+    softmax = load_problem(small_softmax)
+    pool = InputPool(softmax, reuse=8, regressions=[RegressionInput("7x33", "large", 99)])
+    plain = verify_mod.verify(honest_session, "k", softmax, pool)
+    view = verify_mod.drawn_ahead(honest_session, softmax, pool)
+    ahead, drawn = _drawing_in(lambda: verify_mod.verify(honest_session, "k", softmax, view))
+    assert plain.passed and ahead.passed, (plain.message, ahead.message)
+    assert "references" not in drawn and "drawing" not in drawn
+    assert [(c.shape, c.distribution) for c in ahead.checks] == [(c.shape, c.distribution) for c in plain.checks]
+    fresh = [c.seed for c in ahead.checks if not c.distribution.startswith(("regression", "memo:near"))]
+    assert len(set(fresh)) == len(fresh)  # every check on a set of its own, and none shared with the first run
+    assert not set(fresh) & {c.seed for c in plain.checks if not c.distribution.startswith("regression")}
+    assert [c.seed for c in ahead.checks if c.distribution.startswith("regression")] == [99]
+
+
+def test_a_measurement_drawn_ahead_computes_no_reference(honest_session, small_softmax, settings):
+    softmax = load_problem(small_softmax)
+    pool = InputPool(softmax, reuse=8)
+    shape = {"rows": 64, "cols": 1000}
+    view = measure_mod.drawn_ahead(honest_session, softmax, [shape], pool, 1 << 20)
+    res, drawn = _drawing_in(lambda: measure_mod.measure(honest_session, ["k"], softmax, shape, view, 1 << 20,
+                                                          settings))
+    assert res.reason == pb.REJECT_REASON_UNSPECIFIED, res.message
+    assert res.timings["k"].output_checked
+    # the timing sets and the checked call's set came drawn with their references; only the probe's two unchecked
+    # sets at the smallest shape (1x1, no reference) are drawn under the device
+    assert "references" not in drawn
+
+
+def test_drawing_ahead_waits_for_a_host_timing_to_end(softmax):
+    """A set drawn ahead is host work (kfactory.judge.quiet): on the cpu target numpy beside a timed kernel would
+    slow the kernel's timing, so it waits until the timing ends."""
+    pool = InputPool(softmax, reuse=8)
+    started, release = threading.Event(), threading.Event()
+
+    def timed():
+        with quiet.timing(on_host=True):
+            started.set()
+            release.wait(10)
+
+    t = threading.Thread(target=timed)
+    t.start()
+    started.wait(10)
+    ahead: dict = {}
+    drawer = threading.Thread(target=pool.ahead_check, args=(ahead, SMALL, "normal"))
+    drawer.start()
+    drawer.join(0.3)
+    assert drawer.is_alive() and ahead == {} and quiet.state() == (1, 0, 0, 0)  # waiting while the timing runs
+    release.set()
+    drawer.join(10)
+    t.join(10)
+    assert not drawer.is_alive() and len(ahead[(softmax.shape_str(SMALL), "normal")]) == 1
+    assert quiet.state() == (0, 0, 0, 0)
+
+
+def test_a_host_timing_waits_for_host_work_and_holds_new_work_off():
+    order: list[str] = []
+    working, release = threading.Event(), threading.Event()
+
+    def work(name, hold=None):
+        with quiet.host_work():
+            order.append(f"{name} starts")
+            if hold is not None:
+                working.set()
+                hold.wait(10)
+            order.append(f"{name} ends")
+
+    def timing():
+        with quiet.timing(on_host=True):
+            order.append("timing")
+
+    first = threading.Thread(target=work, args=("draw 1", release))
+    first.start()
+    working.wait(10)
+    timer = threading.Thread(target=timing)
+    timer.start()
+    timer.join(0.2)
+    assert timer.is_alive() and quiet.state() == (0, 1, 1, 0)  # the timing waits for the draw running
+    second = threading.Thread(target=work, args=("draw 2",))
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # new host work waits behind the waiting timing
+    release.set()
+    for t in (first, timer, second):
+        t.join(10)
+    assert order == ["draw 1 starts", "draw 1 ends", "timing", "draw 2 starts", "draw 2 ends"]
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (/proc/PID/stat: T stopped, R running, S sleeping)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_a_compiler_and_the_programs_it_started_are_stopped_while_a_host_timing_runs():
+    """A compile beside the device is never beside a timing: its process and those it started (a compiler driver's
+    cc1, as, ld) are stopped for the timing and go on after it, so the device waits for no compile."""
+    script = "sh -c 'while :; do :; done' & while :; do :; done"  # a busy parent with a busy child
+    with subprocess.Popen(["sh", "-c", script]) as proc:
+        try:
+            with quiet.process(proc.pid):
+                time.sleep(0.3)
+                child = quiet._children(proc.pid)
+                assert len(child) == 1
+                with quiet.timing(on_host=True):
+                    time.sleep(0.1)
+                    assert _state(proc.pid) == _state(child[0]) == "T"
+                    ticks = (_cpu_ticks(proc.pid), _cpu_ticks(child[0]))
+                    time.sleep(0.3)
+                    assert (_cpu_ticks(proc.pid), _cpu_ticks(child[0])) == ticks  # no CPU while the timing runs
+                    assert quiet.state() == (1, 0, 0, 2)
+                time.sleep(0.3)
+                assert _state(proc.pid) in "RS" and _state(child[0]) in "RS"
+                assert quiet.state() == (0, 0, 0, 0)
+                with quiet.timing(on_host=False):  # a kernel timed elsewhere (a GPU) stops nothing
+                    time.sleep(0.1)
+                    assert _state(proc.pid) in "RS"
+        finally:
+            subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)], check=False)
+            proc.kill()
+
+
+def test_a_compiler_started_during_a_host_timing_is_stopped_at_once():
+    with quiet.timing(on_host=True), subprocess.Popen(["sh", "-c", "while :; do :; done"]) as proc:
+        try:
+            with quiet.process(proc.pid):
+                time.sleep(0.1)
+                assert _state(proc.pid) == "T"
+        finally:
+            proc.kill()
+    assert quiet.state() == (0, 0, 0, 0)
+
+
+async def test_in_a_campaign_nothing_of_its_own_runs_beside_a_timing(bus_settings, small_softmax, monkeypatch):
+    """In a real campaign (six services, a real nats-server, compiles running ahead of the device), every timing on
+    the host's cores finds no draw of the judge's running and every compiler of the campaign stopped."""
+    seen: list[tuple] = []
+    real = Runner.request
+
+    def request(self, req, *args, **kwargs):
+        if isinstance(req, Bench):  # a timing, as the runner is about to be asked for it
+            procs = sorted(quiet._procs)
+            seen.append((quiet.state()[2], [_state(p) for p in procs if Path(f"/proc/{p}").exists()]))
+        return real(self, req, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "request", request)
+    spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=8, strategy="random", seed=5)
+    st, _ = await _campaign(bus_settings, spec)
+    assert st.finished.state == "completed"
+    assert len(seen) >= 8
+    assert all(host == 0 for host, _ in seen), seen
+    assert all(state in ("T", "Z") for _, states in seen for state in states), [s for s in seen if s[1]]
