@@ -3,7 +3,9 @@ input sets and their float64 references are made before its work takes the devic
 nothing of its own while it holds the device, yet every set is as fresh as before and used as often as before."""
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -284,3 +286,81 @@ async def test_in_a_campaign_nothing_of_its_own_runs_beside_a_timing(bus_setting
     assert len(seen) >= 8
     assert all(host == 0 for host, _ in seen), seen
     assert all(state in ("T", "Z") for _, states in seen for state in states), [s for s in seen if s[1]]
+
+
+def test_a_timing_that_fails_while_stopping_leaves_nothing_stopped_or_shut(monkeypatch):
+    """A Ctrl-C (or any error) while a timing stops the compilers: the timing never began, the gate is open and
+    every process it had stopped goes on."""
+    with subprocess.Popen(["sh", "-c", "while :; do :; done"]) as proc:
+        try:
+            with quiet.process(proc.pid):
+                real = quiet._stop
+
+                def stop_then_fail(pid):
+                    real(pid)
+                    raise KeyboardInterrupt
+
+                monkeypatch.setattr(quiet, "_stop", stop_then_fail)
+                with pytest.raises(KeyboardInterrupt), quiet.timing(on_host=True):
+                    pass
+                assert quiet.state() == (0, 0, 0, 0)
+                time.sleep(0.1)
+                assert _state(proc.pid) in "RS"
+        finally:
+            proc.kill()
+    assert quiet._state(proc.pid) == ""  # reaped: no state, no error
+
+
+def test_time_stopped_does_not_count_toward_a_compilers_limit():
+    release = threading.Event()
+
+    def hold():
+        with quiet.timing(on_host=True):
+            release.wait(10)
+
+    got: list = []
+    compiler = threading.Thread(target=lambda: got.append(quiet.run_compiler(["sh", "-c", "sleep 0.5"], 1.0)))
+    compiler.start()
+    time.sleep(0.1)
+    holder = threading.Thread(target=hold)
+    holder.start()
+    time.sleep(1.5)  # past the compiler's 1 s limit, all but 0.1 s of it stopped
+    release.set()
+    holder.join(10)
+    compiler.join(10)
+    assert got == [(0, "")]  # finished once resumed, not killed as too slow
+
+
+def test_compilers_stopped_by_a_process_that_dies_go_on(tmp_path):
+    """The guard: kfactory killed (SIGKILL) in the middle of a timing leaves no compiler stopped for good."""
+    script = tmp_path / "die.py"
+    script.write_text(
+        "import os, signal, subprocess, sys, time\n"
+        "from kfactory.judge import quiet\n"
+        "proc = subprocess.Popen(['sh', '-c', 'while :; do :; done'], stdout=subprocess.DEVNULL,\n"
+        "                        stderr=subprocess.DEVNULL)\n"
+        "print(proc.pid, flush=True)\n"
+        "with quiet.process(proc.pid), quiet.timing(on_host=True):\n"
+        "    time.sleep(0.2)\n"
+        "    print('stopped', flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    # its stdout read line by line: the guard it starts outlives it by a moment and keeps stderr open
+    with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) as run:
+        assert run.stdout is not None
+        pid, said = int(run.stdout.readline()), run.stdout.readline().strip()
+        returncode = run.wait(60)
+    try:
+        assert said == "stopped" and returncode == -9
+        deadline = time.monotonic() + 5
+        while _state(pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _state(pid) in ("R", "S")
+    finally:
+        os.kill(pid, 9)
+
+
+def test_regression_sets_are_not_kept_in_the_pool(softmax):
+    pool = InputPool(softmax, reuse=8)
+    for seed in range(5):
+        pool.regression_set(RegressionInput(softmax.shape_str(SMALL), "normal", seed))
+    assert not any("regression" in key for key in pool._sets)

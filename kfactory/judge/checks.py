@@ -129,17 +129,17 @@ class InputPool:
 
     def _regression(self, reg: RegressionInput):
         shape = self.problem.parse_shape(reg.shape)
-        return ((reg.shape, "regression", reg.distribution, reg.seed), math.prod(shape.values()),
+        return ((reg.shape, "regression", reg.distribution, reg.seed),
                 lambda: self.drawn(shape, reg.distribution, reg.seed))
 
     def regression_set(self, reg: RegressionInput):
-        """(inputs, float64 reference outputs, seed) of a regression input, drawn again from its seed (shared like
-        any set of its size: the same seed draws the same values)."""
-        return self._get(*self._regression(reg))
+        """(inputs, float64 reference outputs, seed) of a regression input, drawn again from its seed for this use
+        (never kept in the pool: memory's regression inputs change, and each is a different set)."""
+        return self.own(*self._regression(reg))
 
     def ahead_regression(self, ahead: dict, reg: RegressionInput) -> None:
         """Draw regression_set(reg) into `ahead`."""
-        self._draw_ahead(ahead, *self._regression(reg))
+        self.ahead_own(ahead, *self._regression(reg))
 
     def drawn(self, shape: dict[str, int], dist: str, seed: int):
         """(inputs, float64 reference outputs, seed) drawn with a given seed."""
@@ -192,20 +192,22 @@ class InputPool:
         screen, with no reference, since a screen checks nothing and decides nothing but whether a candidate
         is judged at all (one that passes is verified on fresh inputs like any other)."""
         key = (self.problem.shape_str(shape), "screen")
-        if key not in self._sets:
-            with span("drawing"):
-                dist = timing_dist(self.problem)
-                self._sets[key] = [[inp.draw(self.problem, shape, dist, inp.fresh_seed())
-                                    for _ in range(n_sets(self.problem, shape, cache_bytes))], 0]
-        return self._sets[key][0]
+        with self._lock:  # drawn once for every screen of the pool's life: two screens at once share one draw
+            if key not in self._sets:
+                with span("drawing"):
+                    dist = timing_dist(self.problem)
+                    self._sets[key] = [[inp.draw(self.problem, shape, dist, inp.fresh_seed())
+                                        for _ in range(n_sets(self.problem, shape, cache_bytes))], 0]
+            return self._sets[key][0]
 
     def screen_seeds(self, shape: dict[str, int], cache_bytes: int) -> list[int]:
         """The seeds of the screening sets a device draws itself (Session.bench_drawn), chosen once and shared by
         every screen as screen_sets' sets are."""
         key = (self.problem.shape_str(shape), "screen-seeds")
-        if key not in self._sets:
-            self._sets[key] = [[inp.fresh_seed() for _ in range(n_sets(self.problem, shape, cache_bytes))], 0]
-        return self._sets[key][0]
+        with self._lock:
+            if key not in self._sets:
+                self._sets[key] = [[inp.fresh_seed() for _ in range(n_sets(self.problem, shape, cache_bytes))], 0]
+            return self._sets[key][0]
 
 
 def check_outputs(problem: Problem, outputs: dict, ref: dict, shape: str, dist: str, seed: int,

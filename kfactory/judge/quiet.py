@@ -26,6 +26,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -37,6 +38,9 @@ _waiting = 0                # host timings waiting for host work to end (they go
 _host = 0                   # host work running in threads
 _procs: set[int] = set()    # compilers running for this process
 _stopped: list[int] = []    # the processes a running timing stopped
+_stopped_since = 0.0        # when they were stopped (monotonic)
+_stopped_s: dict[int, float] = {}  # per registered compiler, the seconds it spent stopped so far
+_guard: subprocess.Popen | None = None  # resumes what is stopped if this process dies (_guarded)
 
 #: the longest a timing waits for a process it stopped to show stopped (it does within a scheduler tick)
 STOP_WAIT_S = 0.1
@@ -60,17 +64,26 @@ def timing(on_host: bool):
         finally:
             _waiting -= 1
         _timings += 1
-        if _timings == 1:
-            for pid in _procs:
-                _stop(pid)
+        try:
+            if _timings == 1:
+                for pid in sorted(_procs):
+                    _stop(pid)
+        except BaseException:  # (a Ctrl-C while stopping): the timing never began, so nothing may stay stopped
+            _end_timing()
+            raise
     try:
         yield
     finally:
         with _cond:
-            _timings -= 1
-            if not _timings:
-                _resume()
-            _cond.notify_all()
+            _end_timing()
+
+
+def _end_timing() -> None:
+    global _timings
+    _timings -= 1
+    if not _timings:
+        _resume()
+    _cond.notify_all()
 
 
 @contextlib.contextmanager
@@ -78,7 +91,7 @@ def host_work():
     """Mark the block as work in this thread on this host's cores that would slow a host timing: it starts once
     no host timing runs or waits to run."""
     global _host
-    with _cond:
+    with span("quiet"), _cond:  # the wait: time the kernels ran, not this work's own
         _cond.wait_for(lambda: _timings == 0 and _waiting == 0, WAIT_MAX_S)
         _host += 1
     try:
@@ -98,59 +111,93 @@ def as_host_work(fn, *args):
 @contextlib.contextmanager
 def process(pid: int):
     """Mark a compiler this process started (`pid`, with the programs it starts) as host work: stopped while a host
-    timing runs (at once if one runs now), going on when it ends."""
+    timing runs (at once if one runs now), going on when it ends. Its pid is forgotten before it is reaped."""
     with _cond:
         _procs.add(pid)
-        if _timings:
-            _stop(pid)
+        _stopped_s[pid] = 0.0
+        try:
+            if _timings:
+                _stop(pid)
+        except BaseException:
+            _forget(pid)
+            raise
     try:
         yield
     finally:
         with _cond:
-            _procs.discard(pid)
+            _forget(pid)
+
+
+def _forget(pid: int) -> None:
+    _procs.discard(pid)
+    _stopped_s.pop(pid, None)
+
+
+def stopped_seconds(pid: int) -> float:
+    """The seconds a registered compiler has spent stopped so far (a stop under way counts to now)."""
+    with _cond:
+        under_way = time.monotonic() - _stopped_since if pid in _stopped else 0.0
+        return _stopped_s.get(pid, 0.0) + under_way
 
 
 def run_compiler(cmd: list[str], timeout_s: float, stdin: str | None = None) -> tuple[int | None, str]:
     """(exit status, stderr) of a compiler run for this process (`stdin` its input), or (None, "") when it ran
     past `timeout_s` (then killed). It is stopped while a kernel is timed on this host (process()), so compiling
-    ahead of the device never slows a timing; the time it spends stopped counts toward its limit."""
+    ahead of the device never slows a timing; the time it spends stopped does not count toward its limit."""
     with subprocess.Popen(cmd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc, process(proc.pid):
-        try:
-            _, stderr = proc.communicate(stdin, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return None, ""
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        with process(proc.pid):
+            start, data = time.monotonic(), stdin
+            while True:
+                left = start + timeout_s + stopped_seconds(proc.pid) - time.monotonic()
+                try:
+                    _, stderr = proc.communicate(data, timeout=max(left, 0.01))
+                    break
+                except subprocess.TimeoutExpired:
+                    data = None  # sent already: a retried communicate() loses nothing
+                    if start + timeout_s + stopped_seconds(proc.pid) > time.monotonic():
+                        continue  # it was stopped for part of the time: its limit moves on by as much
+                    proc.kill()
+                    proc.communicate()
+                    return None, ""
     return proc.returncode, stderr
 
 
-def timed(fn, *args):
-    """fn(*args) as a timing on this host (timing(on_host=True)): for work that times kernels in a child of its own
-    (an engine)."""
-    with timing(on_host=True):
+def timed(on_host: bool, fn, *args):
+    """fn(*args) as a timing (timing(on_host)): for work that times kernels in a child of its own (an engine)."""
+    with timing(on_host):
         return fn(*args)
 
 
 def _stop(pid: int) -> None:
-    """SIGSTOP pid, then the processes it started (each stopped before its children are listed, so none starts
-    another behind the walk), and wait until each has stopped (a signal takes effect when its process next runs,
-    which may be a moment after kill() returns); remembered for _resume."""
+    """SIGSTOP pid, then the processes it started, and wait until none of them runs (a signal takes effect when
+    its process next runs, which may be a moment after kill() returns; a child it started meanwhile is found by
+    the walk after its parent's stop took effect); remembered for _resume, and told to the guard first."""
+    global _stopped_since
+    if not _stopped:
+        _stopped_since = time.monotonic()
+    _start_guard()
     todo, stopping = [pid], []
     while todo:
         p = todo.pop()
+        _tell_guard(str(p))
         if _signal(p, signal.SIGSTOP):
             stopping.append(p)
-            todo.extend(_children(p))
-    _stopped.extend(stopping)
-    deadline = time.monotonic() + STOP_WAIT_S
-    while any(_running(p) for p in stopping) and time.monotonic() < deadline:
-        time.sleep(0.001)
+            _stopped.append(p)
+            deadline = time.monotonic() + STOP_WAIT_S
+            while _running(p) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            todo.extend(c for c in _children(p) if c not in stopping)
 
 
 def _resume() -> None:
+    now = time.monotonic()
+    for pid in _procs:
+        if pid in _stopped:
+            _stopped_s[pid] = _stopped_s.get(pid, 0.0) + (now - _stopped_since)
     while _stopped:
         _signal(_stopped.pop(), signal.SIGCONT)
+    _tell_guard("resumed")
 
 
 def _signal(pid: int, sig: int) -> bool:
@@ -161,30 +208,75 @@ def _signal(pid: int, sig: int) -> bool:
     return True
 
 
-def _running(pid: int) -> bool:
-    """Whether `pid` has yet to stop (/proc/PID/stat's state is neither T, stopped, nor Z, ended); False once gone."""
+def _state(pid: int) -> str:
+    """A process's state letter from /proc/PID/stat ("" once it has ended)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
-    except FileNotFoundError:  # it ended
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("T", "t", "Z", "X")
+    except (FileNotFoundError, ProcessLookupError):  # it ended (a read racing its reaping fails with ESRCH)
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is on a CPU or ready to be (R): one asleep or in disk wait stops before it runs again."""
+    return _state(pid) == "R"
 
 
 def _children(pid: int) -> list[int]:
-    """The processes `pid`'s threads started (Linux's /proc/PID/task/TID/children); none once it has ended."""
+    """The processes `pid`'s threads started (Linux's /proc/PID/task/TID/children, reliable once pid is stopped);
+    none once it has ended."""
     out: list[int] = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:  # it ended
+    except (FileNotFoundError, ProcessLookupError):  # it ended
         return out
     for tid in tasks:
         try:
             with open(f"/proc/{pid}/task/{tid}/children") as f:
                 out.extend(int(c) for c in f.read().split())
-        except FileNotFoundError:  # that thread (or the kernel's children file) is gone
+        except (FileNotFoundError, ProcessLookupError):  # that thread (or the kernel's children file) is gone
             continue
     return out
+
+
+#: the guard: a process of its own that holds the pids this process stopped and, should this process die while
+#: they are stopped (killed, crashed), resumes them when its stdin closes, so that no compiler stays stopped
+GUARD = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+held = set()
+for line in sys.stdin:
+    word = line.strip()
+    if word == "resumed":
+        held.clear()
+    elif word:
+        held.add(int(word))
+for pid in held:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+"""
+
+
+def _start_guard() -> None:
+    """The guard, started on the first stop (and again should it have died)."""
+    global _guard
+    if _guard is None or _guard.poll() is not None:
+        _guard = subprocess.Popen([sys.executable, "-c", GUARD], stdin=subprocess.PIPE, text=True,
+                                  stdout=subprocess.DEVNULL)
+
+
+def _tell_guard(word: str) -> None:
+    """Tell the guard a pid about to be stopped, or "resumed"."""
+    if _guard is None or _guard.stdin is None or _guard.poll() is not None:
+        return
+    try:
+        _guard.stdin.write(word + "\n")
+        _guard.stdin.flush()
+    except BrokenPipeError:  # it died since: the next stop starts another
+        return
 
 
 def state() -> tuple[int, int, int, int]:

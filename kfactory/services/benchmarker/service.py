@@ -133,9 +133,9 @@ class BenchmarkerService(RunnerService):
         problem = self.ctx.problem(cand.problem)
         if is_engine(problem):  # a whole engine: kfactory/engines/stages/benchmarker.py, in the engine's child
             async with self.device(device.device_id) as held:
-                # timed in the engine's child on this host's cores: the process's compiles keep off them
-                out = await self.work(quiet.timed, measure_engine, problem, cand, artifact, self.settings.data_dir,
-                                      device, part="measure")
+                # timed in the engine's child: on a cpu, the process's compiles keep off the cores meanwhile
+                out = await self.work(quiet.timed, target.name == "cpu", measure_engine, problem, cand, artifact,
+                                      self.settings.data_dir, device, part="measure")
             if isinstance(out, pb.Rejected):
                 out.figures["device_seconds"] = held.seconds
             else:
