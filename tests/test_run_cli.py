@@ -67,8 +67,9 @@ def test_ctrl_c_cancels_the_campaign_and_writes_what_finished(tmp_path, host_cei
     data = json.loads(summary.read_text())
     assert data["state"] == "cancelled" and 1 <= data["counts"]["verified"] and data["counts"]["proposed"] < 41
     assert (tmp_path / data["report"]).exists() or os.path.exists(data["report"])
-    # where the services' time went: the verifications that finished drew inputs and ran float64 references
-    for part in ("verify/drawing", "verify/references"):
+    # where the services' time went: the verifications that finished drew inputs and ran float64 references, ahead
+    # of taking the device (kfactory/judge/verify.py drawn_ahead)
+    for part in ("ahead/drawing", "ahead/references"):
         seconds, times = data["stage_seconds"][part]
         assert seconds > 0 and times >= 1, (part, data["stage_seconds"])
 

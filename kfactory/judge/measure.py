@@ -145,11 +145,14 @@ def drawn_ahead(session: Session, problem: Problem, shapes: list[dict[str, int]]
     device is held, so that drawing them and computing their float64 references never holds the device. Fresh
     seeds as measure draws itself, recorded as before."""
     ahead: dict = {}
-    for shape in shapes:
-        if not judged_on_device(session, shape, timing_dist(problem)):
-            pool.ahead_timing(ahead, shape, cache_bytes)
-            if _runs_kernels(session):
-                pool.ahead_probe(ahead, shape)
+    try:
+        for shape in shapes:
+            if not judged_on_device(session, shape, timing_dist(problem)):
+                pool.ahead_timing(ahead, shape, cache_bytes)
+                if _runs_kernels(session):
+                    pool.ahead_probe(ahead, shape)
+    except ReferenceFailed:
+        pass  # the problem's reference failed: measure meets it again at that set and gives its typed failure
     return pool.serving(ahead)
 
 

@@ -79,15 +79,18 @@ def drawn_ahead(session: Session, problem: Problem, pool: InputPool) -> InputPoo
     references never holds the device. The sets are the same kind verify draws itself, with fresh seeds it
     records in its checks as before."""
     ahead: dict = {}
-    for shape in problem.shapes("all"):
-        for dist in problem.spec.distributions:
-            if not judged_on_device(session, shape, dist):
-                pool.ahead_check(ahead, shape, dist)
-    for reg in pool.regressions:
-        if not _regression_on_device(session, problem.parse_shape(reg.shape), reg):
-            pool.ahead_regression(ahead, reg)
-    if (memo_at := memo_shape(problem)) is not None:
-        pool.ahead_own(ahead, memo_key(problem, memo_at), lambda: memo_sets(problem, pool, memo_at))
+    try:
+        for shape in problem.shapes("all"):
+            for dist in problem.spec.distributions:
+                if not judged_on_device(session, shape, dist):
+                    pool.ahead_check(ahead, shape, dist)
+        for reg in pool.regressions:
+            if not _regression_on_device(session, problem.parse_shape(reg.shape), reg):
+                pool.ahead_regression(ahead, reg)
+        if (memo_at := memo_shape(problem)) is not None:
+            pool.ahead_own(ahead, memo_key(problem, memo_at), lambda: memo_sets(problem, pool, memo_at))
+    except ReferenceFailed:
+        pass  # the problem's reference failed: verify meets it again at that set and gives its typed verdict
     return pool.serving(ahead)
 
 
