@@ -38,9 +38,9 @@ _waiting = 0                # host timings waiting for host work to end (they go
 _host = 0                   # host work running in threads
 _procs: set[int] = set()    # compilers running for this process
 _stopped: list[int] = []    # the processes a running timing stopped
-_stopped_since = 0.0        # when they were stopped (monotonic)
-_stopped_s: dict[int, float] = {}  # per registered compiler, the seconds it spent stopped so far
-_guard: subprocess.Popen | None = None  # resumes what is stopped if this process dies (_guarded)
+_since: dict[int, float] = {}      # per registered compiler stopped now, when (monotonic)
+_stopped_s: dict[int, float] = {}  # per registered compiler, the seconds it spent stopped before
+_guard: subprocess.Popen | None = None  # resumes what is stopped if this process dies (_start_guard)
 
 #: the longest a timing waits for a process it stopped to show stopped (it does within a scheduler tick)
 STOP_WAIT_S = 0.1
@@ -111,7 +111,7 @@ def as_host_work(fn, *args):
 @contextlib.contextmanager
 def process(pid: int):
     """Mark a compiler this process started (`pid`, with the programs it starts) as host work: stopped while a host
-    timing runs (at once if one runs now), going on when it ends. Its pid is forgotten before it is reaped."""
+    timing runs (at once if one runs now), going on when it ends."""
     with _cond:
         _procs.add(pid)
         _stopped_s[pid] = 0.0
@@ -131,12 +131,13 @@ def process(pid: int):
 def _forget(pid: int) -> None:
     _procs.discard(pid)
     _stopped_s.pop(pid, None)
+    _since.pop(pid, None)
 
 
 def stopped_seconds(pid: int) -> float:
     """The seconds a registered compiler has spent stopped so far (a stop under way counts to now)."""
     with _cond:
-        under_way = time.monotonic() - _stopped_since if pid in _stopped else 0.0
+        under_way = time.monotonic() - _since[pid] if pid in _since else 0.0
         return _stopped_s.get(pid, 0.0) + under_way
 
 
@@ -173,9 +174,7 @@ def _stop(pid: int) -> None:
     """SIGSTOP pid, then the processes it started, and wait until none of them runs (a signal takes effect when
     its process next runs, which may be a moment after kill() returns; a child it started meanwhile is found by
     the walk after its parent's stop took effect); remembered for _resume, and told to the guard first."""
-    global _stopped_since
-    if not _stopped:
-        _stopped_since = time.monotonic()
+    _since[pid] = time.monotonic()
     _start_guard()
     todo, stopping = [pid], []
     while todo:
@@ -192,9 +191,9 @@ def _stop(pid: int) -> None:
 
 def _resume() -> None:
     now = time.monotonic()
-    for pid in _procs:
-        if pid in _stopped:
-            _stopped_s[pid] = _stopped_s.get(pid, 0.0) + (now - _stopped_since)
+    for pid, since in _since.items():
+        _stopped_s[pid] = _stopped_s.get(pid, 0.0) + (now - since)
+    _since.clear()
     while _stopped:
         _signal(_stopped.pop(), signal.SIGCONT)
     _tell_guard("resumed")
