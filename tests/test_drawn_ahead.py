@@ -3,7 +3,6 @@ input sets and their float64 references are made before its work takes the devic
 nothing of its own while it holds the device, yet every set is as fresh as before and used as often as before."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -339,24 +338,26 @@ def test_compilers_stopped_by_a_process_that_dies_go_on(tmp_path):
         "from kfactory.judge import quiet\n"
         "proc = subprocess.Popen(['sh', '-c', 'while :; do :; done'], stdout=subprocess.DEVNULL,\n"
         "                        stderr=subprocess.DEVNULL)\n"
+        f"open({str(tmp_path / 'pid')!r}, 'w').write(str(proc.pid))\n"
         "print(proc.pid, flush=True)\n"
         "with quiet.process(proc.pid), quiet.timing(on_host=True):\n"
         "    time.sleep(0.2)\n"
         "    print('stopped', flush=True)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n")
-    # its stdout read line by line: the guard it starts outlives it by a moment and keeps stderr open
-    with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) as run:
-        assert run.stdout is not None
-        pid, said = int(run.stdout.readline()), run.stdout.readline().strip()
-        returncode = run.wait(60)
     try:
+        # its stdout read line by line: the guard it starts outlives it by a moment and keeps stderr open
+        with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) as run:
+            assert run.stdout is not None
+            pid, said = int(run.stdout.readline()), run.stdout.readline().strip()
+            returncode = run.wait(60)
         assert said == "stopped" and returncode == -9
         deadline = time.monotonic() + 5
         while _state(pid) == "T" and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _state(pid) in ("R", "S")
-    finally:
-        os.kill(pid, 9)
+    finally:  # the busy loop, whatever failed (its pid written before anything could)
+        if (tmp_path / "pid").exists():
+            subprocess.run(["kill", "-9", (tmp_path / "pid").read_text()], check=False)
 
 
 def test_regression_sets_are_not_kept_in_the_pool(softmax):
