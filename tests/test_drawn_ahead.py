@@ -365,3 +365,46 @@ def test_regression_sets_are_not_kept_in_the_pool(softmax):
     for seed in range(5):
         pool.regression_set(RegressionInput(softmax.shape_str(SMALL), "normal", seed))
     assert not any("regression" in key for key in pool._sets)
+
+
+def test_a_timing_waits_for_half_a_set_drawn_ahead(softmax):
+    """A set drawn ahead is two pieces of host work, its draw and its float64 reference: a timing that asks while the
+    draw runs goes between them, and waits for no reference."""
+    big = {"rows": 4096, "cols": 4096}   # a draw of 16M elements: a tenth of a second, long enough to ask inside
+    pool = InputPool(softmax, reuse=8)
+    inside: list = []
+
+    def timed():
+        with quiet.timing(on_host=True):
+            inside.append(stagetime.snapshot().get("references", (0.0, 0))[1])
+
+    refs_before = stagetime.snapshot().get("references", (0.0, 0))[1]
+    drawer = threading.Thread(target=pool.ahead_check, args=({}, big, "normal"))
+    drawer.start()
+    deadline = time.monotonic() + 10
+    while quiet.state()[2] == 0 and time.monotonic() < deadline:  # the draw's host work has begun
+        time.sleep(0.001)
+    t = threading.Thread(target=timed)
+    t.start()
+    while quiet.state()[1] == 0 and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    t.join(20)
+    drawer.join(20)
+    assert inside == [refs_before]  # the timing ran after the draw and before its reference
+    assert stagetime.snapshot()["references"][1] == refs_before + 1
+    assert quiet.state() == (0, 0, 0, 0)
+
+
+def test_a_small_shapes_timing_pool_is_shared_like_a_large_set(softmax):
+    """A timing pool of many small sets (softmax 1x50257: a set per 400 KB of twice the cache) costs as much to draw
+    and reference as one large set, and is shared by `reuse` uses as one; a single small set is not."""
+    small = {"rows": 1, "cols": 50257}
+    cache = 64 << 20  # the cpu target's: twice a 32 MiB last-level cache
+    pool = InputPool(softmax, reuse=3)
+    seeds = [tuple(pool.timing_sets(small, cache)[2]) for _ in range(4)]
+    assert len(seeds[0]) == checks.n_sets(softmax, small, cache) > 100
+    assert seeds[0] == seeds[1] == seeds[2] != seeds[3]  # three uses, then a fresh draw
+    assert set(seeds[0]).isdisjoint(seeds[3])
+    # a pool of two sets of a tiny shape stays under LARGE_ELEMENTS: drawn anew for every use
+    tiny = {"rows": 3, "cols": 1000}
+    assert pool.timing_sets(tiny, 1)[2] != pool.timing_sets(tiny, 1)[2]

@@ -45,10 +45,11 @@ class RegressionInput:
 class InputPool:
     """Fresh inputs and their float64 references per (shape, distribution), and timing pools per shape.
 
-    Small sets are drawn anew for every use; a large set (over LARGE_ELEMENTS) is shared by at most `reuse`
-    uses before it is drawn again with a fresh seed, because drawing and computing the float64 reference of
-    16M elements costs more than the kernel under test. Every draw's seed is recorded in the checks.
-    `regressions` are inputs memory holds for the problem; every verification runs them too.
+    Small sets are drawn anew for every use; a large set (over LARGE_ELEMENTS; a timing pool counts its sets'
+    elements together) is shared by at most `reuse` uses before it is drawn again with a fresh seed, because
+    drawing and computing the float64 reference of 16M elements costs more than the kernel under test. Every
+    draw's seed is recorded in the checks. `regressions` are inputs memory holds for the problem; every
+    verification runs them too.
 
     Sets can be drawn ahead (the `ahead_*` methods, then `serving`): before a candidate's work takes the device,
     so that the device never waits for numpy. A small set drawn ahead is the candidate's own, used once like any
@@ -80,18 +81,18 @@ class InputPool:
             self._sets[key] = [value, 1]
         return value
 
-    def _draw_ahead(self, ahead: dict, key: tuple, numel: int, make, paced: bool = False) -> None:
-        """Draw a set ahead as host work (kfactory.judge.quiet: never beside a timing on this host's cores, which it
-        would slow); `paced`: make() marks its own parts so."""
+    def _draw_ahead(self, ahead: dict, key: tuple, numel: int, make) -> None:
+        """Draw a set ahead with make(), which marks its parts as host work (kfactory.judge.quiet: never beside a
+        timing on this host's cores, which it would slow, and in parts short enough for a timing to wait for)."""
         if numel <= LARGE_ELEMENTS:
-            value = make() if paced else quiet.as_host_work(make)
+            value = make()
             ahead.setdefault(key, []).append(value)
             return
         with self._lock:  # a shared draw: drawn again ahead only once it is used up
             entry = self._sets.get(key)
             if entry is not None and entry[1] < self.reuse:
                 return
-        value = make() if paced else quiet.as_host_work(make)
+        value = make()
         with self._lock:
             entry = self._sets.get(key)
             if entry is None or entry[1] >= self.reuse:
@@ -105,9 +106,9 @@ class InputPool:
         view._ahead = ahead
         return view
 
-    def _check(self, shape: dict[str, int], dist: str):
+    def _check(self, shape: dict[str, int], dist: str, paced: bool = False):
         return ((self.problem.shape_str(shape), dist), math.prod(shape.values()),
-                lambda: self.drawn(shape, dist, inp.fresh_seed()))
+                lambda: self.drawn(shape, dist, inp.fresh_seed(), paced))
 
     def get(self, shape: dict[str, int], dist: str):
         """(inputs, float64 reference outputs, seed) for one verification check."""
@@ -115,7 +116,7 @@ class InputPool:
 
     def ahead_check(self, ahead: dict, shape: dict[str, int], dist: str) -> None:
         """Draw get(shape, dist)'s set into `ahead` (see serving)."""
-        self._draw_ahead(ahead, *self._check(shape, dist))
+        self._draw_ahead(ahead, *self._check(shape, dist, paced=True))
 
     def own(self, key: tuple, make):
         """make()'s value for this use alone (sets no other use may see, such as the memoisation probe's), or the
@@ -127,10 +128,10 @@ class InputPool:
         value = quiet.as_host_work(make)
         ahead.setdefault(key, []).append(value)
 
-    def _regression(self, reg: RegressionInput):
+    def _regression(self, reg: RegressionInput, paced: bool = False):
         shape = self.problem.parse_shape(reg.shape)
         return ((reg.shape, "regression", reg.distribution, reg.seed),
-                lambda: self.drawn(shape, reg.distribution, reg.seed))
+                lambda: self.drawn(shape, reg.distribution, reg.seed, paced))
 
     def regression_set(self, reg: RegressionInput):
         """(inputs, float64 reference outputs, seed) of a regression input, drawn again from its seed for this use
@@ -139,18 +140,21 @@ class InputPool:
 
     def ahead_regression(self, ahead: dict, reg: RegressionInput) -> None:
         """Draw regression_set(reg) into `ahead`."""
-        self.ahead_own(ahead, *self._regression(reg))
+        key, make = self._regression(reg, paced=True)
+        value = make()
+        ahead.setdefault(key, []).append(value)
 
-    def drawn(self, shape: dict[str, int], dist: str, seed: int):
-        """(inputs, float64 reference outputs, seed) drawn with a given seed."""
-        with span("drawing"):
+    def drawn(self, shape: dict[str, int], dist: str, seed: int, paced: bool = False):
+        """(inputs, float64 reference outputs, seed) drawn with a given seed; `paced`: the draw and the reference
+        each as host work of its own (kfactory.judge.quiet), so that a timing waits for one half at most."""
+        with quiet.host_work() if paced else contextlib.nullcontext(), span("drawing"):
             x = inp.draw(self.problem, shape, dist, seed)
-        with span("references"):
+        with quiet.host_work() if paced else contextlib.nullcontext(), span("references"):
             return x, run_reference(self.problem, x, shape, dist), seed
 
-    def _probe(self, shape: dict[str, int]):
+    def _probe(self, shape: dict[str, int], paced: bool = False):
         return ((self.problem.shape_str(shape), "probe"), math.prod(shape.values()),
-                lambda: self.drawn(shape, timing_dist(self.problem), inp.fresh_seed()))
+                lambda: self.drawn(shape, timing_dist(self.problem), inp.fresh_seed(), paced))
 
     def probe_set(self, shape: dict[str, int]):
         """(inputs, float64 reference outputs, seed) for the check after a timing (see measure): drawn from the
@@ -159,24 +163,27 @@ class InputPool:
 
     def ahead_probe(self, ahead: dict, shape: dict[str, int]) -> None:
         """Draw probe_set(shape)'s set into `ahead`."""
-        self._draw_ahead(ahead, *self._probe(shape))
+        self._draw_ahead(ahead, *self._probe(shape, paced=True))
 
     def _timing(self, shape: dict[str, int], cache_bytes: int, paced: bool = False):
-        """(key, elements, make) of the timing sets; `paced`: each set drawn as host work of its own, as a set drawn
-        ahead is (kfactory.judge.quiet; a small shape's pool is hundreds of sets, which a timing should not wait
-        for all of)."""
+        """(key, elements, make) of the timing sets; `paced`: each set's draw and reference as host work of its own,
+        as a set drawn ahead is (kfactory.judge.quiet; a small shape's pool is hundreds of sets, which a timing
+        should not wait for all of). The pool counts as one set of all its sets' elements: a small shape's pool
+        (167 sets of softmax 1x50257 where the cache is 32 MiB) costs as much to draw and reference as a large set,
+        and is shared like one."""
+        count = n_sets(self.problem, shape, cache_bytes)
+
         def make():
-            seeds = [inp.fresh_seed() for _ in range(n_sets(self.problem, shape, cache_bytes))]
+            seeds = [inp.fresh_seed() for _ in range(count)]
             dist = timing_dist(self.problem)
             sets, refs = [], []
             for s in seeds:
-                with quiet.host_work() if paced else contextlib.nullcontext():
-                    with span("drawing"):
-                        sets.append(inp.draw(self.problem, shape, dist, s))
-                    with span("references"):
-                        refs.append(run_reference(self.problem, sets[-1], shape, dist))
+                with quiet.host_work() if paced else contextlib.nullcontext(), span("drawing"):
+                    sets.append(inp.draw(self.problem, shape, dist, s))
+                with quiet.host_work() if paced else contextlib.nullcontext(), span("references"):
+                    refs.append(run_reference(self.problem, sets[-1], shape, dist))
             return sets, refs, seeds
-        return (self.problem.shape_str(shape), "timing"), math.prod(shape.values()), make
+        return (self.problem.shape_str(shape), "timing"), count * math.prod(shape.values()), make
 
     def timing_sets(self, shape: dict[str, int], cache_bytes: int):
         """(rotating input sets larger than the cache, float64 reference outputs of every set, seeds)."""
@@ -185,7 +192,7 @@ class InputPool:
     def ahead_timing(self, ahead: dict, shape: dict[str, int], cache_bytes: int) -> None:
         """Draw timing_sets(shape)'s sets into `ahead`."""
         key, numel, make = self._timing(shape, cache_bytes, paced=True)
-        self._draw_ahead(ahead, key, numel, make, paced=True)
+        self._draw_ahead(ahead, key, numel, make)
 
     def screen_sets(self, shape: dict[str, int], cache_bytes: int) -> list[dict]:
         """Rotating input sets for screening timings (kfactory.judge.screening.screen): drawn once and shared by every

@@ -98,7 +98,8 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
     # call counter) is what the probe is about
     _hold_runner(session, 3 + len(keys) + len(probed) * (REPEAT_BENCHES + 1))
     timing = dict(min_samples=settings.measure_min_samples, min_s=settings.measure_min_s,
-                  max_s=max_s or settings.measure_max_s, noise=settings.measure_noise, warmup_s=0.05)
+                  max_s=max_s or settings.measure_max_s, noise=settings.measure_noise, warmup_s=0.05,
+                  precision=settings.measure_precision)
     try:
         res = (session.bench(keys, shape, sets, **timing) if drawn is None else
                session.bench_drawn(keys, shape, drawn[0], seeds, **timing))

@@ -141,12 +141,16 @@ class _Stats(ctypes.Structure):
 
 
 SOURCE = Path(__file__).with_name("numerics_fast.c")
+#: -O3 vectorises the four-lane loop (a sixth faster than -O2 on 16M elements); no -ffast-math and no FMA
+#: contraction (the sums stay the ones the C source writes), nothing host-specific (a data directory may be shared
+#: by hosts of different CPUs)
+HELPER_FLAGS = ("-O3", "-ffp-contract=off")
 
 
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     """The helper built (once per host and source) into the data directory, or None where it cannot be."""
-    text = SOURCE.read_bytes()
+    text = SOURCE.read_bytes() + " ".join(HELPER_FLAGS).encode()
     base = Path(os.environ.get("KFACTORY_DATA_DIR") or Path(os.environ.get("XDG_CACHE_HOME",
                                                                          Path.home() / ".cache")) / "kfactory")
     so = base / "helpers" / f"compare-{hashlib.sha256(text).hexdigest()[:16]}.so"
@@ -157,7 +161,7 @@ def _library() -> ctypes.CDLL | None:
             os.close(fd)
             cc = os.environ.get("KFACTORY_CC", "cc")
             # no -ffast-math: NaN and Inf must compare as IEEE says
-            subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lm"], check=True,
+            subprocess.run([cc, *HELPER_FLAGS, "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lm"], check=True,
                            capture_output=True, timeout=60)
             os.replace(tmp, so)
         lib = ctypes.CDLL(str(so))

@@ -1,12 +1,13 @@
 /* kfactory's own comparison of a kernel's output with its float64 reference, in one pass over both arrays
- * (kfactory/compare.py builds it once per host and loads it into the judge's process: it is the judge's code,
- * never a candidate's). It computes exactly the figures compare.py's numpy path computes, element by element:
+ * (kfactory/judge/numerics.py builds it once per host and loads it into the judge's process: it is the judge's
+ * code, never a candidate's). It computes exactly the figures the numpy path computes, element by element:
  *   - where the reference is not finite, the output must hold the same value (NaN matching NaN);
  *   - where the reference is finite, a non-finite output is counted (first index kept);
  *   - over the finite part: the squared norms of the difference and of the reference, the largest absolute
  *     error, the largest relative error where |ref| > atol, and the largest excess of |out - ref| over
  *     atol + rtol |ref| with its first index.
- * Built with -O2 and no -ffast-math: NaN and Inf must behave as IEEE 754 says.
+ * Built with -O3, no -ffast-math and no FMA contraction (numerics.HELPER_FLAGS): NaN and Inf must behave as IEEE
+ * 754 says.
  */
 #include <math.h>
 #include <stdint.h>

@@ -9,8 +9,8 @@ not enough: the same campaign again settled on the same 1-thread kernel.
 
 So a timing of a kernel that runs on this host (`timing(on_host=True)`: the cpu session's every bench, an engine's
 timing in the benchmarker):
-- waits for this process's host work in threads (`host_work()`: inputs drawn ahead, one set at a time) to end,
-  and holds new such work off until it ends;
+- waits for this process's host work in threads (`host_work()`: inputs drawn ahead, one set's draw or float64
+  reference at a time) to end, and holds new such work off until it ends;
 - stops the compilers running for this process (`run_compiler`, `process(pid)`: the compiler and the programs it
   started, by SIGSTOP) and lets them go on when it ends (SIGCONT), so the device never waits for a compile (the
   programs a compiler started are found through Linux's /proc/PID/task/TID/children; where that file is missing

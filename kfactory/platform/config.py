@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     measure_min_s: float = 0.2
     measure_max_s: float = 0.6
     measure_noise: float = 0.03
+    measure_precision: float = Field(0.01, ge=0, description=(
+        "a timing also ends (after measure_min_s) once every kernel's median is known within this fraction, 95% "
+        "confidence, however noisy its calls (0: by measure_noise alone, as before issue 23)"))
     compare_max_s: float = 3.0
     screen_max_s: float = Field(0.05, ge=0, description="multi-fidelity: a screening timing's length (0: off)")
     screen_factor: float = Field(1.5, gt=1, description="screened out when slower than this x the campaign's best")

@@ -152,7 +152,8 @@ class BenchKernel:
 @dataclass(frozen=True)
 class Bench(Request):
     """Interleaved timing (A B A B ...) of `kernels` until `max_s`, or `min_samples` and `min_s` with every
-    kernel's noise under `noise`; warm-up first. `mode` (cuda): "events" or "graph". cuda: an argument set's
+    kernel settled: its noise under `noise`, or (with `precision` > 0) its median known within that fraction
+    (kfactory.sandbox.child.settled); warm-up first. `mode` (cuda): "events" or "graph". cuda: an argument set's
     tensors may be drawn and compared on the device as DeviceCheck's are ("draw" and "compare" descriptors, and
     `reference` as DeviceCheck.reference): then the reply's info holds {"figures": {key: [{output: figures}
     per set]}} instead of outputs copied back, or nothing with `reference["compare"]` False (a screen's sets)."""
@@ -163,6 +164,7 @@ class Bench(Request):
     max_s: float
     noise: float
     warmup_s: float
+    precision: float = 0.0
     mode: str = "events"
     shape: dict[str, int] = field(default_factory=dict)
     keep: list[str] | None = None

@@ -107,8 +107,10 @@ class Session(ABC):
 
     @abstractmethod
     def bench(self, keys: list[str], shape: dict[str, int], input_sets: list[dict[str, np.ndarray]],
-              *, min_samples: int, min_s: float, max_s: float, noise: float, warmup_s: float) -> BenchResult:
-        """Time the kernels interleaved (A B A B ...) over a rotating pool of input sets."""
+              *, min_samples: int, min_s: float, max_s: float, noise: float, warmup_s: float,
+              precision: float = 0.0) -> BenchResult:
+        """Time the kernels interleaved (A B A B ...) over a rotating pool of input sets, until the stop that
+        protocol.Bench describes (`precision` 0: by noise alone)."""
 
     def unload(self, key: str) -> None:
         """Forget kernel `key` (a candidate this session is done with): its runner drops it, a later call needs
@@ -127,7 +129,8 @@ class Session(ABC):
         raise DeviceCheckUnavailable(self.device_check_unavailable(shape, dist) or "no device judge")
 
     def bench_drawn(self, keys: list[str], shape: dict[str, int], dist: str, seeds: list[int], *, min_samples: int,
-                    min_s: float, max_s: float, noise: float, warmup_s: float, compare: bool = True) -> BenchResult:
+                    min_s: float, max_s: float, noise: float, warmup_s: float, compare: bool = True,
+                    precision: float = 0.0) -> BenchResult:
         """bench() on input sets drawn where the kernels run, one per seed (as device_check draws them), each
         set's outputs compared there with its float64 reference: the result's `figures`, not its outputs (with
         compare=False, as a screen needs, neither: no reference is computed); only where

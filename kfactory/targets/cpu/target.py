@@ -202,7 +202,8 @@ class CpuSession(Session):
                 # in an arena, the outputs are read where the kernel wrote them (valid until the ring comes round)
                 return sequence_results(self.problem, steps, staged, views, reply.seconds, oob, copy=keep is None)
 
-    def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s) -> BenchResult:
+    def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
+              precision=0.0) -> BenchResult:
         for k in keys:
             self.runner.ensure_loaded(self.loads[k])
         with request_buffers(self.ring, bench_bytes(self.problem, shape, len(keys), len(input_sets)),
@@ -211,7 +212,7 @@ class CpuSession(Session):
                 per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
                            for k in keys}
             req = Bench([BenchKernel(k, [a for a, _ in per_key[k]]) for k in keys], min_samples=min_samples,
-                        min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, keep=keep)
+                        min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, precision=precision, keep=keep)
             # this host's cores are the device: the process's compiles and draws ahead keep off them meanwhile
             with quiet.timing(on_host=True):
                 reply = self.runner.request(req, timeout_s=max_s + 10 * warmup_s + self.runner.timeout_s)

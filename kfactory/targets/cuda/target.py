@@ -275,20 +275,21 @@ class CudaSession(Session):
         return "graph" if fastest < GRAPH_BELOW_S else "events"
 
     def bench_drawn(self, keys, shape, dist, seeds, *, min_samples, min_s, max_s, noise, warmup_s,
-                    compare: bool = True, mode: str | None = None) -> BenchResult:
+                    compare: bool = True, precision: float = 0.0, mode: str | None = None) -> BenchResult:
         """Session.bench_drawn on the GPU: each key's sets drawn in place from `seeds`, compared there after the
         timing unless compare is False (protocol.Bench with "draw" descriptors and a reference)."""
         self._require_judge(shape, dist)
         argsets = [judge_device.device_argset(self.problem, self.abi_args, shape, dist, s) for s in seeds]
         reference = judge_device.reference_request(self.problem, shape, *self._judge_paths())
         base = Bench([BenchKernel(k, argsets) for k in keys], min_samples=min_samples, min_s=min_s, max_s=max_s,
-                     noise=noise, warmup_s=warmup_s, shape=dict(shape), reference={**reference, "compare": compare})
+                     noise=noise, warmup_s=warmup_s, precision=precision, shape=dict(shape),
+                     reference={**reference, "compare": compare})
         return self._timed(keys, base, mode, lambda reply, tel: BenchResult(
             reply.samples, {}, telemetry=tel, figures=reply.info.get("figures", {}),
             mutated=reply.info.get("mutated", {})))
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
-              mode: str | None = None) -> BenchResult:
+              precision: float = 0.0, mode: str | None = None) -> BenchResult:
         """Interleaved timing on the GPU (see cuda_child.op_bench); `mode` events, graph, or None to pick by a
         probe. NVML is read before and after (the result's telemetry); a throttled measurement is retried once."""
         nbytes = bench_bytes(self.problem, shape, len(keys), len(input_sets))
@@ -296,7 +297,8 @@ class CudaSession(Session):
             per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp) for inp in input_sets]
                        for k in keys}
             base = Bench([BenchKernel(k, [a for a, _ in per_key[k]]) for k in keys], min_samples=min_samples,
-                         min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, shape=dict(shape), keep=keep)
+                         min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, precision=precision,
+                         shape=dict(shape), keep=keep)
             copy = np.array if keep is None else (lambda v: v)   # an arena's views stay valid, as call_sequence's
             outputs = [t.name for t in self.problem.spec.outputs]
             return self._timed(keys, base, mode, lambda reply, tel: BenchResult(

@@ -121,7 +121,8 @@ class ReplaySession(Session):
     def call_sequence(self, key, shape, steps) -> list[CallResult]:
         return [self.call(key, shape, x) for x in steps]
 
-    def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s) -> BenchResult:
+    def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
+              precision=0.0) -> BenchResult:
         samples, outputs = {}, {}
         for k in keys:
             rec = self._record(k)
