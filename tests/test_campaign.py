@@ -54,9 +54,33 @@ async def test_campaign_finds_a_faster_kernel_and_records_everything(bus_setting
     archive = running.services["memory"].archive
     kinds = dict(archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (st.id,)))
     assert kinds["campaign_started"] == 1 and kinds["campaign_finished"] == 1
-    assert kinds["comparison"] == 2
+    # the final comparison's two shapes, and the showdown's one timing where near ties were measured
+    assert kinds["comparison"] == 2 + ("showdown" in summary)
     md, png = running.services["memory"].report(st.id)
     assert "Leaderboard" in md and png.startswith(b"\x89PNG")
+
+
+async def test_the_showdown_times_the_near_ties_together_and_the_fastest_is_the_result(bus_settings, small_softmax):
+    """After the search the best candidate and its contenders (here every candidate measured in full: the margin
+    is wide) are timed interleaved at the first shape, each probed after the timing; the fastest there is the
+    campaign's result, and the final comparison is its."""
+    settings = bus_settings.model_copy(update={"showdown_margin": 100.0, "showdown_contenders": 3})
+    spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=5, strategy="random", seed=3)
+    st, running = await _campaign(settings, spec)
+    assert st.finished.state == "completed"
+    summary = json.loads(st.finished.summary_json)
+    sd = summary["showdown"]
+    full = [m for cid, m in st.measured.items() if cid != st.reference_id and not m.screened_out]
+    assert len(full) >= 2 and sd["error"] is None and sd["shape"] == "64x1000"
+    # the best and up to two contenders, of those measured in full when it ran (on a loaded host one may come later)
+    assert 2 <= len(sd["timed"]) <= 3 and set(sd["timed"]) <= {m.candidate.id for m in full}
+    assert sd["search_best"] == st.search_best().candidate.id in sd["timed"]
+    fastest = min(sd["timed"], key=lambda cid: sd["timed"][cid]["median_seconds"])
+    assert sd["winner"] == fastest == summary["best"]["candidate_id"]
+    assert {c.candidate_id for c in st.comparisons.values()} == {fastest}  # the final comparison is the winner's
+    archive = running.services["memory"].archive
+    kinds = dict(archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (st.id,)))
+    assert kinds["compare_request"] == 2 and kinds["comparison"] == 3
 
 
 async def test_faulty_candidates_are_typed_results_and_the_campaign_completes(bus_settings, small_softmax):

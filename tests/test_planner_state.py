@@ -271,3 +271,42 @@ def test_later_timing_rounds_change_no_measurement_count_or_result():
                     ev.make_event("c1", "benchmarker", "k1:round4", rejected=fault)])
     assert st.counts == counts and st.measured["k2"] is first and st.best() is first
     assert st.device_s == pytest.approx(device_s + 2.0)
+
+
+def _showdown(pick: str, medians: dict[str, float], error: str = "") -> pb.Event:
+    comp = pb.Comparison(shape="4096x4096", candidate_id=pick, showdown=True, error=error)
+    for cid, med in medians.items():
+        comp.entries.append(pb.ComparisonEntry(name="candidate" if cid == pick else "contender", candidate_id=cid,
+                                               timing=pb.ShapeTiming(shape="4096x4096", median_s=med, samples=100)))
+    return ev.make_event("c1", "benchmarker", f"showdown:{pick}", comparison=comp)
+
+
+def test_the_showdown_decides_the_best_among_near_ties():
+    """Candidates measured alone minutes apart within 5% of each other are timed again interleaved (the driver's
+    _showdown): the fastest there is the campaign's result; the final comparisons are not the showdown's."""
+    st = _state()
+    for pid, cid, score in (("p1", "k1", 0.50), ("p2", "k2", 0.51), ("p3", "k3", 0.52), ("p4", "k4", 0.9)):
+        st.apply(_proposed(st, pid))
+        _apply_all(st, _measured(pid, cid, score))
+    pick = st.search_best()
+    assert pick.candidate.id == "k1"
+    assert [m.candidate.id for m in st.contenders(pick, 0.05, 5)] == ["k2", "k3"]  # k4 is 80% slower
+    assert [m.candidate.id for m in st.contenders(pick, 0.05, 1)] == ["k2"]
+    assert st.apply(_showdown("k2", {"k2": 0.3, "k1": 0.4})) == ""  # another pick's showdown decides nothing
+    assert st.best().candidate.id == "k1"
+    assert st.apply(_showdown("k1", {"k1": 0.49, "k2": 0.47, "k3": 0.50})) == ""
+    assert st.best().candidate.id == "k2" and st.search_best().candidate.id == "k1" and st.comparisons == {}
+    summary = campaign_summary(st, load_problem("softmax"))
+    assert summary["best"]["candidate_id"] == "k2"
+    assert summary["showdown"]["winner"] == "k2" and summary["showdown"]["search_best"] == "k1"
+    assert summary["showdown"]["timed"]["k2"]["median_seconds"] == 0.47
+
+
+def test_a_failed_showdown_leaves_the_searchs_best():
+    st = _state()
+    for pid, cid, score in (("p1", "k1", 0.50), ("p2", "k2", 0.51)):
+        st.apply(_proposed(st, pid))
+        _apply_all(st, _measured(pid, cid, score))
+    assert st.apply(_showdown("k1", {}, error="WRONG_RESULT: the output after the timing is wrong (k2)")) == ""
+    assert st.best().candidate.id == "k1"
+    assert campaign_summary(st, load_problem("softmax"))["showdown"]["winner"] is None

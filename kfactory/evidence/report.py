@@ -91,8 +91,9 @@ def noisy_timings(events: list[pb.Event], bound: float) -> tuple[int, list[tuple
             what = "reference kernel" if is_ref else f"candidate {m.candidate.id[:12]}"
             timings = [(what, t) for t in m.timings]
         elif e.HasField("comparison"):
-            timings = [(f"{en.name} in the final comparison", en.timing) for en in e.comparison.entries
-                       if en.HasField("timing")]
+            where = "the showdown" if e.comparison.showdown else "the final comparison"
+            timings = [(f"{en.name} {en.candidate_id[:12]} in {where}" if e.comparison.showdown else
+                        f"{en.name} in {where}", en.timing) for en in e.comparison.entries if en.HasField("timing")]
         else:
             continue
         for what, t in timings:
@@ -147,7 +148,7 @@ def _best_section(summary: dict, events: list[pb.Event], engine: bool = False) -
            "", f"parameters: `{format_params(best['params'])}`", "",
            "## Interleaved comparison (same runner, same threads, A B A B ...)", ""]
     for e in events:
-        if not e.HasField("comparison"):
+        if not e.HasField("comparison") or e.comparison.showdown:  # the showdown: summary.json's "showdown"
             continue
         c = e.comparison
         out += [f"### {c.shape}", ""]

@@ -72,7 +72,8 @@ def judged(evidence: spb.CandidateEvidence) -> Judged:
         kind = ev.kind_of(event)
         other = ev.candidate_of(event)
         if kind == "comparison":
-            if event.comparison.candidate_id == cand.id and not event.comparison.error:
+            c = event.comparison
+            if c.candidate_id == cand.id and not (c.error or c.showdown):  # a showdown is not the final comparison
                 by_kind.setdefault(kind, []).append(event.comparison)
             continue
         if other is None or other.id != cand.id:

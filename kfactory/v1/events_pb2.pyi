@@ -536,7 +536,7 @@ class ComparisonEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., candidate_id: _Optional[str] = ..., timing: _Optional[_Union[ShapeTiming, _Mapping]] = ...) -> None: ...
 
 class Comparison(_message.Message):
-    __slots__ = ("shape", "entries", "speedups", "candidate_id", "device", "error")
+    __slots__ = ("shape", "entries", "speedups", "candidate_id", "device", "error", "showdown")
     class SpeedupsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -550,27 +550,33 @@ class Comparison(_message.Message):
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    SHOWDOWN_FIELD_NUMBER: _ClassVar[int]
     shape: str
     entries: _containers.RepeatedCompositeFieldContainer[ComparisonEntry]
     speedups: _containers.ScalarMap[str, float]
     candidate_id: str
     device: DeviceInfo
     error: str
-    def __init__(self, shape: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ComparisonEntry, _Mapping]]] = ..., speedups: _Optional[_Mapping[str, float]] = ..., candidate_id: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    showdown: bool
+    def __init__(self, shape: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ComparisonEntry, _Mapping]]] = ..., speedups: _Optional[_Mapping[str, float]] = ..., candidate_id: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., error: _Optional[str] = ..., showdown: _Optional[bool] = ...) -> None: ...
 
 class CompareRequest(_message.Message):
-    __slots__ = ("candidate", "reference", "baselines", "candidate_artifact", "reference_artifact")
+    __slots__ = ("candidate", "reference", "baselines", "candidate_artifact", "reference_artifact", "contenders", "contender_artifacts")
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
     BASELINES_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_ARTIFACT_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    CONTENDERS_FIELD_NUMBER: _ClassVar[int]
+    CONTENDER_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     candidate: Candidate
     reference: Candidate
     baselines: _containers.RepeatedScalarFieldContainer[str]
     candidate_artifact: str
     reference_artifact: str
-    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., reference: _Optional[_Union[Candidate, _Mapping]] = ..., baselines: _Optional[_Iterable[str]] = ..., candidate_artifact: _Optional[str] = ..., reference_artifact: _Optional[str] = ...) -> None: ...
+    contenders: _containers.RepeatedCompositeFieldContainer[Candidate]
+    contender_artifacts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., reference: _Optional[_Union[Candidate, _Mapping]] = ..., baselines: _Optional[_Iterable[str]] = ..., candidate_artifact: _Optional[str] = ..., reference_artifact: _Optional[str] = ..., contenders: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., contender_artifacts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Finding(_message.Message):
     __slots__ = ("kind", "problem", "shape", "device", "candidate_id", "value", "text")

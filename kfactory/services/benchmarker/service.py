@@ -216,6 +216,46 @@ class BenchmarkerService(RunnerService):
         m.timings.append(res.timings[cand.id])
         return True
 
+    async def _showdown(self, d: Delivery) -> Outcome:
+        """The search's best and its contenders (CompareRequest.contenders) timed interleaved at the first
+        optimisation shape, each probed after the timing as any measurement of a candidate is; one Comparison
+        (showdown set) with an entry per kernel timed, or its error."""
+        req = d.event.compare_request
+        cand = req.candidate
+        if len(req.contender_artifacts) != len(req.contenders):
+            return Term(f"showdown of {cand.id}: {len(req.contenders)} contenders but {len(req.contender_artifacts)} "
+                        "artifacts", pb.INPUT_MISSING)
+        problem = self.ctx.problem(cand.problem)
+        target = self.ctx.target(cand.target)
+        device = await self.ctx.device(cand.target)
+        session = self.session(cand)
+        names = {cand.id: "candidate", **{c.id: "contender" for c in req.contenders}}
+        try:
+            for c, digest in [(cand, req.candidate_artifact), *zip(req.contenders, req.contender_artifacts)]:
+                session.load_artifact(c.id, await self.bus.get_artifact(digest), c.entry, ev.launch_of(c))
+        except ArtifactMissing as e:
+            return Term(f"showdown needs an artifact that is missing: {e}", pb.INPUT_MISSING)
+        shape = problem.shapes("optimize")[0]
+        keys = list(names)
+        pool = self.pool(cand.problem)
+        if self.settings.draw_ahead:
+            pool = await self.work(drawn_ahead, session, problem, [shape], pool, target.cache_bytes(), part="compare")
+        async with self.device(device.device_id):
+            res = await self.work(measure, session, keys, problem, shape, pool, target.cache_bytes(), self.settings,
+                                  self.settings.compare_max_s, device, keys, part="compare")
+            for k in keys:
+                await self.work(session.unload, k, part="unload")
+        comp = pb.Comparison(shape=problem.shape_str(shape), candidate_id=cand.id, device=device, showdown=True)
+        if res.reason:
+            comp.error = f"{pb.RejectReason.Name(res.reason)}: {res.message}" + \
+                (f" ({res.failed_key})" if res.failed_key else "")
+        else:
+            for k in keys:
+                comp.entries.append(pb.ComparisonEntry(name=names[k], candidate_id=k, timing=res.timings[k]))
+                comp.speedups[k] = res.timings[k].median_s / res.timings[cand.id].median_s
+        await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, f"showdown:{cand.id}", comparison=comp))
+        return Ack()
+
     async def _record_best(self, campaign: str, score_s: float) -> None:
         """The campaign's best score so far, for screening (a race between two benchmarkers only makes the
         threshold a little looser for a moment, never wrong)."""
@@ -226,6 +266,8 @@ class BenchmarkerService(RunnerService):
     async def _compare(self, d: Delivery) -> Outcome:
         """The final word: candidate, reference kernel and baselines timed interleaved at every shape."""
         req = d.event.compare_request
+        if req.contenders:
+            return await self._showdown(d)
         cand, ref = req.candidate, req.reference
         problem = self.ctx.problem(cand.problem)
         target = self.ctx.target(cand.target)

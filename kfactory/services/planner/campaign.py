@@ -56,6 +56,8 @@ class CampaignState:
     artifacts: dict[str, str] = field(default_factory=dict)
     candidates: dict[str, pb.Candidate] = field(default_factory=dict)
     comparisons: dict[str, pb.Comparison] = field(default_factory=dict)
+    #: the showdown's timing (kfactory/services/planner/driver.py _showdown), once it came
+    showdown: pb.Comparison | None = None
     reference_id: str = ""
     #: the first candidate measured in full whose every timing reached spec.goal_fraction ("" until one does, or
     #: without a goal): kept as the measurements are folded, since the planner asks before every proposal
@@ -265,6 +267,9 @@ class CampaignState:
         self.comparing = m.candidate.id
 
     def _on_comparison(self, m: pb.Comparison) -> None:
+        if m.showdown:
+            self.showdown = m
+            return
         self.comparisons[m.shape] = m
 
     def _on_campaign_finished(self, m: pb.CampaignFinished) -> None:
@@ -345,8 +350,33 @@ class CampaignState:
         where none is set)."""
         if self.finale is not None and (decided := self.finale.winner()) in self.measured:
             return self.measured[decided]
+        pick = self.search_best()
+        if pick is None:
+            return None
+        return self.measured.get(self.showdown_winner(pick) or "", pick)
+
+    def search_best(self) -> pb.Measured | None:
+        """The search's result: of the candidates measured in full that are not the reference kernel, the one
+        `winner` picks by their own measurements (before any showdown)."""
         mine = [m for cid, m in self.measured.items() if cid != self.reference_id and not m.screened_out]
         return self.winner(mine) if mine else None
+
+    def contenders(self, pick: pb.Measured, margin: float, most: int) -> list[pb.Measured]:
+        """The showdown's contenders beside `pick`: up to `most` other candidates measured in full (not the
+        reference kernel) whose scores are within `margin` of pick's, fastest first."""
+        near = [m for cid, m in self.measured.items() if cid not in (self.reference_id, pick.candidate.id)
+                and not m.screened_out and cid in self.artifacts and m.score_s <= pick.score_s * (1 + margin)]
+        return sorted(near, key=lambda m: m.score_s)[:max(0, most)]
+
+    def showdown_winner(self, pick: pb.Measured) -> str | None:
+        """The candidate the showdown of `pick` decided: the lowest median of its interleaved timing among the
+        candidates measured in full; None when there was none for pick, or it failed."""
+        sd = self.showdown
+        if sd is None or sd.error or sd.candidate_id != pick.candidate.id:
+            return None
+        timed = [e for e in sd.entries if e.HasField("timing") and e.candidate_id in self.measured
+                 and not self.measured[e.candidate_id].screened_out]
+        return min(timed, key=lambda e: e.timing.median_s).candidate_id if timed else None
 
     def reported(self) -> tuple[pb.Counts, pb.Measured | None]:
         """(counts, best) as the campaign reports them: live while it runs, and once it has finished, what it

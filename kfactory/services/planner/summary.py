@@ -57,9 +57,24 @@ def campaign_summary(st: CampaignState, problem) -> dict:
     if st.spec.goal_fraction > 0:  # `--goal`: whether a candidate reached it (and which), which ended the search
         reached = st.goal_reached()
         out["goal"] = {"fraction": st.spec.goal_fraction, "reached_by": reached.candidate.id if reached else None}
+    if st.showdown is not None:
+        out["showdown"] = _showdown_section(st, st.showdown)
     if best is not None:
         out["best"] = _best_section(st, best, problem)
     return out
+
+
+def _showdown_section(st: CampaignState, sd: pb.Comparison) -> dict:
+    """The showdown `sd` (kfactory/services/planner/driver.py _showdown): the search's best, each kernel's median in
+    the interleaved timing and the one it decided, or why it decided nothing."""
+    pick = st.measured.get(sd.candidate_id)
+    return {"shape": sd.shape, "search_best": sd.candidate_id, "error": sd.error or None,
+            "winner": st.showdown_winner(pick) if pick is not None else None,
+            "timed": {e.candidate_id: {"median_seconds": e.timing.median_s, "ci_seconds": [e.timing.ci_low_s,
+                                                                                           e.timing.ci_high_s],
+                                       "search_score_seconds": st.measured[e.candidate_id].score_s
+                                       if e.candidate_id in st.measured else None}
+                      for e in sd.entries if e.HasField("timing")}}
 
 
 def _best_section(st: CampaignState, best: pb.Measured, problem) -> dict:
