@@ -96,6 +96,7 @@ async def campaign(args, label: str, root: Path, overrides: dict) -> dict:
     out["device_seconds"] = summary.get("device_seconds")
     screened = sum(1 for m in st.measured.values() if m.screened_out)
     out["screened_out"] = screened
+    out["showdown"] = summary.get("showdown")  # the near ties timed together after the search, and the winner
     if best is not None:
         out["best"] = {"candidate_id": best.candidate.id, "params": json.loads(best.candidate.params_json or "{}"),
                        "median_seconds": best.score_s, "entry": best.candidate.entry, "artifact": artifact}
@@ -210,6 +211,11 @@ def _print(label: str, r: dict) -> None:
     if r.get("best"):
         best = r["best"]
         print(f"  best {best['candidate_id'][:12]} {best['median_seconds'] * 1e3:.3f} ms {best['params']}")
+    if sd := r.get("showdown"):
+        timed = ", ".join(f"{cid[:12]} {t['median_seconds'] * 1e3:.3f} ms (scored "
+                          f"{t['search_score_seconds'] * 1e3:.3f})" for cid, t in sd["timed"].items())
+        error = f" ({sd['error']})" if sd["error"] else ""
+        print(f"  showdown: {timed}; winner {(sd['winner'] or 'none')[:12]}{error}")
 
 
 async def main(args) -> int:
