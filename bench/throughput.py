@@ -108,7 +108,7 @@ async def _follow(st, running) -> float:
     planner asked for the final comparison, or its end when there was none)."""
     search_end = None
     while st.finished is None and not running.stop.is_set():
-        if search_end is None and st.comparing:
+        if search_end is None and (st.comparing or st.showing_down):
             search_end = time.time()
         await asyncio.sleep(0.05)
     if (failure := running.failed()) is not None:

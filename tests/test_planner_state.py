@@ -273,12 +273,16 @@ def test_later_timing_rounds_change_no_measurement_count_or_result():
     assert st.device_s == pytest.approx(device_s + 2.0)
 
 
-def _showdown(pick: str, medians: dict[str, float], error: str = "") -> pb.Event:
-    comp = pb.Comparison(shape="4096x4096", candidate_id=pick, showdown=True, error=error)
-    for cid, med in medians.items():
+def _showdown(pick: str, medians: dict[str, float], error: str = "", failed: str = "") -> pb.Event:
+    """A showdown's answer: each kernel's median with a 95% interval of +-0.5%."""
+    comp = pb.Comparison(shape="4096x4096", candidate_id=pick, showdown=True, error=error, failed_candidate=failed)
+    for cid, med in ({} if error else medians).items():  # a failed showdown has no entries
         comp.entries.append(pb.ComparisonEntry(name="candidate" if cid == pick else "contender", candidate_id=cid,
-                                               timing=pb.ShapeTiming(shape="4096x4096", median_s=med, samples=100)))
-    return ev.make_event("c1", "benchmarker", f"showdown:{pick}", comparison=comp)
+                                               timing=pb.ShapeTiming(shape="4096x4096", median_s=med, samples=100,
+                                                                     ci_low_s=med * 0.995, ci_high_s=med * 1.005)))
+    req = pb.CompareRequest(candidate=pb.Candidate(id=pick), contenders=[pb.Candidate(id=c) for c in medians
+                                                                         if c != pick])
+    return ev.make_event("c1", "benchmarker", ev.showdown_key(req), comparison=comp)
 
 
 def test_the_showdown_decides_the_best_among_near_ties():
@@ -300,13 +304,31 @@ def test_the_showdown_decides_the_best_among_near_ties():
     assert summary["best"]["candidate_id"] == "k2"
     assert summary["showdown"]["winner"] == "k2" and summary["showdown"]["search_best"] == "k1"
     assert summary["showdown"]["timed"]["k2"]["median_seconds"] == 0.47
+    # a late answer to another best's showdown changes neither the result nor the summary
+    assert st.apply(_showdown("k3", {"k3": 0.2, "k1": 0.4})) == ""
+    assert st.best().candidate.id == "k2" and campaign_summary(st, None)["showdown"]["search_best"] == "k1"
 
 
-def test_a_failed_showdown_leaves_the_searchs_best():
+def test_inside_the_noise_the_searchs_best_stays():
     st = _state()
     for pid, cid, score in (("p1", "k1", 0.50), ("p2", "k2", 0.51)):
         st.apply(_proposed(st, pid))
         _apply_all(st, _measured(pid, cid, score))
-    assert st.apply(_showdown("k1", {}, error="WRONG_RESULT: the output after the timing is wrong (k2)")) == ""
+    assert st.apply(_showdown("k1", {"k1": 0.500, "k2": 0.498})) == ""  # intervals overlap
     assert st.best().candidate.id == "k1"
-    assert campaign_summary(st, load_problem("softmax"))["showdown"]["winner"] is None
+
+
+def test_a_kernel_a_showdown_finds_wrong_is_never_the_result():
+    st = _state()
+    for pid, cid, score in (("p1", "k1", 0.50), ("p2", "k2", 0.51), ("p3", "k3", 0.52)):
+        st.apply(_proposed(st, pid))
+        _apply_all(st, _measured(pid, cid, score))
+    assert st.apply(_showdown("k1", {"k1": 0, "k2": 0}, error="WRONG_RESULT: the output after the timing is wrong",
+                              failed="k2")) == ""
+    assert st.best().candidate.id == "k1" and st.disqualified == {"k2"}
+    assert [m.candidate.id for m in st.contenders(st.search_best(), 0.05, 5)] == ["k3"]
+    summary = campaign_summary(st, load_problem("softmax"))
+    assert summary["showdown"]["winner"] is None and summary["showdown"]["found_wrong"] == ["k2"]
+    # the search's best itself found wrong: the next best is the result
+    assert st.apply(_showdown("k1", {"k1": 0, "k3": 0}, error="WRONG_RESULT: timed output wrong", failed="k1")) == ""
+    assert st.search_best().candidate.id == "k3" == st.best().candidate.id

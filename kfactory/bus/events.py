@@ -96,6 +96,13 @@ def dead_work(letter: pb.DeadLetter) -> tuple[str, pb.Candidate | None] | None:
     return (cand.point_id, cand) if cand is not None else None
 
 
+def showdown_key(req: pb.CompareRequest) -> str:
+    """The event key of a showdown's request and of its answer: the search's best and its contenders, so that a
+    later showdown of the same best with another contender is not taken for a duplicate of the first."""
+    rivals = hashlib.sha256(",".join(sorted(c.id for c in req.contenders)).encode()).hexdigest()[:12]
+    return f"showdown:{req.candidate.id}:{rivals}"
+
+
 def make_event(campaign_id: str, producer: str, key: str, **body: Any) -> pb.Event:
     """An envelope whose id is `<campaign>:<kind>:<key>`: a retried publish carries the same id and is deduplicated."""
     (kind, msg), = body.items()

@@ -225,8 +225,8 @@ def sample_interleaved(samplers: dict, req: Bench) -> tuple[dict[str, list[float
 def settled(s: list[float], noise: float, precision: float = 0.0) -> bool:
     """Whether a kernel's timing may end: its noise (interquartile range over median) is at most `noise`, or, with
     `precision` > 0, its median's 95% confidence interval (the order-statistic one, as the judge's summary
-    computes it, here with the normal approximation of its ranks) is at most `precision` of the median on either
-    side. A kernel whose calls vary more than `noise` on a busy host needs no more calls once its median is that
+    computes it, here with the normal approximation of its ranks) has a half-width of at most `precision` of the
+    median. A kernel whose calls vary more than `noise` on a busy host needs no more calls once its median is that
     precise: more calls make the median more precise, never the calls less varied."""
     if len(s) < 4:
         return False

@@ -247,13 +247,13 @@ class BenchmarkerService(RunnerService):
                 await self.work(session.unload, k, part="unload")
         comp = pb.Comparison(shape=problem.shape_str(shape), candidate_id=cand.id, device=device, showdown=True)
         if res.reason:
-            comp.error = f"{pb.RejectReason.Name(res.reason)}: {res.message}" + \
-                (f" ({res.failed_key})" if res.failed_key else "")
+            comp.error = f"{pb.RejectReason.Name(res.reason)}: {res.message}"
+            comp.failed_candidate = res.failed_key  # the planner never makes it the result
         else:
             for k in keys:
                 comp.entries.append(pb.ComparisonEntry(name=names[k], candidate_id=k, timing=res.timings[k]))
                 comp.speedups[k] = res.timings[k].median_s / res.timings[cand.id].median_s
-        await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, f"showdown:{cand.id}", comparison=comp))
+        await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, ev.showdown_key(req), comparison=comp))
         return Ack()
 
     async def _record_best(self, campaign: str, score_s: float) -> None:

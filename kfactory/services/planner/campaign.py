@@ -9,6 +9,7 @@ from typing import Any, Callable
 from kfactory.bus import events as ev
 from kfactory.bus.origins import SEARCHED, STRATEGY, Origin, is_kind
 from kfactory.judge.order import device_seconds
+from kfactory.judge.stats import significant
 from kfactory.problems.package import lowest_score
 from kfactory.services.planner.coders import CoderLedger
 from kfactory.services.planner.refusals import refusal
@@ -56,8 +57,10 @@ class CampaignState:
     artifacts: dict[str, str] = field(default_factory=dict)
     candidates: dict[str, pb.Candidate] = field(default_factory=dict)
     comparisons: dict[str, pb.Comparison] = field(default_factory=dict)
-    #: the showdown's timing (kfactory/services/planner/driver.py _showdown), once it came
-    showdown: pb.Comparison | None = None
+    #: the showdowns' timings (kfactory/services/planner/driver.py _showdown) by the search's best they were for
+    showdowns: dict[str, pb.Comparison] = field(default_factory=dict)
+    #: candidates a showdown found wrong (their timed outputs, or the check after the timing): never the result
+    disqualified: set[str] = field(default_factory=set)
     reference_id: str = ""
     #: the first candidate measured in full whose every timing reached spec.goal_fraction ("" until one does, or
     #: without a goal): kept as the measurements are folded, since the planner asks before every proposal
@@ -95,6 +98,10 @@ class CampaignState:
     broken: str = ""
     #: the candidate the final comparison is timing ("" before it starts): `kfactory run` says so while it waits
     comparing: str = ""
+    #: the search's best whose showdown has been asked for ("" before): the search is over from then on
+    showing_down: str = ""
+    #: per search best, the contenders its showdowns were asked for
+    showdown_asked: dict[str, set[str]] = field(default_factory=dict)
     #: this planner drives the campaign now: it alone ends it, and a CampaignFinished from anyone else is refused
     driven: bool = False
     #: device-seconds its verifications, screens and measurements held the device (kfactory.judge.order.device_seconds)
@@ -264,11 +271,17 @@ class CampaignState:
             self.resent[m.point_id] = m.dlq_seq
 
     def _on_compare_request(self, m: pb.CompareRequest) -> None:
-        self.comparing = m.candidate.id
+        if m.contenders:
+            self.showing_down = m.candidate.id
+            self.showdown_asked.setdefault(m.candidate.id, set()).update(c.id for c in m.contenders)
+        else:
+            self.comparing = m.candidate.id
 
     def _on_comparison(self, m: pb.Comparison) -> None:
         if m.showdown:
-            self.showdown = m
+            self.showdowns[m.candidate_id] = m
+            if m.failed_candidate:
+                self.disqualified.add(m.failed_candidate)
             return
         self.comparisons[m.shape] = m
 
@@ -356,27 +369,35 @@ class CampaignState:
         return self.measured.get(self.showdown_winner(pick) or "", pick)
 
     def search_best(self) -> pb.Measured | None:
-        """The search's result: of the candidates measured in full that are not the reference kernel, the one
-        `winner` picks by their own measurements (before any showdown)."""
-        mine = [m for cid, m in self.measured.items() if cid != self.reference_id and not m.screened_out]
+        """The search's result: of the candidates measured in full that are not the reference kernel (nor found
+        wrong by a showdown), the one `winner` picks by their own measurements (before any showdown)."""
+        mine = [m for cid, m in self.measured.items() if cid != self.reference_id and not m.screened_out
+                and cid not in self.disqualified]
         return self.winner(mine) if mine else None
 
     def contenders(self, pick: pb.Measured, margin: float, most: int) -> list[pb.Measured]:
         """The showdown's contenders beside `pick`: up to `most` other candidates measured in full (not the
         reference kernel) whose scores are within `margin` of pick's, fastest first."""
         near = [m for cid, m in self.measured.items() if cid not in (self.reference_id, pick.candidate.id)
-                and not m.screened_out and cid in self.artifacts and m.score_s <= pick.score_s * (1 + margin)]
+                and not m.screened_out and cid not in self.disqualified and cid in self.artifacts
+                and m.score_s <= pick.score_s * (1 + margin)]
         return sorted(near, key=lambda m: m.score_s)[:max(0, most)]
 
     def showdown_winner(self, pick: pb.Measured) -> str | None:
         """The candidate the showdown of `pick` decided: the lowest median of its interleaved timing among the
-        candidates measured in full; None when there was none for pick, or it failed."""
-        sd = self.showdown
-        if sd is None or sd.error or sd.candidate_id != pick.candidate.id:
+        candidates measured in full, where it is faster than pick's outside the noise (the medians' intervals
+        apart; inside it pick stays); None when there was none for pick, or it failed."""
+        sd = self.showdowns.get(pick.candidate.id)
+        if sd is None or sd.error:
             return None
-        timed = [e for e in sd.entries if e.HasField("timing") and e.candidate_id in self.measured
-                 and not self.measured[e.candidate_id].screened_out]
-        return min(timed, key=lambda e: e.timing.median_s).candidate_id if timed else None
+        timed = {e.candidate_id: e.timing for e in sd.entries if e.HasField("timing") and e.candidate_id in
+                 self.measured and not self.measured[e.candidate_id].screened_out
+                 and e.candidate_id not in self.disqualified}
+        if not timed:
+            return None
+        fastest = min(timed, key=lambda cid: timed[cid].median_s)
+        mine = timed.get(pick.candidate.id)
+        return fastest if mine is None or significant(timed[fastest], mine) else pick.candidate.id
 
     def reported(self) -> tuple[pb.Counts, pb.Measured | None]:
         """(counts, best) as the campaign reports them: live while it runs, and once it has finished, what it

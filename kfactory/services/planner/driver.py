@@ -223,42 +223,46 @@ class CampaignDriver:
                     return
                 await self._wait_change(st)
 
-    async def _showdown(self, st: CampaignState) -> None:
+    async def _showdown(self, st: CampaignState) -> bool:
         """Time the search's best and its contenders (CampaignState.contenders: within Settings.showdown_margin of
         its score) interleaved at the first optimisation shape, once per search best; the fastest becomes the
         campaign's result (CampaignState.best). Each was measured alone, minutes apart: on a host whose load
         drifts, scores a few percent apart do not order kernels a few percent apart. Not for an engine (its finale
         decides), a replayed campaign (its timings are recordings: nothing to time together), or when the setting is
-        under 2; a showdown unanswered within COMPARE_WAIT_S is left (logged)."""
+        under 2; a showdown unanswered within COMPARE_WAIT_S is left (logged). True when its answer found the
+        search's best wrong (then the next best has a showdown of its own)."""
         most = self.settings.showdown_contenders - 1
         pick = st.search_best()
         if st.finale is not None or most < 1 or pick is None or st.cancelled or pick.candidate.id not in st.artifacts \
                 or any(t.mode == "replayed" for t in pick.timings):
-            return
-        if st.showdown is not None and st.showdown.candidate_id == pick.candidate.id:
-            return  # decided already (a restarted planner folded it from the stream)
+            return False
         rivals = st.contenders(pick, self.settings.showdown_margin, most)
-        if not rivals:
-            return
+        if not rivals or (pick.candidate.id in st.showdowns and
+                          {m.candidate.id for m in rivals} <= st.showdown_asked.get(pick.candidate.id, set())):
+            return False  # nothing to time together, or decided already (a restarted planner folds it from the stream)
         req = pb.CompareRequest(candidate=pick.candidate, candidate_artifact=st.artifacts[pick.candidate.id],
                                 contenders=[m.candidate for m in rivals],
                                 contender_artifacts=[st.artifacts[m.candidate.id] for m in rivals])
-        event = ev.make_event(st.id, self.svc.name, f"showdown:{pick.candidate.id}", compare_request=req)
+        event = ev.make_event(st.id, self.svc.name, ev.showdown_key(req), compare_request=req)
+        before = st.showdowns.get(pick.candidate.id)  # taken before the request: its answer may come at once
         with telemetry.root_span(f"{self.svc.name} showdown", **{"kf.campaign": st.id,
                                                                  "kf.candidate": pick.candidate.id}):
             await self.bus.publish(event)
             await self.bus.send_work(Stage.BENCHMARKER, event)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMPARE_WAIT_S
-        while not (st.showdown is not None and st.showdown.candidate_id == pick.candidate.id):
+        while st.showdowns.get(pick.candidate.id) is before:
             if loop.time() > deadline or st.cancelled or st.broken:
                 self.log.warning("the showdown got no answer: the search's best stays the result", campaign=st.id,
                                  candidate=pick.candidate.id)
-                return
+                return False
             await self._wait_change(st)
+        return pick.candidate.id in st.disqualified
 
     async def _compare(self, st: CampaignState) -> None:
-        await self._showdown(st)
+        for _ in range(len(st.measured)):  # a showdown that finds its pick wrong: the next best's, until one holds
+            if not await self._showdown(st):
+                break
         best = st.best()
         ref = st.candidates.get(st.reference_id)
         if st.cancelled or best is None or ref is None or ref.id not in st.artifacts:

@@ -57,18 +57,20 @@ def campaign_summary(st: CampaignState, problem) -> dict:
     if st.spec.goal_fraction > 0:  # `--goal`: whether a candidate reached it (and which), which ended the search
         reached = st.goal_reached()
         out["goal"] = {"fraction": st.spec.goal_fraction, "reached_by": reached.candidate.id if reached else None}
-    if st.showdown is not None:
-        out["showdown"] = _showdown_section(st, st.showdown)
+    pick = st.search_best()
+    if pick is not None and (sd := st.showdowns.get(pick.candidate.id)) is not None:
+        out["showdown"] = _showdown_section(st, sd)
     if best is not None:
         out["best"] = _best_section(st, best, problem)
     return out
 
 
 def _showdown_section(st: CampaignState, sd: pb.Comparison) -> dict:
-    """The showdown `sd` (kfactory/services/planner/driver.py _showdown): the search's best, each kernel's median in
-    the interleaved timing and the one it decided, or why it decided nothing."""
+    """The showdown `sd` of the search's best (kfactory/services/planner/driver.py _showdown): each kernel's median in
+    the interleaved timing and the one it decided, or why it decided nothing (and which kernel it found wrong)."""
     pick = st.measured.get(sd.candidate_id)
     return {"shape": sd.shape, "search_best": sd.candidate_id, "error": sd.error or None,
+            "found_wrong": sorted(st.disqualified) or None,
             "winner": st.showdown_winner(pick) if pick is not None else None,
             "timed": {e.candidate_id: {"median_seconds": e.timing.median_s, "ci_seconds": [e.timing.ci_low_s,
                                                                                            e.timing.ci_high_s],
