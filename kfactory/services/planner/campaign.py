@@ -359,7 +359,8 @@ class CampaignState:
     def best(self) -> pb.Measured | None:
         """The campaign's result: of the candidates measured in full that are not the reference kernel (a
         screened-out timing is no result: it may never have been verified), the one the finale decided (an
-        engine's showdown), else the one `winner` picks (the problem's rule, Problem.winner; the lowest score
+        engine's showdown), else the one the showdown of the search's best decided (showdown_winner), else the
+        search's best (search_best: the one `winner` picks, the problem's rule, Problem.winner; the lowest score
         where none is set)."""
         if self.finale is not None and (decided := self.finale.winner()) in self.measured:
             return self.measured[decided]
