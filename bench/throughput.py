@@ -158,7 +158,10 @@ def account(ledger: dict, cost: dict, candidates: int, wall: float) -> dict:
 
 def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
     """The two campaigns' best kernels timed interleaved at every optimisation shape (new over baseline), with
-    whether the difference is outside the noise (the medians' 95% intervals apart); the same kernel is the same."""
+    whether the difference is outside the noise (the medians' 95% intervals apart); the same kernel is the same.
+    A control is timed with them: the baseline's kernel again, under a key (and buffers) of its own. Its ratio to
+    the baseline is what this host makes of no difference at all: on the 2-core host the same kernel against
+    itself came out 0.973-1.052 in six such timings, once outside the noise."""
     if a["candidate_id"] == b["candidate_id"]:
         return {"same_kernel": True}
     settings = Settings(data_dir=root / "compare")
@@ -170,19 +173,22 @@ def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
     try:
         session.load_artifact("new", a["artifact"], a["entry"])
         session.load_artifact("baseline", b["artifact"], b["entry"])
+        session.load_artifact("control", b["artifact"], b["entry"])
         pool = InputPool(problem, 1)
         out: dict[str, dict] = {}
         for shape in problem.shapes("optimize"):
-            t = measure(session, ["new", "baseline"], problem, shape, pool, target.cache_bytes(), settings,
+            t = measure(session, ["new", "baseline", "control"], problem, shape, pool, target.cache_bytes(), settings,
                         settings.compare_max_s, target.device())
             name = problem.shape_str(shape)
             if t.reason:
                 out[name] = {"error": t.message}
                 continue
-            new, old = t.timings["new"], t.timings["baseline"]
+            new, old, same = t.timings["new"], t.timings["baseline"], t.timings["control"]
             out[name] = {"new_s": new.median_s, "baseline_s": old.median_s,
                          "new_over_baseline": round(new.median_s / old.median_s, 4),
-                         "significant": significant(new, old)}
+                         "significant": significant(new, old),
+                         "control_over_baseline": round(same.median_s / old.median_s, 4),
+                         "control_significant": significant(same, old)}
         return out
     finally:
         session.close()
@@ -249,7 +255,9 @@ async def main(args) -> int:
             for shape, c in out.get("best_interleaved", {}).items():
                 if shape != "same_kernel":
                     print(f"  best kernels at {shape}: new/baseline {c.get('new_over_baseline')} "
-                          f"(outside the noise: {c.get('significant')}) {c.get('error', '')}")
+                          f"(outside the noise: {c.get('significant')}); the baseline's kernel against itself "
+                          f"{c.get('control_over_baseline')} (outside the noise: {c.get('control_significant')}) "
+                          f"{c.get('error', '')}")
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
         return 0
