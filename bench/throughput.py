@@ -10,7 +10,8 @@ as the runner children account it) over the campaign's wall time.
 
 `--baseline-order` also runs the same campaign (same problem, budget, strategy and seed) with the judge's order and
 settings as they were before issue 23 (kfactory/judge/order.py BASELINE), first, in the same run, then times the two
-campaigns' best kernels interleaved (A B A B ...) at every optimisation shape, so the figures are side by side.
+campaigns' best kernels interleaved (A B A B ...) at every optimisation shape, so the figures are side by side,
+with the baseline's kernel a second time as a control (what the host makes of no difference).
 
     python bench/throughput.py [--problem softmax] [--target cpu|cuda] [--budget N] [--seed S] [--json OUT]
                                [--baseline-order] [--strategy NAME] [--device-seconds S]
