@@ -10,6 +10,7 @@ import pytest
 from kfactory.bus import events as ev
 from kfactory.bus.deadletters import DeadLetterRecord
 from kfactory.bus.events import MAX_EVENT_BYTES as MAX
+from kfactory.cli.run import showdown_line
 from kfactory.problems import load_problem
 from kfactory.services.planner.campaign import CampaignState
 from kfactory.services.planner.resends import judge
@@ -303,6 +304,8 @@ def test_the_showdown_decides_the_best_among_near_ties():
     summary = campaign_summary(st, load_problem("softmax"))
     assert summary["best"]["candidate_id"] == "k2"
     assert summary["showdown"]["winner"] == "k2" and summary["showdown"]["search_best"] == "k1"
+    # what `kfactory run` prints under its leaderboard, which ranks k1 first by its own score
+    assert showdown_line(summary["showdown"]).endswith("k2 is the result (the search's best was k1)")
     assert summary["showdown"]["timed"]["k2"]["median_seconds"] == 0.47
     # a late answer to another best's showdown changes neither the result nor the summary
     assert st.apply(_showdown("k3", {"k3": 0.2, "k1": 0.4})) == ""
@@ -329,6 +332,7 @@ def test_a_kernel_a_showdown_finds_wrong_is_never_the_result():
     assert [m.candidate.id for m in st.contenders(st.search_best(), 0.05, 5)] == ["k3"]
     summary = campaign_summary(st, load_problem("softmax"))
     assert summary["showdown"]["winner"] is None and summary["showdown"]["found_wrong"] == ["k2"]
+    assert "found wrong, never the result: k2; the search's best stays" in showdown_line(summary["showdown"])
     # the search's best itself found wrong: the next best is the result
     assert st.apply(_showdown("k1", {"k1": 0, "k3": 0}, error="WRONG_RESULT: timed output wrong", failed="k1")) == ""
     assert st.search_best().candidate.id == "k3" == st.best().candidate.id

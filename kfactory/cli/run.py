@@ -215,6 +215,23 @@ def write_report(settings, memory, cid: str) -> Path:
     return out_dir / "report.md"
 
 
+def showdown_line(sd: dict | None) -> str:
+    """The showdown in a line (the summary's `showdown`): the leaderboard ranks by each candidate's own score, and
+    the result may be another of its near ties, timed together after the search."""
+    if not sd:
+        return ""
+    if sd.get("error"):
+        wrong = ", ".join(cid[:12] for cid in sd.get("found_wrong") or [])
+        return (f"showdown at {sd['shape']}: {sd['error']}" + (f"; found wrong, never the result: {wrong}" if wrong
+                                                               else "") + "; the search's best stays the result")
+    timed = sorted(sd["timed"].items(), key=lambda kv: kv[1]["median_seconds"])
+    times = ", ".join(f"{cid[:12]} {t['median_seconds'] * 1e3:.3f} ms" for cid, t in timed)
+    winner = sd.get("winner") or sd["search_best"]
+    verdict = ("the search's best stays the result" if winner == sd["search_best"]
+               else f"{winner[:12]} is the result (the search's best was {sd['search_best'][:12]})")
+    return f"showdown of the near ties at {sd['shape']}, timed together: {times}; {verdict}"
+
+
 def _finish(settings, st, running, memory, args, console: Console, ledger: dict) -> int:
     summary = json.loads(st.finished.summary_json)
     # where the services' time went in this process (kfactory.observability.stagetime): compile, verify/drawing,
@@ -226,6 +243,8 @@ def _finish(settings, st, running, memory, args, console: Console, ledger: dict)
     summary["services"] = {name: svc.handled for name, svc in running.services.items()}
     rows = [m for m, _ in memory.archive.leaderboard(st.id, 10)]
     console.print(leaderboard_table(summary, rows))
+    if line := showdown_line(summary.get("showdown")):
+        console.print(line)
     best = summary.get("best")
     if best:
         base = ", ".join(f"{k} {v:.2f}x" for k, v in (best.get("speedup_vs_baselines") or {}).items() if v)
