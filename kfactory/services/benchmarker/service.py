@@ -165,15 +165,16 @@ class BenchmarkerService(RunnerService):
             await self._record_best(cand.campaign_id, m.score_s)
         return m
 
-    async def _ahead(self, cand, session, problem, target, part: str = "ahead") -> InputPool:
-        """The problem's input pool, with the sets a measurement at every optimisation shape draws on the host
-        drawn now, before the device is held (Settings.draw_ahead; else the pool itself); `part` names the work
-        in the stage-time ledger."""
+    async def _ahead(self, cand, session, problem, target, part: str = "ahead",
+                     shapes: list[dict[str, int]] | None = None) -> InputPool:
+        """The problem's input pool, with the sets a measurement at `shapes` (default: every optimisation shape)
+        draws on the host drawn now, before the device is held (Settings.draw_ahead; else the pool itself); `part`
+        names the work in the stage-time ledger."""
         pool = self.pool(cand.problem)
         if not self.settings.draw_ahead:
             return pool
-        return await self.work(drawn_ahead, session, problem, problem.shapes("optimize"), pool, target.cache_bytes(),
-                               part=part)
+        return await self.work(drawn_ahead, session, problem, shapes or problem.shapes("optimize"), pool,
+                               target.cache_bytes(), part=part)
 
     async def _time_in_full(self, cand, session, problem, target, device, m: pb.Measured,
                             screened_before: bool, pool: InputPool) -> pb.Measured | pb.Rejected:
@@ -237,9 +238,7 @@ class BenchmarkerService(RunnerService):
             return Term(f"showdown needs an artifact that is missing: {e}", pb.INPUT_MISSING)
         shape = problem.shapes("optimize")[0]
         keys = list(names)
-        pool = self.pool(cand.problem)
-        if self.settings.draw_ahead:
-            pool = await self.work(drawn_ahead, session, problem, [shape], pool, target.cache_bytes(), part="compare")
+        pool = await self._ahead(cand, session, problem, target, part="compare", shapes=[shape])
         async with self.device(device.device_id):
             res = await self.work(measure, session, keys, problem, shape, pool, target.cache_bytes(), self.settings,
                                   self.settings.compare_max_s, device, keys, part="compare")
