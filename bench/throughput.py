@@ -10,11 +10,13 @@ as the runner children account it) over the campaign's wall time.
 
 `--baseline-order` also runs the same campaign (same problem, budget, strategy and seed) with the judge's order and
 settings as they were before issue 23 (kfactory/judge/order.py BASELINE), first, in the same run, then times the two
-campaigns' best kernels interleaved (A B A B ...) at every optimisation shape, so the figures are side by side,
-with the baseline's kernel a second time as a control (what the host makes of no difference).
+campaigns' best kernels together at every optimisation shape, so the figures are side by side, with the baseline's
+kernel a second time as a control (what the host makes of no difference): `--compare-blocks` rotated timings, each
+in a fresh session, and a 95% interval over them (compare_bests).
 
     python bench/throughput.py [--problem softmax] [--target cpu|cuda] [--budget N] [--seed S] [--json OUT]
                                [--baseline-order] [--strategy NAME] [--device-seconds S]
+                               [--compare-blocks B]
 """
 from __future__ import annotations
 
@@ -28,15 +30,17 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
+from scipy.stats import t as student_t
+
 from kfactory.platform.app import start_services
 from kfactory.platform.config import Settings
 from kfactory.judge.checks import InputPool
-from kfactory.judge.measure import measure
+from kfactory.judge.rotated import measure_rotated
 from kfactory.bus.natsd import EmbeddedNats
 from kfactory.observability import stagetime
 from kfactory.problems import load_problem
 from kfactory.cli.run import _memory_ready
-from kfactory.judge.stats import significant
 from kfactory.services.planner.service import PlannerService
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
@@ -158,11 +162,14 @@ def account(ledger: dict, cost: dict, candidates: int, wall: float) -> dict:
 
 
 def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
-    """The two campaigns' best kernels timed interleaved at every optimisation shape (new over baseline), with
-    whether the difference is outside the noise (the medians' 95% intervals apart); the same kernel is the same.
-    A control is timed with them: the baseline's kernel again, under a key (and buffers) of its own. Its ratio to
-    the baseline is what this host makes of no difference at all: on the 2-core host the same kernel against
-    itself came out 0.973-1.052 in six such timings, once outside the noise."""
+    """The two campaigns' best kernels timed together at every optimisation shape, with a control: the baseline's
+    kernel again, under a key (and buffers) of its own, whose ratio to the baseline is what the host makes of no
+    difference. `--compare-blocks` blocks, each in a fresh session (fresh buffers), each a rotated timing
+    (kfactory/judge/rotated.py: every kernel on every kernel's buffers once); per shape the ratio is the geometric
+    mean of the blocks' ratios, with a 95% t-interval over the blocks, and a difference is outside the noise when
+    that interval leaves out 1. Why blocks: one timing's medians differ by more than their intervals say (on the
+    2-core host the same kernel against itself came out 0.93-1.05 in twelve single timings, four of them
+    "outside the noise" by their medians' intervals), so the blocks' spread is the honest noise."""
     if a["candidate_id"] == b["candidate_id"]:
         return {"same_kernel": True}
     settings = Settings(data_dir=root / "compare")
@@ -170,29 +177,45 @@ def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
     shutil.copy(root / "ceilings.json", root / "compare" / "ceilings.json")
     problem = load_problem(args.problem)
     target = get_target(args.target, settings)
-    session = target.session(problem, settings.threads)
-    try:
-        session.load_artifact("new", a["artifact"], a["entry"])
-        session.load_artifact("baseline", b["artifact"], b["entry"])
-        session.load_artifact("control", b["artifact"], b["entry"])
-        pool = InputPool(problem, 1)
-        out: dict[str, dict] = {}
-        for shape in problem.shapes("optimize"):
-            t = measure(session, ["new", "baseline", "control"], problem, shape, pool, target.cache_bytes(), settings,
-                        settings.compare_max_s, target.device())
-            name = problem.shape_str(shape)
-            if t.reason:
-                out[name] = {"error": t.message}
-                continue
-            new, old, same = t.timings["new"], t.timings["baseline"], t.timings["control"]
-            out[name] = {"new_s": new.median_s, "baseline_s": old.median_s,
-                         "new_over_baseline": round(new.median_s / old.median_s, 4),
-                         "significant": significant(new, old),
-                         "control_over_baseline": round(same.median_s / old.median_s, 4),
-                         "control_significant": significant(same, old)}
-        return out
-    finally:
-        session.close()
+    blocks: dict[str, list[dict]] = {problem.shape_str(s): [] for s in problem.shapes("optimize")}
+    errors: dict[str, str] = {}
+    for _ in range(args.compare_blocks):
+        session = target.session(problem, settings.threads)
+        try:
+            session.load_artifact("new", a["artifact"], a["entry"])
+            session.load_artifact("baseline", b["artifact"], b["entry"])
+            session.load_artifact("control", b["artifact"], b["entry"])
+            pool = InputPool(problem, 1)
+            for shape in problem.shapes("optimize"):
+                t = measure_rotated(session, ["new", "baseline", "control"], problem, shape, pool,
+                                    target.cache_bytes(), settings, settings.compare_max_s, target.device(), probe=[])
+                name = problem.shape_str(shape)
+                if t.reason:
+                    errors[name] = t.message
+                else:
+                    blocks[name].append({k: v.median_s for k, v in t.timings.items()})
+        finally:
+            session.close()
+    return {name: {"error": errors[name]} if name in errors else _block_ratios(timed)
+            for name, timed in blocks.items()}
+
+
+def _block_ratios(timed: list[dict[str, float]]) -> dict:
+    """new/baseline and control/baseline over blocks of medians: each the geometric mean of the blocks' ratios,
+    its 95% t-interval, and whether that interval leaves out 1."""
+    out: dict[str, Any] = {"blocks": len(timed), "new_s": float(np.median([t["new"] for t in timed])),
+                           "baseline_s": float(np.median([t["baseline"] for t in timed]))}
+    for key in ("new", "control"):
+        logs = np.log([t[key] / t["baseline"] for t in timed])
+        mean = float(np.mean(logs))
+        half = float(student_t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs))) \
+            if len(logs) > 1 else float("inf")
+        lo, hi = float(np.exp(mean - half)), float(np.exp(mean + half))
+        out[f"{key}_over_baseline"] = round(float(np.exp(mean)), 4)
+        out[f"{key}_interval"] = [round(lo, 4), round(hi, 4)]
+        out[f"{key}_blocks"] = [round(float(np.exp(x)), 4) for x in logs]
+        out["significant" if key == "new" else "control_significant"] = bool(hi < 1 or lo > 1)
+    return out
 
 
 def _measure_ceilings(args, root: Path) -> None:
@@ -256,8 +279,9 @@ async def main(args) -> int:
             for shape, c in out.get("best_interleaved", {}).items():
                 if shape != "same_kernel":
                     print(f"  best kernels at {shape}: new/baseline {c.get('new_over_baseline')} "
-                          f"(outside the noise: {c.get('significant')}); the baseline's kernel against itself "
-                          f"{c.get('control_over_baseline')} (outside the noise: {c.get('control_significant')}) "
+                          f"{c.get('new_interval')} (outside the noise: {c.get('significant')}); the baseline's "
+                          f"kernel against itself {c.get('control_over_baseline')} {c.get('control_interval')} "
+                          f"(outside the noise: {c.get('control_significant')}); {c.get('blocks')} blocks "
                           f"{c.get('error', '')}")
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
@@ -282,4 +306,9 @@ if __name__ == "__main__":
                     help="bound each campaign by the device time its work may hold (Settings.device_seconds)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--baseline-order", action="store_true", help="run the campaign with today's order too")
-    raise SystemExit(asyncio.run(main(ap.parse_args())))
+    ap.add_argument("--compare-blocks", type=int, default=4,
+                    help="rotated timings of the two best kernels, each in a fresh session (at least 2)")
+    parsed = ap.parse_args()
+    if parsed.compare_blocks < 2:
+        ap.error(f"--compare-blocks {parsed.compare_blocks}: an interval over blocks needs at least 2")
+    raise SystemExit(asyncio.run(main(parsed)))

@@ -90,3 +90,26 @@ def test_under_six_samples_the_interval_is_the_range_and_summarize_reads_the_ran
     assert (t.ci_low_s, t.median_s, t.ci_high_s) == (lo + 1.0, 50.5, hi + 1.0) and t.samples == 100
     # the child's stop never calls a median precise on a narrower interval than the summary then reports
     assert all(child.median_rank_lo(n) <= median_ranks(n)[0] for n in range(4, 20_000, 7))
+
+
+def test_every_kernel_is_called_in_every_place_of_a_round_equally_often():
+    """Rounds start at a rotating kernel (A B C, B C A, C A B, ...): over any 3k rounds each kernel was first,
+    second and third k times each, and round i still times argument set i for every kernel."""
+    calls: list[tuple[str, int]] = []
+
+    def sampler(key: str):
+        def sample(i: int) -> float:
+            calls.append((key, i))
+            return 1e-6
+        return sample
+    samples, rounds = child.sample_interleaved({k: sampler(k) for k in "abc"},
+                                               Bench([], min_samples=30, min_s=0.0, max_s=5.0, noise=1.0,
+                                                     warmup_s=0.0))
+    assert rounds >= 30 and all(len(s) == rounds for s in samples.values())
+    per_round = [calls[3 * r: 3 * r + 3] for r in range(rounds)]
+    assert all({i for _, i in r} == {n} for n, r in enumerate(per_round))   # one round, one set index
+    full = rounds - rounds % 3
+    for place in range(3):
+        firsts = [r[place][0] for r in per_round[:full]]
+        assert {k: firsts.count(k) for k in "abc"} == {k: full // 3 for k in "abc"}
+    assert [k for k, _ in per_round[1]] == ["b", "c", "a"]

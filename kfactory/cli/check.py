@@ -15,7 +15,8 @@ from google.protobuf.json_format import MessageToDict
 
 from kfactory.bus import events as ev
 from kfactory.judge.checks import InputPool, RegressionInput
-from kfactory.judge.measure import available_baselines, measure
+from kfactory.judge.measure import available_baselines
+from kfactory.judge.rotated import measure_rotated
 from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
@@ -117,8 +118,9 @@ def _measure(out: dict, session, target, problem, settings) -> None:
     shapes, speedups = {}, {}
     for shape in problem.shapes("optimize"):
         name = problem.shape_str(shape)
-        t = measure(session, list(keys.values()), problem, shape, pool, target.cache_bytes(), settings,
-                    settings.compare_max_s, dev)
+        # rotated (judge/rotated.py): the candidate, first in keys, would otherwise have the first buffers
+        t = measure_rotated(session, list(keys.values()), problem, shape, pool, target.cache_bytes(), settings,
+                            settings.compare_max_s, dev)
         if t.reason:
             out["verdict"].update(passed=False, reason=pb.RejectReason.Name(t.reason), message=t.message)
             return

@@ -74,13 +74,14 @@ class Timing:
 
 def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str, int], pool: InputPool,
             cache_bytes: int, settings, max_s: float | None = None, device: pb.DeviceInfo | None = None,
-            probe: list[str] | None = None) -> Timing:
+            probe: list[str] | None = None, timed_before: dict[str, int] | None = None) -> Timing:
     """Time `keys` interleaved at one shape. A median under the speed-of-light floor is a failure, and the
     outputs that the timed calls left in every input set of the pool are checked. Then every key of `probe`
     (default: every key; a caller may leave out kernels it trusts, such as the problem's baselines) is checked
     once more, on fresh inputs, after more calls than the timing made (probe_after_timing): that check does
     not depend on how many calls a loaded host let the timing make. A session that runs nothing (replay) has
-    no kernel to probe."""
+    no kernel to probe. `timed_before`: per key, the calls earlier timings made since the probe before them (the
+    probe then makes more calls than all of them did; see kfactory.judge.rotated)."""
     drawn = _drawn_timing(session, problem, shape, cache_bytes)
     sets: list = []
     refs: list = []
@@ -96,7 +97,7 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
     # the timing, the speed-of-light overhead (a load and a bench), the loads after a replacement, and per
     # probed key its repeat benches and its checked call: all in one runner child, whose kernels' state (a
     # call counter) is what the probe is about
-    _hold_runner(session, 3 + len(keys) + len(probed) * (REPEAT_BENCHES + 1))
+    hold_runner(session, 3 + len(keys) + len(probed) * (REPEAT_BENCHES + 1))
     timing = dict(min_samples=settings.measure_min_samples, min_s=settings.measure_min_s,
                   max_s=max_s or settings.measure_max_s, noise=settings.measure_noise, warmup_s=0.05,
                   precision=settings.measure_precision)
@@ -133,7 +134,8 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
             t.telemetry.CopyFrom(res.telemetry[k])
         out.timings[k] = t
     for k in probed:
-        failed = probe_after_timing(session, k, problem, shape, pool, len(res.samples[k]), out.timings[k].median_s)
+        timed = len(res.samples[k]) + (timed_before or {}).get(k, 0)
+        failed = probe_after_timing(session, k, problem, shape, pool, timed, out.timings[k].median_s)
         if failed is not None:
             return failed
     return out
@@ -308,7 +310,7 @@ def _runs_kernels(session: Session) -> bool:
     return getattr(session, "runner", None) is not None
 
 
-def _hold_runner(session: Session, requests: int) -> None:
+def hold_runner(session: Session, requests: int) -> None:
     """Have the next `requests` requests answered by one runner child (kfactory.sandbox.parent.Runner.reserve), so a
     routine replacement after runner_max_runs cannot fall between a timing and its probe and start the
     kernel afresh."""

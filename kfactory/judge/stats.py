@@ -40,6 +40,27 @@ def summarize(samples: list[float], shape: str, nbytes: float = 0.0, ceiling_gbp
                           gbps=gbps, sol_fraction=gbps / ceiling_gbps if ceiling_gbps else 0.0)
 
 
+def combine(timings: list[pb.ShapeTiming], nbytes: float = 0.0, ceiling_gbps: float = 0.0) -> pb.ShapeTiming:
+    """One kernel's timings at one shape taken in turn with other kernels (kfactory.judge.rotated) as one: the
+    median, quartiles and interval bounds are the geometric means of theirs (a ratio between two kernels is then
+    the mean of the timings' log ratios, in which a bias of one timing's buffers cancels), the samples their sum.
+    The interval is about as wide as one timing's, not narrowed by their number: the timings differ by more than
+    their own intervals say (their buffers do), so treating them as independent draws would overstate what is
+    known."""
+    def gmean(field: str) -> float:
+        return float(np.exp(np.mean([np.log(getattr(t, field)) for t in timings])))
+    med = gmean("median_s")
+    gbps = nbytes / med / 1e9 if med > 0 and nbytes else 0.0
+    out = pb.ShapeTiming(shape=timings[0].shape, median_s=med, q1_s=gmean("q1_s"), q3_s=gmean("q3_s"),
+                         samples=sum(t.samples for t in timings), ci_low_s=gmean("ci_low_s"),
+                         ci_high_s=gmean("ci_high_s"), gbps=gbps, sol_fraction=gbps / ceiling_gbps if ceiling_gbps
+                         else 0.0, output_checked=all(t.output_checked for t in timings), mode=timings[-1].mode)
+    out.noise = (out.q3_s - out.q1_s) / med if med > 0 else 0.0
+    if timings[-1].HasField("telemetry"):
+        out.telemetry.CopyFrom(timings[-1].telemetry)
+    return out
+
+
 def significant(a: pb.ShapeTiming, b: pb.ShapeTiming) -> bool:
     """True when the two medians' confidence intervals do not overlap: a difference outside the noise."""
     return a.ci_high_s < b.ci_low_s or b.ci_high_s < a.ci_low_s

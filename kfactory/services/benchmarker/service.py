@@ -12,6 +12,7 @@ from kfactory.judge.screening import screen, screened_out
 from kfactory.judge import quiet
 from kfactory.judge.checks import InputPool
 from kfactory.judge.measure import drawn_ahead, measure
+from kfactory.judge.rotated import measure_rotated
 from kfactory.judge.order import screen_key
 from kfactory.platform.service import RunnerService
 from kfactory.v1 import events_pb2 as pb
@@ -240,8 +241,9 @@ class BenchmarkerService(RunnerService):
         keys = list(names)
         pool = await self._ahead(cand, session, problem, target, part="compare", shapes=[shape])
         async with self.device(device.device_id):
-            res = await self.work(measure, session, keys, problem, shape, pool, target.cache_bytes(), self.settings,
-                                  self.settings.compare_max_s, device, keys, part="compare")
+            # rotated: the search's best, first in keys, would otherwise always have the first (slower) buffers
+            res = await self.work(measure_rotated, session, keys, problem, shape, pool, target.cache_bytes(),
+                                  self.settings, self.settings.compare_max_s, device, keys, part="compare")
             for k in keys:
                 await self.work(session.unload, k, part="unload")
         comp = pb.Comparison(shape=problem.shape_str(shape), candidate_id=cand.id, device=device, showdown=True)
@@ -287,7 +289,9 @@ class BenchmarkerService(RunnerService):
             for shape in problem.shapes("optimize"):
                 # the comparison's timings are a measurement of the candidate too, so it is probed after them
                 # like any measurement (judge.probe_after_timing); the reference and the baselines are not
-                res = await self.work(measure, session, list(keys.values()), problem, shape, pool,
+                # rotated (judge/rotated.py): each kernel on every kernel's buffers, so no speedup carries the
+                # bias of the buffers laid out first
+                res = await self.work(measure_rotated, session, list(keys.values()), problem, shape, pool,
                                       target.cache_bytes(), self.settings,
                                       self.settings.compare_max_s, device, [cand.id], part="compare")
                 sname = problem.shape_str(shape)

@@ -1,0 +1,120 @@
+"""Rotated timings (kfactory.judge.rotated.measure_rotated) on the real cpu target: every kernel is timed first once
+(so on the buffers laid out first once), the rotations share the time one timing would take, the figure is the
+geometric mean of the rotations', the probe after the timing comes once and counts every timed call, and a
+wrong kernel is a typed failure as in one timing."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import kernel_source
+from kfactory.judge import measure as measure_mod
+from kfactory.judge import rotated
+from kfactory.judge.checks import InputPool
+from kfactory.judge.stats import combine
+from kfactory.problems import load_problem
+from kfactory.targets import get_target
+from kfactory.v1 import events_pb2 as pb
+
+
+@pytest.fixture
+def problem(small_softmax):
+    return load_problem(small_softmax)
+
+
+@pytest.fixture
+def loaded(settings, problem):
+    """A cpu session with the reference kernel ("ref") and the numpy baseline loaded."""
+    target = get_target("cpu", settings)
+    session = target.session(problem, 2)
+    source, flags = problem.reference_source("cpu")
+    res = target.compile(source, "c", flags, "kernel")
+    assert res.ok, res.log
+    session.load_artifact("ref", res.artifact, "kernel")
+    session.load_baseline("numpy", "numpy")
+    yield target, session
+    session.close()
+
+
+def test_each_kernel_is_timed_first_once_in_a_share_of_the_time(loaded, problem, settings, monkeypatch):
+    target, session = loaded
+    benches: list[tuple[list[str], float]] = []
+    real = session.bench
+
+    def spy(keys, shape, sets, **kw):
+        benches.append((list(keys), kw["max_s"]))
+        return real(keys, shape, sets, **kw)
+    monkeypatch.setattr(session, "bench", spy)
+    timings: list = []
+    real_measure = rotated.measure
+
+    def keep(*a, **kw):
+        timings.append(real_measure(*a, **kw))
+        return timings[-1]
+    monkeypatch.setattr(rotated, "measure", keep)
+    res = rotated.measure_rotated(session, ["ref", "numpy"], problem, problem.shapes("optimize")[0],
+                                  InputPool(problem, 1), 1 << 20, settings, 0.4)
+    assert not res.reason, res.message
+    timed = [(keys, max_s) for keys, max_s in benches if len(keys) == 2]
+    assert timed == [(["ref", "numpy"], 0.2), (["numpy", "ref"], 0.2)]   # 0.4 s shared, each first once
+    for k in ("ref", "numpy"):
+        medians = [t.timings[k].median_s for t in timings]
+        assert res.timings[k].median_s == pytest.approx(math.sqrt(medians[0] * medians[1]), rel=1e-12)
+        assert res.timings[k].samples == sum(t.timings[k].samples for t in timings)
+        assert res.timings[k].output_checked
+        assert res.timings[k].ci_low_s <= res.timings[k].median_s <= res.timings[k].ci_high_s
+
+
+def test_the_probe_comes_once_after_the_last_rotation_and_counts_every_timed_call(loaded, problem, settings,
+                                                                                   monkeypatch):
+    target, session = loaded
+    probes: list[tuple[str, int]] = []
+    real = measure_mod.probe_after_timing
+
+    def spy(session, key, problem, shape, pool, timed_calls, median_s):
+        probes.append((key, timed_calls))
+        return real(session, key, problem, shape, pool, timed_calls, median_s)
+    monkeypatch.setattr(measure_mod, "probe_after_timing", spy)
+    res = rotated.measure_rotated(session, ["ref", "numpy"], problem, problem.shapes("optimize")[0],
+                                  InputPool(problem, 1), 1 << 20, settings, 0.4, probe=["ref"])
+    assert not res.reason, res.message
+    assert probes == [("ref", res.timings["ref"].samples)]
+
+
+def test_a_wrong_kernel_fails_a_rotated_timing_with_its_reason(settings, problem):
+    target = get_target("cpu", settings)
+    session = target.session(problem, 2)
+    try:
+        source, flags = problem.reference_source("cpu")
+        for key, src in (("ref", source), ("wrong", kernel_source("wrong"))):
+            res = target.compile(src, "c", flags, "kernel")
+            assert res.ok, res.log
+            session.load_artifact(key, res.artifact, "kernel")
+        res = rotated.measure_rotated(session, ["ref", "wrong"], problem, problem.shapes("optimize")[0],
+                                      InputPool(problem, 1), 1 << 20, settings, 0.4)
+        assert res.reason == pb.WRONG_RESULT and res.failed_key == "wrong"
+    finally:
+        session.close()
+
+
+def test_rotations_put_every_key_first_once():
+    assert rotated.rotations(["a", "b", "c"]) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert rotated.rotations(["a"]) == [["a"]]
+
+
+def test_combined_timings_are_geometric_means_and_a_buffer_bias_cancels_in_a_ratio():
+    """Kernel A 2% faster than B; whichever is on the first buffers runs 5% slower. One timing each way gets the
+    ratio wrong both ways; combined, it is right."""
+    def timing(med: float) -> pb.ShapeTiming:
+        return pb.ShapeTiming(shape="s", median_s=med, q1_s=0.99 * med, q3_s=1.01 * med, ci_low_s=0.995 * med,
+                              ci_high_s=1.005 * med, samples=100, output_checked=True)
+    a = [timing(0.98 * 1.05), timing(0.98)]   # A first, then B first
+    b = [timing(1.0), timing(1.0 * 1.05)]
+    assert a[0].median_s / b[0].median_s > 1 > a[1].median_s / b[1].median_s
+    ca, cb = combine(a, nbytes=8e6, ceiling_gbps=10.0), combine(b)
+    assert ca.median_s / cb.median_s == pytest.approx(0.98, rel=1e-12)
+    assert ca.samples == 200 and ca.output_checked
+    assert ca.ci_low_s == pytest.approx(0.995 * ca.median_s) and ca.ci_high_s == pytest.approx(1.005 * ca.median_s)
+    assert ca.noise == pytest.approx(0.02, rel=1e-6)
+    assert ca.gbps == pytest.approx(8e6 / ca.median_s / 1e9) and ca.sol_fraction == pytest.approx(ca.gbps / 10)
