@@ -275,3 +275,17 @@ def test_the_image_serves_every_service_as_the_pods_run_it(overlay):
         mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
         assert {"/tmp", "/var/lib/kfactory"} <= mounts  # the image's caches and data dir, on a read-only root
     assert "KFACTORY_DATA_DIR=/var/lib/kfactory" in docker and "HOME=/tmp" in docker
+
+
+def test_the_services_that_run_kernels_get_a_shared_memory_filesystem_of_their_own(overlay):
+    """The verifier's and the benchmarker's runner buffers live in /dev/shm (kfactory/sandbox/shm.py), which a
+    container gets at 64 MiB: both mount a memory-backed emptyDir there, large enough for a timing of four softmax
+    4096x4096 kernels (1 GiB)."""
+    _, objs = overlay
+    for svc in ("verifier", "benchmarker"):
+        pod = deployments(objs)[svc]["spec"]["template"]["spec"]
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        volume = next(v for v in pod["volumes"] if v["name"] == mounts["/dev/shm"])
+        assert volume["emptyDir"]["medium"] == "Memory"
+        size = volume["emptyDir"]["sizeLimit"]
+        assert size.endswith("Gi") and int(size[:-2]) >= 1, size
