@@ -27,6 +27,7 @@ MAKE = textwrap.dedent("""
 def _owner(base) -> tuple[subprocess.Popen, str]:
     """A process that made a buffer directory under base and holds it (sleeping); (process, its directory)."""
     proc = subprocess.Popen([sys.executable, "-c", MAKE, str(base)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
 
 
