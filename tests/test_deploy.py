@@ -279,10 +279,10 @@ def test_the_image_serves_every_service_as_the_pods_run_it(overlay):
 
 def test_the_services_that_run_kernels_get_a_shared_memory_filesystem_of_their_own(overlay):
     """The verifier's and the benchmarker's runner buffers live in /dev/shm (kfactory/sandbox/shm.py), which a
-    container gets at 64 MiB: both mount a memory-backed emptyDir there, large enough for a timing of four softmax
-    4096x4096 kernels (1 GiB)."""
+    container gets at 64 MiB, and so do the planner's probes of a cpu campaign's host (two 128 MiB buffers): each
+    mounts a memory-backed emptyDir there, of at least 1 GiB (a timing of four softmax 4096x4096 kernels)."""
     _, objs = overlay
-    for svc in ("verifier", "benchmarker"):
+    for svc in ("planner", "verifier", "benchmarker"):
         pod = deployments(objs)[svc]["spec"]["template"]["spec"]
         mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
         volume = next(v for v in pod["volumes"] if v["name"] == mounts["/dev/shm"])
