@@ -201,20 +201,24 @@ def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
 
 
 def _block_ratios(timed: list[dict[str, float]]) -> dict:
-    """new/baseline and control/baseline over blocks of medians: each the geometric mean of the blocks' ratios,
-    its 95% t-interval, and whether that interval leaves out 1."""
+    """new/baseline, control/baseline and new/control over blocks of medians: each the geometric mean of the
+    blocks' ratios, its 95% t-interval, and whether that interval leaves out 1. new/control sets the new kernel
+    against the baseline's under its other key: where the control is outside the noise, read both."""
     out: dict[str, Any] = {"blocks": len(timed), "new_s": float(np.median([t["new"] for t in timed])),
                            "baseline_s": float(np.median([t["baseline"] for t in timed]))}
-    for key in ("new", "control"):
-        logs = np.log([t[key] / t["baseline"] for t in timed])
+    for a, b, name, flag in (("new", "baseline", "new_over_baseline", "significant"),
+                             ("control", "baseline", "control_over_baseline", "control_significant"),
+                             ("new", "control", "new_over_control", "new_over_control_significant")):
+        logs = np.log([t[a] / t[b] for t in timed])
         mean = float(np.mean(logs))
         half = float(student_t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs))) \
             if len(logs) > 1 else float("inf")
         lo, hi = float(np.exp(mean - half)), float(np.exp(mean + half))
-        out[f"{key}_over_baseline"] = round(float(np.exp(mean)), 4)
-        out[f"{key}_interval"] = [round(lo, 4), round(hi, 4)]
-        out[f"{key}_blocks"] = [round(float(np.exp(x)), 4) for x in logs]
-        out["significant" if key == "new" else "control_significant"] = bool(hi < 1 or lo > 1)
+        out[name] = round(float(np.exp(mean)), 4)
+        stem = name.removesuffix("_over_baseline").removesuffix("_over_control")
+        out[f"{name}_interval" if b == "control" else f"{stem}_interval"] = [round(lo, 4), round(hi, 4)]
+        out[f"{name}_blocks" if b == "control" else f"{stem}_blocks"] = [round(float(np.exp(x)), 4) for x in logs]
+        out[flag] = bool(hi < 1 or lo > 1)
     return out
 
 
@@ -281,8 +285,9 @@ async def main(args) -> int:
                     print(f"  best kernels at {shape}: new/baseline {c.get('new_over_baseline')} "
                           f"{c.get('new_interval')} (outside the noise: {c.get('significant')}); the baseline's "
                           f"kernel against itself {c.get('control_over_baseline')} {c.get('control_interval')} "
-                          f"(outside the noise: {c.get('control_significant')}); {c.get('blocks')} blocks "
-                          f"{c.get('error', '')}")
+                          f"(outside the noise: {c.get('control_significant')}); new against the control "
+                          f"{c.get('new_over_control')} {c.get('new_over_control_interval')}; {c.get('blocks')} "
+                          f"blocks {c.get('error', '')}")
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
         return 0

@@ -22,9 +22,9 @@ from kfactory.bus.topology import Stage
 #: the pipeline's settings before issue 23 (bench/throughput.py --baseline-order runs them side by side with
 #: today's): every candidate verified before any timing, one compile at a time, two points in flight, a fresh
 #: shared-memory file for every call, outputs compared by numpy, inputs drawn while the device is held, timings
-#: ended by their noise alone
+#: ended by their noise alone, and no showdown (the search's best by its own score is the result)
 BASELINE = {"judge_order": "verify_first", "compile_workers": 1, "default_parallel": 2, "runner_arenas": False,
-            "compare_one_pass": False, "draw_ahead": False, "measure_precision": 0.0}
+            "compare_one_pass": False, "draw_ahead": False, "measure_precision": 0.0, "showdown_contenders": 0}
 
 
 def screens_first(cand: pb.Candidate, settings, target) -> bool:
