@@ -1,0 +1,47 @@
+"""bench/throughput.py's comparison of two campaigns' best kernels over blocks (_block_ratios): the ratios are
+geometric means of the blocks' ratios, the interval a 95% t-interval over blocks, and a difference is outside the
+noise only when that interval leaves out 1."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import t as student_t
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "throughput.py"
+
+
+def _load():
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("throughput_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_block_ratios_are_geometric_means_with_a_t_interval():
+    blocks = [{"new": 1.00, "baseline": 1.02, "control": 0.99}, {"new": 1.01, "baseline": 1.00, "control": 1.00},
+              {"new": 0.99, "baseline": 1.00, "control": 1.01}, {"new": 1.03, "baseline": 1.01, "control": 1.02}]
+    out = _load()._block_ratios(blocks)
+    logs = np.log([b["new"] / b["baseline"] for b in blocks])
+    half = student_t.ppf(0.975, 3) * np.std(logs, ddof=1) / 2
+    assert out["new_over_baseline"] == pytest.approx(math.exp(logs.mean()), abs=1e-4)
+    assert out["new_interval"] == pytest.approx([math.exp(logs.mean() - half), math.exp(logs.mean() + half)],
+                                                abs=1e-4)
+    assert out["new_blocks"] == pytest.approx([b["new"] / b["baseline"] for b in blocks], abs=1e-4)
+    assert out["blocks"] == 4 and not out["significant"] and not out["control_significant"]
+    assert out["new_over_control"] == pytest.approx(
+        math.exp(np.mean(np.log([b["new"] / b["control"] for b in blocks]))), abs=1e-4)
+
+
+def test_a_difference_every_block_agrees_on_is_outside_the_noise():
+    blocks = [{"new": 1.05 + 0.002 * i, "baseline": 1.0, "control": 1.0 + 0.003 * (-1) ** i} for i in range(4)]
+    out = _load()._block_ratios(blocks)
+    assert out["significant"] and out["new_interval"][0] > 1.04
+    assert not out["control_significant"]
+    assert out["new_over_control_significant"]
