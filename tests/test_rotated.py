@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from conftest import kernel_source
 from kfactory.judge import measure as measure_mod
 from kfactory.judge import rotated
 from kfactory.judge.checks import InputPool
-from kfactory.judge.stats import combine
+from kfactory.judge.stats import combine, latin_square_halfwidth
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
 from kfactory.v1 import events_pb2 as pb
@@ -118,3 +119,64 @@ def test_combined_timings_are_geometric_means_and_a_buffer_bias_cancels_in_a_rat
     assert ca.ci_low_s == pytest.approx(0.995 * ca.median_s) and ca.ci_high_s == pytest.approx(1.005 * ca.median_s)
     assert ca.noise == pytest.approx(0.02, rel=1e-6)
     assert ca.gbps == pytest.approx(8e6 / ca.median_s / 1e9) and ca.sol_fraction == pytest.approx(ca.gbps / 10)
+
+
+def _square(kernel, place, drift, noise):
+    """logs[k, j] of a rotated timing: kernel k's effect, its place's (k - j mod K) and rotation j's drift, plus
+    noise."""
+    k = len(kernel)
+    return np.array([[kernel[i] + place[(i - j) % k] + drift[j] + noise[i, j] for j in range(k)] for i in range(k)])
+
+
+def test_the_latin_square_fit_tells_apart_what_one_rotation_s_width_cannot():
+    """Four kernels, the second 3% faster; the first place's buffers 4% slow; the host drifting by up to 20%
+    between rotations; noise 0.3%. The fitted half-width is under 1.5%, so the 3% kernel is outside the noise."""
+    rng = np.random.default_rng(5)
+    logs = _square([0.0, -0.03, 0.0, 0.01], [0.04, 0.0, -0.01, -0.02], [0.0, 0.1, -0.05, 0.2],
+                   rng.normal(0, 0.003, (4, 4)))
+    half = latin_square_halfwidth(logs)
+    assert half is not None and half < 0.015
+    means = logs.mean(axis=1)
+    assert means[0] - means[1] == pytest.approx(0.03, abs=0.006)   # places and drift cancel in the means
+    assert means[0] - half > means[1] + half
+    assert latin_square_halfwidth(logs[:2, :2]) is None             # two kernels leave no degrees of freedom
+
+
+def test_the_latin_square_intervals_call_equal_kernels_different_about_one_time_in_twenty():
+    """Equal kernels, random places' biases (up to 5%) and drift, noise 1%: two kernels' intervals leave each
+    other out in about 5% of rotated timings (the pair's t-test at 95%)."""
+    rng = np.random.default_rng(11)
+    hits, trials = 0, 4000
+    for _ in range(trials):
+        logs = _square([0.0] * 4, rng.uniform(-0.05, 0.05, 4), rng.normal(0, 0.1, 4), rng.normal(0, 0.01, (4, 4)))
+        half = latin_square_halfwidth(logs)
+        means = logs.mean(axis=1)
+        hits += abs(means[0] - means[1]) > 2 * half
+    assert 0.03 < hits / trials < 0.07, hits / trials
+
+
+def test_three_kernels_get_intervals_from_the_fit_never_narrower_than_their_samples(loaded, problem, settings,
+                                                                                     monkeypatch):
+    target, session = loaded
+    source, flags = problem.reference_source("cpu")
+    res = target.compile(source, "c", flags, "kernel")
+    session.load_artifact("ref2", res.artifact, "kernel")
+    runs: list = []
+    real_measure = rotated.measure
+
+    def keep(*a, **kw):
+        runs.append(real_measure(*a, **kw))
+        return runs[-1]
+    monkeypatch.setattr(rotated, "measure", keep)
+    keys = ["ref", "numpy", "ref2"]
+    out = rotated.measure_rotated(session, keys, problem, problem.shapes("optimize")[0], InputPool(problem, 1),
+                                  1 << 20, settings, 0.6, probe=[])
+    assert not out.reason, out.message
+    logs = np.log([[r.timings[k].median_s for r in runs] for k in keys])
+    fitted = latin_square_halfwidth(logs)
+    for k in keys:
+        t, own = out.timings[k], combine([r.timings[k] for r in runs])
+        half = math.log(t.ci_high_s / t.median_s)
+        assert half == pytest.approx(math.log(t.median_s / t.ci_low_s), rel=1e-9)   # symmetric in logs
+        assert half == pytest.approx(max(fitted, math.log(own.ci_high_s / own.ci_low_s) / 2 / math.sqrt(3)),
+                                     rel=1e-9)

@@ -5,6 +5,7 @@ from functools import lru_cache
 
 import numpy as np
 from scipy.stats import binom
+from scipy.stats import t as student_t
 
 from kfactory.v1 import events_pb2 as pb
 
@@ -59,6 +60,32 @@ def combine(timings: list[pb.ShapeTiming], nbytes: float = 0.0, ceiling_gbps: fl
     if timings[-1].HasField("telemetry"):
         out.telemetry.CopyFrom(timings[-1].telemetry)
     return out
+
+
+def latin_square_halfwidth(logs: np.ndarray, confidence: float = CONFIDENCE) -> float | None:
+    """For a rotated timing of K kernels (kfactory.judge.rotated): logs[k, j] is kernel k's log median in rotation
+    j, where it was in place (k - j) mod K (its buffers laid out that far down). The kernels, the rotations (the
+    host's drift between them) and the places (the buffers' bias) are balanced, a Latin square: each kernel's mean
+    log is its least-squares effect, and what the three leave over estimates the noise with (K-1)(K-2) degrees of
+    freedom. The half-width (in logs) of per-kernel intervals of which two leave each other out just when the
+    kernels differ at `confidence` (Student's t on the pair's difference, whose standard error is s sqrt(2/K));
+    None under three kernels (no degrees of freedom left)."""
+    k = logs.shape[0]
+    if k < 3 or logs.shape != (k, k):
+        return None
+    place = np.empty_like(logs)
+    for i in range(k):
+        for j in range(k):
+            place[(i - j) % k, j] = logs[i, j]   # place[p, j]: who was in place p in rotation j
+    grand = logs.mean()
+    rows = logs.mean(axis=1, keepdims=True)
+    cols = logs.mean(axis=0, keepdims=True)
+    places = place.mean(axis=1)
+    by_place = np.array([[places[(i - j) % k] for j in range(k)] for i in range(k)])
+    resid = logs - rows - cols - by_place + 2 * grand
+    dof = (k - 1) * (k - 2)
+    s = float(np.sqrt((resid ** 2).sum() / dof))
+    return float(student_t.ppf(0.5 + confidence / 2, dof) * s / np.sqrt(2 * k))
 
 
 def significant(a: pb.ShapeTiming, b: pb.ShapeTiming) -> bool:
