@@ -33,6 +33,7 @@ from typing import Any
 from kfactory.platform.config import Settings
 from kfactory.judge.checks import InputPool
 from kfactory.judge.measure import available_baselines, floor_bandwidth_gbps, measure
+from kfactory.judge.rotated import measure_rotated
 from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
 from kfactory.targets import get_target
@@ -146,8 +147,8 @@ def _torch_one_thread(out: dict, target, problem, source: str, flags: str, setti
         session.load_artifact("kernel", _compile(target, source, flags), "kernel")
         session.load_baseline("baseline:torch", "torch")
         for shape in SHAPES:
-            t = measure(session, ["kernel", "baseline:torch"], problem, shape, InputPool(problem, 8),
-                        target.cache_bytes(), settings, max_s, None)
+            t = measure_rotated(session, ["kernel", "baseline:torch"], problem, shape, InputPool(problem, 8),
+                                target.cache_bytes(), settings, max_s, None)
             if t.reason:
                 raise SystemExit(f"{problem.shape_str(shape)}: timing failed: {t.message}")
             row = out["shapes"][problem.shape_str(shape)]
@@ -173,8 +174,9 @@ def _fractions(row: dict, flops: float, before: float, after: float) -> None:
 
 
 def _shape(session, problem, shape, keys, target, settings, device, max_s) -> dict:
-    t = measure(session, list(keys.values()), problem, shape, InputPool(problem, 8), target.cache_bytes(),
-                settings, max_s, device)
+    # rotated (kfactory/judge/rotated.py): the kernel, first in keys, would otherwise have the first buffers
+    t = measure_rotated(session, list(keys.values()), problem, shape, InputPool(problem, 8), target.cache_bytes(),
+                        settings, max_s, device)
     if t.reason:
         raise SystemExit(f"{problem.shape_str(shape)}: timing failed: {t.message}")
     med = {name: t.timings[k].median_s for name, k in keys.items()}

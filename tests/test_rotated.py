@@ -180,3 +180,48 @@ def test_three_kernels_get_intervals_from_the_fit_never_narrower_than_their_samp
         assert half == pytest.approx(math.log(t.median_s / t.ci_low_s), rel=1e-9)   # symmetric in logs
         assert half == pytest.approx(max(fitted, math.log(own.ci_high_s / own.ci_low_s) / 2 / math.sqrt(3)),
                                      rel=1e-9)
+
+
+def test_where_one_runner_child_cannot_answer_every_rotation_each_is_probed_after_itself(settings, problem,
+                                                                                          monkeypatch):
+    """runner_max_runs 15: the rotations and a single probe would need more requests than one child answers, and a
+    child replaced between them would start a kernel's call counter afresh; so each rotation is probed, as one
+    timing is."""
+    small = settings.model_copy(update={"runner_max_runs": 15})
+    target = get_target("cpu", small)
+    session = target.session(problem, 2)
+    try:
+        source, flags = problem.reference_source("cpu")
+        res = target.compile(source, "c", flags, "kernel")
+        session.load_artifact("ref", res.artifact, "kernel")
+        session.load_baseline("numpy", "numpy")
+        probes: list[tuple[str, int]] = []
+        real = measure_mod.probe_after_timing
+
+        def spy(session, key, problem, shape, pool, timed_calls, median_s):
+            probes.append((key, timed_calls))
+            return real(session, key, problem, shape, pool, timed_calls, median_s)
+        monkeypatch.setattr(measure_mod, "probe_after_timing", spy)
+        out = rotated.measure_rotated(session, ["ref", "numpy"], problem, problem.shapes("optimize")[0],
+                                      InputPool(problem, 1), 1 << 20, small, 0.4, probe=["ref"])
+        assert not out.reason, out.message
+        assert [k for k, _ in probes] == ["ref", "ref"]
+        assert sum(n for _, n in probes) == out.timings["ref"].samples   # each counts its own rotation's calls
+    finally:
+        session.close()
+
+
+def test_a_combined_timing_with_few_samples_spans_every_interval_and_names_every_mode():
+    """A slow kernel's share of the time may give a rotation one sample, whose interval is a point: the combined
+    interval then spans them all, and a throttled rotation's telemetry is the one kept."""
+    one = pb.ShapeTiming(shape="s", median_s=1.0, q1_s=1.0, q3_s=1.0, ci_low_s=1.0, ci_high_s=1.0, samples=1,
+                         mode="events")
+    two = pb.ShapeTiming(shape="s", median_s=1.1, q1_s=1.1, q3_s=1.1, ci_low_s=1.1, ci_high_s=1.1, samples=1,
+                         mode="graph")
+    two.telemetry.throttled = True
+    three = pb.ShapeTiming(shape="s", median_s=1.05, q1_s=1.0, q3_s=1.1, ci_low_s=1.04, ci_high_s=1.06, samples=50,
+                           mode="graph")
+    three.telemetry.sm_clock_mhz_after = 1980
+    c = combine([one, two, three])
+    assert (c.ci_low_s, c.ci_high_s) == (1.0, 1.1)
+    assert c.mode == "events+graph" and c.telemetry.throttled

@@ -25,23 +25,28 @@ def rotations(keys: list[str]) -> list[list[str]]:
 def measure_rotated(session, keys: list[str], problem, shape: dict[str, int], pool, cache_bytes: int, settings,
                     max_s: float | None = None, device=None, probe: list[str] | None = None) -> Timing:
     """Time `keys` at `shape` once per rotation of their order (see rotations), each timing given an equal share of
-    `max_s` (never under settings.measure_min_s), so the rotations together take the device no longer than one
-    timing would. Each timing is a measure(): its floor check, and the check of every timed call's outputs; the
-    probe after the timing (probe_after_timing) comes once, after the last, and makes more calls than all the
-    rotations' timed calls together, in the same runner child. Per key, one ShapeTiming (stats.combine: the
-    geometric mean of its medians); the first failure as measure gives it."""
+    `max_s` (never under settings.measure_min_s): the rotations together time for about as long as one timing
+    would, each with a warm-up of its own. Each timing is a measure(): its floor check, and the check of every
+    timed call's outputs; the probe after the timing (probe_after_timing) comes once, after the last, and makes
+    more calls than all the rotations' timed calls together, in the same runner child. Where one child cannot
+    answer them all (runner_max_runs is smaller than that), each rotation is probed after itself, as one timing
+    is. Per key, one ShapeTiming (stats.combine: the geometric mean of its medians; with three kernels or more,
+    intervals fitted to the rotations); the first failure as measure gives it."""
     orders = rotations(keys)
     probed = list(keys if probe is None else probe)
     total_s = max_s or settings.measure_max_s
     share_s = max(settings.measure_min_s, total_s / len(orders))
-    # one child answers every rotation and the probe: a kernel's call counter must not start afresh between them
-    hold_runner(session, len(orders) * (3 + len(keys)) + len(probed) * (REPEAT_BENCHES + 1))
+    # one child answers every rotation and the probe (a new child's ping and loads counted too): a kernel's call
+    # counter must not start afresh between them
+    needed = len(orders) * (3 + len(keys)) + len(probed) * (REPEAT_BENCHES + 1) + len(keys) + 1
+    held = needed <= getattr(getattr(session, "runner", None), "max_runs", needed)
+    hold_runner(session, needed)
     runs: list[Timing] = []
     timed: dict[str, int] = {k: 0 for k in keys}
     for i, order in enumerate(orders):
         last = i == len(orders) - 1
         t = measure(session, order, problem, shape, pool, cache_bytes, settings, share_s, device,
-                    probed if last else [], timed_before=timed if last else None)
+                    probed if last or not held else [], timed_before=timed if last and held else None)
         if t.reason:
             return t
         runs.append(t)

@@ -45,20 +45,29 @@ def combine(timings: list[pb.ShapeTiming], nbytes: float = 0.0, ceiling_gbps: fl
     """One kernel's timings at one shape taken in turn with other kernels (kfactory.judge.rotated) as one: the
     median, quartiles and interval bounds are the geometric means of theirs (a ratio between two kernels is then
     the mean of the timings' log ratios, in which a bias of one timing's buffers cancels), the samples their sum.
-    The interval is about as wide as one timing's, not narrowed by their number: the timings differ by more than
-    their own intervals say (their buffers do), so treating them as independent draws would overstate what is
-    known."""
+    The interval is about as wide as one of the timings', not narrowed by their number: the timings differ by more
+    than their own intervals say (their buffers do), so treating them as independent draws would overstate what
+    is known. Where a timing had under six samples (a slow kernel's share of the time), its interval is no more
+    than its samples' range, down to nothing for one sample: then the interval spans every timing's instead. The
+    mode names every way they were timed ("events+graph" where they differ); the telemetry is a throttled one's
+    where any was."""
     def gmean(field: str) -> float:
         return float(np.exp(np.mean([np.log(getattr(t, field)) for t in timings])))
     med = gmean("median_s")
     gbps = nbytes / med / 1e9 if med > 0 and nbytes else 0.0
+    if min(t.samples for t in timings) < 6:
+        lo, hi = min(t.ci_low_s for t in timings), max(t.ci_high_s for t in timings)
+    else:
+        lo, hi = gmean("ci_low_s"), gmean("ci_high_s")
     out = pb.ShapeTiming(shape=timings[0].shape, median_s=med, q1_s=gmean("q1_s"), q3_s=gmean("q3_s"),
-                         samples=sum(t.samples for t in timings), ci_low_s=gmean("ci_low_s"),
-                         ci_high_s=gmean("ci_high_s"), gbps=gbps, sol_fraction=gbps / ceiling_gbps if ceiling_gbps
-                         else 0.0, output_checked=all(t.output_checked for t in timings), mode=timings[-1].mode)
+                         samples=sum(t.samples for t in timings), ci_low_s=lo, ci_high_s=hi, gbps=gbps,
+                         sol_fraction=gbps / ceiling_gbps if ceiling_gbps else 0.0,
+                         output_checked=all(t.output_checked for t in timings),
+                         mode="+".join(sorted({t.mode for t in timings if t.mode})))
     out.noise = (out.q3_s - out.q1_s) / med if med > 0 else 0.0
-    if timings[-1].HasField("telemetry"):
-        out.telemetry.CopyFrom(timings[-1].telemetry)
+    told = [t for t in timings if t.HasField("telemetry")]
+    if told:
+        out.telemetry.CopyFrom(next((t for t in told if t.telemetry.throttled), told[-1]).telemetry)
     return out
 
 
