@@ -1,6 +1,7 @@
 """Shared memory left by a process that died (kfactory.sandbox.shm.sweep_stale), and a shared-memory filesystem too
 small for a request (SharedMemoryFull): a killed service's buffers are freed by the next process that uses shared
-memory, a live one's are never touched, and a full /dev/shm is an error that says what to fix, not a SIGBUS."""
+memory, in its pid namespace or another (a directory is its maker's while the maker holds its lock), a live one's
+are never touched, and a full /dev/shm is an error that says what to fix, not a SIGBUS."""
 from __future__ import annotations
 
 import os
@@ -8,9 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
+from kfactory.sandbox import shm
 from kfactory.sandbox.shm import ShmBuffers, SharedMemoryFull, sweep_stale
 
 MAKE = textwrap.dedent("""
@@ -37,31 +40,71 @@ def test_a_killed_process_s_directory_is_swept_and_a_live_one_s_is_kept(tmp_path
     try:
         os.kill(dead.pid, signal.SIGKILL)
         dead.wait(10)
-        other = tmp_path / "kf-shm-somebody-else"   # not named by an owner: never judged
-        other.mkdir()
         assert os.path.isdir(dead_dir)
-        assert sweep_stale(tmp_path) == 1
-        assert not os.path.exists(dead_dir) and os.path.isdir(live_dir) and other.is_dir()
+        assert sweep_stale(tmp_path) == 0   # within the grace a maker may not have locked its directory yet
+        assert sweep_stale(tmp_path, grace_s=0) == 1
+        assert not os.path.exists(dead_dir) and os.path.isdir(live_dir)
         assert os.listdir(live_dir), "the live process's file was touched"
     finally:
         live.kill()
         live.wait(10)
-    assert sweep_stale(tmp_path) == 1 and not os.path.exists(live_dir)
+    assert sweep_stale(tmp_path, grace_s=0) == 1 and not os.path.exists(live_dir)
 
 
-def test_a_directory_of_another_pid_namespace_is_left_alone(tmp_path):
-    # named for a pid namespace that is not ours: its pid means nothing here, whether or not one is running
+def test_a_directory_is_judged_by_its_lock_whatever_namespace_named_it(tmp_path):
+    """A restarted container inherits its predecessor's /dev/shm (an emptyDir) but not its pid namespace: a
+    directory named for another namespace is its maker's while the lock is held (here by this process, standing in
+    for a live process of that namespace) and no one's once it is released."""
     foreign = tmp_path / f"kf-shm-1-{2**22 + 7}-abcd"
     foreign.mkdir()
-    assert sweep_stale(tmp_path) == 0 and foreign.is_dir()
+    fd = shm._lock(foreign)
+    try:
+        assert sweep_stale(tmp_path, grace_s=0) == 0 and foreign.is_dir()
+    finally:
+        os.close(fd)
+    assert sweep_stale(tmp_path, grace_s=0) == 1 and not foreign.exists()
+    odd = tmp_path / f"kf-shm-1-{10**20}-x"   # no pid can be that: judged by its lock, not an error
+    odd.mkdir()
+    assert sweep_stale(tmp_path, grace_s=0) == 1
 
 
-def test_a_full_shared_memory_filesystem_is_a_clear_harness_error(tmp_path):
+def test_a_directory_named_by_no_owner_is_removed_only_when_old_and_unlocked(tmp_path):
+    legacy = tmp_path / "kf-shm-2ikc_9hi"
+    legacy.mkdir()
+    (legacy / "f").write_bytes(b"x")
+    assert sweep_stale(tmp_path, grace_s=0) == 0 and legacy.is_dir()
+    day_ago = time.time() - shm.LEGACY_S - 60
+    os.utime(legacy, (day_ago, day_ago))
+    assert sweep_stale(tmp_path, grace_s=0) == 1 and not legacy.exists()
+
+
+def test_an_arena_that_does_not_fit_is_forgotten(tmp_path):
+    """A rewind to a larger arena deletes the old file first; when the new one does not fit, the arena names no
+    file (a later, smaller request makes a fresh one instead of sending the deleted path to the runner)."""
+    mnt = _tiny_tmpfs(tmp_path)
+    try:
+        with ShmBuffers(mnt) as bufs:
+            bufs.reserve(256 << 10)
+            with pytest.raises(SharedMemoryFull):
+                bufs.rewind(4 << 20)
+            assert bufs.path() == ""
+            bufs.rewind(128 << 10)
+            assert os.path.exists(bufs.path())
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def _tiny_tmpfs(tmp_path):
     mnt = tmp_path / "tiny"
     mnt.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
                       capture_output=True).returncode != 0:
         pytest.skip("mounting a 1 MiB tmpfs needs root")
+    return mnt
+
+
+def test_a_full_shared_memory_filesystem_is_a_clear_harness_error(tmp_path):
+    mnt = _tiny_tmpfs(tmp_path)
     try:
         with ShmBuffers(mnt) as bufs:
             bufs.new((1024,), "float32")   # fits

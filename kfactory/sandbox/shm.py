@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -28,6 +30,11 @@ class SharedMemoryFull(HarnessError):
 _OWNED = re.compile(r"^kf-shm-(\d+)-(\d+)-")
 _sweep_lock = threading.Lock()
 _swept: set[Path] = set()
+#: an unlocked directory younger than this may be one whose maker has not locked it yet (microseconds after
+#: mkdtemp): left for a later sweep
+GRACE_S = 60.0
+#: a directory named by no owner (made before owners were named) is removed only when unlocked and this old
+LEGACY_S = 86400.0
 
 
 def _pid_namespace() -> str:
@@ -41,24 +48,57 @@ def _pid_namespace() -> str:
     return digits or "0"
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: str) -> bool:
+    """Whether a process of this namespace has this pid (a number no pid can be is no process)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, OverflowError, ValueError):
         return False
     except PermissionError:   # someone else's process: alive
         return True
     return True
 
 
-def sweep_stale(base: Path) -> int:
-    """Remove the shared-memory directories that processes of this pid namespace left when they died without
-    closing them (killed, or crashed): their files hold memory (tmpfs pages) until removed. A directory of a live
-    process, of another namespace, or not named by an owner is left alone. The directories removed."""
-    ns, removed = _pid_namespace(), 0
+def _lock(directory: Path) -> int:
+    """Hold an exclusive lock on a directory this process made, for as long as the returned descriptor is open
+    (the kernel drops it when the process dies, however it dies, in whatever pid namespace)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _held(directory: Path) -> bool | None:
+    """True when some process holds the directory's lock, False when none does, None when it is gone."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)   # (releases the lock taken just now)
+    return False
+
+
+def sweep_stale(base: Path, grace_s: float = GRACE_S, legacy_s: float = LEGACY_S) -> int:
+    """Remove the shared-memory directories that processes left when they died without closing them (killed, or
+    crashed): their files hold memory (tmpfs pages) until removed. A directory is its maker's while the maker
+    holds its lock (_lock), so one whose lock nobody holds is no process's, in this pid namespace or another (a
+    restarted container's predecessor, whose emptyDir it inherits). Left alone: a locked one, one of a live
+    process of this namespace, one younger than grace_s (its maker may not have locked it yet), and one named by
+    no owner (made before owners were named) younger than legacy_s. The directories removed."""
+    ns, removed, now = _pid_namespace(), 0, time.time()
     for d in base.glob("kf-shm-*"):
         m = _OWNED.match(d.name)
-        if m is None or m.group(1) != ns or _alive(int(m.group(2))):
+        if m is not None and m.group(1) == ns and _alive(m.group(2)):
+            continue
+        try:
+            age = now - d.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if age < (grace_s if m is not None else legacy_s) or _held(d) is not False:
             continue
         shutil.rmtree(d, ignore_errors=True)
         removed += 1
@@ -88,6 +128,7 @@ class ShmBuffers:
     def __init__(self, base: Path | None = None):
         """`base`: the directory to make this one's in (default /dev/shm, else the temporary directory)."""
         self.dir = Path(tempfile.mkdtemp(prefix=f"kf-shm-{_pid_namespace()}-{os.getpid()}-", dir=base or _base()))
+        self._owner = _lock(self.dir)   # held until close (or this process's death): sweep_stale's sign of life
         self.arrays: list[np.ndarray] = []
         self._arena: tuple[str, np.memmap] | None = None
         self._used = 0
@@ -158,6 +199,9 @@ class ShmBuffers:
             self.arrays.clear()
             self._arena = None
             shutil.rmtree(self.dir, ignore_errors=True)
+            if self._owner >= 0:
+                os.close(self._owner)
+                self._owner = -1
 
     def __enter__(self) -> "ShmBuffers":
         return self
@@ -176,6 +220,8 @@ class ShmBuffers:
                 if kept is None or str(f) != kept[0]:
                     f.unlink(missing_ok=True)
             if kept is None:
+                # the old file is gone: if the new one does not fit (SharedMemoryFull) nothing may name it again
+                self._arena, self._used = None, 0
                 self.reserve(nbytes)
             self._used = 0
 
