@@ -38,6 +38,30 @@ def loaded(settings, problem):
     session.close()
 
 
+def _keep_rotations(monkeypatch) -> list:
+    """Record every rotation's Timing (measure's own result) as measure_rotated gets it."""
+    runs: list = []
+    real = rotated.measure
+
+    def keep(*a, **kw):
+        runs.append(real(*a, **kw))
+        return runs[-1]
+    monkeypatch.setattr(rotated, "measure", keep)
+    return runs
+
+
+def _spy_probes(monkeypatch) -> list[tuple[str, int]]:
+    """Record (key, timed calls) of every probe after a timing, the real probe still made."""
+    probes: list[tuple[str, int]] = []
+    real = measure_mod.probe_after_timing
+
+    def spy(session, key, problem, shape, pool, timed_calls, median_s):
+        probes.append((key, timed_calls))
+        return real(session, key, problem, shape, pool, timed_calls, median_s)
+    monkeypatch.setattr(measure_mod, "probe_after_timing", spy)
+    return probes
+
+
 def test_each_kernel_is_timed_first_once_in_a_share_of_the_time(loaded, problem, settings, monkeypatch):
     target, session = loaded
     benches: list[tuple[list[str], float]] = []
@@ -47,13 +71,7 @@ def test_each_kernel_is_timed_first_once_in_a_share_of_the_time(loaded, problem,
         benches.append((list(keys), kw["max_s"]))
         return real(keys, shape, sets, **kw)
     monkeypatch.setattr(session, "bench", spy)
-    timings: list = []
-    real_measure = rotated.measure
-
-    def keep(*a, **kw):
-        timings.append(real_measure(*a, **kw))
-        return timings[-1]
-    monkeypatch.setattr(rotated, "measure", keep)
+    timings = _keep_rotations(monkeypatch)
     res = rotated.measure_rotated(session, ["ref", "numpy"], problem, problem.shapes("optimize")[0],
                                   InputPool(problem, 1), 1 << 20, settings, 0.4)
     assert not res.reason, res.message
@@ -70,13 +88,7 @@ def test_each_kernel_is_timed_first_once_in_a_share_of_the_time(loaded, problem,
 def test_the_probe_comes_once_after_the_last_rotation_and_counts_every_timed_call(loaded, problem, settings,
                                                                                    monkeypatch):
     target, session = loaded
-    probes: list[tuple[str, int]] = []
-    real = measure_mod.probe_after_timing
-
-    def spy(session, key, problem, shape, pool, timed_calls, median_s):
-        probes.append((key, timed_calls))
-        return real(session, key, problem, shape, pool, timed_calls, median_s)
-    monkeypatch.setattr(measure_mod, "probe_after_timing", spy)
+    probes = _spy_probes(monkeypatch)
     res = rotated.measure_rotated(session, ["ref", "numpy"], problem, problem.shapes("optimize")[0],
                                   InputPool(problem, 1), 1 << 20, settings, 0.4, probe=["ref"])
     assert not res.reason, res.message
@@ -161,13 +173,7 @@ def test_three_kernels_get_intervals_from_the_fit_never_narrower_than_their_samp
     source, flags = problem.reference_source("cpu")
     res = target.compile(source, "c", flags, "kernel")
     session.load_artifact("ref2", res.artifact, "kernel")
-    runs: list = []
-    real_measure = rotated.measure
-
-    def keep(*a, **kw):
-        runs.append(real_measure(*a, **kw))
-        return runs[-1]
-    monkeypatch.setattr(rotated, "measure", keep)
+    runs = _keep_rotations(monkeypatch)
     keys = ["ref", "numpy", "ref2"]
     out = rotated.measure_rotated(session, keys, problem, problem.shapes("optimize")[0], InputPool(problem, 1),
                                   1 << 20, settings, 0.6, probe=[])
@@ -195,13 +201,7 @@ def test_where_one_runner_child_cannot_answer_every_rotation_each_is_probed_afte
         res = target.compile(source, "c", flags, "kernel")
         session.load_artifact("ref", res.artifact, "kernel")
         session.load_baseline("numpy", "numpy")
-        probes: list[tuple[str, int]] = []
-        real = measure_mod.probe_after_timing
-
-        def spy(session, key, problem, shape, pool, timed_calls, median_s):
-            probes.append((key, timed_calls))
-            return real(session, key, problem, shape, pool, timed_calls, median_s)
-        monkeypatch.setattr(measure_mod, "probe_after_timing", spy)
+        probes = _spy_probes(monkeypatch)
         out = rotated.measure_rotated(session, ["ref", "numpy"], problem, problem.shapes("optimize")[0],
                                       InputPool(problem, 1), 1 << 20, small, 0.4, probe=["ref"])
         assert not out.reason, out.message
