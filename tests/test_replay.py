@@ -174,6 +174,12 @@ def test_replay_target_compiles_verifies_and_times_from_the_recording():
     assert not m.reason and m.timings["good"].mode == "replayed"
     assert m.timings["good"].samples == len(good.times_ms)
     assert m.timings["good"].median_s == pytest.approx(float(np.median(good.times_ms)) / 1000)
+    # a rotated timing (the showdown's, the final comparison's) asks the recording once: no buffers to rotate
+    from kfactory.judge.rotated import measure_rotated
+    session.load_artifact("good2", res.artifact, fam.spec.entry)
+    both = measure_rotated(session, ["good", "good2"], problem, {"n": 8}, pool, target.cache_bytes(), Settings(),
+                           None, dev)
+    assert not both.reason and both.timings["good"].samples == len(good.times_ms)
 
     cf = _first(rs, "CompilationFailedConfig")
     res = target.compile(fam.render(cf.params)[0], "replay", "", fam.spec.entry)

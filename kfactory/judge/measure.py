@@ -93,7 +93,7 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
     else:
         seeds = drawn[1]
     sname = problem.shape_str(shape)
-    probed = list(keys if probe is None else probe) if _runs_kernels(session) else []
+    probed = list(keys if probe is None else probe) if runs_kernels(session) else []
     # the timing, the speed-of-light overhead (a load and a bench), the loads after a replacement, and per
     # probed key its repeat benches and its checked call: all in one runner child, whose kernels' state (a
     # call counter) is what the probe is about
@@ -152,7 +152,7 @@ def drawn_ahead(session: Session, problem: Problem, shapes: list[dict[str, int]]
         for shape in shapes:
             if not judged_on_device(session, shape, timing_dist(problem)):
                 pool.ahead_timing(ahead, shape, cache_bytes)
-                if _runs_kernels(session):
+                if runs_kernels(session):
                     pool.ahead_probe(ahead, shape)
     except ReferenceFailed:
         pass  # the problem's reference failed: measure meets it again at that set and gives its typed failure
@@ -305,7 +305,7 @@ def _repeat_calls(session: Session, key: str, shape: dict[str, int], sets: list,
 NO_NOISE_BOUND = 1e9
 
 
-def _runs_kernels(session: Session) -> bool:
+def runs_kernels(session: Session) -> bool:
     """False for a session with no runner (replay answers from a recording): no kernel runs, none is probed."""
     return getattr(session, "runner", None) is not None
 

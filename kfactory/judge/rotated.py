@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from kfactory.judge import stats
-from kfactory.judge.measure import REPEAT_BENCHES, Timing, hold_runner, floor_bandwidth_gbps, measure
+from kfactory.judge.measure import (REPEAT_BENCHES, Timing, floor_bandwidth_gbps, hold_runner, measure,
+                                    runs_kernels)
 
 
 def rotations(keys: list[str]) -> list[list[str]]:
@@ -31,7 +32,10 @@ def measure_rotated(session, keys: list[str], problem, shape: dict[str, int], po
     more calls than all the rotations' timed calls together, in the same runner child. Where one child cannot
     answer them all (runner_max_runs is smaller than that), each rotation is probed after itself, as one timing
     is. Per key, one ShapeTiming (stats.combine: the geometric mean of its medians; with three kernels or more,
-    intervals fitted to the rotations); the first failure as measure gives it."""
+    intervals fitted to the rotations); the first failure as measure gives it. A session that runs nothing (replay
+    answers from a recording) has no buffers to rotate: one measure, whose samples are the recording's."""
+    if not runs_kernels(session):
+        return measure(session, keys, problem, shape, pool, cache_bytes, settings, max_s, device, probe)
     orders = rotations(keys)
     probed = list(keys if probe is None else probe)
     total_s = max_s or settings.measure_max_s
