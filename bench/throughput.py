@@ -206,18 +206,18 @@ def _block_ratios(timed: list[dict[str, float]]) -> dict:
     against the baseline's under its other key: where the control is outside the noise, read both."""
     out: dict[str, Any] = {"blocks": len(timed), "new_s": float(np.median([t["new"] for t in timed])),
                            "baseline_s": float(np.median([t["baseline"] for t in timed]))}
-    for a, b, name, flag in (("new", "baseline", "new_over_baseline", "significant"),
-                             ("control", "baseline", "control_over_baseline", "control_significant"),
-                             ("new", "control", "new_over_control", "new_over_control_significant")):
+    for a, b, name, label, flag in (("new", "baseline", "new_over_baseline", "new", "significant"),
+                                    ("control", "baseline", "control_over_baseline", "control", "control_significant"),
+                                    ("new", "control", "new_over_control", "new_over_control",
+                                     "new_over_control_significant")):
         logs = np.log([t[a] / t[b] for t in timed])
         mean = float(np.mean(logs))
         half = float(student_t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs))) \
             if len(logs) > 1 else float("inf")
         lo, hi = float(np.exp(mean - half)), float(np.exp(mean + half))
         out[name] = round(float(np.exp(mean)), 4)
-        stem = name.removesuffix("_over_baseline").removesuffix("_over_control")
-        out[f"{name}_interval" if b == "control" else f"{stem}_interval"] = [round(lo, 4), round(hi, 4)]
-        out[f"{name}_blocks" if b == "control" else f"{stem}_blocks"] = [round(float(np.exp(x)), 4) for x in logs]
+        out[f"{label}_interval"] = [round(lo, 4), round(hi, 4)]
+        out[f"{label}_blocks"] = [round(float(np.exp(x)), 4) for x in logs]
         out[flag] = bool(hi < 1 or lo > 1)
     return out
 

@@ -82,16 +82,9 @@ def latin_square_halfwidth(logs: np.ndarray, confidence: float = CONFIDENCE) -> 
     k = logs.shape[0]
     if k < 3 or logs.shape != (k, k):
         return None
-    place = np.empty_like(logs)
-    for i in range(k):
-        for j in range(k):
-            place[(i - j) % k, j] = logs[i, j]   # place[p, j]: who was in place p in rotation j
-    grand = logs.mean()
-    rows = logs.mean(axis=1, keepdims=True)
-    cols = logs.mean(axis=0, keepdims=True)
-    places = place.mean(axis=1)
-    by_place = np.array([[places[(i - j) % k] for j in range(k)] for i in range(k)])
-    resid = logs - rows - cols - by_place + 2 * grand
+    place = (np.arange(k)[:, None] - np.arange(k)[None, :]) % k   # place[i, j]: where kernel i was in rotation j
+    places = np.array([logs[place == p].mean() for p in range(k)])
+    resid = logs - logs.mean(axis=1, keepdims=True) - logs.mean(axis=0, keepdims=True) - places[place] + 2 * logs.mean()
     dof = (k - 1) * (k - 2)
     s = float(np.sqrt((resid ** 2).sum() / dof))
     return float(student_t.ppf(0.5 + confidence / 2, dof) * s / np.sqrt(2 * k))
