@@ -277,9 +277,14 @@ def reject_tampering(res, sname: str, dist: str) -> None:
         raise Rejection(pb.INPUT_MUTATED, f"{sname}/{dist}: the kernel wrote input(s) {res.mutated}")
 
 
-def n_sets(problem: Problem, shape: dict[str, int], cache_bytes: int, max_sets: int = 256) -> int:
-    """How many input sets a rotating timing pool needs to be larger than the cache."""
-    return min(max_sets, max(2, math.ceil(cache_bytes / max(set_bytes(problem, shape), 1))))
+def n_sets(problem: Problem, shape: dict[str, int], cache_bytes: int, max_sets: int = 256, kernels: int = 1) -> int:
+    """How many input sets a rotating timing pool needs to be larger than the cache; with `kernels` timed
+    interleaved, how many each needs. Each kernel has buffers of its own, so between two calls of one kernel on
+    one set the others' calls pass their own sets through the cache too: together they need to exceed it, not
+    each (on a host with a 480 MiB cache, five softmax 4096x4096 kernels each on eight sets of 128 MiB mapped
+    5 GiB into a runner allowed 4 GiB of address space; two sets each exceed the cache as surely)."""
+    per_kernel = max(set_bytes(problem, shape), 1) * max(kernels, 1)
+    return min(max_sets, max(2, math.ceil(cache_bytes / per_kernel)))
 
 
 def timing_dist(problem: Problem) -> str:

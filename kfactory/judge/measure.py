@@ -82,7 +82,7 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
     not depend on how many calls a loaded host let the timing make. A session that runs nothing (replay) has
     no kernel to probe. `timed_before`: per key, the calls earlier timings made since the probe before them (the
     probe then makes more calls than all of them did; see kfactory.judge.rotated)."""
-    drawn = _drawn_timing(session, problem, shape, cache_bytes)
+    drawn = _drawn_timing(session, problem, shape, cache_bytes, len(keys))
     sets: list = []
     refs: list = []
     if drawn is None:
@@ -90,6 +90,9 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
             sets, refs, seeds = pool.timing_sets(shape, cache_bytes)
         except ReferenceFailed as e:
             return Timing(reason=pb.PROBLEM_ERROR, message=str(e))
+        # the pool holds enough sets for one kernel alone; interleaved, each needs a share (n_sets)
+        used = n_sets(problem, shape, cache_bytes, kernels=len(keys))
+        sets, refs, seeds = sets[:used], refs[:used], seeds[:used]
     else:
         seeds = drawn[1]
     sname = problem.shape_str(shape)
@@ -160,14 +163,14 @@ def drawn_ahead(session: Session, problem: Problem, shapes: list[dict[str, int]]
 
 
 def _drawn_timing(session: Session, problem: Problem, shape: dict[str, int],
-                  cache_bytes: int) -> tuple[str, list[int]] | None:
-    """(distribution, a fresh seed per timing set) when the session's device draws and checks the timing sets
-    itself (checks.judged_on_device, verification's rule too), else None: the pool's sets, drawn and referenced
-    on the host."""
+                  cache_bytes: int, kernels: int) -> tuple[str, list[int]] | None:
+    """(distribution, a fresh seed per timing set of each of `kernels` kernels timed interleaved) when the
+    session's device draws and checks the timing sets itself (checks.judged_on_device, verification's rule too),
+    else None: the pool's sets, drawn and referenced on the host."""
     dist = timing_dist(problem)
     if not judged_on_device(session, shape, dist):
         return None
-    return dist, [inp.fresh_seed() for _ in range(n_sets(problem, shape, cache_bytes))]
+    return dist, [inp.fresh_seed() for _ in range(n_sets(problem, shape, cache_bytes, kernels=kernels))]
 
 
 def _timed_outputs(problem: Problem, res, key: str, sname: str, refs: list, seeds: list[int],

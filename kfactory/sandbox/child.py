@@ -40,10 +40,14 @@ class KernelFault(Exception):
 
 
 def _limit(mem_mb: int, cpu_s: int) -> None:
+    """The child's limits, set before anything is loaded. The address space: `mem_mb` for the child and its
+    kernel, and on top of that the shared buffers the harness maps (Child.fit_limit raises the soft limit by
+    them), up to a hard limit of `mem_mb` and the whole shared-memory filesystem, as the buffers live there;
+    0: no address-space limit (a GPU driver reserves far more virtual memory than it uses)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if mem_mb > 0:
-        # 0 means no address-space limit: a GPU driver reserves far more virtual memory than it uses
-        resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
+        fs = os.statvfs(protocol.shared_dir())
+        resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, (mem_mb << 20) + fs.f_blocks * fs.f_frsize))
     resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
 
@@ -64,6 +68,8 @@ class Child:
         #: for mapping and faulting in its buffers again
         self.kept: dict[str, np.memmap] = {}
         self.keep: frozenset[str] = frozenset()
+        #: the address space the child and its kernel may use beside the harness's mappings (0: unlimited)
+        self.own_bytes = 0
 
     def begin(self, req: Request) -> None:
         """Before a request: let go of kept arenas the parent no longer uses (it names those it does)."""
@@ -71,6 +77,20 @@ class Child:
         if keep is not None:
             self.keep = frozenset(keep)
             self.kept = {p: m for p, m in self.kept.items() if p in self.keep}
+            self.fit_limit()
+
+    def fit_limit(self, mapping: int = 0) -> None:
+        """Hold the address space to own_bytes beside the shared buffers the child maps (those it holds, and
+        `mapping` more about to be mapped): the limit is on the kernel's own allocations, and the buffers are the
+        harness's, as large as the problem's tensors and the cache make them (five softmax 4096x4096 kernels'
+        timing sets took 5 GiB; a fixed limit failed their mapping, a harness error, where the filesystem had
+        room). Lowered again as mappings are let go."""
+        if not self.own_bytes:
+            return
+        held = sum(m.size for maps in (self.maps, self.prev_maps, self.kept) for m in maps.values())
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        soft = self.own_bytes + held + mapping
+        resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
     def op_ping(self, req: Ping) -> Reply:
         return Reply(pid=os.getpid())
@@ -114,6 +134,7 @@ class Child:
         if mm is None:
             mm = self.kept.get(path)
         if mm is None:
+            self.fit_limit(os.stat(path).st_size)
             mm = np.memmap(path, dtype=np.uint8, mode="r+")
             (self.kept if path in self.keep else self.maps)[path] = mm
         return mm
@@ -305,6 +326,7 @@ def serve(child: "Child", req: Request) -> Reply:
                                  traceback=traceback.format_exc()))
     finally:
         child.prev_maps, child.maps = child.maps, {}
+        child.fit_limit()
 
 
 def _harness_fault(message: str) -> Reply:
@@ -325,6 +347,7 @@ def main(child_cls=None) -> None:
     rfd, wfd, threads, mem_mb, cpu_s = (int(v) for v in sys.argv[1:6])
     _limit(mem_mb, cpu_s)
     child = (child_cls or Child)(threads)
+    child.own_bytes = max(mem_mb, 0) << 20
     rd = os.fdopen(rfd, "rb")
     wr = os.fdopen(wfd, "wb")
     for line in rd:

@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, TypedDict
 
 from kfactory.v1 import events_pb2 as pb
+
+
+def shared_dir() -> str:
+    """Where the parent makes the files that hold a request's buffers (kfactory.sandbox.shm): /dev/shm, else the
+    temporary directory. The child sizes its address-space limit by this filesystem (child._limit)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 class FaultKind(str, Enum):

@@ -19,6 +19,7 @@ import numpy as np
 
 from kfactory.observability import stagetime
 from kfactory.sandbox.parent import HarnessError
+from kfactory.sandbox.protocol import shared_dir
 
 
 class SharedMemoryFull(HarnessError):
@@ -108,7 +109,7 @@ def sweep_stale(base: Path, grace_s: float = GRACE_S, legacy_s: float = LEGACY_S
 def _base() -> Path:
     """Where buffers live (/dev/shm, else the temporary directory), swept of dead processes' directories the first
     time this process uses it."""
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    base = Path(shared_dir())
     with _sweep_lock:
         if base not in _swept:
             _swept.add(base)
