@@ -56,8 +56,8 @@ def _bench(settings, keys: list[str], sets: int, tmp: Path):
 
 @pytest.mark.parametrize("arenas", [False, True])
 def test_buffers_over_the_limit_are_mapped_and_a_greedy_kernel_is_still_refused(settings, tmp_path, arenas):
-    # 3 kernels x 12 sets x 32 MiB = 1.1 GiB of buffers in one request, twice the runner's 512 MiB (the ring's
-    # arenas, a sixth of that, cannot hold it: fresh files either way, the previous request's still mapped)
+    # 3 kernels x 12 sets x 32 MiB = 1.1 GiB of buffers in one request, twice the runner's 512 MiB: in fresh
+    # files, or in an arena the runner keeps mapped
     s = settings.model_copy(update={"runner_mem_mb": 512, "runner_arenas": arenas, "runner_timeout_s": 20.0})
     res = _bench(s, ["a", "b", "greedy"], 12, tmp_path)
     assert all(len(res.samples[k]) >= 2 for k in ("a", "b", "greedy"))

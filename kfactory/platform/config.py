@@ -66,9 +66,12 @@ class Settings(BaseSettings):
                              "compute their float64 references before taking the device (kfactory.judge.checks."
                              "InputPool.serving), so that the device never waits for them; false: drawn while the "
                              "device is held")
+    cpu_arena_mb: int = Field(2048, ge=0, description="the largest request a cpu session's ring of arenas takes "
+                              "(three arenas at most that size stay allocated in /dev/shm for the session's life, "
+                              "and never more than a twelfth of /dev/shm each: kfactory.sandbox.shm.ring_bytes); a "
+                              "larger one gets fresh buffers")
     cuda_arena_mb: int = Field(2048, ge=0, description="the largest request a cuda session's ring of arenas takes "
-                               "(three arenas at most that size stay allocated in /dev/shm for the session's "
-                               "life); a larger one gets fresh buffers")
+                               "(as cpu_arena_mb)")
     device_judge: bool = Field(False, description="cuda: verification checks of shapes over the judge's large-set "
                                "size draw their inputs, compute the float64 reference and compare the outputs on "
                                "the GPU (kfactory.targets.cuda.judge_device), where the problem ships a "

@@ -231,6 +231,13 @@ class ShmBuffers:
         return self._arena[0] if self._arena is not None else ""
 
 
+def ring_bytes(mb: int) -> int:
+    """The largest request a session's ring of arenas takes (ArenaRing's max_bytes): `mb` MiB, but never more
+    than a twelfth of the shared-memory filesystem, so that the three arenas of a verifier's session and of a
+    benchmarker's, in one process, hold at most half of it (a container's /dev/shm is what its deployment gives)."""
+    return min(mb << 20, shutil.disk_usage(shared_dir()).total // 12)
+
+
 class ArenaRing:
     """Shared-memory arenas used in turn, request after request (issue 23: a fresh file per call cost more than
     the kernel). Each request takes the next arena (rewound: inputs written, outputs poisoned, guard bands set

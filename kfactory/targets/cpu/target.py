@@ -15,7 +15,7 @@ from kfactory.observability.stagetime import span
 from kfactory.platform.fsutil import atomic_write
 from kfactory.problems.params import abi_argtypes
 from kfactory.sandbox.parent import Runner
-from kfactory.sandbox.shm import ArenaRing, ShmBuffers, request_buffers
+from kfactory.sandbox.shm import ArenaRing, ShmBuffers, request_buffers, ring_bytes
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Load
 from kfactory.targets.cpu.ceiling import ceilings
 from kfactory.targets.cpu.cpuinfo import cpu_flags, read_cpuinfo
@@ -164,8 +164,11 @@ class CpuSession(Session):
         self.target, self.problem, self.threads = target, problem, threads
         self.runner = Runner(threads, s.runner_timeout_s, s.runner_mem_mb, s.runner_max_runs)
         # requests' buffers come from a ring of arenas the runner keeps mapped (kfactory.sandbox.shm.ArenaRing); one
-        # that could hold an eighth of the runner's address space takes fresh buffers instead
-        self.ring = ArenaRing((s.runner_mem_mb << 20) // 8) if s.runner_arenas else None
+        # larger than an arena may be takes fresh buffers instead. Not tied to the runner's address space: the
+        # buffers are mapped beside its limit (sandbox/child.py). On a host with a 480 MiB cache a softmax
+        # 4096x4096 timing needs 1 GiB of sets, which the old eighth of the limit (512 MiB) sent to fresh files,
+        # fallocated and faulted in every time: 0.6 s of a screen's 1 s
+        self.ring = ArenaRing(ring_bytes(s.cpu_arena_mb)) if s.runner_arenas else None
         self.loads: dict[str, Load] = {}
         self._overhead: float | None = None
         self.abi_args = problem.spec.abi["cpu"].args

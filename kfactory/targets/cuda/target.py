@@ -20,7 +20,7 @@ from kfactory.observability.log import get_logger
 from kfactory.platform.fsutil import atomic_write
 from kfactory.problems.params import abi_argtypes
 from kfactory.sandbox.parent import Runner, RunnerFault
-from kfactory.sandbox.shm import ArenaRing, request_buffers
+from kfactory.sandbox.shm import ArenaRing, request_buffers, ring_bytes
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Ceilings, DeviceCheck, DeviceQuery, Load
 from kfactory.targets.cuda import judge_device, judge_kernels, nvml
 from kfactory.targets.base import (BenchResult, CallResult, CompileResult, DeviceChecked, DeviceCheckUnavailable,
@@ -153,7 +153,7 @@ class CudaSession(Session):
         # GPU-sized input set is hundreds of MB, and a fresh tmpfs file for each request paid its page faults and
         # its freeing every time
         s = target.settings
-        self.ring = ArenaRing(s.cuda_arena_mb << 20) if s.runner_arenas else None
+        self.ring = ArenaRing(ring_bytes(s.cuda_arena_mb)) if s.runner_arenas else None
         self.loads: dict[str, Load] = {}
         self.judge_paths: tuple[str, str] | None = None   # the judge's and the reference's cubins, once built
         # the cuda ABI; a problem without one is called with its cpu argument order (pointers, then int64s)
