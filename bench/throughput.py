@@ -12,7 +12,10 @@ as the runner children account it) over the campaign's wall time.
 settings as they were before issue 23 (kfactory/judge/order.py BASELINE), first, in the same run, then times the two
 campaigns' best kernels together at every optimisation shape, so the figures are side by side, with the baseline's
 kernel a second time as a control (what the host makes of no difference): `--compare-blocks` rotated timings, each
-in a fresh session, and a 95% interval over them (compare_bests).
+in a fresh session, and a 95% interval over them (compare_bests). The verdict (`best_no_worse`) is at the shape
+a campaign scores its kernels by, the first optimisation shape; the others are reported beside it. Each campaign's
+`evaluated` lists every candidate it timed with its score, and `baseline_best_in_new` / `new_best_in_baseline`
+say whether the other search reached a campaign's best at all (the picks differ by search, or by selection).
 
     python bench/throughput.py [--problem softmax] [--target cpu|cuda] [--budget N] [--seed S] [--json OUT]
                                [--baseline-order] [--strategy NAME] [--device-seconds S]
@@ -102,10 +105,43 @@ async def campaign(args, label: str, root: Path, overrides: dict) -> dict:
     screened = sum(1 for m in st.measured.values() if m.screened_out)
     out["screened_out"] = screened
     out["showdown"] = summary.get("showdown")  # the near ties timed together after the search, and the winner
+    out["evaluated"] = evaluated(st)
     if best is not None:
         out["best"] = {"candidate_id": best.candidate.id, "params": json.loads(best.candidate.params_json or "{}"),
                        "median_seconds": best.score_s, "entry": best.candidate.entry, "artifact": artifact}
     return out
+
+
+def evaluated(st) -> list[dict]:
+    """Every candidate the campaign timed (measured in full, or screened out), fastest first: its design point, its
+    score and whether it was screened out; what the two orders' searches reached, beside each other."""
+    rows = [{"candidate_id": cid, "params": json.loads(m.candidate.params_json or "{}"), "score_s": m.score_s,
+             "screened_out": m.screened_out}
+            for cid, m in st.measured.items() if cid != st.reference_id]
+    return sorted(rows, key=lambda r: r["score_s"])
+
+
+def verdict(compared: dict, problem) -> dict:
+    """Whether the new order's best kernel is no worse than the baseline's where a campaign scores its kernels
+    (the first optimisation shape: Measured.score_s): the same kernel, or new/baseline's interval over the blocks
+    not wholly above 1. The other shapes' ratios are reported beside it, not judged."""
+    scored = problem.shape_str(problem.shapes("optimize")[0])
+    if compared.get("same_kernel"):
+        return {"scored_shape": scored, "best_no_worse": True}
+    c = compared.get(scored, {})
+    if "new_interval" not in c:
+        return {"scored_shape": scored, "best_no_worse": None}   # the comparison failed: its error is beside it
+    return {"scored_shape": scored, "best_no_worse": c["new_interval"][0] <= 1.0}
+
+
+def reached(best: dict, other: list[dict]) -> dict | None:
+    """Where `best`'s design point stands in the other campaign's `evaluated`: its rank there (0: that campaign's
+    fastest) and its score, or None when the other search never reached it (a search's arrival order and its
+    scores' noise steer it; the two orders' picks differ by search or by selection, and this tells which)."""
+    for rank, row in enumerate(other):
+        if row["params"] == best["params"]:
+            return {"rank": rank, "score_s": row["score_s"], "screened_out": row["screened_out"]}
+    return None
 
 
 async def _follow(st, running) -> float:
@@ -275,9 +311,22 @@ async def main(args) -> int:
             out["baseline"] = {**{k: v for k, v in base.items() if k != "best"}, "best": _public(base.get("best"))}
             if new.get("best") and base.get("best"):
                 out["best_interleaved"] = compare_bests(args, new["best"], base["best"], root)
+                out.update(verdict(out["best_interleaved"], load_problem(args.problem)))
+                out["baseline_best_in_new"] = reached(base["best"], new["evaluated"])
+                out["new_best_in_baseline"] = reached(new["best"], base["evaluated"])
+            if "best_no_worse" in out:
+                print(f"best kernel no worse than the baseline order's at the scored shape {out['scored_shape']}: "
+                      f"{out['best_no_worse']}")
             print(f"throughput: {out['throughput_ratio']}x the baseline order's; harness "
                   f"{base['harness_seconds_per_candidate']:.2f} -> {new['harness_seconds_per_candidate']:.2f} s a "
                   "candidate")
+            for label, key in (("the baseline's best in the new search", "baseline_best_in_new"),
+                               ("the new best in the baseline's search", "new_best_in_baseline")):
+                if key in out:
+                    r = out[key]
+                    print(f"  {label}: " + ("never reached" if r is None else
+                                            f"rank {r['rank']}, {r['score_s'] * 1e3:.3f} ms"
+                                            + (" (screened out)" if r["screened_out"] else "")))
             if out.get("best_interleaved", {}).get("same_kernel"):
                 print("  best kernels: the same kernel")
             for shape, c in out.get("best_interleaved", {}).items():

@@ -45,3 +45,20 @@ def test_a_difference_every_block_agrees_on_is_outside_the_noise():
     assert out["significant"] and out["new_interval"][0] > 1.04
     assert not out["control_significant"]
     assert out["new_over_control_significant"]
+
+
+def test_the_verdict_is_at_the_scored_shape_and_the_other_search_s_reach_is_found_by_design_point():
+    from kfactory.problems import load_problem
+
+    bench, softmax = _load(), load_problem("softmax")   # scored at 4096x4096, its first optimisation shape
+    slower_elsewhere = {"4096x4096": {"new_interval": [0.93, 0.98]}, "1x50257": {"new_interval": [1.001, 1.02]}}
+    assert bench.verdict(slower_elsewhere, softmax) == {"scored_shape": "4096x4096", "best_no_worse": True}
+    slower = {"4096x4096": {"new_interval": [1.01, 1.05]}, "1x50257": {"new_interval": [0.9, 0.95]}}
+    assert bench.verdict(slower, softmax)["best_no_worse"] is False
+    assert bench.verdict({"same_kernel": True}, softmax)["best_no_worse"] is True
+    assert bench.verdict({"4096x4096": {"error": "WRONG_RESULT: ..."}}, softmax)["best_no_worse"] is None
+    other = [{"params": {"vec": 16, "unroll": 4}, "score_s": 0.0056, "screened_out": False},
+             {"params": {"vec": 16, "unroll": 1}, "score_s": 0.0060, "screened_out": True}]
+    assert bench.reached({"params": {"unroll": 1, "vec": 16}}, other) == {"rank": 1, "score_s": 0.0060,
+                                                                          "screened_out": True}
+    assert bench.reached({"params": {"vec": 8, "unroll": 1}}, other) is None
