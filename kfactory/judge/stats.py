@@ -71,23 +71,27 @@ def combine(timings: list[pb.ShapeTiming], nbytes: float = 0.0, ceiling_gbps: fl
     return out
 
 
-def latin_square_halfwidth(logs: np.ndarray, confidence: float = CONFIDENCE) -> float | None:
-    """For a rotated timing of K kernels (kfactory.judge.rotated): logs[k, j] is kernel k's log median in rotation
-    j, where it was in place (k - j) mod K (its buffers laid out that far down). The kernels, the rotations (the
-    host's drift between them) and the places (the buffers' bias) are balanced, a Latin square: each kernel's mean
-    log is its least-squares effect, and what the three leave over estimates the noise with (K-1)(K-2) degrees of
-    freedom. The half-width (in logs) of per-kernel intervals of which two leave each other out just when the
-    kernels differ at `confidence` (Student's t on the pair's difference, whose standard error is s sqrt(2/K));
-    None under three kernels (no degrees of freedom left)."""
-    k = logs.shape[0]
-    if k < 3 or logs.shape != (k, k):
+def latin_square_halfwidth(logs: np.ndarray, places: np.ndarray | None = None,
+                           confidence: float = CONFIDENCE) -> float | None:
+    """For a rotated timing of K kernels in R runs (kfactory.judge.rotated): logs[k, j] is kernel k's log median in
+    run j, where it was in place places[k, j] (its buffers laid out that far down; default (k - j) mod K, the
+    cyclic square of R = K runs). The runs are Latin squares (every kernel once in each run and in each place once
+    per square), so kernels, runs (the host's drift between them) and places (the buffers' bias) are balanced:
+    each kernel's mean log is its least-squares effect, and what the three leave over estimates the noise with
+    (K-1)(R-2) degrees of freedom. The half-width (in logs) of per-kernel intervals of which two leave each other
+    out just when the kernels differ at `confidence` (Student's t on the pair's difference, whose standard error
+    is s sqrt(2/R)); None under three kernels (no degrees of freedom left) or for runs that are not whole squares."""
+    k, r = logs.shape
+    if places is None:
+        places = (np.arange(k)[:, None] - np.arange(r)[None, :]) % k
+    if k < 3 or r < k or r % k:
         return None
-    place = (np.arange(k)[:, None] - np.arange(k)[None, :]) % k   # place[i, j]: where kernel i was in rotation j
-    places = np.array([logs[place == p].mean() for p in range(k)])
-    resid = logs - logs.mean(axis=1, keepdims=True) - logs.mean(axis=0, keepdims=True) - places[place] + 2 * logs.mean()
-    dof = (k - 1) * (k - 2)
+    place_means = np.array([logs[places == p].mean() for p in range(k)])
+    resid = (logs - logs.mean(axis=1, keepdims=True) - logs.mean(axis=0, keepdims=True) - place_means[places]
+             + 2 * logs.mean())
+    dof = (k - 1) * (r - 2)
     s = float(np.sqrt((resid ** 2).sum() / dof))
-    return float(student_t.ppf(0.5 + confidence / 2, dof) * s / np.sqrt(2 * k))
+    return float(student_t.ppf(0.5 + confidence / 2, dof) * s / np.sqrt(2 * r))
 
 
 def significant(a: pb.ShapeTiming, b: pb.ShapeTiming) -> bool:
