@@ -16,10 +16,12 @@ in a fresh session, and a 95% interval over them (compare_bests). The verdict (`
 a campaign scores its kernels by, the first optimisation shape; the others are reported beside it. Each campaign's
 `evaluated` lists every candidate it timed with its score, and `baseline_best_in_new` / `new_best_in_baseline`
 say whether the other search reached a campaign's best at all (the picks differ by search, or by selection).
+`--aa` runs the baseline order twice instead (an A/A test): how far the same order's best kernels differ when
+nothing but the search's course (results' arrival, their noise) changes.
 
     python bench/throughput.py [--problem softmax] [--target cpu|cuda] [--budget N] [--seed S] [--json OUT]
                                [--baseline-order] [--strategy NAME] [--device-seconds S]
-                               [--compare-blocks B]
+                               [--compare-blocks B] [--aa]
 """
 from __future__ import annotations
 
@@ -297,11 +299,12 @@ async def main(args) -> int:
         if args.baseline_order:
             results["baseline"] = await campaign(args, "baseline", root, {**_baseline_settings(), **extra})
             _print("baseline order", results["baseline"])
-        results["new"] = await campaign(args, "new", root, extra)
-        _print("new order", results["new"])
+        # --aa: the baseline order again in the new order's place, an A/A test of what the search itself varies
+        results["new"] = await campaign(args, "new", root, {**_baseline_settings(), **extra} if args.aa else extra)
+        _print("baseline order again" if args.aa else "new order", results["new"])
         new = results["new"]
         out = {"problem": args.problem, "target": args.target, "budget": args.budget, "seed": args.seed,
-               "strategy": args.strategy, "threads": Settings().threads, "cpus": os.cpu_count(),
+               "strategy": args.strategy, "aa": args.aa, "threads": Settings().threads, "cpus": os.cpu_count(),
                **{k: v for k, v in new.items() if k != "best"}, "best": _public(new.get("best"))}
         if args.baseline_order:
             base = results["baseline"]
@@ -360,9 +363,14 @@ if __name__ == "__main__":
                     help="bound each campaign by the device time its work may hold (Settings.device_seconds)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--baseline-order", action="store_true", help="run the campaign with today's order too")
+    ap.add_argument("--aa", action="store_true",
+                    help="with --baseline-order: run the baseline order twice (same seed) instead of the new one, to "
+                         "see how far the search's own course moves the best kernel")
     ap.add_argument("--compare-blocks", type=int, default=4,
                     help="rotated timings of the two best kernels, each in a fresh session (at least 2)")
     parsed = ap.parse_args()
+    if parsed.aa and not parsed.baseline_order:
+        ap.error("--aa runs the baseline order twice: give --baseline-order too")
     if parsed.compare_blocks < 2:
         ap.error(f"--compare-blocks {parsed.compare_blocks}: an interval over blocks needs at least 2")
     raise SystemExit(asyncio.run(main(parsed)))
