@@ -203,8 +203,9 @@ def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
     """The two campaigns' best kernels timed together at every optimisation shape, with a control: the baseline's
     kernel again, under a key (and buffers) of its own, whose ratio to the baseline is what the host makes of no
     difference. `--compare-blocks` blocks, each in a fresh session (fresh buffers), each a rotated timing
-    (kfactory/judge/rotated.py: every kernel on every kernel's buffers once); per shape the ratio is the geometric
-    mean of the blocks' ratios, with a 95% t-interval over the blocks, and a difference is outside the noise when
+    (kfactory/judge/rotated.py: every kernel on every kernel's buffers, and right after every other kernel, equally
+    often); per shape the ratio is the geometric mean of the blocks' ratios, with a 95% t-interval over the blocks,
+    and a difference is outside the noise when
     that interval leaves out 1. Why blocks: one timing's medians differ by more than their intervals say (on the
     2-core host the same kernel against itself came out 0.93-1.05 in twelve single timings, four of them
     "outside the noise" by their medians' intervals), so the blocks' spread is the honest noise."""

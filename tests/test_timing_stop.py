@@ -4,6 +4,8 @@ not at its time limit; the stop is asked on a schedule, not after every call; th
 one with its coverage."""
 from __future__ import annotations
 
+from collections import Counter
+
 import time
 
 import numpy as np
@@ -92,9 +94,10 @@ def test_under_six_samples_the_interval_is_the_range_and_summarize_reads_the_ran
     assert all(child.median_rank_lo(n) <= median_ranks(n)[0] for n in range(4, 20_000, 7))
 
 
-def test_every_kernel_is_called_in_every_place_of_a_round_equally_often():
-    """Rounds start at a rotating kernel (A B C, B C A, C A B, ...): over any 3k rounds each kernel was first,
-    second and third k times each, and round i still times argument set i for every kernel."""
+def test_every_kernel_is_called_in_every_place_of_a_round_and_after_every_other_equally_often():
+    """Rounds take the Williams orders in turn (A B C, B C A, C A B, C B A, A C B, B A C): over any 3k rounds each
+    kernel was first, second and third k times each, over any 6k rounds right after each other kernel 2k times
+    within a round, and round i still times argument set i for every kernel."""
     calls: list[tuple[str, int]] = []
 
     def sampler(key: str):
@@ -113,3 +116,7 @@ def test_every_kernel_is_called_in_every_place_of_a_round_equally_often():
         firsts = [r[place][0] for r in per_round[:full]]
         assert {k: firsts.count(k) for k in "abc"} == {k: full // 3 for k in "abc"}
     assert [k for k, _ in per_round[1]] == ["b", "c", "a"]
+    assert [k for k, _ in per_round[3]] == ["c", "b", "a"]
+    cycles = rounds - rounds % 6
+    after = Counter((r[j][0], r[j + 1][0]) for r in per_round[:cycles] for j in range(2))
+    assert len(after) == 6 and set(after.values()) == {cycles // 3}

@@ -16,31 +16,23 @@ from __future__ import annotations
 import numpy as np
 
 from kfactory.judge import stats
+from kfactory.sandbox.orders import williams
 from kfactory.judge.measure import (REPEAT_BENCHES, Timing, floor_bandwidth_gbps, hold_runner, measure,
                                     runs_kernels)
 
 
 def rotations(keys: list[str]) -> list[list[str]]:
-    """The orders of a rotated timing, a Williams design: every key in every place equally often, and right after
-    every other key equally often. The rows are the shifts of 0, 1, K-1, 2, K-2, ... (a Latin square in which each
-    ordered pair of keys is adjacent once), and for an odd number of keys their mirror images too (2K orders).
-    Why neighbours: a key's time depends on the key before it in the order (its buffers laid out right after that
-    key's, its calls right after that key's calls). With the plain shifts (A B C, B C A, C A B) B always followed
-    A: the same softmax kernel under two keys, one after a slower kernel and one after itself, differed by 1.1% in
-    six blocks of six, and by as much the other way with the two keys swapped."""
-    k = len(keys)
-    first = [0]
-    for i in range(1, k):
-        first.append((i + 1) // 2 if i % 2 else k - i // 2)
-    orders = [[keys[(x + j) % k] for x in first] for j in range(k)]
-    return orders + [o[::-1] for o in orders] if k % 2 and k > 1 else orders
+    """The orders of a rotated timing (kfactory.sandbox.orders.williams): every key in every place, and right after
+    every other key, equally often; for three keys A B C, B C A, C A B and their mirrors C B A, A C B, B A C."""
+    return [[keys[i] for i in order] for order in williams(len(keys))]
 
 
 def measure_rotated(session, keys: list[str], problem, shape: dict[str, int], pool, cache_bytes: int, settings,
                     max_s: float | None = None, device=None, probe: list[str] | None = None) -> Timing:
     """Time `keys` at `shape` once per order of rotations(keys), each timing given an equal share of
-    `max_s` (never under settings.measure_min_s): the rotations together time for about as long as one timing
-    would, each with a warm-up of its own. Each timing is a measure(): its floor check, and the check of every
+    `max_s` (never under settings.measure_min_s): the orders together time for about as long as one timing
+    would where that share is over the floor (2K orders for an odd K may take longer), each with a warm-up of its
+    own. Each timing is a measure(): its floor check, and the check of every
     timed call's outputs; the probe after the timing (probe_after_timing) comes once, after the last, and makes
     more calls than all the rotations' timed calls together, in the same runner child. Where one child cannot
     answer them all (runner_max_runs is smaller than that), each rotation is probed after itself, as one timing

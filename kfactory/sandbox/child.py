@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from kfactory.sandbox import protocol
+from kfactory.sandbox.orders import williams
 from kfactory.sandbox.protocol import Arg, Bench, Call, Fault, FaultKind, Load, Ping, Reply, Request, Unload
 
 
@@ -47,7 +48,11 @@ def _limit(mem_mb: int, cpu_s: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if mem_mb > 0:
         fs = os.statvfs(protocol.shared_dir())
-        resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, (mem_mb << 20) + fs.f_blocks * fs.f_frsize))
+        hard = (mem_mb << 20) + fs.f_blocks * fs.f_frsize
+        inherited = resource.getrlimit(resource.RLIMIT_AS)[1]   # a hard limit can be lowered, never raised
+        if inherited != resource.RLIM_INFINITY:
+            hard = min(hard, inherited)
+        resource.setrlimit(resource.RLIMIT_AS, (min(mem_mb << 20, hard), hard))
     resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
 
@@ -222,18 +227,19 @@ def warm_up(one_round, warmup_s: float, min_rounds: int = 2) -> int:
 
 def sample_interleaved(samplers: dict, req: Bench) -> tuple[dict[str, list[float]], int]:
     """Round-robin over the kernels, each sampler(i) timing round i, until max_s has passed, or min_samples rounds
-    and min_s have and every kernel is settled (see settled); (samples, rounds). Round i starts at kernel i mod n
-    (A B C, B C A, C A B, ...), so that every kernel is called in every place of a round equally often: on the
-    2-core host the same kernel under three keys ran about 2% slower first in a round than last, in A B C order
+    and min_s have and every kernel is settled (see settled); (samples, rounds). Round i calls the kernels in the
+    order williams(n)[i mod its length] (kfactory.sandbox.orders: A B C, B C A, C A B, C B A, A C B, B A C), so
+    that every kernel is called in every place of a round, and right after every other kernel, equally often: on
+    the 2-core host the same kernel under three keys ran about 2% slower first in a round than last, in A B C order
     always, which is as large as the differences between the best kernels a showdown decides between."""
     samples: dict[str, list[float]] = {k: [] for k in samplers}
     order = list(samplers.items())
     start = time.perf_counter()
     i = 0
     next_check = 0
+    rounds = [[order[j] for j in row] for row in williams(len(order))]
     while True:
-        r = i % len(order)
-        for k, sampler in order[r:] + order[:r]:
+        for k, sampler in rounds[i % len(rounds)]:
             samples[k].append(sampler(i))
         i += 1
         elapsed = time.perf_counter() - start

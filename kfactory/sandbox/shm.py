@@ -233,8 +233,10 @@ class ShmBuffers:
 
 def ring_bytes(mb: int) -> int:
     """The largest request a session's ring of arenas takes (ArenaRing's max_bytes): `mb` MiB, but never more
-    than a twelfth of the shared-memory filesystem, so that the three arenas of a verifier's session and of a
-    benchmarker's, in one process, hold at most half of it (a container's /dev/shm is what its deployment gives)."""
+    than a twelfth of the shared-memory filesystem, so that one session's three arenas hold at most a quarter of
+    it (a container's /dev/shm is what its deployment gives). A service keeps a session per problem for its life,
+    and arenas are not given back before their session closes: a service judging several problems' large shapes
+    holds a quarter for each, and a fresh request then finds less room (SharedMemoryFull says so)."""
     return min(mb << 20, shutil.disk_usage(shared_dir()).total // 12)
 
 
