@@ -63,7 +63,8 @@ async def test_campaign_finds_a_faster_kernel_and_records_everything(bus_setting
 async def test_the_showdown_times_the_near_ties_together_and_the_fastest_is_the_result(bus_settings, small_softmax):
     """After the search the best candidate and its contenders (here every candidate measured in full: the margin
     is wide) are timed interleaved at the first shape, each probed after the timing; the fastest there is the
-    campaign's result, and the final comparison is its."""
+    campaign's result where its interval is apart from the search best's (inside the noise the search best
+    stays), and the final comparison is the result's."""
     settings = bus_settings.model_copy(update={"showdown_margin": 100.0, "showdown_contenders": 3})
     spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=5, strategy="random", seed=3)
     st, running = await _campaign(settings, spec)
@@ -76,8 +77,10 @@ async def test_the_showdown_times_the_near_ties_together_and_the_fastest_is_the_
     assert 2 <= len(sd["timed"]) <= 3 and set(sd["timed"]) <= {m.candidate.id for m in full}
     assert sd["search_best"] == st.search_best().candidate.id in sd["timed"]
     fastest = min(sd["timed"], key=lambda cid: sd["timed"][cid]["median_seconds"])
-    assert sd["winner"] == fastest == summary["best"]["candidate_id"]
-    assert {c.candidate_id for c in st.comparisons.values()} == {fastest}  # the final comparison is the winner's
+    (lo, hi), (mine_lo, mine_hi) = sd["timed"][fastest]["ci_seconds"], sd["timed"][sd["search_best"]]["ci_seconds"]
+    winner = fastest if hi < mine_lo or mine_hi < lo else sd["search_best"]
+    assert sd["winner"] == winner == summary["best"]["candidate_id"]
+    assert {c.candidate_id for c in st.comparisons.values()} == {winner}  # the final comparison is the winner's
     archive = running.services["memory"].archive
     kinds = dict(archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (st.id,)))
     assert kinds["compare_request"] == 2 and kinds["comparison"] == 3
