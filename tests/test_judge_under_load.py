@@ -19,6 +19,7 @@ from kfactory.judge.checks import InputPool
 from kfactory.judge.measure import PROBE_MIN_CALLS, measure, probe_calls
 from kfactory.problems import BUILTIN_DIR, load_problem
 from kfactory.targets import get_target
+from kfactory.targets.cpu import target as cpu_target
 from kfactory.v1 import events_pb2 as pb
 
 # the speed-of-light floor and the runner's timeouts judge these kernels: `make test` runs them alone
@@ -43,17 +44,22 @@ def _short_timing(settings, samples: int, max_s: float = 60.0):
                                        "measure_max_s": max_s, "compare_max_s": max_s, "measure_noise": 1e9})
 
 
-def test_check_rejects_a_call_counter_when_the_timing_is_short(settings, tmp_path):
+def test_check_rejects_a_call_counter_when_the_timing_is_short(settings, tmp_path, monkeypatch):
     """The defect as CI met it: skip_repeated.c (honest for its first 64 calls, then it writes nothing) passed
     `kfactory check` when the timing made few calls. Here verification makes 33 (5 shapes x 5 distributions,
-    a second run per shape, a 3-call memo probe), the one optimize shape 512x4096 (4 timing sets of 16 MB,
-    tens of milliseconds a call) a warm-up of 4 or 5 rounds and a single timed round: every call of the
-    timing is honest and its checks pass. The probe after it makes at least PROBE_MIN_CALLS calls (at the
-    smallest shape) before its checked call, which is therefore far past the 64th."""
+    a second run per shape, a 3-call memo probe), the one optimize shape 512x4096 (tens of milliseconds a call)
+    is timed beside the reference only (no baselines: two orders) on two timing sets of 16 MB each (a 32 MiB
+    last-level cache, whatever the host's: on one reporting 480 MiB each kernel took twenty sets, a warm-up
+    round per set, and the timing itself went past the 64th call), each order a warm-up of a few rounds and a
+    single timed round: every call of the timing is honest and its checks pass. The probe after it makes at
+    least PROBE_MIN_CALLS calls (at the smallest shape) before its checked call, which is therefore far past the
+    64th."""
+    monkeypatch.setattr(cpu_target, "_llc_bytes", lambda: 32 << 20)
     problem = tmp_path / "softmax_short"
     shutil.copytree(BUILTIN_DIR / "softmax", problem)
     spec = yaml.safe_load((problem / "problem.yaml").read_text())
     spec["shapes"]["optimize"] = [{"rows": 512, "cols": 4096}]
+    spec["baselines"] = []
     (problem / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     out = check(str(problem), "cpu", (ADVERSARIAL / "skip_repeated.c").read_text(), FLAGS,
                 _short_timing(settings, 1, max_s=0.01))
