@@ -28,6 +28,12 @@ from redis_server import redis_server  # noqa: E402
 
 KERNELS = Path(__file__).parent / "kernels"
 
+# The judge sizes its timing sets by the host's last-level cache (twice it); a virtual machine may report its
+# host's whole cache (480 MiB seen), which made every timing take eight large sets and CI run past its budget.
+# Tests assert behaviour, not the host: every Settings they build, and every service they start, assumes 32 MiB
+# unless the caller says otherwise (tests/test_cpu_target.py checks the detection itself).
+os.environ.setdefault("KFACTORY_CPU_CACHE_MB", "32")
+
 
 @pytest.fixture
 def nats_url(tmp_path):

@@ -15,7 +15,7 @@ from kfactory.problems import load_problem
 from kfactory.sandbox.parent import RunnerCrashed, RunnerTimeout
 from kfactory.targets import UnknownTarget, get_target
 from kfactory.targets.base import CompilerInterrupted
-from kfactory.targets.cpu.target import cpu_identity
+from kfactory.targets.cpu.target import _llc_bytes, cpu_identity
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -215,6 +215,15 @@ def test_read_dominated_reference_passes_the_floor_with_its_fraction_of_the_weig
     bandwidth = floor_bandwidth_gbps(attention, shape, dev)
     assert dev.mem_bandwidth_gbps <= bandwidth <= max(dev.mem_bandwidth_gbps, dev.read_bandwidth_gbps)
     assert t.gbps > 0 and t.sol_fraction == pytest.approx(t.gbps / bandwidth)
+
+
+def test_cache_bytes_follows_the_setting_else_the_host(settings):
+    """The timing sets are sized by twice the last-level cache: cpu_cache_mb where set (the tests set 32), the
+    size /sys reports where it is 0."""
+    assert get_target("cpu", settings.model_copy(update={"cpu_cache_mb": 32})).cache_bytes() == 64 << 20
+    assert get_target("cpu", settings.model_copy(update={"cpu_cache_mb": 5})).cache_bytes() == 10 << 20
+    detected = get_target("cpu", settings.model_copy(update={"cpu_cache_mb": 0})).cache_bytes()
+    assert detected == 2 * _llc_bytes() and detected >= 2 << 20
 
 
 def test_device_reports_a_measured_bandwidth_cached_per_host(settings):

@@ -19,7 +19,6 @@ from kfactory.judge.checks import InputPool
 from kfactory.judge.measure import PROBE_MIN_CALLS, measure, probe_calls
 from kfactory.problems import BUILTIN_DIR, load_problem
 from kfactory.targets import get_target
-from kfactory.targets.cpu import target as cpu_target
 from kfactory.v1 import events_pb2 as pb
 
 # the speed-of-light floor and the runner's timeouts judge these kernels: `make test` runs them alone
@@ -44,7 +43,7 @@ def _short_timing(settings, samples: int, max_s: float = 60.0):
                                        "measure_max_s": max_s, "compare_max_s": max_s, "measure_noise": 1e9})
 
 
-def test_check_rejects_a_call_counter_when_the_timing_is_short(settings, tmp_path, monkeypatch):
+def test_check_rejects_a_call_counter_when_the_timing_is_short(settings, tmp_path):
     """The defect as CI met it: skip_repeated.c (honest for its first 64 calls, then it writes nothing) passed
     `kfactory check` when the timing made few calls. Here verification makes 33 (5 shapes x 5 distributions,
     a second run per shape, a 3-call memo probe), the one optimize shape 512x4096 (tens of milliseconds a call)
@@ -54,7 +53,6 @@ def test_check_rejects_a_call_counter_when_the_timing_is_short(settings, tmp_pat
     single timed round: every call of the timing is honest and its checks pass. The probe after it makes at
     least PROBE_MIN_CALLS calls (at the smallest shape) before its checked call, which is therefore far past the
     64th."""
-    monkeypatch.setattr(cpu_target, "_llc_bytes", lambda: 32 << 20)
     problem = tmp_path / "softmax_short"
     shutil.copytree(BUILTIN_DIR / "softmax", problem)
     spec = yaml.safe_load((problem / "problem.yaml").read_text())
@@ -62,7 +60,7 @@ def test_check_rejects_a_call_counter_when_the_timing_is_short(settings, tmp_pat
     spec["baselines"] = []
     (problem / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     out = check(str(problem), "cpu", (ADVERSARIAL / "skip_repeated.c").read_text(), FLAGS,
-                _short_timing(settings, 1, max_s=0.01))
+                _short_timing(settings, 1, max_s=0.01).model_copy(update={"cpu_cache_mb": 32}))
     verdict = out["verdict"]
     assert verdict["passed"] is False and verdict["reason"] == "WRONG_RESULT", verdict
     assert out["measurement"] is None

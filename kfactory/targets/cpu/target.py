@@ -97,7 +97,9 @@ class CpuTarget(Target):
         return self._device
 
     def cache_bytes(self) -> int:
-        return 2 * _llc_bytes()
+        """Twice the last-level cache: the settings' cpu_cache_mb where set, else what /sys reports."""
+        llc = self.settings.cpu_cache_mb << 20 if self.settings.cpu_cache_mb else _llc_bytes()
+        return 2 * llc
 
     def compile(self, source: str, language: str, flags: str, entry: str) -> CompileResult:
         """cc -shared -fPIC FLAGS; a failure is a typed result carrying the compiler's log. Flags off the whitelist
