@@ -100,3 +100,31 @@ async def test_the_specs_device_budget_stops_a_campaign_the_planner_does_not_bou
     assert st.finished.state == "completed" and summary["device_seconds_budget"] == budget
     _stopped_for_device_time(st, st.counts.measured + st.counts.rejected + st.counts.compile_failed, budget)
     assert st.counts.proposed < 40, st.counts
+
+
+def test_points_in_flight_by_default_follow_the_target_and_the_agents(settings):
+    """A spec without `parallel` gets the planner's default: on cpu three (each further point in flight is one the
+    search chooses knowing less, bench/search_parallel.py) plus one per agent persona; elsewhere one per core plus
+    two; KFACTORY_DEFAULT_PARALLEL, or the spec's own, overrides it."""
+    import os
+
+    from kfactory.problems import load_problem
+    from kfactory.services.planner import coders
+    from kfactory.services.planner.specs import validate
+    from kfactory.targets import get_target
+
+    def parallel(settings, **fields) -> int:
+        spec = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=4, **fields)
+        return validate(spec, settings, load_problem, lambda t: get_target(t, settings))[0].parallel
+
+    assert parallel(settings) == 3
+    personas = coders.personas(pb.CampaignSpec())
+    # agents asked for without a model are off (the spec's note says so): they hold no slots
+    assert parallel(settings, coders=["template", "agent"]) == 3
+    model = settings.model_copy(update={"llm_base_url": "http://127.0.0.1:9/v1", "llm_model": "no-such-model"})
+    assert len(personas) >= 2 and parallel(model, coders=["template", "agent"]) == 3 + len(personas)
+    assert parallel(model, coders=["template", "agent"], personas=personas[:1]) == 4
+    assert parallel(settings, parallel=7) == 7
+    assert parallel(settings.model_copy(update={"default_parallel": 5})) == 5
+    assert pipeline.default_parallel(settings, "cuda") == (os.cpu_count() or 1) + 2
+    assert pipeline.default_parallel(settings, "replay") == (os.cpu_count() or 1) + 2

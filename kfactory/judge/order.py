@@ -44,10 +44,20 @@ def compile_workers(settings) -> int:
     return settings.compile_workers or os.cpu_count() or 1
 
 
-def default_parallel(settings) -> int:
-    """Design points a campaign keeps in flight when its spec does not say: the setting, or one per core plus two
-    (one on the device, one being verified or measured, the rest compiling ahead of them)."""
-    return settings.default_parallel or (os.cpu_count() or 1) + 2
+def default_parallel(settings, target: str = "", agents: int = 0) -> int:
+    """Design points a campaign keeps in flight when its spec does not say: the setting, else on the cpu target
+    three (every stage after the compile holds the device there: one point on it, the next drawing its inputs
+    ahead of it, one compiling) plus one for each agent persona (an agent's task holds its slot for a model's
+    reply), and elsewhere one per core plus two (one on the device, one being verified or measured, the rest
+    compiling ahead).
+
+    Every point in flight is one the search chooses knowing less: bench/search_parallel.py measures what that
+    costs on the recorded spaces, and bench/throughput.py what fewer points cost the device."""
+    if settings.default_parallel:
+        return settings.default_parallel
+    if target == "cpu":
+        return 3 + agents
+    return (os.cpu_count() or 1) + 2
 
 
 def screen_key(campaign: str, candidate: str) -> str:

@@ -111,7 +111,8 @@ class Settings(BaseSettings):
                                   "campaign this planner drives (CampaignSpec has no field for it yet)")
     compile_workers: int = Field(0, ge=0, description="compiles at once per compiler service (0: one per core)")
     default_parallel: int = Field(0, ge=0, description="design points in flight when a campaign does not say "
-                                  "(0: one per core plus two, so compiles run ahead of the device)")
+                                  "(0: on cpu three plus one per agent persona, elsewhere one per core plus two: "
+                                  "kfactory.judge.order.default_parallel)")
     warm_evidence: int = Field(400, ge=0, description="measurements from other campaigns a warm start learns the "
                                "landscape from (the best --warm of them are also proposed first)")
     precompiled: str = Field("", description="bundles of cubins compiled ahead (kfactory precompile), or folders "

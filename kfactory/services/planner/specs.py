@@ -65,11 +65,12 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
     _check_manual(spec, settings, target.name)
     _check_engine(spec, problem)
     spec.threads = spec.threads or settings.threads
-    spec.parallel = spec.parallel or default_parallel(settings)  # enough in flight to compile ahead of the device
     spec.seed = spec.seed or secrets.randbits(32)
     if why := coders.validate(spec, settings):
         raise SpecError(why)
     agent_note = coders.agent_note(spec, settings)
+    agents = len(coders.personas(spec)) if "agent" in spec.coders and not agent_note else 0
+    spec.parallel = spec.parallel or default_parallel(settings, target.name, agents)  # enough to feed the device
     notes = [n for n in (agent_note, _budget_note(spec, problem, agents="agent" in spec.coders and not agent_note))
              if n]
     return spec, "; ".join(notes)

@@ -1,0 +1,75 @@
+"""bench/search_parallel.py on a small hand-made recorded space: one point in flight is the sequential search that
+bench/search_quality.py runs, and with P in flight the strategy chooses its k-th point knowing at most k - P
+results (fifo) whatever the arrivals, and every asked point is told."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from kfactory.strategies import Space
+from kfactory.strategies import base as strategies_base
+from kfactory.targets.replay import load_space
+from test_search_quality_bench import _write, time_a
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "search_parallel.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("search_parallel", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_one_in_flight_is_the_sequential_search(tmp_path):
+    _write(tmp_path / "k-A.json.gz", time_a)
+    mod = _bench()
+    rs = load_space(tmp_path / "k-A.json.gz")
+    sq = sys.modules["search_quality"]
+    for seed in range(3):
+        seq = sq.run_kf("default", rs, Space([rs.family()]), seed, 12)
+        for arrival in ("fifo", "random"):  # one out at a time: the arrival order has no choice
+            assert mod.run_in_flight(rs, Space([rs.family()]), "default", seed, 1, 12, arrival) == seq
+
+
+def test_with_p_in_flight_the_kth_ask_knows_at_most_k_minus_p_results(tmp_path, monkeypatch):
+    _write(tmp_path / "k-A.json.gz", time_a)
+    mod = _bench()
+    rs = load_space(tmp_path / "k-A.json.gz")
+    log: list[tuple[str, int]] = []
+    ask, tell = strategies_base.Strategy.ask, strategies_base.Strategy.tell
+
+    def asking(self):
+        log.append(("ask", len(self.results)))
+        return ask(self)
+
+    def telling(self, point, score):
+        log.append(("tell", 0))
+        return tell(self, point, score)
+
+    monkeypatch.setattr(strategies_base.Strategy, "ask", asking)
+    monkeypatch.setattr(strategies_base.Strategy, "tell", telling)
+    for p, arrival in ((3, "fifo"), (3, "random"), (20, "random")):
+        log.clear()
+        traj = mod.run_in_flight(rs, Space([rs.family()]), "random", 5, p, 10, arrival)
+        asks = [known for kind, known in log if kind == "ask"]
+        assert len(asks) == 10 and sum(kind == "tell" for kind, _ in log) == 10  # every asked point is told
+        assert asks == [max(0, k - p) for k in range(1, 11)], (p, arrival, asks)  # the k-th ask knows k - P
+        assert len(traj) == 10 and traj == sorted(traj, reverse=True) and traj[-1] >= 1.0
+
+
+def test_the_bench_writes_the_hard_spaces_geomean_per_p(tmp_path, capsys):
+    _write(tmp_path / "k-A.json.gz", time_a)
+    out = tmp_path / "out.json"
+    mod = _bench()
+    assert mod.main(["--data", str(tmp_path), "--parallel", "1", "4", "--budgets", "5", "10", "--seeds", "2",
+                     "--jobs", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["spaces"]["k-A"]) == {"fifo", "random"}
+    assert set(doc["spaces"]["k-A"]["fifo"]) == {"1", "4"}
+    for row in doc["spaces"]["k-A"]["fifo"].values():
+        assert set(row) == {"5", "10"} and row["5"] >= row["10"] >= 1.0
+    assert "ratio to P=1" in capsys.readouterr().out or not doc["hard"]
