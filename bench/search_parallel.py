@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=30)
     ap.add_argument("--strategy", default="default")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a strategy option, as `kfactory run --strategy-option` takes it (surrogate.believer=true)")
+                    help="a strategy option, as `kfactory run --strategy-option` takes it (surrogate.local=0.5)")
     ap.add_argument("--arrival", nargs="+", choices=("fifo", "random"), default=["fifo", "random"])
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", type=Path)

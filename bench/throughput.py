@@ -98,7 +98,7 @@ async def campaign(args, label: str, root: Path, overrides: dict) -> dict:
            "candidates": outcomes, "search_wall_s": round(wall, 2),
            "candidates_per_minute": round(60 * outcomes / wall, 2) if wall > 0 else 0.0,
            "load_average": {"before": [round(x, 2) for x in loads[0]], "after": [round(x, 2) for x in loads[1]]},
-           "settings": overrides}
+           "settings": overrides, "parallel": st.spec.parallel}  # the points it kept in flight
     out.update(account(ledger, cost, outcomes, wall))
     summary = json.loads(st.finished.summary_json) if st.finished else {}
     # the device time the campaign's work held the device (its budget's unit), beside the kernels' own run time
@@ -276,6 +276,7 @@ def _print(label: str, r: dict) -> None:
           f"per minute; device busy {r['device_busy_fraction']:.1%}; harness share {r['harness_share']:.1%} "
           f"({r['harness_seconds_per_candidate']:.2f} s a candidate); "
           f"{r['screened_out']} screened out; {r['device_seconds_per_candidate']} device-s a candidate; "
+          f"{r.get('parallel', '?')} in flight; "
           f"load {r['load_average']['before'][0]:.2f} -> "
           f"{r['load_average']['after'][0]:.2f}")
     for name, s in r["stages"].items():

@@ -6,7 +6,7 @@
 # the precompiled cubins instead of compiling them (once a test load shows this driver takes them), runs the GPU
 # tests (KF_GPU_TESTS=0 skips them), then softmax and RMSNorm campaigns on the cuda target through the real services
 # (each until KF_GPU_BUDGET candidates, default 40, its time share of KF_GPU_CAMPAIGN_S, or a kernel at KF_GPU_GOAL
-# of the measured copy bandwidth, default 0.9) and
+# of the measured copy bandwidth, default 0.9; KF_GPU_PARALLEL points in flight, default 2) and
 # prints the table, then the KDA step.
 #
 # Every stage shares one workspace (KF_DATA), and after every stage $OUT gets (the device returns 8 files at most):

@@ -76,8 +76,8 @@ def add_parser(sub) -> None:
     r.add_argument("--nats-url", help="through the services: the NATS server (default: one started for the "
                                       "campaign, or none with KFACTORY_BUS=memory)")
     r.add_argument("--parallel", type=int, default=0,
-                   help="through the services: designs in flight at once (default: the planner's, one per core "
-                        "plus two; 1 keeps compiles off the cores while an engine is timed)")
+                   help="through the services: designs in flight at once (default: the planner's, three on cpu; 1 "
+                        "keeps compiles off the cores while an engine is timed)")
 
     g = sub.add_parser("generate", help="generate text with the best verified engine of a model (greedy, "
                                         "streamed)")

@@ -76,7 +76,9 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                         "kfactory strategies describe STRATEGY lists them")
     p.add_argument("--threads", type=cli_type("threads"), help="threads kernels run with (default: all cores)")
     p.add_argument("--seed", type=cli_type("seed"), default=0, help="strategy seed (0: random)")
-    p.add_argument("--parallel", type=cli_type("parallel"), default=2, help="design points in flight at once")
+    p.add_argument("--parallel", type=cli_type("parallel"), default=0,
+                   help="design points in flight at once (default 0: the planner's, three on cpu plus one per agent "
+                        "persona, one per core plus two elsewhere)")
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
     p.add_argument("--manual", action="append", default=[], metavar="NAME=FILE[:FLAGS]",
                    help="add a hand-written kernel as a candidate (repeatable)")

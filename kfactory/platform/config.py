@@ -70,8 +70,8 @@ class Settings(BaseSettings):
                               "(three arenas at most that size stay allocated in /dev/shm for the session's life, "
                               "and never more than a twelfth of /dev/shm each: kfactory.sandbox.shm.ring_bytes); a "
                               "larger one gets fresh buffers")
-    cpu_cache_mb: int = Field(0, ge=0, description="the last-level cache the cpu target assumes, in MiB (the judge "
-                              "flushes it between timed calls and cycles twice its size of input sets); 0: read "
+    cpu_cache_mb: int = Field(0, ge=0, description="the last-level cache the cpu target assumes, in MiB (timed calls "
+                              "rotate over twice its size of input sets, so none finds its inputs cached); 0: read "
                               "from /sys (a virtual machine may report its host's whole cache, 480 MiB seen, which "
                               "makes every timing take eight large sets)")
     cuda_arena_mb: int = Field(2048, ge=0, description="the largest request a cuda session's ring of arenas takes "

@@ -29,7 +29,7 @@ RANGES: dict[str, Range] = {
                                    "0: the planner's KFACTORY_DEVICE_SECONDS, else no device-time limit"),
     "threads": Range(0, 4096, "--threads", "0: every core"),
     "seed": Range(0, 2**64 - 1, "--seed", "0: a random seed"),
-    "parallel": Range(0, 100_000, "--parallel", "0: the default, 2"),
+    "parallel": Range(0, 100_000, "--parallel", "0: the planner's default (kfactory.judge.order.default_parallel)"),
     "warm_start": Range(0, 10_000, "--warm", "0: a cold start"),
     "token_budget": Range(0, 2**62, "--token-budget", "0: the configured default"),
     "timing_rounds": Range(0, 100, "--rounds", "0: the first timing only"),

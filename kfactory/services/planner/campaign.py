@@ -348,6 +348,10 @@ class CampaignState:
             self.strategy_failed("trust", e)
             return None
 
+    def strategy_in_flight(self) -> int:
+        """The strategy's points (its own and the warm start's) not finished yet."""
+        return sum(1 for p in self.points.values() if not p.done and is_kind(p.origin, *STRATEGY))
+
     def agent_in_flight(self, persona: str) -> int:
         return sum(1 for p in self.points.values() if not p.done and p.origin == Origin.AGENT.of(persona))
 

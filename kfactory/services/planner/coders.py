@@ -211,6 +211,15 @@ def agents_on(st) -> bool:
             and st.coders.tokens() < st.spec.token_budget)
 
 
+def template_slots(st) -> int:
+    """Points the strategy may have in flight: the campaign's `parallel`, less one slot per persona while agents
+    may take work (at least one), so that the search never decides on less than the planner's default meant it to
+    while the agents wait for something to work from (kfactory.judge.order.default_parallel adds those slots)."""
+    if not agents_on(st):
+        return st.spec.parallel
+    return max(1, st.spec.parallel - len(personas(st.spec)))
+
+
 def personas(spec: pb.CampaignSpec) -> list[str]:
     """The personas a campaign's agents run as: those the spec names, or every one."""
     return list(spec.personas) or list(PERSONAS)
@@ -219,7 +228,8 @@ def personas(spec: pb.CampaignSpec) -> list[str]:
 def eligible(st, k: int = 2) -> list[str]:
     """The arms that can take the next piece of work now (k: parents per agent task)."""
     arms = []
-    if st.strategy is not None and not st.template_exhausted and (TEMPLATE in st.spec.coders or not st.spec.coders):
+    if (st.strategy is not None and not st.template_exhausted and (TEMPLATE in st.spec.coders or not st.spec.coders)
+            and st.strategy_in_flight() < template_slots(st)):
         arms.append(TEMPLATE)
     if agents_on(st):
         for p in personas(st.spec):
