@@ -68,7 +68,7 @@ def campaign(name: str, pkg: Path, budget: int, env: dict, timeout_s: float,
            "--strategy", os.environ.get("KF_GPU_STRATEGY", "evolutionary"), "--seed", "11", "--json", str(out),
            # two in flight, as every GPU figure so far was measured (the CLI's default was 2 until the cpu target
            # got its own; on cuda the planner's is one per core plus two, not yet measured on a GPU)
-           "--parallel", os.environ.get("KF_GPU_PARALLEL", "2")]
+           "--parallel", os.environ.get("KF_GPU_PARALLEL") or "2"]
     for family in families:
         cmd += ["--family", family]
     if goal:

@@ -233,7 +233,7 @@ def test_tokens_and_endpoint_failures_are_accounted_from_events():
     assert s["compute_bound"]["failures"] == {"AGENT_NO_CODE": 1} and s["repairer"]["tokens_in"] == 100
 
 
-def test_agents_wait_for_parents_and_do_not_repeat_the_same_task_forever():
+def test_agents_wait_for_parents_and_do_not_repeat_the_same_task_forever(settings):
     from kfactory.bus import events as ev
     from kfactory.services.planner import coders
     from kfactory.services.planner.campaign import CampaignState
@@ -241,22 +241,22 @@ def test_agents_wait_for_parents_and_do_not_repeat_the_same_task_forever():
 
     spec = pb.CampaignSpec(problem="softmax", target="cpu", coders=["agent"], token_budget=1000)
     st = CampaignState("c1", spec, pb.DeviceInfo(), None)
-    assert coders.eligible(st) == []  # nothing measured, nothing failed: nothing to work from
+    assert coders.eligible(st, settings) == []  # nothing measured, nothing failed: nothing to work from
     ref = pb.Candidate(id="r" * 64, origin="reference")
     for e in chain("c1", ref, 1.0):
         assert st.apply(e) == ""
-    assert coders.eligible(st) == ["memory_bound", "compute_bound"]
+    assert coders.eligible(st, settings) == ["memory_bound", "compute_bound"]
     st.apply(ev.make_event("c1", "compiler", "f", compile_failed=pb.CompileFailed(
         candidate=pb.Candidate(id="b" * 64, origin="manual:broken"), reason=pb.COMPILE_ERROR)))
     assert coders.parents_for(st, "repairer", 2) == ["b" * 64, "r" * 64]
     for i in range(2):
         st.apply(ev.make_event("c1", "planner", f"p{i}", point_proposed=coders.agent_point(
             st, "memory_bound", coders.parents_for(st, "memory_bound", 2), "cpu_c", i)))
-    assert coders.eligible(st) == ["compute_bound", "repairer"]  # memory_bound had these parents twice
+    assert coders.eligible(st, settings) == ["compute_bound", "repairer"]  # memory_bound had these parents twice
     st.apply(ev.make_event("c1", "coder", "x", rejected=pb.Rejected(stage="coder", reason=pb.AGENT_NO_CODE,
                                                                  agent=pb.AgentInfo(persona="compute_bound",
                                                                                     tokens_in=990, tokens_out=10))))
-    assert coders.eligible(st) == []  # the token budget is spent
+    assert coders.eligible(st, settings) == []  # the token budget is spent
     assert coder_summary(st)["agent_tokens"] == {"in": 990, "out": 10, "budget": 1000}
 
 

@@ -130,19 +130,26 @@ def test_points_in_flight_by_default_follow_the_target_and_the_agents(settings):
     assert pipeline.default_parallel(settings, "replay") == (os.cpu_count() or 1) + 2
 
 
-def test_the_strategy_keeps_its_own_slots_while_agents_hold_theirs():
-    """With agents on, the template coder's points in flight stay within `parallel` less one slot per persona
-    (the slots default_parallel added for them), so a search never decides on less while agents wait for work."""
+def test_the_strategy_keeps_its_own_slots_while_agents_hold_theirs(settings):
+    """While agents may take work, the template coder's points in flight stay within the planner's default without
+    agents (on cpu three: the slots default_parallel added per persona are the agents'), whatever `parallel` the
+    campaign has; with agents off, or on another target whose default adds no agent slots, `parallel` is all
+    the search's."""
+    import os
+
     from kfactory.services.planner import coders
 
-    def state(parallel: int, agent: bool, tokens: int = 0, paused: bool = False):
+    def state(parallel: int, agent: bool, tokens: int = 0, paused: bool = False, target: str = "cpu"):
         spec = pb.CampaignSpec(parallel=parallel, coders=["template", "agent"] if agent else ["template"],
-                               personas=["memory_bound", "compute_bound"], token_budget=100)
+                               personas=["memory_bound", "compute_bound"], token_budget=100, target=target)
         return SimpleNamespace(spec=spec, agent_note="",
                                coders=SimpleNamespace(endpoint_paused=lambda: paused, tokens=lambda: tokens))
 
-    assert coders.template_slots(state(5, agent=False)) == 5
-    assert coders.template_slots(state(5, agent=True)) == 3
-    assert coders.template_slots(state(2, agent=True)) == 1            # never none
-    assert coders.template_slots(state(5, agent=True, tokens=100)) == 5  # the agents' tokens are spent: all slots
-    assert coders.template_slots(state(5, agent=True, paused=True)) == 5  # the endpoint is paused: all slots
+    assert coders.template_slots(state(5, agent=False), settings) == 5
+    assert coders.template_slots(state(5, agent=True), settings) == 3              # 3 + 2 personas: 3 the search's
+    assert coders.template_slots(state(2, agent=True), settings) == 2              # an explicit 2 stays the search's
+    assert coders.template_slots(state(5, agent=True, tokens=100), settings) == 5  # tokens spent: every slot
+    assert coders.template_slots(state(5, agent=True, paused=True), settings) == 5  # endpoint paused: every slot
+    cores = (os.cpu_count() or 1) + 2
+    assert coders.template_slots(state(cores, agent=True, target="cuda"), settings) == cores
+    assert coders.template_slots(state(5, agent=True), settings.model_copy(update={"default_parallel": 4})) == 4

@@ -157,7 +157,7 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
     if args.budget < 1:
         raise EngineCommandError(f"--budget must be at least 1 design, not {args.budget}", EXIT_USAGE)
     if args.parallel < 0:
-        raise EngineCommandError(f"--parallel must be at least 1 (0: the planner's default), not {args.parallel}",
+        raise EngineCommandError(f"--parallel must be 0 (the planner's default) or more, not {args.parallel}",
                                  EXIT_USAGE)
     if args.rounds < 1:
         raise EngineCommandError(f"--rounds must be at least 1, not {args.rounds}", EXIT_USAGE)

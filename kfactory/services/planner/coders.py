@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kfactory.agents.personas import PERSONAS
 from kfactory.bus.events import sha256_hex
 from kfactory.bus.origins import STRATEGY, Origin, parse
+from kfactory.judge.order import default_parallel
 from kfactory.v1 import events_pb2 as pb
 
 TEMPLATE = "template"
@@ -211,13 +212,13 @@ def agents_on(st) -> bool:
             and st.coders.tokens() < st.spec.token_budget)
 
 
-def template_slots(st) -> int:
-    """Points the strategy may have in flight: the campaign's `parallel`, less one slot per persona while agents
-    may take work (at least one), so that the search never decides on less than the planner's default meant it to
-    while the agents wait for something to work from (kfactory.judge.order.default_parallel adds those slots)."""
+def template_slots(st, settings) -> int:
+    """Points the strategy may have in flight: the campaign's `parallel`; while agents may take work, no more than
+    the planner's default without agents (kfactory.judge.order.default_parallel, which adds a slot per persona on
+    cpu), so that idle agents' slots never let the search decide on less than that default means it to."""
     if not agents_on(st):
         return st.spec.parallel
-    return max(1, st.spec.parallel - len(personas(st.spec)))
+    return min(st.spec.parallel, default_parallel(settings, st.spec.target.split(":")[0]))
 
 
 def personas(spec: pb.CampaignSpec) -> list[str]:
@@ -225,11 +226,11 @@ def personas(spec: pb.CampaignSpec) -> list[str]:
     return list(spec.personas) or list(PERSONAS)
 
 
-def eligible(st, k: int = 2) -> list[str]:
+def eligible(st, settings, k: int = 2) -> list[str]:
     """The arms that can take the next piece of work now (k: parents per agent task)."""
     arms = []
     if (st.strategy is not None and not st.template_exhausted and (TEMPLATE in st.spec.coders or not st.spec.coders)
-            and st.strategy_in_flight() < template_slots(st)):
+            and st.strategy_in_flight() < template_slots(st, settings)):
         arms.append(TEMPLATE)
     if agents_on(st):
         for p in personas(st.spec):
