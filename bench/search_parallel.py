@@ -38,7 +38,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from kfactory.strategies import BadStrategyOption, Space, UnknownStrategy, check_options, make_strategy  # noqa: E402
 from kfactory.targets.replay import load_space  # noqa: E402
-from search_quality import HARD, default_data, expected_random_ratio, pmap, workers  # noqa: E402
+from search_quality import HARD, default_data, expected_random_ratio, pmap, space_files, workers  # noqa: E402
 
 
 def run_in_flight(rs, space: Space, strategy: str, seed: int, parallel: int, budget: int,
@@ -106,12 +106,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.spaces:
-        files = [Path(s) if s.endswith((".json.gz", ".json")) else args.data / f"{s}.json.gz" for s in args.spaces]
-    else:
-        files = sorted(args.data.glob("*.json.gz"))
+    files = space_files(args.data, args.spaces)
     if not files:
-        print(f"no recorded spaces found in {args.data} (set --data or KF_TUNING_SPACES)", file=sys.stderr)
         return 2
     budgets, top, t0 = sorted(set(args.budgets)), max(args.budgets), time.time()
     parallel = sorted(set(args.parallel) | {1})

@@ -86,6 +86,18 @@ def default_data() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "shared/data/tuning-spaces"
 
 
+def space_files(data: Path, spaces: list[str] | None) -> list[Path]:
+    """The recorded spaces named (file stems in `data`, or paths), or every one in `data`; none (said on stderr)
+    when there is none."""
+    if spaces:
+        files = [Path(s) if s.endswith((".json.gz", ".json")) else data / f"{s}.json.gz" for s in spaces]
+    else:
+        files = sorted(data.glob("*.json.gz"))
+    if not files:
+        print(f"no recorded spaces found in {data} (set --data or KF_TUNING_SPACES)", file=sys.stderr)
+    return files
+
+
 # ----------------------------------------------------------------------------------------------- parallel seeds
 _POOL: ProcessPoolExecutor | None = None
 
@@ -242,12 +254,8 @@ def race(args: argparse.Namespace) -> int:
     """The whole bench: the race, the cold versus warm section, the table and the JSON."""
     t_start = time.time()
 
-    if args.spaces:
-        files = [Path(s) if s.endswith((".json.gz", ".json")) else args.data / f"{s}.json.gz" for s in args.spaces]
-    else:
-        files = sorted(args.data.glob("*.json.gz"))
+    files = space_files(args.data, args.spaces)
     if not files:
-        print(f"no recorded spaces found in {args.data} (set --data or KF_TUNING_SPACES)", file=sys.stderr)
         return 2
     if missing := [t for t in args.warm_targets or [] if t not in {f.name.removesuffix(".json.gz") for f in files}]:
         print(f"--warm-targets: no recorded space {', '.join(missing)} among {args.data}'s", file=sys.stderr)
