@@ -226,8 +226,8 @@ def personas(spec: pb.CampaignSpec) -> list[str]:
     return list(spec.personas) or list(PERSONAS)
 
 
-def eligible(st, settings, k: int = 2) -> list[str]:
-    """The arms that can take the next piece of work now (k: parents per agent task)."""
+def eligible(st, settings) -> list[str]:
+    """The arms that can take the next piece of work now (settings.llm_parents: parents per agent task)."""
     arms = []
     if (st.strategy is not None and not st.template_exhausted and (TEMPLATE in st.spec.coders or not st.spec.coders)
             and st.strategy_in_flight() < template_slots(st, settings)):
@@ -238,7 +238,7 @@ def eligible(st, settings, k: int = 2) -> list[str]:
                 continue  # one task per persona at a time: a slow model must not take every slot
             if not (st.coders.next_repair() if PERSONAS[p].parents == "failed" else st.ranked(1)):
                 continue  # nothing to work from yet
-            if st.coders.asked[(p, tuple(parents_for(st, p, k)))] >= SAME_PARENTS:
+            if st.coders.asked[(p, tuple(parents_for(st, p, settings.llm_parents)))] >= SAME_PARENTS:
                 continue  # it had these parents already; wait until something new is measured
             arms.append(p)
     return arms

@@ -106,7 +106,7 @@ class CampaignDriver:
             if st.in_flight() >= room(st, device_budget(st.spec, self.settings.device_seconds)):
                 await self._wait_change(st)
                 continue
-            arm = st.coders.choose(coders.eligible(st, self.settings, self.settings.llm_parents), rng, st.token_seconds)
+            arm = st.coders.choose(coders.eligible(st, self.settings), rng, st.token_seconds)
             if arm is None:
                 if st.in_flight():
                     await self._wait_change(st)

@@ -69,10 +69,10 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
     if why := coders.validate(spec, settings):
         raise SpecError(why)
     agent_note = coders.agent_note(spec, settings)
-    agents = len(coders.personas(spec)) if "agent" in spec.coders and not agent_note else 0
-    spec.parallel = spec.parallel or default_parallel(settings, target.name, agents)  # enough to feed the device
-    notes = [n for n in (agent_note, _budget_note(spec, problem, agents="agent" in spec.coders and not agent_note))
-             if n]
+    agents = "agent" in spec.coders and not agent_note
+    spec.parallel = spec.parallel or default_parallel(settings, target.name,  # enough to feed the device
+                                                      len(coders.personas(spec)) if agents else 0)
+    notes = [n for n in (agent_note, _budget_note(spec, problem, agents=agents)) if n]
     return spec, "; ".join(notes)
 
 
