@@ -71,6 +71,9 @@ async def test_a_dead_letter_whose_payload_was_cut_or_undecodable_is_not_sent_ba
                           "malformed protobuf", 1, "camp-c")
     cut, garbage = await list_dead_letters(bus, campaign="camp-c")
     assert cut.letter.payload_bytes > len(cut.letter.payload)
+    # the cut payload no longer decodes, but the letter names its point (read from the whole message): the
+    # campaign learns that point ended
+    assert ev.dead_work(cut.letter) == ("huge", None) and ev.dead_work(garbage.letter) is None
     with pytest.raises(NotReplayable, match=r"kept only 262144 of its \d+ bytes"):
         await replay(bus, cut)
     with pytest.raises(NotReplayable, match="cannot be sent back as it is: malformed protobuf"):

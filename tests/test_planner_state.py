@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from kfactory.bus import events as ev
 from kfactory.bus.deadletters import DeadLetterRecord
@@ -76,6 +77,30 @@ def test_a_dead_lettered_point_is_finished_and_told_as_a_failure():
     assert st.in_flight() == 0 and st.counts.rejected == 1
     point = next(iter(st.strategy.results))
     assert st.strategy.results[point] is None and json.loads(point.params_json)
+
+
+def test_a_dead_letter_whose_payload_was_cut_still_finishes_its_point():
+    """A work message over the dead letters' payload limit is kept cut, which no longer decodes: the point and
+    candidate the letter names (read from the whole message when it was dead-lettered) end the point, and a
+    duplicate waiting on the candidate learns it failed; without them the point stayed in flight for ever."""
+    st = _state()
+    for pid in ("p1", "p2"):
+        st.apply(_proposed(st, pid))
+    cand = pb.Candidate(id="k1", point_id="p1", origin="template:cpu_c", params_json="x" * 1000)
+    compiled = ev.make_event("c1", "compiler", "k1", compiled=pb.Compiled(candidate=cand, artifact_digest="d"))
+    st.apply(compiled)
+    dup = pb.Candidate(id="k1", point_id="p2", origin="template:cpu_c")
+    st.apply(ev.make_event("c1", "coder", "r2", rejected=pb.Rejected(candidate=dup, point_id="p2",
+                                                                      reason=pb.DUPLICATE)))
+    whole = compiled.SerializeToString()
+    dl = pb.DeadLetter(stage="verifier", reason="lock held", deliveries=5, payload=whole[:len(whole) // 2],
+                       payload_bytes=len(whole), point_id="p1", candidate_id="k1")
+    with pytest.raises(DecodeError):
+        pb.Event.FromString(dl.payload)
+    assert (st.in_flight(), st.counts.rejected, len(st.strategy.results)) == (1, 1, 0)  # the duplicate's
+    st.apply(ev.make_event("c1", "verifier", "dl1", dead_letter=dl))
+    assert st.in_flight() == 0 and st.counts.rejected == 2
+    assert sorted(st.strategy.results.values(), key=str) == [None, None]
 
 
 def test_a_duplicate_of_a_candidate_in_flight_is_told_its_twins_result_when_it_comes():

@@ -191,6 +191,8 @@ class Bus(ABC):
             reason += f" (payload cut to its first {DLQ_PAYLOAD_MAX} of {len(data)} bytes)"
         dl = pb.DeadLetter(stage=stage, subject=subject, reason=reason, deliveries=deliveries,
                            payload=data[:DLQ_PAYLOAD_MAX], payload_bytes=len(data), cause=cause)
+        if (work := ev.work_of_message(data)) is not None:   # read here, from the whole message (see DeadLetter)
+            dl.point_id, dl.candidate_id = work[0], work[1].id if work[1] is not None else ""
         key = ev.sha256_hex(f"{subject}:{work_seq}:".encode() + data)[:24]
         event = ev.make_event(campaign_id or "unknown", self.name, key, dead_letter=dl)
         await self._publish(f"{ev.DLQ_PREFIX}.{stage}.{campaign_id or 'unknown'}", event.SerializeToString(),

@@ -85,9 +85,19 @@ def timing_round(body) -> int:
 
 def dead_work(letter: pb.DeadLetter) -> tuple[str, pb.Candidate | None] | None:
     """(point id, candidate or None) of the work a dead letter gave up on; None when its payload is no event
-    (it was dead-lettered for that) or is about no point."""
+    (it was dead-lettered for that) or is about no point. A letter whose payload was cut to fit names its point
+    and candidate itself (work_of_message, when it was dead-lettered); the candidate is then only its ids."""
+    whole = letter.payload_bytes <= len(letter.payload)
+    if letter.point_id and not whole:
+        cand = pb.Candidate(id=letter.candidate_id, point_id=letter.point_id) if letter.candidate_id else None
+        return letter.point_id, cand
+    return work_of_message(letter.payload)
+
+
+def work_of_message(data: bytes) -> tuple[str, pb.Candidate | None] | None:
+    """(point id, candidate or None) of a work message's bytes; None when they are no event or about no point."""
     try:
-        inner = pb.Event.FromString(letter.payload)
+        inner = pb.Event.FromString(data)
     except DecodeError:
         return None
     cand = candidate_of(inner)

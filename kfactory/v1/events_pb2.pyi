@@ -599,7 +599,7 @@ class Finding(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., problem: _Optional[str] = ..., shape: _Optional[str] = ..., device: _Optional[str] = ..., candidate_id: _Optional[str] = ..., value: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
-    __slots__ = ("stage", "subject", "reason", "deliveries", "payload", "payload_bytes", "cause")
+    __slots__ = ("stage", "subject", "reason", "deliveries", "payload", "payload_bytes", "cause", "point_id", "candidate_id")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -607,6 +607,8 @@ class DeadLetter(_message.Message):
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    POINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     stage: str
     subject: str
     reason: str
@@ -614,7 +616,9 @@ class DeadLetter(_message.Message):
     payload: bytes
     payload_bytes: int
     cause: DeadLetterCause
-    def __init__(self, stage: _Optional[str] = ..., subject: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., payload: _Optional[bytes] = ..., payload_bytes: _Optional[int] = ..., cause: _Optional[_Union[DeadLetterCause, str]] = ...) -> None: ...
+    point_id: str
+    candidate_id: str
+    def __init__(self, stage: _Optional[str] = ..., subject: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., payload: _Optional[bytes] = ..., payload_bytes: _Optional[int] = ..., cause: _Optional[_Union[DeadLetterCause, str]] = ..., point_id: _Optional[str] = ..., candidate_id: _Optional[str] = ...) -> None: ...
 
 class ResendRequested(_message.Message):
     __slots__ = ("dlq_seq", "requested_by")
