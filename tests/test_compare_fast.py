@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kfactory.judge import numerics as cmp
+from kfactory.platform import hostthreads
 
 ATOL, RTOL, NORM = 1e-7, 1e-4, 1e-5
 
@@ -33,8 +34,12 @@ def _cases(dtype):
             "empty": (np.empty(0, dtype), np.empty(0))}
 
 
+@pytest.mark.parametrize("chunk", [cmp.PARALLEL_CHUNK, 4096])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_one_pass_and_numpy_agree(dtype):
+def test_one_pass_and_numpy_agree(dtype, chunk, monkeypatch):
+    """Also in parts (chunk 4096: a case's 50,000 elements in 13 parts compared at once, each of the one-off
+    element, the poison and the wrong masks in a later part than the first)."""
+    monkeypatch.setattr(cmp, "PARALLEL_CHUNK", chunk)
     assert cmp._library() is not None, "the helper did not build: every comparison would take the numpy path"
     seen = set()
     for name, (out, ref) in _cases(dtype).items():
@@ -52,3 +57,20 @@ def test_other_layouts_take_the_numpy_path():
     assert cmp._fast(ref.astype(np.float16), ref) is None  # narrower dtypes are upcast chunk by chunk there
     assert cmp._fast(ref[::2].astype(np.float32), ref[::2]) is None  # not contiguous
     assert cmp._fast(ref.astype(np.float32), ref) is not None
+
+
+def test_a_comparison_in_parts_gives_the_same_figures_on_any_number_of_threads(monkeypatch):
+    """The parts are merged in order: one thread or four, the figures are the same to the bit."""
+    monkeypatch.setattr(cmp, "PARALLEL_CHUNK", 1000)
+    figures = []
+    for threads in (1, 4):
+        monkeypatch.setattr(hostthreads, "threads", lambda n=threads: n)
+        hostthreads.pool.cache_clear()
+        for name, (out, ref) in _cases(np.float32).items():
+            c = cmp.compare(out, ref, ATOL, RTOL, NORM)
+            figures.append((threads, name, c.passed, c.note, c.worst_index, c.max_abs_err, c.max_rel_err,
+                            c.norm_rel_err))
+    hostthreads.pool.cache_clear()
+    one = [f[1:] for f in figures if f[0] == 1]
+    assert one == [f[1:] for f in figures if f[0] == 4]
+    assert ("one_off", False) in {(f[0], f[1]) for f in one} and ("good", True) in {(f[0], f[1]) for f in one}

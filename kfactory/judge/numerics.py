@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kfactory.platform import hostthreads
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -201,12 +202,47 @@ def _fast(out: np.ndarray, ref: np.ndarray):
     name, ctype = _FAST[out.dtype]
     fn = getattr(lib, name)
 
-    def run(o, r, atol, rtol) -> _Stats:
+    def one(o, r, atol, rtol) -> _Stats:
         st = _Stats()
         fn(o.ctypes.data_as(ctypes.POINTER(ctype)), r.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), o.size,
            atol, rtol, ctypes.byref(st))
         return st
+
+    def run(o, r, atol, rtol) -> _Stats:
+        if o.size <= PARALLEL_CHUNK:
+            return one(o, r, atol, rtol)
+        o, r = o.reshape(-1), r.reshape(-1)
+        starts = list(range(0, o.size, PARALLEL_CHUNK))
+        parts = hostthreads.each(lambda lo: one(o[lo:lo + PARALLEL_CHUNK], r[lo:lo + PARALLEL_CHUNK], atol, rtol),
+                                 starts)
+        return merged(parts, starts)
     return run
+
+
+#: elements per part of a large comparison: the parts are compared at once on the host's cores
+#: (kfactory.platform.hostthreads; ctypes lets go of the GIL) and merged in order, so the figures depend on this
+#: size, never on how many threads there are (a 4096x4096 output is 4 parts)
+PARALLEL_CHUNK = 1 << 22
+
+
+def merged(parts: list, starts: list[int]) -> _Stats:
+    """One comparison's figures from its parts' (each over the elements from its start on), as one pass over the
+    whole would give them: sums added in order, maxima kept, the first index of the largest excess, the first
+    non-finite output."""
+    st = _Stats()
+    st.worst_excess, st.out_bad_first = -np.inf, -1
+    for p, lo in zip(parts, starts):
+        st.diff_sq += p.diff_sq
+        st.ref_sq += p.ref_sq
+        st.max_abs, st.max_rel = max(st.max_abs, p.max_abs), max(st.max_rel, p.max_rel)
+        if p.finite and p.worst_excess > st.worst_excess:   # a later part wins only by a larger excess
+            st.worst_excess, st.worst = p.worst_excess, lo + p.worst
+        st.finite += p.finite
+        st.pattern_bad += p.pattern_bad
+        if p.out_bad and st.out_bad == 0:
+            st.out_bad_first = lo + p.out_bad_first
+        st.out_bad += p.out_bad
+    return st
 
 
 def check_from_figures(figures: dict, atol: float, rtol: float, norm_rel: float) -> pb.Check:

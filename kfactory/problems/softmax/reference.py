@@ -5,11 +5,14 @@ import numpy as np
 
 
 def reference(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Row-wise softmax computed in float64; -inf entries get probability 0."""
-    x = inputs["x"].astype(np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    e = np.exp(x - m)
-    return {"y": e / e.sum(axis=-1, keepdims=True)}
+    """Row-wise softmax computed in float64; -inf entries get probability 0. In place on the float64 copy: the
+    same operations as exp(x - max) / sum, without three temporaries of the input's size (on 4096x4096 a quarter
+    of the time; the judge computes this for every large input set it draws)."""
+    y = inputs["x"].astype(np.float64)
+    y -= y.max(axis=-1, keepdims=True)
+    np.exp(y, out=y)
+    y /= y.sum(axis=-1, keepdims=True)
+    return {"y": y}
 
 
 def numpy_softmax(inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], threads: int) -> None:
