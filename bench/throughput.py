@@ -19,9 +19,13 @@ say whether the other search reached a campaign's best at all (the picks differ 
 `--aa` runs the baseline order twice instead (an A/A test): how far the same order's best kernels differ when
 nothing but the search's course (results' arrival, their noise) changes.
 
-    python bench/throughput.py [--problem softmax] [--target cpu|cuda] [--budget N] [--seed S] [--json OUT]
-                               [--baseline-order] [--strategy NAME] [--device-seconds S]
+    python bench/throughput.py [--problem softmax] [--target cpu|cuda] [--budget N] [--seed S | --seeds S ...]
+                               [--json OUT] [--baseline-order] [--strategy NAME] [--device-seconds S]
                                [--compare-blocks B] [--aa]
+
+`--seeds S1 S2 ...` runs the whole comparison once per seed and adds the verdict over them (over_seeds): several
+kernels lie within 2-3% of each other and either order's search reaches a different one from run to run, so one
+seed's verdict is partly a draw.
 """
 from __future__ import annotations
 
@@ -296,57 +300,128 @@ async def main(args) -> int:
     root = Path(tempfile.mkdtemp(prefix="kf-throughput-"))
     try:
         _measure_ceilings(args, root)
-        extra = {"device_seconds": args.device_seconds} if args.device_seconds else {}
-        results = {}
-        if args.baseline_order:
-            results["baseline"] = await campaign(args, "baseline", root, {**_baseline_settings(), **extra})
-            _print("baseline order", results["baseline"])
-        # --aa: the baseline order again in the new order's place, an A/A test of what the search itself varies
-        results["new"] = await campaign(args, "new", root, {**_baseline_settings(), **extra} if args.aa else extra)
-        _print("baseline order again" if args.aa else "new order", results["new"])
-        new = results["new"]
-        out = {"problem": args.problem, "target": args.target, "budget": args.budget, "seed": args.seed,
-               "strategy": args.strategy, "aa": args.aa, "threads": Settings().threads, "cpus": os.cpu_count(),
-               **{k: v for k, v in new.items() if k != "best"}, "best": _public(new.get("best"))}
-        if args.baseline_order:
-            base = results["baseline"]
-            out["baseline_candidates_per_minute"] = base["candidates_per_minute"]
-            out["throughput_ratio"] = round(new["candidates_per_minute"] / base["candidates_per_minute"], 3) \
-                if base["candidates_per_minute"] else None
-            out["baseline"] = {**{k: v for k, v in base.items() if k != "best"}, "best": _public(base.get("best"))}
-            if new.get("best") and base.get("best"):
-                out["best_interleaved"] = compare_bests(args, new["best"], base["best"], root)
-                out.update(verdict(out["best_interleaved"], load_problem(args.problem)))
-                out["baseline_best_in_new"] = reached(base["best"], new["evaluated"])
-                out["new_best_in_baseline"] = reached(new["best"], base["evaluated"])
-            if "best_no_worse" in out:
-                print(f"best kernel no worse than the baseline order's at the scored shape {out['scored_shape']}: "
-                      f"{out['best_no_worse']}")
-            print(f"throughput: {out['throughput_ratio']}x the baseline order's; harness "
-                  f"{base['harness_seconds_per_candidate']:.2f} -> {new['harness_seconds_per_candidate']:.2f} s a "
-                  "candidate")
-            for label, key in (("the baseline's best in the new search", "baseline_best_in_new"),
-                               ("the new best in the baseline's search", "new_best_in_baseline")):
-                if key in out:
-                    r = out[key]
-                    print(f"  {label}: " + ("never reached" if r is None else
-                                            f"rank {r['rank']}, {r['score_s'] * 1e3:.3f} ms"
-                                            + (" (screened out)" if r["screened_out"] else "")))
-            if out.get("best_interleaved", {}).get("same_kernel"):
-                print("  best kernels: the same kernel")
-            for shape, c in out.get("best_interleaved", {}).items():
-                if shape != "same_kernel":
-                    print(f"  best kernels at {shape}: new/baseline {c.get('new_over_baseline')} "
-                          f"{c.get('new_interval')} (outside the noise: {c.get('significant')}); the baseline's "
-                          f"kernel against itself {c.get('control_over_baseline')} {c.get('control_interval')} "
-                          f"(outside the noise: {c.get('control_significant')}); new against the control "
-                          f"{c.get('new_over_control')} {c.get('new_over_control_interval')}; {c.get('blocks')} "
-                          f"blocks {c.get('error', '')}")
+        if not args.seeds:
+            out = await one_seed(args, root)
+        else:   # the verdict over several seeds: what the orders do, not what one search's course drew
+            runs = [await one_seed(argparse.Namespace(**{**vars(args), "seed": seed}), _seed_root(root, seed))
+                    for seed in args.seeds]
+            out = {"seeds": args.seeds, "runs": runs, **over_seeds(runs)}
+            _print_over_seeds(out)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
         return 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _seed_root(root: Path, seed: int) -> Path:
+    """A seed's own directory, with the ceilings measured once: no seed's campaigns start from another's evidence."""
+    path = root / f"seed-{seed}"
+    path.mkdir()
+    shutil.copy(root / "ceilings.json", path / "ceilings.json")
+    return path
+
+
+async def one_seed(args, root: Path) -> dict:
+    """One seed's campaigns (the baseline order's first with --baseline-order), printed; the figures."""
+    extra = {"device_seconds": args.device_seconds} if args.device_seconds else {}
+    results = {}
+    if args.baseline_order:
+        results["baseline"] = await campaign(args, "baseline", root, {**_baseline_settings(), **extra})
+        _print("baseline order", results["baseline"])
+    # --aa: the baseline order again in the new order's place, an A/A test of what the search itself varies
+    results["new"] = await campaign(args, "new", root, {**_baseline_settings(), **extra} if args.aa else extra)
+    _print("baseline order again" if args.aa else "new order", results["new"])
+    new = results["new"]
+    out = {"problem": args.problem, "target": args.target, "budget": args.budget, "seed": args.seed,
+           "strategy": args.strategy, "aa": args.aa, "threads": Settings().threads, "cpus": os.cpu_count(),
+           **{k: v for k, v in new.items() if k != "best"}, "best": _public(new.get("best"))}
+    if args.baseline_order:
+        base = results["baseline"]
+        out["baseline_candidates_per_minute"] = base["candidates_per_minute"]
+        out["throughput_ratio"] = round(new["candidates_per_minute"] / base["candidates_per_minute"], 3) \
+            if base["candidates_per_minute"] else None
+        out["baseline"] = {**{k: v for k, v in base.items() if k != "best"}, "best": _public(base.get("best"))}
+        if new.get("best") and base.get("best"):
+            out["best_interleaved"] = compare_bests(args, new["best"], base["best"], root)
+            out.update(verdict(out["best_interleaved"], load_problem(args.problem)))
+            out["baseline_best_in_new"] = reached(base["best"], new["evaluated"])
+            out["new_best_in_baseline"] = reached(new["best"], base["evaluated"])
+        _print_comparison(out, base, new)
+    return out
+
+
+def over_seeds(runs: list[dict]) -> dict:
+    """The seeds' figures together: throughput ratios (each, their geometric mean, the least), how many seeds'
+    best kernels were no worse, and new/baseline at the scored shape over the seeds (1 where both orders found the
+    same kernel): the geometric mean of the seeds' ratios with a 95% t-interval over them, and whether the new
+    order's best is no worse over the seeds (the interval not wholly above 1)."""
+    out: dict[str, Any] = {}
+    ratios = [r["throughput_ratio"] for r in runs if r.get("throughput_ratio")]
+    if ratios:
+        out["throughput_ratios"] = ratios
+        out["throughput_ratio_geomean"] = round(float(np.exp(np.mean(np.log(ratios)))), 3)
+        out["throughput_ratio_least"] = min(ratios)
+    verdicts = [r.get("best_no_worse") for r in runs]
+    out["best_no_worse_seeds"] = f"{sum(v is True for v in verdicts)} of {len(runs)}"
+    best = [b for b in (_scored_ratio(r) for r in runs) if b is not None]
+    if best:
+        logs = np.log(best)
+        half = float(student_t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs))) \
+            if len(logs) > 1 else float("inf")
+        mean = float(np.mean(logs))
+        out["best_new_over_baseline"] = [round(b, 4) for b in best]
+        out["best_new_over_baseline_geomean"] = round(float(np.exp(mean)), 4)
+        out["best_new_over_baseline_interval"] = [round(float(np.exp(mean - half)), 4),
+                                                  round(float(np.exp(mean + half)), 4)]
+        out["best_no_worse_over_seeds"] = bool(np.exp(mean - half) <= 1.0)
+    return out
+
+
+def _scored_ratio(run: dict) -> float | None:
+    """One seed's new/baseline at the scored shape: 1 for the same kernel, None where no comparison was made."""
+    compared = run.get("best_interleaved")
+    if not compared:
+        return None
+    if compared.get("same_kernel"):
+        return 1.0
+    return compared.get(run.get("scored_shape", ""), {}).get("new_over_baseline")
+
+
+def _print_over_seeds(out: dict) -> None:
+    print(f"over seeds {out['seeds']}: throughput ratios {out.get('throughput_ratios')} (geometric mean "
+          f"{out.get('throughput_ratio_geomean')}, least {out.get('throughput_ratio_least')}); best no worse in "
+          f"{out['best_no_worse_seeds']} seeds")
+    if "best_new_over_baseline" in out:
+        print(f"  best kernels new/baseline at the scored shape per seed {out['best_new_over_baseline']}: "
+              f"{out['best_new_over_baseline_geomean']} {out['best_new_over_baseline_interval']}; no worse over "
+              f"the seeds: {out['best_no_worse_over_seeds']}")
+
+
+def _print_comparison(out: dict, base: dict, new: dict) -> None:
+    if "best_no_worse" in out:
+        print(f"best kernel no worse than the baseline order's at the scored shape {out['scored_shape']}: "
+              f"{out['best_no_worse']}")
+    print(f"throughput: {out['throughput_ratio']}x the baseline order's; harness "
+          f"{base['harness_seconds_per_candidate']:.2f} -> {new['harness_seconds_per_candidate']:.2f} s a "
+          "candidate")
+    for label, key in (("the baseline's best in the new search", "baseline_best_in_new"),
+                       ("the new best in the baseline's search", "new_best_in_baseline")):
+        if key in out:
+            r = out[key]
+            print(f"  {label}: " + ("never reached" if r is None else
+                                    f"rank {r['rank']}, {r['score_s'] * 1e3:.3f} ms"
+                                    + (" (screened out)" if r["screened_out"] else "")))
+    if out.get("best_interleaved", {}).get("same_kernel"):
+        print("  best kernels: the same kernel")
+    for shape, c in out.get("best_interleaved", {}).items():
+        if shape != "same_kernel":
+            print(f"  best kernels at {shape}: new/baseline {c.get('new_over_baseline')} "
+                  f"{c.get('new_interval')} (outside the noise: {c.get('significant')}); the baseline's "
+                  f"kernel against itself {c.get('control_over_baseline')} {c.get('control_interval')} "
+                  f"(outside the noise: {c.get('control_significant')}); new against the control "
+                  f"{c.get('new_over_control')} {c.get('new_over_control_interval')}; {c.get('blocks')} "
+                  f"blocks {c.get('error', '')}")
 
 
 def _public(best: dict | None) -> dict | None:
@@ -359,6 +434,8 @@ if __name__ == "__main__":
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--seed", type=int, default=23)
+    ap.add_argument("--seeds", type=int, nargs="+",
+                    help="run the whole comparison once per seed (instead of --seed) and give the verdict over them")
     ap.add_argument("--strategy", default="default")
     ap.add_argument("--seconds", type=float, default=0.0, help="a wall-clock budget too (0: none)")
     ap.add_argument("--device-seconds", type=float, default=0.0,

@@ -62,3 +62,29 @@ def test_the_verdict_is_at_the_scored_shape_and_the_other_search_s_reach_is_foun
     assert bench.reached({"params": {"unroll": 1, "vec": 16}}, other) == {"rank": 1, "score_s": 0.0060,
                                                                           "screened_out": True}
     assert bench.reached({"params": {"vec": 8, "unroll": 1}}, other) is None
+
+
+def test_the_verdict_over_seeds_pools_the_seeds_ratios_with_a_t_interval_over_them():
+    """--seeds: throughput ratios and best kernels over several seeds (the same kernel counts as 1; a seed whose
+    comparison failed counts in neither the ratios nor the interval)."""
+    bench = _load()
+    runs = [{"throughput_ratio": 3.2, "best_no_worse": True, "scored_shape": "4096x4096",
+             "best_interleaved": {"4096x4096": {"new_over_baseline": 1.02}}},
+            {"throughput_ratio": 4.0, "best_no_worse": True, "best_interleaved": {"same_kernel": True}},
+            {"throughput_ratio": 2.5, "best_no_worse": False, "scored_shape": "4096x4096",
+             "best_interleaved": {"4096x4096": {"new_over_baseline": 0.97}}},
+            {"throughput_ratio": 3.0, "best_no_worse": None, "scored_shape": "4096x4096",
+             "best_interleaved": {"4096x4096": {"error": "WRONG_RESULT"}}}]
+    out = bench.over_seeds(runs)
+    assert out["throughput_ratios"] == [3.2, 4.0, 2.5, 3.0] and out["throughput_ratio_least"] == 2.5
+    assert out["throughput_ratio_geomean"] == pytest.approx((3.2 * 4.0 * 2.5 * 3.0) ** 0.25, abs=1e-3)
+    assert out["best_no_worse_seeds"] == "2 of 4"
+    logs = np.log([1.02, 1.0, 0.97])
+    half = student_t.ppf(0.975, 2) * np.std(logs, ddof=1) / math.sqrt(3)
+    assert out["best_new_over_baseline"] == [1.02, 1.0, 0.97]
+    assert out["best_new_over_baseline_interval"] == pytest.approx(
+        [math.exp(logs.mean() - half), math.exp(logs.mean() + half)], abs=1e-4)
+    assert out["best_no_worse_over_seeds"] is True
+    worse = bench.over_seeds([{"throughput_ratio": 3.0, "scored_shape": "s",
+                               "best_interleaved": {"s": {"new_over_baseline": r}}} for r in (1.05, 1.06, 1.04)])
+    assert worse["best_no_worse_over_seeds"] is False and worse["best_no_worse_seeds"] == "0 of 3"
