@@ -303,9 +303,12 @@ async def main(args) -> int:
         if not args.seeds:
             out = await one_seed(args, root)
         else:   # the verdict over several seeds: what the orders do, not what one search's course drew
-            runs = [await one_seed(argparse.Namespace(**{**vars(args), "seed": seed}), _seed_root(root, seed))
-                    for seed in args.seeds]
-            out = {"seeds": args.seeds, "runs": runs, **over_seeds(runs)}
+            runs: list[dict] = []
+            for seed in args.seeds:
+                runs.append(await one_seed(argparse.Namespace(**{**vars(args), "seed": seed}), _seed_root(root, seed)))
+                out = {"seeds": args.seeds[:len(runs)], "runs": runs, **over_seeds(runs)}
+                if args.json:   # after every seed: a run cut short keeps the seeds it finished
+                    Path(args.json).write_text(json.dumps(out, indent=2))
             _print_over_seeds(out)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
@@ -357,20 +360,21 @@ def over_seeds(runs: list[dict]) -> dict:
     same kernel): the geometric mean of the seeds' ratios with a 95% t-interval over them, and whether the new
     order's best is no worse over the seeds (the interval not wholly above 1)."""
     out: dict[str, Any] = {}
-    ratios = [r["throughput_ratio"] for r in runs if r.get("throughput_ratio")]
+    ratios = [r["throughput_ratio"] for r in runs if r.get("throughput_ratio") is not None]
     if ratios:
         out["throughput_ratios"] = ratios
-        out["throughput_ratio_geomean"] = round(float(np.exp(np.mean(np.log(ratios)))), 3)
+        out["throughput_ratio_geomean"] = round(float(np.exp(np.mean(np.log(ratios)))), 3) if min(ratios) > 0 \
+            else 0.0
         out["throughput_ratio_least"] = min(ratios)
-    verdicts = [r.get("best_no_worse") for r in runs]
-    out["best_no_worse_seeds"] = f"{sum(v is True for v in verdicts)} of {len(runs)}"
+    verdicts = [r["best_no_worse"] for r in runs if r.get("best_no_worse") is not None]
+    out["best_no_worse_seeds"] = f"{sum(verdicts)} of {len(verdicts)}"   # seeds whose comparison failed: neither
     best = [b for b in (_scored_ratio(r) for r in runs) if b is not None]
-    if best:
+    out["best_new_over_baseline"] = [round(b, 4) for b in best]
+    out["best_no_worse_over_seeds"] = None   # an interval over seeds needs two of them
+    if len(best) > 1:
         logs = np.log(best)
-        half = float(student_t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs))) \
-            if len(logs) > 1 else float("inf")
+        half = float(student_t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs)))
         mean = float(np.mean(logs))
-        out["best_new_over_baseline"] = [round(b, 4) for b in best]
         out["best_new_over_baseline_geomean"] = round(float(np.exp(mean)), 4)
         out["best_new_over_baseline_interval"] = [round(float(np.exp(mean - half)), 4),
                                                   round(float(np.exp(mean + half)), 4)]
@@ -392,7 +396,7 @@ def _print_over_seeds(out: dict) -> None:
     print(f"over seeds {out['seeds']}: throughput ratios {out.get('throughput_ratios')} (geometric mean "
           f"{out.get('throughput_ratio_geomean')}, least {out.get('throughput_ratio_least')}); best no worse in "
           f"{out['best_no_worse_seeds']} seeds")
-    if "best_new_over_baseline" in out:
+    if "best_new_over_baseline_interval" in out:
         print(f"  best kernels new/baseline at the scored shape per seed {out['best_new_over_baseline']}: "
               f"{out['best_new_over_baseline_geomean']} {out['best_new_over_baseline_interval']}; no worse over "
               f"the seeds: {out['best_no_worse_over_seeds']}")
@@ -450,6 +454,10 @@ if __name__ == "__main__":
     parsed = ap.parse_args()
     if parsed.aa and not parsed.baseline_order:
         ap.error("--aa runs the baseline order twice: give --baseline-order too")
+    if parsed.seeds and not parsed.baseline_order:
+        ap.error("--seeds gives the verdict over seeds of the two orders: give --baseline-order too")
+    if parsed.seeds and len(set(parsed.seeds)) < len(parsed.seeds):
+        ap.error(f"--seeds {' '.join(map(str, parsed.seeds))}: a seed twice")
     if parsed.compare_blocks < 2:
         ap.error(f"--compare-blocks {parsed.compare_blocks}: an interval over blocks needs at least 2")
     raise SystemExit(asyncio.run(main(parsed)))

@@ -78,13 +78,16 @@ def test_the_verdict_over_seeds_pools_the_seeds_ratios_with_a_t_interval_over_th
     out = bench.over_seeds(runs)
     assert out["throughput_ratios"] == [3.2, 4.0, 2.5, 3.0] and out["throughput_ratio_least"] == 2.5
     assert out["throughput_ratio_geomean"] == pytest.approx((3.2 * 4.0 * 2.5 * 3.0) ** 0.25, abs=1e-3)
-    assert out["best_no_worse_seeds"] == "2 of 4"
+    assert out["best_no_worse_seeds"] == "2 of 3"   # the failed comparison decides nothing
     logs = np.log([1.02, 1.0, 0.97])
     half = student_t.ppf(0.975, 2) * np.std(logs, ddof=1) / math.sqrt(3)
     assert out["best_new_over_baseline"] == [1.02, 1.0, 0.97]
     assert out["best_new_over_baseline_interval"] == pytest.approx(
         [math.exp(logs.mean() - half), math.exp(logs.mean() + half)], abs=1e-4)
     assert out["best_no_worse_over_seeds"] is True
-    worse = bench.over_seeds([{"throughput_ratio": 3.0, "scored_shape": "s",
+    worse = bench.over_seeds([{"throughput_ratio": 3.0, "scored_shape": "s", "best_no_worse": False,
                                "best_interleaved": {"s": {"new_over_baseline": r}}} for r in (1.05, 1.06, 1.04)])
     assert worse["best_no_worse_over_seeds"] is False and worse["best_no_worse_seeds"] == "0 of 3"
+    one = bench.over_seeds([{"throughput_ratio": 3.0, "best_no_worse": False, "scored_shape": "s",
+                             "best_interleaved": {"s": {"new_over_baseline": 1.3}}}])
+    assert one["best_no_worse_over_seeds"] is None and "best_new_over_baseline_interval" not in one

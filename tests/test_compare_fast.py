@@ -63,14 +63,28 @@ def test_a_comparison_in_parts_gives_the_same_figures_on_any_number_of_threads(m
     """The parts are merged in order: one thread or four, the figures are the same to the bit."""
     monkeypatch.setattr(cmp, "PARALLEL_CHUNK", 1000)
     figures = []
-    for threads in (1, 4):
-        monkeypatch.setattr(hostthreads, "threads", lambda n=threads: n)
+    try:
+        for threads in (1, 4):
+            monkeypatch.setattr(hostthreads, "threads", lambda n=threads: n)
+            hostthreads.pool.cache_clear()
+            for name, (out, ref) in _cases(np.float32).items():
+                c = cmp.compare(out, ref, ATOL, RTOL, NORM)
+                figures.append((threads, name, c.passed, c.note, c.worst_index, c.max_abs_err, c.max_rel_err,
+                                c.norm_rel_err))
+    finally:
         hostthreads.pool.cache_clear()
-        for name, (out, ref) in _cases(np.float32).items():
-            c = cmp.compare(out, ref, ATOL, RTOL, NORM)
-            figures.append((threads, name, c.passed, c.note, c.worst_index, c.max_abs_err, c.max_rel_err,
-                            c.norm_rel_err))
-    hostthreads.pool.cache_clear()
     one = [f[1:] for f in figures if f[0] == 1]
     assert one == [f[1:] for f in figures if f[0] == 4]
     assert ("one_off", False) in {(f[0], f[1]) for f in one} and ("good", True) in {(f[0], f[1]) for f in one}
+
+
+@pytest.mark.parametrize("chunk", [cmp.PARALLEL_CHUNK, 5000, 4096, 50])
+def test_the_worst_element_is_the_first_of_equal_excesses_across_parts(chunk, monkeypatch):
+    """Two elements off by the same amount, in different parts (at 4096 and 50) or one: the first is named, as
+    one pass and the numpy path name it."""
+    monkeypatch.setattr(cmp, "PARALLEL_CHUNK", chunk)
+    ref = np.ones(10_000)
+    out = ref.astype(np.float32)
+    out[[100, 5100]] = 1.5   # the same error to the bit
+    fast, slow = cmp.compare(out, ref, ATOL, RTOL, NORM), cmp.compare(out, ref, ATOL, RTOL, NORM, one_pass=False)
+    assert not fast.passed and fast.worst_index == slow.worst_index == 100

@@ -146,3 +146,22 @@ def test_without_showdown_rounds_the_finale_times_the_noise_and_decides_nothing(
     for e in _answered_noise():
         fin.fold(e)
     assert fin.rounds == 1 and fin.next() is None and fin.winner() is None
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_design_whose_work_was_dead_lettered_is_a_harness_error_even_when_the_letter_was_cut(cut):
+    """The verifier gave up on FAST's Compiled: its design is the harness's failure, not unfinished. A work message
+    over the dead letters' payload limit is kept cut, which no longer decodes; the letter's own point and
+    candidate (kfactory.bus.base.Bus.dead_letter reads them from the whole message) still name the design."""
+    events = [e for e in _campaign() if not (e.HasField("measured") or e.HasField("verified"))
+              or ev.candidate_of(e).id != FAST.design_id()]
+    work = next(e for e in events if e.HasField("compiled") and e.compiled.candidate.id == FAST.design_id())
+    data = work.SerializeToString()
+    letter = pb.DeadLetter(stage="verifier", reason="lock held", deliveries=5, payload=data, payload_bytes=len(data),
+                           point_id="p-" + FAST.design_id(), candidate_id=FAST.design_id())
+    if cut:
+        letter.payload = data[:len(data) // 2]
+    events.append(ev.make_event(CID, "verifier", "dl", dead_letter=letter))
+    verdicts = {r.design_id: (r.verdict, r.reason) for r in pipeline.results_of(events, None)}
+    assert verdicts[FAST.design_id()] == ("harness_error", "verifier: lock held")
+    assert verdicts[NEAR.design_id()][0] == verdicts[FAR.design_id()][0] == "verified"

@@ -210,11 +210,10 @@ def retiming_answer(e: pb.Event) -> tuple[pb.Candidate, int, pb.Measured | None]
 
 
 def _dead_letter(dl: pb.DeadLetter, by_point: dict[str, DesignResult], point_of: dict[str, str]) -> None:
-    """Work the harness could not do (its payload's candidate names the design): harness_error, not a verdict."""
-    try:
-        cand = ev.candidate_of(pb.Event.FromString(dl.payload))
-    except DecodeError:   # a payload cut to fit the dead letter: the design is not known, the campaign says why
-        return
+    """Work the harness could not do (its candidate names the design; a payload cut to fit the dead letter names
+    it in the letter's own fields, ev.dead_work): harness_error, not a verdict."""
+    work = ev.dead_work(dl)
+    cand = work[1] if work is not None else None
     res = by_point.get(point_of.get(cand.id, cand.point_id) if cand is not None else "")
     if res is not None and res.verdict == UNFINISHED:
         res.verdict, res.reason = "harness_error", f"{dl.stage}: {dl.reason}"

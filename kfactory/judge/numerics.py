@@ -2,8 +2,9 @@
 
 Outputs of float32 or float64 against a float64 reference are compared in one pass by kfactory's own C helper
 (numerics_fast.c, built once per host into the data directory and loaded here), the same figures as the numpy
-path below at a fraction of its cost (issue 23: comparison was a large part of the judge's time); other dtypes,
-or a host where it cannot be built, take the numpy path.
+path below at a fraction of its cost (issue 23: comparison was a large part of the judge's time); a large output
+in parts of PARALLEL_CHUNK elements on the host's cores, merged in order (the sums' rounding aside, the figures of
+one pass). Other dtypes, or a host where the helper cannot be built, take the numpy path.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Iterable, TypeVar
 
 T = TypeVar("T")
@@ -41,5 +41,9 @@ def each(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
     if n <= 1 or getattr(_inside, "pool", False):
         return [fn(x) for x in items]
     size = -(-len(items) // n)
-    runs = pool().map(lambda lo: [fn(x) for x in items[lo:lo + size]], range(0, len(items), size))
-    return [r for run in runs for r in run]
+
+    def run(lo: int) -> list[R]:
+        return [fn(x) for x in items[lo:lo + size]]
+    runs = [pool().submit(run, lo) for lo in range(0, len(items), size)]
+    wait(runs)   # every run ends before an error is raised: none may go on writing into buffers handed back
+    return [r for run in runs for r in run.result()]
