@@ -250,6 +250,11 @@ class BenchmarkerService(RunnerService):
         if res.reason:
             comp.error = f"{pb.RejectReason.Name(res.reason)}: {res.message}"
             comp.failed_candidate = res.failed_key  # the planner never makes it the result
+            comp.failed_reason = res.reason
+            if res.failed_input:  # the set that exposed it: memory keeps it as a regression input
+                f = res.failed_input
+                comp.checks.append(pb.Check(shape=f.shape, distribution=f.distribution, seed=f.seed,
+                                            note=res.message))
         else:
             for k in keys:
                 comp.entries.append(pb.ComparisonEntry(name=names[k], candidate_id=k, timing=res.timings[k]))

@@ -285,6 +285,8 @@ class Archive:
             f = event.campaign_finished
             self.db.execute("UPDATE campaigns SET state=?, finished_ns=?, summary_json=? WHERE id=?",
                             (f.state, t, f.summary_json, c))
+        elif kind == "comparison":
+            self._showdown_regression(event)
         elif cand is None:  # every kind below carries a candidate (ev.candidate_of); any other kind derives nothing
             return
         elif kind == "candidate_created":
@@ -314,14 +316,30 @@ class Archive:
                             (c, cand.id, pid, stage, reason, body.message[:2000], t))
 
     def _regression(self, event: pb.Event, rej: pb.Rejected, cand: pb.Candidate) -> None:
-        """A kernel that passed before (any campaign) found wrong now: keep the input that exposed it.
-        Only inputs that can be re-drawn from a declared distribution and a seed are kept (not the
+        """A kernel that passed before (any campaign) found wrong now: keep the input that exposed it."""
+        self._keep_regression(event, rej.reason, rej.message, rej.checks, cand.id, cand.problem)
+
+    def _showdown_regression(self, event: pb.Event) -> None:
+        """A showdown that found one of its kernels wrong (Comparison.failed_candidate): keep the input that
+        exposed it, as a rejected measurement's. The kernel's problem is its archived candidate's."""
+        comp = event.comparison
+        if not (comp.showdown and comp.failed_candidate and comp.checks):
+            return
+        row = self.db.execute("SELECT problem FROM candidates WHERE id=? AND campaign=?",
+                              (comp.failed_candidate, event.campaign_id)).fetchone()
+        if row is not None:
+            self._keep_regression(event, comp.failed_reason, comp.error, comp.checks, comp.failed_candidate, row[0])
+
+    def _keep_regression(self, event: pb.Event, reason: int, message: str, checks, cand_id: str,
+                         problem: str) -> None:
+        """Keep the last failing check's input of a kernel that passed before (any campaign), where `reason` says
+        it was wrong. Only inputs that can be re-drawn from a declared distribution and a seed are kept (not the
         memoisation probe's call sequences)."""
         # record() holds the lock: query the connection directly
-        if rej.reason not in WRONGNESS or not self.db.execute("SELECT 1 FROM passed WHERE candidate=?",
-                                                               (cand.id,)).fetchone():
+        if reason not in WRONGNESS or not self.db.execute("SELECT 1 FROM passed WHERE candidate=?",
+                                                           (cand_id,)).fetchone():
             return
-        failing = next((ch for ch in reversed(rej.checks) if not ch.passed and ch.seed), None)
+        failing = next((ch for ch in reversed(checks) if not ch.passed and ch.seed), None)
         if failing is None:
             return
         dist = failing.distribution.removeprefix("regression:")
@@ -330,8 +348,8 @@ class Archive:
         if ":" in dist.removeprefix(counter_rng.PREFIX) or dist == "timed":
             return
         self.db.execute("INSERT OR IGNORE INTO regressions VALUES (?,?,?,?,?,?,?,?,?)",
-                        (self.problem_name(cand.problem), failing.shape, dist, str(failing.seed), cand.id,
-                         event.campaign_id, pb.RejectReason.Name(rej.reason), rej.message[:500], event.time_unix_ns))
+                        (self.problem_name(problem), failing.shape, dist, str(failing.seed), cand_id,
+                         event.campaign_id, pb.RejectReason.Name(reason), message[:500], event.time_unix_ns))
 
     def regressions(self, problem: str) -> list[pb.RegressionInput]:
         """The regression inputs memory holds for a problem, oldest first."""
