@@ -1,12 +1,16 @@
-"""A showdown that finds one of its kernels wrong (its timed outputs on a set drawn from a seed) tells memory the
-input that exposed it, and memory keeps it as a regression input, as it keeps a rejected measurement's: every
-later verification of the problem runs it (tests/test_regressions.py runs that path through the services)."""
+"""A comparison (a showdown, or the final one) that finds a kernel wrong (its timed outputs on a set drawn from a
+seed) tells memory the input that exposed it (the benchmarker's failed_in), and memory keeps it as a regression
+input, as it keeps a rejected measurement's: every later verification of the problem runs it
+(tests/test_regressions.py runs that path through the services)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from kfactory.bus import events as ev
+from kfactory.judge.checks import RegressionInput
+from kfactory.judge.measure import Timing
+from kfactory.services.benchmarker.service import failed_in
 from kfactory.services.memory.archive import Archive
 from kfactory.v1 import events_pb2 as pb
 
@@ -19,27 +23,34 @@ def _cand(cid: str) -> pb.Candidate:
                         origin="template:cpu_c", params_json="{}")
 
 
-def _showdown(failed: str, reason: pb.RejectReason, checks: list[pb.Check]) -> pb.Event:
-    comp = pb.Comparison(shape="4096x4096", candidate_id="k1", showdown=True, failed_candidate=failed,
-                         failed_reason=reason, error=f"{pb.RejectReason.Name(reason)}: set 3 is wrong")
-    comp.checks.extend(checks)
-    return ev.make_event("c1", "benchmarker", f"showdown:k1:{failed}:{reason}", comparison=comp)
+def _comparison(key: str, failed: str, reason: pb.RejectReason, dist: str | None, seed: int = 1234567,
+                showdown: bool = True) -> pb.Event:
+    """The benchmarker's answer when `failed` failed with `reason`, exposed by the set drawn from (dist, seed)."""
+    comp = pb.Comparison(shape="4096x4096", candidate_id="k1", showdown=showdown)
+    failed_in(comp, Timing(reason=reason, failed_key=failed, message="4096x4096: output of the timed calls (set 3) "
+                           "is wrong", failed_input=RegressionInput("4096x4096", dist, seed) if dist else None))
+    assert comp.error.startswith(pb.RejectReason.Name(reason)) and comp.failed_reason == reason
+    return ev.make_event("c1", "benchmarker", key, comparison=comp)
 
 
-def test_a_showdown_that_found_a_kernel_wrong_leaves_its_input_as_a_regression_input(tmp_path):
-    wrong = pb.Check(shape="4096x4096", distribution="normal", seed=1234567, note="set 3 is wrong")
+def test_a_comparison_that_found_a_kernel_wrong_leaves_its_input_as_a_regression_input(tmp_path):
     archive = Archive(tmp_path / "archive.sqlite")
     try:
         for e in [*chain("c1", _cand("k1"), 0.005), *chain("c1", _cand("k2"), 0.0051)]:
             archive.record(e)
+        # nothing exposed by an input (a probe after the timing, a crash), a kernel no campaign ever passed, a
+        # baseline (no candidate): nothing is kept
+        for i, (failed, reason, dist) in enumerate([("k2", pb.WRONG_RESULT, None), ("k2", pb.CRASHED, None),
+                                                    ("k9", pb.WRONG_RESULT, "normal"),
+                                                    ("baseline:numpy", pb.WRONG_RESULT, "normal")]):
+            archive.record(_comparison(f"s{i}", failed, reason, dist))
         assert archive.regressions("softmax") == []
-        # a crash exposes no input, and a kernel no campaign ever passed is not a regression
-        archive.record(_showdown("k2", pb.CRASHED, [wrong]))
-        archive.record(_showdown("k9", pb.WRONG_RESULT, [wrong]))
-        assert archive.regressions("softmax") == []
-        archive.record(_showdown("k2", pb.WRONG_RESULT, [wrong]))
+        archive.record(_comparison("showdown", "k2", pb.WRONG_RESULT, "normal"))
+        archive.record(_comparison("final", "k1", pb.WRONG_RESULT, "device:normal", seed=99, showdown=False))
         kept = archive.regressions("softmax")
     finally:
         archive.close()
     assert [(r.shape, r.distribution, r.seed, r.candidate_id, r.campaign_id, r.reason) for r in kept] == \
-        [("4096x4096", "normal", 1234567, "k2", "c1", "WRONG_RESULT")]
+        [("4096x4096", "normal", 1234567, "k2", "c1", "WRONG_RESULT"),
+         ("4096x4096", "device:normal", 99, "k1", "c1", "WRONG_RESULT")]
+    assert kept[0].note.startswith("4096x4096: output of the timed calls")   # the check's words, not the error's

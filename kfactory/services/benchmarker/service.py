@@ -11,7 +11,7 @@ from kfactory.engines.stages.benchmarker import measure_engine
 from kfactory.judge.screening import screen, screened_out
 from kfactory.judge import quiet
 from kfactory.judge.checks import InputPool
-from kfactory.judge.measure import drawn_ahead, measure
+from kfactory.judge.measure import Timing, drawn_ahead, measure
 from kfactory.judge.rotated import measure_rotated
 from kfactory.judge.order import screen_key
 from kfactory.platform.service import RunnerService
@@ -248,13 +248,7 @@ class BenchmarkerService(RunnerService):
                 await self.work(session.unload, k, part="unload")
         comp = pb.Comparison(shape=problem.shape_str(shape), candidate_id=cand.id, device=device, showdown=True)
         if res.reason:
-            comp.error = f"{pb.RejectReason.Name(res.reason)}: {res.message}"
-            comp.failed_candidate = res.failed_key  # the planner never makes it the result
-            comp.failed_reason = res.reason
-            if res.failed_input:  # the set that exposed it: memory keeps it as a regression input
-                f = res.failed_input
-                comp.checks.append(pb.Check(shape=f.shape, distribution=f.distribution, seed=f.seed,
-                                            note=res.message))
+            failed_in(comp, res)  # the planner never makes failed_candidate the result
         else:
             for k in keys:
                 comp.entries.append(pb.ComparisonEntry(name=names[k], candidate_id=k, timing=res.timings[k]))
@@ -302,7 +296,7 @@ class BenchmarkerService(RunnerService):
                 sname = problem.shape_str(shape)
                 comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device)
                 if res.reason:
-                    comp.error = f"{pb.RejectReason.Name(res.reason)}: {res.message}"
+                    failed_in(comp, res)
                 for name, key in keys.items():
                     if key in res.timings:
                         comp.entries.append(pb.ComparisonEntry(name=name, candidate_id=key, timing=res.timings[key]))
@@ -310,3 +304,14 @@ class BenchmarkerService(RunnerService):
                 await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, f"{cand.id}:{sname}",
                                                      comparison=comp))
         return Ack()
+
+
+def failed_in(comp: pb.Comparison, res: Timing) -> None:
+    """A comparison's failure (a measure Timing with a reason): `error` in words, the kernel that failed, its typed
+    reason, and the check of the set that exposed it where an input did (memory keeps it as a regression input,
+    as a rejected measurement's)."""
+    comp.error = f"{pb.RejectReason.Name(res.reason)}: {res.message}"
+    comp.failed_candidate, comp.failed_reason = res.failed_key, pb.RejectReason.Name(res.reason)
+    if res.failed_input:
+        f = res.failed_input
+        comp.checks.append(pb.Check(shape=f.shape, distribution=f.distribution, seed=f.seed, note=res.message))

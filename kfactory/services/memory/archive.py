@@ -286,7 +286,7 @@ class Archive:
             self.db.execute("UPDATE campaigns SET state=?, finished_ns=?, summary_json=? WHERE id=?",
                             (f.state, t, f.summary_json, c))
         elif kind == "comparison":
-            self._showdown_regression(event)
+            self._comparison_regression(event)
         elif cand is None:  # every kind below carries a candidate (ev.candidate_of); any other kind derives nothing
             return
         elif kind == "candidate_created":
@@ -319,16 +319,18 @@ class Archive:
         """A kernel that passed before (any campaign) found wrong now: keep the input that exposed it."""
         self._keep_regression(event, rej.reason, rej.message, rej.checks, cand.id, cand.problem)
 
-    def _showdown_regression(self, event: pb.Event) -> None:
-        """A showdown that found one of its kernels wrong (Comparison.failed_candidate): keep the input that
-        exposed it, as a rejected measurement's. The kernel's problem is its archived candidate's."""
+    def _comparison_regression(self, event: pb.Event) -> None:
+        """A comparison (a showdown, or the final one) that found a kernel wrong (Comparison.failed_candidate): keep
+        the input that exposed it, as a rejected measurement's. The kernel's problem is its archived candidate's
+        in the campaign (a baseline, which no campaign measured, has none: nothing is kept)."""
         comp = event.comparison
-        if not (comp.showdown and comp.failed_candidate and comp.checks):
+        if not (comp.failed_candidate and comp.checks):
             return
         row = self.db.execute("SELECT problem FROM candidates WHERE id=? AND campaign=?",
                               (comp.failed_candidate, event.campaign_id)).fetchone()
         if row is not None:
-            self._keep_regression(event, comp.failed_reason, comp.error, comp.checks, comp.failed_candidate, row[0])
+            self._keep_regression(event, comp.failed_reason, comp.checks[-1].note, comp.checks,
+                                  comp.failed_candidate, row[0])
 
     def _keep_regression(self, event: pb.Event, reason: int, message: str, checks, cand_id: str,
                          problem: str) -> None:
