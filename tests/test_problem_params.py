@@ -47,7 +47,9 @@ SPEC = {
     "params": {"alpha": {"type": "float", "value": 2.5, "min": 0.0, "max": 10.0, "doc": "the scale"},
                "shift": 3},
     "shapes": {"optimize": [{"n": 4096}], "verify": [{"n": 1}, {"n": 33}]},
-    "distributions": {"normal": {"x": {"kind": "normal", "mean": 0.0, "std": 1.0}}},
+    # x around 1 (never within 30 sigma of -1.2): y = 2.5 x + 3 stays far from 0, where one element's float32
+    # rounding is a relative error over norm_rel (a right kernel failed n = 1 in about 1 of 270 draws at N(0, 1))
+    "distributions": {"normal": {"x": {"kind": "normal", "mean": 1.0, "std": 0.07}}},
     "tolerance": {"float32": {"atol": 1.0e-5, "rtol": 1.0e-5, "norm_rel": 1.0e-5}},
     "cost": {"bytes": "8 * n", "flops": "2 * n"},
     "abi": {"cpu": {"signature": "void kernel(const float *x, float *y, long long n, float alpha)",
