@@ -243,6 +243,15 @@ def compare_bests(args, a: dict, b: dict, root: Path) -> dict:
             for name, timed in blocks.items()}
 
 
+def geometric_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """(geometric mean, and its 95% t-interval's ends) of ratios; one ratio's interval is (0, inf)."""
+    logs = np.log(ratios)
+    mean = float(np.mean(logs))
+    half = float(student_t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs))) \
+        if len(logs) > 1 else float("inf")
+    return float(np.exp(mean)), float(np.exp(mean - half)), float(np.exp(mean + half))
+
+
 def _block_ratios(timed: list[dict[str, float]]) -> dict:
     """new/baseline, control/baseline and new/control over blocks of medians: each the geometric mean of the
     blocks' ratios, its 95% t-interval, and whether that interval leaves out 1. new/control sets the new kernel
@@ -253,14 +262,11 @@ def _block_ratios(timed: list[dict[str, float]]) -> dict:
                                     ("control", "baseline", "control_over_baseline", "control", "control_significant"),
                                     ("new", "control", "new_over_control", "new_over_control",
                                      "new_over_control_significant")):
-        logs = np.log([t[a] / t[b] for t in timed])
-        mean = float(np.mean(logs))
-        half = float(student_t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs))) \
-            if len(logs) > 1 else float("inf")
-        lo, hi = float(np.exp(mean - half)), float(np.exp(mean + half))
-        out[name] = round(float(np.exp(mean)), 4)
+        ratios = [t[a] / t[b] for t in timed]
+        geomean, lo, hi = geometric_interval(ratios)
+        out[name] = round(geomean, 4)
         out[f"{label}_interval"] = [round(lo, 4), round(hi, 4)]
-        out[f"{label}_blocks"] = [round(float(np.exp(x)), 4) for x in logs]
+        out[f"{label}_blocks"] = [round(float(x), 4) for x in ratios]
         out[flag] = bool(hi < 1 or lo > 1)
     return out
 
@@ -372,13 +378,10 @@ def over_seeds(runs: list[dict]) -> dict:
     out["best_new_over_baseline"] = [round(b, 4) for b in best]
     out["best_no_worse_over_seeds"] = None   # an interval over seeds needs two of them
     if len(best) > 1:
-        logs = np.log(best)
-        half = float(student_t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs)))
-        mean = float(np.mean(logs))
-        out["best_new_over_baseline_geomean"] = round(float(np.exp(mean)), 4)
-        out["best_new_over_baseline_interval"] = [round(float(np.exp(mean - half)), 4),
-                                                  round(float(np.exp(mean + half)), 4)]
-        out["best_no_worse_over_seeds"] = bool(np.exp(mean - half) <= 1.0)
+        geomean, lo, hi = geometric_interval(best)
+        out["best_new_over_baseline_geomean"] = round(geomean, 4)
+        out["best_new_over_baseline_interval"] = [round(lo, 4), round(hi, 4)]
+        out["best_no_worse_over_seeds"] = bool(lo <= 1.0)
     return out
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kfactory.platform import hostthreads
+from kfactory.targets.cuda.judge_kernels import STATS, merge
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -209,7 +210,7 @@ def _fast(out: np.ndarray, ref: np.ndarray):
            atol, rtol, ctypes.byref(st))
         return st
 
-    def run(o, r, atol, rtol) -> _Stats:
+    def run(o, r, atol, rtol):
         if o.size <= PARALLEL_CHUNK:
             return one(o, r, atol, rtol)
         o, r = o.reshape(-1), r.reshape(-1)
@@ -226,24 +227,17 @@ def _fast(out: np.ndarray, ref: np.ndarray):
 PARALLEL_CHUNK = 1 << 22
 
 
-def merged(parts: list, starts: list[int]) -> _Stats:
+def merged(parts: list, starts: list[int]) -> types.SimpleNamespace:
     """One comparison's figures from its parts' (each over the elements from its start on), as one pass over the
-    whole would give them: sums added in order, maxima kept, the first index of the largest excess, the first
-    non-finite output."""
-    st = _Stats()
-    st.worst_excess, st.out_bad_first = -np.inf, -1
-    for p, lo in zip(parts, starts):
-        st.diff_sq += p.diff_sq
-        st.ref_sq += p.ref_sq
-        st.max_abs, st.max_rel = max(st.max_abs, p.max_abs), max(st.max_rel, p.max_rel)
-        if p.finite and p.worst_excess > st.worst_excess:   # a later part wins only by a larger excess
-            st.worst_excess, st.worst = p.worst_excess, lo + p.worst
-        st.finite += p.finite
-        st.pattern_bad += p.pattern_bad
-        if p.out_bad and st.out_bad == 0:
-            st.out_bad_first = lo + p.out_bad_first
-        st.out_bad += p.out_bad
-    return st
+    whole would give them: the parts' indices made the whole's, then merged as the device's per-block partials
+    are (kfactory.targets.cuda.judge_kernels.merge: sums added in order, maxima kept, the first index of the
+    largest excess, the first non-finite output)."""
+    p = np.array([tuple(getattr(part, field[0]) for field in _Stats._fields_) for part in parts], dtype=STATS)
+    at = np.asarray(starts, dtype=np.int64)
+    p["worst"] += at
+    bad = p["out_bad"] > 0
+    p["out_bad_first"][bad] += at[bad]
+    return types.SimpleNamespace(**merge(p))
 
 
 def check_from_figures(figures: dict, atol: float, rtol: float, norm_rel: float) -> pb.Check:

@@ -68,6 +68,17 @@ def build_argset(problem, abi_args: list[str], bufs: ShmBuffers, shape: dict[str
     return ordered + [a for a in args if a["name"] not in abi_args], views
 
 
+def bench_argsets(problem, abi_args: list[str], bufs: ShmBuffers, shape: dict[str, int], keys: list[str],
+                  input_sets: list[dict[str, np.ndarray]]) -> dict[str, list[tuple[list[dict], dict[str, np.ndarray]]]]:
+    """Per key, build_argset's (arguments, views) of every input set, on buffers of its own: a bench's; every
+    write made at once (write_all)."""
+    writes: list = []
+    per_key = {k: [build_argset(problem, abi_args, bufs, shape, inp, writes=writes) for inp in input_sets]
+               for k in keys}
+    write_all(writes)
+    return per_key
+
+
 def write_all(writes: list) -> None:
     """Make build_argset's writes, on the host's shared threads (kfactory.platform.hostthreads) when they are
     large: a timing pool of 4096x4096 sets is a GiB to write, which one thread writes at half the speed of two."""

@@ -22,8 +22,8 @@ from kfactory.targets.cpu.cpuinfo import cpu_flags, read_cpuinfo
 from kfactory.targets.cpu.rules import check_imports, check_source
 from kfactory.targets.flags import FlagRefused, check_flags
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target, check_not_interrupted
-from kfactory.sandbox.shm_args import (bench_bytes, build_argset, call_bytes, sequence_results, stage_steps,
-                                       write_all)
+from kfactory.sandbox.shm_args import (bench_argsets, bench_bytes, build_argset, call_bytes, sequence_results,
+                                       stage_steps)
 from kfactory.v1 import events_pb2 as pb
 
 COMPILE_TIMEOUT_S = 120
@@ -215,10 +215,7 @@ class CpuSession(Session):
         with request_buffers(self.ring, bench_bytes(self.problem, shape, len(keys), len(input_sets)),
                              reserve=True) as (bufs, keep):
             with span("buffers"):
-                writes: list = []
-                per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp, writes=writes)
-                                for inp in input_sets] for k in keys}
-                write_all(writes)
+                per_key = bench_argsets(self.problem, self.abi_args, bufs, shape, keys, input_sets)
             req = Bench([BenchKernel(k, [a for a, _ in per_key[k]]) for k in keys], min_samples=min_samples,
                         min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, precision=precision, keep=keep)
             # this host's cores are the device: the process's compiles and draws ahead keep off them meanwhile

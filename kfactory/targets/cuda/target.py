@@ -26,8 +26,8 @@ from kfactory.targets.cuda import judge_device, judge_kernels, nvml
 from kfactory.targets.base import (BenchResult, CallResult, CompileResult, DeviceChecked, DeviceCheckUnavailable,
                                    Session, Target)
 from kfactory.targets.cpu.ceiling import read_cached, write_cached
-from kfactory.sandbox.shm_args import (bench_bytes, build_argset, call_bytes, sequence_results, stage_steps,
-                                       write_all)
+from kfactory.sandbox.shm_args import (bench_argsets, bench_bytes, build_argset, call_bytes, sequence_results,
+                                       stage_steps)
 from kfactory.v1 import events_pb2 as pb
 
 log = get_logger("cuda")
@@ -295,10 +295,7 @@ class CudaSession(Session):
         probe. NVML is read before and after (the result's telemetry); a throttled measurement is retried once."""
         nbytes = bench_bytes(self.problem, shape, len(keys), len(input_sets))
         with request_buffers(self.ring, nbytes, reserve=True) as (bufs, keep):
-            writes: list = []
-            per_key = {k: [build_argset(self.problem, self.abi_args, bufs, shape, inp, writes=writes)
-                            for inp in input_sets] for k in keys}
-            write_all(writes)
+            per_key = bench_argsets(self.problem, self.abi_args, bufs, shape, keys, input_sets)
             base = Bench([BenchKernel(k, [a for a, _ in per_key[k]]) for k in keys], min_samples=min_samples,
                          min_s=min_s, max_s=max_s, noise=noise, warmup_s=warmup_s, precision=precision,
                          shape=dict(shape), keep=keep)
