@@ -27,6 +27,7 @@ CREATE TABLE IF NOT EXISTS events (
   producer TEXT, candidate TEXT, time_ns INTEGER, payload BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS events_campaign ON events(campaign, seq);
 CREATE INDEX IF NOT EXISTS events_candidate ON events(candidate, seq);
+CREATE INDEX IF NOT EXISTS events_kind ON events(campaign, kind);
 CREATE TABLE IF NOT EXISTS campaigns (
   id TEXT PRIMARY KEY, problem TEXT, target TEXT, strategy TEXT, device TEXT, state TEXT,
   started_ns INTEGER, finished_ns INTEGER, summary_json TEXT);
@@ -294,6 +295,7 @@ class Archive:
                             (c, cand.id, cand.problem, cand.target, cand.family, cand.origin, cand.params_json,
                              cand.point_id, cand.source_digest, cand.compile_flags))
             self.db.executemany("INSERT OR IGNORE INTO parents VALUES (?,?)", [(cand.id, p) for p in cand.parents])
+            self._owed_regressions(c, cand.id)
         elif kind == "measured":
             m = event.measured
             if m.round >= 2:   # a later timing round (kfactory/engines/finale.py) is archived as its event only:
@@ -305,6 +307,7 @@ class Archive:
                             (c, cand.id, cand.point_id, "benchmarker", "measured", "", t))
         elif kind == "verified":
             self.db.execute("INSERT OR IGNORE INTO passed VALUES (?,?,?)", (cand.id, c, t))
+            self._owed_regressions(c, cand.id)
         elif kind in ("rejected", "compile_failed"):
             body = getattr(event, kind)
             if kind == "rejected":
@@ -331,6 +334,16 @@ class Archive:
         if row is not None:
             self._keep_regression(event, comp.failed_reason, comp.checks[-1].note, comp.checks,
                                   comp.failed_candidate, row[0])
+
+    def _owed_regressions(self, campaign: str, cand_id: str) -> None:
+        """The comparisons of the campaign archived before the kernel they found wrong was (memory's order can
+        differ from the stream's after a restart; a comparison waits only for its own candidate's measurement):
+        now that the kernel's candidate or its pass is here, keep their inputs (kept once: the key is the input)."""
+        for (payload,) in self.db.execute("SELECT payload FROM events WHERE campaign=? AND kind='comparison'",
+                                          (campaign,)).fetchall():
+            event = pb.Event.FromString(payload)
+            if event.comparison.failed_candidate == cand_id:
+                self._comparison_regression(event)
 
     def _keep_regression(self, event: pb.Event, reason: int, message: str, checks, cand_id: str,
                          problem: str) -> None:
