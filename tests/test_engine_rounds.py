@@ -10,6 +10,7 @@ import json
 import pytest
 
 from kfactory.bus import events as ev
+from kfactory.bus.base import DLQ_PAYLOAD_MAX, dead_letter_of
 from kfactory.engines.finale import EngineFinale, requests, showdown_requests
 from kfactory.engines import pipeline
 from kfactory.engines.design import EngineDesign
@@ -63,7 +64,7 @@ def test_the_showdown_is_planned_from_the_archived_rounds():
         {FAST.design_id(), NEAR.design_id(), FAR.design_id()}
 
 
-@pytest.mark.parametrize("fault", ["rejected", "dead_letter"])
+@pytest.mark.parametrize("fault", ["rejected", "dead_letter", "cut_dead_letter"])
 def test_the_showdown_is_folded_back_and_decides(tmp_path, fault):
     events = [*_campaign(), _measured(FAR, 100.0, 2)]
     # NEAR beats FAST x1.05 in every round although its first timing was slower; it spins, and x1.05 is within
@@ -89,11 +90,14 @@ def test_the_showdown_is_folded_back_and_decides(tmp_path, fault):
         faulted.append(ev.make_event(CID, "benchmarker", FAST.design_id() + ":round4", rejected=pb.Rejected(
             stage="benchmarker", reason=pb.CRASHED, message="bench failed: engine fault", candidate=_cand(FAST),
             figures={"round": 4})))
-    else:
+    else:   # as the bus letters it; a request over the letters' payload limit is cut, and no longer decodes
         request = pb.Verified(candidate=_cand(FAST), artifact_digest="a" * 64, round=4)
-        faulted.append(ev.make_event(CID, "benchmarker", "dl", dead_letter=pb.DeadLetter(
-            stage="benchmarker", cause=pb.HARNESS_FAILED, payload=ev.make_event(
-                CID, "planner", FAST.design_id() + ":round4", verified=request).SerializeToString())))
+        if fault == "cut_dead_letter":
+            request.checks.add(note="x" * DLQ_PAYLOAD_MAX)
+        data = ev.make_event(CID, "planner", FAST.design_id() + ":round4", verified=request).SerializeToString()
+        letter = dead_letter_of("benchmarker", "work.benchmarker", data, "lock held", 5, pb.HARNESS_FAILED)
+        assert (ev.decoded(letter.payload) is None) == (fault == "cut_dead_letter")
+        faulted.append(ev.make_event(CID, "benchmarker", "dl", dead_letter=letter))
     record = pipeline.write(faulted, "m", tmp_path, tmp_path, pb.CampaignSpec(target="cpu", budget_candidates=3),
                             1e-4, started="t2", rounds=1, showdown=rule)
     sd = record["showdown"]
@@ -139,6 +143,24 @@ def test_the_finale_asks_for_the_first_request_still_unanswered():
     for e in (_measured(NEAR, 157.5, 3), _measured(NEAR, 168.0, 4), _measured(FAST, 160.0, 4)):
         fin.fold(e)
     assert fin.next() is None and fin.winner() == FAST.design_id()
+
+
+def test_a_request_whose_dead_letter_was_cut_is_answered_by_it():
+    """A re-timing request over the dead letters' payload limit is kept cut, which no longer decodes; the letter's
+    own candidate and round (read from the whole message) still answer the request, so the finale goes on at
+    once instead of waiting for an answer that will never come."""
+    fin = EngineFinale(1, Rule(rounds=2, margin=1.15))
+    for e in _answered_noise():
+        fin.fold(e)
+    req = fin.next()
+    assert (req.candidate.id, req.round) == (FAST.design_id(), 3)
+    req.checks.add(note="x" * DLQ_PAYLOAD_MAX)
+    data = ev.make_event(CID, "planner", "r", verified=req).SerializeToString()
+    letter = dead_letter_of("benchmarker", "work.benchmarker", data, "harness failed", 5, pb.HARNESS_FAILED)
+    assert ev.decoded(letter.payload) is None and (letter.candidate_id, letter.round) == (FAST.design_id(), 3)
+    fin.fold(ev.make_event(CID, "benchmarker", "dl", dead_letter=letter))
+    assert (FAST.design_id(), 3) in fin.answered and FAST.design_id() in fin.faulted
+    assert (fin.next().candidate.id, fin.next().round) == (NEAR.design_id(), 3)
 
 
 def test_without_showdown_rounds_the_finale_times_the_noise_and_decides_nothing():

@@ -50,6 +50,21 @@ class Stored:
     data: bytes
 
 
+def dead_letter_of(stage: str, subject: str, data: bytes, reason: str, deliveries: int,
+                   cause: pb.DeadLetterCause) -> pb.DeadLetter:
+    """The dead letter of work message `data`: its payload cut to DLQ_PAYLOAD_MAX (a dead letter must itself fit
+    in a message), and the point, candidate and timing round the work was about read from the whole message (a
+    cut payload no longer decodes; see DeadLetter)."""
+    if len(data) > DLQ_PAYLOAD_MAX:
+        reason += f" (payload cut to its first {DLQ_PAYLOAD_MAX} of {len(data)} bytes)"
+    dl = pb.DeadLetter(stage=stage, subject=subject, reason=reason, deliveries=deliveries,
+                       payload=data[:DLQ_PAYLOAD_MAX], payload_bytes=len(data), cause=cause)
+    if (inner := ev.decoded(data)) is not None and (work := ev.work_of(inner)) is not None:
+        dl.point_id, dl.candidate_id = work[0], work[1].id if work[1] is not None else ""
+        dl.round = inner.verified.round if inner.HasField("verified") else 0
+    return dl
+
+
 class Bus(ABC):
     """kfactory's message bus: work queues, the events stream, dead letters and the artifact store."""
 
@@ -187,12 +202,7 @@ class Bus(ABC):
         `work_seq` is the message's sequence on the work stream: work sent back from the dead letters is a new
         message with the same bytes, and if it dies again that is a second dead letter, not a duplicate of the
         first (a redelivery of the same message, as after a crash between here and its term, still is)."""
-        if len(data) > DLQ_PAYLOAD_MAX:  # a dead letter must itself fit in a message
-            reason += f" (payload cut to its first {DLQ_PAYLOAD_MAX} of {len(data)} bytes)"
-        dl = pb.DeadLetter(stage=stage, subject=subject, reason=reason, deliveries=deliveries,
-                           payload=data[:DLQ_PAYLOAD_MAX], payload_bytes=len(data), cause=cause)
-        if (work := ev.work_of_message(data)) is not None:   # read here, from the whole message (see DeadLetter)
-            dl.point_id, dl.candidate_id = work[0], work[1].id if work[1] is not None else ""
+        dl = dead_letter_of(stage, subject, data, reason, deliveries, cause)
         key = ev.sha256_hex(f"{subject}:{work_seq}:".encode() + data)[:24]
         event = ev.make_event(campaign_id or "unknown", self.name, key, dead_letter=dl)
         await self._publish(f"{ev.DLQ_PREFIX}.{stage}.{campaign_id or 'unknown'}", event.SerializeToString(),

@@ -94,12 +94,22 @@ def dead_work(letter: pb.DeadLetter) -> tuple[str, pb.Candidate | None] | None:
     return work_of_message(letter.payload)
 
 
-def work_of_message(data: bytes) -> tuple[str, pb.Candidate | None] | None:
-    """(point id, candidate or None) of a work message's bytes; None when they are no event or about no point."""
+def decoded(data: bytes) -> pb.Event | None:
+    """The event a message's bytes hold; None when they hold none (a payload cut to fit a dead letter, say)."""
     try:
-        inner = pb.Event.FromString(data)
+        return pb.Event.FromString(data)
     except DecodeError:
         return None
+
+
+def work_of_message(data: bytes) -> tuple[str, pb.Candidate | None] | None:
+    """(point id, candidate or None) of a work message's bytes; None when they are no event or about no point."""
+    inner = decoded(data)
+    return None if inner is None else work_of(inner)
+
+
+def work_of(inner: pb.Event) -> tuple[str, pb.Candidate | None] | None:
+    """(point id, candidate or None) of a work message's event; None when it is about no point."""
     cand = candidate_of(inner)
     if inner.HasField("point_proposed"):
         return inner.point_proposed.point_id, cand

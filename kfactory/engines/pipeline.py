@@ -36,8 +36,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
 from kfactory.bus import events as ev
 from kfactory.engines.campaign import (CONTEXT, DECODE_TOKENS, REPEATS, VERIFIED, DesignResult, write_record)
 from kfactory.engines.design import EngineDesign
@@ -175,12 +173,14 @@ def showdown_of(events: list[pb.Event], before: list[DesignResult], rounds: int,
     if not ids:
         return None
     sd = Showdown(ids, rule.rounds)
+    # a cut dead letter's answer names its candidate by id only: the design is its first measurement's
+    known = {e.measured.candidate.id: e.measured.candidate for e in events if e.HasField("measured")}
     for e in events:
         answer = retiming_answer(e)
         if answer is None or answer[1] < rounds + 2:
             continue
         cand, round_, measured = answer
-        design_id = design_id_of(cand)
+        design_id = design_id_of(known.get(cand.id, cand))
         if design_id not in sd.timings:
             continue
         if measured is None:
@@ -200,11 +200,12 @@ def retiming_answer(e: pb.Event) -> tuple[pb.Candidate, int, pb.Measured | None]
     if kind == "rejected" and (r := ev.timing_round(e.rejected)) >= 2:
         return e.rejected.candidate, r, None
     if kind == "dead_letter":
-        try:
-            work = pb.Event.FromString(e.dead_letter.payload)
-        except DecodeError:   # a payload cut to fit the dead letter: not known
-            return None
-        if work.HasField("verified") and work.verified.round >= 2:
+        dl = e.dead_letter
+        if dl.payload_bytes > len(dl.payload):   # cut to fit: the letter names the work itself (its ids only)
+            cand = pb.Candidate(id=dl.candidate_id, point_id=dl.point_id)
+            return (cand, dl.round, None) if dl.round >= 2 and dl.candidate_id else None
+        work = ev.decoded(dl.payload)
+        if work is not None and work.HasField("verified") and work.verified.round >= 2:
             return work.verified.candidate, work.verified.round, None
     return None
 

@@ -603,7 +603,7 @@ class Finding(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., problem: _Optional[str] = ..., shape: _Optional[str] = ..., device: _Optional[str] = ..., candidate_id: _Optional[str] = ..., value: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
-    __slots__ = ("stage", "subject", "reason", "deliveries", "payload", "payload_bytes", "cause", "point_id", "candidate_id")
+    __slots__ = ("stage", "subject", "reason", "deliveries", "payload", "payload_bytes", "cause", "point_id", "candidate_id", "round")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -613,6 +613,7 @@ class DeadLetter(_message.Message):
     CAUSE_FIELD_NUMBER: _ClassVar[int]
     POINT_ID_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     stage: str
     subject: str
     reason: str
@@ -622,7 +623,8 @@ class DeadLetter(_message.Message):
     cause: DeadLetterCause
     point_id: str
     candidate_id: str
-    def __init__(self, stage: _Optional[str] = ..., subject: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., payload: _Optional[bytes] = ..., payload_bytes: _Optional[int] = ..., cause: _Optional[_Union[DeadLetterCause, str]] = ..., point_id: _Optional[str] = ..., candidate_id: _Optional[str] = ...) -> None: ...
+    round: int
+    def __init__(self, stage: _Optional[str] = ..., subject: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., payload: _Optional[bytes] = ..., payload_bytes: _Optional[int] = ..., cause: _Optional[_Union[DeadLetterCause, str]] = ..., point_id: _Optional[str] = ..., candidate_id: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
 
 class ResendRequested(_message.Message):
     __slots__ = ("dlq_seq", "requested_by")
