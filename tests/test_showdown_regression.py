@@ -5,6 +5,8 @@ input, as it keeps a rejected measurement's: every later verification of the pro
 from __future__ import annotations
 
 import sys
+
+import pytest
 from pathlib import Path
 
 from kfactory.bus import events as ev
@@ -56,23 +58,33 @@ def test_a_comparison_that_found_a_kernel_wrong_leaves_its_input_as_a_regression
     assert kept[0].note.startswith("4096x4096: output of the timed calls")   # the check's words, not the error's
 
 
-def test_a_comparison_archived_before_the_kernel_it_found_wrong_keeps_its_input_once_that_kernel_is_here(tmp_path):
+@pytest.mark.parametrize("order", [("verified", "compiled", "created", "measured"),   # the pass first
+                                   ("created", "compiled", "verified", "measured"),   # the candidate first
+                                   ("created", "elsewhere")])   # its only pass in another campaign
+def test_a_comparison_archived_before_the_kernel_it_found_wrong_keeps_its_input_once_that_kernel_is_here(
+        tmp_path, order):
     """After a restart memory may read a showdown before its failed contender's chain (a comparison waits only for
-    its own candidate's measurement): the input is kept when the contender's pass arrives, and only once."""
+    its own candidate's measurement): the input is owed, and kept once the contender's candidate and a pass of it
+    (any campaign's) are archived, whichever comes last; only once."""
     archive = Archive(tmp_path / "archive.sqlite")
     try:
         for e in chain("c1", _cand("k1"), 0.005):
             archive.record(e)
         archive.record(_comparison("showdown", "k2", pb.WRONG_RESULT, "normal"))
-        assert archive.regressions("softmax") == []   # k2 is not archived yet: nothing to say it ever passed
         created, compiled, verified, measured = chain("c1", _cand("k2"), 0.0051)
-        for e in (verified, compiled):   # the pass before the candidate: its problem is not known yet
-            archive.record(e)
-        assert archive.regressions("softmax") == []
-        for e in (created, measured):
-            archive.record(e)
+        elsewhere = ev.make_event("c2", "verifier", "k2", verified=verified.verified)
+        events = {"created": created, "compiled": compiled, "verified": verified, "measured": measured,
+                  "elsewhere": elsewhere}
+        archive.record(ev.make_event("c2", "planner", "start", campaign_started=pb.CampaignStarted()))
+        kept_after = []
+        for step in order:
+            archive.record(events[step])
+            kept_after.append(len(archive.regressions("softmax")))
         archive.record(ev.make_event("c1", "verifier", "k2-again", verified=verified.verified))   # a second pass
         kept = archive.regressions("softmax")
     finally:
         archive.close()
-    assert [(r.seed, r.candidate_id, r.reason) for r in kept] == [(1234567, "k2", "WRONG_RESULT")]
+    # nothing until both the candidate and a pass are here
+    settled = max(order.index("created"), order.index("verified" if "verified" in order else "elsewhere"))
+    assert kept_after == [0] * settled + [1] * (len(order) - settled)
+    assert [(r.seed, r.candidate_id, r.campaign_id, r.reason) for r in kept] == [(1234567, "k2", "c1", "WRONG_RESULT")]

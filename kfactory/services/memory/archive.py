@@ -27,7 +27,6 @@ CREATE TABLE IF NOT EXISTS events (
   producer TEXT, candidate TEXT, time_ns INTEGER, payload BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS events_campaign ON events(campaign, seq);
 CREATE INDEX IF NOT EXISTS events_candidate ON events(candidate, seq);
-CREATE INDEX IF NOT EXISTS events_kind ON events(campaign, kind);
 CREATE TABLE IF NOT EXISTS campaigns (
   id TEXT PRIMARY KEY, problem TEXT, target TEXT, strategy TEXT, device TEXT, state TEXT,
   started_ns INTEGER, finished_ns INTEGER, summary_json TEXT);
@@ -51,6 +50,7 @@ CREATE TABLE IF NOT EXISTS held (
   id TEXT PRIMARY KEY, campaign TEXT NOT NULL, candidate TEXT NOT NULL, reason TEXT, payload BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS held_candidate ON held(campaign, candidate);
 CREATE TABLE IF NOT EXISTS problem_names (locator TEXT PRIMARY KEY, name TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS owed (candidate TEXT NOT NULL, event_id TEXT NOT NULL, PRIMARY KEY (candidate, event_id));
 """
 #: how much of a refused message the archive keeps (enough to tell what it was, never megabytes)
 REFUSED_HEAD_BYTES = 4096
@@ -295,7 +295,7 @@ class Archive:
                             (c, cand.id, cand.problem, cand.target, cand.family, cand.origin, cand.params_json,
                              cand.point_id, cand.source_digest, cand.compile_flags))
             self.db.executemany("INSERT OR IGNORE INTO parents VALUES (?,?)", [(cand.id, p) for p in cand.parents])
-            self._owed_regressions(c, cand.id)
+            self._owed_regressions(cand.id)
         elif kind == "measured":
             m = event.measured
             if m.round >= 2:   # a later timing round (kfactory/engines/finale.py) is archived as its event only:
@@ -307,7 +307,7 @@ class Archive:
                             (c, cand.id, cand.point_id, "benchmarker", "measured", "", t))
         elif kind == "verified":
             self.db.execute("INSERT OR IGNORE INTO passed VALUES (?,?,?)", (cand.id, c, t))
-            self._owed_regressions(c, cand.id)
+            self._owed_regressions(cand.id)
         elif kind in ("rejected", "compile_failed"):
             body = getattr(event, kind)
             if kind == "rejected":
@@ -325,25 +325,32 @@ class Archive:
     def _comparison_regression(self, event: pb.Event) -> None:
         """A comparison (a showdown, or the final one) that found a kernel wrong (Comparison.failed_candidate): keep
         the input that exposed it, as a rejected measurement's. The kernel's problem is its archived candidate's
-        in the campaign (a baseline, which no campaign measured, has none: nothing is kept)."""
+        in the campaign (a baseline, which no campaign measured, has none: nothing is kept). Where the kernel's
+        candidate or its pass is not archived yet (memory's order can differ from the stream's after a restart,
+        and a comparison waits only for its own candidate's measurement), the input is owed until they are
+        (_owed_regressions)."""
         comp = event.comparison
-        if not (comp.failed_candidate and comp.checks):
+        if not (comp.failed_candidate and comp.checks and comp.failed_reason in WRONGNESS):
             return
         row = self.db.execute("SELECT problem FROM candidates WHERE id=? AND campaign=?",
                               (comp.failed_candidate, event.campaign_id)).fetchone()
-        if row is not None:
-            self._keep_regression(event, comp.failed_reason, comp.checks[-1].note, comp.checks,
-                                  comp.failed_candidate, row[0])
+        if row is None or not self._passed(comp.failed_candidate):
+            self.db.execute("INSERT OR IGNORE INTO owed VALUES (?,?)", (comp.failed_candidate, event.id))
+            return
+        self.db.execute("DELETE FROM owed WHERE candidate=? AND event_id=?", (comp.failed_candidate, event.id))
+        self._keep_regression(event, comp.failed_reason, comp.checks[-1].note, comp.checks,
+                              comp.failed_candidate, row[0])
 
-    def _owed_regressions(self, campaign: str, cand_id: str) -> None:
-        """The comparisons of the campaign archived before the kernel they found wrong was (memory's order can
-        differ from the stream's after a restart; a comparison waits only for its own candidate's measurement):
-        now that the kernel's candidate or its pass is here, keep their inputs (kept once: the key is the input)."""
-        for (payload,) in self.db.execute("SELECT payload FROM events WHERE campaign=? AND kind='comparison'",
-                                          (campaign,)).fetchall():
-            event = pb.Event.FromString(payload)
-            if event.comparison.failed_candidate == cand_id:
-                self._comparison_regression(event)
+    def _owed_regressions(self, cand_id: str) -> None:
+        """The comparisons (of any campaign) that owe a regression input for this kernel: settled now that its
+        candidate or a pass of it is here (kept once: the regressions' key is the input)."""
+        for (payload,) in self.db.execute("SELECT e.payload FROM owed o JOIN events e ON e.id = o.event_id "
+                                          "WHERE o.candidate=?", (cand_id,)).fetchall():
+            self._comparison_regression(pb.Event.FromString(payload))
+
+    def _passed(self, cand_id: str) -> bool:
+        """Whether the kernel passed a verification (any campaign)."""
+        return self.db.execute("SELECT 1 FROM passed WHERE candidate=?", (cand_id,)).fetchone() is not None
 
     def _keep_regression(self, event: pb.Event, reason: int, message: str, checks, cand_id: str,
                          problem: str) -> None:
@@ -351,8 +358,7 @@ class Archive:
         it was wrong. Only inputs that can be re-drawn from a declared distribution and a seed are kept (not the
         memoisation probe's call sequences)."""
         # record() holds the lock: query the connection directly
-        if reason not in WRONGNESS or not self.db.execute("SELECT 1 FROM passed WHERE candidate=?",
-                                                           (cand_id,)).fetchone():
+        if reason not in WRONGNESS or not self._passed(cand_id):
             return
         failing = next((ch for ch in reversed(checks) if not ch.passed and ch.seed), None)
         if failing is None:
