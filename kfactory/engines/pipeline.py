@@ -180,7 +180,9 @@ def showdown_of(events: list[pb.Event], before: list[DesignResult], rounds: int,
         if answer is None or answer[1] < rounds + 2:
             continue
         cand, round_, measured = answer
-        design_id = design_id_of(known.get(cand.id, cand))
+        if not (cand := known.get(cand.id, cand)).params_json:   # a cut letter's, of a candidate never measured here
+            continue
+        design_id = design_id_of(cand)
         if design_id not in sd.timings:
             continue
         if measured is None:
