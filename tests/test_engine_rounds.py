@@ -98,6 +98,12 @@ def test_the_showdown_is_folded_back_and_decides(tmp_path, fault):
         letter = dead_letter_of("benchmarker", "work.benchmarker", data, "lock held", 5, pb.HARNESS_FAILED)
         assert (ev.decoded(letter.payload) is None) == (fault == "cut_dead_letter")
         faulted.append(ev.make_event(CID, "benchmarker", "dl", dead_letter=letter))
+        # and a cut letter of a request for a candidate this campaign never measured: no design to name, no crash
+        stranger = pb.Verified(candidate=pb.Candidate(id="k-unknown", point_id="p-unknown"), round=4)
+        stranger.checks.add(note="x" * DLQ_PAYLOAD_MAX)
+        data = ev.make_event(CID, "planner", "k-unknown:round4", verified=stranger).SerializeToString()
+        faulted.append(ev.make_event(CID, "benchmarker", "dl2", dead_letter=dead_letter_of(
+            "benchmarker", "work.benchmarker", data, "lock held", 5, pb.HARNESS_FAILED)))
     record = pipeline.write(faulted, "m", tmp_path, tmp_path, pb.CampaignSpec(target="cpu", budget_candidates=3),
                             1e-4, started="t2", rounds=1, showdown=rule)
     sd = record["showdown"]
