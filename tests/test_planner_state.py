@@ -9,6 +9,7 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from kfactory.bus import events as ev
+from kfactory.bus.base import dead_letter_of
 from kfactory.bus.deadletters import DeadLetterRecord
 from kfactory.bus.events import MAX_EVENT_BYTES as MAX
 from kfactory.cli.run import showdown_line
@@ -101,6 +102,28 @@ def test_a_dead_letter_whose_payload_was_cut_still_finishes_its_point():
     st.apply(ev.make_event("c1", "verifier", "dl1", dead_letter=dl))
     assert st.in_flight() == 0 and st.counts.rejected == 2
     assert sorted(st.strategy.results.values(), key=str) == [None, None]
+
+
+def test_a_dead_lettered_compare_request_is_known_as_one_and_counts_nothing():
+    """A showdown's or the final comparison's request that the benchmarker gave up on will get no answer: the state
+    names it (the driver stops waiting for it instead of COMPARE_WAIT_S), and its candidate's point, which ended
+    when it was measured, is not counted again."""
+    st = _state()
+    st.apply(_proposed(st, "p1"))
+    _apply_all(st, _measured("p1", "k1", 0.5))
+    counts = pb.Counts()
+    counts.CopyFrom(st.counts)
+    cand = st.measured["k1"].candidate
+    showdown = pb.CompareRequest(candidate=cand, contenders=[pb.Candidate(id="k2")])
+    final = pb.CompareRequest(candidate=cand, reference=pb.Candidate(id="ref"))
+    for key, req in ((ev.showdown_key(showdown), showdown), ("compare:k1", final)):
+        work = ev.make_event("c1", "planner", key, compare_request=req)
+        assert st.apply(work) == ""
+        letter = dead_letter_of("benchmarker", "work.benchmarker", work.SerializeToString(), "deliveries exhausted",
+                                5, pb.DELIVERIES_EXHAUSTED)
+        assert st.apply(ev.make_event("c1", "benchmarker", "dl-" + key, dead_letter=letter)) == ""
+        assert work.id in st.dead_compares
+    assert st.counts == counts and st.in_flight() == 0 and st.best().candidate.id == "k1"
 
 
 def test_a_duplicate_of_a_candidate_in_flight_is_told_its_twins_result_when_it_comes():
@@ -299,7 +322,7 @@ def test_later_timing_rounds_change_no_measurement_count_or_result():
     assert st.device_s == pytest.approx(device_s + 2.0)
 
 
-def _showdown(pick: str, medians: dict[str, float], error: str = "", failed: str = "") -> pb.Event:
+def _showdown(pick: str, medians: dict[str, float], error: str = "", failed: str = "", key: str = "") -> pb.Event:
     """A showdown's answer: each kernel's median with a 95% interval of +-0.5%."""
     comp = pb.Comparison(shape="4096x4096", candidate_id=pick, showdown=True, error=error, failed_candidate=failed)
     for cid, med in ({} if error else medians).items():  # a failed showdown has no entries
@@ -308,7 +331,7 @@ def _showdown(pick: str, medians: dict[str, float], error: str = "", failed: str
                                                                      ci_low_s=med * 0.995, ci_high_s=med * 1.005)))
     req = pb.CompareRequest(candidate=pb.Candidate(id=pick), contenders=[pb.Candidate(id=c) for c in medians
                                                                          if c != pick])
-    return ev.make_event("c1", "benchmarker", ev.showdown_key(req), comparison=comp)
+    return ev.make_event("c1", "benchmarker", ev.showdown_key(req) + key, comparison=comp)
 
 
 def test_the_showdown_decides_the_best_among_near_ties():
@@ -344,6 +367,46 @@ def test_inside_the_noise_the_searchs_best_stays():
         _apply_all(st, _measured(pid, cid, score))
     assert st.apply(_showdown("k1", {"k1": 0.500, "k2": 0.498})) == ""  # intervals overlap
     assert st.best().candidate.id == "k1"
+
+
+def _timing(shape: str, med: float) -> pb.ShapeTiming:
+    return pb.ShapeTiming(shape=shape, median_s=med, samples=100, ci_low_s=med * 0.99, ci_high_s=med * 1.01)
+
+
+def _measured_at(pid: str, cid: str, scored: float, other: float) -> list[pb.Event]:
+    """As _measured, timed at both softmax optimisation shapes (the scored one first), each +-1%."""
+    cand = pb.Candidate(id=cid, point_id=pid, origin="template:cpu_c", params_json="{}")
+    m = pb.Measured(candidate=cand, score_s=scored, timings=[_timing("4096x4096", scored),
+                                                             _timing("1x50257", other)])
+    return [*evidence_chain.links("c1", cand), ev.make_event("c1", "benchmarker", cid, measured=m)]
+
+
+@pytest.mark.parametrize("k2_other, k3_other, winner", [
+    (0.10, 0.15, "k2"),    # k2 and k3 both faster at 1x50257 outside the noise: the fastest there
+    (0.199, 0.30, "k1"),   # k2 faster inside the noise, k3 slower: the search's best stays
+    (0.17, 0.30, "k1"),    # k2 faster outside the noise, but by 1.18x: within what drift between measurements does
+    (0.30, 0.15, "k3"),    # k3 is faster there, though it was the slower of the ties at the scored shape
+])
+def test_a_tie_at_the_scored_shape_goes_to_the_kernel_faster_at_the_other_shapes(k2_other, k3_other, winner):
+    """Kernels the showdown cannot tell apart at the scored shape can differ 2x at another optimisation shape (a
+    row split over the threads or not): the one faster there outside the noise is the result; a kernel faster at
+    the scored shape outside the noise still wins whatever the others."""
+    st = _state()
+    for pid, cid, scored, other in (("p1", "k1", 0.50, 0.20), ("p2", "k2", 0.51, k2_other),
+                                    ("p3", "k3", 0.52, k3_other)):
+        st.apply(_proposed(st, pid))
+        _apply_all(st, _measured_at(pid, cid, scored, other))
+    assert st.apply(_showdown("k1", {"k1": 0.500, "k2": 0.499, "k3": 0.502})) == ""   # all inside the noise
+    assert st.best().candidate.id == winner
+    summary = campaign_summary(st, load_problem("softmax"))["showdown"]
+    assert (summary["winner"], summary["decided"]) == (winner, "stays" if winner == "k1" else "tied, faster elsewhere")
+    line = showdown_line(summary)
+    assert line.endswith("the search's best stays the result") if winner == "k1" else \
+        line.endswith(f"{winner} is the result (the search's best was k1; tied at 4096x4096, it is faster at the other "
+                      "optimisation shapes)")
+    # outside the noise at the scored shape the fastest there wins, even where it is slower elsewhere
+    assert st.apply(_showdown("k1", {"k1": 0.500, "k2": 0.480, "k3": 0.502}, key="again")) == ""
+    assert st.showdown_decision(st.search_best()) == ("k2", "faster")
 
 
 def test_a_kernel_a_showdown_finds_wrong_is_never_the_result():

@@ -227,8 +227,10 @@ def showdown_line(sd: dict | None) -> str:
     timed = sorted(sd["timed"].items(), key=lambda kv: kv[1]["median_seconds"])
     times = ", ".join(f"{cid[:12]} {t['median_seconds'] * 1e3:.3f} ms" for cid, t in timed)
     winner = sd.get("winner") or sd["search_best"]
+    why = (f"; tied at {sd['shape']}, it is faster at the other optimisation shapes"
+           if sd.get("decided") == "tied, faster elsewhere" else "")
     verdict = ("the search's best stays the result" if winner == sd["search_best"]
-               else f"{winner[:12]} is the result (the search's best was {sd['search_best'][:12]})")
+               else f"{winner[:12]} is the result (the search's best was {sd['search_best'][:12]}{why})")
     return f"showdown of the near ties at {sd['shape']}, timed together: {times}; {verdict}"
 
 

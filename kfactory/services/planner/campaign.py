@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -19,6 +20,11 @@ from kfactory.strategies.transfer import WarmPriors
 from kfactory.v1 import events_pb2 as pb
 
 TERMINAL = ("measured", "rejected", "compile_failed")
+#: how much faster at another shape a kernel tied at the scored shape must be to be the result instead: those
+#: timings are each kernel's own, minutes apart, and on a host whose load drifts they move more than their
+#: intervals say (on the 2-core host a campaign's scores of its best kernels ran 10-20% above the same kernels'
+#: interleaved timings after it); the gaps this is for are 1.6-2x
+ELSEWHERE_FACTOR = 1.25
 
 
 class UnknownEventKind(LookupError):
@@ -102,6 +108,9 @@ class CampaignState:
     showing_down: str = ""
     #: per search best, the contenders its showdowns were asked for
     showdown_asked: dict[str, set[str]] = field(default_factory=dict)
+    #: the event ids of compare requests (a showdown's, the final comparison's) that were dead-lettered: no answer
+    #: will come, and the driver stops waiting for one
+    dead_compares: set[str] = field(default_factory=set)
     #: this planner drives the campaign now: it alone ends it, and a CampaignFinished from anyone else is refused
     driven: bool = False
     #: device-seconds its verifications, screens and measurements held the device (kfactory.judge.order.device_seconds)
@@ -243,6 +252,9 @@ class CampaignState:
 
     def _on_dead_letter(self, m: pb.DeadLetter) -> None:
         """Work that can never finish: its point is over (counted as rejected), or the campaign would wait."""
+        if (req := ev.decoded(m.payload)) is not None and req.HasField("compare_request"):
+            self.dead_compares.add(req.id)   # its candidate's point ended long before
+            return
         work = ev.dead_work(m)
         if work is None or m.cause == pb.CAMPAIGN_CANCELLED:   # the latter: not begun when the campaign was
             return                                              # cancelled, so not done, as its user asked
@@ -389,20 +401,32 @@ class CampaignState:
         return sorted(near, key=lambda m: m.score_s)[:max(0, most)]
 
     def showdown_winner(self, pick: pb.Measured) -> str | None:
-        """The candidate the showdown of `pick` decided: the lowest median of its interleaved timing among the
-        candidates measured in full, where it is faster than pick's outside the noise (the medians' intervals
-        apart; inside it pick stays); None when there was none for pick, or it failed."""
+        """The candidate the showdown of `pick` decided (showdown_decision); None when there was no showdown for
+        pick, or it failed."""
+        return self.showdown_decision(pick)[0]
+
+    def showdown_decision(self, pick: pb.Measured) -> tuple[str | None, str]:
+        """(the candidate the showdown of `pick` decided, why). The lowest median of its interleaved timing among
+        the candidates measured in full, where it is faster than pick's outside the noise (the medians' intervals
+        apart): "faster". Inside the noise, a kernel tied with pick there that is faster at every other
+        optimisation shape outside the noise, by their own measurements (tied_but_faster_elsewhere): "tied, faster
+        elsewhere"; else pick: "stays". (None, "") when there was no showdown for pick, or it failed."""
         sd = self.showdowns.get(pick.candidate.id)
         if sd is None or sd.error:
-            return None
+            return None, ""
         timed = {e.candidate_id: e.timing for e in sd.entries if e.HasField("timing") and e.candidate_id in
                  self.measured and not self.measured[e.candidate_id].screened_out
-                 and e.candidate_id not in self.disqualified}
+                 and e.candidate_id not in self.disqualified and e.candidate_id != self.reference_id}
         if not timed:
-            return None
+            return None, ""
         fastest = min(timed, key=lambda cid: timed[cid].median_s)
         mine = timed.get(pick.candidate.id)
-        return fastest if mine is None or significant(timed[fastest], mine) else pick.candidate.id
+        if mine is None or significant(timed[fastest], mine):
+            return fastest, "faster"
+        tied = [self.measured[cid] for cid, t in timed.items() if cid != pick.candidate.id and not significant(t, mine)]
+        if (other := tied_but_faster_elsewhere(pick, tied, sd.shape)) is not None:
+            return other, "tied, faster elsewhere"
+        return pick.candidate.id, "stays"
 
     def reported(self) -> tuple[pb.Counts, pb.Measured | None]:
         """(counts, best) as the campaign reports them: live while it runs, and once it has finished, what it
@@ -484,3 +508,23 @@ def handler_of(kind: str) -> Callable[[CampaignState, Any], None] | None:
     if kind in IGNORED:
         return None
     raise UnknownEventKind(kind)
+
+
+def tied_but_faster_elsewhere(pick: pb.Measured, tied: list[pb.Measured], scored: str) -> str | None:
+    """Of the kernels tied with `pick` at the scored shape (`scored`), the one a user of every optimisation shape
+    wants instead: at each other shape, faster than pick outside the noise and by ELSEWHERE_FACTOR at least (their
+    own measurements), the lowest product of those shapes' medians over pick's where several are; None when none
+    is. Kernels tied at the scored shape can differ 2x at another (softmax 1x50257: whether a row is split over
+    the threads)."""
+    others = {t.shape: t for t in pick.timings if t.shape != scored}
+    gains = {}
+    for m in tied:
+        mine = {t.shape: t for t in m.timings if t.shape != scored}
+        if others and mine.keys() == others.keys() and all(_faster(mine[s], others[s]) for s in others):
+            gains[m.candidate.id] = math.prod(mine[s].median_s / others[s].median_s for s in others)
+    return min(gains, key=lambda cid: gains[cid]) if gains else None
+
+
+def _faster(a: pb.ShapeTiming, b: pb.ShapeTiming) -> bool:
+    """a is faster than b by ELSEWHERE_FACTOR at least, outside the noise."""
+    return a.median_s * ELSEWHERE_FACTOR <= b.median_s and significant(a, b)

@@ -230,8 +230,8 @@ class CampaignDriver:
         measured alone, minutes apart: on a host whose load drifts, scores a few percent apart do not order kernels
         a few percent apart. Not for an engine (its finale
         decides), a replayed campaign (its timings are recordings: nothing to time together), or when the setting is
-        under 2; a showdown unanswered within COMPARE_WAIT_S is left (logged). True when its answer found the
-        search's best wrong (then the next best has a showdown of its own)."""
+        under 2; a showdown unanswered within COMPARE_WAIT_S, or whose request was dead-lettered, is left (logged).
+        True when its answer found the search's best wrong (then the next best has a showdown of its own)."""
         most = self.settings.showdown_contenders - 1
         pick = st.search_best()
         if st.finale is not None or most < 1 or pick is None or st.cancelled or pick.candidate.id not in st.artifacts \
@@ -253,7 +253,7 @@ class CampaignDriver:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMPARE_WAIT_S
         while st.showdowns.get(pick.candidate.id) is before:
-            if loop.time() > deadline or st.cancelled or st.broken:
+            if loop.time() > deadline or st.cancelled or st.broken or event.id in st.dead_compares:
                 self.log.warning("the showdown got no answer: the search's best stays the result", campaign=st.id,
                                  candidate=pick.candidate.id)
                 return False
@@ -281,8 +281,8 @@ class CampaignDriver:
         want = {problem.shape_str(s) for s in problem.shapes("optimize")}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMPARE_WAIT_S
-        while loop.time() < deadline and not (st.cancelled or st.broken) and not want <= {
-                shape for shape, c in st.comparisons.items() if c.candidate_id == best.candidate.id}:
+        while loop.time() < deadline and not (st.cancelled or st.broken or event.id in st.dead_compares) and \
+                not want <= {shape for shape, c in st.comparisons.items() if c.candidate_id == best.candidate.id}:
             await self._wait_change(st)
 
     def _problem_or_none(self, st: CampaignState):

@@ -69,9 +69,9 @@ def _showdown_section(st: CampaignState, sd: pb.Comparison) -> dict:
     """The showdown `sd` of the search's best (kfactory/services/planner/driver.py _showdown): each kernel's median in
     the interleaved timing and the one it decided, or why it decided nothing (and which kernel it found wrong)."""
     pick = st.measured.get(sd.candidate_id)
+    winner, why = st.showdown_decision(pick) if pick is not None else (None, "")
     return {"shape": sd.shape, "search_best": sd.candidate_id, "error": sd.error or None,
-            "found_wrong": sorted(st.disqualified) or None,
-            "winner": st.showdown_winner(pick) if pick is not None else None,
+            "found_wrong": sorted(st.disqualified) or None, "winner": winner, "decided": why or None,
             "timed": {e.candidate_id: {"median_seconds": e.timing.median_s, "ci_seconds": [e.timing.ci_low_s,
                                                                                            e.timing.ci_high_s],
                                        "search_score_seconds": st.measured[e.candidate_id].score_s
