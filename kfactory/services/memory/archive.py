@@ -328,7 +328,7 @@ class Archive:
         in the campaign (a baseline, which no campaign measured, has none: nothing is kept). Where the kernel's
         candidate or its pass is not archived yet (memory's order can differ from the stream's after a restart,
         and a comparison waits only for its own candidate's measurement), the input is owed until they are
-        (_owed_regressions)."""
+        (_owed_regressions; the row of a kernel that never passes, or of a baseline, stays, and keeps nothing)."""
         comp = event.comparison
         if not (comp.failed_candidate and comp.checks and comp.failed_reason in WRONGNESS):
             return

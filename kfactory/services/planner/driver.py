@@ -245,6 +245,8 @@ class CampaignDriver:
                                 contenders=[m.candidate for m in rivals],
                                 contender_artifacts=[st.artifacts[m.candidate.id] for m in rivals])
         event = ev.make_event(st.id, self.svc.name, ev.showdown_key(req), compare_request=req)
+        if event.id in st.dead_compares:  # dead-lettered before (a restarted planner folds it): not sent again
+            return False
         before = st.showdowns.get(pick.candidate.id)  # taken before the request: its answer may come at once
         with telemetry.root_span(f"{self.svc.name} showdown", **{"kf.campaign": st.id,
                                                                  "kf.candidate": pick.candidate.id}):
@@ -274,6 +276,8 @@ class CampaignDriver:
                                 candidate_artifact=st.artifacts[best.candidate.id],
                                 reference_artifact=st.artifacts[ref.id])
         event = ev.make_event(st.id, self.svc.name, f"compare:{best.candidate.id}", compare_request=req)
+        if event.id in st.dead_compares:  # dead-lettered before (a restarted planner folds it): not sent again
+            return
         with telemetry.root_span(f"{self.svc.name} compare", **{"kf.campaign": st.id,
                                                                 "kf.candidate": best.candidate.id}):
             await self.bus.publish(event)
