@@ -105,7 +105,7 @@ def work_of(record: DeadLetterRecord, max_event_bytes: int) -> pb.Event:
                             "it holds no work to send back")
     if not letter.subject.startswith(f"{ev.WORK_PREFIX}."):
         raise NotReplayable(f"dead letter {record.seq} came from {letter.subject!r}, not from a work subject")
-    if letter.payload_bytes > len(letter.payload):
+    if ev.payload_cut(letter):
         raise NotReplayable(f"dead letter {record.seq} kept only {len(letter.payload)} of its "
                             f"{letter.payload_bytes} bytes; the message itself is gone")
     try:

@@ -83,12 +83,16 @@ def timing_round(body) -> int:
     return 0
 
 
+def payload_cut(letter: pb.DeadLetter) -> bool:
+    """Whether a dead letter kept only the first part of its work message (cut to fit: it no longer decodes)."""
+    return letter.payload_bytes > len(letter.payload)
+
+
 def dead_work(letter: pb.DeadLetter) -> tuple[str, pb.Candidate | None] | None:
     """(point id, candidate or None) of the work a dead letter gave up on; None when its payload is no event
     (it was dead-lettered for that) or is about no point. A letter whose payload was cut to fit names its point
     and candidate itself (work_of_message, when it was dead-lettered); the candidate is then only its ids."""
-    whole = letter.payload_bytes <= len(letter.payload)
-    if letter.point_id and not whole:
+    if letter.point_id and payload_cut(letter):
         cand = pb.Candidate(id=letter.candidate_id, point_id=letter.point_id) if letter.candidate_id else None
         return letter.point_id, cand
     return work_of_message(letter.payload)

@@ -203,7 +203,7 @@ def retiming_answer(e: pb.Event) -> tuple[pb.Candidate, int, pb.Measured | None]
         return e.rejected.candidate, r, None
     if kind == "dead_letter":
         dl = e.dead_letter
-        if dl.payload_bytes > len(dl.payload):   # cut to fit: the letter names the work itself (its ids only)
+        if ev.payload_cut(dl):   # the letter names the work itself (its ids only)
             cand = pb.Candidate(id=dl.candidate_id, point_id=dl.point_id)
             return (cand, dl.round, None) if dl.round >= 2 and dl.candidate_id else None
         work = ev.decoded(dl.payload)
