@@ -3,15 +3,20 @@
 
     python bench/search_parallel.py [--spaces NAME ...] [--parallel 1 2 3 4 8 18] [--budgets 25 40 100]
                                     [--seeds 30] [--strategy default] [--option KEY=VALUE ...]
-                                    [--arrival fifo random] [--json OUT]
+                                    [--arrival fifo random verify screen screen-early screen-hold]
+                                    [--json OUT]
 
 The planner keeps `parallel` design points in flight: it asks the strategy for a point whenever fewer are out,
 so a strategy asked its k-th point knows the results of at most k - parallel earlier ones. More in flight keeps
 the device fed (compiles and verification run ahead of it); it also means the search decides on less. This
 bench replays campaigns on the recorded spaces (bench/search_quality.py's) with P points out at a time: ask
 until P are pending, then one of them completes and is told (`fifo`: the oldest, as when every candidate takes
-as long; `random`: any of them, as when some fail fast or are screened out), then ask again. A budget of b is the
-first b points asked, all of them completed (as a campaign waits for its in-flight points).
+as long; `random`: any of them, as when some fail fast or are screened out), then ask again. `verify` and `screen`
+run the points through the judge's stages on one device in either order (bench/screen_arrival.py): screened-out
+results come back at once, a good point's after its verification and measurement; `screen-early` tells the search
+a passed screen at once, `screen-hold` asks nothing while a point that passed its screen is out (two remedies
+for that pattern, measured and not adopted: README). A budget of b is the first b points asked, all of them
+completed (as a campaign waits for its in-flight points).
 
 Reported per space, budget and P: mean over seeds of best found / optimum; then, over the hard spaces (random
 search at 100 evaluations ends more than 2% above the optimum, as in search_quality.py), the geometric mean and
@@ -38,7 +43,13 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from kfactory.strategies import BadStrategyOption, Space, UnknownStrategy, check_options, make_strategy  # noqa: E402
 from kfactory.targets.replay import load_space  # noqa: E402
+from screen_arrival import DeviceCampaign  # noqa: E402
 from search_quality import HARD, default_data, expected_random_ratio, pmap, space_files, workers  # noqa: E402
+
+
+#: arrivals that run the points through the judge's stages on one device (screen_arrival.py)
+DEVICE_ARRIVALS: dict[str, dict] = {"screen": {"order": "screen"}, "verify": {"order": "verify"},
+                   "screen-early": {"order": "screen", "early": True}, "screen-hold": {"order": "screen", "hold": True}}
 
 
 def run_in_flight(rs, space: Space, strategy: str, seed: int, parallel: int, budget: int,
@@ -47,6 +58,19 @@ def run_in_flight(rs, space: Space, strategy: str, seed: int, parallel: int, bud
     points for b = 1..budget (padded if the strategy runs out)."""
     opt, s = rs.optimum_ms(), make_strategy(strategy, space, seed=seed, **(options or {}))
     worst = max(r.time_ms for r in rs.records.values() if r.time_ms is not None)
+    if arrival in DEVICE_ARRIVALS:
+        asked = DeviceCampaign(rs, s, parallel, budget, **DEVICE_ARRIVALS[arrival]).run()
+    else:
+        asked = _run_arrival(rs, s, seed, parallel, budget, arrival)
+    traj, best = [], math.inf
+    for t in asked:
+        best = min(best, t) if t is not None else best
+        traj.append((best if best < math.inf else worst) / opt)
+    return traj + [traj[-1] if traj else worst / opt] * (budget - len(traj))
+
+
+def _run_arrival(rs, s, seed: int, parallel: int, budget: int, arrival: str) -> list[float | None]:
+    """The recorded times of the points asked, in asking order, with `fifo` or `random` completion."""
     arrivals = random.Random(seed ^ 0xA441)
     asked: list[float | None] = []
     pending: list = []
@@ -65,11 +89,7 @@ def run_in_flight(rs, space: Space, strategy: str, seed: int, parallel: int, bud
             limit = len(asked)  # nothing left to ask: the campaign ends with what is out
         done = pending.pop(0 if arrival == "fifo" else arrivals.randrange(len(pending)))
         s.tell(*done)
-    traj, best = [], math.inf
-    for t in asked:
-        best = min(best, t) if t is not None else best
-        traj.append((best if best < math.inf else worst) / opt)
-    return traj + [traj[-1] if traj else worst / opt] * (budget - len(traj))
+    return asked
 
 
 def _seed_job(job: tuple) -> list[float]:
@@ -88,7 +108,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--strategy", default="default")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="a strategy option, as `kfactory run --strategy-option` takes it (surrogate.local=0.5)")
-    ap.add_argument("--arrival", nargs="+", choices=("fifo", "random"), default=["fifo", "random"])
+    ap.add_argument("--arrival", nargs="+", choices=("fifo", "random", *DEVICE_ARRIVALS), default=["fifo", "random"])
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)

@@ -73,3 +73,60 @@ def test_the_bench_writes_the_hard_spaces_geomean_per_p(tmp_path, capsys):
     for row in doc["spaces"]["k-A"]["fifo"].values():
         assert set(row) == {"5", "10"} and row["5"] >= row["10"] >= 1.0
     assert "ratio to P=1" in capsys.readouterr().out or not doc["hard"]
+
+
+SCRIPT = [1.0, 9.0, 9.0, 0.9, 9.0, 9.0]  # the recorded times of the first six points, in the space's order
+
+
+def _scripted(tmp_path):
+    """A recorded space whose first six points (the grid's first asks) take SCRIPT's times, the rest 9 ms."""
+    _write(tmp_path / "k-A.json.gz", time_a)
+    first = [(p.params["block_size_x"], p.params["tile"], p.params["flag"])
+             for p in Space([load_space(tmp_path / "k-A.json.gz").family()]).all_points()[:6]]
+    times = dict(zip(first, SCRIPT))
+    path = tmp_path / "k-S.json.gz"
+    _write(path, lambda b, t, f: times.get((b, t, f), 9.0))
+    rs = load_space(path)
+    return rs, Space([rs.family()])
+
+
+def _told(mod, rs, space, monkeypatch, **kw) -> tuple[list, list[float], float]:
+    """(the asks and tells in turn, the points' times in the order told, the device clock at the end)."""
+    log: list = []
+    ask, tell = strategies_base.Strategy.ask, strategies_base.Strategy.tell
+
+    def asking(self):
+        log.append("ask")
+        return ask(self)
+
+    def telling(self, point, score):
+        log.append(score)
+        return tell(self, point, score)
+
+    monkeypatch.setattr(strategies_base.Strategy, "ask", asking)
+    monkeypatch.setattr(strategies_base.Strategy, "tell", telling)
+    from kfactory.strategies import make_strategy
+    camp = mod.DeviceCampaign(rs, make_strategy("grid", space, seed=0), 3, 6, **kw)
+    assert camp.run() == SCRIPT
+    return log, [e for e in log if e != "ask"], camp.clock
+
+
+def test_screen_first_tells_a_point_that_passed_its_screen_after_later_ones_screened_out(tmp_path, monkeypatch):
+    """Worked by hand, device costs screen 1, verify 1.5, measure 1.5, factor 1.5, three in flight: the first
+    three pass their screens (nothing is measured yet), the first measurement (1.0 ms, at 9) sets the bar; the
+    fourth point (0.9) passes its screen at 13, and the fifth and sixth (9, over 1.5 x 1.0) are screened out at
+    14 and 15, before the fourth's measurement ends at 18."""
+    mod = _bench()
+    rs, space = _scripted(tmp_path)
+    log, told, clock = _told(mod, rs, space, monkeypatch, order="screen")
+    assert told == [1.0, 9.0, 9.0, 9.0, 9.0, 0.9] and clock == 6 * 1 + 4 * (1.5 + 1.5)
+    assert log[:5] == ["ask", "ask", "ask", 1.0, "ask"]  # a slot freed is asked for at once
+    # verify first: every point verified (1.5) and screened (1), the four that pass measured: the same order
+    _, told, clock = _told(mod, rs, space, monkeypatch, order="verify")
+    assert told == [1.0, 9.0, 9.0, 9.0, 9.0, 0.9] and clock == 6 * (1.5 + 1) + 4 * 1.5
+    # told at its screen, the fourth point comes back in the order asked; the device's work is the same
+    _, told, clock = _told(mod, rs, space, monkeypatch, order="screen", early=True)
+    assert told == [1.0, 9.0, 9.0, 0.9, 9.0, 9.0] and clock == 18
+    # held: no ask while a point that passed its screen is out, so the fourth waits for the third's measurement
+    log, told, _ = _told(mod, rs, space, monkeypatch, order="screen", hold=True)
+    assert log[:9] == ["ask", "ask", "ask", 1.0, 9.0, 9.0, "ask", "ask", "ask"] and told[3:] == [9.0, 9.0, 0.9]
