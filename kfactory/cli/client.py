@@ -29,6 +29,7 @@ from kfactory.platform.evidence_client import EvidenceClient
 from kfactory.evidence import warm_sources
 from kfactory.platform.grpcserver import clip
 from kfactory.evidence.report import format_params, verification_table
+from kfactory.evidence.verdicts import NOTES
 from kfactory.services import paging
 from kfactory.services.memory import queries as qmod
 from kfactory.services.memory.archive import Archive, resolved_name
@@ -205,7 +206,8 @@ def candidate_evidence(settings, id_or_prefix: str) -> spb.CandidateEvidence:
 
 
 def best_entry(settings, problem: str, shape: str = "", target: str = "") -> spb.LeaderboardEntry:
-    """The fastest measured kernel of a problem (at `shape`; for `target`: "cuda" takes any cuda target,
+    """The best kernel of a problem as memory's Best answers (kfactory/services/memory/archive.py Archive.best: what
+    campaigns finished with, or the fastest measured at `shape`; for `target`: "cuda" takes any cuda target,
     "cuda:sm_90a" only that one), with its verdict's figures, local or remote as candidate_evidence. Raises
     ClientError (code 1: nothing measured). Call it outside a running event loop."""
     return asyncio.run(_best_entry(settings, problem, shape, target))
@@ -517,8 +519,7 @@ async def _best(args, settings, as_json: bool) -> int:
         check_campaign_id(args.campaign, "--campaign")
         r = await _evidence(settings, "Leaderboard", spb.LeaderboardRequest(campaign_id=args.campaign))
         _print(r, as_json, "\n".join(f"{i:3d} {e.candidate_id[:12]} {e.score_s * 1e3:9.3f} ms {e.origin} "
-                                     f"{format_params(e.params_json)}"
-                                     + ("  (after the campaign finished)" if e.after_finish else "")
+                                     f"{format_params(e.params_json)}{entry_marks(e)}"
                                      for i, e in enumerate(r.entries, 1))
                or "no measurements")
         return 0
@@ -539,6 +540,14 @@ async def _best(args, settings, as_json: bool) -> int:
           f"campaign {r.campaign_id})\n{_takeaway(c, r.candidate_id)}\nverification:\n"
           + "\n".join(verification_table(r.checks)))
     return 0
+
+
+def entry_marks(e: spb.LeaderboardEntry) -> str:
+    """What a leaderboard line adds to a kernel's own figures: whether it is its campaign's result, or no result
+    at all (found wrong, screened out), and whether it was measured after the campaign finished."""
+    marks = [text for note, text in NOTES.items() if getattr(e, note)]
+    marks += ["after the campaign finished"] if e.after_finish else []
+    return f"  ({'; '.join(marks)})" if marks else ""
 
 
 def _takeaway(c: spb.CandidateEvidence, candidate_id: str) -> str:

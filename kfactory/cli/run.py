@@ -19,6 +19,7 @@ from kfactory.platform.app import start_services
 from kfactory.bus.natsd import EmbeddedNats
 from kfactory.problems import ProblemError
 from kfactory.evidence.report import format_params
+from kfactory.evidence.verdicts import NOTES, Verdicts
 from kfactory.observability import stagetime
 from kfactory.platform.service import Context
 from kfactory.services.planner.specs import SpecError, StartNotPublished, validate
@@ -35,14 +36,18 @@ def _progress(st, shapes: int) -> Table:
                           counts, st.in_flight())
 
 
-def leaderboard_table(summary: dict, rows) -> Table:
+def leaderboard_table(summary: dict, rows, verdicts: Verdicts | None = None) -> Table:
+    """The campaign's fastest kernels by their own scores, each noted when it is the campaign's result or none
+    (`verdicts`: kfactory/evidence/verdicts.py)."""
     t = Table(title="leaderboard")
-    for col in ("rank", "candidate", "origin", "params", "flags", "median (ms)"):
+    for col in ("rank", "candidate", "origin", "params", "flags", "median (ms)", "note"):
         t.add_column(col)
+    campaign = summary.get("campaign_id", "")
     for i, m in enumerate(rows, 1):
         c = m.candidate
+        notes = verdicts.notes(campaign, m) if verdicts else []
         t.add_row(str(i), c.id[:12], c.origin, format_params(c.params_json), c.compile_flags,
-                  f"{m.score_s * 1e3:.3f}")
+                  f"{m.score_s * 1e3:.3f}", "; ".join(NOTES[n] for n in notes))
     return t
 
 
@@ -244,7 +249,7 @@ def _finish(settings, st, running, memory, args, console: Console, ledger: dict)
     summary["report"] = str(report)
     summary["services"] = {name: svc.handled for name, svc in running.services.items()}
     rows = [m for m, _ in memory.archive.leaderboard(st.id, 10)]
-    console.print(leaderboard_table(summary, rows))
+    console.print(leaderboard_table(summary, rows, memory.archive.verdicts([st.id])))
     if line := showdown_line(summary.get("showdown")):
         console.print(line)
     best = summary.get("best")

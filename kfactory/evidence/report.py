@@ -10,6 +10,7 @@ from kfactory.bus.causes import cause_name
 from kfactory.bus.origins import Origin
 from kfactory.evidence import plots
 from kfactory.evidence import warm_sources
+from kfactory.evidence.verdicts import NOTES, Verdicts, found_wrong
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -55,7 +56,7 @@ def _markdown(events: list[pb.Event], noise_bound: float | None) -> tuple[str, s
     lines += noise_warning(events, default_noise_bound() if noise_bound is None else noise_bound)
     lines += _best_section(summary, events, engine)
     lines += warm_sources.report_lines(summary)
-    lines += _leaderboard(measured)
+    lines += _leaderboard(measured, cid, Verdicts.of(events))
     lines += _failures(events)
     lines += _dead_letters(events)
     shape_panels = plots.panels(events)
@@ -147,10 +148,14 @@ def _best_section(summary: dict, events: list[pb.Event], engine: bool = False) -
            f"`{best['candidate_id'][:16]}` ({best['origin']}), flags `{best['compile_flags']}`",
            "", f"parameters: `{format_params(best['params'])}`", "",
            "## Interleaved comparison (same runner, same threads, A B A B ...)", ""]
+    wrong = []
     for e in events:
         if not e.HasField("comparison") or e.comparison.showdown:  # the showdown: summary.json's "showdown"
             continue
         c = e.comparison
+        if c.candidate_id != best["candidate_id"]:  # a result before it, found wrong there: its own figures
+            wrong += [f"`{c.candidate_id[:16]}`: {c.error}"] if found_wrong(c) else []
+            continue
         out += [f"### {c.shape}", ""]
         if c.error:
             out += [f"Not measured: {c.error}", ""]
@@ -163,6 +168,9 @@ def _best_section(summary: dict, events: list[pb.Event], engine: bool = False) -
                        f"{_ms(t.ci_low_s)} - {_ms(t.ci_high_s)} | {t.samples} | {t.gbps:.1f} | "
                        f"{t.sol_fraction:.0%} | " + (f"{sp:.2f}x |" if sp else "- |"))
         out.append("")
+    if wrong:
+        out += ["Found wrong in its final comparison before this one became the result (no result): "
+                + "; ".join(wrong), ""]
     return out + _verification(best["candidate_id"], events, engine)
 
 
@@ -192,14 +200,17 @@ def _verification(best_id: str, events: list[pb.Event], engine: bool = False) ->
             *verification_table(checks), ""]
 
 
-def _leaderboard(measured: list[pb.Measured], limit: int = 10) -> list[str]:
-    out = ["## Leaderboard", "", "| rank | candidate | origin | params | flags | " +
+def _leaderboard(measured: list[pb.Measured], campaign: str, verdicts: Verdicts, limit: int = 10) -> list[str]:
+    """The fastest measured kernels by their own scores, each noted when it is the campaign's result or none
+    (found wrong by a comparison, screened out: kfactory/evidence/verdicts.py)."""
+    out = ["## Leaderboard", "", "| rank | candidate | origin | params | flags | note | " +
            " | ".join(t.shape for t in (measured[0].timings if measured else [])) + " |",
-           "|---|---|---|---|---|" + "---|" * (len(measured[0].timings) if measured else 0)]
+           "|---|---|---|---|---|---|" + "---|" * (len(measured[0].timings) if measured else 0)]
     for i, m in enumerate(sorted(measured, key=lambda m: m.score_s)[:limit], 1):
         c = m.candidate
         params = format_params(c.params_json).replace("|", "\\|")  # a '|' in a value would split the row
-        out.append(f"| {i} | `{c.id[:12]}` | {c.origin} | `{params}` | {c.compile_flags} | "
+        note = "; ".join(NOTES[n] for n in verdicts.notes(campaign, m))
+        out.append(f"| {i} | `{c.id[:12]}` | {c.origin} | `{params}` | {c.compile_flags} | {note} | "
                    + " | ".join(_ms(t.median_s) for t in m.timings) + " |")
     return out + [""]
 

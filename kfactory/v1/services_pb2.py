@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kfactory.v1 import events_pb2 as kfactory_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akfactory/v1/services.proto\x12\x0bkfactory.v1\x1a\x18kfactory/v1/events.proto\"\xb7\x02\n\x0e\x43\x61mpaignStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.kfactory.v1.CampaignSpec\x12\r\n\x05state\x18\x03 \x01(\t\x12#\n\x06\x63ounts\x18\x04 \x01(\x0b\x32\x13.kfactory.v1.Counts\x12\x19\n\x11\x62\x65st_candidate_id\x18\x05 \x01(\t\x12\x14\n\x0c\x62\x65st_score_s\x18\x06 \x01(\x01\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\x12\x14\n\x0csummary_json\x18\x08 \x01(\t\x12\'\n\x06\x64\x65vice\x18\t \x01(\x0b\x32\x17.kfactory.v1.DeviceInfo\x12\x0e\n\x06reason\x18\n \x01(\t\x12)\n\x0c\x61\x66ter_finish\x18\x0b \x01(\x0b\x32\x13.kfactory.v1.Counts\"8\n\rSubmitRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.kfactory.v1.CampaignSpec\" \n\x12GetCampaignRequest\x12\n\n\x02id\x18\x01 \x01(\t\"=\n\x14ListCampaignsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"`\n\x15ListCampaignsResponse\x12.\n\tcampaigns\x18\x01 \x03(\x0b\x32\x1b.kfactory.v1.CampaignStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"+\n\rCancelRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1a\n\x0cWatchRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x89\x02\n\x10LeaderboardEntry\x12\x14\n\x0c\x63\x61ndidate_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61mpaign_id\x18\x02 \x01(\t\x12\x0f\n\x07problem\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x13\n\x0bparams_json\x18\x05 \x01(\t\x12\x0e\n\x06origin\x18\x06 \x01(\t\x12\x0f\n\x07score_s\x18\x07 \x01(\x01\x12)\n\x07timings\x18\x08 \x03(\x0b\x32\x18.kfactory.v1.ShapeTiming\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\"\n\x06\x63hecks\x18\n \x03(\x0b\x32\x12.kfactory.v1.Check\x12\x14\n\x0c\x61\x66ter_finish\x18\x0b \x01(\x08\"d\n\x0b\x42\x65stRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\x15\n\rrequire_known\x18\x05 \x01(\x08\"8\n\x12LeaderboardRequest\x12\x13\n\x0b\x63\x61mpaign_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"E\n\x13LeaderboardResponse\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.kfactory.v1.LeaderboardEntry\"\x1e\n\x10\x43\x61ndidateRequest\x12\n\n\x02id\x18\x01 \x01(\t\"$\n\x11RegressionRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\"\x88\x01\n\rPriorsRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\x12\x10\n\x08\x66\x61milies\x18\x02 \x03(\t\x12\x18\n\x10\x65xclude_campaign\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\x12\x14\n\x0c\x65very_source\x18\x05 \x01(\x08\x12\x15\n\rrequire_known\x18\x06 \x01(\x08\"4\n\x0ePriorsResponse\x12\"\n\x06priors\x18\x01 \x03(\x0b\x32\x12.kfactory.v1.Prior\"B\n\x12RegressionResponse\x12,\n\x06inputs\x18\x01 \x03(\x0b\x32\x1c.kfactory.v1.RegressionInput\"\x83\x01\n\x11\x43\x61ndidateEvidence\x12)\n\tcandidate\x18\x01 \x01(\x0b\x32\x16.kfactory.v1.Candidate\x12\"\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x12.kfactory.v1.Event\x12\x0f\n\x07lineage\x18\x03 \x03(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\"$\n\rReportRequest\x12\x13\n\x0b\x63\x61mpaign_id\x18\x01 \x01(\t\"W\n\x0eLessonsRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x15\n\rrequire_known\x18\x04 \x01(\x08\"B\n\x06Lesson\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\"E\n\x0fLessonsResponse\x12$\n\x07lessons\x18\x01 \x03(\x0b\x32\x13.kfactory.v1.Lesson\x12\x0c\n\x04text\x18\x02 \x01(\t\"I\n\x0eReportResponse\x12\x10\n\x08markdown\x18\x01 \x01(\t\x12\x10\n\x08plot_png\x18\x02 \x01(\x0c\x12\x13\n\x0b\x63\x61mpaign_id\x18\x03 \x01(\t\"\x1b\n\x0b\x42undleChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"0\n\rExportRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"\xa7\x01\n\x0cImportResult\x12\x14\n\x0c\x65vents_added\x18\x01 \x01(\x05\x12\x16\n\x0e\x65vents_present\x18\x02 \x01(\x05\x12\x15\n\robjects_added\x18\x03 \x01(\x05\x12\x19\n\x11regressions_added\x18\x04 \x01(\x05\x12\x11\n\tcampaigns\x18\x05 \x01(\x05\x12\x0f\n\x07refused\x18\x06 \x03(\t\x12\x13\n\x0b\x65vents_held\x18\x07 \x01(\x05\x32\xdf\x02\n\tCampaigns\x12\x41\n\x06Submit\x12\x1a.kfactory.v1.SubmitRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12\x43\n\x03Get\x12\x1f.kfactory.v1.GetCampaignRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12M\n\x04List\x12!.kfactory.v1.ListCampaignsRequest\x1a\".kfactory.v1.ListCampaignsResponse\x12\x41\n\x06\x43\x61ncel\x12\x1a.kfactory.v1.CancelRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12\x38\n\x05Watch\x12\x19.kfactory.v1.WatchRequest\x1a\x12.kfactory.v1.Event0\x01\x32\xed\x05\n\x08\x45vidence\x12?\n\x04\x42\x65st\x12\x18.kfactory.v1.BestRequest\x1a\x1d.kfactory.v1.LeaderboardEntry\x12P\n\x0bLeaderboard\x12\x1f.kfactory.v1.LeaderboardRequest\x1a .kfactory.v1.LeaderboardResponse\x12J\n\tCandidate\x12\x1d.kfactory.v1.CandidateRequest\x1a\x1e.kfactory.v1.CandidateEvidence\x12\x41\n\x06Report\x12\x1a.kfactory.v1.ReportRequest\x1a\x1b.kfactory.v1.ReportResponse\x12S\n\x10RegressionInputs\x12\x1e.kfactory.v1.RegressionRequest\x1a\x1f.kfactory.v1.RegressionResponse\x12\x41\n\x06Priors\x12\x1a.kfactory.v1.PriorsRequest\x1a\x1b.kfactory.v1.PriorsResponse\x12\x44\n\x07Lessons\x12\x1b.kfactory.v1.LessonsRequest\x1a\x1c.kfactory.v1.LessonsResponse\x12R\n\tCampaigns\x12!.kfactory.v1.ListCampaignsRequest\x1a\".kfactory.v1.ListCampaignsResponse\x12\x46\n\x0c\x45xportBundle\x12\x1a.kfactory.v1.ExportRequest\x1a\x18.kfactory.v1.BundleChunk0\x01\x12\x45\n\x0cImportBundle\x12\x18.kfactory.v1.BundleChunk\x1a\x19.kfactory.v1.ImportResult(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akfactory/v1/services.proto\x12\x0bkfactory.v1\x1a\x18kfactory/v1/events.proto\"\xb7\x02\n\x0e\x43\x61mpaignStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.kfactory.v1.CampaignSpec\x12\r\n\x05state\x18\x03 \x01(\t\x12#\n\x06\x63ounts\x18\x04 \x01(\x0b\x32\x13.kfactory.v1.Counts\x12\x19\n\x11\x62\x65st_candidate_id\x18\x05 \x01(\t\x12\x14\n\x0c\x62\x65st_score_s\x18\x06 \x01(\x01\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\x12\x14\n\x0csummary_json\x18\x08 \x01(\t\x12\'\n\x06\x64\x65vice\x18\t \x01(\x0b\x32\x17.kfactory.v1.DeviceInfo\x12\x0e\n\x06reason\x18\n \x01(\t\x12)\n\x0c\x61\x66ter_finish\x18\x0b \x01(\x0b\x32\x13.kfactory.v1.Counts\"8\n\rSubmitRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.kfactory.v1.CampaignSpec\" \n\x12GetCampaignRequest\x12\n\n\x02id\x18\x01 \x01(\t\"=\n\x14ListCampaignsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"`\n\x15ListCampaignsResponse\x12.\n\tcampaigns\x18\x01 \x03(\x0b\x32\x1b.kfactory.v1.CampaignStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"+\n\rCancelRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1a\n\x0cWatchRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xc4\x02\n\x10LeaderboardEntry\x12\x14\n\x0c\x63\x61ndidate_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61mpaign_id\x18\x02 \x01(\t\x12\x0f\n\x07problem\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x13\n\x0bparams_json\x18\x05 \x01(\t\x12\x0e\n\x06origin\x18\x06 \x01(\t\x12\x0f\n\x07score_s\x18\x07 \x01(\x01\x12)\n\x07timings\x18\x08 \x03(\x0b\x32\x18.kfactory.v1.ShapeTiming\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\"\n\x06\x63hecks\x18\n \x03(\x0b\x32\x12.kfactory.v1.Check\x12\x14\n\x0c\x61\x66ter_finish\x18\x0b \x01(\x08\x12\x0e\n\x06result\x18\x0c \x01(\x08\x12\x13\n\x0b\x66ound_wrong\x18\r \x01(\x08\x12\x14\n\x0cscreened_out\x18\x0e \x01(\x08\"d\n\x0b\x42\x65stRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\x15\n\rrequire_known\x18\x05 \x01(\x08\"8\n\x12LeaderboardRequest\x12\x13\n\x0b\x63\x61mpaign_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"E\n\x13LeaderboardResponse\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.kfactory.v1.LeaderboardEntry\"\x1e\n\x10\x43\x61ndidateRequest\x12\n\n\x02id\x18\x01 \x01(\t\"$\n\x11RegressionRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\"\x88\x01\n\rPriorsRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\x12\x10\n\x08\x66\x61milies\x18\x02 \x03(\t\x12\x18\n\x10\x65xclude_campaign\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\x12\x14\n\x0c\x65very_source\x18\x05 \x01(\x08\x12\x15\n\rrequire_known\x18\x06 \x01(\x08\"4\n\x0ePriorsResponse\x12\"\n\x06priors\x18\x01 \x03(\x0b\x32\x12.kfactory.v1.Prior\"B\n\x12RegressionResponse\x12,\n\x06inputs\x18\x01 \x03(\x0b\x32\x1c.kfactory.v1.RegressionInput\"\x83\x01\n\x11\x43\x61ndidateEvidence\x12)\n\tcandidate\x18\x01 \x01(\x0b\x32\x16.kfactory.v1.Candidate\x12\"\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x12.kfactory.v1.Event\x12\x0f\n\x07lineage\x18\x03 \x03(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\"$\n\rReportRequest\x12\x13\n\x0b\x63\x61mpaign_id\x18\x01 \x01(\t\"W\n\x0eLessonsRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x15\n\rrequire_known\x18\x04 \x01(\x08\"B\n\x06Lesson\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\"E\n\x0fLessonsResponse\x12$\n\x07lessons\x18\x01 \x03(\x0b\x32\x13.kfactory.v1.Lesson\x12\x0c\n\x04text\x18\x02 \x01(\t\"I\n\x0eReportResponse\x12\x10\n\x08markdown\x18\x01 \x01(\t\x12\x10\n\x08plot_png\x18\x02 \x01(\x0c\x12\x13\n\x0b\x63\x61mpaign_id\x18\x03 \x01(\t\"\x1b\n\x0b\x42undleChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"0\n\rExportRequest\x12\x0f\n\x07problem\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"\xa7\x01\n\x0cImportResult\x12\x14\n\x0c\x65vents_added\x18\x01 \x01(\x05\x12\x16\n\x0e\x65vents_present\x18\x02 \x01(\x05\x12\x15\n\robjects_added\x18\x03 \x01(\x05\x12\x19\n\x11regressions_added\x18\x04 \x01(\x05\x12\x11\n\tcampaigns\x18\x05 \x01(\x05\x12\x0f\n\x07refused\x18\x06 \x03(\t\x12\x13\n\x0b\x65vents_held\x18\x07 \x01(\x05\x32\xdf\x02\n\tCampaigns\x12\x41\n\x06Submit\x12\x1a.kfactory.v1.SubmitRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12\x43\n\x03Get\x12\x1f.kfactory.v1.GetCampaignRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12M\n\x04List\x12!.kfactory.v1.ListCampaignsRequest\x1a\".kfactory.v1.ListCampaignsResponse\x12\x41\n\x06\x43\x61ncel\x12\x1a.kfactory.v1.CancelRequest\x1a\x1b.kfactory.v1.CampaignStatus\x12\x38\n\x05Watch\x12\x19.kfactory.v1.WatchRequest\x1a\x12.kfactory.v1.Event0\x01\x32\xed\x05\n\x08\x45vidence\x12?\n\x04\x42\x65st\x12\x18.kfactory.v1.BestRequest\x1a\x1d.kfactory.v1.LeaderboardEntry\x12P\n\x0bLeaderboard\x12\x1f.kfactory.v1.LeaderboardRequest\x1a .kfactory.v1.LeaderboardResponse\x12J\n\tCandidate\x12\x1d.kfactory.v1.CandidateRequest\x1a\x1e.kfactory.v1.CandidateEvidence\x12\x41\n\x06Report\x12\x1a.kfactory.v1.ReportRequest\x1a\x1b.kfactory.v1.ReportResponse\x12S\n\x10RegressionInputs\x12\x1e.kfactory.v1.RegressionRequest\x1a\x1f.kfactory.v1.RegressionResponse\x12\x41\n\x06Priors\x12\x1a.kfactory.v1.PriorsRequest\x1a\x1b.kfactory.v1.PriorsResponse\x12\x44\n\x07Lessons\x12\x1b.kfactory.v1.LessonsRequest\x1a\x1c.kfactory.v1.LessonsResponse\x12R\n\tCampaigns\x12!.kfactory.v1.ListCampaignsRequest\x1a\".kfactory.v1.ListCampaignsResponse\x12\x46\n\x0c\x45xportBundle\x12\x1a.kfactory.v1.ExportRequest\x1a\x18.kfactory.v1.BundleChunk0\x01\x12\x45\n\x0cImportBundle\x12\x18.kfactory.v1.BundleChunk\x1a\x19.kfactory.v1.ImportResult(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,43 +47,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHREQUEST']._serialized_start=681
   _globals['_WATCHREQUEST']._serialized_end=707
   _globals['_LEADERBOARDENTRY']._serialized_start=710
-  _globals['_LEADERBOARDENTRY']._serialized_end=975
-  _globals['_BESTREQUEST']._serialized_start=977
-  _globals['_BESTREQUEST']._serialized_end=1077
-  _globals['_LEADERBOARDREQUEST']._serialized_start=1079
-  _globals['_LEADERBOARDREQUEST']._serialized_end=1135
-  _globals['_LEADERBOARDRESPONSE']._serialized_start=1137
-  _globals['_LEADERBOARDRESPONSE']._serialized_end=1206
-  _globals['_CANDIDATEREQUEST']._serialized_start=1208
-  _globals['_CANDIDATEREQUEST']._serialized_end=1238
-  _globals['_REGRESSIONREQUEST']._serialized_start=1240
-  _globals['_REGRESSIONREQUEST']._serialized_end=1276
-  _globals['_PRIORSREQUEST']._serialized_start=1279
-  _globals['_PRIORSREQUEST']._serialized_end=1415
-  _globals['_PRIORSRESPONSE']._serialized_start=1417
-  _globals['_PRIORSRESPONSE']._serialized_end=1469
-  _globals['_REGRESSIONRESPONSE']._serialized_start=1471
-  _globals['_REGRESSIONRESPONSE']._serialized_end=1537
-  _globals['_CANDIDATEEVIDENCE']._serialized_start=1540
-  _globals['_CANDIDATEEVIDENCE']._serialized_end=1671
-  _globals['_REPORTREQUEST']._serialized_start=1673
-  _globals['_REPORTREQUEST']._serialized_end=1709
-  _globals['_LESSONSREQUEST']._serialized_start=1711
-  _globals['_LESSONSREQUEST']._serialized_end=1798
-  _globals['_LESSON']._serialized_start=1800
-  _globals['_LESSON']._serialized_end=1866
-  _globals['_LESSONSRESPONSE']._serialized_start=1868
-  _globals['_LESSONSRESPONSE']._serialized_end=1937
-  _globals['_REPORTRESPONSE']._serialized_start=1939
-  _globals['_REPORTRESPONSE']._serialized_end=2012
-  _globals['_BUNDLECHUNK']._serialized_start=2014
-  _globals['_BUNDLECHUNK']._serialized_end=2041
-  _globals['_EXPORTREQUEST']._serialized_start=2043
-  _globals['_EXPORTREQUEST']._serialized_end=2091
-  _globals['_IMPORTRESULT']._serialized_start=2094
-  _globals['_IMPORTRESULT']._serialized_end=2261
-  _globals['_CAMPAIGNS']._serialized_start=2264
-  _globals['_CAMPAIGNS']._serialized_end=2615
-  _globals['_EVIDENCE']._serialized_start=2618
-  _globals['_EVIDENCE']._serialized_end=3367
+  _globals['_LEADERBOARDENTRY']._serialized_end=1034
+  _globals['_BESTREQUEST']._serialized_start=1036
+  _globals['_BESTREQUEST']._serialized_end=1136
+  _globals['_LEADERBOARDREQUEST']._serialized_start=1138
+  _globals['_LEADERBOARDREQUEST']._serialized_end=1194
+  _globals['_LEADERBOARDRESPONSE']._serialized_start=1196
+  _globals['_LEADERBOARDRESPONSE']._serialized_end=1265
+  _globals['_CANDIDATEREQUEST']._serialized_start=1267
+  _globals['_CANDIDATEREQUEST']._serialized_end=1297
+  _globals['_REGRESSIONREQUEST']._serialized_start=1299
+  _globals['_REGRESSIONREQUEST']._serialized_end=1335
+  _globals['_PRIORSREQUEST']._serialized_start=1338
+  _globals['_PRIORSREQUEST']._serialized_end=1474
+  _globals['_PRIORSRESPONSE']._serialized_start=1476
+  _globals['_PRIORSRESPONSE']._serialized_end=1528
+  _globals['_REGRESSIONRESPONSE']._serialized_start=1530
+  _globals['_REGRESSIONRESPONSE']._serialized_end=1596
+  _globals['_CANDIDATEEVIDENCE']._serialized_start=1599
+  _globals['_CANDIDATEEVIDENCE']._serialized_end=1730
+  _globals['_REPORTREQUEST']._serialized_start=1732
+  _globals['_REPORTREQUEST']._serialized_end=1768
+  _globals['_LESSONSREQUEST']._serialized_start=1770
+  _globals['_LESSONSREQUEST']._serialized_end=1857
+  _globals['_LESSON']._serialized_start=1859
+  _globals['_LESSON']._serialized_end=1925
+  _globals['_LESSONSRESPONSE']._serialized_start=1927
+  _globals['_LESSONSRESPONSE']._serialized_end=1996
+  _globals['_REPORTRESPONSE']._serialized_start=1998
+  _globals['_REPORTRESPONSE']._serialized_end=2071
+  _globals['_BUNDLECHUNK']._serialized_start=2073
+  _globals['_BUNDLECHUNK']._serialized_end=2100
+  _globals['_EXPORTREQUEST']._serialized_start=2102
+  _globals['_EXPORTREQUEST']._serialized_end=2150
+  _globals['_IMPORTRESULT']._serialized_start=2153
+  _globals['_IMPORTRESULT']._serialized_end=2320
+  _globals['_CAMPAIGNS']._serialized_start=2323
+  _globals['_CAMPAIGNS']._serialized_end=2674
+  _globals['_EVIDENCE']._serialized_start=2677
+  _globals['_EVIDENCE']._serialized_end=3426
 # @@protoc_insertion_point(module_scope)

@@ -76,7 +76,7 @@ class WatchRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class LeaderboardEntry(_message.Message):
-    __slots__ = ("candidate_id", "campaign_id", "problem", "family", "params_json", "origin", "score_s", "timings", "device", "checks", "after_finish")
+    __slots__ = ("candidate_id", "campaign_id", "problem", "family", "params_json", "origin", "score_s", "timings", "device", "checks", "after_finish", "result", "found_wrong", "screened_out")
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,9 @@ class LeaderboardEntry(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
     AFTER_FINISH_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    FOUND_WRONG_FIELD_NUMBER: _ClassVar[int]
+    SCREENED_OUT_FIELD_NUMBER: _ClassVar[int]
     candidate_id: str
     campaign_id: str
     problem: str
@@ -99,7 +102,10 @@ class LeaderboardEntry(_message.Message):
     device: str
     checks: _containers.RepeatedCompositeFieldContainer[_events_pb2.Check]
     after_finish: bool
-    def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[_events_pb2.Check, _Mapping]]] = ..., after_finish: _Optional[bool] = ...) -> None: ...
+    result: bool
+    found_wrong: bool
+    screened_out: bool
+    def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[_events_pb2.Check, _Mapping]]] = ..., after_finish: _Optional[bool] = ..., result: _Optional[bool] = ..., found_wrong: _Optional[bool] = ..., screened_out: _Optional[bool] = ...) -> None: ...
 
 class BestRequest(_message.Message):
     __slots__ = ("problem", "shape", "device", "target", "require_known")

@@ -9,11 +9,13 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path, PurePath
 
 from kfactory.bus import events as ev
 from kfactory.bus.origins import STRATEGY, Origin, sql_match
 from kfactory.evidence import trust
+from kfactory.evidence.verdicts import Verdicts
 from kfactory.judge import counter_rng
 from kfactory.problems.spec import PROBLEM_NAME
 from kfactory.v1 import events_pb2 as pb
@@ -51,6 +53,7 @@ CREATE TABLE IF NOT EXISTS held (
 CREATE INDEX IF NOT EXISTS held_candidate ON held(campaign, candidate);
 CREATE TABLE IF NOT EXISTS problem_names (locator TEXT PRIMARY KEY, name TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS owed (candidate TEXT NOT NULL, event_id TEXT NOT NULL, PRIMARY KEY (candidate, event_id));
+CREATE INDEX IF NOT EXISTS events_verdicts ON events(campaign) WHERE kind IN ('comparison', 'campaign_finished');
 """
 #: how much of a refused message the archive keeps (enough to tell what it was, never megabytes)
 REFUSED_HEAD_BYTES = 4096
@@ -435,22 +438,42 @@ class Archive:
                                      (campaign, besides, n))}
 
     def best(self, problem: str, shape: str = "", device: str = "", target: str = "") -> tuple[pb.Measured, str] | None:
-        """The fastest measurement of a problem (at a shape, on a device whose model contains `device`, of a
-        candidate for `target`: `cuda` matches every cuda target, `cuda:sm_90a` only itself)."""
+        """The fastest result of a problem (at a shape, on a device whose model contains `device`, of a candidate
+        for `target`: `cuda` matches every cuda target, `cuda:sm_90a` only itself). A kernel a comparison found
+        wrong never counts (Verdicts). Without a shape, of a finished campaign only the kernel it finished with
+        counts: its showdown may have decided for another than the fastest by its own score (one faster in the
+        interleaved timing, or tied there and faster at the other shapes), and its final comparison is that
+        kernel's; a running campaign's measurements count as they stand. At a shape, the fastest there as measured."""
         rows = self.q("SELECT payload, campaign FROM measurements WHERE problem=? AND device LIKE ?",
                       (problem, f"%{device}%"))
+        # every campaign of the problem: a kernel found wrong on one device is wrong on any
+        verdicts = self.verdicts([c for (c,) in self.q("SELECT DISTINCT campaign FROM measurements WHERE problem=?",
+                                                       (problem,))])
         best = None
         for payload, campaign in rows:
             m = pb.Measured.FromString(payload)
             # a screened-out timing is no result (it may never have been verified: kfactory/judge/order.py)
             if (m.candidate.origin == Origin.REFERENCE.of() or m.screened_out
-                    or not target_matches(m.candidate.target, target)):
+                    or not target_matches(m.candidate.target, target) or m.candidate.id in verdicts.wrong
+                    or not shape and not verdicts.counts(campaign, m.candidate.id)):
                 continue
             t = next((x for x in m.timings if x.shape == shape), None) if shape else None
             score = t.median_s if t else (m.score_s if not shape else None)
             if score is not None and (best is None or score < best[0]):
                 best = (score, m, campaign)
         return (best[1], best[2]) if best else None
+
+    def verdicts(self, campaigns: Iterable[str]) -> Verdicts:
+        """What these campaigns decided beyond each kernel's own measurement, read from their archived events (so
+        archives written before this question was asked answer it too)."""
+        out = Verdicts()
+        for campaign in campaigns:
+            # the partial index events_verdicts answers this (its WHERE is this query's kind term, word for word,
+            # so no other query's plan can change); a reader of an archive written before it scans the campaign
+            for (payload,) in self.q("SELECT payload FROM events WHERE campaign=? AND kind IN "
+                                     "('comparison', 'campaign_finished')", (campaign,)):
+                out.fold(pb.Event.FromString(payload))
+        return out
 
     def checks(self, candidate: str, campaign: str) -> list[pb.Check]:
         """The figures of the candidate's verification in a campaign (empty when it has none)."""
@@ -465,15 +488,18 @@ class Archive:
         distinct point (per campaign and point with every_source), searched and warm-started points only (not
         the reference or hand-written kernels). With every_source the limit is shared among the campaigns: each
         one's best point, then each one's second best, and so on (each round in order of closeness), so a
-        campaign with many points near its best (a flat space) cannot crowd the others' out of a warm start."""
+        campaign with many points near its best (a flat space) cannot crowd the others' out of a warm start. A
+        kernel a comparison found wrong is no evidence of a good point (Verdicts)."""
         rows = self.q("SELECT m.campaign, m.candidate, m.device, m.score_s, m.payload, c.family, c.params_json "
                       "FROM measurements m JOIN candidates c ON c.campaign=m.campaign AND c.id=m.candidate "
                       f"WHERE m.problem=? AND m.campaign!=? AND {sql_match('c.origin', STRATEGY)}",
                       (problem, exclude_campaign))
+        wrong = self.verdicts({r[0] for r in rows}).wrong
         best: dict[str, float] = {}
         kept = []
         for campaign, cand, device, score, payload, family, params in rows:
-            if families and family not in families or pb.Measured.FromString(payload).screened_out:
+            if (families and family not in families or cand in wrong
+                    or pb.Measured.FromString(payload).screened_out):
                 continue
             best[campaign] = min(best.get(campaign, score), score)
             kept.append((campaign, cand, device, score, family, params))

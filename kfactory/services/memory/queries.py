@@ -166,18 +166,27 @@ class Queries:
         found = self.archive.best(name, request.shape, request.device, target)
         if found is None:
             raise NotFound(f"no measurement of {quoted(request.problem)} "
-                           f"{request.shape or ''} {request.device or ''} {target}".strip())
+                           f"{request.shape or ''} {request.device or ''} {target}".strip()
+                           + ", or none that counts (a kernel found wrong by a comparison, or not the one its "
+                           "campaign finished with: kfactory status lists the campaigns)")
         measured, campaign = found
-        return _entry(measured, campaign, self.archive.checks(measured.candidate.id, campaign))
+        entry = _entry(measured, campaign, self.archive.checks(measured.candidate.id, campaign))
+        entry.result = self.archive.verdicts([campaign]).results.get(campaign) == entry.candidate_id
+        return entry
 
     def leaderboard(self, request: spb.LeaderboardRequest) -> spb.LeaderboardResponse:
-        """A campaign's measured candidates, fastest first. Of a finished campaign, as many as its status counts
-        measured after the finish are marked after_finish: those measured last in the archive's order, never the
-        best it finished with (the finish says how many it counted, not which, so the marks are the likeliest
-        ones; the count itself is exact)."""
+        """A campaign's measured candidates, fastest first, each marked when it is the kernel the campaign
+        finished with, was found wrong by a comparison, or was screened out. Of a finished campaign, as many as
+        its status counts measured after the finish are marked after_finish: those measured last in the
+        archive's order, never the best it finished with (the finish says how many it counted, not which, so the
+        marks are the likeliest ones; the count itself is exact)."""
         cid = self.resolve_campaign(request.campaign_id)
         rows = self.archive.leaderboard(cid, request.limit or 20)
+        verdicts = self.archive.verdicts([cid])
         entries = [_entry(m, cid) for m, _ in rows]
+        for entry, (m, _) in zip(entries, rows):
+            for note in verdicts.notes(cid, m):
+                setattr(entry, note, True)
         if (finished := self._lifecycle(cid, "campaign_finished")) is not None:
             fin = finished.campaign_finished
             late = self._after_finish(cid, fin).measured
@@ -268,11 +277,15 @@ class Queries:
             return out
         for kind, n in self.archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (cid,)):
             ev.count_in(out.counts, kind, n)
-        best = self.archive.q("SELECT m.candidate, m.score_s FROM measurements m JOIN candidates c ON "
-                              "c.campaign=m.campaign AND c.id=m.candidate WHERE m.campaign=? AND c.origin!=? "
-                              "ORDER BY m.score_s LIMIT 1", (cid, Origin.REFERENCE.of()))
-        if best:
-            out.best_candidate_id, out.best_score_s = best[0]
+        # its best so far: no screened-out timing (never verified), no kernel a comparison found wrong
+        wrong = self.archive.verdicts([cid]).wrong
+        for cand, score, payload in self.archive.q(
+                "SELECT m.candidate, m.score_s, m.payload FROM measurements m JOIN candidates c ON "
+                "c.campaign=m.campaign AND c.id=m.candidate WHERE m.campaign=? AND c.origin!=? ORDER BY m.score_s",
+                (cid, Origin.REFERENCE.of())):
+            if cand not in wrong and not pb.Measured.FromString(payload).screened_out:
+                out.best_candidate_id, out.best_score_s = cand, score
+                break
         return out
 
     def _after_finish(self, cid: str, fin: pb.CampaignFinished) -> pb.Counts:

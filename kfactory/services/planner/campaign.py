@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from kfactory.bus import events as ev
 from kfactory.bus.origins import SEARCHED, STRATEGY, Origin, is_kind
+from kfactory.evidence.verdicts import found_wrong
 from kfactory.judge.order import device_seconds
 from kfactory.judge.stats import significant
 from kfactory.problems.package import lowest_score
@@ -292,10 +293,10 @@ class CampaignState:
     def _on_comparison(self, m: pb.Comparison) -> None:
         if m.showdown:
             self.showdowns[m.candidate_id] = m
-            if m.failed_candidate:
-                self.disqualified.add(m.failed_candidate)
-            return
-        self.comparisons[m.shape] = m
+        elif m.candidate_id not in self.disqualified:  # a result found wrong: its other shapes' figures are not kept
+            self.comparisons[m.shape] = m
+        if cid := found_wrong(m):
+            self.disqualified.add(cid)
 
     def _on_campaign_finished(self, m: pb.CampaignFinished) -> None:
         self.finished = m
@@ -378,7 +379,8 @@ class CampaignState:
         engine's showdown), else the one the showdown of the search's best decided (showdown_winner), else the
         search's best (search_best: the one `winner` picks, the problem's rule, Problem.winner; the lowest score
         where none is set)."""
-        if self.finale is not None and (decided := self.finale.winner()) in self.measured:
+        if self.finale is not None and (decided := self.finale.winner()) in self.measured \
+                and decided not in self.disqualified:
             return self.measured[decided]
         pick = self.search_best()
         if pick is None:

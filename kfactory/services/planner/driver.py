@@ -30,6 +30,10 @@ from kfactory.services.planner.summary import campaign_summary
 from kfactory.v1 import events_pb2 as pb
 
 COMPARE_WAIT_S = 300.0
+#: final comparisons that may find the campaign's result wrong, each making the next best the result, before it
+#: finishes with the next best uncompared (a kernel wrong there is rare: several in a row say more of the problem
+#: or its reference than of the kernels)
+FINAL_TRIES = 3
 GRACE_S = 60.0
 #: how long one re-timing of the finale may take before the campaign finishes without the rest (an engine's
 #: bench is seconds; the benchmarker may wait for the device lease meanwhile)
@@ -263,13 +267,30 @@ class CampaignDriver:
         return pick.candidate.id in st.disqualified
 
     async def _compare(self, st: CampaignState) -> None:
-        for _ in range(len(st.measured)):  # a showdown that finds its pick wrong: the next best's, until one holds
-            if not await self._showdown(st):
-                break
+        """The showdown and the final comparison of the campaign's result. One that finds its kernel wrong makes
+        the next best the result, with a showdown and a final comparison of its own: after a showdown, until one
+        holds; after a final comparison, FINAL_TRIES results in all, and none once the campaign's time or device
+        budget is spent (the result is then the next best, not compared: the summary shows no comparison)."""
+        wrong = 0
+        for _ in range(len(st.measured)):
+            if await self._showdown(st):
+                continue
+            if not await self._final_compare(st):
+                return
+            wrong += 1
+            if wrong >= FINAL_TRIES or st.expired() or \
+                    device_budget_spent(st, device_budget(st.spec, self.settings.device_seconds)):
+                self.log.warning("final comparisons found results wrong: the next best is not compared",
+                                 campaign=st.id, found_wrong=wrong)
+                return
+
+    async def _final_compare(self, st: CampaignState) -> bool:
+        """The result timed against the reference kernel and the baselines at every optimisation shape; True when
+        that found it wrong (it is no result then: CampaignState.disqualified)."""
         best = st.best()
         ref = st.candidates.get(st.reference_id)
         if st.cancelled or best is None or ref is None or ref.id not in st.artifacts:
-            return
+            return False
         problem = self.ctx.problem(st.spec.problem)
         req = pb.CompareRequest(candidate=best.candidate, reference=ref,
                                 baselines=available_baselines(problem, st.spec.target.split(":")[0]),
@@ -277,7 +298,7 @@ class CampaignDriver:
                                 reference_artifact=st.artifacts[ref.id])
         event = ev.make_event(st.id, self.svc.name, f"compare:{best.candidate.id}", compare_request=req)
         if event.id in st.dead_compares:  # dead-lettered before (a restarted planner folds it): not sent again
-            return
+            return False
         with telemetry.root_span(f"{self.svc.name} compare", **{"kf.campaign": st.id,
                                                                 "kf.candidate": best.candidate.id}):
             await self.bus.publish(event)
@@ -286,8 +307,10 @@ class CampaignDriver:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMPARE_WAIT_S
         while loop.time() < deadline and not (st.cancelled or st.broken or event.id in st.dead_compares) and \
+                best.candidate.id not in st.disqualified and \
                 not want <= {shape for shape, c in st.comparisons.items() if c.candidate_id == best.candidate.id}:
             await self._wait_change(st)
+        return best.candidate.id in st.disqualified
 
     def _problem_or_none(self, st: CampaignState):
         """The campaign's problem, or None when it no longer loads (its summary then names no problem shapes)."""

@@ -57,6 +57,8 @@ def campaign_summary(st: CampaignState, problem) -> dict:
     if st.spec.goal_fraction > 0:  # `--goal`: whether a candidate reached it (and which), which ended the search
         reached = st.goal_reached()
         out["goal"] = {"fraction": st.spec.goal_fraction, "reached_by": reached.candidate.id if reached else None}
+    if st.disqualified:  # kernels a showdown or the final comparison found wrong: no result, whatever their score
+        out["found_wrong"] = sorted(st.disqualified)
     pick = st.search_best()
     if pick is not None and (sd := st.showdowns.get(pick.candidate.id)) is not None:
         out["showdown"] = _showdown_section(st, sd)
@@ -71,7 +73,8 @@ def _showdown_section(st: CampaignState, sd: pb.Comparison) -> dict:
     pick = st.measured.get(sd.candidate_id)
     winner, why = st.showdown_decision(pick) if pick is not None else (None, "")
     return {"shape": sd.shape, "search_best": sd.candidate_id, "error": sd.error or None,
-            "found_wrong": sorted(st.disqualified) or None, "winner": winner, "decided": why or None,
+            "found_wrong": sorted({s.failed_candidate for s in st.showdowns.values() if s.failed_candidate}) or None,
+            "winner": winner, "decided": why or None,
             "timed": {e.candidate_id: {"median_seconds": e.timing.median_s, "ci_seconds": [e.timing.ci_low_s,
                                                                                            e.timing.ci_high_s],
                                        "search_score_seconds": st.measured[e.candidate_id].score_s
@@ -88,6 +91,8 @@ def _best_section(st: CampaignState, best: pb.Measured, problem) -> dict:
     shapes = {}
     for t in best.timings:
         comp = st.comparisons.get(t.shape)
+        if comp is not None and comp.candidate_id != cand.id:  # of a result found wrong there: not this kernel's
+            comp = None
         speed = dict(comp.speedups) if comp else {}
         shapes[t.shape] = {"median_seconds": t.median_s, "noise": t.noise, "samples": t.samples,
                            "gbps": t.gbps, "fraction_of_measured_bandwidth": t.sol_fraction,

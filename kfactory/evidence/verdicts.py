@@ -1,0 +1,67 @@
+"""What campaigns decided about their kernels beyond each one's own measurement, folded from their events: the
+kernels a showdown or a final comparison found wrong, and the kernel each finished campaign finished with.
+Memory's best, priors and lessons (kfactory/services/memory/archive.py), its leaderboard, and a campaign's
+report all answer with these, so no kernel a campaign judged against is shown or exported as its result."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kfactory.v1 import events_pb2 as pb
+
+#: a final comparison's failures that say its kernel computes the wrong thing or cheats the harness; others (a
+#: timeout, a crash, a resource limit) may be the host's, and leave the result as it was
+WRONG_REASONS = frozenset({pb.WRONG_RESULT, pb.NOT_DETERMINISTIC, pb.MEMOISED, pb.OUT_OF_BOUNDS, pb.INPUT_MUTATED,
+                           pb.TOO_FAST_TO_BE_TRUE})
+
+
+def found_wrong(comp: pb.Comparison) -> str:
+    """The candidate a comparison makes no result ("" when none), as the planner decides it: any kernel that
+    failed a showdown (its contenders are candidates only), and the compared result itself when its final
+    comparison found it wrong (WRONG_REASONS; the reference kernel or a baseline failing there says nothing
+    against the candidate)."""
+    if not comp.failed_candidate:
+        return ""
+    if comp.showdown:
+        return comp.failed_candidate
+    return comp.failed_candidate if (comp.failed_candidate == comp.candidate_id
+                                     and comp.failed_reason in WRONG_REASONS) else ""
+
+
+#: how a leaderboard says that a kernel is its campaign's result, or is none
+NOTES = {"result": "the campaign's result", "found_wrong": "found wrong by a comparison: no result",
+         "screened_out": "screened out: a screen's timing, never verified"}
+
+
+@dataclass
+class Verdicts:
+    """`wrong`: the candidates a showdown or a final comparison found wrong (Comparison.failed_candidate: no
+    result, whatever their measurement); `results`: each finished campaign's result
+    (CampaignFinished.best_candidate_id, "" when it finished with none)."""
+    wrong: set[str] = field(default_factory=set)
+    results: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, events) -> Verdicts:
+        out = cls()
+        for e in events:
+            out.fold(e)
+        return out
+
+    def fold(self, event: pb.Event) -> None:
+        """Take in one event (any kind; only comparisons and campaigns' ends say anything here)."""
+        if event.HasField("campaign_finished"):
+            self.results[event.campaign_id] = event.campaign_finished.best_candidate_id
+        elif event.HasField("comparison") and (cid := found_wrong(event.comparison)):
+            self.wrong.add(cid)
+
+    def counts(self, campaign: str, candidate: str) -> bool:
+        """Whether a kernel of this campaign can be a problem's best: the one it finished with, or, while it
+        runs, any not found wrong."""
+        return candidate not in self.wrong and self.results.get(campaign, candidate) == candidate
+
+    def notes(self, campaign: str, m: pb.Measured) -> list[str]:
+        """What a leaderboard adds to a measured kernel's own figures (NOTES' keys): its campaign's result, or no
+        result at all."""
+        cid = m.candidate.id
+        return [k for k, flag in (("result", self.results.get(campaign) == cid), ("found_wrong", cid in self.wrong),
+                                  ("screened_out", m.screened_out)) if flag]

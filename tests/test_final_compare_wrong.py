@@ -1,0 +1,146 @@
+"""A final comparison that finds the campaign's result wrong (Comparison.failed_candidate: its outputs on a fresh
+set did not match) makes it no result, as a showdown's does: the planner's driver takes the next best through its
+own showdown and final comparison, and the campaign finishes with that one. The real planner's driver on the
+in-memory bus; no benchmarker runs: the test answers each request with the Comparison a benchmarker publishes,
+folded into the state as the planner folds it from the stream."""
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from kfactory.bus import events as ev
+from kfactory.bus import topology
+from kfactory.bus.origins import Origin
+from kfactory.platform.app import start_services
+from kfactory.problems import load_problem
+from kfactory.services.planner.campaign import CampaignState
+from kfactory.services.planner.driver import FINAL_TRIES
+from kfactory.services.planner.summary import campaign_summary
+from kfactory.strategies import Space
+from kfactory.v1 import events_pb2 as pb
+
+sys.path.insert(0, str(Path(__file__).parent))
+import evidence_chain  # noqa: E402
+
+PROBLEM = load_problem("softmax")
+SHAPES = [PROBLEM.shape_str(s) for s in PROBLEM.shapes("optimize")]
+
+
+def _state(cid: str, n: int = 2) -> CampaignState:
+    """k1 (0.50 s), k2 (0.51 s) ... kn measured in full, and the reference kernel, each with its artifact."""
+    spec = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=n, strategy="random", seed=1)
+    st = CampaignState(cid, spec, pb.DeviceInfo(), Space(list(PROBLEM.families.values())))
+    kernels = [(f"k{i}", 0.49 + 0.01 * i, "template:cpu_c") for i in range(1, n + 1)]
+    for k, score, origin in kernels + [("ref", 0.90, Origin.REFERENCE.of())]:
+        cand = pb.Candidate(id=k, point_id="p-" + k, campaign_id=cid, origin=origin, params_json="{}")
+        for e in evidence_chain.links(cid, cand) + [_measured(cid, cand, score)]:
+            assert st.apply(e) == "", e
+    return st
+
+
+def _measured(cid: str, cand: pb.Candidate, score: float) -> pb.Event:
+    return ev.make_event(cid, "benchmarker", cand.id, measured=pb.Measured(
+        candidate=cand, score_s=score, timings=[evidence_chain.timing(score, s) for s in SHAPES]))
+
+
+def _answer(req: pb.CompareRequest, wrong: dict[str, str]) -> list[pb.Comparison]:
+    """The benchmarker's answer: a showdown in which the search's best stays (its contenders 2% slower, outside
+    nobody's noise), or the final comparison at every shape, failed on the first for a kernel in `wrong` (with
+    the reason it maps to) and timed at the others, as the benchmarker goes on after a failure."""
+    cid = req.candidate.id
+    if req.contenders:
+        comp = pb.Comparison(shape=SHAPES[0], candidate_id=cid, showdown=True)
+        for i, c in enumerate([req.candidate, *req.contenders]):
+            comp.entries.append(pb.ComparisonEntry(name=c.id, candidate_id=c.id,
+                                                   timing=evidence_chain.timing(0.5 * (1 + 0.02 * i), SHAPES[0])))
+        return [comp]
+    good = [pb.Comparison(shape=s, candidate_id=cid, speedups={"reference": 1.8}) for s in SHAPES]
+    if cid in wrong:
+        # with the speedup of the timings taken before the failure, as the benchmarker keeps them
+        return [pb.Comparison(shape=SHAPES[0], candidate_id=cid, error=f"{wrong[cid]}: row 3", failed_candidate=cid,
+                              failed_reason=wrong[cid], speedups={"reference": 1.5}), *good[1:]]
+    return good
+
+
+async def _benchmarker_answers(bus, st: CampaignState, wrong: dict[str, str], asked: list[str]) -> None:
+    """Answer every request the driver sends until it stops asking (a second with none new)."""
+    seen, idle = 0, 0
+    while idle < 20:
+        queued = await bus.stored(topology.WORK_STREAM, ev.work_subject("benchmarker", st.id))
+        if len(queued) == seen:
+            idle += 1
+            await asyncio.sleep(0.05)
+            continue
+        idle = 0
+        for msg in queued[seen:]:
+            req = pb.Event.FromString(msg.data).compare_request
+            asked.append(("showdown " if req.contenders else "compare ") + req.candidate.id)
+            for i, comp in enumerate(_answer(req, wrong)):
+                key = ev.showdown_key(req) if req.contenders else f"{req.candidate.id}:{comp.shape}:{i}"
+                assert st.apply(ev.make_event(st.id, "benchmarker", key, comparison=comp)) == ""
+            st.changed.set()
+        seen = len(queued)
+
+
+async def test_a_result_the_final_comparison_found_wrong_gives_way_to_the_next_best(memory_bus_settings):
+    running = await start_services(memory_bus_settings, names=("planner",))
+    try:
+        planner = running.services["planner"]
+        st, asked = _state("c8"), []
+        # within a minute: before the fix the driver waited out COMPARE_WAIT_S for the shapes of a failed comparison
+        await asyncio.wait_for(asyncio.gather(planner.driver._compare(st),
+                                              _benchmarker_answers(planner.bus, st, {"k1": "WRONG_RESULT"}, asked)), 60)
+        # k1 stays in its showdown, then fails its final comparison; k2 has no contender left (k1 is no result)
+        assert asked == ["showdown k1", "compare k1", "compare k2"]
+        assert st.disqualified == {"k1"} and st.best().candidate.id == "k2"
+        summary = campaign_summary(st, PROBLEM)
+        assert summary["best"]["candidate_id"] == "k2" and summary["found_wrong"] == ["k1"]
+        # the result's comparison figures are its own, not those of the kernel found wrong before it
+        assert {s: v["speedup_vs_reference"] for s, v in summary["best"]["shapes"].items()} == {s: 1.8 for s in SHAPES}
+    finally:
+        await running.shutdown()
+
+
+async def test_a_result_that_holds_is_compared_once(memory_bus_settings):
+    running = await start_services(memory_bus_settings, names=("planner",))
+    try:
+        planner = running.services["planner"]
+        st, asked = _state("c9"), []
+        await asyncio.wait_for(asyncio.gather(planner.driver._compare(st),
+                                              _benchmarker_answers(planner.bus, st, {}, asked)), 60)
+        assert asked == ["showdown k1", "compare k1"] and not st.disqualified and st.best().candidate.id == "k1"
+    finally:
+        await running.shutdown()
+
+
+async def test_a_final_comparison_failed_for_a_reason_not_the_kernels_leaves_the_result(memory_bus_settings):
+    """A timeout or a crash there may be the host's (a loaded machine, the runner's arena): no verdict on the kernel."""
+    running = await start_services(memory_bus_settings, names=("planner",))
+    try:
+        planner = running.services["planner"]
+        for i, reason in enumerate(("TIMEOUT", "CRASHED")):
+            st, asked = _state(f"c1{i}"), []
+            await asyncio.wait_for(asyncio.gather(planner.driver._compare(st), _benchmarker_answers(
+                planner.bus, st, {"k1": reason}, asked)), 60)
+            assert asked == ["showdown k1", "compare k1"] and not st.disqualified and st.best().candidate.id == "k1"
+    finally:
+        await running.shutdown()
+
+
+async def test_final_comparisons_give_the_result_to_the_next_best_at_most_final_tries_times(memory_bus_settings):
+    running = await start_services(memory_bus_settings, names=("planner",))
+    try:
+        planner = running.services["planner"]
+        st, asked = _state("c20", n=5), []
+        wrong = {f"k{i}": "WRONG_RESULT" for i in range(1, 6)}
+        await asyncio.wait_for(asyncio.gather(planner.driver._compare(st),
+                                              _benchmarker_answers(planner.bus, st, wrong, asked)), 120)
+        tried = [f"k{i}" for i in range(1, FINAL_TRIES + 1)]
+        assert asked == [f"{what} {k}" for k in tried for what in ("showdown", "compare")]
+        # the next best is the result, not compared: the summary shows no comparison rather than another's
+        assert st.disqualified == set(tried) and st.best().candidate.id == f"k{FINAL_TRIES + 1}"
+        best = campaign_summary(st, PROBLEM)["best"]
+        assert all(v["speedup_vs_reference"] is None and v["compared"] == {} for v in best["shapes"].values())
+    finally:
+        await running.shutdown()

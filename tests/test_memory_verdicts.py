@@ -1,0 +1,187 @@
+"""Memory answers with what the campaigns decided, not only with each kernel's own measurement (Archive.verdicts):
+a kernel a showdown or a final comparison found wrong is never a problem's best, a prior or a lesson; without a
+shape, a finished campaign's kernel counts only if the campaign finished with it (its showdown may have decided
+for another than the fastest by its own score); the leaderboard marks the result and the kernels that are none."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from kfactory.bus import events as ev
+from kfactory.bus.origins import Origin
+from kfactory.cli.client import entry_marks
+from kfactory.services.memory.archive import Archive
+from kfactory.services.memory.lessons import lessons
+from kfactory.services.memory.queries import Queries
+from kfactory.v1 import events_pb2 as pb
+from kfactory.v1 import services_pb2 as spb
+
+sys.path.insert(0, str(Path(__file__).parent))
+from evidence_chain import chain, links, measured, timing  # noqa: E402
+
+
+def _cand(cid: str, campaign: str, v: int, origin: str = "template:cpu_c") -> pb.Candidate:
+    return pb.Candidate(id=cid, campaign_id=campaign, point_id="p-" + cid, problem="softmax", target="cpu",
+                        family="cpu_c", origin=origin, params_json=json.dumps({"v": v}))
+
+
+def _start(campaign: str) -> pb.Event:
+    return ev.make_event(campaign, "planner", "start", campaign_started=pb.CampaignStarted(
+        spec=pb.CampaignSpec(problem="softmax", target="cpu")))
+
+
+def _wrong(campaign: str, judged: str, failed: str, showdown: bool, reason: str = "WRONG_RESULT") -> pb.Event:
+    """The benchmarker's comparison (a showdown of `judged`, or its final comparison) that `failed` failed."""
+    comp = pb.Comparison(shape="4x4", candidate_id=judged, showdown=showdown, error=f"{reason}: row 3 differs",
+                         failed_candidate=failed, failed_reason=reason)
+    return ev.make_event(campaign, "benchmarker", f"{judged}:{failed}:{reason}", comparison=comp)
+
+
+def _c1() -> list[pb.Event]:
+    """Finished with k2: k1 (0.50) was the search's best, its showdown found k3 (0.40) wrong and decided for k2
+    (0.52), faster in the interleaved timing; s1 was screened out (0.30, a screen's timing), ref is the reference."""
+    out = [_start("c1")]
+    for cid, v, score in (("k1", 1, 0.50), ("k2", 2, 0.52), ("k3", 3, 0.40)):
+        out += chain("c1", _cand(cid, "c1", v), score)
+    out += chain("c1", _cand("ref", "c1", 0, Origin.REFERENCE.of()), 0.80)
+    out += links("c1", _cand("s1", "c1", 4))[:2] + [measured("c1", _cand("s1", "c1", 4), 0.30, screened_out=True)]
+    out.append(_wrong("c1", "k1", "k3", showdown=True))
+    out.append(ev.make_event("c1", "planner", "finish", campaign_finished=pb.CampaignFinished(
+        state="completed", counts=pb.Counts(measured=5), best_candidate_id="k2")))
+    return out
+
+
+def _running() -> list[pb.Event]:
+    """Two campaigns still running: c2 with k4 (0.45); c3 whose k5 (0.20) its final comparison found wrong."""
+    return [_start("c2"), *chain("c2", _cand("k4", "c2", 5), 0.45),
+            _start("c3"), *chain("c3", _cand("k5", "c3", 6), 0.20), _wrong("c3", "k5", "k5", showdown=False)]
+
+
+def _archive(tmp_path, events: list[pb.Event]) -> Archive:
+    archive = Archive(tmp_path / "archive.sqlite")
+    for e in events:
+        assert archive.record(e), ev.kind_of(e)
+    return archive
+
+
+def test_best_is_what_the_campaigns_decided_and_never_a_kernel_found_wrong(tmp_path):
+    archive = _archive(tmp_path, _c1())
+    try:
+        # the fastest by its own score (k3) was found wrong; of the rest, c1 finished with k2, not k1
+        assert archive.best("softmax")[0].candidate.id == "k2"
+        # at a shape: the fastest there as measured, a kernel found wrong excepted
+        assert archive.best("softmax", shape="4x4")[0].candidate.id == "k1"
+        for e in _running():
+            assert archive.record(e)
+        # a running campaign's kernels count as they stand (k4), but not one its final comparison found wrong (k5)
+        assert archive.best("softmax")[0].candidate.id == "k4"
+        assert archive.best("softmax", shape="4x4")[0].candidate.id == "k4"
+        entry = Queries(archive).best(spb.BestRequest(problem="softmax"))
+        assert (entry.candidate_id, entry.campaign_id) == ("k4", "c2")
+    finally:
+        archive.close()
+
+
+def test_the_leaderboard_marks_the_result_and_the_kernels_that_are_none(tmp_path):
+    archive = _archive(tmp_path, _c1())
+    try:
+        board = Queries(archive).leaderboard(spb.LeaderboardRequest(campaign_id="c1")).entries
+    finally:
+        archive.close()
+    marks = {e.candidate_id: (e.result, e.found_wrong, e.screened_out) for e in board}
+    assert [e.candidate_id for e in board] == ["s1", "k3", "k1", "k2", "ref"]   # by each one's own score
+    assert marks == {"s1": (False, False, True), "k3": (False, True, False), "k1": (False, False, False),
+                     "k2": (True, False, False), "ref": (False, False, False)}
+    text = {e.candidate_id: entry_marks(e) for e in board}
+    assert text["k2"] == "  (the campaign's result)" and text["k1"] == ""
+    assert "found wrong" in text["k3"] and "screened out" in text["s1"]
+
+
+def test_a_kernel_found_wrong_is_no_prior_and_no_lesson(tmp_path):
+    archive = _archive(tmp_path, _c1() + _running())
+    try:
+        priors = archive.priors("softmax", every_source=True, limit=20)
+        best_lesson = next(x for x in lessons(archive, "softmax") if x.kind == "best")
+    finally:
+        archive.close()
+    points = {(p.campaign_id, json.loads(p.params_json)["v"]): round(p.relative, 4) for p in priors}
+    # relative to each campaign's best kernel that is not wrong: k1 in c1; c3 has none left
+    assert points == {("c1", 1): 1.0, ("c1", 2): 1.04, ("c2", 5): 1.0}
+    # the fastest so far is k1 (0.50 s, 1.6x its reference), not k3 (0.40 s, wrong)
+    assert best_lesson.value == 0.50 and '"v": 1' in best_lesson.text
+
+
+def test_the_report_and_kfactory_runs_table_note_the_same(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from kfactory.cli.run import leaderboard_table
+    from kfactory.evidence import report
+
+    events = _c1()
+    board = report.markdown(events, noise_bound=0.03).split("## Leaderboard", 1)[1].split("##", 1)[0]
+    rows = {line.split("|")[2].strip(" `"): line.split("|")[6].strip() for line in board.splitlines()
+            if line.startswith("| ") and line[2].isdigit()}
+    assert rows == {"s1": "screened out: a screen's timing, never verified",
+                    "k3": "found wrong by a comparison: no result", "k1": "", "k2": "the campaign's result", "ref": ""}
+    archive = _archive(tmp_path, events)
+    try:
+        measured = [m for m, _ in archive.leaderboard("c1")]
+        out = io.StringIO()
+        Console(file=out, width=250).print(leaderboard_table({"campaign_id": "c1"}, measured, archive.verdicts(["c1"])))
+    finally:
+        archive.close()
+    lines = {line.split("│")[2].strip(): line for line in out.getvalue().splitlines() if line.count("│") > 7}
+    assert "the campaign's result" in lines["k2"] and "found wrong" in lines["k3"] and "screened out" in lines["s1"]
+    assert "result" not in lines["k1"] and "wrong" not in lines["k1"]
+
+
+def test_a_final_comparison_says_nothing_against_a_kernel_it_did_not_find_wrong(tmp_path):
+    """Only the compared kernel's own wrongness counts: the reference kernel failing there (its id is the same in
+    every campaign of the problem), or a timeout or a crash that may be the host's, leave every kernel as it was;
+    a showdown's failure counts for any kernel, as the planner takes it."""
+    events = _c1()[:-1] + [_wrong("c1", "k2", "ref", showdown=False), _wrong("c1", "k2", "k2", False, "TIMEOUT"),
+                           _wrong("c1", "k2", "k2", False, "CRASHED"), _c1()[-1]]
+    archive = _archive(tmp_path, events)
+    try:
+        assert archive.verdicts(["c1"]).wrong == {"k3"}
+        assert archive.best("softmax")[0].candidate.id == "k2"
+        board = Queries(archive).leaderboard(spb.LeaderboardRequest(campaign_id="c1")).entries
+        assert [e.candidate_id for e in board if e.found_wrong] == ["k3"]
+    finally:
+        archive.close()
+
+
+def test_a_kernel_found_wrong_on_one_device_is_no_best_on_another(tmp_path):
+    """`kfactory best P --device X` asks for X's measurements; a kernel found wrong in any campaign stays out."""
+    again = _start("c4")
+    k3 = _cand("k3", "c4", 3)
+    events = _c1() + [again, *links("c4", k3), measured("c4", k3, 0.40, device=pb.DeviceInfo(model="other cpu"))]
+    archive = _archive(tmp_path, events)
+    try:
+        assert archive.best("softmax", device="other") is None
+        assert archive.best("softmax", shape="4x4", device="other") is None
+    finally:
+        archive.close()
+
+
+def test_the_reports_best_section_shows_the_results_own_comparison(tmp_path):
+    """A result found wrong in its final comparison, then the next best's: the report shows the next best's
+    figures, and names the one found wrong."""
+    from kfactory.evidence import report
+
+    first = _wrong("c1", "k1", "k1", showdown=False)
+    first.comparison.speedups["reference"] = 1.5   # timings taken before the failure
+    held = pb.Comparison(shape="4x4", candidate_id="k2", speedups={"reference": 1.6})
+    held.entries.append(pb.ComparisonEntry(name="reference", candidate_id="ref", timing=timing(0.83)))
+    summary = {"best": {"candidate_id": "k2", "origin": "template:cpu_c", "compile_flags": "", "params": {"v": 2}}}
+    fin = ev.make_event("c1", "planner", "finish", campaign_finished=pb.CampaignFinished(
+        state="completed", best_candidate_id="k2", summary_json=json.dumps(summary)))
+    md = report.markdown(_c1()[:-1] + [first, ev.make_event("c1", "benchmarker", "k2:4x4", comparison=held), fin],
+                         noise_bound=0.03)
+    section = md.split("## Interleaved comparison", 1)[1].split("## Verification", 1)[0]
+    assert section.count("### 4x4") == 1 and "| reference | 830 ms" in section
+    assert "Found wrong in its final comparison before this one became the result (no result): `k1`: WRONG_RESULT" \
+        in section and "Not measured" not in section
