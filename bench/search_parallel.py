@@ -37,6 +37,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import numpy as np  # noqa: E402
+from scipy.stats import bootstrap  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parent))
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     budgets, top, t0 = sorted(set(args.budgets)), max(args.budgets), time.time()
     parallel = sorted(set(args.parallel) | {1})
     results: dict = {}
+    finals: dict = {}  # space -> arrival -> P -> each seed's trajectory
     hard: list[str] = []
     with workers(args.jobs):
         for gz in files:
@@ -145,18 +147,49 @@ def main(argv: list[str] | None = None) -> int:
                                              for seed in range(args.seeds)])
                     results.setdefault(rs.name, {}).setdefault(arrival, {})[str(p)] = {
                         str(b): float(np.mean([tr[b - 1] for tr in trajs])) for b in budgets}
+                    finals.setdefault(rs.name, {}).setdefault(arrival, {})[p] = trajs
                     print(f"  {rs.name:28s} {arrival:6s} P={p:<3d} {time.time() - t0:7.1f}s", file=sys.stderr,
                           flush=True)
     geo = {a: {str(p): {str(b): float(math.exp(np.mean([math.log(results[n][a][str(p)][str(b)]) for n in hard])))
                         for b in budgets} for p in parallel} for a in args.arrival} if hard else {}
     print_table(results, geo, args.arrival, parallel, budgets, hard)
+    paired = paired_table(finals, hard, args.arrival, parallel, budgets)
     print(f"\n{args.seeds} seeds, strategy {args.strategy} {args.options or ''}; {time.time() - t0:.0f} s")
     if args.json:
         settings = {"seeds": args.seeds, "strategy": args.strategy, "options": args.options, "budgets": budgets,
                     "parallel": parallel, "arrival": args.arrival}
-        args.json.write_text(json.dumps({"spaces": results, "geomean_hard": geo, "hard": hard,
+        args.json.write_text(json.dumps({"spaces": results, "geomean_hard": geo, "hard": hard, "paired": paired,
                                          "settings": settings}, indent=1))
     return 0
+
+
+def paired_ratio(base: list[float], other: list[float]) -> list[float]:
+    """The geometric mean of other/base over pairs (one space and seed each), with its 95% bootstrap interval
+    (percentile method, fixed seed): [mean, low, high]."""
+    d = np.log(np.asarray(other, float) / np.asarray(base, float))
+    if len(d) < 2 or not d.any():  # one pair, or the same result in every pair: nothing to resample
+        return [math.exp(float(np.mean(d)))] * 3
+    ci = bootstrap((d,), np.mean, vectorized=True, n_resamples=4000, confidence_level=0.95, method="percentile",
+                   random_state=np.random.default_rng(0)).confidence_interval
+    return [math.exp(float(np.mean(d))), math.exp(ci.low), math.exp(ci.high)]
+
+
+def paired_table(finals: dict, hard: list[str], arrivals: list[str], parallel: list[int],
+                 budgets: list[int]) -> dict:
+    """Each arrival's best/optimum against the first arrival's, the same space and seed, over the hard spaces:
+    {arrival: {P: {budget: [mean, low, high]}}} (printed), empty with one arrival or no hard space."""
+    if len(arrivals) < 2 or not hard:
+        return {}
+    base, out = arrivals[0], dict[str, dict]()
+    print(f"\nagainst --arrival {base}, the same space and seed: geometric mean over the hard spaces "
+          f"[95% bootstrap]\n  arrival  P  " + "".join(f"  b={b:<22d}" for b in budgets))
+    for a in arrivals[1:]:
+        for p in parallel:
+            row = {str(b): paired_ratio([tr[b - 1] for n in hard for tr in finals[n][base][p]],
+                                        [tr[b - 1] for n in hard for tr in finals[n][a][p]]) for b in budgets}
+            out.setdefault(a, {})[str(p)] = row
+            print(f"  {a:6s} {p:3d}  " + "".join(f"  {m:.3f} [{lo:.3f}, {hi:.3f}]  " for m, lo, hi in row.values()))
+    return out
 
 
 def print_table(results: dict, geo: dict, arrivals: list[str], parallel: list[int], budgets: list[int],
