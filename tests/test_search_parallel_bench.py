@@ -73,6 +73,15 @@ def test_the_bench_writes_the_hard_spaces_geomean_per_p(tmp_path, capsys):
     for row in doc["spaces"]["k-A"]["fifo"].values():
         assert set(row) == {"5", "10"} and row["5"] >= row["10"] >= 1.0
     assert "ratio to P=1" in capsys.readouterr().out or not doc["hard"]
+    assert set(doc["paired"]) == ({"random"} if doc["hard"] else set())
+
+
+def test_the_paired_ratio_is_the_geometric_mean_with_an_interval_around_it():
+    mod = _bench()
+    assert mod.paired_ratio([1.0, 2.0, 4.0], [1.0, 2.0, 4.0]) == [1.0, 1.0, 1.0]
+    assert mod.paired_ratio([2.0], [3.0]) == [1.5, 1.5, 1.5]  # one pair: nothing to resample
+    mean, low, high = mod.paired_ratio([1.0, 1.0, 1.0, 1.0], [1.1, 1.2, 1.1, 1.2])
+    assert abs(mean - (1.1 * 1.2) ** 0.5) < 1e-12 and 1.1 <= low < mean < high <= 1.2
 
 
 SCRIPT = [1.0, 9.0, 9.0, 0.9, 9.0, 9.0]  # the recorded times of the first six points, in the space's order
