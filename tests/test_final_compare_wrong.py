@@ -63,16 +63,26 @@ def _answer(req: pb.CompareRequest, wrong: dict[str, str]) -> list[pb.Comparison
     return good
 
 
-async def _benchmarker_answers(bus, st: CampaignState, wrong: dict[str, str], asked: list[str]) -> None:
-    """Answer every request the driver sends until it stops asking (a second with none new)."""
-    seen, idle = 0, 0
-    while idle < 20:
+async def _compare(planner, st: CampaignState, wrong: dict[str, str], limit_s: float = 60) -> list[str]:
+    """Run the driver's comparisons of `st` to their end, answering each request as the benchmarker would; the
+    requests sent, in order ("showdown k1", "compare k1", ...). Within `limit_s`: before the fix the driver
+    waited out COMPARE_WAIT_S for the shapes of a failed comparison."""
+    asked: list[str] = []
+    seen = len(await planner.bus.stored(topology.WORK_STREAM, ev.work_subject("benchmarker", st.id)))
+    driver = asyncio.ensure_future(planner.driver._compare(st))
+    await asyncio.wait_for(asyncio.gather(driver, _benchmarker_answers(planner.bus, st, wrong, asked, driver, seen)),
+                           limit_s)
+    return asked
+
+
+async def _benchmarker_answers(bus, st: CampaignState, wrong: dict[str, str], asked: list[str], driver,
+                               seen: int) -> None:
+    """Answer every request the driver sends after the first `seen` on the work stream, until it is done."""
+    while not driver.done():
         queued = await bus.stored(topology.WORK_STREAM, ev.work_subject("benchmarker", st.id))
         if len(queued) == seen:
-            idle += 1
             await asyncio.sleep(0.05)
             continue
-        idle = 0
         for msg in queued[seen:]:
             req = pb.Event.FromString(msg.data).compare_request
             asked.append(("showdown " if req.contenders else "compare ") + req.candidate.id)
@@ -87,10 +97,8 @@ async def test_a_result_the_final_comparison_found_wrong_gives_way_to_the_next_b
     running = await start_services(memory_bus_settings, names=("planner",))
     try:
         planner = running.services["planner"]
-        st, asked = _state("c8"), []
-        # within a minute: before the fix the driver waited out COMPARE_WAIT_S for the shapes of a failed comparison
-        await asyncio.wait_for(asyncio.gather(planner.driver._compare(st),
-                                              _benchmarker_answers(planner.bus, st, {"k1": "WRONG_RESULT"}, asked)), 60)
+        st = _state("c8")
+        asked = await _compare(planner, st, {"k1": "WRONG_RESULT"})
         # k1 stays in its showdown, then fails its final comparison; k2 has no contender left (k1 is no result)
         assert asked == ["showdown k1", "compare k1", "compare k2"]
         assert st.disqualified == {"k1"} and st.best().candidate.id == "k2"
@@ -106,9 +114,8 @@ async def test_a_result_that_holds_is_compared_once(memory_bus_settings):
     running = await start_services(memory_bus_settings, names=("planner",))
     try:
         planner = running.services["planner"]
-        st, asked = _state("c9"), []
-        await asyncio.wait_for(asyncio.gather(planner.driver._compare(st),
-                                              _benchmarker_answers(planner.bus, st, {}, asked)), 60)
+        st = _state("c9")
+        asked = await _compare(planner, st, {})
         assert asked == ["showdown k1", "compare k1"] and not st.disqualified and st.best().candidate.id == "k1"
     finally:
         await running.shutdown()
@@ -120,9 +127,8 @@ async def test_a_final_comparison_failed_for_a_reason_not_the_kernels_leaves_the
     try:
         planner = running.services["planner"]
         for i, reason in enumerate(("TIMEOUT", "CRASHED")):
-            st, asked = _state(f"c1{i}"), []
-            await asyncio.wait_for(asyncio.gather(planner.driver._compare(st), _benchmarker_answers(
-                planner.bus, st, {"k1": reason}, asked)), 60)
+            st = _state(f"c1{i}")
+            asked = await _compare(planner, st, {"k1": reason})
             assert asked == ["showdown k1", "compare k1"] and not st.disqualified and st.best().candidate.id == "k1"
     finally:
         await running.shutdown()
@@ -132,15 +138,31 @@ async def test_final_comparisons_give_the_result_to_the_next_best_at_most_final_
     running = await start_services(memory_bus_settings, names=("planner",))
     try:
         planner = running.services["planner"]
-        st, asked = _state("c20", n=5), []
-        wrong = {f"k{i}": "WRONG_RESULT" for i in range(1, 6)}
-        await asyncio.wait_for(asyncio.gather(planner.driver._compare(st),
-                                              _benchmarker_answers(planner.bus, st, wrong, asked)), 120)
+        st = _state("c20", n=5)
+        asked = await _compare(planner, st, {f"k{i}": "WRONG_RESULT" for i in range(1, 6)}, limit_s=120)
         tried = [f"k{i}" for i in range(1, FINAL_TRIES + 1)]
         assert asked == [f"{what} {k}" for k in tried for what in ("showdown", "compare")]
         # the next best is the result, not compared: the summary shows no comparison rather than another's
         assert st.disqualified == set(tried) and st.best().candidate.id == f"k{FINAL_TRIES + 1}"
         best = campaign_summary(st, PROBLEM)["best"]
         assert all(v["speedup_vs_reference"] is None and v["compared"] == {} for v in best["shapes"].values())
+    finally:
+        await running.shutdown()
+
+
+async def test_a_restarted_planner_counts_the_results_found_wrong_before_it(memory_bus_settings):
+    """Two results found wrong before a restart (folded from the stream): one more final comparison, not three;
+    and the driver asked again (the campaign's work sent back meanwhile) sends nothing more."""
+    running = await start_services(memory_bus_settings, names=("planner",))
+    try:
+        planner = running.services["planner"]
+        st = _state("c30", n=5)
+        for k in ("k1", "k2"):
+            comp = _answer(pb.CompareRequest(candidate=st.candidates[k]), {k: "WRONG_RESULT"})[0]
+            assert st.apply(ev.make_event(st.id, "benchmarker", f"{k}:old", comparison=comp)) == ""
+        assert st.final_wrong == {"k1", "k2"} and st.best().candidate.id == "k3"
+        asked = await _compare(planner, st, {"k3": "WRONG_RESULT", "k4": "WRONG_RESULT"})
+        assert asked == ["showdown k3", "compare k3"] and st.best().candidate.id == "k4"
+        assert await _compare(planner, st, {"k4": "WRONG_RESULT"}) == []
     finally:
         await running.shutdown()

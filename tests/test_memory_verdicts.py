@@ -185,3 +185,59 @@ def test_the_reports_best_section_shows_the_results_own_comparison(tmp_path):
     assert section.count("### 4x4") == 1 and "| reference | 830 ms" in section
     assert "Found wrong in its final comparison before this one became the result (no result): `k1`: WRONG_RESULT" \
         in section and "Not measured" not in section
+
+
+def test_a_kernel_found_wrong_is_not_exported_even_by_its_id(tmp_path):
+    """A comparison is archived under no candidate: the candidate's evidence brings the showdown's both to the
+    kernel it was timed for (k1) and to the one it found wrong (k3); export refuses k3."""
+    import pytest
+
+    from kfactory.export.errors import ExportError
+    from kfactory.export.evidence import judged
+
+    archive = _archive(tmp_path, _c1())
+    try:
+        queries = Queries(archive)
+        k3 = queries.candidate(spb.CandidateRequest(id="k3"))
+        k1 = queries.candidate(spb.CandidateRequest(id="k1"))
+    finally:
+        archive.close()
+    assert [ev.kind_of(e) for e in k3.events][-1] == "comparison"
+    with pytest.raises(ExportError, match="k3 was found wrong by a showdown at 4x4 in campaign c1 .WRONG_RESULT"):
+        judged(k3)
+    assert [e.comparison.failed_candidate for e in k1.events if e.HasField("comparison")] == ["k3"]
+
+
+def test_an_export_quotes_the_final_comparisons_on_its_measurements_device_and_refuses_one_found_wrong():
+    import pytest
+
+    from kfactory.export.errors import ExportError
+    from kfactory.export.evidence import Judged, judged, measurement_summary
+
+    cand = _cand("k2", "c1", 2)
+    m = measured("c1", cand, 0.52, device=pb.DeviceInfo(model="this cpu")).measured
+    here = [pb.Comparison(shape="4x4", candidate_id="k2", device=pb.DeviceInfo(model="this cpu"),
+                          speedups={"reference": r}) for r in (1.5, 1.6)]   # compared in two campaigns here
+    there = pb.Comparison(shape="4x4", candidate_id="k2", device=pb.DeviceInfo(model="other cpu"),
+                          speedups={"reference": 9.9})
+    lines = measurement_summary(Judged(cand, "", [], measured=[m], comparisons=[here[0], there, here[1]]))
+    assert [x for x in lines if "speedup" in x] == ["  speedup at 4x4: 1.60x reference (interleaved)"]
+    # its final comparison found it wrong: refused by its id, naming the campaign
+    evidence = spb.CandidateEvidence(candidate=cand, events=[*chain("c1", cand, 0.52),
+                                                             _wrong("c1", "k2", "k2", showdown=False)])
+    with pytest.raises(ExportError, match="k2 was found wrong by its final comparison at 4x4 in campaign c1"):
+        judged(evidence)
+
+
+def test_the_verdicts_query_reads_its_partial_index(tmp_path):
+    from kfactory.services.memory import archive as archive_mod
+
+    archive = _archive(tmp_path, _c1())
+    try:
+        plan = " ".join(str(r) for r in archive.q("EXPLAIN QUERY PLAN " + archive_mod.DECISIONS, ("c1",)))
+        others = " ".join(str(r) for r in archive.q("EXPLAIN QUERY PLAN SELECT payload FROM events WHERE campaign=? "
+                                                    "ORDER BY seq", ("c1",)))
+    finally:
+        archive.close()
+    assert "USING INDEX events_verdicts" in plan and "TEMP B-TREE" not in plan
+    assert "events_verdicts" not in others   # a campaign's whole history still reads events_campaign

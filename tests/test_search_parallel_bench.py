@@ -73,7 +73,18 @@ def test_the_bench_writes_the_hard_spaces_geomean_per_p(tmp_path, capsys):
     for row in doc["spaces"]["k-A"]["fifo"].values():
         assert set(row) == {"5", "10"} and row["5"] >= row["10"] >= 1.0
     assert "ratio to P=1" in capsys.readouterr().out or not doc["hard"]
-    assert set(doc["paired"]) == ({"random"} if doc["hard"] else set())
+    # 32 points: random search finds the optimum within 100, so k-A is no hard space and nothing is paired
+    assert doc["hard"] == [] and doc["paired"] == {}
+
+
+def test_the_paired_table_pairs_each_arrival_with_the_first_by_space_and_seed():
+    mod = _bench()
+    finals = {"s": {"verify": {3: [[2.0, 1.0], [4.0, 2.0]]}, "screen": {3: [[2.0, 1.1], [4.0, 2.2]]}},
+              "t": {"verify": {3: [[1.0, 1.0]]}, "screen": {3: [[1.0, 1.0]]}}}
+    out = mod.paired_table(finals, ["s"], ["verify", "screen"], [3], [1, 2])
+    assert out["screen"]["3"]["1"] == [1.0, 1.0, 1.0]   # the same at the first ask
+    assert abs(out["screen"]["3"]["2"][0] - 1.1) < 1e-12   # 1.1x in both pairs of the hard space; t is not hard
+    assert mod.paired_table(finals, [], ["verify", "screen"], [3], [1]) == {}
 
 
 def test_the_paired_ratio_is_the_geometric_mean_with_an_interval_around_it():
@@ -81,7 +92,7 @@ def test_the_paired_ratio_is_the_geometric_mean_with_an_interval_around_it():
     assert mod.paired_ratio([1.0, 2.0, 4.0], [1.0, 2.0, 4.0]) == [1.0, 1.0, 1.0]
     assert mod.paired_ratio([2.0], [3.0]) == [1.5, 1.5, 1.5]  # one pair: nothing to resample
     mean, low, high = mod.paired_ratio([1.0, 1.0, 1.0, 1.0], [1.1, 1.2, 1.1, 1.2])
-    assert abs(mean - (1.1 * 1.2) ** 0.5) < 1e-12 and 1.1 <= low < mean < high <= 1.2
+    assert abs(mean - (1.1 * 1.2) ** 0.5) < 1e-12 and 1.1 - 1e-9 <= low < mean < high <= 1.2 + 1e-9
 
 
 SCRIPT = [1.0, 9.0, 9.0, 0.9, 9.0, 9.0]  # the recorded times of the first six points, in the space's order

@@ -146,7 +146,7 @@ def by_id(settings, problem: str, candidate_id: str) -> OpKernel:
     except ClientError as exc:
         raise OpKernelError(f"{problem} kernel {candidate_id[:12]} is not in memory: {exc}") from exc
     except NotVerified as exc:
-        raise OpKernelError(f"{problem} kernel {candidate_id[:12]} was never verified: {exc}") from exc
+        raise OpKernelError(f"{problem} kernel {candidate_id[:12]} is not a verified kernel: {exc}") from exc
     cand = found.candidate
     if Path(cand.problem.rstrip("/")).name != problem:   # a built-in name or a package directory named so
         raise OpKernelError(f"candidate {candidate_id[:12]} is a kernel of {cand.problem!r}, not of {problem}")

@@ -148,13 +148,14 @@ def _best_section(summary: dict, events: list[pb.Event], engine: bool = False) -
            f"`{best['candidate_id'][:16]}` ({best['origin']}), flags `{best['compile_flags']}`",
            "", f"parameters: `{format_params(best['params'])}`", "",
            "## Interleaved comparison (same runner, same threads, A B A B ...)", ""]
-    wrong = []
+    wrong: dict[str, str] = {}  # a result found wrong before this one: its first failure (it is timed on after it)
     for e in events:
         if not e.HasField("comparison") or e.comparison.showdown:  # the showdown: summary.json's "showdown"
             continue
         c = e.comparison
         if c.candidate_id != best["candidate_id"]:  # a result before it, found wrong there: its own figures
-            wrong += [f"`{c.candidate_id[:16]}`: {c.error}"] if found_wrong(c) else []
+            if found_wrong(c):
+                wrong.setdefault(c.candidate_id, f"`{c.candidate_id[:16]}`: {c.error}")
             continue
         out += [f"### {c.shape}", ""]
         if c.error:
@@ -170,7 +171,7 @@ def _best_section(summary: dict, events: list[pb.Event], engine: bool = False) -
         out.append("")
     if wrong:
         out += ["Found wrong in its final comparison before this one became the result (no result): "
-                + "; ".join(wrong), ""]
+                + "; ".join(wrong.values()), ""]
     return out + _verification(best["candidate_id"], events, engine)
 
 

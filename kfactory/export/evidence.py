@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 from kfactory.bus import events as ev
+from kfactory.evidence.verdicts import found_wrong
 from kfactory.export.errors import ExportError
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -61,8 +62,9 @@ class Judged:
 
 def judged(evidence: spb.CandidateEvidence) -> Judged:
     """The candidate's results, or NotVerified when the evidence shows no pass: no `verified` event, a
-    rejection at any stage (a duplicate is no verdict), a compile failure, a failed check inside a verdict,
-    or a source that is not the one the candidate's id was made from."""
+    rejection at any stage (a duplicate is no verdict), a compile failure, a failed check inside a verdict, a
+    comparison that found it wrong (a showdown's or its final one: evidence.verdicts.found_wrong), or a source
+    that is not the one the candidate's id was made from."""
     cand = evidence.candidate
     if not cand.id:
         raise NotVerified("the evidence names no candidate")
@@ -73,6 +75,10 @@ def judged(evidence: spb.CandidateEvidence) -> Judged:
         other = ev.candidate_of(event)
         if kind == "comparison":
             c = event.comparison
+            if found_wrong(c) == cand.id:
+                raise NotVerified(f"candidate {short} was found wrong by "
+                                  f"{'a showdown' if c.showdown else 'its final comparison'} at {c.shape} in "
+                                  f"campaign {event.campaign_id} ({_one_line(c.error)}): it is not exported")
             if c.candidate_id == cand.id and not (c.error or c.showdown):  # a showdown is not the final comparison
                 by_kind.setdefault(kind, []).append(event.comparison)
             continue
@@ -165,10 +171,12 @@ def measurement_summary(j: Judged) -> list[str]:
         for t in m.timings:
             lines.append(f"  {t.shape}: median {_time(t.median_s)} (q1 {_time(t.q1_s)}, q3 {_time(t.q3_s)}, "
                          f"{t.samples} samples)" + (f", {t.gbps:.3g} GB/s" if t.gbps else ""))
-    for c in j.comparisons:
-        if c.speedups:
-            pairs = ", ".join(f"{v:.2f}x {k}" for k, v in sorted(c.speedups.items()))
-            lines.append(f"  speedup at {c.shape}: {pairs} (interleaved)")
+    # the final comparisons on the measurement's device, one per shape (the last: a kernel compared in several
+    # campaigns has several)
+    same = {c.shape: c for c in j.comparisons if c.speedups and m is not None and c.device.model == m.device.model}
+    for c in same.values():
+        pairs = ", ".join(f"{v:.2f}x {k}" for k, v in sorted(c.speedups.items()))
+        lines.append(f"  speedup at {c.shape}: {pairs} (interleaved)")
     return lines
 
 

@@ -15,7 +15,7 @@ from pathlib import Path, PurePath
 from kfactory.bus import events as ev
 from kfactory.bus.origins import STRATEGY, Origin, sql_match
 from kfactory.evidence import trust
-from kfactory.evidence.verdicts import Verdicts
+from kfactory.evidence.verdicts import Verdicts, found_wrong
 from kfactory.judge import counter_rng
 from kfactory.problems.spec import PROBLEM_NAME
 from kfactory.v1 import events_pb2 as pb
@@ -55,6 +55,11 @@ CREATE TABLE IF NOT EXISTS problem_names (locator TEXT PRIMARY KEY, name TEXT NO
 CREATE TABLE IF NOT EXISTS owed (candidate TEXT NOT NULL, event_id TEXT NOT NULL, PRIMARY KEY (candidate, event_id));
 CREATE INDEX IF NOT EXISTS events_verdicts ON events(campaign) WHERE kind IN ('comparison', 'campaign_finished');
 """
+#: a campaign's comparisons and end (Archive.verdicts): the partial index events_verdicts answers it, since its
+#: WHERE is this query's kind term word for word (so no other query's plan can change); a reader of an archive
+#: written before the index scans the campaign's events
+DECISIONS = ("SELECT payload FROM events WHERE campaign=? AND kind IN ('comparison', 'campaign_finished') "
+             "ORDER BY seq")
 #: how much of a refused message the archive keeps (enough to tell what it was, never megabytes)
 REFUSED_HEAD_BYTES = 4096
 #: results believed only at the end of their evidence chain, and the chain link each waits for
@@ -468,12 +473,23 @@ class Archive:
         archives written before this question was asked answer it too)."""
         out = Verdicts()
         for campaign in campaigns:
-            # the partial index events_verdicts answers this (its WHERE is this query's kind term, word for word,
-            # so no other query's plan can change); a reader of an archive written before it scans the campaign
-            for (payload,) in self.q("SELECT payload FROM events WHERE campaign=? AND kind IN "
-                                     "('comparison', 'campaign_finished')", (campaign,)):
-                out.fold(pb.Event.FromString(payload))
+            for event in self._decisions(campaign):
+                out.fold(event)
         return out
+
+    def comparisons_of(self, candidate: str) -> list[pb.Event]:
+        """The comparisons about this candidate: its final comparisons and the showdowns it was timed for, and
+        any that found it wrong (evidence.verdicts.found_wrong), from the campaigns its own events are in (a
+        comparison is archived under no candidate)."""
+        if self.q("SELECT 1 FROM candidates WHERE id=? AND origin=? LIMIT 1", (candidate, Origin.REFERENCE.of())):
+            return []   # never compared nor a contender; its id is the same in every campaign of its problem
+        campaigns = [c for (c,) in self.q("SELECT DISTINCT campaign FROM events WHERE candidate=?", (candidate,))]
+        return [e for c in campaigns for e in self._decisions(c) if e.HasField("comparison")
+                and candidate in (e.comparison.candidate_id, found_wrong(e.comparison))]
+
+    def _decisions(self, campaign: str) -> list[pb.Event]:
+        """A campaign's comparisons and end, in the archive's order."""
+        return [pb.Event.FromString(payload) for (payload,) in self.q(DECISIONS, (campaign,))]
 
     def checks(self, candidate: str, campaign: str) -> list[pb.Check]:
         """The figures of the candidate's verification in a campaign (empty when it has none)."""

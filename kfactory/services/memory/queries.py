@@ -196,8 +196,10 @@ class Queries:
         return spb.LeaderboardResponse(entries=entries)
 
     def candidate(self, request: spb.CandidateRequest) -> spb.CandidateEvidence:
-        """One candidate's every archived event, lineage and source ("" when no store holds it)."""
-        events = self.archive.events(candidate=self.resolve_candidate(request.id))
+        """One candidate's every archived event, then the comparisons about it (Archive.comparisons_of: its own,
+        and any that found it wrong), lineage and source ("" when no store holds it)."""
+        cid = self.resolve_candidate(request.id)
+        events = self.archive.events(candidate=cid) + self.archive.comparisons_of(cid)
         first = next((e for e in events if e.HasField("candidate_created")), events[0])
         cand = ev.candidate_of(first)
         assert cand is not None  # every event archived under a candidate carries it

@@ -68,6 +68,8 @@ class CampaignState:
     showdowns: dict[str, pb.Comparison] = field(default_factory=dict)
     #: candidates a showdown found wrong (their timed outputs, or the check after the timing): never the result
     disqualified: set[str] = field(default_factory=set)
+    #: results their final comparison found wrong (also in disqualified): at most FINAL_TRIES, restarts included
+    final_wrong: set[str] = field(default_factory=set)
     reference_id: str = ""
     #: the first candidate measured in full whose every timing reached spec.goal_fraction ("" until one does, or
     #: without a goal): kept as the measurements are folded, since the planner asks before every proposal
@@ -297,6 +299,8 @@ class CampaignState:
             self.comparisons[m.shape] = m
         if cid := found_wrong(m):
             self.disqualified.add(cid)
+            if not m.showdown:
+                self.final_wrong.add(cid)
 
     def _on_campaign_finished(self, m: pb.CampaignFinished) -> None:
         self.finished = m

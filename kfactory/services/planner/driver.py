@@ -269,19 +269,19 @@ class CampaignDriver:
     async def _compare(self, st: CampaignState) -> None:
         """The showdown and the final comparison of the campaign's result. One that finds its kernel wrong makes
         the next best the result, with a showdown and a final comparison of its own: after a showdown, until one
-        holds; after a final comparison, FINAL_TRIES results in all, and none once the campaign's time or device
-        budget is spent (the result is then the next best, not compared: the summary shows no comparison)."""
-        wrong = 0
+        holds; after a final comparison, FINAL_TRIES results in all (CampaignState.final_wrong: a restarted
+        planner counts those before it), and none once the campaign's time or device budget is spent, which a
+        campaign bounded by time has reached when its search ended (the result is then the search's next best,
+        with no showdown and no final comparison: the summary shows none)."""
         for _ in range(len(st.measured)):
+            if st.final_wrong and (len(st.final_wrong) >= FINAL_TRIES or st.expired() or
+                                   device_budget_spent(st, device_budget(st.spec, self.settings.device_seconds))):
+                self.log.warning("final comparisons found results wrong: the next best is not compared",
+                                 campaign=st.id, found_wrong=len(st.final_wrong))
+                return
             if await self._showdown(st):
                 continue
             if not await self._final_compare(st):
-                return
-            wrong += 1
-            if wrong >= FINAL_TRIES or st.expired() or \
-                    device_budget_spent(st, device_budget(st.spec, self.settings.device_seconds)):
-                self.log.warning("final comparisons found results wrong: the next best is not compared",
-                                 campaign=st.id, found_wrong=wrong)
                 return
 
     async def _final_compare(self, st: CampaignState) -> bool:
