@@ -70,8 +70,11 @@ async def _compare(planner, st: CampaignState, wrong: dict[str, str], limit_s: f
     asked: list[str] = []
     seen = len(await planner.bus.stored(topology.WORK_STREAM, ev.work_subject("benchmarker", st.id)))
     driver = asyncio.ensure_future(planner.driver._compare(st))
-    await asyncio.wait_for(asyncio.gather(driver, _benchmarker_answers(planner.bus, st, wrong, asked, driver, seen)),
-                           limit_s)
+    try:
+        await asyncio.wait_for(asyncio.gather(driver, _benchmarker_answers(planner.bus, st, wrong, asked, driver,
+                                                                           seen)), limit_s)
+    finally:
+        driver.cancel()   # when the answerer failed: the driver would wait for answers until COMPARE_WAIT_S
     return asked
 
 

@@ -15,16 +15,14 @@ WRONG_REASONS = frozenset({pb.WRONG_RESULT, pb.NOT_DETERMINISTIC, pb.MEMOISED, p
 
 
 def found_wrong(comp: pb.Comparison) -> str:
-    """The candidate a comparison makes no result ("" when none), as the planner decides it: any kernel that
-    failed a showdown (its contenders are candidates only), and the compared result itself when its final
-    comparison found it wrong (WRONG_REASONS; the reference kernel or a baseline failing there says nothing
-    against the candidate)."""
-    if not comp.failed_candidate:
+    """The candidate a comparison found wrong ("" when none): for a wrongness reason (WRONG_REASONS), any kernel
+    of a showdown (its contenders are candidates only), or the compared result itself in its final comparison
+    (the reference kernel or a baseline failing there says nothing against the candidate). Such a kernel is no
+    result anywhere, and is never exported. The planner also takes a kernel that failed a showdown otherwise
+    (a crash, a timeout) out of that one campaign's result (CampaignState.disqualified)."""
+    if not comp.failed_candidate or comp.failed_reason not in WRONG_REASONS:
         return ""
-    if comp.showdown:
-        return comp.failed_candidate
-    return comp.failed_candidate if (comp.failed_candidate == comp.candidate_id
-                                     and comp.failed_reason in WRONG_REASONS) else ""
+    return comp.failed_candidate if comp.showdown or comp.failed_candidate == comp.candidate_id else ""
 
 
 #: how a leaderboard says that a kernel is its campaign's result, or is none

@@ -481,9 +481,11 @@ class Archive:
         """The comparisons about this candidate: its final comparisons and the showdowns it was timed for, and
         any that found it wrong (evidence.verdicts.found_wrong), from the campaigns its own events are in (a
         comparison is archived under no candidate)."""
-        if self.q("SELECT 1 FROM candidates WHERE id=? AND origin=? LIMIT 1", (candidate, Origin.REFERENCE.of())):
+        campaigns = [c for (c,) in self.q("SELECT campaign FROM events WHERE candidate=? GROUP BY campaign "
+                                          "ORDER BY MIN(seq)", (candidate,))]
+        if campaigns and self.q("SELECT 1 FROM candidates WHERE campaign=? AND id=? AND origin=?",
+                                (campaigns[0], candidate, Origin.REFERENCE.of())):
             return []   # never compared nor a contender; its id is the same in every campaign of its problem
-        campaigns = [c for (c,) in self.q("SELECT DISTINCT campaign FROM events WHERE candidate=?", (candidate,))]
         return [e for c in campaigns for e in self._decisions(c) if e.HasField("comparison")
                 and candidate in (e.comparison.candidate_id, found_wrong(e.comparison))]
 

@@ -297,10 +297,11 @@ class CampaignState:
             self.showdowns[m.candidate_id] = m
         elif m.candidate_id not in self.disqualified:  # a result found wrong: its other shapes' figures are not kept
             self.comparisons[m.shape] = m
-        if cid := found_wrong(m):
+        if m.showdown and m.failed_candidate:  # any failure there, as before: no result of this campaign
+            self.disqualified.add(m.failed_candidate)
+        elif cid := found_wrong(m):
             self.disqualified.add(cid)
-            if not m.showdown:
-                self.final_wrong.add(cid)
+            self.final_wrong.add(cid)
 
     def _on_campaign_finished(self, m: pb.CampaignFinished) -> None:
         self.finished = m
