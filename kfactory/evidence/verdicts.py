@@ -32,9 +32,9 @@ NOTES = {"result": "the campaign's result", "found_wrong": "found wrong by a com
 
 @dataclass
 class Verdicts:
-    """`wrong`: the candidates a showdown or a final comparison found wrong (Comparison.failed_candidate: no
-    result, whatever their measurement); `results`: each finished campaign's result
-    (CampaignFinished.best_candidate_id, "" when it finished with none)."""
+    """`wrong`: the candidates a showdown or a final comparison found wrong (found_wrong: no result, whatever
+    their measurement); `results`: each finished campaign's result (CampaignFinished.best_candidate_id, "" when
+    it finished with none)."""
     wrong: set[str] = field(default_factory=set)
     results: dict[str, str] = field(default_factory=dict)
 
