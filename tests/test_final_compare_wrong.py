@@ -169,3 +169,27 @@ async def test_a_restarted_planner_counts_the_results_found_wrong_before_it(memo
         assert await _compare(planner, st, {"k4": "WRONG_RESULT"}) == []
     finally:
         await running.shutdown()
+
+
+async def test_past_its_time_budget_a_campaign_compares_a_next_best_only_within_the_grace(memory_bus_settings,
+                                                                                         monkeypatch):
+    """A campaign bounded by time is past its budget when its search ends: the next best is still compared
+    within GRACE_S (as the points in flight are waited for), and not after it."""
+    from kfactory.services.planner import driver as driver_mod
+
+    running = await start_services(memory_bus_settings, names=("planner",))
+    try:
+        planner = running.services["planner"]
+        st = _state("c40")
+        st.spec.budget_seconds = 0.001
+        await asyncio.sleep(0.01)
+        assert st.expired()
+        assert await _compare(planner, st, {"k1": "WRONG_RESULT"}) == ["showdown k1", "compare k1", "compare k2"]
+        monkeypatch.setattr(driver_mod, "GRACE_S", 0.0)
+        st = _state("c41")
+        st.spec.budget_seconds = 0.001
+        await asyncio.sleep(0.01)
+        assert await _compare(planner, st, {"k1": "WRONG_RESULT"}) == ["showdown k1", "compare k1"]
+        assert st.best().candidate.id == "k2" and st.disqualified == {"k1"}
+    finally:
+        await running.shutdown()

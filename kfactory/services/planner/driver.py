@@ -34,10 +34,16 @@ COMPARE_WAIT_S = 300.0
 #: finishes with the next best uncompared (a kernel wrong there is rare: several in a row say more of the problem
 #: or its reference than of the kernels)
 FINAL_TRIES = 3
+#: how long past its time budget a campaign waits for its points in flight, and may still compare a next best
 GRACE_S = 60.0
 #: how long one re-timing of the finale may take before the campaign finishes without the rest (an engine's
 #: bench is seconds; the benchmarker may wait for the device lease meanwhile)
 FINALE_WAIT_S = 600.0
+
+
+def past_grace(st: CampaignState) -> bool:
+    """Whether a campaign with a time budget is GRACE_S past it: it waits for no more work then."""
+    return bool(st.spec.budget_seconds) and st.elapsed() > st.spec.budget_seconds + GRACE_S
 
 
 class CampaignDriver:
@@ -189,9 +195,8 @@ class CampaignDriver:
             pass  # no event for this campaign within `timeout`: the caller looks at its budget and clock again
 
     async def _wait_in_flight(self, st: CampaignState) -> None:
-        limit = (st.spec.budget_seconds + GRACE_S) if st.spec.budget_seconds else None
         while st.in_flight() and not (st.cancelled or st.broken):
-            if limit and st.elapsed() > limit:
+            if past_grace(st):
                 self.log.warning("giving up on in-flight points", campaign=st.id, in_flight=st.in_flight())
                 return
             await self._wait_change(st)
@@ -270,11 +275,11 @@ class CampaignDriver:
         """The showdown and the final comparison of the campaign's result. One that finds its kernel wrong makes
         the next best the result, with a showdown and a final comparison of its own: after a showdown, until one
         holds; after a final comparison, FINAL_TRIES results in all (CampaignState.final_wrong: a restarted
-        planner counts those before it), and none once the campaign's time or device budget is spent, which a
-        campaign bounded by time has reached when its search ended (the result is then the search's next best,
-        with no showdown and no final comparison: the summary shows none)."""
+        planner counts those before it), and none once the device budget is spent or the time budget's grace
+        (GRACE_S past it, as for the points in flight) is over (the result is then the search's next best, with
+        no showdown and no final comparison: the summary shows none)."""
         for _ in range(len(st.measured)):
-            if st.final_wrong and (len(st.final_wrong) >= FINAL_TRIES or st.expired() or
+            if st.final_wrong and (len(st.final_wrong) >= FINAL_TRIES or past_grace(st) or
                                    device_budget_spent(st, device_budget(st.spec, self.settings.device_seconds))):
                 self.log.warning("final comparisons found results wrong: the next best is not compared",
                                  campaign=st.id, found_wrong=len(st.final_wrong))
