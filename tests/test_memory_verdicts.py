@@ -244,3 +244,18 @@ def test_the_verdicts_query_reads_its_partial_index(tmp_path):
         archive.close()
     assert "USING INDEX events_verdicts" in plan
     assert "events_verdicts" not in others   # a campaign's whole history still reads events_campaign
+
+
+def test_a_running_campaigns_status_names_no_kernel_found_wrong_or_screened_out_as_its_best(tmp_path):
+    s1 = _cand("s2", "c3", 8)
+    events = _running() + links("c3", s1)[:2] + [measured("c3", s1, 0.10, screened_out=True)]
+    archive = _archive(tmp_path, events)
+    try:
+        queries = Queries(archive)
+        c3 = queries.status(spb.GetCampaignRequest(id="c3"))
+        c2 = queries.status(spb.GetCampaignRequest(id="c2"))
+    finally:
+        archive.close()
+    # c3's fastest timings are a screen's (0.10) and a kernel its final comparison found wrong (0.20): no best
+    assert (c3.best_candidate_id, c3.best_score_s) == ("", 0.0)
+    assert (c2.best_candidate_id, c2.best_score_s) == ("k4", 0.45)
