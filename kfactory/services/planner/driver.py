@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from typing import Coroutine
+from typing import Callable, Coroutine
 
 from kfactory.agents import persona_stage
 from kfactory.claims.base import ClaimsUnavailable
@@ -254,21 +254,12 @@ class CampaignDriver:
                                 contenders=[m.candidate for m in rivals],
                                 contender_artifacts=[st.artifacts[m.candidate.id] for m in rivals])
         event = ev.make_event(st.id, self.svc.name, ev.showdown_key(req), compare_request=req)
-        if event.id in st.dead_compares:  # dead-lettered before (a restarted planner folds it): not sent again
-            return False
         before = st.showdowns.get(pick.candidate.id)  # taken before the request: its answer may come at once
-        with telemetry.root_span(f"{self.svc.name} showdown", **{"kf.campaign": st.id,
-                                                                 "kf.candidate": pick.candidate.id}):
-            await self.bus.publish(event)
-            await self.bus.send_work(Stage.BENCHMARKER, event)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + COMPARE_WAIT_S
-        while st.showdowns.get(pick.candidate.id) is before:
-            if loop.time() > deadline or st.cancelled or st.broken or event.id in st.dead_compares:
-                self.log.warning("the showdown got no answer: the search's best stays the result", campaign=st.id,
-                                 candidate=pick.candidate.id)
-                return False
-            await self._wait_change(st)
+        if not await self._ask_benchmarker(st, event, "showdown", pick.candidate.id,
+                                           lambda: st.showdowns.get(pick.candidate.id) is not before):
+            self.log.warning("the showdown got no answer: the search's best stays the result", campaign=st.id,
+                             candidate=pick.candidate.id)
+            return False
         return pick.candidate.id in st.disqualified
 
     async def _compare(self, st: CampaignState) -> None:
@@ -302,20 +293,30 @@ class CampaignDriver:
                                 candidate_artifact=st.artifacts[best.candidate.id],
                                 reference_artifact=st.artifacts[ref.id])
         event = ev.make_event(st.id, self.svc.name, f"compare:{best.candidate.id}", compare_request=req)
-        if event.id in st.dead_compares:  # dead-lettered before (a restarted planner folds it): not sent again
+        want = {problem.shape_str(s) for s in problem.shapes("optimize")}
+        await self._ask_benchmarker(st, event, "compare", best.candidate.id, lambda: (
+            best.candidate.id in st.disqualified   # found wrong at one shape: the rest need not come
+            or want <= {shape for shape, c in st.comparisons.items() if c.candidate_id == best.candidate.id}))
+        return best.candidate.id in st.disqualified
+
+    async def _ask_benchmarker(self, st: CampaignState, event: pb.Event, what: str, candidate: str,
+                               answered: Callable[[], bool]) -> bool:
+        """Send a compare request (a showdown's, the final comparison's) to the benchmarker and wait until
+        `answered()`; False when no answer can come: its request was dead-lettered (before: a restarted planner
+        folds that, and does not send it again; or meanwhile), the campaign was cancelled or broke, or
+        COMPARE_WAIT_S passed."""
+        if event.id in st.dead_compares:
             return False
-        with telemetry.root_span(f"{self.svc.name} compare", **{"kf.campaign": st.id,
-                                                                "kf.candidate": best.candidate.id}):
+        with telemetry.root_span(f"{self.svc.name} {what}", **{"kf.campaign": st.id, "kf.candidate": candidate}):
             await self.bus.publish(event)
             await self.bus.send_work(Stage.BENCHMARKER, event)
-        want = {problem.shape_str(s) for s in problem.shapes("optimize")}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMPARE_WAIT_S
-        while loop.time() < deadline and not (st.cancelled or st.broken or event.id in st.dead_compares) and \
-                best.candidate.id not in st.disqualified and \
-                not want <= {shape for shape, c in st.comparisons.items() if c.candidate_id == best.candidate.id}:
+        while not answered():
+            if loop.time() > deadline or st.cancelled or st.broken or event.id in st.dead_compares:
+                return False
             await self._wait_change(st)
-        return best.candidate.id in st.disqualified
+        return True
 
     def _problem_or_none(self, st: CampaignState):
         """The campaign's problem, or None when it no longer loads (its summary then names no problem shapes)."""
