@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 from kfactory.v1 import events_pb2 as pb
 
-#: a final comparison's failures that say its kernel computes the wrong thing or cheats the harness; others (a
-#: timeout, a crash, a resource limit) may be the host's, and leave the result as it was
-WRONG_REASONS = frozenset({pb.WRONG_RESULT, pb.NOT_DETERMINISTIC, pb.MEMOISED, pb.OUT_OF_BOUNDS, pb.INPUT_MUTATED,
-                           pb.TOO_FAST_TO_BE_TRUE})
+#: failures that mean "this kernel computes the wrong thing": the input that showed it is worth keeping (memory's
+#: regression inputs, kfactory/services/memory/archive.py)
+WRONGNESS = frozenset({pb.WRONG_RESULT, pb.NOT_DETERMINISTIC, pb.MEMOISED, pb.OUT_OF_BOUNDS})
+#: a comparison's failures that say its kernel computes the wrong thing or cheats the harness; others (a timeout,
+#: a crash, a resource limit) may be the host's, and leave the result as it was
+WRONG_REASONS = WRONGNESS | {pb.INPUT_MUTATED, pb.TOO_FAST_TO_BE_TRUE}
 
 
 def found_wrong(comp: pb.Comparison) -> str:

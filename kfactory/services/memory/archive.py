@@ -15,13 +15,11 @@ from pathlib import Path, PurePath
 from kfactory.bus import events as ev
 from kfactory.bus.origins import STRATEGY, Origin, sql_match
 from kfactory.evidence import trust
-from kfactory.evidence.verdicts import Verdicts, found_wrong
+from kfactory.evidence.verdicts import WRONGNESS, Verdicts, found_wrong
 from kfactory.judge import counter_rng
 from kfactory.problems.spec import PROBLEM_NAME
 from kfactory.v1 import events_pb2 as pb
 
-#: failures that mean "this kernel computes the wrong thing": the input that showed it is worth keeping
-WRONGNESS = frozenset({pb.WRONG_RESULT, pb.NOT_DETERMINISTIC, pb.MEMOISED, pb.OUT_OF_BOUNDS})
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
