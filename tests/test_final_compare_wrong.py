@@ -9,6 +9,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+import pytest
+
 from kfactory.bus import events as ev
 from kfactory.bus import topology
 from kfactory.bus.origins import Origin
@@ -63,6 +65,16 @@ def _answer(req: pb.CompareRequest, wrong: dict[str, str]) -> list[pb.Comparison
     return good
 
 
+@pytest.fixture
+async def planner(memory_bus_settings):
+    """The real planner service on the in-memory bus, shut down after the test."""
+    running = await start_services(memory_bus_settings, names=("planner",))
+    try:
+        yield running.services["planner"]
+    finally:
+        await running.shutdown()
+
+
 async def _compare(planner, st: CampaignState, wrong: dict[str, str], limit_s: float = 60) -> list[str]:
     """Run the driver's comparisons of `st` to their end, answering each request as the benchmarker would; the
     requests sent, in order ("showdown k1", "compare k1", ...). Within `limit_s`: before the fix the driver
@@ -96,100 +108,69 @@ async def _benchmarker_answers(bus, st: CampaignState, wrong: dict[str, str], as
         seen = len(queued)
 
 
-async def test_a_result_the_final_comparison_found_wrong_gives_way_to_the_next_best(memory_bus_settings):
-    running = await start_services(memory_bus_settings, names=("planner",))
-    try:
-        planner = running.services["planner"]
-        st = _state("c8")
-        asked = await _compare(planner, st, {"k1": "WRONG_RESULT"})
-        # k1 stays in its showdown, then fails its final comparison; k2 has no contender left (k1 is no result)
-        assert asked == ["showdown k1", "compare k1", "compare k2"]
-        assert st.disqualified == {"k1"} and st.best().candidate.id == "k2"
-        summary = campaign_summary(st, PROBLEM)
-        assert summary["best"]["candidate_id"] == "k2" and summary["found_wrong"] == ["k1"]
-        # the result's comparison figures are its own, not those of the kernel found wrong before it
-        assert {s: v["speedup_vs_reference"] for s, v in summary["best"]["shapes"].items()} == {s: 1.8 for s in SHAPES}
-    finally:
-        await running.shutdown()
+async def test_a_result_the_final_comparison_found_wrong_gives_way_to_the_next_best(planner):
+    st = _state("c8")
+    asked = await _compare(planner, st, {"k1": "WRONG_RESULT"})
+    # k1 stays in its showdown, then fails its final comparison; k2 has no contender left (k1 is no result)
+    assert asked == ["showdown k1", "compare k1", "compare k2"]
+    assert st.disqualified == {"k1"} and st.best().candidate.id == "k2"
+    summary = campaign_summary(st, PROBLEM)
+    assert summary["best"]["candidate_id"] == "k2" and summary["found_wrong"] == ["k1"]
+    # the result's comparison figures are its own, not those of the kernel found wrong before it
+    assert {s: v["speedup_vs_reference"] for s, v in summary["best"]["shapes"].items()} == {s: 1.8 for s in SHAPES}
 
 
-async def test_a_result_that_holds_is_compared_once(memory_bus_settings):
-    running = await start_services(memory_bus_settings, names=("planner",))
-    try:
-        planner = running.services["planner"]
-        st = _state("c9")
-        asked = await _compare(planner, st, {})
-        assert asked == ["showdown k1", "compare k1"] and not st.disqualified and st.best().candidate.id == "k1"
-    finally:
-        await running.shutdown()
+async def test_a_result_that_holds_is_compared_once(planner):
+    st = _state("c9")
+    asked = await _compare(planner, st, {})
+    assert asked == ["showdown k1", "compare k1"] and not st.disqualified and st.best().candidate.id == "k1"
 
 
-async def test_a_final_comparison_failed_for_a_reason_not_the_kernels_leaves_the_result(memory_bus_settings):
+async def test_a_final_comparison_failed_for_a_reason_not_the_kernels_leaves_the_result(planner):
     """A timeout or a crash there may be the host's (a loaded machine, the runner's arena): no verdict on the kernel."""
-    running = await start_services(memory_bus_settings, names=("planner",))
-    try:
-        planner = running.services["planner"]
-        for i, reason in enumerate(("TIMEOUT", "CRASHED")):
-            st = _state(f"c1{i}")
-            asked = await _compare(planner, st, {"k1": reason})
-            assert asked == ["showdown k1", "compare k1"] and not st.disqualified and st.best().candidate.id == "k1"
-    finally:
-        await running.shutdown()
+    for i, reason in enumerate(("TIMEOUT", "CRASHED")):
+        st = _state(f"c1{i}")
+        asked = await _compare(planner, st, {"k1": reason})
+        assert asked == ["showdown k1", "compare k1"] and not st.disqualified and st.best().candidate.id == "k1"
 
 
-async def test_final_comparisons_give_the_result_to_the_next_best_at_most_final_tries_times(memory_bus_settings):
-    running = await start_services(memory_bus_settings, names=("planner",))
-    try:
-        planner = running.services["planner"]
-        st = _state("c20", n=5)
-        asked = await _compare(planner, st, {f"k{i}": "WRONG_RESULT" for i in range(1, 6)}, limit_s=120)
-        tried = [f"k{i}" for i in range(1, FINAL_TRIES + 1)]
-        assert asked == [f"{what} {k}" for k in tried for what in ("showdown", "compare")]
-        # the next best is the result, not compared: the summary shows no comparison rather than another's
-        assert st.disqualified == set(tried) and st.best().candidate.id == f"k{FINAL_TRIES + 1}"
-        best = campaign_summary(st, PROBLEM)["best"]
-        assert all(v["speedup_vs_reference"] is None and v["compared"] == {} for v in best["shapes"].values())
-    finally:
-        await running.shutdown()
+async def test_final_comparisons_give_the_result_to_the_next_best_at_most_final_tries_times(planner):
+    st = _state("c20", n=5)
+    asked = await _compare(planner, st, {f"k{i}": "WRONG_RESULT" for i in range(1, 6)}, limit_s=120)
+    tried = [f"k{i}" for i in range(1, FINAL_TRIES + 1)]
+    assert asked == [f"{what} {k}" for k in tried for what in ("showdown", "compare")]
+    # the next best is the result, not compared: the summary shows no comparison rather than another's
+    assert st.disqualified == set(tried) and st.best().candidate.id == f"k{FINAL_TRIES + 1}"
+    best = campaign_summary(st, PROBLEM)["best"]
+    assert all(v["speedup_vs_reference"] is None and v["compared"] == {} for v in best["shapes"].values())
 
 
-async def test_a_restarted_planner_counts_the_results_found_wrong_before_it(memory_bus_settings):
+async def test_a_restarted_planner_counts_the_results_found_wrong_before_it(planner):
     """Two results found wrong before a restart (folded from the stream): one more final comparison, not three;
     and the driver asked again (the campaign's work sent back meanwhile) sends nothing more."""
-    running = await start_services(memory_bus_settings, names=("planner",))
-    try:
-        planner = running.services["planner"]
-        st = _state("c30", n=5)
-        for k in ("k1", "k2"):
-            comp = _answer(pb.CompareRequest(candidate=st.candidates[k]), {k: "WRONG_RESULT"})[0]
-            assert st.apply(ev.make_event(st.id, "benchmarker", f"{k}:old", comparison=comp)) == ""
-        assert st.final_wrong == {"k1", "k2"} and st.best().candidate.id == "k3"
-        asked = await _compare(planner, st, {"k3": "WRONG_RESULT", "k4": "WRONG_RESULT"})
-        assert asked == ["showdown k3", "compare k3"] and st.best().candidate.id == "k4"
-        assert await _compare(planner, st, {"k4": "WRONG_RESULT"}) == []
-    finally:
-        await running.shutdown()
+    st = _state("c30", n=5)
+    for k in ("k1", "k2"):
+        comp = _answer(pb.CompareRequest(candidate=st.candidates[k]), {k: "WRONG_RESULT"})[0]
+        assert st.apply(ev.make_event(st.id, "benchmarker", f"{k}:old", comparison=comp)) == ""
+    assert st.final_wrong == {"k1", "k2"} and st.best().candidate.id == "k3"
+    asked = await _compare(planner, st, {"k3": "WRONG_RESULT", "k4": "WRONG_RESULT"})
+    assert asked == ["showdown k3", "compare k3"] and st.best().candidate.id == "k4"
+    assert await _compare(planner, st, {"k4": "WRONG_RESULT"}) == []
 
 
-async def test_past_its_time_budget_a_campaign_compares_a_next_best_only_within_the_grace(memory_bus_settings,
-                                                                                         monkeypatch):
+async def test_past_its_time_budget_a_campaign_compares_a_next_best_only_within_the_grace(planner, monkeypatch):
     """A campaign bounded by time is past its budget when its search ends: the next best is still compared
     within GRACE_S (as the points in flight are waited for), and not after it."""
     from kfactory.services.planner import driver as driver_mod
 
-    running = await start_services(memory_bus_settings, names=("planner",))
-    try:
-        planner = running.services["planner"]
-        st = _state("c40")
-        st.spec.budget_seconds = 0.001
-        await asyncio.sleep(0.01)
-        assert st.expired()
-        assert await _compare(planner, st, {"k1": "WRONG_RESULT"}) == ["showdown k1", "compare k1", "compare k2"]
-        monkeypatch.setattr(driver_mod, "GRACE_S", 0.0)
-        st = _state("c41")
-        st.spec.budget_seconds = 0.001
-        await asyncio.sleep(0.01)
-        assert await _compare(planner, st, {"k1": "WRONG_RESULT"}) == ["showdown k1", "compare k1"]
-        assert st.best().candidate.id == "k2" and st.disqualified == {"k1"}
-    finally:
-        await running.shutdown()
+    st = _state("c40")
+    st.spec.budget_seconds = 0.001
+    await asyncio.sleep(0.01)
+    assert st.expired()
+    assert await _compare(planner, st, {"k1": "WRONG_RESULT"}) == ["showdown k1", "compare k1", "compare k2"]
+    monkeypatch.setattr(driver_mod, "GRACE_S", 0.0)
+    st = _state("c41")
+    st.spec.budget_seconds = 0.001
+    await asyncio.sleep(0.01)
+    assert await _compare(planner, st, {"k1": "WRONG_RESULT"}) == ["showdown k1", "compare k1"]
+    assert st.best().candidate.id == "k2" and st.disqualified == {"k1"}

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from kfactory.bus import events as ev
 from kfactory.bus.origins import Origin
@@ -58,16 +62,20 @@ def _running() -> list[pb.Event]:
             _start("c3"), *chain("c3", _cand("k5", "c3", 6), 0.20), _wrong("c3", "k5", "k5", showdown=False)]
 
 
-def _archive(tmp_path, events: list[pb.Event]) -> Archive:
+@contextmanager
+def _archive(tmp_path, events: list[pb.Event]) -> Iterator[Archive]:
+    """An archive holding `events` (each one believed), closed after the block."""
     archive = Archive(tmp_path / "archive.sqlite")
-    for e in events:
-        assert archive.record(e), ev.kind_of(e)
-    return archive
+    try:
+        for e in events:
+            assert archive.record(e), ev.kind_of(e)
+        yield archive
+    finally:
+        archive.close()
 
 
 def test_best_is_what_the_campaigns_decided_and_never_a_kernel_found_wrong(tmp_path):
-    archive = _archive(tmp_path, _c1())
-    try:
+    with _archive(tmp_path, _c1()) as archive:
         # the fastest by its own score (k3) was found wrong; of the rest, c1 finished with k2, not k1
         assert archive.best("softmax")[0].candidate.id == "k2"
         # at a shape: the fastest there as measured, a kernel found wrong excepted
@@ -79,16 +87,11 @@ def test_best_is_what_the_campaigns_decided_and_never_a_kernel_found_wrong(tmp_p
         assert archive.best("softmax", shape="4x4")[0].candidate.id == "k4"
         entry = Queries(archive).best(spb.BestRequest(problem="softmax"))
         assert (entry.candidate_id, entry.campaign_id) == ("k4", "c2")
-    finally:
-        archive.close()
 
 
 def test_the_leaderboard_marks_the_result_and_the_kernels_that_are_none(tmp_path):
-    archive = _archive(tmp_path, _c1())
-    try:
+    with _archive(tmp_path, _c1()) as archive:
         board = Queries(archive).leaderboard(spb.LeaderboardRequest(campaign_id="c1")).entries
-    finally:
-        archive.close()
     marks = {e.candidate_id: (e.result, e.found_wrong, e.screened_out) for e in board}
     assert [e.candidate_id for e in board] == ["s1", "k3", "k1", "k2", "ref"]   # by each one's own score
     assert marks == {"s1": (False, False, True), "k3": (False, True, False), "k1": (False, False, False),
@@ -99,12 +102,9 @@ def test_the_leaderboard_marks_the_result_and_the_kernels_that_are_none(tmp_path
 
 
 def test_a_kernel_found_wrong_is_no_prior_and_no_lesson(tmp_path):
-    archive = _archive(tmp_path, _c1() + _running())
-    try:
+    with _archive(tmp_path, _c1() + _running()) as archive:
         priors = archive.priors("softmax", every_source=True, limit=20)
         best_lesson = next(x for x in lessons(archive, "softmax") if x.kind == "best")
-    finally:
-        archive.close()
     points = {(p.campaign_id, json.loads(p.params_json)["v"]): round(p.relative, 4) for p in priors}
     # relative to each campaign's best kernel that is not wrong: k1 in c1; c3 has none left
     assert points == {("c1", 1): 1.0, ("c1", 2): 1.04, ("c2", 5): 1.0}
@@ -126,13 +126,10 @@ def test_the_report_and_kfactory_runs_table_note_the_same(tmp_path):
             if line.startswith("| ") and line[2].isdigit()}
     assert rows == {"s1": "screened out: a screen's timing, never verified",
                     "k3": "found wrong by a comparison: no result", "k1": "", "k2": "the campaign's result", "ref": ""}
-    archive = _archive(tmp_path, events)
-    try:
+    with _archive(tmp_path, events) as archive:
         measured = [m for m, _ in archive.leaderboard("c1")]
         out = io.StringIO()
         Console(file=out, width=250).print(leaderboard_table({"campaign_id": "c1"}, measured, archive.verdicts(["c1"])))
-    finally:
-        archive.close()
     lines = {line.split("│")[2].strip(): line for line in out.getvalue().splitlines() if line.count("│") > 7}
     assert "the campaign's result" in lines["k2"] and "found wrong" in lines["k3"] and "screened out" in lines["s1"]
     assert "result" not in lines["k1"] and "wrong" not in lines["k1"]
@@ -147,14 +144,11 @@ def test_a_comparison_says_nothing_against_a_kernel_it_did_not_find_wrong(tmp_pa
     events = _c1()[:-1] + [*chain("c1", k4, 0.60), _wrong("c1", "k2", "ref", showdown=False),
                            _wrong("c1", "k2", "k2", False, "TIMEOUT"), _wrong("c1", "k2", "k2", False, "CRASHED"),
                            _wrong("c1", "k1", "k4", True, "CRASHED"), _c1()[-1]]
-    archive = _archive(tmp_path, events)
-    try:
+    with _archive(tmp_path, events) as archive:
         assert archive.verdicts(["c1"]).wrong == {"k3"}
         assert archive.best("softmax")[0].candidate.id == "k2"
         board = Queries(archive).leaderboard(spb.LeaderboardRequest(campaign_id="c1")).entries
         assert [e.candidate_id for e in board if e.found_wrong] == ["k3"]
-    finally:
-        archive.close()
 
 
 def test_a_kernel_found_wrong_on_one_device_is_no_best_on_another(tmp_path):
@@ -162,12 +156,9 @@ def test_a_kernel_found_wrong_on_one_device_is_no_best_on_another(tmp_path):
     again = _start("c4")
     k3 = _cand("k3", "c4", 3)
     events = _c1() + [again, *links("c4", k3), measured("c4", k3, 0.40, device=pb.DeviceInfo(model="other cpu"))]
-    archive = _archive(tmp_path, events)
-    try:
+    with _archive(tmp_path, events) as archive:
         assert archive.best("softmax", device="other") is None
         assert archive.best("softmax", shape="4x4", device="other") is None
-    finally:
-        archive.close()
 
 
 def test_the_reports_best_section_shows_the_results_own_comparison(tmp_path):
@@ -193,18 +184,13 @@ def test_the_reports_best_section_shows_the_results_own_comparison(tmp_path):
 def test_a_kernel_found_wrong_is_not_exported_even_by_its_id(tmp_path):
     """A comparison is archived under no candidate: the candidate's evidence brings the showdown's both to the
     kernel it was timed for (k1) and to the one it found wrong (k3); export refuses k3."""
-    import pytest
-
     from kfactory.export.errors import ExportError
     from kfactory.export.evidence import judged
 
-    archive = _archive(tmp_path, _c1())
-    try:
+    with _archive(tmp_path, _c1()) as archive:
         queries = Queries(archive)
         k3 = queries.candidate(spb.CandidateRequest(id="k3"))
         k1 = queries.candidate(spb.CandidateRequest(id="k1"))
-    finally:
-        archive.close()
     assert [ev.kind_of(e) for e in k3.events][-1] == "comparison"
     with pytest.raises(ExportError, match="k3 was found wrong by a showdown at 4x4 in campaign c1 .WRONG_RESULT"):
         judged(k3)
@@ -212,8 +198,6 @@ def test_a_kernel_found_wrong_is_not_exported_even_by_its_id(tmp_path):
 
 
 def test_an_export_quotes_the_final_comparisons_on_its_measurements_device_and_refuses_one_found_wrong():
-    import pytest
-
     from kfactory.export.errors import ExportError
     from kfactory.export.evidence import Judged, judged, measurement_summary
 
@@ -235,13 +219,10 @@ def test_an_export_quotes_the_final_comparisons_on_its_measurements_device_and_r
 def test_the_verdicts_query_reads_its_partial_index(tmp_path):
     from kfactory.services.memory import archive as archive_mod
 
-    archive = _archive(tmp_path, _c1())
-    try:
+    with _archive(tmp_path, _c1()) as archive:
         plan = " ".join(str(r) for r in archive.q("EXPLAIN QUERY PLAN " + archive_mod.DECISIONS, ("c1",)))
         others = " ".join(str(r) for r in archive.q("EXPLAIN QUERY PLAN SELECT payload FROM events WHERE campaign=? "
                                                     "ORDER BY seq", ("c1",)))
-    finally:
-        archive.close()
     assert "USING INDEX events_verdicts" in plan
     assert "events_verdicts" not in others   # a campaign's whole history still reads events_campaign
 
@@ -249,13 +230,10 @@ def test_the_verdicts_query_reads_its_partial_index(tmp_path):
 def test_a_running_campaigns_status_names_no_kernel_found_wrong_or_screened_out_as_its_best(tmp_path):
     s1 = _cand("s2", "c3", 8)
     events = _running() + links("c3", s1)[:2] + [measured("c3", s1, 0.10, screened_out=True)]
-    archive = _archive(tmp_path, events)
-    try:
+    with _archive(tmp_path, events) as archive:
         queries = Queries(archive)
         c3 = queries.status(spb.GetCampaignRequest(id="c3"))
         c2 = queries.status(spb.GetCampaignRequest(id="c2"))
-    finally:
-        archive.close()
     # c3's fastest timings are a screen's (0.10) and a kernel its final comparison found wrong (0.20): no best
     assert (c3.best_candidate_id, c3.best_score_s) == ("", 0.0)
     assert (c2.best_candidate_id, c2.best_score_s) == ("k4", 0.45)
