@@ -100,6 +100,18 @@ def memory_bus_settings(settings) -> Iterator[Settings]:
         memory_bus.forget("default")
 
 
+@pytest.fixture
+async def planner(memory_bus_settings):
+    """The real planner service alone on the in-memory bus, shut down after the test."""
+    from kfactory.platform.app import start_services
+
+    running = await start_services(memory_bus_settings, names=("planner",))
+    try:
+        yield running.services["planner"]
+    finally:
+        await running.shutdown()
+
+
 @pytest.fixture(params=["memory", "nats"])
 async def connect_bus(request):
     """`await connect_bus(name, **kw)`: a bus of the kind under test (the in-memory one, or NATS on a fresh

@@ -9,12 +9,9 @@ import asyncio
 import sys
 from pathlib import Path
 
-import pytest
-
 from kfactory.bus import events as ev
 from kfactory.bus import topology
 from kfactory.bus.origins import Origin
-from kfactory.platform.app import start_services
 from kfactory.problems import load_problem
 from kfactory.services.planner.campaign import CampaignState
 from kfactory.services.planner.driver import FINAL_TRIES
@@ -63,16 +60,6 @@ def _answer(req: pb.CompareRequest, wrong: dict[str, str]) -> list[pb.Comparison
         return [pb.Comparison(shape=SHAPES[0], candidate_id=cid, error=f"{wrong[cid]}: row 3", failed_candidate=cid,
                               failed_reason=wrong[cid], speedups={"reference": 1.5}), *good[1:]]
     return good
-
-
-@pytest.fixture
-async def planner(memory_bus_settings):
-    """The real planner service on the in-memory bus, shut down after the test."""
-    running = await start_services(memory_bus_settings, names=("planner",))
-    try:
-        yield running.services["planner"]
-    finally:
-        await running.shutdown()
 
 
 async def _compare(planner, st: CampaignState, wrong: dict[str, str], limit_s: float = 60) -> list[str]:

@@ -249,7 +249,7 @@ def _finish(settings, st, running, memory, args, console: Console, ledger: dict)
     summary["report"] = str(report)
     summary["services"] = {name: svc.handled for name, svc in running.services.items()}
     rows = [m for m, _ in memory.archive.leaderboard(st.id, 10)]
-    console.print(leaderboard_table(summary, rows, memory.archive.verdicts([st.id])))
+    console.print(leaderboard_table(summary, rows, memory.archive.verdicts_around(st.id)))
     if line := showdown_line(summary.get("showdown")):
         console.print(line)
     best = summary.get("best")

@@ -56,7 +56,10 @@ def _markdown(events: list[pb.Event], noise_bound: float | None) -> tuple[str, s
     lines += noise_warning(events, default_noise_bound() if noise_bound is None else noise_bound)
     lines += _best_section(summary, events, engine)
     lines += warm_sources.report_lines(summary)
-    lines += _leaderboard(measured, cid, Verdicts.of(events))
+    verdicts = Verdicts.of(events)
+    for candidate, campaign in (summary.get("known_wrong") or {}).items():  # found wrong by another campaign
+        verdicts.wrong.setdefault(candidate, pb.KnownWrong(candidate_id=candidate, campaign_id=campaign))
+    lines += _leaderboard(measured, cid, verdicts)
     lines += _failures(events)
     lines += _dead_letters(events)
     shape_panels = plots.panels(events)
@@ -172,6 +175,9 @@ def _best_section(summary: dict, events: list[pb.Event], engine: bool = False) -
     if wrong:
         out += ["Found wrong in its final comparison before this one became the result (no result): "
                 + "; ".join(wrong.values()), ""]
+    if known := summary.get("known_wrong"):
+        out += ["Measured here, found wrong by another campaign's comparison (no result): "
+                + "; ".join(f"`{c[:16]}` (campaign {by})" for c, by in known.items()), ""]
     return out + _verification(best["candidate_id"], events, engine)
 
 

@@ -35,9 +35,9 @@ NOTES = {"result": "the campaign's result", "found_wrong": "found wrong by a com
 @dataclass
 class Verdicts:
     """`wrong`: the candidates a showdown or a final comparison found wrong (found_wrong: no result, whatever
-    their measurement); `results`: each finished campaign's result (CampaignFinished.best_candidate_id, "" when
-    it finished with none)."""
-    wrong: set[str] = field(default_factory=set)
+    their measurement), each with the first campaign that did and why; `results`: each finished campaign's result
+    (CampaignFinished.best_candidate_id, "" when it finished with none)."""
+    wrong: dict[str, pb.KnownWrong] = field(default_factory=dict)
     results: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -48,11 +48,15 @@ class Verdicts:
         return out
 
     def fold(self, event: pb.Event) -> None:
-        """Take in one event (any kind; only comparisons and campaigns' ends say anything here)."""
+        """Take in one event (any kind; only comparisons, and campaigns' starts and ends, say anything here)."""
         if event.HasField("campaign_finished"):
             self.results[event.campaign_id] = event.campaign_finished.best_candidate_id
-        elif event.HasField("comparison") and (cid := found_wrong(event.comparison)):
-            self.wrong.add(cid)
+        elif event.HasField("campaign_started"):   # what memory knew other campaigns had found wrong
+            for k in event.campaign_started.known_wrong:
+                self.wrong.setdefault(k.candidate_id, k)
+        elif event.HasField("comparison") and (cid := found_wrong(event.comparison)) and cid not in self.wrong:
+            self.wrong[cid] = pb.KnownWrong(candidate_id=cid, campaign_id=event.campaign_id,
+                                            reason=event.comparison.failed_reason)
 
     def counts(self, campaign: str, candidate: str) -> bool:
         """Whether a kernel of this campaign can be a problem's best: the one it finished with, or, while it

@@ -53,6 +53,9 @@ class EvidenceClient:
     async def Priors(self, request: spb.PriorsRequest) -> spb.PriorsResponse:
         return await self.ask("Priors", request)
 
+    async def KnownWrong(self, request: spb.KnownWrongRequest) -> spb.KnownWrongResponse:
+        return await self.ask("KnownWrong", request)
+
     async def Lessons(self, request: spb.LessonsRequest) -> spb.LessonsResponse:
         return await self.ask("Lessons", request)
 

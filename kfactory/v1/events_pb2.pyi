@@ -665,14 +665,26 @@ class Counts(_message.Message):
     def __init__(self, proposed: _Optional[int] = ..., compiled: _Optional[int] = ..., compile_failed: _Optional[int] = ..., verified: _Optional[int] = ..., rejected: _Optional[int] = ..., measured: _Optional[int] = ...) -> None: ...
 
 class CampaignStarted(_message.Message):
-    __slots__ = ("spec", "device", "priors")
+    __slots__ = ("spec", "device", "priors", "known_wrong")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PRIORS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_WRONG_FIELD_NUMBER: _ClassVar[int]
     spec: CampaignSpec
     device: DeviceInfo
     priors: _containers.RepeatedCompositeFieldContainer[Prior]
-    def __init__(self, spec: _Optional[_Union[CampaignSpec, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., priors: _Optional[_Iterable[_Union[Prior, _Mapping]]] = ...) -> None: ...
+    known_wrong: _containers.RepeatedCompositeFieldContainer[KnownWrong]
+    def __init__(self, spec: _Optional[_Union[CampaignSpec, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., priors: _Optional[_Iterable[_Union[Prior, _Mapping]]] = ..., known_wrong: _Optional[_Iterable[_Union[KnownWrong, _Mapping]]] = ...) -> None: ...
+
+class KnownWrong(_message.Message):
+    __slots__ = ("candidate_id", "campaign_id", "reason")
+    CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    candidate_id: str
+    campaign_id: str
+    reason: RejectReason
+    def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., reason: _Optional[_Union[RejectReason, str]] = ...) -> None: ...
 
 class CampaignFinished(_message.Message):
     __slots__ = ("state", "reason", "counts", "best_candidate_id", "summary_json")

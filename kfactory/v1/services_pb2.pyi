@@ -147,6 +147,18 @@ class RegressionRequest(_message.Message):
     problem: str
     def __init__(self, problem: _Optional[str] = ...) -> None: ...
 
+class KnownWrongRequest(_message.Message):
+    __slots__ = ("problem",)
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    problem: str
+    def __init__(self, problem: _Optional[str] = ...) -> None: ...
+
+class KnownWrongResponse(_message.Message):
+    __slots__ = ("kernels",)
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
+    kernels: _containers.RepeatedCompositeFieldContainer[_events_pb2.KnownWrong]
+    def __init__(self, kernels: _Optional[_Iterable[_Union[_events_pb2.KnownWrong, _Mapping]]] = ...) -> None: ...
+
 class PriorsRequest(_message.Message):
     __slots__ = ("problem", "families", "exclude_campaign", "limit", "every_source", "require_known")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]

@@ -310,6 +310,11 @@ class EvidenceStub:
                 request_serializer=kfactory_dot_v1_dot_services__pb2.PriorsRequest.SerializeToString,
                 response_deserializer=kfactory_dot_v1_dot_services__pb2.PriorsResponse.FromString,
                 _registered_method=True)
+        self.KnownWrong = channel.unary_unary(
+                '/kfactory.v1.Evidence/KnownWrong',
+                request_serializer=kfactory_dot_v1_dot_services__pb2.KnownWrongRequest.SerializeToString,
+                response_deserializer=kfactory_dot_v1_dot_services__pb2.KnownWrongResponse.FromString,
+                _registered_method=True)
         self.Lessons = channel.unary_unary(
                 '/kfactory.v1.Evidence/Lessons',
                 request_serializer=kfactory_dot_v1_dot_services__pb2.LessonsRequest.SerializeToString,
@@ -368,6 +373,13 @@ class EvidenceServicer:
 
     def Priors(self, request, context):
         """the best design points of a problem's families measured in other campaigns (any device, any shape)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KnownWrong(self, request, context):
+        """the kernels a comparison of any campaign of the problem found wrong (a new campaign never finishes with one)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -435,6 +447,11 @@ def add_EvidenceServicer_to_server(servicer, server):
                     servicer.Priors,
                     request_deserializer=kfactory_dot_v1_dot_services__pb2.PriorsRequest.FromString,
                     response_serializer=kfactory_dot_v1_dot_services__pb2.PriorsResponse.SerializeToString,
+            ),
+            'KnownWrong': grpc.unary_unary_rpc_method_handler(
+                    servicer.KnownWrong,
+                    request_deserializer=kfactory_dot_v1_dot_services__pb2.KnownWrongRequest.FromString,
+                    response_serializer=kfactory_dot_v1_dot_services__pb2.KnownWrongResponse.SerializeToString,
             ),
             'Lessons': grpc.unary_unary_rpc_method_handler(
                     servicer.Lessons,
@@ -619,6 +636,33 @@ class Evidence:
             '/kfactory.v1.Evidence/Priors',
             kfactory_dot_v1_dot_services__pb2.PriorsRequest.SerializeToString,
             kfactory_dot_v1_dot_services__pb2.PriorsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KnownWrong(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kfactory.v1.Evidence/KnownWrong',
+            kfactory_dot_v1_dot_services__pb2.KnownWrongRequest.SerializeToString,
+            kfactory_dot_v1_dot_services__pb2.KnownWrongResponse.FromString,
             options,
             channel_credentials,
             insecure,

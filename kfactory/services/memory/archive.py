@@ -449,9 +449,7 @@ class Archive:
         kernel's; a running campaign's measurements count as they stand. At a shape, the fastest there as measured."""
         rows = self.q("SELECT payload, campaign FROM measurements WHERE problem=? AND device LIKE ?",
                       (problem, f"%{device}%"))
-        # every campaign of the problem: a kernel found wrong on one device is wrong on any
-        verdicts = self.verdicts([c for (c,) in self.q("SELECT DISTINCT campaign FROM measurements WHERE problem=?",
-                                                       (problem,))])
+        verdicts = self.problem_verdicts(problem)
         best = None
         for payload, campaign in rows:
             m = pb.Measured.FromString(payload)
@@ -474,6 +472,24 @@ class Archive:
             for event in self._decisions(campaign):
                 out.fold(event)
         return out
+
+    def problem_verdicts(self, problem: str) -> Verdicts:
+        """The verdicts of every campaign of a problem (its name, as measurements file it): a kernel found wrong in
+        one campaign, on one device, is wrong in every campaign and on any device (the same content id is the same
+        kernel)."""
+        return self.verdicts([c for (c,) in self.q("SELECT DISTINCT campaign FROM measurements WHERE problem=?",
+                                                   (problem,))])
+
+    def verdicts_around(self, campaign: str) -> Verdicts:
+        """problem_verdicts of a campaign's problem (Verdicts() before it measured anything): a campaign's
+        leaderboard and status mark a kernel another campaign found wrong too."""
+        found = self.q("SELECT problem FROM measurements WHERE campaign=? LIMIT 1", (campaign,))
+        return self.problem_verdicts(found[0][0]) if found else Verdicts()
+
+    def known_wrong(self, problem: str) -> list[pb.KnownWrong]:
+        """The kernels a comparison of any campaign of the problem found wrong, with the campaign that did and why
+        (a new campaign's CampaignStarted.known_wrong), in candidate order."""
+        return [k for _, k in sorted(self.problem_verdicts(problem).wrong.items())]
 
     def comparisons_of(self, candidate: str) -> list[pb.Event]:
         """The comparisons about this candidate: its final comparisons and the showdowns it was timed for, and

@@ -182,7 +182,7 @@ class Queries:
         marks are the likeliest ones; the count itself is exact)."""
         cid = self.resolve_campaign(request.campaign_id)
         rows = self.archive.leaderboard(cid, request.limit or 20)
-        verdicts = self.archive.verdicts([cid])
+        verdicts = self.archive.verdicts_around(cid)
         entries = [_entry(m, cid) for m, _ in rows]
         for entry, (m, _) in zip(entries, rows):
             for note in verdicts.notes(cid, m):
@@ -226,6 +226,10 @@ class Queries:
             raise InvalidRequest(err)
         return spb.PriorsResponse(priors=self.archive.priors(name, list(request.families), request.exclude_campaign,
                                                              request.limit or 8, request.every_source))
+
+    def known_wrong(self, request: spb.KnownWrongRequest) -> spb.KnownWrongResponse:
+        """The kernels a comparison of any campaign of the problem found wrong (a new campaign's start)."""
+        return spb.KnownWrongResponse(kernels=self.archive.known_wrong(self.problem(request.problem)))
 
     def lessons(self, request: spb.LessonsRequest) -> spb.LessonsResponse:
         """What helped and what failed for the problem on a target, and as the text agents are told."""
@@ -279,8 +283,9 @@ class Queries:
             return out
         for kind, n in self.archive.q("SELECT kind, COUNT(*) FROM events WHERE campaign=? GROUP BY kind", (cid,)):
             ev.count_in(out.counts, kind, n)
-        # its best so far: no screened-out timing (never verified), no kernel a comparison found wrong
-        wrong = self.archive.verdicts([cid]).wrong
+        # its best so far: no screened-out timing (never verified), no kernel a comparison (of any campaign of its
+        # problem) found wrong
+        wrong = self.archive.verdicts_around(cid).wrong
         for cand, score, payload in self.archive.q(
                 "SELECT m.candidate, m.score_s, m.payload FROM measurements m JOIN candidates c ON "
                 "c.campaign=m.campaign AND c.id=m.candidate WHERE m.campaign=? AND c.origin!=? ORDER BY m.score_s",

@@ -162,6 +162,9 @@ class EvidenceApi(sgrpc.EvidenceServicer):
     async def Priors(self, request, context):
         return await self._answer(self.m.queries.priors, request, context)
 
+    async def KnownWrong(self, request, context):
+        return await self._answer(self.m.queries.known_wrong, request, context)
+
     async def Lessons(self, request, context):
         return await self._answer(self.m.queries.lessons, request, context)
 

@@ -70,6 +70,10 @@ class CampaignState:
     disqualified: set[str] = field(default_factory=set)
     #: results their final comparison found wrong (also in disqualified): at most FINAL_TRIES, restarts included
     final_wrong: set[str] = field(default_factory=set)
+    #: kernels another campaign of the problem found wrong (also in disqualified), each with that campaign: those
+    #: memory knew at the start (CampaignStarted.known_wrong), and those a campaign folded beside it finds wrong
+    #: while it runs (kfactory/services/planner/replay.py); a point whose kernel is one scores as failed
+    known_wrong: dict[str, str] = field(default_factory=dict)
     reference_id: str = ""
     #: the first candidate measured in full whose every timing reached spec.goal_fraction ("" until one does, or
     #: without a goal): kept as the measurements are folded, since the planner asks before every proposal
@@ -187,6 +191,8 @@ class CampaignState:
         # in each) are proposed first; the strategy learns from all of them
         self.priors = WarmPriors(evidence, self.spec.warm_start)
         self.source_devices = {p.campaign_id: p.device for p in m.priors}
+        for k in m.known_wrong:
+            self.learn_wrong(k.candidate_id, k.campaign_id)
         if self.strategy and evidence:
             try:
                 self.strategy.warm(evidence)
@@ -248,10 +254,12 @@ class CampaignState:
         self.counts.measured += 1
         self.coders.on_measured(m)
         self.measured[m.candidate.id] = m
-        if not self.goal_by and self._reaches_goal(m):
+        if not self.goal_by and m.candidate.id not in self.disqualified and self._reaches_goal(m):
             self.goal_by = m.candidate.id
-        self._finish_point(m.candidate.point_id, m.score_s)
-        self._tell_awaiting(m.candidate.id, m.score_s)
+        # a kernel known to be wrong is fast for no good reason: the strategy learns its point failed
+        score = None if m.candidate.id in self.known_wrong else m.score_s
+        self._finish_point(m.candidate.point_id, score)
+        self._tell_awaiting(m.candidate.id, score)
 
     def _on_dead_letter(self, m: pb.DeadLetter) -> None:
         """Work that can never finish: its point is over (counted as rejected), or the campaign would wait."""
@@ -298,10 +306,26 @@ class CampaignState:
         elif m.candidate_id not in self.disqualified:  # a result found wrong: its other shapes' figures are not kept
             self.comparisons[m.shape] = m
         if m.showdown and m.failed_candidate:  # any failure there, as before: no result of this campaign
-            self.disqualified.add(m.failed_candidate)
+            self._disqualify(m.failed_candidate)
         elif cid := found_wrong(m):
-            self.disqualified.add(cid)
+            self._disqualify(cid)
             self.final_wrong.add(cid)
+
+    def learn_wrong(self, candidate: str, campaign: str) -> None:
+        """Another campaign of the problem (`campaign`) found this kernel wrong: it is no result of this one
+        either. One this campaign took out itself stays its own finding."""
+        if candidate and candidate not in self.disqualified:
+            self.known_wrong[candidate] = campaign
+            self._disqualify(candidate)
+            self.changed.set()
+
+    def _disqualify(self, candidate: str) -> None:
+        """No result of this campaign, whatever its score; where it was the kernel that reached the goal, the
+        next measured one that reaches it (not disqualified) is, or none, and the search goes on."""
+        self.disqualified.add(candidate)
+        if self.goal_by == candidate:
+            self.goal_by = next((cid for cid, m in self.measured.items()
+                                 if cid not in self.disqualified and self._reaches_goal(m)), "")
 
     def _on_campaign_finished(self, m: pb.CampaignFinished) -> None:
         self.finished = m

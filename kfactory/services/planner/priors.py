@@ -1,4 +1,5 @@
-"""The planner's call to memory: a warm start's priors for a new campaign."""
+"""The planner's calls to memory at a new campaign's start: a warm start's priors, and the kernels other
+campaigns found wrong."""
 from __future__ import annotations
 
 import grpc
@@ -28,3 +29,18 @@ async def warm_priors(addr: str, settings: Settings, log, spec: pb.CampaignSpec,
         log.warning("memory unreachable: the campaign starts cold", addr=addr, code=e.code().name)
         return []
     return list(resp.priors)
+
+
+async def known_wrong(addr: str, settings: Settings, log, spec: pb.CampaignSpec) -> list[pb.KnownWrong]:
+    """The kernels a comparison of another campaign of the problem found wrong (memory's KnownWrong at `addr`):
+    none is the new campaign's result. None when memory cannot be reached (logged): the campaign then learns only
+    what the campaigns this planner folds find while it runs (kfactory/services/planner/replay.py). Memory's
+    refusal (a problem name it cannot file) is logged the same way, with its code and reason."""
+    try:
+        async with EvidenceClient(addr, settings) as memory:
+            resp = await memory.KnownWrong(spb.KnownWrongRequest(problem=spec.problem))
+    except grpc.aio.AioRpcError as e:
+        log.warning("memory did not say which kernels other campaigns found wrong: the campaign starts without "
+                    "them", addr=addr, code=e.code().name, reason=e.details())
+        return []
+    return list(resp.kernels)

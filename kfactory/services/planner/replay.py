@@ -18,6 +18,7 @@ from kfactory.bus.outcomes import ack_quietly
 from kfactory.bus.topology import EVENTS_STREAM, Stage
 from kfactory.claims.base import ClaimsError
 from kfactory.evidence import trust
+from kfactory.evidence.verdicts import found_wrong
 from kfactory.observability import tracing as telemetry
 from kfactory.platform.service import Service
 from kfactory.services.planner.campaign import CampaignState
@@ -48,6 +49,10 @@ class StreamReplay:
         #: campaigns whose CampaignStarted this planner has read back from the stream (a start whose publish
         #: timed out may still have landed: then the campaign runs, see PlannerService.submit)
         self.landed: set[str] = set()
+        #: per problem (as specs name it), the kernels a comparison folded so far found wrong, each with the
+        #: campaign that did (evidence.verdicts.found_wrong): every other campaign of the problem learns them
+        #: (CampaignState.learn_wrong), one started later too; the stream's order makes a replay learn the same
+        self.wrong: dict[str, dict[str, str]] = {}
 
     async def follow(self, stop: asyncio.Event) -> None:
         """Fold the events stream from its beginning until `stop`."""
@@ -101,10 +106,23 @@ class StreamReplay:
         if st is not None:
             if why := st.apply(event):
                 self.refuse(event, why)
+            elif event.HasField("campaign_started"):
+                for candidate, by in self.wrong.get(st.spec.problem, {}).items():
+                    st.learn_wrong(candidate, by)
+            elif event.HasField("comparison") and (candidate := found_wrong(event.comparison)):
+                self._share_wrong(st, candidate)
         elif event.HasField("resend_requested"):
             self.resends.strays.add((cid, event.resend_requested.dlq_seq))
         elif event.HasField("resend_answered"):
             self.resends.strays.discard((cid, event.resend_answered.dlq_seq))
+
+    def _share_wrong(self, st: CampaignState, candidate: str) -> None:
+        """Campaign `st`'s comparison found `candidate` wrong: no other campaign of its problem, running or started
+        later, finishes with it (memory's KnownWrong at a start tells only what memory had archived by then)."""
+        self.wrong.setdefault(st.spec.problem, {}).setdefault(candidate, st.id)
+        for other in self.campaigns.values():
+            if other is not st and other.finished is None and other.spec.problem == st.spec.problem:
+                other.learn_wrong(candidate, st.id)
 
     def abandon(self, cid: str, reason: str) -> None:
         """Forget a campaign this planner submitted but could not publish the start of; should the start reach

@@ -4,7 +4,8 @@ PlannerService wires the planner's parts, each in a module of its own:
 - replay.py: the fold over the events stream, and resuming campaigns after a restart;
 - driver.py: driving each campaign (proposals, budgets, the final comparison, its end);
 - resends.py: answering requests to send dead letters back;
-- api.py: the Campaigns gRPC service; specs.py: checking a submitted spec; priors.py: memory's warm start;
+- api.py: the Campaigns gRPC service; specs.py: checking a submitted spec; priors.py: what memory tells a new
+  campaign (the warm start, the kernels other campaigns found wrong);
 - campaign.py: one campaign's state, a fold over its events; summary.py: its summary.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from kfactory.services.planner import coders, specs
 from kfactory.services.planner.api import CampaignsApi
 from kfactory.services.planner.campaign import CampaignState
 from kfactory.services.planner.driver import CampaignDriver
-from kfactory.services.planner.priors import warm_priors
+from kfactory.services.planner.priors import known_wrong, warm_priors
 from kfactory.services.planner.replay import StreamReplay
 from kfactory.services.planner.resends import ResendDesk
 from kfactory.services.planner.specs import SpecError  # noqa: F401 (the API answers it; tests import it here)
@@ -119,10 +120,11 @@ class PlannerService(Service):
         await self.caught_up.wait()
         cid = "c" + secrets.token_hex(6)
         device = await self._device(spec.target)
-        priors = await warm_priors(self.ctx.memory_addr or self.settings.memory_addr, self.settings, self.log,
-                                   spec, self._space(spec), cid)
-        started = ev.make_event(cid, self.name, "start",
-                                campaign_started=pb.CampaignStarted(spec=spec, device=device, priors=priors))
+        memory = self.ctx.memory_addr or self.settings.memory_addr
+        priors = await warm_priors(memory, self.settings, self.log, spec, self._space(spec), cid)
+        wrong = await known_wrong(memory, self.settings, self.log, spec)
+        started = ev.make_event(cid, self.name, "start", campaign_started=pb.CampaignStarted(
+            spec=spec, device=device, priors=priors, known_wrong=wrong))
         self.replay.apply(started)
         st = self.campaigns[cid]
         st.driven = True

@@ -57,8 +57,12 @@ def campaign_summary(st: CampaignState, problem) -> dict:
     if st.spec.goal_fraction > 0:  # `--goal`: whether a candidate reached it (and which), which ended the search
         reached = st.goal_reached()
         out["goal"] = {"fraction": st.spec.goal_fraction, "reached_by": reached.candidate.id if reached else None}
-    if st.disqualified:  # kernels a showdown or the final comparison found wrong: no result, whatever their score
-        out["found_wrong"] = sorted(st.disqualified)
+    # kernels a showdown or the final comparison found wrong: no result, whatever their score
+    if own := sorted(c for c in st.disqualified if c not in st.known_wrong):
+        out["found_wrong"] = own
+    # kernels it measured that another campaign found wrong, with that campaign (no result here either)
+    if known := {c: st.known_wrong[c] for c in sorted(st.known_wrong) if c in st.measured}:
+        out["known_wrong"] = known
     pick = st.search_best()
     if pick is not None and (sd := st.showdowns.get(pick.candidate.id)) is not None:
         out["showdown"] = _showdown_section(st, sd)
