@@ -57,6 +57,12 @@ async def test_campaign_finds_a_faster_kernel_and_records_everything(bus_setting
     assert kinds["campaign_started"] == 1 and kinds["campaign_finished"] == 1
     # the final comparison's two shapes, and the showdown's one timing where near ties were measured
     assert kinds["comparison"] == 2 + ("showdown" in summary)
+    # each held the device, and the campaign's device time counts it, apart from the candidates'
+    comps = [e.comparison for e in archive.events(campaign=st.id) if e.HasField("comparison")]
+    assert all(c.seconds > 0 for c in comps)
+    assert summary["device_seconds_comparisons"] == round(sum(c.seconds for c in comps), 3) > 0
+    outcomes = c["measured"] + c["rejected"] + c["compile_failed"]
+    assert summary["device_seconds_per_candidate"] == round((st.device_s - st.compare_device_s) / outcomes, 3)
     md, png = running.services["memory"].report(st.id)
     assert "Leaderboard" in md and png.startswith(b"\x89PNG")
 

@@ -1,6 +1,6 @@
 """A campaign bounded by device time (Settings.device_seconds, issue 23 deliverable 3): it stops proposing once
 its verifications, screens and measurements have held the device that long, and its summary reports the device
-seconds it used, per candidate too."""
+seconds it used, its comparisons' apart, per candidate too."""
 from __future__ import annotations
 
 import json
@@ -21,9 +21,11 @@ def _state(device_s: float, done: int, in_flight: int, parallel: int = 4):
 def _stopped_for_device_time(st, outcomes: int, budget: float) -> None:
     """The campaign ended because its device time could not pay for another candidate: it spent the budget, or
     what was left was less than its average candidate's device time (a first candidate that took 0.99 s of a
-    1 s budget ends it short of the budget, as room() means it to)."""
-    assert outcomes and st.device_s > 0, st.counts
-    assert st.device_s >= budget or budget - st.device_s < st.device_s / outcomes, (st.device_s, outcomes)
+    1 s budget ends it short of the budget, as room() means it to). The search's device time: the showdown and
+    the final comparison come after it."""
+    search_s = st.device_s - st.compare_device_s
+    assert outcomes and search_s > 0, st.counts
+    assert search_s >= budget or budget - search_s < search_s / outcomes, (search_s, outcomes)
 
 
 def test_room_in_flight_is_what_the_device_time_left_pays_for():
@@ -47,11 +49,13 @@ def test_the_device_time_each_event_reports():
     by_verifier.figures["verify_seconds"] = 0.25
     by_benchmarker = pb.Rejected(candidate=cand, stage="benchmarker")
     by_benchmarker.figures["device_seconds"] = 0.5
+    compared = pb.Comparison(candidate_id=cand.id, shape="4x4", seconds=0.75)
     got = [pipeline.device_seconds(e) for e in (
         verified, measured, cached, ev.make_event("c1", "verifier", cand.id, rejected=by_verifier),
         ev.make_event("c1", "benchmarker", cand.id, rejected=by_benchmarker),
-        ev.make_event("c1", "compiler", cand.id, compiled=pb.Compiled(candidate=cand)))]
-    assert got == [1.5, 2.0, 0.0, 0.25, 0.5, 0.0]
+        ev.make_event("c1", "compiler", cand.id, compiled=pb.Compiled(candidate=cand)),
+        ev.make_event("c1", "benchmarker", "cmp", comparison=compared))]
+    assert got == [1.5, 2.0, 0.0, 0.25, 0.5, 0.0, 0.75]
 
 
 async def test_a_campaign_stops_proposing_when_its_device_time_is_spent(memory_bus_settings, small_softmax):
@@ -67,8 +71,8 @@ async def test_a_campaign_stops_proposing_when_its_device_time_is_spent(memory_b
     _stopped_for_device_time(st, outcomes, budget)
     assert summary["device_seconds_budget"] == budget
     assert st.counts.proposed < 40, st.counts
-    assert summary["device_seconds_per_candidate"] == round(summary["device_seconds"] / outcomes, 3)
     assert summary["device_seconds"] == round(st.device_s, 3)
+    assert summary["device_seconds_per_candidate"] == round((st.device_s - st.compare_device_s) / outcomes, 3)
 
 
 def test_a_campaigns_own_device_budget_wins_over_the_planners():

@@ -69,9 +69,11 @@ def screen_key(campaign: str, candidate: str) -> str:
 def device_seconds(event: pb.Event) -> float:
     """The device time an event reports its work used (the device lease held: kfactory.platform.service.Held): a
     verification's, a screen's or a measurement's (its screen before the verification included), a rejection's
-    at either stage; none for a measurement reused from the result cache. A campaign's device-second budget
-    (Settings.device_seconds) and its summary add these up."""
+    at either stage, a showdown's or a final comparison's; none for a measurement reused from the result cache.
+    A campaign's device-second budget (device_budget) and its summary add these up."""
     kind = event.WhichOneof("body")
+    if kind == "comparison":
+        return event.comparison.seconds
     if kind == "verified":
         return event.verified.seconds
     if kind == "measured":

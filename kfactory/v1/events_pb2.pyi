@@ -536,7 +536,7 @@ class ComparisonEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., candidate_id: _Optional[str] = ..., timing: _Optional[_Union[ShapeTiming, _Mapping]] = ...) -> None: ...
 
 class Comparison(_message.Message):
-    __slots__ = ("shape", "entries", "speedups", "candidate_id", "device", "error", "showdown", "failed_candidate", "failed_reason", "checks")
+    __slots__ = ("shape", "entries", "speedups", "candidate_id", "device", "error", "showdown", "failed_candidate", "failed_reason", "checks", "seconds")
     class SpeedupsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -554,6 +554,7 @@ class Comparison(_message.Message):
     FAILED_CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     FAILED_REASON_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
     shape: str
     entries: _containers.RepeatedCompositeFieldContainer[ComparisonEntry]
     speedups: _containers.ScalarMap[str, float]
@@ -564,7 +565,8 @@ class Comparison(_message.Message):
     failed_candidate: str
     failed_reason: RejectReason
     checks: _containers.RepeatedCompositeFieldContainer[Check]
-    def __init__(self, shape: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ComparisonEntry, _Mapping]]] = ..., speedups: _Optional[_Mapping[str, float]] = ..., candidate_id: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., error: _Optional[str] = ..., showdown: _Optional[bool] = ..., failed_candidate: _Optional[str] = ..., failed_reason: _Optional[_Union[RejectReason, str]] = ..., checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ...) -> None: ...
+    seconds: float
+    def __init__(self, shape: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ComparisonEntry, _Mapping]]] = ..., speedups: _Optional[_Mapping[str, float]] = ..., candidate_id: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., error: _Optional[str] = ..., showdown: _Optional[bool] = ..., failed_candidate: _Optional[str] = ..., failed_reason: _Optional[_Union[RejectReason, str]] = ..., checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class CompareRequest(_message.Message):
     __slots__ = ("candidate", "reference", "baselines", "candidate_artifact", "reference_artifact", "contenders", "contender_artifacts")

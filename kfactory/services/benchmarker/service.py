@@ -1,6 +1,8 @@
 """The benchmarker: verified artifact -> timing statistics; final interleaved comparisons with baselines."""
 from __future__ import annotations
 
+import time
+
 from kfactory.bus import events as ev
 from kfactory.bus.origins import Origin
 from kfactory.bus.errors import ArtifactMissing
@@ -240,13 +242,14 @@ class BenchmarkerService(RunnerService):
         shape = problem.shapes("optimize")[0]
         keys = list(names)
         pool = await self._ahead(cand, session, problem, target, part="compare", shapes=[shape])
-        async with self.device(device.device_id):
+        async with self.device(device.device_id) as held:
             # rotated: the search's best, first in keys, would otherwise always have the first (slower) buffers
             res = await self.work(measure_rotated, session, keys, problem, shape, pool, target.cache_bytes(),
                                   self.settings, self.settings.compare_max_s, device, keys, part="compare")
             for k in keys:
                 await self.work(session.unload, k, part="unload")
-        comp = pb.Comparison(shape=problem.shape_str(shape), candidate_id=cand.id, device=device, showdown=True)
+        comp = pb.Comparison(shape=problem.shape_str(shape), candidate_id=cand.id, device=device, showdown=True,
+                             seconds=held.seconds)
         if res.reason:
             failed_in(comp, res)  # the planner never makes failed_candidate the result
         else:
@@ -286,6 +289,7 @@ class BenchmarkerService(RunnerService):
         pool = await self._ahead(cand, session, problem, target, part="compare")
         async with self.device(device.device_id):
             for shape in problem.shapes("optimize"):
+                t0 = time.perf_counter()   # the lease is held throughout: each shape's device time is its own
                 # the comparison's timings are a measurement of the candidate too, so it is probed after them
                 # like any measurement (judge.probe_after_timing); the reference and the baselines are not
                 # rotated (judge/rotated.py): each kernel on every kernel's buffers, so no speedup carries the
@@ -294,7 +298,8 @@ class BenchmarkerService(RunnerService):
                                       target.cache_bytes(), self.settings,
                                       self.settings.compare_max_s, device, [cand.id], part="compare")
                 sname = problem.shape_str(shape)
-                comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device)
+                comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device,
+                                     seconds=time.perf_counter() - t0)
                 if res.reason:
                     failed_in(comp, res)
                 for name, key in keys.items():

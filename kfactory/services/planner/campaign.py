@@ -120,8 +120,11 @@ class CampaignState:
     dead_compares: set[str] = field(default_factory=set)
     #: this planner drives the campaign now: it alone ends it, and a CampaignFinished from anyone else is refused
     driven: bool = False
-    #: device-seconds its verifications, screens and measurements held the device (kfactory.judge.order.device_seconds)
+    #: device-seconds its verifications, screens, measurements and comparisons held the device
+    #: (kfactory.judge.order.device_seconds)
     device_s: float = 0.0
+    #: of which its showdowns and final comparisons (after the search: not a candidate's cost)
+    compare_device_s: float = 0.0
     #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
     #: problem loads; else the lowest score
     winner: Callable[[list[pb.Measured]], pb.Measured] = lowest_score
@@ -169,6 +172,8 @@ class CampaignState:
             return why
         self.seen_events.add(event.id)
         self.device_s += device_seconds(event)
+        if kind == "comparison":
+            self.compare_device_s += device_seconds(event)
         if kind == "point_proposed":
             self.proposals[event.point_proposed.point_id] = event
         elif kind == "campaign_started":
