@@ -13,7 +13,7 @@ from kfactory.judge.regressions import RegressionSource
 from kfactory.observability.log import get_logger
 from kfactory.platform.config import Settings
 from kfactory.platform.evidence_client import EvidenceClient
-from kfactory.services.planner.priors import warm_priors
+from kfactory.services.planner.priors import from_memory
 from kfactory.strategies import Space
 from kfactory.problems import load_problem
 from kfactory.v1 import events_pb2 as pb
@@ -24,22 +24,33 @@ TIMEOUT = 0.3
 
 
 class SlowMemory(sgrpc.EvidenceServicer):
-    """A memory that never answers in time."""
+    """A memory that never answers in time; `asked` holds when each request arrived (its type's name)."""
+
+    def __init__(self):
+        self.asked: dict[str, float] = {}
 
     async def _hang(self, request, context):
+        self.asked[type(request).__name__] = time.monotonic()
         await asyncio.sleep(5)
 
-    Priors = Lessons = RegressionInputs = Best = _hang
+    Priors = Lessons = RegressionInputs = Best = KnownWrong = _hang
 
 
 @pytest.fixture
-async def slow_memory():
+async def slow_servicer():
+    servicer = SlowMemory()
     server = grpc.aio.server()
-    sgrpc.add_EvidenceServicer_to_server(SlowMemory(), server)
+    sgrpc.add_EvidenceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    yield f"127.0.0.1:{port}"
+    servicer.addr = f"127.0.0.1:{port}"
+    yield servicer
     await server.stop(grace=0)
+
+
+@pytest.fixture
+def slow_memory(slow_servicer) -> str:
+    return slow_servicer.addr
 
 
 async def test_every_query_gets_the_deadline_of_the_settings(slow_memory):
@@ -56,11 +67,17 @@ async def test_a_verifier_goes_on_with_the_regression_inputs_it_knows(slow_memor
     assert await source.get("softmax") == []
 
 
-async def test_a_campaign_starts_cold_when_memory_does_not_answer(slow_memory):
+async def test_a_campaign_starts_cold_when_memory_does_not_answer(slow_servicer):
+    """Without priors and without the kernels other campaigns found wrong; both asked at once, so a memory that
+    hangs costs the submission one deadline, not two."""
     spec = pb.CampaignSpec(problem="softmax", target="cpu", warm_start=3)
     space = Space(list(load_problem("softmax").families.values()))
-    got = await warm_priors(slow_memory, Settings(memory_timeout_s=TIMEOUT), get_logger("test"), spec, space, "c1")
-    assert got == []
+    deadline = 1.0   # one after the other would take two of them at least
+    t0 = time.monotonic()
+    got = await from_memory(slow_servicer.addr, Settings(memory_timeout_s=deadline), get_logger("test"), spec,
+                            space, "c1")
+    assert got == ([], []) and set(slow_servicer.asked) == {"PriorsRequest", "KnownWrongRequest"}
+    assert time.monotonic() - t0 < 1.9 * deadline
 
 
 async def test_the_cli_tells_a_query_without_an_answer_as_an_error(slow_memory):

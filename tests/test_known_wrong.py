@@ -9,10 +9,13 @@ import asyncio
 import json
 from typing import cast
 
+from structlog.testing import capture_logs
+
 from kfactory.bus import events as ev
 from kfactory.bus import topology
 from kfactory.evidence import report
 from kfactory.evidence.verdicts import Verdicts
+from kfactory.problems import BUILTIN_DIR
 from kfactory.services.memory.archive import Archive
 from kfactory.services.memory.queries import Queries
 from kfactory.services.planner.campaign import CampaignState
@@ -46,6 +49,9 @@ def test_memory_names_every_kernel_a_comparison_found_wrong_and_marks_it_in_othe
         board = queries.leaderboard(spb.LeaderboardRequest(campaign_id="c4")).entries
         assert [(e.candidate_id, e.found_wrong) for e in board] == [("k3", True), ("k6", False)]
         assert queries.status(spb.GetCampaignRequest(id="c4")).best_candidate_id == "k6"
+        md, _ = queries.report_of("c4")
+        row = next(line for line in md.splitlines() if line.startswith("|") and "`k3" in line)
+        assert "found wrong by a comparison: no result" in row
 
 
 def test_a_campaigns_start_says_which_kernels_it_knew_were_wrong():
@@ -83,7 +89,9 @@ def _k1_found_wrong_by(cid: str) -> list[pb.Event]:
 
 async def test_a_running_campaign_learns_what_another_found_wrong_and_so_does_a_later_one(planner):
     svc = cast(PlannerService, planner)
-    _fold(svc, [_started("cA"), _started("cB"), _started("cR", problem="rmsnorm")])
+    # cP names softmax by its package's directory: the same problem
+    _fold(svc, [_started("cA"), _started("cB"), _started("cR", problem="rmsnorm"),
+                _started("cP", problem=str(BUILTIN_DIR / "softmax"))])
     b = svc.campaigns["cB"]
     for k, score in (("k1", 0.40), ("k2", 0.50)):
         _fold(svc, _measured_chain("cB", pb.Candidate(id=k, point_id="p-" + k, campaign_id="cB",
@@ -93,6 +101,7 @@ async def test_a_running_campaign_learns_what_another_found_wrong_and_so_does_a_
     # cB never compared k1, yet it is no result there now; the campaign of another problem learns nothing
     assert b.known_wrong == {"k1": "cA"} and b.best().candidate.id == "k2"
     assert not svc.campaigns["cR"].known_wrong and not svc.campaigns["cA"].known_wrong
+    assert svc.campaigns["cP"].known_wrong == {"k1": "cA"}
     summary = campaign_summary(b, PROBLEM)
     assert summary["known_wrong"] == {"k1": "cA"} and "found_wrong" not in summary
     # a campaign started later learns it from the fold too (memory may not have archived the comparison yet)
@@ -127,6 +136,7 @@ def test_a_kernel_known_wrong_at_the_start_is_never_the_result_and_its_point_sco
     assert st.strategy.results[points["k1"]] is None and st.strategy.results[points["k2"]] == 0.50
     assert st.best().candidate.id == "k2" and st.goal_reached().candidate.id == "k2"
     assert [m.candidate.id for m in st.contenders(st.best(), 0.05, 3)] == ["k3"]
+    assert st.ranked(5) == ["k2", "k3"]   # an agent is never handed k1 to improve on
     summary = campaign_summary(st, PROBLEM)
     assert summary["known_wrong"] == {"k1": "cA"} and summary["goal"]["reached_by"] == "k2"
     # the report: its best section names k1 and the campaign that found it wrong; its leaderboard marks it
@@ -163,12 +173,109 @@ async def test_memory_tells_a_new_campaign_what_an_earlier_one_found_wrong(memor
 
 
 async def test_a_campaign_starts_without_them_when_memory_does_not_answer(planner):
-    """The planner alone: no memory service listens (the test settings' port 0). The submission is not refused
-    and does not wait; the campaign starts knowing no kernel wrong."""
+    """The planner alone: no memory service listens (the test settings' port 0). The submission is not refused,
+    and the log says what the campaign goes without; the campaign starts knowing no kernel wrong."""
     svc = cast(PlannerService, planner)
     spec = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=1, strategy="random", seed=1)
-    cid = await asyncio.wait_for(svc.submit(spec), 60)
+    with capture_logs() as logs:
+        cid = await asyncio.wait_for(svc.submit(spec), 60)
+    assert any(e["event"].startswith("memory did not say which kernels") and e["log_level"] == "warning"
+               and e["code"] == "UNAVAILABLE" for e in logs), logs
     st = svc.campaigns[cid]
     assert st.finished is None and st.known_wrong == {}
     started = await svc.bus.stored(topology.EVENTS_STREAM, ev.event_subject("campaign_started", cid))
     assert len(started) == 1 and not pb.Event.FromString(started[0].data).campaign_started.known_wrong
+
+
+# -- the edges a review found ----------------------------------------------------------------------------------------
+def _kernel(cid: str, k: str) -> pb.Candidate:
+    return pb.Candidate(id=k, point_id="p-" + k, campaign_id=cid, origin="template:cpu_c", params_json="{}")
+
+
+def test_a_duplicate_of_a_kernel_known_wrong_scores_as_failed_too():
+    """A second point whose kernel is k1 (its candidate rejected as a DUPLICATE) scores like its twin: failed."""
+    st = CampaignState("cD", pb.CampaignSpec(problem="softmax", target="cpu", strategy="random", seed=1),
+                       pb.DeviceInfo(), Space(list(PROBLEM.families.values())))
+    assert st.apply(_started("cD", known=(_known("k1", "cA"),))) == ""
+    first, second = st.strategy.ask(), st.strategy.ask()
+    for pid, point in (("p-k1", first), ("p-twin", second)):
+        pp = pb.PointProposed(point_id=pid, family=point.family, params_json=point.params_json,
+                              origin="template:" + point.family)
+        assert st.apply(ev.make_event("cD", "planner", pid, point_proposed=pp)) == ""
+    for e in _measured_chain("cD", _kernel("cD", "k1"), 0.40):
+        assert st.apply(e) == ""
+    dup = pb.Rejected(candidate=pb.Candidate(id="k1", point_id="p-twin", campaign_id="cD"), stage="coder",
+                      reason=pb.DUPLICATE, point_id="p-twin")
+    assert st.apply(ev.make_event("cD", "coder", "p-twin:dup", rejected=dup)) == ""
+    assert st.strategy.results[first] is None and st.strategy.results[second] is None
+
+
+async def test_a_restarted_planner_does_not_search_again_when_the_goal_kernel_is_found_wrong_after(planner):
+    """k1 reached the goal and ended the search; its showdown was asked; then another campaign found it wrong.
+    The goal is no longer reached, but a planner resuming the campaign does not propose again: its search ended."""
+    svc = cast(PlannerService, planner)
+    start = _started("cG")
+    start.campaign_started.spec.goal_fraction = 0.5
+    start.campaign_started.spec.budget_candidates = 40
+    _fold(svc, [_started("cA"), start])
+    st = svc.campaigns["cG"]
+    for k, score in (("k1", 0.40), ("k2", 0.41)):
+        m = pb.Measured(candidate=_kernel("cG", k), score_s=score,
+                        timings=[pb.ShapeTiming(shape=s, median_s=score, q1_s=score, q3_s=score, samples=5,
+                                                sol_fraction=0.6) for s in SHAPES])
+        _fold(svc, [*chain("cG", _kernel("cG", k), score)[:-1], ev.make_event("cG", "benchmarker", k, measured=m)])
+    assert st.goal_reached().candidate.id == "k1" and not svc.driver._budget_left(st)
+    req = pb.CompareRequest(candidate=_kernel("cG", "k1"), contenders=[_kernel("cG", "k2")])
+    _fold(svc, [ev.make_event("cG", "planner", ev.showdown_key(req), compare_request=req), *_k1_found_wrong_by("cA")])
+    assert st.known_wrong == {"k1": "cA"} and st.goal_reached().candidate.id == "k2"
+    # without k2 (found wrong as well) no kernel reaches the goal, yet the search stays over
+    _fold(svc, [ev.make_event("cA", "benchmarker", "k2:sd", comparison=pb.Comparison(
+        shape=SHAPES[0], candidate_id="k1", showdown=True, failed_candidate="k2", failed_reason="WRONG_RESULT"))])
+    assert st.goal_reached() is None and st.search_proposed() < 40 and not svc.driver._budget_left(st)
+
+
+async def test_a_showdown_whose_kernel_is_learned_wrong_meanwhile_ends_at_once(planner):
+    """The driver waits for the showdown of k1; another campaign finds k1 wrong: the driver stops waiting (the
+    answer no longer matters) and the next best has a showdown of its own."""
+    svc = cast(PlannerService, planner)
+    _fold(svc, [_started("cA"), _started("cS")])
+    st = svc.campaigns["cS"]
+    for k, score in (("k1", 0.40), ("k2", 0.41), ("k3", 0.42)):
+        _fold(svc, _measured_chain("cS", _kernel("cS", k), score))
+    task = asyncio.ensure_future(svc.driver._showdown(st))
+    while not st.showing_down:
+        await asyncio.sleep(0.02)
+    _fold(svc, _k1_found_wrong_by("cA"))
+    assert await asyncio.wait_for(task, 10) is True   # COMPARE_WAIT_S is minutes
+    assert st.search_best().candidate.id == "k2"
+
+
+def test_a_late_answer_about_a_kernel_already_out_takes_no_final_try():
+    """k1's final comparison was asked, k1 was learned wrong meanwhile, and the benchmarker's answer (k1 wrong)
+    comes after: it is not counted against FINAL_TRIES."""
+    st = CampaignState("cL", pb.CampaignSpec(problem="softmax", target="cpu"), pb.DeviceInfo(), None)
+    assert st.apply(_started("cL")) == ""
+    for e in _measured_chain("cL", _kernel("cL", "k1"), 0.40):
+        assert st.apply(e) == ""
+    st.learn_wrong("k1", "cA")
+    late = pb.Comparison(shape=SHAPES[0], candidate_id="k1", failed_candidate="k1", failed_reason="WRONG_RESULT")
+    assert st.apply(ev.make_event("cL", "benchmarker", "k1:late", comparison=late)) == ""
+    assert st.final_wrong == set() and st.known_wrong == {"k1": "cA"}
+
+
+async def test_a_restarted_planner_learns_the_same_whatever_the_order_of_a_finish_and_a_comparison(planner):
+    """The live planner applies a campaign's finish before publishing it, so a comparison another campaign
+    published meanwhile is folded after the finish live, and before it on the stream (what a restart replays).
+    Both orders leave the finished campaign knowing the same."""
+    svc = cast(PlannerService, planner)
+    finish = ev.make_event("cF", "planner", "finish", campaign_finished=pb.CampaignFinished(state="completed"))
+    found = _k1_found_wrong_by("cA")
+    states = []
+    for order in ([finish, *found], [*found, finish]):
+        svc.campaigns.clear()
+        svc.replay.wrong.clear()
+        _fold(svc, [_started("cA"), _started("cF"), *_measured_chain("cF", _kernel("cF", "k1"), 0.4), *order])
+        st = svc.campaigns["cF"]
+        assert st.finished is not None
+        states.append((dict(st.known_wrong), set(st.disqualified)))
+    assert states[0] == states[1] == ({"k1": "cA"}, {"k1"})

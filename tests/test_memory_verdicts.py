@@ -223,8 +223,12 @@ def test_the_verdicts_query_reads_its_partial_index(tmp_path):
         plan = " ".join(str(r) for r in archive.q("EXPLAIN QUERY PLAN " + archive_mod.DECISIONS, ("c1",)))
         others = " ".join(str(r) for r in archive.q("EXPLAIN QUERY PLAN SELECT payload FROM events WHERE campaign=? "
                                                     "ORDER BY seq", ("c1",)))
+        problem = " ".join(str(r) for r in archive.q("EXPLAIN QUERY PLAN " + archive_mod.PROBLEM_COMPARISONS,
+                                                     ("comparison", "softmax")))
     assert "USING INDEX events_verdicts" in plan
     assert "events_verdicts" not in others   # a campaign's whole history still reads events_campaign
+    # a problem's comparisons: its campaigns from the measurements' index, then each one's from the partial index
+    assert "USING INDEX events_verdicts" in problem and "INDEX measurements_problem" in problem
 
 
 def test_a_running_campaigns_status_names_no_kernel_found_wrong_or_screened_out_as_its_best(tmp_path):

@@ -18,20 +18,23 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.4g} ms"
 
 
-def build(events: list[pb.Event], noise_bound: float | None = None) -> tuple[str, bytes]:
+def build(events: list[pb.Event], noise_bound: float | None = None,
+          known: dict[str, pb.KnownWrong] | None = None) -> tuple[str, bytes]:
     """(markdown, plot PNG) for one campaign's events. `noise_bound`: the relative IQR over which a timing is
     flagged as noisy (default: the measure_noise setting, KFACTORY_MEASURE_NOISE, that the benchmarker samples
-    towards)."""
-    md, title = _markdown(events, noise_bound)
+    towards). `known`: kernels other campaigns found wrong (memory's verdicts of the problem), marked too."""
+    md, title = _markdown(events, noise_bound, known)
     return md, plots.render(plots.panels(events), title)
 
 
-def markdown(events: list[pb.Event], noise_bound: float | None = None) -> str:
+def markdown(events: list[pb.Event], noise_bound: float | None = None,
+             known: dict[str, pb.KnownWrong] | None = None) -> str:
     """The report's markdown alone (build's first half, without drawing the plot it links to)."""
-    return _markdown(events, noise_bound)[0]
+    return _markdown(events, noise_bound, known)[0]
 
 
-def _markdown(events: list[pb.Event], noise_bound: float | None) -> tuple[str, str]:
+def _markdown(events: list[pb.Event], noise_bound: float | None,
+              known: dict[str, pb.KnownWrong] | None = None) -> tuple[str, str]:
     """(markdown, the plot's title)."""
     started = next((e.campaign_started for e in events if e.HasField("campaign_started")), None)
     finished = next((e.campaign_finished for e in events if e.HasField("campaign_finished")), None)
@@ -56,9 +59,9 @@ def _markdown(events: list[pb.Event], noise_bound: float | None) -> tuple[str, s
     lines += noise_warning(events, default_noise_bound() if noise_bound is None else noise_bound)
     lines += _best_section(summary, events, engine)
     lines += warm_sources.report_lines(summary)
-    verdicts = Verdicts.of(events)
-    for candidate, campaign in (summary.get("known_wrong") or {}).items():  # found wrong by another campaign
-        verdicts.wrong.setdefault(candidate, pb.KnownWrong(candidate_id=candidate, campaign_id=campaign))
+    verdicts = Verdicts.of(events)   # its own comparisons, and what its start knew other campaigns found wrong
+    for candidate, k in (known or {}).items():
+        verdicts.wrong.setdefault(candidate, k)
     lines += _leaderboard(measured, cid, verdicts)
     lines += _failures(events)
     lines += _dead_letters(events)

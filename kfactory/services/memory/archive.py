@@ -52,12 +52,19 @@ CREATE INDEX IF NOT EXISTS held_candidate ON held(campaign, candidate);
 CREATE TABLE IF NOT EXISTS problem_names (locator TEXT PRIMARY KEY, name TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS owed (candidate TEXT NOT NULL, event_id TEXT NOT NULL, PRIMARY KEY (candidate, event_id));
 CREATE INDEX IF NOT EXISTS events_verdicts ON events(campaign) WHERE kind IN ('comparison', 'campaign_finished');
+CREATE INDEX IF NOT EXISTS measurements_problem ON measurements(problem, campaign);
 """
 #: a campaign's comparisons and end (Archive.verdicts): the partial index events_verdicts answers it, since its
 #: WHERE is this query's kind term word for word (so no other query's plan can change); a reader of an archive
 #: written before the index scans the campaign's events
 DECISIONS = ("SELECT payload FROM events WHERE campaign=? AND kind IN ('comparison', 'campaign_finished') "
              "ORDER BY seq")
+#: every comparison of a problem's campaigns in the archive's order, and every campaign's end (Archive.
+#: problem_verdicts): the same partial index per campaign (its WHERE word for word, narrowed to one kind), the
+#: campaigns from measurements_problem; the ends unsorted, as sorting their summaries costs more than the rest
+_OF_PROBLEM = ("SELECT payload FROM events WHERE kind IN ('comparison', 'campaign_finished') AND kind=? AND campaign "
+               "IN (SELECT campaign FROM measurements WHERE problem=?)")
+PROBLEM_COMPARISONS = _OF_PROBLEM + " ORDER BY seq"
 #: how much of a refused message the archive keeps (enough to tell what it was, never megabytes)
 REFUSED_HEAD_BYTES = 4096
 #: results believed only at the end of their evidence chain, and the chain link each waits for
@@ -473,23 +480,31 @@ class Archive:
                 out.fold(event)
         return out
 
-    def problem_verdicts(self, problem: str) -> Verdicts:
-        """The verdicts of every campaign of a problem (its name, as measurements file it): a kernel found wrong in
-        one campaign, on one device, is wrong in every campaign and on any device (the same content id is the same
-        kernel)."""
-        return self.verdicts([c for (c,) in self.q("SELECT DISTINCT campaign FROM measurements WHERE problem=?",
-                                                   (problem,))])
+    def problem_verdicts(self, problem: str, results: bool = True) -> Verdicts:
+        """The verdicts of every campaign of a problem (its name, as measurements file it), folded in the archive's
+        order (a kernel's KnownWrong names the first comparison that found it wrong): a kernel found wrong in one
+        campaign, on one device, is wrong in every campaign and on any device (the same content id is the same
+        kernel). Without `results`, only the kernels found wrong (`wrong`). Indexed queries: 300 campaigns answer
+        in about 10 ms here, 2 ms without results."""
+        rows = self.q(PROBLEM_COMPARISONS, ("comparison", problem))
+        if results:
+            rows += self.q(_OF_PROBLEM, ("campaign_finished", problem))
+        return Verdicts.of(pb.Event.FromString(payload) for (payload,) in rows)
 
     def verdicts_around(self, campaign: str) -> Verdicts:
-        """problem_verdicts of a campaign's problem (Verdicts() before it measured anything): a campaign's
-        leaderboard and status mark a kernel another campaign found wrong too."""
+        """A campaign's own verdicts (its result), with every kernel a campaign of its problem found wrong: its
+        leaderboard, status and report mark a kernel another campaign found wrong too."""
+        out = self.verdicts([campaign])
         found = self.q("SELECT problem FROM measurements WHERE campaign=? LIMIT 1", (campaign,))
-        return self.problem_verdicts(found[0][0]) if found else Verdicts()
+        if found:
+            for cid, k in self.problem_verdicts(found[0][0], results=False).wrong.items():
+                out.wrong.setdefault(cid, k)
+        return out
 
     def known_wrong(self, problem: str) -> list[pb.KnownWrong]:
         """The kernels a comparison of any campaign of the problem found wrong, with the campaign that did and why
-        (a new campaign's CampaignStarted.known_wrong), in candidate order."""
-        return [k for _, k in sorted(self.problem_verdicts(problem).wrong.items())]
+        (a new campaign's CampaignStarted.known_wrong), in the order they were found."""
+        return list(self.problem_verdicts(problem, results=False).wrong.values())
 
     def comparisons_of(self, candidate: str) -> list[pb.Event]:
         """The comparisons about this candidate: its final comparisons and the showdowns it was timed for, and
@@ -526,7 +541,7 @@ class Archive:
                       "FROM measurements m JOIN candidates c ON c.campaign=m.campaign AND c.id=m.candidate "
                       f"WHERE m.problem=? AND m.campaign!=? AND {sql_match('c.origin', STRATEGY)}",
                       (problem, exclude_campaign))
-        wrong = self.verdicts({r[0] for r in rows}).wrong
+        wrong = self.problem_verdicts(problem, results=False).wrong
         best: dict[str, float] = {}
         kept = []
         for campaign, cand, device, score, payload, family, params in rows:

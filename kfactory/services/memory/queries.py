@@ -210,8 +210,13 @@ class Queries:
     def report(self, request: spb.ReportRequest) -> spb.ReportResponse:
         """A campaign's report (markdown and the best-so-far plot), built from its archived events."""
         cid = self.resolve_campaign(request.campaign_id)
-        md, png = report.build(self.archive.events(campaign=cid))
+        md, png = self.report_of(cid)
         return spb.ReportResponse(markdown=md, plot_png=png, campaign_id=cid)
+
+    def report_of(self, cid: str) -> tuple[str, bytes]:
+        """(markdown, plot PNG) of the campaign with this exact id, from its archived events; its leaderboard marks
+        a kernel another campaign found wrong too, before or after this one ran."""
+        return report.build(self.archive.events(campaign=cid), known=self.archive.verdicts_around(cid).wrong)
 
     def regression_inputs(self, request: spb.RegressionRequest) -> spb.RegressionResponse:
         """The inputs that once exposed a wrong kernel of the problem."""
@@ -245,7 +250,8 @@ class Queries:
 
     def campaigns(self, request: spb.ListCampaignsRequest | None = None) -> spb.ListCampaignsResponse:
         """The archived campaigns' statuses, oldest first, a page at a time (kfactory/services/paging.py: each
-        status costs a few queries of the archive, so a long-lived archive is not read whole for one answer)."""
+        status costs a few queries of the archive, so a long-lived archive is not read whole for one answer; a
+        running one's also reads which kernels its problem's campaigns found wrong: one indexed query)."""
         request = request if request is not None else spb.ListCampaignsRequest()
         try:
             n, after = paging.page_size(request.page_size), paging.decode(request.page_token)

@@ -9,7 +9,6 @@ import grpc
 import nats.errors
 
 from kfactory.evidence import bundle as evidence_bundle
-from kfactory.evidence import report
 from kfactory.observability import tracing as telemetry
 from kfactory.bus.errors import ArtifactMissing
 from kfactory.bus.outcomes import ack_quietly, term_quietly
@@ -86,7 +85,8 @@ class MemoryService(Service):
             return locator
 
     def report(self, campaign: str) -> tuple[str, bytes]:
-        return report.build(self.archive.events(campaign=campaign))
+        """A campaign's report (markdown, plot PNG): Queries.report_of."""
+        return self.queries.report_of(campaign)
 
     async def mirror(self, digest: str, about: str = "") -> bytes | None:
         """Copy an artifact from the bus's object store into the workspace unless it is there; its bytes when they

@@ -66,14 +66,19 @@ class CampaignState:
     comparisons: dict[str, pb.Comparison] = field(default_factory=dict)
     #: the showdowns' timings (kfactory/services/planner/driver.py _showdown) by the search's best they were for
     showdowns: dict[str, pb.Comparison] = field(default_factory=dict)
-    #: candidates a showdown found wrong (their timed outputs, or the check after the timing): never the result
+    #: candidates that are never its result: those a showdown failed (found wrong, or crashed there), those its
+    #: final comparison found wrong (final_wrong), and those other campaigns found wrong (known_wrong)
     disqualified: set[str] = field(default_factory=set)
     #: results their final comparison found wrong (also in disqualified): at most FINAL_TRIES, restarts included
     final_wrong: set[str] = field(default_factory=set)
     #: kernels another campaign of the problem found wrong (also in disqualified), each with that campaign: those
     #: memory knew at the start (CampaignStarted.known_wrong), and those a campaign folded beside it finds wrong
-    #: while it runs (kfactory/services/planner/replay.py); a point whose kernel is one scores as failed
+    #: while it runs (kfactory/services/planner/replay.py); a point whose kernel was one when its result came
+    #: scores as failed (a strategy cannot take back a score it was told before)
     known_wrong: dict[str, str] = field(default_factory=dict)
+    #: the problem's name where it loads (else the spec's locator): campaigns of one problem share what they find
+    #: wrong, however their specs name it
+    problem_name: str = ""
     reference_id: str = ""
     #: the first candidate measured in full whose every timing reached spec.goal_fraction ("" until one does, or
     #: without a goal): kept as the measurements are folded, since the planner asks before every proposal
@@ -248,7 +253,7 @@ class CampaignState:
             twin = self.measured.get(m.candidate.id)
             if twin is None:
                 self.awaiting_twin.setdefault(m.candidate.id, []).append(point_id)
-            self._finish_point(point_id, twin.score_s if twin else None, tell=twin is not None)
+            self._finish_point(point_id, self._score(twin) if twin else None, tell=twin is not None)
             return
         self._finish_point(point_id, None)
         self._tell_awaiting(m.candidate.id, None)
@@ -259,12 +264,15 @@ class CampaignState:
         self.counts.measured += 1
         self.coders.on_measured(m)
         self.measured[m.candidate.id] = m
-        if not self.goal_by and m.candidate.id not in self.disqualified and self._reaches_goal(m):
-            self.goal_by = m.candidate.id
-        # a kernel known to be wrong is fast for no good reason: the strategy learns its point failed
-        score = None if m.candidate.id in self.known_wrong else m.score_s
-        self._finish_point(m.candidate.point_id, score)
-        self._tell_awaiting(m.candidate.id, score)
+        if not self.goal_by:
+            self.goal_by = self._goal_by()
+        self._finish_point(m.candidate.point_id, self._score(m))
+        self._tell_awaiting(m.candidate.id, self._score(m))
+
+    def _score(self, m: pb.Measured) -> float | None:
+        """What the strategy is told of a measured kernel: its score, or a failure (None) for a kernel known to be
+        wrong (fast for no good reason)."""
+        return None if m.candidate.id in self.known_wrong else m.score_s
 
     def _on_dead_letter(self, m: pb.DeadLetter) -> None:
         """Work that can never finish: its point is over (counted as rejected), or the campaign would wait."""
@@ -312,9 +320,15 @@ class CampaignState:
             self.comparisons[m.shape] = m
         if m.showdown and m.failed_candidate:  # any failure there, as before: no result of this campaign
             self._disqualify(m.failed_candidate)
-        elif cid := found_wrong(m):
+        elif (cid := found_wrong(m)) and cid not in self.disqualified:
+            # (a late answer about a kernel already out, learned wrong meanwhile, takes no try of FINAL_TRIES)
             self._disqualify(cid)
             self.final_wrong.add(cid)
+
+    @property
+    def problem_key(self) -> str:
+        """What campaigns of one problem share: its name where it loads, else the spec's locator."""
+        return self.problem_name or self.spec.problem
 
     def learn_wrong(self, candidate: str, campaign: str) -> None:
         """Another campaign of the problem (`campaign`) found this kernel wrong: it is no result of this one
@@ -326,11 +340,16 @@ class CampaignState:
 
     def _disqualify(self, candidate: str) -> None:
         """No result of this campaign, whatever its score; where it was the kernel that reached the goal, the
-        next measured one that reaches it (not disqualified) is, or none, and the search goes on."""
+        next measured one that reaches it is, or none, and the search goes on (unless it is over already: the
+        driver's search ends for good once a comparison was asked, CampaignDriver._budget_left)."""
         self.disqualified.add(candidate)
         if self.goal_by == candidate:
-            self.goal_by = next((cid for cid, m in self.measured.items()
-                                 if cid not in self.disqualified and self._reaches_goal(m)), "")
+            self.goal_by = self._goal_by()
+
+    def _goal_by(self) -> str:
+        """The first kernel measured that reached the goal and is not disqualified ("" when none did)."""
+        return next((cid for cid, m in self.measured.items()
+                     if cid not in self.disqualified and self._reaches_goal(m)), "")
 
     def _on_campaign_finished(self, m: pb.CampaignFinished) -> None:
         self.finished = m
@@ -403,8 +422,9 @@ class CampaignState:
         return sum(1 for p in self.points.values() if not p.done and p.origin == Origin.AGENT.of(persona))
 
     def ranked(self, k: int) -> list[str]:
-        """The k fastest measured candidates (the reference included), fastest first: an agent's parents."""
-        full = [m for m in self.measured.values() if not m.screened_out]
+        """The k fastest measured candidates (the reference included, none disqualified: an agent would improve
+        on a kernel found wrong), fastest first: an agent's parents."""
+        full = [m for m in self.measured.values() if not m.screened_out and m.candidate.id not in self.disqualified]
         return [m.candidate.id for m in sorted(full, key=lambda m: m.score_s)[:k]]
 
     def best(self) -> pb.Measured | None:
@@ -422,8 +442,8 @@ class CampaignState:
         return self.measured.get(self.showdown_winner(pick) or "", pick)
 
     def search_best(self) -> pb.Measured | None:
-        """The search's result: of the candidates measured in full that are not the reference kernel (nor found
-        wrong by a showdown), the one `winner` picks by their own measurements (before any showdown)."""
+        """The search's result: of the candidates measured in full that are not the reference kernel (nor
+        disqualified), the one `winner` picks by their own measurements (before any showdown)."""
         mine = [m for cid, m in self.measured.items() if cid != self.reference_id and not m.screened_out
                 and cid not in self.disqualified]
         return self.winner(mine) if mine else None
@@ -482,8 +502,9 @@ class CampaignState:
         return ev.late_counts(self.counts, self.finished.counts) if self.finished is not None else pb.Counts()
 
     def goal_reached(self) -> pb.Measured | None:
-        """The first candidate measured in full (not the reference kernel, not screened out) whose every timing
-        reached spec.goal_fraction of the device's measured ceiling (sol_fraction); None without a goal."""
+        """The first candidate measured in full (not the reference kernel, not screened out, not disqualified)
+        whose every timing reached spec.goal_fraction of the device's measured ceiling (sol_fraction); None without
+        a goal."""
         return self.measured.get(self.goal_by) if self.goal_by else None
 
     def _reaches_goal(self, m: pb.Measured) -> bool:

@@ -91,6 +91,8 @@ class CampaignDriver:
     def _budget_left(self, st: CampaignState) -> bool:
         if st.cancelled or st.broken or st.expired() or st.goal_reached() is not None:
             return False
+        if st.showing_down or st.comparing:   # the search ended before: a restarted planner does not search again
+            return False                      # (the kernel that reached the goal may have been found wrong since)
         if device_budget_spent(st, device_budget(st.spec, self.settings.device_seconds)):
             return False
         return not st.spec.budget_candidates or st.search_proposed() < st.spec.budget_candidates
@@ -256,7 +258,8 @@ class CampaignDriver:
         event = ev.make_event(st.id, self.svc.name, ev.showdown_key(req), compare_request=req)
         before = st.showdowns.get(pick.candidate.id)  # taken before the request: its answer may come at once
         if not await self._ask_benchmarker(st, event, "showdown", pick.candidate.id,
-                                           lambda: st.showdowns.get(pick.candidate.id) is not before):
+                                           lambda: st.showdowns.get(pick.candidate.id) is not before
+                                           or pick.candidate.id in st.disqualified):  # learned wrong meanwhile
             self.log.warning("the showdown got no answer: the search's best stays the result", campaign=st.id,
                              candidate=pick.candidate.id)
             return False

@@ -1,6 +1,9 @@
 """The planner's calls to memory at a new campaign's start: a warm start's priors, and the kernels other
-campaigns found wrong."""
+campaigns found wrong. Both are asked at once on one channel, so a memory that does not answer costs a submission
+one deadline (Settings.memory_timeout_s), not two; each answer the campaign does without is logged with why."""
 from __future__ import annotations
+
+import asyncio
 
 import grpc
 
@@ -10,12 +13,31 @@ from kfactory.strategies import Space
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 
+#: at most this many known-wrong kernels go into a CampaignStarted (the most recently found ones): an event stays
+#: far under the bus's size limit however long a problem's history; memory's best and export still pass over
+#: every kernel found wrong
+KNOWN_WRONG_MAX = 4096
 
-async def warm_priors(addr: str, settings: Settings, log, spec: pb.CampaignSpec, space: Space | None,
-                      cid: str) -> list[pb.Prior]:
-    """Memory's priors for the campaign's problem and families (a warm start) from the Evidence service at
-    `addr`; none when the spec asks for a cold start or memory cannot be reached (the campaign then starts cold,
-    and says so in the log)."""
+
+async def from_memory(addr: str, settings: Settings, log, spec: pb.CampaignSpec, space: Space | None,
+                      cid: str) -> tuple[list[pb.Prior], list[pb.KnownWrong]]:
+    """(the warm start's priors, the kernels other campaigns found wrong) from the Evidence service at `addr`.
+    No priors when the spec asks for a cold start; either list empty when memory cannot be reached or refuses
+    the question (logged): the campaign starts cold, or learns only what the campaigns this planner folds find
+    while it runs (kfactory/services/planner/replay.py)."""
+    async with EvidenceClient(addr, settings) as memory:
+        priors, wrong = await asyncio.gather(_priors(memory, settings, log, spec, space, cid),
+                                              _known_wrong(memory, log, spec))
+    if len(wrong) > KNOWN_WRONG_MAX:
+        log.warning("more kernels were found wrong than a start carries: the oldest are left out of it (memory's "
+                    "best and export still pass over them)", found=len(wrong), kept=KNOWN_WRONG_MAX)
+        wrong = wrong[-KNOWN_WRONG_MAX:]
+    return priors, wrong
+
+
+async def _priors(memory: EvidenceClient, settings: Settings, log, spec: pb.CampaignSpec, space: Space | None,
+                  cid: str) -> list[pb.Prior]:
+    """Memory's priors for the campaign's problem and families (a warm start)."""
     if spec.warm_start <= 0 or space is None:
         return []
     # every source's measurements: the strategy learns each earlier campaign's landscape (transfer.py); the
@@ -23,24 +45,19 @@ async def warm_priors(addr: str, settings: Settings, log, spec: pb.CampaignSpec,
     req = spb.PriorsRequest(problem=spec.problem, families=list(space.families), exclude_campaign=cid,
                             limit=max(spec.warm_start, settings.warm_evidence), every_source=True)
     try:
-        async with EvidenceClient(addr, settings) as memory:
-            resp = await memory.Priors(req)
+        return list((await memory.Priors(req)).priors)
     except grpc.aio.AioRpcError as e:
-        log.warning("memory unreachable: the campaign starts cold", addr=addr, code=e.code().name)
+        log.warning("memory gave no priors: the campaign starts cold", addr=memory.addr, code=e.code().name,
+                    reason=e.details())
         return []
-    return list(resp.priors)
 
 
-async def known_wrong(addr: str, settings: Settings, log, spec: pb.CampaignSpec) -> list[pb.KnownWrong]:
-    """The kernels a comparison of another campaign of the problem found wrong (memory's KnownWrong at `addr`):
-    none is the new campaign's result. None when memory cannot be reached (logged): the campaign then learns only
-    what the campaigns this planner folds find while it runs (kfactory/services/planner/replay.py). Memory's
-    refusal (a problem name it cannot file) is logged the same way, with its code and reason."""
+async def _known_wrong(memory: EvidenceClient, log, spec: pb.CampaignSpec) -> list[pb.KnownWrong]:
+    """The kernels a comparison of another campaign of the problem found wrong, in the order they were found:
+    none is the new campaign's result."""
     try:
-        async with EvidenceClient(addr, settings) as memory:
-            resp = await memory.KnownWrong(spb.KnownWrongRequest(problem=spec.problem))
+        return list((await memory.KnownWrong(spb.KnownWrongRequest(problem=spec.problem))).kernels)
     except grpc.aio.AioRpcError as e:
         log.warning("memory did not say which kernels other campaigns found wrong: the campaign starts without "
-                    "them", addr=addr, code=e.code().name, reason=e.details())
+                    "them", addr=memory.addr, code=e.code().name, reason=e.details())
         return []
-    return list(resp.kernels)

@@ -49,8 +49,8 @@ class StreamReplay:
         #: campaigns whose CampaignStarted this planner has read back from the stream (a start whose publish
         #: timed out may still have landed: then the campaign runs, see PlannerService.submit)
         self.landed: set[str] = set()
-        #: per problem (as specs name it), the kernels a comparison folded so far found wrong, each with the
-        #: campaign that did (evidence.verdicts.found_wrong): every other campaign of the problem learns them
+        #: per problem (CampaignState.problem_key), the kernels a comparison folded so far found wrong, each with
+        #: the campaign that did (evidence.verdicts.found_wrong): every other campaign of the problem learns them
         #: (CampaignState.learn_wrong), one started later too; the stream's order makes a replay learn the same
         self.wrong: dict[str, dict[str, str]] = {}
 
@@ -107,7 +107,7 @@ class StreamReplay:
             if why := st.apply(event):
                 self.refuse(event, why)
             elif event.HasField("campaign_started"):
-                for candidate, by in self.wrong.get(st.spec.problem, {}).items():
+                for candidate, by in self.wrong.get(st.problem_key, {}).items():
                     st.learn_wrong(candidate, by)
             elif event.HasField("comparison") and (candidate := found_wrong(event.comparison)):
                 self._share_wrong(st, candidate)
@@ -118,10 +118,13 @@ class StreamReplay:
 
     def _share_wrong(self, st: CampaignState, candidate: str) -> None:
         """Campaign `st`'s comparison found `candidate` wrong: no other campaign of its problem, running or started
-        later, finishes with it (memory's KnownWrong at a start tells only what memory had archived by then)."""
-        self.wrong.setdefault(st.spec.problem, {}).setdefault(candidate, st.id)
+        later, finishes with it (memory's KnownWrong at a start tells only what memory had archived by then). A
+        finished one learns it too (its result and summary are fixed already), so that a restarted planner, which
+        folds a finish where the stream holds it, reaches the same state as the live one, which folds its own
+        finish before publishing it."""
+        self.wrong.setdefault(st.problem_key, {}).setdefault(candidate, st.id)
         for other in self.campaigns.values():
-            if other is not st and other.finished is None and other.spec.problem == st.spec.problem:
+            if other is not st and other.problem_key == st.problem_key:
                 other.learn_wrong(candidate, st.id)
 
     def abandon(self, cid: str, reason: str) -> None:

@@ -25,7 +25,7 @@ from kfactory.services.planner import coders, specs
 from kfactory.services.planner.api import CampaignsApi
 from kfactory.services.planner.campaign import CampaignState
 from kfactory.services.planner.driver import CampaignDriver
-from kfactory.services.planner.priors import known_wrong, warm_priors
+from kfactory.services.planner.priors import from_memory
 from kfactory.services.planner.replay import StreamReplay
 from kfactory.services.planner.resends import ResendDesk
 from kfactory.services.planner.specs import SpecError  # noqa: F401 (the API answers it; tests import it here)
@@ -91,6 +91,7 @@ class PlannerService(Service):
         if not broken:   # the problem's rule for its result (a broken campaign keeps the lowest score)
             problem = self.ctx.problem(spec.problem)
             st.winner = problem.winner
+            st.problem_name = problem.name   # a path and a name of one package are one problem
             # an engine's timing rounds and showdown after the search (kfactory/engines/finale.py)
             st.finale = finale_of(spec) if is_engine(problem) else None
         st.agent_note = coders.agent_note(spec, self.settings)
@@ -120,9 +121,8 @@ class PlannerService(Service):
         await self.caught_up.wait()
         cid = "c" + secrets.token_hex(6)
         device = await self._device(spec.target)
-        memory = self.ctx.memory_addr or self.settings.memory_addr
-        priors = await warm_priors(memory, self.settings, self.log, spec, self._space(spec), cid)
-        wrong = await known_wrong(memory, self.settings, self.log, spec)
+        priors, wrong = await from_memory(self.ctx.memory_addr or self.settings.memory_addr, self.settings, self.log,
+                                          spec, self._space(spec), cid)
         started = ev.make_event(cid, self.name, "start", campaign_started=pb.CampaignStarted(
             spec=spec, device=device, priors=priors, known_wrong=wrong))
         self.replay.apply(started)

@@ -57,7 +57,8 @@ def campaign_summary(st: CampaignState, problem) -> dict:
     out.update(coder_summary(st))
     if st.priors.points:  # a warm start: each source, how far it was trusted, and what it ended with
         out["warm_start"] = warm_sources.campaign_section(st.source_trust(), st.priors, st.source_devices)
-    if st.spec.goal_fraction > 0:  # `--goal`: whether a candidate reached it (and which), which ended the search
+    # `--goal`: whether a candidate reached it (and which; none found wrong since), which ended the search
+    if st.spec.goal_fraction > 0:
         reached = st.goal_reached()
         out["goal"] = {"fraction": st.spec.goal_fraction, "reached_by": reached.candidate.id if reached else None}
     # kernels a showdown or the final comparison found wrong: no result, whatever their score
