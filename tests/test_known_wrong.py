@@ -279,3 +279,20 @@ async def test_a_restarted_planner_learns_the_same_whatever_the_order_of_a_finis
         assert st.finished is not None
         states.append((dict(st.known_wrong), set(st.disqualified)))
     assert states[0] == states[1] == ({"k1": "cA"}, {"k1"})
+
+
+def test_a_start_carries_the_most_recently_found_kernels_at_most():
+    from kfactory.observability.log import get_logger
+    from kfactory.services.planner.priors import KNOWN_WRONG_MAX, capped
+
+    found = [_known(f"k{i}", "cA") for i in range(5)]
+    with capture_logs() as logs:
+        assert capped(found, get_logger("test"), most=2) == found[3:]
+    assert [e["found"] for e in logs] == [5]
+    assert capped(found, get_logger("test")) == found and capped([], get_logger("test"), most=0) == []
+    # a start carrying the most, with ids as long as they come (a sha256 and a campaign id), stays far under the
+    # bus's limit on an event
+    most = tuple(pb.KnownWrong(candidate_id=f"{i:064x}", campaign_id="c" + "1" * 12, reason="WRONG_RESULT")
+                 for i in range(KNOWN_WRONG_MAX))
+    start = _started("c" + "0" * 12, known=most)
+    assert len(start.SerializeToString()) < ev.MAX_EVENT_BYTES / 2

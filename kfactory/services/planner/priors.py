@@ -28,11 +28,16 @@ async def from_memory(addr: str, settings: Settings, log, spec: pb.CampaignSpec,
     async with EvidenceClient(addr, settings) as memory:
         priors, wrong = await asyncio.gather(_priors(memory, settings, log, spec, space, cid),
                                               _known_wrong(memory, log, spec))
-    if len(wrong) > KNOWN_WRONG_MAX:
-        log.warning("more kernels were found wrong than a start carries: the oldest are left out of it (memory's "
-                    "best and export still pass over them)", found=len(wrong), kept=KNOWN_WRONG_MAX)
-        wrong = wrong[-KNOWN_WRONG_MAX:]
-    return priors, wrong
+    return priors, capped(wrong, log)
+
+
+def capped(wrong: list[pb.KnownWrong], log, most: int = KNOWN_WRONG_MAX) -> list[pb.KnownWrong]:
+    """The `most` most recently found of `wrong` (in the order found), the rest left out with a warning."""
+    if len(wrong) <= most:
+        return wrong
+    log.warning("more kernels were found wrong than a start carries: the oldest are left out of it (memory's best "
+                "and export still pass over them)", found=len(wrong), kept=most)
+    return wrong[len(wrong) - most:]
 
 
 async def _priors(memory: EvidenceClient, settings: Settings, log, spec: pb.CampaignSpec, space: Space | None,
