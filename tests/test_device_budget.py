@@ -1,6 +1,6 @@
 """A campaign bounded by device time (Settings.device_seconds, issue 23 deliverable 3): it stops proposing once
-its verifications, screens and measurements have held the device that long, and its summary reports the device
-seconds it used, its comparisons' apart, per candidate too."""
+its verifications, screens and measurements have held the device that long (its comparisons count too), and its
+summary reports the device seconds it used, its comparisons' apart, per candidate too."""
 from __future__ import annotations
 
 import json
@@ -13,9 +13,9 @@ from kfactory.v1 import events_pb2 as pb
 from test_campaign import _campaign
 
 
-def _state(device_s: float, done: int, in_flight: int, parallel: int = 4):
+def _state(device_s: float, done: int, in_flight: int, parallel: int = 4, compare_s: float = 0.0):
     return SimpleNamespace(spec=pb.CampaignSpec(parallel=parallel), counts=pb.Counts(measured=done),
-                           device_s=device_s, in_flight=lambda: in_flight)
+                           device_s=device_s, compare_device_s=compare_s, in_flight=lambda: in_flight)
 
 
 def _stopped_for_device_time(st, outcomes: int, budget: float) -> None:
@@ -34,6 +34,7 @@ def test_room_in_flight_is_what_the_device_time_left_pays_for():
     assert pipeline.room(_state(4.0, 2, 1), 10.0) == 3                 # 2 s a candidate, 6 s left
     assert pipeline.room(_state(4.0, 2, 1), 100.0) == 4                # never more than parallel
     assert pipeline.room(_state(9.0, 3, 0), 10.0) == 0                 # 3 s a candidate, 1 s left
+    assert pipeline.room(_state(6.0, 2, 0, compare_s=4.0), 10.0) == 4  # 1 s a candidate: comparisons are none's
     assert pipeline.device_budget_spent(_state(9.0, 3, 0), 10.0)       # nothing in flight, no room: done
     assert not pipeline.device_budget_spent(_state(9.0, 3, 1), 10.0)   # its work in flight may still end
     assert pipeline.device_budget_spent(_state(10.5, 3, 1), 10.0)      # spent

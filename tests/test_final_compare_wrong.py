@@ -161,3 +161,50 @@ async def test_past_its_time_budget_a_campaign_compares_a_next_best_only_within_
     await asyncio.sleep(0.01)
     assert await _compare(planner, st, {"k1": "WRONG_RESULT"}) == ["showdown k1", "compare k1"]
     assert st.best().candidate.id == "k2" and st.disqualified == {"k1"}
+
+
+async def test_a_next_best_is_compared_only_while_device_time_is_left(planner, monkeypatch):
+    """Each comparison reports the device time it held (Comparison.seconds); the campaign counts it against its
+    device budget: a next best after a result found wrong is compared while some is left, not after."""
+    import test_final_compare_wrong as me
+
+    answer = me._answer
+
+    def timed(req, wrong):   # the benchmarker's answers, each having held the device 0.5 s
+        out = answer(req, wrong)
+        for comp in out:
+            comp.seconds = 0.5
+        return out
+
+    monkeypatch.setattr(me, "_answer", timed)
+    for budget, asked in ((10.0, ["showdown k1", "compare k1", "compare k2"]), (1.0, ["showdown k1", "compare k1"])):
+        st = _state(f"c5{int(budget)}")
+        st.spec.budget_device_seconds = budget
+        assert await _compare(planner, st, {"k1": "WRONG_RESULT"}) == asked
+        # the showdown's 0.5 s, the final comparison's 0.5 s at each shape, and k2's where it was compared
+        assert st.compare_device_s == st.device_s == 0.5 * (1 + len(SHAPES) * (len(asked) - 1))
+        assert st.best().candidate.id == "k2"
+
+
+async def test_a_result_learned_wrong_during_its_final_comparison_gives_way_within_the_grace_only(planner,
+                                                                                                monkeypatch):
+    """k1 is found wrong by another campaign while its own final comparison runs (its answer: k1 holds). It takes
+    no FINAL_TRIES try, but the next best is compared only within the time budget's grace, as after any final
+    comparison whose result turned out wrong."""
+    from kfactory.services.planner import driver as driver_mod
+    import test_final_compare_wrong as me
+
+    answer = me._answer
+
+    def learned(req, wrong):
+        if not req.contenders and req.candidate.id == "k1":
+            st.learn_wrong("k1", "cOther")
+        return answer(req, wrong)
+
+    monkeypatch.setattr(me, "_answer", learned)
+    monkeypatch.setattr(driver_mod, "GRACE_S", 0.0)
+    st = _state("c60")
+    st.spec.budget_seconds = 0.001
+    await asyncio.sleep(0.01)
+    assert await _compare(planner, st, {}) == ["showdown k1", "compare k1"]
+    assert st.final_wrong == set() and st.known_wrong == {"k1": "cOther"} and st.best().candidate.id == "k2"

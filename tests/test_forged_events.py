@@ -91,6 +91,21 @@ def test_the_planner_believes_no_forged_measurement(forgery):
     assert st.best().score_s == 0.5
 
 
+@pytest.mark.parametrize("seconds", [-1.0, math.nan, math.inf])
+def test_the_planner_believes_no_comparison_whose_device_time_no_lease_can_have(seconds):
+    """A comparison's device time counts against the campaign's device budget (Comparison.seconds): a negative
+    one would give budget back, a NaN would make the budget's arithmetic fail."""
+    st = _state()
+    for e in chain(CID, _cand(), 0.5):
+        assert st.apply(e) == ""
+    comp = pb.Comparison(shape="4x4", candidate_id="k1", speedups={"reference": 1.5}, seconds=seconds)
+    assert "device time" in st.apply(ev.make_event(CID, "benchmarker", "k1:4x4", comparison=comp))
+    assert st.device_s == 0.0 and not st.comparisons
+    comp.seconds = 0.25
+    assert st.apply(ev.make_event(CID, "benchmarker", "k1:4x4", comparison=comp)) == ""
+    assert st.compare_device_s == st.device_s == 0.25
+
+
 def test_the_planner_believes_a_result_only_after_its_chain_in_order():
     st = _state()
     cand = _cand()

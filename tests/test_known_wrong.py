@@ -74,6 +74,14 @@ def _measured_chain(cid: str, cand: pb.Candidate, score: float) -> list[pb.Event
     return chain(cid, cand, score)[:-1] + [ev.make_event(cid, "benchmarker", cand.id, measured=m)]
 
 
+async def _caught_up(planner) -> PlannerService:
+    """The planner once it has folded the stream as it was at its start (empty here): it then resumes nothing, so
+    the campaigns a test folds in by hand are driven by nobody but the test."""
+    svc = cast(PlannerService, planner)
+    await asyncio.wait_for(svc.caught_up.wait(), 30)
+    return svc
+
+
 def _fold(svc: PlannerService, events: list[pb.Event]) -> None:
     for e in events:
         svc.replay.apply(e)
@@ -88,7 +96,7 @@ def _k1_found_wrong_by(cid: str) -> list[pb.Event]:
 
 
 async def test_a_running_campaign_learns_what_another_found_wrong_and_so_does_a_later_one(planner):
-    svc = cast(PlannerService, planner)
+    svc = await _caught_up(planner)
     # cP names softmax by its package's directory: the same problem
     _fold(svc, [_started("cA"), _started("cB"), _started("cR", problem="rmsnorm"),
                 _started("cP", problem=str(BUILTIN_DIR / "softmax"))])
@@ -175,7 +183,7 @@ async def test_memory_tells_a_new_campaign_what_an_earlier_one_found_wrong(memor
 async def test_a_campaign_starts_without_them_when_memory_does_not_answer(planner):
     """The planner alone: no memory service listens (the test settings' port 0). The submission is not refused,
     and the log says what the campaign goes without; the campaign starts knowing no kernel wrong."""
-    svc = cast(PlannerService, planner)
+    svc = await _caught_up(planner)
     spec = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=1, strategy="random", seed=1)
     with capture_logs() as logs:
         cid = await asyncio.wait_for(svc.submit(spec), 60)
@@ -213,7 +221,7 @@ def test_a_duplicate_of_a_kernel_known_wrong_scores_as_failed_too():
 async def test_a_restarted_planner_does_not_search_again_when_the_goal_kernel_is_found_wrong_after(planner):
     """k1 reached the goal and ended the search; its showdown was asked; then another campaign found it wrong.
     The goal is no longer reached, but a planner resuming the campaign does not propose again: its search ended."""
-    svc = cast(PlannerService, planner)
+    svc = await _caught_up(planner)
     start = _started("cG")
     start.campaign_started.spec.goal_fraction = 0.5
     start.campaign_started.spec.budget_candidates = 40
@@ -234,10 +242,44 @@ async def test_a_restarted_planner_does_not_search_again_when_the_goal_kernel_is
     assert st.goal_reached() is None and st.search_proposed() < 40 and not svc.driver._budget_left(st)
 
 
+async def test_a_search_that_ended_on_the_goal_goes_on_when_its_kernel_is_found_wrong_meanwhile(planner):
+    """k1 reached the goal and ended the search while k2's point was in flight; before any comparison was asked,
+    another campaign finds k1 wrong. The live planner searches on, as a planner restarted then would."""
+    svc = await _caught_up(planner)
+    start = _started("cW")
+    start.campaign_started.spec.goal_fraction = 0.5
+    start.campaign_started.spec.budget_candidates = 6
+    start.campaign_started.spec.parallel = 8   # (a submitted spec gets the planner's default)
+    _fold(svc, [_started("cA"), start])
+    st = svc.campaigns["cW"]
+    proposals = []
+    for k in ("k1", "k2"):
+        point = st.strategy.ask()
+        pp = pb.PointProposed(point_id="p-" + k, family=point.family, params_json=point.params_json,
+                              origin="template:" + point.family)
+        proposals.append(ev.make_event("cW", "planner", pp.point_id, point_proposed=pp))
+    _fold(svc, proposals)
+    m = pb.Measured(candidate=_kernel("cW", "k1"), score_s=0.4, timings=[pb.ShapeTiming(
+        shape=s, median_s=0.4, q1_s=0.4, q3_s=0.4, samples=5, sol_fraction=0.6) for s in SHAPES])
+    _fold(svc, [*chain("cW", _kernel("cW", "k1"), 0.4)[:-1], ev.make_event("cW", "benchmarker", "k1", measured=m)])
+    assert st.goal_reached().candidate.id == "k1" and st.in_flight() == 1 and st.search_proposed() == 2
+    task = asyncio.ensure_future(svc.driver._search_to_end(st))
+    try:
+        await asyncio.sleep(0.2)
+        assert not task.done()   # waiting for k2
+        _fold(svc, [*_k1_found_wrong_by("cA"), *_measured_chain("cW", _kernel("cW", "k2"), 0.5)])
+        async with asyncio.timeout(20):
+            while st.search_proposed() < 6:   # the search goes on to its candidate budget
+                await asyncio.sleep(0.05)
+        assert st.goal_reached() is None and st.known_wrong == {"k1": "cA"}
+    finally:
+        task.cancel()
+
+
 async def test_a_showdown_whose_kernel_is_learned_wrong_meanwhile_ends_at_once(planner):
     """The driver waits for the showdown of k1; another campaign finds k1 wrong: the driver stops waiting (the
     answer no longer matters) and the next best has a showdown of its own."""
-    svc = cast(PlannerService, planner)
+    svc = await _caught_up(planner)
     _fold(svc, [_started("cA"), _started("cS")])
     st = svc.campaigns["cS"]
     for k, score in (("k1", 0.40), ("k2", 0.41), ("k3", 0.42)):
@@ -267,7 +309,7 @@ async def test_a_restarted_planner_learns_the_same_whatever_the_order_of_a_finis
     """The live planner applies a campaign's finish before publishing it, so a comparison another campaign
     published meanwhile is folded after the finish live, and before it on the stream (what a restart replays).
     Both orders leave the finished campaign knowing the same."""
-    svc = cast(PlannerService, planner)
+    svc = await _caught_up(planner)
     finish = ev.make_event("cF", "planner", "finish", campaign_finished=pb.CampaignFinished(state="completed"))
     found = _k1_found_wrong_by("cA")
     states = []

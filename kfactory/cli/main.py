@@ -61,9 +61,10 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=cli_type("budget_seconds", float), default=0.0,
                    help="wall-clock budget (0: none)")
     p.add_argument("--device-seconds", type=cli_type("budget_device_seconds", float), default=0.0,
-                   help="device time the campaign's verifications, screens and measurements may hold (0: the "
-                        "planner's KFACTORY_DEVICE_SECONDS, else none); the summary reports device seconds per "
-                        "candidate")
+                   help="device time the campaign's verifications, screens, measurements and comparisons may "
+                        "hold (0: the planner's KFACTORY_DEVICE_SECONDS, else none); the search stops when what "
+                        "is left cannot pay for one more candidate, the showdown and the final comparison follow; "
+                        "the summary reports device seconds per candidate and the comparisons' apart")
     p.add_argument("--goal", type=cli_type("goal_fraction", float), default=0.0, metavar="FRACTION",
                    help="stop the search once a candidate reaches this fraction of the device's measured ceiling "
                         "(the copy bandwidth for a kernel that moves bytes) at every shape it was timed at, e.g. "

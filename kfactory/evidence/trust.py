@@ -106,6 +106,8 @@ def comparison_flaw(c: pb.Comparison) -> str:
     for name, value in c.speedups.items():
         if not math.isfinite(value) or value <= 0:
             return f"speedup of {name[:40]!r} {value!r} is not a finite, positive ratio"
+    if not math.isfinite(c.seconds) or c.seconds < 0:   # a campaign's device-time budget adds it up
+        return f"device time {c.seconds!r} s is not a finite, non-negative number"
     return ""
 
 

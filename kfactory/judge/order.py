@@ -100,7 +100,9 @@ def room(st, budget_s: float) -> int:
     done = st.counts.measured + st.counts.rejected + st.counts.compile_failed
     if not done:
         return 1
-    return min(st.spec.parallel, max(0, int((budget_s - st.device_s) / max(st.device_s / done, 1e-9))))
+    # the time left is the campaign's; the average a candidate's (the showdowns' and comparisons' are none's)
+    average = (st.device_s - st.compare_device_s) / done
+    return min(st.spec.parallel, max(0, int((budget_s - st.device_s) / max(average, 1e-9))))
 
 
 def device_budget_spent(st, budget_s: float) -> bool:

@@ -107,8 +107,9 @@ class Settings(BaseSettings):
         "verified; verify_first: every candidate is verified, then screened (the order before issue 23)")
     screen_min_samples: int = Field(3, ge=1, description="timed calls a screening timing makes when its time allows")
     device_seconds: float = Field(0.0, ge=0, description="a campaign stops proposing once its verifications, "
-                                  "screens and measurements have held the device this long (0: no bound); every "
-                                  "campaign this planner drives whose spec sets no budget_device_seconds")
+                                  "screens, measurements and comparisons have held the device this long (0: no "
+                                  "bound); every campaign this planner drives whose spec sets no "
+                                  "budget_device_seconds")
     compile_workers: int = Field(0, ge=0, description="compiles at once per compiler service (0: one per core)")
     default_parallel: int = Field(0, ge=0, description="design points in flight when a campaign does not say "
                                   "(0: on cpu three plus one per agent persona, elsewhere one per core plus two: "

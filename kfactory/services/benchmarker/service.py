@@ -288,8 +288,10 @@ class BenchmarkerService(RunnerService):
             keys[b] = f"baseline:{b}"
         pool = await self._ahead(cand, session, problem, target, part="compare")
         async with self.device(device.device_id):
+            # the lease is held throughout: each shape's device time runs from the end of the one before (its
+            # publishing included), so that the shapes add up to the lease held, up to the last one's publishing
+            mark = time.perf_counter()
             for shape in problem.shapes("optimize"):
-                t0 = time.perf_counter()   # the lease is held throughout: each shape's device time is its own
                 # the comparison's timings are a measurement of the candidate too, so it is probed after them
                 # like any measurement (judge.probe_after_timing); the reference and the baselines are not
                 # rotated (judge/rotated.py): each kernel on every kernel's buffers, so no speedup carries the
@@ -298,8 +300,9 @@ class BenchmarkerService(RunnerService):
                                       target.cache_bytes(), self.settings,
                                       self.settings.compare_max_s, device, [cand.id], part="compare")
                 sname = problem.shape_str(shape)
-                comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device,
-                                     seconds=time.perf_counter() - t0)
+                now = time.perf_counter()
+                comp = pb.Comparison(shape=sname, candidate_id=cand.id, device=device, seconds=now - mark)
+                mark = now
                 if res.reason:
                     failed_in(comp, res)
                 for name, key in keys.items():

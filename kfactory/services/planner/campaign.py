@@ -264,8 +264,8 @@ class CampaignState:
         self.counts.measured += 1
         self.coders.on_measured(m)
         self.measured[m.candidate.id] = m
-        if not self.goal_by:
-            self.goal_by = self._goal_by()
+        if not self.goal_by and m.candidate.id not in self.disqualified and self._reaches_goal(m):
+            self.goal_by = m.candidate.id
         self._finish_point(m.candidate.point_id, self._score(m))
         self._tell_awaiting(m.candidate.id, self._score(m))
 
@@ -340,8 +340,8 @@ class CampaignState:
 
     def _disqualify(self, candidate: str) -> None:
         """No result of this campaign, whatever its score; where it was the kernel that reached the goal, the
-        next measured one that reaches it is, or none, and the search goes on (unless it is over already: the
-        driver's search ends for good once a comparison was asked, CampaignDriver._budget_left)."""
+        next measured one that reaches it is, or none, and the search goes on (CampaignDriver._search_to_end),
+        unless a comparison was asked already: then the search is over for good (CampaignDriver._budget_left)."""
         self.disqualified.add(candidate)
         if self.goal_by == candidate:
             self.goal_by = self._goal_by()

@@ -69,9 +69,7 @@ class CampaignDriver:
         planner."""
         try:
             await self._propose_fixed(st)
-            await self._search(st)
-            if not (st.broken or st.strategy_error):
-                await self._wait_in_flight(st)
+            if await self._search_to_end(st):
                 await self._finale(st)
                 await self._compare(st)
                 while st.in_flight() and not st.finishing():  # work sent back from its dead letter meanwhile
@@ -87,6 +85,19 @@ class CampaignDriver:
         except Exception as e:  # a bug in driving this campaign must not kill the planner: record it as failed
             self.log.exception("campaign failed", campaign=st.id)
             await self.finish(st, state="failed", reason=f"planner error: {type(e).__name__}: {e}")
+
+    async def _search_to_end(self, st: CampaignState) -> bool:
+        """Search, then wait for the points in flight; False when the campaign broke or its strategy failed
+        before the wait. A search that ended on the goal goes on where the kernel that reached it was found wrong
+        meanwhile (CampaignState._disqualify), as a planner restarted then would (_budget_left)."""
+        while True:
+            await self._search(st)
+            if st.broken or st.strategy_error:
+                return False
+            on_goal = st.goal_reached() is not None
+            await self._wait_in_flight(st)
+            if not (on_goal and st.goal_reached() is None and self._budget_left(st)):
+                return True
 
     def _budget_left(self, st: CampaignState) -> bool:
         if st.cancelled or st.broken or st.expired() or st.goal_reached() is not None:
@@ -269,12 +280,15 @@ class CampaignDriver:
         """The showdown and the final comparison of the campaign's result. One that finds its kernel wrong makes
         the next best the result, with a showdown and a final comparison of its own: after a showdown, until one
         holds; after a final comparison, FINAL_TRIES results in all (CampaignState.final_wrong: a restarted
-        planner counts those before it), and none once the device budget is spent or the time budget's grace
-        (GRACE_S past it, as for the points in flight) is over (the result is then the search's next best, with
-        no showdown and no final comparison: the summary shows none)."""
+        planner counts those before it), and after any final comparison whose result turned out wrong (found so
+        there, or by another campaign meanwhile) none once the device budget is spent (the comparisons' device
+        time counted) or the time budget's grace (GRACE_S past it, as for the points in flight) is over: the
+        result is then the search's next best, with no showdown and no final comparison (the summary shows none)."""
+        compared = False   # a final comparison of this life's found its result out
+        budget = device_budget(st.spec, self.settings.device_seconds)
         for _ in range(len(st.measured)):
-            if st.final_wrong and (len(st.final_wrong) >= FINAL_TRIES or past_grace(st) or
-                                   device_budget_spent(st, device_budget(st.spec, self.settings.device_seconds))):
+            if (compared or st.final_wrong) and (len(st.final_wrong) >= FINAL_TRIES or past_grace(st)
+                                                 or bool(budget) and st.device_s >= budget):
                 self.log.warning("final comparisons found results wrong: the next best is not compared",
                                  campaign=st.id, found_wrong=len(st.final_wrong))
                 return
@@ -282,6 +296,7 @@ class CampaignDriver:
                 continue
             if not await self._final_compare(st):
                 return
+            compared = True
 
     async def _final_compare(self, st: CampaignState) -> bool:
         """The result timed against the reference kernel and the baselines at every optimisation shape; True when

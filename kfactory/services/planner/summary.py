@@ -49,7 +49,8 @@ def campaign_summary(st: CampaignState, problem) -> dict:
            "counts": {f.name: getattr(st.counts, f.name) for f in pb.Counts.DESCRIPTOR.fields},
            "elapsed_seconds": round(st.elapsed(), 3), "best": None}
     outcomes = st.counts.measured + st.counts.rejected + st.counts.compile_failed
-    # all it held the device for, of which the showdowns' and final comparisons' (a candidate's cost is the rest)
+    # all it held the device for, of which the showdowns' and final comparisons' (a candidate's cost is the rest,
+    # an engine's timing rounds after the search included: they are measurements)
     out["device_seconds"] = round(st.device_s, 3)
     out["device_seconds_comparisons"] = round(st.compare_device_s, 3)
     search_s = st.device_s - st.compare_device_s
