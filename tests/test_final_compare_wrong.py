@@ -186,11 +186,11 @@ async def test_a_next_best_is_compared_only_while_device_time_is_left(planner, m
         assert st.best().candidate.id == "k2"
 
 
-async def test_a_result_learned_wrong_during_its_final_comparison_gives_way_within_the_grace_only(planner,
-                                                                                                monkeypatch):
+async def test_a_result_learned_wrong_during_its_final_comparison_gives_way_not_past_the_grace(planner,
+                                                                                                 monkeypatch):
     """k1 is found wrong by another campaign while its own final comparison runs (its answer: k1 holds). It takes
-    no FINAL_TRIES try, but the next best is compared only within the time budget's grace, as after any final
-    comparison whose result turned out wrong."""
+    no FINAL_TRIES try, but past the time budget's grace the next best is not compared, as after any final
+    comparison whose result turned out wrong (within the grace it is: the test above)."""
     from kfactory.services.planner import driver as driver_mod
     import test_final_compare_wrong as me
 

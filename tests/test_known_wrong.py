@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import cast
 
 from structlog.testing import capture_logs
@@ -15,6 +16,7 @@ from kfactory.bus import events as ev
 from kfactory.bus import topology
 from kfactory.evidence import report
 from kfactory.evidence.verdicts import Verdicts
+from kfactory.judge.order import best_key, best_of
 from kfactory.problems import BUILTIN_DIR
 from kfactory.services.memory.archive import Archive
 from kfactory.services.memory.queries import Queries
@@ -55,8 +57,8 @@ def test_memory_names_every_kernel_a_comparison_found_wrong_and_marks_it_in_othe
 
 
 def test_a_campaigns_start_says_which_kernels_it_knew_were_wrong():
-    """The report of a campaign folds its own start: a kernel memory named there is marked wrong though no
-    comparison of the campaign found it."""
+    """The verdicts a report folds from a campaign's own events take in its start: a kernel memory named there
+    counts as found wrong though no comparison of the campaign found it."""
     start = _start("c5")
     start.campaign_started.known_wrong.append(_known("k3", "c1"))
     assert Verdicts.of([start]).wrong == {"k3": _known("k3", "c1")}
@@ -244,7 +246,8 @@ async def test_a_restarted_planner_does_not_search_again_when_the_goal_kernel_is
 
 async def test_a_search_that_ended_on_the_goal_goes_on_when_its_kernel_is_found_wrong_meanwhile(planner):
     """k1 reached the goal and ended the search while k2's point was in flight; before any comparison was asked,
-    another campaign finds k1 wrong. The live planner searches on, as a planner restarted then would."""
+    another campaign finds k1 wrong. The live planner searches on (as a planner restarted then would: its
+    _budget_left sees no goal and no comparison asked), and raises the screen's threshold past k1."""
     svc = await _caught_up(planner)
     start = _started("cW")
     start.campaign_started.spec.goal_fraction = 0.5
@@ -263,6 +266,7 @@ async def test_a_search_that_ended_on_the_goal_goes_on_when_its_kernel_is_found_
         shape=s, median_s=0.4, q1_s=0.4, q3_s=0.4, samples=5, sol_fraction=0.6) for s in SHAPES])
     _fold(svc, [*chain("cW", _kernel("cW", "k1"), 0.4)[:-1], ev.make_event("cW", "benchmarker", "k1", measured=m)])
     assert st.goal_reached().candidate.id == "k1" and st.in_flight() == 1 and st.search_proposed() == 2
+    await svc.claims.cache_put(best_key("cW"), b"0.4")   # the screen's threshold, as the benchmarker left it
     task = asyncio.ensure_future(svc.driver._search_to_end(st))
     try:
         await asyncio.sleep(0.2)
@@ -272,13 +276,35 @@ async def test_a_search_that_ended_on_the_goal_goes_on_when_its_kernel_is_found_
             while st.search_proposed() < 6:   # the search goes on to its candidate budget
                 await asyncio.sleep(0.05)
         assert st.goal_reached() is None and st.known_wrong == {"k1": "cA"}
+        # the search raised the screen's threshold past k1 (0.4) to k2 (0.5): a cheater's score would screen out
+        # every honest kernel slower than screen_factor times it
+        assert best_of(await svc.claims.cache_get(best_key("cW"))) == 0.5 and not st.threshold_stale
     finally:
         task.cancel()
 
 
+def test_the_screens_threshold_is_the_best_kernel_that_can_be_a_result():
+    """CampaignState.screen_threshold (what the planner writes back) and best_of (how the benchmarker reads it)."""
+    st = CampaignState("cT", pb.CampaignSpec(problem="softmax", target="cpu"), pb.DeviceInfo(), None)
+    assert st.apply(_started("cT", known=(_known("k1", "cA"),))) == ""
+    assert math.isinf(st.screen_threshold()) and not st.threshold_stale
+    for k, score in (("k1", 0.1), ("k2", 0.5), ("k3", 0.6)):
+        for e in _measured_chain("cT", _kernel("cT", k), score):
+            assert st.apply(e) == ""
+    assert st.threshold_stale and st.screen_threshold() == 0.5   # k1 was measured: the benchmarker took it
+    st.threshold_stale = False
+    st.learn_wrong("k2", "cB")
+    assert st.threshold_stale and st.screen_threshold() == 0.6
+    st.learn_wrong("k3", "cB")
+    assert math.isinf(st.screen_threshold())
+    # read back: infinity and anything unreadable are no threshold (no screen), as an absent key
+    assert best_of(repr(math.inf).encode()) is None and best_of(b"junk") is None and best_of(None) is None
+    assert best_of(b"0.5") == 0.5 and best_of(b"-1.0") is None
+
+
 async def test_a_showdown_whose_kernel_is_learned_wrong_meanwhile_ends_at_once(planner):
     """The driver waits for the showdown of k1; another campaign finds k1 wrong: the driver stops waiting (the
-    answer no longer matters) and the next best has a showdown of its own."""
+    answer no longer matters) and reports the search's best out, so the next best (k2) is the one to compare."""
     svc = await _caught_up(planner)
     _fold(svc, [_started("cA"), _started("cS")])
     st = svc.campaigns["cS"]
@@ -338,3 +364,14 @@ def test_a_start_carries_the_most_recently_found_kernels_at_most():
                  for i in range(KNOWN_WRONG_MAX))
     start = _started("c" + "0" * 12, known=most)
     assert len(start.SerializeToString()) < ev.MAX_EVENT_BYTES / 2
+
+
+def test_a_report_whose_every_measured_kernel_is_out_says_so():
+    """Every kernel measured was found wrong (here known at the start): the report says none can be the result,
+    not that none was measured, and its leaderboard marks the kernel."""
+    start = _started("cX", known=(_known("k1", "cA"),))
+    finish = ev.make_event("cX", "planner", "finish", campaign_finished=pb.CampaignFinished(
+        state="completed", summary_json=json.dumps({"best": None})))
+    md = report.markdown([start, *_measured_chain("cX", _kernel("cX", "k1"), 0.1)[-1:], finish])
+    assert "No measured candidate can be the result" in md and "No candidate was measured" not in md
+    assert "found wrong by a comparison: no result" in next(x for x in md.splitlines() if "`k1" in x)

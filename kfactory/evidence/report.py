@@ -149,6 +149,8 @@ def _value(v) -> str:
 def _best_section(summary: dict, events: list[pb.Event], engine: bool = False) -> list[str]:
     best = summary.get("best")
     if not best:
+        if any(e.HasField("measured") for e in events):   # all screened out, or found wrong (the leaderboard says)
+            return ["No measured candidate can be the result: each was screened out or found wrong (below).", ""]
         return ["No candidate was measured.", ""]
     out = ["## Best candidate", "",
            f"`{best['candidate_id'][:16]}` ({best['origin']}), flags `{best['compile_flags']}`",

@@ -13,6 +13,7 @@ for (and the reference is what every speedup is measured against).
 """
 from __future__ import annotations
 
+import math
 import os
 
 from kfactory.bus.origins import SEARCHED, is_kind
@@ -58,6 +59,29 @@ def default_parallel(settings, target: str = "", agents: int = 0) -> int:
     if target == "cpu":
         return 3 + agents
     return (os.cpu_count() or 1) + 2
+
+
+#: how long a campaign's best score stays in the claims cache (a week: longer than any campaign runs)
+BEST_TTL_S = 7 * 86400
+
+
+def best_key(campaign: str) -> str:
+    """The claims-cache key of a campaign's best full score, the screen's threshold: the benchmarker lowers it as it
+    measures; the planner raises it again past a kernel found wrong (CampaignDriver._fix_threshold), which must
+    not screen honest kernels out."""
+    return f"best:{campaign}"
+
+
+def best_of(raw: bytes | None) -> float | None:
+    """The screen's threshold as best_key holds it; None (no screen) when there is none yet, or none that can be
+    a result (the planner writes infinity when every kernel measured was found wrong)."""
+    if raw is None:
+        return None
+    try:
+        best = float(raw)
+    except ValueError:
+        return None
+    return best if math.isfinite(best) and best > 0 else None
 
 
 def screen_key(campaign: str, candidate: str) -> str:

@@ -62,8 +62,8 @@ def _problem(name: str) -> Problem:
 @dataclass
 class Held:
     """The device time one piece of work used: seconds its device lease was held (set when the lease ends). The
-    events report it (Verified.seconds, Measured.seconds, a rejection's figures) and a campaign's device-second
-    budget counts it (kfactory/judge/order.py device_seconds)."""
+    events report it (Verified.seconds, Measured.seconds, Comparison.seconds, a rejection's figures) and a
+    campaign's device-second budget counts it (kfactory/judge/order.py device_seconds)."""
     seconds: float = 0.0
 
 

@@ -15,7 +15,7 @@ from kfactory.judge import quiet
 from kfactory.judge.checks import InputPool
 from kfactory.judge.measure import Timing, drawn_ahead, measure
 from kfactory.judge.rotated import measure_rotated
-from kfactory.judge.order import screen_key
+from kfactory.judge.order import BEST_TTL_S, best_key, best_of, screen_key
 from kfactory.platform.service import RunnerService
 from kfactory.v1 import events_pb2 as pb
 
@@ -77,15 +77,15 @@ class BenchmarkerService(RunnerService):
         async with self.stage_lock(d, cand.id) as lock:
             if lock is None:
                 return self.busy()
-            raw = await self.claims.cache_get(f"best:{cand.campaign_id}")
+            best = best_of(await self.claims.cache_get(best_key(cand.campaign_id)))
             m = None
-            if raw is not None:
+            if best is not None:
                 try:
                     artifact = await self.bus.get_artifact(comp.artifact_digest)
                 except ArtifactMissing:
                     return Term(f"artifact {comp.artifact_digest} of candidate {cand.id} is not in the artifact store",
                                 pb.INPUT_MISSING)
-                m = await self._screen_timing(cand, artifact, float(raw))
+                m = await self._screen_timing(cand, artifact, best)
                 if isinstance(m, pb.Rejected):  # it crashed or hung: a result like any other
                     return await self._reject(d, cand, m, lock)
             if not await self.still_ours(lock):
@@ -204,8 +204,8 @@ class BenchmarkerService(RunnerService):
     async def _screen(self, cand, session, problem, target, device, m: pb.Measured) -> bool:
         """Multi-fidelity: a short timing at the first shape; True (m holds it) when it is more than
         screen_factor x the campaign's best so far, so the full measurement would be wasted."""
-        raw = await self.claims.cache_get(f"best:{cand.campaign_id}")
-        if not self.settings.screen_max_s or raw is None:
+        best = best_of(await self.claims.cache_get(best_key(cand.campaign_id)))
+        if not self.settings.screen_max_s or best is None:
             return False
         shape = problem.shapes("optimize")[0]
         if self.settings.judge_order == "verify_first":  # the screen as it was before issue 23: a whole measure
@@ -214,8 +214,8 @@ class BenchmarkerService(RunnerService):
                                   part="screen")
         else:
             res = await self.work(screen, session, cand.id, problem, shape, self.pool(cand.problem),
-                                  target.cache_bytes(), self.settings, float(raw), part="screen")
-        if res.reason or not screened_out(res.timings[cand.id].median_s, float(raw), self.settings.screen_factor):
+                                  target.cache_bytes(), self.settings, best, part="screen")
+        if res.reason or not screened_out(res.timings[cand.id].median_s, best, self.settings.screen_factor):
             return False  # a failure here is found again, and typed, by the full measurement
         m.timings.append(res.timings[cand.id])
         return True
@@ -262,9 +262,9 @@ class BenchmarkerService(RunnerService):
     async def _record_best(self, campaign: str, score_s: float) -> None:
         """The campaign's best score so far, for screening (a race between two benchmarkers only makes the
         threshold a little looser for a moment, never wrong)."""
-        raw = await self.claims.cache_get(f"best:{campaign}")
-        if raw is None or score_s < float(raw):
-            await self.claims.cache_put(f"best:{campaign}", repr(score_s).encode(), ttl_s=7 * 86400)
+        best = best_of(await self.claims.cache_get(best_key(campaign)))
+        if best is None or score_s < best:
+            await self.claims.cache_put(best_key(campaign), repr(score_s).encode(), ttl_s=BEST_TTL_S)
 
     async def _compare(self, d: Delivery) -> Outcome:
         """The final word: candidate, reference kernel and baselines timed interleaved at every shape."""

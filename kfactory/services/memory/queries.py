@@ -251,7 +251,7 @@ class Queries:
     def campaigns(self, request: spb.ListCampaignsRequest | None = None) -> spb.ListCampaignsResponse:
         """The archived campaigns' statuses, oldest first, a page at a time (kfactory/services/paging.py: each
         status costs a few queries of the archive, so a long-lived archive is not read whole for one answer; a
-        running one's also reads which kernels its problem's campaigns found wrong: one indexed query)."""
+        running one's also reads which kernels its problem's campaigns found wrong, through the indexes)."""
         request = request if request is not None else spb.ListCampaignsRequest()
         try:
             n, after = paging.page_size(request.page_size), paging.decode(request.page_token)

@@ -79,6 +79,9 @@ class CampaignState:
     #: the problem's name where it loads (else the spec's locator): campaigns of one problem share what they find
     #: wrong, however their specs name it
     problem_name: str = ""
+    #: a kernel known to be wrong was measured (or one measured was learned wrong): the screen's threshold, which
+    #: the benchmarker lowered to its score, must be raised again (CampaignDriver._fix_threshold)
+    threshold_stale: bool = False
     reference_id: str = ""
     #: the first candidate measured in full whose every timing reached spec.goal_fraction ("" until one does, or
     #: without a goal): kept as the measurements are folded, since the planner asks before every proposal
@@ -266,6 +269,8 @@ class CampaignState:
         self.measured[m.candidate.id] = m
         if not self.goal_by and m.candidate.id not in self.disqualified and self._reaches_goal(m):
             self.goal_by = m.candidate.id
+        if m.candidate.id in self.known_wrong:
+            self.threshold_stale = True
         self._finish_point(m.candidate.point_id, self._score(m))
         self._tell_awaiting(m.candidate.id, self._score(m))
 
@@ -336,6 +341,7 @@ class CampaignState:
         if candidate and candidate not in self.disqualified:
             self.known_wrong[candidate] = campaign
             self._disqualify(candidate)
+            self.threshold_stale = self.threshold_stale or candidate in self.measured
             self.changed.set()
 
     def _disqualify(self, candidate: str) -> None:
@@ -420,6 +426,12 @@ class CampaignState:
 
     def agent_in_flight(self, persona: str) -> int:
         return sum(1 for p in self.points.values() if not p.done and p.origin == Origin.AGENT.of(persona))
+
+    def screen_threshold(self) -> float:
+        """The best full score of a kernel that can be the result (not the reference kernel, not disqualified):
+        what the screen compares with; infinity before there is one (nothing is screened out then)."""
+        return min((m.score_s for cid, m in self.measured.items() if cid != self.reference_id
+                    and not m.screened_out and cid not in self.disqualified), default=math.inf)
 
     def ranked(self, k: int) -> list[str]:
         """The k fastest measured candidates (the reference included, none disqualified: an agent would improve

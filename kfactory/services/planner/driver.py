@@ -13,12 +13,12 @@ import random
 from typing import Callable, Coroutine
 
 from kfactory.agents import persona_stage
-from kfactory.claims.base import ClaimsUnavailable
+from kfactory.claims.base import ClaimsError, ClaimsUnavailable
 from kfactory.bus import events as ev
 from kfactory.bus.consume import OUTAGE_WAIT_S, retrying
 from kfactory.bus.origins import Origin
 from kfactory.bus.topology import Stage
-from kfactory.judge.order import device_budget, device_budget_spent, room
+from kfactory.judge.order import BEST_TTL_S, best_key, device_budget, device_budget_spent, room
 from kfactory.judge.measure import available_baselines
 from kfactory.observability import stagetime
 from kfactory.observability import tracing as telemetry
@@ -108,6 +108,20 @@ class CampaignDriver:
             return False
         return not st.spec.budget_candidates or st.search_proposed() < st.spec.budget_candidates
 
+    async def _fix_threshold(self, st: CampaignState) -> None:
+        """Raise the screen's threshold (judge.order.best_key) past a kernel known to be wrong: the benchmarker set
+        it to that kernel's score when it measured it, and a cheater's score would screen out every honest kernel
+        slower than screen_factor times it. Kept for the next step when the claims store does not answer (logged)."""
+        if not st.threshold_stale:
+            return
+        try:
+            await self.claims.cache_put(best_key(st.id), repr(st.screen_threshold()).encode(), ttl_s=BEST_TTL_S)
+        except ClaimsError as e:
+            self.log.warning("cannot raise the screen's threshold past a kernel known to be wrong; trying again at "
+                             "the next step", campaign=st.id, error=str(e))
+            return
+        st.threshold_stale = False
+
     async def _propose_fixed(self, st: CampaignState) -> None:
         problem = self.ctx.problem(st.spec.problem)
         target = st.spec.target.split(":")[0]
@@ -126,6 +140,7 @@ class CampaignDriver:
         rng = random.Random(st.spec.seed ^ 0xC0DE5)
         attempts = 0
         while self._budget_left(st) and (st.strategy is not None or coders.agents_on(st)):
+            await self._fix_threshold(st)
             if st.in_flight() >= room(st, device_budget(st.spec, self.settings.device_seconds)):
                 await self._wait_change(st)
                 continue
@@ -253,7 +268,8 @@ class CampaignDriver:
         a few percent apart. Not for an engine (its finale
         decides), a replayed campaign (its timings are recordings: nothing to time together), or when the setting is
         under 2; a showdown unanswered within COMPARE_WAIT_S, or whose request was dead-lettered, is left (logged).
-        True when its answer found the search's best wrong (then the next best has a showdown of its own)."""
+        True when the search's best is out: its answer found it wrong, or another campaign did meanwhile (then the
+        next best has a showdown of its own)."""
         most = self.settings.showdown_contenders - 1
         pick = st.search_best()
         if st.finale is not None or most < 1 or pick is None or st.cancelled or pick.candidate.id not in st.artifacts \
@@ -284,13 +300,15 @@ class CampaignDriver:
         there, or by another campaign meanwhile) none once the device budget is spent (the comparisons' device
         time counted) or the time budget's grace (GRACE_S past it, as for the points in flight) is over: the
         result is then the search's next best, with no showdown and no final comparison (the summary shows none)."""
-        compared = False   # a final comparison of this life's found its result out
+        # a final comparison found its result out (this life's; or a restarted one's, learned wrong during it)
+        compared = bool(st.comparing) and st.comparing in st.disqualified
         budget = device_budget(st.spec, self.settings.device_seconds)
         for _ in range(len(st.measured)):
             if (compared or st.final_wrong) and (len(st.final_wrong) >= FINAL_TRIES or past_grace(st)
                                                  or bool(budget) and st.device_s >= budget):
-                self.log.warning("final comparisons found results wrong: the next best is not compared",
-                                 campaign=st.id, found_wrong=len(st.final_wrong))
+                self.log.warning("a compared result turned out wrong: the next best is not compared (FINAL_TRIES, "
+                                 "the time budget's grace or the device budget)", campaign=st.id,
+                                 found_wrong=len(st.final_wrong))
                 return
             if await self._showdown(st):
                 continue
@@ -300,7 +318,7 @@ class CampaignDriver:
 
     async def _final_compare(self, st: CampaignState) -> bool:
         """The result timed against the reference kernel and the baselines at every optimisation shape; True when
-        that found it wrong (it is no result then: CampaignState.disqualified)."""
+        the result is out (found wrong there, or by another campaign meanwhile: CampaignState.disqualified)."""
         best = st.best()
         ref = st.candidates.get(st.reference_id)
         if st.cancelled or best is None or ref is None or ref.id not in st.artifacts:
