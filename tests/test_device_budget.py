@@ -15,7 +15,8 @@ from test_campaign import _campaign
 
 def _state(device_s: float, done: int, in_flight: int, parallel: int = 4, compare_s: float = 0.0):
     return SimpleNamespace(spec=pb.CampaignSpec(parallel=parallel), counts=pb.Counts(measured=done),
-                           device_s=device_s, compare_device_s=compare_s, in_flight=lambda: in_flight)
+                           device_s=device_s, compare_device_s=compare_s, search_device_s=device_s - compare_s,
+                           in_flight=lambda: in_flight)
 
 
 def _stopped_for_device_time(st, outcomes: int, budget: float) -> None:

@@ -60,8 +60,7 @@ def _markdown(events: list[pb.Event], noise_bound: float | None,
     lines += _best_section(summary, events, engine)
     lines += warm_sources.report_lines(summary)
     verdicts = Verdicts.of(events)   # its own comparisons, and what its start knew other campaigns found wrong
-    for candidate, k in (known or {}).items():
-        verdicts.wrong.setdefault(candidate, k)
+    verdicts.add_wrong(known or {})
     lines += _leaderboard(measured, cid, verdicts)
     lines += _failures(events)
     lines += _dead_letters(events)

@@ -58,6 +58,11 @@ class Verdicts:
             self.wrong[cid] = pb.KnownWrong(candidate_id=cid, campaign_id=event.campaign_id,
                                             reason=event.comparison.failed_reason)
 
+    def add_wrong(self, known: dict[str, pb.KnownWrong]) -> None:
+        """Take in kernels other campaigns found wrong (a kernel already here keeps its own first finder)."""
+        for candidate, k in known.items():
+            self.wrong.setdefault(candidate, k)
+
     def counts(self, campaign: str, candidate: str) -> bool:
         """Whether a kernel of this campaign can be a problem's best: the one it finished with, or, while it
         runs, any not found wrong."""

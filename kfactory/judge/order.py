@@ -125,7 +125,7 @@ def room(st, budget_s: float) -> int:
     if not done:
         return 1
     # the time left is the campaign's; the average a candidate's (the showdowns' and comparisons' are none's)
-    average = (st.device_s - st.compare_device_s) / done
+    average = st.search_device_s / done
     return min(st.spec.parallel, max(0, int((budget_s - st.device_s) / max(average, 1e-9))))
 
 

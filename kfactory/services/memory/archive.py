@@ -497,8 +497,7 @@ class Archive:
         out = self.verdicts([campaign])
         found = self.q("SELECT problem FROM measurements WHERE campaign=? LIMIT 1", (campaign,))
         if found:
-            for cid, k in self.problem_verdicts(found[0][0], results=False).wrong.items():
-                out.wrong.setdefault(cid, k)
+            out.add_wrong(self.problem_verdicts(found[0][0], results=False).wrong)
         return out
 
     def known_wrong(self, problem: str) -> list[pb.KnownWrong]:

@@ -131,7 +131,7 @@ class CampaignState:
     #: device-seconds its verifications, screens, measurements and comparisons held the device
     #: (kfactory.judge.order.device_seconds)
     device_s: float = 0.0
-    #: of which its showdowns and final comparisons (after the search: not a candidate's cost)
+    #: of which its showdowns and final comparisons (after the search: not a candidate's cost; search_device_s)
     compare_device_s: float = 0.0
     #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
     #: problem loads; else the lowest score
@@ -179,9 +179,10 @@ class CampaignState:
         if why := refusal(self, event, kind, own):
             return why
         self.seen_events.add(event.id)
-        self.device_s += device_seconds(event)
+        held = device_seconds(event)
+        self.device_s += held
         if kind == "comparison":
-            self.compare_device_s += device_seconds(event)
+            self.compare_device_s += held
         if kind == "point_proposed":
             self.proposals[event.point_proposed.point_id] = event
         elif kind == "campaign_started":
@@ -331,6 +332,11 @@ class CampaignState:
             self.final_wrong.add(cid)
 
     @property
+    def search_device_s(self) -> float:
+        """The device time its candidates held (verifications, screens, measurements): all but the comparisons'."""
+        return self.device_s - self.compare_device_s
+
+    @property
     def problem_key(self) -> str:
         """What campaigns of one problem share: its name where it loads, else the spec's locator."""
         return self.problem_name or self.spec.problem
@@ -427,11 +433,16 @@ class CampaignState:
     def agent_in_flight(self, persona: str) -> int:
         return sum(1 for p in self.points.values() if not p.done and p.origin == Origin.AGENT.of(persona))
 
+    def can_win(self) -> dict[str, pb.Measured]:
+        """The kernels measured in full that can be the campaign's result, by id: not the reference kernel, not
+        screened out (a screen's timing may never have been verified), not disqualified."""
+        return {cid: m for cid, m in self.measured.items()
+                if cid != self.reference_id and not m.screened_out and cid not in self.disqualified}
+
     def screen_threshold(self) -> float:
-        """The best full score of a kernel that can be the result (not the reference kernel, not disqualified):
-        what the screen compares with; infinity before there is one (nothing is screened out then)."""
-        return min((m.score_s for cid, m in self.measured.items() if cid != self.reference_id
-                    and not m.screened_out and cid not in self.disqualified), default=math.inf)
+        """The best full score of a kernel that can be the result (can_win): what the screen compares with;
+        infinity before there is one (nothing is screened out then)."""
+        return min((m.score_s for m in self.can_win().values()), default=math.inf)
 
     def ranked(self, k: int) -> list[str]:
         """The k fastest measured candidates (the reference included, none disqualified: an agent would improve
@@ -456,15 +467,13 @@ class CampaignState:
     def search_best(self) -> pb.Measured | None:
         """The search's result: of the candidates measured in full that are not the reference kernel (nor
         disqualified), the one `winner` picks by their own measurements (before any showdown)."""
-        mine = [m for cid, m in self.measured.items() if cid != self.reference_id and not m.screened_out
-                and cid not in self.disqualified]
+        mine = list(self.can_win().values())
         return self.winner(mine) if mine else None
 
     def contenders(self, pick: pb.Measured, margin: float, most: int) -> list[pb.Measured]:
         """The showdown's contenders beside `pick`: up to `most` other candidates measured in full (not the
         reference kernel) whose scores are within `margin` of pick's, fastest first."""
-        near = [m for cid, m in self.measured.items() if cid not in (self.reference_id, pick.candidate.id)
-                and not m.screened_out and cid not in self.disqualified and cid in self.artifacts
+        near = [m for cid, m in self.can_win().items() if cid != pick.candidate.id and cid in self.artifacts
                 and m.score_s <= pick.score_s * (1 + margin)]
         return sorted(near, key=lambda m: m.score_s)[:max(0, most)]
 
@@ -482,9 +491,8 @@ class CampaignState:
         sd = self.showdowns.get(pick.candidate.id)
         if sd is None or sd.error:
             return None, ""
-        timed = {e.candidate_id: e.timing for e in sd.entries if e.HasField("timing") and e.candidate_id in
-                 self.measured and not self.measured[e.candidate_id].screened_out
-                 and e.candidate_id not in self.disqualified and e.candidate_id != self.reference_id}
+        eligible = self.can_win()
+        timed = {e.candidate_id: e.timing for e in sd.entries if e.HasField("timing") and e.candidate_id in eligible}
         if not timed:
             return None, ""
         fastest = min(timed, key=lambda cid: timed[cid].median_s)

@@ -53,8 +53,7 @@ def campaign_summary(st: CampaignState, problem) -> dict:
     # an engine's timing rounds after the search included: they are measurements)
     out["device_seconds"] = round(st.device_s, 3)
     out["device_seconds_comparisons"] = round(st.compare_device_s, 3)
-    search_s = st.device_s - st.compare_device_s
-    out["device_seconds_per_candidate"] = round(search_s / outcomes, 3) if outcomes else None
+    out["device_seconds_per_candidate"] = round(st.search_device_s / outcomes, 3) if outcomes else None
     out.update(coder_summary(st))
     if st.priors.points:  # a warm start: each source, how far it was trusted, and what it ended with
         out["warm_start"] = warm_sources.campaign_section(st.source_trust(), st.priors, st.source_devices)
