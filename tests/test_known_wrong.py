@@ -71,9 +71,21 @@ def _started(cid: str, problem: str = "softmax", known: tuple[pb.KnownWrong, ...
                                                                                        known_wrong=known))
 
 
-def _measured_chain(cid: str, cand: pb.Candidate, score: float) -> list[pb.Event]:
+def _measured_chain(cid: str, cand: pb.Candidate, score: float, sol: float = 0.0) -> list[pb.Event]:
+    """`cand`'s evidence chain, its measurement timed at every optimisation shape at `score` s, each timing at
+    `sol` of the device's measured ceiling (a goal's measure)."""
     m = pb.Measured(candidate=cand, score_s=score, timings=[timing(score, s) for s in SHAPES])
+    for t in m.timings:
+        t.sol_fraction = sol
     return chain(cid, cand, score)[:-1] + [ev.make_event(cid, "benchmarker", cand.id, measured=m)]
+
+
+def _proposed(st: CampaignState, point_id: str) -> tuple[pb.Event, Point]:
+    """The strategy's next point of campaign `st`, proposed as the template coder's work `point_id`."""
+    point = st.strategy.ask()
+    pp = pb.PointProposed(point_id=point_id, family=point.family, params_json=point.params_json,
+                          origin="template:" + point.family)
+    return ev.make_event(st.id, "planner", point_id, point_proposed=pp), point
 
 
 async def _caught_up(planner) -> PlannerService:
@@ -130,17 +142,10 @@ def test_a_kernel_known_wrong_at_the_start_is_never_the_result_and_its_point_sco
     assert st.apply(start) == ""
     points = {}
     for k, score in (("k1", 0.40), ("k2", 0.50), ("k3", 0.505)):
-        point = st.strategy.ask()
-        pp = pb.PointProposed(point_id="p-" + k, family=point.family, params_json=point.params_json,
-                              origin="template:" + point.family)
-        cand = pb.Candidate(id=k, point_id=pp.point_id, campaign_id="cK", origin=pp.origin, family=point.family,
-                            params_json=point.params_json)
-        m = pb.Measured(candidate=cand, score_s=score, timings=[timing(score, s) for s in SHAPES])
-        for t in m.timings:
-            t.sol_fraction = 0.9
-        events = [ev.make_event("cK", "planner", pp.point_id, point_proposed=pp),
-                  *chain("cK", cand, score)[:-1], ev.make_event("cK", "benchmarker", k, measured=m)]
-        for e in events:
+        proposal, point = _proposed(st, "p-" + k)
+        cand = pb.Candidate(id=k, point_id="p-" + k, campaign_id="cK", origin="template:" + point.family,
+                            family=point.family, params_json=point.params_json)
+        for e in [proposal, *_measured_chain("cK", cand, score, sol=0.9)]:
             assert st.apply(e) == "", ev.kind_of(e)
         points[k] = Point(point.family, point.params_json)
     assert st.strategy.results[points["k1"]] is None and st.strategy.results[points["k2"]] == 0.50
@@ -207,11 +212,8 @@ def test_a_duplicate_of_a_kernel_known_wrong_scores_as_failed_too():
     st = CampaignState("cD", pb.CampaignSpec(problem="softmax", target="cpu", strategy="random", seed=1),
                        pb.DeviceInfo(), Space(list(PROBLEM.families.values())))
     assert st.apply(_started("cD", known=(_known("k1", "cA"),))) == ""
-    first, second = st.strategy.ask(), st.strategy.ask()
-    for pid, point in (("p-k1", first), ("p-twin", second)):
-        pp = pb.PointProposed(point_id=pid, family=point.family, params_json=point.params_json,
-                              origin="template:" + point.family)
-        assert st.apply(ev.make_event("cD", "planner", pid, point_proposed=pp)) == ""
+    (one, first), (two, second) = _proposed(st, "p-k1"), _proposed(st, "p-twin")
+    assert st.apply(one) == "" and st.apply(two) == ""
     for e in _measured_chain("cD", _kernel("cD", "k1"), 0.40):
         assert st.apply(e) == ""
     dup = pb.Rejected(candidate=pb.Candidate(id="k1", point_id="p-twin", campaign_id="cD"), stage="coder",
@@ -230,10 +232,7 @@ async def test_a_restarted_planner_does_not_search_again_when_the_goal_kernel_is
     _fold(svc, [_started("cA"), start])
     st = svc.campaigns["cG"]
     for k, score in (("k1", 0.40), ("k2", 0.41)):
-        m = pb.Measured(candidate=_kernel("cG", k), score_s=score,
-                        timings=[pb.ShapeTiming(shape=s, median_s=score, q1_s=score, q3_s=score, samples=5,
-                                                sol_fraction=0.6) for s in SHAPES])
-        _fold(svc, [*chain("cG", _kernel("cG", k), score)[:-1], ev.make_event("cG", "benchmarker", k, measured=m)])
+        _fold(svc, _measured_chain("cG", _kernel("cG", k), score, sol=0.6))
     assert st.goal_reached().candidate.id == "k1" and not svc.driver._budget_left(st)
     req = pb.CompareRequest(candidate=_kernel("cG", "k1"), contenders=[_kernel("cG", "k2")])
     _fold(svc, [ev.make_event("cG", "planner", ev.showdown_key(req), compare_request=req), *_k1_found_wrong_by("cA")])
@@ -255,16 +254,8 @@ async def test_a_search_that_ended_on_the_goal_goes_on_when_its_kernel_is_found_
     start.campaign_started.spec.parallel = 8   # (a submitted spec gets the planner's default)
     _fold(svc, [_started("cA"), start])
     st = svc.campaigns["cW"]
-    proposals = []
-    for k in ("k1", "k2"):
-        point = st.strategy.ask()
-        pp = pb.PointProposed(point_id="p-" + k, family=point.family, params_json=point.params_json,
-                              origin="template:" + point.family)
-        proposals.append(ev.make_event("cW", "planner", pp.point_id, point_proposed=pp))
-    _fold(svc, proposals)
-    m = pb.Measured(candidate=_kernel("cW", "k1"), score_s=0.4, timings=[pb.ShapeTiming(
-        shape=s, median_s=0.4, q1_s=0.4, q3_s=0.4, samples=5, sol_fraction=0.6) for s in SHAPES])
-    _fold(svc, [*chain("cW", _kernel("cW", "k1"), 0.4)[:-1], ev.make_event("cW", "benchmarker", "k1", measured=m)])
+    _fold(svc, [_proposed(st, "p-" + k)[0] for k in ("k1", "k2")])
+    _fold(svc, _measured_chain("cW", _kernel("cW", "k1"), 0.4, sol=0.6))
     assert st.goal_reached().candidate.id == "k1" and st.in_flight() == 1 and st.search_proposed() == 2
     await svc.claims.cache_put(best_key("cW"), b"0.4")   # the screen's threshold, as the benchmarker left it
     task = asyncio.ensure_future(svc.driver._search_to_end(st))
