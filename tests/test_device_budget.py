@@ -1,6 +1,7 @@
-"""A campaign bounded by device time (Settings.device_seconds, issue 23 deliverable 3): it stops proposing once
-its verifications, screens and measurements have held the device that long (its comparisons count too), and its
-summary reports the device seconds it used, its comparisons' apart, per candidate too."""
+"""A campaign bounded by device time (Settings.device_seconds, issue 23 deliverable 3): its search stops proposing
+once its verifications, screens and measurements have held the device for the budget less a reserve for its
+showdown and final comparison (what earlier campaigns' held it for, else a share), and its summary reports the
+device seconds it used, its comparisons' apart, per candidate too."""
 from __future__ import annotations
 
 import json
@@ -13,20 +14,21 @@ from kfactory.v1 import events_pb2 as pb
 from test_campaign import _campaign
 
 
-def _state(device_s: float, done: int, in_flight: int, parallel: int = 4, compare_s: float = 0.0):
+def _state(device_s: float, done: int, in_flight: int, parallel: int = 4, compare_s: float = 0.0,
+           reserve_s: float = 0.0):
     return SimpleNamespace(spec=pb.CampaignSpec(parallel=parallel), counts=pb.Counts(measured=done),
                            device_s=device_s, compare_device_s=compare_s, search_device_s=device_s - compare_s,
-                           in_flight=lambda: in_flight)
+                           compare_reserve_s=reserve_s, in_flight=lambda: in_flight)
 
 
 def _stopped_for_device_time(st, outcomes: int, budget: float) -> None:
-    """The campaign ended because its device time could not pay for another candidate: it spent the budget, or
-    what was left was less than its average candidate's device time (a first candidate that took 0.99 s of a
-    1 s budget ends it short of the budget, as room() means it to). The search's device time: the showdown and
-    the final comparison come after it."""
-    search_s = st.device_s - st.compare_device_s
-    assert outcomes and search_s > 0, st.counts
-    assert search_s >= budget or budget - search_s < search_s / outcomes, (search_s, outcomes)
+    """The campaign's search ended because its device time could not pay for another candidate: it spent the
+    budget less the comparisons' reserve, or what was left of that was less than its average candidate's device
+    time (a first candidate that took 0.99 s of a 1 s share ends it short, as room() means it to). The search's
+    device time: the showdown and the final comparison come after it, out of the reserve."""
+    search_s, share = st.device_s - st.compare_device_s, budget - st.compare_reserve_s
+    assert outcomes and search_s > 0 and 0 < st.compare_reserve_s <= budget / 2, (st.counts, st.compare_reserve_s)
+    assert search_s >= share or share - search_s < search_s / outcomes, (search_s, share, outcomes)
 
 
 def test_room_in_flight_is_what_the_device_time_left_pays_for():
@@ -40,6 +42,17 @@ def test_room_in_flight_is_what_the_device_time_left_pays_for():
     assert not pipeline.device_budget_spent(_state(9.0, 3, 1), 10.0)   # its work in flight may still end
     assert pipeline.device_budget_spent(_state(10.5, 3, 1), 10.0)      # spent
     assert not pipeline.device_budget_spent(_state(99.0, 3, 0), 0.0)   # no budget
+    # the comparisons' reserve is not the search's: 4 s of 10 s left to it is 2 s at 2 s a candidate
+    assert pipeline.room(_state(4.0, 2, 0, reserve_s=4.0), 10.0) == 1
+    assert pipeline.device_budget_spent(_state(6.0, 3, 1, reserve_s=4.0), 10.0)      # its share spent
+    assert not pipeline.device_budget_spent(_state(5.0, 5, 1, reserve_s=4.0), 10.0)  # 1 s left, 1 s a candidate
+
+
+def test_the_comparisons_reserve_is_what_earlier_campaigns_held_else_a_share():
+    assert pipeline.compare_reserve(0.0, [5.0], 0.25) == (0.0, 0)           # no budget: nothing kept
+    assert pipeline.compare_reserve(40.0, [], 0.25) == (10.0, 0)            # no evidence: the share
+    assert pipeline.compare_reserve(40.0, [3.0, 9.0, 4.0], 0.25) == (4.0, 3)  # the median of the campaigns'
+    assert pipeline.compare_reserve(40.0, [30.0, 27.0], 0.25) == (20.0, 2)  # never more than half the budget
 
 
 def test_the_device_time_each_event_reports():

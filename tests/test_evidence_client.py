@@ -33,7 +33,7 @@ class SlowMemory(sgrpc.EvidenceServicer):
         self.asked[type(request).__name__] = time.monotonic()
         await asyncio.sleep(5)
 
-    Priors = Lessons = RegressionInputs = Best = KnownWrong = _hang
+    Priors = Lessons = RegressionInputs = Best = KnownWrong = ComparisonCost = _hang
 
 
 @pytest.fixture
@@ -68,15 +68,17 @@ async def test_a_verifier_goes_on_with_the_regression_inputs_it_knows(slow_memor
 
 
 async def test_a_campaign_starts_cold_when_memory_does_not_answer(slow_servicer):
-    """Without priors and without the kernels other campaigns found wrong; both asked at once, so a memory that
-    hangs costs the submission one deadline, not two."""
+    """Without priors, without the kernels other campaigns found wrong and, under a device budget, without what
+    earlier comparisons cost (the budget keeps its configured share for them); all asked at once, so a memory
+    that hangs costs the submission one deadline, not three."""
     spec = pb.CampaignSpec(problem="softmax", target="cpu", warm_start=3)
     space = Space(list(load_problem("softmax").families.values()))
     deadline = 1.0   # one after the other would take two of them at least
     t0 = time.monotonic()
     got = await from_memory(slow_servicer.addr, Settings(memory_timeout_s=deadline), get_logger("test"), spec,
-                            space, "c1")
-    assert got == ([], []) and set(slow_servicer.asked) == {"PriorsRequest", "KnownWrongRequest"}
+                            space, "c1", pb.DeviceInfo(model="EPYC"), device_budget_s=30.0)
+    assert got == ([], [], []) and \
+        set(slow_servicer.asked) == {"PriorsRequest", "KnownWrongRequest", "ComparisonCostRequest"}
     assert time.monotonic() - t0 < 1.9 * deadline
 
 

@@ -106,6 +106,19 @@ def test_the_planner_believes_no_comparison_whose_device_time_no_lease_can_have(
     assert st.compare_device_s == st.device_s == 0.25
 
 
+@pytest.mark.parametrize("reserve", [-1.0, math.nan, math.inf])
+def test_the_planner_believes_no_start_whose_comparisons_reserve_no_budget_can_have(reserve):
+    """A start's reserve is device time its search leaves for the comparisons (CampaignStarted.compare_reserve_s):
+    a negative one would let the search spend past its budget, a NaN would make the budget never end it."""
+    st = _state()
+    start = pb.CampaignStarted(spec=st.spec, compare_reserve_s=reserve)
+    assert "reserve" in st.apply(ev.make_event(CID, "planner", "start", campaign_started=start))
+    assert st.compare_reserve_s == 0.0
+    start.compare_reserve_s = 2.5
+    assert st.apply(ev.make_event(CID, "planner", "start", campaign_started=start)) == ""
+    assert st.compare_reserve_s == 2.5
+
+
 def test_the_planner_believes_a_result_only_after_its_chain_in_order():
     st = _state()
     cand = _cand()

@@ -63,8 +63,9 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-seconds", type=cli_type("budget_device_seconds", float), default=0.0,
                    help="device time the campaign's verifications, screens, measurements and comparisons may "
                         "hold (0: the planner's KFACTORY_DEVICE_SECONDS, else none); the search stops when what "
-                        "is left cannot pay for one more candidate, the showdown and the final comparison follow; "
-                        "the summary reports device seconds per candidate and the comparisons' apart")
+                        "is left cannot pay for one more candidate and the showdown and final comparison after "
+                        "it (what recent campaigns' held, else a quarter of the budget); the summary reports "
+                        "device seconds per candidate and the comparisons' apart")
     p.add_argument("--goal", type=cli_type("goal_fraction", float), default=0.0, metavar="FRACTION",
                    help="stop the search once a candidate reaches this fraction of the device's measured ceiling "
                         "(the copy bandwidth for a kernel that moves bytes) at every shape it was timed at, e.g. "

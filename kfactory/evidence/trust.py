@@ -111,6 +111,15 @@ def comparison_flaw(c: pb.Comparison) -> str:
     return ""
 
 
+def start_flaw(s: pb.CampaignStarted) -> str:
+    """Why a CampaignStarted cannot be the planner's ("" when it can): its comparisons' reserve is device time the
+    search leaves of its budget (judge.order.compare_reserve), never negative, never more than the budget."""
+    if not math.isfinite(s.compare_reserve_s) or s.compare_reserve_s < 0 or s.compare_reserve_campaigns < 0:
+        return (f"comparisons' reserve {s.compare_reserve_s!r} s from {s.compare_reserve_campaigns} campaigns is "
+                "not a finite, non-negative figure")
+    return ""
+
+
 def finish_flaw(f: pb.CampaignFinished) -> str:
     """Why a CampaignFinished cannot be the planner's ("" when it can)."""
     if f.state not in FINISH_STATES:
@@ -146,6 +155,8 @@ def body_flaw(event: pb.Event) -> str:
         return measurement_flaw(event.measured)
     if kind == "comparison":
         return comparison_flaw(event.comparison)
+    if kind == "campaign_started":
+        return start_flaw(event.campaign_started)
     if kind == "campaign_finished":
         return finish_flaw(event.campaign_finished)
     return ""

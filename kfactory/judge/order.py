@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 
 from kfactory.bus.origins import SEARCHED, is_kind
 from kfactory.v1 import events_pb2 as pb
@@ -114,11 +115,28 @@ def device_budget(spec: pb.CampaignSpec, configured: float) -> float:
     return spec.budget_device_seconds or configured
 
 
+#: the most of a device budget the search leaves for the showdown and the final comparison (compare_reserve),
+#: however costly earlier campaigns' were: the search always has half
+COMPARE_RESERVE_MAX = 0.5
+
+
+def compare_reserve(budget_s: float, costs: list[float], share: float) -> tuple[float, int]:
+    """(device seconds, campaigns it is from): what a device budget of `budget_s` (0: none) keeps for the
+    campaign's showdown and final comparison. The median of `costs` (what recent campaigns' comparisons of the
+    problem held the device for: memory's ComparisonCost), else `share` of the budget (Settings.compare_reserve:
+    from 0 campaigns); at most COMPARE_RESERVE_MAX of the budget."""
+    if not budget_s:
+        return 0.0, 0
+    seconds = statistics.median(costs) if costs else share * budget_s
+    return min(seconds, COMPARE_RESERVE_MAX * budget_s), len(costs)
+
+
 def room(st, budget_s: float) -> int:
     """Points campaign `st` (a planner CampaignState) may have in flight: its spec's `parallel`; under a device-time
-    budget of `budget_s` (device_budget; 0: none) no more than the device time left pays for at the
-    campaign's average device time a candidate so far, and one at a time until a first result gives that average,
-    so a campaign ends within about one candidate's device time of its budget."""
+    budget of `budget_s` (device_budget; 0: none) no more than the device time left to the search (the budget
+    less the comparisons' reserve, st.compare_reserve_s) pays for at the campaign's average device time a
+    candidate so far, and one at a time until a first result gives that average, so a search ends within about
+    one candidate's device time of its share of the budget."""
     if not budget_s:
         return st.spec.parallel
     done = st.counts.measured + st.counts.rejected + st.counts.compile_failed
@@ -126,10 +144,18 @@ def room(st, budget_s: float) -> int:
         return 1
     # the time left is the campaign's; the average a candidate's (the showdowns' and comparisons' are none's)
     average = st.search_device_s / done
-    return min(st.spec.parallel, max(0, int((budget_s - st.device_s) / max(average, 1e-9))))
+    return min(st.spec.parallel, max(0, int((search_budget(st, budget_s) - st.device_s) / max(average, 1e-9))))
+
+
+def search_budget(st, budget_s: float) -> float:
+    """The device seconds of a budget of `budget_s` the search of campaign `st` may spend: the rest is its
+    comparisons' reserve."""
+    return budget_s - st.compare_reserve_s
 
 
 def device_budget_spent(st, budget_s: float) -> bool:
-    """True when campaign `st` may propose nothing more for its device time: spent, or with nothing in flight and
-    no room for one more candidate at its average (what is in flight finishes either way)."""
-    return bool(budget_s) and (st.device_s >= budget_s or (not st.in_flight() and not room(st, budget_s)))
+    """True when campaign `st` may propose nothing more for its device time: its search's share spent, or with
+    nothing in flight and no room for one more candidate at its average (what is in flight finishes either
+    way)."""
+    return bool(budget_s) and (st.device_s >= search_budget(st, budget_s)
+                               or (not st.in_flight() and not room(st, budget_s)))

@@ -106,10 +106,15 @@ class Settings(BaseSettings):
         "before it is verified, and one over screen_factor x the campaign's best is recorded as screened out, never "
         "verified; verify_first: every candidate is verified, then screened (the order before issue 23)")
     screen_min_samples: int = Field(3, ge=1, description="timed calls a screening timing makes when its time allows")
-    device_seconds: float = Field(0.0, ge=0, description="a campaign stops proposing once its verifications, "
-                                  "screens, measurements and comparisons have held the device this long (0: no "
-                                  "bound); every campaign this planner drives whose spec sets no "
-                                  "budget_device_seconds")
+    device_seconds: float = Field(0.0, ge=0, description="device time a campaign's verifications, screens, "
+                                  "measurements and comparisons may hold (0: no bound): its search stops where "
+                                  "what is left is its comparisons' reserve (compare_reserve); every campaign this "
+                                  "planner drives whose spec sets no budget_device_seconds")
+    compare_reserve: float = Field(0.25, ge=0, le=0.5, description=(
+        "under a device budget, the share of it the search leaves for the showdown and the final comparison when "
+        "memory knows no earlier campaign of the problem on the device that held it for them (with that evidence, "
+        "the median of the latest five; at most half the budget either way): on the 2-core host they held 26-33% "
+        "of a 40-candidate softmax campaign's device time"))
     compile_workers: int = Field(0, ge=0, description="compiles at once per compiler service (0: one per core)")
     default_parallel: int = Field(0, ge=0, description="design points in flight when a campaign does not say "
                                   "(0: on cpu three plus one per agent persona, elsewhere one per core plus two: "

@@ -56,6 +56,9 @@ class EvidenceClient:
     async def KnownWrong(self, request: spb.KnownWrongRequest) -> spb.KnownWrongResponse:
         return await self.ask("KnownWrong", request)
 
+    async def ComparisonCost(self, request: spb.ComparisonCostRequest) -> spb.ComparisonCostResponse:
+        return await self.ask("ComparisonCost", request)
+
     async def Lessons(self, request: spb.LessonsRequest) -> spb.LessonsResponse:
         return await self.ask("Lessons", request)
 

@@ -667,16 +667,20 @@ class Counts(_message.Message):
     def __init__(self, proposed: _Optional[int] = ..., compiled: _Optional[int] = ..., compile_failed: _Optional[int] = ..., verified: _Optional[int] = ..., rejected: _Optional[int] = ..., measured: _Optional[int] = ...) -> None: ...
 
 class CampaignStarted(_message.Message):
-    __slots__ = ("spec", "device", "priors", "known_wrong")
+    __slots__ = ("spec", "device", "priors", "known_wrong", "compare_reserve_s", "compare_reserve_campaigns")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PRIORS_FIELD_NUMBER: _ClassVar[int]
     KNOWN_WRONG_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_RESERVE_S_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_RESERVE_CAMPAIGNS_FIELD_NUMBER: _ClassVar[int]
     spec: CampaignSpec
     device: DeviceInfo
     priors: _containers.RepeatedCompositeFieldContainer[Prior]
     known_wrong: _containers.RepeatedCompositeFieldContainer[KnownWrong]
-    def __init__(self, spec: _Optional[_Union[CampaignSpec, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., priors: _Optional[_Iterable[_Union[Prior, _Mapping]]] = ..., known_wrong: _Optional[_Iterable[_Union[KnownWrong, _Mapping]]] = ...) -> None: ...
+    compare_reserve_s: float
+    compare_reserve_campaigns: int
+    def __init__(self, spec: _Optional[_Union[CampaignSpec, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., priors: _Optional[_Iterable[_Union[Prior, _Mapping]]] = ..., known_wrong: _Optional[_Iterable[_Union[KnownWrong, _Mapping]]] = ..., compare_reserve_s: _Optional[float] = ..., compare_reserve_campaigns: _Optional[int] = ...) -> None: ...
 
 class KnownWrong(_message.Message):
     __slots__ = ("candidate_id", "campaign_id", "reason")

@@ -159,6 +159,22 @@ class KnownWrongResponse(_message.Message):
     kernels: _containers.RepeatedCompositeFieldContainer[_events_pb2.KnownWrong]
     def __init__(self, kernels: _Optional[_Iterable[_Union[_events_pb2.KnownWrong, _Mapping]]] = ...) -> None: ...
 
+class ComparisonCostRequest(_message.Message):
+    __slots__ = ("problem", "target", "device")
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    problem: str
+    target: str
+    device: str
+    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+
+class ComparisonCostResponse(_message.Message):
+    __slots__ = ("device_seconds",)
+    DEVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    device_seconds: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, device_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class PriorsRequest(_message.Message):
     __slots__ = ("problem", "families", "exclude_campaign", "limit", "every_source", "require_known")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]

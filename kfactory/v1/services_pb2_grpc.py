@@ -315,6 +315,11 @@ class EvidenceStub:
                 request_serializer=kfactory_dot_v1_dot_services__pb2.KnownWrongRequest.SerializeToString,
                 response_deserializer=kfactory_dot_v1_dot_services__pb2.KnownWrongResponse.FromString,
                 _registered_method=True)
+        self.ComparisonCost = channel.unary_unary(
+                '/kfactory.v1.Evidence/ComparisonCost',
+                request_serializer=kfactory_dot_v1_dot_services__pb2.ComparisonCostRequest.SerializeToString,
+                response_deserializer=kfactory_dot_v1_dot_services__pb2.ComparisonCostResponse.FromString,
+                _registered_method=True)
         self.Lessons = channel.unary_unary(
                 '/kfactory.v1.Evidence/Lessons',
                 request_serializer=kfactory_dot_v1_dot_services__pb2.LessonsRequest.SerializeToString,
@@ -380,6 +385,14 @@ class EvidenceServicer:
 
     def KnownWrong(self, request, context):
         """the kernels a comparison of any campaign of the problem found wrong (a new campaign never finishes with one)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ComparisonCost(self, request, context):
+        """what the showdowns and final comparisons of recent campaigns of a problem on a device held it for (a new
+        campaign under a device budget keeps that much of it for its own)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -452,6 +465,11 @@ def add_EvidenceServicer_to_server(servicer, server):
                     servicer.KnownWrong,
                     request_deserializer=kfactory_dot_v1_dot_services__pb2.KnownWrongRequest.FromString,
                     response_serializer=kfactory_dot_v1_dot_services__pb2.KnownWrongResponse.SerializeToString,
+            ),
+            'ComparisonCost': grpc.unary_unary_rpc_method_handler(
+                    servicer.ComparisonCost,
+                    request_deserializer=kfactory_dot_v1_dot_services__pb2.ComparisonCostRequest.FromString,
+                    response_serializer=kfactory_dot_v1_dot_services__pb2.ComparisonCostResponse.SerializeToString,
             ),
             'Lessons': grpc.unary_unary_rpc_method_handler(
                     servicer.Lessons,
@@ -663,6 +681,33 @@ class Evidence:
             '/kfactory.v1.Evidence/KnownWrong',
             kfactory_dot_v1_dot_services__pb2.KnownWrongRequest.SerializeToString,
             kfactory_dot_v1_dot_services__pb2.KnownWrongResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ComparisonCost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kfactory.v1.Evidence/ComparisonCost',
+            kfactory_dot_v1_dot_services__pb2.ComparisonCostRequest.SerializeToString,
+            kfactory_dot_v1_dot_services__pb2.ComparisonCostResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -67,6 +67,8 @@ _OF_PROBLEM = ("SELECT payload FROM events WHERE kind IN ('comparison', 'campaig
 PROBLEM_COMPARISONS = _OF_PROBLEM + " ORDER BY seq"
 #: how much of a refused message the archive keeps (enough to tell what it was, never megabytes)
 REFUSED_HEAD_BYTES = 4096
+#: recent campaigns whose comparisons' device time a new campaign's reserve is the median of (comparison_cost)
+COMPARISON_COST_CAMPAIGNS = 5
 #: results believed only at the end of their evidence chain, and the chain link each waits for
 AWAITS = {"measured": "verified", "comparison": "measured"}
 
@@ -504,6 +506,17 @@ class Archive:
         """The kernels a comparison of any campaign of the problem found wrong, with the campaign that did and why
         (a new campaign's CampaignStarted.known_wrong), in the order they were found."""
         return list(self.problem_verdicts(problem, results=False).wrong.values())
+
+    def comparison_cost(self, problem: str, target: str, device: str) -> list[float]:
+        """The device seconds the showdowns and final comparisons of the problem's latest completed campaigns on
+        `target` and the device model `device` held (their summaries' device_seconds_comparisons), the most recent
+        first, at most COMPARISON_COST_CAMPAIGNS; campaigns that held it for none (no comparison, or archived
+        before the figure existed) are left out."""
+        rows = self.q("SELECT json_extract(summary_json, '$.device_seconds_comparisons') AS s FROM campaigns "
+                      "WHERE target=? AND device=? AND state='completed' AND s > 0 AND id IN "
+                      "(SELECT campaign FROM measurements WHERE problem=?) ORDER BY finished_ns DESC LIMIT ?",
+                      (target, device, problem, COMPARISON_COST_CAMPAIGNS))
+        return [float(s) for (s,) in rows]
 
     def comparisons_of(self, candidate: str) -> list[pb.Event]:
         """The comparisons about this candidate: its final comparisons and the showdowns it was timed for, and

@@ -236,6 +236,14 @@ class Queries:
         """The kernels a comparison of any campaign of the problem found wrong (a new campaign's start)."""
         return spb.KnownWrongResponse(kernels=self.archive.known_wrong(self.problem(request.problem)))
 
+    def comparison_cost(self, request: spb.ComparisonCostRequest) -> spb.ComparisonCostResponse:
+        """What the showdowns and final comparisons of recent campaigns of the problem on the device held it for
+        (a new campaign's reserve under a device budget)."""
+        if not request.target or not request.device:
+            raise InvalidRequest("name the target and the device model (CampaignStarted.device.model)")
+        return spb.ComparisonCostResponse(device_seconds=self.archive.comparison_cost(
+            self.problem(request.problem), request.target, request.device))
+
     def lessons(self, request: spb.LessonsRequest) -> spb.LessonsResponse:
         """What helped and what failed for the problem on a target, and as the text agents are told."""
         items = lessons_mod.lessons(self.archive, self.problem(request.problem, request.require_known),

@@ -165,6 +165,9 @@ class EvidenceApi(sgrpc.EvidenceServicer):
     async def KnownWrong(self, request, context):
         return await self._answer(self.m.queries.known_wrong, request, context)
 
+    async def ComparisonCost(self, request, context):
+        return await self._answer(self.m.queries.comparison_cost, request, context)
+
     async def Lessons(self, request, context):
         return await self._answer(self.m.queries.lessons, request, context)
 

@@ -133,6 +133,10 @@ class CampaignState:
     device_s: float = 0.0
     #: of which its showdowns and final comparisons (after the search: not a candidate's cost; search_device_s)
     compare_device_s: float = 0.0
+    #: under a device budget, the device seconds its search leaves for them, and the earlier campaigns that
+    #: figure is the median of (0: a share of the budget): CampaignStarted.compare_reserve_s, judge.order.room
+    compare_reserve_s: float = 0.0
+    compare_reserve_campaigns: int = 0
     #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
     #: problem loads; else the lowest score
     winner: Callable[[list[pb.Measured]], pb.Measured] = lowest_score
@@ -199,6 +203,7 @@ class CampaignState:
 
     def _on_campaign_started(self, m: pb.CampaignStarted) -> None:
         self.device.CopyFrom(m.device)
+        self.compare_reserve_s, self.compare_reserve_campaigns = m.compare_reserve_s, m.compare_reserve_campaigns
         evidence = [Evidence(point, p.relative, p.campaign_id) for p in m.priors
                     if self.space is not None and self.space.valid(point := Point(p.family, p.params_json))]
         # up to spec.warm_start points the earlier campaigns rate best together (weighted by the strategy's trust

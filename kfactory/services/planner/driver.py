@@ -372,6 +372,9 @@ class CampaignDriver:
         summary = campaign_summary(st, self._problem_or_none(st))
         if budget := device_budget(st.spec, self.settings.device_seconds):
             summary["device_seconds_budget"] = budget
+            # what the search left for the comparisons, from how many earlier campaigns' (0: a share of the budget)
+            summary["device_seconds_reserve"] = round(st.compare_reserve_s, 3)
+            summary["device_seconds_reserve_campaigns"] = st.compare_reserve_campaigns
         fin = pb.CampaignFinished(state=state, reason=reason, counts=st.counts,
                                   best_candidate_id=best.candidate.id if best else "",
                                   summary_json=json.dumps(summary))

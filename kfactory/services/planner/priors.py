@@ -1,9 +1,11 @@
-"""The planner's calls to memory at a new campaign's start: a warm start's priors, and the kernels other
-campaigns found wrong. Both are asked at once on one channel, so a memory that does not answer costs a submission
-one deadline (Settings.memory_timeout_s), not two; each answer the campaign does without is logged with why."""
+"""The planner's calls to memory at a new campaign's start: a warm start's priors, the kernels other campaigns
+found wrong, and (under a device budget) what earlier campaigns' comparisons held the device for. All are asked at
+once on one channel, so a memory that does not answer costs a submission one deadline (Settings.memory_timeout_s),
+not three; each answer the campaign does without is logged with why."""
 from __future__ import annotations
 
 import asyncio
+from typing import NamedTuple
 
 import grpc
 
@@ -19,16 +21,27 @@ from kfactory.v1 import services_pb2 as spb
 KNOWN_WRONG_MAX = 4096
 
 
-async def from_memory(addr: str, settings: Settings, log, spec: pb.CampaignSpec, space: Space | None,
-                      cid: str) -> tuple[list[pb.Prior], list[pb.KnownWrong]]:
-    """(the warm start's priors, the kernels other campaigns found wrong) from the Evidence service at `addr`.
-    No priors when the spec asks for a cold start; either list empty when memory cannot be reached or refuses
-    the question (logged): the campaign starts cold, or learns only what the campaigns this planner folds find
-    while it runs (kfactory/services/planner/replay.py)."""
+class FromMemory(NamedTuple):
+    """What memory tells a new campaign (from_memory)."""
+    priors: list[pb.Prior]
+    known_wrong: list[pb.KnownWrong]
+    #: earlier campaigns' comparisons' device seconds, the most recent first (judge.order.compare_reserve)
+    comparison_costs: list[float]
+
+
+async def from_memory(addr: str, settings: Settings, log, spec: pb.CampaignSpec, space: Space | None, cid: str,
+                      device: pb.DeviceInfo, device_budget_s: float = 0.0) -> FromMemory:
+    """The warm start's priors, the kernels other campaigns found wrong and, under a device budget
+    (`device_budget_s` > 0), what the comparisons of recent campaigns of the problem on `device` held it for, from
+    the Evidence service at `addr`. No priors when the spec asks for a cold start; any list empty when memory
+    cannot be reached or refuses the question (logged): the campaign starts cold, learns only what the campaigns
+    this planner folds find while it runs (kfactory/services/planner/replay.py), or reserves the configured share
+    of its budget for its comparisons."""
     async with EvidenceClient(addr, settings) as memory:
-        priors, wrong = await asyncio.gather(_priors(memory, settings, log, spec, space, cid),
-                                              _known_wrong(memory, log, spec))
-    return priors, capped(wrong, log)
+        priors, wrong, costs = await asyncio.gather(_priors(memory, settings, log, spec, space, cid),
+                                                     _known_wrong(memory, log, spec),
+                                                     _comparison_costs(memory, log, spec, device, device_budget_s))
+    return FromMemory(priors, capped(wrong, log), costs)
 
 
 def capped(wrong: list[pb.KnownWrong], log, most: int = KNOWN_WRONG_MAX) -> list[pb.KnownWrong]:
@@ -65,4 +78,19 @@ async def _known_wrong(memory: EvidenceClient, log, spec: pb.CampaignSpec) -> li
     except grpc.aio.AioRpcError as e:
         log.warning("memory did not say which kernels other campaigns found wrong: the campaign starts without "
                     "them", addr=memory.addr, code=e.code().name, reason=e.details())
+        return []
+
+
+async def _comparison_costs(memory: EvidenceClient, log, spec: pb.CampaignSpec, device: pb.DeviceInfo,
+                            budget_s: float) -> list[float]:
+    """The device seconds recent campaigns' showdowns and final comparisons held, when a device budget is to
+    keep some for the campaign's own (none asked without one)."""
+    if not budget_s:
+        return []
+    req = spb.ComparisonCostRequest(problem=spec.problem, target=spec.target, device=device.model)
+    try:
+        return list((await memory.ComparisonCost(req)).device_seconds)
+    except grpc.aio.AioRpcError as e:
+        log.warning("memory did not say what earlier campaigns' comparisons cost: the device budget keeps its "
+                    "configured share for them", addr=memory.addr, code=e.code().name, reason=e.details())
         return []

@@ -17,6 +17,7 @@ from kfactory.bus import events as ev
 from kfactory.bus.errors import TRANSIENT
 from kfactory.engines.finale import finale_of
 from kfactory.engines.stages import is_engine
+from kfactory.judge.order import compare_reserve, device_budget
 from kfactory.observability import tracing as telemetry
 from kfactory.platform.grpcserver import start_server
 from kfactory.platform.service import Service
@@ -121,10 +122,13 @@ class PlannerService(Service):
         await self.caught_up.wait()
         cid = "c" + secrets.token_hex(6)
         device = await self._device(spec.target)
-        priors, wrong = await from_memory(self.ctx.memory_addr or self.settings.memory_addr, self.settings, self.log,
-                                          spec, self._space(spec), cid)
+        budget = device_budget(spec, self.settings.device_seconds)
+        told = await from_memory(self.ctx.memory_addr or self.settings.memory_addr, self.settings, self.log, spec,
+                                 self._space(spec), cid, device, budget)
+        reserve, evidence = compare_reserve(budget, told.comparison_costs, self.settings.compare_reserve)
         started = ev.make_event(cid, self.name, "start", campaign_started=pb.CampaignStarted(
-            spec=spec, device=device, priors=priors, known_wrong=wrong))
+            spec=spec, device=device, priors=told.priors, known_wrong=told.known_wrong, compare_reserve_s=reserve,
+            compare_reserve_campaigns=evidence))
         self.replay.apply(started)
         st = self.campaigns[cid]
         st.driven = True
