@@ -1,6 +1,7 @@
 """A device budget keeps a reserve for the campaign's showdown and final comparison (judge.order.compare_reserve):
-the search stops at the budget less what the comparisons of recent campaigns of the problem on the device held it
-for (memory's ComparisonCost), else less a share of it, so that the comparisons fit the budget too."""
+the search stops at the budget less what a compared result's comparisons held the device for in recent campaigns
+of the problem on the device (memory's ComparisonCost), else less a share of it, so that the comparisons fit the
+budget too (where the search stops: tests/test_device_budget.py)."""
 from __future__ import annotations
 
 import json
@@ -20,32 +21,39 @@ from evidence_chain import chain  # noqa: E402
 from test_campaign import _campaign  # noqa: E402
 
 
-def _campaign_events(cid: str, held_s: float | None, problem: str = "softmax", target: str = "cpu",
-                     device: str = "EPYC", state: str = "completed") -> list[pb.Event]:
+def _campaign_events(cid: str, held_s: float | str | None, problem: str = "softmax", target: str = "cpu",
+                     device: str = "EPYC", state: str = "completed", per_result: float | None = None,
+                     summary_json: str | None = None) -> list[pb.Event]:
     """A finished campaign of `problem` on `device` with one measured kernel whose comparisons held the device
-    `held_s` (None: a summary from before the figure existed)."""
+    `held_s`, `per_result` a compared result (None: a summary from before the figure existed)."""
     cand = pb.Candidate(id="k" + cid, campaign_id=cid, point_id="p" + cid, problem=problem, target=target,
                         family="cpu_c", origin="template:cpu_c", params_json="{}")
     summary = {} if held_s is None else {"device_seconds_comparisons": held_s}
+    if per_result is not None:
+        summary["device_seconds_comparisons_per_result"] = per_result
     return [ev.make_event(cid, "planner", "start", campaign_started=pb.CampaignStarted(
                 spec=pb.CampaignSpec(problem=problem, target=target), device=pb.DeviceInfo(model=device))),
             *chain(cid, cand, 0.5),
             ev.make_event(cid, "planner", "finish", campaign_finished=pb.CampaignFinished(
-                state=state, best_candidate_id=cand.id, summary_json=json.dumps(summary)))]
+                state=state, best_candidate_id=cand.id,
+                summary_json=json.dumps(summary) if summary_json is None else summary_json))]
 
 
 def test_memory_answers_the_latest_campaigns_comparisons_of_the_problem_on_the_device(tmp_path):
     archive = Archive(tmp_path / "archive.sqlite")
     try:
-        events = [*_campaign_events("c1", 9.0), *_campaign_events("c2", 4.0),
+        events = [*_campaign_events("c1", 9.0), *_campaign_events("c2", 12.0, per_result=4.0),
                   *_campaign_events("o1", 7.0, problem="rmsnorm"),          # another problem
-                  *_campaign_events("o2", 7.0, device="Xeon"),              # another device
-                  *_campaign_events("o3", 7.0, target="cuda:sm_90a"),       # another target
-                  *_campaign_events("o4", 7.0, state="cancelled"),          # not what a completed one holds
-                  *_campaign_events("o5", None), *_campaign_events("o6", 0.0)]  # nothing held, or not said
+                  *_campaign_events("o2", 7.0, problem="/pkgs/softmax"),    # a package of the same name
+                  *_campaign_events("o3", 7.0, device="Xeon"),              # another device
+                  *_campaign_events("o4", 7.0, target="cuda:sm_90a"),       # another target
+                  *_campaign_events("o5", 7.0, state="cancelled"),          # not what a completed one holds
+                  *_campaign_events("o6", None), *_campaign_events("o7", 0.0),  # nothing held, or not said
+                  *_campaign_events("o8", "7"), *_campaign_events("o9", None, summary_json="not json")]
         for e in events:
             assert archive.record(e), ev.kind_of(e)
-        assert archive.comparison_cost("softmax", "cpu", "EPYC") == [4.0, 9.0]   # the most recent first
+        # the most recent first; a compared result's figure where the summary has it (c2 compared three)
+        assert archive.comparison_cost("softmax", "cpu", "EPYC") == [4.0, 9.0]
         for i in range(COMPARISON_COST_CAMPAIGNS + 1):
             for e in _campaign_events(f"n{i}", 1.0 + i):
                 assert archive.record(e)
@@ -56,6 +64,7 @@ def test_memory_answers_the_latest_campaigns_comparisons_of_the_problem_on_the_d
         assert list(got.device_seconds) == latest
         with pytest.raises(InvalidRequest, match="device model"):
             queries.comparison_cost(spb.ComparisonCostRequest(problem="softmax", target="cpu"))
+        assert archive.comparison_cost("/pkgs/softmax", "cpu", "EPYC") == [7.0]
     finally:
         archive.close()
 
@@ -74,8 +83,8 @@ async def test_a_campaign_keeps_for_its_comparisons_what_the_last_ones_held(memo
     assert first.finished.state == "completed" and told["best"] is not None, told
     assert (told["device_seconds_reserve"], told["device_seconds_reserve_campaigns"]) == \
         (settings.compare_reserve * budget, 0)
-    held = told["device_seconds_comparisons"]
-    assert held > 0, told   # its final comparison (two shapes) at least
+    held = told["device_seconds_comparisons_per_result"]
+    assert 0 < held <= told["device_seconds_comparisons"], told   # its final comparison (two shapes) at least
 
     spec.seed = 4
     second, _ = await _campaign(settings, spec)

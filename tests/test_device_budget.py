@@ -5,6 +5,7 @@ device seconds it used, its comparisons' apart, per candidate too."""
 from __future__ import annotations
 
 import json
+import math
 
 from types import SimpleNamespace
 
@@ -15,20 +16,23 @@ from test_campaign import _campaign
 
 
 def _state(device_s: float, done: int, in_flight: int, parallel: int = 4, compare_s: float = 0.0,
-           reserve_s: float = 0.0):
-    return SimpleNamespace(spec=pb.CampaignSpec(parallel=parallel), counts=pb.Counts(measured=done),
+           reserve_s: float = 0.0, reference_s: float = 0.0):
+    """A campaign that held the device `device_s`: `compare_s` its comparisons, `reference_s` its reference
+    kernel, the rest its `done` searched candidates."""
+    return SimpleNamespace(spec=pb.CampaignSpec(parallel=parallel), search_done=lambda: done,
                            device_s=device_s, compare_device_s=compare_s, search_device_s=device_s - compare_s,
-                           compare_reserve_s=reserve_s, in_flight=lambda: in_flight)
+                           searched_device_s=device_s - compare_s - reference_s, compare_reserve_s=reserve_s,
+                           in_flight=lambda: in_flight)
 
 
-def _stopped_for_device_time(st, outcomes: int, budget: float) -> None:
+def _stopped_for_device_time(st, budget: float) -> None:
     """The campaign's search ended because its device time could not pay for another candidate: it spent the
-    budget less the comparisons' reserve, or what was left of that was less than its average candidate's device
-    time (a first candidate that took 0.99 s of a 1 s share ends it short, as room() means it to). The search's
-    device time: the showdown and the final comparison come after it, out of the reserve."""
-    search_s, share = st.device_s - st.compare_device_s, budget - st.compare_reserve_s
-    assert outcomes and search_s > 0 and 0 < st.compare_reserve_s <= budget / 2, (st.counts, st.compare_reserve_s)
-    assert search_s >= share or share - search_s < search_s / outcomes, (search_s, share, outcomes)
+    budget less the comparisons' reserve, or what was left of that was less than its searched candidates'
+    average device time (a first candidate that took 0.99 s of a 1 s share ends it short, as room() means it
+    to). The search's device time: the showdown and the final comparison come after it, out of the reserve."""
+    search_s, share, done = st.search_device_s, budget - st.compare_reserve_s, st.search_done()
+    assert search_s > 0 and 0 < st.compare_reserve_s <= budget / 2, (st.counts, st.compare_reserve_s)
+    assert search_s >= share or done and share - search_s < st.searched_device_s / done, (search_s, share, done)
 
 
 def test_room_in_flight_is_what_the_device_time_left_pays_for():
@@ -42,6 +46,11 @@ def test_room_in_flight_is_what_the_device_time_left_pays_for():
     assert not pipeline.device_budget_spent(_state(9.0, 3, 1), 10.0)   # its work in flight may still end
     assert pipeline.device_budget_spent(_state(10.5, 3, 1), 10.0)      # spent
     assert not pipeline.device_budget_spent(_state(99.0, 3, 0), 0.0)   # no budget
+    # the reference kernel's device time is the campaign's, but its average is no searched candidate's: 3 s of
+    # a reference and one 0.5 s candidate leave 4 s of 7.5 s, room for 8 at 0.5 s; none searched yet, one
+    assert pipeline.room(_state(3.5, 1, 0, reserve_s=2.5, reference_s=3.0), 10.0) == 4
+    assert pipeline.room(_state(3.0, 0, 0, reserve_s=1.25, reference_s=3.0), 5.0) == 1
+    assert not pipeline.device_budget_spent(_state(3.0, 0, 0, reserve_s=1.25, reference_s=3.0), 5.0)
     # the comparisons' reserve is not the search's: 4 s of 10 s left to it is 2 s at 2 s a candidate
     assert pipeline.room(_state(4.0, 2, 0, reserve_s=4.0), 10.0) == 1
     assert pipeline.device_budget_spent(_state(6.0, 3, 1, reserve_s=4.0), 10.0)      # its share spent
@@ -53,6 +62,10 @@ def test_the_comparisons_reserve_is_what_earlier_campaigns_held_else_a_share():
     assert pipeline.compare_reserve(40.0, [], 0.25) == (10.0, 0)            # no evidence: the share
     assert pipeline.compare_reserve(40.0, [3.0, 9.0, 4.0], 0.25) == (4.0, 3)  # the median of the campaigns'
     assert pipeline.compare_reserve(40.0, [30.0, 27.0], 0.25) == (20.0, 2)  # never more than half the budget
+    assert pipeline.compare_reserve(40.0, [math.nan, -1.0, 0.0, 6.0], 0.25) == (6.0, 1)  # numbers only
+    assert pipeline.compare_reserve(40.0, [math.inf], 0.25) == (10.0, 0)
+    # a start's reserve kept of a larger budget than the planner's now: the search still has half
+    assert pipeline.search_budget(_state(0.0, 0, 0, reserve_s=8.0), 10.0) == 5.0
 
 
 def test_the_device_time_each_event_reports():
@@ -83,7 +96,7 @@ async def test_a_campaign_stops_proposing_when_its_device_time_is_spent(memory_b
     summary = json.loads(st.finished.summary_json)
     outcomes = st.counts.measured + st.counts.rejected + st.counts.compile_failed
     # spent, or too little left for one more at its average (room() above), far short of the candidate budget
-    _stopped_for_device_time(st, outcomes, budget)
+    _stopped_for_device_time(st, budget)
     assert summary["device_seconds_budget"] == budget
     assert st.counts.proposed < 40, st.counts
     assert summary["device_seconds"] == round(st.device_s, 3)
@@ -117,7 +130,7 @@ async def test_the_specs_device_budget_stops_a_campaign_the_planner_does_not_bou
     st, _ = await _campaign(memory_bus_settings, spec)
     summary = json.loads(st.finished.summary_json)
     assert st.finished.state == "completed" and summary["device_seconds_budget"] == budget
-    _stopped_for_device_time(st, st.counts.measured + st.counts.rejected + st.counts.compile_failed, budget)
+    _stopped_for_device_time(st, budget)
     assert st.counts.proposed < 40, st.counts
 
 

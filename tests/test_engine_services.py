@@ -186,6 +186,9 @@ def test_a_device_time_budget_bounds_the_timing_rounds_too(bus_settings):
     events = Archive(bus_settings.archive()).events(campaign=record["campaign_id"])
     assert [e.measured.round for e in events if e.HasField("measured")] == [0]
     assert record["showdown"] is None and record["noise"] is None and record["best"] is not None
+    # an engine compares nothing after its search: its budget keeps no reserve for comparisons
+    (start,) = [e.campaign_started for e in events if e.HasField("campaign_started")]
+    assert start.compare_reserve_s == 0.0 and start.spec.budget_device_seconds == 0.001
 
 
 def test_designs_that_fail_are_typed_results(bus_settings, monkeypatch):

@@ -64,8 +64,8 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                    help="device time the campaign's verifications, screens, measurements and comparisons may "
                         "hold (0: the planner's KFACTORY_DEVICE_SECONDS, else none); the search stops when what "
                         "is left cannot pay for one more candidate and the showdown and final comparison after "
-                        "it (what recent campaigns' held, else a quarter of the budget); the summary reports "
-                        "device seconds per candidate and the comparisons' apart")
+                        "it (what recent campaigns' held, else KFACTORY_COMPARE_RESERVE of the budget, at most "
+                        "half); the summary reports device seconds per candidate and the comparisons' apart")
     p.add_argument("--goal", type=cli_type("goal_fraction", float), default=0.0, metavar="FRACTION",
                    help="stop the search once a candidate reaches this fraction of the device's measured ceiling "
                         "(the copy bandwidth for a kernel that moves bytes) at every shape it was timed at, e.g. "

@@ -113,7 +113,8 @@ def comparison_flaw(c: pb.Comparison) -> str:
 
 def start_flaw(s: pb.CampaignStarted) -> str:
     """Why a CampaignStarted cannot be the planner's ("" when it can): its comparisons' reserve is device time the
-    search leaves of its budget (judge.order.compare_reserve), never negative, never more than the budget."""
+    search leaves of its budget (judge.order.compare_reserve), a finite, non-negative figure (the search's share
+    is the budget less at most half of it, however large: judge.order.search_budget)."""
     if not math.isfinite(s.compare_reserve_s) or s.compare_reserve_s < 0 or s.compare_reserve_campaigns < 0:
         return (f"comparisons' reserve {s.compare_reserve_s!r} s from {s.compare_reserve_campaigns} campaigns is "
                 "not a finite, non-negative figure")

@@ -124,9 +124,10 @@ def compare_reserve(budget_s: float, costs: list[float], share: float) -> tuple[
     """(device seconds, campaigns it is from): what a device budget of `budget_s` (0: none) keeps for the
     campaign's showdown and final comparison. The median of `costs` (what recent campaigns' comparisons of the
     problem held the device for: memory's ComparisonCost), else `share` of the budget (Settings.compare_reserve:
-    from 0 campaigns); at most COMPARE_RESERVE_MAX of the budget."""
+    from 0 campaigns); at most COMPARE_RESERVE_MAX of the budget. A cost that is no positive number is none."""
     if not budget_s:
         return 0.0, 0
+    costs = [c for c in costs if math.isfinite(c) and c > 0]
     seconds = statistics.median(costs) if costs else share * budget_s
     return min(seconds, COMPARE_RESERVE_MAX * budget_s), len(costs)
 
@@ -134,23 +135,24 @@ def compare_reserve(budget_s: float, costs: list[float], share: float) -> tuple[
 def room(st, budget_s: float) -> int:
     """Points campaign `st` (a planner CampaignState) may have in flight: its spec's `parallel`; under a device-time
     budget of `budget_s` (device_budget; 0: none) no more than the device time left to the search (the budget
-    less the comparisons' reserve, st.compare_reserve_s) pays for at the campaign's average device time a
-    candidate so far, and one at a time until a first result gives that average, so a search ends within about
-    one candidate's device time of its share of the budget."""
+    less the comparisons' reserve, st.compare_reserve_s) pays for at the average device time of its searched
+    candidates so far (not the reference kernel's: st.searched_device_s), and one at a time until a first searched
+    result gives that average, so a search ends within about one candidate's device time of its share."""
     if not budget_s:
         return st.spec.parallel
-    done = st.counts.measured + st.counts.rejected + st.counts.compile_failed
+    done = st.search_done()
     if not done:
         return 1
-    # the time left is the campaign's; the average a candidate's (the showdowns' and comparisons' are none's)
-    average = st.search_device_s / done
+    # the time left is the campaign's; the average a searched candidate's
+    average = st.searched_device_s / done
     return min(st.spec.parallel, max(0, int((search_budget(st, budget_s) - st.device_s) / max(average, 1e-9))))
 
 
 def search_budget(st, budget_s: float) -> float:
     """The device seconds of a budget of `budget_s` the search of campaign `st` may spend: the rest is its
-    comparisons' reserve."""
-    return budget_s - st.compare_reserve_s
+    comparisons' reserve, at most COMPARE_RESERVE_MAX of the budget (a planner restarted with a smaller
+    KFACTORY_DEVICE_SECONDS than the one the start's reserve was kept from)."""
+    return budget_s - min(st.compare_reserve_s, COMPARE_RESERVE_MAX * budget_s)
 
 
 def device_budget_spent(st, budget_s: float) -> bool:

@@ -507,15 +507,19 @@ class Archive:
         (a new campaign's CampaignStarted.known_wrong), in the order they were found."""
         return list(self.problem_verdicts(problem, results=False).wrong.values())
 
-    def comparison_cost(self, problem: str, target: str, device: str) -> list[float]:
-        """The device seconds the showdowns and final comparisons of the problem's latest completed campaigns on
-        `target` and the device model `device` held (their summaries' device_seconds_comparisons), the most recent
-        first, at most COMPARISON_COST_CAMPAIGNS; campaigns that held it for none (no comparison, or archived
-        before the figure existed) are left out."""
-        rows = self.q("SELECT json_extract(summary_json, '$.device_seconds_comparisons') AS s FROM campaigns "
-                      "WHERE target=? AND device=? AND state='completed' AND s > 0 AND id IN "
-                      "(SELECT campaign FROM measurements WHERE problem=?) ORDER BY finished_ns DESC LIMIT ?",
-                      (target, device, problem, COMPARISON_COST_CAMPAIGNS))
+    def comparison_cost(self, locator: str, target: str, device: str) -> list[float]:
+        """The device seconds a compared result's showdown and final comparison held in the latest completed
+        campaigns of the problem `locator` (as their specs name it: a package of the same name with other shapes
+        is another problem here) on `target` and the device model `device` (their summaries'
+        device_seconds_comparisons_per_result, else, before that figure, device_seconds_comparisons), the most
+        recent first, at most COMPARISON_COST_CAMPAIGNS; campaigns that held it for none, or whose summary says
+        no number, are left out."""
+        rows = self.q("SELECT s FROM (SELECT finished_ns, id, CASE WHEN json_valid(summary_json) THEN coalesce("
+                      "json_extract(summary_json, '$.device_seconds_comparisons_per_result'), "
+                      "json_extract(summary_json, '$.device_seconds_comparisons')) END AS s FROM campaigns "
+                      "WHERE problem=? AND target=? AND device=? AND state='completed') "
+                      "WHERE typeof(s) IN ('integer', 'real') AND s > 0 ORDER BY finished_ns DESC, id DESC LIMIT ?",
+                      (locator, target, device, COMPARISON_COST_CAMPAIGNS))
         return [float(s) for (s,) in rows]
 
     def comparisons_of(self, candidate: str) -> list[pb.Event]:

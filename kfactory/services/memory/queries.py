@@ -239,10 +239,11 @@ class Queries:
     def comparison_cost(self, request: spb.ComparisonCostRequest) -> spb.ComparisonCostResponse:
         """What the showdowns and final comparisons of recent campaigns of the problem on the device held it for
         (a new campaign's reserve under a device budget)."""
-        if not request.target or not request.device:
-            raise InvalidRequest("name the target and the device model (CampaignStarted.device.model)")
+        if not request.problem or not request.target or not request.device:
+            raise InvalidRequest("name the problem (as the campaign's spec does), the target and the device model "
+                                 "(CampaignStarted.device.model)")
         return spb.ComparisonCostResponse(device_seconds=self.archive.comparison_cost(
-            self.problem(request.problem), request.target, request.device))
+            request.problem, request.target, request.device))
 
     def lessons(self, request: spb.LessonsRequest) -> spb.LessonsResponse:
         """What helped and what failed for the problem on a target, and as the text agents are told."""

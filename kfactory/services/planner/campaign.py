@@ -137,6 +137,9 @@ class CampaignState:
     #: figure is the median of (0: a share of the budget): CampaignStarted.compare_reserve_s, judge.order.room
     compare_reserve_s: float = 0.0
     compare_reserve_campaigns: int = 0
+    #: of device_s, what its searched candidates held (not the reference kernel's, nor a manual kernel's: a
+    #: naive reference costs many candidates' device time and predicts nothing of the search's; judge.order.room)
+    searched_device_s: float = 0.0
     #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
     #: problem loads; else the lowest score
     winner: Callable[[list[pb.Measured]], pb.Measured] = lowest_score
@@ -187,6 +190,8 @@ class CampaignState:
         self.device_s += held
         if kind == "comparison":
             self.compare_device_s += held
+        elif (cand := ev.candidate_of(event)) is not None and is_kind(cand.origin, *SEARCHED):
+            self.searched_device_s += held
         if kind == "point_proposed":
             self.proposals[event.point_proposed.point_id] = event
         elif kind == "campaign_started":
@@ -412,6 +417,10 @@ class CampaignState:
 
     def search_proposed(self) -> int:
         return sum(1 for p in self.points.values() if is_kind(p.origin, *SEARCHED))
+
+    def search_done(self) -> int:
+        """Its searched points with an outcome (measured, rejected or failed to compile)."""
+        return sum(1 for p in self.points.values() if p.done and is_kind(p.origin, *SEARCHED))
 
     def next_prior(self) -> Point | None:
         """The next warm-start point not proposed yet, while the strategy trusts the sources enough

@@ -122,7 +122,10 @@ class PlannerService(Service):
         await self.caught_up.wait()
         cid = "c" + secrets.token_hex(6)
         device = await self._device(spec.target)
-        budget = device_budget(spec, self.settings.device_seconds)
+        # the device budget a reserve for the showdown and final comparison is kept of; none for an engine, which
+        # compares nothing: its finale (timing rounds, its own showdown) runs until the search's stop, the budget
+        budget = 0.0 if is_engine(self.ctx.problem(spec.problem)) else device_budget(spec,
+                                                                                      self.settings.device_seconds)
         told = await from_memory(self.ctx.memory_addr or self.settings.memory_addr, self.settings, self.log, spec,
                                  self._space(spec), cid, device, budget)
         reserve, evidence = compare_reserve(budget, told.comparison_costs, self.settings.compare_reserve)
