@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
+from kfactory.judge.order import search_budget
+
 @dataclass(frozen=True)
 class Snapshot:
     """One moment of a campaign, as progress reports it."""
@@ -24,17 +26,23 @@ class Snapshot:
     compared: int = 0         # optimisation shapes the final comparison has reported for it
     shapes: int = 0           # optimisation shapes in all
     finished: str = ""        # the campaign's end state ("" while it runs)
+    device_s: float = 0.0     # the device time the search has held so far
+    device_share_s: float = 0.0  # under a device budget, what of it the search may hold (judge.order.search_budget)
 
 
-def eta_seconds(done: int, budget: int, elapsed_s: float, budget_s: float = 0.0) -> float | None:
+def eta_seconds(done: int, budget: int, elapsed_s: float, budget_s: float = 0.0, device_s: float = 0.0,
+                device_share_s: float = 0.0) -> float | None:
     """Seconds of search left, or None while there is no estimate. From the rate so far (`done` outcomes in
     `elapsed_s`) for a candidate budget, capped by what is left of a wall-clock budget (which ends the search
-    whatever the rate). The final comparison comes after, and is not included."""
+    whatever the rate) and by when the device time left to the search is spent at the rate it was held so far
+    (`device_s` in `elapsed_s`, of `device_share_s`). The final comparison comes after, and is not included."""
     estimates = []
     if budget and done > 0 and elapsed_s > 0:
         estimates.append(max(0.0, (budget - done) * elapsed_s / done))
     if budget_s:
         estimates.append(max(0.0, budget_s - elapsed_s))
+    if device_share_s and device_s > 0 and elapsed_s > 0:
+        estimates.append(max(0.0, (device_share_s - device_s) * elapsed_s / device_s))
     return min(estimates) if estimates else None
 
 
@@ -73,10 +81,13 @@ def eta_text(snap: Snapshot) -> str:
         return comparing_text(snap)
     if snap.budget and snap.done >= snap.budget:
         return "the search is done; the final comparison is next"
-    eta = eta_seconds(snap.done, snap.budget, snap.elapsed_s, snap.budget_s)
+    device = f" (device {snap.device_s:.1f} of {snap.device_share_s:.1f} s)" if snap.device_share_s else ""
+    if snap.device_share_s and snap.device_s >= snap.device_share_s:
+        return f"the search's device time is spent{device}; what is in flight ends, the final comparison is next"
+    eta = eta_seconds(snap.done, snap.budget, snap.elapsed_s, snap.budget_s, snap.device_s, snap.device_share_s)
     if eta is None:
-        return "time left: estimating"
-    return f"about {duration(eta)} left, then the final comparison"
+        return f"time left: estimating{device}"
+    return f"about {duration(eta)} left{device}, then the final comparison"
 
 
 def comparing_text(snap: Snapshot) -> str:
@@ -91,21 +102,20 @@ def count_text(snap: Snapshot) -> str:
     return f"{snap.done}/{snap.budget}" if snap.budget else str(snap.done)
 
 
-def snapshot(st, shapes: int = 0) -> Snapshot:
+def snapshot(st, shapes: int = 0, device_budget_s: float = 0.0) -> Snapshot:
     """A Snapshot of a planner's CampaignState (kfactory/services/planner/campaign.py); `shapes`: the problem's
-    number of optimisation shapes (what the final comparison times)."""
-    from kfactory.bus.origins import SEARCHED, is_kind  # the origins that count against the budget
-
+    number of optimisation shapes (what the final comparison times); `device_budget_s`: the campaign's device
+    budget (judge.order.device_budget; 0: none)."""
     _, best = st.reported()
-    done = sum(1 for p in st.points.values() if p.done and is_kind(p.origin, *SEARCHED))
     ref = st.measured.get(st.reference_id) if st.reference_id else None
     comparing = st.comparing
     compared = sum(1 for c in st.comparisons.values() if c.candidate_id == comparing) if comparing else 0
-    return Snapshot(done=done, budget=st.spec.budget_candidates, elapsed_s=st.elapsed(),
+    return Snapshot(done=st.search_done(), budget=st.spec.budget_candidates, elapsed_s=st.elapsed(),
                     budget_s=st.spec.budget_seconds, best_s=best.score_s if best else None,
                     best_id=best.candidate.id if best else "", reference_s=ref.score_s if ref else None,
                     comparing=comparing, compared=compared, shapes=shapes,
-                    finished=st.finished.state if st.finished else "")
+                    finished=st.finished.state if st.finished else "", device_s=st.search_device_s,
+                    device_share_s=search_budget(st, device_budget_s) if device_budget_s else 0.0)
 
 
 def line(snap: Snapshot, counts) -> str:

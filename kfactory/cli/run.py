@@ -15,6 +15,7 @@ from rich.live import Live
 from rich.table import Table
 
 from kfactory.cli import progress
+from kfactory.judge.order import device_budget
 from kfactory.platform.app import start_services
 from kfactory.bus.natsd import EmbeddedNats
 from kfactory.problems import ProblemError
@@ -29,9 +30,9 @@ if TYPE_CHECKING:
     from kfactory.services.planner.service import PlannerService
 
 
-def _progress(st, shapes: int) -> Table:
+def _progress(st, shapes: int, device_budget_s: float) -> Table:
     counts, _ = st.reported()
-    snap = progress.snapshot(st, shapes)
+    snap = progress.snapshot(st, shapes, device_budget_s)
     return progress.table(f"campaign {st.id}: {st.spec.problem} on {st.spec.target} ({st.spec.strategy})", snap,
                           counts, st.in_flight())
 
@@ -151,17 +152,18 @@ async def _follow(st, running, console: Console, quiet: bool) -> None:
     """Show progress until the campaign finishes: a live table on a terminal, else a line whenever the counts or
     what the run is doing change (the line's time-left figure is as of that moment)."""
     shapes = _optimise_shapes(st.spec.problem)
-    live = Live(_progress(st, shapes), console=console, refresh_per_second=2) if not quiet and \
+    budget = device_budget(st.spec, running.services["planner"].settings.device_seconds)
+    live = Live(_progress(st, shapes, budget), console=console, refresh_per_second=2) if not quiet and \
         console.is_terminal else contextlib.nullcontext()
     last = None
     with live:
         while st.finished is None and not running.stop.is_set():
             await asyncio.sleep(0.5)
             if isinstance(live, Live):
-                live.update(_progress(st, shapes))
+                live.update(_progress(st, shapes, budget))
             elif not quiet:
                 counts, _ = st.reported()
-                snap = progress.snapshot(st, shapes)
+                snap = progress.snapshot(st, shapes, budget)
                 key = (str(counts), snap.best_s, snap.comparing, snap.compared)
                 if key != last:
                     console.print(progress.line(snap, counts), highlight=False, soft_wrap=True)
@@ -220,6 +222,24 @@ def write_report(settings, memory, cid: str) -> Path:
     return out_dir / "report.md"
 
 
+def device_line(summary: dict) -> str:
+    """The device time the campaign held, in a line: its candidates' and its comparisons', and under a device
+    budget what of it the search left for the comparisons and where that figure came from."""
+    held, compared = summary.get("device_seconds"), summary.get("device_seconds_comparisons") or 0.0
+    if held is None:
+        return ""
+    line = f"device time {held:.1f} s: {held - compared:.1f} s the candidates'"
+    if (each := summary.get("device_seconds_per_candidate")) is not None:
+        line += f" ({each:.3f} s each)"
+    line += f", {compared:.1f} s the showdown's and final comparison's"
+    if budget := summary.get("device_seconds_budget"):
+        n = summary.get("device_seconds_reserve_campaigns", 0)
+        source = f"from {n} earlier campaign{'s' if n > 1 else ''}" if n else "a share of the budget"
+        line += (f"; budget {budget:g} s, of which {summary.get('device_seconds_reserve', 0.0):.1f} s kept for "
+                 f"the comparisons ({source})")
+    return line
+
+
 def showdown_line(sd: dict | None) -> str:
     """The showdown in a line (the summary's `showdown`): the leaderboard ranks by each candidate's own score, and
     the result may be another of its near ties, timed together after the search."""
@@ -258,8 +278,9 @@ def _finish(settings, st, running, memory, args, console: Console, ledger: dict)
         ref = best.get("speedup_vs_reference")
         console.print(f"best {best['candidate_id'][:12]} at {best['shape']}: {best['median_seconds'] * 1e3:.3f} ms; "
                       f"vs reference {ref:.2f}x; vs {base}" if ref else "best: no comparison was measured")
-    for line in agent_lines(summary):
-        console.print(line)
+    for line in [*agent_lines(summary), device_line(summary)]:
+        if line:
+            console.print(line)
     console.print(f"state {st.finished.state}; report {summary['report']}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(summary, indent=2))
