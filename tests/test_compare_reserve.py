@@ -1,7 +1,7 @@
 """A device budget keeps a reserve for the campaign's showdown and final comparison (judge.order.compare_reserve):
-the search stops at the budget less what a compared result's comparisons held the device for in recent campaigns
-of the problem on the device (memory's ComparisonCost), else less a share of it, so that the comparisons fit the
-budget too (where the search stops: tests/test_device_budget.py)."""
+the search stops at the budget less what a final comparison, and a showdown where there was one, held the device
+for in recent campaigns of the problem on the device (memory's ComparisonCost), else less a share of it, so that
+the comparisons fit the budget too (where the search stops: tests/test_device_budget.py)."""
 from __future__ import annotations
 
 import json
@@ -22,15 +22,16 @@ from test_campaign import _campaign  # noqa: E402
 
 
 def _campaign_events(cid: str, held_s: float | str | None, problem: str = "softmax", target: str = "cpu",
-                     device: str = "EPYC", state: str = "completed", per_result: float | None = None,
+                     device: str = "EPYC", state: str = "completed", split: tuple[float, float] | None = None,
                      summary_json: str | None = None) -> list[pb.Event]:
     """A finished campaign of `problem` on `device` with one measured kernel whose comparisons held the device
-    `held_s`, `per_result` a compared result (None: a summary from before the figure existed)."""
+    `held_s` in all, `split` its showdowns and a compared result's final comparison (None: a summary from before
+    those figures)."""
     cand = pb.Candidate(id="k" + cid, campaign_id=cid, point_id="p" + cid, problem=problem, target=target,
                         family="cpu_c", origin="template:cpu_c", params_json="{}")
-    summary = {} if held_s is None else {"device_seconds_comparisons": held_s}
-    if per_result is not None:
-        summary["device_seconds_comparisons_per_result"] = per_result
+    summary: dict = {} if held_s is None else {"device_seconds_comparisons": held_s}
+    if split is not None:
+        summary["device_seconds_showdowns"], summary["device_seconds_final_comparison"] = split
     return [ev.make_event(cid, "planner", "start", campaign_started=pb.CampaignStarted(
                 spec=pb.CampaignSpec(problem=problem, target=target), device=pb.DeviceInfo(model=device))),
             *chain(cid, cand, 0.5),
@@ -42,29 +43,30 @@ def _campaign_events(cid: str, held_s: float | str | None, problem: str = "softm
 def test_memory_answers_the_latest_campaigns_comparisons_of_the_problem_on_the_device(tmp_path):
     archive = Archive(tmp_path / "archive.sqlite")
     try:
-        events = [*_campaign_events("c1", 9.0), *_campaign_events("c2", 12.0, per_result=4.0),
+        events = [*_campaign_events("c1", 9.0), *_campaign_events("c2", 12.0, split=(5.0, 3.5)),
                   *_campaign_events("o1", 7.0, problem="rmsnorm"),          # another problem
                   *_campaign_events("o2", 7.0, problem="/pkgs/softmax"),    # a package of the same name
                   *_campaign_events("o3", 7.0, device="Xeon"),              # another device
                   *_campaign_events("o4", 7.0, target="cuda:sm_90a"),       # another target
                   *_campaign_events("o5", 7.0, state="cancelled"),          # not what a completed one holds
                   *_campaign_events("o6", None), *_campaign_events("o7", 0.0),  # nothing held, or not said
-                  *_campaign_events("o8", "7"), *_campaign_events("o9", None, summary_json="not json")]
+                  *_campaign_events("o8", "7"), *_campaign_events("o9", None, summary_json="not json"),
+                  *_campaign_events("o10", 7.0, split=("5", 3.0))]          # a showdown's figure no number
         for e in events:
             assert archive.record(e), ev.kind_of(e)
-        # the most recent first; a compared result's figure where the summary has it (c2 compared three)
-        assert archive.comparison_cost("softmax", "cpu", "EPYC") == [4.0, 9.0]
+        # the most recent first; a summary from before the split counts all as the final comparison's
+        assert archive.comparison_cost("softmax", "cpu", "EPYC") == [("c2", 5.0, 3.5), ("c1", 0.0, 9.0)]
         for i in range(COMPARISON_COST_CAMPAIGNS + 1):
-            for e in _campaign_events(f"n{i}", 1.0 + i):
+            for e in _campaign_events(f"n{i}", 1.0 + i, split=(0.0, 1.0 + i)):
                 assert archive.record(e)
-        latest = [float(COMPARISON_COST_CAMPAIGNS + 1 - i) for i in range(COMPARISON_COST_CAMPAIGNS)]
+        latest = [(f"n{n}", 0.0, 1.0 + n) for n in range(COMPARISON_COST_CAMPAIGNS, 0, -1)]
         assert archive.comparison_cost("softmax", "cpu", "EPYC") == latest
         queries = Queries(archive)
         got = queries.comparison_cost(spb.ComparisonCostRequest(problem="softmax", target="cpu", device="EPYC"))
-        assert list(got.device_seconds) == latest
+        assert [(c.campaign_id, c.showdown_s, c.final_s) for c in got.campaigns] == latest
         with pytest.raises(InvalidRequest, match="device model"):
             queries.comparison_cost(spb.ComparisonCostRequest(problem="softmax", target="cpu"))
-        assert archive.comparison_cost("/pkgs/softmax", "cpu", "EPYC") == [7.0]
+        assert archive.comparison_cost("/pkgs/softmax", "cpu", "EPYC") == [("o2", 0.0, 7.0)]
     finally:
         archive.close()
 
@@ -83,13 +85,13 @@ async def test_a_campaign_keeps_for_its_comparisons_what_the_last_ones_held(memo
     assert first.finished.state == "completed" and told["best"] is not None, told
     assert (told["device_seconds_reserve"], told["device_seconds_reserve_campaigns"]) == \
         (settings.compare_reserve * budget, 0)
-    held = told["device_seconds_comparisons_per_result"]
-    assert 0 < held <= told["device_seconds_comparisons"], told   # its final comparison (two shapes) at least
+    showdowns, final = told["device_seconds_showdowns"], told["device_seconds_final_comparison"]
+    assert final > 0 and round(showdowns + final, 3) == told["device_seconds_comparisons"], told
 
     spec.seed = 4
     second, _ = await _campaign(settings, spec)
     again = json.loads(second.finished.summary_json)
     assert second.finished.state == "completed", again
-    assert (second.compare_reserve_s, second.compare_reserve_campaigns) == (min(held, budget / 2), 1)
-    assert (again["device_seconds_reserve"], again["device_seconds_reserve_campaigns"]) == \
-        (round(min(held, budget / 2), 3), 1)
+    assert (second.compare_reserve_s, second.compare_reserve_campaigns) == \
+        (pytest.approx(min(showdowns + final, budget / 2)), 1)
+    assert again["device_seconds_reserve_campaigns"] == 1

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from kfactory.judge import order as pipeline
 from kfactory.bus import events as ev
 from kfactory.v1 import events_pb2 as pb
+from kfactory.v1 import services_pb2 as spb
 from test_campaign import _campaign
 
 
@@ -57,13 +58,26 @@ def test_room_in_flight_is_what_the_device_time_left_pays_for():
     assert not pipeline.device_budget_spent(_state(5.0, 5, 1, reserve_s=4.0), 10.0)  # 1 s left, 1 s a candidate
 
 
+def _costs(*pairs: tuple[float, float]) -> list[spb.ComparisonCost]:
+    """Earlier campaigns' (showdowns', final comparison's) device seconds, as memory answers them."""
+    return [spb.ComparisonCost(campaign_id=f"c{i}", showdown_s=sd, final_s=final)
+            for i, (sd, final) in enumerate(pairs)]
+
+
 def test_the_comparisons_reserve_is_what_earlier_campaigns_held_else_a_share():
-    assert pipeline.compare_reserve(0.0, [5.0], 0.25) == (0.0, 0)           # no budget: nothing kept
-    assert pipeline.compare_reserve(40.0, [], 0.25) == (10.0, 0)            # no evidence: the share
-    assert pipeline.compare_reserve(40.0, [3.0, 9.0, 4.0], 0.25) == (4.0, 3)  # the median of the campaigns'
-    assert pipeline.compare_reserve(40.0, [30.0, 27.0], 0.25) == (20.0, 2)  # never more than half the budget
-    assert pipeline.compare_reserve(40.0, [math.nan, -1.0, 0.0, 6.0], 0.25) == (6.0, 1)  # numbers only
-    assert pipeline.compare_reserve(40.0, [math.inf], 0.25) == (10.0, 0)
+    reserve = pipeline.compare_reserve
+    assert reserve(0.0, _costs((0.0, 5.0)), 0.25) == (0.0, 0)             # no budget: nothing kept
+    assert reserve(40.0, [], 0.25) == (10.0, 0)                           # no evidence: the share
+    # the median final comparison, and the median showdown of the campaigns that had one
+    assert reserve(40.0, _costs((0.0, 3.0), (5.0, 9.0), (7.0, 4.0)), 0.25) == (4.0 + 6.0, 3)
+    assert reserve(40.0, _costs((0.0, 3.0), (5.0, 9.0), (7.0, 4.0)), 0.25, showdown=False) == (4.0, 3)
+    assert reserve(40.0, _costs((0.0, 3.0), (0.0, 5.0)), 0.25) == (4.0, 2)  # none had a showdown
+    assert reserve(40.0, _costs((15.0, 15.0), (0.0, 27.0)), 0.25) == (20.0, 2)  # never more than half the budget
+    # numbers only: no final comparison, or a figure no device time can be, is no campaign's
+    assert reserve(40.0, _costs((0.0, math.nan), (0.0, -1.0), (0.0, 0.0), (math.inf, 2.0), (-1.0, 2.0),
+                                (1.0, 6.0)), 0.25) == (7.0, 1)
+    assert reserve(40.0, _costs((0.0, math.inf)), 0.25) == (10.0, 0)
+    assert reserve(40.0, [], 0.9) == (20.0, 0)                            # a share past half is half
     # a start's reserve kept of a larger budget than the planner's now: the search still has half
     assert pipeline.search_budget(_state(0.0, 0, 0, reserve_s=8.0), 10.0) == 5.0
 

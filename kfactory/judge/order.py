@@ -120,16 +120,26 @@ def device_budget(spec: pb.CampaignSpec, configured: float) -> float:
 COMPARE_RESERVE_MAX = 0.5
 
 
-def compare_reserve(budget_s: float, costs: list[float], share: float) -> tuple[float, int]:
+def compare_reserve(budget_s: float, costs: list, share: float, showdown: bool = True) -> tuple[float, int]:
     """(device seconds, campaigns it is from): what a device budget of `budget_s` (0: none) keeps for the
-    campaign's showdown and final comparison. The median of `costs` (what recent campaigns' comparisons of the
-    problem held the device for: memory's ComparisonCost), else `share` of the budget (Settings.compare_reserve:
-    from 0 campaigns); at most COMPARE_RESERVE_MAX of the budget. A cost that is no positive number is none."""
+    campaign's showdown and final comparison. From `costs` (what recent campaigns' comparisons of the problem held
+    the device for: memory's ComparisonCost messages), the median final comparison, and with a `showdown` (not
+    off: Settings.showdown_contenders) the median showdown of the campaigns that had one (near ties are common,
+    but not the rule: a median over every campaign would keep nothing for one as often as not). Without costs,
+    `share` of the budget (Settings.compare_reserve: from 0 campaigns). At most COMPARE_RESERVE_MAX of the
+    budget. A cost that is no number, or a negative one, is none."""
     if not budget_s:
         return 0.0, 0
-    costs = [c for c in costs if math.isfinite(c) and c > 0]
-    seconds = statistics.median(costs) if costs else share * budget_s
+    costs = [c for c in costs if _positive(c.final_s) and (_positive(c.showdown_s) or c.showdown_s == 0)]
+    if not costs:
+        return min(share, COMPARE_RESERVE_MAX) * budget_s, 0
+    showdowns = [c.showdown_s for c in costs if c.showdown_s > 0] if showdown else []
+    seconds = statistics.median(c.final_s for c in costs) + (statistics.median(showdowns) if showdowns else 0.0)
     return min(seconds, COMPARE_RESERVE_MAX * budget_s), len(costs)
+
+
+def _positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
 
 
 def room(st, budget_s: float) -> int:

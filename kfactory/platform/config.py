@@ -113,9 +113,9 @@ class Settings(BaseSettings):
     compare_reserve: float = Field(0.25, ge=0, le=0.5, description=(
         "under a device budget, the share of it the search leaves for the showdown and the final comparison when "
         "memory knows no earlier completed campaign of the problem on the same target and device model that held "
-        "it for them (with that evidence, the median of the latest five; at most half the budget either way; "
-        "none for an engine): on the 2-core host they held 26-33% of a 40-candidate softmax campaign's device "
-        "time"))
+        "it for them (with that evidence, from the latest five: the median final comparison plus the median "
+        "showdown of those that had one; at most half the budget either way; none for an engine): on the 2-core "
+        "host they held 26-36% of a 40-candidate softmax campaign's device time"))
     compile_workers: int = Field(0, ge=0, description="compiles at once per compiler service (0: one per core)")
     default_parallel: int = Field(0, ge=0, description="design points in flight when a campaign does not say "
                                   "(0: on cpu three plus one per agent persona, elsewhere one per core plus two: "

@@ -170,10 +170,20 @@ class ComparisonCostRequest(_message.Message):
     def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class ComparisonCostResponse(_message.Message):
-    __slots__ = ("device_seconds",)
-    DEVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    device_seconds: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, device_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
+    __slots__ = ("campaigns",)
+    CAMPAIGNS_FIELD_NUMBER: _ClassVar[int]
+    campaigns: _containers.RepeatedCompositeFieldContainer[ComparisonCost]
+    def __init__(self, campaigns: _Optional[_Iterable[_Union[ComparisonCost, _Mapping]]] = ...) -> None: ...
+
+class ComparisonCost(_message.Message):
+    __slots__ = ("campaign_id", "showdown_s", "final_s")
+    CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
+    SHOWDOWN_S_FIELD_NUMBER: _ClassVar[int]
+    FINAL_S_FIELD_NUMBER: _ClassVar[int]
+    campaign_id: str
+    showdown_s: float
+    final_s: float
+    def __init__(self, campaign_id: _Optional[str] = ..., showdown_s: _Optional[float] = ..., final_s: _Optional[float] = ...) -> None: ...
 
 class PriorsRequest(_message.Message):
     __slots__ = ("problem", "families", "exclude_campaign", "limit", "every_source", "require_known")

@@ -69,6 +69,15 @@ PROBLEM_COMPARISONS = _OF_PROBLEM + " ORDER BY seq"
 REFUSED_HEAD_BYTES = 4096
 #: recent campaigns whose comparisons' device time a new campaign's reserve is the median of (comparison_cost)
 COMPARISON_COST_CAMPAIGNS = 5
+_SUMMARY = "CASE WHEN json_valid(summary_json) THEN json_extract(summary_json, '$.{}') END"
+#: each campaign's (id, showdowns' device seconds, a compared result's final comparison's): numbers only
+COMPARISON_COSTS = (
+    "SELECT id, coalesce(sd, 0), final FROM (SELECT finished_ns, id, " + _SUMMARY.format("device_seconds_showdowns")
+    + " AS sd, coalesce(" + _SUMMARY.format("device_seconds_final_comparison") + ", "
+    + _SUMMARY.format("device_seconds_comparisons") + ") AS final FROM campaigns WHERE problem=? AND target=? "
+    "AND device=? AND state='completed') WHERE typeof(final) IN ('integer', 'real') AND final > 0 "
+    "AND typeof(coalesce(sd, 0)) IN ('integer', 'real') AND coalesce(sd, 0) >= 0 "
+    "ORDER BY finished_ns DESC, id DESC LIMIT ?")
 #: results believed only at the end of their evidence chain, and the chain link each waits for
 AWAITS = {"measured": "verified", "comparison": "measured"}
 
@@ -507,20 +516,16 @@ class Archive:
         (a new campaign's CampaignStarted.known_wrong), in the order they were found."""
         return list(self.problem_verdicts(problem, results=False).wrong.values())
 
-    def comparison_cost(self, locator: str, target: str, device: str) -> list[float]:
-        """The device seconds a compared result's showdown and final comparison held in the latest completed
-        campaigns of the problem `locator` (as their specs name it: a package of the same name with other shapes
-        is another problem here) on `target` and the device model `device` (their summaries'
-        device_seconds_comparisons_per_result, else, before that figure, device_seconds_comparisons), the most
-        recent first, at most COMPARISON_COST_CAMPAIGNS; campaigns that held it for none, or whose summary says
-        no number, are left out."""
-        rows = self.q("SELECT s FROM (SELECT finished_ns, id, CASE WHEN json_valid(summary_json) THEN coalesce("
-                      "json_extract(summary_json, '$.device_seconds_comparisons_per_result'), "
-                      "json_extract(summary_json, '$.device_seconds_comparisons')) END AS s FROM campaigns "
-                      "WHERE problem=? AND target=? AND device=? AND state='completed') "
-                      "WHERE typeof(s) IN ('integer', 'real') AND s > 0 ORDER BY finished_ns DESC, id DESC LIMIT ?",
-                      (locator, target, device, COMPARISON_COST_CAMPAIGNS))
-        return [float(s) for (s,) in rows]
+    def comparison_cost(self, locator: str, target: str, device: str) -> list[tuple[str, float, float]]:
+        """(campaign, showdowns' device seconds, final comparison's): what the showdowns and a compared result's
+        final comparison held the device for in the latest completed campaigns of the problem `locator` (as their
+        specs name it: a package of the same name with other shapes is another problem here) on `target` and the
+        device model `device` (their summaries' device_seconds_showdowns and device_seconds_final_comparison; a
+        summary from before those figures counts its device_seconds_comparisons as the final comparison's), the
+        most recent first, at most COMPARISON_COST_CAMPAIGNS. Campaigns whose final comparison held it for none,
+        or whose summary says no number, are left out."""
+        rows = self.q(COMPARISON_COSTS, (locator, target, device, COMPARISON_COST_CAMPAIGNS))
+        return [(c, float(sd), float(final)) for c, sd, final in rows]
 
     def comparisons_of(self, candidate: str) -> list[pb.Event]:
         """The comparisons about this candidate: its final comparisons and the showdowns it was timed for, and

@@ -242,8 +242,9 @@ class Queries:
         if not request.problem or not request.target or not request.device:
             raise InvalidRequest("name the problem (as the campaign's spec does), the target and the device model "
                                  "(CampaignStarted.device.model)")
-        return spb.ComparisonCostResponse(device_seconds=self.archive.comparison_cost(
-            request.problem, request.target, request.device))
+        return spb.ComparisonCostResponse(campaigns=[
+            spb.ComparisonCost(campaign_id=c, showdown_s=sd, final_s=final)
+            for c, sd, final in self.archive.comparison_cost(request.problem, request.target, request.device)])
 
     def lessons(self, request: spb.LessonsRequest) -> spb.LessonsResponse:
         """What helped and what failed for the problem on a target, and as the text agents are told."""

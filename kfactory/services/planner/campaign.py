@@ -133,6 +133,8 @@ class CampaignState:
     device_s: float = 0.0
     #: of which its showdowns and final comparisons (after the search: not a candidate's cost; search_device_s)
     compare_device_s: float = 0.0
+    #: of which its showdowns' (the rest is its final comparisons')
+    showdown_device_s: float = 0.0
     #: under a device budget, the device seconds its search leaves for them, and the earlier campaigns that
     #: figure is the median of (0: a share of the budget): CampaignStarted.compare_reserve_s, judge.order.room
     compare_reserve_s: float = 0.0
@@ -190,6 +192,8 @@ class CampaignState:
         self.device_s += held
         if kind == "comparison":
             self.compare_device_s += held
+            if event.comparison.showdown:
+                self.showdown_device_s += held
         elif (cand := ev.candidate_of(event)) is not None and is_kind(cand.origin, *SEARCHED):
             self.searched_device_s += held
         if kind == "point_proposed":

@@ -25,8 +25,8 @@ class FromMemory(NamedTuple):
     """What memory tells a new campaign (from_memory)."""
     priors: list[pb.Prior]
     known_wrong: list[pb.KnownWrong]
-    #: earlier campaigns' comparisons' device seconds, the most recent first (judge.order.compare_reserve)
-    comparison_costs: list[float]
+    #: what earlier campaigns' comparisons held the device for, the most recent first (judge.order.compare_reserve)
+    comparison_costs: list[spb.ComparisonCost]
 
 
 async def from_memory(addr: str, settings: Settings, log, spec: pb.CampaignSpec, space: Space | None, cid: str,
@@ -82,14 +82,14 @@ async def _known_wrong(memory: EvidenceClient, log, spec: pb.CampaignSpec) -> li
 
 
 async def _comparison_costs(memory: EvidenceClient, log, spec: pb.CampaignSpec, device: pb.DeviceInfo,
-                            budget_s: float) -> list[float]:
+                            budget_s: float) -> list[spb.ComparisonCost]:
     """The device seconds recent campaigns' showdowns and final comparisons held, when a device budget is to
     keep some for the campaign's own (none asked without one)."""
     if not budget_s:
         return []
     req = spb.ComparisonCostRequest(problem=spec.problem, target=spec.target, device=device.model)
     try:
-        return list((await memory.ComparisonCost(req)).device_seconds)
+        return list((await memory.ComparisonCost(req)).campaigns)
     except grpc.aio.AioRpcError as e:
         log.warning("memory did not say what earlier campaigns' comparisons cost: the device budget keeps its "
                     "configured share for them", addr=memory.addr, code=e.code().name, reason=e.details())

@@ -128,7 +128,8 @@ class PlannerService(Service):
                                                                                       self.settings.device_seconds)
         told = await from_memory(self.ctx.memory_addr or self.settings.memory_addr, self.settings, self.log, spec,
                                  self._space(spec), cid, device, budget)
-        reserve, evidence = compare_reserve(budget, told.comparison_costs, self.settings.compare_reserve)
+        reserve, evidence = compare_reserve(budget, told.comparison_costs, self.settings.compare_reserve,
+                                            showdown=self.settings.showdown_contenders > 1)
         started = ev.make_event(cid, self.name, "start", campaign_started=pb.CampaignStarted(
             spec=spec, device=device, priors=told.priors, known_wrong=told.known_wrong, compare_reserve_s=reserve,
             compare_reserve_campaigns=evidence))
