@@ -208,3 +208,24 @@ async def test_a_result_learned_wrong_during_its_final_comparison_gives_way_not_
     await asyncio.sleep(0.01)
     assert await _compare(planner, st, {}) == ["showdown k1", "compare k1"]
     assert st.final_wrong == set() and st.known_wrong == {"k1": "cOther"} and st.best().candidate.id == "k2"
+
+
+def test_the_summary_tells_one_showdowns_and_one_results_final_comparisons_device_time():
+    """What a later campaign's device budget keeps for its comparisons (judge.order.compare_reserve): the largest
+    showdown (k1's, asked twice: 3 s and 1 s) and the largest result's final comparison (k2's 2.5 s at each shape,
+    not k1's, cut short when its first shape found it wrong), each its own, not the campaign's sum."""
+    st = _state("cs", 2)
+    asked = [(pb.Comparison(shape=SHAPES[0], candidate_id="k1", showdown=True), 3.0),
+             (pb.Comparison(shape=SHAPES[0], candidate_id="k1", showdown=True), 1.0),
+             (pb.Comparison(shape=SHAPES[0], candidate_id="k1", error="WRONG_RESULT: row 3", failed_candidate="k1",
+                            failed_reason=pb.WRONG_RESULT), 2.0),
+             (pb.Comparison(shape=SHAPES[0], candidate_id="k2", showdown=True), 2.0),
+             *[(pb.Comparison(shape=s, candidate_id="k2", speedups={"reference": 1.8}), 2.5) for s in SHAPES]]
+    for i, (comp, seconds) in enumerate(asked):
+        comp.seconds = seconds
+        assert st.apply(ev.make_event("cs", "benchmarker", f"answer{i}", comparison=comp)) == ""
+    summary = campaign_summary(st, PROBLEM)
+    assert st.final_wrong == {"k1"} and summary["best"]["candidate_id"] == "k2"
+    assert summary["device_seconds_comparisons"] == 8.0 + 2.5 * len(SHAPES)
+    assert (summary["device_seconds_showdown"], summary["device_seconds_final_comparison"]) == \
+        (4.0, 2.5 * len(SHAPES))

@@ -199,7 +199,7 @@ def test_the_run_says_what_device_time_the_campaign_held_and_kept_for_its_compar
 
     summary = {"device_seconds": 58.25, "device_seconds_comparisons": 14.0, "device_seconds_per_candidate": 1.475}
     assert device_line(summary) == ("device time 58.2 s: 44.2 s the candidates' (1.475 s each), 14.0 s the "
-                                    "showdown's and final comparison's")
+                                    "showdown and final comparison")
     budgeted = summary | {"device_seconds_budget": 60.0, "device_seconds_reserve": 15.0,
                           "device_seconds_reserve_campaigns": 0}
     assert device_line(budgeted).endswith("; budget 60 s, of which 15.0 s kept for the comparisons (a share of "
@@ -207,6 +207,9 @@ def test_the_run_says_what_device_time_the_campaign_held_and_kept_for_its_compar
     budgeted |= {"device_seconds_reserve": 13.5, "device_seconds_reserve_campaigns": 3}
     assert device_line(budgeted).endswith("of which 13.5 s kept for the comparisons (from 3 earlier campaigns)")
     assert device_line({}) == ""
+    engine = {"device_seconds": 3.0, "device_seconds_budget": 5.0, "device_seconds_reserve": 0.0}
+    assert device_line(engine) == "device time 3.0 s: 3.0 s the candidates', no comparison; budget 5 s, none of it " \
+        "kept for comparisons"
 
 
 def test_parameters_print_as_compact_key_value():

@@ -231,12 +231,12 @@ def device_line(summary: dict) -> str:
     line = f"device time {held:.1f} s: {held - compared:.1f} s the candidates'"
     if (each := summary.get("device_seconds_per_candidate")) is not None:
         line += f" ({each:.3f} s each)"
-    line += f", {compared:.1f} s the showdown's and final comparison's"
+    line += f", {compared:.1f} s the showdown and final comparison" if compared else ", no comparison"
     if budget := summary.get("device_seconds_budget"):
-        n = summary.get("device_seconds_reserve_campaigns", 0)
+        n, kept = summary.get("device_seconds_reserve_campaigns", 0), summary.get("device_seconds_reserve", 0.0)
         source = f"from {n} earlier campaign{'s' if n > 1 else ''}" if n else "a share of the budget"
-        line += (f"; budget {budget:g} s, of which {summary.get('device_seconds_reserve', 0.0):.1f} s kept for "
-                 f"the comparisons ({source})")
+        line += f"; budget {budget:g} s, " + (f"of which {kept:.1f} s kept for the comparisons ({source})" if kept
+                                             else "none of it kept for comparisons")
     return line
 
 

@@ -70,14 +70,12 @@ REFUSED_HEAD_BYTES = 4096
 #: recent campaigns whose comparisons' device time a new campaign's reserve is the median of (comparison_cost)
 COMPARISON_COST_CAMPAIGNS = 5
 _SUMMARY = "CASE WHEN json_valid(summary_json) THEN json_extract(summary_json, '$.{}') END"
-#: each campaign's (id, showdowns' device seconds, a compared result's final comparison's): numbers only
+#: each campaign's (id, a showdown's device seconds, a result's final comparison's): numbers only
 COMPARISON_COSTS = (
-    "SELECT id, coalesce(sd, 0), final FROM (SELECT finished_ns, id, " + _SUMMARY.format("device_seconds_showdowns")
-    + " AS sd, coalesce(" + _SUMMARY.format("device_seconds_final_comparison") + ", "
-    + _SUMMARY.format("device_seconds_comparisons") + ") AS final FROM campaigns WHERE problem=? AND target=? "
+    "SELECT id, sd, final FROM (SELECT finished_ns, id, " + _SUMMARY.format("device_seconds_showdown") + " AS sd, "
+    + _SUMMARY.format("device_seconds_final_comparison") + " AS final FROM campaigns WHERE problem=? AND target=? "
     "AND device=? AND state='completed') WHERE typeof(final) IN ('integer', 'real') AND final > 0 "
-    "AND typeof(coalesce(sd, 0)) IN ('integer', 'real') AND coalesce(sd, 0) >= 0 "
-    "ORDER BY finished_ns DESC, id DESC LIMIT ?")
+    "AND typeof(sd) IN ('integer', 'real') AND sd >= 0 ORDER BY finished_ns DESC, id DESC LIMIT ?")
 #: results believed only at the end of their evidence chain, and the chain link each waits for
 AWAITS = {"measured": "verified", "comparison": "measured"}
 
@@ -517,13 +515,12 @@ class Archive:
         return list(self.problem_verdicts(problem, results=False).wrong.values())
 
     def comparison_cost(self, locator: str, target: str, device: str) -> list[tuple[str, float, float]]:
-        """(campaign, showdowns' device seconds, final comparison's): what the showdowns and a compared result's
+        """(campaign, a showdown's device seconds, a final comparison's): what a showdown and a compared result's
         final comparison held the device for in the latest completed campaigns of the problem `locator` (as their
         specs name it: a package of the same name with other shapes is another problem here) on `target` and the
-        device model `device` (their summaries' device_seconds_showdowns and device_seconds_final_comparison; a
-        summary from before those figures counts its device_seconds_comparisons as the final comparison's), the
+        device model `device` (their summaries' device_seconds_showdown and device_seconds_final_comparison), the
         most recent first, at most COMPARISON_COST_CAMPAIGNS. Campaigns whose final comparison held it for none,
-        or whose summary says no number, are left out."""
+        or whose summary says no number (from before those figures), are left out."""
         rows = self.q(COMPARISON_COSTS, (locator, target, device, COMPARISON_COST_CAMPAIGNS))
         return [(c, float(sd), float(final)) for c, sd, final in rows]
 

@@ -133,10 +133,12 @@ class CampaignState:
     device_s: float = 0.0
     #: of which its showdowns and final comparisons (after the search: not a candidate's cost; search_device_s)
     compare_device_s: float = 0.0
-    #: of which its showdowns' (the rest is its final comparisons')
-    showdown_device_s: float = 0.0
+    #: of which each search best's showdowns', and each compared result's final comparison's, by candidate (a
+    #: later campaign's reserve: summary device_seconds_showdown, device_seconds_final_comparison)
+    showdown_device_by: dict[str, float] = field(default_factory=dict)
+    final_device_by: dict[str, float] = field(default_factory=dict)
     #: under a device budget, the device seconds its search leaves for them, and the earlier campaigns that
-    #: figure is the median of (0: a share of the budget): CampaignStarted.compare_reserve_s, judge.order.room
+    #: figure is from (0: a share of the budget): CampaignStarted.compare_reserve_s, judge.order.room
     compare_reserve_s: float = 0.0
     compare_reserve_campaigns: int = 0
     #: of device_s, what its searched candidates held (not the reference kernel's, nor a manual kernel's: a
@@ -192,8 +194,8 @@ class CampaignState:
         self.device_s += held
         if kind == "comparison":
             self.compare_device_s += held
-            if event.comparison.showdown:
-                self.showdown_device_s += held
+            by = self.showdown_device_by if event.comparison.showdown else self.final_device_by
+            by[event.comparison.candidate_id] = by.get(event.comparison.candidate_id, 0.0) + held
         elif (cand := ev.candidate_of(event)) is not None and is_kind(cand.origin, *SEARCHED):
             self.searched_device_s += held
         if kind == "point_proposed":

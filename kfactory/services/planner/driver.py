@@ -18,7 +18,7 @@ from kfactory.bus import events as ev
 from kfactory.bus.consume import OUTAGE_WAIT_S, retrying
 from kfactory.bus.origins import Origin
 from kfactory.bus.topology import Stage
-from kfactory.judge.order import BEST_TTL_S, best_key, device_budget, device_budget_spent, room
+from kfactory.judge.order import BEST_TTL_S, best_key, device_budget, device_budget_spent, room, search_budget
 from kfactory.judge.measure import available_baselines
 from kfactory.observability import stagetime
 from kfactory.observability import tracing as telemetry
@@ -373,7 +373,7 @@ class CampaignDriver:
         if budget := device_budget(st.spec, self.settings.device_seconds):
             summary["device_seconds_budget"] = budget
             # what the search left for the comparisons, from how many earlier campaigns' (0: a share of the budget)
-            summary["device_seconds_reserve"] = round(st.compare_reserve_s, 3)
+            summary["device_seconds_reserve"] = round(budget - search_budget(st, budget), 3)
             summary["device_seconds_reserve_campaigns"] = st.compare_reserve_campaigns
         fin = pb.CampaignFinished(state=state, reason=reason, counts=st.counts,
                                   best_candidate_id=best.candidate.id if best else "",

@@ -53,11 +53,11 @@ def campaign_summary(st: CampaignState, problem) -> dict:
     # an engine's timing rounds after the search included: they are measurements)
     out["device_seconds"] = round(st.device_s, 3)
     out["device_seconds_comparisons"] = round(st.compare_device_s, 3)
-    # apart, for a later campaign's reserve (judge.order.compare_reserve): the showdowns', and a compared result's
-    # final comparison (a result its final comparison found wrong was compared too, and the next best after it)
-    out["device_seconds_showdowns"] = round(st.showdown_device_s, 3)
-    out["device_seconds_final_comparison"] = round((st.compare_device_s - st.showdown_device_s)
-                                                   / (1 + len(st.final_wrong)), 3)
+    # one showdown's and one result's final comparison, for a later campaign's reserve (judge.order.
+    # compare_reserve): the largest, where a result found wrong made the next best compared too (one found wrong
+    # at its first shape ended early; none: 0)
+    out["device_seconds_showdown"] = round(max(st.showdown_device_by.values(), default=0.0), 3)
+    out["device_seconds_final_comparison"] = round(max(st.final_device_by.values(), default=0.0), 3)
     out["device_seconds_per_candidate"] = round(st.search_device_s / outcomes, 3) if outcomes else None
     out.update(coder_summary(st))
     if st.priors.points:  # a warm start: each source, how far it was trusted, and what it ended with
