@@ -21,12 +21,11 @@ from evidence_chain import chain  # noqa: E402
 from test_campaign import _campaign  # noqa: E402
 
 
-def _campaign_events(cid: str, held_s: float | None, problem: str = "softmax", target: str = "cpu",
-                     device: str = "EPYC", state: str = "completed", split: tuple | None = None,
+def _campaign_events(cid: str, split: tuple | None = None, problem: str = "softmax", target: str = "cpu",
+                     device: str = "EPYC", state: str = "completed", held_s: float | None = None,
                      summary_json: str | None = None) -> list[pb.Event]:
-    """A finished campaign of `problem` on `device` with one measured kernel whose comparisons held the device
-    `held_s` in all, `split` its showdown and a compared result's final comparison (None: a summary from before
-    those figures)."""
+    """A finished campaign of `problem` on `device` with one measured kernel whose showdown and final comparison
+    held the device `split` (None: a summary from before those figures, with `held_s`, its comparisons' total)."""
     cand = pb.Candidate(id="k" + cid, campaign_id=cid, point_id="p" + cid, problem=problem, target=target,
                         family="cpu_c", origin="template:cpu_c", params_json="{}")
     summary: dict = {} if held_s is None else {"device_seconds_comparisons": held_s}
@@ -44,22 +43,22 @@ def test_memory_answers_the_latest_campaigns_comparisons_of_the_problem_on_the_d
     archive = Archive(tmp_path / "archive.sqlite")
     try:
         held = (0.0, 7.0)
-        events = [*_campaign_events("c1", 9.0, split=(0.0, 9.0)), *_campaign_events("c2", 12.0, split=(5.0, 3.5)),
-                  *_campaign_events("o1", 7.0, problem="rmsnorm", split=held),        # another problem
-                  *_campaign_events("o2", 7.0, problem="/pkgs/softmax", split=held),  # a package of the same name
-                  *_campaign_events("o3", 7.0, device="Xeon", split=held),            # another device
-                  *_campaign_events("o4", 7.0, target="cuda:sm_90a", split=held),     # another target
-                  *_campaign_events("o5", 7.0, state="cancelled", split=held),        # not a completed one's
-                  *_campaign_events("o6", 7.0),                  # from before the figures: the total says no split
-                  *_campaign_events("o7", 0.0, split=(0.0, 0.0)),                     # no final comparison
-                  *_campaign_events("o8", 7.0, split=(0.0, "7")), *_campaign_events("o9", 7.0, split=("5", 3.0)),
-                  *_campaign_events("o10", None, summary_json="not json")]            # no number, or no summary
+        events = [*_campaign_events("c1", (0.0, 9.0)), *_campaign_events("c2", (5.0, 3.5)),
+                  *_campaign_events("o1", held, problem="rmsnorm"),          # another problem
+                  *_campaign_events("o2", held, problem="/pkgs/softmax"),    # a package of the same name
+                  *_campaign_events("o3", held, device="Xeon"),              # another device
+                  *_campaign_events("o4", held, target="cuda:sm_90a"),       # another target
+                  *_campaign_events("o5", held, state="cancelled"),          # not a completed one's
+                  *_campaign_events("o6", held_s=7.0),        # from before the figures: a total says no split
+                  *_campaign_events("o7", (0.0, 0.0)),                       # no final comparison
+                  *_campaign_events("o8", (0.0, "7")), *_campaign_events("o9", ("5", 3.0)),  # no number
+                  *_campaign_events("o10", summary_json="not json")]
         for e in events:
             assert archive.record(e), ev.kind_of(e)
         # the most recent first
         assert archive.comparison_cost("softmax", "cpu", "EPYC") == [("c2", 5.0, 3.5), ("c1", 0.0, 9.0)]
         for i in range(COMPARISON_COST_CAMPAIGNS + 1):
-            for e in _campaign_events(f"n{i}", 1.0 + i, split=(0.0, 1.0 + i)):
+            for e in _campaign_events(f"n{i}", (0.0, 1.0 + i)):
                 assert archive.record(e)
         latest = [(f"n{n}", 0.0, 1.0 + n) for n in range(COMPARISON_COST_CAMPAIGNS, 0, -1)]
         assert archive.comparison_cost("softmax", "cpu", "EPYC") == latest
@@ -87,13 +86,13 @@ async def test_a_campaign_keeps_for_its_comparisons_what_the_last_ones_held(memo
     assert first.finished.state == "completed" and told["best"] is not None, told
     assert (told["device_seconds_reserve"], told["device_seconds_reserve_campaigns"]) == \
         (settings.compare_reserve * budget, 0)
-    showdowns, final = told["device_seconds_showdown"], told["device_seconds_final_comparison"]
-    assert final > 0 and showdowns + final == pytest.approx(told["device_seconds_comparisons"], abs=2e-3), told
+    showdown, final = told["device_seconds_showdown"], told["device_seconds_final_comparison"]
+    assert final > 0 and showdown + final == pytest.approx(told["device_seconds_comparisons"], abs=2e-3), told
 
     spec.seed = 4
     second, _ = await _campaign(settings, spec)
     again = json.loads(second.finished.summary_json)
     assert second.finished.state == "completed", again
     assert (second.compare_reserve_s, second.compare_reserve_campaigns) == \
-        (pytest.approx(min(showdowns + final, budget / 2)), 1)
+        (pytest.approx(min(showdown + final, budget / 2)), 1)
     assert again["device_seconds_reserve_campaigns"] == 1

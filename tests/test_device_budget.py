@@ -55,11 +55,13 @@ def test_room_in_flight_is_what_the_device_time_left_pays_for():
     # the comparisons' reserve is not the search's: 4 s of 10 s left to it is 2 s at 2 s a candidate
     assert pipeline.room(_state(4.0, 2, 0, reserve_s=4.0), 10.0) == 1
     assert pipeline.device_budget_spent(_state(6.0, 3, 1, reserve_s=4.0), 10.0)      # its share spent
-    assert not pipeline.device_budget_spent(_state(5.0, 5, 1, reserve_s=4.0), 10.0)  # 1 s left, 1 s a candidate
+    assert not pipeline.device_budget_spent(_state(5.0, 5, 0, reserve_s=4.0), 10.0)  # 1 s left, 1 s a candidate
+    assert pipeline.device_budget_spent(_state(5.5, 5, 0, reserve_s=4.0), 10.0)      # 0.5 s left: no room
+    assert not pipeline.device_budget_spent(_state(5.5, 5, 0), 10.0)                 # without the reserve, room
 
 
 def _costs(*pairs: tuple[float, float]) -> list[spb.ComparisonCost]:
-    """Earlier campaigns' (showdowns', final comparison's) device seconds, as memory answers them."""
+    """Earlier campaigns' (showdown's, final comparison's) device seconds, as memory answers them."""
     return [spb.ComparisonCost(campaign_id=f"c{i}", showdown_s=sd, final_s=final)
             for i, (sd, final) in enumerate(pairs)]
 
@@ -117,10 +119,20 @@ async def test_a_campaign_stops_proposing_when_its_device_time_is_spent(memory_b
     assert summary["device_seconds_per_candidate"] == round((st.device_s - st.compare_device_s) / outcomes, 3)
 
 
-def test_a_campaigns_own_device_budget_wins_over_the_planners():
+def test_a_campaigns_own_device_budget_wins_over_the_planners(settings):
     assert pipeline.device_budget(pb.CampaignSpec(budget_device_seconds=2.5), 10.0) == 2.5
     assert pipeline.device_budget(pb.CampaignSpec(), 10.0) == 10.0
     assert pipeline.device_budget(pb.CampaignSpec(), 0.0) == 0.0
+    # the planner's is written into a spec that sets none at submission: the campaign's from its start, whatever a
+    # restarted planner is configured with (its comparisons' reserve was kept of that budget)
+    from kfactory.problems import load_problem
+    from kfactory.services.planner.specs import validate
+    from kfactory.targets import get_target
+
+    planner = settings.model_copy(update={"device_seconds": 30.0})
+    for own, want in ((0.0, 30.0), (2.5, 2.5)):
+        spec = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=4, budget_device_seconds=own)
+        assert validate(spec, planner, load_problem, lambda t: get_target(t, planner))[0].budget_device_seconds == want
 
 
 def test_run_device_seconds_fills_the_spec_and_a_bad_value_is_refused(capsys):

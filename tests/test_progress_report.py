@@ -118,8 +118,8 @@ def test_time_left_is_estimated_from_the_rate_so_far():
         "about 2m30s left, then the final comparison"
 
 
-def _state() -> CampaignState:
-    spec = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=3, strategy="random", seed=1)
+def _state(budget: int = 3) -> CampaignState:
+    spec = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=budget, strategy="random", seed=1)
     return CampaignState(CID, spec, pb.DeviceInfo(), Space(list(load_problem("softmax").families.values())))
 
 
@@ -128,15 +128,20 @@ def _fold(st: CampaignState, events: list[pb.Event]) -> None:
         assert st.apply(e) == "", e
 
 
+def _searched(st: CampaignState, pid: str, cid: str, score: float, **measured) -> None:
+    """The strategy's next point proposed as `pid`, and its kernel `cid` measured at `score` s in full."""
+    point = st.strategy.ask()
+    _fold(st, [ev.make_event(CID, "planner", pid, point_proposed=pb.PointProposed(
+        point_id=pid, family=point.family, params_json=point.params_json, origin=f"template:{point.family}"))])
+    cand = pb.Candidate(id=cid, point_id=pid, origin="template:cpu_c", params_json=PARAMS)
+    _fold(st, evidence_chain.chain(CID, cand, score, **measured))
+
+
 def test_progress_shows_n_of_budget_the_best_its_speedup_and_the_final_comparison():
     st = _state()
     st.started_wall = time.time() - 20.0  # two outcomes in 20 s: the third takes about 10 s more
     for pid, cid, score in (("p1", "k1", 0.5e-3), ("p2", "k2", 0.2e-3)):
-        point = st.strategy.ask()
-        _fold(st, [ev.make_event(CID, "planner", pid, point_proposed=pb.PointProposed(
-            point_id=pid, family=point.family, params_json=point.params_json, origin=f"template:{point.family}"))])
-        cand = pb.Candidate(id=cid, point_id=pid, origin="template:cpu_c", params_json=PARAMS)
-        _fold(st, evidence_chain.chain(CID, cand, score))
+        _searched(st, pid, cid, score)
     _fold(st, evidence_chain.chain(CID, pb.Candidate(id="ref0", point_id="r", origin="reference"), 0.8e-3))
 
     snap = progress.snapshot(st, shapes=2)
@@ -160,35 +165,27 @@ def test_progress_shows_n_of_budget_the_best_its_speedup_and_the_final_compariso
     assert "2/3" in out.getvalue() and "4.00x" in out.getvalue() and f"{says} (1/2" in out.getvalue(), out.getvalue()
 
 
-# -- parameters as key=value -----------------------------------------------------------------------------------
 def test_under_a_device_budget_time_left_is_when_the_searchs_share_is_spent():
     """`kfactory run --device-seconds 20` whose search leaves 5 s for the comparisons: 9 s of device time held in
-    20 s (two candidates at 2 s, the reference kernel's 5 s) leave 6 s of the search's 15 s, about 13 s at that
-    rate, long before 38 more candidates; once the share is spent, progress says the comparisons are next."""
-    spec = pb.CampaignSpec(problem="softmax", target="cpu", budget_candidates=40, strategy="random", seed=1)
-    st = CampaignState(CID, spec, pb.DeviceInfo(), Space(list(load_problem("softmax").families.values())))
+    20 s (two candidates at 2 s, the reference kernel's 5 s) leave 6 s of the search's 15 s: 30 s at the rate the
+    searched candidates held it (the reference kernel's cost is none of theirs), long before 38 more candidates;
+    once the share is spent, progress says the comparisons are next."""
+    st = _state(budget=40)
     _fold(st, [ev.make_event(CID, "planner", "start", campaign_started=pb.CampaignStarted(
-        spec=spec, compare_reserve_s=5.0))])
-    st.started_wall = time.time() - 20.0
-    for pid, cid in (("p1", "k1"), ("p2", "k2")):
-        point = st.strategy.ask()
-        _fold(st, [ev.make_event(CID, "planner", pid, point_proposed=pb.PointProposed(
-            point_id=pid, family=point.family, params_json=point.params_json, origin=f"template:{point.family}"))])
-        _fold(st, evidence_chain.chain(CID, pb.Candidate(id=cid, point_id=pid, origin="template:cpu_c",
-                                                         params_json=PARAMS), 0.5e-3, seconds=2.0))
+        spec=st.spec, compare_reserve_s=5.0))])
     _fold(st, evidence_chain.chain(CID, pb.Candidate(id="ref0", point_id="r", origin="reference"), 0.8e-3,
                                    seconds=5.0))
+    st.started_wall = time.time() - 20.0
+    assert progress.eta_text(progress.snapshot(st, 2, 20.0)) == "time left: estimating (device 5.0 of 15.0 s)"
+    for pid, cid in (("p1", "k1"), ("p2", "k2")):
+        _searched(st, pid, cid, 0.5e-3, seconds=2.0)
+    st.started_wall = time.time() - 20.0
     snap = progress.snapshot(st, shapes=2, device_budget_s=20.0)
-    assert (snap.device_s, snap.device_share_s) == (9.0, 15.0)
-    assert progress.eta_seconds(snap.done, 40, snap.elapsed_s, 0.0, 9.0, 15.0) == \
-        pytest.approx(6.0 * snap.elapsed_s / 9.0)
-    assert progress.eta_text(snap) == "about 13s left (device 9.0 of 15.0 s), then the final comparison"
+    assert (snap.device_s, snap.device_share_s, snap.searched_s) == (9.0, 15.0, 4.0)
+    assert progress.eta_seconds(2, 40, 20.0, 0.0, 9.0, 15.0, 4.0) == pytest.approx(30.0)
+    assert progress.eta_text(snap) == "about 30s left (device 9.0 of 15.0 s), then the final comparison"
     assert progress.snapshot(st, shapes=2).device_share_s == 0.0   # no device budget: no device figure
-    point = st.strategy.ask()
-    _fold(st, [ev.make_event(CID, "planner", "p3", point_proposed=pb.PointProposed(
-        point_id="p3", family=point.family, params_json=point.params_json, origin=f"template:{point.family}"))])
-    _fold(st, evidence_chain.chain(CID, pb.Candidate(id="k3", point_id="p3", origin="template:cpu_c",
-                                                     params_json=PARAMS), 0.5e-3, seconds=7.0))
+    _searched(st, "p3", "k3", 0.5e-3, seconds=7.0)
     assert progress.eta_text(progress.snapshot(st, 2, 20.0)) == ("the search's device time is spent (device 16.0 "
                                                                  "of 15.0 s); what is in flight ends, the final "
                                                                  "comparison is next")
@@ -204,14 +201,17 @@ def test_the_run_says_what_device_time_the_campaign_held_and_kept_for_its_compar
                           "device_seconds_reserve_campaigns": 0}
     assert device_line(budgeted).endswith("; budget 60 s, of which 15.0 s kept for the comparisons (a share of "
                                           "the budget)")
-    budgeted |= {"device_seconds_reserve": 13.5, "device_seconds_reserve_campaigns": 3}
-    assert device_line(budgeted).endswith("of which 13.5 s kept for the comparisons (from 3 earlier campaigns)")
+    budgeted |= {"device_seconds_reserve": 13.5, "device_seconds_reserve_campaigns": 1}
+    assert device_line(budgeted).endswith("of which 13.5 s kept for the comparisons (from 1 earlier campaign)")
+    budgeted |= {"device_seconds_reserve_campaigns": 3}
+    assert device_line(budgeted).endswith("(from 3 earlier campaigns)")
     assert device_line({}) == ""
     engine = {"device_seconds": 3.0, "device_seconds_budget": 5.0, "device_seconds_reserve": 0.0}
     assert device_line(engine) == "device time 3.0 s: 3.0 s the candidates', no comparison; budget 5 s, none of it " \
         "kept for comparisons"
 
 
+# -- parameters as key=value -----------------------------------------------------------------------------------
 def test_parameters_print_as_compact_key_value():
     assert report.format_params(PARAMS) == "block=256 exp=poly unroll=4"
     assert report.format_params('{"tile":[16,32],"fast":true,"note":"a b","x":1.5,"e":""}') == \

@@ -28,21 +28,23 @@ class Snapshot:
     finished: str = ""        # the campaign's end state ("" while it runs)
     device_s: float = 0.0     # the device time the search has held so far
     device_share_s: float = 0.0  # under a device budget, what of it the search may hold (judge.order.search_budget)
+    searched_s: float = 0.0   # of device_s, its searched candidates' (not the reference kernel's)
 
 
 def eta_seconds(done: int, budget: int, elapsed_s: float, budget_s: float = 0.0, device_s: float = 0.0,
-                device_share_s: float = 0.0) -> float | None:
+                device_share_s: float = 0.0, searched_s: float = 0.0) -> float | None:
     """Seconds of search left, or None while there is no estimate. From the rate so far (`done` outcomes in
     `elapsed_s`) for a candidate budget, capped by what is left of a wall-clock budget (which ends the search
-    whatever the rate) and by when the device time left to the search is spent at the rate it was held so far
-    (`device_s` in `elapsed_s`, of `device_share_s`). The final comparison comes after, and is not included."""
+    whatever the rate) and by when the device time left to the search (`device_share_s` less `device_s`) is
+    spent at the rate its searched candidates held it so far (`searched_s` in `elapsed_s`: a naive reference
+    kernel's device time predicts nothing of theirs). The final comparison comes after, and is not included."""
     estimates = []
     if budget and done > 0 and elapsed_s > 0:
         estimates.append(max(0.0, (budget - done) * elapsed_s / done))
     if budget_s:
         estimates.append(max(0.0, budget_s - elapsed_s))
-    if device_share_s and device_s > 0 and elapsed_s > 0:
-        estimates.append(max(0.0, (device_share_s - device_s) * elapsed_s / device_s))
+    if device_share_s and searched_s > 0 and elapsed_s > 0:
+        estimates.append(max(0.0, (device_share_s - device_s) * elapsed_s / searched_s))
     return min(estimates) if estimates else None
 
 
@@ -84,7 +86,8 @@ def eta_text(snap: Snapshot) -> str:
     device = f" (device {snap.device_s:.1f} of {snap.device_share_s:.1f} s)" if snap.device_share_s else ""
     if snap.device_share_s and snap.device_s >= snap.device_share_s:
         return f"the search's device time is spent{device}; what is in flight ends, the final comparison is next"
-    eta = eta_seconds(snap.done, snap.budget, snap.elapsed_s, snap.budget_s, snap.device_s, snap.device_share_s)
+    eta = eta_seconds(snap.done, snap.budget, snap.elapsed_s, snap.budget_s, snap.device_s, snap.device_share_s,
+                      snap.searched_s)
     if eta is None:
         return f"time left: estimating{device}"
     return f"about {duration(eta)} left{device}, then the final comparison"
@@ -115,6 +118,7 @@ def snapshot(st, shapes: int = 0, device_budget_s: float = 0.0) -> Snapshot:
                     best_id=best.candidate.id if best else "", reference_s=ref.score_s if ref else None,
                     comparing=comparing, compared=compared, shapes=shapes,
                     finished=st.finished.state if st.finished else "", device_s=st.search_device_s,
+                    searched_s=st.searched_device_s,
                     device_share_s=search_budget(st, device_budget_s) if device_budget_s else 0.0)
 
 

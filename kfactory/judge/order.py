@@ -18,6 +18,7 @@ import os
 import statistics
 
 from kfactory.bus.origins import SEARCHED, is_kind
+from kfactory.platform.config import COMPARE_RESERVE_MAX
 from kfactory.v1 import events_pb2 as pb
 from kfactory.bus.topology import Stage
 
@@ -82,7 +83,7 @@ def best_of(raw: bytes | None) -> float | None:
         best = float(raw)
     except ValueError:
         return None
-    return best if math.isfinite(best) and best > 0 else None
+    return best if _positive(best) else None
 
 
 def screen_key(campaign: str, candidate: str) -> str:
@@ -115,11 +116,6 @@ def device_budget(spec: pb.CampaignSpec, configured: float) -> float:
     return spec.budget_device_seconds or configured
 
 
-#: the most of a device budget the search leaves for the showdown and the final comparison (compare_reserve),
-#: however costly earlier campaigns' were: the search always has half
-COMPARE_RESERVE_MAX = 0.5
-
-
 def compare_reserve(budget_s: float, costs: list, share: float, showdown: bool = True) -> tuple[float, int]:
     """(device seconds, campaigns it is from): what a device budget of `budget_s` (0: none) keeps for the
     campaign's showdown and final comparison. From `costs` (what recent campaigns' comparisons of the problem held
@@ -130,7 +126,7 @@ def compare_reserve(budget_s: float, costs: list, share: float, showdown: bool =
     budget. A cost that is no number, or a negative one, is none."""
     if not budget_s:
         return 0.0, 0
-    costs = [c for c in costs if _positive(c.final_s) and (_positive(c.showdown_s) or c.showdown_s == 0)]
+    costs = [c for c in costs if _positive(c.final_s) and math.isfinite(c.showdown_s) and c.showdown_s >= 0]
     if not costs:
         return min(share, COMPARE_RESERVE_MAX) * budget_s, 0
     showdowns = [c.showdown_s for c in costs if c.showdown_s > 0] if showdown else []
@@ -153,7 +149,6 @@ def room(st, budget_s: float) -> int:
     done = st.search_done()
     if not done:
         return 1
-    # the time left is the campaign's; the average a searched candidate's
     average = st.searched_device_s / done
     return min(st.spec.parallel, max(0, int((search_budget(st, budget_s) - st.device_s) / max(average, 1e-9))))
 

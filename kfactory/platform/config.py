@@ -14,6 +14,12 @@ def _default_data_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kfactory"
 
 
+#: the most of a device budget the search leaves for the showdown and the final comparison, however costly
+#: earlier campaigns' were (kfactory.judge.order.compare_reserve): the search always has half
+COMPARE_RESERVE_MAX = 0.5
+#: the longest device-time budget, a spec's as a planner's (kfactory/platform/spec_ranges.py)
+DEVICE_SECONDS_MAX = 366 * 86400.0
+
 #: the default of reference_check_s, in seconds, and the most it may be (a day: a step that long is a hang)
 REFERENCE_CHECK_S, REFERENCE_CHECK_MAX_S = 60.0, 86400.0
 
@@ -106,11 +112,12 @@ class Settings(BaseSettings):
         "before it is verified, and one over screen_factor x the campaign's best is recorded as screened out, never "
         "verified; verify_first: every candidate is verified, then screened (the order before issue 23)")
     screen_min_samples: int = Field(3, ge=1, description="timed calls a screening timing makes when its time allows")
-    device_seconds: float = Field(0.0, ge=0, description="device time a campaign's verifications, screens, "
-                                  "measurements and comparisons may hold (0: no bound): its search stops where "
-                                  "what is left is its comparisons' reserve (compare_reserve); every campaign this "
-                                  "planner drives whose spec sets no budget_device_seconds")
-    compare_reserve: float = Field(0.25, ge=0, le=0.5, description=(
+    device_seconds: float = Field(0.0, ge=0, le=DEVICE_SECONDS_MAX, description=(
+        "device time a campaign's verifications, screens, measurements and comparisons may hold (0: no bound): its "
+        "search stops where what is left is its comparisons' reserve (compare_reserve); written at submission into "
+        "the spec of every campaign submitted to this planner whose spec sets no budget_device_seconds (so a "
+        "restart with another value leaves a running campaign's budget as it was)"))
+    compare_reserve: float = Field(0.25, ge=0, le=COMPARE_RESERVE_MAX, description=(
         "under a device budget, the share of it the search leaves for the showdown and the final comparison when "
         "memory knows no earlier completed campaign of the problem on the same target and device model that held "
         "it for them (with that evidence, from the latest five: the median final comparison plus the median "

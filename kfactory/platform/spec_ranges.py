@@ -11,6 +11,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kfactory.platform.config import DEVICE_SECONDS_MAX
+
 
 @dataclass(frozen=True)
 class Range:
@@ -25,7 +27,7 @@ INT32_MAX = 2**31 - 1
 RANGES: dict[str, Range] = {
     "budget_candidates": Range(0, 1_000_000, "--budget", "0: no candidate limit (then give --seconds)"),
     "budget_seconds": Range(0, 366 * 86400, "--seconds", "0: no time limit"),
-    "budget_device_seconds": Range(0, 366 * 86400, "--device-seconds",
+    "budget_device_seconds": Range(0, DEVICE_SECONDS_MAX, "--device-seconds",
                                    "0: the planner's KFACTORY_DEVICE_SECONDS, else no device-time limit"),
     "threads": Range(0, 4096, "--threads", "0: every core"),
     "seed": Range(0, 2**64 - 1, "--seed", "0: a random seed"),

@@ -67,7 +67,7 @@ _OF_PROBLEM = ("SELECT payload FROM events WHERE kind IN ('comparison', 'campaig
 PROBLEM_COMPARISONS = _OF_PROBLEM + " ORDER BY seq"
 #: how much of a refused message the archive keeps (enough to tell what it was, never megabytes)
 REFUSED_HEAD_BYTES = 4096
-#: recent campaigns whose comparisons' device time a new campaign's reserve is the median of (comparison_cost)
+#: recent campaigns whose comparisons' device time a new campaign's reserve is learned from (comparison_cost)
 COMPARISON_COST_CAMPAIGNS = 5
 _SUMMARY = "CASE WHEN json_valid(summary_json) THEN json_extract(summary_json, '$.{}') END"
 #: each campaign's (id, a showdown's device seconds, a result's final comparison's): numbers only

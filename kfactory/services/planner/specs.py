@@ -59,6 +59,8 @@ def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[st
         check_options(spec.strategy, dict(spec.strategy_options))
     except BadStrategyOption as e:
         raise SpecError(f"strategy_options: {e}") from e
+    # the planner's device budget is the campaign's from its start: a planner restarted with another leaves it
+    spec.budget_device_seconds = spec.budget_device_seconds or settings.device_seconds
     if spec.budget_candidates == 0 and spec.budget_seconds == 0 and spec.budget_device_seconds == 0:
         raise SpecError("budget: give a candidate count, a time limit in seconds, a device-time limit, or more "
                         "than one")
