@@ -155,8 +155,8 @@ def room(st, budget_s: float) -> int:
 
 def search_budget(st, budget_s: float) -> float:
     """The device seconds of a budget of `budget_s` the search of campaign `st` may spend: the rest is its
-    comparisons' reserve, at most COMPARE_RESERVE_MAX of the budget (a planner restarted with a smaller
-    KFACTORY_DEVICE_SECONDS than the one the start's reserve was kept from)."""
+    comparisons' reserve, at most COMPARE_RESERVE_MAX of the budget however the start's reserve came to be (a
+    campaign submitted before its spec kept the planner's budget, resumed under a smaller one)."""
     return budget_s - min(st.compare_reserve_s, COMPARE_RESERVE_MAX * budget_s)
 
 
