@@ -131,10 +131,9 @@ class CampaignState:
     #: device-seconds its verifications, screens, measurements and comparisons held the device
     #: (kfactory.judge.order.device_seconds)
     device_s: float = 0.0
-    #: of which its showdowns and final comparisons (after the search: not a candidate's cost; search_device_s)
-    compare_device_s: float = 0.0
-    #: of which each search best's showdowns', and each compared result's final comparison's, by candidate (a
-    #: later campaign's reserve: summary device_seconds_showdown, device_seconds_final_comparison)
+    #: of which each search best's showdowns', and each compared result's final comparison's, by candidate (after
+    #: the search: no candidate's cost, compare_device_s; a later campaign's reserve: summary
+    #: device_seconds_showdown, device_seconds_final_comparison)
     showdown_device_by: dict[str, float] = field(default_factory=dict)
     final_device_by: dict[str, float] = field(default_factory=dict)
     #: under a device budget, the device seconds its search leaves for them, and the earlier campaigns that
@@ -193,7 +192,6 @@ class CampaignState:
         held = device_seconds(event)
         self.device_s += held
         if kind == "comparison":
-            self.compare_device_s += held
             by = self.showdown_device_by if event.comparison.showdown else self.final_device_by
             by[event.comparison.candidate_id] = by.get(event.comparison.candidate_id, 0.0) + held
         elif (cand := ev.candidate_of(event)) is not None and is_kind(cand.origin, *SEARCHED):
@@ -346,6 +344,11 @@ class CampaignState:
             # (a late answer about a kernel already out, learned wrong meanwhile, takes no try of FINAL_TRIES)
             self._disqualify(cid)
             self.final_wrong.add(cid)
+
+    @property
+    def compare_device_s(self) -> float:
+        """The device time its showdowns and final comparisons held."""
+        return sum(self.showdown_device_by.values()) + sum(self.final_device_by.values())
 
     @property
     def search_device_s(self) -> float:
