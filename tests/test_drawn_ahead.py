@@ -426,3 +426,34 @@ def test_a_small_shapes_timing_pool_is_shared_like_a_large_set(softmax):
     # a pool of two sets of a tiny shape stays under LARGE_ELEMENTS: drawn anew for every use
     tiny = {"rows": 3, "cols": 1000}
     assert pool.timing_sets(tiny, 1)[2] != pool.timing_sets(tiny, 1)[2]
+
+
+def test_a_pinned_view_gives_one_draw_to_every_rotation_as_one_use(softmax):
+    """InputPool.pinned_timing: a rotated timing's timings all get the pool's next draw, which counts as one use of
+    a shared draw (so none of them draws under the device once the first has its sets)."""
+    small = {"rows": 1, "cols": 50257}
+    cache = 64 << 20
+    pool = InputPool(softmax, reuse=2)
+    view = pool.pinned_timing(small, cache, 3)
+    seeds = [tuple(view.timing_sets(small, cache)[2]) for _ in range(3)]
+    assert seeds[0] == seeds[1] == seeds[2]
+    assert tuple(pool.timing_sets(small, cache)[2]) == seeds[0]  # the second use of two
+    assert set(pool.timing_sets(small, cache)[2]).isdisjoint(seeds[0])  # used up: drawn again
+    # a pool too small to share is drawn anew for every use, but once for a pinned view
+    tiny = {"rows": 3, "cols": 1000}
+    view = pool.pinned_timing(tiny, 1, 2)
+    assert view.timing_sets(tiny, 1)[2] == view.timing_sets(tiny, 1)[2] != pool.timing_sets(tiny, 1)[2]
+
+
+def test_a_pinned_view_takes_the_sets_drawn_ahead_and_keeps_the_others(softmax):
+    """The pinned draw is the one drawn ahead where there is one; the view's other sets drawn ahead (the probe's)
+    are the candidate's as before."""
+    tiny = {"rows": 3, "cols": 1000}
+    pool = InputPool(softmax, reuse=8)
+    ahead: dict = {}
+    pool.ahead_timing(ahead, tiny, 1)
+    pool.ahead_probe(ahead, tiny)
+    drawn, probe = ahead[("3x1000", "timing")][0][2], ahead[("3x1000", "probe")][0][2]
+    view = pool.serving(ahead).pinned_timing(tiny, 1, 2)
+    assert view.timing_sets(tiny, 1)[2] == view.timing_sets(tiny, 1)[2] == drawn
+    assert view.probe_set(tiny)[2] == probe and not ahead[("3x1000", "probe")]

@@ -109,8 +109,59 @@ def test_a_wrong_kernel_fails_a_rotated_timing_with_its_reason(settings, problem
         res = rotated.measure_rotated(session, ["ref", "wrong"], problem, problem.shapes("optimize")[0],
                                       InputPool(problem, 1), 1 << 20, settings, 0.4)
         assert res.reason == pb.WRONG_RESULT and res.failed_key == "wrong"
+        # left out of the probe (as a baseline is), its outputs are still checked in the first rotation
+        res = rotated.measure_rotated(session, ["ref", "wrong"], problem, problem.shapes("optimize")[0],
+                                      InputPool(problem, 1), 1 << 20, settings, 0.4, probe=["ref"])
+        assert res.reason == pb.WRONG_RESULT and res.failed_key == "wrong"
     finally:
         session.close()
+
+
+def test_every_rotation_times_the_same_sets_drawn_once(loaded, problem, settings, monkeypatch):
+    """One draw for the whole rotated timing (InputPool.pinned_timing), even from a pool that shares nothing: each
+    rotation's bench gets the same arrays."""
+    target, session = loaded
+    got: list[list] = []
+    real = session.bench
+
+    def spy(keys, shape, sets, **kw):
+        if len(keys) == 2:
+            got.append([s["x"] for s in sets])
+        return real(keys, shape, sets, **kw)
+    monkeypatch.setattr(session, "bench", spy)
+    res = rotated.measure_rotated(session, ["ref", "numpy"], problem, problem.shapes("optimize")[0],
+                                  InputPool(problem, 1), 1 << 20, settings, 0.4)
+    assert not res.reason, res.message
+    assert len(got) == 2 and len(got[0]) >= 2
+    assert all(a is b for a, b in zip(got[0], got[1], strict=True))
+
+
+def _spy_output_checks(monkeypatch) -> list[str]:
+    """The keys whose timed calls' outputs measure checks, in order, the real check still made."""
+    keys: list[str] = []
+    real = measure_mod._timed_outputs
+
+    def spy(problem, res, key, *a):
+        keys.append(key)
+        return real(problem, res, key, *a)
+    monkeypatch.setattr(measure_mod, "_timed_outputs", spy)
+    return keys
+
+
+def test_a_trusted_kernels_outputs_are_checked_in_the_first_rotation_alone(loaded, problem, settings, monkeypatch):
+    """A kernel left out of `probe` (the reference kernel, a baseline) is the problem's own: its outputs on every set
+    are checked once, in the first rotation; the probed kernel's in every rotation."""
+    target, session = loaded
+    checked = _spy_output_checks(monkeypatch)
+    res = rotated.measure_rotated(session, ["ref", "numpy"], problem, problem.shapes("optimize")[0],
+                                  InputPool(problem, 1), 1 << 20, settings, 0.4, probe=["ref"])
+    assert not res.reason, res.message
+    assert checked == ["ref", "numpy", "ref"]
+    assert res.timings["ref"].output_checked and res.timings["numpy"].output_checked
+    checked.clear()
+    res = rotated.measure_rotated(session, ["ref", "numpy"], problem, problem.shapes("optimize")[0],
+                                  InputPool(problem, 1), 1 << 20, settings, 0.4)
+    assert checked == ["ref", "numpy", "numpy", "ref"]  # no probe named: every kernel in every rotation
 
 
 def test_rotations_put_every_key_in_every_place_and_after_every_other_key_equally_often():

@@ -189,6 +189,18 @@ class InputPool:
         """(rotating input sets larger than the cache, float64 reference outputs of every set, seeds)."""
         return self._get(*self._timing(shape, cache_bytes))
 
+    def pinned_timing(self, shape: dict[str, int], cache_bytes: int, uses: int) -> "InputPool":
+        """A view (see serving) whose next `uses` timing_sets(shape) all give one draw: this pool's next (drawn
+        ahead, shared, or new), counted as one use of a shared draw. For the timings of one rotated measurement
+        (kfactory.judge.rotated): they time their kernels on the same sets, and none of them draws under the
+        device once the first has its sets (a shared draw used up between two rotations was drawn again there,
+        whole: a softmax 4096x4096 pool's references took seconds of a final comparison's lease). The view's
+        other sets drawn ahead are this pool's, used as from it. ReferenceFailed as timing_sets."""
+        value = self.timing_sets(shape, cache_bytes)
+        ahead = dict(self._ahead)
+        ahead[self._timing(shape, cache_bytes)[0]] = [value] * uses
+        return self.serving(ahead)
+
     def ahead_timing(self, ahead: dict, shape: dict[str, int], cache_bytes: int) -> None:
         """Draw timing_sets(shape)'s sets into `ahead`."""
         key, numel, make = self._timing(shape, cache_bytes, paced=True)

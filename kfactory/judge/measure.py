@@ -74,14 +74,17 @@ class Timing:
 
 def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str, int], pool: InputPool,
             cache_bytes: int, settings, max_s: float | None = None, device: pb.DeviceInfo | None = None,
-            probe: list[str] | None = None, timed_before: dict[str, int] | None = None) -> Timing:
+            probe: list[str] | None = None, timed_before: dict[str, int] | None = None,
+            checked: list[str] | None = None) -> Timing:
     """Time `keys` interleaved at one shape. A median under the speed-of-light floor is a failure, and the
     outputs that the timed calls left in every input set of the pool are checked. Then every key of `probe`
     (default: every key; a caller may leave out kernels it trusts, such as the problem's baselines) is checked
     once more, on fresh inputs, after more calls than the timing made (probe_after_timing): that check does
     not depend on how many calls a loaded host let the timing make. A session that runs nothing (replay) has
     no kernel to probe. `timed_before`: per key, the calls earlier timings made since the probe before them (the
-    probe then makes more calls than all of them did; see kfactory.judge.rotated)."""
+    probe then makes more calls than all of them did; see kfactory.judge.rotated). `checked`: the keys whose
+    timed calls' outputs are checked (default: every key; a rotated timing checks its trusted kernels' once,
+    in its first rotation); the others' ShapeTiming.output_checked is False."""
     drawn = _drawn_timing(session, problem, shape, cache_bytes, len(keys))
     sets: list = []
     refs: list = []
@@ -128,10 +131,11 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
                           message=f"{sname}: median {t.median_s * 1e6:.1f} us less {overhead * 1e6:.1f} us for an "
                                   f"empty call is under the speed-of-light floor {floor * 1e6:.1f} us "
                                   f"(bytes/bandwidth, flops/peak over {SOL_SLACK:g})")
-        wrong = _timed_outputs(problem, res, k, sname, refs, seeds, None if drawn is None else drawn[0])
-        if wrong is not None:
-            return wrong
-        t.output_checked = True
+        if checked is None or k in checked:
+            wrong = _timed_outputs(problem, res, k, sname, refs, seeds, None if drawn is None else drawn[0])
+            if wrong is not None:
+                return wrong
+            t.output_checked = True
         t.mode = res.mode
         if k in res.telemetry:
             t.telemetry.CopyFrom(res.telemetry[k])

@@ -16,9 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from kfactory.judge import stats
+from kfactory.judge.checks import judged_on_device, timing_dist
 from kfactory.sandbox.orders import williams
 from kfactory.judge.measure import (REPEAT_BENCHES, Timing, floor_bandwidth_gbps, hold_runner, measure,
                                     runs_kernels)
+from kfactory.problems.check import ReferenceFailed
+from kfactory.v1 import events_pb2 as pb
 
 
 def rotations(keys: list[str]) -> list[list[str]]:
@@ -32,16 +35,24 @@ def measure_rotated(session, keys: list[str], problem, shape: dict[str, int], po
     """Time `keys` at `shape` once per order of rotations(keys), each timing given an equal share of
     `max_s` (never under settings.measure_min_s): the orders together time for about as long as one timing
     would where that share is over the floor (2K orders for an odd K may take longer), each with a warm-up of its
-    own. Each timing is a measure(): its floor check, and the check of every
-    timed call's outputs; the probe after the timing (probe_after_timing) comes once, after the last, and makes
-    more calls than all the rotations' timed calls together, in the same runner child. Where one child cannot
-    answer them all (runner_max_runs is smaller than that), each rotation is probed after itself, as one timing
-    is. Per key, one ShapeTiming (stats.combine: the geometric mean of its medians; with three kernels or more,
-    intervals fitted to the rotations); the first failure as measure gives it. A session that runs nothing (replay
-    answers from a recording) has no buffers to rotate: one measure, whose samples are the recording's."""
+    own, all on the same input sets (InputPool.pinned_timing: one draw, one use of a shared one; where the
+    session's device draws the sets, each timing's own). Each timing is a measure(): its floor check, and the
+    check of every timed call's outputs, except a trusted kernel's (one left out of `probe`: the reference
+    kernel, a baseline), whose outputs on the sets are checked in the first rotation alone. The probe after the
+    timing (probe_after_timing) comes once, after the last, and makes more calls than all the rotations' timed
+    calls together, in the same runner child. Where one child cannot answer them all (runner_max_runs is smaller
+    than that), each rotation is probed after itself, as one timing is. Per key, one ShapeTiming (stats.combine:
+    the geometric mean of its medians; with three kernels or more, intervals fitted to the rotations); the first
+    failure as measure gives it. A session that runs nothing (replay answers from a recording) has no buffers to
+    rotate: one measure, whose samples are the recording's."""
     if not runs_kernels(session):
         return measure(session, keys, problem, shape, pool, cache_bytes, settings, max_s, device, probe)
     orders = rotations(keys)
+    if not judged_on_device(session, shape, timing_dist(problem)):  # else each timing's device draws its own
+        try:
+            pool = pool.pinned_timing(shape, cache_bytes, len(orders))
+        except ReferenceFailed as e:
+            return Timing(reason=pb.PROBLEM_ERROR, message=str(e))
     probed = list(keys if probe is None else probe)
     total_s = max_s or settings.measure_max_s
     share_s = max(settings.measure_min_s, total_s / len(orders))
@@ -55,7 +66,8 @@ def measure_rotated(session, keys: list[str], problem, shape: dict[str, int], po
     for i, order in enumerate(orders):
         last = i == len(orders) - 1
         t = measure(session, order, problem, shape, pool, cache_bytes, settings, share_s, device,
-                    probed if last or not held else [], timed_before=timed if last and held else None)
+                    probed if last or not held else [], timed_before=timed if last and held else None,
+                    checked=None if i == 0 else probed)
         if t.reason:
             return t
         runs.append(t)
@@ -65,6 +77,8 @@ def measure_rotated(session, keys: list[str], problem, shape: dict[str, int], po
     nbytes, _ = problem.cost(shape)
     ceiling = floor_bandwidth_gbps(problem, shape, device) if device is not None else 0.0
     out = {k: stats.combine([r.timings[k] for r in runs], nbytes, ceiling) for k in keys}
+    for k in set(keys) - set(probed):  # a trusted kernel's outputs: checked on every set, in the first rotation
+        out[k].output_checked = runs[0].timings[k].output_checked
     _fit_intervals(out, [[r.timings[k].median_s for r in runs] for k in keys], keys, orders)
     return Timing(timings=out)
 
