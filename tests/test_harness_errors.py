@@ -168,3 +168,20 @@ async def test_a_crashing_kernel_through_the_service_is_still_crashed(bus_settin
     assert _kinds(events, "compiled") == ["rejected"], _kinds(events, "compiled")
     [rej] = [e.rejected for e in events if e.HasField("rejected")]
     assert rej.reason == pb.CRASHED and rej.stage == "verifier", rej.message
+
+
+def test_requests_and_replies_round_trip_with_their_nested_dataclasses():
+    """The protocol's lines (its own field encoding, no deep copy): a bench with its kernels' argument sets, and a
+    reply with a fault, decode to what was encoded; anything else in a field is refused as JSON would."""
+    arg = {"kind": "tensor", "name": "x", "offset": 64, "nbytes": 400, "dtype": "float32", "shape": [1, 100]}
+    bench = protocol.Bench(kernels=[protocol.BenchKernel("a", [[arg], [dict(arg, offset=512)]])], min_samples=3,
+                           min_s=0.1, max_s=0.2, noise=0.03, warmup_s=0.0, shape={"rows": 1, "cols": 100})
+    line = protocol.encode_request(bench)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert protocol.decode_request(line) == bench
+    for kind in protocol.FaultKind:
+        reply = protocol.Reply(fault=protocol.Fault(kind=kind, message="m"), samples={"a": [0.5, 0.25]})
+        assert protocol.decode_reply(protocol.encode_reply(reply)) == reply
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        protocol.encode_request(protocol.Bench(kernels=[], min_samples=1, min_s=0, max_s=0, noise=0, warmup_s=0,
+                                               reference={"bad": object()}))
