@@ -118,6 +118,32 @@ def _answered_noise() -> list[pb.Event]:
     return [*_campaign(), _measured(FAR, 100.0, 2)]
 
 
+def _fault(design: EngineDesign, round_: int) -> pb.Event:
+    """The benchmarker's Rejected of `design`'s timing in round `round_` (an engine fault)."""
+    return ev.make_event(CID, "benchmarker", f"{design.design_id()}:round{round_}", rejected=pb.Rejected(
+        stage="benchmarker", reason=pb.CRASHED, message="bench failed: engine fault", candidate=_cand(design),
+        figures={"round": round_}))
+
+
+def test_a_design_whose_timing_faulted_is_timed_in_no_later_round():
+    """As the local campaign's retime leaves a bench_failed design out of later rounds: FAST faults in round 2, so
+    round 3 times FAR and NEAR alone; the noise timing is the first design still verified (FAR), or, where FAR
+    faulted, the next one (FAST), whose round-4 timing the record then reads as its noise figure."""
+    events = [*_campaign(), _measured(FAR, 100.0, 2), _fault(FAST, 2), _measured(NEAR, 190.0, 2)]
+    plan = [(r.candidate.id, r.round) for r in requests(events, 3)]
+    assert plan == [(FAR.design_id(), 2), (FAST.design_id(), 2), (NEAR.design_id(), 2),
+                    (FAR.design_id(), 3), (NEAR.design_id(), 3), (FAR.design_id(), 4)]
+    events = [*_campaign(), _fault(FAR, 2), _measured(FAST, 200.0, 2), _measured(NEAR, 190.0, 2)]
+    plan = [(r.candidate.id, r.round) for r in requests(events, 3)]
+    assert plan[3:] == [(FAST.design_id(), 3), (NEAR.design_id(), 3), (FAST.design_id(), 4)]
+    events += [_measured(FAST, 200.0, 3), _measured(NEAR, 190.0, 3), _measured(FAST, 100.0, 4)]
+    results = pipeline.results_of(events, None, 3, showdown=False)
+    assert pipeline.noise_of(events, results, 3) is not None
+    # a fault of the only other design leaves one verified: no noise timing
+    events = [*_campaign(), _fault(FAR, 2), _fault(FAST, 2), _measured(NEAR, 190.0, 2)]
+    assert [(r.candidate.id, r.round) for r in requests(events, 2)][3:] == []
+
+
 def test_the_finale_asks_for_the_first_request_still_unanswered():
     """The planner's finale is a function of the events it folded: a planner restarted mid-finale folds them
     from the stream again and goes on with the first request no answer has come for."""

@@ -4,8 +4,9 @@
 Round 1 is the measurement each design got after its verification. When the search has ended, the planner sends
 each design verified and measured in round 1 to the benchmarker again, rounds 2..R (CampaignSpec.timing_rounds),
 all designs in proposal order within a round (a pair of designs is then also timed close together: on a shared
-host the load drifts within minutes); then, when two or more designs were measured, the first one once more
-(round R + 1): its ratio to its first timing is the noise figure. Then the showdown (kfactory/engines/showdown.py):
+host the load drifts within minutes), less those whose timing faulted in an earlier round; then, when two or
+more designs are still verified, the first of them once more (round R + 1): its ratio to its first timing is
+the noise figure. Then the showdown (kfactory/engines/showdown.py):
 its contenders, chosen from the figures of rounds 1..R and the noise figure, are sent again in rounds
 R + 2 .. R + 1 + S (CampaignSpec.showdown_rounds) in showdown.schedule's order; a contender whose timing is
 rejected (a fault) is sent no more. A request is the design's Verified event again with `round` set; each answer
@@ -31,13 +32,28 @@ KEPT = ("point_proposed", "verified", "measured", "rejected", "dead_letter")
 
 def requests(events: list[pb.Event], rounds: int) -> list[pb.Verified]:
     """The re-timing requests, in order: rounds 2..`rounds` over the designs verified and measured in round 1
-    (proposal order), then the noise timing of the first one when two or more were measured."""
+    (proposal order), each round without those whose timing faulted in an earlier one (the benchmarker's
+    Rejected: bench_failed, as the local campaign's retime leaves them; a dead letter is the harness's failure
+    and leaves the design in), then the noise timing of the first design still verified when two or more are.
+    The requests are answered one at a time in this order, so a round's designs are known once the round
+    before it is answered."""
     order = {e.point_proposed.point_id: i for i, e in enumerate(events) if e.HasField("point_proposed")}
     verified = sorted(_measured(events), key=lambda v: order.get(v.candidate.point_id, len(order)))
-    plan = [(r, v) for r in range(2, rounds + 1) for v in verified]
-    if len(verified) >= 2:
-        plan.append((rounds + 1, verified[0]))
+    faulted = _faulted(events, rounds)
+    plan = [(r, v) for r in range(2, rounds + 1) for v in verified if faulted.get(v.candidate.id, r) >= r]
+    left = [v for v in verified if v.candidate.id not in faulted]
+    if len(left) >= 2:
+        plan.append((rounds + 1, left[0]))
     return [_request(v, r) for r, v in plan]
+
+
+def _faulted(events: list[pb.Event], rounds: int) -> dict[str, int]:
+    """Per candidate whose timing in a round 2..`rounds` the benchmarker rejected, the first such round."""
+    out: dict[str, int] = {}
+    for e in events:
+        if e.HasField("rejected") and 2 <= (r := ev.timing_round(e.rejected)) <= rounds:
+            out[e.rejected.candidate.id] = min(r, out.get(e.rejected.candidate.id, r))
+    return out
 
 
 def showdown_requests(events: list[pb.Event], rounds: int, rule: Rule) -> list[tuple[str, pb.Verified]]:
