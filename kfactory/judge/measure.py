@@ -15,7 +15,7 @@ import numpy as np
 from kfactory.judge import counter_rng
 from kfactory.judge import inputs as inp
 from kfactory.judge.checks import (InputPool, RegressionInput, Rejection, check_outputs, device_checks, fault_reason,
-                                   judged_on_device, n_sets, reject_tampering, timing_dist)
+                                   judged_on_device, n_sets, reject_tampering, timed_on_device, timing_dist)
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
 from kfactory.problems.check import ReferenceFailed
@@ -74,17 +74,14 @@ class Timing:
 
 def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str, int], pool: InputPool,
             cache_bytes: int, settings, max_s: float | None = None, device: pb.DeviceInfo | None = None,
-            probe: list[str] | None = None, timed_before: dict[str, int] | None = None,
-            checked: list[str] | None = None) -> Timing:
+            probe: list[str] | None = None, timed_before: dict[str, int] | None = None) -> Timing:
     """Time `keys` interleaved at one shape. A median under the speed-of-light floor is a failure, and the
     outputs that the timed calls left in every input set of the pool are checked. Then every key of `probe`
     (default: every key; a caller may leave out kernels it trusts, such as the problem's baselines) is checked
     once more, on fresh inputs, after more calls than the timing made (probe_after_timing): that check does
     not depend on how many calls a loaded host let the timing make. A session that runs nothing (replay) has
     no kernel to probe. `timed_before`: per key, the calls earlier timings made since the probe before them (the
-    probe then makes more calls than all of them did; see kfactory.judge.rotated). `checked`: the keys whose
-    timed calls' outputs are checked (default: every key; a rotated timing checks its trusted kernels' once,
-    in its first rotation); the others' ShapeTiming.output_checked is False."""
+    probe then makes more calls than all of them did; see kfactory.judge.rotated)."""
     drawn = _drawn_timing(session, problem, shape, cache_bytes, len(keys))
     sets: list = []
     refs: list = []
@@ -131,11 +128,10 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
                           message=f"{sname}: median {t.median_s * 1e6:.1f} us less {overhead * 1e6:.1f} us for an "
                                   f"empty call is under the speed-of-light floor {floor * 1e6:.1f} us "
                                   f"(bytes/bandwidth, flops/peak over {SOL_SLACK:g})")
-        if checked is None or k in checked:
-            wrong = _timed_outputs(problem, res, k, sname, refs, seeds, None if drawn is None else drawn[0])
-            if wrong is not None:
-                return wrong
-            t.output_checked = True
+        wrong = _timed_outputs(problem, res, k, sname, refs, seeds, None if drawn is None else drawn[0])
+        if wrong is not None:
+            return wrong
+        t.output_checked = True
         t.mode = res.mode
         if k in res.telemetry:
             t.telemetry.CopyFrom(res.telemetry[k])
@@ -157,7 +153,7 @@ def drawn_ahead(session: Session, problem: Problem, shapes: list[dict[str, int]]
     ahead: dict = {}
     try:
         for shape in shapes:
-            if not judged_on_device(session, shape, timing_dist(problem)):
+            if not timed_on_device(session, problem, shape):
                 pool.ahead_timing(ahead, shape, cache_bytes)
                 if runs_kernels(session):
                     pool.ahead_probe(ahead, shape)
@@ -171,10 +167,9 @@ def _drawn_timing(session: Session, problem: Problem, shape: dict[str, int],
     """(distribution, a fresh seed per timing set of each of `kernels` kernels timed interleaved) when the
     session's device draws and checks the timing sets itself (checks.judged_on_device, verification's rule too),
     else None: the pool's sets, drawn and referenced on the host."""
-    dist = timing_dist(problem)
-    if not judged_on_device(session, shape, dist):
+    if not timed_on_device(session, problem, shape):
         return None
-    return dist, [inp.fresh_seed() for _ in range(n_sets(problem, shape, cache_bytes, kernels=kernels))]
+    return timing_dist(problem), [inp.fresh_seed() for _ in range(n_sets(problem, shape, cache_bytes, kernels=kernels))]
 
 
 def _timed_outputs(problem: Problem, res, key: str, sname: str, refs: list, seeds: list[int],

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from kfactory.judge import stats
-from kfactory.judge.checks import judged_on_device, timing_dist
+from kfactory.judge.checks import timed_on_device
 from kfactory.sandbox.orders import williams
 from kfactory.judge.measure import (REPEAT_BENCHES, Timing, floor_bandwidth_gbps, hold_runner, measure,
                                     runs_kernels)
@@ -37,18 +37,18 @@ def measure_rotated(session, keys: list[str], problem, shape: dict[str, int], po
     would where that share is over the floor (2K orders for an odd K may take longer), each with a warm-up of its
     own, all on the same input sets (InputPool.pinned_timing: one draw, one use of a shared one; where the
     session's device draws the sets, each timing's own). Each timing is a measure(): its floor check, and the
-    check of every timed call's outputs, except a trusted kernel's (one left out of `probe`: the reference
-    kernel, a baseline), whose outputs on the sets are checked in the first rotation alone. The probe after the
-    timing (probe_after_timing) comes once, after the last, and makes more calls than all the rotations' timed
-    calls together, in the same runner child. Where one child cannot answer them all (runner_max_runs is smaller
-    than that), each rotation is probed after itself, as one timing is. Per key, one ShapeTiming (stats.combine:
-    the geometric mean of its medians; with three kernels or more, intervals fitted to the rotations); the first
-    failure as measure gives it. A session that runs nothing (replay answers from a recording) has no buffers to
-    rotate: one measure, whose samples are the recording's."""
+    check of every timed call's outputs, every kernel's in every rotation (one left out of `probe`, the reference
+    kernel or a baseline, too: a candidate could write into its inputs in a later rotation and slow it unseen).
+    The probe after the timing (probe_after_timing) comes once, after the last, and makes more calls than all
+    the rotations' timed calls together, in the same runner child. Where one child cannot answer them all
+    (runner_max_runs is smaller than that), each rotation is probed after itself, as one timing is. Per key, one
+    ShapeTiming (stats.combine: the geometric mean of its medians; with three kernels or more, intervals fitted
+    to the rotations); the first failure as measure gives it. A session that runs nothing (replay answers from a
+    recording) has no buffers to rotate: one measure, whose samples are the recording's."""
     if not runs_kernels(session):
         return measure(session, keys, problem, shape, pool, cache_bytes, settings, max_s, device, probe)
     orders = rotations(keys)
-    if not judged_on_device(session, shape, timing_dist(problem)):  # else each timing's device draws its own
+    if not timed_on_device(session, problem, shape):  # else each timing's device draws its own
         try:
             pool = pool.pinned_timing(shape, cache_bytes, len(orders))
         except ReferenceFailed as e:
@@ -66,8 +66,7 @@ def measure_rotated(session, keys: list[str], problem, shape: dict[str, int], po
     for i, order in enumerate(orders):
         last = i == len(orders) - 1
         t = measure(session, order, problem, shape, pool, cache_bytes, settings, share_s, device,
-                    probed if last or not held else [], timed_before=timed if last and held else None,
-                    checked=None if i == 0 else probed)
+                    probed if last or not held else [], timed_before=timed if last and held else None)
         if t.reason:
             return t
         runs.append(t)
@@ -77,8 +76,6 @@ def measure_rotated(session, keys: list[str], problem, shape: dict[str, int], po
     nbytes, _ = problem.cost(shape)
     ceiling = floor_bandwidth_gbps(problem, shape, device) if device is not None else 0.0
     out = {k: stats.combine([r.timings[k] for r in runs], nbytes, ceiling) for k in keys}
-    for k in set(keys) - set(probed):  # a trusted kernel's outputs: checked on every set, in the first rotation
-        out[k].output_checked = runs[0].timings[k].output_checked
     _fit_intervals(out, [[r.timings[k].median_s for r in runs] for k in keys], keys, orders)
     return Timing(timings=out)
 
