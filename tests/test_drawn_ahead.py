@@ -457,3 +457,18 @@ def test_a_pinned_view_takes_the_sets_drawn_ahead_and_keeps_the_others(softmax):
     view = pool.serving(ahead).pinned_timing(tiny, 1, 2)
     assert view.timing_sets(tiny, 1)[2] == view.timing_sets(tiny, 1)[2] == drawn
     assert view.probe_set(tiny)[2] == probe and not ahead[("3x1000", "probe")]
+
+
+def test_screening_sets_drawn_ahead_are_every_screens_and_drawn_once(softmax, monkeypatch):
+    """InputPool.ahead_screen draws the screening sets before the device is held (as host work); the screens then
+    take them without drawing, and a second call draws nothing."""
+    shape, cache = {"rows": 64, "cols": 4096}, 8 << 20
+    pool = InputPool(softmax, reuse=8)
+    before = stagetime.snapshot().get("drawing", (0.0, 0))[1]
+    pool.ahead_screen(shape, cache)
+    drawn = stagetime.snapshot()["drawing"][1] - before
+    assert drawn == checks.n_sets(softmax, shape, cache) >= 2
+    sets = pool.screen_sets(shape, cache)
+    pool.ahead_screen(shape, cache)
+    assert pool.screen_sets(shape, cache) is sets and len(sets) == drawn
+    assert stagetime.snapshot()["drawing"][1] - before == drawn

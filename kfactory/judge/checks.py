@@ -219,6 +219,23 @@ class InputPool:
                                         for _ in range(n_sets(self.problem, shape, cache_bytes))], 0]
             return self._sets[key][0]
 
+    def ahead_screen(self, shape: dict[str, int], cache_bytes: int) -> None:
+        """Draw screen_sets(shape)'s sets now where they are not drawn yet: before the device is held, each set
+        as host work of its own (kfactory.judge.quiet) and outside the pool's lock, so the first screen of the
+        pool's life does not draw them under the device (softmax 4096x4096: eight sets, about 2.7 s on the
+        2-core host). Two threads drawing at once keep the first draw."""
+        key = (self.problem.shape_str(shape), "screen")
+        with self._lock:
+            if key in self._sets:
+                return
+        dist = timing_dist(self.problem)
+        sets = []
+        for _ in range(n_sets(self.problem, shape, cache_bytes)):
+            with quiet.host_work(), span("drawing"):
+                sets.append(inp.draw(self.problem, shape, dist, inp.fresh_seed()))
+        with self._lock:
+            self._sets.setdefault(key, [sets, 0])
+
     def screen_seeds(self, shape: dict[str, int], cache_bytes: int) -> list[int]:
         """The seeds of the screening sets a device draws itself (Session.bench_drawn), chosen once and shared by
         every screen as screen_sets' sets are."""
@@ -260,6 +277,12 @@ def judged_on_device(session, shape: dict[str, int], dist: str) -> bool:
     (where drawing it and computing its float64 reference on the host cost most) that the session's device can
     draw, reference and compare itself (Session.device_check_unavailable)."""
     return math.prod(shape.values()) > LARGE_ELEMENTS and session.device_check_unavailable(shape, dist) is None
+
+
+def timed_on_device(session, problem: Problem, shape: dict[str, int]) -> bool:
+    """Whether a timing's sets at `shape` (drawn from timing_dist) are drawn and checked by the session's device
+    (judged_on_device): then nothing of them is drawn on the host, ahead or not."""
+    return judged_on_device(session, shape, timing_dist(problem))
 
 
 def device_checks(problem: Problem, figures: dict[str, dict], shape: str, dist: str, seed: int,

@@ -12,7 +12,7 @@ from kfactory.engines.stages import is_engine
 from kfactory.engines.stages.benchmarker import measure_engine
 from kfactory.judge.screening import screen, screened_out
 from kfactory.judge import quiet
-from kfactory.judge.checks import InputPool
+from kfactory.judge.checks import InputPool, timed_on_device
 from kfactory.judge.measure import Timing, drawn_ahead, measure
 from kfactory.judge.rotated import measure_rotated
 from kfactory.judge.order import BEST_TTL_S, best_key, best_of, screen_key
@@ -110,6 +110,7 @@ class BenchmarkerService(RunnerService):
         device = await self.ctx.device(cand.target)
         session = self.session(cand)
         session.load_artifact(cand.id, artifact, cand.entry, ev.launch_of(cand))
+        await self._screen_sets_ahead(cand, session, problem, target)
         async with self.device(device.device_id) as held:
             res = await self.work(screen, session, cand.id, problem, problem.shapes("optimize")[0],
                                   self.pool(cand.problem), target.cache_bytes(), self.settings, best_s, part="screen")
@@ -151,6 +152,8 @@ class BenchmarkerService(RunnerService):
         raw = await self.claims.cache_get(screen_key(cand.campaign_id, cand.id))
         screened_before = float(raw) if raw is not None and self.settings.judge_order == "screen_first" else None
         pool = await self._ahead(cand, session, problem, target)
+        if screened_before is None and self.settings.judge_order == "screen_first":  # it may be screened now
+            await self._screen_sets_ahead(cand, session, problem, target)
         async with self.device(device.device_id) as held:
             out = await self._time_in_full(cand, session, problem, target, device, m, screened_before is not None,
                                            pool)
@@ -178,6 +181,14 @@ class BenchmarkerService(RunnerService):
             return pool
         return await self.work(drawn_ahead, session, problem, shapes or problem.shapes("optimize"), pool,
                                target.cache_bytes(), part=part)
+
+    async def _screen_sets_ahead(self, cand, session, problem, target) -> None:
+        """The problem's screening sets drawn before the device is held (InputPool.ahead_screen: once in the pool's
+        life), unless drawing ahead or screening is off, or the session's device draws them itself."""
+        shape = problem.shapes("optimize")[0]
+        if self.settings.draw_ahead and self.settings.screen_max_s and \
+                not timed_on_device(session, problem, shape):
+            await self.work(self.pool(cand.problem).ahead_screen, shape, target.cache_bytes(), part="ahead")
 
     async def _time_in_full(self, cand, session, problem, target, device, m: pb.Measured,
                             screened_before: bool, pool: InputPool) -> pb.Measured | pb.Rejected:
@@ -294,8 +305,9 @@ class BenchmarkerService(RunnerService):
             for shape in problem.shapes("optimize"):
                 # the comparison's timings are a measurement of the candidate too, so it is probed after them
                 # like any measurement (judge.probe_after_timing); the reference and the baselines are not
-                # rotated (judge/rotated.py): each kernel on every kernel's buffers, so no speedup carries the
-                # bias of the buffers laid out first
+                # probed (the problem's own code), but their outputs are checked. Rotated (judge/rotated.py):
+                # each kernel on every kernel's buffers, so no speedup carries the bias of the buffers laid out
+                # first
                 res = await self.work(measure_rotated, session, list(keys.values()), problem, shape, pool,
                                       target.cache_bytes(), self.settings,
                                       self.settings.compare_max_s, device, [cand.id], part="compare")
