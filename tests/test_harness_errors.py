@@ -7,6 +7,7 @@ real parent/child pipe, or the parent's encoder corrupting what it sends."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -179,9 +180,12 @@ def test_requests_and_replies_round_trip_with_their_nested_dataclasses():
     line = protocol.encode_request(bench)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert protocol.decode_request(line) == bench
+    # the same bytes as the plain (deep-copying) encoding, which the runner child read before
+    assert line == (json.dumps({"op": "bench", **dataclasses.asdict(bench)}) + "\n").encode()
     for kind in protocol.FaultKind:
         reply = protocol.Reply(fault=protocol.Fault(kind=kind, message="m"), samples={"a": [0.5, 0.25]})
         assert protocol.decode_reply(protocol.encode_reply(reply)) == reply
+        assert protocol.encode_reply(reply) == (json.dumps(dataclasses.asdict(reply)) + "\n").encode()
     with pytest.raises(TypeError, match="not JSON serializable"):
         protocol.encode_request(protocol.Bench(kernels=[], min_samples=1, min_s=0, max_s=0, noise=0, warmup_s=0,
                                                reference={"bad": object()}))
