@@ -62,6 +62,8 @@ class InputPool:
         self.regressions = list(regressions or [])
         self._sets: dict[tuple, list] = {}
         self._lock = threading.Lock()
+        #: held while the screening sets are drawn (ahead_screen, screen_sets): one draw, which others wait for
+        self._screen_lock = threading.Lock()
         #: a view's sets drawn ahead, per key, each for one use (see serving)
         self._ahead: dict[tuple, list] = {}
 
@@ -209,32 +211,35 @@ class InputPool:
     def screen_sets(self, shape: dict[str, int], cache_bytes: int) -> list[dict]:
         """Rotating input sets for screening timings (kfactory.judge.screening.screen): drawn once and shared by every
         screen, with no reference, since a screen checks nothing and decides nothing but whether a candidate
-        is judged at all (one that passes is verified on fresh inputs like any other)."""
+        is judged at all (one that passes is verified on fresh inputs like any other). Drawn here where no
+        ahead_screen drew them; where one is drawing them, its draw is waited for."""
         key = (self.problem.shape_str(shape), "screen")
-        with self._lock:  # drawn once for every screen of the pool's life: two screens at once share one draw
+        with self._screen_lock, self._lock:  # once for every screen of the pool's life: screens at once share one
             if key not in self._sets:
-                with span("drawing"):
-                    dist = timing_dist(self.problem)
-                    self._sets[key] = [[inp.draw(self.problem, shape, dist, inp.fresh_seed())
-                                        for _ in range(n_sets(self.problem, shape, cache_bytes))], 0]
+                self._sets[key] = [self._screen_draw(shape, cache_bytes, paced=False), 0]
             return self._sets[key][0]
 
     def ahead_screen(self, shape: dict[str, int], cache_bytes: int) -> None:
         """Draw screen_sets(shape)'s sets now where they are not drawn yet: before the device is held, each set
         as host work of its own (kfactory.judge.quiet) and outside the pool's lock, so the first screen of the
         pool's life does not draw them under the device (softmax 4096x4096: eight sets, about 2.7 s on the
-        2-core host). Two threads drawing at once keep the first draw."""
+        2-core host). One draw at a time (_screen_lock): a second caller, or a screen, waits for it."""
         key = (self.problem.shape_str(shape), "screen")
-        with self._lock:
-            if key in self._sets:
-                return
-        dist = timing_dist(self.problem)
-        sets = []
+        with self._screen_lock:
+            with self._lock:
+                if key in self._sets:
+                    return
+            sets = self._screen_draw(shape, cache_bytes, paced=True)
+            with self._lock:
+                self._sets[key] = [sets, 0]
+
+    def _screen_draw(self, shape: dict[str, int], cache_bytes: int, paced: bool) -> list[dict]:
+        """The screening sets, each drawn from a fresh seed (`paced`: as host work of its own, kfactory.judge.quiet)."""
+        dist, sets = timing_dist(self.problem), []
         for _ in range(n_sets(self.problem, shape, cache_bytes)):
-            with quiet.host_work(), span("drawing"):
+            with quiet.host_work() if paced else contextlib.nullcontext(), span("drawing"):
                 sets.append(inp.draw(self.problem, shape, dist, inp.fresh_seed()))
-        with self._lock:
-            self._sets.setdefault(key, [sets, 0])
+        return sets
 
     def screen_seeds(self, shape: dict[str, int], cache_bytes: int) -> list[int]:
         """The seeds of the screening sets a device draws itself (Session.bench_drawn), chosen once and shared by

@@ -3,7 +3,7 @@ or will spill before they reach a GPU; a short screening timing keeps the full m
 that might beat the campaign's best."""
 from __future__ import annotations
 
-from kfactory.judge.checks import fault_reason, judged_on_device, timing_dist
+from kfactory.judge.checks import fault_reason, timed_on_device, timing_dist
 from kfactory.judge.measure import NO_NOISE_BOUND, Timing
 from kfactory.sandbox.parent import RunnerFault
 from kfactory.judge.stats import summarize
@@ -57,14 +57,14 @@ def screen(session, key: str, problem, shape: dict[str, int], pool, cache_bytes:
     only use of a screen is to spare a candidate that cannot rank its verification and measurement: one that
     passes is verified and measured in full; one that does not is screened out, which is never a result. A
     fault of the kernel (a crash, a hang) is a typed failure, as in any measurement. Where the session's
-    device judges the shape (checks.judged_on_device), the sets are drawn there from the pool's screening
+    device judges the shape (checks.timed_on_device), the sets are drawn there from the pool's screening
     seeds and not compared."""
     sname, dist = problem.shape_str(shape), timing_dist(problem)
     max_s = max(settings.screen_max_s, settings.screen_min_samples * settings.screen_factor * best_s)
     timing = dict(min_samples=settings.screen_min_samples, min_s=0.0, max_s=max_s, noise=NO_NOISE_BOUND,
                   warmup_s=SCREEN_WARMUP_S)
     try:
-        if judged_on_device(session, shape, dist):   # drawn where the kernel runs: nothing drawn or sent here
+        if timed_on_device(session, problem, shape):   # drawn where the kernel runs: nothing drawn or sent here
             res = session.bench_drawn([key], shape, dist, pool.screen_seeds(shape, cache_bytes), compare=False,
                                       **timing)
         else:

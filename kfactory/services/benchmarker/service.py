@@ -152,7 +152,8 @@ class BenchmarkerService(RunnerService):
         raw = await self.claims.cache_get(screen_key(cand.campaign_id, cand.id))
         screened_before = float(raw) if raw is not None and self.settings.judge_order == "screen_first" else None
         pool = await self._ahead(cand, session, problem, target)
-        if screened_before is None and self.settings.judge_order == "screen_first":  # it may be screened now
+        if screened_before is None and self.settings.judge_order == "screen_first" and \
+                best_of(await self.claims.cache_get(best_key(cand.campaign_id))) is not None:  # it may be screened now
             await self._screen_sets_ahead(cand, session, problem, target)
         async with self.device(device.device_id) as held:
             out = await self._time_in_full(cand, session, problem, target, device, m, screened_before is not None,
