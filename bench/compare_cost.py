@@ -28,15 +28,22 @@ from kfactory.problems import Problem, load_problem
 from kfactory.targets import get_target
 
 
-def load(session, target, problem: Problem, point: dict | None) -> list[str]:
+def candidate(problem: Problem, point: dict | None) -> tuple[str, str, str, dict | None]:
+    """(source, flags, language, launch rule) of the candidate: the design point of the problem's cpu family, or
+    the reference kernel."""
+    if point is None:
+        return problem.reference_kernel("cpu")
+    family = next((f for f in problem.families.values() if f.spec.target == "cpu"), None)
+    if family is None:
+        raise SystemExit(f"{problem.name} has no cpu family for --point")
+    source, flags, _ = family.render(point)   # (its OpenMP threads are in the source)
+    return source, flags, family.spec.language, None
+
+
+def load(session, target, problem: Problem, cand: tuple) -> list[str]:
     """The candidate, the reference kernel and the baselines loaded in `session`; their keys, candidate first."""
     ref_source, ref_flags, language, rule = problem.reference_kernel("cpu")
-    if point is None:
-        source, flags, lang, launch = ref_source, ref_flags, language, rule
-    else:
-        family = next(f for f in problem.families.values() if f.spec.target == "cpu")
-        source, flags, _ = family.render(point)
-        lang, launch = family.spec.language, None
+    source, flags, lang, launch = cand
     for key, (src, fl, lg, lr) in {"candidate": (source, flags, lang, launch),
                                    "reference": (ref_source, ref_flags, language, rule)}.items():
         res = target.compile(src, lg, fl, "kernel")
@@ -86,10 +93,14 @@ def main() -> None:
         ap.error("--repeat: at least one comparison")
     settings = Settings()
     problem = load_problem(a.problem)
+    if "cpu" not in problem.spec.reference_kernel:
+        raise SystemExit(f"{a.problem} has no cpu reference kernel to compare with")
     target = get_target("cpu", settings)
+    cand = candidate(problem, a.point)
+    # the runner's threads as a campaign's (CampaignSpec.threads, the planner's default: Settings.threads)
     session = target.session(problem, settings.threads)
     try:
-        keys = load(session, target, problem, a.point)
+        keys = load(session, target, problem, cand)
         pool = InputPool(problem, settings.input_reuse)
         runs = []
         for i in range(a.repeat):

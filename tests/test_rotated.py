@@ -109,7 +109,7 @@ def test_a_wrong_kernel_fails_a_rotated_timing_with_its_reason(settings, problem
         res = rotated.measure_rotated(session, ["ref", "wrong"], problem, problem.shapes("optimize")[0],
                                       InputPool(problem, 1), 1 << 20, settings, 0.4)
         assert res.reason == pb.WRONG_RESULT and res.failed_key == "wrong"
-        # left out of the probe (as a baseline is), its outputs are still checked in the first rotation
+        # left out of the probe (as a baseline is), its outputs are still checked
         res = rotated.measure_rotated(session, ["ref", "wrong"], problem, problem.shapes("optimize")[0],
                                       InputPool(problem, 1), 1 << 20, settings, 0.4, probe=["ref"])
         assert res.reason == pb.WRONG_RESULT and res.failed_key == "wrong"
