@@ -25,6 +25,7 @@ from kfactory.judge.rotated import measure_rotated
 from kfactory.observability import stagetime
 from kfactory.platform.config import Settings
 from kfactory.problems import Problem, load_problem
+from kfactory.problems.package import ProblemError
 from kfactory.targets import get_target
 
 
@@ -36,7 +37,10 @@ def candidate(problem: Problem, point: dict | None) -> tuple[str, str, str, dict
     family = next((f for f in problem.families.values() if f.spec.target == "cpu"), None)
     if family is None:
         raise SystemExit(f"{problem.name} has no cpu family for --point")
-    source, flags, _ = family.render(point)   # (its OpenMP threads are in the source)
+    try:
+        source, flags, _ = family.render(point)   # (its OpenMP threads are in the source)
+    except ProblemError as e:
+        raise SystemExit(f"--point: {e}") from e
     return source, flags, family.spec.language, None
 
 
