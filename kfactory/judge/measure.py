@@ -15,7 +15,7 @@ import numpy as np
 from kfactory.judge import counter_rng
 from kfactory.judge import inputs as inp
 from kfactory.judge.checks import (InputPool, RegressionInput, Rejection, check_outputs, device_checks, fault_reason,
-                                   judged_on_device, n_sets, reject_tampering, timed_on_device, timing_dist)
+                                   n_sets, reject_tampering, timed_on_device, timing_dist)
 from kfactory.observability.stagetime import span
 from kfactory.problems import Problem
 from kfactory.problems.check import ReferenceFailed
@@ -165,8 +165,8 @@ def drawn_ahead(session: Session, problem: Problem, shapes: list[dict[str, int]]
 def _drawn_timing(session: Session, problem: Problem, shape: dict[str, int],
                   cache_bytes: int, kernels: int) -> tuple[str, list[int]] | None:
     """(distribution, a fresh seed per timing set of each of `kernels` kernels timed interleaved) when the
-    session's device draws and checks the timing sets itself (checks.judged_on_device, verification's rule too),
-    else None: the pool's sets, drawn and referenced on the host."""
+    session's device draws and checks the timing sets itself (checks.timed_on_device: judged_on_device,
+    verification's rule too), else None: the pool's sets, drawn and referenced on the host."""
     if not timed_on_device(session, problem, shape):
         return None
     return timing_dist(problem), [inp.fresh_seed() for _ in range(n_sets(problem, shape, cache_bytes, kernels=kernels))]
@@ -262,10 +262,11 @@ def probe_after_timing(session: Session, key: str, problem: Problem, shape: dict
 def _probe_call(session: Session, key: str, problem: Problem, shape: dict[str, int],
                 pool: InputPool) -> tuple[CallResult, pb.Check]:
     """The probe's checked call: (its result for the tampering checks, its check). Where the session's device
-    judges the shape (checks.judged_on_device), the inputs are drawn there from a fresh seed into fresh buffers
-    and compared there (labelled "device:DIST"); else the pool's probe set, checked on the host."""
+    judges the shape (checks.timed_on_device: drawn_ahead's rule for the probe set), the inputs are drawn there
+    from a fresh seed into fresh buffers and compared there (labelled "device:DIST"); else the pool's probe set,
+    checked on the host."""
     sname, dist = problem.shape_str(shape), timing_dist(problem)
-    if judged_on_device(session, shape, dist):
+    if timed_on_device(session, problem, shape):
         seed = inp.fresh_seed()
         got = session.device_check(key, shape, dist, seed, runs=1)
         label = counter_rng.PREFIX + dist
