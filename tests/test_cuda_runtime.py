@@ -813,35 +813,51 @@ def test_fake_bench_writes_every_set_even_when_the_loop_stops_early(fake_session
         np.testing.assert_allclose(outs["y"], _ref(s), rtol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["events", "graph"])
-def test_fake_bench_warms_every_set_before_the_first_timed_sample(fake_session, fake_cuda, monkeypatch, mode):
+@pytest.mark.parametrize("mode, launches", [("events", None), ("graph", None), ("graph", 5)])
+def test_fake_bench_warms_every_set_before_the_first_timed_sample(fake_session, fake_cuda, monkeypatch, mode,
+                                                                   launches):
     """A kernel that computes only when its output is fresh (first run on a set) must be timed by its repeat
     runs alone, or its honest first runs hide that its repeats do nothing (verification.md, too fast to be
-    true): the warm-up runs every argument set before sample_interleaved starts timing."""
-    from kfactory.targets.cuda import child as cuda_child
+    true): every set a timed sample runs has run before sample_interleaved starts timing. Events time the sets
+    in turn, so all of them must have (the warm-up's min_rounds); a graph replays its own N launches, which
+    cover min(N, sets) sets (N comes from a timed first guess: 11 of 12 on a loaded CI machine, 5 here), so
+    those must have."""
+    from kfactory.targets.cuda import child as cuda_child, sampling
+    if launches:
+        monkeypatch.setattr(sampling, "MAX_GRAPH_LAUNCHES", launches)
     computed: set[int] = set()
+    timed: set[int] = set()
+    at_start: list[set[int]] = []
+    timing = [False]
 
     def lazy(raw):
+        if timing[0]:
+            timed.add(raw[1])
         if raw[1] not in computed:
             computed.add(raw[1])
             _softmax_kernel(raw)
 
     fake_cuda.kernels["lazy"] = (4, lazy)
-    at_start: list[int] = []
     real = cuda_child.sample_interleaved
 
     def spy(samplers, cmd):
-        at_start.append(len(computed))
-        return real(samplers, cmd)
+        at_start.append(set(computed))
+        timing[0] = True
+        samples = real(samplers, cmd)
+        timing[0] = False  # the runs after timing (each set once more, for its output) are not timed
+        return samples
 
     monkeypatch.setattr(cuda_child, "sample_interleaved", spy)
     fake_session.load_artifact("a", b"cubin-a", "lazy", {"grid": "rows", "block": "256"})
     sets = [_x(2, 9, s) for s in range(12)]
-    # warmup_s 0.5: the warm-up's 10 x warmup_s cap (5 s) stays far from the 12 rounds it needs, even on a busy
-    # machine (with 0.05 the 0.5 s cap cut a loaded graph-mode run at 10 rounds)
     res = fake_session.bench(["a"], {"rows": 2, "cols": 9}, sets, min_samples=3, min_s=0.0, max_s=0.05,
                              noise=1.0, warmup_s=0.5, mode=mode)
-    assert at_start == [12]  # every set's output was computed before the first timed sample
+    first, = at_start
+    assert timed and timed <= first  # no timed run was a set's first
+    if mode == "events":
+        assert len(first) == 12
+    if launches:
+        assert len(timed) == launches  # the graph's 5 launches, on 5 of the 12 sets
     for s, outs in zip(sets, res.outputs["a"]):
         np.testing.assert_allclose(outs["y"], _ref(s), rtol=1e-5)
 

@@ -54,7 +54,8 @@ def sampler(device: CudaDevice, mem: Allocator, enq: list, stream, cubin: bool, 
 
 def warm_up_device(samplers: dict, warmup_s: float, sets: int) -> int:
     """Sample every kernel until a round's device time has settled (runner_child.warm_up), and at least
-    once on each of its `sets` argument sets (sample i runs set i mod sets), so no timed sample is a set's
-    first run: a kernel that computes only on a freshly poisoned output is then timed by its repeat runs
-    alone, as the cpu runner's warm-up ensures; the samples are dropped, the rounds it took returned."""
+    once on each of its `sets` argument sets (an events sample i runs set i mod sets; a graph replays the same
+    launches, on min(N, sets) sets, every time), so no timed sample is a set's first run: a kernel that
+    computes only on a freshly poisoned output is then timed by its repeat runs alone, as the cpu runner's
+    warm-up ensures; the samples are dropped, the rounds it took returned."""
     return warm_up(lambda n: sum(s(n) for s in samplers.values()), warmup_s, min_rounds=sets)
