@@ -145,12 +145,11 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
 
 
 def drawn_ahead(session: Session, problem: Problem, shapes: list[dict[str, int]], pool: InputPool,
-                cache_bytes: int, kernels: int = 1) -> InputPool:
-    """The pool a measurement of `kernels` kernels at `shapes` on `session` takes its sets from, with the timing
-    sets and the checked call's set after the timing that it would draw on the host drawn now
-    (InputPool.serving), and the session's buffers for those timings made (Session.ready_buffers): called
-    before the device is held, so that neither drawing the sets and computing their float64 references nor
-    allocating their buffers holds the device. Fresh seeds as measure draws itself, recorded as before."""
+                cache_bytes: int) -> InputPool:
+    """The pool a measurement at `shapes` on `session` takes its sets from, with the timing sets and the checked
+    call's set after the timing that it would draw on the host drawn now (InputPool.serving): called before the
+    device is held, so that drawing them and computing their float64 references never holds the device. Fresh
+    seeds as measure draws itself, recorded as before."""
     ahead: dict = {}
     try:
         for shape in shapes:
@@ -158,7 +157,6 @@ def drawn_ahead(session: Session, problem: Problem, shapes: list[dict[str, int]]
                 pool.ahead_timing(ahead, shape, cache_bytes)
                 if runs_kernels(session):
                     pool.ahead_probe(ahead, shape)
-                    session.ready_buffers(shape, kernels, n_sets(problem, shape, cache_bytes, kernels=kernels))
     except ReferenceFailed:
         pass  # the problem's reference failed: measure meets it again at that set and gives its typed failure
     return pool.serving(ahead)

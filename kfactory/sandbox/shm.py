@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import mmap
 import os
 import re
 import shutil
@@ -37,10 +36,6 @@ _swept: set[Path] = set()
 GRACE_S = 60.0
 #: a directory named by no owner (made before owners were named) is removed only when unlocked and this old
 LEGACY_S = 86400.0
-#: ShmBuffers.grow allocates and maps in a file this much at a time (each piece host work of its own, short enough
-#: for a timing to wait for: 64 MiB took about 0.06 s on the 2-core host)
-GROW_PIECE = 64 << 20
-PAGE = mmap.PAGESIZE
 
 
 def _pid_namespace() -> str:
@@ -138,46 +133,32 @@ class ShmBuffers:
         self.arrays: list[np.ndarray] = []
         self._arena: tuple[str, np.memmap] | None = None
         self._used = 0
-        #: held by the request an ArenaRing gave this arena to, and by grow(): the two never change it at once
-        self.busy = threading.Lock()
 
-    def _file(self, nbytes: int, piece=None) -> tuple[str, np.memmap]:
+    def _file(self, nbytes: int) -> tuple[str, np.memmap]:
         """A new file of nbytes, its space allocated now: a sparse file on a full tmpfs maps fine and then kills
         the process that writes to it (SIGBUS), where the allocation fails with an error that says what to fix.
         A container's /dev/shm is 64 MiB unless the deployment gives it more; softmax 4096x4096 needs 768 MiB
-        for one timing of three kernels. `piece` (a context manager factory; grow's): allocated and mapped in
-        GROW_PIECE bytes at a time, each piece inside piece()."""
+        for one timing of three kernels."""
         path = str(self.dir / uuid.uuid4().hex)
         size = max(1, nbytes)
         with open(path, "wb") as f:
             if not hasattr(os, "posix_fallocate"):   # not Linux: sparse, as before
                 f.truncate(size)
                 return path, np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
-            step = GROW_PIECE if piece is not None else size
-            for offset in range(0, size, step):
-                with piece() if piece is not None else contextlib.nullcontext():
-                    self._allocate(f, path, offset, min(step, size - offset), size)
-        mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
-        for offset in range(0, size, GROW_PIECE) if piece is not None else ():
-            with piece():  # a write to each page maps it in here now, not in the next request's first writes
-                mm[offset:offset + GROW_PIECE:PAGE] = 0
-        return path, mm
-
-    def _allocate(self, f, path: str, offset: int, length: int, size: int) -> None:
-        """posix_fallocate of one range of file `f`; a full filesystem is SharedMemoryFull, the file removed."""
-        try:
-            os.posix_fallocate(f.fileno(), offset, length)
-        except OSError as e:
-            if e.errno != errno.ENOSPC:
-                raise
-            free = shutil.disk_usage(self.dir).free
-            f.close()
-            os.unlink(path)
-            raise SharedMemoryFull(
-                f"{self.dir.parent} has {free / 2**20:.0f} MiB free and a request's buffers need "
-                f"{size / 2**20:.0f} MiB: give this process a larger shared-memory filesystem (Kubernetes: an "
-                "emptyDir with medium: Memory mounted at /dev/shm, as deploy/k8s does for the verifier and the "
-                "benchmarker; Docker: --shm-size)") from e
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                free = shutil.disk_usage(self.dir).free
+                f.close()
+                os.unlink(path)
+                raise SharedMemoryFull(
+                    f"{self.dir.parent} has {free / 2**20:.0f} MiB free and a request's buffers need "
+                    f"{size / 2**20:.0f} MiB: give this process a larger shared-memory filesystem (Kubernetes: an "
+                    "emptyDir with medium: Memory mounted at /dev/shm, as deploy/k8s does for the verifier and the "
+                    "benchmarker; Docker: --shm-size)") from e
+        return path, np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
 
     def reserve(self, nbytes: int) -> None:
         self._arena = self._file(nbytes + self.ALIGN)
@@ -245,21 +226,6 @@ class ShmBuffers:
                 self.reserve(nbytes)
             self._used = 0
 
-    def grow(self, nbytes: int, piece) -> bool:
-        """Make this arena ready for a request of `nbytes` before one comes (ArenaRing.ready): where its file is
-        smaller than rewind would keep, a new one that size, allocated and mapped in a piece at a time, each
-        inside piece(); True when it grew. The old file goes first, as in rewind (so the two are never held at
-        once); arrays handed out before keep its pages mapped until they go. The caller holds `busy`."""
-        if self._arena is not None and self._arena[1].size >= nbytes + self.ALIGN:
-            return False
-        with stagetime.span("buffers"):
-            self.arrays.clear()
-            self._arena, self._used = None, 0
-            for f in self.dir.iterdir():
-                f.unlink(missing_ok=True)
-            self._arena = self._file(nbytes + self.ALIGN, piece)
-        return True
-
     def path(self) -> str:
         """The arena's file ("" before reserve)."""
         return self._arena[0] if self._arena is not None else ""
@@ -283,76 +249,27 @@ class ArenaRing:
     `max_bytes` takes no arena (None): its caller uses fresh buffers, as the ring would hold that much for ever.
     """
 
-    def __init__(self, max_bytes: int, count: int = 3, base: Path | None = None):
-        """`base`: the directory the arenas' own directories go in (default as ShmBuffers')."""
-        self.max_bytes, self.count, self.base = max_bytes, count, base
+    def __init__(self, max_bytes: int, count: int = 3):
+        self.max_bytes, self.count = max_bytes, count
         self.arenas: list[ShmBuffers] = []
         self.turn = 0
-        self._lock = threading.Lock()   # the arenas' list and the turn (ready runs in another thread than take)
-        self._closed = False
 
     def take(self, nbytes: int) -> ShmBuffers | None:
-        """The next arena, rewound for `nbytes` and held (its `busy`) until release(); None when `nbytes` is over
-        max_bytes. Where ready() is growing that arena, the growth is waited for."""
+        """The next arena, rewound for `nbytes`; None when `nbytes` is over max_bytes."""
         if nbytes > self.max_bytes:
             return None
-        with self._lock:
-            if len(self.arenas) < self.count:
-                self.arenas.append(ShmBuffers(self.base))
-            arena = self.arenas[self.turn % self.count]
-            self.turn += 1
-        arena.busy.acquire()
-        try:
-            arena.rewind(nbytes)
-        except BaseException:
-            arena.busy.release()
-            raise
+        if len(self.arenas) < self.count:
+            self.arenas.append(ShmBuffers())
+        arena = self.arenas[self.turn % self.count]
+        self.turn += 1
+        arena.rewind(nbytes)
         return arena
-
-    @staticmethod
-    def release(arena: ShmBuffers) -> None:
-        """The request that took `arena` is over (its views stay valid until the ring comes round to it)."""
-        arena.busy.release()
-
-    def ready(self, nbytes: int, piece) -> int:
-        """Grow every arena of the ring for a request of `nbytes` now, before the request (and the device lease it
-        runs under) comes: a first timing of three softmax 4096x4096 kernels otherwise allocated and faulted in
-        three 768 MiB files under the lease, 2.9 s of a 15 s final comparison against 0.4 s once they were made.
-        Each piece of the work inside piece() (kfactory.sandbox.shm.GROW_PIECE; the session's host work). An
-        arena a request is using is left to grow when it is next taken, as before; so is every arena from the
-        first that finds the filesystem full (that request meets SharedMemoryFull itself, typed). The arenas
-        grown."""
-        if nbytes > self.max_bytes:
-            return 0
-        with self._lock:
-            if self._closed:
-                return 0
-            while len(self.arenas) < self.count:
-                self.arenas.append(ShmBuffers(self.base))
-            arenas = list(self.arenas)
-        grown = 0
-        for arena in arenas:
-            if not arena.busy.acquire(blocking=False):
-                continue
-            try:
-                grown += arena.grow(nbytes, piece)
-            except SharedMemoryFull:
-                return grown  # (see above: the request that needs the room says so, typed)
-            except FileNotFoundError:
-                if self._closed:  # the session closed meanwhile and took the arenas' directories with it
-                    return grown
-                raise
-            finally:
-                arena.busy.release()
-        return grown
 
     def paths(self) -> list[str]:
         """Every arena's file: the runner keeps these mapped and lets go of any other it kept."""
         return [a.path() for a in self.arenas if a.path()]
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
         for a in self.arenas:
             a.close()
         self.arenas.clear()
@@ -365,10 +282,7 @@ def request_buffers(ring: ArenaRing | None, nbytes: int, reserve: bool):
     large for one) and None; `reserve`: fresh buffers in one file rather than one per tensor."""
     arena = ring.take(nbytes) if ring is not None else None
     if ring is not None and arena is not None:
-        try:
-            yield arena, ring.paths()
-        finally:
-            ring.release(arena)
+        yield arena, ring.paths()
         return
     with ShmBuffers() as bufs:
         if reserve:

@@ -116,11 +116,6 @@ class Session(ABC):
         """Forget kernel `key` (a candidate this session is done with): its runner drops it, a later call needs
         load_artifact again. The default holds nothing to forget."""
 
-    def ready_buffers(self, shape: dict[str, int], kernels: int, sets: int) -> None:
-        """Make the buffers a bench of `kernels` kernels over `sets` input sets at `shape` takes now, before the
-        device is held for it, as host work (the judge calls this with the sets it drew ahead). The default has
-        no buffers to make."""
-
     def device_check_unavailable(self, shape: dict[str, int], dist: str) -> str | None:
         """None when device_check can judge this shape and distribution; else why not (by default the target
         has no judge of its own and the host judges)."""

@@ -208,11 +208,6 @@ class CpuSession(Session):
                 # in an arena, the outputs are read where the kernel wrote them (valid until the ring comes round)
                 return sequence_results(self.problem, steps, staged, views, reply.seconds, oob, copy=keep is None)
 
-    def ready_buffers(self, shape: dict[str, int], kernels: int, sets: int) -> None:
-        """The ring's arenas grown for such a bench (ArenaRing.ready), a piece at a time as host work."""
-        if self.ring is not None:
-            self.ring.ready(bench_bytes(self.problem, shape, kernels, sets), quiet.host_work)
-
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
               precision=0.0) -> BenchResult:
         for k in keys:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from kfactory.judge import quiet
 from kfactory.observability.log import get_logger
 from kfactory.platform.fsutil import atomic_write
 from kfactory.problems.params import abi_argtypes
@@ -289,11 +288,6 @@ class CudaSession(Session):
         return self._timed(keys, base, mode, lambda reply, tel: BenchResult(
             reply.samples, {}, telemetry=tel, figures=reply.info.get("figures", {}),
             mutated=reply.info.get("mutated", {})))
-
-    def ready_buffers(self, shape: dict[str, int], kernels: int, sets: int) -> None:
-        """The ring's arenas grown for such a bench (ArenaRing.ready), a piece at a time as host work."""
-        if self.ring is not None:
-            self.ring.ready(bench_bytes(self.problem, shape, kernels, sets), quiet.host_work)
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
               precision: float = 0.0, mode: str | None = None) -> BenchResult:
