@@ -65,7 +65,7 @@ def one(session, target, problem: Problem, keys: list[str], pool: InputPool, set
     """One final comparison: the seconds drawn ahead, held (per shape too), and the ledger's parts under the
     lease."""
     t0 = time.perf_counter()
-    view = drawn_ahead(session, problem, problem.shapes("optimize"), pool, target.cache_bytes())
+    view = drawn_ahead(session, problem, problem.shapes("optimize"), pool, target.cache_bytes(), len(keys))
     ahead = time.perf_counter() - t0
     before = stagetime.snapshot()
     shapes: dict[str, dict] = {}

@@ -145,20 +145,23 @@ def measure(session: Session, keys: list[str], problem: Problem, shape: dict[str
 
 
 def drawn_ahead(session: Session, problem: Problem, shapes: list[dict[str, int]], pool: InputPool,
-                cache_bytes: int) -> InputPool:
-    """The pool a measurement at `shapes` on `session` takes its sets from, with the timing sets and the checked
-    call's set after the timing that it would draw on the host drawn now (InputPool.serving): called before the
-    device is held, so that drawing them and computing their float64 references never holds the device. Fresh
-    seeds as measure draws itself, recorded as before."""
+                cache_bytes: int, kernels: int = 1) -> InputPool:
+    """The pool a measurement of `kernels` kernels at `shapes` on `session` takes its sets from, with the timing
+    sets and the checked call's set after the timing that it would draw on the host drawn now
+    (InputPool.serving), and the session's buffers for those timings made (Session.ready_buffers): called
+    before the device is held, so that neither drawing the sets and computing their float64 references nor
+    allocating their buffers holds the device. Fresh seeds as measure draws itself, recorded as before."""
     ahead: dict = {}
+    benches = [(shape, kernels, n_sets(problem, shape, cache_bytes, kernels=kernels)) for shape in shapes
+               if not timed_on_device(session, problem, shape)]
     try:
-        for shape in shapes:
-            if not timed_on_device(session, problem, shape):
-                pool.ahead_timing(ahead, shape, cache_bytes)
-                if runs_kernels(session):
-                    pool.ahead_probe(ahead, shape)
+        for shape, _, _ in benches:
+            pool.ahead_timing(ahead, shape, cache_bytes)
+            if runs_kernels(session):
+                pool.ahead_probe(ahead, shape)
     except ReferenceFailed:
         pass  # the problem's reference failed: measure meets it again at that set and gives its typed failure
+    session.ready_buffers(benches)   # (one growth, to the largest: a shape at a time regrew for each larger one)
     return pool.serving(ahead)
 
 

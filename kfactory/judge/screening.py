@@ -3,7 +3,7 @@ or will spill before they reach a GPU; a short screening timing keeps the full m
 that might beat the campaign's best."""
 from __future__ import annotations
 
-from kfactory.judge.checks import fault_reason, timed_on_device, timing_dist
+from kfactory.judge.checks import fault_reason, n_sets, timed_on_device, timing_dist
 from kfactory.judge.measure import NO_NOISE_BOUND, Timing
 from kfactory.sandbox.parent import RunnerFault
 from kfactory.judge.stats import summarize
@@ -46,6 +46,13 @@ def prune(report: pb.CompileReport, launch: dict | None, problem) -> str:
 def screened_out(screen_s: float, best_s: float | None, factor: float) -> bool:
     """True when a screening median is more than `factor` times the campaign's best so far."""
     return best_s is not None and screen_s > factor * best_s
+
+
+def screen_ahead(session, pool, problem, shape: dict[str, int], cache_bytes: int) -> None:
+    """What a screen at `shape` on the host's sets needs, made before the device is held: the screening sets
+    (InputPool.ahead_screen) and the session's buffers for them (Session.ready_buffers)."""
+    pool.ahead_screen(shape, cache_bytes)
+    session.ready_buffers([(shape, 1, n_sets(problem, shape, cache_bytes))])
 
 
 def screen(session, key: str, problem, shape: dict[str, int], pool, cache_bytes: int, settings,

@@ -57,6 +57,14 @@ def _limit(mem_mb: int, cpu_s: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
 
 
+def _size(path: str) -> int:
+    """The file's size now (-1 where it is gone)."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return -1
+
+
 class Child:
     """Holds the loaded kernels and the mapped buffers of the current command."""
 
@@ -81,7 +89,8 @@ class Child:
         keep = getattr(req, "keep", None)
         if keep is not None:
             self.keep = frozenset(keep)
-            self.kept = {p: m for p, m in self.kept.items() if p in self.keep}
+            # an arena the parent grew in place since (kfactory.sandbox.shm.ShmBuffers.grow) is mapped again, whole
+            self.kept = {p: m for p, m in self.kept.items() if p in self.keep and _size(p) == m.size}
             self.fit_limit()
 
     def fit_limit(self, mapping: int = 0) -> None:

@@ -116,6 +116,11 @@ class Session(ABC):
         """Forget kernel `key` (a candidate this session is done with): its runner drops it, a later call needs
         load_artifact again. The default holds nothing to forget."""
 
+    def ready_buffers(self, benches: list[tuple[dict[str, int], int, int]]) -> None:
+        """Make the buffers the largest of `benches` (shape, kernels timed together, input sets each) takes now,
+        before the device is held for them, as host work (the judge calls this beside the sets it draws ahead).
+        The default has no buffers to make."""
+
     def device_check_unavailable(self, shape: dict[str, int], dist: str) -> str | None:
         """None when device_check can judge this shape and distribution; else why not (by default the target
         has no judge of its own and the host judges)."""

@@ -10,7 +10,7 @@ from kfactory.bus.outcomes import Ack, Delivery, Leave, Outcome, Term
 from kfactory.bus.topology import Stage
 from kfactory.engines.stages import is_engine
 from kfactory.engines.stages.benchmarker import measure_engine
-from kfactory.judge.screening import screen, screened_out
+from kfactory.judge.screening import screen, screen_ahead, screened_out
 from kfactory.judge import quiet
 from kfactory.judge.checks import InputPool, timed_on_device
 from kfactory.judge.measure import Timing, drawn_ahead, measure
@@ -173,23 +173,25 @@ class BenchmarkerService(RunnerService):
         return m
 
     async def _ahead(self, cand, session, problem, target, part: str = "ahead",
-                     shapes: list[dict[str, int]] | None = None) -> InputPool:
-        """The problem's input pool, with the sets a measurement at `shapes` (default: every optimisation shape)
-        draws on the host drawn now, before the device is held (Settings.draw_ahead; else the pool itself); `part`
-        names the work in the stage-time ledger."""
+                     shapes: list[dict[str, int]] | None = None, kernels: int = 1) -> InputPool:
+        """The problem's input pool, with the sets a measurement of `kernels` kernels at `shapes` (default: every
+        optimisation shape) draws on the host drawn now, and its buffers made, before the device is held
+        (Settings.draw_ahead; else the pool itself); `part` names the work in the stage-time ledger."""
         pool = self.pool(cand.problem)
         if not self.settings.draw_ahead:
             return pool
         return await self.work(drawn_ahead, session, problem, shapes or problem.shapes("optimize"), pool,
-                               target.cache_bytes(), part=part)
+                               target.cache_bytes(), kernels, part=part)
 
     async def _screen_sets_ahead(self, cand, session, problem, target) -> None:
-        """The problem's screening sets drawn before the device is held (InputPool.ahead_screen: once in the pool's
-        life), unless drawing ahead or screening is off, or the session's device draws them itself."""
+        """The problem's screening sets drawn (InputPool.ahead_screen: once in the pool's life) and the session's
+        buffers for a screen made (judge.screening.screen_ahead) before the device is held, unless drawing ahead
+        or screening is off, or the session's device draws the sets itself."""
         shape = problem.shapes("optimize")[0]
         if self.settings.draw_ahead and self.settings.screen_max_s and \
                 not timed_on_device(session, problem, shape):
-            await self.work(self.pool(cand.problem).ahead_screen, shape, target.cache_bytes(), part="ahead")
+            await self.work(screen_ahead, session, self.pool(cand.problem), problem, shape, target.cache_bytes(),
+                            part="ahead")
 
     async def _time_in_full(self, cand, session, problem, target, device, m: pb.Measured,
                             screened_before: bool, pool: InputPool) -> pb.Measured | pb.Rejected:
@@ -253,7 +255,7 @@ class BenchmarkerService(RunnerService):
             return Term(f"showdown needs an artifact that is missing: {e}", pb.INPUT_MISSING)
         shape = problem.shapes("optimize")[0]
         keys = list(names)
-        pool = await self._ahead(cand, session, problem, target, part="compare", shapes=[shape])
+        pool = await self._ahead(cand, session, problem, target, part="compare", shapes=[shape], kernels=len(keys))
         async with self.device(device.device_id) as held:
             # rotated: the search's best, first in keys, would otherwise always have the first (slower) buffers
             res = await self.work(measure_rotated, session, keys, problem, shape, pool, target.cache_bytes(),
@@ -298,7 +300,7 @@ class BenchmarkerService(RunnerService):
         for b in req.baselines:
             session.load_baseline(f"baseline:{b}", b)
             keys[b] = f"baseline:{b}"
-        pool = await self._ahead(cand, session, problem, target, part="compare")
+        pool = await self._ahead(cand, session, problem, target, part="compare", kernels=len(keys))
         async with self.device(device.device_id):
             # the lease is held throughout: each shape's device time runs from the end of the one before (its
             # publishing included), so that the shapes add up to the lease held, up to the last one's publishing

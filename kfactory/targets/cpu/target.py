@@ -208,6 +208,12 @@ class CpuSession(Session):
                 # in an arena, the outputs are read where the kernel wrote them (valid until the ring comes round)
                 return sequence_results(self.problem, steps, staged, views, reply.seconds, oob, copy=keep is None)
 
+    def ready_buffers(self, benches: list[tuple[dict[str, int], int, int]]) -> None:
+        """The ring's arenas grown for the largest of those benches (ArenaRing.ready), a piece at a time as host
+        work."""
+        if self.ring is not None:
+            self.ring.ready([bench_bytes(self.problem, *b) for b in benches], quiet.host_work)
+
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
               precision=0.0) -> BenchResult:
         for k in keys:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kfactory.judge import quiet
 from kfactory.observability.log import get_logger
 from kfactory.platform.fsutil import atomic_write
 from kfactory.problems.params import abi_argtypes
@@ -288,6 +289,12 @@ class CudaSession(Session):
         return self._timed(keys, base, mode, lambda reply, tel: BenchResult(
             reply.samples, {}, telemetry=tel, figures=reply.info.get("figures", {}),
             mutated=reply.info.get("mutated", {})))
+
+    def ready_buffers(self, benches: list[tuple[dict[str, int], int, int]]) -> None:
+        """The ring's arenas grown for the largest of those benches (ArenaRing.ready), a piece at a time as host
+        work."""
+        if self.ring is not None:
+            self.ring.ready([bench_bytes(self.problem, *b) for b in benches], quiet.host_work)
 
     def bench(self, keys, shape, input_sets, *, min_samples, min_s, max_s, noise, warmup_s,
               precision: float = 0.0, mode: str | None = None) -> BenchResult:
