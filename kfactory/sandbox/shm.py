@@ -143,10 +143,11 @@ class ShmBuffers:
         self._arena: tuple[str, np.memmap] | None = None
         self._used = 0
         #: held by the request an ArenaRing gave this arena to, and by ArenaRing.ready while it grows the arena: the
-        #: two never change it at once
+        #: two never change it at once (close() takes neither: it ends the arena)
         self.busy = threading.Lock()
-        #: set while a request waits for `busy`: a growth in progress stops at its next piece (GrowthStopped)
-        self.wanted = threading.Event()
+        #: requests waiting for `busy` (ArenaRing.take, under the ring's lock): a growth in progress stops at its
+        #: next piece while any does (GrowthStopped)
+        self.wanting = 0
 
     def _file(self, nbytes: int) -> tuple[str, np.memmap]:
         """A new file of nbytes, its space allocated now: a sparse file on a full tmpfs maps fine and then kills
@@ -160,25 +161,29 @@ class ShmBuffers:
         """File `path` (made where `start` is 0) allocated from byte `start` to `size`, mapped whole. With `piece`
         (grow's): allocated GROW_PIECE bytes at a time, then those new pages mapped in here by a write to each,
         each piece inside piece(), stopping between pieces where a request wants the arena (GrowthStopped). A full
-        filesystem is SharedMemoryFull; on either, the file is as it was (a new one gone, a grown one cut back to
-        `start`)."""
+        filesystem is SharedMemoryFull; on any failure the file is as it was (a new one gone, a grown one cut back
+        to `start`)."""
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if not hasattr(os, "posix_fallocate"):   # not Linux: sparse, as before
                 os.ftruncate(fd, size)
                 return np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
             step = GROW_PIECE if piece is not None else size - start
+            mm = None
             try:
                 for offset in range(start, size, step):
+                    self._stop_if_wanted(piece)
                     with piece() if piece is not None else contextlib.nullcontext():
-                        self._stop_if_wanted(piece)   # (asked after piece()'s own wait, if any)
+                        self._stop_if_wanted(piece)   # (again after piece()'s own wait, if any)
                         self._allocate(fd, offset, min(step, size - offset), size)
                 mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
                 for offset in range(start, size, GROW_PIECE) if piece is not None else ():
+                    self._stop_if_wanted(piece)
                     with piece():  # a write to each new page maps it in now, not in a request's first writes
                         self._stop_if_wanted(piece)
                         mm[offset:min(offset + GROW_PIECE, size):PAGE] = 0
-            except (GrowthStopped, SharedMemoryFull):
+            except BaseException:
+                mm = None   # unmapped before the file is cut back: no mapping reaches past its end
                 if start:
                     os.ftruncate(fd, start)
                 else:
@@ -189,7 +194,7 @@ class ShmBuffers:
             os.close(fd)
 
     def _stop_if_wanted(self, piece) -> None:
-        if piece is not None and self.wanted.is_set():
+        if piece is not None and self.wanting:
             raise GrowthStopped()
 
     def _allocate(self, fd: int, offset: int, length: int, size: int) -> None:
@@ -327,7 +332,8 @@ class ArenaRing:
 
     def take(self, nbytes: int) -> ShmBuffers | None:
         """The next arena, rewound for `nbytes` and held (its `busy`) until release(); None when `nbytes` is over
-        max_bytes. Where ready() is growing that arena, the growth is waited for."""
+        max_bytes. Where ready() is growing that arena, the growth stops at its next piece, and rewind makes what
+        this request needs."""
         if nbytes > self.max_bytes:
             return None
         with self._lock:
@@ -335,9 +341,12 @@ class ArenaRing:
                 self.arenas.append(ShmBuffers(self.base))
             arena = self.arenas[self.turn % self.count]
             self.turn += 1
-        arena.wanted.set()   # a growth of this arena in progress stops at its next piece
-        arena.busy.acquire()
-        arena.wanted.clear()
+            arena.wanting += 1   # a growth of this arena in progress stops at its next piece
+        try:
+            arena.busy.acquire()
+        finally:
+            with self._lock:
+                arena.wanting -= 1
         try:
             arena.rewind(nbytes)
         except BaseException:
@@ -370,7 +379,7 @@ class ArenaRing:
             arenas = list(self.arenas)
         grown = 0
         for arena in arenas:
-            if not arena.busy.acquire(blocking=False):
+            if arena.wanting or not arena.busy.acquire(blocking=False):
                 continue
             try:
                 grown += arena.grow(max(fitting), piece)
