@@ -19,11 +19,10 @@ import pytest
 from kfactory.judge import rotated
 from kfactory.judge.checks import InputPool, n_sets
 from kfactory.judge.measure import drawn_ahead
-from kfactory.problems import load_problem
 from kfactory.sandbox import shm
 from kfactory.sandbox.shm import ArenaRing, SharedMemoryFull, ShmBuffers
 from kfactory.sandbox.shm_args import bench_bytes
-from kfactory.targets import get_target
+from test_rotated import loaded, problem  # noqa: F401 (fixtures)
 from test_shm_hygiene import _tiny_tmpfs
 
 MIB = 1 << 20
@@ -192,31 +191,22 @@ def test_growth_beside_requests_in_another_thread_loses_nothing():
     assert not grower.is_alive()
 
 
-def test_a_measurement_drawn_ahead_makes_no_file_under_its_timings(settings, small_softmax):
-    problem = load_problem(small_softmax)
-    target = get_target("cpu", settings)
-    session = target.session(problem, 2)
-    try:
-        source, flags = problem.reference_source("cpu")
-        res = target.compile(source, "c", flags, "kernel")
-        session.load_artifact("ref", res.artifact, "kernel")
-        session.load_baseline("numpy", "numpy")
-        shape = problem.shapes("optimize")[0]
-        needed = bench_bytes(problem, shape, 2, n_sets(problem, shape, target.cache_bytes(), kernels=2))
-        if session.ring is None or needed > session.ring.max_bytes:
-            pytest.skip("this host's /dev/shm gives the ring no arena that large")
-        pool = InputPool(problem, 1)
-        x, _, _ = pool.get(shape, "normal")
-        for _ in range(3):   # one call each: the runner child now maps all three arenas, each one set's size
-            session.call("ref", shape, x)
-        before = _files(session.ring)
-        assert len(before) == 3
-        view = drawn_ahead(session, problem, [shape], pool, target.cache_bytes(), kernels=2)
-        grown = _files(session.ring)
-        assert set(grown) == set(before) and all(grown[p] > before[p] for p in grown)   # in place
-        out = rotated.measure_rotated(session, ["ref", "numpy"], problem, shape, view, target.cache_bytes(),
-                                      settings, 0.4)
-        assert not out.reason, out.message   # the child mapped the grown files again, whole
-        assert _files(session.ring) == grown
-    finally:
-        session.close()
+def test_a_measurement_drawn_ahead_makes_no_file_under_its_timings(loaded, problem, settings):  # noqa: F811
+    target, session = loaded
+    shape = problem.shapes("optimize")[0]
+    needed = bench_bytes(problem, shape, 2, n_sets(problem, shape, target.cache_bytes(), kernels=2))
+    if session.ring is None or needed > session.ring.max_bytes:
+        pytest.skip("this host's /dev/shm gives the ring no arena that large")
+    pool = InputPool(problem, 1)
+    x, _, _ = pool.get(shape, "normal")
+    for _ in range(3):   # one call each: the runner child now maps all three arenas, each one set's size
+        session.call("ref", shape, x)
+    before = _files(session.ring)
+    assert len(before) == 3
+    view = drawn_ahead(session, problem, [shape], pool, target.cache_bytes(), kernels=2)
+    grown = _files(session.ring)
+    assert set(grown) == set(before) and all(grown[p] > before[p] for p in grown)   # in place
+    out = rotated.measure_rotated(session, ["ref", "numpy"], problem, shape, view, target.cache_bytes(),
+                                  settings, 0.4)
+    assert not out.reason, out.message   # the child mapped the grown files again, whole
+    assert _files(session.ring) == grown
