@@ -160,10 +160,9 @@ def drawn_ahead(session: Session, problem: Problem, shapes: list[dict[str, int]]
             if runs_kernels(session):
                 pool.ahead_probe(ahead, shape)
     except ReferenceFailed:
-        # the problem's reference failed: measure meets it again at that set and gives its typed failure (and
-        # grows no arena for timings that will not run: a ring's arenas never shrink)
-        return pool.serving(ahead)
-    session.ready_buffers(benches)   # (one growth, to the largest: a shape at a time regrew for each larger one)
+        pass  # the problem's reference failed: measure meets it again at that set and gives its typed failure
+    else:  # (no arena grown for timings that will not run: a ring's arenas never shrink)
+        session.ready_buffers(benches)   # one growth, to the largest: a shape at a time regrew for each larger one
     return pool.serving(ahead)
 
 
