@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import platform
+import sys
 
 import numpy as np
 import pytest
@@ -59,8 +60,11 @@ def test_a_compiler_stopped_from_outside_is_no_verdict(settings, tmp_path, monke
     """A compiler a Ctrl-C or a shutdown stopped (its whole process group gets the signal) raises
     CompilerInterrupted, so the compiler service's message is retried instead of answered with a compile error
     of the candidate; a compiler that crashed by itself is still a typed compile failure. The engine build too."""
+    # a Python compiler that kills itself with the default action: sh's `kill -INT $$` was flaky, since dash
+    # catches SIGINT in a script and may reach its end, exiting 0, before it acts on it (CI at 9fab2c1's clone)
     cc = tmp_path / "cc"
-    cc.write_text(f"#!/bin/sh\nkill -{signal_name} $$\n")
+    cc.write_text(f"#!{sys.executable}\nimport os, signal\nsignal.signal(signal.SIG{signal_name}, signal.SIG_DFL)\n"
+                  f"os.kill(os.getpid(), signal.SIG{signal_name})\n")
     cc.chmod(0o755)
     stopped = get_target("cpu", settings.model_copy(update={"cc": str(cc)}))
     if interrupted:
