@@ -3,8 +3,8 @@ once per test module over a paced synthetic space, and the checks each test make
 
 Each test module starts its own factory with `fault_rig` (six processes, a nats-server and a redis-server):
     @pytest.fixture(scope="module")
-    def rig(tmp_path_factory):
-        with fault_rig(tmp_path_factory) as r:
+    def rig(tmp_path_factory, host_ceilings):
+        with fault_rig(tmp_path_factory, host_ceilings) as r:
             yield r
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -25,9 +26,13 @@ PACE = "0.25"  # the synthetic space records 800 ms compiles: 0.2 s each here, s
 
 
 @contextlib.contextmanager
-def fault_rig(tmp_path_factory):
-    """(plant, nats server, redis server, space): every service started, stopped again on exit."""
+def fault_rig(tmp_path_factory, ceilings: Path):
+    """(plant, nats server, redis server, space): every service started, stopped again on exit. `ceilings`: the
+    session's measurement of the host's (tests/conftest.py host_ceilings), which the engine campaign's
+    rooflines need; else a service measured them beside the other test worker, 7 s and low."""
     tmp = tmp_path_factory.mktemp("faults")
+    (tmp / "data").mkdir()
+    shutil.copy(ceilings, tmp / "data" / "ceilings.json")
     space = _slow_benchmarks(write_spaces(tmp / "spaces", devices=("GPU0",))[0])
     nats_srv = Nats(tmp / "nats")
     redis_srv = Redis(tmp / "redis")

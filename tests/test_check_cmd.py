@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -14,7 +15,10 @@ pytestmark = pytest.mark.serial
 
 
 @pytest.fixture(autouse=True)
-def fast(monkeypatch, tmp_path):
+def fast(monkeypatch, tmp_path, host_ceilings):
+    """Short timings, and the host's ceilings measured once for the session (measuring them costs 12 s)."""
+    (tmp_path / "data").mkdir()
+    shutil.copy(host_ceilings, tmp_path / "data" / "ceilings.json")
     for k, v in {"KFACTORY_DATA_DIR": str(tmp_path / "data"), "KFACTORY_MEASURE_MAX_S": "0.2",
                  "KFACTORY_MEASURE_MIN_S": "0.05", "KFACTORY_COMPARE_MAX_S": "0.3",
                  "KFACTORY_RUNNER_TIMEOUT_S": "4", "KFACTORY_THREADS": "2"}.items():

@@ -29,8 +29,8 @@ from fault_plant import SERVICES, Plant  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    with fault_rig(tmp_path_factory) as r:
+def rig(tmp_path_factory, host_ceilings):
+    with fault_rig(tmp_path_factory, host_ceilings) as r:
         yield r
 
 

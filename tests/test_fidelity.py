@@ -44,18 +44,19 @@ def test_screening_rule():
 
 async def test_a_hopeless_candidate_is_screened_out_and_the_best_is_measured_in_full(memory_bus_settings,
                                                                                       small_softmax):
-    # one point at a time, so the order is fixed: the reference kernel, an honest kernel, then a quadratic one
+    # one point at a time, so the order is fixed: the reference kernel, an honest kernel, then one that computes
+    # each row 32 times
     spec = pb.CampaignSpec(problem=small_softmax, target="cpu", budget_candidates=1, strategy="random", seed=2,
                            parallel=1)
     spec.manual_sources.append(pb.ManualSource(name="honest", compile_flags="-O2", threads=1,
                                                source=(ADVERSARIAL / "honest" / "three_pass.c").read_text()))
-    spec.manual_sources.append(pb.ManualSource(name="quadratic", source=kernel_source("quadratic"),
+    spec.manual_sources.append(pb.ManualSource(name="redundant", source=kernel_source("redundant"),
                                                compile_flags="-O2", threads=1))
     st, running = await _campaign(memory_bus_settings, spec)
     assert st.finished.state == "completed"
     events = running.services["memory"].archive.events(campaign=st.id)
     measured = {e.measured.candidate.origin: e.measured for e in events if e.HasField("measured")}
-    hopeless = measured["manual:quadratic"]
+    hopeless = measured["manual:redundant"]
     assert hopeless.screened_out and len(hopeless.timings) == 1
     fastest = min(measured.values(), key=lambda m: m.score_s)  # the reference included: the screen compares with it
     assert hopeless.score_s > memory_bus_settings.screen_factor * fastest.score_s
