@@ -52,6 +52,23 @@ def redis_url_session():
         yield url
 
 
+@pytest.fixture(scope="session", autouse=True)
+def engine_objects(tmp_path_factory, worker_id) -> Iterator[Path]:
+    """One cache of built engine objects for the whole test run (Settings.engine_object_cache, shared by the
+    xdist workers, and by the services the tests start, through the environment): each test keeps its own data
+    directory, but an engine another test built is a copy, not a compile (the default tiny-llama design was
+    built 14 times in one run, 53 s of compiles in all). A test of the build cache itself unsets it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base if worker_id == "master" else base.parent) / "engine-objects"
+    before = os.environ.get("KFACTORY_ENGINE_OBJECT_CACHE")
+    os.environ["KFACTORY_ENGINE_OBJECT_CACHE"] = before or str(shared)
+    try:
+        yield Path(os.environ["KFACTORY_ENGINE_OBJECT_CACHE"])
+    finally:
+        if before is None:
+            os.environ.pop("KFACTORY_ENGINE_OBJECT_CACHE", None)
+
+
 @pytest.fixture(scope="session")
 def host_ceilings(tmp_path_factory, worker_id):
     """This host's measured ceilings (bandwidth, peak fp32), measured once for the whole session. Under

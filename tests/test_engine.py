@@ -10,7 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kfactory.engines.build import build
+import kfactory.engines.build as engine_build
+from kfactory.engines.build import build, compiler
 from kfactory.engines.codegen import generate
 from kfactory.engines.design import DesignError, EngineDesign, q4_decodes_offered, space
 from kfactory.engines.prepare import arena, pack16, prepare
@@ -242,9 +243,10 @@ def test_compile_failure_is_a_result(tmp_path):
     assert not res.ok and res.path is None and "error" in res.log
 
 
-def test_a_damaged_cached_object_is_built_again(tmp_path):
+def test_a_damaged_cached_object_is_built_again(tmp_path, monkeypatch):
     """The build cache serves an object only while it is the one built: cut short, or cached before its digest
     was kept, it is compiled again (not loaded, where it would crash every engine that links it)."""
+    monkeypatch.delenv("KFACTORY_ENGINE_OBJECT_CACHE")   # the data directory's own cache alone
     source = "int kf_answer(void) { return 42; }\n"
     first = build(source, tmp_path)
     assert first.ok and not first.cached
@@ -257,6 +259,36 @@ def test_a_damaged_cached_object_is_built_again(tmp_path):
     first.path.with_name(first.path.name + ".sha256").unlink()
     assert not build(source, tmp_path).cached
     assert build(source, tmp_path).cached
+
+
+def test_data_directories_share_the_objects_of_the_hosts_cache(tmp_path, monkeypatch):
+    """With Settings.engine_object_cache set, a build leaves its object there too, and another cache directory
+    takes a copy instead of compiling (a compiler that fails everything proves it did not run); a damaged shared
+    object is not copied but built again, and mended in the shared cache."""
+    shared = tmp_path / "shared"
+    monkeypatch.setenv("KFACTORY_ENGINE_OBJECT_CACHE", str(shared))
+    source = "int kf_answer(void) { return 41 + 1; }\n"
+    first = build(source, tmp_path / "a")
+    assert first.ok and not first.cached and (shared / first.path.name).read_bytes() == first.path.read_bytes()
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\necho no compiler here >&2\nexit 1\n")
+    cc.chmod(0o755)
+    real = compiler()
+    identity = engine_build._compiler_identity(real)
+    monkeypatch.setenv("CC", str(cc))
+    # the key names the compiler by its identity: the real one's, so that the fake one's builds have its keys
+    monkeypatch.setattr(engine_build, "_compiler_identity", lambda c: identity)
+    copied = build(source, tmp_path / "b")
+    assert copied.ok and copied.cached and copied.path.read_bytes() == first.path.read_bytes()
+    assert copied.path.parent == tmp_path / "b" and (tmp_path / "b" / f"{copied.path.stem}.c").read_text() == source
+    (shared / first.path.name).write_bytes(first.path.read_bytes()[:1000])
+    assert not build(source, tmp_path / "c").ok   # damaged: not copied, so the (failing) compiler ran
+    monkeypatch.setenv("CC", real)
+    rebuilt = build(source, tmp_path / "d")
+    assert rebuilt.ok and not rebuilt.cached
+    assert (shared / first.path.name).read_bytes() == first.path.read_bytes()
+    monkeypatch.delenv("KFACTORY_ENGINE_OBJECT_CACHE")
+    assert not build(source, tmp_path / "e").cached   # unset: each directory builds its own
 
 
 def test_vnni_design_refuses_to_build_without_vnni(verifier, tmp_path):

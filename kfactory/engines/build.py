@@ -4,6 +4,8 @@ The system C compiler (`cc`, or $CC / Settings.cc) builds `-O3 -march=native -fP
 kernels' AVX2/FMA/F16C paths are chosen by -march=native; OpenMP runs the threads). The object lands in
 <data_dir>/engines/<sha256 of compiler, flags and source>.so, its own sha256 beside it (.so.sha256): building the
 same source again is a lookup, and an object that is not the one built (damaged since) is built again.
+Where Settings.engine_object_cache names a directory, every build also looks there before it compiles, and leaves
+what it built there: data directories on one host (workspaces, a test's) build each engine once between them.
 A compile failure is a `BuildResult` with ok False and the compiler's log, never an exception; only a
 missing compiler, an unwritable cache directory or a compiler stopped from outside (CompilerInterrupted: the
 environment, not the source) raises.
@@ -89,6 +91,9 @@ def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ..
     (cache / f"{key}.c").write_text(source)   # kept beside the object: what ran is readable afterwards
     for i, unit in enumerate(units):
         (cache / f"{key}.unit{i}.c").write_text(unit.source)
+    shared = _shared_cache()
+    if shared is not None and _copy_intact(shared / out.name, out):
+        return BuildResult(True, out, "", 0.0, True, " ".join(cmd))
     with tempfile.TemporaryDirectory(prefix="kf-engine-", dir=cache) as tmp:
         tmp_out = Path(tmp) / "engine.so"
         t0 = time.perf_counter()
@@ -101,6 +106,8 @@ def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ..
             return result
         _seal(tmp_out, out)
         os.replace(tmp_out, out)   # atomic: a concurrent build of the same key finds a whole object or none
+    if shared is not None:
+        _copy_intact(out, shared / out.name)
     cmd[cmd.index(str(tmp_out))] = str(out)
     return BuildResult(True, out, result.log, time.perf_counter() - t0, False, " ".join(cmd))
 
@@ -113,6 +120,30 @@ def _seal(built: Path, out: Path) -> None:
     """Record the sha256 of the object `built` that is about to become `out`, beside it (written first: a
     digest without its object is a miss, an object without its digest too)."""
     atomic_write(_digest_path(out), hashlib.sha256(built.read_bytes()).hexdigest().encode())
+
+
+def _shared_cache() -> Path | None:
+    """Settings.engine_object_cache, created; None where it is unset."""
+    from kfactory.platform.config import Settings
+    shared = Settings().engine_object_cache
+    if shared is None:
+        return None
+    shared.mkdir(parents=True, exist_ok=True)
+    return shared
+
+
+def _copy_intact(src: Path, dst: Path) -> bool:
+    """Copy the object `src` and its digest to `dst` when `src` is intact (see _intact; a reader of `dst` finds
+    its old object or the new one, sealed); False, copying nothing, when it is missing or damaged."""
+    try:
+        data, digest = src.read_bytes(), _digest_path(src).read_text().strip()
+    except OSError:
+        return False
+    if hashlib.sha256(data).hexdigest() != digest:
+        return False
+    atomic_write(_digest_path(dst), digest.encode())
+    atomic_write(dst, data)
+    return True
 
 
 def _intact(out: Path) -> bool:

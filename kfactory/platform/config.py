@@ -55,6 +55,10 @@ class Settings(BaseSettings):
                                      "is retried (dead-lettered after max_deliver)")
 
     cc: str = "cc"
+    engine_object_cache: Path | None = Field(None, description="a directory of built engine objects that every data "
+                                             "directory on this host shares (kfactory/engines/build.py): an engine "
+                                             "one workspace built is copied, checked by its sha256, where another "
+                                             "would build it again; unset: each data directory builds its own")
     threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     runner_timeout_s: float = Field(20.0, gt=0)
     runner_max_runs: int = Field(500, ge=1)
