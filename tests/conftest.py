@@ -53,20 +53,23 @@ def redis_url_session():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def engine_objects(tmp_path_factory, worker_id) -> Iterator[Path]:
-    """One cache of built engine objects for the whole test run (Settings.engine_object_cache, shared by the
-    xdist workers, and by the services the tests start, through the environment): each test keeps its own data
+def engine_objects(tmp_path_factory) -> Iterator[Path]:
+    """One cache of built engine objects for the session (Settings.engine_object_cache, shared by its xdist
+    workers, and by the services the tests start, through the environment): each test keeps its own data
     directory, but an engine another test built is a copy, not a compile (the default tiny-llama design was
-    built 14 times in one run, 53 s of compiles in all). A test of the build cache itself unsets it."""
+    built 14 times in one run, 53 s of compiles in all). The session's own, never a developer's: what the tests
+    plant there stays there. A test of the build cache itself unsets it."""
     base = tmp_path_factory.getbasetemp()
-    shared = (base if worker_id == "master" else base.parent) / "engine-objects"
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "engine-objects"
     before = os.environ.get("KFACTORY_ENGINE_OBJECT_CACHE")
-    os.environ["KFACTORY_ENGINE_OBJECT_CACHE"] = before or str(shared)
+    os.environ["KFACTORY_ENGINE_OBJECT_CACHE"] = str(shared)
     try:
-        yield Path(os.environ["KFACTORY_ENGINE_OBJECT_CACHE"])
+        yield shared
     finally:
         if before is None:
             os.environ.pop("KFACTORY_ENGINE_OBJECT_CACHE", None)
+        else:
+            os.environ["KFACTORY_ENGINE_OBJECT_CACHE"] = before
 
 
 @pytest.fixture(scope="session")
@@ -91,14 +94,16 @@ def host_ceilings(tmp_path_factory, worker_id):
 
 
 def _measured_alone(path: Path) -> None:
-    """Record the ceilings in `path` as measured on a quiet host, which a session without workers is while it
-    measures them (nothing else of it runs). The load average the probe recorded is a minute's lagging mean: at
-    the start of `make test`'s serial phase it still counts the parallel phase, so, left as it is, the tests that
-    copy the file met the host "much quieter" a minute later and measured it all again (12 s each, three times in
-    one serial phase; kfactory.targets.cpu.ceiling.ceilings)."""
+    """Record the ceilings in `path` with the host's load as it is now, not the load average the probe recorded:
+    that is a minute's lagging mean, and at the start of `make test`'s serial phase it still counts the parallel
+    phase, so the tests that copied the file met the host "much quieter" a minute later and measured it all
+    again (12 s each, three times in one serial phase; kfactory.targets.cpu.ceiling.ceilings). Now is the
+    processes runnable (/proc/loadavg's fourth field) other than this one, a core: a host busy with something
+    else is still recorded busy, and measured again once it is quiet."""
+    running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
     entries = json.loads(path.read_text())
     for entry in entries.values():
-        entry["load_per_core"] = 0.0
+        entry["load_per_core"] = round(max(running - 1, 0) / (os.cpu_count() or 1), 3)
     path.write_text(json.dumps(entries, indent=1))
 
 

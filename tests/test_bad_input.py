@@ -250,6 +250,8 @@ async def test_a_strategy_that_raises_fails_its_campaign_not_the_planner(bus_set
     ({"KFACTORY_MAX_DELIVER": "0"}, "KFACTORY_MAX_DELIVER: Input should be greater than or equal to 1"),
     ({"KFACTORY_LLM_BASE_URL": "http://127.0.0.1:9/v1", "KFACTORY_LLM_MODEL": "m", "KFACTORY_HANDLER_TIMEOUT_S": "60"},
      "handler_timeout_s (60 s) must exceed an agent's worst case with these llm_* settings (1320 s"),
+    ({"KFACTORY_ENGINE_OBJECT_CACHE": "objects"},
+     "KFACTORY_ENGINE_OBJECT_CACHE: Value error, objects must be an absolute path"),
 ])
 def test_a_bad_setting_is_named_with_what_it_needs_not_a_traceback(monkeypatch, capsys, env, says):
     from kfactory.cli.main import EXIT_USAGE, main

@@ -4,6 +4,7 @@ the check they break, at the step they break it; an engine that segfaults or han
 parent carries on."""
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -246,7 +247,7 @@ def test_compile_failure_is_a_result(tmp_path):
 def test_a_damaged_cached_object_is_built_again(tmp_path, monkeypatch):
     """The build cache serves an object only while it is the one built: cut short, or cached before its digest
     was kept, it is compiled again (not loaded, where it would crash every engine that links it)."""
-    monkeypatch.delenv("KFACTORY_ENGINE_OBJECT_CACHE")   # the data directory's own cache alone
+    monkeypatch.delenv("KFACTORY_ENGINE_OBJECT_CACHE", raising=False)   # the data directory's own cache alone
     source = "int kf_answer(void) { return 42; }\n"
     first = build(source, tmp_path)
     assert first.ok and not first.cached
@@ -269,26 +270,53 @@ def test_data_directories_share_the_objects_of_the_hosts_cache(tmp_path, monkeyp
     monkeypatch.setenv("KFACTORY_ENGINE_OBJECT_CACHE", str(shared))
     source = "int kf_answer(void) { return 41 + 1; }\n"
     first = build(source, tmp_path / "a")
-    assert first.ok and not first.cached and (shared / first.path.name).read_bytes() == first.path.read_bytes()
+    mine = shared / engine_build._native_tag(compiler())   # a directory per processor, as -march=native sees it
+    assert first.ok and not first.cached and (mine / first.path.name).read_bytes() == first.path.read_bytes()
+    assert (mine / first.path.name).stat().st_mode & 0o777 == 0o755   # other users of the host may load it
     cc = tmp_path / "cc"
     cc.write_text("#!/bin/sh\necho no compiler here >&2\nexit 1\n")
     cc.chmod(0o755)
     real = compiler()
-    identity = engine_build._compiler_identity(real)
+    identity, native = engine_build._compiler_identity(real), engine_build._native_tag(real)
     monkeypatch.setenv("CC", str(cc))
-    # the key names the compiler by its identity: the real one's, so that the fake one's builds have its keys
+    # the key and the shared directory name the compiler and its -march=native: the real one's, so that the fake
+    # one's builds look where the real one's are
     monkeypatch.setattr(engine_build, "_compiler_identity", lambda c: identity)
+    monkeypatch.setattr(engine_build, "_native_tag", lambda c: native)
     copied = build(source, tmp_path / "b")
     assert copied.ok and copied.cached and copied.path.read_bytes() == first.path.read_bytes()
     assert copied.path.parent == tmp_path / "b" and (tmp_path / "b" / f"{copied.path.stem}.c").read_text() == source
-    (shared / first.path.name).write_bytes(first.path.read_bytes()[:1000])
+    (mine / first.path.name).write_bytes(first.path.read_bytes()[:1000])
     assert not build(source, tmp_path / "c").ok   # damaged: not copied, so the (failing) compiler ran
     monkeypatch.setenv("CC", real)
     rebuilt = build(source, tmp_path / "d")
     assert rebuilt.ok and not rebuilt.cached
-    assert (shared / first.path.name).read_bytes() == first.path.read_bytes()
+    assert (mine / first.path.name).read_bytes() == first.path.read_bytes()
     monkeypatch.delenv("KFACTORY_ENGINE_OBJECT_CACHE")
     assert not build(source, tmp_path / "e").cached   # unset: each directory builds its own
+
+
+def test_a_shared_cache_others_may_write_to_is_not_used(tmp_path, monkeypatch, capsys):
+    """An object someone else could plant in the shared cache would run as this user: a directory writable by
+    its group or others is not used (the build goes on, with its data directory's cache alone), and the log says
+    why and what to do. A copy into the shared cache that fails costs the build nothing either."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o775)
+    shared.chmod(0o775)
+    monkeypatch.setenv("KFACTORY_ENGINE_OBJECT_CACHE", str(shared))
+    monkeypatch.setattr(engine_build, "_refuse_once", functools.lru_cache(engine_build._refuse_once.__wrapped__))
+    res = build("int kf_planted(void) { return 7; }\n", tmp_path / "a")
+    assert res.ok and not res.cached and list(shared.iterdir()) == []
+    assert "writable by no one else (mode 775)" in capsys.readouterr().out
+    shared.chmod(0o755)
+    mine = shared / engine_build._native_tag(compiler())
+    mine.mkdir()
+    # where the copy's digest would go stands a directory (a permission would not stop root): the copy fails
+    (mine / f"{res.path.name}.sha256").mkdir()
+    again = build("int kf_planted(void) { return 7; }\n", tmp_path / "b")
+    assert again.ok and not again.cached and again.path.name == res.path.name
+    assert not (mine / res.path.name).exists()
+    assert "could not be left in the shared cache" in capsys.readouterr().out
 
 
 def test_vnni_design_refuses_to_build_without_vnni(verifier, tmp_path):

@@ -5,15 +5,20 @@ kernels' AVX2/FMA/F16C paths are chosen by -march=native; OpenMP runs the thread
 <data_dir>/engines/<sha256 of compiler, flags and source>.so, its own sha256 beside it (.so.sha256): building the
 same source again is a lookup, and an object that is not the one built (damaged since) is built again.
 Where Settings.engine_object_cache names a directory, every build also looks there before it compiles, and leaves
-what it built there: data directories on one host (workspaces, a test's) build each engine once between them.
+what it built there (best effort: a failure to share is logged, never the build's): data directories on one host
+(workspaces, a test's) build each engine once between them. It keeps a directory per processor as the compiler
+sees it (-march=native), and is used only while it belongs to this user and no one else may write to it (an
+object planted there would run as the user).
 A compile failure is a `BuildResult` with ok False and the compiler's log, never an exception; only a
 missing compiler, an unwritable cache directory or a compiler stopped from outside (CompilerInterrupted: the
 environment, not the source) raises.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import platform
 import subprocess
 import tempfile
 import time
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kfactory.judge import quiet
+from kfactory.observability.log import get_logger
 from kfactory.platform.fsutil import atomic_write
 from kfactory.targets.base import check_not_interrupted
 
@@ -29,11 +35,14 @@ FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp")
 LINK = ("-Wl,-z,defs", "-lm")
 COMPILE_TIMEOUT_S = 180
 
+log = get_logger("engines")
+
 
 @dataclass(frozen=True)
 class BuildResult:
     """What a build produced: `ok` and the object's `path`, or the failure's `log`; `cached` when the object
-    was already there; `seconds` the compiler's run (0 when cached); `command` as run."""
+    was already there (in the data directory's cache, or copied from the host's shared one); `seconds` the
+    compiler's run (0 when cached); `command` as run."""
     ok: bool
     path: Path | None
     log: str
@@ -91,7 +100,7 @@ def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ..
     (cache / f"{key}.c").write_text(source)   # kept beside the object: what ran is readable afterwards
     for i, unit in enumerate(units):
         (cache / f"{key}.unit{i}.c").write_text(unit.source)
-    shared = _shared_cache()
+    shared = _shared_cache(cc)
     if shared is not None and _copy_intact(shared / out.name, out):
         return BuildResult(True, out, "", 0.0, True, " ".join(cmd))
     with tempfile.TemporaryDirectory(prefix="kf-engine-", dir=cache) as tmp:
@@ -107,7 +116,7 @@ def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ..
         _seal(tmp_out, out)
         os.replace(tmp_out, out)   # atomic: a concurrent build of the same key finds a whole object or none
     if shared is not None:
-        _copy_intact(out, shared / out.name)
+        _share(out, shared)
     cmd[cmd.index(str(tmp_out))] = str(out)
     return BuildResult(True, out, result.log, time.perf_counter() - t0, False, " ".join(cmd))
 
@@ -122,27 +131,70 @@ def _seal(built: Path, out: Path) -> None:
     atomic_write(_digest_path(out), hashlib.sha256(built.read_bytes()).hexdigest().encode())
 
 
-def _shared_cache() -> Path | None:
-    """Settings.engine_object_cache, created; None where it is unset."""
+def _shared_cache(cc: str) -> Path | None:
+    """This processor's directory in Settings.engine_object_cache, created; None where it is unset, or cannot
+    be used (logged once, with what to fix)."""
     from kfactory.platform.config import Settings
     shared = Settings().engine_object_cache
     if shared is None:
         return None
-    shared.mkdir(parents=True, exist_ok=True)
-    return shared
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+        st = shared.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            _refuse_once(str(shared), f"it must belong to this user (uid {os.getuid()}, not {st.st_uid}) and be "
+                         f"writable by no one else (mode {st.st_mode & 0o777:o}): an object planted there would run "
+                         "as this user; chmod go-w it, or unset KFACTORY_ENGINE_OBJECT_CACHE")
+            return None
+        mine = shared / _native_tag(cc)
+        mine.mkdir(exist_ok=True)
+        return mine
+    except OSError as e:
+        _refuse_once(str(shared), f"it cannot be made or read ({e})")
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _refuse_once(shared: str, why: str) -> None:
+    log.warning("the shared engine object cache is not used: " + why, cache=shared)
+
+
+@functools.lru_cache(maxsize=8)
+def _native_tag(cc: str) -> str:
+    """What -march=native means to `cc` on this host, hashed: the macros it predefines there (__AVX2__ and the
+    like). An object built for one processor may not run on another (SIGILL), and a shared directory may be on
+    a disk several hosts mount."""
+    try:
+        proc = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", "-"], input="", capture_output=True,
+                              text=True, timeout=60)
+        seen = proc.stdout if proc.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        seen = ""
+    # unknown: a directory of this host's own, then
+    return hashlib.sha256((seen or f"{platform.node()}\0{cc}").encode()).hexdigest()[:16]
+
+
+def _share(out: Path, shared: Path) -> None:
+    """Leave the object `out` in the shared cache; a failure (a full disk, say) is logged, the build stands."""
+    try:
+        _copy_intact(out, shared / out.name)
+    except OSError as e:
+        log.warning("an engine object could not be left in the shared cache", object=out.name, cache=str(shared),
+                    error=str(e))
 
 
 def _copy_intact(src: Path, dst: Path) -> bool:
-    """Copy the object `src` and its digest to `dst` when `src` is intact (see _intact; a reader of `dst` finds
-    its old object or the new one, sealed); False, copying nothing, when it is missing or damaged."""
+    """Copy the object `src` and its digest to `dst` (readable by all, as the compiler leaves an object) when
+    `src` is intact (see _intact; a reader of `dst` meanwhile finds the old object, the new one, or a miss);
+    False, copying nothing, when it is missing or damaged."""
     try:
         data, digest = src.read_bytes(), _digest_path(src).read_text().strip()
     except OSError:
         return False
     if hashlib.sha256(data).hexdigest() != digest:
         return False
-    atomic_write(_digest_path(dst), digest.encode())
-    atomic_write(dst, data)
+    atomic_write(_digest_path(dst), digest.encode(), mode=0o644)
+    atomic_write(dst, data, mode=0o755)
     return True
 
 

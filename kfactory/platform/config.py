@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -193,6 +193,19 @@ class Settings(BaseSettings):
     metrics_poll_s: float = Field(2.0, gt=0, description="seconds between readings of a consumer's lag")
     health_addr: str | None = Field(None, description="gRPC health service of `kfactory serve`, e.g. 0.0.0.0:8081 "
                                                       "(Kubernetes probes); unset: none")
+
+    @field_validator("engine_object_cache", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value   # else Path("") is the working directory, which nobody asked for
+
+    @field_validator("engine_object_cache")
+    @classmethod
+    def _shared_by_absolute_path(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.expanduser().is_absolute():
+            raise ValueError(f"{value} must be an absolute path: every service would find a relative one under "
+                             "its own working directory")
+        return value.expanduser() if value is not None else None
 
     @model_validator(mode="after")
     def _handlers_outlast_their_work(self) -> "Settings":

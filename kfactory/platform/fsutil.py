@@ -6,11 +6,15 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a reader sees the old file or the whole new one, never a part."""
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write `data` to `path` so that a reader sees the old file or the whole new one, never a part. `mode`: its
+    permissions (default: mkstemp's 0600, this user's alone; the umask is not asked, since asking sets it for
+    every thread of the process)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
