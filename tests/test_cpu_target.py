@@ -63,7 +63,9 @@ def test_a_compiler_stopped_from_outside_is_no_verdict(settings, tmp_path, monke
     # a Python compiler that kills itself with the default action: sh's `kill -INT $$` was flaky, since dash
     # catches SIGINT in a script and may reach its end, exiting 0, before it acts on it (CI at 9fab2c1's clone)
     cc = tmp_path / "cc"
-    cc.write_text(f"#!{sys.executable}\nimport os, signal\nsignal.signal(signal.SIG{signal_name}, signal.SIG_DFL)\n"
+    cc.write_text(f"#!{sys.executable}\nimport os, resource, signal\n"
+                  "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"   # SEGV: no core file
+                  f"signal.signal(signal.SIG{signal_name}, signal.SIG_DFL)\n"
                   f"os.kill(os.getpid(), signal.SIG{signal_name})\n")
     cc.chmod(0o755)
     stopped = get_target("cpu", settings.model_copy(update={"cc": str(cc)}))
