@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 import kfactory.engines.build as engine_build
 from kfactory.engines.build import build, compiler
@@ -296,7 +297,7 @@ def test_data_directories_share_the_objects_of_the_hosts_cache(tmp_path, monkeyp
     assert not build(source, tmp_path / "e").cached   # unset: each directory builds its own
 
 
-def test_a_shared_cache_others_may_write_to_is_not_used(tmp_path, monkeypatch, capsys):
+def test_a_shared_cache_others_may_write_to_is_not_used(tmp_path, monkeypatch):
     """An object someone else could plant in the shared cache would run as this user: a directory writable by
     its group or others is not used (the build goes on, with its data directory's cache alone), and the log says
     why and what to do. A copy into the shared cache that fails costs the build nothing either."""
@@ -305,18 +306,24 @@ def test_a_shared_cache_others_may_write_to_is_not_used(tmp_path, monkeypatch, c
     shared.chmod(0o775)
     monkeypatch.setenv("KFACTORY_ENGINE_OBJECT_CACHE", str(shared))
     monkeypatch.setattr(engine_build, "_refuse_once", functools.lru_cache(engine_build._refuse_once.__wrapped__))
-    res = build("int kf_planted(void) { return 7; }\n", tmp_path / "a")
-    assert res.ok and not res.cached and list(shared.iterdir()) == []
-    assert "writable by no one else (mode 775)" in capsys.readouterr().out
-    shared.chmod(0o755)
+    with capture_logs() as logged:
+        res = build("int kf_planted(void) { return 7; }\n", tmp_path / "a")
     mine = shared / engine_build._native_tag(compiler())
-    mine.mkdir()
+    assert res.ok and not res.cached and list(mine.iterdir()) == []
+    assert any("writable by no one else (mode 775)" in e["event"] for e in logged), logged
+    shared.chmod(0o755)
+    mine.chmod(0o777)   # the processor's directory is asked too
+    with capture_logs() as logged:
+        assert not build("int kf_planted(void) { return 7; }\n", tmp_path / "a2").cached
+    assert list(mine.iterdir()) == [] and any("(mode 777)" in e["event"] for e in logged), logged
+    mine.chmod(0o755)
     # where the copy's digest would go stands a directory (a permission would not stop root): the copy fails
     (mine / f"{res.path.name}.sha256").mkdir()
-    again = build("int kf_planted(void) { return 7; }\n", tmp_path / "b")
+    with capture_logs() as logged:
+        again = build("int kf_planted(void) { return 7; }\n", tmp_path / "b")
     assert again.ok and not again.cached and again.path.name == res.path.name
     assert not (mine / res.path.name).exists()
-    assert "could not be left in the shared cache" in capsys.readouterr().out
+    assert any(e["event"] == "an engine object could not be left in the shared cache" for e in logged), logged
 
 
 def test_vnni_design_refuses_to_build_without_vnni(verifier, tmp_path):

@@ -140,14 +140,15 @@ def _shared_cache(cc: str) -> Path | None:
         return None
     try:
         shared.mkdir(parents=True, exist_ok=True)
-        st = shared.stat()
-        if st.st_uid != os.getuid() or st.st_mode & 0o022:
-            _refuse_once(str(shared), f"it must belong to this user (uid {os.getuid()}, not {st.st_uid}) and be "
-                         f"writable by no one else (mode {st.st_mode & 0o777:o}): an object planted there would run "
-                         "as this user; chmod go-w it, or unset KFACTORY_ENGINE_OBJECT_CACHE")
-            return None
         mine = shared / _native_tag(cc)
-        mine.mkdir(exist_ok=True)
+        mine.mkdir(mode=0o755, exist_ok=True)
+        for d in (shared, mine):   # the processor's directory too: it may have been made before a chmod
+            st = d.stat()
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                _refuse_once(str(shared), f"{d} must belong to this user (uid {os.getuid()}, not {st.st_uid}) and "
+                             f"be writable by no one else (mode {st.st_mode & 0o777:o}): an object planted there "
+                             "would run as this user; chmod go-w it, or unset KFACTORY_ENGINE_OBJECT_CACHE")
+                return None
         return mine
     except OSError as e:
         _refuse_once(str(shared), f"it cannot be made or read ({e})")
