@@ -140,19 +140,26 @@ def _shared_cache(cc: str) -> Path | None:
         return None
     try:
         shared.mkdir(parents=True, exist_ok=True)
+        if not _mine_alone(shared, shared):
+            return None   # (nothing made inside a directory that is refused)
         mine = shared / _native_tag(cc)
         mine.mkdir(mode=0o755, exist_ok=True)
-        for d in (shared, mine):   # the processor's directory too: it may have been made before a chmod
-            st = d.stat()
-            if st.st_uid != os.getuid() or st.st_mode & 0o022:
-                _refuse_once(str(shared), f"{d} must belong to this user (uid {os.getuid()}, not {st.st_uid}) and "
-                             f"be writable by no one else (mode {st.st_mode & 0o777:o}): an object planted there "
-                             "would run as this user; chmod go-w it, or unset KFACTORY_ENGINE_OBJECT_CACHE")
-                return None
-        return mine
+        # the processor's directory too: it may have been made before a chmod of its parent
+        return mine if _mine_alone(mine, shared) else None
     except OSError as e:
         _refuse_once(str(shared), f"it cannot be made or read ({e})")
         return None
+
+
+def _mine_alone(d: Path, shared: Path) -> bool:
+    """Whether the directory `d` belongs to this user and no one else may write to it; else refused, logged."""
+    st = d.stat()
+    if st.st_uid == os.getuid() and not st.st_mode & 0o022:
+        return True
+    _refuse_once(str(shared), f"{d} must belong to this user (uid {os.getuid()}, not {st.st_uid}) and be writable "
+                 f"by no one else (mode {st.st_mode & 0o777:o}): an object planted there would run as this user; "
+                 "chmod go-w it, or unset KFACTORY_ENGINE_OBJECT_CACHE")
+    return False
 
 
 @functools.lru_cache(maxsize=None)

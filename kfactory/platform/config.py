@@ -202,10 +202,12 @@ class Settings(BaseSettings):
     @field_validator("engine_object_cache")
     @classmethod
     def _shared_by_absolute_path(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.expanduser().is_absolute():
+        if value is None:
+            return None
+        if not value.expanduser().is_absolute():
             raise ValueError(f"{value} must be an absolute path: every service would find a relative one under "
                              "its own working directory")
-        return value.expanduser() if value is not None else None
+        return value.expanduser()
 
     @model_validator(mode="after")
     def _handlers_outlast_their_work(self) -> "Settings":
