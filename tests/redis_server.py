@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,7 @@ from urllib.parse import quote
 import redis
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from ports import free_port
 
 _START_ATTEMPTS = 3  # a free port can be taken by someone else before the server binds it
 
@@ -69,7 +69,7 @@ def _start(
     binary: str, tmp: Path, password: str | None, timeout_s: float
 ) -> tuple[subprocess.Popen[bytes], str]:
     for attempt in range(1, _START_ATTEMPTS + 1):
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [binary, str(_write_config(tmp, port, password))],
             stdout=subprocess.DEVNULL,
@@ -86,12 +86,6 @@ def _start(
             raise
         return proc, _url(port, password)
     raise AssertionError("unreachable")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _write_config(tmp: Path, port: int, password: str | None) -> Path:

@@ -6,7 +6,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -14,14 +13,9 @@ from pathlib import Path
 
 from kfactory.platform.app import SERVICE_NAMES
 from kfactory.bus.natsd import nats_server_binary
+from ports import free_port
 
 NATS_DIR = Path(__file__).resolve().parent.parent / "deploy" / "k8s" / "base" / "nats"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def local_conf(conf: str, where: Path, port: int, http_port: int) -> str:

@@ -3,7 +3,6 @@ LLM endpoint), typed failures and retries, kernel extraction and static checks, 
 from __future__ import annotations
 
 import random
-import socket
 import time
 
 import httpx
@@ -20,6 +19,7 @@ from kfactory.platform.config import Settings
 from kfactory.problems import load_problem
 from kfactory.services.planner.coders import CoderLedger
 from kfactory.v1 import events_pb2 as pb
+from ports import free_port
 
 FAST = (KERNELS / "softmax_two_pass.c").read_text()
 PROVIDERS = ["openai", "anthropic"]
@@ -128,9 +128,7 @@ async def test_garbage_then_a_kernel_after_asking_again_counts_both_replies():
 
 
 async def test_a_refused_connection_is_retried_then_unavailable():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     work = await _write(_settings(f"http://127.0.0.1:{port}", "openai", llm_retries=2))
     assert isinstance(work.failure, errors.AgentUnavailable) and work.info.attempts == 3
 
@@ -320,7 +318,7 @@ async def _agent_task(bus_settings, take_over: bool):
     with ScriptedModelServer({"memory_bound": [Hang()]}) as m:
         settings = _settings(m.url, "openai", llm_retries=0).model_copy(update={
             "nats_url": bus_settings.nats_url, "data_dir": bus_settings.data_dir, "ack_wait_s": 30.0,
-            "memory_addr": f"127.0.0.1:{_closed_port()}"})
+            "memory_addr": f"127.0.0.1:{free_port()}"})
         coder = CoderService(Context(settings, bus, claims))
         pp = pb.PointProposed(point_id="p" * 24, family="cpu_c", params_json="{}", problem="softmax", target="cpu",
                               origin="agent:memory_bound", agent=pb.AgentTask(persona="memory_bound"))
@@ -343,12 +341,6 @@ async def _agent_task(bus_settings, take_over: bool):
     await coder.agents.close()
     await bus.close()
     return outcome, published, done
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_an_agent_task_taken_over_while_the_model_answers_is_left_not_published(bus_settings):

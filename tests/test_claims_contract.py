@@ -7,7 +7,6 @@ test gets its own key prefix so tests cannot see each other's keys.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +23,7 @@ from kfactory.claims import (
     RedisClaims,
     open_claims,
 )
+from ports import free_port
 
 # tests/ is not a package, so pytest puts it on sys.path and the helper imports by its
 # own name; the fallback keeps working if tests/ becomes a package later.
@@ -281,14 +281,8 @@ def test_open_claims_chooses_by_url() -> None:
         open_claims("postgres://db")
 
 
-def _unused_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_redis_unreachable_raises_claims_unavailable_quickly() -> None:
-    url = f"redis://127.0.0.1:{_unused_port()}/0"
+    url = f"redis://127.0.0.1:{free_port()}/0"
     claims = open_claims(url)
     started = time.monotonic()
     with pytest.raises(ClaimsUnavailable) as info:

@@ -28,7 +28,8 @@ from kfactory.bus.topology import DLQ_STREAM, WORK_STREAM
 from kfactory.bus.deadletters import fetch, list_dead_letters, send_back
 from kfactory.platform.security import publish_subjects
 from kfactory.v1 import events_pb2 as pb
-from secured_nats import NATS_DIR, SecuredNats, free_port
+from ports import free_port
+from secured_nats import NATS_DIR, SecuredNats
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 sys.path.insert(0, str(K8S))

@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +18,7 @@ from kfactory.platform.app import SERVICE_NAMES
 from kfactory.services.memory.archive import Archive
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port
 
 
 class Factory:
@@ -37,8 +31,8 @@ class Factory:
         (tmp / "data").mkdir(exist_ok=True)
         shutil.copy(ceilings, tmp / "data" / "ceilings.json")
         self.env = {**os.environ, "KFACTORY_NATS_URL": nats_url, "KFACTORY_REDIS_URL": redis_url,
-                    "KFACTORY_PLANNER_ADDR": f"127.0.0.1:{_free_port()}",
-                    "KFACTORY_MEMORY_ADDR": f"127.0.0.1:{_free_port()}",
+                    "KFACTORY_PLANNER_ADDR": f"127.0.0.1:{free_port()}",
+                    "KFACTORY_MEMORY_ADDR": f"127.0.0.1:{free_port()}",
                     "KFACTORY_DATA_DIR": str(tmp / "data"), "KFACTORY_ACK_WAIT_S": "3",
                     "KFACTORY_RUNNER_TIMEOUT_S": "4", "KFACTORY_MEASURE_MAX_S": "0.2",
                     "KFACTORY_MEASURE_MIN_S": "0.05", "KFACTORY_COMPARE_MAX_S": "0.4", "KFACTORY_CC": cc,
@@ -209,7 +203,7 @@ def test_killing_the_compiler_mid_campaign_loses_nothing(factory_env, small_soft
 
 
 def test_serve_refuses_to_start_without_nats(tmp_path):
-    env = {**os.environ, "KFACTORY_NATS_URL": f"nats://127.0.0.1:{_free_port()}"}
+    env = {**os.environ, "KFACTORY_NATS_URL": f"nats://127.0.0.1:{free_port()}"}
     res = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "serve", "compiler"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 1
@@ -217,7 +211,7 @@ def test_serve_refuses_to_start_without_nats(tmp_path):
 
 
 def test_serve_refuses_to_start_without_redis(tmp_path, nats_url):
-    env = {**os.environ, "KFACTORY_NATS_URL": nats_url, "KFACTORY_REDIS_URL": f"redis://127.0.0.1:{_free_port()}/0"}
+    env = {**os.environ, "KFACTORY_NATS_URL": nats_url, "KFACTORY_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
     res = subprocess.run([sys.executable, "-m", "kfactory.cli.main", "serve", "coder"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 1

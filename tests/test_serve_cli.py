@@ -9,14 +9,9 @@ import socket
 import subprocess
 import sys
 import time
+from ports import free_port
 
 KFACTORY = [sys.executable, "-m", "kfactory.cli.main"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_an_address_that_cannot_be_listened_on_is_a_usage_error(tmp_path, nats_url):
@@ -26,7 +21,7 @@ def test_an_address_that_cannot_be_listened_on_is_a_usage_error(tmp_path, nats_u
                          text=True, timeout=120)
     assert out.returncode == 2 and "kfactory serve: cannot listen on garbage" in out.stderr, out.stderr
     assert "internal error" not in out.stderr
-    addr = f"127.0.0.1:{_free_port()}"
+    addr = f"127.0.0.1:{free_port()}"
     log = (tmp_path / "first.log").open("w")
     first = subprocess.Popen([*KFACTORY, "serve", "planner", "--grpc-addr", addr], env=env, stdout=subprocess.DEVNULL,
                              stderr=log)

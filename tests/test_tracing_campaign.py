@@ -21,7 +21,8 @@ import pytest
 from kfactory.platform.app import SERVICE_NAMES
 from kfactory.services.memory.archive import Archive
 from redis_server import redis_server
-from secured_nats import SecuredNats, free_port as _free_port
+from ports import free_port
+from secured_nats import SecuredNats
 from test_multiprocess import Factory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,8 +37,8 @@ class ObservedFactory(Factory):
         super().__init__(tmp, nats.url, redis_url, ceilings)
         self.nats = nats
         self.env["KFACTORY_METRICS_POLL_S"] = "0.3"
-        self.metrics = {n: _free_port() for n in SERVICE_NAMES}
-        self.health = {n: _free_port() for n in SERVICE_NAMES}
+        self.metrics = {n: free_port() for n in SERVICE_NAMES}
+        self.health = {n: free_port() for n in SERVICE_NAMES}
 
     def spans_file(self, name: str) -> Path:
         return self.tmp / f"spans-{name}.jsonl"
