@@ -82,7 +82,6 @@ def host_ceilings(tmp_path_factory, worker_id):
     if worker_id == "master":
         data = tmp_path_factory.mktemp("ceilings")
         get_target("cpu", Settings(data_dir=data, threads=2)).device()
-        _measured_alone(data / "ceilings.json")
         return data / "ceilings.json"
     data = tmp_path_factory.getbasetemp().parent / "ceilings"
     data.mkdir(exist_ok=True)
@@ -90,20 +89,19 @@ def host_ceilings(tmp_path_factory, worker_id):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (data / "ceilings.json").exists():
             get_target("cpu", Settings(data_dir=data, threads=2)).device()
+            _recorded_quiet(data / "ceilings.json")
     return data / "ceilings.json"
 
 
-def _measured_alone(path: Path) -> None:
-    """Record the ceilings in `path` with the host's load as it is now, not the load average the probe recorded:
-    that is a minute's lagging mean, and at the start of `make test`'s serial phase it still counts the parallel
-    phase, so the tests that copied the file met the host "much quieter" a minute later and measured it all
-    again (12 s each, three times in one serial phase; kfactory.targets.cpu.ceiling.ceilings). Now is the
-    processes runnable (/proc/loadavg's fourth field) other than this one, a core: a host busy with something
-    else is still recorded busy, and measured again once it is quiet."""
-    running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+def _recorded_quiet(path: Path) -> None:
+    """Record the workers' measurement as a quiet host's. It was taken beside the other workers, so it reads busy
+    (kfactory.targets.cpu.ceiling.load_per_core), and every service of a test that copied it would then look at
+    the cores for a moment and, at one of the workers' idle moments, measure again for 12 s, beside them still and
+    no better. The parallel tests do not judge by timing; the serial ones run in a session of their own, which
+    measures on a quiet host."""
     entries = json.loads(path.read_text())
     for entry in entries.values():
-        entry["load_per_core"] = round(max(running - 1, 0) / (os.cpu_count() or 1), 3)
+        entry["load_per_core"] = 0.0
     path.write_text(json.dumps(entries, indent=1))
 
 
@@ -203,7 +201,11 @@ def ctrl_c_when(argv: list[str], ready, within_s: float, **popen) -> tuple[int, 
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
-        proc.kill()
+        try:   # the whole session: services, compilers and runners left behind would hold the worker's cores
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:   # every process of it has ended
+            pass
+        proc.wait()
     before = "".join(seen)
     return proc.returncode, (before + out) if stream == "stdout" else out, (before + err) if stream == "stderr" else err
 

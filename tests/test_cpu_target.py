@@ -348,6 +348,37 @@ def test_ceilings_measured_on_a_busy_host_are_measured_again_when_it_is_quiet(tm
     assert ceilings(target, "host/1", 1, load=0.1) == got
 
 
+def test_the_load_is_the_share_of_the_cores_busy_now_and_a_quiet_entry_does_not_look(tmp_path, monkeypatch):
+    """load_per_core reads /proc/stat's busy ticks over a moment, not the lagging 1-minute mean; a cached entry
+    measured on a quiet host is read without looking at the cores at all (most starts pay nothing)."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    from kfactory.platform.config import Settings
+    from kfactory.targets.cpu import ceiling
+    # user nice system idle iowait irq softirq steal: idle and iowait are not busy, steal is
+    assert ceiling.busy_share([100, 0, 50, 800, 50, 0, 0, 0], [200, 0, 100, 900, 100, 0, 0, 50]) == \
+        pytest.approx(200 / 350)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.5)
+        assert ceiling.load_per_core() > ceiling.BUSY_LOAD_PER_CORE   # a busy loop a core reads busy
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+    def looked(*_args):
+        raise AssertionError("looked at the cores for an entry measured on a quiet host")
+    monkeypatch.setattr(ceiling, "load_per_core", looked)
+    key = ceiling.cache_key("host/1")
+    quiet = {**dict.fromkeys(ceiling.CPU_CEILINGS, 7.0), "load_per_core": ceiling.BUSY_LOAD_PER_CORE}
+    (tmp_path / "ceilings.json").write_text(json.dumps({key: quiet}))
+    target = get_target("cpu", Settings(data_dir=tmp_path, threads=1))
+    assert ceiling.ceilings(target, "host/1", 1) == dict.fromkeys(ceiling.CPU_CEILINGS, 7.0)
+
 @pytest.mark.parametrize("source,needle", [
     ("#include <stdio.h>\nvoid kernel(void){}\n", "line 1: header <stdio.h> is not allowed"),
     ("#include <stdint.h>\nvoid kernel(void){\n  __asm__(\"nop\");\n}\n", "line 3: inline assembly"),

@@ -45,11 +45,15 @@ INT8_CHAINS = 12  # independent vpdpbusd chains per thread in cpu_int8.c (its pr
 #: as eight streams a thread (3's single stream read ~1.4x low), version 5 added the int8 dot-product peak.
 #: Figures cached by an older version are measured again.
 PROBES_VERSION = 5
-#: a cached measurement taken at more than this load a core (the 1-minute load average over the cores) is
-#: measured again when a later start finds the host at under half that load, and the best of both is kept: a
-#: probe beside other work reads low (5.1-5.7 GB/s read at load 7 on the project's 2-core host, against 14-15 at
-#: load 1.5), and a low bandwidth raises the speed-of-light floor, which may then call an honest kernel too fast
+#: a cached measurement taken at more than this load a core (the share of the cores busy just before it:
+#: load_per_core) is measured again when a later start finds the host at under half that load, and the best of
+#: both is kept: a probe beside other work reads low (5.1-5.7 GB/s read at a load average of 7 on the project's
+#: 2-core host, against 14-15 at 1.5), and a low bandwidth raises the speed-of-light floor, which may then call an
+#: honest kernel too fast
 BUSY_LOAD_PER_CORE = 0.5
+#: how long load_per_core watches the cores (at 100 ticks a second, 10 ticks a core: a share to 5% on two cores)
+LOAD_WINDOW_S = 0.1
+PROC_STAT = "/proc/stat"
 #: the probes' first inputs (the rest are ones): the FMA probe's chain seeds, multiplier and addend
 X_HEAD = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.999999, 1e-6)
 #: probe flags: the read and FMA probes are vectorised by hand as wide as the host's registers
@@ -164,9 +168,36 @@ def cache_key(device_id: str) -> str:
     return f"{device_id}#probes{PROBES_VERSION}"
 
 
-def load_per_core() -> float:
-    """The 1-minute load average over this host's cores."""
-    return os.getloadavg()[0] / (os.cpu_count() or 1)
+def load_per_core(window_s: float = LOAD_WINDOW_S) -> float:
+    """The share of this host's cores busy now: their busy time over `window_s`, from /proc/stat (user, nice,
+    system, irq, softirq and steal: a virtual machine's stolen time is a neighbour's load, and reads as low as any).
+    Not the 1-minute load average, a lagging mean: right after heavy work it still reads busy, so a measurement
+    taken on a quiet host was recorded busy and taken again at the next start (12 s on the project's host), and
+    right as heavy work begins it still reads quiet, so low figures were recorded as a quiet host's and kept.
+    Where /proc/stat cannot be read (not Linux), the 1-minute load average a core."""
+    try:
+        before = _cpu_times()
+        time.sleep(window_s)
+        after = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    return busy_share(before, after)
+
+
+def _cpu_times() -> list[int]:
+    """/proc/stat's aggregate cpu line: user nice system idle iowait irq softirq steal (in clock ticks)."""
+    with open(PROC_STAT) as f:
+        fields = f.readline().split()
+    if fields[0] != "cpu":
+        raise ValueError(f"{PROC_STAT} does not start with the aggregate cpu line")
+    return [int(v) for v in fields[1:9]]
+
+
+def busy_share(before: list[int], after: list[int]) -> float:
+    """The share of the cores' ticks between two /proc/stat readings that were busy (idle and iowait are not)."""
+    delta = [b - a for a, b in zip(before, after)]
+    total = sum(delta)
+    return (total - delta[3] - delta[4]) / total if total > 0 else 0.0
 
 
 def ceilings(target, device_id: str, threads: int, load: float | None = None) -> dict[str, float]:
@@ -178,6 +209,8 @@ def ceilings(target, device_id: str, threads: int, load: float | None = None) ->
     key = cache_key(device_id)
     entry = _read(Path(target.settings.data_dir) / "ceilings.json").get(key, {})
     found, then = _figures(entry, CPU_CEILINGS), entry.get("load_per_core")
+    if found is not None and then is not None and then <= BUSY_LOAD_PER_CORE:
+        return found   # measured on a quiet host: no need to read the load now
     now = load_per_core() if load is None else load
     stale = now <= BUSY_LOAD_PER_CORE if then is None else then > BUSY_LOAD_PER_CORE and now < then / 2
     if found is not None and not stale:
