@@ -203,6 +203,24 @@ def test_the_reference_check_checks_the_package_given_and_holds_its_limit_after_
     assert not _children_checking(closer), "the check's child outlived its killed parent"
 
 
+def test_the_checks_own_start_is_not_held_to_the_packages_limit(tmp_path, monkeypatch):
+    """Found by a review: the first step's limit also covered the child's own start (an interpreter importing numpy
+    and kfactory), so a loaded host's slow start was named as the package's fault under a short --timeout. The
+    start has START_S at least; a start past even that is named as the host's, not the reference's."""
+    from kfactory.problems import load_problem, refcheck
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import time\ntime.sleep(6)\n")   # a start slowed past the limit
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    problem = load_problem(_broken_softmax(tmp_path))   # the built-in reference, which passes
+    pkg = problem.directory
+    assert refcheck.finding_apart(problem, 5.0) is None
+    monkeypatch.setattr(refcheck, "START_S", 1.0)
+    assert refcheck.finding_apart(problem, 1.0) == (
+        f"{pkg / 'reference.py'}: the start of the check took longer than 1 s (stopped), before reference.py was "
+        "loaded: the host is too busy to start the check; try again when it is quieter")
+
+
 def _children_checking(pkg) -> list[int]:
     """Pids of the processes checking the reference of `pkg` (kfactory.problems.refcheck_child PKG ...)."""
     pids = []

@@ -5,8 +5,8 @@ something that never comes) would hang `kfactory problems check`, `kfactory run`
 it. `finding_apart` starts `python -m kfactory.problems.refcheck_child DIRECTORY PARENT_PID`, which loads the
 package and runs the same check, telling this side each step before it takes it (importing reference.py, each
 call of reference() with its shape and distribution) as one JSON line on its stdout; the reference's own prints go
-to stderr; it ends with this process (prctl). Each
-step may take `time_limit_s`: the child is killed once one takes longer, and the finding names that step. The
+to stderr; it ends with this process (prctl). Each step may take `time_limit_s` (the child's own start, which is
+kfactory's, at least START_S): the child is killed once one takes longer, and the finding names that step. The
 child ends with one line: {"ok": true}, or {"problem": the check's one-line finding}.
 """
 from __future__ import annotations
@@ -32,10 +32,18 @@ WAIT_SLICE_S = 60.0
 #: the step the child is in before it names one: loading the package, before any of its author's code runs (a
 #: child that ends there failed in kfactory's own code or its environment)
 START = "the start of the check"
+#: the least time the child's start may take, whatever the limit: it is kfactory's own (an interpreter importing
+#: numpy and kfactory, 1-2 s on an idle host, many more on a loaded one), and a 2-second limit meant for the
+#: author's steps named a loaded host's start as the package's fault
+START_S = 60.0
 
 
 class ReferenceTimedOut(Exception):
     """A step of the reference check took longer than its time limit (the message names the step)."""
+
+    def __init__(self, step: str, limit_s: float):
+        super().__init__(f"{step} took longer than {limit_s:g} s (stopped)")
+        self.step = step
 
 
 class CheckBroken(RuntimeError):
@@ -59,6 +67,9 @@ def finding_apart(problem, time_limit_s: float) -> str | None:
         try:
             answer, step = _follow(proc, time_limit_s)
         except ReferenceTimedOut as e:
+            if e.step == START:
+                return (f"{path}: {e}, before reference.py was loaded: the host is too busy to start the check; "
+                        "try again when it is quieter")
             return (f"{path}: {e}: make it end (a loop that never ends? a wait on input?), or, if it is only slow, "
                     "give it longer with --timeout S (kfactory problems check) or KFACTORY_REFERENCE_CHECK_S")
         finally:
@@ -79,18 +90,18 @@ def _follow(proc: subprocess.Popen, time_limit_s: float) -> tuple[dict | None, s
     """(the child's last line, the step it was taking), following its steps: each may take `time_limit_s`;
     ReferenceTimedOut naming the step that took longer. The last line is None when the child ended without one."""
     assert proc.stdout is not None
-    fd, buf, step = proc.stdout.fileno(), b"", START
-    deadline = time.monotonic() + time_limit_s
+    fd, buf, step, limit = proc.stdout.fileno(), b"", START, max(time_limit_s, START_S)
+    deadline = time.monotonic() + limit
     with selectors.DefaultSelector() as sel:   # not select(): a long-lived planner's descriptors pass 1024
         sel.register(fd, selectors.EVENT_READ)
         while True:
             while b"\n" not in buf:
-                left = _left(deadline, step, time_limit_s)
+                left = _left(deadline, step, limit)
                 if not sel.select(min(left, WAIT_SLICE_S)):
                     continue
                 chunk = os.read(fd, 65536)
                 if not chunk:   # the pipe closed: the child ended, or closed it and goes on; the limit still holds
-                    _wait(proc, deadline, step, time_limit_s)
+                    _wait(proc, deadline, step, limit)
                     return None, step
                 buf += chunk
             line, buf = buf.split(b"\n", 1)
@@ -102,22 +113,23 @@ def _follow(proc: subprocess.Popen, time_limit_s: float) -> tuple[dict | None, s
                 continue
             if "step" not in message:
                 return message, step
-            step, deadline = str(message["step"]), time.monotonic() + time_limit_s
+            step, limit = str(message["step"]), time_limit_s
+            deadline = time.monotonic() + limit
 
 
-def _left(deadline: float, step: str, time_limit_s: float) -> float:
+def _left(deadline: float, step: str, limit_s: float) -> float:
     """Seconds left to the step's deadline; ReferenceTimedOut naming the step once there are none."""
     left = deadline - time.monotonic()
     if left <= 0:
-        raise ReferenceTimedOut(f"{step} took longer than {time_limit_s:g} s (stopped)")
+        raise ReferenceTimedOut(step, limit_s)
     return left
 
 
-def _wait(proc: subprocess.Popen, deadline: float, step: str, time_limit_s: float) -> None:
+def _wait(proc: subprocess.Popen, deadline: float, step: str, limit_s: float) -> None:
     """Wait for the child to end within the step's deadline (ReferenceTimedOut when it does not)."""
     while True:
         try:
-            proc.wait(timeout=min(_left(deadline, step, time_limit_s), WAIT_SLICE_S))
+            proc.wait(timeout=min(_left(deadline, step, limit_s), WAIT_SLICE_S))
             return
         except subprocess.TimeoutExpired:
             continue
