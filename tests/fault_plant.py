@@ -32,10 +32,11 @@ class Nats:
     """nats-server with file storage in a directory that outlives restarts, on one port for its whole life."""
 
     def __init__(self, directory: Path, config: str | None = None):
-        self.dir, self.config = directory, config
-        self.server = EmbeddedNats(directory, config=config)
+        # a port of this worker's own (tests/ports.py), not one the kernel chose: a restart binds it again
+        # seconds later, by when any connection on the host could have taken an ephemeral one
+        self.dir, self.config, self.port = directory, config, free_port()
+        self.server = EmbeddedNats(directory, port=self.port, config=config)
         self.url = self.server.start()
-        self.port = int(self.url.rsplit(":", 1)[1])
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         proc = self.server.proc
@@ -71,20 +72,26 @@ class Redis:
         self.proc: subprocess.Popen | None = None
         self.start()
 
-    def start(self, timeout_s: float = 10.0) -> None:
+    def start(self, timeout_s: float = 30.0) -> None:
         self.proc = subprocess.Popen(["redis-server", str(self.dir / "redis.conf")], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.STDOUT)
         client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                client.ping()
-                client.close()
-                return
-            except (redis.ConnectionError, redis.BusyLoadingError):
-                assert self.proc.poll() is None, (self.dir / "redis.log").read_text()[-2000:]
-                assert time.monotonic() < deadline, "redis-server did not answer"
-                time.sleep(0.05)
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    assert self.proc.poll() is None, (self.dir / "redis.log").read_text()[-2000:]
+                    assert time.monotonic() < deadline, "redis-server did not answer"
+                    time.sleep(0.05)
+        except BaseException:   # not left running to hold its port through the worker's next tests
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        finally:
+            client.close()
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -48,10 +48,15 @@ class SecuredNats:
         self.proc = subprocess.Popen([nats_server_binary(), "-c", str(self.dir / "nats.conf"), "-l", str(self.log)],
                                      env=env)
         self.url = f"nats://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 15
-        while not self._healthy():
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.1)
+        deadline = time.monotonic() + 30
+        try:
+            while not self._healthy():
+                assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
+                time.sleep(0.1)
+        except BaseException:   # not left running to hold its ports through the worker's next tests
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def _healthy(self) -> bool:
         try:

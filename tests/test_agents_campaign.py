@@ -42,7 +42,7 @@ async def test_agents_repair_improve_and_fail_typed_without_stalling(bus_setting
     with ScriptedModelServer(_script()) as model:
         settings = bus_settings.model_copy(update={
             "llm_provider": provider, "llm_base_url": model.url + ("/v1" if provider == "openai" else ""),
-            "llm_model": "scripted-double", "llm_timeout_s": 2.0, "llm_retries": 1, "llm_backoff_s": 0.1})
+            "llm_model": "scripted-double", "llm_timeout_s": 4.0, "llm_retries": 1, "llm_backoff_s": 0.1})
         spec = pb.CampaignSpec(problem=slow_ref_softmax, target="cpu", budget_candidates=4, coders=["agent"],
                                parallel=2, threads=1, seed=11, token_budget=10**6)
         spec.manual_sources.append(pb.ManualSource(name="broken", source=(KERNELS / "softmax_broken.c").read_text(),
@@ -100,6 +100,8 @@ async def test_agents_repair_improve_and_fail_typed_without_stalling(bus_setting
     from kfactory.services.memory.lessons import as_text, lessons
     text = as_text(lessons(archive, "softmax", "cpu"))
     assert "persona repairer: 1 tasks, 1 measured" in text
-    assert re.search(r"persona memory_bound: \d tasks, 1 measured, best 1.00x its campaign's best", text)
+    # its figure, not its rank: the repaired kernel is only about 2x slower, and this file's timings share the
+    # cores with other tests (not `serial`)
+    assert re.search(r"persona memory_bound: \d tasks, 1 measured, best \d+\.\d\dx its campaign's best", text)
     assert "AGENT_NO_CODE 1" in text and "AGENT_TIMEOUT 1" in text
     assert "1 kernels COMPILE_ERROR" in text and "fastest so far" in text

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -51,7 +52,9 @@ def test_auth_conf_is_what_nats_auth_py_writes():
 
 
 async def _connect(server: SecuredNats, user: str) -> NatsBus:
-    return await NatsBus.connect(server.url, f"test-{user}", user=user, password=server.passwords[user])
+    # the deadline bounds a hang; a busy host may take seconds to connect
+    return await NatsBus.connect(server.url, f"test-{user}", user=user, password=server.passwords[user],
+                                 timeout_s=30)
 
 
 async def _refused(bus: NatsBus, subject: str) -> bool:
@@ -67,10 +70,11 @@ async def _refused(bus: NatsBus, subject: str) -> bool:
 async def test_each_service_publishes_its_results_and_no_one_elses(secured):
     compiler, planner, memory = [await _connect(secured, u) for u in ("compiler", "planner", "memory")]
     try:
-        await compiler.js.publish(ev.event_subject("compiled", "c1"), b"x", timeout=2.0)
-        await compiler.js.publish(ev.work_subject("verifier", "c1"), b"x", timeout=2.0)
+        # permitted: each is acknowledged (the deadline bounds a hang, not a busy host's round trip)
+        await compiler.js.publish(ev.event_subject("compiled", "c1"), b"x", timeout=10.0)
+        await compiler.js.publish(ev.work_subject("verifier", "c1"), b"x", timeout=10.0)
         # a search candidate goes to the benchmarker's screen before its verification (kfactory/judge/order.py)
-        await compiler.js.publish(ev.work_subject("benchmarker", "c1"), b"x", timeout=2.0)
+        await compiler.js.publish(ev.work_subject("benchmarker", "c1"), b"x", timeout=10.0)
         assert await _refused(compiler, ev.event_subject("verified", "c1"))
         assert await _refused(compiler, ev.event_subject("measured", "c1"))
         assert await _refused(compiler, ev.work_subject("coder", "c1"))
@@ -116,29 +120,30 @@ async def test_keda_triggers_name_consumers_that_exist_in_account_g(secured):
     services that own those consumers have started consuming with their own users."""
     scaled = [d for d in yaml.safe_load_all((K8S / "keda" / "scaledobjects.yaml").read_text())]
     triggers = [t["metadata"] for so in scaled for t in so["spec"]["triggers"]]
+    wanted = {(md["stream"], md["consumer"]) for md in triggers}
     owners = {"coder": ["coder", *(persona_stage(p) for p in PERSONAS)], "compiler": ["compiler"]}
     stop = asyncio.Event()
 
     async def noop(d):
         return Ack()
     buses, tasks = [], []
-    for user, stages in owners.items():
-        bus = await _connect(secured, user)
-        buses.append(bus)
-        tasks += [asyncio.create_task(bus.consume(stage, noop, 1, stop)) for stage in stages]
     try:
-        for _ in range(50):
-            jsz = _jsz(secured, triggers[0]["account"])
-            if len(jsz) >= len(triggers):
-                break
+        for user, stages in owners.items():
+            bus = await _connect(secured, user)
+            buses.append(bus)
+            tasks += [asyncio.create_task(bus.consume(stage, noop, 1, stop)) for stage in stages]
+        # each consumer is made by its service's task, a round trip a busy host may stall for seconds: waited for
+        # until every trigger's consumer is there (a task that ended, e.g. refused, stops the wait)
+        deadline = time.monotonic() + 30
+        while not wanted <= (jsz := await asyncio.to_thread(_jsz, secured, triggers[0]["account"])) \
+                and not any(t.done() for t in tasks) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
     finally:
         stop.set()
         await asyncio.gather(*tasks)
         for b in buses:
             await b.close()
-    for md in triggers:
-        assert (md["stream"], md["consumer"]) in jsz, (md, jsz)
+    assert wanted <= jsz, f"consumers missing after 30 s: {sorted(wanted - jsz)}; there: {sorted(jsz)}"
     assert {md["consumer"] for md in triggers} == {s for stages in owners.values() for s in stages}
     assert all(md["stream"] == WORK_STREAM for md in triggers)
     assert secured.violations() == []
@@ -146,7 +151,7 @@ async def test_keda_triggers_name_consumers_that_exist_in_account_g(secured):
 
 def _jsz(server: SecuredNats, account: str) -> set[tuple[str, str]]:
     url = f"http://127.0.0.1:{server.http_port}/jsz?acc={urllib.parse.quote(account)}&consumers=true&config=true"
-    with urllib.request.urlopen(url, timeout=5) as r:
+    with urllib.request.urlopen(url, timeout=30) as r:   # a bound on a hang, not on a busy host
         data = json.load(r)
     return {(s["name"], c["name"]) for a in data.get("account_details", []) if a["name"] == account
             for s in a.get("stream_detail", []) for c in s.get("consumer_detail", [])}
@@ -219,7 +224,8 @@ def test_redis_conf_wants_the_password_and_appends_to_its_file(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         _wait_listening(port)
-        no_retry = {"host": "127.0.0.1", "port": port, "socket_timeout": 2, "retry": Retry(NoBackoff(), 0)}
+        # one try each; the timeout bounds a hang, with room for a busy host's round trip
+        no_retry = {"host": "127.0.0.1", "port": port, "socket_timeout": 10, "retry": Retry(NoBackoff(), 0)}
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(**no_retry).set("k", "v")
         r = redis.Redis(password="s3cret", **no_retry)
@@ -231,9 +237,9 @@ def test_redis_conf_wants_the_password_and_appends_to_its_file(tmp_path):
         proc.wait(10)
 
 
-def _wait_listening(port: int, timeout: float = 10.0) -> None:
+def _wait_listening(port: int, timeout: float = 30.0) -> None:
+    """Until the port takes connections; a busy host may take seconds to start a process."""
     import socket
-    import time
 
     deadline = time.monotonic() + timeout
     while True:
@@ -263,6 +269,8 @@ async def test_a_service_started_as_another_services_user_is_refused_at_start_up
     assert "which compiler needs: give each service its own user (KFACTORY_NATS_USER" in msg
     running = await start_services(settings("compiler"), ("compiler",), grpc=False)
     try:
+        # ready (connected, its tasks running) from the start; the sleep is a window for a refused consumer call
+        # to end a task, which a stall can only lengthen
         await asyncio.sleep(0.5)
         assert running.failed() is None and running.ready()
     finally:

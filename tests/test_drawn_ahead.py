@@ -239,6 +239,16 @@ def _quiet_state(pid: int) -> str:
     return "T" if state in "RSD" and _stop_pending(pid) else state
 
 
+def _until(what: str, predicate, timeout_s: float = 10.0):
+    """predicate()'s first true value, polled: a loaded host forks, stops and wakes processes later than a fixed
+    sleep allows (AssertionError naming `what` after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while not (got := predicate()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(0.02)
+    return got
+
+
 def _cpu_ticks(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime + stime
@@ -251,18 +261,15 @@ def test_a_compiler_and_the_programs_it_started_are_stopped_while_a_host_timing_
     with subprocess.Popen(["sh", "-c", script]) as proc:
         try:
             with quiet.process(proc.pid):
-                time.sleep(0.3)
-                child = quiet._children(proc.pid)
+                child = _until("the shell's child", lambda: quiet._children(proc.pid))
                 assert len(child) == 1
                 with quiet.timing(on_host=True):
-                    time.sleep(0.1)
-                    assert _state(proc.pid) == _state(child[0]) == "T"
+                    _until("both stopped", lambda: _state(proc.pid) == _state(child[0]) == "T")
                     ticks = (_cpu_ticks(proc.pid), _cpu_ticks(child[0]))
                     time.sleep(0.3)
                     assert (_cpu_ticks(proc.pid), _cpu_ticks(child[0])) == ticks  # no CPU while the timing runs
                     assert quiet.state() == (1, 0, 0, 2)
-                time.sleep(0.3)
-                assert _state(proc.pid) in "RS" and _state(child[0]) in "RS"
+                _until("both going on", lambda: _state(proc.pid) in "RS" and _state(child[0]) in "RS")
                 assert quiet.state() == (0, 0, 0, 0)
                 with quiet.timing(on_host=False):  # a kernel timed elsewhere (a GPU) stops nothing
                     time.sleep(0.1)
@@ -276,8 +283,7 @@ def test_a_compiler_started_during_a_host_timing_is_stopped_at_once():
     with quiet.timing(on_host=True), subprocess.Popen(["sh", "-c", "while :; do :; done"]) as proc:
         try:
             with quiet.process(proc.pid):
-                time.sleep(0.1)
-                assert _state(proc.pid) == "T"
+                _until("stopped", lambda: _state(proc.pid) == "T")
         finally:
             proc.kill()
     assert quiet.state() == (0, 0, 0, 0)

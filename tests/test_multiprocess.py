@@ -91,15 +91,31 @@ class Factory:
             time.sleep(0.3)
         raise AssertionError(f"campaign {cid} did not finish; logs in {self.tmp}")
 
+    def wait_archived(self, cid: str, timeout: float = 60) -> None:
+        """Until the memory service, a process of its own following the stream, has archived the campaign's end
+        (a fixed second was not always enough on a loaded host)."""
+        deadline = time.monotonic() + timeout
+        arch = Archive(self.tmp / "data" / "archive.sqlite")
+        try:
+            while not arch.q("SELECT 1 FROM events WHERE campaign=? AND kind='campaign_finished'", (cid,)):
+                assert time.monotonic() < deadline, f"memory did not archive the end of {cid}; logs in {self.tmp}"
+                time.sleep(0.2)
+        finally:
+            arch.close()
+
     def stop(self) -> None:
+        """SIGTERM to each, SIGKILL to any still running after 30 s (a loaded host's orderly stop, which writes
+        the last spans, may take more than a few seconds)."""
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
         for p in self.procs.values():
             try:
-                p.wait(10)
+                p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
 
 
 @pytest.fixture
@@ -125,6 +141,7 @@ def _archive_check(tmp: Path, cid: str, proposed: int) -> None:
 def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_softmax):
     tmp, nats_url, redis_url, ceilings = factory_env
     f = Factory(tmp, nats_url, redis_url, ceilings)
+    watch = None
     try:
         for name in SERVICE_NAMES:
             f.start(name)
@@ -137,6 +154,7 @@ def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_so
         assert status["state"] == "completed"
         counts = status["counts"]
         assert counts["proposed"] == 5 and counts["measured"] >= 1
+        f.wait_archived(cid)
         lines = watch.communicate(timeout=60)[0].splitlines()
         assert lines[0].startswith("campaign_started") and lines[-1].startswith("campaign_finished")
         best = json.loads(f.cli("best", "softmax", "--json").stdout)
@@ -156,7 +174,6 @@ def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_so
         report = f.cli("report", cid, "--out", str(tmp / "rep")).stdout.strip()
         assert Path(report).read_text().startswith(f"# Campaign {cid}")
         assert "## Verification of the best candidate" in Path(report).read_text()
-        time.sleep(1.0)
         _archive_check(tmp, cid, counts["proposed"])
         # Campaigns.Cancel and Campaigns.List through gRPC: a second campaign, cancelled at once, ends cancelled,
         # and the list (status without an id) holds both with their states
@@ -168,6 +185,9 @@ def test_six_processes_complete_a_campaign_and_answer_grpc(factory_env, small_so
         listed = {s["id"]: s["state"] for s in json.loads(f.cli("status", "--json").stdout)["campaigns"]}
         assert listed == {cid: "completed", other: "cancelled"}
     finally:
+        if watch is not None and watch.poll() is None:   # a failed assertion before it ended: not left running
+            watch.kill()
+            watch.communicate()
         f.stop()
 
 
@@ -196,7 +216,7 @@ def test_killing_the_compiler_mid_campaign_loses_nothing(factory_env, small_soft
         counts = status["counts"]
         assert counts["proposed"] == 5
         assert counts["measured"] + counts["rejected"] + counts["compile_failed"] == 5
-        time.sleep(1.0)
+        f.wait_archived(cid)
         _archive_check(tmp, cid, counts["proposed"])
     finally:
         f.stop()

@@ -1,4 +1,4 @@
-"""The test servers' port allocator: ports below the kernel's ephemeral range, distinct within a process and
+"""The test servers' port allocator: ports outside the kernel's ephemeral range, distinct within a process and
 between workers, and never one that something holds."""
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import socket
 import ports
 
 
-def test_ports_are_distinct_below_the_ephemeral_range_and_in_this_workers_slice():
+def test_ports_are_distinct_outside_the_ephemeral_range_and_in_this_workers_slice():
     taken = [ports.free_port() for _ in range(50)]
     assert len(set(taken)) == 50
-    assert all(ports._LOWEST <= p < ports._ephemeral_low() for p in taken)
+    low, high = ports._ephemeral_range()
+    assert all(not low <= p <= high for p in taken)
     assert all(p in ports._slice() for p in taken)
 
 
@@ -28,3 +29,9 @@ def test_a_held_port_is_skipped():
     with socket.socket() as holder:
         holder.bind(("", alloc.ports[0]))
         assert alloc.take() == alloc.ports[1]   # the one held is passed over, the next handed out
+
+
+def test_a_host_whose_ephemeral_range_starts_low_draws_above_it(monkeypatch):
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: (1024, 50000))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    assert ports._slice().start > 50000 and ports._slice().stop <= 65536

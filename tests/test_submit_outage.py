@@ -27,6 +27,7 @@ from kfactory.v1 import services_pb2_grpc as sgrpc
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bus_helpers import planner_serving  # noqa: E402
+from ports import free_port  # noqa: E402
 from tuning_synth import write_spaces  # noqa: E402
 
 
@@ -77,9 +78,9 @@ async def test_a_submit_while_nats_is_down_is_refused_cleanly_and_the_planner_ca
     # the publish gives up after 1 s of retries instead of a minute (the behaviour is the same, only sooner)
     monkeypatch.setattr(jetstream, "PUBLISH_RETRY_S", 1.0)
     space = write_spaces(tmp_path / "spaces", devices=("GPU0",))[0]
-    server = EmbeddedNats(tmp_path / "nats")
+    port = free_port()   # restarted on the same port below: one of this worker's own (tests/ports.py)
+    server = EmbeddedNats(tmp_path / "nats", port=port)
     url = server.start()
-    port = int(url.rsplit(":", 1)[1])
     running = await start_services(settings.model_copy(update={"nats_url": url}), names=("planner",))
     planner = running.services["planner"]
     try:
@@ -161,9 +162,9 @@ async def test_a_refused_start_that_lands_under_a_restarted_planner_is_cancelled
     monkeypatch.setattr(jetstream, "PUBLISH_RETRY_S", 1.0)
     monkeypatch.setattr(jetstream, "DUPLICATE_WINDOW_S", 1.0)   # the stream would drop a second finish sooner
     space = write_spaces(tmp_path / "spaces", devices=("GPU0",))[0]
-    server = EmbeddedNats(tmp_path / "nats")
+    port = free_port()   # restarted on the same port below: one of this worker's own (tests/ports.py)
+    server = EmbeddedNats(tmp_path / "nats", port=port)
     url = server.start()
-    port = int(url.rsplit(":", 1)[1])
     config = settings.model_copy(update={"nats_url": url, "redis_url": redis_url_session})
     running, planner = await _planner(config)
     try:

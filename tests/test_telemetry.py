@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import time
 
 import grpc
 import pytest
@@ -145,15 +146,20 @@ async def test_health_server_follows_readiness():
     watch = asyncio.create_task(server.watch(stop))
 
     async def status(service: str):
+        # each check dials anew: the deadline bounds a hang, not how fast a busy host connects
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+            r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=20)
             return r.status
     try:
         assert await status("") == health_pb2.HealthCheckResponse.SERVING
         assert await status("ready") == health_pb2.HealthCheckResponse.NOT_SERVING
         ready[0] = True
-        await asyncio.sleep(0.2)
-        assert await status("ready") == health_pb2.HealthCheckResponse.SERVING
+        # the watch looks again every interval_s (0.05 s); a busy host may delay that by far more
+        deadline = time.monotonic() + 20
+        while (now := await status("ready")) != health_pb2.HealthCheckResponse.SERVING \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert now == health_pb2.HealthCheckResponse.SERVING
         stop.set()
         await watch
         assert await status("") == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -162,7 +168,7 @@ async def test_health_server_follows_readiness():
 
 
 async def test_stage_backlog_counts_work_with_and_without_a_consumer(nats_url):
-    bus = await NatsBus.connect(nats_url, "t")
+    bus = await NatsBus.connect(nats_url, "t", timeout_s=30)   # a bound on a hang: a busy host connects slowly
     try:
         for i in range(3):
             await bus.send_work("compiler", _event(cand=f"{i}" * 64))
@@ -175,17 +181,19 @@ async def test_stage_backlog_counts_work_with_and_without_a_consumer(nats_url):
             return Ack()
         stop = asyncio.Event()
         task = asyncio.create_task(bus.consume("compiler", slow, 1, stop))
-        for _ in range(100):
-            if held:
-                break
+        # making the consumer and the first delivery take round trips a busy host may stall: waited for, by a
+        # deadline far past them
+        deadline = time.monotonic() + 30
+        while not held and not task.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        assert held, f"the consumer got no message within 30 s (its task: {task})"
         assert await metrics.stage_backlog(bus.js, WORK_STREAM, "compiler") == (2, 1)
         release.set()
-        for _ in range(100):
-            if await metrics.stage_backlog(bus.js, WORK_STREAM, "compiler") == (0, 0):
-                break
+        deadline = time.monotonic() + 30
+        while (backlog := await metrics.stage_backlog(bus.js, WORK_STREAM, "compiler")) != (0, 0) \
+                and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert await metrics.stage_backlog(bus.js, WORK_STREAM, "compiler") == (0, 0)
+        assert backlog == (0, 0)
         stop.set()
         await task
     finally:
@@ -247,7 +255,8 @@ def test_spans_reach_an_otlp_collector_at_the_configured_endpoint():
         with provider.get_tracer("kfactory").start_as_current_span("compiler compiled",
                                                                    attributes={"kf.campaign": "camp1"}):
             pass
-        assert provider.force_flush(10_000)
+        # waits out the export (it dials the collector first, within the exporter's own 10 s deadline)
+        assert provider.force_flush(30_000)
         provider.shutdown()
     finally:
         server.stop(0)

@@ -78,13 +78,15 @@ def read_spans(files: list[Path]) -> list[dict]:
 @pytest.fixture
 def observed(tmp_path, host_ceilings):
     nats = SecuredNats(tmp_path)
-    with redis_server(password=secrets.token_hex(8)) as redis_url:
-        factory = ObservedFactory(tmp_path, nats, redis_url, host_ceilings)
-        try:
-            yield factory
-        finally:
-            factory.stop()
-            nats.stop()
+    try:
+        with redis_server(password=secrets.token_hex(8)) as redis_url:
+            factory = ObservedFactory(tmp_path, nats, redis_url, host_ceilings)
+            try:
+                yield factory
+            finally:
+                factory.stop()
+    finally:
+        nats.stop()
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -136,6 +138,7 @@ def test_one_candidate_is_one_trace_across_six_processes_and_metrics_tell_the_ca
     # metrics: lag drained, latency counted per candidate, the wrong kernel's rejection by reason
     assert _wait(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") == 0 or None,
                  30, "the compiler's queue to drain")
+    f.wait_archived(cid)
     arch = Archive(f.tmp / "data" / "archive.sqlite")
     created = arch.q("SELECT COUNT(*) FROM events WHERE campaign=? AND kind='candidate_created'", (cid,))[0][0]
     sizes = dict(arch.q("SELECT kind, MAX(LENGTH(payload)) FROM events WHERE campaign=? GROUP BY kind", (cid,)))
