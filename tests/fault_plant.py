@@ -236,14 +236,20 @@ class Plant:
 
     def wait_archived(self, cid: str, timeout: float = 30) -> None:
         """Until memory has archived the campaign's end."""
-        deadline = time.monotonic() + timeout
-        arch = self.archive()
-        try:
-            while not arch.q("SELECT 1 FROM events WHERE campaign=? AND kind='campaign_finished'", (cid,)):
-                assert time.monotonic() < deadline, f"memory did not archive the end of {cid}"
-                time.sleep(0.1)
-        finally:
-            arch.close()
+        wait_archived(self.tmp / "data" / "archive.sqlite", cid, timeout)
+
+
+def wait_archived(path: Path, cid: str, timeout: float) -> None:
+    """Until the memory service, a process of its own following the stream, has archived the end of campaign
+    `cid` in the archive at `path` (AssertionError after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    arch = Archive(path)
+    try:
+        while not arch.q("SELECT 1 FROM events WHERE campaign=? AND kind='campaign_finished'", (cid,)):
+            assert time.monotonic() < deadline, f"memory did not archive the end of {cid} within {timeout:g} s"
+            time.sleep(0.1)
+    finally:
+        arch.close()
 
 
 def check_exactly_once(plant: Plant, cid: str, status: spb.CampaignStatus) -> dict[str, int]:

@@ -18,6 +18,7 @@ from kfactory.platform.app import SERVICE_NAMES
 from kfactory.services.memory.archive import Archive
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
+from fault_plant import wait_archived
 from ports import free_port
 
 
@@ -92,16 +93,9 @@ class Factory:
         raise AssertionError(f"campaign {cid} did not finish; logs in {self.tmp}")
 
     def wait_archived(self, cid: str, timeout: float = 60) -> None:
-        """Until the memory service, a process of its own following the stream, has archived the campaign's end
-        (a fixed second was not always enough on a loaded host)."""
-        deadline = time.monotonic() + timeout
-        arch = Archive(self.tmp / "data" / "archive.sqlite")
-        try:
-            while not arch.q("SELECT 1 FROM events WHERE campaign=? AND kind='campaign_finished'", (cid,)):
-                assert time.monotonic() < deadline, f"memory did not archive the end of {cid}; logs in {self.tmp}"
-                time.sleep(0.2)
-        finally:
-            arch.close()
+        """Until memory has archived the campaign's end (a fixed second was not always enough on a loaded
+        host)."""
+        wait_archived(self.tmp / "data" / "archive.sqlite", cid, timeout)
 
     def stop(self) -> None:
         """SIGTERM to each, SIGKILL to any still running after 30 s (a loaded host's orderly stop, which writes
