@@ -120,20 +120,17 @@ class NatsBus(Bus):
 
     # -- reading streams -----------------------------------------------------------------------------
     async def stored(self, stream: str, subject: str) -> list[Stored]:
-        sub = await self.js.pull_subscribe(subject, stream=stream,
-                                           config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+        # direct gets, each of the next message on the subject (wildcards too): the server says where they end.
+        # A consumer's fetch took 0.5 s without an answer for the end, which a busy server or a paused client
+        # could fake (a list of dead letters came back short), its acks took work off a work-queue stream, and
+        # a work-queue stream refuses a second consumer on the same subjects. About 0.7 ms a message locally;
+        # the lists read here (dead letters, resend requests) are short, and no longer wait 0.5 s at their end.
         out: list[Stored] = []
-        try:
-            while True:
-                try:
-                    msgs = await sub.fetch(256, timeout=0.5)
-                except asyncio.TimeoutError:  # nats-py's fetch timeout: nothing more is stored
-                    return out
-                for msg in msgs:
-                    out.append(Stored(msg.metadata.sequence.stream, msg.subject, msg.data))
-                    await msg.ack()
-        finally:
-            await _quiet_unsubscribe(sub)
+        seq = 1
+        while (found := await self._next_on_subject(stream, subject, seq)) is not None:
+            out.append(found)
+            seq = found.seq + 1
+        return out
 
     async def last_seq(self, stream: str) -> int:
         return (await self.js.stream_info(stream)).state.last_seq
