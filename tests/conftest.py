@@ -75,9 +75,9 @@ def engine_objects(tmp_path_factory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def host_ceilings(tmp_path_factory, worker_id):
     """This host's measured ceilings (bandwidth, peak fp32), measured once for the whole session. Under
-    pytest-xdist the first worker measures them, holding a lock the others wait on, and all share the file: a
-    measurement taken while another worker runs kernels would read the bandwidth low and so set the
-    speed-of-light floor high."""
+    pytest-xdist the first worker that asks measures them, holding a lock the others wait on when they ask, and
+    all share the file; the workers that do not ask yet run on beside it, so that measurement reads low
+    (_recorded_quiet). The serial session, whose tests judge kernels by their timing, measures on its own."""
     from kfactory.targets import get_target
     if worker_id == "master":
         data = tmp_path_factory.mktemp("ceilings")
@@ -201,7 +201,8 @@ def ctrl_c_when(argv: list[str], ready, within_s: float, **popen) -> tuple[int, 
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
-        try:   # the whole session: services, compilers and runners left behind would hold the worker's cores
+        try:   # its process group: services and compilers left behind would hold the worker's cores (runners and
+            # nats-servers run in groups of their own and end with their parent: pipe end, PR_SET_PDEATHSIG)
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:   # every process of it has ended
             pass

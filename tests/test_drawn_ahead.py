@@ -264,6 +264,9 @@ def test_a_compiler_and_the_programs_it_started_are_stopped_while_a_host_timing_
                 child = _until("the shell's child", lambda: quiet._children(proc.pid))
                 assert len(child) == 1
                 with quiet.timing(on_host=True):
+                    # stopped at once (a stop still pending is taken before either runs any more of its own code);
+                    # their CPU ticks are read once the stops have taken effect
+                    assert _quiet_state(proc.pid) == _quiet_state(child[0]) == "T"
                     _until("both stopped", lambda: _state(proc.pid) == _state(child[0]) == "T")
                     ticks = (_cpu_ticks(proc.pid), _cpu_ticks(child[0]))
                     time.sleep(0.3)
@@ -283,7 +286,7 @@ def test_a_compiler_started_during_a_host_timing_is_stopped_at_once():
     with quiet.timing(on_host=True), subprocess.Popen(["sh", "-c", "while :; do :; done"]) as proc:
         try:
             with quiet.process(proc.pid):
-                _until("stopped", lambda: _state(proc.pid) == "T")
+                assert _quiet_state(proc.pid) == "T"
         finally:
             proc.kill()
     assert quiet.state() == (0, 0, 0, 0)

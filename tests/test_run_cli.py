@@ -203,10 +203,10 @@ def test_the_reference_check_checks_the_package_given_and_holds_its_limit_after_
     assert not _children_checking(closer), "the check's child outlived its killed parent"
 
 
-def test_the_checks_own_start_is_not_held_to_the_packages_limit(tmp_path, monkeypatch):
+def test_the_checks_own_start_is_not_held_to_the_packages_limit(tmp_path, monkeypatch, capsys):
     """Found by a review: the first step's limit also covered the child's own start (an interpreter importing numpy
     and kfactory), so a loaded host's slow start was named as the package's fault under a short --timeout. The
-    start has START_S at least; a start past even that is named as the host's, not the reference's."""
+    start has START_S at least; a start past even that is the host's condition, not a finding."""
     from kfactory.problems import load_problem, refcheck
     site = tmp_path / "site"
     site.mkdir()
@@ -215,10 +215,17 @@ def test_the_checks_own_start_is_not_held_to_the_packages_limit(tmp_path, monkey
     problem = load_problem(_broken_softmax(tmp_path))   # the built-in reference, which passes
     pkg = problem.directory
     assert refcheck.finding_apart(problem, 5.0) is None
+    # past even START_S: no finding against the package, the host's condition, typed (the planner answers
+    # UNAVAILABLE, the CLI exits 69)
     monkeypatch.setattr(refcheck, "START_S", 1.0)
-    assert refcheck.finding_apart(problem, 1.0) == (
-        f"{pkg / 'reference.py'}: the start of the check took longer than 1 s (stopped), before reference.py was "
-        "loaded: the host is too busy to start the check; try again when it is quieter")
+    with pytest.raises(refcheck.CheckUnavailable) as busy:
+        refcheck.finding_apart(problem, 1.0)
+    assert str(busy.value) == (
+        f"checking {pkg / 'reference.py'}: the start of the check took longer than 1 s (stopped), before "
+        "reference.py was loaded: the host is too busy to start the check; try again when it is quieter")
+    from kfactory.cli.main import EXIT_UNAVAILABLE, main
+    assert main(["problems", "check", str(pkg), "--timeout", "1"]) == EXIT_UNAVAILABLE == 69
+    assert capsys.readouterr().err == f"kfactory: {busy.value}\n"
 
 
 def _children_checking(pkg) -> list[int]:

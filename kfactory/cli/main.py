@@ -15,6 +15,8 @@ from kfactory.observability.log import configure
 from kfactory.platform.spec_ranges import cli_type
 
 EXIT_USAGE = 2
+#: a service or the host could not do it now; the same command may succeed later (sysexits' EX_UNAVAILABLE)
+EXIT_UNAVAILABLE = 69
 
 
 def _settings(args) -> Settings:
@@ -356,7 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 (no command expected it: a bug of kfactory's, told apart from a mistake)
         from kfactory.cli.crash import report_unexpected
+        from kfactory.problems.refcheck import CheckUnavailable   # imported here: 0.4 s of every command's start
 
+        if isinstance(e, CheckUnavailable):   # the host too busy to check a reference now: neither mistake nor bug
+            print(f"kfactory: {e}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
         return report_unexpected(e, list(sys.argv[1:] if argv is None else argv), args.cmd)
 
 

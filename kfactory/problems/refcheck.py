@@ -46,6 +46,12 @@ class ReferenceTimedOut(Exception):
         self.step = step
 
 
+class CheckUnavailable(RuntimeError):
+    """The check's child did not get through its own start (kfactory's imports, before the package's code) within
+    START_S: the host is too busy to check now. Not the package's fault, so no finding: the caller says to try
+    again (the planner answers UNAVAILABLE, the CLI exits EXIT_UNAVAILABLE)."""
+
+
 class CheckBroken(RuntimeError):
     """The check's own code failed in the child (not the reference: a bug of kfactory's); the message holds the
     child's traceback."""
@@ -55,7 +61,7 @@ def finding_apart(problem, time_limit_s: float) -> str | None:
     """check_reference's checks of `problem` (a package whose reference.py is its author's code) run in a child
     process: None when they pass, else the finding in one line (the check's own; or the step that did not end
     within `time_limit_s`, and what to do about it; or how the child ended without an answer). CheckBroken when
-    the check's own code failed there."""
+    the check's own code failed there, CheckUnavailable when the child did not start within START_S."""
     directory = problem.directory.resolve()   # absolute: "./softmax" would load as the built-in softmax there
     path = directory / "reference.py"
     with tempfile.TemporaryFile() as err:
@@ -68,8 +74,8 @@ def finding_apart(problem, time_limit_s: float) -> str | None:
             answer, step = _follow(proc, time_limit_s)
         except ReferenceTimedOut as e:
             if e.step == START:
-                return (f"{path}: {e}, before reference.py was loaded: the host is too busy to start the check; "
-                        "try again when it is quieter")
+                raise CheckUnavailable(f"checking {path}: {e}, before reference.py was loaded: the host is too "
+                                       "busy to start the check; try again when it is quieter") from e
             return (f"{path}: {e}: make it end (a loop that never ends? a wait on input?), or, if it is only slow, "
                     "give it longer with --timeout S (kfactory problems check) or KFACTORY_REFERENCE_CHECK_S")
         finally:

@@ -10,6 +10,7 @@ from kfactory.bus import events as ev
 from kfactory.bus.base import Bus
 from kfactory.services import paging
 from kfactory.services.planner.campaign import CampaignState
+from kfactory.problems.refcheck import CheckUnavailable
 from kfactory.services.planner.specs import SpecError, StartNotPublished
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -39,7 +40,7 @@ class CampaignsApi(sgrpc.CampaignsServicer):
             cid = await self.p.submit(request.spec)
         except SpecError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except StartNotPublished as e:
+        except (StartNotPublished, CheckUnavailable) as e:   # nothing started: the same spec may go through later
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return self.p.status(self.p.campaigns[cid])
 

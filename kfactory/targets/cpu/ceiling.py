@@ -45,14 +45,15 @@ INT8_CHAINS = 12  # independent vpdpbusd chains per thread in cpu_int8.c (its pr
 #: as eight streams a thread (3's single stream read ~1.4x low), version 5 added the int8 dot-product peak.
 #: Figures cached by an older version are measured again.
 PROBES_VERSION = 5
-#: a cached measurement taken at more than this load a core (the share of the cores busy just before it:
-#: load_per_core) is measured again when a later start finds the host at under half that load, and the best of
-#: both is kept: a probe beside other work reads low (5.1-5.7 GB/s read at a load average of 7 on the project's
-#: 2-core host, against 14-15 at 1.5), and a low bandwidth raises the speed-of-light floor, which may then call an
-#: honest kernel too fast
+#: a cached measurement taken at more than this load (the share of the cores busy just before it or just after
+#: it, whichever is more: load_per_core) is measured again when a later start finds the host at under half that
+#: load, and the best of both is kept: a probe beside other work reads low (5.1-5.7 GB/s read at a load average of
+#: 7, three times the 2-core host's cores busy, against 14-15 GB/s with most of them idle), and a low bandwidth
+#: raises the speed-of-light floor, which may then call an honest kernel too fast
 BUSY_LOAD_PER_CORE = 0.5
-#: how long load_per_core watches the cores (at 100 ticks a second, 10 ticks a core: a share to 5% on two cores)
-LOAD_WINDOW_S = 0.1
+#: how long load_per_core watches the cores (at 100 ticks a second, 50 ticks a core): paid only by a start that
+#: measures, or that finds an entry measured busy (or with no load recorded)
+LOAD_WINDOW_S = 0.5
 PROC_STAT = "/proc/stat"
 #: the probes' first inputs (the rest are ones): the FMA probe's chain seeds, multiplier and addend
 X_HEAD = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.999999, 1e-6)
@@ -174,14 +175,13 @@ def load_per_core(window_s: float = LOAD_WINDOW_S) -> float:
     Not the 1-minute load average, a lagging mean: right after heavy work it still reads busy, so a measurement
     taken on a quiet host was recorded busy and taken again at the next start (12 s on the project's host), and
     right as heavy work begins it still reads quiet, so low figures were recorded as a quiet host's and kept.
-    Where /proc/stat cannot be read (not Linux), the 1-minute load average a core."""
+    Where /proc/stat cannot be read (not Linux), or shows no ticks, the 1-minute load average a core."""
     try:
         before = _cpu_times()
         time.sleep(window_s)
-        after = _cpu_times()
+        return busy_share(before, _cpu_times())
     except (OSError, ValueError, IndexError):
         return os.getloadavg()[0] / (os.cpu_count() or 1)
-    return busy_share(before, after)
 
 
 def _cpu_times() -> list[int]:
@@ -194,21 +194,29 @@ def _cpu_times() -> list[int]:
 
 
 def busy_share(before: list[int], after: list[int]) -> float:
-    """The share of the cores' ticks between two /proc/stat readings that were busy (idle and iowait are not)."""
-    delta = [b - a for a, b in zip(before, after)]
+    """The share of the cores' ticks between two /proc/stat readings that were busy (idle and iowait are not), in
+    [0, 1]; ValueError when no tick passed (no share to tell: "quiet" would be the unsafe guess). A counter that
+    went back (iowait may: proc(5)) counts as no ticks of its own."""
+    delta = [max(0, b - a) for a, b in zip(before, after)]
     total = sum(delta)
-    return (total - delta[3] - delta[4]) / total if total > 0 else 0.0
+    if total <= 0:
+        raise ValueError("no clock tick passed between the two readings of /proc/stat")
+    return min(1.0, max(0.0, (total - delta[3] - delta[4]) / total))
 
 
 def ceilings(target, device_id: str, threads: int, load: float | None = None) -> dict[str, float]:
     """{"mem_bandwidth_gbps" (copy), "read_bandwidth_gbps", "peak_gflops", "peak_int8_gops"} from the cache or
     measured now (0.0 where they cannot be). A cached entry measured on a busy host (BUSY_LOAD_PER_CORE) is
     measured again when the host is now much quieter, keeping the larger of each figure; so is one whose load was
-    not recorded (cached before the load was kept), once, when the host is not busy now. `load`: this host's load
-    a core now (default: load_per_core())."""
+    not recorded (cached before the load was kept), once, when the host is not busy now. A measurement is recorded
+    with the busier of the loads just before and just after it (a quiet moment between bursts of other work is no
+    quiet host). `load`: the share of the host's cores busy, for both readings (default: load_per_core() each
+    time)."""
     key = cache_key(device_id)
     entry = _read(Path(target.settings.data_dir) / "ceilings.json").get(key, {})
     found, then = _figures(entry, CPU_CEILINGS), entry.get("load_per_core")
+    if then is not None:
+        then = min(float(then), 1.0)   # recorded as a load average before: over 1 a core, every core was busy
     if found is not None and then is not None and then <= BUSY_LOAD_PER_CORE:
         return found   # measured on a quiet host: no need to read the load now
     now = load_per_core() if load is None else load
@@ -218,9 +226,11 @@ def ceilings(target, device_id: str, threads: int, load: float | None = None) ->
     figures = _measure(target, device_id, threads)
     if figures is None:
         return found or dict.fromkeys(CPU_CEILINGS, 0.0)
+    now = max(now, load_per_core() if load is None else load)
     if found is not None:
-        log.info("measured the host's ceilings again: the cached ones were measured at a load of "
-                 f"{'an unrecorded' if then is None else f'{then:.2f}'} a core, now {now:.2f}", device=device_id)
+        log.info("measured the host's ceilings again: the cached ones were measured with "
+                 f"{'an unrecorded share' if then is None else f'{then:.2f}'} of the cores busy, now {now:.2f}",
+                 device=device_id)
         figures = {k: max(v, found[k]) for k, v in figures.items()}
         now = now if then is None else min(now, then)
     write_cached(target.settings.data_dir, key, figures, threads=threads, load_per_core=round(now, 3))
