@@ -203,29 +203,65 @@ def test_the_reference_check_checks_the_package_given_and_holds_its_limit_after_
     assert not _children_checking(closer), "the check's child outlived its killed parent"
 
 
-def test_the_checks_own_start_is_not_held_to_the_packages_limit(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def slow_start(tmp_path, monkeypatch):
+    """A copy of the built-in softmax (whose reference passes) checked by a child that starts 6 s late, as on a
+    loaded host: a sitecustomize.py on the children's path sleeps."""
+    from kfactory.problems import load_problem
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import time\ntime.sleep(6)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return load_problem(_broken_softmax(tmp_path))
+
+
+def test_the_checks_own_start_is_not_held_to_the_packages_limit(slow_start, monkeypatch, capsys):
     """Found by a review: the first step's limit also covered the child's own start (an interpreter importing numpy
     and kfactory), so a loaded host's slow start was named as the package's fault under a short --timeout. The
     start has START_S at least; a start past even that is the host's condition, not a finding."""
-    from kfactory.problems import load_problem, refcheck
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text("import time\ntime.sleep(6)\n")   # a start slowed past the limit
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    problem = load_problem(_broken_softmax(tmp_path))   # the built-in reference, which passes
-    pkg = problem.directory
-    assert refcheck.finding_apart(problem, 5.0) is None
+    from kfactory.problems import refcheck
+    pkg = slow_start.directory
+    assert refcheck.finding_apart(slow_start, 5.0) is None   # a start of 6 s, and steps of 5 s at most
     # past even START_S: no finding against the package, the host's condition, typed (the planner answers
     # UNAVAILABLE, the CLI exits 69)
     monkeypatch.setattr(refcheck, "START_S", 1.0)
     with pytest.raises(refcheck.CheckUnavailable) as busy:
-        refcheck.finding_apart(problem, 1.0)
+        refcheck.finding_apart(slow_start, 1.0)
     assert str(busy.value) == (
         f"checking {pkg / 'reference.py'}: the start of the check took longer than 1 s (stopped), before "
         "reference.py was loaded: the host is too busy to start the check; try again when it is quieter")
     from kfactory.cli.main import EXIT_UNAVAILABLE, main
     assert main(["problems", "check", str(pkg), "--timeout", "1"]) == EXIT_UNAVAILABLE == 69
     assert capsys.readouterr().err == f"kfactory: {busy.value}\n"
+
+
+async def test_a_submit_whose_check_cannot_start_is_unavailable_not_invalid(slow_start, memory_bus_settings,
+                                                                           monkeypatch):
+    """The planner's submit checks the package's reference too: a check that could not start is UNAVAILABLE (the
+    same spec may go through later), not INVALID_ARGUMENT (a mistake in the spec)."""
+    import grpc
+
+    from bus_helpers import planner_serving
+    from kfactory.problems import refcheck
+    from kfactory.v1 import events_pb2 as pb
+    from kfactory.v1 import services_pb2 as spb
+    from kfactory.v1 import services_pb2_grpc as sgrpc
+    from kfactory.platform.app import start_services
+    monkeypatch.setattr(refcheck, "START_S", 1.0)   # the start's floor: the step limit below is 1 s too
+    running = await start_services(memory_bus_settings.model_copy(update={"reference_check_s": 1.0}),
+                                   names=("planner",))
+    try:
+        planner = running.services["planner"]
+        await planner_serving(planner)
+        spec = pb.CampaignSpec(problem=str(slow_start.directory), target="cpu", budget_candidates=1)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await sgrpc.CampaignsStub(ch).Submit(spb.SubmitRequest(spec=spec), timeout=60)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
+        assert "the host is too busy to start the check; try again when it is quieter" in err.value.details()
+        assert planner.campaigns == {}
+    finally:
+        await running.shutdown()
 
 
 def _children_checking(pkg) -> list[int]:
