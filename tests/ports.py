@@ -25,7 +25,7 @@ from typing import IO
 #: below this, ports are left to the well-known and registered services a host may run
 _LOWEST = 10000
 #: ports a slice: a process hands out every one of them before it comes back to the first
-_SLICE = 1500
+_SLICE = 500
 _RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 #: the slices' lock files: one directory a user (another user's could not be written to), so two users' sessions
 #: on one host share only the bind check
@@ -57,7 +57,9 @@ def _claim(locks: list[IO[str]]) -> range:
     if count == 0:
         raise RuntimeError(f"no room for test ports outside the ephemeral range {_ephemeral_range()}: widen "
                            f"{_RANGE_FILE} to leave {_SLICE} ports free below or above it")
-    SLICE_DIR.mkdir(exist_ok=True)
+    SLICE_DIR.mkdir(mode=0o700, exist_ok=True)
+    if SLICE_DIR.stat().st_uid != os.getuid():   # another user's, made first: its locks are not ours to trust
+        raise RuntimeError(f"{SLICE_DIR} belongs to another user: remove it, or set TMPDIR elsewhere")
     for k in range(count):
         f = open(SLICE_DIR / f"slice-{k}", "a")
         try:

@@ -63,3 +63,39 @@ def test_the_topology_is_closed_and_the_services_consume_what_it_says():
     for name in SERVICE_NAMES:
         stage = service_class(name).stage
         assert stage is None or consumer_of(stage) == name
+
+
+async def test_stored_waits_out_a_server_that_stalls_and_reads_a_missing_stream_as_an_error(tmp_path):
+    """stored() reads every message of the subject through a stall of the server (the old one took 0.5 s without
+    an answer for the end of the list; this stall lands before that read began, so both pass it: the walk's end
+    is the server's word, by construction), and a stream that does not exist is an error, not an empty list."""
+    import asyncio
+    import os
+    import signal
+
+    import nats.js.errors
+
+    from kfactory.bus import events as ev
+    from kfactory.bus.natsd import EmbeddedNats
+    from kfactory.bus.topology import DLQ_STREAM
+
+    server = EmbeddedNats(tmp_path / "nats")
+    bus = await NatsBus.connect(server.start(), "t")
+    try:
+        for stage in ("verifier", "compiler", "coder"):
+            await bus.js.publish(f"{ev.DLQ_PREFIX}.{stage}.c1", stage.encode(), stream=DLQ_STREAM)
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)   # the server stalls for 1.5 s while the list is read
+        asyncio.get_running_loop().call_later(1.5, os.kill, server.proc.pid, signal.SIGCONT)
+        got = await bus.stored(DLQ_STREAM, f"{ev.DLQ_PREFIX}.*.c1")
+        assert [m.data for m in got] == [b"verifier", b"compiler", b"coder"]
+        with pytest.raises(nats.js.errors.NotFoundError, match="stream not found"):
+            await bus.stored("KF_NO_SUCH_STREAM", "a.b")
+        with pytest.raises(nats.js.errors.NotFoundError, match="stream not found"):   # the lifecycle reads too
+            await bus._next_on_subject("KF_NO_SUCH_STREAM", "a.b", 1)
+        assert await bus._next_on_subject(DLQ_STREAM, f"{ev.DLQ_PREFIX}.*.c2", 1) is None   # only no message is
+    finally:
+        if server.proc is not None:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        await bus.close()
+        server.stop()

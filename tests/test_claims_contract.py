@@ -37,7 +37,7 @@ except ModuleNotFoundError:
 # or mark to have EXPIRED; where it must STILL be held after some work, its TTL leaves room for such a pause.
 TTL = 0.2  # seconds: only for what must have expired after a sleep (oversleeping is harmless)
 LONG_TTL = 10.0  # seconds: for what must still be held and is never waited out (it costs no time)
-HOLD_TTL = 1.0  # seconds: hold() renews every HOLD_TTL/3, so its lock survives a pause of up to 2/3 s
+HOLD_TTL = 2.0  # seconds: hold() renews every HOLD_TTL/3, so its lock survives a pause of up to 4/3 s
 
 
 @pytest.fixture(scope="session")

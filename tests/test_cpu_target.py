@@ -361,14 +361,13 @@ def test_the_load_is_the_share_of_the_cores_busy_now_and_a_quiet_entry_does_not_
     stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n")
     monkeypatch.setattr(ceiling, "PROC_STAT", str(stat))
     then = ["cpu  200 0 100 900 100 0 0 50 0 0\n"]
-    monkeypatch.setattr(ceiling.time, "sleep", lambda _s: stat.write_text(then[0]))
+    monkeypatch.setattr(ceiling, "_sleep", lambda _s: stat.write_text(then[0]))
     assert ceiling.load_per_core() == pytest.approx(200 / 350)
     stat.write_text("cpu  100 0 50 800 90 0 0 0 0 0\n")
     then[0] = "cpu  150 0 50 850 80 0 0 0 0 0\n"   # iowait went back (proc(5) allows it): no ticks of its own
     assert ceiling.load_per_core() == 0.5
     stat.write_text(then[0])   # no tick passed: no share to tell, the load average instead
-    monkeypatch.setattr(ceiling.os, "getloadavg", lambda: (1.5, 0.0, 0.0))
-    monkeypatch.setattr(ceiling.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(ceiling, "_load_average", lambda: 0.75)
     assert ceiling.load_per_core() == 0.75
     monkeypatch.setattr(ceiling, "PROC_STAT", str(tmp_path / "none"))   # no /proc/stat (not Linux): the same
     assert ceiling.load_per_core() == 0.75

@@ -235,8 +235,9 @@ def _quiet_state(pid: int) -> str:
     """_state, with "T" for a process whose SIGSTOP is still pending: asleep (S, D) when the timing stopped it, or
     just woken (R) to take the signal, it stops before it runs any more of its own code (a process asleep when
     SIGSTOP came read R, then T, a moment later, here)."""
-    state = _state(pid)
-    return "T" if state in "RSD" and _stop_pending(pid) else state
+    # pending first: the kernel clears it and stops the process in one step, so a stop taken between the two
+    # reads shows as T in the state read after
+    return "T" if _stop_pending(pid) else _state(pid)
 
 
 def _until(what: str, predicate, timeout_s: float = 10.0):

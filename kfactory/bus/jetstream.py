@@ -4,6 +4,7 @@ the interface in kfactory/bus/base.py."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import AsyncGenerator
 
 import nats
@@ -24,6 +25,11 @@ from kfactory.v1 import events_pb2 as pb
 DUPLICATE_WINDOW_S = 600.0
 #: how long a publish keeps retrying through an outage before it gives up (raises)
 PUBLISH_RETRY_S = 60.0
+#: how long a read of stored messages (stored()) keeps retrying a get through an outage before it gives up
+READ_RETRY_S = 10.0
+#: the JetStream API's error code for "no message found" (a subject with nothing at or after the sequence); a
+#: missing stream is another 404, 10059
+NO_MESSAGE = 10037
 
 
 class NatsBus(Bus):
@@ -120,16 +126,30 @@ class NatsBus(Bus):
 
     # -- reading streams -----------------------------------------------------------------------------
     async def stored(self, stream: str, subject: str) -> list[Stored]:
-        # direct gets, each of the next message on the subject (wildcards too): the server says where they end.
-        # A consumer's fetch took 0.5 s without an answer for the end, which a busy server or a paused client
-        # could fake (a list of dead letters came back short), its acks took work off a work-queue stream, and
-        # a work-queue stream refuses a second consumer on the same subjects. About 0.7 ms a message locally;
-        # the lists read here (dead letters, resend requests) are short, and no longer wait 0.5 s at their end.
+        # the stream's messages got one by one (STREAM.MSG.GET, the next on the subject, wildcards too): the
+        # server says where they end. A consumer's fetch took 0.5 s without an answer for the end, which a busy
+        # server or a paused client could fake (a list of dead letters came back short), its acks took work off
+        # a work-queue stream, and a work-queue stream refuses a second consumer on the same subjects. About
+        # 0.7 ms a message locally; the lists read here (dead letters, resend requests) are short, and no longer
+        # wait 0.5 s at their end. The walk stops at the stream's last message when it began (a stream that keeps
+        # growing would not end it); each get rides out a brief outage as a publish does, then BusUnavailable.
+        self._require(f"$JS.API.STREAM.MSG.GET.{stream}")
         out: list[Stored] = []
-        seq = 1
-        while (found := await self._next_on_subject(stream, subject, seq)) is not None:
-            out.append(found)
-            seq = found.seq + 1
+        try:
+            last = await consuming.retrying(lambda: self.last_seq(stream), TRANSIENT, READ_RETRY_S, 0.1,
+                                            "reading the stream's state failed, retrying", stream=stream)
+            seq = 1
+            while seq <= last:
+                found = await consuming.retrying(partial(self._next_on_subject, stream, subject, seq), TRANSIENT,
+                                                 READ_RETRY_S, 0.1, "reading a stored message failed, retrying",
+                                                 stream=stream)
+                if found is None or found.seq > last:
+                    break
+                out.append(found)
+                seq = found.seq + 1
+        except TRANSIENT as e:
+            raise BusUnavailable(f"NATS did not answer while reading stream {stream} ({subject}): {e!r}; is it "
+                                 "running? ask again once it answers") from e
         return out
 
     async def last_seq(self, stream: str) -> int:
@@ -138,7 +158,9 @@ class NatsBus(Bus):
     async def _next_on_subject(self, stream: str, subject: str, seq: int) -> Stored | None:
         try:
             msg = await self.js.get_msg(stream, seq, subject=subject, next=True)
-        except nats.js.errors.NotFoundError:
+        except nats.js.errors.NotFoundError as e:
+            if e.err_code != NO_MESSAGE:   # the stream itself is missing: not an empty subject
+                raise
             return None
         return Stored(msg.seq, msg.subject or subject, msg.data or b"")
 

@@ -115,7 +115,8 @@ class PlannerService(Service):
 
     async def submit(self, spec: pb.CampaignSpec) -> str:
         """Validate, publish CampaignStarted and start driving the campaign; returns its id. Raises SpecError
-        for a spec that cannot run, StartNotPublished when the event bus does not take the start."""
+        for a spec that cannot run, CheckUnavailable when the host was too busy to check the problem's reference
+        (kfactory/problems/refcheck.py), StartNotPublished when the event bus does not take the start."""
         # in a thread: validating runs the problem's own reference and renders its templates (problems.check),
         # which must not stall the planner's event loop (its fold, its heartbeats, its consumers)
         spec = await asyncio.to_thread(self.validate, spec)

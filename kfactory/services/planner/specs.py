@@ -34,7 +34,8 @@ class StartNotPublished(RuntimeError):
 def validate(spec: pb.CampaignSpec, settings: Settings, problem_of: Callable[[str], Problem],
              target_of: Callable[[str], Target]) -> tuple[pb.CampaignSpec, str]:
     """(the spec with its defaults filled in, a note on agents that are off though asked for, or ""); raises
-    SpecError naming the field for anything that cannot run."""
+    SpecError naming the field for anything that cannot run, CheckUnavailable (kfactory/problems/refcheck.py) when
+    the host is too busy to check the problem's reference now."""
     if wrong := spec_errors(spec):
         raise SpecError("; ".join(wrong))
     try:
