@@ -203,16 +203,21 @@ def test_the_reference_check_checks_the_package_given_and_holds_its_limit_after_
     assert not _children_checking(closer), "the check's child outlived its killed parent"
 
 
-@pytest.fixture
-def slow_start(tmp_path, monkeypatch):
-    """A copy of the built-in softmax (whose reference passes) checked by a child that starts 6 s late, as on a
-    loaded host: a sitecustomize.py on the children's path sleeps."""
+def _checked_with(tmp_path, monkeypatch, site_code: str):
+    """A copy of the built-in softmax (whose reference passes), checked by children that run `site_code` first (a
+    sitecustomize.py on their path)."""
     from kfactory.problems import load_problem
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text("import time\ntime.sleep(6)\n")
+    (site / "sitecustomize.py").write_text(site_code)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
     return load_problem(_broken_softmax(tmp_path))
+
+
+@pytest.fixture
+def slow_start(tmp_path, monkeypatch):
+    """The check's child starts 6 s late, as on a loaded host."""
+    return _checked_with(tmp_path, monkeypatch, "import time\ntime.sleep(6)\n")
 
 
 def test_the_checks_own_start_is_not_held_to_the_packages_limit(slow_start, monkeypatch, capsys):
@@ -235,33 +240,52 @@ def test_the_checks_own_start_is_not_held_to_the_packages_limit(slow_start, monk
     assert capsys.readouterr().err == f"kfactory: {busy.value}\n"
 
 
+async def _refused_submit(settings, problem):
+    """The planner's answer (an error) to a submit of `problem`, from a planner of its own on `settings`."""
+    import grpc
+
+    from bus_helpers import planner_serving
+    from kfactory.platform.app import start_services
+    from kfactory.v1 import events_pb2 as pb
+    from kfactory.v1 import services_pb2 as spb
+    from kfactory.v1 import services_pb2_grpc as sgrpc
+    running = await start_services(settings, names=("planner",))
+    try:
+        planner = running.services["planner"]
+        await planner_serving(planner)
+        spec = pb.CampaignSpec(problem=str(problem.directory), target="cpu", budget_candidates=1)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await sgrpc.CampaignsStub(ch).Submit(spb.SubmitRequest(spec=spec), timeout=60)
+        assert planner.campaigns == {}
+        return err.value
+    finally:
+        await running.shutdown()
+
+
 async def test_a_submit_whose_check_cannot_start_is_unavailable_not_invalid(slow_start, memory_bus_settings,
                                                                            monkeypatch):
     """The planner's submit checks the package's reference too: a check that could not start is UNAVAILABLE (the
     same spec may go through later), not INVALID_ARGUMENT (a mistake in the spec)."""
     import grpc
 
-    from bus_helpers import planner_serving
     from kfactory.problems import refcheck
-    from kfactory.v1 import events_pb2 as pb
-    from kfactory.v1 import services_pb2 as spb
-    from kfactory.v1 import services_pb2_grpc as sgrpc
-    from kfactory.platform.app import start_services
     monkeypatch.setattr(refcheck, "START_S", 1.0)   # the start's floor: the step limit below is 1 s too
-    running = await start_services(memory_bus_settings.model_copy(update={"reference_check_s": 1.0}),
-                                   names=("planner",))
-    try:
-        planner = running.services["planner"]
-        await planner_serving(planner)
-        spec = pb.CampaignSpec(problem=str(slow_start.directory), target="cpu", budget_candidates=1)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{planner.grpc_port}") as ch:
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await sgrpc.CampaignsStub(ch).Submit(spb.SubmitRequest(spec=spec), timeout=60)
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
-        assert "the host is too busy to start the check; try again when it is quieter" in err.value.details()
-        assert planner.campaigns == {}
-    finally:
-        await running.shutdown()
+    err = await _refused_submit(memory_bus_settings.model_copy(update={"reference_check_s": 1.0}), slow_start)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+    assert "the host is too busy to start the check; try again when it is quieter" in err.details()
+
+
+async def test_a_submit_whose_check_broke_in_its_own_start_is_internal_with_the_reason(tmp_path, monkeypatch,
+                                                                                       memory_bus_settings):
+    """A check whose child ended before the package's code ran failed in kfactory's own code or its environment
+    (CheckBroken): INTERNAL with what happened, not UNKNOWN with an exception's class name."""
+    import grpc
+    problem = _checked_with(tmp_path, monkeypatch, "import os\nos._exit(3)\n")
+    err = await _refused_submit(memory_bus_settings, problem)
+    assert err.code() == grpc.StatusCode.INTERNAL, err
+    assert err.details() == (f"the check of {problem.directory / 'reference.py'} ended (exit status 3) before the "
+                             "package's own code ran: no output"), err.details()
 
 
 def _children_checking(pkg) -> list[int]:

@@ -10,7 +10,7 @@ from kfactory.bus import events as ev
 from kfactory.bus.base import Bus
 from kfactory.services import paging
 from kfactory.services.planner.campaign import CampaignState
-from kfactory.problems.refcheck import CheckUnavailable
+from kfactory.problems.refcheck import CheckBroken, CheckUnavailable
 from kfactory.services.planner.specs import SpecError, StartNotPublished
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
@@ -42,6 +42,8 @@ class CampaignsApi(sgrpc.CampaignsServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except (StartNotPublished, CheckUnavailable) as e:   # nothing started: the same spec may go through later
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except CheckBroken as e:   # the reference check's own code or environment failed: not the spec's mistake
+            await context.abort(grpc.StatusCode.INTERNAL, str(e))
         return self.p.status(self.p.campaigns[cid])
 
     async def _get(self, cid: str, context) -> CampaignState:
