@@ -194,13 +194,11 @@ def _share(out: Path, shared: Path) -> None:
 def _copy_intact(src: Path, dst: Path) -> bool:
     """Copy the object `src` and its digest to `dst` (readable by all, as the compiler leaves an object) when
     `src` is intact (see _intact; a reader of `dst` meanwhile finds the old object, the new one, or a miss);
-    False, copying nothing, when it is missing or damaged."""
-    try:
-        data, digest = src.read_bytes(), _digest_path(src).read_text().strip()
-    except OSError:
+    False, copying nothing, when it is missing or damaged. The bytes copied are the very bytes checked."""
+    checked = _checked(src)
+    if checked is None:
         return False
-    if hashlib.sha256(data).hexdigest() != digest:
-        return False
+    data, digest = checked
     atomic_write(_digest_path(dst), digest.encode(), mode=0o644)
     atomic_write(dst, data, mode=0o755)
     return True
@@ -211,10 +209,16 @@ def _intact(out: Path) -> bool:
     cut-short or damaged object (a full disk, a crash, a hand) would load as a crash in every engine that uses
     it, a fault of the design's; it is built again instead. An object cached before digests were kept is built
     again once."""
+    return _checked(out) is not None
+
+
+def _checked(obj: Path) -> tuple[bytes, str] | None:
+    """(the object's bytes, its recorded sha256) when they match; None when either is missing or they differ."""
     try:
-        return hashlib.sha256(out.read_bytes()).hexdigest() == _digest_path(out).read_text().strip()
+        data, digest = obj.read_bytes(), _digest_path(obj).read_text().strip()
     except OSError:
-        return False
+        return None
+    return (data, digest) if hashlib.sha256(data).hexdigest() == digest else None
 
 
 def _run(cmd: list[str], source: str) -> BuildResult:
