@@ -211,6 +211,16 @@ def ctrl_c_when(argv: list[str], ready, within_s: float, **popen) -> tuple[int, 
     return proc.returncode, (before + out) if stream == "stdout" else out, (before + err) if stream == "stderr" else err
 
 
+def until(predicate, timeout_s: float, what: str, every_s: float = 0.3):
+    """predicate()'s first true value, asked every `every_s` (a loaded host starts, stops and answers later than
+    any fixed sleep allows); AssertionError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (got := predicate()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(every_s)
+    return got
+
+
 def kernel_source(name: str) -> str:
     return (KERNELS / f"{name}.c").read_text()
 

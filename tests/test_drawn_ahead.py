@@ -23,6 +23,7 @@ from kfactory.problems import load_problem
 from kfactory.targets import get_target
 from kfactory.sandbox.parent import Runner
 from kfactory.sandbox.protocol import Bench
+from conftest import until
 from test_campaign import _campaign
 from kfactory.v1 import events_pb2 as pb
 
@@ -240,16 +241,6 @@ def _quiet_state(pid: int) -> str:
     return "T" if _stop_pending(pid) else _state(pid)
 
 
-def _until(what: str, predicate, timeout_s: float = 10.0):
-    """predicate()'s first true value, polled: a loaded host forks, stops and wakes processes later than a fixed
-    sleep allows (AssertionError naming `what` after `timeout_s`)."""
-    deadline = time.monotonic() + timeout_s
-    while not (got := predicate()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
-        time.sleep(0.02)
-    return got
-
-
 def _cpu_ticks(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime + stime
@@ -262,18 +253,19 @@ def test_a_compiler_and_the_programs_it_started_are_stopped_while_a_host_timing_
     with subprocess.Popen(["sh", "-c", script]) as proc:
         try:
             with quiet.process(proc.pid):
-                child = _until("the shell's child", lambda: quiet._children(proc.pid))
+                child = until(lambda: quiet._children(proc.pid), 10, "the shell's child", every_s=0.02)
                 assert len(child) == 1
                 with quiet.timing(on_host=True):
                     # stopped at once (a stop still pending is taken before either runs any more of its own code);
                     # their CPU ticks are read once the stops have taken effect
                     assert _quiet_state(proc.pid) == _quiet_state(child[0]) == "T"
-                    _until("both stopped", lambda: _state(proc.pid) == _state(child[0]) == "T")
+                    until(lambda: _state(proc.pid) == _state(child[0]) == "T", 10, "both stopped", every_s=0.02)
                     ticks = (_cpu_ticks(proc.pid), _cpu_ticks(child[0]))
                     time.sleep(0.3)
                     assert (_cpu_ticks(proc.pid), _cpu_ticks(child[0])) == ticks  # no CPU while the timing runs
                     assert quiet.state() == (1, 0, 0, 2)
-                _until("both going on", lambda: _state(proc.pid) in "RS" and _state(child[0]) in "RS")
+                until(lambda: _state(proc.pid) in "RS" and _state(child[0]) in "RS", 10, "both going on",
+                      every_s=0.02)
                 assert quiet.state() == (0, 0, 0, 0)
                 with quiet.timing(on_host=False):  # a kernel timed elsewhere (a GPU) stops nothing
                     time.sleep(0.1)

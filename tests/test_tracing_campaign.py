@@ -23,6 +23,7 @@ from kfactory.services.memory.archive import Archive
 from redis_server import redis_server
 from ports import free_port
 from secured_nats import SecuredNats
+from conftest import until
 from test_multiprocess import Factory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,16 +90,6 @@ def observed(tmp_path, host_ceilings):
         nats.stop()
 
 
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_one_candidate_is_one_trace_across_six_processes_and_metrics_tell_the_campaign(observed, small_softmax):
     f = observed
     for name in SERVICE_NAMES:
@@ -111,32 +102,32 @@ def test_one_candidate_is_one_trace_across_six_processes_and_metrics_tell_the_ca
                            "--manual", f"wrong={KERNELS / 'wrong.c'}", "--json").stdout)
     cid = sub["id"]
     # no compiler: the planner's reading of the compiler's consumer shows the work waiting
-    lag = _wait(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") or None,
+    lag = until(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") or None,
                 60, "compiler lag")
     assert lag >= 1
     t_absent = time.monotonic()
     f.start("compiler")
     f.ready("compiler")
     absent_s = time.monotonic() - t_absent  # at least this long the first work waited for a compiler
-    assert _wait(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") == 0 or None,
+    assert until(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") == 0 or None,
                  60, "the compiler's queue to drain")
     # compiles run in parallel (kfactory/judge/order.py compile_workers): a drained queue says every message was taken,
     # not that one was finished, so wait for the first to finish
     def compiled_one():
         scraped = f.scrape("compiler")
         return scraped if metric(scraped, "kfactory_candidates_per_second", stage="compiler") > 0 else None
-    early = _wait(compiled_one, 60, "a compile to finish")
+    early = until(compiled_one, 60, "a compile to finish")
     assert metric(early, "kfactory_queue_wait_seconds_sum", stage="compiler") >= absent_s
 
     def finished():
         status = json.loads(f.cli("status", cid, "--json").stdout)
         return status if status["state"] != "running" else None
-    status = _wait(finished, 240, "the campaign to finish")
+    status = until(finished, 240, "the campaign to finish")
     assert status["state"] == "completed", status
     assert status["counts"]["measured"] >= 1
 
     # metrics: lag drained, latency counted per candidate, the wrong kernel's rejection by reason
-    assert _wait(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") == 0 or None,
+    assert until(lambda: metric(f.scrape("planner"), "kfactory_work_lag_messages", stage="compiler") == 0 or None,
                  30, "the compiler's queue to drain")
     f.wait_archived(cid)
     arch = Archive(f.tmp / "data" / "archive.sqlite")
