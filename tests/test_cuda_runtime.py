@@ -516,7 +516,7 @@ def test_fake_screen_draws_its_sets_on_the_device(fake_cuda, settings, tmp_path)
     sess, _ = _judged_session(fake_cuda, settings, tmp_path, problem)
     large, cache, s = {"rows": 1025, "cols": 1024}, 2 << 20, sess.target.settings
     pool = InputPool(problem, reuse=1)
-    first = screen(sess, "k", problem, large, pool, cache, s, best_s=1.0)
+    first = screen(sess, "k", problem, large, pool, cache, s, bar_s=s.screen_factor * 1.0)
     assert not first.reason, first.message
     seeds = pool.screen_seeds(large, cache)
     assert first.timings["k"].samples >= s.screen_min_samples and first.timings["k"].median_s > 0
@@ -526,7 +526,8 @@ def test_fake_screen_draws_its_sets_on_the_device(fake_cuda, settings, tmp_path)
         time.sleep(0.02)
         _softmax_kernel(raw)
     fake_cuda.kernels["kernel"] = (4, slow)
-    second = screen(sess, "k", problem, large, pool, cache, s, best_s=first.timings["k"].median_s / 10)
+    second = screen(sess, "k", problem, large, pool, cache, s,
+                    bar_s=s.screen_factor * first.timings["k"].median_s / 10)
     assert not second.reason and pool.screen_seeds(large, cache) == seeds
     assert screened_out(second.timings["k"].median_s, first.timings["k"].median_s / 10, s.screen_factor)
 

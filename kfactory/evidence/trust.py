@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable
 
 from kfactory.bus import events as ev
+from kfactory.judge import objective
 from kfactory.platform.security import PERMISSIONS
 from kfactory.v1 import events_pb2 as pb
 
@@ -90,12 +91,41 @@ def measurement_flaw(m: pb.Measured) -> str:
     for t in m.timings:
         if flaw := timing_flaw(t, f"shape {t.shape[:40]!r}"):
             return flaw
-    if m.score_s != m.timings[0].median_s:
-        return f"score {m.score_s!r} s is not the first shape's median ({m.timings[0].median_s!r} s)"
+    if flaw := _score_flaw(m):
+        return flaw
     target = m.candidate.target.split(":")[0]
     if m.device.target and m.device.target != target:
         return f"measured on a {m.device.target[:20]!r} device, but the candidate is for the {target!r} target"
     return ""
+
+
+def _score_flaw(m: pb.Measured) -> str:
+    """Why a Measured's score is not what its timings and objective make it ("" when it is,
+    kfactory/judge/objective.py): the first shape's median where it has no objective; else the weighted sum of
+    its shapes' medians, and for a screened-out one (one timing) a bound no lower than that shape's share."""
+    if not m.objective:
+        if m.score_s != m.timings[0].median_s:
+            return f"score {m.score_s!r} s is not the first shape's median ({m.timings[0].median_s!r} s)"
+        return ""
+    if any(not math.isfinite(w) or w < 0 for w in m.objective.values()) or not any(m.objective.values()):
+        return "its objective's weights are not finite, non-negative numbers with one at least positive"
+    if m.screened_out:
+        t = m.timings[0]
+        share = m.objective.get(t.shape, 0.0) * t.median_s
+        if not share or m.score_s < share * (1 - SCORE_RTOL):
+            return f"screened-out score {m.score_s!r} s is under its screen's share of the objective ({share!r} s)"
+        return ""
+    try:
+        expected = objective.score(m.timings, m.objective)
+    except KeyError as e:
+        return f"its objective scores shape {str(e)[:40]} that it did not time"
+    if not math.isclose(m.score_s, expected, rel_tol=SCORE_RTOL):
+        return f"score {m.score_s!r} s is not its objective's weighted sum of medians ({expected!r} s)"
+    return ""
+
+
+#: how far a score may stand from its timings' weighted sum (a sum's rounding, in any order of its terms)
+SCORE_RTOL = 1e-9
 
 
 def comparison_flaw(c: pb.Comparison) -> str:

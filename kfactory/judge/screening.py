@@ -56,18 +56,19 @@ def screen_ahead(session, pool, problem, shape: dict[str, int], cache_bytes: int
 
 
 def screen(session, key: str, problem, shape: dict[str, int], pool, cache_bytes: int, settings,
-           best_s: float):
+           bar_s: float):
     """A screening timing of kernel `key` at `shape` (a kfactory.judge.measure.Timing): a short warm-up over the pool's
     screening sets, then settings.screen_min_samples timed calls, or fewer when they take longer than
-    screen_max_s and screen_min_samples x screen_factor x `best_s` (the campaign's best) together: by then the
-    kernel is far slower than anything that can rank. Nothing is checked and nothing else is run, since the
+    screen_max_s and screen_min_samples x `bar_s` together (the median at `shape` over which it is screened out:
+    screen_factor x the campaign's best where the score is that shape's median): by then the kernel is far slower
+    than anything that can rank. Nothing is checked and nothing else is run, since the
     only use of a screen is to spare a candidate that cannot rank its verification and measurement: one that
     passes is verified and measured in full; one that does not is screened out, which is never a result. A
     fault of the kernel (a crash, a hang) is a typed failure, as in any measurement. Where the session's
     device judges the shape (checks.timed_on_device), the sets are drawn there from the pool's screening
     seeds and not compared."""
     sname, dist = problem.shape_str(shape), timing_dist(problem)
-    max_s = max(settings.screen_max_s, settings.screen_min_samples * settings.screen_factor * best_s)
+    max_s = max(settings.screen_max_s, settings.screen_min_samples * bar_s)
     timing = dict(min_samples=settings.screen_min_samples, min_s=0.0, max_s=max_s, noise=NO_NOISE_BOUND,
                   warmup_s=SCREEN_WARMUP_S)
     try:

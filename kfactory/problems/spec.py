@@ -6,7 +6,7 @@ import math
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from kfactory.platform.expressions import ERRORS as EXPRESSION_ERRORS, evaluate
 
@@ -101,6 +101,22 @@ class Shapes(_Strict):
     # strict: YAML's `true` is no size
     optimize: list[dict[str, StrictInt]] = Field(min_length=1)
     verify: list[dict[str, StrictInt]] = []
+    #: the campaign's objective (kfactory.judge.objective): one weight per optimisation shape, in their order, and
+    #: the score is the weighted sum of their medians (for a workload, how often each shape runs in it). None:
+    #: the first shape alone
+    weights: list[StrictFloat] | None = None   # strict: YAML's `true` or "2" is no weight
+
+    @model_validator(mode="after")
+    def _weighed(self) -> "Shapes":
+        w = self.weights
+        if w is None:
+            return self
+        if len(w) != len(self.optimize):
+            raise ValueError(f"weights: {len(w)} given for {len(self.optimize)} optimize shapes; give one per "
+                             "shape, in their order")
+        if any(not math.isfinite(x) or x < 0 for x in w) or not any(x > 0 for x in w):
+            raise ValueError(f"weights {w}: each must be a finite number >= 0, and one at least > 0")
+        return self
 
 
 class Cost(_Strict):

@@ -504,7 +504,14 @@ class Rejected(_message.Message):
     def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., stage: _Optional[str] = ..., reason: _Optional[_Union[RejectReason, str]] = ..., message: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ..., figures: _Optional[_Mapping[str, float]] = ..., point_id: _Optional[str] = ..., params_json: _Optional[str] = ..., agent: _Optional[_Union[AgentInfo, _Mapping]] = ...) -> None: ...
 
 class Measured(_message.Message):
-    __slots__ = ("candidate", "device", "timings", "score_s", "cached", "replayed", "seconds", "screened_out", "round")
+    __slots__ = ("candidate", "device", "timings", "score_s", "cached", "replayed", "seconds", "screened_out", "round", "objective")
+    class ObjectiveEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
@@ -514,6 +521,7 @@ class Measured(_message.Message):
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     SCREENED_OUT_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
     candidate: Candidate
     device: DeviceInfo
     timings: _containers.RepeatedCompositeFieldContainer[ShapeTiming]
@@ -523,7 +531,8 @@ class Measured(_message.Message):
     seconds: float
     screened_out: bool
     round: int
-    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[ShapeTiming, _Mapping]]] = ..., score_s: _Optional[float] = ..., cached: _Optional[bool] = ..., replayed: _Optional[bool] = ..., seconds: _Optional[float] = ..., screened_out: _Optional[bool] = ..., round: _Optional[int] = ...) -> None: ...
+    objective: _containers.ScalarMap[str, float]
+    def __init__(self, candidate: _Optional[_Union[Candidate, _Mapping]] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[ShapeTiming, _Mapping]]] = ..., score_s: _Optional[float] = ..., cached: _Optional[bool] = ..., replayed: _Optional[bool] = ..., seconds: _Optional[float] = ..., screened_out: _Optional[bool] = ..., round: _Optional[int] = ..., objective: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ComparisonEntry(_message.Message):
     __slots__ = ("name", "candidate_id", "timing")

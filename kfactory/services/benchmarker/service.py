@@ -11,7 +11,7 @@ from kfactory.bus.topology import Stage
 from kfactory.engines.stages import is_engine
 from kfactory.engines.stages.benchmarker import measure_engine
 from kfactory.judge.screening import screen, screen_ahead, screened_out
-from kfactory.judge import quiet
+from kfactory.judge import objective, quiet
 from kfactory.judge.checks import InputPool, timed_on_device
 from kfactory.judge.measure import Timing, drawn_ahead, measure
 from kfactory.judge.rotated import measure_rotated
@@ -42,8 +42,8 @@ class BenchmarkerService(RunnerService):
             if lock is None:
                 return self.busy()
             cached = None if retime else await self.claims.cache_get(cache_key)
-            if cached is not None:
-                m = pb.Measured.FromString(cached)
+            m = None if cached is None else self._rescored(pb.Measured.FromString(cached), cand)
+            if m is not None:
                 m.cached = True
             else:
                 try:
@@ -66,11 +66,19 @@ class BenchmarkerService(RunnerService):
             await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, key, measured=m))
             return Ack()
 
+    def _rescored(self, m: pb.Measured, cand: pb.Candidate) -> pb.Measured | None:
+        """A measurement from the result cache scored under its problem's objective as it is now (a package's
+        weights may have changed since it was cached); None where a shape the objective now scores was not timed
+        then, so the candidate is measured again. An engine's score is its own (kfactory/engines/stages)."""
+        problem = self.ctx.problem(cand.problem)
+        return m if is_engine(problem) or objective.rescore(m, problem) else None
+
     async def _screen_first(self, d: Delivery) -> Outcome:
-        """A compiled search candidate, before its verification (kfactory/judge/order.py): a short timing at the first
-        shape; one slower than screen_factor x the campaign's best is recorded as screened out (a measurement
-        marked so, with that timing) and is never verified; any other goes on to the verifier. Before anything
-        was measured in full there is nothing to screen against, and it goes on at once."""
+        """A compiled search candidate, before its verification (kfactory/judge/order.py): a short timing at the
+        objective's screen shape (objective.screen_shape); one whose score can be no better than screen_factor x
+        the campaign's best (objective.score_bound) is recorded as screened out (a measurement marked so, with
+        that timing and the bound as its score) and is never verified; any other goes on to the verifier. Before
+        anything was measured in full there is nothing to screen against, and it goes on at once."""
         comp = d.event.compiled
         cand = pb.Candidate()
         cand.CopyFrom(comp.candidate)
@@ -110,10 +118,12 @@ class BenchmarkerService(RunnerService):
         device = await self.ctx.device(cand.target)
         session = self.session(cand)
         session.load_artifact(cand.id, artifact, cand.entry, ev.launch_of(cand))
-        await self._screen_sets_ahead(cand, session, problem, target)
+        shape = objective.screen_shape(problem, device)
+        await self._screen_sets_ahead(cand, session, problem, target, shape)
         async with self.device(device.device_id) as held:
-            res = await self.work(screen, session, cand.id, problem, problem.shapes("optimize")[0],
-                                  self.pool(cand.problem), target.cache_bytes(), self.settings, best_s, part="screen")
+            bar = objective.screen_bar(problem, shape, device, self.settings.screen_factor * best_s)
+            res = await self.work(screen, session, cand.id, problem, shape, self.pool(cand.problem),
+                                  target.cache_bytes(), self.settings, bar, part="screen")
             await self.work(session.unload, cand.id, part="unload")   # loaded again when it is measured
         if res.reason:
             rej = pb.Rejected(stage="benchmarker", reason=res.reason, message=res.message, point_id=cand.point_id,
@@ -121,8 +131,10 @@ class BenchmarkerService(RunnerService):
             rej.figures["device_seconds"] = held.seconds
             return rej
         t = res.timings[cand.id]
-        return pb.Measured(device=device, timings=[t], score_s=t.median_s, seconds=held.seconds,
-                           screened_out=screened_out(t.median_s, best_s, self.settings.screen_factor))
+        bound = objective.score_bound(problem, shape, t.median_s, device)
+        return pb.Measured(device=device, timings=[t], score_s=bound, seconds=held.seconds,
+                           objective=objective.by_name(problem),
+                           screened_out=screened_out(bound, best_s, self.settings.screen_factor))
 
     async def _reject(self, d: Delivery, cand: pb.Candidate, rej: pb.Rejected, lock,
                       key: str | None = None) -> Outcome:
@@ -154,7 +166,7 @@ class BenchmarkerService(RunnerService):
         pool = await self._ahead(cand, session, problem, target)
         if screened_before is None and self.settings.judge_order == "screen_first" and \
                 best_of(await self.claims.cache_get(best_key(cand.campaign_id))) is not None:  # it may be screened now
-            await self._screen_sets_ahead(cand, session, problem, target)
+            await self._screen_sets_ahead(cand, session, problem, target, objective.screen_shape(problem, device))
         async with self.device(device.device_id) as held:
             out = await self._time_in_full(cand, session, problem, target, device, m, screened_before is not None,
                                            pool)
@@ -183,11 +195,10 @@ class BenchmarkerService(RunnerService):
         return await self.work(drawn_ahead, session, problem, shapes or problem.shapes("optimize"), pool,
                                target.cache_bytes(), kernels, part=part)
 
-    async def _screen_sets_ahead(self, cand, session, problem, target) -> None:
-        """The problem's screening sets drawn (InputPool.ahead_screen: once in the pool's life) and the session's
-        buffers for a screen made (judge.screening.screen_ahead) before the device is held, unless drawing ahead
-        or screening is off, or the session's device draws the sets itself."""
-        shape = problem.shapes("optimize")[0]
+    async def _screen_sets_ahead(self, cand, session, problem, target, shape: dict[str, int]) -> None:
+        """The problem's screening sets at `shape` drawn (InputPool.ahead_screen: once in the pool's life) and the
+        session's buffers for a screen made (judge.screening.screen_ahead) before the device is held, unless drawing
+        ahead or screening is off, or the session's device draws the sets itself."""
         if self.settings.draw_ahead and self.settings.screen_max_s and \
                 not timed_on_device(session, problem, shape):
             await self.work(screen_ahead, session, self.pool(cand.problem), problem, shape, target.cache_bytes(),
@@ -196,9 +207,10 @@ class BenchmarkerService(RunnerService):
     async def _time_in_full(self, cand, session, problem, target, device, m: pb.Measured,
                             screened_before: bool, pool: InputPool) -> pb.Measured | pb.Rejected:
         """Under the lease: the screen (unless the candidate had one before its verification), then the timing
-        at every optimisation shape; m, screened out or with every shape's timing, or a typed rejection."""
+        at every optimisation shape; m, screened out or with every shape's timing and the objective's score, or a
+        typed rejection."""
+        m.objective.update(objective.by_name(problem))
         if not screened_before and await self._screen(cand, session, problem, target, device, m):
-            m.score_s, m.screened_out = m.timings[0].median_s, True
             return m
         for shape in problem.shapes("optimize"):
             res = await self.work(measure, session, [cand.id], problem, shape, pool, target.cache_bytes(),
@@ -212,32 +224,39 @@ class BenchmarkerService(RunnerService):
                                                note=res.message))
                 return rej
             m.timings.append(res.timings[cand.id])
-        m.score_s = m.timings[0].median_s
+        m.score_s = objective.score(m.timings, m.objective)
         return m
 
     async def _screen(self, cand, session, problem, target, device, m: pb.Measured) -> bool:
-        """Multi-fidelity: a short timing at the first shape; True (m holds it) when it is more than
-        screen_factor x the campaign's best so far, so the full measurement would be wasted."""
+        """Multi-fidelity: a short timing at the objective's screen shape; True (m holds it, screened out, its
+        score the bound) when the score can be no better than screen_factor x the campaign's best so far
+        (objective.score_bound), so the full measurement would be wasted."""
         best = best_of(await self.claims.cache_get(best_key(cand.campaign_id)))
         if not self.settings.screen_max_s or best is None:
             return False
-        shape = problem.shapes("optimize")[0]
+        shape = objective.screen_shape(problem, device)
         if self.settings.judge_order == "verify_first":  # the screen as it was before issue 23: a whole measure
             res = await self.work(measure, session, [cand.id], problem, shape, self.pool(cand.problem),
                                   target.cache_bytes(), self.settings, self.settings.screen_max_s, device,
                                   part="screen")
         else:
+            bar = objective.screen_bar(problem, shape, device, self.settings.screen_factor * best)
             res = await self.work(screen, session, cand.id, problem, shape, self.pool(cand.problem),
-                                  target.cache_bytes(), self.settings, best, part="screen")
-        if res.reason or not screened_out(res.timings[cand.id].median_s, best, self.settings.screen_factor):
+                                  target.cache_bytes(), self.settings, bar, part="screen")
+        if res.reason:
             return False  # a failure here is found again, and typed, by the full measurement
+        bound = objective.score_bound(problem, shape, res.timings[cand.id].median_s, device)
+        if not screened_out(bound, best, self.settings.screen_factor):
+            return False
         m.timings.append(res.timings[cand.id])
+        m.score_s, m.screened_out = bound, True
         return True
 
     async def _showdown(self, d: Delivery) -> Outcome:
-        """The search's best and its contenders (CompareRequest.contenders) timed interleaved at the first
-        optimisation shape, each probed after the timing as any measurement of a candidate is; one Comparison
-        (showdown set) with an entry per kernel timed, or its error."""
+        """The search's best and its contenders (CompareRequest.contenders) timed interleaved at every shape the
+        objective scores (kfactory/judge/objective.py; compare_max_s shared among them), each probed after each
+        timing as any measurement of a candidate is; one Comparison (showdown set) with an entry per kernel, its
+        timing the objective's (objective.combine), or the first error."""
         req = d.event.compare_request
         cand = req.candidate
         if len(req.contender_artifacts) != len(req.contenders):
@@ -253,23 +272,31 @@ class BenchmarkerService(RunnerService):
                 session.load_artifact(c.id, await self.bus.get_artifact(digest), c.entry, ev.launch_of(c))
         except ArtifactMissing as e:
             return Term(f"showdown needs an artifact that is missing: {e}", pb.INPUT_MISSING)
-        shape = problem.shapes("optimize")[0]
+        shapes = [s for s, _ in objective.scored(problem)]
         keys = list(names)
-        pool = await self._ahead(cand, session, problem, target, part="compare", shapes=[shape], kernels=len(keys))
+        pool = await self._ahead(cand, session, problem, target, part="compare", shapes=shapes, kernels=len(keys))
+        timed: dict[str, dict[str, pb.ShapeTiming]] = {k: {} for k in keys}
         async with self.device(device.device_id) as held:
-            # rotated: the search's best, first in keys, would otherwise always have the first (slower) buffers
-            res = await self.work(measure_rotated, session, keys, problem, shape, pool, target.cache_bytes(),
-                                  self.settings, self.settings.compare_max_s, device, keys, part="compare")
+            for shape in shapes:
+                # rotated: the search's best, first in keys, would otherwise always have the first (slower) buffers
+                res = await self.work(measure_rotated, session, keys, problem, shape, pool, target.cache_bytes(),
+                                      self.settings, self.settings.compare_max_s / len(shapes), device, keys,
+                                      part="compare")
+                if res.reason:
+                    break
+                for k in keys:
+                    timed[k][problem.shape_str(shape)] = res.timings[k]
             for k in keys:
                 await self.work(session.unload, k, part="unload")
-        comp = pb.Comparison(shape=problem.shape_str(shape), candidate_id=cand.id, device=device, showdown=True,
+        comp = pb.Comparison(shape=objective.label(problem), candidate_id=cand.id, device=device, showdown=True,
                              seconds=held.seconds)
         if res.reason:
             failed_in(comp, res)  # the planner never makes failed_candidate the result
         else:
+            scores = {k: objective.combine(problem, timed[k]) for k in keys}
             for k in keys:
-                comp.entries.append(pb.ComparisonEntry(name=names[k], candidate_id=k, timing=res.timings[k]))
-                comp.speedups[k] = res.timings[k].median_s / res.timings[cand.id].median_s
+                comp.entries.append(pb.ComparisonEntry(name=names[k], candidate_id=k, timing=scores[k]))
+                comp.speedups[k] = scores[k].median_s / scores[cand.id].median_s
         await self.bus.publish(ev.make_event(d.event.campaign_id, self.name, ev.showdown_key(req), comparison=comp))
         return Ack()
 

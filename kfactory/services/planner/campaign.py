@@ -10,6 +10,7 @@ from typing import Any, Callable
 from kfactory.bus import events as ev
 from kfactory.bus.origins import SEARCHED, STRATEGY, Origin, is_kind
 from kfactory.evidence.verdicts import found_wrong
+from kfactory.judge import objective
 from kfactory.judge.order import device_seconds
 from kfactory.judge.stats import significant
 from kfactory.problems.package import lowest_score
@@ -611,15 +612,17 @@ def handler_of(kind: str) -> Callable[[CampaignState, Any], None] | None:
 
 
 def tied_but_faster_elsewhere(pick: pb.Measured, tied: list[pb.Measured], scored: str) -> str | None:
-    """Of the kernels tied with `pick` at the scored shape (`scored`), the one a user of every optimisation shape
-    wants instead: at each other shape, faster than pick outside the noise and by ELSEWHERE_FACTOR at least (their
-    own measurements), the lowest product of those shapes' medians over pick's where several are; None when none
-    is. Kernels tied at the scored shape can differ 2x at another (softmax 1x50257: whether a row is split over
-    the threads)."""
-    others = {t.shape: t for t in pick.timings if t.shape != scored}
+    """Of the kernels tied with `pick` on the objective (`scored`: its label, the showdown's shape; the shapes it
+    scores are objective.scored_names), the one a user of every optimisation shape wants instead: at each other
+    shape, faster than pick outside the noise and by ELSEWHERE_FACTOR at least (their own measurements), the
+    lowest product of those shapes' medians over pick's where several are; None when none is (or when the
+    objective scores every shape). Kernels tied at the scored shape can differ 2x at another (softmax 1x50257:
+    whether a row is split over the threads)."""
+    names = objective.scored_names(scored)
+    others = {t.shape: t for t in pick.timings if t.shape not in names}
     gains = {}
     for m in tied:
-        mine = {t.shape: t for t in m.timings if t.shape != scored}
+        mine = {t.shape: t for t in m.timings if t.shape not in names}
         if others and mine.keys() == others.keys() and all(_faster(mine[s], others[s]) for s in others):
             gains[m.candidate.id] = math.prod(mine[s].median_s / others[s].median_s for s in others)
     return min(gains, key=lambda cid: gains[cid]) if gains else None

@@ -9,6 +9,7 @@ import json
 from google.protobuf.json_format import MessageToDict
 
 from kfactory.evidence import warm_sources
+from kfactory.judge import objective
 from kfactory.judge.stats import significant
 from kfactory.services.planner.campaign import CampaignState
 from kfactory.services.planner.coders import TEMPLATE
@@ -96,16 +97,16 @@ def _showdown_section(st: CampaignState, sd: pb.Comparison) -> dict:
 
 
 def _best_section(st: CampaignState, best: pb.Measured, problem) -> dict:
-    """The best kernel: its identity, its timing per shape and how it compared with the reference and baselines."""
+    """The best kernel: its identity, its timing per shape and how it compared with the reference and baselines;
+    at the top, its score, what it scores (`shape`: the objective's label, kfactory/judge/objective.py) and the
+    objective's speedups."""
     cand = best.candidate
-    # without its problem (a package gone since the campaign ran), the first timed shape is the primary one
-    primary = problem.shape_str(problem.shapes("optimize")[0]) if problem is not None else \
-        (best.timings[0].shape if best.timings else "")
+    compared = {t.shape: c for t in best.timings
+                # of a result found wrong there: not this kernel's
+                if (c := st.comparisons.get(t.shape)) is not None and c.candidate_id == cand.id}
     shapes = {}
     for t in best.timings:
-        comp = st.comparisons.get(t.shape)
-        if comp is not None and comp.candidate_id != cand.id:  # of a result found wrong there: not this kernel's
-            comp = None
+        comp = compared.get(t.shape)
         speed = dict(comp.speedups) if comp else {}
         shapes[t.shape] = {"median_seconds": t.median_s, "noise": t.noise, "samples": t.samples,
                            "gbps": t.gbps, "fraction_of_measured_bandwidth": t.sol_fraction,
@@ -113,12 +114,21 @@ def _best_section(st: CampaignState, best: pb.Measured, problem) -> dict:
                            "speedup_vs_baselines": {k: v for k, v in speed.items()
                                                     if k not in ("reference", "candidate")},
                            "significant": _significance(comp), "compared": _entries(comp)}
-    head = shapes.get(primary, {})
+    if problem is None:  # a package gone since the campaign ran: its first timed shape, as scored before weights
+        label = best.timings[0].shape if best.timings else ""
+        speed = dict(compared[label].speedups) if label in compared else {}
+    else:
+        label = objective.label(problem)
+        medians = {s: {e.name: e.timing.median_s for e in c.entries if e.HasField("timing")}
+                   for s, c in compared.items()}
+        names = {n for c in compared.values() for n in c.speedups}
+        speed = {n: x for n in names if (x := objective.speedup(problem, medians, n)) is not None}
     return {"candidate_id": cand.id, "family": cand.family, "origin": cand.origin,
             "params": json.loads(cand.params_json or "{}"), "compile_flags": cand.compile_flags,
-            "median_seconds": best.score_s, "shape": primary,
-            "speedup_vs_reference": head.get("speedup_vs_reference"),
-            "speedup_vs_baselines": head.get("speedup_vs_baselines", {}), "shapes": shapes}
+            "median_seconds": best.score_s, "shape": label,
+            "speedup_vs_reference": speed.get("reference"),
+            "speedup_vs_baselines": {k: v for k, v in speed.items() if k not in ("reference", "candidate")},
+            "shapes": shapes}
 
 
 def _entries(comp: pb.Comparison | None) -> dict[str, dict]:

@@ -1,0 +1,206 @@
+"""The campaign's objective over a problem's optimisation shapes (kfactory/judge/objective.py): the first shape alone
+unless problem.yaml weighs them (shapes.weights), then the weighted sum of their medians, for every decision that
+ranks by a score: the measurement, the screen's bound, the showdown, the summary and `kfactory check`."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kfactory.cli.check import check
+from kfactory.evidence import trust
+from kfactory.judge import objective
+from kfactory.judge.measure import sol_floor_s
+from kfactory.problems import ProblemError, load_problem
+from kfactory.services.planner.campaign import tied_but_faster_elsewhere
+from kfactory.v1 import events_pb2 as pb
+
+WEIGHTED = Path(__file__).parent / "objective"
+A, B = "64x1000", "1x5000"   # the small softmax package's optimisation shapes (conftest.small_softmax)
+LABEL = f"1*{A}+50*{B}"
+#: a 2-core host's ceilings, as kfactory.targets.cpu.ceiling measures them
+DEVICE = pb.DeviceInfo(mem_bandwidth_gbps=30.0, read_bandwidth_gbps=38.0, peak_gflops=200.0)
+
+
+def _package(small_softmax: str, directory: Path, weights, families: list[tuple[str, Path]] | None = None
+             ) -> str:
+    dst = directory / "softmax_small"
+    shutil.copytree(small_softmax, dst)
+    spec = yaml.safe_load((dst / "problem.yaml").read_text())
+    spec["shapes"]["weights"] = weights
+    if families is not None:
+        shutil.rmtree(dst / "families")
+        for name, source in families:
+            shutil.copytree(source, dst / "families" / name)
+        spec["families"] = [name for name, _ in families]
+    (dst / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(dst)
+
+
+def _timing(shape: str, median: float, **more) -> pb.ShapeTiming:
+    return pb.ShapeTiming(shape=shape, median_s=median, q1_s=median * 0.9, q3_s=median * 1.2,
+                          ci_low_s=median * 0.95, ci_high_s=median * 1.1, samples=100, **more)
+
+
+@pytest.mark.parametrize("weights, why", [([1], "1 given for 2 optimize shapes"), ([-1, 1], "finite number >= 0"),
+                                          ([0, 0], "one at least > 0"), ([True, 1], "weights.0"),
+                                          (["1", 2], "weights.0")])
+def test_weights_that_cannot_score_are_refused_where_the_package_is_loaded(small_softmax, tmp_path, weights, why):
+    path = _package(small_softmax, tmp_path, weights)
+    with pytest.raises(ProblemError, match="weights") as e:
+        load_problem(path)
+    assert why in str(e.value)
+
+
+def test_without_weights_the_first_shape_alone_is_scored_as_before(small_softmax):
+    problem = load_problem(small_softmax)
+    a, b = _timing(A, 2e-4), _timing(B, 3e-5)
+    assert objective.weights(problem) == [1.0, 0.0] and objective.by_name(problem) == {}
+    assert objective.label(problem) == A and objective.scored_names(A) == {A}
+    assert objective.score([a, b], objective.by_name(problem)) == 2e-4
+    assert objective.screen_shape(problem, DEVICE) == problem.shapes("optimize")[0]
+    assert objective.score_bound(problem, problem.shapes("optimize")[0], 2e-4, DEVICE) == 2e-4
+    assert objective.screen_bar(problem, problem.shapes("optimize")[0], DEVICE, 3e-4) == 3e-4
+    assert objective.combine(problem, {A: a, B: b}) is a
+    assert objective.speedup(problem, {A: {"reference": 4e-4, "candidate": 2e-4}}, "reference") == 2.0
+
+
+def test_a_weighted_objective_scores_the_sum_and_bounds_a_screen_with_the_other_shapes_floors(small_softmax,
+                                                                                              tmp_path):
+    problem = load_problem(_package(small_softmax, tmp_path, [1, 50]))
+    shape_a, shape_b = problem.shapes("optimize")
+    assert objective.by_name(problem) == {A: 1.0, B: 50.0}
+    assert objective.label(problem) == LABEL and objective.scored_names(LABEL) == {A, B}
+    a, b = _timing(A, 2e-4), _timing(B, 3e-5)
+    assert objective.score([b, a], objective.by_name(problem)) == pytest.approx(2e-4 + 50 * 3e-5, rel=1e-12)
+    with pytest.raises(KeyError):
+        objective.score([a], objective.by_name(problem))
+    # 1x5000 bounds the score the most (50 x its floor against 1 x 64x1000's): it is the one a screen times
+    floor_a, floor_b = sol_floor_s(problem, shape_a, DEVICE), sol_floor_s(problem, shape_b, DEVICE)
+    assert 50 * floor_b > floor_a > 0
+    assert objective.screen_shape(problem, DEVICE) == shape_b
+    assert objective.screen_shape(problem, None) == shape_b   # no floors known: the largest weight
+    bound = objective.score_bound(problem, shape_b, 3e-5, DEVICE)
+    assert bound == pytest.approx(50 * 3e-5 + floor_a, rel=1e-12)
+    bar = objective.screen_bar(problem, shape_b, DEVICE, 1.5e-3)
+    assert objective.score_bound(problem, shape_b, bar, DEVICE) == pytest.approx(1.5e-3, rel=1e-12)
+    assert objective.screen_bar(problem, shape_b, DEVICE, floor_a / 2) == 0.0
+    # a showdown's timing of the objective: the weighted sums, labelled
+    both = objective.combine(problem, {A: _timing(A, 2e-4, gbps=10.0, sol_fraction=0.3, output_checked=True),
+                                       B: _timing(B, 3e-5, gbps=20.0, sol_fraction=0.6, output_checked=True)})
+    assert both.shape == LABEL and both.samples == 200 and both.output_checked
+    assert both.median_s == pytest.approx(1.7e-3) and both.ci_low_s == pytest.approx(0.95 * 1.7e-3)
+    assert both.ci_high_s == pytest.approx(1.1 * 1.7e-3) and both.noise == pytest.approx(0.3)
+    assert both.gbps == pytest.approx((10.0 * 2e-4 + 50 * 20.0 * 3e-5) / 1.7e-3)
+    assert both.sol_fraction == pytest.approx((0.3 * 2e-4 + 50 * 0.6 * 3e-5) / 1.7e-3)
+    assert not objective.combine(problem, {A: _timing(A, 2e-4, output_checked=True), B: _timing(B, 3e-5)}
+                                 ).output_checked
+    medians = {A: {"reference": 4e-4, "candidate": 2e-4}, B: {"reference": 3e-5, "candidate": 3e-5}}
+    assert objective.speedup(problem, medians, "reference") == pytest.approx((4e-4 + 1.5e-3) / (2e-4 + 1.5e-3))
+    assert objective.speedup(problem, {A: medians[A]}, "reference") is None
+
+
+def test_a_cached_measurement_is_scored_under_the_objective_as_it_is_now(small_softmax, tmp_path):
+    """The result cache keeps a measurement across campaigns: one cached before its package weighed its shapes is
+    scored by the weights it has now, and back; one that lacks a scored shape is not a result (measured again)."""
+    weighted = load_problem(_package(small_softmax, tmp_path, [1, 50]))
+    m = pb.Measured(timings=[_timing(A, 2e-4), _timing(B, 3e-5)], score_s=2e-4)
+    assert objective.rescore(m, weighted)
+    assert m.score_s == pytest.approx(2e-4 + 50 * 3e-5) and dict(m.objective) == {A: 1.0, B: 50.0}
+    assert trust.measurement_flaw(m) == ""
+    assert objective.rescore(m, load_problem(small_softmax))
+    assert m.score_s == 2e-4 and not m.objective
+    short = pb.Measured(timings=[_timing(A, 2e-4)], score_s=2e-4)
+    assert not objective.rescore(short, weighted) and short.score_s == 2e-4 and not short.objective
+
+
+def test_trust_holds_a_score_to_its_objective():
+    a, b = _timing(A, 2e-4), _timing(B, 3e-5)
+    weights = {A: 1.0, B: 50.0}
+    good = pb.Measured(timings=[a, b], score_s=2e-4 + 50 * 3e-5, objective=weights)
+    assert trust.measurement_flaw(good) == ""
+    assert "weighted sum" in trust.measurement_flaw(pb.Measured(timings=[a, b], score_s=2e-4, objective=weights))
+    assert "did not time" in trust.measurement_flaw(pb.Measured(timings=[a], score_s=2e-4, objective=weights))
+    assert "first shape's median" in trust.measurement_flaw(pb.Measured(timings=[a, b], score_s=2e-4 + 1.5e-3))
+    assert "not finite" in trust.measurement_flaw(pb.Measured(timings=[a, b], score_s=2e-4, objective={A: -1.0}))
+    # a screened-out one: its score is a bound, never under its one timing's share
+    assert trust.measurement_flaw(pb.Measured(timings=[b], score_s=50 * 3e-5 + 1e-6, objective=weights,
+                                              screened_out=True)) == ""
+    assert "under its screen's share" in trust.measurement_flaw(
+        pb.Measured(timings=[b], score_s=3e-5, objective=weights, screened_out=True))
+
+
+def test_a_tie_on_the_objective_looks_elsewhere_only_at_the_shapes_it_does_not_score():
+    pick = pb.Measured(candidate=pb.Candidate(id="pick"), timings=[_timing(A, 1e-3), _timing(B, 1e-3)])
+    other = pb.Measured(candidate=pb.Candidate(id="other"), timings=[_timing(A, 1e-3), _timing(B, 1e-4)])
+    assert tied_but_faster_elsewhere(pick, [other], A) == "other"   # 1x5000 is elsewhere: 10x faster there
+    assert tied_but_faster_elsewhere(pick, [other], LABEL) is None  # both shapes are the objective's
+
+
+def test_check_reports_the_objectives_speedup(small_softmax, tmp_path, settings):
+    """`kfactory check` of the reference kernel's source on a package weighing its shapes: the top speedup is
+    the weighted sums' ratio of the per-shape medians it reports."""
+    path = _package(small_softmax, tmp_path, [1, 50])
+    problem = load_problem(path)
+    source, flags, language, _ = problem.reference_kernel("cpu")
+    out = check(path, "cpu", source, flags, settings, language=language)
+    assert out["verdict"]["passed"], out["verdict"]
+    shapes = out["measurement"]["shapes"]
+    ref = shapes[A]["reference"]["median_s"] + 50 * shapes[B]["reference"]["median_s"]
+    cand = shapes[A]["candidate"]["median_s"] + 50 * shapes[B]["candidate"]["median_s"]
+    assert out["speedup_vs_reference"] == pytest.approx(ref / cand, rel=1e-12)
+    assert out["speedup_vs_reference"] != pytest.approx(out["measurement"]["speedups"][A]["reference"], rel=1e-9)
+
+
+@pytest.mark.serial   # which kernel is best is a timing's verdict
+async def test_a_weighted_campaign_ranks_screens_and_reports_by_the_weighted_sum(memory_bus_settings, small_softmax,
+                                                                                 tmp_path):
+    """A grid over tests/objective/ under weights 1 and 50: the kernel slow at 64x1000 and fast at 1x5000 is the
+    result (by the first shape alone, the one slow at 1x5000 would be); the one slow at both is screened out at
+    1x5000 on its bound; the near tie is decided by a showdown of the objective; and the summary's speedup is the
+    weighted sums' ratio."""
+    from test_campaign import _campaign
+
+    path = _package(small_softmax, tmp_path, [1, 50], [("cpu_weighted", WEIGHTED)])
+    # every candidate within 2x of the pick's score is a contender: the twins are in its showdown, whatever the noise
+    settings = memory_bus_settings.model_copy(update={"showdown_margin": 1.0})
+    spec = pb.CampaignSpec(problem=path, target="cpu", budget_candidates=4, strategy="grid", seed=1, parallel=1,
+                           warm_start=0)
+    st, running = await _campaign(settings, spec)
+    assert st.finished.state == "completed"
+    kind = {m.candidate.id: k for m in st.measured.values()
+            if (k := json.loads(m.candidate.params_json or "{}").get("kind"))}
+    by_kind = {k: st.measured[cid] for cid, k in kind.items()}
+    weights = {A: 1.0, B: 50.0}
+    for k in ("b_slow", "a_slow", "a_slow_twin"):
+        m = by_kind[k]
+        assert not m.screened_out and dict(m.objective) == weights, k
+        at = {t.shape: t.median_s for t in m.timings}
+        assert m.score_s == pytest.approx(at[A] + 50 * at[B], rel=1e-12), k
+        assert trust.measurement_flaw(m) == ""
+    # by the first shape alone the order would be the other way round
+    assert by_kind["b_slow"].timings[0].median_s < by_kind["a_slow"].timings[0].median_s
+    assert by_kind["a_slow"].score_s < by_kind["b_slow"].score_s
+    # screened out at 1x5000, the shape that bounds the score the most, on its bound, not on that time alone
+    slow = by_kind["both_slow"]
+    assert slow.screened_out and [t.shape for t in slow.timings] == [B] and dict(slow.objective) == weights
+    assert slow.score_s > 50 * slow.timings[0].median_s
+    assert slow.score_s > 1.5 * by_kind["a_slow"].score_s
+    assert trust.measurement_flaw(slow) == ""
+    # the showdown timed the objective: the twins (and the others within 2x) with the weighted sums
+    sd = st.showdowns[st.search_best().candidate.id]
+    assert sd.shape == LABEL and not sd.error
+    timed = {e.candidate_id: e.timing for e in sd.entries}
+    assert {by_kind["a_slow"].candidate.id, by_kind["a_slow_twin"].candidate.id} <= set(timed)
+    assert all(t.shape == LABEL and t.output_checked for t in timed.values())
+    summary = json.loads(st.finished.summary_json)
+    best = summary["best"]
+    assert kind[best["candidate_id"]] in ("a_slow", "a_slow_twin")
+    assert best["shape"] == LABEL and summary["showdown"]["shape"] == LABEL
+    compared = {s: best["shapes"][s]["compared"] for s in (A, B)}
+    ref = compared[A]["reference"]["median_seconds"] + 50 * compared[B]["reference"]["median_seconds"]
+    cand = compared[A]["candidate"]["median_seconds"] + 50 * compared[B]["candidate"]["median_seconds"]
+    assert best["speedup_vs_reference"] == pytest.approx(ref / cand, rel=1e-12)
