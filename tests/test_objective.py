@@ -15,12 +15,13 @@ from kfactory.evidence import trust
 from kfactory.judge import objective
 from kfactory.judge.measure import sol_floor_s
 from kfactory.problems import ProblemError, load_problem
+from kfactory.services.memory.lessons import lessons
 from kfactory.services.planner.campaign import tied_but_faster_elsewhere
 from kfactory.v1 import events_pb2 as pb
 
 WEIGHTED = Path(__file__).parent / "objective"
 A, B = "64x1000", "1x5000"   # the small softmax package's optimisation shapes (conftest.small_softmax)
-LABEL = f"1*{A}+50*{B}"
+LABEL = f"50*{B}+1*{A}"   # its shapes in the order of their names
 #: a 2-core host's ceilings, as kfactory.targets.cpu.ceiling measures them
 DEVICE = pb.DeviceInfo(mem_bandwidth_gbps=30.0, read_bandwidth_gbps=38.0, peak_gflops=200.0)
 
@@ -204,3 +205,7 @@ async def test_a_weighted_campaign_ranks_screens_and_reports_by_the_weighted_sum
     ref = compared[A]["reference"]["median_seconds"] + 50 * compared[B]["reference"]["median_seconds"]
     cand = compared[A]["candidate"]["median_seconds"] + 50 * compared[B]["candidate"]["median_seconds"]
     assert best["speedup_vs_reference"] == pytest.approx(ref / cand, rel=1e-12)
+    # memory's lesson names the objective its score is of, not the first shape
+    memory = running.services["memory"]
+    lesson = next(x for x in lessons(memory.archive, memory.archive.problem_name(path)) if x.kind == "best")
+    assert f"ms at {LABEL}," in lesson.text and lesson.text.endswith(f"bandwidth at {A}"), lesson.text

@@ -5,9 +5,10 @@ result is believed only as the end of a chain the services' own events built: a 
 compiled by the compiler, verified by the verifier, then measured by the benchmarker (or, for a screened-out timing
 that is never a result, compiled and timed by the benchmarker), each by the role that
 `security.PERMISSIONS` lets publish that kind; and only with figures a measurement can have (finite, positive,
-at least a nanosecond, the score being the first shape's median). The planner checks the chain as it folds the
-stream (stream order is causal: each stage publishes its event before it queues the next stage's work); memory,
-whose order can differ after a restart, holds a measurement back until its chain is archived.
+at least a nanosecond, the score being the first shape's median or its objective's weighted sum). The planner
+checks the chain as it folds the stream (stream order is causal: each stage publishes its event before it queues
+the next stage's work); memory, whose order can differ after a restart, holds a measurement back until its chain
+is archived.
 
 What no check here can stop in the open profile (RELIABILITY.md says so): an event forged with a real
 producer name and a whole forged chain of its own, or one published under the id of an event a service has yet

@@ -42,11 +42,15 @@ def by_name(problem) -> dict[str, float]:
 
 def label(problem) -> str:
     """The objective's name: the first shape's name where it is that shape alone (unweighted), else
-    "W*SHAPE+W*SHAPE..." over the scored shapes (Comparison.shape of a showdown)."""
+    named_label(by_name(problem)) (Comparison.shape of a showdown)."""
     named = by_name(problem)
-    if not named:
-        return problem.shape_str(problem.shapes("optimize")[0])
-    return "+".join(f"{w:g}*{name}" for name, w in named.items())
+    return named_label(named) if named else problem.shape_str(problem.shapes("optimize")[0])
+
+
+def named_label(objective: Mapping[str, float]) -> str:
+    """"W*SHAPE+W*SHAPE..." over the shapes of a Measured.objective (non-empty), in the order of their names (a
+    protobuf map keeps none: the same objective reads the same wherever it was stored)."""
+    return "+".join(f"{objective[name]:g}*{name}" for name in sorted(objective))
 
 
 def scored_names(text: str) -> set[str]:

@@ -2,8 +2,9 @@
 the pipeline keeps in flight ahead of the device.
 
 A candidate the search proposed (a template point, a warm start, an agent's kernel) goes from the compiler to the
-benchmarker first: a short timing at the first optimisation shape, and one slower than screen_factor x the
-campaign's best full measurement is recorded as screened out with that timing. It is never verified, so it can
+benchmarker first: a short timing at the objective's screen shape (the first optimisation shape unless the package
+weighs them: kfactory/judge/objective.py), and one whose score can be no better than screen_factor x the campaign's
+best full measurement is recorded as screened out with that timing. It is never verified, so it can
 never be a result: the planner's best, memory's best, the final comparison and export all pass it over. One that
 can still rank goes on to the verifier, which judges it in full, and then to the full measurement. Verification
 costs a hundred times a kernel's run (bench/verify_cost.py), a screen a few runs.

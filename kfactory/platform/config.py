@@ -102,9 +102,10 @@ class Settings(BaseSettings):
     compare_max_s: float = 3.0
     showdown_contenders: int = Field(4, ge=0, description=(
         "after the search, the best candidate and up to this many less one more whose scores are within "
-        "showdown_margin of its score are timed together (rotated: judge/rotated.py) at the first optimisation "
-        "shape, and the fastest is the campaign's result: candidates measured minutes apart on a drifting host are "
-        "told apart in one timing (0 or 1: off)"))
+        "showdown_margin of its score are timed together (rotated: judge/rotated.py) at the shapes the "
+        "objective scores (judge/objective.py: the first optimisation shape, unless the package weighs them), and "
+        "the fastest is the campaign's result: candidates measured minutes apart on a drifting host are told apart "
+        "in one timing (0 or 1: off)"))
     showdown_margin: float = Field(0.15, ge=0, description=(
         "a candidate within this fraction of the best's score is a contender in the showdown: on the 2-core host "
         "the same kernel's median ranged 3.8-6.1 ms over nine timings minutes apart, and at 5% no candidate was "

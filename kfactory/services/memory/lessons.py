@@ -9,6 +9,7 @@ import statistics
 from collections import Counter, defaultdict
 
 from kfactory.bus.origins import STRATEGY, Origin, is_kind, sql_match
+from kfactory.judge import objective
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 
@@ -61,12 +62,16 @@ def _best(measured: list[_Row], n_campaigns: int) -> list[spb.Lesson]:
     b = min(mine, key=lambda r: (r.relative, -ref.get(r.campaign, 0.0) / r.score))
     t = b.m.timings[0] if b.m.timings else None
     speed = f", {ref[b.campaign] / b.score:.2f}x the reference kernel" if b.campaign in ref else ""
-    bw = f", {t.gbps:.1f} GB/s = {t.sol_fraction * 100:.0f}% of measured bandwidth" if t and t.gbps else ""
+    # a weighted score is the objective's (kfactory/judge/objective.py), not one shape's: named so, and the
+    # bandwidth named with the shape it was reached at
+    where = objective.named_label(b.m.objective) if b.m.objective else (t.shape if t else "?")
+    bw = (f", {t.gbps:.1f} GB/s = {t.sol_fraction * 100:.0f}% of measured bandwidth"
+          f"{f' at {t.shape}' if b.m.objective else ''}") if t and t.gbps else ""
     what = f"{b.origin} {json.dumps(b.params, sort_keys=True)} flags '{b.flags}'" if b.params else \
         f"{b.origin} flags '{b.flags}'"
     return [spb.Lesson(kind="best", value=b.score, count=len(mine),
                        text=f"fastest so far ({len(mine)} kernels measured in {n_campaigns} campaigns, "
-                            f"{b.m.device.model}): {what}: {b.score * 1e3:.4g} ms at {t.shape if t else '?'}"
+                            f"{b.m.device.model}): {what}: {b.score * 1e3:.4g} ms at {where}"
                             f"{speed}{bw}")]
 
 

@@ -262,10 +262,10 @@ class CampaignDriver:
 
     async def _showdown(self, st: CampaignState) -> bool:
         """Time the search's best and its contenders (CampaignState.contenders: within Settings.showdown_margin of
-        its score) interleaved at the first optimisation shape, once per search best and set of contenders; the
-        fastest, where it is faster outside the noise, becomes the campaign's result (CampaignState.best). Each was
-        measured alone, minutes apart: on a host whose load drifts, scores a few percent apart do not order kernels
-        a few percent apart. Not for an engine (its finale
+        its score) interleaved at the shapes the objective scores (kfactory/judge/objective.py), once per search
+        best and set of contenders; the fastest, where it is faster outside the noise, becomes the campaign's result
+        (CampaignState.best). Each was measured alone, minutes apart: on a host whose load drifts, scores a few
+        percent apart do not order kernels a few percent apart. Not for an engine (its finale
         decides), a replayed campaign (its timings are recordings: nothing to time together), or when the setting is
         under 2; a showdown unanswered within COMPARE_WAIT_S, or whose request was dead-lettered, is left (logged).
         True when the search's best is out: its answer found it wrong, or another campaign did meanwhile (then the
