@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kfactory.bus import events as ev
 from kfactory.cli.check import check
 from kfactory.evidence import trust
 from kfactory.judge import objective
@@ -18,6 +19,7 @@ from kfactory.problems import ProblemError, load_problem
 from kfactory.services.memory.lessons import lessons
 from kfactory.services.planner.campaign import tied_but_faster_elsewhere
 from kfactory.v1 import events_pb2 as pb
+from evidence_chain import links
 
 WEIGHTED = Path(__file__).parent / "objective"
 A, B = "64x1000", "1x5000"   # the small softmax package's optimisation shapes (conftest.small_softmax)
@@ -116,6 +118,39 @@ def test_a_cached_measurement_is_scored_under_the_objective_as_it_is_now(small_s
     assert m.score_s == 2e-4 and not m.objective
     short = pb.Measured(timings=[_timing(A, 2e-4)], score_s=2e-4)
     assert not objective.rescore(short, weighted) and short.score_s == 2e-4 and not short.objective
+
+
+def _archived(archive, campaign: str, cid: str, at_ns: int, weights: dict[str, float], **medians: float) -> None:
+    """A running campaign's chain for candidate `cid`, measured at `at_ns` with `medians` by shape ("s64x1000")."""
+    cand = pb.Candidate(id=cid, campaign_id=campaign, point_id="p-" + cid, problem="softmax", target="cpu",
+                        family="cpu_c", origin="template:cpu_c", params_json="{}")
+    timings = [_timing(shape.removeprefix("s"), median) for shape, median in medians.items()]
+    m = pb.Measured(candidate=cand, timings=timings, objective=weights,
+                    score_s=objective.score(timings, weights))
+    for e in [*links(campaign, cand), ev.make_event(campaign, "benchmarker", cid, measured=m)]:
+        e.time_unix_ns = at_ns
+        assert archive.record(e)
+
+
+def test_memory_ranks_every_campaigns_kernels_by_the_newest_objective(tmp_path):
+    """`kfactory best` (Archive.best) across campaigns of one problem whose weights changed, or whose first shape
+    differs (another package of the name): each kernel is scored by the newest campaign's objective from its own
+    timings, and one that did not time a scored shape does not count."""
+    from kfactory.services.memory.archive import Archive
+
+    archive = Archive(tmp_path / "archive.sqlite")
+    try:
+        _archived(archive, "c0", "other_shape", 1, {}, s16x16=0.001)           # first shape 16x16 alone: 1 ms
+        _archived(archive, "c1", "first_fast", 2, {}, s64x1000=0.10, s1x5000=0.010)
+        assert archive.best("softmax")[0].candidate.id == "first_fast"        # 16x16 is not what c1 scores
+        _archived(archive, "c2", "weighted", 3, {A: 1.0, B: 50.0}, s64x1000=0.30, s1x5000=0.001)
+        # by its own score first_fast (0.10) would win; under c2's weights it scores 0.10 + 50 x 0.010 = 0.60
+        assert archive.best("softmax")[0].candidate.id == "weighted"
+        assert archive.best("softmax", shape=A)[0].candidate.id == "first_fast"   # at a shape, as measured
+        _archived(archive, "c3", "unweighted_again", 4, {}, s64x1000=0.20, s1x5000=0.2)
+        assert archive.best("softmax")[0].candidate.id == "first_fast"
+    finally:
+        archive.close()
 
 
 def test_trust_holds_a_score_to_its_objective():

@@ -69,6 +69,14 @@ def score(timings: Iterable[pb.ShapeTiming], objective: Mapping[str, float]) -> 
     return sum(w * at[name] for name, w in objective.items())
 
 
+def scored_by(m: pb.Measured) -> dict[str, float]:
+    """The weights a full measurement was scored with, spelled out: its objective, else its first timing's shape
+    alone ({} where it has no timing)."""
+    if m.objective:
+        return dict(m.objective)
+    return {m.timings[0].shape: 1.0} if m.timings else {}
+
+
 def rescore(m: pb.Measured, problem) -> bool:
     """Score a full measurement (one from the result cache) under `problem`'s objective as it is now, its
     objective recorded with it; False, leaving it as it was, where a shape that objective scores was not timed."""

@@ -16,7 +16,7 @@ from kfactory.bus import events as ev
 from kfactory.bus.origins import STRATEGY, Origin, sql_match
 from kfactory.evidence import trust
 from kfactory.evidence.verdicts import WRONGNESS, Verdicts, found_wrong
-from kfactory.judge import counter_rng
+from kfactory.judge import counter_rng, objective
 from kfactory.problems.spec import PROBLEM_NAME
 from kfactory.v1 import events_pb2 as pb
 
@@ -462,11 +462,16 @@ class Archive:
         wrong never counts (Verdicts). Without a shape, of a finished campaign only the kernel it finished with
         counts: its showdown may have decided for another than the fastest by its own score (one faster in the
         interleaved timing, or tied there and faster at the other shapes), and its final comparison is that
-        kernel's; a running campaign's measurements count as they stand. At a shape, the fastest there as measured."""
-        rows = self.q("SELECT payload, campaign FROM measurements WHERE problem=? AND device LIKE ?",
-                      (problem, f"%{device}%"))
+        kernel's; a running campaign's measurements count as they stand. Every one is scored by the objective of
+        the newest of them (kfactory/judge/objective.py: its weights, or its first shape alone) from its own
+        timings, and one that did not time a shape that objective scores does not count: campaigns of a package
+        whose weights (or first shape) changed, or of two packages of one name, are compared like with like. At a
+        shape, the fastest there as measured."""
+        rows = self.q("SELECT payload, campaign FROM measurements WHERE problem=? AND device LIKE ? "
+                      "ORDER BY time_ns DESC, rowid DESC", (problem, f"%{device}%"))
         verdicts = self.problem_verdicts(problem)
         best = None
+        scored: dict[str, float] | None = None
         for payload, campaign in rows:
             m = pb.Measured.FromString(payload)
             # a screened-out timing is no result (it may never have been verified: kfactory/judge/order.py)
@@ -474,8 +479,15 @@ class Archive:
                     or not target_matches(m.candidate.target, target) or m.candidate.id in verdicts.wrong
                     or not shape and not verdicts.counts(campaign, m.candidate.id)):
                 continue
-            t = next((x for x in m.timings if x.shape == shape), None) if shape else None
-            score = t.median_s if t else (m.score_s if not shape else None)
+            if shape:
+                t = next((x for x in m.timings if x.shape == shape), None)
+                score = t.median_s if t else None
+            else:
+                scored = objective.scored_by(m) if scored is None else scored
+                try:
+                    score = objective.score(m.timings, scored) if scored else m.score_s
+                except KeyError:
+                    continue
             if score is not None and (best is None or score < best[0]):
                 best = (score, m, campaign)
         return (best[1], best[2]) if best else None
