@@ -75,6 +75,8 @@ async def test_a_search_candidate_that_cannot_rank_is_screened_out_never_verifie
     # the best is the fast honest kernel, verified and measured in full, for the planner and for memory
     fast = measured[by_kind["fast"]]
     assert not fast.screened_out and len(fast.timings) == 2 and "verified" in kinds[by_kind["fast"]]
+    # a package that weighs nothing: the first shape's median is the score, and no weights are recorded
+    assert fast.score_s == fast.timings[0].median_s and not fast.objective
     assert st.best().candidate.id == by_kind["fast"]
     found, _ = memory.archive.best(memory.archive.problem_name(st.spec.problem))
     assert found.candidate.id == by_kind["fast"]

@@ -12,7 +12,8 @@ import yaml
 
 from kfactory.bus import events as ev
 from kfactory.cli.check import check
-from kfactory.evidence import trust
+from kfactory.evidence import bundle as eb, report, trust
+from kfactory.evidence.workspace import Workspace
 from kfactory.judge import objective
 from kfactory.judge.measure import sol_floor_s
 from kfactory.problems import ProblemError, load_problem
@@ -58,10 +59,22 @@ def test_weights_that_cannot_score_are_refused_where_the_package_is_loaded(small
     assert why in str(e.value)
 
 
-def test_without_weights_the_first_shape_alone_is_scored_as_before(small_softmax):
-    problem = load_problem(small_softmax)
+def test_weights_on_a_shape_given_twice_are_refused(small_softmax, tmp_path):
+    path = _package(small_softmax, tmp_path, [1, 2])
+    spec = yaml.safe_load((Path(path) / "problem.yaml").read_text())
+    spec["shapes"]["optimize"] = [spec["shapes"]["optimize"][0]] * 2
+    (Path(path) / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    with pytest.raises(ProblemError, match="name one shape twice"):
+        load_problem(path)
+
+
+@pytest.mark.parametrize("weights", [None, [1, 0]])
+def test_without_weights_the_first_shape_alone_is_scored_as_before(small_softmax, tmp_path, weights):
+    """No weights, or the first shape weighed 1 and the others 0: the same objective, read the same way."""
+    problem = load_problem(small_softmax if weights is None else _package(small_softmax, tmp_path, weights))
     a, b = _timing(A, 2e-4), _timing(B, 3e-5)
     assert objective.weights(problem) == [1.0, 0.0] and objective.by_name(problem) == {}
+    assert objective.scored_by(pb.Measured(timings=[_timing(A, 2e-4), _timing(B, 3e-5)])) == {A: 1.0}
     assert objective.label(problem) == A and objective.scored_names(A) == {A}
     assert objective.score([a, b], objective.by_name(problem)) == 2e-4
     assert objective.screen_shape(problem, DEVICE) == problem.shapes("optimize")[0]
@@ -118,6 +131,9 @@ def test_a_cached_measurement_is_scored_under_the_objective_as_it_is_now(small_s
     assert m.score_s == 2e-4 and not m.objective
     short = pb.Measured(timings=[_timing(A, 2e-4)], score_s=2e-4)
     assert not objective.rescore(short, weighted) and short.score_s == 2e-4 and not short.objective
+    # the cache is by candidate: a source measured under another package of the name (other shapes) is not this one's
+    elsewhere = pb.Measured(timings=[_timing("4096x4096", 5e-3), _timing(A, 2e-4)], score_s=5e-3)
+    assert not objective.rescore(elsewhere, load_problem(small_softmax)) and elsewhere.score_s == 5e-3
 
 
 def _archived(archive, campaign: str, cid: str, at_ns: int, weights: dict[str, float], **medians: float) -> None:
@@ -127,30 +143,79 @@ def _archived(archive, campaign: str, cid: str, at_ns: int, weights: dict[str, f
     timings = [_timing(shape.removeprefix("s"), median) for shape, median in medians.items()]
     m = pb.Measured(candidate=cand, timings=timings, objective=weights,
                     score_s=objective.score(timings, weights))
-    for e in [*links(campaign, cand), ev.make_event(campaign, "benchmarker", cid, measured=m)]:
+    start = ev.make_event(campaign, "planner", "start", campaign_started=pb.CampaignStarted(
+        spec=pb.CampaignSpec(problem="softmax", target="cpu")))
+    for e in [start, *links(campaign, cand), ev.make_event(campaign, "benchmarker", cid, measured=m)]:
         e.time_unix_ns = at_ns
         assert archive.record(e)
 
 
 def test_memory_ranks_every_campaigns_kernels_by_the_newest_objective(tmp_path):
-    """`kfactory best` (Archive.best) across campaigns of one problem whose weights changed, or whose first shape
-    differs (another package of the name): each kernel is scored by the newest campaign's objective from its own
-    timings, and one that did not time a scored shape does not count."""
+    """`kfactory best` (Archive.best) across campaigns of one problem whose weights changed: where any was
+    weighted, each kernel is scored by the newest campaign's objective from its own timings (and returned with that
+    score), and one that did not time a scored shape does not count; where none was, by its recorded score."""
     from kfactory.services.memory.archive import Archive
 
     archive = Archive(tmp_path / "archive.sqlite")
     try:
         _archived(archive, "c0", "other_shape", 1, {}, s16x16=0.001)           # first shape 16x16 alone: 1 ms
         _archived(archive, "c1", "first_fast", 2, {}, s64x1000=0.10, s1x5000=0.010)
-        assert archive.best("softmax")[0].candidate.id == "first_fast"        # 16x16 is not what c1 scores
+        assert archive.best("softmax")[0].candidate.id == "other_shape"       # no weights: as recorded, as before
+        assert eb.loads(eb.dumps(eb.export_bundle(archive, lambda d: None)))["version"] == 1   # reads everywhere
         _archived(archive, "c2", "weighted", 3, {A: 1.0, B: 50.0}, s64x1000=0.30, s1x5000=0.001)
-        # by its own score first_fast (0.10) would win; under c2's weights it scores 0.10 + 50 x 0.010 = 0.60
-        assert archive.best("softmax")[0].candidate.id == "weighted"
+        # by its own score first_fast (0.10) would win; under c2's weights it scores 0.10 + 50 x 0.010 = 0.60, and
+        # other_shape timed neither shape
+        found = archive.best("softmax")[0]
+        assert found.candidate.id == "weighted" and found.score_s == pytest.approx(0.35)
+        # a bundle with weighted scores is version 2 (a reader of 1 could not parse them), and carries them
+        bundle = eb.loads(eb.dumps(eb.export_bundle(archive, lambda d: None)))
+        assert bundle["version"] == 2
+        again = Archive(tmp_path / "again.sqlite")
+        try:
+            eb.import_bundle(again, Workspace(tmp_path / "ws"), bundle)
+            assert again.best("softmax")[0].candidate.id == "weighted"
+        finally:
+            again.close()
         assert archive.best("softmax", shape=A)[0].candidate.id == "first_fast"   # at a shape, as measured
         _archived(archive, "c3", "unweighted_again", 4, {}, s64x1000=0.20, s1x5000=0.2)
-        assert archive.best("softmax")[0].candidate.id == "first_fast"
+        found = archive.best("softmax")[0]   # the first shape alone again: 64x1000
+        assert found.candidate.id == "first_fast" and found.score_s == 0.10 and not found.objective
     finally:
         archive.close()
+
+
+def test_the_planner_refuses_a_measurement_scored_with_other_weights(small_softmax, tmp_path):
+    """A benchmarker that loaded another version of the package (or a forged event) scores on another scale: the
+    campaign does not rank it beside its own."""
+    from kfactory.services.planner.campaign import CampaignState
+    from kfactory.strategies import Space
+
+    problem = load_problem(_package(small_softmax, tmp_path, [1, 50]))
+    st = CampaignState("c1", pb.CampaignSpec(problem=str(problem.directory), target="cpu", budget_candidates=3,
+                                             strategy="random", seed=1),
+                       pb.DeviceInfo(), Space(list(problem.families.values())))
+    st.objective = objective.by_name(problem)
+    timings = [_timing(A, 2e-4), _timing(B, 3e-5)]
+    for cid, weights in (("first_alone", {}), ("halved", {A: 0.5, B: 25.0}), ("ours", {A: 1.0, B: 50.0})):
+        cand = pb.Candidate(id=cid, point_id="p-" + cid, origin="manual:mine", params_json="{}")
+        for e in links("c1", cand):
+            assert st.apply(e) == "", e
+        m = pb.Measured(candidate=cand, timings=timings, objective=weights, score_s=objective.score(timings, weights))
+        why = st.apply(ev.make_event("c1", "benchmarker", cid, measured=m))
+        assert (why == "") is (cid == "ours"), (cid, why)
+        assert cid == "ours" or "scored with weights" in why
+    assert set(st.measured) == {"ours"}
+
+
+def test_an_agent_is_told_what_the_campaign_ranks_by(small_softmax, tmp_path):
+    from kfactory.agents.personas import PERSONAS
+    from kfactory.agents.prompt import build
+
+    persona = next(iter(PERSONAS.values()))
+    plain = build(persona, load_problem(small_softmax), "cpu", DEVICE, [], "").user
+    assert f"(the campaign's objective: the median at {A})" in plain
+    weighted = build(persona, load_problem(_package(small_softmax, tmp_path, [1, 50])), "cpu", DEVICE, [], "").user
+    assert f"(the campaign's objective: the sum of weight x median over {LABEL})" in weighted
 
 
 def test_trust_holds_a_score_to_its_objective():
@@ -158,6 +223,11 @@ def test_trust_holds_a_score_to_its_objective():
     weights = {A: 1.0, B: 50.0}
     good = pb.Measured(timings=[a, b], score_s=2e-4 + 50 * 3e-5, objective=weights)
     assert trust.measurement_flaw(good) == ""
+    # weights much under 1 make a score under a nanosecond of medians that are not: still a measurement
+    tiny = {A: 1e-4, B: 1e-4}
+    assert trust.measurement_flaw(pb.Measured(timings=[_timing(A, 2e-6), _timing(B, 3e-6)], score_s=5e-10,
+                                              objective=tiny)) == ""
+    assert objective.named_label({A: 1e-4, B: 2e6}) == f"2000000*{B}+0.0001*{A}"   # by name: 1x5000 first
     assert "weighted sum" in trust.measurement_flaw(pb.Measured(timings=[a, b], score_s=2e-4, objective=weights))
     assert "did not time" in trust.measurement_flaw(pb.Measured(timings=[a], score_s=2e-4, objective=weights))
     assert "first shape's median" in trust.measurement_flaw(pb.Measured(timings=[a, b], score_s=2e-4 + 1.5e-3))
@@ -201,6 +271,8 @@ async def test_a_weighted_campaign_ranks_screens_and_reports_by_the_weighted_sum
     from test_campaign import _campaign
 
     path = _package(small_softmax, tmp_path, [1, 50], [("cpu_weighted", WEIGHTED)])
+    # a grid with one point in flight proposes the kinds in family.yaml's order, each after the one before is
+    # done: both_slow comes last, when a_slow's score is the best to screen against
     # every candidate within 2x of the pick's score is a contender: the twins are in its showdown, whatever the noise
     settings = memory_bus_settings.model_copy(update={"showdown_margin": 1.0})
     spec = pb.CampaignSpec(problem=path, target="cpu", budget_candidates=4, strategy="grid", seed=1, parallel=1,
@@ -242,5 +314,11 @@ async def test_a_weighted_campaign_ranks_screens_and_reports_by_the_weighted_sum
     assert best["speedup_vs_reference"] == pytest.approx(ref / cand, rel=1e-12)
     # memory's lesson names the objective its score is of, not the first shape
     memory = running.services["memory"]
+    # the report's leaderboard: a score column, and the screened-out timing under the shape it was taken at
+    board = report.markdown(memory.archive.events(campaign=st.id)).split("## Leaderboard")[1].split("\n## ")[0]
+    header = next(line for line in board.splitlines() if line.startswith("| rank"))
+    assert header.endswith(f"| score | {A} | {B} |"), header
+    row = next(line for line in board.splitlines() if slow.candidate.id[:12] in line)
+    assert row.endswith(f"| {slow.score_s * 1e3:.4g} ms |  | {slow.timings[0].median_s * 1e3:.4g} ms |"), row
     lesson = next(x for x in lessons(memory.archive, memory.archive.problem_name(path)) if x.kind == "best")
     assert f"ms at {LABEL}," in lesson.text and lesson.text.endswith(f"bandwidth at {A}"), lesson.text

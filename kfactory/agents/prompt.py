@@ -12,6 +12,7 @@ import jinja2
 from kfactory.bus import events as ev
 from kfactory.agents.personas import Persona
 from kfactory.v1 import events_pb2 as pb
+from kfactory.judge import objective
 from kfactory.judge.measure import floor_bandwidth_gbps
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -67,6 +68,9 @@ def _problem(problem) -> dict:
             "inputs": [f"{t.name}: {t.dtype}[{', '.join(map(str, t.shape))}]" for t in s.inputs],
             "outputs": [f"{t.name}: {t.dtype}[{', '.join(map(str, t.shape))}]" for t in s.outputs],
             "optimize": [problem.shape_str(x) for x in s.shapes.optimize],
+            # what the campaign ranks by (kfactory/judge/objective.py): one shape's median, or a weighted sum
+            "objective": (f"the sum of weight x median over {objective.label(problem)}" if objective.by_name(problem)
+                          else f"the median at {objective.label(problem)}"),
             "verify": [problem.shape_str(x) for x in s.shapes.verify],
             "distributions": list(s.distributions),
             "tolerance": {k: v.model_dump() for k, v in s.tolerance.items()},

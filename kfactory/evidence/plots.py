@@ -32,7 +32,8 @@ class ShapePanel:
 
 def _shapes(measured: list[pb.Measured]) -> list[str]:
     """The optimisation shapes, in the order the benchmarker timed them (the first is the campaign's
-    objective); from full measurements, else from screening timings when nothing was measured in full."""
+    objective unless the package weighs them: kfactory/judge/objective.py); from full measurements, else from
+    screening timings when nothing was measured in full."""
     full = [m for m in measured if not m.screened_out] or measured
     out: list[str] = []
     for m in full:

@@ -213,16 +213,23 @@ def _verification(best_id: str, events: list[pb.Event], engine: bool = False) ->
 
 def _leaderboard(measured: list[pb.Measured], campaign: str, verdicts: Verdicts, limit: int = 10) -> list[str]:
     """The fastest measured kernels by their own scores, each noted when it is the campaign's result or none
-    (found wrong by a comparison, screened out: kfactory/evidence/verdicts.py)."""
+    (found wrong by a comparison, screened out: kfactory/evidence/verdicts.py), with its median at every shape
+    a full measurement timed (a screened-out one's under the shape it was screened at), and its score where the
+    score is a weighted sum (kfactory/judge/objective.py)."""
+    full = next((m for m in measured if not m.screened_out), measured[0] if measured else None)
+    shapes = [t.shape for t in full.timings] if full is not None else []
+    weighted = any(m.objective for m in measured)
+    score = ["score"] if weighted else []
     out = ["## Leaderboard", "", "| rank | candidate | origin | params | flags | note | " +
-           " | ".join(t.shape for t in (measured[0].timings if measured else [])) + " |",
-           "|---|---|---|---|---|---|" + "---|" * (len(measured[0].timings) if measured else 0)]
+           " | ".join(score + shapes) + " |", "|---|---|---|---|---|---|" + "---|" * len(score + shapes)]
     for i, m in enumerate(sorted(measured, key=lambda m: m.score_s)[:limit], 1):
         c = m.candidate
         params = format_params(c.params_json).replace("|", "\\|")  # a '|' in a value would split the row
         note = "; ".join(NOTES[n] for n in verdicts.notes(campaign, m))
+        at = {t.shape: _ms(t.median_s) for t in m.timings}
+        cells = ([_ms(m.score_s)] if weighted else []) + [at.get(s, "") for s in shapes]
         out.append(f"| {i} | `{c.id[:12]}` | {c.origin} | `{params}` | {c.compile_flags} | {note} | "
-                   + " | ".join(_ms(t.median_s) for t in m.timings) + " |")
+                   + " | ".join(cells) + " |")
     return out + [""]
 
 

@@ -85,7 +85,10 @@ def timing_flaw(t: pb.ShapeTiming, what: str) -> str:
 
 def measurement_flaw(m: pb.Measured) -> str:
     """Why a Measured cannot be a real measurement ("" when it can)."""
-    if flaw := _seconds_flaw("score", m.score_s):
+    if m.objective:   # a weighted sum: its terms' medians are held to a kernel's time below, the sum to its weights
+        if not math.isfinite(m.score_s) or m.score_s <= 0:
+            return f"score {m.score_s!r} is not a finite, positive weighted sum of medians"
+    elif flaw := _seconds_flaw("score", m.score_s):
         return flaw
     if not m.timings:
         return "no shape timings"

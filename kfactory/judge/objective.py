@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+import numpy as np
+
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -24,7 +26,12 @@ def weights(problem) -> list[float]:
     """One weight per optimisation shape, in their order (the first shape alone where the problem names none)."""
     n = len(problem.shapes("optimize"))
     given = problem.spec.shapes.weights
-    return [float(w) for w in given] if given is not None else [1.0] + [0.0] * (n - 1)
+    return [float(w) for w in given] if given is not None else first_alone(n)
+
+
+def first_alone(n: int) -> list[float]:
+    """The weights of the first of n shapes alone: the objective of a problem that names none."""
+    return [1.0] + [0.0] * (n - 1)
 
 
 def scored(problem) -> list[tuple[dict[str, int], float]]:
@@ -34,8 +41,9 @@ def scored(problem) -> list[tuple[dict[str, int], float]]:
 
 def by_name(problem) -> dict[str, float]:
     """Measured.objective: weight by shape name of the scored shapes; empty when the score is the first shape's
-    median alone (as every score was before weights existed, so that those read the same)."""
-    if problem.spec.shapes.weights is None:
+    median alone (as every score was before weights existed, so that those read the same), whether by naming no
+    weights or by weighing it 1 and the others 0."""
+    if weights(problem) == first_alone(len(problem.shapes("optimize"))):
         return {}
     return {problem.shape_str(s): w for s, w in scored(problem)}
 
@@ -50,7 +58,12 @@ def label(problem) -> str:
 def named_label(objective: Mapping[str, float]) -> str:
     """"W*SHAPE+W*SHAPE..." over the shapes of a Measured.objective (non-empty), in the order of their names (a
     protobuf map keeps none: the same objective reads the same wherever it was stored)."""
-    return "+".join(f"{objective[name]:g}*{name}" for name in sorted(objective))
+    return "+".join(f"{_number(objective[name])}*{name}" for name in sorted(objective))
+
+
+def _number(w: float) -> str:
+    """A weight as its shortest decimal without an exponent (an exponent's "+" would split a label)."""
+    return np.format_float_positional(w, trim="-")
 
 
 def scored_names(text: str) -> set[str]:
@@ -79,8 +92,12 @@ def scored_by(m: pb.Measured) -> dict[str, float]:
 
 def rescore(m: pb.Measured, problem) -> bool:
     """Score a full measurement (one from the result cache) under `problem`'s objective as it is now, its
-    objective recorded with it; False, leaving it as it was, where a shape that objective scores was not timed."""
+    objective recorded with it; False, leaving it as it was, where a shape that objective scores was not timed
+    (without weights: where its first timing is not the problem's first shape; the cache is by candidate, and
+    one source may have run under another package of the problem's name, with other shapes)."""
     weights = by_name(problem)
+    if not weights and (not m.timings or m.timings[0].shape != label(problem)):
+        return False
     try:
         m.score_s = score(m.timings, weights)
     except KeyError:
@@ -127,10 +144,10 @@ def combine(problem, per_shape: Mapping[str, pb.ShapeTiming]) -> pb.ShapeTiming:
     medians, quartiles and interval ends summed with their weights (the sum of the intervals' ends holds the sum of
     the medians wherever each holds its own), samples summed, bandwidth from the weighted bytes, the bandwidth
     fraction the time-weighted mean of the shapes', outputs checked only if at every shape."""
-    named = by_name(problem) or {label(problem): 1.0}
+    named = by_name(problem)
+    if not named:   # the first shape alone: its own timing, as before weights
+        return per_shape[label(problem)]
     parts = [(per_shape[name], w) for name, w in named.items()]
-    if len(parts) == 1 and parts[0][1] == 1.0:
-        return parts[0][0]
     out = pb.ShapeTiming(shape=label(problem), mode=parts[0][0].mode,
                          output_checked=all(t.output_checked for t, _ in parts),
                          samples=sum(t.samples for t, _ in parts))

@@ -44,7 +44,8 @@ def prune(report: pb.CompileReport, launch: dict | None, problem) -> str:
 
 
 def screened_out(screen_s: float, best_s: float | None, factor: float) -> bool:
-    """True when a screening median is more than `factor` times the campaign's best so far."""
+    """True when a screen's score (its median, or where the package weighs its shapes the score's lower bound:
+    kfactory/judge/objective.py score_bound) is more than `factor` times the campaign's best so far."""
     return best_s is not None and screen_s > factor * best_s
 
 

@@ -116,6 +116,10 @@ class Shapes(_Strict):
                              "shape, in their order")
         if any(not math.isfinite(x) or x < 0 for x in w) or not any(x > 0 for x in w):
             raise ValueError(f"weights {w}: each must be a finite number >= 0, and one at least > 0")
+        if len({tuple(sorted(shape.items())) for shape in self.optimize}) < len(self.optimize):
+            # a score is by shape name: a shape given twice would be one term with the last weight
+            raise ValueError("weights: the optimize shapes name one shape twice; give it once, with the sum of "
+                             "its weights")
         return self
 
 

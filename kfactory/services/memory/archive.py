@@ -462,35 +462,43 @@ class Archive:
         wrong never counts (Verdicts). Without a shape, of a finished campaign only the kernel it finished with
         counts: its showdown may have decided for another than the fastest by its own score (one faster in the
         interleaved timing, or tied there and faster at the other shapes), and its final comparison is that
-        kernel's; a running campaign's measurements count as they stand. Every one is scored by the objective of
-        the newest of them (kfactory/judge/objective.py: its weights, or its first shape alone) from its own
-        timings, and one that did not time a shape that objective scores does not count: campaigns of a package
-        whose weights (or first shape) changed, or of two packages of one name, are compared like with like. At a
-        shape, the fastest there as measured."""
-        rows = self.q("SELECT payload, campaign FROM measurements WHERE problem=? AND device LIKE ? "
-                      "ORDER BY time_ns DESC, rowid DESC", (problem, f"%{device}%"))
+        kernel's; a running campaign's measurements count as they stand. Where any of them was scored with weights
+        (kfactory/judge/objective.py), each is scored from its own timings by the objective of the newest of them
+        (its weights, or its first shape alone), the one returned with that score, and one that did not time a
+        shape that objective scores does not count: the campaigns of a package whose weights changed compare like
+        with like. At a shape, the fastest there as measured."""
+        rows = self.q("SELECT payload, campaign, time_ns FROM measurements WHERE problem=? AND device LIKE ?",
+                      (problem, f"%{device}%"))
         verdicts = self.problem_verdicts(problem)
-        best = None
-        scored: dict[str, float] | None = None
-        for payload, campaign in rows:
+        counted = []
+        for payload, campaign, at in rows:
             m = pb.Measured.FromString(payload)
             # a screened-out timing is no result (it may never have been verified: kfactory/judge/order.py)
-            if (m.candidate.origin == Origin.REFERENCE.of() or m.screened_out
+            if not (m.candidate.origin == Origin.REFERENCE.of() or m.screened_out
                     or not target_matches(m.candidate.target, target) or m.candidate.id in verdicts.wrong
                     or not shape and not verdicts.counts(campaign, m.candidate.id)):
-                continue
+                counted.append((m, campaign, at or 0))
+        newest = max(counted, key=lambda r: r[2])[0] if any(m.objective for m, _, _ in counted) else None
+        scored = objective.scored_by(newest) if newest is not None and not shape else None
+        best = None
+        for m, campaign, _ in counted:
             if shape:
                 t = next((x for x in m.timings if x.shape == shape), None)
                 score = t.median_s if t else None
             else:
-                scored = objective.scored_by(m) if scored is None else scored
                 try:
                     score = objective.score(m.timings, scored) if scored else m.score_s
                 except KeyError:
                     continue
             if score is not None and (best is None or score < best[0]):
                 best = (score, m, campaign)
-        return (best[1], best[2]) if best else None
+        if best is None:
+            return None
+        if scored and newest is not None:   # with the score it was ranked by (as `kfactory best` prints it)
+            best[1].score_s = best[0]
+            best[1].objective.clear()
+            best[1].objective.update(newest.objective)
+        return best[1], best[2]
 
     def verdicts(self, campaigns: Iterable[str]) -> Verdicts:
         """What these campaigns decided beyond each kernel's own measurement, read from their archived events (so

@@ -147,6 +147,9 @@ class CampaignState:
     #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
     #: problem loads; else the lowest score
     winner: Callable[[list[pb.Measured]], pb.Measured] = lowest_score
+    #: the weights every measurement of the campaign is scored with (Measured.objective, objective.by_name: empty
+    #: for the first shape alone, and for an engine), set where the problem loads; None: not checked
+    objective: dict[str, float] | None = None
     #: what the planner times after the search, where the problem has it (an engine's timing rounds and
     #: showdown: kfactory/engines/finale.py EngineFinale, set by the planner service); it folds every event of
     #: the campaign (`fold`), names the next re-timing request (`next`), and the winner it decides (`winner`) is

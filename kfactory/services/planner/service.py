@@ -17,6 +17,7 @@ from kfactory.bus import events as ev
 from kfactory.bus.errors import TRANSIENT
 from kfactory.engines.finale import finale_of
 from kfactory.engines.stages import is_engine
+from kfactory.judge import objective
 from kfactory.judge.order import compare_reserve, device_budget
 from kfactory.observability import tracing as telemetry
 from kfactory.platform.grpcserver import start_server
@@ -93,6 +94,7 @@ class PlannerService(Service):
             problem = self.ctx.problem(spec.problem)
             st.winner = problem.winner
             st.problem_name = problem.name   # a path and a name of one package are one problem
+            st.objective = {} if is_engine(problem) else objective.by_name(problem)
             # an engine's timing rounds and showdown after the search (kfactory/engines/finale.py)
             st.finale = finale_of(spec) if is_engine(problem) else None
         st.agent_note = coders.agent_note(spec, self.settings)
