@@ -136,75 +136,120 @@ def test_a_cached_measurement_is_scored_under_the_objective_as_it_is_now(small_s
     assert not objective.rescore(elsewhere, load_problem(small_softmax)) and elsewhere.score_s == 5e-3
 
 
-def _archived(archive, campaign: str, cid: str, at_ns: int, weights: dict[str, float], **medians: float) -> None:
-    """A running campaign's chain for candidate `cid`, measured at `at_ns` with `medians` by shape ("s64x1000")."""
+def _archived(archive, campaign: str, cid: str, at_ns: int, weights: dict[str, float], start: bool = True,
+              **medians: float) -> None:
+    """Candidate `cid`'s chain in running campaign `campaign` (started at `at_ns` too, unless `start` is False),
+    measured at `at_ns` with `medians` by shape ("s64x1000")."""
     cand = pb.Candidate(id=cid, campaign_id=campaign, point_id="p-" + cid, problem="softmax", target="cpu",
                         family="cpu_c", origin="template:cpu_c", params_json="{}")
     timings = [_timing(shape.removeprefix("s"), median) for shape, median in medians.items()]
     m = pb.Measured(candidate=cand, timings=timings, objective=weights,
                     score_s=objective.score(timings, weights))
-    start = ev.make_event(campaign, "planner", "start", campaign_started=pb.CampaignStarted(
-        spec=pb.CampaignSpec(problem="softmax", target="cpu")))
-    for e in [start, *links(campaign, cand), ev.make_event(campaign, "benchmarker", cid, measured=m)]:
+    started = [ev.make_event(campaign, "planner", "start", campaign_started=pb.CampaignStarted(
+        spec=pb.CampaignSpec(problem="softmax", target="cpu")))] if start else []
+    for e in [*started, *links(campaign, cand), ev.make_event(campaign, "benchmarker", cid, measured=m)]:
         e.time_unix_ns = at_ns
         assert archive.record(e)
 
 
 def test_memory_ranks_every_campaigns_kernels_by_the_newest_objective(tmp_path):
     """`kfactory best` (Archive.best) across campaigns of one problem whose weights changed: where any was
-    weighted, each kernel is scored by the newest campaign's objective from its own timings (and returned with that
-    score), and one that did not time a scored shape does not count; where none was, by its recorded score."""
+    weighted, each kernel is scored by the objective of the campaign started last, from its own timings (and
+    returned with that score), and one that did not time a scored shape does not count; where none was, by its
+    recorded score."""
     from kfactory.services.memory.archive import Archive
 
     archive = Archive(tmp_path / "archive.sqlite")
     try:
         _archived(archive, "c0", "other_shape", 1, {}, s16x16=0.001)           # first shape 16x16 alone: 1 ms
         _archived(archive, "c1", "first_fast", 2, {}, s64x1000=0.10, s1x5000=0.010)
+        _archived(archive, "c1", "balanced", 2, {}, start=False, s64x1000=0.12, s1x5000=0.002)
         assert archive.best("softmax")[0].candidate.id == "other_shape"       # no weights: as recorded, as before
         assert eb.loads(eb.dumps(eb.export_bundle(archive, lambda d: None)))["version"] == 1   # reads everywhere
         _archived(archive, "c2", "weighted", 3, {A: 1.0, B: 50.0}, s64x1000=0.30, s1x5000=0.001)
-        # by its own score first_fast (0.10) would win; under c2's weights it scores 0.10 + 50 x 0.010 = 0.60, and
+        # under c2's weights: first_fast 0.10 + 50 x 0.010 = 0.60, balanced 0.12 + 0.10 = 0.22, weighted 0.35; and
         # other_shape timed neither shape
         found = archive.best("softmax")[0]
-        assert found.candidate.id == "weighted" and found.score_s == pytest.approx(0.35)
+        assert found.candidate.id == "balanced" and found.score_s == pytest.approx(0.22)
+        assert dict(found.objective) == {A: 1.0, B: 50.0} and trust.measurement_flaw(found) == ""
+        assert archive.best("softmax", shape=A)[0].candidate.id == "first_fast"   # at a shape, as measured
+        # a measurement that came later to a campaign started before c2 does not make its objective the newest
+        _archived(archive, "c1", "late", 9, {}, start=False, s64x1000=0.5, s1x5000=0.5)
+        assert archive.best("softmax")[0].candidate.id == "balanced"
         # a bundle with weighted scores is version 2 (a reader of 1 could not parse them), and carries them
         bundle = eb.loads(eb.dumps(eb.export_bundle(archive, lambda d: None)))
         assert bundle["version"] == 2
         again = Archive(tmp_path / "again.sqlite")
         try:
             eb.import_bundle(again, Workspace(tmp_path / "ws"), bundle)
-            assert again.best("softmax")[0].candidate.id == "weighted"
+            assert again.best("softmax")[0].candidate.id == "balanced"
         finally:
             again.close()
-        assert archive.best("softmax", shape=A)[0].candidate.id == "first_fast"   # at a shape, as measured
-        _archived(archive, "c3", "unweighted_again", 4, {}, s64x1000=0.20, s1x5000=0.2)
+        _archived(archive, "c3", "unweighted_again", 10, {}, s64x1000=0.20, s1x5000=0.2)
         found = archive.best("softmax")[0]   # the first shape alone again: 64x1000
         assert found.candidate.id == "first_fast" and found.score_s == 0.10 and not found.objective
     finally:
         archive.close()
 
 
-def test_the_planner_refuses_a_measurement_scored_with_other_weights(small_softmax, tmp_path):
-    """A benchmarker that loaded another version of the package (or a forged event) scores on another scale: the
-    campaign does not rank it beside its own."""
+def test_a_showdown_of_one_weighted_shape_or_of_tiny_weights_is_labelled_and_believed(small_softmax, tmp_path):
+    only_b = load_problem(_package(small_softmax, tmp_path / "b", [0, 1]))
+    assert objective.label(only_b) == f"1*{B}" and objective.by_name(only_b) == {B: 1.0}
+    t = objective.combine(only_b, {A: _timing(A, 2e-4), B: _timing(B, 3e-5)})
+    assert t.shape == f"1*{B}" and t.median_s == 3e-5 and objective.scored_names(t.shape) == {B}
+    tiny = load_problem(_package(small_softmax, tmp_path / "tiny", [1.0e-4, 1.0e-4]))
+    both = objective.combine(tiny, {A: _timing(A, 2e-6), B: _timing(B, 3e-6)})
+    assert both.median_s == pytest.approx(5e-10)
+    comp = pb.Comparison(shape=both.shape, showdown=True, speedups={"k": 1.0},
+                         entries=[pb.ComparisonEntry(name="candidate", candidate_id="k", timing=both)])
+    assert trust.comparison_flaw(comp) == ""
+    # one shape's timing under a nanosecond is still no kernel's
+    comp.entries[0].timing.CopyFrom(_timing(A, 5e-10))
+    assert "not a time a kernel can take" in trust.comparison_flaw(comp)
+
+
+def _folded(problem, objective_now: dict[str, float]):
     from kfactory.services.planner.campaign import CampaignState
     from kfactory.strategies import Space
 
-    problem = load_problem(_package(small_softmax, tmp_path, [1, 50]))
     st = CampaignState("c1", pb.CampaignSpec(problem=str(problem.directory), target="cpu", budget_candidates=3,
                                              strategy="random", seed=1),
                        pb.DeviceInfo(), Space(list(problem.families.values())))
-    st.objective = objective.by_name(problem)
-    timings = [_timing(A, 2e-4), _timing(B, 3e-5)]
-    for cid, weights in (("first_alone", {}), ("halved", {A: 0.5, B: 25.0}), ("ours", {A: 1.0, B: 50.0})):
-        cand = pb.Candidate(id=cid, point_id="p-" + cid, origin="manual:mine", params_json="{}")
-        for e in links("c1", cand):
-            assert st.apply(e) == "", e
-        m = pb.Measured(candidate=cand, timings=timings, objective=weights, score_s=objective.score(timings, weights))
-        why = st.apply(ev.make_event("c1", "benchmarker", cid, measured=m))
-        assert (why == "") is (cid == "ours"), (cid, why)
-        assert cid == "ours" or "scored with weights" in why
-    assert set(st.measured) == {"ours"}
+    st.objective = objective_now
+    return st
+
+
+def test_the_planner_ranks_a_measurement_scored_with_other_weights_by_its_campaigns(small_softmax, tmp_path):
+    """A benchmarker that loaded another version of the package, a package edited before a restarted planner
+    replays the stream, or a forged weight: the campaign ranks each full measurement by its own objective, from
+    the measurement's timings, and never leaves its point in flight; what it cannot rescore (a shape missing, a
+    screen's bound) it keeps as scored."""
+    problem = load_problem(_package(small_softmax, tmp_path, [1, 50]))
+    for spelled, recorded in ((objective.spelled_out(problem), {A: 1.0, B: 50.0}),
+                              (objective.spelled_out(load_problem(small_softmax)), {})):
+        st = _folded(problem, spelled)
+        timings = [_timing(A, 2e-4), _timing(B, 3e-5)]
+        events = {}
+        other_shapes = [_timing("16x16", 2e-4)]   # another package's shape: nothing the campaign scores
+        for cid, weights, timed, score, screened in (
+                ("first_alone", {}, timings, 2e-4, False),
+                ("halved", {A: 0.5, B: 25.0}, timings, 1e-4 + 25 * 3e-5, False),
+                ("ours", {A: 1.0, B: 50.0}, timings, 2e-4 + 50 * 3e-5, False),
+                ("elsewhere", {"16x16": 2.0}, other_shapes, 4e-4, False),
+                ("screened", {A: 3.0}, timings[:1], 7e-4, True)):
+            cand = pb.Candidate(id=cid, point_id="p-" + cid, origin="manual:mine", params_json="{}")
+            for e in links("c1", cand):
+                assert st.apply(e) == "", e
+            m = pb.Measured(candidate=cand, timings=timed, objective=weights, score_s=score, screened_out=screened)
+            events[cid] = ev.make_event("c1", "benchmarker", cid, measured=m)
+            assert st.apply(events[cid]) == "", cid
+        assert st.counts.measured == 5 and st.in_flight() == 0
+        for cid in ("first_alone", "halved", "ours"):
+            m = st.measured[cid]
+            assert m.score_s == pytest.approx(objective.score(timings, spelled), rel=1e-12), cid
+            assert dict(m.objective) == recorded and trust.measurement_flaw(m) == "", cid
+        assert st.measured["elsewhere"].score_s == 4e-4 and st.measured["screened"].score_s == 7e-4   # as scored
+        assert dict(events["first_alone"].measured.objective) == {}   # the event itself is left as it came
 
 
 def test_an_agent_is_told_what_the_campaign_ranks_by(small_softmax, tmp_path):
@@ -283,6 +328,7 @@ async def test_a_weighted_campaign_ranks_screens_and_reports_by_the_weighted_sum
             if (k := json.loads(m.candidate.params_json or "{}").get("kind"))}
     by_kind = {k: st.measured[cid] for cid, k in kind.items()}
     weights = {A: 1.0, B: 50.0}
+    assert st.objective == weights   # the planner's: what it ranks every measurement by
     for k in ("b_slow", "a_slow", "a_slow_twin"):
         m = by_kind[k]
         assert not m.screened_out and dict(m.objective) == weights, k

@@ -92,7 +92,7 @@ def local_export(settings, problem: str = "", target: str = "") -> dict:
     try:
         archive = Archive.reader(ws.archive_path, problem_name)
     except FileNotFoundError:
-        return {"format": eb.FORMAT, "version": eb.VERSION, "filter": {"problem": problem, "target": target},
+        return {"format": eb.FORMAT, "version": eb.UNWEIGHTED, "filter": {"problem": problem, "target": target},
                 "campaigns": [], "events": [], "objects": {}, "problem_names": {}, "regressions": []}
     try:
         return eb.export_bundle(archive, ws.get, problem, target)

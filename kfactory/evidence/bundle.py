@@ -38,8 +38,9 @@ from kfactory.evidence.workspace import Workspace, is_digest
 FORMAT = "kfactory-evidence"
 #: the bundle layout's version: a reader refuses a newer one (it cannot know what it would drop). 2: measurements
 #: may carry the weights they were scored with (Measured.objective), which a reader of 1 cannot parse; a bundle
-#: with none is written as 1, so that it still reads everywhere
+#: with none is written as 1 (UNWEIGHTED), so that it still reads everywhere
 VERSION = 2
+UNWEIGHTED = 1
 #: the largest bundle a reader unpacks (a gzip bomb must not take the machine's memory)
 MAX_BUNDLE_BYTES = 1 << 30
 #: bytes per message of a bundle streamed over gRPC (which refuses messages over 4 MiB by default)
@@ -94,7 +95,8 @@ def export_bundle(archive: Archive, get_object, problem: str = "", target: str =
     regressions = [_as_json(r) for name in sorted(set(names.values())) for r in archive.regressions(name)
                    if r.campaign_id in kept]
     weighted = any(e.HasField("measured") and e.measured.objective for e in events)
-    return {"format": FORMAT, "version": VERSION if weighted else 1, "filter": {"problem": problem, "target": target},
+    return {"format": FORMAT, "version": VERSION if weighted else UNWEIGHTED,
+            "filter": {"problem": problem, "target": target},
             "campaigns": [{"id": c, "problem": names.get(loc or "", loc), "target": t, "device": d, "state": s,
                            "events": counts.get(c, 0)} for c, loc, t, d, s in campaigns],
             "events": [_as_json(e) for e in events], "objects": objects, "problem_names": names,

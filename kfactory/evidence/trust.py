@@ -67,14 +67,18 @@ def _seconds_flaw(what: str, s: float) -> str:
 
 
 def timing_flaw(t: pb.ShapeTiming, what: str) -> str:
-    """Why a shape's timing cannot be a measurement ("" when it can)."""
+    """Why a shape's timing cannot be a measurement ("" when it can). A showdown's timing of a weighted objective
+    (its shape a label, objective.is_label) holds weighted sums: finite and positive, however small the weights."""
     if t.samples < 1:
         return f"{what}: {t.samples} samples"
+    summed = objective.is_label(t.shape)
     for name in ("median_s", "q1_s", "q3_s", "ci_low_s", "ci_high_s"):
         value = getattr(t, name)
         if name != "median_s" and value == 0.0:
             continue  # optional statistics (a replayed recording has no interval)
-        if flaw := _seconds_flaw(f"{what}: {name}", value):
+        if summed and (not math.isfinite(value) or value <= 0):
+            return f"{what}: {name} {value!r} is not a finite, positive weighted sum"
+        if not summed and (flaw := _seconds_flaw(f"{what}: {name}", value)):
             return flaw
     for name in ("noise", "gbps", "sol_fraction"):
         value = getattr(t, name)

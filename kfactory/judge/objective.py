@@ -16,8 +16,7 @@ at one of them and slow at another ranks by what the workload spends. Every cons
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-
-import numpy as np
+from decimal import Decimal
 
 from kfactory.v1 import events_pb2 as pb
 
@@ -48,6 +47,19 @@ def by_name(problem) -> dict[str, float]:
     return {problem.shape_str(s): w for s, w in scored(problem)}
 
 
+def spelled_out(problem) -> dict[str, float]:
+    """The weights by shape name the score sums, spelled out: by_name, or the first shape's name alone, weight 1."""
+    return by_name(problem) or {label(problem): 1.0}
+
+
+def recorded_as(weights: Mapping[str, float], timings: Iterable[pb.ShapeTiming]) -> dict[str, float]:
+    """Measured.objective for a score of `weights` (spelled out) over `timings`: empty where it is the first
+    timing's shape alone, weight 1 (as every score read before weights), else the weights."""
+    first = next(iter(timings), None)
+    alone = first is not None and dict(weights) == {first.shape: 1.0}
+    return {} if alone else dict(weights)
+
+
 def label(problem) -> str:
     """The objective's name: the first shape's name where it is that shape alone (unweighted), else
     named_label(by_name(problem)) (Comparison.shape of a showdown)."""
@@ -63,7 +75,12 @@ def named_label(objective: Mapping[str, float]) -> str:
 
 def _number(w: float) -> str:
     """A weight as its shortest decimal without an exponent (an exponent's "+" would split a label)."""
-    return np.format_float_positional(w, trim="-")
+    return format(Decimal(repr(w)).normalize(), "f")
+
+
+def is_label(text: str) -> bool:
+    """Whether a ShapeTiming's shape is a weighted objective's label (a showdown's), not one shape's name."""
+    return "*" in text
 
 
 def scored_names(text: str) -> set[str]:
@@ -166,7 +183,7 @@ def speedup(problem, medians: Mapping[str, Mapping[str, float]], kernel: str, ag
     """The objective's speedup of `against` over `kernel` (how many times faster): the weighted sum of `kernel`'s
     medians over `against`'s, from medians[shape name][kernel name] (a final comparison's); None where a scored
     shape lacks either."""
-    named = by_name(problem) or {label(problem): 1.0}
+    named = spelled_out(problem)
     try:
         mine = sum(w * medians[name][kernel] for name, w in named.items())
         theirs = sum(w * medians[name][against] for name, w in named.items())

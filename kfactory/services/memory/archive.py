@@ -463,21 +463,22 @@ class Archive:
         counts: its showdown may have decided for another than the fastest by its own score (one faster in the
         interleaved timing, or tied there and faster at the other shapes), and its final comparison is that
         kernel's; a running campaign's measurements count as they stand. Where any of them was scored with weights
-        (kfactory/judge/objective.py), each is scored from its own timings by the objective of the newest of them
-        (its weights, or its first shape alone), the one returned with that score, and one that did not time a
-        shape that objective scores does not count: the campaigns of a package whose weights changed compare like
-        with like. At a shape, the fastest there as measured."""
-        rows = self.q("SELECT payload, campaign, time_ns FROM measurements WHERE problem=? AND device LIKE ?",
+        (kfactory/judge/objective.py), each is scored from its own timings by the objective of the newest campaign's
+        (the one started last; its weights, or its first shape alone), the one returned with that score, and one
+        that did not time a shape that objective scores does not count: the campaigns of a package whose weights
+        changed compare like with like. At a shape, the fastest there as measured."""
+        rows = self.q("SELECT m.payload, m.campaign, c.started_ns, m.time_ns FROM measurements m LEFT JOIN "
+                      "campaigns c ON c.id=m.campaign WHERE m.problem=? AND m.device LIKE ?",
                       (problem, f"%{device}%"))
         verdicts = self.problem_verdicts(problem)
         counted = []
-        for payload, campaign, at in rows:
+        for payload, campaign, started, at in rows:
             m = pb.Measured.FromString(payload)
             # a screened-out timing is no result (it may never have been verified: kfactory/judge/order.py)
             if not (m.candidate.origin == Origin.REFERENCE.of() or m.screened_out
                     or not target_matches(m.candidate.target, target) or m.candidate.id in verdicts.wrong
                     or not shape and not verdicts.counts(campaign, m.candidate.id)):
-                counted.append((m, campaign, at or 0))
+                counted.append((m, campaign, (started or 0, at or 0)))
         newest = max(counted, key=lambda r: r[2])[0] if any(m.objective for m, _, _ in counted) else None
         scored = objective.scored_by(newest) if newest is not None and not shape else None
         best = None
@@ -494,10 +495,10 @@ class Archive:
                 best = (score, m, campaign)
         if best is None:
             return None
-        if scored and newest is not None:   # with the score it was ranked by (as `kfactory best` prints it)
+        if scored:   # with the score it was ranked by (as `kfactory best` prints it), and what that score sums
             best[1].score_s = best[0]
             best[1].objective.clear()
-            best[1].objective.update(newest.objective)
+            best[1].objective.update(objective.recorded_as(scored, best[1].timings))
         return best[1], best[2]
 
     def verdicts(self, campaigns: Iterable[str]) -> Verdicts:

@@ -147,8 +147,9 @@ class CampaignState:
     #: the problem's rule for the campaign's result among its measured candidates (Problem.winner), set where the
     #: problem loads; else the lowest score
     winner: Callable[[list[pb.Measured]], pb.Measured] = lowest_score
-    #: the weights every measurement of the campaign is scored with (Measured.objective, objective.by_name: empty
-    #: for the first shape alone, and for an engine), set where the problem loads; None: not checked
+    #: the weights every measurement of the campaign is ranked by, spelled out (objective.spelled_out: the first
+    #: shape's name alone, weight 1, where the package names none), set where a kernel problem loads; None: each
+    #: as it was scored (an engine's, a campaign whose problem does not load, memory's fold)
     objective: dict[str, float] | None = None
     #: what the planner times after the search, where the problem has it (an engine's timing rounds and
     #: showdown: kfactory/engines/finale.py EngineFinale, set by the planner service); it folds every event of
@@ -283,6 +284,7 @@ class CampaignState:
     def _on_measured(self, m: pb.Measured) -> None:
         if ev.timing_round(m) >= 2:   # a later timing round (the finale's, which folds it): not the search's
             return
+        m = self._in_objective(m)
         self.counts.measured += 1
         self.coders.on_measured(m)
         self.measured[m.candidate.id] = m
@@ -292,6 +294,25 @@ class CampaignState:
             self.threshold_stale = True
         self._finish_point(m.candidate.point_id, self._score(m))
         self._tell_awaiting(m.candidate.id, self._score(m))
+
+    def _in_objective(self, m: pb.Measured) -> pb.Measured:
+        """m as this campaign ranks it: a full measurement scored with other weights (a benchmarker that loaded
+        another version of the package, a package edited before a planner's restart replays the stream, a forged
+        weight) is rescored from its own timings under the campaign's objective, as a copy (the event may be
+        shared with other readers). One that lacks a shape the campaign scores, or a screened-out one (a bound
+        from one timing, never a result), is kept as it was scored: refusing it would leave its point in flight."""
+        if self.objective is None or m.screened_out or objective.scored_by(m) == self.objective:
+            return m
+        try:
+            score = objective.score(m.timings, self.objective)
+        except KeyError:
+            return m
+        out = pb.Measured()
+        out.CopyFrom(m)
+        out.score_s = score
+        out.objective.clear()
+        out.objective.update(objective.recorded_as(self.objective, m.timings))
+        return out
 
     def _score(self, m: pb.Measured) -> float | None:
         """What the strategy is told of a measured kernel: its score, or a failure (None) for a kernel known to be

@@ -27,10 +27,6 @@ def refusal(st: CampaignState, event: pb.Event, kind: str, own: bool = False) ->
         return f"verified: candidate {cid[:16]} was never compiled in campaign {st.id}"
     if kind == "measured" and (missing := trust.missing_links(_links(st, cid), event.measured.screened_out)):
         return f"measured: candidate {cid[:16]} was never {missing[-1]} in campaign {st.id}"
-    if kind == "measured" and st.objective is not None and dict(event.measured.objective) != st.objective:
-        # scored by other weights (a benchmarker with another version of the package): not comparable here
-        return (f"measured: candidate {cid[:16]} was scored with weights {dict(event.measured.objective)} but "
-                f"campaign {st.id} scores {st.objective or 'its first shape alone'}")
     if kind == "comparison" and not _full(st, event.comparison.candidate_id):
         return f"comparison: candidate {event.comparison.candidate_id[:16]} was never measured in full in {st.id}"
     if kind == "campaign_finished" and st.driven and not own and st.finished is None:

@@ -94,7 +94,7 @@ class PlannerService(Service):
             problem = self.ctx.problem(spec.problem)
             st.winner = problem.winner
             st.problem_name = problem.name   # a path and a name of one package are one problem
-            st.objective = {} if is_engine(problem) else objective.by_name(problem)
+            st.objective = None if is_engine(problem) else objective.spelled_out(problem)
             # an engine's timing rounds and showdown after the search (kfactory/engines/finale.py)
             st.finale = finale_of(spec) if is_engine(problem) else None
         st.agent_note = coders.agent_note(spec, self.settings)
