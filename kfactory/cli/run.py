@@ -41,7 +41,10 @@ def leaderboard_table(summary: dict, rows, verdicts: Verdicts | None = None) -> 
     """The campaign's fastest kernels by their own scores, each noted when it is the campaign's result or none
     (`verdicts`: kfactory/evidence/verdicts.py)."""
     t = Table(title="leaderboard")
-    for col in ("rank", "candidate", "origin", "params", "flags", "median (ms)", "note"):
+    rows = list(rows)
+    # a weighted score is a sum of medians (kfactory/judge/objective.py), not one shape's median
+    scored = "score (ms)" if any(m.objective for m in rows) else "median (ms)"
+    for col in ("rank", "candidate", "origin", "params", "flags", scored, "note"):
         t.add_column(col)
     campaign = summary.get("campaign_id", "")
     for i, m in enumerate(rows, 1):
