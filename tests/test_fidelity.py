@@ -34,6 +34,13 @@ def test_pruning_reasons():
                                       softmax)
     # a cpu object has no resource report: nothing to prune on
     assert prune(pb.CompileReport(registers=0), None, softmax) == ""
+    # every optimisation shape is timed, so a block that cannot launch at the second (shared memory by the row)
+    # is pruned too, and named with it
+    rows = {**RULE, "smem": "8 * cols", "params": {"threads": 256}}
+    first, second = softmax.shapes("optimize")[:2]
+    assert 8 * first["cols"] <= 227 * 1024 < 8 * second["cols"]
+    assert prune(_report(registers=32), rows, softmax).endswith(
+        f"exceeds {227 * 1024} B on sm_90a at {softmax.shape_str(second)}")
 
 
 def test_screening_rule():

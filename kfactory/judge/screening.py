@@ -18,7 +18,8 @@ MAX_SHARED_BYTES = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024, "sm_100a": 227 * 
 
 def prune(report: pb.CompileReport, launch: dict | None, problem) -> str:
     """Why a compiled cuda candidate should not be run (an empty string when it may): spills, or a block
-    that cannot launch at the first optimisation shape (threads, registers, shared memory)."""
+    that cannot launch at one of the optimisation shapes (threads, registers, shared memory), every one of which
+    its measurement times, whatever the objective weighs (kfactory/judge/objective.py)."""
     if not report.arch:  # not a GPU artifact: nothing to prune on
         return ""
     if report.spill_store_bytes or report.spill_load_bytes:
@@ -26,10 +27,20 @@ def prune(report: pb.CompileReport, launch: dict | None, problem) -> str:
                 "(would run from local memory)")
     if not launch:
         return ""
+    shapes = problem.shapes("optimize")
+    for shape in shapes:
+        at = f" at {problem.shape_str(shape)}" if len(shapes) > 1 else ""
+        if why := _unlaunchable(report, launch, shape):
+            return why + at
+    return ""
+
+
+def _unlaunchable(report: pb.CompileReport, launch: dict, shape: dict[str, int]) -> str:
+    """Why the block of `launch` at `shape` cannot launch with `report`'s resources ("" when it can)."""
     from kfactory.targets.cuda.launch import evaluate_launch
 
     try:
-        rule = evaluate_launch(launch, problem.shapes("optimize")[0])
+        rule = evaluate_launch(launch, shape)
     except ValueError as e:
         return f"the launch rule gives no valid launch: {e}"
     threads = rule.threads
