@@ -158,6 +158,8 @@ def test_memory_ranks_every_campaigns_kernels_by_the_newest_objective(tmp_path):
     returned with that score), and one that did not time a scored shape does not count; where none was, by its
     recorded score."""
     from kfactory.services.memory.archive import Archive
+    from kfactory.services.memory.queries import Queries
+    from kfactory.v1 import services_pb2 as spb
 
     archive = Archive(tmp_path / "archive.sqlite")
     try:
@@ -172,6 +174,9 @@ def test_memory_ranks_every_campaigns_kernels_by_the_newest_objective(tmp_path):
         found = archive.best("softmax")[0]
         assert found.candidate.id == "balanced" and found.score_s == pytest.approx(0.22)
         assert dict(found.objective) == {A: 1.0, B: 50.0} and trust.measurement_flaw(found) == ""
+        entry = Queries(archive).best(spb.BestRequest(problem="softmax"))   # what `kfactory best` prints
+        assert (entry.candidate_id, entry.objective) == ("balanced", LABEL)
+        assert entry.score_s == pytest.approx(0.22)
         assert archive.best("softmax", shape=A)[0].candidate.id == "first_fast"   # at a shape, as measured
         # a measurement that came later to a campaign started before c2 does not make its objective the newest
         _archived(archive, "c1", "late", 9, {}, start=False, s64x1000=0.5, s1x5000=0.5)
@@ -188,6 +193,7 @@ def test_memory_ranks_every_campaigns_kernels_by_the_newest_objective(tmp_path):
         _archived(archive, "c3", "unweighted_again", 10, {}, s64x1000=0.20, s1x5000=0.2)
         found = archive.best("softmax")[0]   # the first shape alone again: 64x1000
         assert found.candidate.id == "first_fast" and found.score_s == 0.10 and not found.objective
+        assert Queries(archive).best(spb.BestRequest(problem="softmax")).objective == ""
     finally:
         archive.close()
 

@@ -536,8 +536,9 @@ async def _best(args, settings, as_json: bool) -> int:
                          "compile_flags": c.candidate.compile_flags, "source": c.source}
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{r.candidate_id} {r.score_s * 1e3:.3f} ms on {r.device} ({r.origin} {format_params(r.params_json)}; "
-          f"campaign {r.campaign_id})\n{_takeaway(c, r.candidate_id)}\nverification:\n"
+    scored = f" ({r.objective})" if r.objective else ""   # a weighted sum of medians, not one median
+    print(f"{r.candidate_id} {r.score_s * 1e3:.3f} ms{scored} on {r.device} ({r.origin} "
+          f"{format_params(r.params_json)}; campaign {r.campaign_id})\n{_takeaway(c, r.candidate_id)}\nverification:\n"
           + "\n".join(verification_table(r.checks)))
     return 0
 

@@ -76,7 +76,7 @@ class WatchRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class LeaderboardEntry(_message.Message):
-    __slots__ = ("candidate_id", "campaign_id", "problem", "family", "params_json", "origin", "score_s", "timings", "device", "checks", "after_finish", "result", "found_wrong", "screened_out")
+    __slots__ = ("candidate_id", "campaign_id", "problem", "family", "params_json", "origin", "score_s", "timings", "device", "checks", "after_finish", "result", "found_wrong", "screened_out", "objective")
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     CAMPAIGN_ID_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,7 @@ class LeaderboardEntry(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FOUND_WRONG_FIELD_NUMBER: _ClassVar[int]
     SCREENED_OUT_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
     candidate_id: str
     campaign_id: str
     problem: str
@@ -105,7 +106,8 @@ class LeaderboardEntry(_message.Message):
     result: bool
     found_wrong: bool
     screened_out: bool
-    def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[_events_pb2.Check, _Mapping]]] = ..., after_finish: _Optional[bool] = ..., result: _Optional[bool] = ..., found_wrong: _Optional[bool] = ..., screened_out: _Optional[bool] = ...) -> None: ...
+    objective: str
+    def __init__(self, candidate_id: _Optional[str] = ..., campaign_id: _Optional[str] = ..., problem: _Optional[str] = ..., family: _Optional[str] = ..., params_json: _Optional[str] = ..., origin: _Optional[str] = ..., score_s: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[_events_pb2.ShapeTiming, _Mapping]]] = ..., device: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[_events_pb2.Check, _Mapping]]] = ..., after_finish: _Optional[bool] = ..., result: _Optional[bool] = ..., found_wrong: _Optional[bool] = ..., screened_out: _Optional[bool] = ..., objective: _Optional[str] = ...) -> None: ...
 
 class BestRequest(_message.Message):
     __slots__ = ("problem", "shape", "device", "target", "require_known")

@@ -14,6 +14,7 @@ from functools import lru_cache
 from kfactory.bus import events as ev
 from kfactory.bus.origins import Origin
 from kfactory.evidence import report
+from kfactory.judge import objective
 from kfactory.problems import ProblemError, list_problems, load_problem
 from kfactory.platform.spec_ranges import PRIORS_LIMIT, range_error
 from kfactory.services.memory import lessons as lessons_mod
@@ -350,5 +351,6 @@ def _entry(m: pb.Measured, campaign: str, checks=()) -> spb.LeaderboardEntry:
     c = m.candidate
     return spb.LeaderboardEntry(candidate_id=c.id, campaign_id=campaign, problem=c.problem, family=c.family,
                                 params_json=c.params_json, origin=c.origin, score_s=m.score_s, timings=m.timings,
-                                device=m.device.model, checks=checks)
+                                device=m.device.model, checks=checks,
+                                objective=objective.named_label(m.objective) if m.objective else "")
 
