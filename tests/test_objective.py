@@ -152,7 +152,7 @@ def _archived(archive, campaign: str, cid: str, at_ns: int, weights: dict[str, f
         assert archive.record(e)
 
 
-def test_memory_ranks_every_campaigns_kernels_by_the_newest_objective(tmp_path):
+def test_memory_ranks_every_campaigns_kernels_by_the_objective_of_the_campaign_started_last(tmp_path):
     """`kfactory best` (Archive.best) across campaigns of one problem whose weights changed: where any was
     weighted, each kernel is scored by the objective of the campaign started last, from its own timings (and
     returned with that score), and one that did not time a scored shape does not count; where none was, by its
@@ -178,6 +178,11 @@ def test_memory_ranks_every_campaigns_kernels_by_the_newest_objective(tmp_path):
         assert (entry.candidate_id, entry.objective) == ("balanced", LABEL)
         assert entry.score_s == pytest.approx(0.22)
         assert archive.best("softmax", shape=A)[0].candidate.id == "first_fast"   # at a shape, as measured
+        # `kfactory best --shape`: the median there is the score it prints, and what it is of
+        at_b = Queries(archive).best(spb.BestRequest(problem="softmax", shape=B))
+        assert (at_b.candidate_id, at_b.score_s, at_b.objective) == ("weighted", 0.001, f"1*{B}")
+        at_a = Queries(archive).best(spb.BestRequest(problem="softmax", shape=A))
+        assert (at_a.candidate_id, at_a.score_s, at_a.objective) == ("first_fast", 0.10, "")
         # a measurement that came later to a campaign started before c2 does not make its objective the newest
         _archived(archive, "c1", "late", 9, {}, start=False, s64x1000=0.5, s1x5000=0.5)
         assert archive.best("softmax")[0].candidate.id == "balanced"

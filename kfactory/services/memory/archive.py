@@ -466,7 +466,8 @@ class Archive:
         (kfactory/judge/objective.py), each is scored from its own timings by the objective of the newest campaign's
         (the one started last; its weights, or its first shape alone), the one returned with that score, and one
         that did not time a shape that objective scores does not count: the campaigns of a package whose weights
-        changed compare like with like. At a shape, the fastest there as measured."""
+        changed compare like with like. At a shape, the fastest there as measured, returned with its median there
+        as its score."""
         rows = self.q("SELECT m.payload, m.campaign, c.started_ns, m.time_ns FROM measurements m LEFT JOIN "
                       "campaigns c ON c.id=m.campaign WHERE m.problem=? AND m.device LIKE ?",
                       (problem, f"%{device}%"))
@@ -495,10 +496,11 @@ class Archive:
                 best = (score, m, campaign)
         if best is None:
             return None
-        if scored:   # with the score it was ranked by (as `kfactory best` prints it), and what that score sums
+        ranked_by = {shape: 1.0} if shape else scored
+        if ranked_by:   # with the score it was ranked by (as `kfactory best` prints it), and what that score sums
             best[1].score_s = best[0]
             best[1].objective.clear()
-            best[1].objective.update(objective.recorded_as(scored, best[1].timings))
+            best[1].objective.update(objective.recorded_as(ranked_by, best[1].timings))
         return best[1], best[2]
 
     def verdicts(self, campaigns: Iterable[str]) -> Verdicts:
