@@ -112,16 +112,22 @@ def rescore(m: pb.Measured, problem) -> bool:
     objective recorded with it; False, leaving it as it was, where a shape that objective scores was not timed
     (without weights: where its first timing is not the problem's first shape; the cache is by candidate, and
     one source may have run under another package of the problem's name, with other shapes)."""
-    weights = by_name(problem)
-    if not weights and (not m.timings or m.timings[0].shape != label(problem)):
+    if not by_name(problem) and (not m.timings or m.timings[0].shape != label(problem)):
         return False
+    weights = spelled_out(problem)
     try:
-        m.score_s = score(m.timings, weights)
+        restate(m, score(m.timings, weights), weights)
     except KeyError:
         return False
-    m.objective.clear()
-    m.objective.update(weights)
     return True
+
+
+def restate(m: pb.Measured, score_s: float, weights: Mapping[str, float]) -> None:
+    """Set m's score to `score_s`, the score of `weights` (spelled out) over its timings, and the objective it
+    records to match (recorded_as), so that trust reads the two as one: where a measurement is scored again."""
+    m.score_s = score_s
+    m.objective.clear()
+    m.objective.update(recorded_as(weights, m.timings))
 
 
 def screen_shape(problem, device: pb.DeviceInfo | None) -> dict[str, int]:

@@ -498,9 +498,7 @@ class Archive:
             return None
         ranked_by = {shape: 1.0} if shape else scored
         if ranked_by:   # with the score it was ranked by (as `kfactory best` prints it), and what that score sums
-            best[1].score_s = best[0]
-            best[1].objective.clear()
-            best[1].objective.update(objective.recorded_as(ranked_by, best[1].timings))
+            objective.restate(best[1], best[0], ranked_by)
         return best[1], best[2]
 
     def verdicts(self, campaigns: Iterable[str]) -> Verdicts:

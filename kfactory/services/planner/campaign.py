@@ -309,9 +309,7 @@ class CampaignState:
             return m
         out = pb.Measured()
         out.CopyFrom(m)
-        out.score_s = score
-        out.objective.clear()
-        out.objective.update(objective.recorded_as(self.objective, m.timings))
+        objective.restate(out, score, self.objective)
         return out
 
     def _score(self, m: pb.Measured) -> float | None:
