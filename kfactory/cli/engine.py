@@ -34,8 +34,8 @@ class EngineCommandError(Exception):
 
 def add_parser(sub) -> None:
     """The `engine` command group and `generate`."""
-    from kfactory.engines.design import MAX_THREADS
-    from kfactory.engines.showdown import MARGIN, ROUNDS, TIMING_ROUNDS
+    from kfactory.engines.defaults import MAX_THREADS
+    from kfactory.engines.defaults import MARGIN, ROUNDS, TIMING_ROUNDS
 
     p = sub.add_parser("engine", help="inference engines: run an engine campaign (docs/engines.md)",
                        description="An engine campaign: design points generated, built, verified against the "
@@ -112,7 +112,7 @@ def run_command(args: argparse.Namespace) -> int:
     design verified, else 1."""
     from kfactory.cli.run import output_misfit
     from kfactory.engines.campaign import Campaign, DesignResult, report_text
-    from kfactory.engines.design import MAX_THREADS
+    from kfactory.engines.defaults import MAX_THREADS
     from kfactory.engines.order import STRATEGY
 
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
@@ -148,7 +148,7 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
     from kfactory.bus.natsd import NatsServerError
     from kfactory.cli import engine_services
     from kfactory.engines.campaign import DesignResult, report_text
-    from kfactory.engines.design import MAX_THREADS
+    from kfactory.engines.defaults import MAX_THREADS
     from kfactory.engines.ops import describe
     from kfactory.services.planner.specs import SpecError
 

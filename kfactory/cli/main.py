@@ -86,7 +86,7 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
     p.add_argument("--manual", action="append", default=[], metavar="NAME=FILE[:FLAGS]",
                    help="add a hand-written kernel as a candidate (repeatable)")
-    from kfactory.engines.showdown import MARGIN, ROUNDS, TIMING_ROUNDS
+    from kfactory.engines.defaults import MARGIN, ROUNDS, TIMING_ROUNDS
 
     p.add_argument("--rounds", type=cli_type("timing_rounds"), default=None,
                    help=f"an engine problem only: timing rounds per verified design after the search (default "
@@ -156,7 +156,7 @@ def _spec(args):
 def _finale_args(spec, args, engine: bool) -> None:
     """--rounds, --showdown and --showdown-margin into the spec: an engine problem's defaults are `kfactory
     engine run`'s where not given (a kernel problem's spec that asks for them is refused by the planner)."""
-    from kfactory.engines.showdown import MARGIN, ROUNDS, TIMING_ROUNDS
+    from kfactory.engines.defaults import MARGIN, ROUNDS, TIMING_ROUNDS
 
     rounds, showdown, margin = (getattr(args, k, None) for k in ("rounds", "showdown", "showdown_margin"))
     spec.timing_rounds = rounds if rounds is not None else (TIMING_ROUNDS if engine else 0)

@@ -16,6 +16,7 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, TypeVar
 
+from kfactory.engines.defaults import MAX_THREADS
 from kfactory.targets.cpu.cpuinfo import host_has
 
 T = TypeVar("T")
@@ -29,8 +30,6 @@ WEIGHTS = ("q4_1", "f32")
 #: attention streams them); "token_major" [block][pos][kv_head][head_dim] (one position's keys contiguous: a
 #: step writes one run)
 KV_LAYOUTS = ("head_major", "token_major")
-#: the most threads a design may ask for (the ABI takes any count; the space stops here)
-MAX_THREADS = 64
 #: where a decode step's matvec over quantised blocks comes from: the engine's own kernels, or a kernel the
 #: kernel pipeline searched and verified for that op (kfactory/engines/ops.py), named by its candidate id
 BUILTIN = "builtin"

@@ -27,20 +27,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+# the defaults live in a module of their own that the CLI's parser reads without importing this one
+from kfactory.engines.defaults import CONTENDERS, MARGIN, ROUNDS, TIMING_ROUNDS  # noqa: F401 (re-exported)
 from kfactory.engines.design import prefer_calm
 
 if TYPE_CHECKING:
     from kfactory.engines.campaign import DesignResult
-
-#: showdown rounds by default (`kfactory engine run --showdown N`); the most contenders; a design contends when
-#: the fastest's decode tok/s is at most MARGIN times its own (or the campaign's noise figure, when larger).
-#: 9 rounds: at 2 threads one round's ratio of two designs spread x0.92-x1.30 on smollm2-135m (bench/engine_ab.py,
-#: 12 rounds), and a 5-round showdown put vnni x1.071 ahead of vnni24 where 12 rounds put vnni24 ahead
-#: (docs/engines.md, vnni24)
-ROUNDS, CONTENDERS, MARGIN = 9, 3, 1.15
-#: the timing rounds before it that `kfactory engine run` (and `kfactory submit engine:MODEL`) asks for by default:
-#: the measurement after each design's verification and one more over all verified designs in turn
-TIMING_ROUNDS = 2
 
 
 @dataclass(frozen=True)

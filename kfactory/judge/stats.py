@@ -4,8 +4,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from scipy.stats import binom
-from scipy.stats import t as student_t
 
 from kfactory.v1 import events_pb2 as pb
 
@@ -19,6 +17,8 @@ def median_ranks(n: int, confidence: float = CONFIDENCE) -> tuple[int, int]:
     which covers the true median with probability 1 - 2 P(B < lo + 1) for B ~ Binomial(n, 1/2) whatever the
     timings' distribution, chosen as the narrowest symmetric pair that reaches `confidence`. Under six samples
     no pair can, and the interval is the whole range (coverage 1 - 2^(1-n))."""
+    from scipy.stats import binom   # here, not at the top: scipy.stats costs 0.8 s of every importer's start
+
     tail = (1.0 - confidence) / 2
     below = int(binom.ppf(tail, n, 0.5))  # the smallest b with P(B <= b) >= tail
     if binom.cdf(below, n, 0.5) > tail:
@@ -81,6 +81,8 @@ def latin_square_halfwidth(logs: np.ndarray, places: np.ndarray | None = None,
     (K-1)(R-2) degrees of freedom. The half-width (in logs) of per-kernel intervals of which two leave each other
     out just when the kernels differ at `confidence` (Student's t on the pair's difference, whose standard error
     is s sqrt(2/R)); None under three kernels (no degrees of freedom left) or for runs that are not whole squares."""
+    from scipy.stats import t as student_t   # here: see median_ranks
+
     k, r = logs.shape
     if places is None:
         places = (np.arange(k)[:, None] - np.arange(r)[None, :]) % k
