@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from kfactory.models import tiny
 from kfactory.models.gguf_model import GGUFModel, LlamaConfig, ModelError
 from kfactory.models.spec import ModelSpec
+from kfactory.platform import yamlfile
 
 BUILTIN_DIR = Path(__file__).parent
 
@@ -124,7 +125,7 @@ def load_model(name_or_path: str | Path) -> ModelPackage:
         raise ModelError(f"no model {name_or_path!r}: not a directory with model.yaml, nor a built-in model "
                          f"(built-in: {', '.join(list_models())})")
     try:
-        raw = yaml.safe_load(spec_file.read_text())
+        raw = yamlfile.safe_load(spec_file.read_text())
         spec = ModelSpec.model_validate(raw)
     except yaml.YAMLError as e:
         raise ModelError(f"{spec_file}: not valid YAML: {e}") from e

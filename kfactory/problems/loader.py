@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from kfactory.platform import yamlfile
 from kfactory.problems.package import (BUILTIN_DIR, LANGUAGES, Family, Problem, ProblemError, language_of, safe_eval,
                                        shape_str)
 from kfactory.problems.spec import FamilySpec, ProblemSpec
@@ -24,7 +25,7 @@ BUILTIN = BUILTIN_DIR
 
 def _load_yaml(path: Path, model):
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yamlfile.safe_load(path.read_text())
     except FileNotFoundError as e:
         raise ProblemError(f"missing {path}") from e
     except yaml.YAMLError as e:
