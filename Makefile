@@ -7,9 +7,11 @@ WORKERS ?= 3
 
 .PHONY: install demo test test-only lint proto bench clean image
 
-# then byte-compile the tree: an editable install compiles nothing, and where PYTHONDONTWRITEBYTECODE is set (as on
-# the project's development hosts) every service, runner and command, each a fresh interpreter, compiled kfactory's
-# sources again at its start (0.15-0.25 s each: bench/startup.py; 6.5% of the CPU of the subprocess-heavy tests)
+# The editable install, then the tree byte-compiled: an editable install compiles nothing, and where
+# PYTHONDONTWRITEBYTECODE is set (as on the project's development hosts) every service, runner and command, each a
+# fresh interpreter, compiled kfactory's sources again at its start (0.15-0.25 s of CPU each, bench/startup.py;
+# 6.5% of the subprocess-heavy tests' CPU). A file edited since is compiled at each start again until the next
+# `make install`. tests/: its helper modules (pytest keeps its own bytecode of the test files).
 install:
 	$(PYTHON) -m pip install -q -e ".[dev]"
 	$(PYTHON) -m compileall -q kfactory tests

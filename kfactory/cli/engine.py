@@ -34,8 +34,7 @@ class EngineCommandError(Exception):
 
 def add_parser(sub) -> None:
     """The `engine` command group and `generate`."""
-    from kfactory.engines.defaults import MAX_THREADS
-    from kfactory.engines.defaults import MARGIN, ROUNDS, TIMING_ROUNDS
+    from kfactory.engines.defaults import MARGIN, MAX_THREADS, ROUNDS, TIMING_ROUNDS
 
     p = sub.add_parser("engine", help="inference engines: run an engine campaign (docs/engines.md)",
                        description="An engine campaign: design points generated, built, verified against the "

@@ -6,6 +6,7 @@
     prepare.py   the tensors a design reads, from the GGUF model
     runner.py    EngineRunner: the library in a child process (child.py), typed faults, timing
     verify.py    Verifier.verify(design, so) -> Verdict against the float64 reference (refcache.py)
+    defaults.py  the campaign's defaults that the CLI's help shows (rounds, margin, threads); imports nothing
 
 Nothing here loads a generated library into the calling process: abi.py is imported by the child only.
 """

@@ -247,7 +247,7 @@ class Campaign:
     #: in turn (so each pair is also timed close together: on a shared host the load drifts within minutes)
     rounds: int = 1
     #: the showdown among the designs that can still be the fastest, after the timing rounds (default: none;
-    #: `kfactory engine run` asks for showdown.ROUNDS rounds)
+    #: `kfactory engine run` asks for defaults.ROUNDS rounds)
     showdown: Rule = field(default_factory=Rule)
     #: kernels searched for the engine's ops (kfactory/engines/ops.py), by problem: every q4_1 design may link
     #: each set of them (order.with_kernels); the search tries each alone on the default right after it
