@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HERE, COMPILED, SOURCE = "here", "ref", "ref_source"
 
 
-#: how each start must end: the imports succeed, the commands fail as usage says (1: no such candidate; status
-#: of an empty workspace lists nothing and succeeds)
-EXPECTED = {"kfactory best --candidate": 1}
+#: how each start must end: the imports succeed, the commands exit 1 as they say (no such candidate; no campaign
+#: has run in the empty workspace)
+EXPECTED = {"kfactory best --candidate": 1, "kfactory status": 1}
 
 
 def entries() -> dict[str, list[str]]:
