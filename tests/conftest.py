@@ -22,6 +22,7 @@ from kfactory.bus import memory as memory_bus
 from kfactory.bus.jetstream import NatsBus
 from kfactory.bus.memory import MemoryBus
 from kfactory.bus.natsd import EmbeddedNats
+from kfactory.platform.heap import keep_freed_memory
 from kfactory.problems import BUILTIN_DIR
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -34,6 +35,12 @@ KERNELS = Path(__file__).parent / "kernels"
 # Tests assert behaviour, not the host: every Settings they build, and every service they start, assumes 32 MiB
 # unless the caller says otherwise (tests/test_cpu_target.py checks the detection itself).
 os.environ.setdefault("KFACTORY_CPU_CACHE_MB", "32")
+
+# The tests judge kernels in this process as `kfactory check` does in its own (kfactory.cli.check.check), so this
+# process keeps the memory it frees as every kfactory command does (kfactory/platform/heap.py): the next large input
+# set reuses the last one's pages instead of faulting in fresh ones (on this project's VMs about 1 s per 128 MiB).
+if Settings().keep_heap:
+    keep_freed_memory()
 
 
 @pytest.fixture

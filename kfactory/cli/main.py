@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from kfactory.platform.config import Settings
 from kfactory.platform.fsutil import out_dir
+from kfactory.platform.heap import keep_freed_memory
 from kfactory.observability.log import configure
 from kfactory.platform.spec_ranges import cli_type
 
@@ -348,7 +349,10 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.enable(all_threads=True)
     args = build_parser().parse_args(argv)
     try:
-        level, json_lines = log_options(args.cmd, args.log_level, Settings())
+        settings = Settings()
+        if settings.keep_heap:
+            keep_freed_memory()
+        level, json_lines = log_options(args.cmd, args.log_level, settings)
         configure(level, json=json_lines)
         return _dispatch(args)
     except ValidationError as e:  # a setting from the environment or a flag: say which, and what it needs

@@ -68,6 +68,9 @@ class Settings(BaseSettings):
                                      "fails naming the step (kfactory problems check --timeout)")
     runner_mem_mb: int = Field(4096, ge=256)
     input_reuse: int = Field(8, ge=1, description="candidates that share one draw of a large input set")
+    keep_heap: bool = Field(True, description="every kfactory process keeps in its heap the memory it frees, so "
+                            "that the judge's next large input set reuses it instead of faulting in fresh pages "
+                            "(kfactory/platform/heap.py); false: glibc malloc's defaults")
     compare_one_pass: bool = Field(True, description="outputs are compared with the reference by kfactory's one-pass "
                                    "C helper where it builds (kfactory/judge/numerics.py); false: numpy only")
     runner_arenas: bool = Field(True, description="runners reuse a ring of shared-memory arenas they keep mapped, "
