@@ -3,11 +3,13 @@ input sets and their float64 references are made before its work takes the devic
 nothing of its own while it holds the device, yet every set is as fresh as before and used as often as before."""
 from __future__ import annotations
 
+import gc
 import signal
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,7 @@ from test_campaign import _campaign
 from kfactory.v1 import events_pb2 as pb
 
 SMALL = {"rows": 3, "cols": 1000}
+LARGE = {"rows": 1025, "cols": 1024}   # over checks.LARGE_ELEMENTS: shared by `reuse` uses
 ADVERSARIAL = Path(__file__).parent / "adversarial"
 
 
@@ -498,3 +501,29 @@ def test_screening_sets_are_drawn_once_by_threads_at_once(softmax, monkeypatch):
         t.join(20)
     assert len(calls) == len(sets) == checks.n_sets(softmax, shape, cache)
     assert pool.screen_sets(shape, cache) is sets
+
+
+
+@pytest.mark.parametrize("reuse", [1, 3])
+def test_a_used_up_set_goes_with_its_last_user(softmax, reuse):
+    """A large set serves `reuse` checks, then the pool lets it go: `kfactory check` (reuse 1) held every set of
+    its verification until the end of its measurement, 1 GB for softmax 4096x4096."""
+    pool_get = InputPool(softmax, reuse=reuse).get
+    first = pool_get(LARGE, "normal")
+    held = weakref.ref(first[0]["x"])
+    for _ in range(reuse - 1):
+        assert pool_get(LARGE, "normal")[2] == first[2]   # the same draw, shared
+    seed = first[2]
+    del first
+    gc.collect()
+    assert held() is None
+    assert pool_get(LARGE, "normal")[2] != seed   # drawn again
+
+
+def test_a_small_set_is_never_held(softmax):
+    pool = InputPool(softmax, reuse=8)
+    x, _, seed = pool.get(SMALL, "normal")
+    held = weakref.ref(x["x"])
+    del x
+    gc.collect()
+    assert held() is None and pool.get(SMALL, "normal")[2] != seed

@@ -47,7 +47,8 @@ class InputPool:
 
     Small sets are drawn anew for every use; a large set (over LARGE_ELEMENTS; a timing pool counts its sets'
     elements together) is shared by at most `reuse` uses before it is drawn again with a fresh seed, because
-    drawing and computing the float64 reference of 16M elements costs more than the kernel under test. Every
+    drawing and computing the float64 reference of 16M elements costs more than the kernel under test. The pool
+    holds a set only while another use of it may come: one used up goes with its last user. Every
     draw's seed is recorded in the checks. `regressions` are inputs memory holds for the problem; every
     verification runs them too.
 
@@ -73,14 +74,18 @@ class InputPool:
     def _get(self, key: tuple, numel: int, make):
         if self._ahead.get(key):
             return self._ahead[key].pop()
+        limit = self._limit(numel)
         with self._lock:
             entry = self._sets.get(key)
-            if entry is not None and entry[1] < self._limit(numel):
+            if entry is not None and entry[1] < limit:
                 entry[1] += 1
+                if entry[1] == limit:   # used up: the pool lets it go with its last user (kfactory check held 1 GB)
+                    del self._sets[key]
                 return entry[0]
         value = make()  # outside the lock: another thread's use of the pool need not wait for this draw
-        with self._lock:
-            self._sets[key] = [value, 1]
+        if limit > 1:
+            with self._lock:
+                self._sets[key] = [value, 1]
         return value
 
     def _draw_ahead(self, ahead: dict, key: tuple, numel: int, make) -> None:
