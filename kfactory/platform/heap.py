@@ -5,11 +5,17 @@ reference each). glibc's malloc serves each from a fresh mmap and unmaps it when
 pages the kernel must fault in anew. On a virtual machine that hands free guest memory back to its host (the
 virtio balloon's free page reporting, as on the Firecracker VMs kfactory is developed on) that is about 1 s per
 128 MiB touched, measured: a 128 MiB array filled at once after another was freed took 0.02 s, filled 2 s after,
-1.3 s. Where malloc keeps what it frees (no mmap, no trimming), a process's heap grows to its peak once and the
-draws after the first reuse it. `kfactory check` of an honest softmax kernel: 30 s -> 17 s on that host.
+1.3 s. Where malloc keeps what it frees (no mmap, no trimming), the draws after the first reuse the heap's pages:
+`kfactory check` of an honest softmax kernel, 30 s -> 17 s on that host.
 
-The cost is that a process's resident memory stays at its peak. That peak is what it needs anyway (and what a
-container's memory limit is sized for); KFACTORY_KEEP_HEAP=false restores malloc's defaults.
+One arena for every thread: the services judge in worker threads (asyncio.to_thread), and a thread's own arena
+maps any block larger than its 64 MiB heaps whatever M_MMAP_MAX says, and would keep its own high-water mark
+besides the others' (helper-84 measured both).
+
+The cost: the heap never shrinks. It holds the most the process ever had in use at once, plus what fragmentation
+adds (a synthetic run of 400 draws of 4-128 MiB among long-lived mid-sized arrays: 682 MiB of heap for 418 MiB
+live at most). Size a long-running verifier's or benchmarker's memory limit for that, or set
+KFACTORY_KEEP_HEAP=false to keep glibc malloc's defaults.
 """
 from __future__ import annotations
 
@@ -19,9 +25,13 @@ import functools
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
+M_ARENA_MAX = -8
 
 #: mallopt(3): "Setting M_TRIM_THRESHOLD to -1 disables trimming completely"
 NEVER_TRIM = -1
+
+#: (parameter, value): no block from mmap, no trimming, one arena
+KEEP = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER_TRIM), (M_ARENA_MAX, 1))
 
 
 @functools.cache
@@ -34,9 +44,10 @@ def _mallopt():
 
 
 def keep_freed_memory() -> bool:
-    """Make malloc keep in this process what it frees (allocations already made are unaffected); True where the C
-    library took it (glibc), False where it has no mallopt or refused."""
+    """Make malloc keep in this process what it frees, in one arena for every thread (allocations already made
+    are unaffected); True where the C library took every setting (glibc), False where it has no mallopt or refused
+    one (each is still tried)."""
     fn = _mallopt()
     if fn is None:
         return False
-    return bool(fn(M_MMAP_MAX, 0)) and bool(fn(M_TRIM_THRESHOLD, NEVER_TRIM))
+    return all([bool(fn(param, value)) for param, value in KEEP])
