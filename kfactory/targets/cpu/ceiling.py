@@ -77,42 +77,81 @@ def probe_library(target, source: str = "cpu_read.c", flags: str = NATIVE) -> Pa
     return so
 
 
+class ProbeRunner:
+    """One runner on `threads` OpenMP threads, with buffers for every probe (x of `elements` floats, ones after
+    X_HEAD; y of `out_elements`, default as many), that runs probes one after another. A host's ceilings take four
+    probes at each thread count; a child and fresh buffers (256 MiB for the streams) for each probe cost about 2 s
+    of the 13 s they took. The probes only read x (the read probe's sum shows it is still ones)."""
+
+    def __init__(self, target, threads: int, elements: int = ELEMENTS, out_elements: int | None = None):
+        self.target, self.threads = target, threads
+        self.elements, self.out_elements = elements, elements if out_elements is None else out_elements
+        self.bufs = ShmBuffers()
+        try:
+            self.x_path, self.x_off, self.x = self.bufs.new((elements,), "float32")
+            self.y_path, self.y_off, self.y = self.bufs.new((self.out_elements,), "float32")
+        except BaseException:
+            self.bufs.close()
+            raise
+        self.runner = Runner(threads, timeout_s=60)   # its child starts at the first request
+        self.x[:] = 1.0
+        head = min(len(X_HEAD), elements)
+        self.x[:head] = X_HEAD[:head]
+        self._loaded: dict[Path, str] = {}
+
+    def __enter__(self) -> "ProbeRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.runner.stop()
+        self.bufs.close()
+
+    def run(self, source: str, flags: str, n: int, elements: int, out_elements: int | None = None
+            ) -> tuple[float, np.ndarray]:
+        """(median seconds, y[:3] after the last run) of probe `source` run as kernel(x, y, n) over the first
+        `elements` floats of x and `out_elements` of y (default: as many)."""
+        out_elements = elements if out_elements is None else out_elements
+        if elements > self.elements or out_elements > self.out_elements:
+            raise ValueError(f"probe {source} needs {elements} and {out_elements} floats; this runner has "
+                             f"{self.elements} and {self.out_elements}")
+        so = probe_library(self.target, source, flags)
+        if so not in self._loaded:
+            self._loaded[so] = f"probe{len(self._loaded)}"
+            self.runner.request(Load(self._loaded[so], "so", path=str(so), entry="kernel",
+                                     argtypes=["ptr", "ptr", "i64"]))
+        args: list[Arg] = [
+            {"name": "x", "path": self.x_path, "offset": self.x_off, "dtype": "float32", "shape": [elements]},
+            {"name": "y", "path": self.y_path, "offset": self.y_off, "dtype": "float32", "shape": [out_elements]},
+            {"name": "n", "int": n}]
+        name = self._loaded[so]
+        reply = self.runner.request(Bench([BenchKernel(name, [args])], min_samples=10, min_s=0.3, max_s=1.0,
+                                          noise=0.02, warmup_s=0.05), timeout_s=60)
+        return float(np.median(reply.samples[name])), np.array(self.y[:3])
+
+
 def _run_probe(target, threads: int, source: str, flags: str, n: int, elements: int,
-               out_elements: int | None = None) -> tuple[float, np.ndarray]:
-    """(median seconds, y after the last run) of probe `source` run as kernel(x, y, n) in a runner; x holds
-    `elements` floats, y `out_elements` (default: as many)."""
-    out_elements = elements if out_elements is None else out_elements
-    so = probe_library(target, source, flags)
-    runner = Runner(threads, timeout_s=60)
-    try:
-        with ShmBuffers() as bufs:
-            x_path, x_off, x = bufs.new((elements,), "float32")
-            y_path, y_off, y = bufs.new((out_elements,), "float32")
-            x[:] = 1.0
-            head = min(len(X_HEAD), elements)
-            x[:head] = X_HEAD[:head]
-            runner.request(Load("probe", "so", path=str(so), entry="kernel", argtypes=["ptr", "ptr", "i64"]))
-            args: list[Arg] = [{"name": "x", "path": x_path, "offset": x_off, "dtype": "float32", "shape": [elements]},
-                    {"name": "y", "path": y_path, "offset": y_off, "dtype": "float32", "shape": [out_elements]},
-                    {"name": "n", "int": n}]
-            reply = runner.request(Bench([BenchKernel("probe", [args])], min_samples=10, min_s=0.3, max_s=1.0,
-                                         noise=0.02, warmup_s=0.05), timeout_s=60)
-            out = np.array(y[:3])
-    finally:
-        runner.stop()
-    return float(np.median(reply.samples["probe"])), out
+               out_elements: int | None = None, probes: ProbeRunner | None = None) -> tuple[float, np.ndarray]:
+    """(median seconds, y after the last run) of probe `source` run as kernel(x, y, n) in a runner (`probes`', or
+    one of its own); x holds `elements` floats, y `out_elements` (default: as many)."""
+    if probes is not None:
+        return probes.run(source, flags, n, elements, out_elements)
+    with ProbeRunner(target, threads, elements, out_elements) as own:
+        return own.run(source, flags, n, elements, out_elements)
 
 
-def measure_bandwidth(target, threads: int) -> float:
+def measure_bandwidth(target, threads: int, probes: ProbeRunner | None = None) -> float:
     """Read+write bandwidth in GB/s of a simple OpenMP copy-scale loop (median of its samples)."""
-    med, _ = _run_probe(target, threads, "cpu_stream.c", "-O3 -fopenmp", ELEMENTS, ELEMENTS)
+    med, _ = _run_probe(target, threads, "cpu_stream.c", "-O3 -fopenmp", ELEMENTS, ELEMENTS, probes=probes)
     return 2 * 4 * ELEMENTS / med / 1e9
 
 
-def measure_read_bandwidth(target, threads: int) -> float:
+def measure_read_bandwidth(target, threads: int, probes: ProbeRunner | None = None) -> float:
     """Read-only bandwidth in GB/s of a vector sum over ELEMENTS floats on `threads` threads (median of its
     samples): every byte counted is read once and nothing but the sum is written."""
-    med, y = _run_probe(target, threads, "cpu_read.c", NATIVE, ELEMENTS, ELEMENTS, 16)
+    med, y = _run_probe(target, threads, "cpu_read.c", NATIVE, ELEMENTS, ELEMENTS, 16, probes=probes)
     # the sum shows every element was read (x is ones after X_HEAD; float32 sums of ones are exact this far)
     expected = ELEMENTS - len(X_HEAD) + sum(X_HEAD)
     if int(y[1]) != threads or abs(float(y[0]) - expected) > 1e-3 * expected:
@@ -121,17 +160,17 @@ def measure_read_bandwidth(target, threads: int) -> float:
     return 4 * ELEMENTS / med / 1e9
 
 
-def measure_peak_gflops(target, threads: int) -> float:
+def measure_peak_gflops(target, threads: int, probes: ProbeRunner | None = None) -> float:
     """fp32 GFLOP/s of independent FMA chains in vector registers on every thread."""
-    med, y = _run_probe(target, threads, "cpu_fma.c", NATIVE, FMA_ITERS, 16)
+    med, y = _run_probe(target, threads, "cpu_fma.c", NATIVE, FMA_ITERS, 16, probes=probes)
     threads_ran, lanes = float(y[1]), float(y[2])
     return threads_ran * FMA_ITERS * FMA_CHAINS * lanes * 2 / med / 1e9  # multiply + add per lane
 
 
-def measure_peak_int8_gops(target, threads: int) -> float:
+def measure_peak_int8_gops(target, threads: int, probes: ProbeRunner | None = None) -> float:
     """int8 GOP/s (a byte product and its add counted 2) of independent vpdpbusd chains in vector registers on
     every thread; 0.0 where the host has no int8 dot-product instruction."""
-    med, y = _run_probe(target, threads, "cpu_int8.c", NATIVE, FMA_ITERS, 16)
+    med, y = _run_probe(target, threads, "cpu_int8.c", NATIVE, FMA_ITERS, 16, probes=probes)
     threads_ran, products = float(y[1]), float(y[2])
     return threads_ran * FMA_ITERS * INT8_CHAINS * products * 2 / med / 1e9
 
@@ -249,22 +288,28 @@ def ceilings(target, device_id: str, threads: int, load: float | None = None) ->
 
 
 def _measure(target, device_id: str, threads: int) -> dict[str, float] | None:
-    """The probes' figures at 1 and `threads` threads, or None when they cannot run."""
-    counts = sorted({1, threads})
+    """The probes' figures at 1 and `threads` threads (the best of both: on some hosts, shared cores and VMs, one
+    thread streams faster), or None when they cannot run. One ProbeRunner per thread count runs its four probes."""
+    measured: list[dict[str, float]] = []
+    int8_error = None
     try:
-        # the best of one thread and all: on some hosts (shared cores, VMs) one thread streams faster
-        figures = {"mem_bandwidth_gbps": max(measure_bandwidth(target, t) for t in counts),
-                   "read_bandwidth_gbps": max(measure_read_bandwidth(target, t) for t in counts),
-                   "peak_gflops": max(measure_peak_gflops(target, t) for t in counts)}
+        for t in sorted({1, threads}):
+            with ProbeRunner(target, t) as probes:
+                figures = {"mem_bandwidth_gbps": measure_bandwidth(target, t, probes),
+                           "read_bandwidth_gbps": measure_read_bandwidth(target, t, probes),
+                           "peak_gflops": measure_peak_gflops(target, t, probes)}
+                try:
+                    figures["peak_int8_gops"] = measure_peak_int8_gops(target, t, probes)
+                except (RunnerFault, RuntimeError, OSError) as e:
+                    # only integer kernels' rooflines need it; a compiler without the intrinsics must not cost the
+                    # rest (it runs last: a probe that killed the runner leaves nothing else of this count to run)
+                    int8_error, figures["peak_int8_gops"] = e, 0.0
+            measured.append(figures)
     except (RunnerFault, RuntimeError, OSError) as e:
         log.warning("could not measure the host's ceilings; floors and roofline fractions will be 0", error=str(e),
                     device=device_id)
         return None
-    try:
-        figures["peak_int8_gops"] = max(measure_peak_int8_gops(target, t) for t in counts)
-    except (RunnerFault, RuntimeError, OSError) as e:
-        # only integer kernels' rooflines need it; a compiler without the intrinsics must not cost the rest
+    if int8_error is not None and not any(f["peak_int8_gops"] for f in measured):
         log.warning("could not measure the host's int8 peak; integer designs' rooflines will have no compute "
-                    "side", error=str(e), device=device_id)
-        figures["peak_int8_gops"] = 0.0
-    return figures
+                    "side", error=str(int8_error), device=device_id)
+    return {k: max(f[k] for f in measured) for k in CPU_CEILINGS}
