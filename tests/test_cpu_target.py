@@ -1,7 +1,9 @@
 """The cpu target and the judge: compile typed, run in a runner, faults typed, checks with figures."""
 from __future__ import annotations
 
+import os
 import platform
+import signal
 import sys
 
 import numpy as np
@@ -278,7 +280,19 @@ def test_one_runner_child_runs_every_probe_of_a_thread_count(settings):
         with pytest.raises(ValueError, match="needs"):
             probes.run("cpu_read.c", ceiling.NATIVE, 1, ceiling.ELEMENTS + 1)
     assert all(f > 0 for f in figures[:3]) and (figures[3] > 0) == has_int8_dot()
-    assert probes.runner.proc is None   # stopped with the ProbeRunner
+    assert probes.runner.proc is None and not probes.bufs.dir.exists()   # stopped and freed with the ProbeRunner
+
+
+def test_a_probe_runner_whose_child_died_loads_its_probe_into_the_next(settings):
+    """The runner replaces a child that died between two probes; the probe is loaded into the new one (a Bench of
+    a key the new child never loaded was a harness error), and what it reports is its own run's."""
+    from kfactory.targets.cpu import ceiling
+    with ceiling.ProbeRunner(get_target("cpu", settings), 1, elements=16) as probes:
+        first, _ = probes.run("cpu_fma.c", ceiling.NATIVE, 1000, 16)
+        os.kill(probes.runner.proc.pid, signal.SIGKILL)
+        probes.runner.proc.wait()
+        again, y = probes.run("cpu_fma.c", ceiling.NATIVE, 1000, 16)
+    assert first > 0 and again > 0 and float(y[1]) == 1   # threads the probe ran: this run's, not NaN
 
 
 def has_int8_dot() -> bool:

@@ -90,14 +90,13 @@ class ProbeRunner:
         try:
             self.x_path, self.x_off, self.x = self.bufs.new((elements,), "float32")
             self.y_path, self.y_off, self.y = self.bufs.new((self.out_elements,), "float32")
+            self.x[:] = 1.0
+            head = min(len(X_HEAD), elements)
+            self.x[:head] = X_HEAD[:head]
         except BaseException:
             self.bufs.close()
             raise
         self.runner = Runner(threads, timeout_s=60)   # its child starts at the first request
-        self.x[:] = 1.0
-        head = min(len(X_HEAD), elements)
-        self.x[:head] = X_HEAD[:head]
-        self._loaded: dict[Path, str] = {}
 
     def __enter__(self) -> "ProbeRunner":
         return self
@@ -106,8 +105,10 @@ class ProbeRunner:
         self.close()
 
     def close(self) -> None:
-        self.runner.stop()
-        self.bufs.close()
+        try:
+            self.runner.stop()
+        finally:
+            self.bufs.close()
 
     def run(self, source: str, flags: str, n: int, elements: int, out_elements: int | None = None
             ) -> tuple[float, np.ndarray]:
@@ -118,15 +119,13 @@ class ProbeRunner:
             raise ValueError(f"probe {source} needs {elements} and {out_elements} floats; this runner has "
                              f"{self.elements} and {self.out_elements}")
         so = probe_library(self.target, source, flags)
-        if so not in self._loaded:
-            self._loaded[so] = f"probe{len(self._loaded)}"
-            self.runner.request(Load(self._loaded[so], "so", path=str(so), entry="kernel",
-                                     argtypes=["ptr", "ptr", "i64"]))
+        name = so.stem   # a child that died meanwhile is replaced, and the probe loaded into the new one
+        self.runner.ensure_loaded(Load(name, "so", path=str(so), entry="kernel", argtypes=["ptr", "ptr", "i64"]))
         args: list[Arg] = [
             {"name": "x", "path": self.x_path, "offset": self.x_off, "dtype": "float32", "shape": [elements]},
             {"name": "y", "path": self.y_path, "offset": self.y_off, "dtype": "float32", "shape": [out_elements]},
             {"name": "n", "int": n}]
-        name = self._loaded[so]
+        self.y[:3] = np.nan   # what a probe reports is its own, never the last one's
         reply = self.runner.request(Bench([BenchKernel(name, [args])], min_samples=10, min_s=0.3, max_s=1.0,
                                           noise=0.02, warmup_s=0.05), timeout_s=60)
         return float(np.median(reply.samples[name])), np.array(self.y[:3])
@@ -291,7 +290,6 @@ def _measure(target, device_id: str, threads: int) -> dict[str, float] | None:
     """The probes' figures at 1 and `threads` threads (the best of both: on some hosts, shared cores and VMs, one
     thread streams faster), or None when they cannot run. One ProbeRunner per thread count runs its four probes."""
     measured: list[dict[str, float]] = []
-    int8_error = None
     try:
         for t in sorted({1, threads}):
             with ProbeRunner(target, t) as probes:
@@ -303,13 +301,13 @@ def _measure(target, device_id: str, threads: int) -> dict[str, float] | None:
                 except (RunnerFault, RuntimeError, OSError) as e:
                     # only integer kernels' rooflines need it; a compiler without the intrinsics must not cost the
                     # rest (it runs last: a probe that killed the runner leaves nothing else of this count to run)
-                    int8_error, figures["peak_int8_gops"] = e, 0.0
+                    log.warning(f"could not measure the host's int8 peak on {t} thread(s); without a figure at "
+                                "any count, integer designs' rooflines have no compute side", error=str(e),
+                                device=device_id)
+                    figures["peak_int8_gops"] = 0.0
             measured.append(figures)
     except (RunnerFault, RuntimeError, OSError) as e:
         log.warning("could not measure the host's ceilings; floors and roofline fractions will be 0", error=str(e),
                     device=device_id)
         return None
-    if int8_error is not None and not any(f["peak_int8_gops"] for f in measured):
-        log.warning("could not measure the host's int8 peak; integer designs' rooflines will have no compute "
-                    "side", error=str(int8_error), device=device_id)
     return {k: max(f[k] for f in measured) for k in CPU_CEILINGS}
