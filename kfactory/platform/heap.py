@@ -6,7 +6,8 @@ pages the kernel must fault in anew. On a virtual machine that hands free guest 
 virtio balloon's free page reporting, as on the Firecracker VMs kfactory is developed on) that is about 1 s per
 128 MiB touched, measured: a 128 MiB array filled at once after another was freed took 0.02 s, filled 2 s after,
 1.3 s. Where malloc keeps what it frees (no mmap, no trimming), the draws after the first reuse the heap's pages:
-`kfactory check` of an honest softmax kernel, 30 s -> 17 s on that host.
+the second and third honest softmax checks of one process (`kfactory check`'s work) took 19 s each instead of
+31 s and 27 s on that host. A process's first draws still grow its heap from fresh pages.
 
 One arena for every thread: the services judge in worker threads (asyncio.to_thread), and a thread's own arena
 maps any block larger than its 64 MiB heaps whatever M_MMAP_MAX says, and would keep its own high-water mark
