@@ -41,6 +41,17 @@ def test_the_command_lines_parser_imports_neither_scipy_nor_the_engines_modules(
     assert not loaded & {*HEAVY, "kfactory.engines.showdown", "kfactory.engines.design"}, loaded
 
 
+def test_an_engine_child_starts_without_the_tokenizer_and_the_package_still_gives_it():
+    """An engine child (started for every engine timed) never tokenizes: jinja2 and tokenizers (0.2 s) are
+    imported by the first use of kfactory.models.Tokenizer, or by training tiny-llama's tokenizer."""
+    loaded = _modules_after("import kfactory.engines.child")
+    assert "kfactory.models.loader" in loaded and "kfactory.models.tiny" in loaded
+    assert not loaded & {"jinja2", "tokenizers", "kfactory.models.tokenizer"}, sorted(loaded)
+    from kfactory.models import Tokenizer
+    from kfactory.models.tokenizer import Tokenizer as direct
+    assert Tokenizer is direct
+
+
 def test_the_intervals_are_computed_as_before_with_scipy_imported_where_they_are():
     from kfactory.judge.stats import latin_square_halfwidth, median_ranks
 

@@ -7,13 +7,13 @@ declared architecture (and its sha256 where declared).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import tokenizers
 import yaml
 from pydantic import ValidationError
 
@@ -81,7 +81,7 @@ class ModelPackage:
             if not path.is_file():
                 raise ModelError(f"{self.directory / 'model.yaml'}: weights file {path} does not exist")
             return path
-        recipe = json.dumps([self.spec.architecture.model_dump(), w.seed, tokenizers.__version__,
+        recipe = json.dumps([self.spec.architecture.model_dump(), w.seed, importlib.metadata.version("tokenizers"),
                              hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()])
         cache = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
         cache.mkdir(parents=True, exist_ok=True)

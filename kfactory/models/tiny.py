@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
-from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, trainers
 
 from kfactory.models.gguf_model import LlamaConfig
 from kfactory.models.quant import quantize
@@ -42,6 +41,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 
 def train_tokenizer(vocab: int) -> tuple[list[str], list[str], list[int]]:
     """(tokens, merges, token types) of a byte-level BPE with `vocab` tokens, trained on CORPUS."""
+    # here, not at the module's top: every engine child resolves tiny-llama's weights through this module, and
+    # only the first, writing the file, trains a tokenizer
+    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, trainers
+
     hf = HFTokenizer(models.BPE())
     # trained without splitting digits, so the merges include digit pairs ("20", "24") that the file's "smollm"
     # pre-tokenizer (digits one by one) never lets apply: a tokenizer built without that split encodes numbers
