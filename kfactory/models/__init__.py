@@ -7,11 +7,11 @@ kept or dequantised), a tokenizer, and a float64 reference forward that is the j
 
 See docs/models.md.
 """
+from typing import TYPE_CHECKING
+
 from kfactory.models.gguf_model import GGUFModel, LlamaConfig, ModelError
 from kfactory.models.loader import BUILTIN_DIR, ModelPackage, list_models, load_model, pip_file
 from kfactory.models.quant import BLOCK_DTYPES, QuantTensor
-from typing import TYPE_CHECKING
-
 from kfactory.models.reference import Generation, KVCache, Reference
 
 if TYPE_CHECKING:
