@@ -44,7 +44,7 @@ from scipy.stats import t as student_t
 
 from kfactory.platform.app import start_services
 from kfactory.platform.config import Settings
-from kfactory.platform.heap import keep_freed_memory
+from kfactory.platform.heap import keep_freed_memory_if_set
 from kfactory.judge.checks import InputPool
 from kfactory.judge.rotated import measure_rotated
 from kfactory.bus.natsd import EmbeddedNats
@@ -304,8 +304,7 @@ def _print(label: str, r: dict) -> None:
 
 
 async def main(args) -> int:
-    if Settings().keep_heap:   # its services run in this process: as `kfactory run`'s (kfactory/platform/heap.py)
-        keep_freed_memory()
+    keep_freed_memory_if_set(Settings())   # its services run in this process, as `kfactory run`'s
     root = Path(tempfile.mkdtemp(prefix="kf-throughput-"))
     try:
         _measure_ceilings(args, root)

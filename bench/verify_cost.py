@@ -15,7 +15,7 @@ import pstats
 import time
 
 from kfactory.platform.config import Settings
-from kfactory.platform.heap import keep_freed_memory
+from kfactory.platform.heap import keep_freed_memory_if_set
 from kfactory.judge.checks import InputPool
 from kfactory.judge.measure import measure
 from kfactory.judge.verify import verify
@@ -39,8 +39,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="verifications to time after the first")
     a = ap.parse_args()
     settings = Settings()
-    if settings.keep_heap:   # as every kfactory command, whose verification this times (kfactory/platform/heap.py)
-        keep_freed_memory()
+    keep_freed_memory_if_set(settings)   # as every kfactory command, whose verification this times
     problem = load_problem(a.problem)
     target = get_target("cpu", settings)
     if a.source:

@@ -22,7 +22,7 @@ from kfactory.bus import memory as memory_bus
 from kfactory.bus.jetstream import NatsBus
 from kfactory.bus.memory import MemoryBus
 from kfactory.bus.natsd import EmbeddedNats
-from kfactory.platform.heap import keep_freed_memory
+from kfactory.platform.heap import keep_freed_memory_if_set
 from kfactory.problems import BUILTIN_DIR
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -39,8 +39,7 @@ os.environ.setdefault("KFACTORY_CPU_CACHE_MB", "32")
 # The tests judge kernels in this process as `kfactory check` does in its own (kfactory.cli.check.check), so this
 # process keeps the memory it frees as every kfactory command does (kfactory/platform/heap.py): the next large input
 # set reuses the last one's pages instead of faulting in fresh ones (on this project's VMs about 1 s per 128 MiB).
-if Settings().keep_heap:
-    keep_freed_memory()
+keep_freed_memory_if_set(Settings())
 
 
 @pytest.fixture

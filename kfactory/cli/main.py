@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from kfactory.platform.config import Settings
 from kfactory.platform.fsutil import out_dir
-from kfactory.platform.heap import keep_freed_memory
+from kfactory.platform.heap import keep_freed_memory_if_set
 from kfactory.observability.log import configure
 from kfactory.platform.spec_ranges import cli_type
 
@@ -350,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings()
-        if settings.keep_heap:
-            keep_freed_memory()
+        keep_freed_memory_if_set(settings)
         level, json_lines = log_options(args.cmd, args.log_level, settings)
         configure(level, json=json_lines)
         return _dispatch(args)

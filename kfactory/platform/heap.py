@@ -52,3 +52,10 @@ def keep_freed_memory() -> bool:
     if fn is None:
         return False
     return all([bool(fn(param, value)) for param, value in KEEP])
+
+
+def keep_freed_memory_if_set(settings) -> bool:
+    """keep_freed_memory() where settings.keep_heap (KFACTORY_KEEP_HEAP, default true) asks for it, else nothing;
+    whether it was kept. Every kfactory command calls it at its start (kfactory.cli.main), and so does each process
+    that judges as one does (the test process, the benches that stand for a verifier and for `kfactory run`)."""
+    return bool(settings.keep_heap) and keep_freed_memory()
