@@ -84,7 +84,7 @@ class ProbeRunner:
     of the 13 s they took. The probes only read x (the read probe's sum shows it is still ones)."""
 
     def __init__(self, target, threads: int, elements: int = ELEMENTS, out_elements: int | None = None):
-        self.target, self.threads = target, threads
+        self.target = target
         self.elements, self.out_elements = elements, elements if out_elements is None else out_elements
         self.bufs = ShmBuffers()
         try:
