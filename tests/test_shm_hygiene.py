@@ -1,7 +1,8 @@
 """Shared memory left by a process that died (kfactory.sandbox.shm.sweep_stale), and a shared-memory filesystem too
 small for a request (SharedMemoryFull): a killed service's buffers are freed by the next process that uses shared
 memory, in its pid namespace or another (a directory is its maker's while the maker holds its lock), a live one's
-are never touched, and a full /dev/shm is an error that says what to fix, not a SIGBUS."""
+are never touched (the sweep's other cases: tests/test_scratch.py), and a full /dev/shm is an error that says what
+to fix, not a SIGBUS."""
 from __future__ import annotations
 
 import os
@@ -9,11 +10,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
-from kfactory.sandbox import shm
 from kfactory.sandbox.shm import ShmBuffers, SharedMemoryFull, sweep_stale
 
 MAKE = textwrap.dedent("""
@@ -49,33 +48,6 @@ def test_a_killed_process_s_directory_is_swept_and_a_live_one_s_is_kept(tmp_path
         live.kill()
         live.wait(10)
     assert sweep_stale(tmp_path, grace_s=0) == 1 and not os.path.exists(live_dir)
-
-
-def test_a_directory_is_judged_by_its_lock_whatever_namespace_named_it(tmp_path):
-    """A restarted container inherits its predecessor's /dev/shm (an emptyDir) but not its pid namespace: a
-    directory named for another namespace is its maker's while the lock is held (here by this process, standing in
-    for a live process of that namespace) and no one's once it is released."""
-    foreign = tmp_path / f"kf-shm-1-{2**22 + 7}-abcd"
-    foreign.mkdir()
-    fd = shm._lock(foreign)
-    try:
-        assert sweep_stale(tmp_path, grace_s=0) == 0 and foreign.is_dir()
-    finally:
-        os.close(fd)
-    assert sweep_stale(tmp_path, grace_s=0) == 1 and not foreign.exists()
-    odd = tmp_path / f"kf-shm-1-{10**20}-x"   # no pid can be that: judged by its lock, not an error
-    odd.mkdir()
-    assert sweep_stale(tmp_path, grace_s=0) == 1
-
-
-def test_a_directory_named_by_no_owner_is_removed_only_when_old_and_unlocked(tmp_path):
-    legacy = tmp_path / "kf-shm-2ikc_9hi"
-    legacy.mkdir()
-    (legacy / "f").write_bytes(b"x")
-    assert sweep_stale(tmp_path, grace_s=0) == 0 and legacy.is_dir()
-    day_ago = time.time() - shm.LEGACY_S - 60
-    os.utime(legacy, (day_ago, day_ago))
-    assert sweep_stale(tmp_path, grace_s=0) == 1 and not legacy.exists()
 
 
 def test_an_arena_that_does_not_fit_is_forgotten(tmp_path):

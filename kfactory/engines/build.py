@@ -20,13 +20,13 @@ import hashlib
 import os
 import platform
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kfactory.judge import quiet
 from kfactory.observability.log import get_logger
+from kfactory.platform import scratch
 from kfactory.platform.fsutil import atomic_write
 from kfactory.targets.base import check_not_interrupted
 
@@ -103,10 +103,11 @@ def build(source: str, cache_dir: Path | None = None, extra_flags: tuple[str, ..
     shared = _shared_cache(cc)
     if shared is not None and _copy_intact(shared / out.name, out):
         return BuildResult(True, out, "", 0.0, True, " ".join(cmd))
-    with tempfile.TemporaryDirectory(prefix="kf-engine-", dir=cache) as tmp:
-        tmp_out = Path(tmp) / "engine.so"
+    # a build killed midway leaves this directory (its objects can be large): the next build here removes it
+    with scratch.owned_tempdir("kf-engine", cache) as tmp:
+        tmp_out = tmp / "engine.so"
         t0 = time.perf_counter()
-        objects, failed = _compile_units(cc, units, Path(tmp))
+        objects, failed = _compile_units(cc, units, tmp)
         if failed is not None:
             return failed
         cmd = [cc, "-x", "c", *flags, "-o", str(tmp_out), "-", "-x", "none", *map(str, objects), *LINK]

@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import mmap
 import os
-import re
 import shutil
-import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
 
 import numpy as np
 
 from kfactory.observability import stagetime
+from kfactory.platform import scratch
 from kfactory.sandbox.parent import HarnessError
 from kfactory.sandbox.protocol import shared_dir
 
@@ -32,97 +29,26 @@ class SharedMemoryFull(HarnessError):
     candidate's (a harness error: the work is dead-lettered with this message, to be sent back once it is fixed)."""
 
 
-#: a directory's name: kf-shm-<pid namespace>-<pid>-<random>, so a later process can tell whose it was
-_OWNED = re.compile(r"^kf-shm-(\d+)-(\d+)-")
-_sweep_lock = threading.Lock()
-_swept: set[Path] = set()
-#: an unlocked directory younger than this may be one whose maker has not locked it yet (microseconds after
-#: mkdtemp): left for a later sweep
-GRACE_S = 60.0
-#: a directory named by no owner (made before owners were named) is removed only when unlocked and this old
-LEGACY_S = 86400.0
+#: the prefix of a buffer directory's name (kfactory.platform.scratch names it by its owner)
+PREFIX = "kf-shm"
 #: ShmBuffers.grow allocates and maps in a file this much at a time (each piece host work of its own, short enough
 #: for a timing to wait for: 64 MiB took about 0.06 s on the 2-core host)
 GROW_PIECE = 64 << 20
 PAGE = mmap.PAGESIZE
 
 
-def _pid_namespace() -> str:
-    """This process's pid namespace (its inode), so that a pid is only ever judged in the namespace it belongs to
-    (containers may share a /dev/shm); "0" where /proc does not say."""
-    try:
-        link = os.readlink("/proc/self/ns/pid")   # "pid:[4026531836]"
-    except OSError:
-        return "0"
-    digits = re.sub(r"\D", "", link)
-    return digits or "0"
-
-
-def _alive(pid: str) -> bool:
-    """Whether a process of this namespace has this pid (a number no pid can be is no process)."""
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, OverflowError, ValueError):
-        return False
-    except PermissionError:   # someone else's process: alive
-        return True
-    return True
-
-
-def _lock(directory: Path) -> int:
-    """Hold an exclusive lock on a directory this process made, for as long as the returned descriptor is open
-    (the kernel drops it when the process dies, however it dies, in whatever pid namespace)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return fd
-
-
-def _held(directory: Path) -> bool | None:
-    """True when some process holds the directory's lock, False when none does, None when it is gone."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)   # (releases the lock taken just now)
-    return False
-
-
-def sweep_stale(base: Path, grace_s: float = GRACE_S, legacy_s: float = LEGACY_S) -> int:
-    """Remove the shared-memory directories that processes left when they died without closing them (killed, or
-    crashed): their files hold memory (tmpfs pages) until removed. A directory is its maker's while the maker
-    holds its lock (_lock), so one whose lock nobody holds is no process's, in this pid namespace or another (a
-    restarted container's predecessor, whose emptyDir it inherits). Left alone: a locked one, one of a live
-    process of this namespace, one younger than grace_s (its maker may not have locked it yet), and one named by
-    no owner (made before owners were named) younger than legacy_s. The directories removed."""
-    ns, removed, now = _pid_namespace(), 0, time.time()
-    for d in base.glob("kf-shm-*"):
-        m = _OWNED.match(d.name)
-        if m is not None and m.group(1) == ns and _alive(m.group(2)):
-            continue
-        try:
-            age = now - d.stat().st_mtime
-        except FileNotFoundError:
-            continue
-        if age < (grace_s if m is not None else legacy_s) or _held(d) is not False:
-            continue
-        shutil.rmtree(d, ignore_errors=True)
-        removed += 1
-    return removed
+def sweep_stale(base: Path, grace_s: float = scratch.GRACE_S, legacy_s: float = scratch.LEGACY_S) -> int:
+    """Remove the buffer directories that processes left when they died without closing them (killed, or crashed):
+    their files hold memory (tmpfs pages) until removed (kfactory.platform.scratch.sweep_stale says which are left
+    alone). The directories removed."""
+    return scratch.sweep_stale(base, PREFIX, grace_s, legacy_s)
 
 
 def _base() -> Path:
     """Where buffers live (/dev/shm, else the temporary directory), swept of dead processes' directories the first
     time this process uses it."""
     base = Path(shared_dir())
-    with _sweep_lock:
-        if base not in _swept:
-            _swept.add(base)
-            sweep_stale(base)
+    scratch.sweep_once(base, PREFIX)
     return base
 
 
@@ -137,8 +63,8 @@ class ShmBuffers:
 
     def __init__(self, base: Path | None = None):
         """`base`: the directory to make this one's in (default /dev/shm, else the temporary directory)."""
-        self.dir = Path(tempfile.mkdtemp(prefix=f"kf-shm-{_pid_namespace()}-{os.getpid()}-", dir=base or _base()))
-        self._owner = _lock(self.dir)   # held until close (or this process's death): sweep_stale's sign of life
+        # the lock is held until close (or this process's death): sweep_stale's sign of life
+        self.dir, self._owner = scratch.make_owned(base or _base(), PREFIX)
         self.arrays: list[np.ndarray] = []
         self._arena: tuple[str, np.memmap] | None = None
         self._used = 0

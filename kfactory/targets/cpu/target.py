@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import platform
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 
 from kfactory.judge import quiet
 from kfactory.observability.stagetime import span
+from kfactory.platform import scratch
 from kfactory.platform.fsutil import atomic_write
 from kfactory.problems.params import abi_argtypes
 from kfactory.sandbox.parent import Runner
@@ -27,6 +27,8 @@ from kfactory.sandbox.shm_args import (bench_argsets, bench_bytes, build_argset,
 from kfactory.v1 import events_pb2 as pb
 
 COMPILE_TIMEOUT_S = 120
+#: the prefix of a compile's scratch directory's name (kfactory.cli.check knows it, to strip it from logs)
+SCRATCH_PREFIX = "kf-cc"
 #: a kernel that does nothing, for measuring the cost of a call itself (arguments are ignored in C)
 NULL_KERNEL = "void kernel(void) {}\n"
 LANG_FLAG = {"c": "c", "cpp": "c++"}
@@ -116,8 +118,9 @@ class CpuTarget(Target):
         violations = check_source(source)
         if violations:
             return _refused(violations, pb.CompileReport(compiler=self.settings.cc), "source")
-        with tempfile.TemporaryDirectory(prefix="kf-cc-") as tmp:
-            src, out = Path(tmp) / f"k.{language}", Path(tmp) / "k.so"
+        # a compiler killed mid-compile leaves this directory: the next process that compiles removes it
+        with scratch.owned_tempdir(SCRATCH_PREFIX) as tmp:
+            src, out = tmp / f"k.{language}", tmp / "k.so"
             src.write_text(source)
             # -z defs: an object that could not be loaded (an unresolved symbol) fails here, typed, not in
             # the runner; -lm also brings glibc's libmvec for loops vectorised over expf

@@ -1,0 +1,131 @@
+"""Scratch directories a killed process leaves (kfactory.platform.scratch): a compile or an engine build killed
+midway leaves its directory, and the next one in that place removes it; a directory is its maker's while the maker
+holds its lock, whatever pid namespace named it, and a live one's is never touched."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kfactory.platform import scratch
+
+PREFIXES = ("kf-shm", "kf-cc", "kf-engine")
+
+#: a compiler that hangs when asked to write an object (-o): a compile in progress, to be killed; anything else (its
+#: version, its predefined macros) cc answers
+HANGING_CC = '#!/bin/sh\ncase " $* " in *" -o "*) exec sleep 120;; esac\nexec cc "$@"\n'
+
+CPU_COMPILE = textwrap.dedent("""
+    import sys, tempfile
+    tempfile.tempdir = sys.argv[1]
+    from kfactory.platform.config import Settings
+    from kfactory.targets.cpu.target import CpuTarget
+    CpuTarget(Settings()).compile("void k(void) {}\\n", "c", "-O2", "k")
+""")
+ENGINE_BUILD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from kfactory.engines.build import build
+    build("int f(void) { return 0; }\\n", Path(sys.argv[1]))
+""")
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_a_directory_is_judged_by_its_lock_whatever_namespace_named_it(tmp_path, prefix):
+    """A restarted container inherits its predecessor's /dev/shm or /tmp (an emptyDir) but not its pid namespace: a
+    directory named for another namespace is its maker's while the lock is held (here by this process, standing in
+    for a live process of that namespace) and no one's once it is released."""
+    foreign = tmp_path / f"{prefix}-1-{2**22 + 7}-abcd"
+    foreign.mkdir()
+    fd = scratch.lock(foreign)
+    try:
+        assert scratch.sweep_stale(tmp_path, prefix, grace_s=0) == 0 and foreign.is_dir()
+    finally:
+        os.close(fd)
+    assert scratch.sweep_stale(tmp_path, prefix, grace_s=0) == 1 and not foreign.exists()
+    odd = tmp_path / f"{prefix}-1-{10**20}-x"   # no pid can be that: judged by its lock, not an error
+    odd.mkdir()
+    other = tmp_path / f"kf-other-1-{2**22 + 7}-abcd"   # another prefix's: not this sweep's to judge
+    other.mkdir()
+    assert scratch.sweep_stale(tmp_path, prefix, grace_s=0) == 1 and other.is_dir()
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_a_directory_named_by_no_owner_is_removed_only_when_old_and_unlocked(tmp_path, prefix):
+    legacy = tmp_path / f"{prefix}-2ikc_9hi"
+    legacy.mkdir()
+    (legacy / "f").write_bytes(b"x")
+    assert scratch.sweep_stale(tmp_path, prefix, grace_s=0) == 0 and legacy.is_dir()
+    day_ago = time.time() - scratch.LEGACY_S - 60
+    os.utime(legacy, (day_ago, day_ago))
+    assert scratch.sweep_stale(tmp_path, prefix, grace_s=0) == 1 and not legacy.exists()
+
+
+def test_an_owned_directory_is_removed_after_its_block_even_when_the_block_fails(tmp_path):
+    with pytest.raises(RuntimeError):
+        with scratch.owned_tempdir("kf-cc", tmp_path) as d:
+            assert d.name.startswith(f"kf-cc-{scratch.pid_namespace()}-{os.getpid()}-")
+            (d / "k.c").write_text("x")
+            assert scratch.sweep_stale(tmp_path, "kf-cc", grace_s=0) == 0   # a live process's: kept
+            raise RuntimeError("the block failed")
+    assert not d.exists() and os.listdir(tmp_path) == []
+
+
+def _killed_midway(script: str, base: Path, prefix: str, env: dict[str, str]) -> Path:
+    """Run `script` BASE in a child until its PREFIX-* directory appears under base, kill it (and its hanging
+    compiler) with SIGKILL, and return the directory it left."""
+    proc = subprocess.Popen([sys.executable, "-c", script, str(base)], env={**os.environ, **env},
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (left := list(base.glob(f"{prefix}-*"))) and time.monotonic() < deadline:
+            assert proc.poll() is None, f"the child exited with {proc.returncode} before it made its directory"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert len(left) == 1, "the child made no directory"
+    two_minutes_ago = time.time() - 120   # the grace, for a directory whose maker may not have locked it yet, is past
+    os.utime(left[0], (two_minutes_ago, two_minutes_ago))
+    return left[0]
+
+
+def test_a_compile_killed_midway_leaves_a_directory_the_next_compile_removes(tmp_path, monkeypatch):
+    from kfactory.platform.config import Settings
+    from kfactory.targets.cpu.target import CpuTarget
+
+    cc = tmp_path / "hanging-cc"
+    cc.write_text(HANGING_CC)
+    cc.chmod(0o755)
+    base = tmp_path / "tmp"
+    base.mkdir()
+    left = _killed_midway(CPU_COMPILE, base, "kf-cc", {"KFACTORY_CC": str(cc)})
+    assert (left / "k.c").is_file()
+
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    result = CpuTarget(Settings(cc="cc")).compile("int k(void) { return 1; }\n", "c", "-O2", "k")
+    assert result.ok and result.artifact
+    assert os.listdir(base) == [], "the killed compile's directory, or this one's, is still there"
+
+
+def test_an_engine_build_killed_midway_leaves_a_directory_the_next_build_removes(tmp_path, monkeypatch):
+    from kfactory.engines.build import build
+
+    cc = tmp_path / "hanging-cc"
+    cc.write_text(HANGING_CC)
+    cc.chmod(0o755)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _killed_midway(ENGINE_BUILD, cache, "kf-engine", {"CC": str(cc)})
+
+    monkeypatch.setenv("CC", "cc")
+    result = build("int g(void) { return 2; }\n", cache)
+    assert result.ok and not result.cached
+    assert not list(cache.glob("kf-engine-*")), "the killed build's directory, or this one's, is still there"
