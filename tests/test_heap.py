@@ -89,3 +89,14 @@ def test_every_kfactory_command_keeps_its_heap():
 
 def test_keep_heap_false_leaves_malloc_as_it_was():
     assert _mapped_and_returned(_probe(CLI, {"KFACTORY_KEEP_HEAP": "false"}))
+
+
+@pytest.mark.parametrize("argv, judges", [
+    (["serve", "planner"], False), (["serve", "coder"], False), (["serve", "compiler"], False),
+    (["serve", "memory"], False), (["serve", "verifier"], True), (["serve", "benchmarker"], True),
+    (["check", "softmax", "--source", "k.c"], True), (["run", "softmax"], True), (["best", "softmax"], True)])
+def test_only_the_services_that_judge_no_kernel_leave_malloc_as_it_was(argv, judges):
+    """A service that never judges in its own process would only hold its peak for its life (a bundle imported)."""
+    from kfactory.cli.main import build_parser, judges_in_process
+
+    assert judges_in_process(build_parser().parse_args(argv)) is judges

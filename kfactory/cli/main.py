@@ -349,11 +349,12 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.enable(all_threads=True)
     args = build_parser().parse_args(argv)
     try:
-        settings = Settings()
-        keep_freed_memory_if_set(settings)
+        settings = _settings(args)
+        if judges_in_process(args):
+            keep_freed_memory_if_set(settings)
         level, json_lines = log_options(args.cmd, args.log_level, settings)
         configure(level, json=json_lines)
-        return _dispatch(args)
+        return _dispatch(args, settings)
     except ValidationError as e:  # a setting from the environment or a flag: say which, and what it needs
         print(f"kfactory: bad configuration:\n{settings_errors(e)}", file=sys.stderr)
         return EXIT_USAGE
@@ -383,12 +384,24 @@ def settings_errors(e: ValidationError) -> str:
 QUERY_COMMANDS = ("status", "best", "report", "priors", "lessons")
 
 
-def _dispatch(args) -> int:
+#: the services that judge no kernel in their own process (the verifier and the benchmarker do, and so do `run` and
+#: `check`): they keep glibc malloc's defaults, since a heap kept at its peak (kfactory.platform.heap) would only
+#: hold, for their whole life, what their largest message or bundle once needed
+UNJUDGING_SERVICES = frozenset({"planner", "coder", "compiler", "memory"})
+
+
+def judges_in_process(args) -> bool:
+    """Whether the command may judge kernels in this process, and so keeps the memory it frees (KFACTORY_KEEP_HEAP):
+    every command but the serving of a service that judges none."""
+    return not (args.cmd == "serve" and args.service in UNJUDGING_SERVICES)
+
+
+def _dispatch(args, settings: Settings) -> int:
     from kfactory.cli import client
 
     if args.cmd in QUERY_COMMANDS:  # before kfactory.platform.app, whose imports (the judge's) alone take a second
         try:
-            return client.dispatch(args, _settings(args), None)
+            return client.dispatch(args, settings, None)
         except client.ClientError as e:
             print(f"kfactory: {e}", file=sys.stderr)
             return e.code
@@ -404,7 +417,7 @@ def _dispatch(args) -> int:
         from kfactory.cli import evidence as evidence_cmd
         from kfactory.targets.cuda import precompile
 
-        return (evidence_cmd if args.cmd == "evidence" else precompile).run(args, _settings(args))
+        return (evidence_cmd if args.cmd == "evidence" else precompile).run(args, settings)
     from kfactory.platform.app import WiringError
 
     if args.cmd == "problems":
@@ -414,7 +427,7 @@ def _dispatch(args) -> int:
     if args.cmd == "check":
         from kfactory.cli.check import command as check_command
 
-        return check_command(args, _settings(args))
+        return check_command(args, settings)
     try:
         if args.cmd == "run":
             from kfactory.cli.run import output_misfit, run_campaign
@@ -430,18 +443,17 @@ def _dispatch(args) -> int:
             if why := output_misfit(args.json_out):
                 print(f"kfactory run: {why}", file=sys.stderr)
                 return 2
-            return asyncio.run(run_campaign(_settings(args), _spec(args), args))
+            return asyncio.run(run_campaign(settings, _spec(args), args))
         if args.cmd == "dead-letters":
-            return _dead_letters(args)
+            return _dead_letters(args, settings)
         if args.cmd == "export":
             from kfactory.export.command import run as export_command
 
-            return export_command(args, _settings(args))
+            return export_command(args, settings)
         if args.cmd == "serve":
             from kfactory.platform.app import serve
             from kfactory.platform.grpcserver import GrpcBindError
 
-            settings = _settings(args)
             if args.grpc_addr:
                 key = "planner_addr" if args.service == "planner" else "memory_addr"
                 settings = settings.model_copy(update={key: args.grpc_addr})
@@ -452,7 +464,7 @@ def _dispatch(args) -> int:
                       file=sys.stderr)
                 return EXIT_USAGE
             return 0
-        return client.dispatch(args, _settings(args), _spec if args.cmd == "submit" else None)
+        return client.dispatch(args, settings, _spec if args.cmd == "submit" else None)
     except WiringError as e:
         print(f"kfactory: {e}", file=sys.stderr)
         return 1
@@ -461,7 +473,7 @@ def _dispatch(args) -> int:
         return e.code
 
 
-def _dead_letters(args) -> int:
+def _dead_letters(args, settings: Settings) -> int:
     """`kfactory dead-letters`; a --campaign or --stage that is no subject token is a usage error (ClientError)."""
     from kfactory.platform.app import WiringError
     from kfactory.bus.errors import BusUnavailable
@@ -474,7 +486,7 @@ def _dead_letters(args) -> int:
     if args.stage is not None:
         check_stage(args.stage)
     try:
-        return asyncio.run(command(_settings(args), args.stage, args.campaign, args.replay, sys.stdout,
+        return asyncio.run(command(settings, args.stage, args.campaign, args.replay, sys.stdout,
                                    args.answer_timeout, cause_of(args.cause) if args.cause else None))
     except BusUnavailable as e:
         raise WiringError(str(e)) from e

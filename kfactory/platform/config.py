@@ -68,8 +68,9 @@ class Settings(BaseSettings):
                                      "fails naming the step (kfactory problems check --timeout)")
     runner_mem_mb: int = Field(4096, ge=256)
     input_reuse: int = Field(8, ge=1, description="candidates that share one draw of a large input set")
-    keep_heap: bool = Field(True, description="every kfactory command keeps in its heap (one arena for all its "
-                            "threads) the memory it frees, so that the judge's next large input set reuses it "
+    keep_heap: bool = Field(True, description="every kfactory command that may judge kernels (all but `serve` "
+                            "planner, coder, compiler or memory) keeps in its heap (one arena for all its threads) "
+                            "the memory it frees, so that the judge's next large input set reuses it "
                             "instead of faulting in fresh pages; the heap then never shrinks "
                             "(kfactory/platform/heap.py); false: glibc malloc's defaults")
     compare_one_pass: bool = Field(True, description="outputs are compared with the reference by kfactory's one-pass "

@@ -16,7 +16,9 @@ besides the others' (helper-84 measured both).
 The cost: the heap never shrinks. It holds the most the process ever had in use at once, plus what fragmentation
 adds (a synthetic run of 400 draws of 4-128 MiB among long-lived mid-sized arrays: 682 MiB of heap for 418 MiB
 live at most). Size a long-running verifier's or benchmarker's memory limit for that, or set
-KFACTORY_KEEP_HEAP=false to keep glibc malloc's defaults.
+KFACTORY_KEEP_HEAP=false to keep glibc malloc's defaults. The services that judge no kernel (planner, coder,
+compiler, memory) keep the defaults whatever the setting: their peaks (a large bundle imported, say) are not worth
+holding for their life.
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ def keep_freed_memory() -> bool:
 
 def keep_freed_memory_if_set(settings) -> bool:
     """keep_freed_memory() where settings.keep_heap (KFACTORY_KEEP_HEAP, default true) asks for it, else nothing;
-    whether it was kept. Every kfactory command calls it at its start (kfactory.cli.main), and so does each process
-    that judges as one does (the test process, the benches that stand for a verifier and for `kfactory run`)."""
+    whether it was kept. Every kfactory command that may judge kernels calls it at its start
+    (kfactory.cli.main.judges_in_process: all but the services that judge none), and so does each process that
+    judges as one does (the test process, the benches that stand for a verifier and for `kfactory run`)."""
     return bool(settings.keep_heap) and keep_freed_memory()
