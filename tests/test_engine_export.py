@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -274,10 +275,14 @@ def test_a_relative_out_and_an_export_again_into_the_same_directory(root, record
     the compiler runs inside the export, so both must be made absolute first. An export again into the same
     directory removes the library the earlier one's module built (of the earlier design, it would refuse the new
     weights) and keeps the user's own files; a library is built again when its sources change, not when only
-    their times do."""
+    their times do. A stage that an export killed midway left beside the directory is removed by the next."""
     monkeypatch.chdir(tmp_path)
+    killed = tmp_path / "rel" / f".py.kf-export-1-{2**22 + 7}-abcd"   # the stage an export killed midway left
+    killed.mkdir(parents=True)
+    os.utime(killed, (time.time() - 120, time.time() - 120))
     assert cli(root, "--format", "python", "--name", NAME, "--out", "rel/py") == 0
     d = tmp_path / "rel" / "py"
+    assert sorted(p.name for p in (tmp_path / "rel").iterdir()) == ["py"], "a stage was left beside the export"
 
     def open_module() -> None:
         proc = subprocess.run([sys.executable, "-I", "-c", CHILD, "py", PROMPT, "2", str(tmp_path / "l.npy")],
@@ -290,6 +295,7 @@ def test_a_relative_out_and_an_export_again_into_the_same_directory(root, record
     (d / "notes.txt").write_text("the user's")
     assert cli(root, "--format", "python", "--name", NAME, "--out", "rel/py") == 0
     assert not lib.exists() and (d / "notes.txt").read_text() == "the user's"
+    assert sorted(p.name for p in (tmp_path / "rel").iterdir()) == ["py"], "a stage was left beside the export"
     open_module()
     built = lib.stat().st_mtime_ns
     source = d / f"{NAME}.c"

@@ -97,16 +97,21 @@ def _killed_midway(script: str, base: Path, prefix: str, env: dict[str, str]) ->
     return left[0]
 
 
-def test_a_compile_killed_midway_leaves_a_directory_the_next_compile_removes(tmp_path, monkeypatch):
-    from kfactory.platform.config import Settings
-    from kfactory.targets.cpu.target import CpuTarget
-
+@pytest.fixture
+def hanging_cc(tmp_path) -> Path:
     cc = tmp_path / "hanging-cc"
     cc.write_text(HANGING_CC)
     cc.chmod(0o755)
+    return cc
+
+
+def test_a_compile_killed_midway_leaves_a_directory_the_next_compile_removes(tmp_path, hanging_cc, monkeypatch):
+    from kfactory.platform.config import Settings
+    from kfactory.targets.cpu.target import CpuTarget
+
     base = tmp_path / "tmp"
     base.mkdir()
-    left = _killed_midway(CPU_COMPILE, base, "kf-cc", {"KFACTORY_CC": str(cc)})
+    left = _killed_midway(CPU_COMPILE, base, "kf-cc", {"KFACTORY_CC": str(hanging_cc)})
     assert (left / "k.c").is_file()
 
     monkeypatch.setattr(tempfile, "tempdir", str(base))
@@ -115,15 +120,12 @@ def test_a_compile_killed_midway_leaves_a_directory_the_next_compile_removes(tmp
     assert os.listdir(base) == [], "the killed compile's directory, or this one's, is still there"
 
 
-def test_an_engine_build_killed_midway_leaves_a_directory_the_next_build_removes(tmp_path, monkeypatch):
+def test_an_engine_build_killed_midway_leaves_a_directory_the_next_build_removes(tmp_path, hanging_cc, monkeypatch):
     from kfactory.engines.build import build
 
-    cc = tmp_path / "hanging-cc"
-    cc.write_text(HANGING_CC)
-    cc.chmod(0o755)
     cache = tmp_path / "cache"
     cache.mkdir()
-    _killed_midway(ENGINE_BUILD, cache, "kf-engine", {"CC": str(cc)})
+    _killed_midway(ENGINE_BUILD, cache, "kf-engine", {"CC": str(hanging_cc)})
 
     monkeypatch.setenv("CC", "cc")
     result = build("int g(void) { return 2; }\n", cache)

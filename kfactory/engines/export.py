@@ -27,7 +27,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -47,6 +46,7 @@ from kfactory.export.rename import rename_symbols
 from kfactory.models import ModelPackage, load_model
 from kfactory.models.loader import list_models, sha256_of
 from kfactory.models.tokenizer import Tokenizer
+from kfactory.platform import scratch
 
 FORMATS = ("c", "python")
 ABI_VERSION = 1
@@ -301,8 +301,8 @@ def export_engine(model: str, fmt: str, name: str, out_dir: Path | str, data_dir
     verdict, same_object = reverify(verifier, chosen, data_dir)
     source = renamed_source(chosen.source, name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.kf-export-", dir=out.parent))
-    try:
+    # an export killed midway leaves its hidden stage beside the user's directory: the next export there removes it
+    with scratch.owned_tempdir(f".{out.name}.kf-export", out.parent) as stage:
         files = _stage_files(stage, name, fmt, package, chosen, verifier, verdict, same_object, source)
         out.mkdir(parents=True, exist_ok=True)
         _clear_earlier(out, name, files)
@@ -311,8 +311,6 @@ def export_engine(model: str, fmt: str, name: str, out_dir: Path | str, data_dir
             (stage / fname).replace(out / fname)
             written.append(out / fname)
         return written
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _stage_files(stage: Path, name: str, fmt: str, package: ModelPackage, chosen: Chosen, verifier: Verifier,

@@ -22,6 +22,7 @@ from kfactory.export.errors import ExportError
 from kfactory.export.evidence import Judged, c_comment, hash_comment, summary_lines
 from kfactory.export.rename import rename_entry, rename_signature, rename_symbols
 from kfactory.export.templates import fill
+from kfactory.platform import scratch
 from kfactory.targets.flags import FlagRefused, check_flags
 
 SUFFIX = {"c": ".c", "cpp": ".cpp", "cuda": ".cu", "ptx": ".ptx"}
@@ -270,15 +271,15 @@ class _Built:
 
 def _run_build(files: dict[str, str], artifact: str) -> _Built:
     """Run build.sh over `files` in a scratch directory (PYTHON: this interpreter, for the cuda script)."""
-    with tempfile.TemporaryDirectory(prefix="kf-export-") as tmp:
+    with scratch.owned_tempdir("kf-export") as tmp:   # (one a killed export left, the next removes)
         for fname, text in files.items():
-            (Path(tmp) / fname).write_text(text)
+            (tmp / fname).write_text(text)
         try:
-            proc = subprocess.run(["sh", str(Path(tmp) / "build.sh")], capture_output=True, text=True,
+            proc = subprocess.run(["sh", str(tmp / "build.sh")], capture_output=True, text=True,
                                   timeout=BUILD_TIMEOUT_S, env={**os.environ, "PYTHON": sys.executable})
         except subprocess.TimeoutExpired as exc:
             raise ExportError(f"building {artifact} ran past {BUILD_TIMEOUT_S}s") from exc
-        path = Path(tmp) / artifact
+        path = tmp / artifact
         ok = proc.returncode == 0 and path.is_file()
         return _Built(proc.returncode, path.read_bytes() if ok else None, (proc.stderr + proc.stdout)[-3000:])
 

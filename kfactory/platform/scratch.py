@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
 import re
 import shutil
@@ -86,7 +87,7 @@ def sweep_stale(base: Path, prefix: str, grace_s: float = GRACE_S, legacy_s: flo
     number of directories removed."""
     owned = re.compile(rf"^{re.escape(prefix)}-(\d+)-(\d+)-")
     ns, removed, now = pid_namespace(), 0, time.time()
-    for d in base.glob(f"{prefix}-*"):
+    for d in base.glob(glob.escape(prefix) + "-*"):   # (a prefix may hold a name such as "[x]")
         m = owned.match(d.name)
         if m is not None and m.group(1) == ns and _alive(m.group(2)):
             continue
