@@ -131,3 +131,13 @@ def test_an_engine_build_killed_midway_leaves_a_directory_the_next_build_removes
     result = build("int g(void) { return 2; }\n", cache)
     assert result.ok and not result.cached
     assert not list(cache.glob("kf-engine-*")), "the killed build's directory, or this one's, is still there"
+
+
+def test_a_prefix_with_glob_characters_sweeps_its_own_directories_alone(tmp_path):
+    """An export's stage is named after the user's --out, which may hold [ ] or *: read as a pattern, ".a[b]"
+    would match ".ab" (another export's) and not itself."""
+    own, other = tmp_path / ".a[b].kf-export-1-7-x", tmp_path / ".ab.kf-export-1-7-x"
+    own.mkdir()
+    other.mkdir()
+    assert scratch.sweep_stale(tmp_path, ".a[b].kf-export", grace_s=0) == 1
+    assert not own.exists() and other.is_dir()
