@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -303,3 +304,17 @@ def test_a_campaign_takes_the_median_prefill_repeat_as_the_benchmarker_does():
     assert fig.prefill_median_tok_s == 128.0 and fig.prefill_tok_s == 256.0 and fig.decode_tok_s == 50.0
     # the services' figure: 1 / the median per-token seconds of the benchmarker's prefill timing
     assert 1.0 / timing("prefill_128", [s / 128 for s in fig.prefill_s]).median_s == pytest.approx(128.0)
+
+
+@pytest.mark.parametrize("flag", [["--threads", "0"], ["--threads", "100000"]])
+@pytest.mark.parametrize("where", [["--local"], []])
+def test_a_threads_flag_out_of_range_is_the_engine_s_error_not_a_setting_s(tmp_path, monkeypatch, capsys, flag,
+                                                                           where):
+    """`engine run --threads` is the engine's own flag: its error says what it must be, before anything else (a
+    note that suggested a command with the same bad value), and never names KFACTORY_THREADS (a setting the user
+    never set, which the flag once reached through the CLI's settings)."""
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))
+    assert main(["engine", "run", "tiny-llama", *where, "--budget", "1", *flag]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"kfactory: --threads must lie in 1\.\.\d+, not {flag[1]}\n", err), err
+    assert not (tmp_path / "engines").exists()

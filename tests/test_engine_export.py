@@ -20,6 +20,7 @@ import pytest
 from kfactory.cli.main import main
 from kfactory.engines import export_runtime
 from kfactory.engines.build import FLAGS, LINK
+from kfactory.platform import scratch
 from kfactory.engines.campaign import Campaign
 from kfactory.engines.design import EngineDesign
 from kfactory.engines.export import ABI_FUNCTIONS, chat_split, check_library, write_weights
@@ -277,7 +278,8 @@ def test_a_relative_out_and_an_export_again_into_the_same_directory(root, record
     weights) and keeps the user's own files; a library is built again when its sources change, not when only
     their times do. A stage that an export killed midway left beside the directory is removed by the next."""
     monkeypatch.chdir(tmp_path)
-    killed = tmp_path / "rel" / f".py.kf-export-1-{2**22 + 7}-abcd"   # the stage an export killed midway left
+    # the stage an export killed midway left (its maker, a pid no process can have, is dead)
+    killed = tmp_path / "rel" / f".py.kf-export-{scratch.host_tag()}-{scratch.pid_namespace()}-{10**20}-abcd"
     killed.mkdir(parents=True)
     os.utime(killed, (time.time() - 120, time.time() - 120))
     assert cli(root, "--format", "python", "--name", NAME, "--out", "rel/py") == 0

@@ -83,8 +83,19 @@ CLI = ("from kfactory.cli.main import main\nimport contextlib, io\n"
        "with contextlib.redirect_stdout(io.StringIO()):\n    main(['strategies', 'list'])\napplied = None")
 
 
-def test_every_kfactory_command_keeps_its_heap():
+def test_a_kfactory_command_that_may_judge_keeps_its_heap():
     assert _kept(_probe(CLI))
+
+
+#: `serve NAME` with no NATS to reach: the command starts, decides about its heap, and exits 1 naming the address
+SERVE = ("from kfactory.cli.main import main\nassert main(['serve', NAME]) == 1\napplied = None")
+NO_NATS = {"KFACTORY_NATS_URL": "nats://127.0.0.1:1"}
+
+
+@pytest.mark.parametrize("service, kept", [("planner", False), ("verifier", True)])
+def test_serve_keeps_the_heap_of_a_service_that_judges_alone(service, kept):
+    out = _probe(SERVE.replace("NAME", repr(service)), NO_NATS)
+    assert _kept(out) if kept else _mapped_and_returned(out)
 
 
 def test_keep_heap_false_leaves_malloc_as_it_was():

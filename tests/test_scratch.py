@@ -3,6 +3,7 @@ midway leaves its directory, and the next one in that place removes it; a direct
 holds its lock, whatever pid namespace named it, and a live one's is never touched."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,9 +19,9 @@ from kfactory.platform import scratch
 
 PREFIXES = ("kf-shm", "kf-cc", "kf-engine")
 
-#: a compiler that hangs when asked to write an object (-o): a compile in progress, to be killed; anything else (its
-#: version, its predefined macros) cc answers
-HANGING_CC = '#!/bin/sh\ncase " $* " in *" -o "*) exec sleep 120;; esac\nexec cc "$@"\n'
+#: a compiler that, asked to write an object (-o), says so in the file $HANGING and hangs: a compile in progress, to
+#: be killed; anything else (its version, its predefined macros) cc answers
+HANGING_CC = '#!/bin/sh\ncase " $* " in *" -o "*) touch "$HANGING"; exec sleep 120;; esac\nexec cc "$@"\n'
 
 CPU_COMPILE = textwrap.dedent("""
     import sys, tempfile
@@ -37,12 +38,18 @@ ENGINE_BUILD = textwrap.dedent("""
 """)
 
 
+def _aged(d: Path, seconds: float) -> Path:
+    d.mkdir()
+    os.utime(d, (time.time() - seconds, time.time() - seconds))
+    return d
+
+
 @pytest.mark.parametrize("prefix", PREFIXES)
-def test_a_directory_is_judged_by_its_lock_whatever_namespace_named_it(tmp_path, prefix):
+def test_a_directory_of_another_namespace_is_judged_by_its_lock(tmp_path, prefix):
     """A restarted container inherits its predecessor's /dev/shm or /tmp (an emptyDir) but not its pid namespace: a
-    directory named for another namespace is its maker's while the lock is held (here by this process, standing in
-    for a live process of that namespace) and no one's once it is released."""
-    foreign = tmp_path / f"{prefix}-1-{2**22 + 7}-abcd"
+    directory named for another namespace of this host is its maker's while the lock is held (here by this process,
+    standing in for a live process of that namespace) and no one's once it is released."""
+    foreign = tmp_path / f"{prefix}-{scratch.host_tag()}-1-{2**22 + 7}-abcd"
     foreign.mkdir()
     fd = scratch.lock(foreign)
     try:
@@ -50,11 +57,34 @@ def test_a_directory_is_judged_by_its_lock_whatever_namespace_named_it(tmp_path,
     finally:
         os.close(fd)
     assert scratch.sweep_stale(tmp_path, prefix, grace_s=0) == 1 and not foreign.exists()
-    odd = tmp_path / f"{prefix}-1-{10**20}-x"   # no pid can be that: judged by its lock, not an error
-    odd.mkdir()
-    other = tmp_path / f"kf-other-1-{2**22 + 7}-abcd"   # another prefix's: not this sweep's to judge
+    other = tmp_path / f"kf-other-{scratch.host_tag()}-1-{2**22 + 7}-abcd"   # another prefix's: not this sweep's
     other.mkdir()
-    assert scratch.sweep_stale(tmp_path, prefix, grace_s=0) == 1 and other.is_dir()
+    assert scratch.sweep_stale(tmp_path, prefix, grace_s=0) == 0 and other.is_dir()
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_a_dead_maker_of_this_namespace_is_told_by_its_pid_after_the_grace(tmp_path, prefix):
+    """No pid can be 10**20 (os.kill overflows): its maker is dead, lock or no lock (a filesystem that cannot lock a
+    directory holds none), once the grace for a maker that has not locked it yet is over."""
+    dead = tmp_path / f"{prefix}-{scratch.host_tag()}-{scratch.pid_namespace()}-{10**20}-x"
+    dead.mkdir()
+    fd = scratch.lock(dead)
+    try:
+        assert scratch.sweep_stale(tmp_path, prefix) == 0 and dead.is_dir()
+        assert scratch.sweep_stale(tmp_path, prefix, grace_s=0) == 1 and not dead.exists()
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_another_host_s_directory_is_removed_only_when_old_and_unlocked(tmp_path, prefix):
+    """A data directory on a disk that several hosts mount: pid namespace inodes repeat from host to host, so a pid
+    of another host's is never judged here, and its lock may not be seen here."""
+    ns = scratch.pid_namespace()
+    recent = _aged(tmp_path / f"{prefix}-{'0' * 12}-{ns}-{10**20}-a", 3600)
+    old = _aged(tmp_path / f"{prefix}-{'0' * 12}-{ns}-{10**20}-b", scratch.LEGACY_S + 60)
+    assert scratch.sweep_stale(tmp_path, prefix, grace_s=0) == 1
+    assert recent.is_dir() and not old.exists()
 
 
 @pytest.mark.parametrize("prefix", PREFIXES)
@@ -71,7 +101,7 @@ def test_a_directory_named_by_no_owner_is_removed_only_when_old_and_unlocked(tmp
 def test_an_owned_directory_is_removed_after_its_block_even_when_the_block_fails(tmp_path):
     with pytest.raises(RuntimeError):
         with scratch.owned_tempdir("kf-cc", tmp_path) as d:
-            assert d.name.startswith(f"kf-cc-{scratch.pid_namespace()}-{os.getpid()}-")
+            assert d.name.startswith(f"kf-cc-{scratch.host_tag()}-{scratch.pid_namespace()}-{os.getpid()}-")
             (d / "k.c").write_text("x")
             assert scratch.sweep_stale(tmp_path, "kf-cc", grace_s=0) == 0   # a live process's: kept
             raise RuntimeError("the block failed")
@@ -79,19 +109,22 @@ def test_an_owned_directory_is_removed_after_its_block_even_when_the_block_fails
 
 
 def _killed_midway(script: str, base: Path, prefix: str, env: dict[str, str]) -> Path:
-    """Run `script` BASE in a child until its PREFIX-* directory appears under base, kill it (and its hanging
-    compiler) with SIGKILL, and return the directory it left."""
-    proc = subprocess.Popen([sys.executable, "-c", script, str(base)], env={**os.environ, **env},
-                            start_new_session=True)
+    """Run `script` BASE in a child until its compiler hangs (HANGING_CC), kill it and the compiler with SIGKILL,
+    and return the PREFIX-* directory it left under base."""
+    hanging = base.parent / "hanging"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(base)], start_new_session=True,
+                            env={**os.environ, **env, "HANGING": str(hanging)})
     try:
         deadline = time.monotonic() + 60
-        while not (left := list(base.glob(f"{prefix}-*"))) and time.monotonic() < deadline:
-            assert proc.poll() is None, f"the child exited with {proc.returncode} before it made its directory"
+        while not hanging.exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, f"the child exited with {proc.returncode} before its compiler ran"
             time.sleep(0.05)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
-    assert len(left) == 1, "the child made no directory"
+    left = list(base.glob(f"{prefix}-*"))
+    assert hanging.exists() and len(left) == 1, "the child's compiler never ran, or it made no directory"
     two_minutes_ago = time.time() - 120   # the grace, for a directory whose maker may not have locked it yet, is past
     os.utime(left[0], (two_minutes_ago, two_minutes_ago))
     return left[0]
@@ -111,11 +144,13 @@ def test_a_compile_killed_midway_leaves_a_directory_the_next_compile_removes(tmp
 
     base = tmp_path / "tmp"
     base.mkdir()
-    left = _killed_midway(CPU_COMPILE, base, "kf-cc", {"KFACTORY_CC": str(hanging_cc)})
+    data = {"KFACTORY_DATA_DIR": str(tmp_path / "data")}
+    left = _killed_midway(CPU_COMPILE, base, "kf-cc", {"KFACTORY_CC": str(hanging_cc), **data})
     assert (left / "k.c").is_file()
 
     monkeypatch.setattr(tempfile, "tempdir", str(base))
-    result = CpuTarget(Settings(cc="cc")).compile("int k(void) { return 1; }\n", "c", "-O2", "k")
+    target = CpuTarget(Settings(cc="cc", data_dir=tmp_path / "data"))
+    result = target.compile("int k(void) { return 1; }\n", "c", "-O2", "k")
     assert result.ok and result.artifact
     assert os.listdir(base) == [], "the killed compile's directory, or this one's, is still there"
 
@@ -128,6 +163,7 @@ def test_an_engine_build_killed_midway_leaves_a_directory_the_next_build_removes
     _killed_midway(ENGINE_BUILD, cache, "kf-engine", {"CC": str(hanging_cc)})
 
     monkeypatch.setenv("CC", "cc")
+    monkeypatch.delenv("KFACTORY_ENGINE_OBJECT_CACHE", raising=False)   # (the session's may hold this object)
     result = build("int g(void) { return 2; }\n", cache)
     assert result.ok and not result.cached
     assert not list(cache.glob("kf-engine-*")), "the killed build's directory, or this one's, is still there"
@@ -136,7 +172,8 @@ def test_an_engine_build_killed_midway_leaves_a_directory_the_next_build_removes
 def test_a_prefix_with_glob_characters_sweeps_its_own_directories_alone(tmp_path):
     """An export's stage is named after the user's --out, which may hold [ ] or *: read as a pattern, ".a[b]"
     would match ".ab" (another export's) and not itself."""
-    own, other = tmp_path / ".a[b].kf-export-1-7-x", tmp_path / ".ab.kf-export-1-7-x"
+    host = scratch.host_tag()
+    own, other = tmp_path / f".a[b].kf-export-{host}-1-7-x", tmp_path / f".ab.kf-export-{host}-1-7-x"
     own.mkdir()
     other.mkdir()
     assert scratch.sweep_stale(tmp_path, ".a[b].kf-export", grace_s=0) == 1

@@ -115,6 +115,8 @@ def run_command(args: argparse.Namespace) -> int:
     from kfactory.engines.order import STRATEGY
 
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
+    if not 1 <= threads <= MAX_THREADS:   # (before the searched kernels' note, which names the threads)
+        raise EngineCommandError(f"--threads must lie in 1..{MAX_THREADS}, not {threads}", EXIT_USAGE)
     if why := output_misfit(args.json_out):
         raise EngineCommandError(why, EXIT_USAGE)
     if not args.local:
@@ -147,12 +149,9 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
     from kfactory.bus.natsd import NatsServerError
     from kfactory.cli import engine_services
     from kfactory.engines.campaign import DesignResult, report_text
-    from kfactory.engines.defaults import MAX_THREADS
     from kfactory.engines.ops import describe
     from kfactory.services.planner.specs import SpecError
 
-    if not 1 <= threads <= MAX_THREADS:
-        raise EngineCommandError(f"--threads must lie in 1..{MAX_THREADS}, not {threads}", EXIT_USAGE)
     if args.budget < 1:
         raise EngineCommandError(f"--budget must be at least 1 design, not {args.budget}", EXIT_USAGE)
     if args.parallel < 0:

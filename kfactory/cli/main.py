@@ -349,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.enable(all_threads=True)
     args = build_parser().parse_args(argv)
     try:
-        settings = _settings(args)
+        # these commands take no settings: their flags (engine run --threads) are their own, checked by them
+        settings = Settings() if args.cmd in OWN_FLAGS_COMMANDS else _settings(args)
         if judges_in_process(args):
             keep_freed_memory_if_set(settings)
         level, json_lines = log_options(args.cmd, args.log_level, settings)
@@ -379,6 +380,9 @@ def settings_errors(e: ValidationError) -> str:
         lines.append(f"  {name}: {err['msg']}")
     return "\n".join(lines)
 
+
+#: the commands given no settings (kfactory.cli.main._dispatch): a flag of theirs is never a setting's override
+OWN_FLAGS_COMMANDS = ("strategies", "engine", "generate", "problems")
 
 #: the commands that only query (the workspace or a factory): they start no service
 QUERY_COMMANDS = ("status", "best", "report", "priors", "lessons")
