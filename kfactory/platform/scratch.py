@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import glob
 import hashlib
 import os
@@ -53,6 +54,7 @@ def pid_namespace() -> str:
     return digits or "0"
 
 
+@functools.cache
 def host_tag() -> str:
     """This host's boot, in 12 hex digits: pid namespace inodes repeat from host to host (the first one's is the
     same on every Linux), and a pid is only ever judged on the host that gave it. The boot id (new at each boot,
