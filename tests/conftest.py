@@ -189,10 +189,12 @@ def small_softmax(tmp_path_factory) -> str:
     return str(dst)
 
 
-def ctrl_c_when(argv: list[str], ready, within_s: float, **popen) -> tuple[int, str, str]:
+def ctrl_c_when(argv: list[str], ready, within_s: float, sig: int = signal.SIGINT, to_group: bool = True,
+                **popen) -> tuple[int, str, str]:
     """Run `argv` in a session of its own and, once a line of its stdout (of its stderr with ready_on="stderr")
-    makes `ready(line)` true, send SIGINT to its whole process group, as a terminal's Ctrl-C does: (exit status,
-    stdout, stderr). Fails the test when no such line comes within `within_s` seconds."""
+    makes `ready(line)` true, send SIGINT to its whole process group, as a terminal's Ctrl-C does (or `sig`, to
+    the process alone where not `to_group`, as `kill` does): (exit status, stdout, stderr). Fails the test when no
+    such line comes within `within_s` seconds."""
     stream = popen.pop("ready_on", "stdout")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             **popen)
@@ -204,7 +206,7 @@ def ctrl_c_when(argv: list[str], ready, within_s: float, **popen) -> tuple[int, 
             if ready(line):
                 break
             assert time.monotonic() < deadline, f"nothing ready within {within_s} s"
-        os.killpg(proc.pid, signal.SIGINT)
+        (os.killpg if to_group else os.kill)(proc.pid, sig)
         out, err = proc.communicate(timeout=120)
     finally:
         try:   # its process group: services and compilers left behind would hold the worker's cores (runners and

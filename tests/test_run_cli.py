@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,8 @@ def _env(tmp_path, host_ceilings) -> dict[str, str]:
     (["--json", "."], "kfactory run: --json .: is a directory; name a file"),
     (["--json", "no/such/dir/out.json"], "kfactory run: --json no/such/dir/out.json: the directory no/such/dir does "
                                          "not exist"),
+    (["--report-dir", f"{sys.executable}/reports"], f"kfactory run: --report-dir {sys.executable}/reports: "
+                                                    f"{sys.executable} is a file, not a directory; name a directory"),
 ])
 def test_a_mistake_is_one_line_and_exit_2_before_anything_starts(tmp_path, host_ceilings, args, says):
     t0 = time.monotonic()
@@ -49,21 +52,26 @@ def test_a_mistake_is_one_line_and_exit_2_before_anything_starts(tmp_path, host_
     assert time.monotonic() - t0 < 30
 
 
-def test_ctrl_c_cancels_the_campaign_and_writes_what_finished(tmp_path, host_ceilings):
+@pytest.mark.parametrize("sig, to_group, code, name", [(signal.SIGINT, True, 130, "Ctrl-C"),
+                                                       (signal.SIGTERM, False, 143, "SIGTERM")])
+def test_ctrl_c_or_sigterm_cancels_the_campaign_and_writes_what_finished(tmp_path, host_ceilings, sig, to_group,
+                                                                        code, name):
     """Ctrl-C as a terminal sends it: to the whole process group, the embedded nats-server and the compilers
     too. The bus stays up until the campaign has said it was cancelled, and a compile the signal stopped is not a
-    compile failure of its candidate."""
+    compile failure of its candidate. SIGTERM as `kill`, docker or Kubernetes send it, to the process alone: the
+    same end (it left the campaign 'running' in the archive for good, and no report)."""
     summary = tmp_path / "out.json"
     # progress lines: "  12s proposed 3 compiled 2 verified 1 ..."
-    code, _, err = ctrl_c_when([*KFACTORY, "run", "softmax", "--target", "cpu", "--budget", "40", "--warm", "0",
-                                "--json", str(summary)],
-                               lambda line: " verified " in line and " verified 0 " not in line, 120,
-                               ready_on="stderr", env=_env(tmp_path, host_ceilings), cwd=tmp_path)
-    assert code == 130, err
+    got, _, err = ctrl_c_when([*KFACTORY, "run", "softmax", "--target", "cpu", "--budget", "40", "--warm", "0",
+                               "--json", str(summary)],
+                              lambda line: " verified " in line and " verified 0 " not in line, 120,
+                              ready_on="stderr", env=_env(tmp_path, host_ceilings), cwd=tmp_path, sig=sig,
+                              to_group=to_group)
+    assert got == code, err
     assert "Traceback" not in err and "internal error" not in err and "handler failed" not in err, err
     note = [line for line in err.splitlines() if line.startswith("interrupted: campaign ")]
     assert len(note) == 1 and note[0].endswith("was cancelled; the report and summary hold what finished before "
-                                               "Ctrl-C"), err
+                                               f"{name}"), err
     data = json.loads(summary.read_text())
     assert data["state"] == "cancelled" and 1 <= data["counts"]["verified"] and data["counts"]["proposed"] < 41
     assert (tmp_path / data["report"]).exists() or os.path.exists(data["report"])

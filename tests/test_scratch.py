@@ -178,3 +178,24 @@ def test_a_prefix_with_glob_characters_sweeps_its_own_directories_alone(tmp_path
     other.mkdir()
     assert scratch.sweep_stale(tmp_path, ".a[b].kf-export", grace_s=0) == 1
     assert not own.exists() and other.is_dir()
+
+
+def test_a_killed_run_s_nats_store_is_removed_by_the_next_embedded_server(tmp_path, monkeypatch):
+    """`kfactory run` starts a nats-server over a store in /tmp (kf-nats-*): killed, it left the store for good."""
+    from kfactory.bus.natsd import EmbeddedNats
+
+    made = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os, signal, sys, tempfile
+        tempfile.tempdir = sys.argv[1]
+        from kfactory.bus.natsd import EmbeddedNats
+        print(EmbeddedNats().store_dir, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    left = Path(made.stdout.strip())
+    assert made.returncode == -signal.SIGKILL and left.is_dir() and left.parent == tmp_path
+    os.utime(left, (time.time() - 120, time.time() - 120))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    server = EmbeddedNats()
+    assert not left.exists() and server.store_dir.is_dir()
+    server.stop()
+    assert os.listdir(tmp_path) == []

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from kfactory.platform import scratch
 
 
 class NatsServerError(RuntimeError):
@@ -33,7 +36,12 @@ class EmbeddedNats:
         """`config`: nats-server configuration text (e.g. kfactory.platform.security.nats_authorization's users and
         permissions); written beside the store, readable by this user only, and loaded with -c."""
         self._own_dir = store_dir is None
-        self.store_dir = Path(store_dir or tempfile.mkdtemp(prefix="kf-nats-"))
+        self._owner = -1   # the lock on a store of its own (kfactory.platform.scratch)
+        if store_dir is None:   # a store a killed process's server left is removed by the next one made here
+            base = Path(tempfile.gettempdir())
+            scratch.sweep_once(base, "kf-nats")
+            store_dir, self._owner = scratch.make_owned(base, "kf-nats")
+        self.store_dir = Path(store_dir)
         self.port = port
         self.user, self.password = user, password
         self.config = config
@@ -98,6 +106,9 @@ class EmbeddedNats:
                 self.proc.wait()
         if self._own_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self._owner >= 0:
+            os.close(self._owner)
+            self._owner = -1
 
     def __enter__(self) -> "EmbeddedNats":
         self.start()

@@ -75,10 +75,24 @@ def output_misfit(path: str | Path | None, flag: str = "--json") -> str:
     return ""
 
 
+def dir_misfit(path: str | Path, flag: str) -> str:
+    """Why a directory a command makes and writes into after its campaign cannot be ('' when it can): the nearest
+    part of the path that exists must be a directory this user may write into."""
+    there = Path(path).absolute()
+    while not there.exists() and there.parent != there:
+        there = there.parent
+    if not there.is_dir():
+        return f"{flag} {path}: {there} is a file, not a directory; name a directory"
+    if not os.access(there, os.W_OK):
+        return f"{flag} {path}: {there} cannot be written (permissions)"
+    return ""
+
+
 async def run_campaign(settings, spec, args) -> int:
     """Run one campaign to its end; print a leaderboard; write the report and the --json summary. The spec is
     checked before any server or service starts (a mistake is one line and exit 2, as `submit` answers it);
-    Ctrl-C cancels the campaign, writes the report and summary of what finished, and exits 130."""
+    Ctrl-C cancels the campaign, writes the report and summary of what finished, and exits 130 (SIGTERM: the same,
+    exit 143)."""
     console = Console(stderr=True)
     if not console.is_terminal:  # a pipe or a log has no width to keep to; 80 columns fold every row's parameters
         console.width = max(console.width, 160)
@@ -104,10 +118,10 @@ async def run_campaign(settings, spec, args) -> int:
             raise failure
         await _wait_archived(memory, cid)
         code = _finish(settings, st, running, memory, args, console, stagetime.since(before))
-        if interrupted.is_set():
+        if sig := interrupted.get("signal"):
             print(f"interrupted: campaign {cid} was cancelled; the report and summary hold what finished before "
-                  "Ctrl-C", file=sys.stderr)
-            return EXIT_INTERRUPTED
+                  f"{CANCELLING[sig]}", file=sys.stderr)
+            return 128 + sig   # (130 for Ctrl-C, EXIT_INTERRUPTED; 143 for SIGTERM)
         return code
 
 
@@ -132,23 +146,31 @@ async def local_services(settings, embedded_nats: bool = True):
             nats.stop()
 
 
+#: the signals that cancel a running campaign: Ctrl-C, and what `kill`, `timeout`, docker and Kubernetes send
+CANCELLING: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
 @contextlib.contextmanager
 def interrupt_cancels(planner, cid: str):
-    """While the campaign runs, the first Ctrl-C cancels it (the run then ends as a cancelled campaign, with its
-    report); a second one interrupts at once, as Ctrl-C does by default."""
+    """While the campaign runs, the first Ctrl-C or SIGTERM cancels it (the run then ends as a cancelled campaign,
+    with its report); a second one interrupts at once, as each does by default. Yields a dict that holds, once
+    one came, the signal ("signal")."""
     loop = asyncio.get_running_loop()
-    interrupted = asyncio.Event()
+    interrupted: dict[str, int] = {}
 
-    def on_sigint() -> None:
-        interrupted.set()
-        loop.remove_signal_handler(signal.SIGINT)
-        loop.create_task(planner.cancel(cid, "interrupted by Ctrl-C"))
+    def on_signal(sig: int) -> None:
+        interrupted["signal"] = sig
+        for s in CANCELLING:
+            loop.remove_signal_handler(s)
+        loop.create_task(planner.cancel(cid, f"interrupted by {CANCELLING[sig]}"))
 
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    for s in CANCELLING:
+        loop.add_signal_handler(s, on_signal, s)
     try:
         yield interrupted
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        for s in CANCELLING:
+            loop.remove_signal_handler(s)
 
 
 async def _follow(st, running, console: Console, quiet: bool) -> None:
