@@ -260,3 +260,12 @@ def test_a_bad_setting_is_named_with_what_it_needs_not_a_traceback(monkeypatch, 
     assert main(["status"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith("kfactory: bad configuration:\n") and says in err and "Traceback" not in err
+
+
+def test_a_path_setting_set_empty_is_unset_not_the_working_directory(monkeypatch):
+    """KFACTORY_DATA_DIR= made the working directory the workspace (a check wrote ./so there)."""
+    from kfactory.platform.config import Settings, _default_data_dir
+    monkeypatch.setenv("KFACTORY_DATA_DIR", "")
+    monkeypatch.setenv("KFACTORY_ENGINE_OBJECT_CACHE", "")
+    settings = Settings()
+    assert settings.data_dir == _default_data_dir() and settings.engine_object_cache is None

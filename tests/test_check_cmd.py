@@ -67,3 +67,19 @@ def test_static_check_and_compile_only(small_softmax, tmp_path):
 def test_usage_errors_exit_2(small_softmax, tmp_path):
     assert main(["check", small_softmax, "--source", str(tmp_path / "missing.c")]) == 2
     assert main(["check", "no_such_problem", "--source", str(KERNELS / "wrong.c")]) == 2
+
+
+def test_a_source_not_utf8_and_an_unwritable_json_are_usage_errors_before_the_judging(small_softmax, tmp_path,
+                                                                                     capsys):
+    """A Latin-1 comment was an internal error (exit 70, a bug report); a --json in no directory was found only
+    after the kernel had been judged, and the verdict lost."""
+    latin = tmp_path / "latin.c"
+    latin.write_bytes((KERNELS / "wrong.c").read_bytes() + "/* café */\n".encode("latin-1"))
+    assert main(["check", small_softmax, "--source", str(latin)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read --source {latin}: not UTF-8 text (byte " in err and "internal error" not in err, err
+    assert main(["check", small_softmax, "--source", str(KERNELS / "wrong.c"), "--json",
+                 str(tmp_path / "no" / "v.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"kfactory check: --json {tmp_path}/no/v.json: the directory {tmp_path}/no does not exist"
+    assert not (tmp_path / "data" / "so").exists(), "the kernel was compiled"

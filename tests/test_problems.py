@@ -156,3 +156,12 @@ def test_a_name_the_os_cannot_look_up_is_no_problem_not_an_os_error(name):
     with pytest.raises(ProblemError, match="no problem") as err:
         load_problem(name)
     assert len(str(err.value)) < 600
+
+
+def test_a_problem_yaml_not_utf8_is_a_problem_error_naming_it(tmp_path):
+    """Random bytes in problem.yaml were an internal error (exit 70, a bug report) in `problems check` and `run`."""
+    dst = tmp_path / "p"
+    shutil.copytree(BUILTIN_DIR / "softmax", dst)
+    (dst / "problem.yaml").write_bytes("name: p\n# café\n".encode("latin-1"))
+    with pytest.raises(ProblemError, match=r"problem\.yaml: not UTF-8 text \(byte 13: invalid continuation byte\)"):
+        load_problem(dst)

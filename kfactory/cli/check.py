@@ -142,10 +142,19 @@ def command(args, settings) -> int:
     """`kfactory check`: exit 0 when the kernel passed, 1 when it was rejected, 2 on a usage error."""
     from kfactory.problems.loader import language_of
 
+    from kfactory.cli.run import output_misfit
+
     try:
         source = args.source.read_text()
     except OSError as e:
         print(f"kfactory check: cannot read --source {args.source}: {e.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    except UnicodeDecodeError as e:
+        print(f"kfactory check: cannot read --source {args.source}: not UTF-8 text (byte {e.start}: {e.reason}); "
+              "save it as UTF-8", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json_out != "-" and (why := output_misfit(args.json_out)):   # before the judging, not after it
+        print(f"kfactory check: {why}", file=sys.stderr)
         return EXIT_USAGE
 
     cuda = args.target.startswith("cuda")

@@ -434,7 +434,7 @@ def _dispatch(args, settings: Settings) -> int:
         return check_command(args, settings)
     try:
         if args.cmd == "run":
-            from kfactory.cli.run import output_misfit, run_campaign
+            from kfactory.cli.run import dir_misfit, output_misfit, run_campaign
             from kfactory.engines.problem import PREFIX as ENGINE_PREFIX
 
             if args.problem.startswith(ENGINE_PREFIX):   # the engine's record and best.json come from that command
@@ -444,7 +444,7 @@ def _dispatch(args, settings: Settings) -> int:
                       file=sys.stderr)
                 return 2
 
-            if why := output_misfit(args.json_out):
+            if why := output_misfit(args.json_out) or dir_misfit(settings.report_dir, "--report-dir"):
                 print(f"kfactory run: {why}", file=sys.stderr)
                 return 2
             return asyncio.run(run_campaign(settings, _spec(args), args))

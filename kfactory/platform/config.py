@@ -205,6 +205,12 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value   # else Path("") is the working directory, which nobody asked for
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _empty_is_the_default(cls, value: object) -> object:
+        # KFACTORY_DATA_DIR= (set, empty) made the working directory the workspace, which nobody asked for
+        return _default_data_dir() if value == "" else value
+
     @field_validator("engine_object_cache")
     @classmethod
     def _shared_by_absolute_path(cls, value: Path | None) -> Path | None:

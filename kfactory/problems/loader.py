@@ -30,6 +30,8 @@ def _load_yaml(path: Path, model):
         raise ProblemError(f"missing {path}") from e
     except yaml.YAMLError as e:
         raise ProblemError(f"{path}: not valid YAML: {e}") from e
+    except UnicodeDecodeError as e:
+        raise ProblemError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from e
     try:
         return model.model_validate(data)
     except ValidationError as e:
