@@ -310,6 +310,17 @@ def test_a_new_export_under_the_same_name_leaves_nothing_of_the_old_one(judged, 
     (own / "kf_own.py").write_text("# the user's own module\n")
     export(judged["reference"], problem, "c", "kf_own", own)
     assert (own / "kf_own.py").read_text() == "# the user's own module\n"
+    mine = tmp_path / "mine"   # files of the user's that an export would write over: refused, untouched
+    mine.mkdir()
+    (mine / "kf_mine.py").write_text("# mine\n")
+    (mine / "kf_mine.h").write_text("/* mine */\n")
+    with pytest.raises(ExportError, match=r"holds kf_mine\.h, kf_mine\.py, which no export of kf_mine wrote"):
+        export(judged["reference"], problem, "python", "kf_mine", mine)
+    (mine / "build.sh").write_text("#!/bin/sh\nmake\n")
+    with pytest.raises(ExportError, match="holds a build.sh that no export of kf_mine wrote"):
+        export(judged["reference"], problem, "c", "kf_mine", mine)
+    assert {p.name: p.read_text() for p in mine.iterdir()} == {"kf_mine.py": "# mine\n", "kf_mine.h": "/* mine */\n",
+                                                             "build.sh": "#!/bin/sh\nmake\n"}
     engine = tmp_path / "engine"
     engine.mkdir()
     (engine / "manifest.json").write_text('{"kind": "kfactory engine export", "name": "kf_eng"}')

@@ -112,7 +112,8 @@ def export(evidence: spb.CandidateEvidence, problem, fmt: str, name: str, out_di
         texts[f"{name}.py"] = module_text(j, problem, name)
     if fmt == "torch":
         texts[f"{name}_torch.py"] = op_text(j, problem, name)
-    written = write_c(j, problem, name, out)
+    params = (f"{name}_params.h",) if j.candidate.family and j.params else ()   # (write_params writes it)
+    written = write_c(j, problem, name, out, also=(*texts, *params))
     for fname, text in texts.items():
         (out / fname).write_text(text)
         written.append(out / fname)

@@ -200,15 +200,20 @@ PRODUCTS = ("{name}.h", "{name}.py", "{name}_torch.py", "{name}_params.h", "lib{
             "build_cubin.py", "build.sh")
 
 
-def check_owner(out_dir: Path, name: str) -> None:
+def check_owner(out_dir: Path, name: str, writes: list[str]) -> None:
     """Refuse to write into a directory holding another export: its build.sh would be overwritten and its
-    module would build this kernel; an engine export (its manifest.json) likewise."""
+    module would build this kernel; an engine export (its manifest.json) likewise. Where no export of NAME is
+    there yet, refuse too when any of the files it `writes` is: the user's own, which it would write over."""
     existing = out_dir / "build.sh"
     if existing.is_file() and OWNER.format(name=name) not in existing.read_text(errors="replace").splitlines():
-        raise ExportError(f"{out_dir} already holds another export (its build.sh): export each kernel into its "
-                          "own directory")
+        raise ExportError(f"{out_dir} holds a build.sh that no export of {name} wrote (another export's, or your "
+                          "own): export each kernel into a directory of its own")
     if _engine_manifest(out_dir / "manifest.json"):
         raise ExportError(f"{out_dir} holds an engine export (manifest.json); choose another --out")
+    theirs = [] if existing.is_file() else sorted(f for f in writes if (out_dir / f).exists())
+    if theirs:
+        raise ExportError(f"{out_dir} holds {', '.join(theirs)}, which no export of {name} wrote: the export would "
+                          "write over it; choose another --out or --name")
 
 
 #: an engine export's manifest.json says what it is (kfactory/engines/export.py writes it)
@@ -235,10 +240,12 @@ def clear_previous(out_dir: Path, name: str) -> None:
             path.unlink()
 
 
-def write_c(j: Judged, problem, name: str, out_dir: Path) -> list[Path]:
+def write_c(j: Judged, problem, name: str, out_dir: Path, also: tuple[str, ...] = ()) -> list[Path]:
     """Write NAME.h, the renamed source, build.sh (and build_cubin.py on cuda) into out_dir; checked as the
-    module docstring says. Returns the paths written."""
-    check_owner(out_dir, name)
+    module docstring says (`also`: the files the caller writes beside them, for check_owner). Returns the paths
+    written."""
+    cuda_only = ["build_cubin.py"] if j.target_kind == "cuda" else []
+    check_owner(out_dir, name, ["build.sh", f"{name}.h", source_name(j, name), *cuda_only, *also])
     source = rename_entry(j.source, j.candidate.entry or "kernel", name, j.candidate.language)
     build = build_for(j, name)
     files = {"build.sh": build_sh(j, build, name)}
