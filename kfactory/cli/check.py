@@ -140,9 +140,8 @@ COPY_PATH = re.compile(r"/\S*kf-cc-[^/\s]+/k\.(?:c|cpp)\b")
 
 def command(args, settings) -> int:
     """`kfactory check`: exit 0 when the kernel passed, 1 when it was rejected, 2 on a usage error."""
+    from kfactory.platform.fsutil import output_misfit
     from kfactory.problems.loader import language_of
-
-    from kfactory.cli.run import output_misfit
 
     try:
         source = args.source.read_text()

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 def run_command(args: argparse.Namespace) -> int:
     """`kfactory engine run`: through the services unless --local; progress per design, then the report; 0 when a
     design verified, else 1."""
-    from kfactory.cli.run import output_misfit
+    from kfactory.platform.fsutil import output_misfit
     from kfactory.engines.campaign import Campaign, DesignResult, report_text
     from kfactory.engines.defaults import MAX_THREADS
     from kfactory.engines.order import STRATEGY

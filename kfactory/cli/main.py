@@ -434,7 +434,8 @@ def _dispatch(args, settings: Settings) -> int:
         return check_command(args, settings)
     try:
         if args.cmd == "run":
-            from kfactory.cli.run import dir_misfit, output_misfit, run_campaign
+            from kfactory.cli.run import run_campaign
+            from kfactory.platform.fsutil import dir_misfit, output_misfit
             from kfactory.engines.problem import PREFIX as ENGINE_PREFIX
 
             if args.problem.startswith(ENGINE_PREFIX):   # the engine's record and best.json come from that command

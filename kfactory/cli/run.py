@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -57,35 +56,6 @@ def leaderboard_table(summary: dict, rows, verdicts: Verdicts | None = None) -> 
 
 #: the exit status of a run ended by Ctrl-C (128 + SIGINT), as shells give
 EXIT_INTERRUPTED = 130
-
-
-def output_misfit(path: str | Path | None, flag: str = "--json") -> str:
-    """Why a file a command writes after its campaign cannot be written there ('' when it can, or no path): found
-    before the campaign runs, not after it (when a long campaign's result would be lost with exit 1)."""
-    if not path:
-        return ""
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        return f"{flag} {path}: is a directory; name a file"
-    if not parent.is_dir():
-        return f"{flag} {path}: the directory {parent} does not exist"
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        return f"{flag} {path}: cannot be written here (permissions)"
-    return ""
-
-
-def dir_misfit(path: str | Path, flag: str) -> str:
-    """Why a directory a command makes and writes into after its campaign cannot be ('' when it can): the nearest
-    part of the path that exists must be a directory this user may write into."""
-    there = Path(path).absolute()
-    while not there.exists() and there.parent != there:
-        there = there.parent
-    if not there.is_dir():
-        return f"{flag} {path}: {there} is a file, not a directory; name a directory"
-    if not os.access(there, os.W_OK):
-        return f"{flag} {path}: {there} cannot be written (permissions)"
-    return ""
 
 
 async def run_campaign(settings, spec, args) -> int:
