@@ -310,6 +310,10 @@ def test_a_new_export_under_the_same_name_leaves_nothing_of_the_old_one(judged, 
     (own / "kf_own.py").write_text("# the user's own module\n")
     export(judged["reference"], problem, "c", "kf_own", own)
     assert (own / "kf_own.py").read_text() == "# the user's own module\n"
+    export(judged["family"], problem, "c", "kf_own", own)   # again: the earlier export's files go, the user's stay
+    assert (own / "kf_own.py").read_text() == "# the user's own module\n"
+    with pytest.raises(ExportError, match=r"holds kf_own\.py, which no export of kf_own wrote"):
+        export(judged["reference"], problem, "python", "kf_own", own)
     mine = tmp_path / "mine"   # files of the user's that an export would write over: refused, untouched
     mine.mkdir()
     (mine / "kf_mine.py").write_text("# mine\n")

@@ -1,6 +1,7 @@
 """The problem package format: validation names the field; softmax's design space and ABI."""
 from __future__ import annotations
 
+import random
 import shutil
 
 import pytest
@@ -165,3 +166,15 @@ def test_a_problem_yaml_not_utf8_is_a_problem_error_naming_it(tmp_path):
     (dst / "problem.yaml").write_bytes("name: p\n# café\n".encode("latin-1"))
     with pytest.raises(ProblemError, match=r"problem\.yaml: not UTF-8 text \(byte 13: invalid continuation byte\)"):
         load_problem(dst)
+
+
+def test_a_family_template_not_utf8_is_a_problem_error_naming_it(tmp_path):
+    """jinja2 reads a template on its first render: a Latin-1 byte there was a raw UnicodeDecodeError."""
+    dst = tmp_path / "p"
+    shutil.copytree(BUILTIN_DIR / "softmax", dst)
+    problem = load_problem(dst)
+    fam = problem.families["cpu_c"]
+    template = dst / "families" / "cpu_c" / fam.spec.template
+    template.write_bytes(template.read_bytes() + "/* café */\n".encode("latin-1"))
+    with pytest.raises(ProblemError, match=r"kernel\.c\.j2: not UTF-8 text \(byte \d+: invalid continuation byte\)"):
+        fam.render(fam.random_point(random.Random(0)))

@@ -39,7 +39,7 @@ def _env(tmp_path, host_ceilings) -> dict[str, str]:
     (["--json", "."], "kfactory run: --json .: is a directory; name a file"),
     (["--json", "no/such/dir/out.json"], "kfactory run: --json no/such/dir/out.json: the directory no/such/dir does "
                                          "not exist"),
-    (["--report-dir", f"{sys.executable}/reports"], f"kfactory run: --report-dir {sys.executable}/reports: "
+    (["--report-dir", f"{sys.executable}/reports"], f"(--report-dir, KFACTORY_REPORT_DIR) {sys.executable}/reports: "
                                                     f"{sys.executable} is a file, not a directory; name a directory"),
 ])
 def test_a_mistake_is_one_line_and_exit_2_before_anything_starts(tmp_path, host_ceilings, args, says):

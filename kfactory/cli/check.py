@@ -144,7 +144,7 @@ def command(args, settings) -> int:
     from kfactory.problems.loader import language_of
 
     try:
-        source = args.source.read_text()
+        source = args.source.read_text(encoding="utf-8")   # (whatever the locale: the compiler reads UTF-8)
     except OSError as e:
         print(f"kfactory check: cannot read --source {args.source}: {e.strerror}", file=sys.stderr)
         return EXIT_USAGE

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 from kfactory.bus.base import Bus
 from kfactory.bus.errors import ArtifactMissing
 from kfactory.engines.build import build
-from kfactory.cli.run import _wait_archived, interrupt_cancels, local_services, write_report
+from kfactory.cli.run import _wait_archived, interrupts, local_services, write_report
 from kfactory.engines import pipeline
 from kfactory.engines.campaign import DesignResult
 from kfactory.engines.ops import OpKernel
@@ -56,7 +56,8 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
             raise ServicesFailed(str(e)) from e
         st = planner.campaigns[cid]
         shown: set[str] = set()
-        with interrupt_cancels(planner, cid) as interrupted:   # Ctrl-C: the campaign ends cancelled, recorded
+        with interrupts() as interrupted:   # Ctrl-C or SIGTERM: the campaign ends cancelled, recorded
+            interrupted["cancel"] = lambda why: planner.cancel(cid, why)
             while st.finished is None and not running.stop.is_set():
                 await asyncio.sleep(0.5)
                 if (failure := running.failed()) is not None:
@@ -73,7 +74,7 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
         record["report"] = str(write_report(settings, memory, cid))
         record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
         record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
-        record["interrupted"] = interrupted.is_set()
+        record["interrupted"] = interrupted["signal"] is not None
         return record
 
 

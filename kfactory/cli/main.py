@@ -445,7 +445,8 @@ def _dispatch(args, settings: Settings) -> int:
                       file=sys.stderr)
                 return 2
 
-            if why := output_misfit(args.json_out) or dir_misfit(settings.report_dir, "--report-dir"):
+            if why := output_misfit(args.json_out) or dir_misfit(settings.report_dir, "the report directory "
+                                                                         "(--report-dir, KFACTORY_REPORT_DIR)"):
                 print(f"kfactory run: {why}", file=sys.stderr)
                 return 2
             return asyncio.run(run_campaign(settings, _spec(args), args))

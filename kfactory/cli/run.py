@@ -74,7 +74,16 @@ async def run_campaign(settings, spec, args) -> int:
     if note:
         print(f"kfactory run: {note}", file=sys.stderr)
     before = stagetime.snapshot()
+    with interrupts() as interrupted:
+        return await _run(settings, spec, args, console, before, interrupted)
+
+
+async def _run(settings, spec, args, console: Console, before, interrupted: dict) -> int:
+    """run_campaign's services and campaign, under its interrupts() (see there)."""
     async with local_services(settings, embedded_nats=not args.nats_url) as running:
+        if sig := interrupted["signal"]:   # during the start: nothing was submitted
+            print(f"interrupted by {CANCELLING[sig]} before the campaign started", file=sys.stderr)
+            return 128 + sig
         planner, memory = cast("PlannerService", running.services["planner"]), running.services["memory"]
         try:
             cid = await planner.submit(spec)
@@ -82,14 +91,18 @@ async def run_campaign(settings, spec, args) -> int:
             print(f"kfactory run: {e}", file=sys.stderr)
             return 1
         st = planner.campaigns[cid]
-        with interrupt_cancels(planner, cid) as interrupted:
-            await _follow(st, running, console, args.quiet)
+        interrupted["cancel"] = lambda why: planner.cancel(cid, why)
+        if sig := interrupted["signal"]:   # between the start and the submit
+            await planner.cancel(cid, f"interrupted by {CANCELLING[sig]}")
+        await _follow(st, running, console, args.quiet)
+        interrupted["cancel"] = None
         if (failure := running.failed()) is not None:
             raise failure
         await _wait_archived(memory, cid)
         code = _finish(settings, st, running, memory, args, console, stagetime.since(before))
-        if sig := interrupted.get("signal"):
-            print(f"interrupted: campaign {cid} was cancelled; the report and summary hold what finished before "
+        if sig := interrupted["signal"]:
+            what = "was cancelled" if st.finished is not None and st.finished.state == "cancelled" else "had ended"
+            print(f"interrupted: campaign {cid} {what}; the report and summary hold what finished before "
                   f"{CANCELLING[sig]}", file=sys.stderr)
             return 128 + sig   # (130 for Ctrl-C, EXIT_INTERRUPTED; 143 for SIGTERM)
         return code
@@ -121,23 +134,26 @@ CANCELLING: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"
 
 
 @contextlib.contextmanager
-def interrupt_cancels(planner, cid: str):
-    """While the campaign runs, the first Ctrl-C or SIGTERM cancels it (the run then ends as a cancelled campaign,
-    with its report); a second one interrupts at once, as each does by default. Yields a dict that holds, once
-    one came, the signal ("signal")."""
+def interrupts():
+    """For the whole of a run (its services' start, the campaign, the report, the stop): the first Ctrl-C or
+    SIGTERM is recorded ("signal") and, while a campaign runs ("cancel" set), cancels it; the run then ends as a
+    cancelled campaign, with its report, and exits 128 + the signal. A second one interrupts at once, as each does
+    by default. Without it SIGTERM (kill, timeout, docker, Kubernetes) ended the run where it was: no report, and
+    the campaign 'running' in the archive for good."""
     loop = asyncio.get_running_loop()
-    interrupted: dict[str, int] = {}
+    state: dict = {"signal": None, "cancel": None}
 
     def on_signal(sig: int) -> None:
-        interrupted["signal"] = sig
+        state["signal"] = sig
         for s in CANCELLING:
             loop.remove_signal_handler(s)
-        loop.create_task(planner.cancel(cid, f"interrupted by {CANCELLING[sig]}"))
+        if state["cancel"] is not None:
+            loop.create_task(state["cancel"](f"interrupted by {CANCELLING[sig]}"))
 
     for s in CANCELLING:
         loop.add_signal_handler(s, on_signal, s)
     try:
-        yield interrupted
+        yield state
     finally:
         for s in CANCELLING:
             loop.remove_signal_handler(s)

@@ -32,6 +32,8 @@ LINKER_SYMBOLS = frozenset({"_init", "_fini", "_edata", "_end", "__bss_start"})
 BUILD_TIMEOUT_S = 300
 #: the line that says which export a directory's build.sh belongs to
 OWNER = "# kfactory-export: {name}"
+#: build.sh's line that lists the files the export wrote (the only ones a later export of NAME may replace)
+WROTE = "# kfactory-export-files: "
 #: build_cubin.py's exit status when cuda-bindings/NVRTC/nvJitLink cannot be imported
 TOOLCHAIN_MISSING = 3
 
@@ -205,12 +207,17 @@ def check_owner(out_dir: Path, name: str, writes: list[str]) -> None:
     module would build this kernel; an engine export (its manifest.json) likewise. Where no export of NAME is
     there yet, refuse too when any of the files it `writes` is: the user's own, which it would write over."""
     existing = out_dir / "build.sh"
-    if existing.is_file() and OWNER.format(name=name) not in existing.read_text(errors="replace").splitlines():
+    lines = existing.read_text(errors="replace").splitlines() if existing.is_file() else []
+    if existing.is_file() and OWNER.format(name=name) not in lines:
         raise ExportError(f"{out_dir} holds a build.sh that no export of {name} wrote (another export's, or your "
                           "own): export each kernel into a directory of its own")
     if _engine_manifest(out_dir / "manifest.json"):
         raise ExportError(f"{out_dir} holds an engine export (manifest.json); choose another --out")
-    theirs = [] if existing.is_file() else sorted(f for f in writes if (out_dir / f).exists())
+    # (lexists: a dangling symbolic link would have the export write wherever it points)
+    ours = _wrote(lines)
+    theirs = sorted(f for f in writes if os.path.lexists(out_dir / f) and f not in ours)
+    if existing.is_file() and ours is ALL:   # an export made before it listed its files: as it was then
+        theirs = []
     if theirs:
         raise ExportError(f"{out_dir} holds {', '.join(theirs)}, which no export of {name} wrote: the export would "
                           "write over it; choose another --out or --name")
@@ -228,13 +235,31 @@ def _engine_manifest(path: Path) -> bool:
         return False
 
 
+#: what _wrote answers for an export that did not list its files (made before it did): any of PRODUCTS
+ALL: frozenset[str] = frozenset({"*"})
+
+
+def _wrote(build_sh_lines: list[str]) -> frozenset[str]:
+    """The files an earlier export listed in its build.sh (WROTE); ALL when it listed none, empty without one."""
+    if not build_sh_lines:
+        return frozenset()
+    listed = [line[len(WROTE):].split() for line in build_sh_lines if line.startswith(WROTE)]
+    return frozenset(listed[0]) if listed else ALL
+
+
 def clear_previous(out_dir: Path, name: str) -> None:
-    """Remove what an earlier export of NAME left in out_dir (PRODUCTS, and its source in any language: a c
-    export after a cuda one leaves no NAME.cu), once check_owner has passed. Only where that export's build.sh
-    is there: a directory without one is not an export's, and a NAME.py in it is the user's own."""
-    if not (out_dir / "build.sh").is_file():
+    """Remove what an earlier export of NAME left in out_dir, once check_owner has passed: the files its build.sh
+    lists, and what its module or build.sh built from them (libNAME.so, NAME.cubin); for an export made before
+    exports listed their files, PRODUCTS and its source in any language (a c export after a cuda one leaves no
+    NAME.cu). Only where that export's build.sh is there: a directory without one is not an export's, and a
+    NAME.py in it is the user's own."""
+    build_sh = out_dir / "build.sh"
+    if not build_sh.is_file():
         return
-    for pattern in PRODUCTS + tuple("{name}" + suffix for suffix in sorted(set(SUFFIX.values()))):
+    ours = _wrote(build_sh.read_text(errors="replace").splitlines())
+    every = PRODUCTS + tuple("{name}" + suffix for suffix in sorted(set(SUFFIX.values())))
+    built = ("lib{name}.so", "{name}.cubin")
+    for pattern in every if ours is ALL else (*sorted(ours), *built):
         path = out_dir / pattern.format(name=name)
         if path.is_file() or path.is_symlink():
             path.unlink()
@@ -245,7 +270,8 @@ def write_c(j: Judged, problem, name: str, out_dir: Path, also: tuple[str, ...] 
     module docstring says (`also`: the files the caller writes beside them, for check_owner). Returns the paths
     written."""
     cuda_only = ["build_cubin.py"] if j.target_kind == "cuda" else []
-    check_owner(out_dir, name, ["build.sh", f"{name}.h", source_name(j, name), *cuda_only, *also])
+    writes = ["build.sh", f"{name}.h", source_name(j, name), *cuda_only, *also]
+    check_owner(out_dir, name, writes)
     source = rename_entry(j.source, j.candidate.entry or "kernel", name, j.candidate.language)
     build = build_for(j, name)
     files = {"build.sh": build_sh(j, build, name)}
@@ -259,6 +285,8 @@ def write_c(j: Judged, problem, name: str, out_dir: Path, also: tuple[str, ...] 
     files[f"{name}.h"] = header(j, problem, name, summary_lines(j, problem, name))
     out_dir.mkdir(parents=True, exist_ok=True)
     clear_previous(out_dir, name)
+    assert set(files) <= set(writes), "write_c writes a file check_owner did not check"
+    files["build.sh"] = files["build.sh"].rstrip("\n") + f"\n{WROTE}{' '.join(sorted(writes))}\n"
     written = []
     for fname, text in files.items():
         path = out_dir / fname

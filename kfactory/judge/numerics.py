@@ -154,8 +154,8 @@ HELPER_FLAGS = ("-O3", "-ffp-contract=off")
 def _library() -> ctypes.CDLL | None:
     """The helper built (once per host and source) into the data directory, or None where it cannot be."""
     text = SOURCE.read_bytes() + " ".join(HELPER_FLAGS).encode()
-    base = Path(os.environ.get("KFACTORY_DATA_DIR") or Path(os.environ.get("XDG_CACHE_HOME",
-                                                                         Path.home() / ".cache")) / "kfactory")
+    base = Path(os.environ.get("KFACTORY_DATA_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or
+                                                                         Path.home() / ".cache") / "kfactory")
     so = base / "helpers" / f"compare-{hashlib.sha256(text).hexdigest()[:16]}.so"
     try:
         if not so.exists():

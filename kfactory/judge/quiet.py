@@ -244,6 +244,7 @@ def _children(pid: int) -> list[int]:
 GUARD = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)   # (a group's SIGTERM, as timeout sends: it ends when stdin closes)
 held = set()
 for line in sys.stdin:
     word = line.strip()

@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def _default_data_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kfactory"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kfactory"   # (set empty: unset)
 
 
 #: the most of a device budget the search leaves for the showdown and the final comparison, however costly
@@ -200,7 +200,7 @@ class Settings(BaseSettings):
     health_addr: str | None = Field(None, description="gRPC health service of `kfactory serve`, e.g. 0.0.0.0:8081 "
                                                       "(Kubernetes probes); unset: none")
 
-    @field_validator("engine_object_cache", mode="before")
+    @field_validator("engine_object_cache", "archive_path", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value   # else Path("") is the working directory, which nobody asked for

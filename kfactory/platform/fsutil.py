@@ -55,8 +55,10 @@ def dir_misfit(path: str | Path, flag: str) -> str:
     """Why a directory a command makes and writes into after its campaign cannot be ('' when it can): the nearest
     part of the path that exists must be a directory this user may write into."""
     there = Path(path).absolute()
-    while not there.exists() and there.parent != there:
+    while not os.path.lexists(there) and there.parent != there:
         there = there.parent
+    if there.is_symlink() and not there.exists():
+        return f"{flag} {path}: {there} is a symbolic link to nothing; name a directory"
     if not there.is_dir():
         return f"{flag} {path}: {there} is a file, not a directory; name a directory"
     if not os.access(there, os.W_OK):

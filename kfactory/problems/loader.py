@@ -25,7 +25,7 @@ BUILTIN = BUILTIN_DIR
 
 def _load_yaml(path: Path, model):
     try:
-        data = yamlfile.safe_load(path.read_text())
+        data = yamlfile.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise ProblemError(f"missing {path}") from e
     except yaml.YAMLError as e:

@@ -218,6 +218,9 @@ class Family:
         except jinja2.TemplateError as e:
             raise ProblemError(f"{_where(e, self.directory / self.spec.template)}: family {self.name}: template "
                                f"failed at {params}: {_what(e)}") from e
+        except UnicodeDecodeError as e:   # (jinja2 reads the template on first use)
+            raise ProblemError(f"{self.directory / self.spec.template}: not UTF-8 text (byte {e.start}: "
+                               f"{e.reason}); save it as UTF-8") from e
         try:
             flags = jinja2.Template(self.spec.compile_flags, undefined=jinja2.StrictUndefined).render(**names)
         except jinja2.TemplateError as e:
