@@ -244,7 +244,8 @@ def _wrote(build_sh_lines: list[str]) -> frozenset[str]:
     if not build_sh_lines:
         return frozenset()
     listed = [line[len(WROTE):].split() for line in build_sh_lines if line.startswith(WROTE)]
-    return frozenset(listed[0]) if listed else ALL
+    # (a name with a slash is none an export writes: never a path out of the directory)
+    return frozenset(f for f in listed[0] if "/" not in f) if listed else ALL
 
 
 def clear_previous(out_dir: Path, name: str) -> None:
