@@ -83,3 +83,17 @@ def test_a_source_not_utf8_and_an_unwritable_json_are_usage_errors_before_the_ju
     err = capsys.readouterr().err
     assert err.strip() == f"kfactory check: --json {tmp_path}/no/v.json: the directory {tmp_path}/no does not exist"
     assert not (tmp_path / "data" / "so").exists(), "the kernel was compiled"
+
+
+def test_a_source_over_the_campaigns_limit_is_refused_as_a_campaign_refuses_it(small_softmax, tmp_path, capsys,
+                                                                            monkeypatch):
+    """`check` judges one kernel as a campaign judges a candidate: a campaign's coder and spec refuse a source over
+    KFACTORY_MAX_SOURCE_BYTES, which check compiled and passed."""
+    monkeypatch.setenv("KFACTORY_MAX_SOURCE_BYTES", "2048")
+    big = tmp_path / "big.c"
+    big.write_text((KERNELS / "wrong.c").read_text() + "/* padding */\n" * 200)
+    assert main(["check", small_softmax, "--source", str(big)]) == 2
+    size = len(big.read_bytes())
+    assert capsys.readouterr().err.strip() == (f"kfactory check: --source {big}: {size} bytes, over the 2048-byte "
+                                               "limit (KFACTORY_MAX_SOURCE_BYTES)")
+    assert not (tmp_path / "data" / "so").exists(), "the kernel was compiled"
