@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -189,9 +190,12 @@ def services_command(args: argparse.Namespace, threads: int) -> int:
     if args.json_out:
         args.json_out.write_text(json.dumps(record, indent=1))
     if record.get("interrupted"):
+        from kfactory.cli.run import CANCELLING
+
+        sig = record.get("interrupted_by") or signal.SIGINT
         print(f"interrupted: campaign {record['campaign_id']} was cancelled; the record and report hold what "
-              "finished before Ctrl-C", file=sys.stderr)
-        return EXIT_INTERRUPTED
+              f"finished before {CANCELLING[sig]}", file=sys.stderr)
+        return 128 + sig   # (EXIT_INTERRUPTED for Ctrl-C; 143 for SIGTERM)
     return 0 if record["best"] is not None else EXIT_FAILED
 
 

@@ -75,6 +75,7 @@ async def run_campaign(settings: Settings, model: str, spec: pb.CampaignSpec,
         record["campaign_state"] = st.finished.state if st.finished is not None else "unfinished"
         record["campaign_reason"] = st.finished.reason if st.finished is not None else ""
         record["interrupted"] = interrupted["signal"] is not None
+        record["interrupted_by"] = interrupted["signal"]   # (SIGINT or SIGTERM; None when not interrupted)
         return record
 
 

@@ -104,7 +104,7 @@ async def _run(settings, spec, args, console: Console, before, interrupted: dict
             what = "was cancelled" if st.finished is not None and st.finished.state == "cancelled" else "had ended"
             print(f"interrupted: campaign {cid} {what}; the report and summary hold what finished before "
                   f"{CANCELLING[sig]}", file=sys.stderr)
-            return 128 + sig   # (130 for Ctrl-C, EXIT_INTERRUPTED; 143 for SIGTERM)
+            return 128 + sig   # (EXIT_INTERRUPTED for Ctrl-C; 143 for SIGTERM)
         return code
 
 
