@@ -87,6 +87,22 @@ def test_unresolved_symbol_fails_at_compile_time(target):
     assert not res.ok and res.reason == pb.COMPILE_ERROR
 
 
+@pytest.mark.parametrize("language, source, said", [
+    ("c", "void kernal(float *x) {}", "has no function 'kernel' (it has: 'kernal')"),
+    ("cpp", "void kernel(float *x) {}", "only the C++-mangled '_Z6kernelPf': declare the kernel extern \"C\""),
+    ("c", "", "has no function 'kernel' (it has: none)"),
+    ("c", "static void kernel(float *x) {}\nvoid other(void) { kernel(0); }", "(it has: 'other')"),
+])
+def test_a_missing_entry_is_a_compile_error_that_says_what_to_fix(target, language, source, said):
+    """A misspelt entry, a C++ one without extern "C", an empty file, a static one: each compiles and links, and
+    was a runner crash at load ("cannot load 'kernel'") before the shared object's symbols were read."""
+    res = target.compile(source, language, "-O2", "kernel")
+    assert not res.ok and res.reason == pb.COMPILE_ERROR
+    assert said in res.message and res.message.startswith("the shared object has no function 'kernel'")
+    ok = target.compile('extern "C" void kernel(float *x) {}', "cpp", "-O2", "kernel")
+    assert ok.ok, ok.message
+
+
 def test_report_lists_imported_symbols(target, problem):
     source, flags = problem.reference_source("cpu")
     res = target.compile(source, "c", flags, "kernel")

@@ -8,6 +8,7 @@ pytest.importorskip("cuda.bindings")
 
 from kfactory.targets.cuda import report  # noqa: E402
 from kfactory.targets.cuda.report import parse_resource_report  # noqa: E402
+from kfactory.targets.entry import names_entry  # noqa: E402
 from kfactory.v1 import events_pb2 as pb  # noqa: E402
 
 
@@ -63,7 +64,7 @@ def test_parser_reads_mangled_names_and_ptxas_only_logs():
     assert parse_resource_report(PTXAS_ONLY_LOG, "_Z4tinyv") == {
         "registers": 4, "const_bytes": 352, "stack_bytes": 0, "spill_store_bytes": 0, "spill_load_bytes": 0}
     assert parse_resource_report(PTXAS_ONLY_LOG, "soft") == {}
-    assert report._names_entry("_ZN2ns6kernelEPf", "kernel") and not report._names_entry("_Z11kernel_abcdPf", "k")
+    assert names_entry("_ZN2ns6kernelEPf", "kernel") and not names_entry("_Z11kernel_abcdPf", "k")
     assert parse_resource_report("", "softmax") == {}
 
 

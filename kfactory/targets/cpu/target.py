@@ -20,6 +20,7 @@ from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Load
 from kfactory.targets.cpu.ceiling import ceilings
 from kfactory.targets.cpu.cpuinfo import cpu_flags, read_cpuinfo
 from kfactory.targets.cpu.rules import check_imports, check_source
+from kfactory.targets.entry import missing_entry
 from kfactory.targets.flags import FlagRefused, check_flags
 from kfactory.targets.base import BenchResult, CallResult, CompileResult, Session, Target, check_not_interrupted
 from kfactory.sandbox.shm_args import (bench_argsets, bench_bytes, build_argset, call_bytes, sequence_results,
@@ -140,10 +141,14 @@ class CpuTarget(Target):
                                      message=f"{self.settings.cc} exited with {returncode}")
             artifact = out.read_bytes()
             report.artifact_bytes = len(artifact)
-            report.imports.extend(_undefined_symbols(out))
-            violations = check_imports(list(report.imports))
+            undefined, functions = _dynamic_symbols(out)
+            report.imports.extend(undefined)
+            violations = check_imports(undefined)
             if violations:
                 return _refused(violations, report, "object")
+            # a misspelt or C++-mangled entry compiles and links: said here, not as a crash when the runner loads it
+            if missing := missing_entry(functions, entry, "the shared object"):
+                return CompileResult(False, report, log=log, reason=pb.COMPILE_ERROR, message=missing)
             return CompileResult(True, report, artifact=artifact, log=log)
 
     def session(self, problem, threads: int) -> "CpuSession":
@@ -157,9 +162,18 @@ def _refused(violations, report: pb.CompileReport, what: str) -> CompileResult:
                          message=f"the {what} breaks a sandbox rule: {violations[0]}")
 
 
-def _undefined_symbols(path: Path) -> list[str]:
-    proc = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True)
-    return sorted({line.split()[-1] for line in proc.stdout.splitlines() if line.strip()})
+def _dynamic_symbols(path: Path) -> tuple[list[str], set[str]]:
+    """The shared object's undefined symbols (sorted: what it imports) and the functions it defines, as dlsym sees
+    them (nm -D: a static or hidden function is not there)."""
+    proc = subprocess.run(["nm", "-D", str(path)], capture_output=True, text=True)
+    undefined, functions = set(), set()
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:                       # no address: undefined ("U expf", "w __gmon_start__")
+            undefined.add(parts[1])
+        elif len(parts) == 3 and parts[1] in "TWi":  # text, weak (C++ inline) or indirect (ifunc) function
+            functions.add(parts[2])
+    return sorted(undefined), functions
 
 
 class CpuSession(Session):

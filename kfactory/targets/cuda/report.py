@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import struct
 
+from kfactory.targets.entry import missing_entry, names_entry
 from kfactory.v1 import events_pb2 as pb
 
 
@@ -57,15 +58,6 @@ _LMEM = re.compile(r"(\d+) bytes lmem")
 _LINK_STACK = re.compile(r"(\d+) stack\b")
 
 
-def _names_entry(name: str, entry: str) -> bool:
-    """True for the entry's own name, or a C++-mangled name of a function called `entry` (_Z6kernelPfi,
-    _ZN2ns6kernelEPf)."""
-    if name == entry:
-        return True
-    # the length prefix must be whole: "1k" inside "_Z11kernel_abcd" is not a function called k
-    return name.startswith("_Z") and re.search(rf"(?<!\d){len(entry)}{re.escape(entry)}", name) is not None
-
-
 def parse_resource_report(log: str, entry: str) -> dict:
     """Registers, memory and spills of kernel `entry`, from a ptxas/nvJitLink verbose log.
 
@@ -92,10 +84,10 @@ def _ptxas_fields(lines: list[str], entry: str) -> dict:
         if m := _PTXAS_PROPS.search(line):
             props_for = m.group(1)
             continue
-        if (m := _STACK.search(line)) and props_for and _names_entry(props_for, entry):
+        if (m := _STACK.search(line)) and props_for and names_entry(props_for, entry):
             out.update(stack_bytes=int(m.group(1)), spill_store_bytes=int(m.group(2)), spill_load_bytes=int(m.group(3)))
         is_usage = _USED.search(line) and line.lstrip().startswith("ptxas")
-        if is_usage and current_entry and _names_entry(current_entry, entry):
+        if is_usage and current_entry and names_entry(current_entry, entry):
             out.update(_usage(line))
     return out
 
@@ -107,7 +99,7 @@ def _link_fields(lines: list[str], entry: str) -> dict:
         if m := _LINK_PROPS.search(line):
             props_for = m.group(1)
             continue
-        if line.startswith("info") and _USED.search(line) and props_for and _names_entry(props_for, entry):
+        if line.startswith("info") and _USED.search(line) and props_for and names_entry(props_for, entry):
             out.update(_usage(line))
             if m := _LINK_STACK.search(line):
                 out["stack_bytes"] = int(m.group(1))
@@ -150,11 +142,4 @@ def cubin_functions(cubin: bytes) -> set[str]:
 
 def _missing_entry(cubin: bytes, entry: str) -> str:
     """Why the cubin lacks `entry`, or "" when it has it."""
-    functions = cubin_functions(cubin)
-    if entry in functions:
-        return ""
-    mangled = sorted(f for f in functions if _names_entry(f, entry))
-    if mangled:
-        return (f"the cubin has no function {entry!r}, only the C++-mangled {mangled[0]!r}: "
-                f"declare the kernel extern \"C\"")
-    return f"the cubin has no function {entry!r} (it has: {', '.join(repr(f) for f in sorted(functions)) or 'none'})"
+    return missing_entry(cubin_functions(cubin), entry, "the cubin")
