@@ -25,7 +25,7 @@ from kfactory.cli.main import main
 from kfactory.cli.run import _memory_ready
 from kfactory.platform.app import start_services
 from kfactory.services.memory.archive import Archive
-from kfactory.services.memory.queries import Queries, UnknownProblem, problem_name
+from kfactory.services.memory.queries import InvalidRequest, Queries, UnknownProblem, problem_name
 from kfactory.services.memory.service import MemoryService
 from kfactory.services.planner.service import PlannerService
 from kfactory.v1 import events_pb2 as pb
@@ -104,6 +104,42 @@ def test_an_unknown_problem_is_a_usage_error_and_a_known_one_answers(famok, monk
         assert not q.lessons(spb.LessonsRequest(problem="nosuch")).lessons
         with pytest.raises(UnknownProblem):
             q.lessons(spb.LessonsRequest(problem="nosuch", require_known=True))
+    finally:
+        archive.close()
+
+
+@pytest.mark.parametrize("argv, said", [
+    (("lessons", "famok", "--target", "gpu"), "argument --target: unknown target 'gpu'; known targets: cpu, cuda"),
+    (("best", "famok", "--target", "cpux"), "argument --target: unknown target 'cpux'"),
+    (("best", "famok", "--target", "cuda:sm90"), "malformed cuda architecture 'sm90'"),
+    (("priors", "famok", "--target", "cpu:avx"), "the cpu target takes no option (got 'cpu:avx')"),
+    (("best", "famok", "--shape", "abc"), "argument --shape: malformed shape 'abc'"),
+    (("export", "famok", "--shape", "64x", "--format", "c", "--name", "k", "--out", "k"), "malformed shape '64x'"),
+    (("export", "famok", "--target", "gpu", "--format", "c", "--name", "k", "--out", "k"), "unknown target 'gpu'"),
+])
+def test_a_mistyped_target_or_shape_is_a_usage_error_not_no_measurement(famok, monkeypatch, capsys, tmp_path, argv,
+                                                                        said):
+    """A target or shape no campaign can have matched nothing: "no lessons yet" with exit 0, or "no measurement"
+    with exit 1, as if the workspace lacked it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        _cli(monkeypatch, capsys, famok["data"], *argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and said in err.splitlines()[-1], err
+    assert not (tmp_path / "k").exists()
+    # well formed, the same filters answer: a target of no campaign has nothing, one architecture is a filter
+    rc, out, _ = _cli(monkeypatch, capsys, famok["data"], "lessons", "famok", "--target", "cuda:sm_90a")
+    assert (rc, out) == (0, "no lessons yet: no campaign of famok on cuda:sm_90a is in memory\n")
+    # a service (a gRPC client) is refused alike, not answered with nothing
+    archive = Archive.reader(famok["data"] / "archive.sqlite", problem_name)
+    try:
+        q = Queries(archive)
+        with pytest.raises(InvalidRequest, match="unknown target 'gpu'"):
+            q.lessons(spb.LessonsRequest(problem="famok", target="gpu"))
+        with pytest.raises(InvalidRequest, match="malformed shape 'abc'"):
+            q.best(spb.BestRequest(problem="famok", shape="abc"))
+        assert q.best(spb.BestRequest(problem="famok", target="cpu")).candidate_id
+        assert q.lessons(spb.LessonsRequest(problem="famok", target="cpu")).lessons
     finally:
         archive.close()
 

@@ -306,7 +306,8 @@ async def _dispatch(args, settings, spec_fn) -> int:
         req = spb.LessonsRequest(problem=args.problem, target=args.target, limit=args.limit,
                                  require_known=not loads_here(args.problem))
         r = await _evidence(settings, "Lessons", req)
-        _print(r, as_json, r.text or f"no lessons yet: no campaign of {args.problem} is in memory")
+        on = f" on {args.target}" if args.target else ""
+        _print(r, as_json, r.text or f"no lessons yet: no campaign of {args.problem}{on} is in memory")
         return 0
     if args.cmd == "report":
         check_campaign_id(args.id, "campaign")  # it names a directory too

@@ -55,6 +55,18 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-concurrency", type=int, help="requests in flight per persona (env KFACTORY_LLM_CONCURRENCY)")
 
 
+def _filter(check: str):
+    """An argparse `type=` for a query's --target or --shape: one kfactory.targets' `check` (filter_error,
+    shape_error) finds wrong is refused (argparse names the flag, exits 2) instead of matching nothing."""
+    def parse(text: str) -> str:
+        import kfactory.targets   # numpy with it: only for a command given the flag
+
+        if text and (err := getattr(kfactory.targets, check)(text)):
+            raise argparse.ArgumentTypeError(err)
+        return text
+    return parse
+
+
 def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("problem", help="a built-in problem name or a problem package directory")
     p.add_argument("--target", default="cpu", help="cpu, cuda[:sm_80|sm_90a|sm_100a] or replay:<cache file>")
@@ -248,26 +260,29 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"The best kernel for a problem, a campaign's leaderboard, or one candidate's "
                                    f"evidence and source. {LOCAL_RULE}")
     p.add_argument("problem", nargs="?")
-    p.add_argument("--shape", default="")
+    p.add_argument("--shape", default="", type=_filter("shape_error"), help="the fastest at this shape (4096x4096)")
     p.add_argument("--device", default="")
     p.add_argument("--campaign", help="show this campaign's leaderboard instead (id or unique prefix)")
     p.add_argument("--candidate", help="show one candidate's full evidence and source (id or unique prefix)")
-    p.add_argument("--target", default="", help="cpu, cuda (any architecture) or cuda:sm_90a (only that one)")
+    p.add_argument("--target", default="", type=_filter("filter_error"),
+                   help="cpu, cuda (any architecture) or cuda:sm_90a (only that one)")
     _query_args(p)
 
     p = sub.add_parser("priors", help="what memory would seed a campaign of a problem with (its warm start)",
                        description=f"What memory would seed a campaign of a problem with. {LOCAL_RULE}")
     p.add_argument("problem")
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
-    p.add_argument("--target", default="", help="the new campaign's target (cpu, cuda, cuda:sm_90a): only its "
-                   "families' evidence (default: every family's)")
+    p.add_argument("--target", default="", type=_filter("filter_error"),
+                   help="the new campaign's target (cpu, cuda, cuda:sm_90a): only its families' evidence (default: "
+                        "every family's)")
     p.add_argument("--limit", type=cli_type("priors_limit"), default=8)
     _query_args(p)
 
     p = sub.add_parser("lessons", help="what memory learned about a problem on a target (what agents are told)",
                        description=f"What memory learned about a problem on a target. {LOCAL_RULE}")
     p.add_argument("problem")
-    p.add_argument("--target", default="", help="cpu, cuda, ... (default: every target)")
+    p.add_argument("--target", default="", type=_filter("filter_error"),
+                   help="cpu, cuda (any architecture) or cuda:sm_90a (only that one); default: every target")
     p.add_argument("--limit", type=int, default=6, help="lessons per kind")
     _query_args(p)
 
@@ -312,8 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kernel", metavar="ID|PROBLEM|MODEL", help="a candidate id (or unique prefix), or a problem: its "
                                                               "fastest measured kernel; or a model: its best verified "
                                                               "engine (kfactory engine run)")
-    p.add_argument("--shape", default="", help="with a PROBLEM: the fastest at this shape")
-    p.add_argument("--target", default="", help="with a PROBLEM: on this target (default cpu)")
+    p.add_argument("--shape", default="", type=_filter("shape_error"),
+                   help="with a PROBLEM: the fastest at this shape (4096x4096)")
+    p.add_argument("--target", default="", type=_filter("filter_error"),
+                   help="with a PROBLEM: on this target (default cpu)")
     p.add_argument("--format", dest="fmt", required=True, choices=("c", "python", "torch"))
     p.add_argument("--name", required=True, help="the exported function's name (a C identifier)")
     p.add_argument("--out", type=out_dir, required=True, help="the directory to write into (one per kernel)")

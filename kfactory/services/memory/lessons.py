@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 
 from kfactory.bus.origins import STRATEGY, Origin, is_kind, sql_match
 from kfactory.judge import objective
+from kfactory.services.memory.archive import target_matches
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 
@@ -17,7 +18,7 @@ from kfactory.v1 import services_pb2 as spb
 def lessons(archive, problem: str, target: str = "", limit: int = 6) -> list[spb.Lesson]:
     """Every lesson for (problem, target): the best kernel, parameter effects, failure patterns, agents."""
     campaigns = [cid for cid, prob, tgt in archive.q("SELECT id, problem, target FROM campaigns")
-                 if archive.problem_name(prob) == problem and (not target or (tgt or "").split(":")[0] == target)]
+                 if archive.problem_name(prob) == problem and target_matches(tgt or "", target)]
     if not campaigns:
         return []
     marks = ",".join("?" * len(campaigns))

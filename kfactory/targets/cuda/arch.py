@@ -2,16 +2,15 @@
 whether this toolchain can compile for one (asked before nvJitLink ever sees the name)."""
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 
+from kfactory.targets import CUDA_ARCH_RE
 from kfactory.targets.cuda.nvrtc import _nvrtc_ptx, _virtual_arch
 from kfactory.targets.cuda.toolchain import _toolchain, toolchain_description
 
 
 ARCHES = ("sm_80", "sm_90a", "sm_100a")
-# sm_NN, sm_NNa (arch-specific: wgmma, TMA, tcgen05) and sm_NNf (family-specific, CUDA 12.9 on)
-ARCH_RE = re.compile(r"sm_(\d{1,3})([af]?)")
+ARCH_RE = CUDA_ARCH_RE
 
 
 def resolve_arch(option: str) -> str:
