@@ -262,6 +262,26 @@ def test_a_bad_setting_is_named_with_what_it_needs_not_a_traceback(monkeypatch, 
     assert err.startswith("kfactory: bad configuration:\n") and says in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, env, says", [
+    (["check", "softmax", "--source", "k.c", "--threads", "0"], {},
+     "  --threads: Input should be greater than or equal to 1"),
+    (["check", "softmax", "--source", "k.c"], {"KFACTORY_THREADS": "0"},
+     "  KFACTORY_THREADS: Input should be greater than or equal to 1"),
+    (["status", "--planner", "localhost:1"], {"KFACTORY_MAX_DELIVER": "0"}, "  KFACTORY_MAX_DELIVER: Input should be"),
+    (["run", "softmax", "--llm-concurrency", "0", "--budget", "1"], {}, "  --llm-concurrency: Input should be"),
+])
+def test_a_bad_setting_a_flag_gave_is_named_by_the_flag(monkeypatch, capsys, tmp_path, argv, env, says):
+    """`check --threads 0` said KFACTORY_THREADS, a variable the user never set."""
+    from kfactory.cli.main import EXIT_USAGE, main
+    monkeypatch.chdir(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("kfactory: bad configuration:\n"), err
+    assert any(line.startswith(says) for line in err.splitlines()), err
+
+
 def test_a_path_setting_set_empty_is_unset_not_the_working_directory(monkeypatch):
     """KFACTORY_DATA_DIR= made the working directory the workspace (a check wrote ./so there)."""
     from kfactory.platform.config import Settings, _default_data_dir

@@ -20,24 +20,28 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 69
 
 
+#: the settings a flag overrides (field: the argparse dest that holds it), each named by its flag in an error
+FLAG_SETTINGS = {"nats_url": "nats_url", "redis_url": "redis_url", "planner_addr": "planner", "memory_addr": "memory",
+                 "threads": "threads", "report_dir": "report_dir", "precompiled": "precompiled",
+                 # agent coders' endpoint (each overrides its KFACTORY_LLM_* variable)
+                 "llm_provider": "llm_provider", "llm_base_url": "llm_base_url", "llm_model": "llm_model",
+                 "llm_api_key": "llm_api_key", "llm_concurrency": "llm_concurrency",
+                 "llm_token_budget": "token_budget"}
+
+
+def _flag_overrides(args) -> dict:
+    """The settings this command's flags give (a flag not given, or --token-budget 0, leaves its variable's)."""
+    return {field: value for field, dest in FLAG_SETTINGS.items()
+            if (value := getattr(args, dest, None)) is not None and not (dest == "token_budget" and not value)}
+
+
 def _settings(args) -> Settings:
-    over = {k: v for k, v in {"nats_url": getattr(args, "nats_url", None),
-                              "redis_url": getattr(args, "redis_url", None),
-                              "planner_addr": getattr(args, "planner", None),
-                              "memory_addr": getattr(args, "memory", None),
-                              "threads": getattr(args, "threads", None),
-                              "report_dir": getattr(args, "report_dir", None),
-                              "precompiled": getattr(args, "precompiled", None),
-                              **_llm_over(args)}.items() if v is not None}
-    return Settings(**over)
+    return Settings(**_flag_overrides(args))
 
 
-def _llm_over(args) -> dict:
-    """Agent coders' endpoint settings given as flags (each overrides its KFACTORY_LLM_* variable)."""
-    return {"llm_provider": getattr(args, "llm_provider", None), "llm_base_url": getattr(args, "llm_base_url", None),
-            "llm_model": getattr(args, "llm_model", None), "llm_api_key": getattr(args, "llm_api_key", None),
-            "llm_concurrency": getattr(args, "llm_concurrency", None),
-            "llm_token_budget": getattr(args, "token_budget", None) or None}
+def _given_flags(args) -> dict[str, str]:
+    """field: flag, for each setting a flag of this command gave."""
+    return {field: "--" + FLAG_SETTINGS[field].replace("_", "-") for field in _flag_overrides(args)}
 
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
@@ -374,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         configure(level, json=json_lines)
         return _dispatch(args, settings)
     except ValidationError as e:  # a setting from the environment or a flag: say which, and what it needs
-        print(f"kfactory: bad configuration:\n{settings_errors(e)}", file=sys.stderr)
+        flags = {} if args.cmd in OWN_FLAGS_COMMANDS else _given_flags(args)
+        print(f"kfactory: bad configuration:\n{settings_errors(e, flags)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
@@ -388,12 +393,13 @@ def main(argv: list[str] | None = None) -> int:
         return report_unexpected(e, list(sys.argv[1:] if argv is None else argv), args.cmd)
 
 
-def settings_errors(e: ValidationError) -> str:
-    """One line per invalid setting, named as the environment variable that sets it."""
+def settings_errors(e: ValidationError, flags: dict[str, str] | None = None) -> str:
+    """One line per invalid setting, named as the flag that gave it (`flags`, field: flag), else as the
+    environment variable that sets it."""
     lines = []
     for err in e.errors():
         field = ".".join(str(x) for x in err["loc"])
-        name = f"KFACTORY_{field.upper()}" if field else "the settings"
+        name = (flags or {}).get(field) or (f"KFACTORY_{field.upper()}" if field else "the settings")
         lines.append(f"  {name}: {err['msg']}")
     return "\n".join(lines)
 
