@@ -160,6 +160,14 @@ async def test_submit_refuses_malformed_specs_naming_the_field(bus_settings, spa
             "manual_sources[evil].compile_flags: flag '-wrapper'": _spec(
                 space, target="cpu", problem="softmax", manual_sources=[pb.ManualSource(
                     name="evil", source="void kernel(void) {}", compile_flags="-O2 -wrapper /bin/sh,-c,touch")]),
+            # one name is one origin and one design point: the second kernel would be taken for the first
+            "manual_sources (--manual): two kernels are named 'mine'": _spec(space, manual_sources=[
+                pb.ManualSource(name="mine", source="void kernel(void) {}"),
+                pb.ManualSource(name="mine", source="void kernel(void) { }")]),
+            "manual_sources (--manual): the name 'my kernel' is not": _spec(
+                space, manual_sources=[pb.ManualSource(name="my kernel", source="void kernel(void) {}")]),
+            "manual_sources (--manual): the name '' is not": _spec(
+                space, manual_sources=[pb.ManualSource(name="", source="void kernel(void) {}")]),
             "budget: give a candidate count": _spec(space, budget_candidates=0),
             "families: ['nope']": _spec(space, families=["nope"]),
             "manual_sources[huge]: 2000 bytes, over the 1024-byte limit": _spec(

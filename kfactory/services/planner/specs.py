@@ -5,6 +5,7 @@ server starts (the same one-line messages as `submit`).
 """
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable
 
@@ -119,9 +120,19 @@ def _check_engine(spec: pb.CampaignSpec, problem: Problem) -> None:
                         f"designs (not {', '.join(spec.coders)})")
 
 
+#: a hand-written kernel's name: it becomes the candidate's origin (manual:NAME), in reports, lessons and queries
+MANUAL_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+
+
 def _check_manual(spec: pb.CampaignSpec, settings: Settings, target: str) -> None:
     limit = settings.max_source_bytes
+    seen: set[str] = set()
     for m in spec.manual_sources:
+        if not MANUAL_NAME.fullmatch(m.name):
+            raise SpecError(f"manual_sources (--manual): the name {m.name!r} is not 1-64 letters, digits, or _ . + -")
+        if m.name in seen:   # one origin and one design point: the second would be taken for the first
+            raise SpecError(f"manual_sources (--manual): two kernels are named {m.name!r}; give each its own name")
+        seen.add(m.name)
         if len(m.source.encode()) > limit:
             raise SpecError(f"manual_sources[{m.name}]: {len(m.source.encode())} bytes, over the {limit}-byte "
                             "limit (KFACTORY_MAX_SOURCE_BYTES)")
