@@ -318,3 +318,16 @@ def test_a_threads_flag_out_of_range_is_the_engine_s_error_not_a_setting_s(tmp_p
     err = capsys.readouterr().err
     assert re.fullmatch(rf"kfactory: --threads must lie in 1\.\.\d+, not {flag[1]}\n", err), err
     assert not (tmp_path / "engines").exists()
+
+
+@pytest.mark.parametrize("argv", [["engine", "run", "no-such-model", "--local"], ["engine", "run", "no-such-model"],
+                                  ["generate", "no-such-model", "hi"]])
+def test_a_mistyped_model_is_a_usage_error_told_before_anything_starts(tmp_path, monkeypatch, capsys, argv):
+    """A model that is no built-in and no package directory exited 1, as a package that fails to load does; the
+    services' campaign announced itself and started NATS before its planner refused it."""
+    monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("kfactory: no model 'no-such-model': not a directory with model.yaml, nor a "
+                                        "built-in model (built-in: "), (out, err)
+    assert not list(tmp_path.iterdir())

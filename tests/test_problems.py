@@ -145,6 +145,17 @@ def test_a_package_may_take_a_builtin_name_only_if_it_judges_as_the_builtin(tmp_
     assert "'softmax' is a built-in problem's" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("action", ["check", "describe"])
+def test_problems_on_a_name_that_is_no_problem_is_a_usage_error(capsys, tmp_path, monkeypatch, action):
+    """Exit 2, as the query commands' unknown problem is; a package that fails to load stays exit 1."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["problems", action, "nothere"]) == 2
+    assert capsys.readouterr().err.startswith("kfactory: no problem 'nothere': not a directory with problem.yaml")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "problem.yaml").write_text("name: [\n")
+    assert main(["problems", action, "broken"]) == 1
+
+
 def test_a_stray_directory_named_like_a_builtin_problem_does_not_hide_it(tmp_path, monkeypatch):
     (tmp_path / "softmax").mkdir()
     monkeypatch.chdir(tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -312,14 +313,22 @@ def _children_checking(pkg) -> list[int]:
 
 
 def test_problems_new_scaffolds_a_package_that_checks(tmp_path):
-    out = subprocess.run([*KFACTORY, "problems", "new", "myop", "--like", "rmsnorm", "--out", str(tmp_path)],
+    """The next steps it prints are commands that work as pasted, in a directory whose name has a space, with a
+    run for each target the copied families are for (rmsnorm's are cuda's alone: `kfactory run` on the default
+    cpu target would be refused, no family)."""
+    where = tmp_path / "my ops"
+    out = subprocess.run([*KFACTORY, "problems", "new", "myop", "--like", "rmsnorm", "--out", str(where)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "docs/adding-a-problem.md" in out.stdout, out
-    assert "name: myop" in (tmp_path / "myop" / "problem.yaml").read_text()
-    ok = subprocess.run([*KFACTORY, "problems", "check", str(tmp_path / "myop")], capture_output=True, text=True,
-                        timeout=60)
+    assert "name: myop" in (where / "myop" / "problem.yaml").read_text()
+    commands = [shlex.split(line.split(". ", 1)[-1]) for line in out.stdout.splitlines()
+                if line.lstrip(" 0123456789.").startswith("kfactory ")]
+    assert commands == [["kfactory", "problems", "check", str(where / "myop")],
+                        *(["kfactory", "run", str(where / "myop"), "--target", t, "--budget", "20"]
+                          for t in ("cuda",))], out.stdout
+    ok = subprocess.run([*KFACTORY, *commands[0][1:]], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and ok.stdout.startswith("myop: "), ok
-    again = subprocess.run([*KFACTORY, "problems", "new", "myop", "--out", str(tmp_path)], capture_output=True,
+    again = subprocess.run([*KFACTORY, "problems", "new", "myop", "--out", str(where)], capture_output=True,
                            text=True, timeout=60)
     assert again.returncode == 2 and "exists already" in again.stderr and "Traceback" not in again.stderr
 

@@ -91,12 +91,16 @@ def run(args: argparse.Namespace) -> int:
     from kfactory.engines.campaign import CampaignError
     from kfactory.engines.design import DesignError
     from kfactory.models import ModelError
+    from kfactory.models.errors import NoSuchModel
 
     try:
         if args.cmd == "generate":
             return generate_command(args.model, args.prompt, args.max_tokens)
         return run_command(args)
     except (CampaignError, DesignError) as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except NoSuchModel as e:   # a mistyped name: the command was wrong, not the package
         print(f"kfactory: {e}", file=sys.stderr)
         return EXIT_USAGE
     except ModelError as e:
@@ -114,12 +118,14 @@ def run_command(args: argparse.Namespace) -> int:
     from kfactory.engines.campaign import Campaign, DesignResult, report_text
     from kfactory.engines.defaults import MAX_THREADS
     from kfactory.engines.order import STRATEGY
+    from kfactory.models.loader import model_directory
 
     threads = args.threads if args.threads is not None else min(os.cpu_count() or 1, MAX_THREADS)
     if not 1 <= threads <= MAX_THREADS:   # (before the searched kernels' note, which names the threads)
         raise EngineCommandError(f"--threads must lie in 1..{MAX_THREADS}, not {threads}", EXIT_USAGE)
     if why := output_misfit(args.json_out):
         raise EngineCommandError(why, EXIT_USAGE)
+    model_directory(args.model)   # a mistyped name is told before anything starts (NoSuchModel: exit 2)
     if not args.local:
         return services_command(args, threads)
     showdown = showdown_rule(args)

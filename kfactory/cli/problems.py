@@ -39,8 +39,9 @@ def _seconds(text: str) -> float:
 
 
 def run(args) -> int:
-    """`kfactory problems ACTION [NAME]`: exit 1 when a problem is found or does not load, 2 on a usage error."""
-    from kfactory.problems import ProblemError, list_problems, load_problem
+    """`kfactory problems ACTION [NAME]`: exit 1 when a problem is found or a package does not load, 2 on a usage
+    error (a name that is no problem and no package directory)."""
+    from kfactory.problems import NoSuchProblem, ProblemError, list_problems, load_problem
 
     if args.action == "list":
         for name in list_problems():
@@ -58,6 +59,9 @@ def run(args) -> int:
         if args.action == "check":
             return _problem_check(problem, args.timeout)
         print(problem.describe())
+    except NoSuchProblem as e:
+        print(f"kfactory: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except ProblemError as e:
         print(f"kfactory: {e}", file=sys.stderr)
         return 1

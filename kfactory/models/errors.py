@@ -5,3 +5,8 @@ from __future__ import annotations
 
 class ModelError(ValueError):
     """A model package or file is missing, malformed or not what it claims; the message says what to do."""
+
+
+class NoSuchModel(ModelError):
+    """The name is no built-in model and the path no directory with a model.yaml: a mistyped name (a usage
+    error), not a package that fails to load."""

@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from kfactory.models import tiny
+from kfactory.models.errors import NoSuchModel
 from kfactory.models.gguf_model import GGUFModel, LlamaConfig, ModelError
 from kfactory.models.spec import ModelSpec
 from kfactory.platform import yamlfile
@@ -116,14 +117,21 @@ def check_declared(declared: LlamaConfig, found: LlamaConfig, name: str) -> None
         raise ModelError(f"model {name}: the weights file disagrees with model.yaml: " + "; ".join(wrong))
 
 
-def load_model(name_or_path: str | Path) -> ModelPackage:
-    """A built-in model by name, or a package directory (one containing model.yaml)."""
+def model_directory(name_or_path: str | Path) -> Path:
+    """The package directory of a built-in model's name, or of a path to one (containing model.yaml); NoSuchModel
+    when it is neither."""
     path = Path(name_or_path)
     directory = path if (path / "model.yaml").is_file() else BUILTIN_DIR / str(name_or_path)
+    if not (directory / "model.yaml").is_file():
+        raise NoSuchModel(f"no model {name_or_path!r}: not a directory with model.yaml, nor a built-in model "
+                          f"(built-in: {', '.join(list_models())})")
+    return directory
+
+
+def load_model(name_or_path: str | Path) -> ModelPackage:
+    """A built-in model by name, or a package directory (one containing model.yaml)."""
+    directory = model_directory(name_or_path)
     spec_file = directory / "model.yaml"
-    if not spec_file.is_file():
-        raise ModelError(f"no model {name_or_path!r}: not a directory with model.yaml, nor a built-in model "
-                         f"(built-in: {', '.join(list_models())})")
     try:
         raw = yamlfile.safe_load(spec_file.read_text())
         spec = ModelSpec.model_validate(raw)

@@ -13,12 +13,12 @@ import yaml
 from pydantic import ValidationError
 
 from kfactory.platform import yamlfile
-from kfactory.problems.package import (BUILTIN_DIR, LANGUAGES, Family, Problem, ProblemError, language_of, safe_eval,
-                                       shape_str)
+from kfactory.problems.package import (BUILTIN_DIR, LANGUAGES, Family, NoSuchProblem, Problem, ProblemError,
+                                       language_of, safe_eval, shape_str)
 from kfactory.problems.spec import FamilySpec, ProblemSpec
 
-__all__ = ["BUILTIN", "BUILTIN_DIR", "LANGUAGES", "Family", "Problem", "ProblemError", "language_of", "list_problems",
-           "load_problem", "problem_name", "safe_eval", "shape_str"]
+__all__ = ["BUILTIN", "BUILTIN_DIR", "LANGUAGES", "Family", "NoSuchProblem", "Problem", "ProblemError", "language_of",
+           "list_problems", "load_problem", "problem_name", "safe_eval", "shape_str"]
 
 BUILTIN = BUILTIN_DIR
 
@@ -56,7 +56,7 @@ def load_problem(name_or_path: str | Path) -> Problem:
     builtin = str(name_or_path) in list_problems()
     directory = path if not builtin and _is_file(path / "problem.yaml") else BUILTIN / str(name_or_path)
     if not _is_file(directory / "problem.yaml"):
-        raise ProblemError(f"no problem {str(name_or_path)[:200]!r}: not a directory with problem.yaml and not one of "
+        raise NoSuchProblem(f"no problem {str(name_or_path)[:200]!r}: not a directory with problem.yaml and not one of "
                            f"{list_problems()}")
     spec = _load_yaml(directory / "problem.yaml", ProblemSpec)
     if not builtin:

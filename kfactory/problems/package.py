@@ -41,6 +41,11 @@ class ProblemError(ValueError):
     """A problem package is missing, malformed or inconsistent; the message says what to fix."""
 
 
+class NoSuchProblem(ProblemError):
+    """The name is no built-in problem and the path no directory with a problem.yaml: a mistyped name, not a
+    package that fails to load."""
+
+
 def safe_eval(expr: str, names: dict) -> Any:  # what the expression computes: a number, a bool, a tuple
     """The value of a spec expression (a constraint, a cost, a launch rule's threads) over `names`: arithmetic,
     comparisons and FUNCTIONS only; ProblemError names the expression when it cannot be evaluated."""

@@ -6,6 +6,7 @@ user then edits what makes it their operation, field by field, with docs/adding-
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -39,7 +40,12 @@ def new_problem(name: str, like: str, out_dir: Path) -> Path:
 
 
 def next_steps(package: Path) -> str:
-    """What to edit, in order, printed after the copy."""
+    """What to edit, in order, printed after the copy; the commands quoted for a shell, one run per target the
+    copied families are for (a copy of a cuda-only problem has nothing to search on the default cpu target)."""
+    families = load_problem(package).families.values()
+    targets = sorted({f.spec.target for f in families}) or ["cpu"]
+    where = shlex.quote(str(package))
+    runs = [f"kfactory run {where} --target {t} --budget 20" for t in targets]
     return "\n".join([
         f"created {package}",
         "next (docs/adding-a-problem.md walks through every field):",
@@ -48,6 +54,7 @@ def next_steps(package: Path) -> str:
         f"  2. {package / 'reference.py'}: reference(inputs, **params) in float64, and baselines() if you have some",
         f"  3. {package / 'families'}: the templates the search renders (or delete them and list none: agents "
         "and your own kernels then spend the budget)",
-        f"  4. kfactory problems check {package}",
-        f"  5. kfactory run {package} --budget 20",
+        f"  4. kfactory problems check {where}",
+        f"  5. {runs[0]}",
+        *(f"     {run}" for run in runs[1:]),
     ])

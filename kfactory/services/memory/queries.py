@@ -168,8 +168,8 @@ class Queries:
         target = request.target or target
         found = self.archive.best(name, request.shape, request.device, target)
         if found is None:
-            raise NotFound(f"no measurement of {quoted(request.problem)} "
-                           f"{request.shape or ''} {request.device or ''} {target}".strip()
+            asked = " ".join(part for part in (quoted(request.problem), request.shape, request.device, target) if part)
+            raise NotFound(f"no measurement of {asked}"
                            + ", or none that counts (a kernel found wrong by a comparison, or not the one its "
                            "campaign finished with: kfactory status lists the campaigns)")
         measured, campaign = found
