@@ -330,6 +330,27 @@ def test_the_report_plots_every_candidate_per_optimisation_shape_beside_the_best
     assert only.shape == "" and only.times == [] and only.best == [] and only.failures["TIMEOUT"] == [3]
 
 
+def test_the_reports_tables_have_one_separator_per_cell_and_its_budget_says_each_limit():
+    """A campaign where nothing was measured had a leaderboard header of 7 cells over 6 separators (no shape to
+    name), and its budget read "10 candidates, no s"."""
+    def tables(md: str) -> list[tuple[int, int]]:
+        lines = md.splitlines()
+        return [(line.count("|") - 1, lines[i + 1].count("---")) for i, line in enumerate(lines[:-1])
+                if line.startswith("| ") and lines[i + 1].startswith("|---")]
+
+    full = report.markdown(_campaign())
+    assert tables(full) and all(cells == seps for cells, seps in tables(full)), tables(full)
+    assert "- strategy: random; budget: 6 candidates; threads: 2" in full
+    nothing = report.markdown([e for e in _campaign() if not e.HasField("measured")])
+    assert "## Leaderboard\n\nNothing was measured.\n" in nothing
+    assert all(cells == seps for cells, seps in tables(nothing)), tables(nothing)
+    start = _campaign()[0]
+    start.campaign_started.spec.budget_seconds, start.campaign_started.spec.budget_device_seconds = 90, 12.5
+    assert "budget: 6 candidates, 90 s, 12.5 device s;" in report.markdown([start])
+    start.campaign_started.spec.budget_candidates = 0
+    assert "budget: 90 s, 12.5 device s;" in report.markdown([start])
+
+
 # -- a kfactory bug --------------------------------------------------------------------------------------------
 def test_an_unexpected_exception_is_reported_as_kfactorys_bug_with_its_log(tmp_path, monkeypatch, capsys):
     """A fault planted in `kfactory run` after its checks pass (starting the services raises): one line naming

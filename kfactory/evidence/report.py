@@ -51,8 +51,7 @@ def _markdown(events: list[pb.Event], noise_bound: float | None,
     if name != spec.problem:  # a package directory or a recorded space: say where the problem came from
         lines += [f"- problem: {name}, from `{spec.problem}`"]
     lines += [f"- device: {started.device.model if started else '?'}",
-              f"- strategy: {spec.strategy}; budget: {spec.budget_candidates} candidates, "
-              f"{spec.budget_seconds or 'no'} s; threads: {spec.threads}",
+              f"- strategy: {spec.strategy}; budget: {_budget(spec)}; threads: {spec.threads}",
               f"- state: {finished.state if finished else 'running'}"
               + (f" ({finished.reason})" if finished and finished.reason else ""),
               f"- counts: {format_params(summary.get('counts', {}))}", ""]
@@ -211,6 +210,14 @@ def _verification(best_id: str, events: list[pb.Event], engine: bool = False) ->
             *verification_table(checks), ""]
 
 
+def _budget(spec: pb.CampaignSpec) -> str:
+    """The spec's budget in words: the limits it set, each (candidates, seconds, device seconds)."""
+    parts = [f"{spec.budget_candidates} candidates" if spec.budget_candidates else "",
+             f"{spec.budget_seconds:g} s" if spec.budget_seconds else "",
+             f"{spec.budget_device_seconds:g} device s" if spec.budget_device_seconds else ""]
+    return ", ".join(p for p in parts if p) or "none"
+
+
 def _leaderboard(measured: list[pb.Measured], campaign: str, verdicts: Verdicts, limit: int = 10) -> list[str]:
     """The fastest measured kernels by their own scores, each noted when it is the campaign's result or none
     (found wrong by a comparison, screened out: kfactory/evidence/verdicts.py), with its median at every shape
@@ -220,8 +227,10 @@ def _leaderboard(measured: list[pb.Measured], campaign: str, verdicts: Verdicts,
     shapes = [t.shape for t in full.timings] if full is not None else []
     weighted = any(m.objective for m in measured)
     score = ["score"] if weighted else []
-    out = ["## Leaderboard", "", "| rank | candidate | origin | params | flags | note | " +
-           " | ".join(score + shapes) + " |", "|---|---|---|---|---|---|" + "---|" * len(score + shapes)]
+    if not measured:
+        return ["## Leaderboard", "", "Nothing was measured.", ""]
+    header = ["rank", "candidate", "origin", "params", "flags", "note", *score, *shapes]
+    out = ["## Leaderboard", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i, m in enumerate(sorted(measured, key=lambda m: m.score_s)[:limit], 1):
         c = m.candidate
         params = format_params(c.params_json).replace("|", "\\|")  # a '|' in a value would split the row
