@@ -69,6 +69,25 @@ def test_usage_errors_exit_2(small_softmax, tmp_path):
     assert main(["check", "no_such_problem", "--source", str(KERNELS / "wrong.c")]) == 2
 
 
+def test_a_language_the_target_cannot_compile_or_cannot_tell_is_a_usage_error(small_softmax, tmp_path, capsys):
+    """--language cuda on the cpu target was a kernel rejected with COMPILE_ERROR (exit 1); a file named .txt was
+    compiled as C, and one named .cxx too (its C++ read as C)."""
+    text = tmp_path / "kernel.txt"
+    shutil.copy(KERNELS / "wrong.c", text)
+    assert main(["check", small_softmax, "--source", str(text)]) == 2
+    assert capsys.readouterr().err.strip() == (f"kfactory check: cannot tell the language of --source {text} from "
+                                               "its suffix (known: .c, .cc, .cpp, .cxx, .c++, .cu, .ptx): give "
+                                               "--language")
+    assert not (tmp_path / "data" / "so").exists(), "the kernel was compiled"
+    assert main(["check", small_softmax, "--source", str(KERNELS / "wrong.c"), "--language", "cuda"]) == 2
+    assert capsys.readouterr().err.strip() == ("kfactory check: the cpu target compiles c or cpp, not 'cuda': give "
+                                               "--language or --target to match the source")
+    assert main(["check", small_softmax, "--source", str(text), "--language", "c", "--compile-only"]) == 0
+    cxx = tmp_path / "kernel.cxx"
+    cxx.write_text('extern "C" void kernel(const float *x, float *y, long rows, long cols) {}\n')
+    assert main(["check", small_softmax, "--source", str(cxx), "--compile-only"]) == 0
+
+
 def test_a_source_not_utf8_and_an_unwritable_json_are_usage_errors_before_the_judging(small_softmax, tmp_path,
                                                                                      capsys):
     """A Latin-1 comment was an internal error (exit 70, a bug report); a --json in no directory was found only

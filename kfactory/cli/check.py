@@ -68,6 +68,9 @@ def check(problem_name: str, target_spec: str, source: str, flags: str, settings
     """The verdict on one kernel as a JSON-ready dict (see the README for its fields)."""
     problem = load_problem(problem_name)
     target = get_target(target_spec, settings)
+    if language not in target.languages:   # a usage error, not a rejected kernel
+        raise ValueError(f"the {target.name} target compiles {' or '.join(target.languages)}, not {language!r}: "
+                         "give --language or --target to match the source")
     if target.name in FLAG_TARGETS:
         check_flags(target.name, flags)  # FlagRefused is a ValueError: `kfactory check` prints it and exits 2
     threads = settings.threads
@@ -141,7 +144,7 @@ COPY_PATH = re.compile(r"/\S*kf-cc-[^/\s]+/k\.(?:c|cpp)\b")
 def command(args, settings) -> int:
     """`kfactory check`: exit 0 when the kernel passed, 1 when it was rejected, 2 on a usage error."""
     from kfactory.platform.fsutil import output_misfit
-    from kfactory.problems.loader import language_of
+    from kfactory.problems.loader import LANGUAGES, language_of
 
     try:
         source = args.source.read_text(encoding="utf-8")   # (whatever the locale: the compiler reads UTF-8)
@@ -160,6 +163,10 @@ def command(args, settings) -> int:
         print(f"kfactory check: {why}", file=sys.stderr)
         return EXIT_USAGE
 
+    if args.language is None and args.source.suffix.lower() not in LANGUAGES:   # not guessed: .cxx read as C
+        print(f"kfactory check: cannot tell the language of --source {args.source} from its suffix (known: "
+              f"{', '.join(LANGUAGES)}): give --language", file=sys.stderr)
+        return EXIT_USAGE
     cuda = args.target.startswith("cuda")
     flags = args.flags if args.flags is not None else ("" if cuda else "-O3 -fopenmp")
     try:

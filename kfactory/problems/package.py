@@ -28,7 +28,7 @@ from kfactory.problems.spec import FamilySpec, ProblemSpec
 BUILTIN_DIR = Path(__file__).parent
 
 #: a source file's language from its suffix
-LANGUAGES = {".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cu": "cuda", ".ptx": "ptx"}
+LANGUAGES = {".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".c++": "cpp", ".cu": "cuda", ".ptx": "ptx"}
 
 
 def language_of(path: Path | str, target: str) -> str:

@@ -154,6 +154,8 @@ class Session(ABC):
 class Target(ABC):
     """A place kernels run: cpu, cuda, replay. Selected by name with kfactory.targets.get_target."""
     name: str = ""
+    #: the source languages compile() takes (kfactory check refuses another as a usage error)
+    languages: tuple[str, ...] = ()
     #: verification runs the kernel at full width too, so it must hold the device lease like timing does
     exclusive_verify: bool = True
     #: a short timing costs far less here than a verification, so the search's candidates are screened before they

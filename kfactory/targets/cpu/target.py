@@ -76,6 +76,7 @@ def _llc_bytes() -> int:
 
 class CpuTarget(Target):
     name = "cpu"
+    languages = tuple(LANG_FLAG)
 
     def __init__(self, settings):
         self.settings = settings

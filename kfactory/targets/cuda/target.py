@@ -46,6 +46,7 @@ def _runner(settings, uuid: str, timeout_s: float | None = None, max_runs: int |
 
 class CudaTarget(Target):
     name = "cuda"
+    languages = ("cuda", "ptx")
 
     def __init__(self, option: str, settings):
         self.option, self.settings = option, settings

@@ -26,6 +26,7 @@ MODE = "replayed"
 
 class ReplayTarget(Target):
     name = "replay"
+    languages = ("replay",)
     exclusive_verify = False
     screens_first = False
 
