@@ -155,9 +155,8 @@ def command(args, settings) -> int:
         print(f"kfactory check: cannot read --source {args.source}: not UTF-8 text (byte {e.start}: {e.reason}); "
               "save it as UTF-8", file=sys.stderr)
         return EXIT_USAGE
-    if (size := len(source.encode())) > settings.max_source_bytes:   # a campaign refuses it too (the coder, a spec)
-        print(f"kfactory check: --source {args.source}: {size} bytes, over the {settings.max_source_bytes}-byte "
-              "limit (KFACTORY_MAX_SOURCE_BYTES)", file=sys.stderr)
+    if why := settings.oversized(source):   # a campaign refuses it too (the coder, a spec)
+        print(f"kfactory check: --source {args.source}: {why}", file=sys.stderr)
         return EXIT_USAGE
     if args.json_out != "-" and (why := output_misfit(args.json_out)):   # before the judging, not after it
         print(f"kfactory check: {why}", file=sys.stderr)

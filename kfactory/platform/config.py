@@ -240,6 +240,14 @@ class Settings(BaseSettings):
         """True when agent coders have an endpoint and a model to call."""
         return bool(self.llm_base_url and self.llm_model)
 
+    def oversized(self, source: str) -> str:
+        """Why a kernel source is too large to take ("N bytes, over the L-byte limit (KFACTORY_MAX_SOURCE_BYTES)"),
+        or "" when it is not: one rule for a spec's hand-written kernels, the coder's output and `kfactory check`."""
+        size = len(source.encode())
+        if size <= self.max_source_bytes:
+            return ""
+        return f"{size} bytes, over the {self.max_source_bytes}-byte limit (KFACTORY_MAX_SOURCE_BYTES)"
+
     def archive(self) -> Path:
         """Where memory keeps its SQLite archive."""
         return self.archive_path or self.data_dir / "archive.sqlite"

@@ -72,12 +72,10 @@ class CoderService(Service):
                    params_json: str | None = None) -> None:
         """Publish the candidate written for a point and queue it for the compiler (or a DUPLICATE rejection
         when an earlier point of the campaign produced the same content)."""
-        size, limit = len(source.encode()), self.settings.max_source_bytes
-        if size > limit:  # a runaway template or agent: refused before it reaches the artifact store
+        if why := self.settings.oversized(source):  # a runaway template or agent: refused before the artifact store
             rej = pb.Rejected(stage="coder", reason=pb.INVALID_POINT, point_id=pp.point_id, agent=agent,
                               params_json=pp.params_json if params_json is None else params_json,
-                              message=f"the source is {size} bytes, over the {limit}-byte limit "
-                                      "(KFACTORY_MAX_SOURCE_BYTES): write a smaller kernel")
+                              message=f"the source is {why}: write a smaller kernel")
             await self.bus.publish(ev.make_event(cid, self.name, pp.point_id, rejected=rej))
             return
         cand_id = ev.candidate_id(source, language, flags, entry, threads, pp.target, launch_json)

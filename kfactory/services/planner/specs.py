@@ -125,7 +125,6 @@ MANUAL_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 
 
 def _check_manual(spec: pb.CampaignSpec, settings: Settings, target: str) -> None:
-    limit = settings.max_source_bytes
     seen: set[str] = set()
     for m in spec.manual_sources:
         if not MANUAL_NAME.fullmatch(m.name):
@@ -133,9 +132,8 @@ def _check_manual(spec: pb.CampaignSpec, settings: Settings, target: str) -> Non
         if m.name in seen:   # one origin and one design point: the second would be taken for the first
             raise SpecError(f"manual_sources (--manual): two kernels are named {m.name!r}; give each its own name")
         seen.add(m.name)
-        if len(m.source.encode()) > limit:
-            raise SpecError(f"manual_sources[{m.name}]: {len(m.source.encode())} bytes, over the {limit}-byte "
-                            "limit (KFACTORY_MAX_SOURCE_BYTES)")
+        if why := settings.oversized(m.source):
+            raise SpecError(f"manual_sources[{m.name}]: {why}")
         # refused here too (the compiler refuses them whatever their way in), so the client hears it at once
         if target in FLAG_TARGETS:
             try:
