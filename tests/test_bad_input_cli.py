@@ -122,6 +122,17 @@ def test_a_filter_that_is_no_campaign_id_is_one_line_and_exit_2(nats_url, args, 
     _one_line_usage_error(_cli(*args, *(("--nats-url", nats_url) if args[0] == "dead-letters" else ())), says)
 
 
+@pytest.mark.parametrize("args", [("submit", "softmax", "--budget", "1", "--planner", "127.0.0.1:1"),
+                                  ("status", "--planner", "127.0.0.1:1"),
+                                  ("best", "softmax", "--memory", "127.0.0.1:1")])
+def test_a_service_that_cannot_be_reached_is_exit_69_to_try_again_later(args):
+    """UNAVAILABLE was exit 1, as a campaign that failed; `kfactory run` exits 69 (EX_UNAVAILABLE) when the host is
+    too busy to check a reference, and a script retries on 69."""
+    r = _cli(*args)
+    assert r.returncode == 69 and r.stderr.startswith("kfactory: 127.0.0.1:1: UNAVAILABLE: "), r
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and not r.stdout
+
+
 # -- 8d: an unknown campaign's leaderboard ----------------------------------------------------------------------
 async def test_best_of_an_unknown_campaign_says_so_and_fails(bus_settings, space):
     running = await start_services(bus_settings, names=("planner", "memory"))

@@ -24,6 +24,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import DecodeError
 
 from kfactory.bus import events as ev
+from kfactory.cli import EXIT_UNAVAILABLE
 from kfactory.platform import security
 from kfactory.platform.evidence_client import EvidenceClient
 from kfactory.evidence import warm_sources
@@ -114,8 +115,10 @@ _settings = None
 
 
 def _client_error(addr: str, e: grpc.aio.AioRpcError) -> ClientError:
-    """A service's refusal as the CLI tells it (exit code 2 for a bad request, 1 otherwise)."""
-    code = 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+    """A service's refusal as the CLI tells it: exit code 2 for a bad request, 69 (EX_UNAVAILABLE, as `kfactory run`
+    exits when the host is too busy to check a reference) for a service that cannot answer now (unreachable, NATS
+    down, its host busy: the same command may succeed later), 1 otherwise."""
+    code = {grpc.StatusCode.INVALID_ARGUMENT: 2, grpc.StatusCode.UNAVAILABLE: EXIT_UNAVAILABLE}.get(e.code(), 1)
     # clipped: a server that predates grpcutil.ClipDetails may quote megabytes of the request back
     return ClientError(f"{addr}: {e.code().name}: {clip(e.details() or '')}", code, e.code())
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from kfactory.cli import EXIT_UNAVAILABLE
 from kfactory.platform.config import Settings
 from kfactory.platform.fsutil import out_dir
 from kfactory.platform.heap import keep_freed_memory_if_set
@@ -16,8 +17,6 @@ from kfactory.observability.log import configure
 from kfactory.platform.spec_ranges import cli_type
 
 EXIT_USAGE = 2
-#: a service or the host could not do it now; the same command may succeed later (sysexits' EX_UNAVAILABLE)
-EXIT_UNAVAILABLE = 69
 
 
 #: the settings a flag overrides (field: the argparse dest that holds it), each named by its flag in an error
@@ -504,9 +503,8 @@ def _dispatch(args, settings: Settings) -> int:
 
 def _dead_letters(args, settings: Settings) -> int:
     """`kfactory dead-letters`; a --campaign or --stage that is no subject token is a usage error (ClientError)."""
-    from kfactory.platform.app import WiringError
     from kfactory.bus.errors import BusUnavailable
-    from kfactory.cli.client import check_campaign_id, check_stage
+    from kfactory.cli.client import ClientError, check_campaign_id, check_stage
     from kfactory.bus.causes import cause_of
     from kfactory.bus.deadletters import command
 
@@ -517,8 +515,8 @@ def _dead_letters(args, settings: Settings) -> int:
     try:
         return asyncio.run(command(settings, args.stage, args.campaign, args.replay, sys.stdout,
                                    args.answer_timeout, cause_of(args.cause) if args.cause else None))
-    except BusUnavailable as e:
-        raise WiringError(str(e)) from e
+    except BusUnavailable as e:   # NATS cannot answer now, as a service that cannot: the same command may work later
+        raise ClientError(str(e), EXIT_UNAVAILABLE) from e
 
 
 
