@@ -199,3 +199,20 @@ def test_a_killed_run_s_nats_store_is_removed_by_the_next_embedded_server(tmp_pa
     assert not left.exists() and server.store_dir.is_dir()
     server.stop()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_nats_server_that_fails_to_start_says_why_and_leaves_no_store(tmp_path, monkeypatch):
+    """Its error named nats.log in a store it then kept until the next run swept it; the error now carries the
+    log's last words, and the store goes."""
+    import socket
+
+    from kfactory.bus.natsd import EmbeddedNats, NatsServerError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with socket.socket() as taken:   # the port the server is told to listen on is someone else's
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = EmbeddedNats(port=taken.getsockname()[1])
+        with pytest.raises(NatsServerError, match=r"nats-server exited with 1: .*address already in use"):
+            server.start()
+    assert os.listdir(tmp_path) == []

@@ -28,6 +28,15 @@ def nats_server_binary() -> str:
     return found
 
 
+def _tail(log: Path, lines: int = 3) -> str:
+    """The last lines of a server's log, joined ("" when it wrote none)."""
+    try:
+        text = log.read_bytes()[-4000:].decode(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text.splitlines()[-lines:] if line.strip())
+
+
 class EmbeddedNats:
     """Runs `nats-server -js` in a temporary store directory; `url` is valid after start()."""
 
@@ -64,7 +73,7 @@ class EmbeddedNats:
             args += ["-c", str(conf)]
         if self.user:
             args += ["--user", self.user, "--pass", self.password or ""]
-        log = open(self.store_dir / "nats.log", "ab")
+        log_path = self.store_dir / "nats.log"
         # a process group of its own: a Ctrl-C reaches the terminal's whole group, and a server stopped by it
         # at once would take the bus away while the campaign still publishes its cancellation and summary;
         # this process stops it last (stop()). With setpriv at hand the kernel also stops it when the thread
@@ -72,11 +81,16 @@ class EmbeddedNats:
         # the shared group did; so start() must run on a thread that lives as long as the server (the event
         # loop's, as kfactory run's), not a worker's. Without setpriv, a killed parent leaves it running.
         guard = [setpriv, "--pdeathsig", "TERM", "--"] if (setpriv := shutil.which("setpriv")) else []
-        self.proc = subprocess.Popen([*guard, *args], stdout=log, stderr=subprocess.STDOUT, process_group=0)
+        with open(log_path, "ab") as log:   # the server's own descriptor; this process keeps none
+            self.proc = subprocess.Popen([*guard, *args], stdout=log, stderr=subprocess.STDOUT, process_group=0)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise NatsServerError(f"nats-server exited with {self.proc.returncode}; see {self.store_dir}/nats.log")
+                # its words, before stop() removes a store of its own (the log with it)
+                said = _tail(log_path)
+                code = self.proc.returncode
+                self.stop()
+                raise NatsServerError(f"nats-server exited with {code}" + (f": {said}" if said else ""))
             url = self._read_ports(ports_dir)
             if url:
                 self.url = url
