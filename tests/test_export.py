@@ -335,6 +335,27 @@ def test_a_new_export_under_the_same_name_leaves_nothing_of_the_old_one(judged, 
     assert export(judged["reference"], problem, "c", "kf_eng", engine)
 
 
+def test_a_file_the_user_makes_while_the_export_builds_is_not_written_over(judged, small_softmax, tmp_path,
+                                                                          monkeypatch):
+    """The directory was checked before the export's build (seconds: the shared object is built and its symbols
+    read), and not again before writing."""
+    from kfactory.export import c as cexport
+
+    out = tmp_path / "late"
+    built = cexport._exports_only
+
+    def meanwhile(*args, **kwargs):
+        source = built(*args, **kwargs)
+        out.mkdir()
+        (out / "kf_late.h").write_text("/* the user's, made during the build */\n")
+        return source
+
+    monkeypatch.setattr(cexport, "_exports_only", meanwhile)
+    with pytest.raises(ExportError, match=r"holds kf_late\.h, which no export of kf_late wrote"):
+        export(judged["reference"], load_problem(small_softmax), "c", "kf_late", out)
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"kf_late.h": "/* the user's, made during the build */\n"}
+
+
 # -- torch --------------------------------------------------------------------------------------------------------
 
 def test_torch_op_on_the_cpu_and_under_compile(judged, small_softmax, tmp_path, monkeypatch):

@@ -285,6 +285,9 @@ def write_c(j: Judged, problem, name: str, out_dir: Path, also: tuple[str, ...] 
         files[source_name(j, name)] = source
     files[f"{name}.h"] = header(j, problem, name, summary_lines(j, problem, name))
     out_dir.mkdir(parents=True, exist_ok=True)
+    # again: the build above takes seconds, and a file the user made meanwhile is as much theirs (the first check
+    # only spared them the wait)
+    check_owner(out_dir, name, writes)
     clear_previous(out_dir, name)
     assert set(files) <= set(writes), "write_c writes a file check_owner did not check"
     files["build.sh"] = files["build.sh"].rstrip("\n") + f"\n{WROTE}{' '.join(sorted(writes))}\n"
