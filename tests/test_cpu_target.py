@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import signal
+import subprocess
 import sys
 
 import numpy as np
@@ -101,6 +102,35 @@ def test_a_missing_entry_is_a_compile_error_that_says_what_to_fix(target, langua
     assert said in res.message and res.message.startswith("the shared object has no function 'kernel'")
     ok = target.compile('extern "C" void kernel(float *x) {}', "cpp", "-O2", "kernel")
     assert ok.ok, ok.message
+
+
+def test_an_entry_defined_weak_indirect_or_versioned_is_found(target, tmp_path):
+    """nm -D types an inline C++ function W and an ifunc i, and names a version script's symbol kernel@@V1: each
+    is a function dlsym finds under its name."""
+    from kfactory.targets.cpu.target import _dynamic_symbols
+
+    weak = target.compile("__attribute__((weak)) void kernel(float *x) {}", "c", "-O2", "kernel")
+    ifunc = target.compile("static void impl(float *x) {}\nstatic void (*pick(void))(float *) { return impl; }\n"
+                           "void kernel(float *x) __attribute__((ifunc(\"pick\")));", "c", "-O2", "kernel")
+    assert weak.ok and ifunc.ok, (weak.message, ifunc.message)
+    (tmp_path / "k.c").write_text("void kernel(float *x) {}\n")
+    (tmp_path / "v.map").write_text("V1 { global: kernel; local: *; };\n")
+    subprocess.run([target.settings.cc, "-shared", "-fPIC", "-o", str(tmp_path / "k.so"), str(tmp_path / "k.c"),
+                    f"-Wl,--version-script={tmp_path / 'v.map'}"], check=True)
+    assert "kernel" in _dynamic_symbols(tmp_path / "k.so")[1]
+
+
+def test_nm_missing_or_failing_is_the_harness_s_error_not_the_kernel_s(target, tmp_path, monkeypatch):
+    """A kernel is never refused for 'no function kernel' because nm could not tell."""
+    from kfactory.sandbox.parent import HarnessError
+    from kfactory.targets.cpu.target import _dynamic_symbols
+
+    (tmp_path / "junk.so").write_text("not an object")
+    with pytest.raises(HarnessError, match="nm could not read the compiled kernel junk.so: "):
+        _dynamic_symbols(tmp_path / "junk.so")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(HarnessError, match=r"nm \(binutils\) is needed"):
+        _dynamic_symbols(tmp_path / "junk.so")
 
 
 def test_report_lists_imported_symbols(target, problem):

@@ -151,6 +151,10 @@ def test_problems_on_a_name_that_is_no_problem_is_a_usage_error(capsys, tmp_path
     monkeypatch.chdir(tmp_path)
     assert main(["problems", action, "nothere"]) == 2
     assert capsys.readouterr().err.startswith("kfactory: no problem 'nothere': not a directory with problem.yaml")
+    assert main(["problems", action, "engine:no-such-model"]) == 2
+    assert capsys.readouterr().err.startswith("kfactory: engine: no model 'no-such-model'")
+    assert main(["problems", action, "replay:no/such.json.gz"]) == 2
+    assert capsys.readouterr().err.startswith("kfactory: replay: no such file 'no/such.json.gz'")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "problem.yaml").write_text("name: [\n")
     assert main(["problems", action, "broken"]) == 1

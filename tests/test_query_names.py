@@ -116,6 +116,8 @@ def test_an_unknown_problem_is_a_usage_error_and_a_known_one_answers(famok, monk
     (("best", "famok", "--shape", "abc"), "argument --shape: malformed shape 'abc'"),
     (("export", "famok", "--shape", "64x", "--format", "c", "--name", "k", "--out", "k"), "malformed shape '64x'"),
     (("export", "famok", "--target", "gpu", "--format", "c", "--name", "k", "--out", "k"), "unknown target 'gpu'"),
+    (("evidence", "export", "--target", "gpu", "--out", "k"), "unknown target 'gpu'"),
+    (("best", "famok", "--shape", "prefill_"), "malformed shape 'prefill_'"),
 ])
 def test_a_mistyped_target_or_shape_is_a_usage_error_not_no_measurement(famok, monkeypatch, capsys, tmp_path, argv,
                                                                         said):
@@ -130,6 +132,11 @@ def test_a_mistyped_target_or_shape_is_a_usage_error_not_no_measurement(famok, m
     # well formed, the same filters answer: a target of no campaign has nothing, one architecture is a filter
     rc, out, _ = _cli(monkeypatch, capsys, famok["data"], "lessons", "famok", "--target", "cuda:sm_90a")
     assert (rc, out) == (0, "no lessons yet: no campaign of famok on cuda:sm_90a is in memory\n")
+    rc, out, _ = _cli(monkeypatch, capsys, famok["data"], "lessons", "famok", "--target", "cpu:")   # get_target's cpu
+    assert rc == 0 and out.startswith("- best: fastest so far"), out
+    # an engine's timings are named by its decode context and its prefill: shapes too
+    rc, _, err = _cli(monkeypatch, capsys, famok["data"], "best", "famok", "--shape", "prefill_128")
+    assert rc == 1 and err.startswith("kfactory: no measurement of 'famok' prefill_128, or none"), err
     # a service (a gRPC client) is refused alike, not answered with nothing
     archive = Archive.reader(famok["data"] / "archive.sqlite", problem_name)
     try:

@@ -20,6 +20,7 @@ from kfactory.judge.measure import available_baselines
 from kfactory.judge.rotated import measure_rotated
 from kfactory.judge.verify import verify
 from kfactory.problems import load_problem
+from kfactory.sandbox.parent import HarnessError
 from kfactory.targets import get_target
 from kfactory.targets.flags import FLAG_TARGETS, check_flags
 from kfactory.v1 import events_pb2 as pb
@@ -68,6 +69,9 @@ def check(problem_name: str, target_spec: str, source: str, flags: str, settings
     """The verdict on one kernel as a JSON-ready dict (see the README for its fields)."""
     problem = load_problem(problem_name)
     target = get_target(target_spec, settings)
+    if target.name == "replay":   # its candidates are recorded points, not sources
+        raise ValueError("the replay target judges a recorded tuning space's points, not a source: check a kernel on "
+                         "cpu or cuda")
     if language not in target.languages:   # a usage error, not a rejected kernel
         raise ValueError(f"the {target.name} target compiles {' or '.join(target.languages)}, not {language!r}: "
                          "give --language or --target to match the source")
@@ -162,7 +166,7 @@ def command(args, settings) -> int:
         print(f"kfactory check: {why}", file=sys.stderr)
         return EXIT_USAGE
 
-    if args.language is None and args.source.suffix.lower() not in LANGUAGES:   # not guessed: .cxx read as C
+    if args.language is None and args.source.suffix.lower() not in LANGUAGES:   # not guessed: .cxx was read as C
         print(f"kfactory check: cannot tell the language of --source {args.source} from its suffix (known: "
               f"{', '.join(LANGUAGES)}): give --language", file=sys.stderr)
         return EXIT_USAGE
@@ -175,6 +179,9 @@ def command(args, settings) -> int:
     except ValueError as e:  # ProblemError, UnknownTarget, a bad target option: the message says what to fix
         print(f"kfactory check: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except HarnessError as e:   # the judge could not work here (a tool missing): no verdict on the kernel
+        print(f"kfactory check: no verdict: {e}", file=sys.stderr)
+        return 1
     if not out["compiled"] and (out["compile"] or {}).get("log"):
         out["compile"]["log"] = COPY_PATH.sub(str(args.source), out["compile"]["log"])
     text = json.dumps(out, indent=2)

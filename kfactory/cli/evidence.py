@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from kfactory.cli import query_filter
+
 WHERE = ("Works on the local workspace under KFACTORY_DATA_DIR, or on the running memory service whose address is "
          "given (--memory or KFACTORY_MEMORY_ADDR).")
 
@@ -20,7 +22,8 @@ def add_parser(sub) -> None:
     e = esub.add_parser("export", help="write the archive's campaigns, sources, measurements, verification records "
                                        "and regression inputs as one compressed, versioned bundle")
     e.add_argument("--problem", default="", help="only this problem's campaigns (default: every problem)")
-    e.add_argument("--target", default="", help="only this target's: cpu, cuda (any architecture), cuda:sm_90a")
+    e.add_argument("--target", default="", type=query_filter("filter_error"),
+                   help="only this target's: cpu, cuda (any architecture), cuda:sm_90a")
     e.add_argument("--out", type=Path, required=True, help="the bundle file to write (e.g. evidence/softmax.json.gz)")
     i = esub.add_parser("import", help="merge a bundle into the workspace or memory service (idempotent; a bundle "
                                        "that conflicts with what is there is refused whole, with the reasons)")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kfactory.cli import EXIT_UNAVAILABLE
+from kfactory.cli import EXIT_UNAVAILABLE, query_filter
 from kfactory.platform.config import Settings
 from kfactory.platform.fsutil import out_dir
 from kfactory.platform.heap import keep_freed_memory_if_set
@@ -56,18 +56,6 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-model", help="model name as the endpoint knows it (env KFACTORY_LLM_MODEL)")
     p.add_argument("--llm-api-key", help="prefer the env KFACTORY_LLM_API_KEY (a flag shows in ps)")
     p.add_argument("--llm-concurrency", type=int, help="requests in flight per persona (env KFACTORY_LLM_CONCURRENCY)")
-
-
-def _filter(check: str):
-    """An argparse `type=` for a query's --target or --shape: one kfactory.targets' `check` (filter_error,
-    shape_error) finds wrong is refused (argparse names the flag, exits 2) instead of matching nothing."""
-    def parse(text: str) -> str:
-        import kfactory.targets   # numpy with it: only for a command given the flag
-
-        if text and (err := getattr(kfactory.targets, check)(text)):
-            raise argparse.ArgumentTypeError(err)
-        return text
-    return parse
 
 
 def _spec_args(p: argparse.ArgumentParser) -> None:
@@ -263,11 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"The best kernel for a problem, a campaign's leaderboard, or one candidate's "
                                    f"evidence and source. {LOCAL_RULE}")
     p.add_argument("problem", nargs="?")
-    p.add_argument("--shape", default="", type=_filter("shape_error"), help="the fastest at this shape (4096x4096)")
+    p.add_argument("--shape", default="", type=query_filter("shape_error"),
+                   help="the fastest at this shape (4096x4096)")
     p.add_argument("--device", default="")
     p.add_argument("--campaign", help="show this campaign's leaderboard instead (id or unique prefix)")
     p.add_argument("--candidate", help="show one candidate's full evidence and source (id or unique prefix)")
-    p.add_argument("--target", default="", type=_filter("filter_error"),
+    p.add_argument("--target", default="", type=query_filter("filter_error"),
                    help="cpu, cuda (any architecture) or cuda:sm_90a (only that one)")
     _query_args(p)
 
@@ -275,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"What memory would seed a campaign of a problem with. {LOCAL_RULE}")
     p.add_argument("problem")
     p.add_argument("--family", action="append", default=[], help="restrict to these families")
-    p.add_argument("--target", default="", type=_filter("filter_error"),
+    p.add_argument("--target", default="", type=query_filter("filter_error"),
                    help="the new campaign's target (cpu, cuda, cuda:sm_90a): only its families' evidence (default: "
                         "every family's)")
     p.add_argument("--limit", type=cli_type("priors_limit"), default=8)
@@ -284,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("lessons", help="what memory learned about a problem on a target (what agents are told)",
                        description=f"What memory learned about a problem on a target. {LOCAL_RULE}")
     p.add_argument("problem")
-    p.add_argument("--target", default="", type=_filter("filter_error"),
+    p.add_argument("--target", default="", type=query_filter("filter_error"),
                    help="cpu, cuda (any architecture) or cuda:sm_90a (only that one); default: every target")
     p.add_argument("--limit", type=int, default=6, help="lessons per kind")
     _query_args(p)
@@ -330,9 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kernel", metavar="ID|PROBLEM|MODEL", help="a candidate id (or unique prefix), or a problem: its "
                                                               "fastest measured kernel; or a model: its best verified "
                                                               "engine (kfactory engine run)")
-    p.add_argument("--shape", default="", type=_filter("shape_error"),
+    p.add_argument("--shape", default="", type=query_filter("shape_error"),
                    help="with a PROBLEM: the fastest at this shape (4096x4096)")
-    p.add_argument("--target", default="", type=_filter("filter_error"),
+    p.add_argument("--target", default="", type=query_filter("filter_error"),
                    help="with a PROBLEM: on this target (default cpu)")
     p.add_argument("--format", dest="fmt", required=True, choices=("c", "python", "torch"))
     p.add_argument("--name", required=True, help="the exported function's name (a C identifier)")

@@ -25,7 +25,7 @@ from typing import Any
 
 from kfactory.engines.design import KERNEL_FIELDS, DesignError, EngineDesign, prefer_calm, space
 from kfactory.engines.order import order, with_kernels
-from kfactory.problems.package import Family, Problem, ProblemError
+from kfactory.problems.package import Family, NoSuchProblem, Problem, ProblemError
 from kfactory.problems.spec import FamilySpec, ProblemSpec
 
 PREFIX = "engine:"
@@ -187,10 +187,13 @@ def load_engine_problem(text: str) -> EngineProblem:
     searched kernels its designs may link) -> its engine problem; ProblemError naming what to fix when the model
     does not load or a kernel id is no candidate id."""
     from kfactory.models import ModelError, load_model
+    from kfactory.models.errors import NoSuchModel
 
     model, kernel_ids = parse_locator(text)
     try:
         package = load_model(model)
+    except NoSuchModel as e:   # a mistyped name, as a problem's
+        raise NoSuchProblem(f"engine: {e}") from e
     except ModelError as e:
         raise ProblemError(f"engine: {e}") from e
     try:

@@ -213,9 +213,14 @@ def _verification(best_id: str, events: list[pb.Event], engine: bool = False) ->
 def _budget(spec: pb.CampaignSpec) -> str:
     """The spec's budget in words: the limits it set, each (candidates, seconds, device seconds)."""
     parts = [f"{spec.budget_candidates} candidates" if spec.budget_candidates else "",
-             f"{spec.budget_seconds:g} s" if spec.budget_seconds else "",
-             f"{spec.budget_device_seconds:g} device s" if spec.budget_device_seconds else ""]
+             f"{_seconds(spec.budget_seconds)} s" if spec.budget_seconds else "",
+             f"{_seconds(spec.budget_device_seconds)} device s" if spec.budget_device_seconds else ""]
     return ", ".join(p for p in parts if p) or "none"
+
+
+def _seconds(s: float) -> str:
+    """Seconds as a person writes them: 90, 12.5, 2592000 (never 2.592e+06)."""
+    return f"{s:.0f}" if float(s).is_integer() else f"{s:.2f}".rstrip("0")
 
 
 def _leaderboard(measured: list[pb.Measured], campaign: str, verdicts: Verdicts, limit: int = 10) -> list[str]:
@@ -237,8 +242,8 @@ def _leaderboard(measured: list[pb.Measured], campaign: str, verdicts: Verdicts,
         note = "; ".join(NOTES[n] for n in verdicts.notes(campaign, m))
         at = {t.shape: _ms(t.median_s) for t in m.timings}
         cells = ([_ms(m.score_s)] if weighted else []) + [at.get(s, "") for s in shapes]
-        out.append(f"| {i} | `{c.id[:12]}` | {c.origin} | `{params}` | {c.compile_flags} | {note} | "
-                   + " | ".join(cells) + " |")
+        row = [str(i), f"`{c.id[:12]}`", c.origin, f"`{params}`", c.compile_flags, note, *cells]
+        out.append("| " + " | ".join(row) + " |")
     return out + [""]
 
 

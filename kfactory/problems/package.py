@@ -29,12 +29,15 @@ BUILTIN_DIR = Path(__file__).parent
 
 #: a source file's language from its suffix
 LANGUAGES = {".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".c++": "cpp", ".cu": "cuda", ".ptx": "ptx"}
+#: suffixes whose case decides, as gcc reads them: .C is C++
+CASED_LANGUAGES = {".C": "cpp"}
 
 
 def language_of(path: Path | str, target: str) -> str:
     """The language of a source file by its suffix (.c, .cpp, .cu, .ptx); unknown suffixes get the target's
     usual language."""
-    return LANGUAGES.get(Path(path).suffix.lower(), "cuda" if target.startswith("cuda") else "c")
+    suffix = Path(path).suffix
+    return CASED_LANGUAGES.get(suffix) or LANGUAGES.get(suffix.lower(), "cuda" if target.startswith("cuda") else "c")
 
 
 class ProblemError(ValueError):

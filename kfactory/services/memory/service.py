@@ -8,6 +8,7 @@ import time
 import grpc
 import nats.errors
 
+from kfactory import targets
 from kfactory.evidence import bundle as evidence_bundle
 from kfactory.observability import tracing as telemetry
 from kfactory.bus.errors import ArtifactMissing
@@ -175,7 +176,10 @@ class EvidenceApi(sgrpc.EvidenceServicer):
         return await self._answer(self.m.queries.report, request, context)
 
     async def ExportBundle(self, request, context):
-        """The archive's evidence as a bundle (kfactory/evidence/bundle.py), in chunks under gRPC's message limit."""
+        """The archive's evidence as a bundle (kfactory/evidence/bundle.py), in chunks under gRPC's message limit; a
+        mistyped target is INVALID_ARGUMENT, not an empty bundle."""
+        if err := request.target and targets.filter_error(request.target):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, err)
         data = await asyncio.to_thread(lambda: evidence_bundle.dumps(evidence_bundle.export_bundle(
             self.m.archive, self.m.workspace.get, request.problem, request.target)))
         for start in range(0, len(data), evidence_bundle.CHUNK_BYTES):

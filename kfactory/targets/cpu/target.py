@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import platform
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from kfactory.observability.stagetime import span
 from kfactory.platform import scratch
 from kfactory.platform.fsutil import atomic_write
 from kfactory.problems.params import abi_argtypes
-from kfactory.sandbox.parent import Runner
+from kfactory.sandbox.parent import HarnessError, Runner
 from kfactory.sandbox.shm import ArenaRing, ShmBuffers, request_buffers, ring_bytes
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Load
 from kfactory.targets.cpu.ceiling import ceilings
@@ -164,16 +165,23 @@ def _refused(violations, report: pb.CompileReport, what: str) -> CompileResult:
 
 
 def _dynamic_symbols(path: Path) -> tuple[list[str], set[str]]:
-    """The shared object's undefined symbols (sorted: what it imports) and the functions it defines, as dlsym sees
-    them (nm -D: a static or hidden function is not there)."""
-    proc = subprocess.run(["nm", "-D", str(path)], capture_output=True, text=True)
+    """The shared object's undefined symbols (sorted: what it imports, versioned as expf@GLIBC_2.27) and the
+    functions it defines, by name (kernel@@V1 is kernel), as dlsym sees them (nm -D: a static or hidden function is
+    not there). HarnessError when nm is missing or cannot read it: the harness's failure, not the kernel's."""
+    nm = shutil.which("nm")
+    if nm is None:
+        raise HarnessError("nm (binutils) is needed to read a compiled kernel's symbols: install binutils")
+    proc = subprocess.run([nm, "-D", str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        said = next((line for line in proc.stderr.splitlines() if line.strip()), f"exit {proc.returncode}")
+        raise HarnessError(f"nm could not read the compiled kernel {path.name}: {said}")
     undefined, functions = set(), set()
     for line in proc.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2:                       # no address: undefined ("U expf", "w __gmon_start__")
             undefined.add(parts[1])
         elif len(parts) == 3 and parts[1] in "TWi":  # text, weak (C++ inline) or indirect (ifunc) function
-            functions.add(parts[2])
+            functions.add(parts[2].split("@", 1)[0])
     return sorted(undefined), functions
 
 

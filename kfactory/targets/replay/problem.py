@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kfactory.problems.package import Problem, ProblemError
+from kfactory.problems.package import NoSuchProblem, Problem, ProblemError
 from kfactory.problems.spec import ProblemSpec
 from kfactory.targets.replay.cache import FAMILY_NAME, RecordedSpace, load_space
 
@@ -81,6 +81,9 @@ def load_replay_problem(locator: str) -> ReplayProblem:
     path = locator[len(PREFIX):] if locator.startswith(PREFIX) else locator
     if not path:
         raise ProblemError("replay: give the path of a Kernel Tuner cache file, as replay:<path>.json.gz")
+    if not Path(path).expanduser().exists():   # a mistyped path, as a problem's mistyped name
+        raise NoSuchProblem(f"replay: no such file {path!r}: give the path of a Kernel Tuner cache file, as "
+                            "replay:<path>.json.gz")
     try:
         space = load_space(path)
     except ValueError as e:
