@@ -55,15 +55,15 @@ def test_a_mistake_is_one_line_and_exit_2_before_anything_starts(tmp_path, host_
 
 @pytest.mark.parametrize("sig, to_group, code, name", [(signal.SIGINT, True, 130, "Ctrl-C"),
                                                        (signal.SIGTERM, False, 143, "SIGTERM")])
-def test_ctrl_c_or_sigterm_cancels_the_campaign_and_writes_what_finished(tmp_path, host_ceilings, sig, to_group,
-                                                                        code, name):
+def test_ctrl_c_or_sigterm_cancels_the_campaign_and_writes_what_finished(tmp_path, host_ceilings, small_softmax, sig,
+                                                                        to_group, code, name):
     """Ctrl-C as a terminal sends it: to the whole process group, the embedded nats-server and the compilers
     too. The bus stays up until the campaign has said it was cancelled, and a compile the signal stopped is not a
     compile failure of its candidate. SIGTERM as `kill`, docker or Kubernetes send it, to the process alone: the
     same end (it left the campaign 'running' in the archive for good, and no report)."""
     summary = tmp_path / "out.json"
     # progress lines: "  12s proposed 3 compiled 2 verified 1 ..."
-    got, _, err = ctrl_c_when([*KFACTORY, "run", "softmax", "--target", "cpu", "--budget", "40", "--warm", "0",
+    got, _, err = ctrl_c_when([*KFACTORY, "run", small_softmax, "--target", "cpu", "--budget", "40", "--warm", "0",
                                "--json", str(summary)],
                               lambda line: " verified " in line and " verified 0 " not in line, 120,
                               ready_on="stderr", env=_env(tmp_path, host_ceilings), cwd=tmp_path, sig=sig,
