@@ -149,6 +149,7 @@ def test_a_compile_killed_midway_leaves_a_directory_the_next_compile_removes(tmp
     assert (left / "k.c").is_file()
 
     monkeypatch.setattr(tempfile, "tempdir", str(base))
+    monkeypatch.delenv("KFACTORY_CPU_OBJECT_CACHE")   # compiled for real, not read from the session's cache
     target = CpuTarget(Settings(cc="cc", data_dir=tmp_path / "data"))
     result = target.compile("int k(void) { return 1; }\n", "c", "-O2", "k")
     assert result.ok and result.artifact

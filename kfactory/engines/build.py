@@ -27,7 +27,7 @@ from pathlib import Path
 from kfactory.judge import quiet
 from kfactory.observability.log import get_logger
 from kfactory.platform import scratch
-from kfactory.platform.fsutil import atomic_write
+from kfactory.platform.fsutil import atomic_write, others_may_write
 from kfactory.targets.base import check_not_interrupted
 
 #: flags of every engine build; -z defs makes an unresolved symbol a build failure, not a load failure
@@ -154,12 +154,9 @@ def _shared_cache(cc: str) -> Path | None:
 
 def _mine_alone(d: Path, shared: Path) -> bool:
     """Whether the directory `d` belongs to this user and no one else may write to it; else refused, logged."""
-    st = d.stat()
-    if st.st_uid == os.getuid() and not st.st_mode & 0o022:
+    if not (why := others_may_write(d)):
         return True
-    _refuse_once(str(shared), f"{d} must belong to this user (uid {os.getuid()}, not {st.st_uid}) and be writable "
-                 f"by no one else (mode {st.st_mode & 0o777:o}): an object planted there would run as this user; "
-                 "chmod go-w it, or unset KFACTORY_ENGINE_OBJECT_CACHE")
+    _refuse_once(str(shared), f"{why}; chmod go-w it, or unset KFACTORY_ENGINE_OBJECT_CACHE")
     return False
 
 

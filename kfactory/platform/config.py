@@ -59,6 +59,10 @@ class Settings(BaseSettings):
                                              "directory on this host shares (kfactory/engines/build.py): an engine "
                                              "one workspace built is copied, checked by its sha256, where another "
                                              "would build it again; unset: each data directory builds its own")
+    cpu_object_cache: Path | None = Field(None, description="a directory of compiled cpu kernels that every data "
+                                          "directory on this host shares (kfactory/targets/cpu/cache.py): a kernel "
+                                          "one workspace compiled is read, where another would compile it again; "
+                                          "unset: each data directory keeps its own (DATA_DIR/cc_cache)")
     threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     runner_timeout_s: float = Field(20.0, gt=0)
     runner_max_runs: int = Field(500, ge=1)
@@ -200,7 +204,7 @@ class Settings(BaseSettings):
     health_addr: str | None = Field(None, description="gRPC health service of `kfactory serve`, e.g. 0.0.0.0:8081 "
                                                       "(Kubernetes probes); unset: none")
 
-    @field_validator("engine_object_cache", "archive_path", mode="before")
+    @field_validator("engine_object_cache", "cpu_object_cache", "archive_path", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value   # else Path("") is the working directory, which nobody asked for
@@ -211,7 +215,7 @@ class Settings(BaseSettings):
         # KFACTORY_DATA_DIR= (set, empty) made the working directory the workspace, which nobody asked for
         return _default_data_dir() if value == "" else value
 
-    @field_validator("engine_object_cache")
+    @field_validator("engine_object_cache", "cpu_object_cache")
     @classmethod
     def _shared_by_absolute_path(cls, value: Path | None) -> Path | None:
         if value is None:

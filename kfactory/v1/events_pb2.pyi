@@ -271,7 +271,7 @@ class AgentTask(_message.Message):
     def __init__(self, persona: _Optional[str] = ..., device: _Optional[_Union[DeviceInfo, _Mapping]] = ...) -> None: ...
 
 class CompileReport(_message.Message):
-    __slots__ = ("compiler", "seconds", "artifact_bytes", "imports", "log_digest", "log_excerpt", "warnings", "arch", "registers", "shared_bytes", "stack_bytes", "spill_store_bytes", "spill_load_bytes", "local_bytes", "const_bytes")
+    __slots__ = ("compiler", "seconds", "artifact_bytes", "imports", "log_digest", "log_excerpt", "warnings", "arch", "registers", "shared_bytes", "stack_bytes", "spill_store_bytes", "spill_load_bytes", "local_bytes", "const_bytes", "cached")
     COMPILER_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +287,7 @@ class CompileReport(_message.Message):
     SPILL_LOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
     compiler: str
     seconds: float
     artifact_bytes: int
@@ -302,7 +303,8 @@ class CompileReport(_message.Message):
     spill_load_bytes: int
     local_bytes: int
     const_bytes: int
-    def __init__(self, compiler: _Optional[str] = ..., seconds: _Optional[float] = ..., artifact_bytes: _Optional[int] = ..., imports: _Optional[_Iterable[str]] = ..., log_digest: _Optional[str] = ..., log_excerpt: _Optional[str] = ..., warnings: _Optional[int] = ..., arch: _Optional[str] = ..., registers: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., stack_bytes: _Optional[int] = ..., spill_store_bytes: _Optional[int] = ..., spill_load_bytes: _Optional[int] = ..., local_bytes: _Optional[int] = ..., const_bytes: _Optional[int] = ...) -> None: ...
+    cached: bool
+    def __init__(self, compiler: _Optional[str] = ..., seconds: _Optional[float] = ..., artifact_bytes: _Optional[int] = ..., imports: _Optional[_Iterable[str]] = ..., log_digest: _Optional[str] = ..., log_excerpt: _Optional[str] = ..., warnings: _Optional[int] = ..., arch: _Optional[str] = ..., registers: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., stack_bytes: _Optional[int] = ..., spill_store_bytes: _Optional[int] = ..., spill_load_bytes: _Optional[int] = ..., local_bytes: _Optional[int] = ..., const_bytes: _Optional[int] = ..., cached: _Optional[bool] = ...) -> None: ...
 
 class Check(_message.Message):
     __slots__ = ("shape", "distribution", "seed", "max_abs_err", "max_rel_err", "norm_rel_err", "passed", "worst_index", "note", "seconds")

@@ -6,6 +6,7 @@ import platform
 import shutil
 import subprocess
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from kfactory.problems.params import abi_argtypes
 from kfactory.sandbox.parent import HarnessError, Runner
 from kfactory.sandbox.shm import ArenaRing, ShmBuffers, request_buffers, ring_bytes
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Load
+from kfactory.targets.cpu import cache
 from kfactory.targets.cpu.ceiling import ceilings
 from kfactory.targets.cpu.cpuinfo import cpu_flags, read_cpuinfo
 from kfactory.targets.cpu.rules import check_imports, check_source
@@ -83,6 +85,8 @@ class CpuTarget(Target):
         self.settings = settings
         self.cache_dir = Path(settings.data_dir) / "so"
         self.cache_dir.mkdir(parents=True, exist_ok=True)
+        # compiled kernels by what decides them (cache.py): shared between data directories where the setting says
+        self.cache = cache.CompileCache(settings.cpu_object_cache or Path(settings.data_dir) / "cc_cache")
         self._device: pb.DeviceInfo | None = None
 
     def device(self) -> pb.DeviceInfo:
@@ -121,6 +125,22 @@ class CpuTarget(Target):
         violations = check_source(source)
         if violations:
             return _refused(violations, pb.CompileReport(compiler=self.settings.cc), "source")
+        t0 = time.perf_counter()
+        ident = cache.compiler_identity(self.settings.cc)
+        k = cache.key(ident, host_identity(), language, words, source)
+        if ident and (hit := self.cache.load(k)) is not None:
+            hit.report.seconds, hit.report.cached = time.perf_counter() - t0, True
+            return _judged(hit, entry)
+        built = self._build(source, language, words)
+        if isinstance(built, CompileResult):
+            return built
+        result = _judged(built, entry)
+        if result.ok and ident:
+            self.cache.store(k, built)
+        return result
+
+    def _build(self, source: str, language: str, words: list[str]) -> cache.Entry | CompileResult:
+        """Run the compiler: the object and what was read of it, or the typed failure."""
         # a compiler killed mid-compile leaves this directory: the next process that compiles removes it
         with scratch.owned_tempdir(SCRATCH_PREFIX) as tmp:
             src, out = tmp / f"k.{language}", tmp / "k.so"
@@ -145,16 +165,29 @@ class CpuTarget(Target):
             report.artifact_bytes = len(artifact)
             undefined, functions = _dynamic_symbols(out)
             report.imports.extend(undefined)
-            violations = check_imports(undefined)
-            if violations:
-                return _refused(violations, report, "object")
-            # a misspelt or C++-mangled entry compiles and links: said here, not as a crash when the runner loads it
-            if missing := missing_entry(functions, entry, "the shared object"):
-                return CompileResult(False, report, log=log, reason=pb.COMPILE_ERROR, message=missing)
-            return CompileResult(True, report, artifact=artifact, log=log)
+            return cache.Entry(artifact, report, undefined, functions, log)
 
     def session(self, problem, threads: int) -> "CpuSession":
         return CpuSession(self, problem, threads)
+
+
+def _judged(built: cache.Entry, entry: str) -> CompileResult:
+    """A compiled object (just built, or from the cache) checked as the sandbox and the runner need it: what it
+    imports, and that it defines `entry`."""
+    violations = check_imports(built.undefined)
+    if violations:
+        return _refused(violations, built.report, "object")
+    # a misspelt or C++-mangled entry compiles and links: said here, not as a crash when the runner loads it
+    if missing := missing_entry(built.functions, entry, "the shared object"):
+        return CompileResult(False, built.report, log=built.log, reason=pb.COMPILE_ERROR, message=missing)
+    return CompileResult(True, built.report, artifact=built.artifact, log=built.log)
+
+
+@lru_cache(maxsize=1)
+def host_identity() -> str:
+    """This host's processor (generation and ISA flags: what -march=native builds for) and C library, for the
+    compile cache's key."""
+    return cpu_identity(read_cpuinfo()) + "|" + "-".join(platform.libc_ver())
 
 
 def _refused(violations, report: pb.CompileReport, what: str) -> CompileResult:
