@@ -268,6 +268,9 @@ def test_cache_hit_does_not_recompile(tmp_path):
     second = compile_cuda(SOFTMAX, "cuda", "--use_fast_math", "softmax", "sm_90a", tmp_path)
     assert compile_count() == before
     assert second.ok and second.artifact == first.artifact
+    assert second.report.cached and not first.report.cached
+    assert second.report.seconds < first.report.seconds
+    second.report.cached, second.report.seconds = False, first.report.seconds
     assert second.report == first.report and second.log == first.log
     # any change of input is another key
     compile_cuda(SOFTMAX, "cuda", "--use_fast_math", "softmax", "sm_100a", tmp_path)

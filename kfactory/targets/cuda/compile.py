@@ -59,7 +59,9 @@ def compile_cuda(source: str, language: str, flags: str, entry: str, arch: str,
         return _flag_refused(report, time.perf_counter(), "", exc)
     compiler = f"{toolchain_description()} -arch={arch}"
     key = cache_key(source, language, flags, entry, arch)
+    t0 = time.perf_counter()
     if cache_dir is not None and (hit := _cache_load(Path(cache_dir), key)) is not None:
+        hit.report.seconds = time.perf_counter() - t0   # the lookup's, as the cpu target's cache says
         return hit
     result = _compile(source, language, flags, entry, arch, compiler)
     if cache_dir is not None:

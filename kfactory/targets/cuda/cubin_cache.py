@@ -35,6 +35,7 @@ def _cache_load(cache_dir: Path, key: str) -> CompileResult | None:
         return None   # absent or torn: compile again
     if meta["ok"] and len(cubin) != report.artifact_bytes:
         return None
+    report.cached = True
     return CompileResult(meta["ok"], report, artifact=cubin, log=meta["log"], reason=meta["reason"],
                          message=meta["message"])
 
