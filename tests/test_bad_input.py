@@ -256,6 +256,13 @@ async def test_a_strategy_that_raises_fails_its_campaign_not_the_planner(bus_set
 @pytest.mark.parametrize("env, says", [
     ({"KFACTORY_HANDLER_TIMEOUT_S": "soon"}, "KFACTORY_HANDLER_TIMEOUT_S: Input should be a valid number"),
     ({"KFACTORY_MAX_DELIVER": "0"}, "KFACTORY_MAX_DELIVER: Input should be greater than or equal to 1"),
+    # the timings' own: these gave one-sample timings, or timings without end, and a "completed" campaign
+    ({"KFACTORY_MEASURE_MAX_S": "-1"}, "KFACTORY_MEASURE_MAX_S: Input should be greater than 0"),
+    ({"KFACTORY_MEASURE_MIN_S": "nan"}, "KFACTORY_MEASURE_MIN_S: Input should be a finite number"),
+    ({"KFACTORY_COMPARE_MAX_S": "inf"}, "KFACTORY_COMPARE_MAX_S: Input should be a finite number"),
+    ({"KFACTORY_MEASURE_MIN_SAMPLES": "-4"}, "KFACTORY_MEASURE_MIN_SAMPLES: Input should be greater than or equal"),
+    ({"KFACTORY_MEASURE_NOISE": "-1"}, "KFACTORY_MEASURE_NOISE: Input should be greater than or equal to 0"),
+    ({"KFACTORY_SCREEN_MAX_S": "inf"}, "KFACTORY_SCREEN_MAX_S: Input should be a finite number"),
     ({"KFACTORY_LLM_BASE_URL": "http://127.0.0.1:9/v1", "KFACTORY_LLM_MODEL": "m", "KFACTORY_HANDLER_TIMEOUT_S": "60"},
      "handler_timeout_s (60 s) must exceed an agent's worst case with these llm_* settings (1320 s"),
     ({"KFACTORY_ENGINE_OBJECT_CACHE": "objects"},

@@ -27,7 +27,8 @@ REFERENCE_CHECK_S, REFERENCE_CHECK_MAX_S = 60.0, 86400.0
 class Settings(BaseSettings):
     """Every knob of every service. Environment variables are KFACTORY_<FIELD> (e.g. KFACTORY_NATS_URL)."""
 
-    model_config = SettingsConfigDict(env_prefix="KFACTORY_", extra="ignore",
+    # allow_inf_nan: no setting means anything by nan or inf (KFACTORY_MEASURE_MAX_S=inf timed without end)
+    model_config = SettingsConfigDict(env_prefix="KFACTORY_", extra="ignore", allow_inf_nan=False,
                                       secrets_dir=os.environ.get("KFACTORY_SECRETS_DIR") or None)
 
     bus: Literal["nats", "memory"] = Field("nats", description="nats: NATS JetStream at nats_url (every deployment); "
@@ -101,14 +102,16 @@ class Settings(BaseSettings):
                                "reference_f64 kernel and its distributions can be drawn there; off until measured "
                                "on a GPU")
 
-    measure_min_samples: int = 10
-    measure_min_s: float = 0.2
-    measure_max_s: float = 0.6
-    measure_noise: float = 0.03
+    measure_min_samples: int = Field(10, ge=1, description="timed calls of every kernel before a timing may end")
+    measure_min_s: float = Field(0.2, ge=0, description="seconds a timing lasts at least")
+    measure_max_s: float = Field(0.6, gt=0, description="seconds a timing lasts at most")
+    measure_noise: float = Field(0.03, ge=0, description="a timing ends (after measure_min_s) once every kernel's "
+                                 "calls vary by at most this fraction (interquartile range over median)")
     measure_precision: float = Field(0.01, ge=0, description=(
         "a timing also ends (after measure_min_s) once every kernel's median is known within this fraction, 95% "
         "confidence, however noisy its calls (0: by measure_noise alone, as before issue 23)"))
-    compare_max_s: float = 3.0
+    compare_max_s: float = Field(3.0, gt=0, description="seconds the final comparison's timing of a shape lasts at "
+                                 "most")
     showdown_contenders: int = Field(4, ge=0, description=(
         "after the search, the best candidate and up to this many less one more whose scores are within "
         "showdown_margin of its score are timed together (rotated: judge/rotated.py) at the shapes the "
