@@ -193,3 +193,18 @@ def test_a_family_template_not_utf8_is_a_problem_error_naming_it(tmp_path):
     template.write_bytes(template.read_bytes() + "/* café */\n".encode("latin-1"))
     with pytest.raises(ProblemError, match=r"kernel\.c\.j2: not UTF-8 text \(byte \d+: invalid continuation byte\)"):
         fam.render(fam.random_point(random.Random(0)))
+
+
+def test_problems_check_notes_a_declared_baseline_that_reference_py_does_not_offer(tmp_path, capsys):
+    """A campaign compared with the reference kernel alone, and its summary line ended in a dangling 'vs '."""
+    from kfactory.problems.scaffold import new_problem
+
+    pkg = new_problem("mysilu", "silu_mul", tmp_path)
+    ref = pkg / "reference.py"
+    ref.write_text(ref.read_text().replace('return {"numpy": numpy_silu_mul}', "return {}"))
+    assert main(["problems", "check", str(pkg)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("mysilu: the reference runs") and err == (
+        "kfactory: note: problem.yaml declares the baselines numpy, which reference.py's baselines() (cpu) and "
+        "cuda_baselines() do not offer here: campaigns here time none of them\n")
+    assert main(["problems", "check", "silu_mul"]) == 0 and capsys.readouterr().err == ""

@@ -96,4 +96,17 @@ def _problem_check(problem, timeout_s: float | None) -> int:
               f"them (kfactory engine run {problem.model})")
     elif not found:
         print(f"{problem.name}: the reference runs on every distribution and every family renders")
+        _note_missing_baselines(problem)
     return 1 if found else 0
+
+
+def _note_missing_baselines(problem) -> None:
+    """A note (not a finding: torch, say, may be installed elsewhere) for each baseline problem.yaml declares that
+    reference.py offers on no target here: a campaign compares with the reference kernel alone, and said nothing."""
+    from kfactory.judge.measure import available_baselines
+
+    offered = {b for target in ("cpu", "cuda") for b in available_baselines(problem, target)}
+    if missing := [b for b in problem.spec.baselines if b not in offered]:
+        print(f"kfactory: note: problem.yaml declares the baselines {', '.join(missing)}, which reference.py's "
+              "baselines() (cpu) and cuda_baselines() do not offer here: campaigns here time none of them",
+              file=sys.stderr)

@@ -288,7 +288,8 @@ def _finish(settings, st, running, memory, args, console: Console, ledger: dict)
         base = ", ".join(f"{k} {v:.2f}x" for k, v in (best.get("speedup_vs_baselines") or {}).items() if v)
         ref = best.get("speedup_vs_reference")
         console.print(f"best {best['candidate_id'][:12]} at {best['shape']}: {best['median_seconds'] * 1e3:.3f} ms; "
-                      f"vs reference {ref:.2f}x; vs {base}" if ref else "best: no comparison was measured")
+                      f"vs reference {ref:.2f}x" + (f"; vs {base}" if base else "") if ref
+                      else "best: no comparison was measured")
     for line in [*agent_lines(summary), device_line(summary)]:
         if line:
             console.print(line)
