@@ -124,7 +124,7 @@ def test_the_report_and_kfactory_runs_table_note_the_same(tmp_path):
     board = report.markdown(events, noise_bound=0.03).split("## Leaderboard", 1)[1].split("##", 1)[0]
     rows = {line.split("|")[2].strip(" `"): line.split("|")[6].strip() for line in board.splitlines()
             if line.startswith("| ") and line[2].isdigit()}
-    assert rows == {"s1": "screened out: a screen's timing, never verified",
+    assert rows == {"s1": "screened out: too slow in a short timing, never measured in full",
                     "k3": "found wrong by a comparison: no result", "k1": "", "k2": "the campaign's result", "ref": ""}
     with _archive(tmp_path, events) as archive:
         measured = [m for m, _ in archive.leaderboard("c1")]

@@ -29,7 +29,7 @@ def found_wrong(comp: pb.Comparison) -> str:
 
 #: how a leaderboard says that a kernel is its campaign's result, or is none
 NOTES = {"result": "the campaign's result", "found_wrong": "found wrong by a comparison: no result",
-         "screened_out": "screened out: a screen's timing, never verified"}
+         "screened_out": "screened out: too slow in a short timing, never measured in full"}
 
 
 @dataclass
