@@ -168,6 +168,25 @@ def test_an_empty_out_is_a_usage_error_not_the_working_directory(famok, tmp_path
     assert out.returncode == 0 and (here / "report.md").is_file(), out   # asked for in so many words
 
 
+def test_a_report_is_not_written_over_the_users_own_files(famok, monkeypatch, capsys, tmp_path):
+    """`report ID --out DIR` replaced a report.md of the user's (and wrote plot.png beside it); an earlier report
+    there is written over, as before."""
+    mine = tmp_path / "myproj"
+    mine.mkdir()
+    (mine / "report.md").write_text("# my notes\n")
+    rc, out, err = _cli(monkeypatch, capsys, famok["data"], "report", famok["campaign"], "--out", str(mine))
+    assert (rc, out) == (2, "") and err == (f"kfactory: {mine} holds report.md, which no report wrote: the report "
+                                            "would write over it; choose another --out\n"), err
+    assert [p.name for p in mine.iterdir()] == ["report.md"] and (mine / "report.md").read_text() == "# my notes\n"
+    (mine / "report.md").unlink()
+    (mine / "plot.png").write_bytes(b"my plot")
+    assert _cli(monkeypatch, capsys, famok["data"], "report", famok["campaign"], "--out", str(mine))[0] == 2
+    (mine / "plot.png").unlink()
+    for _ in range(2):   # the second writes over the first's
+        rc, out, err = _cli(monkeypatch, capsys, famok["data"], "report", famok["campaign"], "--out", str(mine))
+        assert rc == 0 and (mine / "report.md").read_text().startswith(f"# Campaign {famok['campaign']}"), err
+
+
 # -- 3. export by the package's directory name -----------------------------------------------------------------
 def _ran(data: Path, cid: str, package: Path) -> None:
     """Archive the start of a campaign of `package` (as memory records one from the stream)."""

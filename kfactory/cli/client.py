@@ -29,7 +29,7 @@ from kfactory.platform import security
 from kfactory.platform.evidence_client import EvidenceClient
 from kfactory.evidence import warm_sources
 from kfactory.platform.grpcserver import clip
-from kfactory.evidence.report import format_params, verification_table
+from kfactory.evidence.report import foreign_files, format_params, verification_table
 from kfactory.evidence.verdicts import NOTES
 from kfactory.services import paging
 from kfactory.services.memory import queries as qmod
@@ -317,6 +317,9 @@ async def _dispatch(args, settings, spec_fn) -> int:
         r = await _evidence(settings, "Report", spb.ReportRequest(campaign_id=args.id))
         cid = _report_campaign(r, args.id)
         out = args.out or Path(settings.report_dir) / cid
+        if theirs := foreign_files(out):
+            raise ClientError(f"{out} holds {', '.join(theirs)}, which no report wrote: the report would write over "
+                              "it; choose another --out", 2)
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.md").write_text(r.markdown)
         (out / "plot.png").write_bytes(r.plot_png)

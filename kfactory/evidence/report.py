@@ -3,7 +3,9 @@ optimisation shape of every candidate's time beside the best so far (PNG, kfacto
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from pathlib import Path
 
 from kfactory.bus import events as ev
 from kfactory.bus.causes import cause_name
@@ -12,6 +14,23 @@ from kfactory.evidence import plots
 from kfactory.evidence import warm_sources
 from kfactory.evidence.verdicts import NOTES, Verdicts, found_wrong
 from kfactory.v1 import events_pb2 as pb
+
+
+#: every report.md kfactory writes starts so (_markdown's title): a report.md that does not is the user's own
+TITLE = "# Campaign "
+#: the files a report is (report.md, then plot.png)
+FILES = ("report.md", "plot.png")
+
+
+def foreign_files(out_dir: Path) -> list[str]:
+    """The files a report written into `out_dir` would write over that are no report's: a report.md that is not
+    one, and a plot.png beside no report.md of kfactory's."""
+    md = out_dir / "report.md"
+    try:
+        ours = md.is_file() and md.read_text(errors="replace").startswith(TITLE)
+    except OSError:
+        ours = False
+    return [name for name in FILES if os.path.lexists(out_dir / name) and not ours]
 
 
 def _ms(s: float) -> str:
@@ -47,7 +66,7 @@ def _markdown(events: list[pb.Event], noise_bound: float | None,
 
     name = problem_name(spec.problem) if spec.problem else "?"
     engine = spec.problem.startswith(ENGINE_PREFIX)
-    lines = [f"# Campaign {cid}: {name} on {spec.target}", ""]
+    lines = [f"{TITLE}{cid}: {name} on {spec.target}", ""]
     if name != spec.problem:  # a package directory or a recorded space: say where the problem came from
         lines += [f"- problem: {name}, from `{spec.problem}`"]
     lines += [f"- device: {started.device.model if started else '?'}",
