@@ -187,7 +187,7 @@ def test_an_engine_without_a_verified_record_is_refused(root, record, tmp_path, 
     shutil.copytree(root / "engines" / "tiny-llama", other / "engines" / "tiny-llama")
     best_json = other / "engines" / "tiny-llama" / "best.json"
     best = json.loads(best_json.read_text())
-    rec = json.loads(Path(best["campaign"]).read_text())
+    rec = json.loads((best_json.parent / best["campaign"]).read_text())
     rec["best"]["verdict"] = "rejected"
     forged = other / "engines" / "tiny-llama" / "campaign-forged.json"
     forged.write_text(json.dumps(rec))
@@ -195,6 +195,24 @@ def test_an_engine_without_a_verified_record_is_refused(root, record, tmp_path, 
     assert cli(other, "--format", "python", "--name", NAME, "--out", str(tmp_path / "b")) == 1
     assert "is not verified in its campaign record" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_a_workspace_moved_or_copied_still_exports_its_engine(root, record, tmp_path, capsys):
+    """best.json named its campaign record by an absolute path: a workspace copied elsewhere and the original
+    moved, `export` said the record 'is gone' while it lay beside best.json."""
+    from kfactory.engines.campaign import load_best
+
+    moved = tmp_path / "moved"
+    shutil.copytree(root / "engines" / "tiny-llama", moved / "engines" / "tiny-llama")
+    best_json = moved / "engines" / "tiny-llama" / "best.json"
+    assert json.loads(best_json.read_text())["campaign"] == Path(record["path"]).name
+    assert load_best("tiny-llama", moved)["campaign"] == str(best_json.parent / Path(record["path"]).name)
+    # written before by its absolute path, and that path gone: the record of that name beside best.json
+    best = json.loads(best_json.read_text())
+    best_json.write_text(json.dumps({**best, "campaign": str(tmp_path / "gone" / best["campaign"])}))
+    assert cli(moved, "--format", "python", "--name", NAME, "--out", str(tmp_path / "out")) == 0, \
+        capsys.readouterr().err
+    assert (tmp_path / "out").is_dir()
 
 
 @pytest.mark.parametrize("args", [("--format", "c", "--name", "2fast"), ("--format", "python", "--name", "numpy"),

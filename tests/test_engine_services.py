@@ -227,10 +227,11 @@ def test_designs_that_fail_are_typed_results(bus_settings, monkeypatch):
 
 
 def test_the_cli_refuses_what_the_planner_would_refuse(tmp_path, monkeypatch, capsys):
+    """A model that is none: refused before the services start (the planner would refuse it too)."""
     monkeypatch.setenv("KFACTORY_DATA_DIR", str(tmp_path))
     assert main(["engine", "run", "no-such-model", "--services", "--budget", "1"]) == 2
     err = capsys.readouterr().err
-    assert "problem: engine: no model 'no-such-model'" in err and "Traceback" not in err
+    assert err.startswith("kfactory: no model 'no-such-model'") and "Traceback" not in err
     assert not (tmp_path / "archive.sqlite").exists()
 
 

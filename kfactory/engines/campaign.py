@@ -434,7 +434,8 @@ def write_record(out: Path, head: dict[str, Any], results: list[DesignResult], k
     if best is not None:
         atomic_write(out / "best.json", json.dumps(
             {"model": record["model"], "design": best.design, "design_id": best.design_id,
-             "decode_tok_s": best.decode_tok_s, "prefill_tok_s": best.prefill_tok_s, "campaign": str(path),
+             # the record by its name beside best.json: a workspace moved or copied keeps it
+             "decode_tok_s": best.decode_tok_s, "prefill_tok_s": best.prefill_tok_s, "campaign": path.name,
              # only the kernels the winner links in: enough to rebuild it (ops.build_engine)
              "kernels": {p: kernels[p].as_dict()
                          for p in EngineDesign.from_dict(best.design).searched_kernels()}},
@@ -473,4 +474,7 @@ def load_best(model_name: str, data_dir: Path | None = None) -> dict[str, Any] |
     if design.design_id() != best["design_id"]:
         raise BestFileError(f"{path}: its design is {design.design_id()}, not the {best['design_id']} it names: "
                             f"{again}")
+    # the record's path: beside best.json (an absolute path, as written before, where the record is still there)
+    named = Path(best["campaign"])
+    best["campaign"] = str(named if named.is_absolute() and named.is_file() else path.parent / named.name)
     return best
