@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -137,6 +138,9 @@ def test_a_mistyped_target_or_shape_is_a_usage_error_not_no_measurement(famok, m
     # an engine's timings are named by its decode context and its prefill: shapes too
     rc, _, err = _cli(monkeypatch, capsys, famok["data"], "best", "famok", "--shape", "prefill_128")
     assert rc == 1 and err.startswith("kfactory: no measurement of 'famok' prefill_128, or none"), err
+    # the best's median is named by its shape: a package's shapes may change between its campaigns
+    rc, out, _ = _cli(monkeypatch, capsys, famok["data"], "best", "famok")
+    assert rc == 0 and re.match(r"[0-9a-f]{64} \d+\.\d{3} ms at \d+x\d+ on ", out), out
     # a service (a gRPC client) is refused alike, not answered with nothing
     archive = Archive.reader(famok["data"] / "archive.sqlite", problem_name)
     try:

@@ -543,7 +543,8 @@ async def _best(args, settings, as_json: bool) -> int:
                          "compile_flags": c.candidate.compile_flags, "source": c.source}
         print(json.dumps(out, indent=2))
         return 0
-    scored = f" ({r.objective})" if r.objective else ""   # a weighted sum of medians, not one median
+    # a weighted sum of medians, or one median: the shape it is of (a package's shapes may have changed)
+    scored = f" ({r.objective})" if r.objective else (f" at {r.timings[0].shape}" if r.timings else "")
     print(f"{r.candidate_id} {r.score_s * 1e3:.3f} ms{scored} on {r.device} ({r.origin} "
           f"{format_params(r.params_json)}; campaign {r.campaign_id})\n{_takeaway(c, r.candidate_id)}\nverification:\n"
           + "\n".join(verification_table(r.checks)))

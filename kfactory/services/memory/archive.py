@@ -462,12 +462,12 @@ class Archive:
         wrong never counts (Verdicts). Without a shape, of a finished campaign only the kernel it finished with
         counts: its showdown may have decided for another than the fastest by its own score (one faster in the
         interleaved timing, or tied there and faster at the other shapes), and its final comparison is that
-        kernel's; a running campaign's measurements count as they stand. Where any of them was scored with weights
-        (kfactory/judge/objective.py), each is scored from its own timings by the objective of the newest campaign's
-        (the one started last; its weights, or its first shape alone), the one returned with that score, and one
-        that did not time a shape that objective scores does not count: the campaigns of a package whose weights
-        changed compare like with like. At a shape, the fastest there as measured, returned with its median there
-        as its score."""
+        kernel's; a running campaign's measurements count as they stand. Each is scored from its own timings by the
+        objective of the newest campaign's (the one started last: its weights, or its first shape alone;
+        kfactory/judge/objective.py), the one returned with that score, and one that did not time a shape that
+        objective scores does not count: the campaigns of a package whose weights or shapes changed compare like
+        with like (two packages of one name, timed at 1x1536 and at 64x1536, compared their first shapes' medians).
+        At a shape, the fastest there as measured, returned with its median there as its score."""
         rows = self.q("SELECT m.payload, m.campaign, c.started_ns, m.time_ns FROM measurements m LEFT JOIN "
                       "campaigns c ON c.id=m.campaign WHERE m.problem=? AND m.device LIKE ?",
                       (problem, f"%{device}%"))
@@ -480,7 +480,7 @@ class Archive:
                     or not target_matches(m.candidate.target, target) or m.candidate.id in verdicts.wrong
                     or not shape and not verdicts.counts(campaign, m.candidate.id)):
                 counted.append((m, campaign, (started or 0, at or 0)))
-        newest = max(counted, key=lambda r: r[2])[0] if any(m.objective for m, _, _ in counted) else None
+        newest = max(counted, key=lambda r: r[2])[0] if counted else None
         scored = objective.scored_by(newest) if newest is not None and not shape else None
         best = None
         for m, campaign, _ in counted:
