@@ -372,6 +372,36 @@ def test_a_reference_that_raises_during_the_campaign_fails_it(tmp_path, host_cei
         "hold this shape" in report, report[:2000]
 
 
+def test_a_reference_kernel_that_disagrees_with_reference_py_fails_the_campaign(tmp_path, host_ceilings,
+                                                                                small_softmax):
+    """reference.py off by 1% (its check passes: it runs, it is finite): the package's own reference kernel is
+    found wrong, and so would every kernel be. The campaign 'completed' with exit 0 and an empty leaderboard; it
+    fails now, saying so."""
+    pkg = tmp_path / "off"
+    shutil.copytree(small_softmax, pkg)
+    ref = pkg / "reference.py"
+    ref.write_text(ref.read_text().replace('    return {"y": y}', '    return {"y": 1.01 * y}', 1))
+    summary = tmp_path / "out.json"
+    out = subprocess.run([*KFACTORY, "run", str(pkg), "--budget", "6", "--warm", "0", "--quiet", "--json",
+                          str(summary)], capture_output=True, text=True, env=_env(tmp_path, host_ceilings),
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out
+    data = json.loads(summary.read_text())
+    assert data["state"] == "failed" and data["reason"].startswith(
+        "the problem's own reference kernel failed verification (WRONG_RESULT: "), data
+    assert "reference.py, the tolerance or the reference kernel is wrong" in data["reason"]
+    assert data["counts"]["proposed"] < 6, data["counts"]   # stopped there, not after the budget
+
+
+def test_problems_check_refuses_a_reference_that_returns_no_finite_value(tmp_path):
+    pkg = _broken_softmax(tmp_path)
+    ref = pkg / "reference.py"
+    ref.write_text(ref.read_text().replace('    return {"y": y}', '    return {"y": np.nan * y}', 1))
+    out = subprocess.run([*KFACTORY, "problems", "check", str(pkg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.startswith(
+        f"kfactory: {ref}: reference() returned no finite value in y for finite inputs (shape "), out
+
+
 def test_run_keeps_a_package_directory_as_an_absolute_path(tmp_path, monkeypatch):
     """The campaign's records keep the package's locator: a relative one failed export, best and report from any
     other working directory ("no problem 'v/famok'")."""

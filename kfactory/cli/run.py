@@ -277,6 +277,7 @@ def _finish(settings, st, running, memory, args, console: Console, ledger: dict)
     summary["stage_seconds"] = {path: [round(sec, 4), n] for path, (sec, n) in sorted(ledger.items())}
     report = write_report(settings, memory, st.id)
     summary["state"] = st.finished.state
+    summary["reason"] = st.finished.reason   # why it failed, expired or was cancelled ("" when it completed)
     summary["report"] = str(report)
     summary["services"] = {name: svc.handled for name, svc in running.services.items()}
     rows = [m for m, _ in memory.archive.leaderboard(st.id, 10)]
@@ -293,7 +294,8 @@ def _finish(settings, st, running, memory, args, console: Console, ledger: dict)
     for line in [*agent_lines(summary), device_line(summary)]:
         if line:
             console.print(line)
-    console.print(f"state {st.finished.state}; report {summary['report']}")
+    why = f" ({st.finished.reason})" if st.finished.reason else ""
+    console.print(f"state {st.finished.state}{why}; report {summary['report']}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(summary, indent=2))
     else:

@@ -88,6 +88,10 @@ def check_reference_here(problem: Problem, step: Callable[[str], object] = lambd
             x = inp.draw(problem, shape, dist, seed=1)
             step(f"the call of reference() at shape {problem.shape_str(shape)} (distribution {dist})")
             out = run_reference(problem, x, shape, dist)
+            if empty := no_finite_output(x, out):
+                raise ReferenceFailed(f"{path}: reference() returned no finite value in {empty} for finite inputs "
+                                      f"(shape {problem.shape_str(shape)}, distribution {dist}): every kernel would "
+                                      "be judged wrong against it")
             if shape is not shapes[0]:
                 continue
             step(f"the second call of reference() at shape {problem.shape_str(shape)} (distribution {dist})")
@@ -96,6 +100,17 @@ def check_reference_here(problem: Problem, step: Callable[[str], object] = lambd
                 raise ReferenceFailed(f"{path}: reference() gave two answers for the same inputs (shape "
                                       f"{problem.shape_str(shape)}, distribution {dist}); the truth a kernel is "
                                       "judged against must not change (a random draw or global state inside it?)")
+
+
+def no_finite_output(x: dict, out: dict) -> str:
+    """The name of an output with no finite element although every input element is finite (a reference gone
+    NaN), or ""."""
+    def floating(a) -> bool:
+        return isinstance(a, np.ndarray) and a.size > 0 and np.issubdtype(a.dtype, np.floating)
+
+    if not all(np.isfinite(a).all() for a in x.values() if floating(a)):
+        return ""
+    return next((name for name, a in out.items() if floating(a) and not np.isfinite(a).any()), "")
 
 
 def run_reference(problem: Problem, x: dict, shape: dict[str, int], dist: str) -> dict:

@@ -48,6 +48,11 @@ class PointState:
     candidate_id: str = ""
 
 
+#: a verdict that the reference kernel computes something other than reference.py (not the host's condition, as a
+#: timeout or a crash may be)
+DISAGREES = frozenset({pb.WRONG_RESULT, pb.NOT_DETERMINISTIC, pb.INPUT_MUTATED, pb.OUT_OF_BOUNDS})
+
+
 @dataclass
 class CampaignState:
     """Everything the planner knows about a campaign, as a fold over its events."""
@@ -271,6 +276,12 @@ class CampaignState:
         if m.reason == pb.PROBLEM_ERROR and not self.broken:
             # no candidate can be judged against a reference that fails: the campaign fails with its error
             self.broken = f"the problem's reference failed: {m.message}"
+        elif m.candidate.origin == Origin.REFERENCE.of() and m.reason in DISAGREES and not self.broken:
+            # the package's own kernel disagrees with its reference.py: one of the two, or the tolerance, is wrong,
+            # and every candidate would be judged against it (a campaign 'completed' with every kernel wrong)
+            self.broken = (f"the problem's own reference kernel failed verification ({pb.RejectReason.Name(m.reason)}:"
+                           f" {m.message}): reference.py, the tolerance or the reference kernel is wrong; fix the "
+                           "package (kfactory problems check) and run again")
         point_id = ev.outcome_point(m)
         if m.reason == pb.DUPLICATE:  # not the point's fault: it scores like its twin, now or when that is known
             twin = self.measured.get(m.candidate.id)
