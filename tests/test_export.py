@@ -263,6 +263,31 @@ def test_export_refuses_a_kernel_that_did_not_pass(rejected, judged, small_softm
         export(tampered, problem, "c", "kf_t", tmp_path / "t")
     assert not (tmp_path / "wrong").exists() and not (tmp_path / "x").exists() and not (tmp_path / "t").exists()
 
+def test_a_rejection_in_a_campaign_of_another_problem_is_not_about_this_one(judged, small_softmax, tmp_path):
+    """One source may be a kernel of two problems: a package copied under another name with other math rejects
+    the kernels its original verified. The copy's rejection refused the export of the original's kernel, without
+    saying which campaign or problem had rejected it."""
+    from kfactory.export.evidence import judged as judged_as
+
+    problem = load_problem(small_softmax)
+    evidence = spb.CandidateEvidence()
+    evidence.CopyFrom(judged["reference"])
+    elsewhere = pb.Candidate()
+    elsewhere.CopyFrom(evidence.candidate)
+    elsewhere.problem, elsewhere.campaign_id = "rmsnorm", "cother"   # a campaign of another problem, after
+    evidence.events.append(pb.Event(campaign_id="cother", rejected=pb.Rejected(
+        candidate=elsewhere, stage="verifier", reason=pb.WRONG_RESULT, message="y[0]: 1.0 != 2.0")))
+    assert export(evidence, problem, "c", "kf_both", tmp_path / "both")
+    with pytest.raises(NotVerified, match=r"was rejected by the verifier in campaign cother of rmsnorm "
+                                          r"\(WRONG_RESULT: y\[0\]: 1.0 != 2.0\)"):
+        judged_as(evidence, "rmsnorm")
+    # in a campaign of its own problem, it is refused, and the refusal says where
+    elsewhere.problem = small_softmax
+    evidence.events[-1].rejected.candidate.CopyFrom(elsewhere)
+    with pytest.raises(NotVerified, match=f"in campaign cother of {problem.name} \\(WRONG_RESULT"):
+        export(evidence, problem, "c", "kf_own", tmp_path / "own")
+
+
 
 def test_cli_export_refuses_in_one_line(rejected, judged, monkeypatch, tmp_path, capsys):
     from kfactory.cli import client

@@ -204,7 +204,7 @@ def test_an_export_quotes_the_final_comparisons_on_its_measurements_device_and_r
     cand = _cand("k2", "c1", 2)
     m = measured("c1", cand, 0.52, device=pb.DeviceInfo(model="this cpu")).measured
     here = [pb.Comparison(shape="4x4", candidate_id="k2", device=pb.DeviceInfo(model="this cpu"),
-                          speedups={"reference": r}) for r in (1.5, 1.6)]   # compared in two campaigns here
+                          speedups={"reference": r, "candidate": 1.0}) for r in (1.5, 1.6)]   # in two campaigns here
     there = pb.Comparison(shape="4x4", candidate_id="k2", device=pb.DeviceInfo(model="other cpu"),
                           speedups={"reference": 9.9})
     lines = measurement_summary(Judged(cand, "", [], measured=[m], comparisons=[here[0], there, here[1]]))

@@ -99,7 +99,7 @@ def export(evidence: spb.CandidateEvidence, problem, fmt: str, name: str, out_di
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     check_name(name)
-    j = judged(evidence)
+    j = judged(evidence, problem.name)
     if j.target_kind not in problem.spec.abi:
         raise ExportError(f"problem {problem.name} has no ABI for target {j.target_kind}")
     out = Path(out_dir)

@@ -60,17 +60,31 @@ class Judged:
         return next((c.report.compiler for c in self.compiled if c.report.compiler), "")
 
 
-def judged(evidence: spb.CandidateEvidence) -> Judged:
-    """The candidate's results, or NotVerified when the evidence shows no pass: no `verified` event, a
-    rejection at any stage (a duplicate is no verdict), a compile failure, a failed check inside a verdict, a
-    comparison that found it wrong (a showdown's or its final one: evidence.verdicts.found_wrong), or a source
-    that is not the one the candidate's id was made from."""
-    cand = evidence.candidate
-    if not cand.id:
+def judged(evidence: spb.CandidateEvidence, problem: str = "") -> Judged:
+    """The candidate's results as a kernel of `problem` (a problem's name; default: the problem of the campaign
+    that made it first), or NotVerified when the evidence shows no pass: no `verified` event, a rejection at any
+    stage (a duplicate is no verdict), a compile failure, a failed check inside a verdict, a comparison that found
+    it wrong (a showdown's or its final one: evidence.verdicts.found_wrong), or a source that is not the one the
+    candidate's id was made from. The campaigns of other problems say nothing of it: one source may be a kernel
+    of several problems (a package copied under another name, with other math, rejects the kernels its original
+    verified)."""
+    if not evidence.candidate.id:
         raise NotVerified("the evidence names no candidate")
+    name_of = _problem_names(evidence)
+    own = problem or name_of.get(evidence.candidate.problem, evidence.candidate.problem)
+    # (the candidate as a campaign of that problem made it: its problem field names that problem)
+    cand = next((c for e in evidence.events if (c := ev.candidate_of(e)) is not None
+                 and name_of.get(c.problem) == own), evidence.candidate)
     short = cand.id[:12]
-    by_kind: dict[str, list] = {}
+    problem_of: dict[str, str] = {}   # campaign -> its problem's name
     for event in evidence.events:
+        if (c := ev.candidate_of(event)) is not None:
+            problem_of.setdefault(event.campaign_id, name_of.get(c.problem, c.problem))
+    by_kind: dict[str, list] = {}
+    failures: list[tuple[str, pb.CompileFailed | pb.Rejected]] = []   # (campaign, the failure)
+    for event in evidence.events:
+        if problem_of.get(event.campaign_id, own) != own:
+            continue   # a campaign of another problem
         kind = ev.kind_of(event)
         other = ev.candidate_of(event)
         if kind == "comparison":
@@ -85,7 +99,9 @@ def judged(evidence: spb.CandidateEvidence) -> Judged:
         if other is None or other.id != cand.id:
             continue   # another candidate's event (a parent's, say), or none's: it says nothing about this one
         by_kind.setdefault(kind, []).append(getattr(event, kind))
-    _refuse_failures(short, by_kind)
+        if kind in ("compile_failed", "rejected"):
+            failures.append((event.campaign_id, getattr(event, kind)))
+    _refuse_failures(short, own, failures)
     verified = by_kind.get("verified", [])
     if not verified:
         raise NotVerified(f"candidate {short} has no verified event: it was never shown correct, so it is "
@@ -99,15 +115,27 @@ def judged(evidence: spb.CandidateEvidence) -> Judged:
                   by_kind.get("comparison", []))
 
 
-def _refuse_failures(short: str, by_kind: dict[str, list]) -> None:
-    for failed in by_kind.get("compile_failed", []):
-        raise NotVerified(f"candidate {short} failed to compile ({pb.RejectReason.Name(failed.reason)}: "
-                          f"{_one_line(failed.message)})")
-    for rej in by_kind.get("rejected", []):
-        if rej.reason in NOT_A_VERDICT:
+def _problem_names(evidence: spb.CandidateEvidence) -> dict[str, str]:
+    """locator -> problem name, for the problems the evidence's candidates name (a locator that loads no more
+    is its own name, as the archive files it)."""
+    from kfactory.problems.loader import problem_name
+
+    locators = {c.problem for e in evidence.events if (c := ev.candidate_of(e)) is not None}
+    return {loc: problem_name(loc) for loc in locators | {evidence.candidate.problem}}
+
+
+def _refuse_failures(short: str, problem: str, failures: list[tuple[str, pb.CompileFailed | pb.Rejected]]) -> None:
+    """NotVerified for the first failure that is a verdict, naming the campaign (of `problem`) that gave it."""
+    for campaign, failed in failures:
+        if isinstance(failed, pb.CompileFailed):
+            raise NotVerified(f"candidate {short} failed to compile in campaign {campaign} of {problem} "
+                              f"({pb.RejectReason.Name(failed.reason)}: {_one_line(failed.message)})")
+        if failed.reason in NOT_A_VERDICT:
             continue
-        raise NotVerified(f"candidate {short} was rejected by the {rej.stage or 'pipeline'} "
-                          f"({pb.RejectReason.Name(rej.reason)}: {_one_line(rej.message)})")
+        assert isinstance(failed, pb.Rejected)
+        raise NotVerified(f"candidate {short} was rejected by the {failed.stage or 'pipeline'} in campaign "
+                          f"{campaign} of {problem} ({pb.RejectReason.Name(failed.reason)}: "
+                          f"{_one_line(failed.message)})")
 
 
 def _check_source(cand: pb.Candidate, source: str) -> None:
@@ -175,8 +203,9 @@ def measurement_summary(j: Judged) -> list[str]:
     # campaigns has several)
     same = {c.shape: c for c in j.comparisons if c.speedups and m is not None and c.device.model == m.device.model}
     for c in same.values():
-        pairs = ", ".join(f"{v:.2f}x {k}" for k, v in sorted(c.speedups.items()))
-        lines.append(f"  speedup at {c.shape}: {pairs} (interleaved)")
+        # over each other kernel timed beside it (the candidate's own 1.00x says nothing)
+        if pairs := ", ".join(f"{v:.2f}x {k}" for k, v in sorted(c.speedups.items()) if k != "candidate"):
+            lines.append(f"  speedup at {c.shape}: {pairs} (interleaved)")
     return lines
 
 
