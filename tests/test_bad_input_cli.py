@@ -116,6 +116,7 @@ def test_an_undecodable_entry_on_the_dlq_stream_is_listed_and_every_dead_letter_
 @pytest.mark.parametrize("args, says", [
     (("dead-letters", "--campaign", "a b.c>*"), "--campaign 'a b.c>*' is not a campaign id: 1-64 letters"),
     (("dead-letters", "--stage", "coder.>"), "--stage 'coder.>' is not a stage name"),
+    (("dead-letters", "--stage", "bogus"), "--stage 'bogus' is not a stage name: coder, compiler, verifier, "),
     (("best", "--campaign", "a b.c>*", "--memory", "127.0.0.1:1"), "--campaign 'a b.c>*' is not a campaign id"),
 ])
 def test_a_filter_that_is_no_campaign_id_is_one_line_and_exit_2(nats_url, args, says):

@@ -162,7 +162,12 @@ def test_what_is_no_bundle_is_refused_before_anything_is_imported(tmp_path, monk
     cases = {"newer.json.gz": (eb.dumps(newer), "written by a newer kfactory"),
              "forged.json.gz": (eb.dumps(forged), "do not hash to its name"),
              "plain.txt": (b"hello", "not gzip-compressed JSON"),
-             "other.json": (b'{"format": "something-else"}', "not a kfactory evidence bundle")}
+             "other.json": (b'{"format": "something-else"}', "not a kfactory evidence bundle"),
+             # true is an int to Python: it read as version 1
+             "true.json.gz": (eb.dumps({**good, "version": True}), "version True is no bundle version"),
+             # an event that is a string: 'has no field named "a"'
+             "string.json.gz": (eb.dumps({**good, "events": ["abc"]}), "events[0] is str, not an object: the "
+                                                                        "bundle is damaged or no bundle")}
     for name, (data, why) in cases.items():
         (tmp_path / name).write_bytes(data)
         rc, out, err = _cli(monkeypatch, capsys, tmp_path / "ws", "evidence", "import", str(tmp_path / name))

@@ -172,6 +172,18 @@ def test_an_empty_out_is_a_usage_error_not_the_working_directory(famok, tmp_path
     assert out.returncode == 0 and (here / "report.md").is_file(), out   # asked for in so many words
 
 
+def test_an_evidence_export_of_a_problem_that_is_none_is_a_usage_error(famok, monkeypatch, capsys, tmp_path):
+    """It wrote an empty bundle and exited 0, its note on stderr alone."""
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _cli(monkeypatch, capsys, famok["data"], "evidence", "export", "--problem", "nosuch", "--out",
+                        str(tmp_path / "none.json.gz"))
+    assert (rc, out) == (2, "") and err == f"kfactory evidence: --problem: {UNKNOWN[len('kfactory: '):]}\n", err
+    assert not (tmp_path / "none.json.gz").exists()
+    rc, out, _ = _cli(monkeypatch, capsys, famok["data"], "evidence", "export", "--problem", "famok", "--out",
+                      str(tmp_path / "famok.json.gz"))
+    assert rc == 0 and out.startswith(f"{tmp_path / 'famok.json.gz'}: 1 campaigns"), out
+
+
 def test_a_report_is_not_written_over_the_users_own_files(famok, monkeypatch, capsys, tmp_path):
     """`report ID --out DIR` replaced a report.md of the user's (and wrote plot.png beside it); an earlier report
     there is written over, as before."""

@@ -64,10 +64,12 @@ def check_campaign_id(value: str, flag: str) -> None:
 
 
 def check_stage(value: str, flag: str = "--stage") -> None:
-    """Raise ClientError (exit 2) unless `value` can be a stage's name (one subject token, as a campaign id)."""
-    if not ev.CAMPAIGN_ID.fullmatch(value):
-        raise ClientError(f"{flag} {_shown(value)} is not a stage name: coder, compiler, verifier, benchmarker "
-                          "or agent_<persona>", 2)
+    """Raise ClientError (exit 2) unless `value` is a work stage's name (kfactory.bus.topology: a mistyped one
+    listed no dead letter, as if its stage had none)."""
+    from kfactory.bus.topology import AGENT_STAGES
+
+    if value not in (*ev.STAGES, *AGENT_STAGES):
+        raise ClientError(f"{flag} {_shown(value)} is not a stage name: {', '.join((*ev.STAGES, *AGENT_STAGES))}", 2)
 
 
 def _shown(value: str) -> str:

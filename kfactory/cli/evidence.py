@@ -68,7 +68,13 @@ def _export(args, settings, remote: bool) -> int:
         data = asyncio.run(_remote_export(settings, args.problem, args.target))
         bundle = eb.loads(data)
     else:
-        bundle = local_export(settings, args.problem, args.target)
+        from kfactory.services.memory.queries import InvalidRequest
+
+        try:
+            bundle = local_export(settings, args.problem, args.target, known=True)
+        except InvalidRequest as e:   # --problem names nothing: a mistyped name, not an empty bundle
+            print(f"kfactory evidence: --problem: {e}", file=sys.stderr)
+            return 2
         data = eb.dumps(bundle)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out, data)   # a temporary file beside it, removed if the write fails
@@ -84,20 +90,28 @@ def _export(args, settings, remote: bool) -> int:
     return 0
 
 
-def local_export(settings, problem: str = "", target: str = "") -> dict:
-    """The bundle of the local workspace's campaigns (an empty one when no campaign ran here)."""
+def local_export(settings, problem: str = "", target: str = "", known: bool = False) -> dict:
+    """The bundle of the local workspace's campaigns (an empty one when no campaign ran here). With `known`, a
+    `problem` that is no problem here and that no archived campaign ran is refused (UnknownProblem, an
+    InvalidRequest)."""
+    from kfactory.cli.client import loads_here
     from kfactory.evidence import bundle as eb
     from kfactory.services.memory.archive import Archive
-    from kfactory.services.memory.queries import problem_name
+    from kfactory.services.memory.queries import Queries, UnknownProblem, problem_name
     from kfactory.evidence.workspace import Workspace
 
+    must_know = known and bool(problem) and not loads_here(problem)
     ws = Workspace.of(settings)
     try:
         archive = Archive.reader(ws.archive_path, problem_name)
     except FileNotFoundError:
+        if must_know:
+            raise UnknownProblem(problem) from None
         return {"format": eb.FORMAT, "version": eb.UNWEIGHTED, "filter": {"problem": problem, "target": target},
                 "campaigns": [], "events": [], "objects": {}, "problem_names": {}, "regressions": []}
     try:
+        if must_know:
+            Queries(archive).problem(problem, require_known=True)
         return eb.export_bundle(archive, ws.get, problem, target)
     finally:
         archive.close()

@@ -136,7 +136,7 @@ def loads(data: bytes) -> dict:
     if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
         raise BundleError(f"not a kfactory evidence bundle (its format is not {FORMAT!r})")
     version = bundle.get("version")
-    if not isinstance(version, int) or version < 1:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:   # (true is an int to Python)
         raise BundleError(f"version {version!r} is no bundle version")
     if version > VERSION:
         raise BundleError(f"version {version} was written by a newer kfactory (this one reads up to {VERSION})")
@@ -165,6 +165,14 @@ def write(path: Path | str, bundle: dict) -> Path:
 def _decoded(bundle: dict) -> tuple[list[pb.Event], dict[str, bytes], dict[str, str], list[pb.RegressionInput]]:
     """The bundle's events, objects (each checked against its digest), names and regression inputs; BundleError
     for anything malformed."""
+    for what in ("events", "regressions"):
+        items = bundle.get(what, [])
+        if not isinstance(items, list):
+            raise BundleError(f"its {what} are not a list: the bundle is damaged or no bundle")
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise BundleError(f"{what}[{i}] is {type(item).__name__}, not an object: the bundle is damaged or "
+                                  "no bundle")
     try:
         events = [json_format.ParseDict(e, pb.Event()) for e in bundle.get("events", [])]
         regressions = [json_format.ParseDict(r, pb.RegressionInput()) for r in bundle.get("regressions", [])]
