@@ -138,6 +138,12 @@ def test_c_example_built_by_the_makefile_prints_the_reference_ids(exported, veri
     bad.write_bytes(bytes(data))
     run = subprocess.run([str(d / f"{NAME}_example"), str(bad), "4", "1"], capture_output=True, text=True)
     assert run.returncode == 1 and "prepared for another design" in run.stderr
+    # numbers that are none, or out of range, are refused by name (atoi read "abc" as token 0)
+    weights = str(d / f"{NAME}.weights")
+    for args, says in ((["3", "1", "abc"], "abc: is no token id"), (["3x", "1"], "N: must be a whole number"),
+                       (["2", "-1"], "-1: is no token id"), (["2", "99999999"], "99999999: is no token id")):
+        run = subprocess.run([str(d / f"{NAME}_example"), weights, *args], capture_output=True, text=True)
+        assert run.returncode == 1 and says in run.stderr and not run.stdout, (args, run)
 
 
 def test_manifest_names_the_engine_and_hashes_every_file(exported, record):

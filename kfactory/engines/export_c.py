@@ -84,6 +84,7 @@ typedef struct {
 EXAMPLE = r"""/* @NAME@_example: map @NAME@.weights, prefill the token ids given, greedy-decode N tokens
  * (the lowest id on a tie), print the N ids on one line.
  * usage: ./@NAME@_example @NAME@.weights N ID [ID ...] */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,10 +103,21 @@ static int fail(const char *what, const char *why) {
   return 1;
 }
 
+/* the whole of `s` as a decimal integer in [lo, hi] (atoi read "abc" as 0 and "3x" as 3) */
+static int whole_number(const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > hi) return 0;
+  *out = v;
+  return 1;
+}
+
 int main(int argc, char **argv) {
   if (argc < 4) return fail("usage", "@NAME@_example WEIGHTS N ID [ID ...]");
-  int n_new = atoi(argv[2]), n_prompt = argc - 3;
-  if (n_new < 1) return fail("N", "must be at least 1");
+  long n_new = 0;
+  int n_prompt = argc - 3;
+  if (!whole_number(argv[2], 1, 1L << 20, &n_new)) return fail("N", "must be a whole number of tokens, at least 1");
   int fd = open(argv[1], O_RDONLY);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0) return fail(argv[1], "cannot be opened");
@@ -131,8 +143,13 @@ int main(int argc, char **argv) {
   int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
   float *logits = malloc(sizeof(float) * (size_t)h.config.vocab);
   if (!ids || !logits) return fail("memory", "out of memory");
-  for (int i = 0; i < n_prompt; i++) ids[i] = (int32_t)atoi(argv[3 + i]);
-  void *e = @NAME@_engine_new(tensors, (int)h.n_tensors, &h.config, n_prompt + n_new, @NAME@_THREADS);
+  for (int i = 0; i < n_prompt; i++) {
+    long id;
+    if (!whole_number(argv[3 + i], 0, (long)h.config.vocab - 1, &id))
+      return fail(argv[3 + i], "is no token id (a whole number from 0 to the vocabulary's size less one)");
+    ids[i] = (int32_t)id;
+  }
+  void *e = @NAME@_engine_new(tensors, (int)h.n_tensors, &h.config, (int)(n_prompt + n_new), @NAME@_THREADS);
   if (!e) return fail("@NAME@_engine_new", @NAME@_last_error());
   if (@NAME@_prefill(e, ids, n_prompt, logits, 0) != 0) return fail("@NAME@_prefill", @NAME@_last_error());
   for (int step = 0; step < n_new; step++) {
