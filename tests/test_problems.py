@@ -155,6 +155,11 @@ def test_problems_on_a_name_that_is_no_problem_is_a_usage_error(capsys, tmp_path
     assert capsys.readouterr().err.startswith("kfactory: engine: no model 'no-such-model'")
     assert main(["problems", action, "replay:no/such.json.gz"]) == 2
     assert capsys.readouterr().err.startswith("kfactory: replay: no such file 'no/such.json.gz'")
+    (tmp_path / "pkg").mkdir()
+    shutil.copy(BUILTIN_DIR / "softmax" / "problem.yaml", tmp_path / "pkg" / "problem.yaml")
+    assert main(["problems", action, "pkg/problem.yaml"]) == 2   # the file, not its directory
+    assert capsys.readouterr().err == ("kfactory: 'pkg/problem.yaml' is a package's problem.yaml: name its directory, "
+                                       "'pkg'\n")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "problem.yaml").write_text("name: [\n")
     assert main(["problems", action, "broken"]) == 1

@@ -56,6 +56,9 @@ def load_problem(name_or_path: str | Path) -> Problem:
     builtin = str(name_or_path) in list_problems()
     directory = path if not builtin and _is_file(path / "problem.yaml") else BUILTIN / str(name_or_path)
     if not _is_file(directory / "problem.yaml"):
+        if path.name == "problem.yaml" and _is_file(path):
+            raise NoSuchProblem(f"{str(name_or_path)[:200]!r} is a package's problem.yaml: name its directory, "
+                                f"{str(path.parent)[:200]!r}")
         raise NoSuchProblem(f"no problem {str(name_or_path)[:200]!r}: not a directory with problem.yaml and not one of "
                            f"{list_problems()}")
     spec = _load_yaml(directory / "problem.yaml", ProblemSpec)
