@@ -379,6 +379,8 @@ def test_a_reference_kernel_that_disagrees_with_reference_py_fails_the_campaign(
     fails now, saying so."""
     pkg = tmp_path / "off"
     shutil.copytree(small_softmax, pkg)
+    spec = pkg / "problem.yaml"
+    spec.write_text(spec.read_text().replace("name: softmax", "name: softmax_off", 1))
     ref = pkg / "reference.py"
     ref.write_text(ref.read_text().replace('    return {"y": y}', '    return {"y": 1.01 * y}', 1))
     summary = tmp_path / "out.json"
