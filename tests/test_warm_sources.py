@@ -97,5 +97,6 @@ def test_kfactory_priors_asks_memory_for_the_targets_families(tmp_path, monkeypa
     assert main(["priors", "softmax", "--target", "cuda", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got.get("priors", []) == [] and got["trust"]["sources"] == []
-    assert main(["priors", "softmax", "--target", "gpu"]) == 2
-    assert "--target 'gpu'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:   # argparse's: the flag named, exit 2
+        main(["priors", "softmax", "--target", "gpu"])
+    assert usage.value.code == 2 and "argument --target: unknown target 'gpu'" in capsys.readouterr().err
