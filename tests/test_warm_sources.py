@@ -38,6 +38,10 @@ def test_a_source_too_small_to_learn_from_has_no_start_weight():
     text = warm_sources.priors_text(view)
     assert "would learn from 1 source(s)" in text and f"fewer than {MIN_POINTS} points" in text
     assert "at least 5 results" in text and "keep at least half" not in text
+    # no campaign has judged them: said so, not as though their own campaigns had measured nothing
+    text = warm_sources.priors_text(warm_sources.priors_view(sources, []))
+    assert text.endswith("\nno finished campaign has started warm from them yet, so none has judged how well they "
+                         "predict."), text
     view = warm_sources.priors_view(warm_sources.sources_of(priors[5:]), None)
     text = warm_sources.priors_text(view)
     assert text.startswith("no source with enough points to learn a landscape from (small: 2 point(s))"), text

@@ -164,5 +164,6 @@ def priors_text(view: dict) -> str:
                               for s in h["sources"])
             lines.append(f"  {h['campaign']} on {h['device'] or '?'} after {h['results_judged']} results: {parts}")
     elif history is not None:
-        lines.append("no finished campaign has measured them yet.")
+        # (a source is a campaign's measurements: "measured them" read as if its own campaign had not)
+        lines.append("no finished campaign has started warm from them yet, so none has judged how well they predict.")
     return "\n".join(lines)
