@@ -25,11 +25,15 @@ def fast(monkeypatch, tmp_path, host_ceilings):
         monkeypatch.setenv(k, v)
 
 
-def test_an_honest_kernel_passes_and_is_measured(small_softmax, tmp_path):
-    src = tmp_path / "ref.c"
+def test_an_honest_kernel_passes_and_is_measured(small_softmax, tmp_path, capsys):
+    src = tmp_path / "my ref.c"
     src.write_text(load_problem(small_softmax).reference_source("cpu")[0])
     out = tmp_path / "v.json"
     assert main(["check", small_softmax, "--source", str(src), "--flags", "-O3 -fopenmp", "--json", str(out)]) == 0
+    # its id names nothing `best` or `export` finds (check archives nothing): it says how to keep the kernel
+    keep = capsys.readouterr().err.splitlines()[-1]
+    assert keep == (f"(check archives nothing; to keep it for best and export: kfactory run {small_softmax} --manual "
+                    f"'my_ref={src}:-O3 -fopenmp' --budget 1)"), keep
     v = json.loads(out.read_text())
     assert v["compiled"] and v["verdict"]["passed"] and v["verdict"]["reason"] is None
     assert len(v["verdict"]["checks"]) == 8 * 5 + 3  # shapes x distributions, then the memoisation probe

@@ -199,4 +199,17 @@ def command(args, settings) -> int:
     print(f"{out['candidate_id'][:12]}: " + ("passed" + (f", {sp:.2f}x the reference" if sp else "")
                                              if verdict["passed"] else f"rejected: {verdict['reason']}: "
                                              f"{verdict['message']}"), file=sys.stderr)
+    if verdict["passed"]:   # its id names nothing best or export can find: say how to make it so
+        print(f"(check archives nothing; to keep it for best and export: {keep_command(args, flags)})",
+              file=sys.stderr)
     return 0 if verdict["passed"] else 1
+
+
+def keep_command(args, flags: str) -> str:
+    """The `kfactory run` that judges the checked kernel as a campaign's hand-written candidate, archived."""
+    import shlex
+
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "_", args.source.stem)[:64] or "mine"
+    manual = f"{name}={args.source}" + (f":{flags}" if flags else "")
+    target = f" --target {args.target}" if args.target != "cpu" else ""
+    return f"kfactory run {shlex.quote(args.problem)}{target} --manual {shlex.quote(manual)} --budget 1"
