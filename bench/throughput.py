@@ -79,7 +79,7 @@ async def campaign(args, label: str, root: Path, overrides: dict) -> dict:
         # each order compiles into its own data directory's cache (cpu_object_cache unset whatever the environment
         # says): a cache the first order filled would flatter the second
         settings = Settings(nats_url=nats.url, data_dir=data, report_dir=data / "reports", cpu_object_cache=None,
-                            engine_object_cache=None, **overrides)
+                            **overrides)
         running = await start_services(settings, grpc=False)
         try:
             await _memory_ready(running)

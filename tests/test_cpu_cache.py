@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kfactory.platform.config import Settings
-from kfactory.targets.cpu import cache, target as cpu_target
+from kfactory.targets.cpu import target as cpu_target
 from kfactory.targets.cpu.target import CpuTarget
 from kfactory.v1 import events_pb2 as pb
 
@@ -59,11 +59,17 @@ def test_whatever_decides_the_object_is_a_miss(tmp_path, cc, monkeypatch):
         res = t.compile(source, language, flags, "kernel")
         assert res.ok and not res.report.cached, (language, flags)
     assert _compiles(record) == 4
-    monkeypatch.setattr(cpu_target, "host_identity", lambda: "another processor")   # -march=native builds for it
+    monkeypatch.setattr(cpu_target, "native_tag", lambda cc: "another processor")   # -march=native builds for it
     assert not t.compile(KERNEL, "c", "-O2", "kernel").report.cached
     wrapper.write_text(wrapper.read_text() + "# upgraded\n")   # another compiler (the driver changed)
-    cache.compiler_identity.cache_clear()
     assert not t.compile(KERNEL, "c", "-O2", "kernel").report.cached and _compiles(record) == 6
+    monkeypatch.setenv("CPATH", str(tmp_path))   # headers found elsewhere
+    assert not t.compile(KERNEL, "c", "-O2", "kernel").report.cached and _compiles(record) == 7
+    # one binary by two names (ccache, clang and clang++ pick their behaviour by the name they are run by)
+    other = tmp_path / "other-name-cc"
+    other.symlink_to(wrapper)
+    again = _target(tmp_path, other, "a", tmp_path / "shared").compile(KERNEL, "c", "-O2", "kernel")
+    assert not again.report.cached and _compiles(record) == 8
 
 
 def test_the_checks_of_what_the_object_imports_and_defines_run_on_every_hit(tmp_path, cc, monkeypatch):
@@ -102,12 +108,17 @@ def test_a_damaged_entry_is_compiled_again(tmp_path, cc):
     assert not t.compile(KERNEL, "c", "-O2", "kernel").report.cached and _compiles(record) == 3
 
 
-def test_a_directory_others_may_write_into_is_not_used(tmp_path, cc):
+def test_a_directory_or_entry_others_may_write_into_is_not_used(tmp_path, cc):
+    """An object another user could plant (or rewrite, with its JSON's sha256) would be judged as the kernel's."""
     wrapper, record = cc
     shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o777)
     t = _target(tmp_path, wrapper, "a", shared)
+    assert t.compile(KERNEL, "c", "-O2", "kernel").ok
+    entries = sorted(shared.iterdir())
+    assert [p.suffix for p in entries] == [".json", ".so"] and all(p.stat().st_mode & 0o777 == 0o644 for p in entries)
+    os.chmod(entries[1], 0o664)   # the object group-writable
+    assert not t.compile(KERNEL, "c", "-O2", "kernel").report.cached and _compiles(record) == 2
+    os.chmod(shared, 0o777)   # checked at every use: a chmod after the first is seen
     for _ in range(2):
         assert not t.compile(KERNEL, "c", "-O2", "kernel").report.cached
-    assert _compiles(record) == 2 and not list(shared.iterdir())
+    assert _compiles(record) == 4

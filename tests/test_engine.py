@@ -271,19 +271,19 @@ def test_data_directories_share_the_objects_of_the_hosts_cache(tmp_path, monkeyp
     monkeypatch.setenv("KFACTORY_ENGINE_OBJECT_CACHE", str(shared))
     source = "int kf_answer(void) { return 41 + 1; }\n"
     first = build(source, tmp_path / "a")
-    mine = shared / engine_build._native_tag(compiler())   # a directory per processor, as -march=native sees it
+    mine = shared / engine_build.native_tag(compiler())   # a directory per processor, as -march=native sees it
     assert first.ok and not first.cached and (mine / first.path.name).read_bytes() == first.path.read_bytes()
     assert (mine / first.path.name).stat().st_mode & 0o777 == 0o755   # other users of the host may load it
     cc = tmp_path / "cc"
     cc.write_text("#!/bin/sh\necho no compiler here >&2\nexit 1\n")
     cc.chmod(0o755)
     real = compiler()
-    identity, native = engine_build._compiler_identity(real), engine_build._native_tag(real)
+    identity, native = engine_build._compiler_identity(real), engine_build.native_tag(real)
     monkeypatch.setenv("CC", str(cc))
     # the key and the shared directory name the compiler and its -march=native: the real one's, so that the fake
     # one's builds look where the real one's are
     monkeypatch.setattr(engine_build, "_compiler_identity", lambda c: identity)
-    monkeypatch.setattr(engine_build, "_native_tag", lambda c: native)
+    monkeypatch.setattr(engine_build, "native_tag", lambda c: native)
     copied = build(source, tmp_path / "b")
     assert copied.ok and copied.cached and copied.path.read_bytes() == first.path.read_bytes()
     assert copied.path.parent == tmp_path / "b" and (tmp_path / "b" / f"{copied.path.stem}.c").read_text() == source
@@ -308,7 +308,7 @@ def test_a_shared_cache_others_may_write_to_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setattr(engine_build, "_refuse_once", functools.lru_cache(engine_build._refuse_once.__wrapped__))
     with capture_logs() as logged:
         res = build("int kf_planted(void) { return 7; }\n", tmp_path / "a")
-    mine = shared / engine_build._native_tag(compiler())
+    mine = shared / engine_build.native_tag(compiler())
     assert res.ok and not res.cached and list(shared.iterdir()) == []   # nothing made in a refused directory
     assert any("writable by no one else (mode 775)" in e["event"] for e in logged), logged
     shared.chmod(0o755)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import platform
 import subprocess
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from kfactory.observability.log import get_logger
 from kfactory.platform import scratch
 from kfactory.platform.fsutil import atomic_write, others_may_write
 from kfactory.targets.base import check_not_interrupted
+from kfactory.targets.cpu.cpuinfo import native_tag
 
 #: flags of every engine build; -z defs makes an unresolved symbol a build failure, not a load failure
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp")
@@ -143,7 +143,7 @@ def _shared_cache(cc: str) -> Path | None:
         shared.mkdir(parents=True, exist_ok=True)
         if not _mine_alone(shared, shared):
             return None   # (nothing made inside a directory that is refused)
-        mine = shared / _native_tag(cc)
+        mine = shared / native_tag(cc)
         mine.mkdir(mode=0o755, exist_ok=True)
         # the processor's directory too: it may have been made before a chmod of its parent
         return mine if _mine_alone(mine, shared) else None
@@ -163,21 +163,6 @@ def _mine_alone(d: Path, shared: Path) -> bool:
 @functools.lru_cache(maxsize=None)
 def _refuse_once(shared: str, why: str) -> None:
     log.warning("the shared engine object cache is not used: " + why, cache=shared)
-
-
-@functools.lru_cache(maxsize=8)
-def _native_tag(cc: str) -> str:
-    """What -march=native means to `cc` on this host, hashed: the macros it predefines there (__AVX2__ and the
-    like). An object built for one processor may not run on another (SIGILL), and a shared directory may be on
-    a disk several hosts mount."""
-    try:
-        proc = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", "-"], input="", capture_output=True,
-                              text=True, timeout=60)
-        seen = proc.stdout if proc.returncode == 0 else ""
-    except (OSError, subprocess.TimeoutExpired):
-        seen = ""
-    # unknown: a directory of this host's own, then
-    return hashlib.sha256((seen or f"{platform.node()}\0{cc}").encode()).hexdigest()[:16]
 
 
 def _share(out: Path, shared: Path) -> None:

@@ -6,7 +6,6 @@ import platform
 import shutil
 import subprocess
 import time
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from kfactory.sandbox.shm import ArenaRing, ShmBuffers, request_buffers, ring_by
 from kfactory.sandbox.protocol import Bench, BenchKernel, Call, Load
 from kfactory.targets.cpu import cache
 from kfactory.targets.cpu.ceiling import ceilings
-from kfactory.targets.cpu.cpuinfo import cpu_flags, read_cpuinfo
+from kfactory.targets.cpu.cpuinfo import cpu_flags, native_tag, read_cpuinfo
 from kfactory.targets.cpu.rules import check_imports, check_source
 from kfactory.targets.entry import missing_entry
 from kfactory.targets.flags import FlagRefused, check_flags
@@ -127,28 +126,23 @@ class CpuTarget(Target):
             return _refused(violations, pb.CompileReport(compiler=self.settings.cc), "source")
         t0 = time.perf_counter()
         ident = cache.compiler_identity(self.settings.cc)
-        k = cache.key(ident, host_identity(), language, words, source)
+        k = cache.key(ident, native_tag(self.settings.cc), _command("CC", language, words, "OUT", "SRC"), source)
         if ident and (hit := self.cache.load(k)) is not None:
             hit.report.seconds, hit.report.cached = time.perf_counter() - t0, True
-            return _judged(hit, entry)
-        built = self._build(source, language, words)
-        if isinstance(built, CompileResult):
-            return built
-        result = _judged(built, entry)
-        if result.ok and ident:
-            self.cache.store(k, built)
-        return result
+            # its symbols read again, as after a compile (a reading changed since applies to it)
+            undefined, functions = _dynamic_symbols(hit.path)
+            del hit.report.imports[:]
+            hit.report.imports.extend(undefined)
+            return _judged(hit.artifact, hit.report, hit.log, undefined, functions, entry)
+        return self._build(source, language, words, entry, k if ident else "")
 
-    def _build(self, source: str, language: str, words: list[str]) -> cache.Entry | CompileResult:
-        """Run the compiler: the object and what was read of it, or the typed failure."""
+    def _build(self, source: str, language: str, words: list[str], entry: str, k: str) -> CompileResult:
+        """Run the compiler and check what it made; a success is filed in the cache under key `k` (none: "")."""
         # a compiler killed mid-compile leaves this directory: the next process that compiles removes it
         with scratch.owned_tempdir(SCRATCH_PREFIX) as tmp:
             src, out = tmp / f"k.{language}", tmp / "k.so"
             src.write_text(source)
-            # -z defs: an object that could not be loaded (an unresolved symbol) fails here, typed, not in
-            # the runner; -lm also brings glibc's libmvec for loops vectorised over expf
-            cmd = [self.settings.cc, "-x", LANG_FLAG[language], "-shared", "-fPIC", *words,
-                   "-o", str(out), str(src), "-x", "none", "-Wl,-z,defs", "-lm"]
+            cmd = _command(self.settings.cc, language, words, str(out), str(src))
             t0 = time.perf_counter()
             returncode, stderr = quiet.run_compiler(cmd, COMPILE_TIMEOUT_S)
             if returncode is None:
@@ -165,29 +159,33 @@ class CpuTarget(Target):
             report.artifact_bytes = len(artifact)
             undefined, functions = _dynamic_symbols(out)
             report.imports.extend(undefined)
-            return cache.Entry(artifact, report, undefined, functions, log)
+            result = _judged(artifact, report, log, undefined, functions, entry)
+            if result.ok and k:
+                self.cache.store(k, artifact, report, log)
+            return result
 
     def session(self, problem, threads: int) -> "CpuSession":
         return CpuSession(self, problem, threads)
 
 
-def _judged(built: cache.Entry, entry: str) -> CompileResult:
+def _command(cc: str, language: str, words: list[str], out: str, src: str) -> list[str]:
+    """The compile's command line. -z defs: an object that could not be loaded (an unresolved symbol) fails here,
+    typed, not in the runner; -lm also brings glibc's libmvec for loops vectorised over expf."""
+    return [cc, "-x", LANG_FLAG[language], "-shared", "-fPIC", *words, "-o", out, src, "-x", "none", "-Wl,-z,defs",
+            "-lm"]
+
+
+def _judged(artifact: bytes, report: pb.CompileReport, log: str, undefined: list[str], functions: set[str],
+            entry: str) -> CompileResult:
     """A compiled object (just built, or from the cache) checked as the sandbox and the runner need it: what it
     imports, and that it defines `entry`."""
-    violations = check_imports(built.undefined)
+    violations = check_imports(undefined)
     if violations:
-        return _refused(violations, built.report, "object")
+        return _refused(violations, report, "object")
     # a misspelt or C++-mangled entry compiles and links: said here, not as a crash when the runner loads it
-    if missing := missing_entry(built.functions, entry, "the shared object"):
-        return CompileResult(False, built.report, log=built.log, reason=pb.COMPILE_ERROR, message=missing)
-    return CompileResult(True, built.report, artifact=built.artifact, log=built.log)
-
-
-@lru_cache(maxsize=1)
-def host_identity() -> str:
-    """This host's processor (generation and ISA flags: what -march=native builds for) and C library, for the
-    compile cache's key."""
-    return cpu_identity(read_cpuinfo()) + "|" + "-".join(platform.libc_ver())
+    if missing := missing_entry(functions, entry, "the shared object"):
+        return CompileResult(False, report, log=log, reason=pb.COMPILE_ERROR, message=missing)
+    return CompileResult(True, report, artifact=artifact, log=log)
 
 
 def _refused(violations, report: pb.CompileReport, what: str) -> CompileResult:
