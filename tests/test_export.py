@@ -286,6 +286,11 @@ def test_a_rejection_in_a_campaign_of_another_problem_is_not_about_this_one(judg
     evidence.events[-1].rejected.candidate.CopyFrom(elsewhere)
     with pytest.raises(NotVerified, match=f"in campaign cother of {problem.name} \\(WRONG_RESULT"):
         export(evidence, problem, "c", "kf_own", tmp_path / "own")
+    # of a problem not known here (evidence imported from a GPU host's temporary copy): its verdict counts
+    elsewhere.problem = str(tmp_path / "gone-host-copy" / "softmax")
+    evidence.events[-1].rejected.candidate.CopyFrom(elsewhere)
+    with pytest.raises(NotVerified, match="rejected by the verifier in campaign cother of softmax"):
+        export(evidence, problem, "c", "kf_gone", tmp_path / "gone")
 
 
 

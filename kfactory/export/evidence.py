@@ -65,26 +65,27 @@ def judged(evidence: spb.CandidateEvidence, problem: str = "") -> Judged:
     that made it first), or NotVerified when the evidence shows no pass: no `verified` event, a rejection at any
     stage (a duplicate is no verdict), a compile failure, a failed check inside a verdict, a comparison that found
     it wrong (a showdown's or its final one: evidence.verdicts.found_wrong), or a source that is not the one the
-    candidate's id was made from. The campaigns of other problems say nothing of it: one source may be a kernel
-    of several problems (a package copied under another name, with other math, rejects the kernels its original
-    verified)."""
+    candidate's id was made from. The campaigns known to be of another problem say nothing of it: one source may
+    be a kernel of several problems (a package copied under another name, with other math, rejects the kernels
+    its original verified). A campaign whose problem does not load here (imported evidence of a package on
+    another host, a package since deleted) counts: its verdicts are not set aside unread."""
     if not evidence.candidate.id:
         raise NotVerified("the evidence names no candidate")
     name_of = _problem_names(evidence)
-    own = problem or name_of.get(evidence.candidate.problem, evidence.candidate.problem)
+    own = problem or name_of.get(evidence.candidate.problem) or evidence.candidate.problem
     # (the candidate as a campaign of that problem made it: its problem field names that problem)
     cand = next((c for e in evidence.events if (c := ev.candidate_of(e)) is not None
                  and name_of.get(c.problem) == own), evidence.candidate)
     short = cand.id[:12]
-    problem_of: dict[str, str] = {}   # campaign -> its problem's name
+    problem_of: dict[str, str | None] = {}   # campaign -> its problem's name (None: not known here)
     for event in evidence.events:
         if (c := ev.candidate_of(event)) is not None:
-            problem_of.setdefault(event.campaign_id, name_of.get(c.problem, c.problem))
+            problem_of.setdefault(event.campaign_id, name_of.get(c.problem))
     by_kind: dict[str, list] = {}
     failures: list[tuple[str, pb.CompileFailed | pb.Rejected]] = []   # (campaign, the failure)
     for event in evidence.events:
-        if problem_of.get(event.campaign_id, own) != own:
-            continue   # a campaign of another problem
+        if problem_of.get(event.campaign_id) not in (None, own):
+            continue   # a campaign known to be of another problem
         kind = ev.kind_of(event)
         other = ev.candidate_of(event)
         if kind == "comparison":
@@ -115,13 +116,19 @@ def judged(evidence: spb.CandidateEvidence, problem: str = "") -> Judged:
                   by_kind.get("comparison", []))
 
 
-def _problem_names(evidence: spb.CandidateEvidence) -> dict[str, str]:
-    """locator -> problem name, for the problems the evidence's candidates name (a locator that loads no more
-    is its own name, as the archive files it)."""
-    from kfactory.problems.loader import problem_name
+def _problem_names(evidence: spb.CandidateEvidence) -> dict[str, str | None]:
+    """locator -> problem name, for the problems the evidence's candidates name; None for a locator that loads
+    no problem here (its name is not known)."""
+    from kfactory.problems.loader import ProblemError, load_problem
+
+    def name(locator: str) -> str | None:
+        try:
+            return load_problem(locator).name
+        except ProblemError:
+            return None
 
     locators = {c.problem for e in evidence.events if (c := ev.candidate_of(e)) is not None}
-    return {loc: problem_name(loc) for loc in locators | {evidence.candidate.problem}}
+    return {loc: name(loc) for loc in locators | {evidence.candidate.problem}}
 
 
 def _refuse_failures(short: str, problem: str, failures: list[tuple[str, pb.CompileFailed | pb.Rejected]]) -> None:
