@@ -209,13 +209,20 @@ def test_a_workspace_moved_or_copied_still_exports_its_engine(root, record, tmp_
     from kfactory.engines.campaign import load_best
 
     moved = tmp_path / "moved"
-    shutil.copytree(root / "engines" / "tiny-llama", moved / "engines" / "tiny-llama")
+    shutil.copytree(root / "engines", moved / "engines")
     best_json = moved / "engines" / "tiny-llama" / "best.json"
     assert json.loads(best_json.read_text())["campaign"] == Path(record["path"]).name
     assert load_best("tiny-llama", moved)["campaign"] == str(best_json.parent / Path(record["path"]).name)
     # written before by its absolute path, and that path gone: the record of that name beside best.json
     best = json.loads(best_json.read_text())
     best_json.write_text(json.dumps({**best, "campaign": str(tmp_path / "gone" / best["campaign"])}))
+    # the record names the verified source by its absolute path in the old workspace: gone, as after a move
+    record_json = best_json.parent / Path(record["path"]).name
+    rec = json.loads(record_json.read_text())
+    library = Path(rec["best"]["library"])
+    assert library.is_relative_to(root) and (moved / library.relative_to(root)).with_suffix(".c").is_file()
+    rec["best"]["library"] = str(tmp_path / "gone" / library.relative_to(root))
+    record_json.write_text(json.dumps(rec))
     assert cli(moved, "--format", "python", "--name", NAME, "--out", str(tmp_path / "out")) == 0, \
         capsys.readouterr().err
     assert (tmp_path / "out").is_dir()

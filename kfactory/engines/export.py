@@ -118,7 +118,7 @@ def chosen_engine(package: ModelPackage, data_dir: Path) -> Chosen:
         design = EngineDesign.from_dict(result["design"])
     except (DesignError, KeyError, TypeError) as e:
         raise NoVerifiedEngine(f"{record_path}: the best design cannot be read ({e}): {run_first}") from e
-    source_path = Path(result.get("library") or "").with_suffix(".c")
+    source_path = _verified_source(Path(result.get("library") or "").with_suffix(".c"), data_dir)
     if design.design_id() != result["design_id"] or not source_path.is_file():
         raise NoVerifiedEngine(f"the verified source of {result['design_id']} ({source_path}) is not in the build "
                                f"cache any more: {run_first}")
@@ -130,6 +130,17 @@ def chosen_engine(package: ModelPackage, data_dir: Path) -> Chosen:
     except OpKernelError as e:
         raise NoVerifiedEngine(f"{record_path}: {e}: {run_first}") from e
     return Chosen(design, result, record, source, units)
+
+
+def _verified_source(recorded: Path, data_dir: Path) -> Path:
+    """The verified source the record names, by its absolute path; in a workspace moved or copied since, the file
+    of that name in this data directory's build cache (engines/, or the services' engines/artifacts/)."""
+    if recorded.is_file():
+        return recorded
+    for where in (data_dir / "engines", data_dir / "engines" / "artifacts"):
+        if (here := where / recorded.name).is_file():
+            return here
+    return recorded
 
 
 def reverify(verifier: Verifier, chosen: Chosen, data_dir: Path) -> tuple[Verdict, bool]:
