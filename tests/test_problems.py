@@ -213,3 +213,7 @@ def test_problems_check_notes_a_declared_baseline_that_reference_py_does_not_off
         "kfactory: note: problem.yaml declares the baselines numpy, which reference.py's baselines() (cpu) and "
         "cuda_baselines() do not offer here: campaigns here time none of them\n")
     assert main(["problems", "check", "silu_mul"]) == 0 and capsys.readouterr().err == ""
+    # baselines() raising is the package's error, found (it was kfactory's internal error, exit 70)
+    ref.write_text(ref.read_text().replace("    return {}", "    raise RuntimeError('no baselines today')"))
+    assert main(["problems", "check", str(pkg)]) == 1
+    assert capsys.readouterr().err == (f"kfactory: {ref}: its baselines raised RuntimeError: no baselines today\n")

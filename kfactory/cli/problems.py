@@ -88,6 +88,8 @@ def _problem_check(problem, timeout_s: float | None) -> int:
     from kfactory.problems.check import problems_of
 
     found = problems_of(problem, timeout_s if timeout_s is not None else Settings().reference_check_s)
+    if not found and problem.kind != "engine" and (baselines := _baselines_problem(problem)):
+        found = [baselines]
     for line in found:
         print(f"kfactory: {line}", file=sys.stderr)
     if not found and problem.kind == "engine":   # no kernel reference, no template: its model is what must load
@@ -96,17 +98,22 @@ def _problem_check(problem, timeout_s: float | None) -> int:
               f"them (kfactory engine run {problem.model})")
     elif not found:
         print(f"{problem.name}: the reference runs on every distribution and every family renders")
-        _note_missing_baselines(problem)
     return 1 if found else 0
 
 
-def _note_missing_baselines(problem) -> None:
-    """A note (not a finding: torch, say, may be installed elsewhere) for each baseline problem.yaml declares that
-    reference.py offers on no target here: a campaign compares with the reference kernel alone, and said nothing."""
+def _baselines_problem(problem) -> str:
+    """A finding when reference.py's baselines() or cuda_baselines() raises (the package's code, run here: a
+    campaign would fail on it), else "", with a note (not a finding: torch, say, may be installed elsewhere) for
+    each baseline problem.yaml declares that they offer on no target here: a campaign compares with the reference
+    kernel alone, and said nothing."""
     from kfactory.judge.measure import available_baselines
 
-    offered = {b for target in ("cpu", "cuda") for b in available_baselines(problem, target)}
+    try:
+        offered = {b for target in ("cpu", "cuda") for b in available_baselines(problem, target)}
+    except Exception as e:  # noqa: BLE001 (the user's code: any error in it is this package's, with its type)
+        return f"{problem.directory / 'reference.py'}: its baselines raised {type(e).__name__}: {e}"
     if missing := [b for b in problem.spec.baselines if b not in offered]:
         print(f"kfactory: note: problem.yaml declares the baselines {', '.join(missing)}, which reference.py's "
               "baselines() (cpu) and cuda_baselines() do not offer here: campaigns here time none of them",
               file=sys.stderr)
+    return ""
