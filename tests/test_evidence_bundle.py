@@ -202,6 +202,11 @@ async def test_a_memory_service_imports_and_exports_the_bundle_and_answers_best_
         _ok(await asyncio.to_thread(cli, "evidence", "export", "--problem", "softmax", "--target", "cpu",
                                     "--out", str(exported)))
         assert exported.read_bytes() == bundle
+        # a problem that is none: refused by the service too, not an empty bundle
+        rc, _, err = await asyncio.to_thread(cli, "evidence", "export", "--problem", "nosuch", "--out",
+                                             str(tmp_path / "none.json.gz"))
+        assert rc == 2 and "INVALID_ARGUMENT" in err and "no problem 'nosuch'" in err, err
+        assert not (tmp_path / "none.json.gz").exists()
         async with grpc.aio.insecure_channel(addr) as ch:
             stub = sgrpc.EvidenceStub(ch)
             best = await stub.Best(spb.BestRequest(problem="softmax", target="cpu"))
@@ -210,6 +215,9 @@ async def test_a_memory_service_imports_and_exports_the_bundle_and_answers_best_
             report = await stub.Report(spb.ReportRequest(campaign_id=source["campaign"][:5]))
             with pytest.raises(grpc.aio.AioRpcError) as bad:
                 await stub.ImportBundle(iter([spb.BundleChunk(data=b"not a bundle")]))
+            with pytest.raises(grpc.aio.AioRpcError) as gpu:   # a mistyped target: not an empty bundle either
+                [c async for c in stub.ExportBundle(spb.ExportRequest(target="gpu"))]
+        assert gpu.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown target 'gpu'" in gpu.value.details()
         assert best.campaign_id == source["campaign"] and none.value.code() == grpc.StatusCode.NOT_FOUND
         assert report.campaign_id == source["campaign"] and report.markdown
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not imported" in bad.value.details()

@@ -173,7 +173,10 @@ async def _remote_export(settings, problem: str, target: str) -> bytes:
     from kfactory.v1 import services_pb2 as spb
 
     async with EvidenceClient(settings.memory_addr, settings) as memory:
-        return await memory.export_bundle(spb.ExportRequest(problem=problem, target=target))
+        from kfactory.cli.client import loads_here
+
+        known = bool(problem) and not loads_here(problem)   # a mistyped name is refused, not an empty bundle
+        return await memory.export_bundle(spb.ExportRequest(problem=problem, target=target, require_known=known))
 
 
 async def _remote_import(settings, data: bytes):

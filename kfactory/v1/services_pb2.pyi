@@ -282,12 +282,14 @@ class BundleChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class ExportRequest(_message.Message):
-    __slots__ = ("problem", "target")
+    __slots__ = ("problem", "target", "require_known")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_KNOWN_FIELD_NUMBER: _ClassVar[int]
     problem: str
     target: str
-    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+    require_known: bool
+    def __init__(self, problem: _Optional[str] = ..., target: _Optional[str] = ..., require_known: _Optional[bool] = ...) -> None: ...
 
 class ImportResult(_message.Message):
     __slots__ = ("events_added", "events_present", "objects_added", "regressions_added", "campaigns", "refused", "events_held")

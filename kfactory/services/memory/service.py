@@ -180,6 +180,11 @@ class EvidenceApi(sgrpc.EvidenceServicer):
         mistyped target is INVALID_ARGUMENT, not an empty bundle."""
         if err := request.target and targets.filter_error(request.target):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, err)
+        if request.require_known and request.problem:
+            try:
+                self.m.queries.problem(request.problem, require_known=True)
+            except InvalidRequest as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         data = await asyncio.to_thread(lambda: evidence_bundle.dumps(evidence_bundle.export_bundle(
             self.m.archive, self.m.workspace.get, request.problem, request.target)))
         for start in range(0, len(data), evidence_bundle.CHUNK_BYTES):
