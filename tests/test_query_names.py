@@ -194,6 +194,8 @@ def test_a_report_is_not_written_over_the_users_own_files(famok, monkeypatch, ca
     assert (rc, out) == (2, "") and err == (f"kfactory: {mine} holds report.md, which no report wrote: the report "
                                             "would write over it; choose another --out\n"), err
     assert [p.name for p in mine.iterdir()] == ["report.md"] and (mine / "report.md").read_text() == "# my notes\n"
+    (mine / "report.md").write_text("# Campaign notes: what I tried\n")   # a title of its own, like a report's
+    assert _cli(monkeypatch, capsys, famok["data"], "report", famok["campaign"], "--out", str(mine))[0] == 2
     (mine / "report.md").unlink()
     (mine / "plot.png").write_bytes(b"my plot")
     assert _cli(monkeypatch, capsys, famok["data"], "report", famok["campaign"], "--out", str(mine))[0] == 2

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import re
 import sqlite3
 import sys
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from kfactory.platform import security
 from kfactory.platform.evidence_client import EvidenceClient
 from kfactory.evidence import warm_sources
 from kfactory.platform.grpcserver import clip
-from kfactory.evidence.report import foreign_files, format_params, verification_table
+from kfactory.evidence.report import TITLE_RE, foreign_files, format_params, verification_table
 from kfactory.evidence.verdicts import NOTES
 from kfactory.services import paging
 from kfactory.services.memory import queries as qmod
@@ -343,16 +342,12 @@ def loads_here(problem: str) -> bool:
     return True
 
 
-#: the first line of a report (kfactory/evidence/report.py's build) names the campaign in full
-_REPORT_TITLE = re.compile(r"# Campaign ([A-Za-z0-9_-]{1,64}):")
-
-
 def _report_campaign(r: spb.ReportResponse, asked: str) -> str:
     """The full id of the campaign a report is of (`asked` may be a prefix of it): the response's campaign_id, or,
     from a memory that predates that field, the report's title (else the id as asked)."""
     if r.campaign_id and ev.CAMPAIGN_ID.fullmatch(r.campaign_id):
         return r.campaign_id
-    title = _REPORT_TITLE.match(r.markdown)
+    title = TITLE_RE.match(r.markdown)   # the first line of a report names the campaign in full
     return title.group(1) if title and title.group(1).startswith(asked) else asked
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -16,8 +17,12 @@ from kfactory.evidence.verdicts import NOTES, Verdicts, found_wrong
 from kfactory.v1 import events_pb2 as pb
 
 
-#: every report.md kfactory writes starts so (_markdown's title): a report.md that does not is the user's own
+#: every report.md kfactory writes starts so (_markdown's title, naming the campaign in full)
 TITLE = "# Campaign "
+TITLE_RE = re.compile(r"# Campaign ([A-Za-z0-9_-]{1,64}):")
+#: the whole of that first line ("# Campaign c1464cd5ba8d1: softmax on cpu"): a report.md that does not start so is
+#: the user's own, "# Campaign notes: what I tried" too
+WHOLE_TITLE = re.compile(r"# Campaign [A-Za-z0-9_-]{1,64}: .+ on .+\n")
 #: the files a report is (report.md, then plot.png)
 FILES = ("report.md", "plot.png")
 
@@ -27,7 +32,7 @@ def foreign_files(out_dir: Path) -> list[str]:
     one, and a plot.png beside no report.md of kfactory's."""
     md = out_dir / "report.md"
     try:
-        ours = md.is_file() and md.read_text(errors="replace").startswith(TITLE)
+        ours = md.is_file() and WHOLE_TITLE.match(md.read_text(errors="replace")) is not None
     except OSError:
         ours = False
     return [name for name in FILES if os.path.lexists(out_dir / name) and not ours]
