@@ -351,6 +351,18 @@ def test_a_problem_without_a_family_says_how_its_budget_is_spent():
     assert "measures the reference kernel and your 1 hand-written kernel, and the search budget goes unspent" in note
 
 
+def _failed_run(tmp_path, host_ceilings, pkg, budget: int) -> dict:
+    """`kfactory run PKG` to its end, which must be a failed campaign (exit 1, no traceback): its summary."""
+    summary = tmp_path / "out.json"
+    out = subprocess.run([*KFACTORY, "run", str(pkg), "--budget", str(budget), "--warm", "0", "--quiet", "--json",
+                          str(summary)], capture_output=True, text=True, env=_env(tmp_path, host_ceilings),
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out
+    data = json.loads(summary.read_text())
+    assert data["state"] == "failed", data
+    return data
+
+
 def test_a_reference_that_raises_during_the_campaign_fails_it(tmp_path, host_ceilings):
     """The pre-check runs the reference on the smallest shape only; one that raises at a larger shape is met by
     the verifier, which is no candidate's fault: the campaign ends failed with the problem's error, exit 1."""
@@ -359,13 +371,7 @@ def test_a_reference_that_raises_during_the_campaign_fails_it(tmp_path, host_cei
     ref.write_text(ref.read_text().replace("def reference(inputs", "def _reference(inputs", 1) + (
         "\n\ndef reference(inputs):\n    if inputs['x'].size > 10_000:\n"
         "        raise MemoryError('my reference cannot hold this shape')\n    return _reference(inputs)\n"))
-    summary = tmp_path / "out.json"
-    out = subprocess.run([*KFACTORY, "run", str(pkg), "--budget", "4", "--warm", "0", "--quiet", "--json",
-                          str(summary)], capture_output=True, text=True, env=_env(tmp_path, host_ceilings),
-                         cwd=tmp_path, timeout=300)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out
-    data = json.loads(summary.read_text())
-    assert data["state"] == "failed", data
+    data = _failed_run(tmp_path, host_ceilings, pkg, 4)
     report = (tmp_path / data["report"]).read_text() if not os.path.isabs(data["report"]) else \
         open(data["report"]).read()
     assert "state: failed (the problem's reference failed: " in report and "MemoryError: my reference cannot " \
@@ -383,13 +389,8 @@ def test_a_reference_kernel_that_disagrees_with_reference_py_fails_the_campaign(
     spec.write_text(spec.read_text().replace("name: softmax", "name: softmax_off", 1))
     ref = pkg / "reference.py"
     ref.write_text(ref.read_text().replace('    return {"y": y}', '    return {"y": 1.01 * y}', 1))
-    summary = tmp_path / "out.json"
-    out = subprocess.run([*KFACTORY, "run", str(pkg), "--budget", "6", "--warm", "0", "--quiet", "--json",
-                          str(summary)], capture_output=True, text=True, env=_env(tmp_path, host_ceilings),
-                         cwd=tmp_path, timeout=300)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out
-    data = json.loads(summary.read_text())
-    assert data["state"] == "failed" and data["reason"].startswith(
+    data = _failed_run(tmp_path, host_ceilings, pkg, 6)
+    assert data["reason"].startswith(
         "the problem's own reference kernel failed verification (WRONG_RESULT: "), data
     assert "reference.py, the tolerance or the reference kernel is wrong" in data["reason"]
     assert data["counts"]["proposed"] < 6, data["counts"]   # stopped there, not after the budget
