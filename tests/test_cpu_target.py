@@ -128,7 +128,17 @@ def test_nm_missing_or_failing_is_the_harness_s_error_not_the_kernel_s(target, t
     (tmp_path / "junk.so").write_text("not an object")
     with pytest.raises(HarnessError, match="nm could not read the compiled kernel junk.so: "):
         _dynamic_symbols(tmp_path / "junk.so")
-    monkeypatch.setenv("PATH", str(tmp_path))
+    # nm stopped by a Ctrl-C (it is in the compiler's process group): no verdict, the work is retried (it was
+    # dead-lettered as the harness's failure: CI at 3f02b37's clone)
+    (tmp_path / "bin").mkdir()
+    stopped = tmp_path / "bin" / "nm"
+    stopped.write_text(f"#!{sys.executable}\nimport os, signal\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+                       "os.kill(os.getpid(), signal.SIGINT)\n")
+    stopped.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(CompilerInterrupted, match="nm was stopped by SIGINT"):
+        _dynamic_symbols(tmp_path / "junk.so")
+    stopped.unlink()
     with pytest.raises(HarnessError, match=r"nm \(binutils\) is needed"):
         _dynamic_symbols(tmp_path / "junk.so")
 

@@ -21,7 +21,9 @@ PREFIXES = ("kf-shm", "kf-cc", "kf-engine")
 
 #: a compiler that, asked to write an object (-o), says so in the file $HANGING and hangs: a compile in progress, to
 #: be killed; anything else (its version, its predefined macros) cc answers
-HANGING_CC = '#!/bin/sh\ncase " $* " in *" -o "*) touch "$HANGING"; exec sleep 120;; esac\nexec cc "$@"\n'
+# (-### is the compile cache asking which programs a compile runs: tests/test_cpu_cache.py)
+HANGING_CC = ('#!/bin/sh\ncase " $* " in *" -### "*) exec cc "$@";; *" -o "*) touch "$HANGING"; exec sleep 120;; '
+              'esac\nexec cc "$@"\n')
 
 CPU_COMPILE = textwrap.dedent("""
     import sys, tempfile

@@ -198,11 +198,14 @@ def _refused(violations, report: pb.CompileReport, what: str) -> CompileResult:
 def _dynamic_symbols(path: Path) -> tuple[list[str], set[str]]:
     """The shared object's undefined symbols (sorted: what it imports, versioned as expf@GLIBC_2.27) and the
     functions it defines, by name (kernel@@V1 is kernel), as dlsym sees them (nm -D: a static or hidden function is
-    not there). HarnessError when nm is missing or cannot read it: the harness's failure, not the kernel's."""
+    not there). HarnessError when nm is missing or cannot read it: the harness's failure, not the kernel's;
+    CompilerInterrupted when a signal stopped it."""
     nm = shutil.which("nm")
     if nm is None:
         raise HarnessError("nm (binutils) is needed to read a compiled kernel's symbols: install binutils")
     proc = subprocess.run([nm, "-D", str(path)], capture_output=True, text=True)
+    # a Ctrl-C or a shutdown reaches nm in the compiler's process group: no verdict, as for the compiler itself
+    check_not_interrupted(proc.returncode, "nm")
     if proc.returncode != 0:
         said = next((line for line in proc.stderr.splitlines() if line.strip()), f"exit {proc.returncode}")
         raise HarnessError(f"nm could not read the compiled kernel {path.name}: {said}")
