@@ -417,3 +417,23 @@ def test_run_keeps_a_package_directory_as_an_absolute_path(tmp_path, monkeypatch
     assert _package_locator("softmax") == "softmax"
     assert _package_locator("engine:tiny-llama") == "engine:tiny-llama"
     assert _package_locator("v/nothing") == "v/nothing"
+
+
+def test_a_manual_kernel_gets_its_language_and_on_cuda_its_launch_rule(tmp_path):
+    """Every --manual source was sent as C with the cpu's flags: a .cu kernel could not compile on the cuda
+    target, and it had no launch rule to run by."""
+    from kfactory.cli.client import ClientError
+    from kfactory.cli.main import _manual_source
+
+    (tmp_path / "k.cpp").write_text('extern "C" void kernel(void) {}\n')
+    cpp = _manual_source(f"mine={tmp_path / 'k.cpp'}", "cpu")
+    assert (cpp.language, cpp.compile_flags, cpp.launch_json) == ("cpp", "-O2 -fopenmp", "")
+    cu = tmp_path / "k.cu"
+    cu.write_text('extern "C" __global__ void kernel(float *y) {}\n')
+    with pytest.raises(ClientError, match="--manual mine: a cuda kernel needs a launch rule: a `// kfactory: "):
+        _manual_source(f"mine={cu}", "cuda:sm_90a")
+    cu.write_text("// kfactory: grid=cdiv(rows, 4) block=128\n" + cu.read_text())
+    got = _manual_source(f"mine={cu}:--use_fast_math", "cuda:sm_90a")
+    assert (got.language, got.compile_flags) == ("cuda", "--use_fast_math")
+    assert json.loads(got.launch_json) == {"grid": "cdiv(rows, 4)", "block": "128", "smem": "0", "params": {}}
+    assert _manual_source(f"mine={cu}", "cuda").compile_flags == ""   # not the cpu's -fopenmp

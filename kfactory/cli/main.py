@@ -118,7 +118,6 @@ def _package_locator(problem: str) -> str:
 
 
 def _spec(args):
-    from kfactory.cli.client import ClientError
     from kfactory.v1 import events_pb2 as pb
 
     from kfactory.engines.order import STRATEGY as ENGINE_STRATEGY, STRATEGY_OPTIONS as ENGINE_OPTIONS
@@ -142,19 +141,43 @@ def _spec(args):
         spec.strategy_options.update(ENGINE_OPTIONS)   # as `kfactory engine run` searches (engines/order.py)
     spec.strategy_options.update(_strategy_options(args.strategy_option))
     _finale_args(spec, args, engine=problem.startswith(ENGINE_PREFIX))
-    for m in args.manual:
-        name, _, rest = m.partition("=")
-        path, _, flags = rest.partition(":")
-        if not name or not path:
-            raise ClientError(f"--manual {m!r}: expected NAME=FILE[:FLAGS]", EXIT_USAGE)
-        try:
-            source = Path(path).read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ClientError(f"--manual {name}: cannot read {path!r}: {getattr(e, 'strerror', None) or e}",
-                              EXIT_USAGE) from e
-        spec.manual_sources.append(pb.ManualSource(name=name, source=source,
-                                                   compile_flags=flags or "-O2 -fopenmp", threads=1))
+    spec.manual_sources.extend(_manual_source(m, args.target) for m in args.manual)
     return spec
+
+
+def _manual_source(text: str, target: str):
+    """--manual NAME=FILE[:FLAGS] as the spec's hand-written kernel: its language from the file's suffix, as
+    `kfactory check` reads it, and on cuda its launch rule from the source's `// kfactory: grid=... block=...` line
+    (every source was sent as C, with the cpu's flags: a .cu kernel could not compile on the cuda target)."""
+    import json
+
+    from kfactory.cli.check import launch_rule
+    from kfactory.cli.client import ClientError
+    from kfactory.problems.loader import language_of
+    from kfactory.v1 import events_pb2 as pb
+
+    name, _, rest = text.partition("=")
+    path, _, flags = rest.partition(":")
+    if not name or not path:
+        raise ClientError(f"--manual {text!r}: expected NAME=FILE[:FLAGS]", EXIT_USAGE)
+    try:
+        source = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ClientError(f"--manual {name}: cannot read {path!r}: {getattr(e, 'strerror', None) or e}",
+                          EXIT_USAGE) from e
+    cuda = target.startswith("cuda")
+    launch = ""
+    if cuda:
+        try:
+            rule = launch_rule(source)
+        except ValueError as e:
+            raise ClientError(f"--manual {name}: {e}", EXIT_USAGE) from e
+        if rule is None:
+            raise ClientError(f"--manual {name}: a cuda kernel needs a launch rule: a `// kfactory: grid=... "
+                              f"block=...` line in {path} (expressions over the problem's shape symbols)", EXIT_USAGE)
+        launch = json.dumps(rule, sort_keys=True)
+    return pb.ManualSource(name=name, source=source, language=language_of(path, target), launch_json=launch,
+                           compile_flags=flags or ("" if cuda else "-O2 -fopenmp"), threads=1)
 
 
 def _finale_args(spec, args, engine: bool) -> None:
