@@ -67,9 +67,9 @@ def dir_misfit(path: str | Path, flag: str) -> str:
 
 
 def others_may_write(d: Path) -> str:
-    """Why a directory whose files this process will load or trust is not this user's alone ("" when it is): it
-    must belong to this user and be writable by no one else, since a file planted in it would be taken as this
-    user's own (a compiled object, loaded and run). OSError when it cannot be read."""
+    """Why a directory (or a file) whose contents this process will load or trust is not this user's alone (""
+    when it is): it must belong to this user and be writable by no one else, since a file planted in it would be
+    taken as this user's own (a compiled object, loaded and run). OSError when it cannot be read."""
     st = d.stat()
     if st.st_uid == os.getuid() and not st.st_mode & 0o022:
         return ""

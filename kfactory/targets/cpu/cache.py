@@ -88,12 +88,6 @@ def key(compiler: str, host: str, command: list[str], source: str) -> str:
     return h.hexdigest()
 
 
-def _mine_alone(path: Path) -> bool:
-    """Whether a file or directory belongs to this user and no one else may write to it."""
-    st = path.stat()
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
 class CompileCache:
     """Entries under `directory`: KEY.so and KEY.json."""
 
@@ -124,7 +118,7 @@ class CompileCache:
             return None
         so, meta_path = self._paths(k)
         try:
-            if not (_mine_alone(so) and _mine_alone(meta_path)):
+            if others_may_write(so) or others_may_write(meta_path):
                 return None
             meta = json.loads(meta_path.read_text())
             report = json_format.ParseDict(meta["report"], pb.CompileReport())
