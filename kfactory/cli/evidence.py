@@ -64,14 +64,19 @@ def _export(args, settings, remote: bool) -> int:
         print(f"kfactory evidence: --out {str(args.out) if str(args.out) != '.' else repr('')}: a directory; name "
               "the bundle file to write (e.g. evidence/softmax.json.gz)", file=sys.stderr)
         return 2
+    from kfactory.cli.client import loads_here
+
+    # a problem that is none here must be one some archived campaign ran: a mistyped name is refused, not an
+    # empty bundle
+    known = bool(args.problem) and not loads_here(args.problem)
     if remote:
-        data = asyncio.run(_remote_export(settings, args.problem, args.target))
+        data = asyncio.run(_remote_export(settings, args.problem, args.target, known))
         bundle = eb.loads(data)
     else:
         from kfactory.services.memory.queries import InvalidRequest
 
         try:
-            bundle = local_export(settings, args.problem, args.target, known=True)
+            bundle = local_export(settings, args.problem, args.target, known)
         except InvalidRequest as e:   # --problem names nothing: a mistyped name, not an empty bundle
             print(f"kfactory evidence: --problem: {e}", file=sys.stderr)
             return 2
@@ -92,15 +97,13 @@ def _export(args, settings, remote: bool) -> int:
 
 def local_export(settings, problem: str = "", target: str = "", known: bool = False) -> dict:
     """The bundle of the local workspace's campaigns (an empty one when no campaign ran here). With `known`, a
-    `problem` that is no problem here and that no archived campaign ran is refused (UnknownProblem, an
-    InvalidRequest)."""
-    from kfactory.cli.client import loads_here
+    `problem` no archived campaign ran is refused (UnknownProblem, an InvalidRequest)."""
     from kfactory.evidence import bundle as eb
     from kfactory.services.memory.archive import Archive
     from kfactory.services.memory.queries import Queries, UnknownProblem, problem_name
     from kfactory.evidence.workspace import Workspace
 
-    must_know = known and bool(problem) and not loads_here(problem)
+    must_know = known and bool(problem)
     ws = Workspace.of(settings)
     try:
         archive = Archive.reader(ws.archive_path, problem_name)
@@ -168,14 +171,11 @@ def _import_one(path, settings, remote: bool):
     return asyncio.run(_remote_import(settings, data))
 
 
-async def _remote_export(settings, problem: str, target: str) -> bytes:
+async def _remote_export(settings, problem: str, target: str, known: bool) -> bytes:
     from kfactory.platform.evidence_client import EvidenceClient
     from kfactory.v1 import services_pb2 as spb
 
     async with EvidenceClient(settings.memory_addr, settings) as memory:
-        from kfactory.cli.client import loads_here
-
-        known = bool(problem) and not loads_here(problem)   # a mistyped name is refused, not an empty bundle
         return await memory.export_bundle(spb.ExportRequest(problem=problem, target=target, require_known=known))
 
 
