@@ -163,7 +163,7 @@ class Queries:
     def best(self, request: spb.BestRequest, target: str = "") -> spb.LeaderboardEntry:
         """The fastest kernel of a problem (at a shape, on a device, for the request's target, else `target`),
         with its verdict's figures."""
-        _check_filters(request.target, request.shape)
+        check_filters(request.target, request.shape)
         name = self.problem(request.problem, request.require_known)
         target = request.target or target
         found = self.archive.best(name, request.shape, request.device, target)
@@ -251,7 +251,7 @@ class Queries:
 
     def lessons(self, request: spb.LessonsRequest) -> spb.LessonsResponse:
         """What helped and what failed for the problem on a target, and as the text agents are told."""
-        _check_filters(request.target)
+        check_filters(request.target)
         items = lessons_mod.lessons(self.archive, self.problem(request.problem, request.require_known),
                                     request.target, request.limit or 6)
         return spb.LessonsResponse(lessons=items, text=lessons_mod.as_text(items))
@@ -350,7 +350,7 @@ class Queries:
         return pb.Event.FromString(rows[0][0]) if rows else None
 
 
-def _check_filters(target: str, shape: str = "") -> None:
+def check_filters(target: str, shape: str = "") -> None:
     """A request's target and shape filters, refused when mistyped (InvalidRequest) rather than matching
     nothing."""
     if err := target and targets.filter_error(target) or shape and targets.shape_error(shape):

@@ -8,7 +8,6 @@ import time
 import grpc
 import nats.errors
 
-from kfactory import targets
 from kfactory.evidence import bundle as evidence_bundle
 from kfactory.observability import tracing as telemetry
 from kfactory.bus.errors import ArtifactMissing
@@ -17,7 +16,7 @@ from kfactory.platform.grpcserver import start_server
 from kfactory.problems import ProblemError
 from kfactory.platform.service import Service
 from kfactory.services.memory.archive import Archive
-from kfactory.services.memory.queries import InvalidRequest, NotFound, Queries
+from kfactory.services.memory.queries import InvalidRequest, NotFound, Queries, check_filters
 from kfactory.v1 import events_pb2 as pb
 from kfactory.v1 import services_pb2 as spb
 from kfactory.v1 import services_pb2_grpc as sgrpc
@@ -178,13 +177,12 @@ class EvidenceApi(sgrpc.EvidenceServicer):
     async def ExportBundle(self, request, context):
         """The archive's evidence as a bundle (kfactory/evidence/bundle.py), in chunks under gRPC's message limit; a
         mistyped target is INVALID_ARGUMENT, not an empty bundle."""
-        if err := request.target and targets.filter_error(request.target):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, err)
-        if request.require_known and request.problem:
-            try:
+        try:
+            check_filters(request.target)
+            if request.require_known and request.problem:
                 self.m.queries.problem(request.problem, require_known=True)
-            except InvalidRequest as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         data = await asyncio.to_thread(lambda: evidence_bundle.dumps(evidence_bundle.export_bundle(
             self.m.archive, self.m.workspace.get, request.problem, request.target)))
         for start in range(0, len(data), evidence_bundle.CHUNK_BYTES):
